@@ -1,0 +1,1 @@
+"""kvctl.bench."""

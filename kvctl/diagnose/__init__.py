@@ -1,0 +1,1 @@
+"""kvctl.diagnose."""

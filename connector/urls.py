@@ -1,0 +1,106 @@
+"""Remote-tier URLs: per-rank expansion and RESP URL parsing (pure, no I/O).
+
+Two forms name one Valkey instance per rank (paper §5.2):
+
+* a template, ``resp://valkey-{rank}:6379``, where ``{rank}`` becomes the
+  worker's rank;
+* an explicit list, one URL per rank, index = rank.
+
+A plain URL without ``{rank}`` is the same instance for every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+from urllib.parse import unquote, urlsplit
+
+from kvctl.errors import InvalidInput
+
+RANK_PLACEHOLDER = "{rank}"
+RESP_SCHEMES = ("resp", "redis", "rediss", "resps")
+TLS_SCHEMES = ("rediss", "resps")
+DEFAULT_PORT = 6379
+
+
+class InvalidUrl(InvalidInput, ValueError):
+    """A remote URL (or URL list) that cannot name a RESP server for this rank."""
+
+
+def expand_url(template_or_list: str | Sequence[str], rank: int) -> str:
+    """The URL rank ``rank`` talks to.
+
+    ``template_or_list`` is either a string (``{rank}`` replaced by the rank;
+    a string without the placeholder is returned unchanged) or a sequence of
+    URLs indexed by rank.
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise InvalidUrl(f"rank must be a non-negative integer, got {rank!r}")
+    if isinstance(template_or_list, str):
+        return template_or_list.replace(RANK_PLACEHOLDER, str(rank))
+    urls = list(template_or_list)
+    if rank >= len(urls):
+        raise InvalidUrl(f"per-rank URL list has {len(urls)} entries, no URL for rank {rank}")
+    url = urls[rank]
+    if not isinstance(url, str) or not url:
+        raise InvalidUrl(f"per-rank URL for rank {rank} is not a non-empty string: {url!r}")
+    if RANK_PLACEHOLDER in url:
+        raise InvalidUrl(f"per-rank URL for rank {rank} still contains {RANK_PLACEHOLDER}: {url}")
+    return url
+
+
+@dataclass(frozen=True)
+class RespUrl:
+    """A parsed ``resp://``, ``redis://`` or ``rediss://`` URL."""
+
+    host: str
+    port: int
+    tls: bool = False
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    db: int = 0
+
+    def redacted(self) -> str:
+        """The URL with any password masked, for messages and logs."""
+        scheme = "rediss" if self.tls else "resp"
+        auth = ""
+        if self.password is not None:
+            auth = f"{self.username or ''}:***@"
+        elif self.username:
+            auth = f"{self.username}@"
+        return f"{scheme}://{auth}{self.host}:{self.port}/{self.db}"
+
+
+def parse_resp_url(url: str) -> RespUrl:
+    """Parse a RESP server URL: ``scheme://[user[:password]@]host[:port][/db]``.
+
+    ``resp`` and ``redis`` are plain TCP, ``rediss`` (or ``resps``) is TLS.
+    ``redis://:secret@host`` gives a password with the default user.
+    """
+    if not isinstance(url, str) or not url:
+        raise InvalidUrl(f"empty RESP URL: {url!r}")
+    if RANK_PLACEHOLDER in url:
+        raise InvalidUrl(f"URL still contains {RANK_PLACEHOLDER}; expand it first: {url}")
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in RESP_SCHEMES:
+        raise InvalidUrl(f"unsupported scheme {parts.scheme!r} in {url!r}: use resp://, redis:// or rediss://")
+    try:
+        host = parts.hostname
+        port = parts.port or DEFAULT_PORT
+    except ValueError as exc:
+        raise InvalidUrl(f"bad host/port in RESP URL: {exc}") from None
+    if not host:
+        raise InvalidUrl(f"no host in RESP URL {url!r}")
+    username = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password is not None else None
+    if password == "":
+        password = None
+    db = 0
+    path = parts.path.strip("/")
+    if path:
+        try:
+            db = int(path)
+        except ValueError:
+            raise InvalidUrl(f"database in RESP URL must be an integer, got {path!r}") from None
+    return RespUrl(host=host, port=port, tls=scheme in TLS_SCHEMES, username=username, password=password, db=db)

@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+os.environ["KVCTL_TESTING"] = "1"  # before kvctl.cli is imported: no third-party plugins
+
 from kvctl.tier.server import ValkeyProcess, start_valkey
 
 
@@ -56,4 +58,3 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "engine" in item.keywords:
                 item.add_marker(skip)
-    os.environ.setdefault("KVCTL_TESTING", "1")

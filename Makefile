@@ -1,0 +1,42 @@
+# Two entry points for a fresh machine (Python 3.11, no root, no Docker):
+#   make demo   - set up .venv and run the main job on an embedded default
+#   make test   - set up .venv with the test + engine extras and run the full suite
+PY ?= python3
+VENV ?= .venv
+PIP := $(VENV)/bin/pip
+KVCTL := $(VENV)/bin/kvctl
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast test-slow venv clean
+
+$(VENV)/bin/python:
+	$(PY) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.installed: $(VENV)/bin/python setup.cfg pyproject.toml
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/bin/python setup.cfg pyproject.toml
+	$(PIP) install -q -e ".[test,engine]"
+	touch $@ $(VENV)/.installed
+
+venv: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(KVCTL) cost report
+	$(KVCTL) cost kv-size --config configs/models/deepseek-v3.json --dtype fp8
+	$(KVCTL) cost report --model-config configs/models/deepseek-v3.json --dtype fp8 \
+		--prefill-rate 52200 --name "DeepSeek-V3 FP8 (MLA), assuming the paper's B300 prefill rate"
+
+test: $(VENV)/.installed-test
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+test-fast: $(VENV)/.installed-test
+	$(VENV)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: $(VENV)/.installed-test
+	$(VENV)/bin/python -m pytest -m slow $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,98 @@
+"""The ``kvctl`` command line: parse, call the library, render.
+
+The only module (with ``kvctl.commands``) that imports click. Library code
+raises ``KvctlError``; :class:`KvctlGroup` is the one place that turns those
+into a one-line message and an exit code (``ExitStatus``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from typing import Any, Callable
+
+import click
+
+from kvctl import __version__
+from kvctl.errors import ExitStatus, InvalidInput, KvctlError
+
+log = logging.getLogger("kvctl")
+
+
+def _raise_errors() -> bool:
+    return bool(os.environ.get("KVCTL_RAISE_ERRORS"))
+
+
+class KvctlGroup(click.Group):
+    """A click group that maps library errors to messages and exit codes."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except InvalidInput as e:
+            if _raise_errors():
+                raise
+            raise click.UsageError(str(e), ctx=None) from e
+        except KvctlError as e:
+            if _raise_errors():
+                raise
+            from kvctl import render  # noqa: PLC0415
+
+            render.error_line(str(e))
+            ctx.exit(int(e.exit_status))
+        except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001 - last-resort one-liner for on-call users
+            if _raise_errors() or os.environ.get("KVCTL_TESTING"):
+                raise
+            from kvctl import render  # noqa: PLC0415
+
+            render.error_line(f"unexpected {type(e).__name__}: {e} (set KVCTL_RAISE_ERRORS=1 for a traceback)")
+            ctx.exit(int(ExitStatus.ERROR))
+
+
+def output_options(func: Callable) -> Callable:
+    """``--json``: plain JSON on stdout instead of tables."""
+
+    @click.option("--json", "as_json", is_flag=True, help="Print plain JSON on stdout (no styling).")
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+@click.group(cls=KvctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="kvctl")
+@click.option("-v", "--verbose", count=True, help="Log to stderr (-v info, -vv debug).")
+def cli(verbose: int) -> None:
+    """kvctl: diagnose and tune the remote KV-cache tier (LMCache L1 + Valkey L2) behind vLLM.
+
+    \b
+    Start here:
+      kvctl cost report              is the remote tier worth it? (B*, n*, verdicts)
+      kvctl cost kv-size --config    bytes per token from a model's config.json
+    Every command takes --json; exit codes: 0 ok, 1 error, 2 usage,
+    3 warning finding, 4 critical finding, 5 unreachable.
+    """
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def _register_plugins() -> None:
+    from kvctl.hooks import plugin_manager  # noqa: PLC0415
+
+    plugin_manager().hook.register_commands(cli=cli)
+
+
+_register_plugins()
+
+
+def main() -> None:
+    cli(prog_name="kvctl")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

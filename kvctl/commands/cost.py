@@ -1,0 +1,260 @@
+"""``kvctl cost``: the paper's cost model from the command line (§4)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import click
+
+from kvctl import cost, render
+from kvctl.cli import output_options
+from kvctl.errors import InvalidInput
+from kvctl.hooks import hookimpl
+from kvctl.kvsize import DTYPE_BYTES, kv_size_from_file
+
+POS = click.FloatRange(min=0, min_open=True)
+NONNEG = click.FloatRange(min=0)
+
+
+@hookimpl
+def register_commands(cli: click.Group) -> None:
+    cli.add_command(cost_group)
+
+
+def bytes_per_token_options(required: bool = True) -> Callable:
+    """``--bytes-per-token`` or ``--model-config`` (+ ``--dtype``/``--tp``); passes ``bytes_per_token``."""
+
+    def decorate(func: Callable) -> Callable:
+        @click.option("--bytes-per-token", type=POS, help="KV bytes per prompt token (s).")
+        @click.option(
+            "--model-config",
+            type=click.Path(dir_okay=False),
+            help="Hugging Face config.json to derive bytes per token from (instead of --bytes-per-token).",
+        )
+        @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config.")
+        @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel ranks with --model-config.")
+        @functools.wraps(func)
+        def wrapper(*args: Any, bytes_per_token: float | None, model_config: str | None, dtype: str | None, tp: int, **kwargs: Any) -> Any:
+            if bytes_per_token is None and model_config:
+                bytes_per_token = kv_size_from_file(model_config, dtype=dtype, tp=tp).bytes_per_token
+            if bytes_per_token is None and required:
+                raise click.UsageError("give --bytes-per-token or --model-config")
+            return func(*args, bytes_per_token=bytes_per_token, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def _tokens(first: tuple[int, ...], rest: tuple[int, ...]) -> list[int]:
+    """``--tokens 4096 16384`` parses as one option value plus extra positionals; join them."""
+    return list(first) + list(rest)
+
+
+@click.group("cost")
+def cost_group() -> None:
+    """The cost model of loading KV from the remote tier vs recomputing it.
+
+    \b
+    recompute   T = n / R                (n tokens, R prefill tokens/s)
+    load        T = T0 + n·s / B         (s bytes/token, B GB/s, T0 fixed per hit)
+    break-even  B* = s·R;  no bandwidth helps below n* = R·T0 tokens
+    queue       ρ = λ·n·s / B            (synchronous loading; unstable at ρ ≥ 1)
+    GB = 1e9 bytes, MB = 1e6 bytes.
+    """
+
+
+@cost_group.command("breakeven")
+@bytes_per_token_options()
+@click.option("--prefill-rate", type=POS, required=True, help="Prefill throughput R in tokens/s.")
+@click.option("--t0", type=NONNEG, help="Fixed per-hit cost T0 in seconds; adds n* = R·T0.")
+@output_options
+def breakeven_cmd(bytes_per_token: float, prefill_rate: float, t0: float | None, as_json: bool) -> None:
+    """Break-even bandwidth B* = s·R, and n* = R·T0 when --t0 is given."""
+    res = cost.summarize_breakeven(bytes_per_token, prefill_rate, t0)
+    if as_json:
+        data = render.to_jsonable(res)
+        if t0 is None:
+            data.pop("t0_s")
+            data.pop("min_hit_tokens")
+        render.emit_json(data)
+        return
+    pairs = [
+        ("bytes per token (s)", res.bytes_per_token),
+        ("prefill rate (R, tok/s)", res.prefill_rate_tok_s),
+        ("break-even bandwidth B* (GB/s)", res.breakeven_gbps),
+    ]
+    if res.min_hit_tokens is not None:
+        pairs += [("fixed cost T0 (s)", res.t0_s), ("min hit tokens n* = R·T0", round(res.min_hit_tokens))]
+    render.key_values("Break-even", pairs, caption="A tier slower than B* makes every hit slower than recompute.")
+
+
+@cost_group.command("fit-t0")
+@click.option("--latency-s", type=POS, required=True, help="Measured time of one hit, seconds.")
+@click.option("--prompt-gb", type=POS, help="KV bytes of that prompt in GB (or --tokens with --bytes-per-token).")
+@click.option("--tokens", type=click.IntRange(min=1), help="Prompt length in tokens (with --bytes-per-token).")
+@bytes_per_token_options(required=False)
+@click.option("--bandwidth-gbps", type=POS, required=True, help="Tier bandwidth during the measurement, GB/s.")
+@output_options
+def fit_t0_cmd(latency_s: float, prompt_gb: float | None, tokens: int | None, bytes_per_token: float | None, bandwidth_gbps: float, as_json: bool) -> None:
+    """Fit the fixed per-hit cost: T0 = t_measured − n·s / B."""
+    prompt_bytes = _prompt_bytes(prompt_gb, tokens, bytes_per_token)
+    t0 = cost.fit_t0(latency_s, prompt_bytes, bandwidth_gbps)
+    if t0 < 0:
+        raise InvalidInput(f"the measured latency {latency_s}s is below the pure transfer time; check --bandwidth-gbps")
+    if as_json:
+        render.emit_json({"t0_s": t0, "latency_s": latency_s, "prompt_gb": prompt_bytes / cost.GB, "bandwidth_gbps": bandwidth_gbps})
+        return
+    render.key_values("Fitted fixed cost", [("transfer n·s/B (s)", prompt_bytes / (bandwidth_gbps * cost.GB)), ("T0 (s)", t0)])
+
+
+def _prompt_bytes(prompt_gb: float | None, tokens: int | None, bytes_per_token: float | None) -> float:
+    if prompt_gb is not None:
+        return prompt_gb * cost.GB
+    if tokens is not None and bytes_per_token is not None:
+        return tokens * bytes_per_token
+    raise click.UsageError("give --prompt-gb, or --tokens with --bytes-per-token / --model-config")
+
+
+@cost_group.command("predict")
+@bytes_per_token_options()
+@click.option("--prefill-rate", type=POS, required=True, help="Prefill throughput R in tokens/s.")
+@click.option("--t0", type=NONNEG, required=True, help="Fixed per-hit cost T0 in seconds.")
+@click.option("--bandwidth-gbps", type=POS, required=True, help="Tier bandwidth B in GB/s.")
+@click.option("--tokens", "tokens_opt", type=click.IntRange(min=1), multiple=True, required=True, help="Prompt lengths: --tokens 4096 16384 65536.")
+@click.argument("more_tokens", nargs=-1, type=click.IntRange(min=1), metavar="")
+@output_options
+def predict_cmd(bytes_per_token: float, prefill_rate: float, t0: float, bandwidth_gbps: float, tokens_opt: tuple[int, ...], more_tokens: tuple[int, ...], as_json: bool) -> None:
+    """Per-length verdict: load from the tier, or recompute?"""
+    preds = cost.predict(_tokens(tokens_opt, more_tokens), bytes_per_token, prefill_rate, bandwidth_gbps, t0)
+    if as_json:
+        render.emit_json({"bytes_per_token": bytes_per_token, "prefill_rate": prefill_rate, "t0_s": t0, "bandwidth_gbps": bandwidth_gbps, "predictions": preds})
+        return
+    render.table(
+        f"Load vs recompute at {bandwidth_gbps:g} GB/s",
+        ["tokens", "recompute s", "load s", "speedup", "verdict"],
+        [(p.tokens, p.recompute_s, p.load_s, f"{p.speedup:.2f}×", p.verdict) for p in preds],
+    )
+
+
+@cost_group.command("rho")
+@click.option("--arrival-rate", type=POS, required=True, help="Hit arrival rate λ in requests/s.")
+@click.option("--prompt-gb", type=POS, help="KV bytes loaded per request in GB (or --tokens with --bytes-per-token).")
+@click.option("--tokens", type=click.IntRange(min=1), help="Hit tokens per request (with --bytes-per-token).")
+@bytes_per_token_options(required=False)
+@click.option("--bandwidth-gbps", type=POS, required=True, help="Bandwidth of ONE instance, GB/s.")
+@click.option("--target-rho", type=click.FloatRange(min=0, max=1, min_open=True, max_open=True), default=0.5, show_default=True, help="Utilisation to size the tier for.")
+@output_options
+def rho_cmd(arrival_rate: float, prompt_gb: float | None, tokens: int | None, bytes_per_token: float | None, bandwidth_gbps: float, target_rho: float, as_json: bool) -> None:
+    """Utilisation of synchronous loading, ρ = λ·n·s / B, and instances for the target ρ."""
+    res = cost.summarize_rho(arrival_rate, _prompt_bytes(prompt_gb, tokens, bytes_per_token), bandwidth_gbps, target_rho)
+    if as_json:
+        render.emit_json(res)
+        return
+    render.key_values(
+        "Synchronous-load queue",
+        [
+            ("arrival rate λ (req/s)", res.arrival_rate_per_s),
+            ("KV per request (GB)", res.prompt_gb),
+            ("bandwidth B (GB/s)", res.bandwidth_gbps),
+            ("ρ = λ·n·s/B", res.rho),
+            ("stable (ρ < 1)", res.stable),
+            (f"instances for ρ ≤ {res.target_rho:g}", res.instances_for_target),
+        ],
+        caption=None if res.stable else "ρ ≥ 1: the queue grows without bound — add instances or switch to async loading.",
+    )
+
+
+@cost_group.command("kv-size")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True, help="Hugging Face config.json.")
+@click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype (default: the config's torch_dtype).")
+@click.option("--chunk-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Tokens per LMCache chunk.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel ranks (splits GQA/MHA heads; MLA is replicated).")
+@output_options
+def kv_size_cmd(config_path: str, dtype: str | None, chunk_tokens: int, tp: int, as_json: bool) -> None:
+    """KV bytes per token and per chunk from a model's config.json."""
+    res = kv_size_from_file(config_path, dtype=dtype, chunk_tokens=chunk_tokens, tp=tp)
+    if as_json:
+        render.emit_json(res)
+        return
+    render.key_values(
+        f"KV size of {res.model}",
+        [
+            ("attention", res.attention),
+            ("layers", res.layers),
+            ("elements per token per layer", res.elements_per_token_per_layer),
+            ("dtype", res.dtype),
+            ("tp ranks", res.tp),
+            ("bytes per token", res.bytes_per_token),
+            (f"chunk bytes ({res.chunk_tokens} tokens, MB)", res.chunk_bytes / cost.MB),
+        ],
+    )
+
+
+@cost_group.command("report")
+@click.option("--model-config", type=click.Path(dir_okay=False), help="config.json of the model (default: the paper's GLM-5.3 FP8 setup).")
+@click.option("--bytes-per-token", type=POS, help="KV bytes per token (instead of --model-config).")
+@click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel ranks with --model-config.")
+@click.option("--name", help="Label for this model/GPU pairing.")
+@click.option("--prefill-rate", type=POS, help="Prefill tokens/s on this GPU (required with a model).")
+@click.option("--t0", type=NONNEG, help="Fixed per-hit cost T0 in seconds (default 0.33, the paper's).")
+@click.option("--bandwidth-gbps", "bandwidths", type=POS, multiple=True, help="Tier bandwidths to compare (repeatable; default 0.85, 1.71, 10.76).")
+@click.option("--tokens", "tokens", type=click.IntRange(min=1), multiple=True, help="Prompt lengths (repeatable).")
+@output_options
+def report_cmd(model_config: str | None, bytes_per_token: float | None, dtype: str | None, tp: int, name: str | None, prefill_rate: float | None, t0: float | None, bandwidths: tuple[float, ...], tokens: tuple[int, ...], as_json: bool) -> None:
+    """One table per model/GPU pairing: B*, n*, and load vs recompute over prompt lengths.
+
+    With no model, reproduces the paper's GLM-5.3 FP8 / B300 setup.
+    """
+    paper = cost.PAPER_PAIRING
+    if model_config or bytes_per_token:
+        if prefill_rate is None:
+            raise click.UsageError("--prefill-rate is required with --model-config or --bytes-per-token")
+        if model_config and bytes_per_token is None:
+            size = kv_size_from_file(model_config, dtype=dtype, tp=tp)
+            bytes_per_token = size.bytes_per_token
+            name = name or f"{size.model} ({size.attention}, {size.dtype}, tp={tp})"
+        name = name or f"{bytes_per_token:g} B/token"
+    else:
+        bytes_per_token = paper["bytes_per_token"]
+        prefill_rate = prefill_rate or paper["prefill_rate"]
+        name = name or paper["name"]
+    rep = cost.summarize_pairing(
+        name,
+        bytes_per_token,
+        prefill_rate,
+        paper["t0_s"] if t0 is None else t0,
+        bandwidths or paper["bandwidths_gbps"],
+        tokens or cost.DEFAULT_REPORT_TOKENS,
+    )
+    if as_json:
+        render.emit_json({"pairings": [rep]})
+        return
+    render_pairing(rep)
+
+
+def render_pairing(rep: cost.PairingReport) -> None:
+    """The report table: rows are prompt lengths, one load column per bandwidth."""
+    cols = ["tokens", "recompute s"]
+    for bv in rep.bandwidths:
+        cols.append(f"load s @ {bv.bandwidth_gbps:g} GB/s")
+    rows = []
+    for i, p0 in enumerate(rep.bandwidths[0].predictions):
+        row: list[Any] = [p0.tokens, p0.recompute_s]
+        for bv in rep.bandwidths:
+            p = bv.predictions[i]
+            mark = "[green]load[/]" if p.verdict == "load" else "[red]recompute[/]"
+            row.append(f"{p.load_s:.3f} {mark}")
+        rows.append(row)
+    cross = ", ".join(
+        f"{bv.bandwidth_gbps:g} GB/s → {'never' if bv.crossover_tokens is None else f'>{bv.crossover_tokens:,.0f} tok'}"
+        for bv in rep.bandwidths
+    )
+    caption = (
+        f"s = {rep.bytes_per_token:,.1f} B/token · R = {rep.prefill_rate_tok_s:,.0f} tok/s · T0 = {rep.t0_s:g} s\n"
+        f"B* = s·R = {rep.breakeven_gbps:.3f} GB/s · n* = R·T0 = {rep.min_hit_tokens:,.0f} tokens\n"
+        f"loading wins: {cross}"
+    )
+    render.table(rep.name, cols, rows, caption=caption)

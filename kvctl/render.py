@@ -1,0 +1,156 @@
+"""Everything that draws: rich tables, progress, messages, plots.
+
+The only module that imports rich or matplotlib. Library code returns data;
+the CLI passes it here. JSON output never goes through rich.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import sys
+from typing import Any, Iterable, Iterator, Sequence
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses, paths and enums to plain JSON types."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj) if not f.name.startswith("_")}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        return [to_jsonable(v) for v in obj]
+    if hasattr(obj, "value") and hasattr(obj, "name") and not isinstance(obj, (int, float, str)):
+        return obj.value
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def emit_json(obj: Any) -> None:
+    """Plain JSON on stdout, no styling."""
+    sys.stdout.write(json.dumps(to_jsonable(obj), indent=2, sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console  # noqa: PLC0415 - keep `--help` light
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """Compact human formatting for table cells."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value != 0 and (abs(value) >= 1e6 or abs(value) < 10 ** -digits):
+            return f"{value:.{digits}g}"
+        return f"{value:,.{digits}f}".rstrip("0").rstrip(".") if "." in f"{value:.{digits}f}" else f"{value:,}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    caption: str | None = None,
+    styles: Sequence[str | None] | None = None,
+) -> None:
+    """Print one rich table to stdout; cells are formatted with :func:`fmt`."""
+    from rich.table import Table  # noqa: PLC0415
+
+    t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    for i, col in enumerate(columns):
+        justify = "left" if i == 0 else "right"
+        t.add_column(col, justify=justify, style=(styles[i] if styles else None))
+    for row in rows:
+        t.add_row(*[c if isinstance(c, str) else fmt(c) for c in row])
+    _console().print(t)
+
+
+def key_values(title: str | None, pairs: Iterable[tuple[str, Any]], caption: str | None = None) -> None:
+    """A two-column table of names and values."""
+    table(title, ["", "value"], [(k, v) for k, v in pairs], caption=caption)
+
+
+def message(text: str, style: str | None = None, stderr: bool = False) -> None:
+    _console(stderr=stderr).print(text, style=style)
+
+
+def warn(text: str) -> None:
+    message(f"warning: {text}", style="yellow", stderr=True)
+
+
+def error_line(text: str) -> None:
+    """One-line error on stderr (no rich markup interpretation)."""
+    sys.stderr.write(f"Error: {text}\n")
+
+
+@contextlib.contextmanager
+def progress(description: str, total: float | None, enabled: bool = True) -> Iterator[Any]:
+    """A rich progress bar on stderr; yields ``advance(n=1, description=None)``.
+
+    Disabled (a no-op) when ``enabled`` is False, e.g. under ``--json`` or when
+    stderr is not a TTY.
+    """
+    if not enabled or not sys.stderr.isatty():
+        yield lambda n=1, description=None: None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn  # noqa: PLC0415
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=_console(stderr=True),
+        transient=True,
+    ) as prog:
+        task = prog.add_task(description, total=total)
+
+        def advance(n: float = 1, description: str | None = None) -> None:
+            kwargs = {"description": description} if description else {}
+            prog.update(task, advance=n, **kwargs)
+
+        yield advance
+
+
+def line_plot(
+    path: str,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    series: dict[str, tuple[Sequence[float], Sequence[float]]],
+    hlines: dict[str, float] | None = None,
+    xticks: Sequence[str] | None = None,
+) -> None:
+    """Save a simple line/marker chart to ``path`` (PNG) with optional reference lines."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o", label=label)
+    for label, y in (hlines or {}).items():
+        ax.axhline(y, linestyle="--", linewidth=1, color="grey")
+        ax.annotate(label, xy=(0.01, y), xycoords=("axes fraction", "data"), va="bottom", fontsize=8)
+    if xticks is not None:
+        first = next(iter(series.values()))[0] if series else []
+        ax.set_xticks(list(first), list(xticks))
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

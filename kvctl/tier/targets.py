@@ -1,0 +1,132 @@
+"""Which Valkey instances a command talks to, and the state file of a local tier.
+
+Three ways to name the per-rank instances, shared by ``bench``, ``diagnose``
+and ``deploy-valkey status``:
+
+* explicit URLs (``--url``/``--valkey``, repeatable; index = rank);
+* a ``{rank}`` template plus ``--ranks N``;
+* ``--dir`` of a tier that ``kvctl deploy-valkey up`` started (its state file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from kvctl.connector.urls import RANK_PLACEHOLDER, expand_url, parse_resp_url
+from kvctl.errors import InvalidInput
+
+STATE_FILE = "kvctl-tier.json"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One Valkey instance serving one rank."""
+
+    rank: int
+    host: str
+    port: int
+    url: str
+    password: str | None = field(default=None, repr=False)
+
+
+@dataclass
+class InstanceState:
+    rank: int
+    host: str
+    port: int
+    pid: int
+    url: str
+    config: str
+    logfile: str
+    pidfile: str
+    cmdline: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TierState:
+    """What ``deploy-valkey up`` started in a directory (``<dir>/kvctl-tier.json``)."""
+
+    dir: str
+    instances: list[InstanceState]
+    binary: str = ""
+    server_version: str = ""
+    maxmemory_total: int = 0
+    password_file: str | None = None
+    created_at: str = ""
+
+    def write(self) -> Path:
+        """Atomically write the state file."""
+        path = Path(self.dir) / STATE_FILE
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        os.replace(tmp, path)
+        return path
+
+
+def state_path(tier_dir: Path | str) -> Path:
+    return Path(tier_dir) / STATE_FILE
+
+
+def load_tier(tier_dir: Path | str) -> TierState:
+    """Read the state file of a local tier; InvalidInput when absent or corrupt."""
+    path = state_path(tier_dir)
+    try:
+        raw = json.loads(path.read_text())
+        raw["instances"] = [InstanceState(**i) for i in raw["instances"]]
+        return TierState(**raw)
+    except FileNotFoundError as e:
+        raise InvalidInput(f"{tier_dir} holds no kvctl tier ({STATE_FILE} missing); start one with `kvctl deploy-valkey up --dir {tier_dir}`") from e
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InvalidInput(f"cannot read tier state {path}: {e}") from e
+
+
+def read_password_file(path: Path | str) -> str:
+    """The password in ``path``; the file must be mode 0600 (owner-only)."""
+    p = Path(path)
+    try:
+        mode = stat.S_IMODE(p.stat().st_mode)
+        text = p.read_text().strip()
+    except OSError as e:
+        raise InvalidInput(f"cannot read password file {p}: {e.strerror or e}") from e
+    if mode & 0o077:
+        raise InvalidInput(f"password file {p} must be mode 0600 (is {mode:04o}); run `chmod 600 {p}`")
+    if not text:
+        raise InvalidInput(f"password file {p} is empty")
+    return text
+
+
+def resolve_targets(
+    urls: Sequence[str] = (),
+    ranks: int | None = None,
+    tier_dir: Path | str | None = None,
+    password_file: Path | str | None = None,
+) -> list[Target]:
+    """The per-rank instances named by exactly one of: URLs, a {rank} template + ranks, a tier dir."""
+    given = sum(bool(x) for x in (urls, tier_dir))
+    if given != 1:
+        raise InvalidInput("name the Valkey instances with --url (repeatable or a {rank} template) or --dir, not both/neither")
+    password = read_password_file(password_file) if password_file else None
+    if tier_dir:
+        state = load_tier(tier_dir)
+        if password is None and state.password_file:
+            password = read_password_file(state.password_file)
+        return [Target(i.rank, i.host, i.port, i.url, password) for i in sorted(state.instances, key=lambda i: i.rank)]
+    urls = list(urls)
+    if len(urls) == 1 and RANK_PLACEHOLDER in urls[0]:
+        if not ranks or ranks < 1:
+            raise InvalidInput(f"a {RANK_PLACEHOLDER} URL template needs --ranks N (N ≥ 1)")
+        urls = [expand_url(urls[0], r) for r in range(ranks)]
+    elif ranks and ranks != len(urls):
+        raise InvalidInput(f"--ranks {ranks} does not match the {len(urls)} URLs given")
+    out = []
+    for rank, url in enumerate(urls):
+        if RANK_PLACEHOLDER in url:
+            raise InvalidInput(f"only a single URL may be a {RANK_PLACEHOLDER} template: {url}")
+        parsed = parse_resp_url(url)
+        out.append(Target(rank, parsed.host, parsed.port, url, password or parsed.password))
+    return out

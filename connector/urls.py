@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Sequence
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from kvctl.errors import InvalidInput
 
@@ -59,6 +59,8 @@ class RespUrl:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     db: int = 0
+    ssl_ca_certs: str | None = None  # ?ssl_ca_certs=/path/ca.pem
+    ssl_verify: bool = True  # ?ssl_cert_reqs=none turns verification off (test rigs only)
 
     def redacted(self) -> str:
         """The URL with any password masked, for messages and logs."""
@@ -72,10 +74,11 @@ class RespUrl:
 
 
 def parse_resp_url(url: str) -> RespUrl:
-    """Parse a RESP server URL: ``scheme://[user[:password]@]host[:port][/db]``.
+    """Parse a RESP server URL: ``scheme://[user[:password]@]host[:port][/db][?options]``.
 
     ``resp`` and ``redis`` are plain TCP, ``rediss`` (or ``resps``) is TLS.
     ``redis://:secret@host`` gives a password with the default user.
+    TLS options: ``ssl_ca_certs=<path>`` and ``ssl_cert_reqs=none|required``.
     """
     if not isinstance(url, str) or not url:
         raise InvalidUrl(f"empty RESP URL: {url!r}")
@@ -103,4 +106,20 @@ def parse_resp_url(url: str) -> RespUrl:
             db = int(path)
         except ValueError:
             raise InvalidUrl(f"database in RESP URL must be an integer, got {path!r}") from None
-    return RespUrl(host=host, port=port, tls=scheme in TLS_SCHEMES, username=username, password=password, db=db)
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    unknown = set(query) - {"ssl_ca_certs", "ssl_cert_reqs"}
+    if unknown:
+        raise InvalidUrl(f"unknown RESP URL option(s): {', '.join(sorted(unknown))}")
+    reqs = query.get("ssl_cert_reqs", "required").lower()
+    if reqs not in ("required", "none"):
+        raise InvalidUrl(f"ssl_cert_reqs must be 'required' or 'none', got {reqs!r}")
+    return RespUrl(
+        host=host,
+        port=port,
+        tls=scheme in TLS_SCHEMES,
+        username=username,
+        password=password,
+        db=db,
+        ssl_ca_certs=query.get("ssl_ca_certs"),
+        ssl_verify=reqs == "required",
+    )

@@ -1,0 +1,531 @@
+"""A small, fast RESP2 client for the remote KV tier (paper §5.4).
+
+* Batches are pipelined on one pooled socket: all commands are written, then
+  all replies are read, in order.
+* GET payloads go straight into caller-provided writable buffers with
+  ``recv_into`` (zero copy beyond the first few KB that arrive with the
+  header). A value whose length differs from its buffer is a miss, and its
+  bytes are still consumed so the connection stays in sync.
+* Bulk headers are parsed up to CRLF, so the 5-byte null bulk ``$-1\\r\\n`` of
+  a missing key is a per-key miss and the connection stays usable (bug 2).
+* Every socket operation is bounded by ``timeout_s``. Timeouts, closed
+  connections and malformed replies raise a :class:`RespError` subclass and
+  the connection is dropped from the pool, never returned to it.
+* Calls complete on the caller's thread: there is no background completion
+  thread, hence no submit/register race (bug 1). The async helper in
+  :mod:`kvctl.connector.completion` is where that lock lives.
+
+No click, no rich: this module runs inside engine processes.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from kvctl.errors import KvctlError, Unreachable
+
+from .urls import RespUrl, parse_resp_url
+
+__all__ = [
+    "RespAuthError",
+    "RespClient",
+    "RespClosedError",
+    "RespConnectionError",
+    "RespError",
+    "RespProtocolError",
+    "RespServerError",
+    "RespTimeout",
+    "make_ssl_context",
+]
+
+_CRLF = b"\r\n"
+_READ_CHUNK = 256 * 1024  # internal buffer for headers; payloads bypass it
+_MAX_LINE = 64 * 1024  # a header/status line longer than this is malformed
+_DISCARD_CHUNK = 1024 * 1024
+_SMALL_WRITE = 64 * 1024  # values smaller than this are copied into the command buffer
+
+
+class RespError(KvctlError):
+    """Any failure of the RESP client."""
+
+
+class RespConnectionError(RespError, Unreachable):
+    """Could not connect, or the server closed the connection mid-reply."""
+
+
+class RespTimeout(RespConnectionError):
+    """A socket operation (connect, send, receive) exceeded ``timeout_s``."""
+
+
+class RespProtocolError(RespError):
+    """The server sent bytes that are not the RESP2 reply expected (truncated, garbage type byte...)."""
+
+
+class RespServerError(RespError):
+    """The server answered with an error reply (``-ERR ...``); the connection stays usable."""
+
+
+class RespAuthError(RespServerError):
+    """AUTH (password or ACL user) was refused, or the server requires it."""
+
+
+class RespClosedError(RespError):
+    """The client was used after :meth:`RespClient.close`."""
+
+
+def make_ssl_context(url: RespUrl) -> ssl.SSLContext:
+    """The stdlib TLS context for a ``rediss://`` URL (verification on unless ``ssl_cert_reqs=none``)."""
+    ctx = ssl.create_default_context(cafile=url.ssl_ca_certs)
+    if not url.ssl_verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _encode_command(out: bytearray, *args: bytes) -> None:
+    """Append one RESP2 array-of-bulk-strings command to ``out``."""
+    out += b"*%d\r\n" % len(args)
+    for a in args:
+        out += b"$%d\r\n" % len(a)
+        out += a
+        out += _CRLF
+
+
+def _key_bytes(key: str | bytes) -> bytes:
+    return key.encode() if isinstance(key, str) else bytes(key)
+
+
+class _Connection:
+    """One socket plus a small read buffer. Not thread-safe; the pool hands it to one caller."""
+
+    def __init__(self, url: RespUrl, timeout_s: float, ssl_context: ssl.SSLContext | None) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self._rbuf = bytearray(_READ_CHUNK)
+        self._rview = memoryview(self._rbuf)
+        self._rpos = 0
+        self._rend = 0
+        self.broken = False
+        self.last_error = b""
+        where = f"{url.host}:{url.port}"
+        try:
+            sock = socket.create_connection((url.host, url.port), timeout=timeout_s)
+        except socket.timeout:
+            raise RespTimeout(f"connect to {where} timed out after {timeout_s:g}s") from None
+        except OSError as exc:
+            raise RespConnectionError(f"cannot connect to {where}: {exc.strerror or exc}") from None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if url.tls:
+                ctx = ssl_context or make_ssl_context(url)
+                sock = ctx.wrap_socket(sock, server_hostname=url.host)
+        except ssl.SSLError as exc:
+            sock.close()
+            raise RespConnectionError(f"TLS handshake with {where} failed: {exc}") from None
+        except socket.timeout:
+            sock.close()
+            raise RespTimeout(f"TLS handshake with {where} timed out after {timeout_s:g}s") from None
+        except OSError as exc:
+            sock.close()
+            raise RespConnectionError(f"cannot set up connection to {where}: {exc}") from None
+        self.sock = sock
+        try:
+            self._handshake()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup -----------------------------------------------------------------
+    def _handshake(self) -> None:
+        out = bytearray()
+        n = 0
+        if self.url.password is not None:
+            if self.url.username:
+                _encode_command(out, b"AUTH", self.url.username.encode(), self.url.password.encode())
+            else:
+                _encode_command(out, b"AUTH", self.url.password.encode())
+            n += 1
+        if self.url.db:
+            _encode_command(out, b"SELECT", str(self.url.db).encode())
+            n += 1
+        if not n:
+            return
+        self.send([out])
+        errors = []
+        for _ in range(n):
+            kind, value = self.read_simple()
+            if kind == b"-":
+                errors.append(value)
+        if errors:
+            msg = errors[0].decode(errors="replace")
+            if any(e.startswith((b"WRONGPASS", b"NOAUTH", b"ERR AUTH", b"NOPERM")) or b"password" in e for e in errors):
+                raise RespAuthError(f"authentication to {self.url.host}:{self.url.port} refused: {msg}")
+            raise RespServerError(f"connection setup on {self.url.host}:{self.url.port} failed: {msg}")
+
+    def close(self) -> None:
+        self.broken = True
+        try:
+            self.sock.close()
+        except (OSError, AttributeError):
+            pass
+
+    # -- low-level I/O -----------------------------------------------------------
+    def _where(self) -> str:
+        return f"{self.url.host}:{self.url.port}"
+
+    def send(self, parts: Iterable[Any]) -> None:
+        """Write every buffer in ``parts``, in order, each bounded by ``timeout_s``."""
+        try:
+            for part in parts:
+                self.sock.sendall(part)
+        except socket.timeout:
+            raise RespTimeout(f"send to {self._where()} timed out after {self.timeout_s:g}s") from None
+        except OSError as exc:
+            raise RespConnectionError(f"send to {self._where()} failed: {exc}") from None
+
+    def _recv_into(self, view: memoryview) -> int:
+        try:
+            n = self.sock.recv_into(view)
+        except socket.timeout:
+            raise RespTimeout(f"no reply from {self._where()} within {self.timeout_s:g}s") from None
+        except OSError as exc:
+            raise RespConnectionError(f"receive from {self._where()} failed: {exc}") from None
+        if n == 0:
+            raise RespConnectionError(f"{self._where()} closed the connection mid-reply")
+        return n
+
+    def _fill(self) -> None:
+        """Read more bytes into the internal buffer (compacting it first)."""
+        if self._rpos == self._rend:
+            self._rpos = self._rend = 0
+        elif self._rend == len(self._rbuf):
+            if self._rpos == 0:
+                raise RespProtocolError(f"reply line from {self._where()} longer than {_MAX_LINE} bytes")
+            live = self._rend - self._rpos
+            self._rbuf[:live] = self._rbuf[self._rpos : self._rend]
+            self._rpos, self._rend = 0, live
+        self._rend += self._recv_into(self._rview[self._rend :])
+
+    def read_line(self) -> bytes:
+        """One reply line without its CRLF (the header is parsed up to CRLF: bug 2)."""
+        while True:
+            idx = self._rbuf.find(_CRLF, self._rpos, self._rend)
+            if idx >= 0:
+                line = bytes(self._rview[self._rpos : idx])
+                self._rpos = idx + 2
+                return line
+            if self._rend - self._rpos > _MAX_LINE:
+                raise RespProtocolError(f"reply line from {self._where()} longer than {_MAX_LINE} bytes")
+            self._fill()
+
+    def read_exact_into(self, dest: memoryview) -> None:
+        """Fill ``dest`` completely: buffered bytes first, then ``recv_into`` straight into it."""
+        need = len(dest)
+        have = min(need, self._rend - self._rpos)
+        if have:
+            dest[:have] = self._rview[self._rpos : self._rpos + have]
+            self._rpos += have
+        pos = have
+        while pos < need:
+            pos += self._recv_into(dest[pos:])
+
+    def discard(self, n: int) -> None:
+        """Consume and drop ``n`` bytes of reply."""
+        have = min(n, self._rend - self._rpos)
+        self._rpos += have
+        n -= have
+        if n:
+            scratch = memoryview(bytearray(min(n, _DISCARD_CHUNK)))
+            while n:
+                n -= self._recv_into(scratch[: min(n, len(scratch))])
+
+    def expect_crlf(self) -> None:
+        while self._rend - self._rpos < 2:
+            self._fill()
+        if self._rbuf[self._rpos : self._rpos + 2] != _CRLF:
+            raise RespProtocolError(f"bulk reply from {self._where()} not terminated by CRLF")
+        self._rpos += 2
+
+    def read_simple(self) -> tuple[bytes, bytes]:
+        """A one-line reply: (type byte, rest of the line). Bulk/array replies are protocol errors here."""
+        line = self.read_line()
+        if not line:
+            raise RespProtocolError(f"empty reply line from {self._where()}")
+        kind = line[:1]
+        if kind not in (b"+", b"-", b":"):
+            raise RespProtocolError(f"unexpected reply type {kind!r} from {self._where()}: {line[:40]!r}")
+        return kind, line[1:]
+
+    def read_bulk_header(self) -> tuple[bytes, int]:
+        """Header of a bulk reply: ('$', length) with -1 for null, or ('-', 0) after an error line."""
+        line = self.read_line()
+        kind = line[:1]
+        if kind == b"$":
+            try:
+                length = int(line[1:])
+            except ValueError:
+                raise RespProtocolError(f"bad bulk length from {self._where()}: {line[:40]!r}") from None
+            if length < -1:
+                raise RespProtocolError(f"bad bulk length from {self._where()}: {line[:40]!r}")
+            return b"$", length
+        if kind == b"-":
+            self.last_error = line[1:]
+            return b"-", 0
+        raise RespProtocolError(f"unexpected reply type {kind!r} to GET from {self._where()}: {line[:40]!r}")
+
+
+@dataclass(frozen=True)
+class _PoolStats:
+    created: int
+    dropped: int
+    idle: int
+
+
+class RespClient:
+    """Pipelined RESP2 client over a small socket pool.
+
+    ``url``: ``resp://``, ``redis://`` or ``rediss://`` (TLS), optionally with
+    ``user:password@`` or ``:password@`` and ``/db``. ``timeout_s`` bounds
+    every socket operation and the wait for a free pooled connection.
+    ``pool_size`` caps open connections; calls from more threads wait.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 5.0,
+        pool_size: int = 4,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if pool_size < 1:
+            raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+        self.url = parse_resp_url(url)
+        self.timeout_s = float(timeout_s)
+        self.pool_size = pool_size
+        self._ssl_context = ssl_context if ssl_context is not None else (make_ssl_context(self.url) if self.url.tls else None)
+        self._slots = threading.BoundedSemaphore(pool_size)
+        self._idle: list[_Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._created = 0
+        self._dropped = 0
+
+    # -- pool ----------------------------------------------------------------
+    def _acquire(self) -> _Connection:
+        if self._closed:
+            raise RespClosedError("RespClient is closed")
+        if not self._slots.acquire(timeout=self.timeout_s):
+            raise RespTimeout(f"no free connection to {self.url.host}:{self.url.port} within {self.timeout_s:g}s")
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is not None:
+            return conn
+        try:
+            conn = _Connection(self.url, self.timeout_s, self._ssl_context)
+        except BaseException:
+            self._slots.release()
+            raise
+        with self._lock:
+            self._created += 1
+        return conn
+
+    def _release(self, conn: _Connection, ok: bool) -> None:
+        try:
+            if ok and not conn.broken and not self._closed:
+                with self._lock:
+                    self._idle.append(conn)
+                return
+            conn.close()
+            with self._lock:
+                self._dropped += 1
+        finally:
+            self._slots.release()
+
+    def _run(self, fn, *args):
+        conn = self._acquire()
+        ok = False
+        try:
+            result = fn(conn, *args)
+            ok = True
+            return result
+        except RespServerError:
+            ok = True  # an error reply was read in full: the connection is in sync
+            raise
+        finally:
+            self._release(conn, ok)
+
+    def pool_stats(self) -> _PoolStats:
+        """Connections created and dropped so far, and idle now (for tests and diagnostics)."""
+        with self._lock:
+            return _PoolStats(self._created, self._dropped, len(self._idle))
+
+    def close(self) -> None:
+        """Close every idle connection; later calls raise :class:`RespClosedError`. Idempotent."""
+        self._closed = True
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def __enter__(self) -> "RespClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- commands ------------------------------------------------------------
+    def ping(self) -> bool:
+        """True when the server answers PING with PONG."""
+
+        def op(conn: _Connection) -> bool:
+            conn.send([b"*1\r\n$4\r\nPING\r\n"])
+            kind, value = conn.read_simple()
+            _raise_if_error(conn, [value] if kind == b"-" else [])
+            return kind == b"+" and value == b"PONG"
+
+        return self._run(op)
+
+    def batched_set(self, keys: Sequence[str | bytes], values: Sequence[Any]) -> None:
+        """SET every key to its value (bytes-like) in one pipeline."""
+        if len(keys) != len(values):
+            raise ValueError(f"{len(keys)} keys but {len(values)} values")
+        if not keys:
+            return
+        kbytes = [_key_bytes(k) for k in keys]
+        views = [memoryview(v).cast("B") if not isinstance(v, (bytes, bytearray)) else v for v in values]
+
+        def op(conn: _Connection) -> None:
+            parts: list[Any] = []
+            out = bytearray()
+            for k, v in zip(kbytes, views):
+                out += b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(k), k, len(v))
+                if len(v) < _SMALL_WRITE:
+                    out += v
+                else:
+                    parts.append(out)
+                    parts.append(v)
+                    out = bytearray()
+                out += _CRLF
+            parts.append(out)
+            conn.send(parts)
+            errors = []
+            for _ in kbytes:
+                kind, value = conn.read_simple()
+                if kind == b"-":
+                    errors.append(value)
+                elif kind != b"+":
+                    raise RespProtocolError(f"unexpected reply to SET: {kind + value!r}")
+            _raise_if_error(conn, errors)
+
+        self._run(op)
+
+    def batched_exists(self, keys: Sequence[str | bytes]) -> list[bool]:
+        """Whether each key exists, in one pipeline of per-key EXISTS."""
+        if not keys:
+            return []
+        out = bytearray()
+        for k in keys:
+            kb = _key_bytes(k)
+            out += b"*2\r\n$6\r\nEXISTS\r\n$%d\r\n%s\r\n" % (len(kb), kb)
+
+        def op(conn: _Connection) -> list[bool]:
+            conn.send([out])
+            found: list[bool] = []
+            errors = []
+            for _ in keys:
+                kind, value = conn.read_simple()
+                if kind == b":":
+                    try:
+                        found.append(int(value) > 0)
+                    except ValueError:
+                        raise RespProtocolError(f"bad integer reply to EXISTS: {value[:40]!r}") from None
+                elif kind == b"-":
+                    errors.append(value)
+                    found.append(False)
+                else:
+                    raise RespProtocolError(f"unexpected reply to EXISTS: {kind + value!r}")
+            _raise_if_error(conn, errors)
+            return found
+
+        return self._run(op)
+
+    def batched_get(self, keys: Sequence[str | bytes], buffers: Sequence[Any]) -> list[bool]:
+        """GET every key into its writable buffer; True = filled, False = miss.
+
+        A missing key (``$-1``) and a value whose length differs from its
+        buffer are misses; the reply is consumed in full either way and the
+        connection stays usable. A missed buffer's contents are unspecified
+        only in that no bytes are written to it.
+        """
+        if len(keys) != len(buffers):
+            raise ValueError(f"{len(keys)} keys but {len(buffers)} buffers")
+        if not keys:
+            return []
+        views = []
+        for i, b in enumerate(buffers):
+            mv = memoryview(b)
+            if mv.readonly:
+                raise ValueError(f"buffer {i} is read-only; batched_get needs writable buffers")
+            if not mv.contiguous:
+                raise ValueError(f"buffer {i} is not contiguous")
+            views.append(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv)
+        out = bytearray()
+        for k in keys:
+            kb = _key_bytes(k)
+            out += b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(kb), kb)
+
+        def op(conn: _Connection) -> list[bool]:
+            conn.send([out])
+            filled: list[bool] = []
+            errors = []
+            for view in views:
+                kind, length = conn.read_bulk_header()
+                if kind == b"-":
+                    errors.append(conn.last_error)
+                    filled.append(False)
+                elif length == -1:
+                    filled.append(False)  # bug 2: null bulk = per-key miss, nothing more to read
+                elif length == len(view):
+                    conn.read_exact_into(view)
+                    conn.expect_crlf()
+                    filled.append(True)
+                else:
+                    conn.discard(length)  # size mismatch: a miss, but consume the value
+                    conn.expect_crlf()
+                    filled.append(False)
+            _raise_if_error(conn, errors)
+            return filled
+
+        return self._run(op)
+
+    def delete(self, keys: Sequence[str | bytes]) -> int:
+        """DEL the keys; the number removed."""
+        if not keys:
+            return 0
+        out = bytearray()
+        _encode_command(out, b"DEL", *[_key_bytes(k) for k in keys])
+
+        def op(conn: _Connection) -> int:
+            conn.send([out])
+            kind, value = conn.read_simple()
+            _raise_if_error(conn, [value] if kind == b"-" else [])
+            return int(value)
+
+        return self._run(op)
+
+
+def _raise_if_error(conn: _Connection, errors: list[bytes]) -> None:
+    """After a pipeline's replies are all read, turn the first error reply into an exception."""
+    if not errors:
+        return
+    msg = errors[0].decode(errors="replace")
+    where = f"{conn.url.host}:{conn.url.port}"
+    if errors[0].startswith((b"NOAUTH", b"WRONGPASS", b"NOPERM")):
+        raise RespAuthError(f"{where}: {msg}")
+    raise RespServerError(f"{where}: {msg}")

@@ -1,0 +1,303 @@
+"""Agreed-prefix load over ``torch.distributed`` (paper §5.1, Algorithm 1).
+
+Every rank of the group runs the *same* sequence of collectives whatever it
+found locally, so one rank's eviction, failed GET or staging error can never
+leave another rank waiting in a collective it will not enter:
+
+1. fetch and stage the chunks this rank owns (``c mod W == rank``) through the
+   caller's ``fetch_owned`` callback; anything that goes wrong here (``None``,
+   an exception, a tensor of the wrong shape or dtype, a failed copy) is a
+   *local failure* at that chunk and is never raised;
+2. exchange one fixed-size message per rank with a single all-gather: a
+   fingerprint of the chunk-key list and chunk metadata, the first chunk this
+   rank failed to provide, the transfer mode;
+3. compute the agreed prefix from the W messages, which are identical on every
+   rank: 0 when any fingerprint (or mode, or version) differs, otherwise the
+   minimum first failure over all ranks;
+4. move the prefix chunks from their owners to every rank. The number and
+   shape of these collectives depend only on the agreed prefix and W, never on
+   local state.
+
+Three transfer modes are implemented (``mode=``):
+
+* ``"per_chunk"``  -- one broadcast per prefix chunk, from its owner (the paper's form);
+* ``"per_owner"``  -- one broadcast per owner of that owner's prefix chunks,
+  which are already contiguous in its staging buffer (no packing copy);
+* ``"all_gather"`` -- one all-gather of every owner's prefix slots.
+
+``DEFAULT_MODE`` is the fastest measured with ``benchmarks/protocol_bcast.py``.
+All data collectives move ``uint8`` bytes, so any dtype works on any backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Callable, NamedTuple, Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "DEFAULT_MODE",
+    "MODES",
+    "LoadResult",
+    "Agreement",
+    "agree",
+    "fingerprint",
+    "load_agreed_prefix",
+    "load_agreed_prefix_detailed",
+]
+
+MODES = ("per_chunk", "per_owner", "all_gather")
+# gloo CPU (2 cores, benchmarks/protocol_bcast.py) and the paper's H200 numbers
+# both rank all_gather fastest; see README for the measured table.
+DEFAULT_MODE = "all_gather"
+
+PROTOCOL_VERSION = 1
+# message layout (int64): version, fp_hi, fp_lo, n_chunks, first_failure,
+# mode code, chunk nbytes, staged chunk count
+MSG_LEN = 8
+_VERSION, _FP_HI, _FP_LO, _N, _FIRST_FAIL, _MODE, _NBYTES, _STAGED = range(MSG_LEN)
+
+FetchOwned = Callable[[list[int]], Sequence[object]]
+
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class LoadResult(NamedTuple):
+    """What every rank gets back: the agreed prefix (in chunks) and its chunks.
+
+    ``chunks[c]`` has the caller's ``chunk_shape`` and ``dtype`` and lives on
+    ``device``; ``len(chunks) == prefix`` on every rank.
+    """
+
+    prefix: int
+    chunks: list[torch.Tensor]
+
+
+class Agreement(NamedTuple):
+    """The outcome of the exchange (step 3), identical on every rank."""
+
+    prefix: int
+    mismatch: bool  # fingerprints, modes or versions differed -> prefix 0
+    first_failures: tuple[int, ...]  # per rank, in group-rank order
+    local_failure: int  # this rank's own first failure (n_chunks if none)
+
+
+def fingerprint(chunk_keys: Sequence[object], chunk_shape: Sequence[int], dtype: torch.dtype) -> tuple[int, int]:
+    """128-bit digest of the key list, the chunk shape and the dtype, as two signed int64."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(b"kvctl-agreed-prefix\0")
+    h.update(str(tuple(int(d) for d in chunk_shape)).encode())
+    h.update(str(dtype).encode() + b"\0")
+    h.update(len(chunk_keys).to_bytes(8, "little"))
+    for key in chunk_keys:
+        raw = key if isinstance(key, (bytes, bytearray, memoryview)) else str(key).encode()
+        raw = bytes(raw)
+        h.update(len(raw).to_bytes(8, "little"))
+        h.update(raw)
+    d = h.digest()
+    return int.from_bytes(d[:8], "little", signed=True), int.from_bytes(d[8:], "little", signed=True)
+
+
+def agree(messages: torch.Tensor, n_chunks: int) -> tuple[int, bool]:
+    """Agreed prefix from the gathered (W, MSG_LEN) messages: 0 on any mismatch, else min first failure."""
+    rows = messages.tolist()
+    first = rows[0]
+    for row in rows:
+        for field in (_VERSION, _FP_HI, _FP_LO, _N, _MODE, _NBYTES):
+            if row[field] != first[field]:
+                return 0, True
+    if first[_VERSION] != PROTOCOL_VERSION:
+        return 0, True
+    prefix = min(row[_FIRST_FAIL] for row in rows)
+    # defensive: a first failure is always within [0, n_chunks]
+    return max(0, min(prefix, n_chunks)), False
+
+
+def _group_rank_world(group) -> tuple[int, int]:
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _global(group, group_rank: int) -> int:
+    if group is None or group is dist.group.WORLD:
+        return group_rank
+    return dist.get_global_rank(group, group_rank)
+
+
+def _fetch_and_stage(
+    fetch_owned: FetchOwned,
+    owned: list[int],
+    staging: torch.Tensor,
+    chunk_shape: tuple[int, ...],
+    dtype: torch.dtype,
+    nbytes: int,
+    n_chunks: int,
+) -> tuple[int, int]:
+    """Step 1: returns (first failed chunk index or n_chunks, staged count). Never raises."""
+    if not owned:
+        return n_chunks, 0
+    try:
+        fetched = list(fetch_owned(list(owned)))
+    except Exception:  # noqa: BLE001 - any callback failure is a local failure
+        return owned[0], 0
+    staged = 0
+    try:
+        for slot, c in enumerate(owned):
+            t = fetched[slot] if slot < len(fetched) else None
+            if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != chunk_shape:
+                return c, staged
+            dst = staging[slot * nbytes : (slot + 1) * nbytes].view(dtype).view(chunk_shape)
+            dst.copy_(t, non_blocking=staging.is_cuda)
+            staged += 1
+        if staging.is_cuda:
+            torch.cuda.synchronize(staging.device)
+    except Exception:  # noqa: BLE001 - a failed copy is a staging error at this chunk
+        # after an async copy failure we cannot tell which slot broke: be safe
+        return (owned[staged] if staged < len(owned) else owned[0]), staged
+    return n_chunks, staged
+
+
+def _chunk_view(buf: torch.Tensor, slot: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    return buf[slot * nbytes : (slot + 1) * nbytes].view(dtype).view(shape)
+
+
+def _owned_count(prefix: int, r: int, world: int) -> int:
+    """How many of the chunks 0..prefix-1 rank r owns."""
+    return 0 if prefix <= r else (prefix - r + world - 1) // world
+
+
+def _move_per_chunk(group, prefix, rank, world, staging, nbytes, dtype, shape, device):
+    out = []
+    for c in range(prefix):
+        o = c % world
+        if o == rank:
+            buf = staging[(c // world) * nbytes : (c // world + 1) * nbytes]
+        else:
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        dist.broadcast(buf, src=_global(group, o), group=group)
+        out.append(buf.view(dtype).view(shape))
+    return out
+
+
+def _move_per_owner(group, prefix, rank, world, staging, nbytes, dtype, shape, device):
+    per_owner: list[torch.Tensor | None] = [None] * world
+    for o in range(world):
+        k = _owned_count(prefix, o, world)
+        if k == 0:
+            continue  # same decision on every rank: it depends only on prefix and W
+        if o == rank:
+            buf = staging[: k * nbytes]
+        else:
+            buf = torch.empty(k * nbytes, dtype=torch.uint8, device=device)
+        dist.broadcast(buf, src=_global(group, o), group=group)
+        per_owner[o] = buf
+    return [_chunk_view(per_owner[c % world], c // world, nbytes, dtype, shape) for c in range(prefix)]
+
+
+def _move_all_gather(group, prefix, rank, world, staging, nbytes, dtype, shape, device):
+    if prefix == 0:
+        return []
+    kmax = math.ceil(prefix / world)
+    send = staging[: kmax * nbytes]
+    if send.numel() < kmax * nbytes:
+        # staging could not be allocated here, so this rank owns no prefix chunk
+        # (its first failure capped the prefix); it still sends kmax padding slots
+        send = torch.empty(kmax * nbytes, dtype=torch.uint8, device=device)
+    out = torch.empty(world * kmax * nbytes, dtype=torch.uint8, device=device)
+    _all_gather_single(out, send, group=group)
+    return [_chunk_view(out, (c % world) * kmax + c // world, nbytes, dtype, shape) for c in range(prefix)]
+
+
+_MOVERS = {"per_chunk": _move_per_chunk, "per_owner": _move_per_owner, "all_gather": _move_all_gather}
+
+
+def load_agreed_prefix_detailed(
+    group,
+    chunk_keys: Sequence[object],
+    fetch_owned: FetchOwned,
+    chunk_shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    mode: str = DEFAULT_MODE,
+) -> tuple[LoadResult, Agreement]:
+    """:func:`load_agreed_prefix` plus the :class:`Agreement` (for logs, tests, metrics)."""
+    # an unknown mode must not make this rank skip the exchange: it is sent as
+    # code -1 (a mismatch for everyone else) and raised after the exchange
+    mode_code = MODES.index(mode) if mode in _MOVERS else -1
+    device = torch.device(device)
+    shape = tuple(int(d) for d in chunk_shape)
+    rank, world = _group_rank_world(group)
+    n_chunks = len(chunk_keys)
+    elem = torch.empty((), dtype=dtype).element_size()
+    nbytes = elem * math.prod(shape)
+
+    # step 1: fetch and stage owned chunks into one contiguous byte buffer;
+    # slot j holds owned chunk rank + j*W. ceil(N/W) slots on every rank, so the
+    # all-gather can always send kmax slots.
+    owned = list(range(rank, n_chunks, world))
+    n_slots = max(1, math.ceil(n_chunks / world))
+    try:
+        staging = torch.empty(n_slots * nbytes, dtype=torch.uint8, device=device)
+    except Exception:  # noqa: BLE001 - out of memory: fail locally, keep the sequence
+        staging = torch.empty(0, dtype=torch.uint8, device=device)
+        first_fail, staged = (owned[0] if owned else n_chunks), 0
+    else:
+        first_fail, staged = _fetch_and_stage(fetch_owned, owned, staging, shape, dtype, nbytes, n_chunks)
+
+    # step 2: one fixed-size message per rank
+    fp_hi, fp_lo = fingerprint(chunk_keys, shape, dtype)
+    msg = torch.tensor(
+        [PROTOCOL_VERSION, fp_hi, fp_lo, n_chunks, first_fail, mode_code, nbytes, staged],
+        dtype=torch.int64,
+        device=device,
+    )
+    gathered = torch.empty(world * MSG_LEN, dtype=torch.int64, device=device)
+    _all_gather_single(gathered, msg, group=group)
+    gathered = gathered.view(world, MSG_LEN).cpu()
+
+    # step 3: the agreed prefix, identical on every rank
+    prefix, mismatch = agree(gathered, n_chunks)
+    if mode_code < 0:
+        # raised only after the exchange, so the other ranks are not left waiting;
+        # they saw a different mode code and agreed on 0 without more collectives
+        raise ValueError(f"unknown load mode {mode!r}; expected one of {MODES}")
+    agreement = Agreement(
+        prefix=prefix,
+        mismatch=mismatch,
+        first_failures=tuple(int(x) for x in gathered[:, _FIRST_FAIL].tolist()),
+        local_failure=first_fail,
+    )
+
+    # step 4: move the prefix chunks from their owners
+    chunks = _MOVERS[mode](group, prefix, rank, world, staging, nbytes, dtype, shape, device) if prefix else []
+    return LoadResult(prefix, chunks), agreement
+
+
+def load_agreed_prefix(
+    group,
+    chunk_keys: Sequence[object],
+    fetch_owned: FetchOwned,
+    chunk_shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    mode: str = DEFAULT_MODE,
+) -> LoadResult:
+    """Load the longest prefix of ``chunk_keys`` that every owner could provide.
+
+    ``group``: a ``torch.distributed`` process group (None = the default group).
+    ``chunk_keys``: the prompt's chunk keys (same list on every rank, or the
+    fingerprints differ and the agreed prefix is 0).
+    ``fetch_owned(indexes)``: called once with this rank's owned chunk indexes
+    in increasing order; returns one tensor of ``chunk_shape``/``dtype`` (or
+    None for a chunk it could not provide) per index. Exceptions are local
+    failures, never raised.
+    ``mode``: "all_gather" (default), "per_owner" or "per_chunk".
+
+    Returns ``LoadResult(prefix, chunks)``; every rank gets the same prefix.
+    Only errors of the process group itself (a dead peer, a collective timeout)
+    propagate.
+    """
+    result, _ = load_agreed_prefix_detailed(group, chunk_keys, fetch_owned, chunk_shape, dtype, device, mode)
+    return result

@@ -1,0 +1,376 @@
+"""Agreed-prefix load protocol (paper §5.1, Algorithm 1).
+
+The multi-process tests spawn W gloo ranks on CPU, each with its own real
+Valkey instance (the rank-partitioned tier of §5.2), store random chunks and
+run randomized trials that inject failures on random ranks. Every rank
+derives the trial plan from the same seed, applies only its own injections,
+and reports its prefixes; the parent checks that all ranks agree and that the
+prefix is min(true cached prefix, first injected failure) or 0 on mismatch.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import time
+import traceback
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.engine
+
+CHUNK_TOKENS = 4
+CHUNK_SHAPE = (3, 5, 8)  # 120 elements of bfloat16 = 240 bytes per chunk
+DTYPE_NAME = "bfloat16"
+MODEL = "test-model"
+FMT = "mla-bf16"
+TRIAL_BUDGET_S = float(os.environ.get("KVCTL_PROTOCOL_TRIAL_S", "8"))
+INJECTIONS = ("evict", "corrupt", "dead_server", "callback_raises", "none_entry", "bad_shape", "stage_error", "mismatch")
+
+
+# --------------------------------------------------------------------------
+# process harness (also used by test_store.py)
+# --------------------------------------------------------------------------
+def free_port() -> int:
+    from kvctl.tier.server import free_port as _free_port
+
+    return _free_port()
+
+
+def init_gloo(rank: int, world: int, port: int, timeout_s: float = 20.0) -> None:
+    """Join a gloo group on loopback; collectives give up after ``timeout_s``."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+
+
+def _entry(target, rank, world, port, args, results):
+    try:
+        init_gloo(rank, world, port)
+        out = target(rank, world, *args)
+        results.put((rank, "ok", out))
+    except BaseException:  # noqa: BLE001 - report everything to the parent
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def spawn_ranks(target, world: int, args: tuple, timeout_s: float) -> list:
+    """Run ``target(rank, world, *args)`` in ``world`` fresh processes in one gloo group.
+
+    Returns the per-rank return values in rank order. Any rank error fails the
+    test with its traceback; after ``timeout_s`` the processes this function
+    started are killed (by their own handles) and the test fails: no hang.
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(target, r, world, port, args, results), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    got: dict[int, object] = {}
+    errors: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(got) + len(errors) < world:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                rank, status, payload = results.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs) and results.empty():
+                    time.sleep(0.5)  # let a dying rank's report arrive
+                    if results.empty():
+                        break
+                continue
+            if status == "ok":
+                got[rank] = payload
+            else:
+                errors.append(f"rank {rank}:\n{payload}")
+    finally:
+        for p in procs:
+            p.join(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    assert not errors, "\n".join(errors)
+    assert len(got) == world, f"only ranks {sorted(got)} of {world} finished within {timeout_s}s (hang?)"
+    return [got[r] for r in range(world)]
+
+
+# --------------------------------------------------------------------------
+# the randomized trial worker
+# --------------------------------------------------------------------------
+def chunk_bytes(seed: int, prompt: int, chunk: int, nbytes: int) -> bytes:
+    """The deterministic content of one stored chunk (any rank can recompute it)."""
+    return random.Random(f"{seed}/{prompt}/{chunk}").randbytes(nbytes)
+
+
+def make_prompts(seed: int, count: int, max_chunks: int):
+    """Random prompts: (token ids, chunk keys, present flags); true prefix = first absent chunk."""
+    from kvctl.connector.ownership import chunk_keys
+
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(count):
+        n_chunks = rng.randint(1, max_chunks)
+        tokens = [rng.randrange(50_000) for _ in range(n_chunks * CHUNK_TOKENS)]
+        keys = chunk_keys(tokens, CHUNK_TOKENS, MODEL, FMT)
+        p_absent = rng.choice([0.0, 0.05, 0.2])
+        present = [rng.random() >= p_absent for _ in range(n_chunks)]
+        if i == 0:
+            present = [True] * n_chunks  # one fully cached prompt for the final check
+        prompts.append((tokens, keys, present))
+    return prompts
+
+
+def plan_trial(seed: int, trial: int, prompts, world: int):
+    """The trial plan every rank derives identically: prompt, mode, per-rank injections, expected prefix."""
+    from kvctl.connector.protocol import MODES
+
+    rng = random.Random(f"{seed}/trial/{trial}")
+    idx = rng.randrange(len(prompts))
+    _, keys, present = prompts[idx]
+    n = len(keys)
+    true_prefix = next((c for c, p in enumerate(present) if not p), n)
+    mode = rng.choice(MODES)
+    inject: dict[int, tuple[str, int]] = {}
+    p_inject = rng.choice([0.0, 0.3, 0.7])
+    for r in range(world):
+        if rng.random() < p_inject:
+            kind = rng.choice(INJECTIONS)
+            owned = list(range(r, n, world))
+            c = rng.choice(owned) if owned else n
+            inject[r] = (kind, c)
+    expected = true_prefix
+    for r, (kind, c) in inject.items():
+        if kind in ("dead_server", "callback_raises"):
+            expected = min(expected, r if r < n else n)  # the whole owned list fails
+        elif kind != "mismatch":
+            expected = min(expected, c)
+    inputs = {effective_inputs(keys, mode, r, inject.get(r), trial) for r in range(world)}
+    return idx, mode, inject, (0 if len(inputs) > 1 else expected)
+
+
+def effective_inputs(keys, mode, rank, inj, trial):
+    """The (keys, mode) a rank passes: a "mismatch" injection alters them (rank-specific)."""
+    from kvctl.connector.protocol import MODES
+
+    if not inj or inj[0] != "mismatch":
+        return tuple(keys), mode
+    variant = (trial + rank) % 3
+    if variant == 0:
+        return tuple(keys[:-1]) + (keys[-1] + f"-other{rank}",), mode
+    if variant == 1:
+        return tuple(keys) + (keys[-1] + f"-extra{rank}",), mode
+    return tuple(keys), MODES[(MODES.index(mode) + 1 + rank % 2) % len(MODES)]
+
+
+def _fetcher(client, keys, nbytes, shape, dtype, inj):
+    kind, bad = inj if inj else (None, -1)
+
+    def fetch_owned(indexes):
+        if kind == "callback_raises":
+            raise RuntimeError("injected: callback failed")
+        bufs = [bytearray(nbytes) for _ in indexes]
+        ok = client.batched_get([keys[c] for c in indexes], bufs)
+        out = []
+        for c, buf, hit in zip(indexes, bufs, ok):
+            t = torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape) if hit else None
+            if c == bad and kind == "none_entry":
+                t = None
+            elif c == bad and kind == "bad_shape":
+                t = t.flatten()[:-1] if t is not None else torch.zeros(3, dtype=dtype)
+            elif c == bad and kind == "stage_error":
+                t = torch.empty(shape, dtype=dtype, device="meta")  # copy_ from meta raises
+            out.append(t)
+        return out
+
+    return fetch_owned
+
+
+def protocol_worker(rank: int, world: int, urls: list[str], seed: int, budget_s: float) -> dict:
+    import redis
+    import torch.distributed as dist
+
+    from kvctl.connector.protocol import DEFAULT_MODE, load_agreed_prefix, load_agreed_prefix_detailed
+    from kvctl.connector.resp import RespClient
+    from kvctl.connector.urls import parse_resp_url
+
+    dtype = getattr(torch, DTYPE_NAME)
+    nbytes = torch.empty(CHUNK_SHAPE, dtype=dtype).numel() * dtype.itemsize
+    client = RespClient(urls[rank], timeout_s=5.0)
+    dead = RespClient(f"resp://127.0.0.1:{free_port()}", timeout_s=1.0)  # nothing listens there
+    u = parse_resp_url(urls[rank])
+    admin = redis.Redis(host=u.host, port=u.port, socket_timeout=5)
+
+    prompts = make_prompts(seed, 40, 13)
+    # each rank stores only its own present chunks, in its own instance
+    for pi, (_, keys, present) in enumerate(prompts):
+        mine = [c for c in range(rank, len(keys), world) if present[c]]
+        client.batched_set([keys[c] for c in mine], [chunk_bytes(seed, pi, c, nbytes) for c in mine])
+    dist.barrier()
+
+    prefixes: list[int] = []
+    errors: list[str] = []
+    kinds: dict[str, int] = {}
+    verified_bytes = 0
+    max_trial_s = 0.0
+    start = time.monotonic()
+    trial = 0
+    while True:
+        if trial % 16 == 0:
+            stop = torch.tensor([1 if time.monotonic() - start > budget_s else 0])
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            if stop.item():
+                break
+        idx, mode, inject, expected = plan_trial(seed, trial, prompts, world)
+        _, keys, _ = prompts[idx]
+        mine = inject.get(rank)
+        my_keys, my_mode = keys, mode
+        if mine:
+            kinds[mine[0]] = kinds.get(mine[0], 0) + 1
+            kind, c = mine
+            if kind == "evict" and c < len(keys):
+                admin.delete(keys[c])
+            elif kind == "corrupt" and c < len(keys):
+                admin.set(keys[c], b"short")  # a value of the wrong size: a miss
+            my_keys, my_mode = effective_inputs(keys, mode, rank, mine, trial)
+            my_keys = list(my_keys)
+        fetch = _fetcher(dead if mine and mine[0] == "dead_server" else client, my_keys, nbytes, CHUNK_SHAPE, dtype, mine)
+        t0 = time.monotonic()
+        result, agreement = load_agreed_prefix_detailed(None, my_keys, fetch, CHUNK_SHAPE, dtype, "cpu", my_mode)
+        max_trial_s = max(max_trial_s, time.monotonic() - t0)
+        prefixes.append(result.prefix)
+        if result.prefix != expected:
+            errors.append(f"trial {trial}: prefix {result.prefix} != expected {expected} ({mode}, {inject}, {agreement})")
+        if len(result.chunks) != result.prefix:
+            errors.append(f"trial {trial}: {len(result.chunks)} chunks for prefix {result.prefix}")
+        for c, t in enumerate(result.chunks):
+            got = t.contiguous().view(torch.uint8).flatten()
+            want = chunk_bytes(seed, idx, c, nbytes)
+            if tuple(t.shape) != CHUNK_SHAPE or t.dtype != dtype or bytes(got.tolist()) != want:
+                errors.append(f"trial {trial}: chunk {c} bytes differ from what was stored")
+                break
+            verified_bytes += nbytes
+        # undo this rank's damage to its own instance (no other rank reads it)
+        if mine and mine[0] in ("evict", "corrupt") and mine[1] < len(keys) and prompts[idx][2][mine[1]]:
+            admin.set(keys[mine[1]], chunk_bytes(seed, idx, mine[1], nbytes))
+        elif mine and mine[0] in ("evict", "corrupt") and mine[1] < len(keys):
+            admin.delete(keys[mine[1]])
+        trial += 1
+        if len(errors) > 20:
+            break  # every rank still runs the same trials: errors only stop after the sync point
+    # the group still works after all those failed loads
+    total = torch.tensor([1])
+    dist.all_reduce(total)
+    if total.item() != world:
+        errors.append(f"all_reduce after trials gave {total.item()}")
+    # an unknown mode on the last rank: it raises after the exchange, the others get 0
+    _, keys0, _ = prompts[0]
+    fetch0 = _fetcher(client, keys0, nbytes, CHUNK_SHAPE, dtype, None)
+    if rank == world - 1:
+        try:
+            load_agreed_prefix(None, keys0, fetch0, CHUNK_SHAPE, dtype, "cpu", mode="bogus")
+            errors.append("unknown mode did not raise")
+        except ValueError:
+            pass
+    else:
+        r = load_agreed_prefix(None, keys0, fetch0, CHUNK_SHAPE, dtype, "cpu")
+        if r.prefix != 0:
+            errors.append(f"others agreed {r.prefix} with a rank on an unknown mode")
+    # and a clean load of the fully cached prompt returns all of it
+    final = load_agreed_prefix(None, keys0, fetch0, CHUNK_SHAPE, dtype, "cpu", DEFAULT_MODE)
+    if final.prefix != len(keys0):
+        errors.append(f"final clean load gave {final.prefix} of {len(keys0)}")
+    client.close()
+    dead.close()
+    admin.close()
+    return {
+        "trials": trial,
+        "prefixes": prefixes,
+        "errors": errors,
+        "kinds": kinds,
+        "verified_bytes": verified_bytes,
+        "max_trial_s": max_trial_s,
+    }
+
+
+# --------------------------------------------------------------------------
+# tests
+# --------------------------------------------------------------------------
+def test_fingerprint_covers_keys_shape_dtype():
+    from kvctl.connector.protocol import fingerprint
+
+    base = fingerprint(["a", "b"], (2, 3), torch.bfloat16)
+    assert base == fingerprint(["a", "b"], [2, 3], torch.bfloat16)
+    assert base != fingerprint(["a", "c"], (2, 3), torch.bfloat16)
+    assert base != fingerprint(["ab"], (2, 3), torch.bfloat16)  # length-prefixed, no concatenation clash
+    assert base != fingerprint(["a", "b", "c"], (2, 3), torch.bfloat16)
+    assert base != fingerprint(["a", "b"], (3, 2), torch.bfloat16)
+    assert base != fingerprint(["a", "b"], (2, 3), torch.float16)
+    assert fingerprint([b"a", b"b"], (2, 3), torch.bfloat16) == base
+
+
+def test_agree_is_min_failure_or_zero_on_mismatch():
+    from kvctl.connector.protocol import MSG_LEN, PROTOCOL_VERSION, agree
+
+    def msg(first_fail, fp=(1, 2), n=10, mode=0, nbytes=64, version=PROTOCOL_VERSION):
+        return [version, fp[0], fp[1], n, first_fail, mode, nbytes, 0]
+
+    rows = torch.tensor([msg(10), msg(7), msg(9)])
+    assert rows.shape[1] == MSG_LEN
+    assert agree(rows, 10) == (7, False)
+    assert agree(torch.tensor([msg(10), msg(10)]), 10) == (10, False)
+    for bad in (msg(10, fp=(1, 3)), msg(10, n=11), msg(10, mode=1), msg(10, nbytes=32), msg(10, version=99)):
+        assert agree(torch.tensor([msg(10), bad]), 10) == (0, True)
+    assert agree(torch.tensor([msg(10, version=99), msg(10, version=99)]), 10) == (0, True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_randomized_trials_agree_on_every_rank(world, valkey_factory):
+    servers = [valkey_factory() for _ in range(world)]
+    seed = 1000 + world
+    out = spawn_ranks(
+        protocol_worker,
+        world,
+        ([s.url for s in servers], seed, TRIAL_BUDGET_S),
+        timeout_s=TRIAL_BUDGET_S + 90,
+    )
+    errors = [e for o in out for e in o["errors"]]
+    assert not errors, "\n".join(errors[:20])
+    trials = {o["trials"] for o in out}
+    assert len(trials) == 1 and trials.pop() >= 100, [o["trials"] for o in out]
+    # every rank saw the same prefix in every trial
+    for o in out[1:]:
+        assert o["prefixes"] == out[0]["prefixes"]
+    # the trials actually exercised failures, mismatches and full loads
+    kinds = {}
+    for o in out:
+        for k, v in o["kinds"].items():
+            kinds[k] = kinds.get(k, 0) + v
+    assert set(kinds) == set(INJECTIONS), kinds
+    prefixes = out[0]["prefixes"]
+    assert prefixes.count(0) > 0 and max(prefixes) >= 10
+    assert all(o["verified_bytes"] > 0 for o in out)
+    assert max(o["max_trial_s"] for o in out) < 10.0

@@ -1,0 +1,225 @@
+"""Typed bench results and the functions that compute them (no rendering here).
+
+Units are in field names: ``_gbps`` is 10^9 bytes/s, ``_ms`` milliseconds,
+``_usec`` microseconds, ``_frac`` a fraction in [0, 1]. ``summarize_*``
+functions are pure: they take raw worker results and server deltas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from kvctl import cost
+from kvctl.bench.info import ServerDelta
+from kvctl.bench.stats import mean, percentile
+from kvctl.bench.worker import WorkerResult
+
+
+@dataclass(frozen=True)
+class InstanceRun:
+    """One instance during one run: client side and server side."""
+
+    rank: int
+    url: str  # password redacted
+    clients: int
+    ops: int  # keys fetched (or written) in completed batches, hits + misses
+    misses: int
+    bytes: int
+    client_gbps: float
+    server_calls: int | None
+    server_usec_per_call: float | None
+    server_busy_frac: float | None
+    server_gbps: float | None
+    server_net_bytes: int | None
+    errors: int
+    first_error: str | None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One grid point: ``instances`` × ``clients`` (per instance) doing ``op``."""
+
+    op: str  # "get" or "set"
+    instances: int
+    clients: int  # per instance
+    chunk_bytes: int
+    batch: int
+    duration_s: float  # measured client window (start signal → last batch done)
+    batches: int
+    ops: int
+    misses: int
+    bytes: int
+    aggregate_gbps: float
+    per_instance_gbps: tuple[float, ...]
+    p50_batch_ms: float | None
+    p99_batch_ms: float | None
+    mean_batch_ms: float | None
+    max_batch_ms: float | None
+    server_gbps: float | None  # sum over instances of server-side bytes / window
+    server_usec_per_get: float | None  # all instances' GET usec / GET calls (None for SET runs)
+    server_usec_per_set: float | None
+    server_busy_frac: float | None  # the busiest instance's main-thread fraction in GET (or SET)
+    errors: int
+    per_instance: tuple[InstanceRun, ...]
+    scaling_vs_1x1: float | None = None  # aggregate_gbps / the 1 instance × 1 client run of the same op
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Measured tier bandwidth against the break-even B* = s·R (paper §4)."""
+
+    bytes_per_token: float
+    prefill_rate_tok_s: float
+    breakeven_gbps: float
+    ranks: int  # instances of the run judged (one per rank)
+    per_rank_gbps: float  # mean per-instance GET bandwidth of that run
+    tier_gbps: float  # what one prompt sees when every rank loads its share at once
+    per_rank_needed_gbps: float  # B* / ranks
+    loading_wins: bool  # tier_gbps > B*
+    text: str
+
+
+@dataclass(frozen=True)
+class BenchMetadata:
+    date_utc: str
+    kvctl_version: str
+    server_versions: tuple[str, ...]
+    host: str
+    host_cores: int
+    python: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    metadata: BenchMetadata
+    runs: tuple[RunResult, ...]
+    verdict: Verdict | None = None
+
+    @property
+    def errors(self) -> int:
+        return sum(r.errors for r in self.runs)
+
+
+def summarize_run(
+    op: str,
+    ranks: Sequence[int],
+    urls: Sequence[str],
+    clients: int,
+    chunk_bytes: int,
+    batch: int,
+    workers: Sequence[WorkerResult],
+    deltas: Sequence[ServerDelta | str],
+    extra_errors: Sequence[Sequence[str]] = (),
+) -> RunResult:
+    """Combine the workers' raw results and each instance's server delta into a :class:`RunResult`.
+
+    ``deltas[i]`` is instance i's counter delta, or the message saying why none
+    could be read. ``extra_errors[i]`` lists failures the parent saw for
+    instance i (a worker that never reported, ...).
+    """
+    n = len(ranks)
+    per: list[InstanceRun] = []
+    window = max((w.elapsed_s for w in workers), default=0.0)
+    for i in range(n):
+        ws = [w for w in workers if w.instance == i]
+        extra = list(extra_errors[i]) if i < len(extra_errors) else []
+        errors = sum(w.errors for w in ws) + len(extra)
+        first = next((w.first_error for w in ws if w.first_error), None) or (extra[0] if extra else None)
+        inst_window = max((w.elapsed_s for w in ws), default=0.0)
+        nbytes = sum(w.bytes for w in ws)
+        d = deltas[i] if i < len(deltas) else "no server snapshot"
+        if isinstance(d, str):
+            errors += 1
+            first = first or d
+            s_calls = s_usec_per = s_busy = s_gbps = s_bytes = None
+        else:
+            s_calls, s_usec_per, s_busy, s_gbps, s_bytes = d.calls, d.usec_per_call, d.busy_frac, d.gbps, d.net_bytes
+        per.append(
+            InstanceRun(
+                rank=ranks[i],
+                url=urls[i],
+                clients=clients,
+                ops=sum(w.ops for w in ws),
+                misses=sum(w.misses for w in ws),
+                bytes=nbytes,
+                client_gbps=nbytes / inst_window / cost.GB if inst_window > 0 else 0.0,
+                server_calls=s_calls,
+                server_usec_per_call=s_usec_per,
+                server_busy_frac=s_busy,
+                server_gbps=s_gbps,
+                server_net_bytes=s_bytes,
+                errors=errors,
+                first_error=first,
+            )
+        )
+    lat_ms = [s * 1e3 for w in workers for s in w.batch_s]
+    total_bytes = sum(w.bytes for w in workers)
+    good = [(p, d) for p, d in zip(per, deltas) if not isinstance(d, str)]
+    calls = sum(d.calls for _, d in good)
+    usec = sum(d.usec for _, d in good)
+    usec_per = usec / calls if calls else None
+    return RunResult(
+        op=op,
+        instances=n,
+        clients=clients,
+        chunk_bytes=chunk_bytes,
+        batch=batch,
+        duration_s=window,
+        batches=sum(w.batches for w in workers),
+        ops=sum(w.ops for w in workers),
+        misses=sum(w.misses for w in workers),
+        bytes=total_bytes,
+        aggregate_gbps=total_bytes / window / cost.GB if window > 0 else 0.0,
+        per_instance_gbps=tuple(p.client_gbps for p in per),
+        p50_batch_ms=percentile(lat_ms, 50),
+        p99_batch_ms=percentile(lat_ms, 99),
+        mean_batch_ms=mean(lat_ms),
+        max_batch_ms=max(lat_ms) if lat_ms else None,
+        server_gbps=sum(p.server_gbps for p, _ in good) if good else None,
+        server_usec_per_get=usec_per if op == "get" else None,
+        server_usec_per_set=usec_per if op == "set" else None,
+        server_busy_frac=max(p.server_busy_frac for p, _ in good) if good else None,
+        errors=sum(p.errors for p in per),
+        per_instance=tuple(per),
+    )
+
+
+def with_scaling(runs: Sequence[RunResult]) -> tuple[RunResult, ...]:
+    """Each run's aggregate bandwidth relative to the 1 × 1 run of the same op (when there is one)."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    base = {r.op: r.aggregate_gbps for r in runs if r.instances == 1 and r.clients == 1 and r.aggregate_gbps > 0}
+    return tuple(replace(r, scaling_vs_1x1=(r.aggregate_gbps / base[r.op]) if r.op in base else None) for r in runs)
+
+
+def summarize_verdict(runs: Sequence[RunResult], bytes_per_token: float, prefill_rate: float) -> Verdict | None:
+    """Judge the GET run with the most instances (best aggregate among those) against B* = s·R."""
+    cost.require_positive("--bytes-per-token", bytes_per_token)
+    cost.require_positive("--prefill-rate", prefill_rate)
+    gets = [r for r in runs if r.op == "get" and r.aggregate_gbps > 0]
+    if not gets:
+        return None
+    most = max(r.instances for r in gets)
+    run = max((r for r in gets if r.instances == most), key=lambda r: r.aggregate_gbps)
+    b_star = cost.breakeven_gbps(bytes_per_token, prefill_rate)
+    per_rank = sum(run.per_instance_gbps) / len(run.per_instance_gbps)
+    tier = run.aggregate_gbps
+    wins = tier > b_star
+    text = (
+        f"{run.instances} instance(s) deliver {tier:.3f} GB/s per prompt ({per_rank:.3f} GB/s per rank); "
+        f"B* = s·R = {b_star:.3f} GB/s, i.e. {b_star / run.instances:.3f} GB/s per rank: "
+        + ("loading from the tier beats recompute for prompts above n* = R·T0." if wins else "every hit is slower than recomputing — add instances (one per rank) or stop loading.")
+    )
+    return Verdict(
+        bytes_per_token=bytes_per_token,
+        prefill_rate_tok_s=prefill_rate,
+        breakeven_gbps=b_star,
+        ranks=run.instances,
+        per_rank_gbps=per_rank,
+        tier_gbps=tier,
+        per_rank_needed_gbps=b_star / run.instances,
+        loading_wins=wins,
+        text=text,
+    )

@@ -1,0 +1,158 @@
+"""One bench client, run in its own process (multiprocessing forkserver/spawn).
+
+Imports only the connector's RESP client, so a forkserver can preload it and
+a worker starts in milliseconds. Each worker owns ``batch`` preallocated
+buffers of ``chunk_bytes`` and fetches pipelined batches into them with
+:meth:`RespClient.batched_get` — the same code path as the engine.
+
+Bounded: the run ends at ``duration_s`` after the start signal (or when the
+parent sets ``stop``); every socket operation is bounded by ``timeout_s``;
+after an error the worker backs off (at most 0.5 s) and retries until the end,
+counting errors. The result always goes back on the queue.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvctl.connector.resp import RespClient
+
+#: Distinct keys of one bench run: ``<prefix><index>``; the same names on every instance.
+KEY_FORMAT = "{prefix}{index}"
+
+
+def key_names(prefix: str, n_keys: int) -> list[bytes]:
+    return [KEY_FORMAT.format(prefix=prefix, index=i).encode() for i in range(n_keys)]
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything one client process needs (picklable)."""
+
+    worker_id: int
+    instance: int  # index into the run's targets (= rank)
+    url: str  # may carry a password; never printed
+    op: str  # "get" or "set"
+    key_prefix: str
+    n_keys: int
+    chunk_bytes: int
+    batch: int
+    duration_s: float
+    timeout_s: float
+    seed: int
+    start_wait_s: float  # how long to wait for the start signal before giving up
+
+
+@dataclass
+class WorkerResult:
+    """Raw numbers of one client; summarised by :func:`kvctl.bench.results.summarize_run`."""
+
+    worker_id: int
+    instance: int
+    ready: bool = False
+    started: bool = False
+    batches: int = 0
+    ops: int = 0  # keys requested in completed batches (hits + misses)
+    misses: int = 0
+    bytes: int = 0  # payload bytes moved in completed batches
+    errors: int = 0
+    first_error: str | None = None
+    elapsed_s: float = 0.0  # start signal → end of the last batch (or of the run)
+    batch_s: list[float] = field(default_factory=list)
+
+
+def _batches(order: list[int], batch: int):
+    """Endless windows of ``batch`` distinct keys, walking a shuffled order cyclically."""
+    n = len(order)
+    pos = 0
+    while True:
+        if pos + batch <= n:
+            yield order[pos : pos + batch]
+        else:
+            yield order[pos:] + order[: pos + batch - n]
+        pos = (pos + batch) % n
+
+
+def _record_error(res: WorkerResult, exc: BaseException) -> None:
+    res.errors += 1
+    if res.first_error is None:
+        res.first_error = f"{type(exc).__name__}: {exc}"
+
+
+def worker_main(cfg: WorkerConfig, ready_q: Any, start: Any, stop: Any, result_q: Any, live_bytes: Any) -> None:
+    """Process entry point: warm up, report ready, run until the deadline, report the result."""
+    res = WorkerResult(cfg.worker_id, cfg.instance)
+    client = None
+    announced = False
+    try:
+        keys = key_names(cfg.key_prefix, cfg.n_keys)
+        rng = random.Random(cfg.seed)
+        order = list(range(cfg.n_keys))
+        rng.shuffle(order)
+        windows = _batches(order, min(cfg.batch, cfg.n_keys))
+        buffers = [bytearray(cfg.chunk_bytes) for _ in range(cfg.batch)]
+        if cfg.op == "set":
+            pattern = os.urandom(4096)
+            for b in buffers:
+                b[:] = (pattern * (cfg.chunk_bytes // len(pattern) + 1))[: cfg.chunk_bytes]
+        client = RespClient(cfg.url, timeout_s=cfg.timeout_s, pool_size=1)
+
+        def one_batch() -> tuple[int, int]:
+            idx = next(windows)
+            ks = [keys[i] for i in idx]
+            bufs = buffers[: len(ks)]
+            if cfg.op == "set":
+                client.batched_set(ks, bufs)
+                return len(ks), 0
+            filled = client.batched_get(ks, bufs)
+            hits = sum(filled)
+            return hits, len(ks) - hits
+
+        try:  # warm-up: connect and touch the server once, outside the measured window
+            one_batch()
+            res.ready = True
+        except Exception as exc:  # noqa: BLE001 - any failure is a recorded error, never a crash
+            _record_error(res, exc)
+        ready_q.put((cfg.worker_id, res.ready))
+        announced = True
+        if not start.wait(cfg.start_wait_s):
+            return
+        res.started = True
+        t_start = time.monotonic()
+        deadline = t_start + cfg.duration_s
+        backoff = 0.05
+        perf = time.perf_counter
+        while time.monotonic() < deadline and not stop.is_set():
+            t0 = perf()
+            try:
+                hits, misses = one_batch()
+            except Exception as exc:  # noqa: BLE001
+                _record_error(res, exc)
+                stop.wait(max(0.0, min(backoff, deadline - time.monotonic())))
+                backoff = min(backoff * 2, 0.5)
+                continue
+            res.batch_s.append(perf() - t0)
+            res.batches += 1
+            res.ops += hits + misses
+            res.misses += misses
+            res.bytes += hits * cfg.chunk_bytes
+            res.elapsed_s = time.monotonic() - t_start
+            live_bytes[cfg.worker_id] = res.bytes
+            backoff = 0.05
+        if res.batches == 0:
+            res.elapsed_s = time.monotonic() - t_start
+    except Exception as exc:  # noqa: BLE001 - setup failure (bad URL, out of memory): report, don't hang the parent
+        _record_error(res, exc)
+        if not announced:
+            try:
+                ready_q.put((cfg.worker_id, False))
+            except Exception:  # noqa: BLE001
+                pass
+    finally:
+        if client is not None:
+            client.close()
+        result_q.put(res)

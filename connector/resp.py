@@ -11,9 +11,10 @@
 * Every socket operation is bounded by ``timeout_s``. Timeouts, closed
   connections and malformed replies raise a :class:`RespError` subclass and
   the connection is dropped from the pool, never returned to it.
-* Calls complete on the caller's thread: there is no background completion
-  thread, hence no submit/register race (bug 1). The async helper in
-  :mod:`kvctl.connector.completion` is where that lock lives.
+* ``batched_*`` calls complete on the caller's thread. ``submit_get`` runs
+  on an I/O thread and completes through :class:`CompletionRegistry`, which
+  holds one lock across submit-and-register and across the drain, so a
+  completion can never arrive before its future is registered (bug 1).
 
 No click, no rich: this module runs inside engine processes.
 """
@@ -22,15 +23,19 @@ from __future__ import annotations
 
 import socket
 import ssl
+import itertools
+import queue
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from kvctl.errors import KvctlError, Unreachable
 
 from .urls import RespUrl, parse_resp_url
 
 __all__ = [
+    "CompletionRegistry",
     "RespAuthError",
     "RespClient",
     "RespClosedError",
@@ -285,6 +290,77 @@ class _PoolStats:
     idle: int
 
 
+class CompletionRegistry:
+    """Futures keyed by request id, resolved by a drain thread (the fix for bug 1 of §5.4).
+
+    ``submit(start)`` allocates an id, calls ``start(id)`` (which hands the
+    request to an I/O thread that later calls :meth:`complete`) and registers
+    the future -- all under one lock, which the drain also takes before it
+    looks a completion up. A completion that arrives "too early" therefore
+    waits for the registration instead of being dropped.
+
+    ``unsafe_submit_then_register=True`` reproduces the buggy ordering
+    (register after submit, no lock); it exists only for the regression test.
+    """
+
+    def __init__(self, unsafe_submit_then_register: bool = False) -> None:
+        self._unsafe = unsafe_submit_then_register
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._ids = itertools.count()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self.dropped = 0  # completions that found no future (must stay 0 with the fix)
+        self._drainer = threading.Thread(target=self._drain, name="resp-completion-drain", daemon=True)
+        self._drainer.start()
+
+    def submit(self, start: Callable[[int], None]) -> Future:
+        """Start a request and return the future its completion will resolve."""
+        fut: Future = Future()
+        if self._unsafe:
+            rid = next(self._ids)
+            start(rid)
+            self._pending[rid] = fut
+            return fut
+        with self._lock:
+            rid = next(self._ids)
+            start(rid)
+            self._pending[rid] = fut
+        return fut
+
+    def complete(self, rid: int, result: Any = None, error: BaseException | None = None) -> None:
+        """Called by the I/O side when request ``rid`` finished (any thread)."""
+        self._done.put((rid, result, error))
+
+    def _drain(self) -> None:
+        while True:
+            item = self._done.get()
+            if item is None:
+                return
+            rid, result, error = item
+            if self._unsafe:
+                fut = self._pending.pop(rid, None)
+            else:
+                with self._lock:
+                    fut = self._pending.pop(rid, None)
+            if fut is None:
+                self.dropped += 1
+                continue
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
+
+    def close(self) -> None:
+        """Stop the drain thread; futures still pending get a RespClosedError."""
+        self._done.put(None)
+        self._drainer.join(timeout=5)
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(RespClosedError("client closed with the request in flight"))
+
+
 class RespClient:
     """Pipelined RESP2 client over a small socket pool.
 
@@ -315,6 +391,9 @@ class RespClient:
         self._closed = False
         self._created = 0
         self._dropped = 0
+        self._registry: CompletionRegistry | None = None
+        self._io_queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._io_thread: threading.Thread | None = None
 
     # -- pool ----------------------------------------------------------------
     def _acquire(self) -> _Connection:
@@ -368,6 +447,11 @@ class RespClient:
     def close(self) -> None:
         """Close every idle connection; later calls raise :class:`RespClosedError`. Idempotent."""
         self._closed = True
+        if self._io_thread is not None:
+            self._io_queue.put(None)
+            self._io_thread.join(timeout=self.timeout_s * 2)
+        if self._registry is not None:
+            self._registry.close()
         with self._lock:
             idle, self._idle = self._idle, []
         for conn in idle:
@@ -503,6 +587,31 @@ class RespClient:
             return filled
 
         return self._run(op)
+
+    def submit_get(self, keys: Sequence[str | bytes], buffers: Sequence[Any]) -> Future:
+        """:meth:`batched_get` on the client's I/O thread; the future resolves to its list[bool]."""
+        if self._closed:
+            raise RespClosedError("RespClient is closed")
+        with self._lock:
+            if self._registry is None:
+                self._registry = CompletionRegistry()
+                self._io_thread = threading.Thread(target=self._io_loop, name="resp-io", daemon=True)
+                self._io_thread.start()
+        keys, buffers = list(keys), list(buffers)
+        return self._registry.submit(lambda rid: self._io_queue.put((rid, keys, buffers)))
+
+    def _io_loop(self) -> None:
+        registry = self._registry
+        assert registry is not None
+        while True:
+            item = self._io_queue.get()
+            if item is None:
+                return
+            rid, keys, buffers = item
+            try:
+                registry.complete(rid, self.batched_get(keys, buffers))
+            except BaseException as exc:  # noqa: BLE001 - delivered to the caller's future
+                registry.complete(rid, error=exc)
 
     def delete(self, keys: Sequence[str | bytes]) -> int:
         """DEL the keys; the number removed."""

@@ -18,6 +18,8 @@ hookimpl = pluggy.HookimplMarker("kvctl")
 #: Modules that implement the built-in commands, registered in this order.
 DEFAULT_PLUGINS = (
     "kvctl.commands.cost",
+    "kvctl.commands.deploy",
+    "kvctl.commands.bench",
 )
 
 

@@ -1,0 +1,223 @@
+"""``kvctl bench``: real GET bandwidth of the remote tier, per instance and at scale (paper Fig. 3)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kvctl import cost, render
+from kvctl.bench.results import BenchReport, RunResult
+from kvctl.bench.runner import BenchSpec, embedded_tier, grid, run_bench
+from kvctl.cli import output_options
+from kvctl.errors import ExitStatus, InvalidInput
+from kvctl.hooks import hookimpl
+from kvctl.kvsize import DTYPE_BYTES, kv_size_from_file
+from kvctl.tier.targets import resolve_targets
+
+PAPER_CHUNK_BYTES = 12.4e6  # one 256-token chunk of GLM-5.3 FP8 MLA
+POS = click.FloatRange(min=0, min_open=True)
+
+
+@hookimpl
+def register_commands(cli: click.Group) -> None:
+    cli.add_command(bench_cmd)
+
+
+@click.command("bench")
+@click.option("--url", "urls", multiple=True, help="Valkey instance, resp://host:port (repeatable; index = rank), or one {rank} template with --ranks.")
+@click.option("--ranks", type=click.IntRange(min=1), help="Number of ranks to expand a {rank} URL template to.")
+@click.option("--dir", "tier_dir", type=click.Path(file_okay=False), help="Directory of a tier started by `kvctl deploy-valkey up`.")
+@click.option("--embedded", type=click.IntRange(min=1), help="Start N local valkey-servers for the run and stop them after.")
+@click.option("--embedded-maxmemory", default="1gb", show_default=True, help="maxmemory of each --embedded instance.")
+@click.option("--password-file", type=click.Path(dir_okay=False), envvar="KVCTL_PASSWORD_FILE", help="File (mode 0600) holding the Valkey password.")
+@click.option("--chunk-bytes", type=POS, help="Bytes per value (default 12.4e6: one 256-token GLM-5.3 FP8 chunk).")
+@click.option("--model-config", type=click.Path(dir_okay=False), help="config.json to derive the chunk size (and bytes per token) from.")
+@click.option("--chunk-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Tokens per chunk with --model-config.")
+@click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel ranks with --model-config.")
+@click.option("--batch", type=click.IntRange(min=1), default=8, show_default=True, help="Chunks per pipelined GET batch (one rank's share of a prompt).")
+@click.option("--clients", type=click.IntRange(min=1), help="Client processes per instance (default 1; with --sweep, the largest count, default = instances).")
+@click.option("--duration", type=POS, default=10.0, show_default=True, help="Seconds per run.")
+@click.option("--keys", type=click.IntRange(min=1), help="Distinct keys per instance (default: about 1 GB of values, within maxmemory).")
+@click.option("--write", is_flag=True, help="Also measure SET bandwidth (a write run before each GET run).")
+@click.option("--sweep", is_flag=True, help="Figure 3 grid: 1 instance with 1, 2, 4… clients, then 2, 4… instances with one client each.")
+@click.option("--timeout", "timeout_s", type=POS, default=5.0, show_default=True, help="Seconds any socket operation may take before it counts as an error.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the key order of every client.")
+@click.option("--prefill-rate", type=POS, help="Prefill tokens/s R; with bytes per token, ends with the verdict against B* = s·R.")
+@click.option("--bytes-per-token", type=POS, help="KV bytes per token s for the verdict (or --model-config).")
+@click.option("--save", type=click.Path(dir_okay=False), help="Also write the JSON result to FILE.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Draw the scaling chart to FILE.png.")
+@output_options
+@click.pass_context
+def bench_cmd(
+    ctx: click.Context,
+    urls: tuple[str, ...],
+    ranks: int | None,
+    tier_dir: str | None,
+    embedded: int | None,
+    embedded_maxmemory: str,
+    password_file: str | None,
+    chunk_bytes: float | None,
+    model_config: str | None,
+    chunk_tokens: int,
+    dtype: str | None,
+    tp: int,
+    batch: int,
+    clients: int | None,
+    duration: float,
+    keys: int | None,
+    write: bool,
+    sweep: bool,
+    timeout_s: float,
+    seed: int,
+    prefill_rate: float | None,
+    bytes_per_token: float | None,
+    save: str | None,
+    plot: str | None,
+    as_json: bool,
+) -> None:
+    """GET bandwidth of the remote tier: per instance, over clients, and one instance per rank.
+
+    \b
+    Each client is its own process fetching --batch chunks per pipelined request
+    into preallocated buffers (the engine's RESP client). Server-side numbers come
+    from INFO commandstats/stats deltas of every instance. Exit 5 when any instance
+    failed during the run (killed, stalled, refusing).
+    \b
+    Examples:
+      kvctl bench --embedded 2 --sweep --chunk-bytes 4e6 --duration 2
+      kvctl bench --url 'resp://valkey-{rank}:6379' --ranks 8 --sweep --prefill-rate 52200 --bytes-per-token 48437.5
+    """
+    if embedded and (urls or tier_dir):
+        raise InvalidInput("--embedded starts its own instances; do not combine it with --url or --dir")
+    if model_config:
+        size = kv_size_from_file(model_config, dtype=dtype, chunk_tokens=chunk_tokens, tp=tp)
+        if chunk_bytes is None:
+            chunk_bytes = size.chunk_bytes
+        if bytes_per_token is None:
+            bytes_per_token = size.bytes_per_token
+    chunk = int(round(chunk_bytes if chunk_bytes is not None else PAPER_CHUNK_BYTES))
+    if prefill_rate is not None and bytes_per_token is None:
+        raise click.UsageError("--prefill-rate needs --bytes-per-token or --model-config for the verdict")
+    params: dict[str, Any] = {"model_config": model_config, "chunk_tokens": chunk_tokens if model_config else None,
+                              "prefill_rate": prefill_rate, "bytes_per_token": bytes_per_token}
+
+    def go(targets) -> BenchReport:
+        n_clients = clients or (len(targets) if sweep else 1)
+        spec = BenchSpec(chunk_bytes=chunk, batch=batch, clients=n_clients, duration_s=duration, keys=keys,
+                         write=write, sweep=sweep, timeout_s=timeout_s, seed=seed)
+        spec.check()
+        n_runs = len(grid(len(targets), spec)) * (2 if write else 1)
+        with render.progress("bench", total=n_runs * duration, enabled=not as_json) as advance:
+            state = {"label": None, "elapsed": 0.0}
+
+            def on_progress(label: str, elapsed: float, dur: float, live_gbps: float) -> None:
+                if label != state["label"]:
+                    if state["label"] is not None:
+                        advance(max(0.0, dur - state["elapsed"]))
+                    state.update(label=label, elapsed=0.0)
+                advance(max(0.0, elapsed - state["elapsed"]), description=f"{label}: {live_gbps:.2f} GB/s")
+                state["elapsed"] = max(state["elapsed"], elapsed)
+
+            return run_bench(targets, spec, on_progress, bytes_per_token, prefill_rate, params)
+
+    if embedded:
+        with embedded_tier(embedded, embedded_maxmemory) as targets:
+            report = go(targets)
+    else:
+        report = go(resolve_targets(urls, ranks, tier_dir, password_file))
+
+    data = render.to_jsonable(report)
+    data["errors"] = report.errors
+    if save:
+        try:
+            Path(save).write_text(json.dumps(data, indent=2) + "\n")
+        except OSError as e:
+            raise InvalidInput(f"cannot write --save {save}: {e.strerror or e}") from e
+    if plot:
+        plot_report(report, plot)
+    if as_json:
+        render.emit_json(data)
+    else:
+        render_report(report)
+    if report.errors:
+        for run in report.runs:
+            for inst in run.per_instance:
+                if inst.errors:
+                    render.error_line(
+                        f"{run.op.upper()} {run.instances}×{run.clients}: rank {inst.rank} ({inst.url}): "
+                        f"{inst.errors} error(s), first: {inst.first_error}"
+                    )
+        ctx.exit(int(ExitStatus.UNREACHABLE))
+
+
+def _f(x: float | None, digits: int) -> str:
+    return "—" if x is None else f"{x:,.{digits}f}"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.0f}%"
+
+
+def render_report(report: BenchReport) -> None:
+    """The runs table, then misses/verdict notes."""
+    p = report.metadata.parameters
+    rows = []
+    for r in report.runs:
+        usec = r.server_usec_per_get if r.op == "get" else r.server_usec_per_set
+        rows.append((
+            r.op.upper(), f"{r.instances}×{r.clients}", _f(r.aggregate_gbps, 2),
+            " ".join(f"{g:.2f}" for g in r.per_instance_gbps),
+            "—" if r.scaling_vs_1x1 is None else f"{r.scaling_vs_1x1:.2f}×",
+            _f(r.p50_batch_ms, 1), _f(r.p99_batch_ms, 1), _f(usec, 0), _pct(r.server_busy_frac), _f(r.server_gbps, 2),
+            f"[red]{r.errors}[/]" if r.errors else "0",
+        ))
+    caption = (
+        f"{p['chunk_bytes'] / cost.MB:g} MB values, batches of {p['batch']}, {p['duration_s']:g} s per run, "
+        f"{p['keys_per_instance']} keys per instance · valkey {', '.join(sorted(set(report.metadata.server_versions)))} · "
+        f"{report.metadata.host_cores} cores\ninst×cl = instances × clients per instance; ms = one batch; µs/op, busy (busiest instance's main thread)\nand srv GB/s from INFO deltas; GB = 1e9 bytes"
+    )
+    render.table(
+        "kvctl bench",
+        ["op", "inst×cl", "GB/s", "per inst", "vs 1×1", "p50 ms", "p99 ms", "µs/op", "busy", "srv GB/s", "err"],
+        rows,
+        caption=caption,
+    )
+    misses = sum(r.misses for r in report.runs)
+    if misses:
+        render.warn(f"{misses} GETs missed (evicted keys?): lower --keys or raise maxmemory")
+    v = report.verdict
+    if v is not None:
+        style = "green" if v.loading_wins else "red"
+        render.message(f"verdict: {v.text}", style=style)
+
+
+def plot_report(report: BenchReport, path: str) -> None:
+    """Aggregate GB/s over total clients: one instance (more clients) vs one instance per client."""
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for op in ("get", "set"):
+        runs: list[RunResult] = [r for r in report.runs if r.op == op]
+        if not runs:
+            continue
+        suffix = "" if op == "get" else " (SET)"
+        one = [r for r in runs if r.instances == 1]
+        many = [r for r in runs if r.clients == 1]
+        if one:
+            series[f"1 instance, N clients{suffix}"] = ([r.clients for r in one], [r.aggregate_gbps for r in one])
+        if len(many) > 1 or not one:
+            series[f"N instances, 1 client each{suffix}"] = ([r.instances for r in many], [r.aggregate_gbps for r in many])
+        if not one and not many:
+            series[f"{runs[0].instances} × {runs[0].clients}{suffix}"] = ([runs[0].instances * runs[0].clients], [runs[0].aggregate_gbps])
+    hlines = {f"B* = {report.verdict.breakeven_gbps:.2f} GB/s": report.verdict.breakeven_gbps} if report.verdict else None
+    chunk = report.metadata.parameters["chunk_bytes"] / cost.MB
+    render.line_plot(
+        path,
+        f"{'GET/SET' if any(r.op == 'set' for r in report.runs) else 'GET'} bandwidth, {chunk:g} MB values × {report.metadata.parameters['batch']}-chunk batches",
+        "N (clients on one instance, or instances with one client each)",
+        "aggregate GB/s",
+        series,
+        hlines=hlines,
+    )

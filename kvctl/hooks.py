@@ -19,6 +19,7 @@ hookimpl = pluggy.HookimplMarker("kvctl")
 DEFAULT_PLUGINS = (
     "kvctl.commands.cost",
     "kvctl.commands.deploy",
+    "kvctl.commands.deploy",
     "kvctl.commands.bench",
 )
 

@@ -184,12 +184,17 @@ def start_valkey(
     binary: str | None = None,
     password: str | None = None,
     ready_timeout_s: float = 15.0,
+    config_path: Path | str | None = None,
+    detach: bool = False,
 ) -> ValkeyProcess:
     """Start a valkey-server on ``host:port`` (a free port when None) and wait for PING.
 
     ``settings`` override the cache-only defaults of :func:`base_settings`.
     Raises ``KvctlError`` naming the port if the server exits or never answers;
-    nothing is left running in that case.
+    nothing is left running in that case. ``config_path`` names the config
+    file (default ``workdir/valkey-<port>.conf``); ``detach`` sends the
+    server's stderr to its log file instead of a pipe, for servers that
+    outlive this process (``kvctl deploy-valkey up``).
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -201,18 +206,25 @@ def start_valkey(
     conf.update(settings or {})
     if password is not None:
         conf["requirepass"] = password
-    config_path = workdir / f"valkey-{port}.conf"
+    config_path = Path(config_path) if config_path else workdir / f"valkey-{port}.conf"
+    config_path.touch(mode=0o600)
+    if password is not None or "user" in conf:
+        config_path.chmod(0o600)  # secrets in it: owner-only before writing
     config_path.write_text(render_config(conf))
-    if password is not None:
-        config_path.chmod(0o600)
     log_path = Path(str(conf["logfile"]))
-    popen = subprocess.Popen(
-        [binary, str(config_path)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    if detach:
+        with open(log_path, "ab") as err:
+            popen = subprocess.Popen(
+                [binary, str(config_path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+            )
+    else:
+        popen = subprocess.Popen(
+            [binary, str(config_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     proc = ValkeyProcess(host, port, popen.pid, config_path, log_path, password, popen)
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:

@@ -45,6 +45,7 @@ class InstanceState:
     logfile: str
     pidfile: str
     cmdline: list[str] = field(default_factory=list)
+    create_time: float = 0.0  # psutil create_time at start: guards against pid reuse
 
 
 @dataclass
@@ -58,6 +59,10 @@ class TierState:
     maxmemory_total: int = 0
     password_file: str | None = None
     created_at: str = ""
+    maxmemory_per_instance: int = 0
+    io_threads: int = 0
+    engine_user: str | None = None  # ACL user for engines (only with a password)
+    engine_password_file: str | None = None
 
     def write(self) -> Path:
         """Atomically write the state file."""

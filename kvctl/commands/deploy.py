@@ -1,0 +1,303 @@
+"""``kvctl deploy-valkey``: one Valkey instance per rank (paper §5.2), locally, as systemd units, or on k8s."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from kvctl import render
+from kvctl.cli import output_options
+from kvctl.errors import InvalidInput, Unreachable
+from kvctl.hooks import hookimpl
+from kvctl.tier import local, spec
+from kvctl.tier.lmcache_config import LMCacheSettings, lmcache_config, render_lmcache_yaml
+from kvctl.tier.targets import load_tier, state_path
+
+DEFAULT_DIR = "./kv-tier"
+
+
+@hookimpl
+def register_commands(cli: click.Group) -> None:
+    cli.add_command(deploy_group)
+
+
+@hookimpl
+def register_deploy_targets(register: Callable) -> None:
+    from kvctl.tier import render_targets  # noqa: PLC0415
+
+    register("systemd", render_targets.render_systemd)
+    register("k8s", render_targets.render_k8s)
+
+
+def fleet_renderers() -> dict[str, Callable]:
+    """Deployment targets from all plugins (built-ins included): name -> renderer(FleetSpec)."""
+    from kvctl.hooks import plugin_manager  # noqa: PLC0415
+
+    found: dict[str, Callable] = {}
+    plugin_manager().hook.register_deploy_targets(register=lambda name, fn: found.setdefault(name, fn))
+    return found
+
+
+def dir_option(func: Callable) -> Callable:
+    return click.option(
+        "--dir",
+        "tier_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=DEFAULT_DIR,
+        show_default=True,
+        envvar="KVCTL_TIER_DIR",
+        help="Directory of the local tier: configs, logs, pidfiles and the state file.",
+    )(func)
+
+
+def password_options(func: Callable) -> Callable:
+    @click.option(
+        "--password-file",
+        type=click.Path(dir_okay=False),
+        envvar="KVCTL_PASSWORD_FILE",
+        help="File (mode 0600) holding the tier password; required to bind a non-loopback address.",
+    )
+    @click.option("--insecure-no-auth", is_flag=True, help="Allow a non-loopback bind address without a password (test rigs only).")
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+def fleet_options(func: Callable) -> Callable:
+    """Options of the systemd and k8s targets."""
+
+    @click.option("--name", default="valkey-kv", show_default=True, help="Name of the unit template / StatefulSet (pods are NAME-<rank>).")
+    @click.option("--service", help="Headless Service name for k8s (default: --name).")
+    @click.option("--namespace", help="k8s namespace (also used in the per-rank host names).")
+    @click.option("--image", default="valkey/valkey:8.1", show_default=True, help="Container image for k8s.")
+    @click.option("--k8s-port", type=click.IntRange(1, 65535), default=6379, show_default=True, help="Port every k8s pod listens on.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+@click.group("deploy-valkey")
+def deploy_group() -> None:
+    """Stand up one Valkey instance per rank (instance r holds exactly rank r's chunks).
+
+    \b
+    kvctl deploy-valkey up --ranks 4 --base-port 17400 --maxmemory 400mb --dir ./kv-tier
+    kvctl deploy-valkey status --dir ./kv-tier
+    kvctl deploy-valkey lmcache-config --dir ./kv-tier
+    kvctl deploy-valkey down --dir ./kv-tier
+    kvctl deploy-valkey up --target k8s --ranks 8 --maxmemory 64gb --password-file pw --out k8s/
+    """
+
+
+@deploy_group.command("up")
+@click.option("--target", type=click.Choice(["local", "systemd", "k8s"]), default="local", show_default=True, help="Start local processes, or render systemd units / k8s manifests.")
+@click.option("--ranks", type=int, required=True, help="Number of ranks = instances (rank r on instance r).")
+@click.option("--base-port", type=click.IntRange(1, 65535), default=17400, show_default=True, envvar="KVCTL_BASE_PORT", help="Port of rank 0; rank r listens on base-port + r (local, systemd).")
+@click.option("--maxmemory", default="400mb", show_default=True, help="TOTAL memory of the tier, split evenly across instances (Valkey units: mb = MiB, m = 10^6).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (local, systemd). Non-loopback needs --password-file or --insecure-no-auth.")
+@click.option("--io-threads", type=click.IntRange(min=1), help=f"Valkey io-threads per instance, main thread included (default: min(4, cores/2), here {spec.default_io_threads()}; 4 for fleets).")
+@dir_option
+@password_options
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Output directory for --target systemd/k8s.")
+@click.option("--apply", "apply_", is_flag=True, help="systemd: install and enable the units (needs root); k8s: kubectl apply -f OUT.")
+@fleet_options
+@output_options
+def up_cmd(target: str, ranks: int, base_port: int, maxmemory: str, host: str, io_threads: int | None, tier_dir: Path, password_file: str | None, insecure_no_auth: bool, out: Path | None, apply_: bool, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, as_json: bool) -> None:
+    """Start (local) or render (systemd, k8s) one Valkey instance per rank.
+
+    Local: all instances answer PING or none is left running; the state file
+    in --dir lists what was started (bench and diagnose read it via --dir).
+    """
+    if ranks < 1:
+        raise InvalidInput(f"--ranks must be at least 1, got {ranks}")
+    if target != "local":
+        _render_fleet(target, ranks, base_port, maxmemory, host, io_threads, password_file, insecure_no_auth, out, apply_, name, service, namespace, image, k8s_port, as_json)
+        return
+    if out or apply_:
+        raise InvalidInput("--out and --apply are for --target systemd or k8s")
+    req = local.UpRequest(tier_dir, ranks, base_port, maxmemory, host, io_threads, password_file, insecure_no_auth)
+    with render.progress(f"starting {ranks} valkey-server(s)", total=ranks, enabled=not as_json) as advance:
+        state = local.up(req, on_progress=lambda rank, port: advance(1, f"rank {rank} on :{port} answers PING"))
+    if as_json:
+        render.emit_json(
+            {
+                "dir": state.dir,
+                "state_file": str(state_path(state.dir)),
+                "maxmemory_per_instance": state.maxmemory_per_instance,
+                "io_threads": state.io_threads,
+                "auth": state.password_file is not None,
+                "engine_user": state.engine_user,
+                "instances": [{"rank": i.rank, "host": i.host, "port": i.port, "pid": i.pid, "url": i.url} for i in state.instances],
+            }
+        )
+        return
+    render.table(
+        f"Valkey tier in {state.dir} (valkey {state.server_version})",
+        ["rank", "host", "port", "pid", "url"],
+        [(i.rank, i.host, str(i.port), str(i.pid), i.url) for i in state.instances],
+        caption=(
+            f"maxmemory {spec.format_size(state.maxmemory_per_instance)} per instance (allkeys-lru, no persistence) · io-threads {state.io_threads}"
+            + (f" · auth on, engine user {state.engine_user}" if state.engine_user else "")
+            + f"\nnext: kvctl deploy-valkey lmcache-config --dir {state.dir}"
+        ),
+    )
+
+
+def _render_fleet(target: str, ranks: int, base_port: int, maxmemory: str, host: str, io_threads: int | None, password_file: str | None, insecure_no_auth: bool, out: Path | None, apply_: bool, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, as_json: bool) -> None:
+    from kvctl.tier import render_targets  # noqa: PLC0415
+
+    renderers = fleet_renderers()
+    if target not in renderers:
+        raise InvalidInput(f"unknown target {target!r}; known: local, {', '.join(sorted(renderers))}")
+    if out is None:
+        raise InvalidInput(f"--target {target} needs --out DIR")
+    fleet = render_targets.FleetSpec.build(
+        target=target,
+        ranks=ranks,
+        maxmemory=maxmemory,
+        io_threads=io_threads,
+        base_port=base_port,
+        host=host,
+        k8s_port=k8s_port,
+        password_file=password_file,
+        insecure_no_auth=insecure_no_auth,
+        name=name,
+        service=service,
+        namespace=namespace,
+        image=image,
+    )
+    files = render_targets.write_files(out, renderers[target](fleet))
+    applied = render_targets.apply(target, out, fleet) if apply_ else None
+    if as_json:
+        render.emit_json({"target": target, "out": str(out), "files": [str(f) for f in files], "applied": applied, "remote_url": render_targets.remote_urls(fleet)})
+        return
+    render.table(f"{target}: {ranks} rank(s) rendered to {out}", ["file"], [(str(f),) for f in files])
+    if applied:
+        render.message(f"applied: {applied}")
+    else:
+        render.message(f"nothing installed or enabled; re-run with --apply to {'install and enable the units' if target == 'systemd' else 'kubectl apply'}")
+
+
+@deploy_group.command("status")
+@dir_option
+@click.option("--password-file", type=click.Path(dir_okay=False), envvar="KVCTL_PASSWORD_FILE", help="Password file (mode 0600), if not the one recorded by `up`.")
+@output_options
+def status_cmd(tier_dir: Path, password_file: str | None, as_json: bool) -> None:
+    """Per rank: up, memory, keys, evictions, clients, GET calls and µs per GET (INFO).
+
+    Exits 5 (unreachable) when any instance does not answer.
+    """
+    st = local.status(tier_dir, password_file)
+    if as_json:
+        render.emit_json(st)
+    else:
+        render.table(
+            f"Valkey tier in {st.dir}",
+            ["rank", "port", "up", "used", "maxmemory", "keys", "evicted", "clients", "GET calls", "µs/GET"],
+            [
+                (
+                    i.rank,
+                    str(i.port),
+                    "[green]up[/]" if i.up else "[red]down[/]",
+                    spec.format_size(i.used_memory) if i.up else "—",
+                    spec.format_size(i.maxmemory) if i.maxmemory else "—",
+                    i.keys,
+                    i.evicted_keys,
+                    i.connected_clients,
+                    i.get_calls,
+                    i.get_usec_per_call,
+                )
+                for i in st.instances
+            ],
+        )
+    down = [i for i in st.instances if not i.up]
+    if down:
+        raise Unreachable(f"{len(down)} of {len(st.instances)} instance(s) down: " + ", ".join(f"rank {i.rank} ({i.host}:{i.port})" for i in down))
+
+
+@deploy_group.command("down")
+@dir_option
+@click.option("--purge", is_flag=True, help="Also delete configs, logs, pidfiles and the state file.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds to wait after SIGTERM before SIGKILL.")
+@output_options
+def down_cmd(tier_dir: Path, purge: bool, timeout_s: float, as_json: bool) -> None:
+    """Stop the instances `up` started here (pid, command line and start time checked).
+
+    A dead instance is reported and skipped; a pid now owned by another
+    process is never signalled. Config files stay unless --purge.
+    """
+    state = load_tier(tier_dir)
+    with render.progress("stopping valkey-server(s)", total=len(state.instances), enabled=not as_json) as advance:
+        results = local.down(tier_dir, purge=purge, timeout_s=timeout_s, on_progress=lambda rank, port: advance(1, f"rank {rank} on :{port}"))
+    if as_json:
+        render.emit_json({"dir": state.dir, "purged": purge, "instances": results})
+    else:
+        styles = {"stopped": "green", "killed": "yellow", "not running": "yellow", "not ours": "red"}
+        render.table(
+            f"Stopped tier in {state.dir}",
+            ["rank", "port", "pid", "result", "port free"],
+            [(r.rank, str(r.port), str(r.pid), f"[{styles[r.result]}]{r.result}[/]", r.port_free) for r in results],
+            caption=None if purge else "config files kept; --purge removes them",
+        )
+    for r in results:
+        if r.result == "not ours":
+            render.warn(f"rank {r.rank}: pid {r.pid} now belongs to another process; left it alone")
+        elif r.result == "not running":
+            render.warn(f"rank {r.rank}: no valkey-server of this tier was running (pid {r.pid})")
+
+
+@deploy_group.command("lmcache-config")
+@click.option("--target", type=click.Choice(["local", "systemd", "k8s"]), default="local", show_default=True, help="Tier kind: local reads --dir; systemd/k8s take the same options as `up`.")
+@dir_option
+@click.option("--ranks", type=int, help="Number of ranks (systemd, k8s).")
+@click.option("--base-port", type=click.IntRange(1, 65535), default=17400, show_default=True, help="Port of rank 0 (systemd).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Host the systemd instances run on, as engines reach it.")
+@fleet_options
+@click.option("--chunk-size", type=click.IntRange(min=1), default=256, show_default=True, help="LMCache chunk_size in tokens.")
+@click.option("--local-cpu/--no-local-cpu", default=True, show_default=True, help="LMCache L1 in host memory.")
+@click.option("--max-local-cpu-size", type=click.FloatRange(min=0), default=5.0, show_default=True, help="LMCache L1 size in GB per engine worker.")
+@click.option("--async-loading/--sync-loading", default=False, show_default=True, help="LMCache enable_async_loading.")
+@click.option("--engine-password-file", type=click.Path(dir_okay=False), help="Engine password file for systemd/k8s tiers with auth (names user kvctl-engine).")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the YAML to this file instead of stdout.")
+@output_options
+def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, chunk_size: int, local_cpu: bool, max_local_cpu_size: float, async_loading: bool, engine_password_file: str | None, out_file: Path | None, as_json: bool) -> None:
+    """Print the LMCache YAML for this tier: chunk size, L1 settings, per-rank remote URL.
+
+    Local tiers get the per-rank list form (ports differ); k8s gets the
+    {rank} template form (hosts differ).
+    """
+    settings = LMCacheSettings(chunk_size, local_cpu, max_local_cpu_size, "naive", async_loading)
+    if target == "local":
+        state = load_tier(tier_dir)
+        urls: Any = [i.url for i in sorted(state.instances, key=lambda i: i.rank)]
+        cfg = lmcache_config(urls, settings, state.engine_user, state.engine_password_file)
+        title = f"LMCache config for the local tier in {state.dir} ({len(urls)} ranks)"
+    else:
+        from kvctl.tier import render_targets  # noqa: PLC0415
+
+        if not ranks or ranks < 1:
+            raise InvalidInput(f"--target {target} needs --ranks N (N ≥ 1)")
+        fleet = render_targets.FleetSpec.build(
+            target=target, ranks=ranks, maxmemory=f"{ranks}mb", io_threads=1, base_port=base_port, host=host, k8s_port=k8s_port,
+            password_file=None, insecure_no_auth=True, name=name, service=service, namespace=namespace, image=image,
+        )  # fmt: skip
+        user = spec.ENGINE_USER if engine_password_file else None
+        cfg = lmcache_config(render_targets.remote_urls(fleet), settings, user, engine_password_file)
+        title = f"LMCache config for the {target} tier {name} ({ranks} ranks)"
+    if as_json:
+        render.emit_json(cfg)
+        return
+    text = render_lmcache_yaml(cfg, title)
+    if out_file:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        out_file.write_text(text)
+        render.message(f"wrote {out_file}", stderr=True)
+    else:
+        click.echo(text, nl=False)

@@ -1,0 +1,325 @@
+"""A local per-rank tier: start N ``valkey-server`` processes, report on them, stop them.
+
+``up`` is all or nothing; ``down`` signals only processes whose pid, command
+line and start time match what ``up`` recorded in the tier's state file
+(``kvctl-tier.json``, read by ``bench``/``diagnose`` through
+:func:`kvctl.tier.targets.load_tier`).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from kvctl.errors import InvalidInput, KvctlError
+from kvctl.tier import spec
+from kvctl.tier.server import ValkeyProcess, find_valkey_server, port_in_use, server_version, start_valkey
+from kvctl.tier.targets import STATE_FILE, InstanceState, TierState, read_password_file, state_path
+
+ENGINE_PASSWORD_FILE = "engine.password"
+
+#: Called as ``on_progress(rank, port)`` after each instance answers PING.
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class UpRequest:
+    """Everything ``deploy-valkey up`` needs to start a local tier."""
+
+    dir: Path
+    ranks: int
+    base_port: int
+    maxmemory: str = "400mb"
+    host: str = "127.0.0.1"
+    io_threads: int | None = None
+    password_file: str | None = None
+    insecure_no_auth: bool = False
+
+
+def _check_request(req: UpRequest) -> None:
+    if req.ranks < 1:
+        raise InvalidInput(f"--ranks must be at least 1, got {req.ranks}")
+    if not 1 <= req.base_port or req.base_port + req.ranks - 1 > 65535:
+        raise InvalidInput(f"ports {req.base_port}..{req.base_port + req.ranks - 1} are outside 1..65535")
+
+
+def _identity(proc: psutil.Process) -> tuple[list[str], float]:
+    return proc.cmdline(), round(proc.create_time(), 2)
+
+
+def is_our_server(inst: InstanceState) -> psutil.Process | None:
+    """The live process of ``inst`` when pid, command line and start time all match; else None."""
+    if inst.pid <= 0:
+        return None
+    try:
+        proc = psutil.Process(inst.pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        cmdline, created = _identity(proc)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    if not cmdline or "valkey-server" not in cmdline[0]:
+        return None
+    if inst.create_time and abs(created - inst.create_time) > 0.05:
+        return None
+    if inst.cmdline and cmdline[0].split()[0] != inst.cmdline[0].split()[0]:
+        return None
+    return proc
+
+
+def _live_instances(tier_dir: Path) -> list[InstanceState]:
+    from kvctl.tier.targets import load_tier  # noqa: PLC0415
+
+    if not state_path(tier_dir).exists():
+        return []
+    try:
+        state = load_tier(tier_dir)
+    except InvalidInput as e:
+        raise InvalidInput(f"{tier_dir} holds an unreadable {STATE_FILE}; remove it or use another --dir ({e})") from e
+    return [i for i in state.instances if is_our_server(i)]
+
+
+def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: bool = True) -> TierState:
+    """Start ``req.ranks`` instances on consecutive ports; all answer PING, or none is left running.
+
+    ``check_ports_first`` (default) refuses before starting anything when a
+    port is taken; without it a taken port is found while starting, and the
+    instances already started are stopped again.
+    """
+    _check_request(req)
+    per_instance = spec.split_maxmemory(req.maxmemory, req.ranks)
+    io_threads = req.io_threads if req.io_threads is not None else spec.default_io_threads()
+    auth = spec.resolve_auth(req.host, req.password_file, req.insecure_no_auth)
+    binary = find_valkey_server()
+    tier_dir = req.dir.resolve()
+    if tier_dir.exists() and not tier_dir.is_dir():
+        raise InvalidInput(f"--dir {req.dir} is not a directory")
+    live = _live_instances(tier_dir)
+    if live:
+        ports = ", ".join(str(i.port) for i in live)
+        raise KvctlError(f"{req.dir} already runs a tier (ports {ports}); stop it with `kvctl deploy-valkey down --dir {req.dir}` or use another --dir")
+    ports = [req.base_port + r for r in range(req.ranks)]
+    if check_ports_first:
+        for rank, port in enumerate(ports):
+            if port_in_use(port, req.host):
+                raise KvctlError(f"rank {rank}: port {req.host}:{port} is already in use; nothing was started (pick another --base-port)")
+    tier_dir.mkdir(parents=True, exist_ok=True)
+    engine_password = None
+    engine_password_file = None
+    if auth.enabled:
+        engine_password = spec.new_engine_password()
+        engine_password_file = tier_dir / ENGINE_PASSWORD_FILE
+        spec.write_secret(engine_password_file, engine_password + "\n")
+    started: list[ValkeyProcess] = []
+    instances: list[InstanceState] = []
+    try:
+        for rank, port in enumerate(ports):
+            settings = spec.cache_settings(per_instance, io_threads, auth, engine_password)
+            settings["pidfile"] = str(tier_dir / f"valkey-{rank}.pid")
+            settings["logfile"] = str(tier_dir / f"valkey-{rank}.log")
+            try:
+                proc = start_valkey(
+                    tier_dir,
+                    port=port,
+                    host=req.host,
+                    settings=settings,
+                    binary=binary,
+                    password=auth.password,
+                    config_path=tier_dir / f"valkey-{rank}.conf",
+                    detach=True,
+                )
+            except KvctlError as e:
+                raise KvctlError(f"rank {rank} ({req.host}:{port}) failed to start: {e}") from e
+            started.append(proc)
+            try:
+                cmdline, created = _identity(psutil.Process(proc.pid))
+            except psutil.NoSuchProcess as e:
+                raise KvctlError(f"rank {rank} ({req.host}:{port}) exited right after start; see {settings['logfile']}") from e
+            instances.append(
+                InstanceState(
+                    rank=rank,
+                    host=req.host,
+                    port=port,
+                    pid=proc.pid,
+                    url=f"resp://{req.host}:{port}",
+                    config=str(proc.config_path),
+                    logfile=str(settings["logfile"]),
+                    pidfile=str(settings["pidfile"]),
+                    cmdline=[c for c in cmdline if c],
+                    create_time=created,
+                )
+            )
+            if on_progress:
+                on_progress(rank, port)
+    except BaseException as e:
+        for proc in reversed(started):
+            proc.stop()
+        if isinstance(e, KvctlError) and started:
+            raise KvctlError(f"{e} (stopped the {len(started)} instance(s) already started)") from e
+        raise
+    state = TierState(
+        dir=str(tier_dir),
+        instances=instances,
+        binary=binary,
+        server_version=server_version(binary),
+        maxmemory_total=per_instance * req.ranks,
+        password_file=auth.password_file,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        maxmemory_per_instance=per_instance,
+        io_threads=io_threads,
+        engine_user=spec.ENGINE_USER if auth.enabled else None,
+        engine_password_file=str(engine_password_file) if engine_password_file else None,
+    )
+    state.write()
+    for proc in started:
+        proc._popen = None  # the servers outlive this process; `down` stops them by pid
+    return state
+
+
+# ----------------------------------------------------------------------------- status
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    rank: int
+    host: str
+    port: int
+    pid: int
+    url: str
+    up: bool
+    used_memory: int | None = None
+    maxmemory: int | None = None
+    keys: int | None = None
+    evicted_keys: int | None = None
+    connected_clients: int | None = None
+    get_calls: int | None = None
+    get_usec_per_call: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class TierStatus:
+    dir: str
+    instances: list[InstanceStatus] = field(default_factory=list)
+
+    @property
+    def all_up(self) -> bool:
+        return all(i.up for i in self.instances)
+
+
+def instance_status(inst: InstanceState, password: str | None) -> InstanceStatus:
+    """INFO of one instance: memory, keys, evictions, clients, GET commandstats."""
+    import redis  # noqa: PLC0415
+
+    base = dict(rank=inst.rank, host=inst.host, port=inst.port, pid=inst.pid, url=inst.url)
+    try:
+        with redis.Redis(host=inst.host, port=inst.port, password=password, socket_timeout=3, socket_connect_timeout=2) as r:
+            info = r.info("all")
+    except (redis.RedisError, OSError) as e:
+        return InstanceStatus(**base, up=False, error=str(e).splitlines()[0] if str(e) else type(e).__name__)
+    keyspace = info.get("db0") or {}
+    get_stats = info.get("cmdstat_get") or {}
+    return InstanceStatus(
+        **base,
+        up=True,
+        used_memory=int(info.get("used_memory", 0)),
+        maxmemory=int(info.get("maxmemory", 0)),
+        keys=int(keyspace.get("keys", 0)) if isinstance(keyspace, dict) else 0,
+        evicted_keys=int(info.get("evicted_keys", 0)),
+        connected_clients=int(info.get("connected_clients", 0)),
+        get_calls=int(get_stats.get("calls", 0)),
+        get_usec_per_call=float(get_stats.get("usec_per_call", 0.0)),
+    )
+
+
+def status(tier_dir: Path | str, password_file: str | None = None) -> TierStatus:
+    from kvctl.tier.targets import load_tier  # noqa: PLC0415
+
+    state = load_tier(tier_dir)
+    pw_file = password_file or state.password_file
+    password = read_password_file(pw_file) if pw_file else None
+    return TierStatus(state.dir, [instance_status(i, password) for i in sorted(state.instances, key=lambda i: i.rank)])
+
+
+# ----------------------------------------------------------------------------- down
+
+
+@dataclass(frozen=True)
+class StopResult:
+    rank: int
+    port: int
+    pid: int
+    result: str  # stopped | killed | not running | not ours
+    port_free: bool
+
+
+def _stop(proc: psutil.Process, timeout_s: float) -> str:
+    try:
+        proc.send_signal(signal.SIGCONT)  # a SIGSTOPped server cannot exit
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=timeout_s)
+        return "stopped"
+    except psutil.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout_s)
+        return "killed"
+    except psutil.NoSuchProcess:
+        return "stopped"
+
+
+def _wait_port_free(host: str, port: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while port_in_use(port, host):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def down(tier_dir: Path | str, purge: bool = False, timeout_s: float = 10.0, on_progress: Progress | None = None) -> list[StopResult]:
+    """Stop every instance ``up`` started here; a dead or foreign pid is reported and skipped."""
+    from kvctl.tier.targets import load_tier  # noqa: PLC0415
+
+    state = load_tier(tier_dir)
+    results = []
+    for inst in sorted(state.instances, key=lambda i: i.rank):
+        proc = is_our_server(inst)
+        if proc is None:
+            alive = psutil.pid_exists(inst.pid) and inst.pid > 0
+            outcome = "not ours" if alive and _pid_not_zombie(inst.pid) else "not running"
+        else:
+            outcome = _stop(proc, timeout_s)
+        free = _wait_port_free(inst.host, inst.port, 2.0 if outcome != "not ours" else 0.0)
+        results.append(StopResult(inst.rank, inst.port, inst.pid, outcome, free))
+        if on_progress:
+            on_progress(inst.rank, inst.port)
+    if purge:
+        _purge(Path(state.dir), state)
+    return results
+
+
+def _pid_not_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _purge(tier_dir: Path, state: TierState) -> None:
+    """Remove what ``up`` wrote: configs, logs, pidfiles, the engine password, the state file."""
+    paths = [Path(p) for i in state.instances for p in (i.config, i.logfile, i.pidfile)]
+    if state.engine_password_file:
+        paths.append(Path(state.engine_password_file))
+    paths.append(state_path(tier_dir))
+    for p in paths:
+        p.unlink(missing_ok=True)
+    try:
+        tier_dir.rmdir()  # only when nothing else lives there
+    except OSError:
+        pass

@@ -1,0 +1,293 @@
+"""Fleet targets: one Valkey per rank as a systemd template unit, or a k8s StatefulSet.
+
+Rendering is pure (returns :class:`RenderedFile` objects); :func:`write_files`
+writes them (secrets mode 0600) and :func:`apply` is the only step that
+changes a machine or a cluster, run only on ``--apply``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from kvctl.errors import BinaryNotFound, InvalidInput, KvctlError
+from kvctl.tier import spec
+from kvctl.tier.server import render_config
+
+FLEET_IO_THREADS = 4
+K8S_AUTH_DIR = "/etc/valkey-auth"
+K8S_CONF_DIR = "/etc/valkey"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    name: str  # relative to --out
+    text: str
+    secret: bool = False
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    target: str
+    ranks: int
+    maxmemory_per_instance: int
+    io_threads: int
+    base_port: int
+    host: str
+    k8s_port: int
+    auth: spec.Auth
+    engine_password: str | None
+    name: str
+    service: str
+    namespace: str | None
+    image: str
+
+    @classmethod
+    def build(
+        cls,
+        target: str,
+        ranks: int,
+        maxmemory: str,
+        io_threads: int | None,
+        base_port: int,
+        host: str,
+        k8s_port: int,
+        password_file: str | None,
+        insecure_no_auth: bool,
+        name: str,
+        service: str | None,
+        namespace: str | None,
+        image: str,
+    ) -> "FleetSpec":
+        """Validate the options of a fleet target (names, ports, sizes, the password rule)."""
+        if ranks < 1:
+            raise InvalidInput(f"--ranks must be at least 1, got {ranks}")
+        service = service or name
+        for label, value in (("--name", name), ("--service", service), ("--namespace", namespace)):
+            if value is not None and (not _DNS_LABEL.match(value) or len(value) > 50):
+                raise InvalidInput(f"{label} {value!r} must be a DNS label: lowercase letters, digits and '-', at most 50 characters")
+        if target == "systemd" and base_port + ranks - 1 > 65535:
+            raise InvalidInput(f"ports {base_port}..{base_port + ranks - 1} are outside 1..65535")
+        per = spec.split_maxmemory(maxmemory, ranks)
+        # pods listen on all interfaces; systemd instances on --host
+        auth = spec.resolve_auth("0.0.0.0" if target == "k8s" else host, password_file, insecure_no_auth)
+        return cls(
+            target=target,
+            ranks=ranks,
+            maxmemory_per_instance=per,
+            io_threads=io_threads or FLEET_IO_THREADS,
+            base_port=base_port,
+            host=host,
+            k8s_port=k8s_port,
+            auth=auth,
+            engine_password=spec.new_engine_password() if auth.enabled else None,
+            name=name,
+            service=service,
+            namespace=namespace,
+            image=image,
+        )
+
+
+def remote_urls(fleet: FleetSpec) -> str | list[str]:
+    """k8s: the ``{rank}`` template over the headless Service; systemd: one URL per port."""
+    if fleet.target == "k8s":
+        domain = f"{fleet.service}.{fleet.namespace}.svc" if fleet.namespace else fleet.service
+        return f"resp://{fleet.name}-{{rank}}.{domain}:{fleet.k8s_port}"
+    return [f"resp://{fleet.host}:{fleet.base_port + r}" for r in range(fleet.ranks)]
+
+
+def memory_limit_bytes(maxmemory: int) -> int:
+    """Container/unit memory limit above maxmemory: +25 % (at least 64 MiB) for buffers and fragmentation, in MiB."""
+    mib = 1024**2
+    return math.ceil((maxmemory + max(64 * mib, maxmemory // 4)) / mib) * mib
+
+
+# ----------------------------------------------------------------------------- systemd
+
+
+def render_systemd(fleet: FleetSpec) -> list[RenderedFile]:
+    """``NAME@.service`` (instance = rank) and ``NAME-<rank>.conf`` per rank, for /etc/NAME/."""
+    n = fleet.name
+    unit = f"""[Unit]
+Description=Valkey KV-cache tier {n}, rank %i (kvctl deploy-valkey)
+Documentation=https://valkey.io/topics/
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=simple
+User=valkey
+Group=valkey
+ExecStart=/usr/bin/valkey-server /etc/{n}/{n}-%i.conf
+StateDirectory={n}/%i
+RuntimeDirectory={n}-%i
+Restart=on-failure
+RestartSec=2
+LimitNOFILE=65536
+MemoryMax={memory_limit_bytes(fleet.maxmemory_per_instance)}
+NoNewPrivileges=yes
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+
+[Install]
+WantedBy=multi-user.target
+"""
+    files = [RenderedFile(f"{n}@.service", unit)]
+    for r in range(fleet.ranks):
+        conf: dict[str, object] = {
+            "port": fleet.base_port + r,
+            "bind": fleet.host,
+            "daemonize": "no",
+            "dir": f"/var/lib/{n}/{r}",
+            "pidfile": f"/run/{n}-{r}/valkey.pid",
+            "logfile": "",  # stdout: journald
+        }
+        conf.update(spec.cache_settings(fleet.maxmemory_per_instance, fleet.io_threads, fleet.auth, fleet.engine_password))
+        header = f"# {n} rank {r}: instance r holds exactly rank r's chunks (kvctl deploy-valkey --target systemd)\n"
+        files.append(RenderedFile(f"{n}-{r}.conf", header + render_config(conf), secret=fleet.auth.enabled))
+    if fleet.engine_password:
+        files.append(RenderedFile("engine.password", fleet.engine_password + "\n", secret=True))
+    return files
+
+
+# ----------------------------------------------------------------------------- k8s
+
+
+def _meta(fleet: FleetSpec, name: str) -> dict:
+    meta: dict = {"name": name, "labels": {"app.kubernetes.io/name": fleet.name, "app.kubernetes.io/managed-by": "kvctl"}}
+    if fleet.namespace:
+        meta["namespace"] = fleet.namespace
+    return meta
+
+
+def k8s_objects(fleet: FleetSpec) -> list[dict]:
+    """ConfigMap, (Secret), headless Service and StatefulSet with replicas = ranks."""
+    labels = {"app.kubernetes.io/name": fleet.name}
+    conf: dict[str, object] = {"port": fleet.k8s_port, "bind": "0.0.0.0", "daemonize": "no", "dir": "/data", "logfile": ""}
+    no_secret_auth = spec.Auth(insecure_no_auth=fleet.auth.insecure_no_auth)
+    conf.update(spec.cache_settings(fleet.maxmemory_per_instance, fleet.io_threads, no_secret_auth))
+    if fleet.auth.enabled:
+        conf["include"] = f"{K8S_AUTH_DIR}/auth.conf"  # requirepass + engine ACL user, from the Secret
+    objs: list[dict] = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(fleet, f"{fleet.name}-config"), "data": {"valkey.conf": render_config(conf)}},
+    ]
+    if fleet.auth.enabled:
+        auth_conf = f"requirepass {fleet.auth.password}\nuser {spec.engine_acl(fleet.engine_password or '')}\n"
+        objs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": _meta(fleet, f"{fleet.name}-auth"),
+                "type": "Opaque",
+                "stringData": {"auth.conf": auth_conf, "password": fleet.auth.password, "engine-password": fleet.engine_password},
+            }
+        )
+    objs.append(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _meta(fleet, fleet.service),
+            "spec": {
+                "clusterIP": "None",  # headless: rank r is NAME-r.SERVICE
+                "selector": labels,
+                "ports": [{"name": "resp", "port": fleet.k8s_port, "targetPort": "resp"}],
+            },
+        }
+    )
+    limit = memory_limit_bytes(fleet.maxmemory_per_instance)
+    ping = f'[ "$(valkey-cli -p {fleet.k8s_port} ping)" = PONG ]'
+    container: dict = {
+        "name": "valkey",
+        "image": fleet.image,
+        "command": ["valkey-server", f"{K8S_CONF_DIR}/valkey.conf"],
+        "ports": [{"name": "resp", "containerPort": fleet.k8s_port}],
+        "resources": {
+            # Valkey's io-threads counts the main thread: io_threads cores cover both
+            "requests": {"cpu": str(fleet.io_threads), "memory": str(limit)},
+            "limits": {"memory": str(limit)},
+        },
+        "readinessProbe": {"exec": {"command": ["sh", "-c", ping]}, "periodSeconds": 5, "timeoutSeconds": 2},
+        "livenessProbe": {"tcpSocket": {"port": "resp"}, "initialDelaySeconds": 5, "periodSeconds": 10},
+        "volumeMounts": [{"name": "config", "mountPath": K8S_CONF_DIR}, {"name": "data", "mountPath": "/data"}],
+    }
+    volumes: list[dict] = [{"name": "config", "configMap": {"name": f"{fleet.name}-config"}}, {"name": "data", "emptyDir": {}}]
+    if fleet.auth.enabled:
+        container["env"] = [{"name": "REDISCLI_AUTH", "valueFrom": {"secretKeyRef": {"name": f"{fleet.name}-auth", "key": "password"}}}]
+        container["volumeMounts"].append({"name": "auth", "mountPath": K8S_AUTH_DIR, "readOnly": True})
+        volumes.append({"name": "auth", "secret": {"secretName": f"{fleet.name}-auth", "defaultMode": 0o400}})
+    objs.append(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": _meta(fleet, fleet.name),
+            "spec": {
+                "serviceName": fleet.service,
+                "replicas": fleet.ranks,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": {"containers": [container], "volumes": volumes}},
+            },
+        }
+    )
+    return objs
+
+
+def render_k8s(fleet: FleetSpec) -> list[RenderedFile]:
+    """One manifest per object; the Secret (if any) is written mode 0600."""
+    files = []
+    for obj in k8s_objects(fleet):
+        kind = obj["kind"].lower()
+        header = f"# {obj['kind']} {obj['metadata']['name']}: {fleet.ranks} rank(s), rendered by kvctl deploy-valkey --target k8s\n"
+        files.append(RenderedFile(f"{kind}.yaml", header + yaml.safe_dump(obj, sort_keys=False), secret=obj["kind"] == "Secret"))
+    return files
+
+
+# ----------------------------------------------------------------------------- write / apply
+
+
+def write_files(out: Path, files: list[RenderedFile]) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for f in files:
+        path = out / f.name
+        if f.secret:
+            spec.write_secret(path, f.text)
+        else:
+            path.write_text(f.text)
+        written.append(path)
+    return written
+
+
+def _run(cmd: list[str]) -> None:
+    if shutil.which(cmd[0]) is None:
+        raise BinaryNotFound(f"--apply needs `{cmd[0]}` on PATH")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        last = (proc.stderr or proc.stdout).strip().splitlines()
+        raise KvctlError(f"`{' '.join(cmd)}` failed: {last[-1] if last else f'exit {proc.returncode}'}")
+
+
+def apply(target: str, out: Path, fleet: FleetSpec) -> str:
+    """Install and start what was rendered: systemd units (root) or ``kubectl apply -f OUT``."""
+    if target == "k8s":
+        _run(["kubectl", "apply", "-f", str(out)])
+        return f"kubectl apply -f {out}"
+    n = fleet.name
+    for tool in ("install", "systemctl"):
+        if shutil.which(tool) is None:
+            raise BinaryNotFound(f"--apply needs `{tool}` on PATH")
+    _run(["install", "-m", "0644", str(out / f"{n}@.service"), f"/etc/systemd/system/{n}@.service"])
+    _run(["install", "-d", "-m", "0755", f"/etc/{n}"])
+    for r in range(fleet.ranks):
+        _run(["install", "-m", "0640", "-g", "valkey", str(out / f"{n}-{r}.conf"), f"/etc/{n}/{n}-{r}.conf"])
+    _run(["systemctl", "daemon-reload"])
+    _run(["systemctl", "enable", "--now"] + [f"{n}@{r}" for r in range(fleet.ranks)])
+    return f"enabled {n}@0..{fleet.ranks - 1}"

@@ -1,0 +1,160 @@
+"""What a per-rank Valkey tier looks like, whatever the target (local, systemd, k8s).
+
+Pure helpers shared by :mod:`kvctl.tier.local` and :mod:`kvctl.tier.render_targets`:
+size parsing, the I/O-thread default, the security rules (loopback or a
+password), the engine's ACL user, and the cache-only Valkey settings.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvctl.errors import InvalidInput
+from kvctl.tier.targets import read_password_file
+
+#: ACL user the engines log in as when the tier has a password.
+ENGINE_USER = "kvctl-engine"
+#: The only commands the connector needs: chunk GET/SET/EXISTS (single and batched),
+#: liveness, the handshake, and client naming. No FLUSH*, CONFIG, KEYS, DEBUG, ...
+ENGINE_COMMANDS = (
+    "get", "set", "exists", "mget", "mset", "ping", "auth", "hello", "select",
+    "client|setname", "client|setinfo", "quit",
+)  # fmt: skip
+
+#: Per-instance memory below this is certainly a typo (LRU thrashes on one 12 MB chunk).
+MIN_INSTANCE_BYTES = 1 << 20
+
+# Valkey's own units: k/m/g are powers of 1000, kb/mb/gb powers of 1024.
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1024, "kib": 1024,
+    "m": 1000**2, "mb": 1024**2, "mib": 1024**2,
+    "g": 1000**3, "gb": 1024**3, "gib": 1024**3,
+    "t": 1000**4, "tb": 1024**4, "tib": 1024**4,
+}  # fmt: skip
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.I)
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in a Valkey-style size: ``400mb`` (MiB), ``1.5gb``, ``2g`` (10^9), ``1048576``."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        m = _SIZE_RE.match(str(text))
+        unit = m.group(2).lower() if m else None
+        if not m or unit not in _UNITS:
+            raise InvalidInput(f"cannot parse size {text!r}: use e.g. 400mb, 2gb or a byte count")
+        value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise InvalidInput(f"size must be positive, got {text!r}")
+    return value
+
+
+def format_size(n: int) -> str:
+    """Short binary size for tables: 400.0 MiB."""
+    for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= factor:
+            return f"{n / factor:.1f} {unit}"
+    return f"{n} B"
+
+
+def split_maxmemory(total: str | int, ranks: int) -> int:
+    """Per-instance maxmemory (bytes) when ``total`` is split evenly across ``ranks``."""
+    if ranks < 1:
+        raise InvalidInput(f"--ranks must be at least 1, got {ranks}")
+    per = parse_size(total) // ranks
+    if per < MIN_INSTANCE_BYTES:
+        raise InvalidInput(f"--maxmemory {total} over {ranks} ranks leaves {per} bytes per instance; give at least 1mb per rank")
+    return per
+
+
+def default_io_threads(cores: int | None = None) -> int:
+    """Valkey ``io-threads`` (main thread included): half the cores, at most 4, at least 1."""
+    cores = cores if cores is not None else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return max(1, min(4, cores // 2))
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Auth:
+    """The tier's password rule, resolved. ``password`` never goes to stdout or logs."""
+
+    password: str | None = None
+    password_file: str | None = None
+    insecure_no_auth: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.password is not None
+
+
+def resolve_auth(bind_hosts: list[str] | tuple[str, ...] | str, password_file: str | None, insecure_no_auth: bool) -> Auth:
+    """Loopback needs nothing; any other bind address needs a 0600 password file or --insecure-no-auth."""
+    hosts = [bind_hosts] if isinstance(bind_hosts, str) else list(bind_hosts)
+    if password_file and insecure_no_auth:
+        raise InvalidInput("give --password-file or --insecure-no-auth, not both")
+    if password_file:
+        return Auth(read_password_file(password_file), str(Path(password_file).resolve()))
+    exposed = [h for h in hosts if not is_loopback(h)]
+    if exposed and not insecure_no_auth:
+        raise InvalidInput(
+            f"binding {exposed[0]} exposes the tier beyond this host: give --password-file (mode 0600) or, deliberately, --insecure-no-auth"
+        )
+    return Auth(insecure_no_auth=bool(exposed) and insecure_no_auth)
+
+
+def new_engine_password() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def engine_acl(engine_password: str, user: str = ENGINE_USER) -> str:
+    """An ACL ``user`` directive: all keys, only :data:`ENGINE_COMMANDS`."""
+    cmds = " ".join(f"+{c}" for c in ENGINE_COMMANDS)
+    return f"{user} on >{engine_password} ~* resetchannels -@all {cmds}"
+
+
+def cache_settings(maxmemory_bytes: int, io_threads: int, auth: Auth, engine_password: str | None = None) -> dict[str, object]:
+    """Valkey directives every instance of a tier gets (besides port/bind/paths).
+
+    A cache, not a store: LRU over all keys, no RDB, no AOF. ``protected-mode``
+    stays on unless the operator chose --insecure-no-auth on a non-loopback
+    address (with it on, Valkey would refuse every remote client).
+    """
+    if io_threads < 1:
+        raise InvalidInput(f"--io-threads must be at least 1, got {io_threads}")
+    conf: dict[str, object] = {
+        "maxmemory": maxmemory_bytes,
+        "maxmemory-policy": "allkeys-lru",
+        "save": "",
+        "appendonly": "no",
+        "io-threads": io_threads,
+        "protected-mode": "no" if auth.insecure_no_auth else "yes",
+    }
+    if auth.enabled:
+        conf["requirepass"] = auth.password
+        if engine_password:
+            conf["user"] = [engine_acl(engine_password)]
+    return conf
+
+
+def write_secret(path: Path, text: str) -> None:
+    """Write ``text`` to an owner-only (0600) file, created with that mode."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    path.chmod(0o600)

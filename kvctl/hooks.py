@@ -19,7 +19,6 @@ hookimpl = pluggy.HookimplMarker("kvctl")
 DEFAULT_PLUGINS = (
     "kvctl.commands.cost",
     "kvctl.commands.deploy",
-    "kvctl.commands.deploy",
     "kvctl.commands.bench",
 )
 

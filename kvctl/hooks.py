@@ -20,6 +20,8 @@ DEFAULT_PLUGINS = (
     "kvctl.commands.cost",
     "kvctl.commands.deploy",
     "kvctl.commands.bench",
+    "kvctl.commands.diagnose",
+    "kvctl.commands.loading",
 )
 
 

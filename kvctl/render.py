@@ -34,6 +34,18 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
+def emit_json_line(obj: Any) -> None:
+    """One compact JSON object per line on stdout (for streams such as ``--watch --json``)."""
+    sys.stdout.write(json.dumps(to_jsonable(obj), separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def clear_screen() -> None:
+    """Clear the terminal before a refresh (no-op when stdout is not a TTY)."""
+    if sys.stdout.isatty():
+        _console().clear()
+
+
 def _console(stderr: bool = False):
     from rich.console import Console  # noqa: PLC0415 - keep `--help` light
 
@@ -154,3 +166,16 @@ def line_plot(
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def text_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None) -> None:
+    """A left-justified table of literal text (no markup), cells wrapped; for frames and free-form evidence."""
+    from rich.markup import escape  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    t = Table(title=title, caption=escape(caption) if caption else None, title_justify="left", caption_justify="left", show_lines=True)
+    for col in columns:
+        t.add_column(col, justify="left", overflow="fold")
+    for row in rows:
+        t.add_row(*[escape(c if isinstance(c, str) else fmt(c)) for c in row])
+    _console().print(t)

@@ -1,0 +1,148 @@
+"""``kvctl loading show|sync|async``: flip LMCache's enable_async_loading safely."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable
+
+import click
+
+from kvctl import loading, render
+from kvctl.cli import output_options
+from kvctl.diagnose.capture import last_diagnosis_path
+from kvctl.errors import KvctlError
+from kvctl.hooks import hookimpl
+
+
+@hookimpl
+def register_commands(cli: click.Group) -> None:
+    cli.add_command(loading_group)
+
+
+def file_options(func: Callable) -> Callable:
+    @click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="LMCACHE_CONFIG_FILE", help="LMCache YAML config (default: $LMCACHE_CONFIG_FILE).")
+    @click.option("--env-file", type=click.Path(dir_okay=False), help="Env file (KEY=value lines) that sets LMCACHE_ENABLE_ASYNC_LOADING.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, config_path: str | None, env_file: str | None, **kwargs: Any) -> Any:
+        if not config_path and not env_file:
+            raise click.UsageError("give --config lmcache.yaml and/or --env-file FILE")
+        sources = ([(config_path, "yaml")] if config_path else []) + ([(env_file, "env")] if env_file else [])
+        return func(*args, sources=sources, **kwargs)
+
+    return wrapper
+
+
+def _mode(value: bool | None) -> str:
+    return "not set (synchronous, LMCache's default)" if value is None else ("asynchronous" if value else "synchronous")
+
+
+@click.group("loading")
+def loading_group() -> None:
+    """Show or flip LMCache's synchronous/asynchronous loading (enable_async_loading).
+
+    \b
+    kvctl loading show  --config lmcache.yaml
+    kvctl loading async --config lmcache.yaml --restart-cmd 'systemctl restart vllm'
+    kvctl loading sync  --config lmcache.yaml      refused when the last diagnosis has ρ ≥ 0.7
+    Edits only the one setting (comments kept), shows a diff, backs up, writes atomically.
+    """
+
+
+@loading_group.command("show")
+@file_options
+@output_options
+def show_cmd(sources: list[tuple[str, str]], as_json: bool) -> None:
+    """Which loading mode each file sets, and the env-var form."""
+    states = [loading.yaml_state(p) if kind == "yaml" else loading.env_state(p) for p, kind in sources]
+    process_env = os.environ.get(loading.ENV_VAR)
+    if as_json:
+        render.emit_json({"sources": states, "env_var": loading.ENV_VAR, "process_env": process_env})
+        return
+    render.table(
+        "LMCache loading mode",
+        ["file", "kind", "setting", "line", "mode"],
+        [(s.path, s.kind, loading.KEY if s.kind == "yaml" else loading.ENV_VAR, s.line, _mode(s.async_loading)) for s in states],
+        caption=f"env-var form: {loading.ENV_VAR}=True|False" + (f" (set here: {process_env})" if process_env is not None else ""),
+    )
+    values = {s.async_loading for s in states}
+    if len(values) > 1:
+        render.warn("the files disagree; check which one the engine actually reads")
+
+
+def _flip(value: bool, sources: list[tuple[str, str]], dry_run: bool, force: bool, diagnosis: str | None, restart_cmd: str | None, restart_timeout: float, no_backup: bool, as_json: bool) -> None:
+    safety = None
+    if not value:
+        diag, src = loading.load_diagnosis(diagnosis, last_diagnosis_path())
+        safety = loading.check_sync(diag, src, force)
+    changes = [loading.plan(p, kind, value) for p, kind in sources]
+    if not dry_run:
+        changes = [loading.apply(c, backup=not no_backup) for c in changes]
+    any_changed = any(c.changed for c in changes)
+    restart = None
+    if restart_cmd and any_changed and not dry_run:
+        restart = loading.run_restart(restart_cmd, restart_timeout)
+    mode = "async" if value else "sync"
+    if as_json:
+        render.emit_json(
+            {
+                "mode": mode,
+                "dry_run": dry_run,
+                "changes": [{k: v for k, v in render.to_jsonable(c).items() if k != "new_text"} for c in changes],
+                "env_var": loading.env_form(value),
+                "safety": safety,
+                "restart": None if restart is None else {**render.to_jsonable(restart), "ok": restart.ok},
+            }
+        )
+    else:
+        if safety is not None:
+            (render.warn if safety.rho is None or safety.rho >= loading.SYNC_REFUSE_RHO else render.message)(safety.note)
+        for c in changes:
+            if not c.changed:
+                render.message(f"{c.path}: already {_mode(c.after)}; nothing to change")
+                continue
+            render.message(c.diff.rstrip("\n"))
+            if dry_run:
+                render.message(f"{c.path}: dry run, not written")
+            else:
+                render.message(f"{c.path}: now {_mode(c.after)}" + (f" (backup: {c.backup})" if c.backup else ""), style="green")
+        render.message(f"env-var form: {loading.env_form(value)}")
+        if restart_cmd and restart is None:
+            render.message("restart command not run (nothing changed)" if not dry_run else "restart command not run (dry run)")
+        elif restart is not None:
+            status = "ok" if restart.ok else ("timed out" if restart.timed_out else f"exit {restart.returncode}")
+            render.message(f"restart `{restart.command}`: {status} in {restart.duration_s:.1f} s", style="green" if restart.ok else "red")
+            if restart.output_tail.strip():
+                render.message(restart.output_tail.rstrip())
+    if restart is not None and not restart.ok:
+        raise KvctlError(f"the config was written but the restart command failed ({'timed out' if restart.timed_out else f'exit {restart.returncode}'})")
+
+
+def flip_options(func: Callable) -> Callable:
+    @file_options
+    @click.option("--dry-run", is_flag=True, help="Show the diff; write nothing.")
+    @click.option("--restart-cmd", help="Shell command to run after a change, e.g. 'systemctl restart vllm'; its result is reported.")
+    @click.option("--restart-timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True, help="Seconds to wait for --restart-cmd.")
+    @click.option("--no-backup", is_flag=True, help="Do not keep a timestamped .bak copy of the file.")
+    @output_options
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+@loading_group.command("async")
+@flip_options
+def async_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json) -> None:
+    """Switch to asynchronous loading (enable_async_loading: true)."""
+    _flip(True, sources, dry_run, False, None, restart_cmd, restart_timeout, no_backup, as_json)
+
+
+@loading_group.command("sync")
+@flip_options
+@click.option("--diagnosis", type=click.Path(dir_okay=False), help="`kvctl diagnose --json` output to check ρ against (default: the last diagnosis saved under KVCTL_HOME).")
+@click.option("--force", is_flag=True, help="Switch even when the diagnosis shows ρ ≥ 0.7.")
+def sync_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json, diagnosis, force) -> None:
+    """Switch to synchronous loading; refused when the latest diagnosis shows ρ ≥ 0.7."""
+    _flip(False, sources, dry_run, force, diagnosis, restart_cmd, restart_timeout, no_backup, as_json)

@@ -1,0 +1,147 @@
+"""Parse Prometheus text from vLLM's ``/metrics`` into sums kvctl can difference.
+
+Parsing uses ``prometheus_client.parser``. Values are summed over label sets
+(several engines behind one API server, several model names, several
+scrapes of different engines), because every quantity kvctl derives is a
+total over the deployment.
+
+On the wire a counter ``vllm:prompt_tokens`` appears as
+``vllm:prompt_tokens_total``; histograms as ``_bucket``/``_sum``/``_count``.
+Some LMCache versions export counts as gauges without ``_total``
+(``lmcache:get_blocking_failed_count``); :meth:`Scrape.counter` accepts both.
+
+Metric names kvctl reads (checked against vLLM's v1 Prometheus logger and
+LMCache's ``PrometheusLogger``):
+
+* vLLM: ``vllm:request_success`` (counter, label ``finished_reason``),
+  ``vllm:prompt_tokens`` (counter), ``vllm:request_prompt_tokens``
+  (histogram, tokens per request), ``vllm:prefix_cache_hits``/``_queries``
+  and ``vllm:external_prefix_cache_hits``/``_queries`` (counters, tokens),
+  ``vllm:num_requests_waiting``/``_running`` (gauges),
+  ``vllm:request_prefill_time_seconds`` (histogram).
+* LMCache: ``lmcache:num_hit_tokens``, ``lmcache:num_requested_tokens``,
+  ``lmcache:num_remote_read_bytes``, ``lmcache:num_remote_read_requests``
+  (counters), ``lmcache:remote_time_to_get`` (histogram, **milliseconds**),
+  ``lmcache:time_to_lookup`` (histogram, seconds),
+  ``lmcache:get_blocking_failed_count`` (gauge or counter).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from kvctl.errors import InvalidInput
+
+
+@dataclass
+class Scrape:
+    """One scrape (or the sum of several): sample name → value summed over labels.
+
+    ``buckets[family][le]`` holds cumulative histogram bucket counts, also
+    summed over label sets.
+    """
+
+    values: dict[str, float] = field(default_factory=dict)
+    buckets: dict[str, dict[float, float]] = field(default_factory=dict)
+
+    def has(self, name: str) -> bool:
+        return any(n in self.values for n in (name, f"{name}_total", f"{name}_count"))
+
+    def counter(self, name: str) -> float | None:
+        """A counter by its base name (``_total`` on the wire), or a gauge holding a count."""
+        for n in (f"{name}_total", name):
+            if n in self.values:
+                return self.values[n]
+        return None
+
+    def gauge(self, name: str) -> float | None:
+        return self.values.get(name)
+
+    def hist_sum(self, name: str) -> float | None:
+        return self.values.get(f"{name}_sum")
+
+    def hist_count(self, name: str) -> float | None:
+        return self.values.get(f"{name}_count")
+
+    def merged(self, other: "Scrape") -> "Scrape":
+        """The sum of two scrapes (e.g. two engines)."""
+        out = Scrape(dict(self.values), {k: dict(v) for k, v in self.buckets.items()})
+        for k, v in other.values.items():
+            out.values[k] = out.values.get(k, 0.0) + v
+        for fam, bks in other.buckets.items():
+            mine = out.buckets.setdefault(fam, {})
+            for le, c in bks.items():
+                mine[le] = mine.get(le, 0.0) + c
+        return out
+
+
+def parse(text: str, source: str = "<metrics>") -> Scrape:
+    """Parse Prometheus exposition text; InvalidInput naming ``source`` when it is not."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    out = Scrape()
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name.endswith("_created") or s.value is None or math.isnan(s.value):
+                    continue
+                if s.name.endswith("_bucket") and "le" in s.labels:
+                    le = float(s.labels["le"])
+                    bks = out.buckets.setdefault(s.name[: -len("_bucket")], {})
+                    bks[le] = bks.get(le, 0.0) + float(s.value)
+                    continue
+                out.values[s.name] = out.values.get(s.name, 0.0) + float(s.value)
+    except (ValueError, TypeError, IndexError) as e:
+        raise InvalidInput(f"{source} is not Prometheus text: {e}") from e
+    return out
+
+
+def merge(scrapes: list[Scrape]) -> Scrape:
+    total = Scrape()
+    for s in scrapes:
+        total = total.merged(s)
+    return total
+
+
+def delta(a: float | None, b: float | None) -> float | None:
+    """``b − a`` for a counter, or None when either side is missing.
+
+    A counter that went down (engine restarted within the window) counts from
+    zero: the delta is ``b``.
+    """
+    if a is None or b is None:
+        return None
+    return b - a if b >= a else b
+
+
+def bucket_delta(a: Scrape, b: Scrape, family: str) -> dict[float, float]:
+    """Cumulative bucket counts of the observations made between scrape ``a`` and ``b``."""
+    before, after = a.buckets.get(family, {}), b.buckets.get(family, {})
+    return {le: max(0.0, c - before.get(le, 0.0)) for le, c in sorted(after.items())}
+
+
+def count_above(buckets: dict[float, float], threshold: float) -> float:
+    """Observations above ``threshold`` (at bucket resolution: above the largest bound ≤ threshold)."""
+    if not buckets:
+        return 0.0
+    total = buckets.get(math.inf, max(buckets.values()))
+    below = [c for le, c in buckets.items() if le <= threshold]
+    return max(0.0, total - (max(below) if below else 0.0))
+
+
+def quantile(buckets: dict[float, float], q: float) -> float | None:
+    """The q-quantile of a cumulative histogram, linearly interpolated inside the bucket."""
+    items = sorted(buckets.items())
+    if not items or items[-1][1] <= 0:
+        return None
+    total = items[-1][1]
+    rank = q * total
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in items:
+        if c >= rank and c > prev_c:
+            if math.isinf(le):
+                return prev_le
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+        prev_le, prev_c = (le if not math.isinf(le) else prev_le), c
+    return prev_le

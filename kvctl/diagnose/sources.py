@@ -1,0 +1,107 @@
+"""The three things ``kvctl diagnose`` reads from the outside world.
+
+* an engine's Prometheus text over HTTP (urllib, with a timeout);
+* a Valkey instance's ``INFO`` (all sections, including ``commandstats``) via redis-py;
+* GPU utilisation through NVML, or a clear "no GPU visible".
+
+Each is one small function that tests point at a real local server.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from kvctl.errors import InvalidInput, Unreachable
+from kvctl.tier.targets import Target
+
+
+def metrics_url(url: str) -> str:
+    """``http://host:8000`` → ``http://host:8000/metrics``; a URL with a path is kept."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InvalidInput(f"--engine-url must be an http(s) URL, got {url!r}")
+    path = parts.path if parts.path not in ("", "/") else "/metrics"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def fetch_metrics(url: str, timeout_s: float = 5.0) -> str:
+    """GET the engine's ``/metrics`` text; Unreachable with the URL and reason on failure."""
+    full = metrics_url(url)
+    req = urllib.request.Request(full, headers={"Accept": "text/plain"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - http(s) checked above
+            return resp.read().decode("utf-8", errors="replace")
+    except urllib.error.HTTPError as e:
+        raise Unreachable(f"engine {full} answered HTTP {e.code} {e.reason}") from e
+    except (urllib.error.URLError, OSError, TimeoutError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise Unreachable(f"engine {full} unreachable: {reason}") from e
+
+
+def valkey_info(target: Target, timeout_s: float = 3.0) -> dict[str, Any]:
+    """``INFO all`` of one instance as a dict (redis-py parses ``cmdstat_*`` into dicts)."""
+    import redis  # noqa: PLC0415 - keep `kvctl --help` light
+
+    try:
+        with redis.Redis(
+            host=target.host, port=target.port, password=target.password, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        ) as r:
+            info = r.info("all")
+    except (redis.RedisError, OSError) as e:
+        raise Unreachable(f"Valkey rank {target.rank} at {target.host}:{target.port} unreachable: {e}") from e
+    return dict(info)
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """Utilisation of each visible GPU at one instant (NVML), or why there is none."""
+
+    utilization_pct: list[float] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def visible(self) -> bool:
+        return bool(self.utilization_pct)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"utilization_pct": list(self.utilization_pct), "names": list(self.names), "note": self.note}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "GpuSample":
+        d = d or {}
+        return cls([float(x) for x in d.get("utilization_pct", [])], [str(x) for x in d.get("names", [])], str(d.get("note", "")))
+
+
+def gpu_sample() -> GpuSample:
+    """NVML utilisation per device; ``note`` says "no GPU visible (...)" when NVML has none."""
+    try:
+        import pynvml  # noqa: PLC0415 - from nvidia-ml-py
+    except ImportError:
+        return GpuSample(note="no GPU visible (nvidia-ml-py not installed)")
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # noqa: BLE001 - NVMLError subclasses vary by driver state
+        return GpuSample(note=f"no GPU visible (NVML: {e})")
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        utils, names = [], []
+        for i in range(count):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            utils.append(float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu))
+            name = pynvml.nvmlDeviceGetName(h)
+            names.append(name.decode() if isinstance(name, bytes) else str(name))
+        if not utils:
+            return GpuSample(note="no GPU visible (NVML reports 0 devices)")
+        return GpuSample(utils, names)
+    except Exception as e:  # noqa: BLE001
+        return GpuSample(note=f"no GPU visible (NVML: {e})")
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass

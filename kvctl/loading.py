@@ -1,0 +1,292 @@
+"""Flip LMCache between synchronous and asynchronous loading, safely.
+
+The edit is line-based so every other line and comment of the config stays
+byte-for-byte; PyYAML only validates (the original must parse, and the result
+must parse to the same mapping with just ``enable_async_loading`` changed).
+Writes are atomic (temp file in the same directory + ``os.replace``) after a
+timestamped backup. Deployments that set ``LMCACHE_ENABLE_ASYNC_LOADING`` in
+an env file (``KEY=value`` lines, optionally ``export``) are edited the same way.
+
+Switching to synchronous loading turns every L2 hit into a single-server
+queue with ρ = λ·n·s/B (paper §4); it is refused when the latest diagnosis
+shows ρ ≥ 0.7 unless forced.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import difflib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvctl.errors import InvalidInput, KvctlError
+
+KEY = "enable_async_loading"
+ENV_VAR = "LMCACHE_ENABLE_ASYNC_LOADING"
+SYNC_REFUSE_RHO = 0.7
+TRUTHY = ("true", "1", "yes", "on")
+
+_YAML_LINE = re.compile(rf"^(?P<head>{KEY}[ \t]*:[ \t]*)(?P<val>[^#\r\n]*?)(?P<rest>[ \t]*(?:#.*)?)$")
+_ENV_LINE = re.compile(rf"^(?P<head>[ \t]*(?:export[ \t]+)?{ENV_VAR}[ \t]*=[ \t]*)(?P<q>[\"']?)(?P<val>[^\"'#\s]*)(?P=q)(?P<rest>.*)$")
+
+
+class Refused(KvctlError):
+    """A flip that the safety check does not allow (use --force to override)."""
+
+
+@dataclass(frozen=True)
+class SourceState:
+    """What one file says about async loading."""
+
+    path: str
+    kind: str  # "yaml" or "env"
+    async_loading: bool | None  # None: not set (LMCache's default is synchronous)
+    line: int | None  # 1-based line of the setting, when set
+
+
+@dataclass(frozen=True)
+class Change:
+    """A planned (or applied) edit of one file."""
+
+    path: str
+    kind: str
+    before: bool | None
+    after: bool
+    changed: bool
+    diff: str
+    new_text: str
+    backup: str | None = None
+
+
+@dataclass(frozen=True)
+class SafetyCheck:
+    allowed: bool
+    rho: float | None
+    source: str | None
+    saved_at: str | None
+    note: str
+
+
+@dataclass(frozen=True)
+class RestartResult:
+    command: str
+    returncode: int | None
+    duration_s: float
+    output_tail: str
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+
+def _read(path: Path | str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as e:
+        raise InvalidInput(f"cannot read {path}: {e.strerror or e}") from e
+
+
+def parse_yaml(text: str, path: str = "<config>") -> dict[str, Any]:
+    """The config as a mapping; InvalidInput with the line number when it is malformed."""
+    import yaml  # noqa: PLC0415
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "unknown line"
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InvalidInput(f"{path}: malformed YAML at {where}: {problem}; the file was not changed") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InvalidInput(f"{path}: an LMCache config must be a YAML mapping, got {type(data).__name__}; the file was not changed")
+    return data
+
+
+def _as_bool(value: Any) -> bool | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().strip("\"'").lower() in TRUTHY
+
+
+def yaml_state(path: Path | str) -> SourceState:
+    text = _read(path)
+    data = parse_yaml(text, str(path))
+    line = next((i + 1 for i, ln in enumerate(text.splitlines()) if _YAML_LINE.match(ln)), None)
+    return SourceState(str(path), "yaml", _as_bool(data.get(KEY)), line)
+
+
+def env_state(path: Path | str) -> SourceState:
+    text = _read(path)
+    value, line = None, None
+    for i, ln in enumerate(text.splitlines()):
+        m = _ENV_LINE.match(ln)
+        if m:
+            value, line = _as_bool(m.group("val")), i + 1
+    return SourceState(str(path), "env", value, line)
+
+
+def set_yaml(text: str, value: bool, path: str = "<config>") -> str:
+    """``text`` with ``enable_async_loading`` set to ``value``; every other line unchanged."""
+    before = parse_yaml(text, path)
+    lines = text.splitlines(keepends=True)
+    word = "true" if value else "false"
+    found = False
+    for i, raw in enumerate(lines):
+        body = raw.rstrip("\r\n")
+        m = _YAML_LINE.match(body)
+        if m:
+            lines[i] = f"{m.group('head')}{word}{m.group('rest')}{raw[len(body):]}"
+            found = True
+    if not found:
+        if KEY in before:
+            raise KvctlError(f"{path}: {KEY} is set in a form kvctl does not edit (quoted or nested key); change it by hand")
+        if lines and not lines[-1].endswith("\n"):
+            lines[-1] += "\n"
+        lines.append(f"{KEY}: {word}\n")
+    new = "".join(lines)
+    after = parse_yaml(new, path)
+    if after.get(KEY) is not value or {k: v for k, v in after.items() if k != KEY} != {k: v for k, v in before.items() if k != KEY}:
+        raise KvctlError(f"{path}: the line edit did not give the expected config; change {KEY} by hand")
+    return new
+
+
+def set_env(text: str, value: bool) -> str:
+    """Env-file ``text`` with ``LMCACHE_ENABLE_ASYNC_LOADING`` set; other lines unchanged."""
+    lines = text.splitlines(keepends=True)
+    word = "True" if value else "False"
+    found = False
+    for i, raw in enumerate(lines):
+        body = raw.rstrip("\r\n")
+        m = _ENV_LINE.match(body)
+        if m:
+            q = m.group("q")
+            lines[i] = f"{m.group('head')}{q}{word}{q}{m.group('rest')}{raw[len(body):]}"
+            found = True
+    if not found:
+        if lines and not lines[-1].endswith("\n"):
+            lines[-1] += "\n"
+        lines.append(f"{ENV_VAR}={word}\n")
+    return "".join(lines)
+
+
+def env_form(value: bool) -> str:
+    return f"{ENV_VAR}={'True' if value else 'False'}"
+
+
+def plan(path: Path | str, kind: str, value: bool) -> Change:
+    """The edit that sets async loading to ``value`` in one file (nothing is written)."""
+    text = _read(path)
+    if kind == "yaml":
+        before = yaml_state(path).async_loading
+        new = set_yaml(text, value, str(path))
+    elif kind == "env":
+        before = env_state(path).async_loading
+        new = set_env(text, value)
+    else:  # pragma: no cover - callers pass one of the two
+        raise ValueError(kind)
+    diff = "".join(difflib.unified_diff(text.splitlines(keepends=True), new.splitlines(keepends=True), f"{path} (before)", f"{path} (after)"))
+    return Change(str(path), kind, before, value, new != text, diff, new)
+
+
+def backup_path(path: Path) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
+    cand = path.with_name(f"{path.name}.{stamp}.bak")
+    n = 1
+    while cand.exists():
+        cand = path.with_name(f"{path.name}.{stamp}-{n}.bak")
+        n += 1
+    return cand
+
+
+def atomic_write(path: Path | str, text: str) -> None:
+    """Write via a temp file in the same directory and ``os.replace``; keeps the file mode."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.kvctl-tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        shutil.copymode(path, tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise KvctlError(f"cannot write {path}: {e.strerror or e}; the original is unchanged") from e
+
+
+def apply(change: Change, backup: bool = True) -> Change:
+    """Write a planned change (backup first); a no-op for an unchanged file."""
+    if not change.changed:
+        return change
+    path = Path(change.path)
+    bak = None
+    if backup:
+        bak = backup_path(path)
+        try:
+            shutil.copy2(path, bak)
+        except OSError as e:
+            raise KvctlError(f"cannot back up {path} to {bak}: {e.strerror or e}; nothing was changed") from e
+    atomic_write(path, change.new_text)
+    return Change(change.path, change.kind, change.before, change.after, True, change.diff, change.new_text, str(bak) if bak else None)
+
+
+def load_diagnosis(path: Path | str | None, default_path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The diagnosis JSON at ``path`` (must exist), else the last saved one (may be absent)."""
+    p = Path(path) if path else default_path
+    if not p.exists():
+        if path:
+            raise InvalidInput(f"--diagnosis {path} does not exist")
+        return None, None
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise InvalidInput(f"cannot read diagnosis {p}: {e}") from e
+    if not isinstance(data, dict):
+        raise InvalidInput(f"diagnosis {p} is not a JSON object (expected `kvctl diagnose --json` output)")
+    return data, str(p)
+
+
+def check_sync(diagnosis: dict[str, Any] | None, source: str | None, force: bool, threshold: float = SYNC_REFUSE_RHO) -> SafetyCheck:
+    """May we switch to synchronous loading? Raises Refused at ρ ≥ threshold unless ``force``."""
+    if diagnosis is None:
+        return SafetyCheck(True, None, None, None, "no diagnosis found: run `kvctl diagnose` first to check ρ")
+    rho = diagnosis.get("rho")
+    saved_at = diagnosis.get("saved_at") or diagnosis.get("created_at")
+    if not isinstance(rho, (int, float)):
+        return SafetyCheck(True, None, source, saved_at, f"the diagnosis in {source} has no ρ (no L2 traffic measured)")
+    if rho >= threshold:
+        msg = (
+            f"latest diagnosis ({source}, {saved_at or 'undated'}) shows ρ = {rho:.2f} ≥ {threshold:g}: "
+            "synchronous loading would queue every hit behind the tier"
+        )
+        if not force:
+            raise Refused(f"refusing to switch to synchronous loading: {msg}; add Valkey instances first or pass --force")
+        return SafetyCheck(True, rho, source, saved_at, f"forced: {msg}")
+    return SafetyCheck(True, rho, source, saved_at, f"ρ = {rho:.2f} < {threshold:g} in {source}")
+
+
+def run_restart(command: str, timeout_s: float = 300.0) -> RestartResult:
+    """Run the user's restart command through ``/bin/sh -c`` and report how it went."""
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out = out.decode(errors="replace") if isinstance(out, bytes) else out
+        return RestartResult(command, None, time.monotonic() - t0, out[-2000:], timed_out=True)
+    except OSError as e:
+        return RestartResult(command, None, time.monotonic() - t0, str(e))
+    out = (proc.stdout + proc.stderr)[-2000:]
+    return RestartResult(command, proc.returncode, time.monotonic() - t0, out)

@@ -31,7 +31,7 @@ def find_valkey_server() -> str:
     if env:
         if os.access(env, os.X_OK):
             return env
-        raise BinaryNotFound(f"KVCTL_VALKEY_SERVER={env} is not an executable file")
+        raise BinaryNotFound(f"KVCTL_VALKEY_SERVER={env} is not an executable file: point it at valkey-server, or unset it and {INSTALL_HINT}")
     found = shutil.which("valkey-server")
     if found:
         return found

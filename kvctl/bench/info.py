@@ -61,6 +61,8 @@ class ServerInfo:
 
 def _redis(url: str, timeout_s: float):
     import redis  # noqa: PLC0415 - keep `kvctl --help` light
+    from redis.backoff import NoBackoff  # noqa: PLC0415
+    from redis.retry import Retry  # noqa: PLC0415
 
     u = parse_resp_url(url)
     return redis.Redis(
@@ -74,6 +76,7 @@ def _redis(url: str, timeout_s: float):
         ssl_cert_reqs="required" if u.ssl_verify else "none",
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),  # one attempt: a stalled server costs timeout_s once, not per retry
     )
 
 

@@ -36,6 +36,8 @@ from kvctl.tier.targets import Target
 
 #: Seconds the parent waits past ``duration + timeout`` before killing a silent client.
 GRACE_S = 1.0
+#: INFO snapshots are taken while the servers are idle; a healthy one answers in milliseconds.
+SNAPSHOT_TIMEOUT_S = 2.0
 #: Keys per instance aim at this many bytes (beyond any CPU cache), within maxmemory.
 AUTO_WORKING_SET_BYTES = 1_000_000_000
 #: Fraction of (maxmemory − used) the keys may fill; the rest is room for in-flight buffers.
@@ -219,7 +221,8 @@ def run_once(
             if not any(p.is_alive() for p in procs):
                 break
         # 2. server counters, go, wait for the deadline, counters again
-        before = snapshot_all(urls, spec.timeout_s)
+        snap_timeout = min(spec.timeout_s, SNAPSHOT_TIMEOUT_S)
+        before = snapshot_all(urls, snap_timeout)
         t0 = time.monotonic()
         start.set()
         hard_deadline = t0 + spec.duration_s + spec.timeout_s + GRACE_S
@@ -236,7 +239,7 @@ def run_once(
                 elapsed = min(time.monotonic() - t0, spec.duration_s)
                 on_progress(label, elapsed, spec.duration_s, sum(live) / max(elapsed, 1e-9) / 1e9)
         stop.set()
-        after = snapshot_all(urls, spec.timeout_s)
+        after = snapshot_all(urls, snap_timeout)
     finally:
         stop.set()
         for p in procs:
@@ -300,8 +303,9 @@ def run_bench(
             for op in (("set", "get") if spec.write else ("get",)):
                 runs.append(run_once(targets[:instances], clients, op, prefix, n_keys, spec, on_progress))
     finally:
-        if not keep_keys:
-            cleanup(targets, prefix, n_keys, spec.timeout_s)
+        if not keep_keys:  # skip instances that failed: a dead or stalled server would only add timeouts
+            failed = {p.rank for r in runs for p in r.per_instance if p.errors}
+            cleanup([t for t in targets if t.rank not in failed], prefix, n_keys, spec.timeout_s)
     runs_t = with_scaling(runs)
     params = dict(parameters or {})
     params.update(

@@ -1,0 +1,160 @@
+"""`kvctl bench` against real embedded valkey-servers: schema, server-side consistency, sweep, faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from kvctl.cli import cli
+from kvctl.kvsize import kv_size_from_file
+
+SMALL = ["--chunk-bytes", "2e6", "--batch", "4", "--keys", "16"]
+RUN_KEYS = {
+    "op", "instances", "clients", "chunk_bytes", "batch", "duration_s", "aggregate_gbps", "per_instance_gbps",
+    "p50_batch_ms", "p99_batch_ms", "server_usec_per_get", "server_busy_frac", "server_gbps", "errors", "per_instance",
+    "scaling_vs_1x1",
+}
+
+
+def _bench(args, expect=0):
+    result = CliRunner().invoke(cli, ["bench", *args, "--json"])
+    assert result.exit_code == expect, result.output
+    return json.loads(result.stdout), result
+
+
+def test_json_schema_and_server_counters_match_client(valkey_server):
+    data, _ = _bench(["--url", valkey_server.url, *SMALL, "--duration", "1", "--write"])
+    meta = data["metadata"]
+    assert meta["server_versions"][0].count(".") >= 1 and meta["host_cores"] >= 1 and meta["kvctl_version"]
+    assert meta["parameters"]["chunk_bytes"] == 2_000_000 and meta["parameters"]["keys_per_instance"] == 16
+    assert data["errors"] == 0 and data["verdict"] is None
+    assert [r["op"] for r in data["runs"]] == ["set", "get"]
+    for run in data["runs"]:
+        assert RUN_KEYS <= set(run), RUN_KEYS - set(run)
+        assert run["errors"] == 0 and run["instances"] == 1 and run["clients"] == 1
+        inst = run["per_instance"][0]
+        assert run["ops"] > 0 and run["bytes"] == run["ops"] * 2_000_000 and run["misses"] == 0
+        # the server counted exactly the commands the client completed (warm-up excluded) ...
+        assert inst["server_calls"] == run["ops"]
+        # ... and moved the same payload bytes, plus RESP framing and one INFO reply
+        assert run["bytes"] <= inst["server_net_bytes"] <= run["bytes"] * 1.001 + 64_000
+        assert run["aggregate_gbps"] == pytest.approx(run["bytes"] / run["duration_s"] / 1e9)
+        assert 0.9 <= run["duration_s"] <= 3.0
+        assert 0 < run["server_busy_frac"] <= 1 and run["server_gbps"] > 0
+        assert 0 < run["p50_batch_ms"] <= run["p99_batch_ms"]
+    get = data["runs"][1]
+    assert get["server_usec_per_get"] > 0 and get["server_usec_per_set"] is None
+    assert data["runs"][0]["server_usec_per_set"] > 0
+
+
+def test_two_instance_sweep_with_verdict_plot_and_save(tmp_path):
+    png, saved = tmp_path / "scaling.png", tmp_path / "bench.json"
+    data, _ = _bench([
+        "--embedded", "2", "--embedded-maxmemory", "128mb", "--sweep", *SMALL, "--duration", "1",
+        "--prefill-rate", "52200", "--bytes-per-token", "48437.5", "--plot", str(png), "--save", str(saved),
+    ])
+    grid = [(r["instances"], r["clients"]) for r in data["runs"]]
+    assert grid == [(1, 1), (1, 2), (2, 1)]
+    assert data["runs"][0]["scaling_vs_1x1"] == pytest.approx(1.0)
+    two = data["runs"][2]
+    assert len(two["per_instance_gbps"]) == 2 and all(g > 0 for g in two["per_instance_gbps"])
+    assert [p["server_calls"] for p in two["per_instance"]] == [p["ops"] for p in two["per_instance"]]
+    assert two["scaling_vs_1x1"] == pytest.approx(two["aggregate_gbps"] / data["runs"][0]["aggregate_gbps"])
+    v = data["verdict"]
+    assert v["breakeven_gbps"] == pytest.approx(48437.5 * 52200 / 1e9) and v["ranks"] == 2
+    assert v["loading_wins"] == (v["tier_gbps"] > v["breakeven_gbps"])
+    assert png.stat().st_size > 5000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert json.loads(saved.read_text()) == data
+
+
+def test_model_config_sets_chunk_and_table_output(valkey_server):
+    size = kv_size_from_file("configs/models/deepseek-v3.json", dtype="fp8", chunk_tokens=16)
+    result = CliRunner().invoke(cli, [
+        "bench", "--url", valkey_server.url, "--model-config", "configs/models/deepseek-v3.json", "--dtype", "fp8",
+        "--chunk-tokens", "16", "--batch", "2", "--keys", "8", "--duration", "0.5", "--prefill-rate", "52200",
+    ])
+    assert result.exit_code == 0, result.output
+    assert "kvctl bench" in result.output and "verdict:" in result.output
+    assert f"{size.chunk_bytes / 1e6:g} MB values" in result.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--embedded", "1", "--url", "resp://127.0.0.1:1"], "--embedded"),
+        ([], "--url"),
+        (["--url", "resp://127.0.0.1:1", "--prefill-rate", "100"], "--bytes-per-token"),
+        (["--url", "resp://127.0.0.1:1", "--batch", "8", "--keys", "4"], "fewer than one batch"),
+        (["--url", "http://127.0.0.1:1"], "scheme"),
+    ],
+)
+def test_bad_input_exits_2(args, message):
+    result = CliRunner().invoke(cli, ["bench", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_unreachable_exits_5():
+    from kvctl.tier.server import free_port
+
+    result = CliRunner().invoke(cli, ["bench", "--url", f"resp://127.0.0.1:{free_port()}", *SMALL, "--duration", "0.5"])
+    assert result.exit_code == 5, result.output
+    assert "cannot reach" in result.output
+
+
+def test_maxmemory_too_small_for_a_batch_exits_2(valkey_factory):
+    srv = valkey_factory(settings={"maxmemory": "8mb"})
+    result = CliRunner().invoke(cli, ["bench", "--url", srv.url, "--chunk-bytes", "4e6", "--batch", "4", "--duration", "0.5"])
+    assert result.exit_code == 2, result.output
+    assert "maxmemory" in result.output
+
+
+def _fault_run(args, act, at_s):
+    timer = threading.Timer(at_s, act)
+    t0 = time.monotonic()
+    timer.start()
+    try:
+        data, result = _bench(args, expect=5)
+    finally:
+        timer.cancel()
+    return data, result, time.monotonic() - t0
+
+
+def test_killed_server_mid_run(valkey_factory):
+    healthy, doomed = valkey_factory(), valkey_factory()
+    duration, timeout = 2.0, 1.0
+    data, result, wall = _fault_run(
+        ["--url", healthy.url, "--url", doomed.url, *SMALL, "--duration", str(duration), "--timeout", str(timeout)],
+        lambda: os.kill(doomed.pid, signal.SIGKILL),
+        at_s=1.2,  # populate + client start take a few hundred ms; the kill lands mid-run
+    )
+    assert wall < duration + timeout + 6, wall  # start-up, one INFO timeout, process teardown
+    run = data["runs"][0]
+    ok, dead = run["per_instance"]
+    assert ok["errors"] == 0 and ok["ops"] > 0 and ok["server_calls"] == ok["ops"]
+    # it served GETs before the kill, then its client failed (and its counters could not be read)
+    assert dead["ops"] > 0 and dead["errors"] >= 2 and dead["first_error"] and dead["server_calls"] is None
+    assert data["errors"] == run["errors"] == dead["errors"]
+    assert "rank 1" in result.stderr
+
+
+def test_stalled_server_mid_run(valkey_server):
+    duration, timeout = 1.5, 1.0
+    try:
+        data, _, wall = _fault_run(
+            ["--url", valkey_server.url, *SMALL, "--duration", str(duration), "--timeout", str(timeout)],
+            lambda: os.kill(valkey_server.pid, signal.SIGSTOP),
+            at_s=1.0,
+        )
+    finally:
+        os.kill(valkey_server.pid, signal.SIGCONT)
+    assert wall < duration + timeout + 6, wall
+    inst = data["runs"][0]["per_instance"][0]
+    assert inst["errors"] > 0
+    assert "Timeout" in inst["first_error"] or "timed out" in inst["first_error"] or "INFO failed" in inst["first_error"]

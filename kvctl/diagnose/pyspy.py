@@ -137,7 +137,7 @@ def _dump_error(pid: int, text: str) -> KvctlError:
     if "permission denied" in low or "operation not permitted" in low or "os error 1)" in low or "os error 13" in low:
         return PtraceNotPermitted(f"py-spy may not attach to pid {pid} (ptrace not permitted: {why}); {PTRACE_HINT}")
     if "python version" in low or "python interpreter" in low or "not a python" in low:
-        return NotAPythonProcess(f"pid {pid} is not a Python process py-spy can read ({why})")
+        return NotAPythonProcess(f"pid {pid} is not a Python process py-spy can read, or it is still starting ({why})")
     return KvctlError(f"py-spy failed on pid {pid}: {why}")
 
 

@@ -1,0 +1,95 @@
+"""``kvctl diagnose stalls``: stalled lookups from live py-spy stacks (paper §5.4).
+
+Attached to the ``kvctl diagnose`` group as ``stalls_cmd``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+
+import click
+
+from kvctl import __version__, render
+from kvctl.cli import output_options
+from kvctl.diagnose import stalls
+from kvctl.errors import ExitStatus, KvctlError
+
+
+@click.command("stalls")
+@click.option("--pid", "pids", type=click.IntRange(min=1), multiple=True, help="Process to inspect (repeatable: one per rank).")
+@click.option(
+    "--match",
+    envvar="KVCTL_STALLS_MATCH",
+    help="Inspect every process whose name or command line contains this text, e.g. `vllm`.",
+)
+@click.option("--samples", type=click.IntRange(min=2), default=3, show_default=True, help="py-spy dumps per process.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.05, max=60),
+    default=1.0,
+    show_default=True,
+    help="Seconds between samples; a thread counts as stalled when it stays put across all of them.",
+)
+@output_options
+def stalls_cmd(pids: tuple[int, ...], match: str | None, samples: int, interval: float, as_json: bool) -> None:
+    """Stalled lookups: sample thread stacks with py-spy and name the §5.4 stall signatures.
+
+    \b
+    lost-completion   a lookup blocked in a future's result() with nothing outstanding
+    missing-key-get   a socket receive that never returns inside a remote GET
+    lockstep-stall    a rank waiting in a torch.distributed collective its peer never entered
+    Needs ptrace: run as root or the engine's user (SYS_PTRACE in containers).
+    """
+    targets = list(pids)
+    if match:
+        found = stalls.find_processes(match)
+        if not found and not targets:
+            raise KvctlError(f"no process matches {match!r} (searched process names and command lines)")
+        targets += [p.pid for p in found if p.pid not in targets]
+    if not targets:
+        raise click.UsageError("give --pid PID (repeatable) or --match TEXT")
+    report = stalls.diagnose_stalls(targets, samples=samples, interval_s=interval)
+    for p in report.processes:
+        if p.error:
+            render.warn(f"pid {p.pid} skipped: {p.error}")
+    if as_json:
+        data = {
+            "kvctl_version": __version__,
+            "host": socket.gethostname(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "worst_severity": report.worst_severity.value if report.worst_severity else None,
+        }
+        data.update(render.to_jsonable(report))
+        render.emit_json(data)
+    else:
+        render_stalls(report)
+    worst = report.worst_severity
+    if worst is not None:
+        code = ExitStatus.FINDING_CRITICAL if worst is stalls.Severity.CRITICAL else ExitStatus.FINDING_WARNING
+        click.get_current_context().exit(int(code))
+
+
+def render_stalls(report: stalls.StallReport) -> None:
+    """Processes, then one block per finding: frames, evidence, fix."""
+    gpu = report.gpu_note or ", ".join(f"{n}: {u:g}%" for n, u in zip(report.gpu_names, report.gpu_utilization_pct))
+    render.text_table(
+        f"Stalled threads ({report.samples} samples, {report.interval_s:g}s apart, {report.window_s:.1f}s window)",
+        ["pid", "process", "threads", "stayed put", "status"],
+        [
+            (str(p.pid), p.name, p.threads, p.stable_threads, p.error or f"{sum(f.pid == p.pid for f in report.findings)} finding(s)")
+            for p in report.processes
+        ],
+        caption=f"GPU: {gpu}" + ("" if report.findings else "\nno stalled lookup, GET or collective found"),
+    )
+    for f in report.findings:
+        render.text_table(
+            f"{f.severity.value.upper()} {f.id}: pid {f.pid} ({f.process_name}), thread {f.thread_name}",
+            ["", ""],
+            [
+                ("what", f.message),
+                ("frames", "\n".join(f.frames)),
+                ("evidence", f.evidence),
+                ("fix", f.recommendation),
+            ],
+        )

@@ -25,7 +25,8 @@ Three transfer modes are implemented (``mode=``):
   which are already contiguous in its staging buffer (no packing copy);
 * ``"all_gather"`` -- one all-gather of every owner's prefix slots.
 
-``DEFAULT_MODE`` is the fastest measured with ``benchmarks/protocol_bcast.py``.
+``mode="auto"`` (the default) picks the fastest form measured for the group's
+backend with ``benchmarks/protocol_bcast.py`` (see ``FASTEST_BY_BACKEND``).
 All data collectives move ``uint8`` bytes, so any dtype works on any backend.
 """
 
@@ -47,12 +48,26 @@ __all__ = [
     "fingerprint",
     "load_agreed_prefix",
     "load_agreed_prefix_detailed",
+    "move_prefix",
+    "resolve_mode",
 ]
 
 MODES = ("per_chunk", "per_owner", "all_gather")
-# gloo CPU (2 cores, benchmarks/protocol_bcast.py) and the paper's H200 numbers
-# both rank all_gather fastest; see README for the measured table.
-DEFAULT_MODE = "all_gather"
+# "auto" picks the fastest measured form for the group's backend
+# (benchmarks/protocol_bcast.py): on gloo CPU one broadcast per owner beat both
+# the all-gather form and a raw all-gather of the same bytes; on NVLink NCCL
+# the paper measured one all-gather fastest (1.8 ms vs 2.3 ms per owner vs
+# 4.1 ms per chunk for 0.79 GB on 2xH200).
+DEFAULT_MODE = "auto"
+FASTEST_BY_BACKEND = {"gloo": "per_owner", "nccl": "all_gather"}
+
+
+def resolve_mode(group, mode: str = DEFAULT_MODE) -> str:
+    """The concrete transfer form: ``mode`` itself, or for "auto" the fastest for the group's backend."""
+    if mode != "auto":
+        return mode
+    backend = str(dist.get_backend(group)).lower()
+    return FASTEST_BY_BACKEND.get(backend, "all_gather")
 
 PROTOCOL_VERSION = 1
 # message layout (int64): version, fp_hi, fp_lo, n_chunks, first_failure,
@@ -213,6 +228,33 @@ def _move_all_gather(group, prefix, rank, world, staging, nbytes, dtype, shape, 
 _MOVERS = {"per_chunk": _move_per_chunk, "per_owner": _move_per_owner, "all_gather": _move_all_gather}
 
 
+def move_prefix(
+    group,
+    prefix: int,
+    staging: torch.Tensor,
+    chunk_shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    mode: str = DEFAULT_MODE,
+) -> list[torch.Tensor]:
+    """Step 4 alone: move chunks ``0..prefix-1`` from their owners to every rank.
+
+    ``staging`` is this rank's uint8 buffer with owned chunk ``rank + j*W`` in
+    slot ``j`` (at least ``ceil(prefix/W)`` slots). Every rank must call this
+    with the same ``prefix`` and ``mode`` -- :func:`load_agreed_prefix`
+    guarantees that; the benchmark calls it directly.
+    """
+    mode = resolve_mode(group, mode)
+    if mode not in _MOVERS:
+        raise ValueError(f"unknown load mode {mode!r}; expected one of {MODES}")
+    shape = tuple(int(d) for d in chunk_shape)
+    rank, world = _group_rank_world(group)
+    nbytes = torch.empty((), dtype=dtype).element_size() * math.prod(shape)
+    if prefix <= 0:
+        return []
+    return _MOVERS[mode](group, prefix, rank, world, staging, nbytes, dtype, shape, torch.device(device))
+
+
 def load_agreed_prefix_detailed(
     group,
     chunk_keys: Sequence[object],
@@ -223,6 +265,7 @@ def load_agreed_prefix_detailed(
     mode: str = DEFAULT_MODE,
 ) -> tuple[LoadResult, Agreement]:
     """:func:`load_agreed_prefix` plus the :class:`Agreement` (for logs, tests, metrics)."""
+    mode = resolve_mode(group, mode)
     # an unknown mode must not make this rank skip the exchange: it is sent as
     # code -1 (a mismatch for everyone else) and raised after the exchange
     mode_code = MODES.index(mode) if mode in _MOVERS else -1
@@ -293,7 +336,8 @@ def load_agreed_prefix(
     in increasing order; returns one tensor of ``chunk_shape``/``dtype`` (or
     None for a chunk it could not provide) per index. Exceptions are local
     failures, never raised.
-    ``mode``: "all_gather" (default), "per_owner" or "per_chunk".
+    ``mode``: "auto" (default: the fastest measured form for the backend),
+    "per_owner", "all_gather" or "per_chunk".
 
     Returns ``LoadResult(prefix, chunks)``; every rank gets the same prefix.
     Only errors of the process group itself (a dead peer, a collective timeout)

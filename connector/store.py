@@ -1,0 +1,349 @@
+"""ShardedStore: the sharded MLA KV store with a rank-partitioned remote tier (paper §5.1-§5.3).
+
+For W ranks that all hold the same latent KV (MLA under PCP, or under TP),
+rank r stores, looks up and loads only the chunks it owns (``c mod W == r``):
+
+* L1 -- a bounded LRU in host memory, ``host_budget_bytes / W`` per rank, so
+  the engine's total host memory is unchanged;
+* L2 -- rank r's own Valkey instance (``{rank}`` in the remote URL, or a
+  per-rank URL list), through :class:`~kvctl.connector.resp.RespClient`,
+  under worker-0 key names so any engine can reuse any chunk.
+
+``lookup`` answers ``a_r`` in tokens (the scheduler's minimum over ranks is
+the longest cached prefix); ``load`` runs the agreed-prefix protocol; the
+async path (``prefetch`` + ``lookup_async``) prefetches owned chunks into L1
+in the background and answers through the cumulative-length vector.
+
+Only full chunks are stored: a trailing partial chunk is always a miss and is
+recomputed (under 1 chunk of tokens).
+
+The optional :class:`LoadPolicy` (off by default) reports 0 hit tokens when
+the cost model predicts that loading is slower than recomputing. Because
+``T_recompute - T_load`` grows with the hit length when ``B > B*`` (and is
+negative for every length when ``B <= B*``), each rank judging its own
+``a_r`` leaves the scheduler's minimum either 0 or the true longest prefix:
+the ranks never disagree into a partial load.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .ownership import chunk_keys, chunk_start_token, cumulative_lengths, expand_url, lookup_answer, num_chunks
+from .prefetch import LRUCache, PrefetchRequest
+from .protocol import DEFAULT_MODE, LoadResult, load_agreed_prefix
+from .resp import RespClient, RespError
+
+try:  # the cost model is a pure helper; connector/ may use it (ARCHITECTURE.md)
+    from kvctl.cost import load_s as _load_s, recompute_s as _recompute_s
+except ImportError:  # pragma: no cover - kvctl always ships it
+
+    def _recompute_s(tokens: float, prefill_rate: float) -> float:
+        return tokens / prefill_rate
+
+    def _load_s(tokens: float, bytes_per_token: float, bandwidth_gbps: float, t0_s: float) -> float:
+        return t0_s + tokens * bytes_per_token / (bandwidth_gbps * 1e9)
+
+
+__all__ = ["LoadPolicy", "ShardedStore", "StoreResult"]
+
+
+@dataclass(frozen=True)
+class LoadPolicy:
+    """Load-or-recompute (paper §4 cost model, §7's suggestion).
+
+    ``bandwidth_gbps``: the tier bandwidth one prompt sees (all ranks together,
+    1e9 bytes/s); None = this rank's measured L2 GET bandwidth x W, and no
+    veto until something has been measured.
+    """
+
+    bytes_per_token: float
+    prefill_tokens_per_s: float
+    t0_s: float
+    bandwidth_gbps: float | None = None
+
+    def load_wins(self, tokens: int, bandwidth_gbps: float | None) -> bool:
+        """True when loading ``tokens`` is predicted no slower than recomputing them."""
+        bw = self.bandwidth_gbps if self.bandwidth_gbps is not None else bandwidth_gbps
+        if tokens <= 0 or bw is None:
+            return True
+        if bw <= 0:
+            return False
+        return _load_s(tokens, self.bytes_per_token, bw, self.t0_s) <= _recompute_s(tokens, self.prefill_tokens_per_s)
+
+
+@dataclass(frozen=True)
+class StoreResult:
+    """What one rank did in :meth:`ShardedStore.store`."""
+
+    owned_chunks: int  # full chunks of the prompt this rank owns
+    l1_chunks: int
+    l2_chunks: int
+    l2_error: str | None = None
+
+
+class ShardedStore:
+    """Rank ``rank``'s shard of the KV store (see the module docstring).
+
+    ``remote_url``: ``resp://host-{rank}:6379``-style template or a per-rank
+    list (None = L1 only). ``chunk_shape``/``dtype``: one full chunk's KV.
+    ``group``: the torch.distributed group of the W ranks (None = default
+    group), used only by :meth:`load`.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        remote_url: str | Sequence[str] | None,
+        host_budget_bytes: int,
+        chunk_shape: Sequence[int],
+        dtype: torch.dtype,
+        *,
+        chunk_tokens: int = 256,
+        model_name: str = "model",
+        fmt: str = "mla",
+        group=None,
+        device: torch.device | str = "cpu",
+        timeout_s: float = 5.0,
+        pool_size: int = 4,
+        prefetch_workers: int = 2,
+        prefetch_batch: int = 4,
+        policy: LoadPolicy | None = None,
+        load_mode: str = DEFAULT_MODE,
+    ) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in a world of {world_size}")
+        self.rank, self.world_size = rank, world_size
+        self.chunk_shape = tuple(int(d) for d in chunk_shape)
+        self.dtype = dtype
+        self.chunk_nbytes = torch.empty((), dtype=dtype).element_size() * int(torch.Size(self.chunk_shape).numel())
+        if self.chunk_nbytes <= 0:
+            raise ValueError("chunk_shape must describe a non-empty chunk")
+        self.chunk_tokens = chunk_tokens
+        self.model_name, self.fmt = model_name, fmt
+        self.group, self.device, self.load_mode = group, torch.device(device), load_mode
+        self.timeout_s = timeout_s
+        self.policy = policy
+        self.prefetch_batch = max(1, prefetch_batch)
+        self.l1 = LRUCache(host_budget_bytes // world_size)
+        self.url = expand_url(remote_url, rank) if remote_url is not None else None
+        self.client = RespClient(self.url, timeout_s=timeout_s, pool_size=pool_size) if self.url else None
+        self._executor = ThreadPoolExecutor(max_workers=max(1, prefetch_workers), thread_name_prefix=f"kv-prefetch-r{rank}")
+        self._bw_lock = threading.Lock()
+        self._get_gbps: float | None = None  # EWMA of this rank's L2 GET bandwidth
+
+    # -- keys and ownership ---------------------------------------------------
+    def keys(self, token_ids: Sequence[int]) -> list[str]:
+        """Worker-0 keys of the prompt's full chunks (the one key builder, sync and async)."""
+        n_full = len(token_ids) // self.chunk_tokens
+        return chunk_keys(list(token_ids[: n_full * self.chunk_tokens]), self.chunk_tokens, self.model_name, self.fmt)
+
+    def owned(self, n_chunks: int) -> range:
+        return range(self.rank, n_chunks, self.world_size)
+
+    # -- bytes <-> tensors ----------------------------------------------------
+    def _new_chunk(self) -> tuple[bytearray, torch.Tensor]:
+        buf = bytearray(self.chunk_nbytes)
+        return buf, torch.frombuffer(buf, dtype=torch.uint8).view(self.dtype).view(self.chunk_shape)
+
+    def _l2_get(self, keys: list[str]) -> list[tuple[bytearray, torch.Tensor] | None]:
+        """GET into fresh buffers; a miss is None. Raises RespError on a broken tier."""
+        items = [self._new_chunk() for _ in keys]
+        t0 = time.perf_counter()
+        ok = self.client.batched_get(keys, [b for b, _ in items])
+        dt = time.perf_counter() - t0
+        got = sum(ok) * self.chunk_nbytes
+        if got and dt > 0:
+            gbps = got / dt / 1e9
+            with self._bw_lock:
+                self._get_gbps = gbps if self._get_gbps is None else 0.7 * self._get_gbps + 0.3 * gbps
+        return [item if hit else None for item, hit in zip(items, ok)]
+
+    @property
+    def measured_gbps(self) -> float | None:
+        """This rank's L2 GET bandwidth (EWMA, 1e9 B/s), None before the first GET."""
+        return self._get_gbps
+
+    # -- store ------------------------------------------------------------------
+    def store(self, token_ids: Sequence[int], chunks: Sequence[torch.Tensor]) -> StoreResult:
+        """Store this rank's chunks of a prompt; ``chunks[c]`` is chunk c's KV (any rank holds all).
+
+        Writes L1 and L2 (one pipelined batch). An unreachable tier is
+        reported in the result, not raised: the engine must keep serving.
+        """
+        keys = self.keys(token_ids)
+        if len(chunks) < len(keys):
+            raise ValueError(f"{len(keys)} full chunks in the prompt but {len(chunks)} chunk tensors")
+        mine = list(self.owned(len(keys)))
+        bufs = []
+        for c in mine:
+            t = chunks[c]
+            if tuple(t.shape) != self.chunk_shape or t.dtype != self.dtype:
+                raise ValueError(f"chunk {c} is {tuple(t.shape)} {t.dtype}, expected {self.chunk_shape} {self.dtype}")
+            buf, view = self._new_chunk()
+            view.copy_(t)
+            bufs.append((buf, view))
+        l1 = sum(self.l1.put(keys[c], buf, view) for c, (buf, view) in zip(mine, bufs))
+        l2, err = 0, None
+        if self.client is not None and mine:
+            try:
+                self.client.batched_set([keys[c] for c in mine], [buf for buf, _ in bufs])
+                l2 = len(mine)
+            except RespError as exc:
+                err = str(exc)
+        return StoreResult(len(mine), l1, l2, err)
+
+    # -- lookup (sync) ------------------------------------------------------------
+    def _apply_policy(self, tokens: int) -> int:
+        if self.policy is None or tokens <= 0:
+            return tokens
+        measured = self._get_gbps * self.world_size if self._get_gbps is not None else None
+        return tokens if self.policy.load_wins(tokens, measured) else 0
+
+    def lookup(self, token_ids: Sequence[int]) -> int:
+        """``a_r`` in tokens: start of this rank's first owned chunk missing from L1 and L2.
+
+        L2 is asked only about owned chunks that are not in L1 (one pipeline);
+        if L2 fails they count as missing, so a broken tier shortens the hit.
+        """
+        n_tokens = len(token_ids)
+        n = num_chunks(n_tokens, self.chunk_tokens)
+        keys = self.keys(token_ids)
+        present = [True] * n  # lookup_answer reads only this rank's entries
+        ask = []
+        for c in self.owned(n):
+            if c >= len(keys):
+                present[c] = False  # trailing partial chunk: never stored
+            elif keys[c] not in self.l1:
+                present[c] = False
+                ask.append(c)
+        if ask and self.client is not None:
+            try:
+                found = self.client.batched_exists([keys[c] for c in ask])
+            except RespError:
+                found = [False] * len(ask)
+            for c, hit in zip(ask, found):
+                present[c] = hit
+        a_r = lookup_answer(present, self.rank, self.world_size)
+        return self._apply_policy(chunk_start_token(a_r, self.chunk_tokens, n_tokens))
+
+    # -- load ---------------------------------------------------------------------
+    def _fetch_owned(self, keys: list[str], indexes: list[int]) -> list[torch.Tensor | None]:
+        out: list[torch.Tensor | None] = []
+        missing: list[int] = []
+        for c in indexes:
+            t = self.l1.get(keys[c])
+            out.append(t)
+            if t is None:
+                missing.append(len(out) - 1)
+        if missing and self.client is not None:
+            # nothing after the first chunk we fail to get can be used: fetch in order, stop early
+            for i in range(0, len(missing), self.prefetch_batch):
+                batch = missing[i : i + self.prefetch_batch]
+                try:
+                    got = self._l2_get([keys[indexes[j]] for j in batch])
+                except RespError:
+                    break
+                stop = False
+                for j, item in zip(batch, got):
+                    if item is None:
+                        stop = True
+                        continue
+                    self.l1.put(keys[indexes[j]], *item)
+                    out[j] = item[1]
+                if stop:
+                    break
+        return out
+
+    def load(self, token_ids: Sequence[int], max_tokens: int | None = None) -> LoadResult:
+        """Load the agreed prefix of the prompt's chunks onto ``device`` on every rank.
+
+        ``max_tokens`` caps the chunks asked for (e.g. the scheduler's agreed
+        hit); every rank must pass the same value, or the key fingerprints
+        differ and the agreed prefix is 0. Collective: every rank of the
+        group must call it.
+        """
+        keys = self.keys(token_ids)
+        if max_tokens is not None:
+            keys = keys[: max(0, max_tokens) // self.chunk_tokens]
+        return load_agreed_prefix(
+            self.group,
+            keys,
+            lambda idx: self._fetch_owned(keys, idx),
+            self.chunk_shape,
+            self.dtype,
+            self.device,
+            self.load_mode,
+        )
+
+    # -- async prefetch (§5.3) --------------------------------------------------------
+    def prefetch(self, token_ids: Sequence[int]) -> PrefetchRequest:
+        """Start prefetching this rank's owned chunks into L1; returns at once.
+
+        Chunks already in L1 count immediately; the rest are fetched from L2
+        in owned order on a background thread, stopping at the first miss.
+        """
+        n_tokens = len(token_ids)
+        keys = self.keys(token_ids)
+        mine = [keys[c] for c in self.owned(len(keys))]
+        req = PrefetchRequest(mine, cumulative_lengths(n_tokens, self.rank, self.world_size, self.chunk_tokens))
+        lead = 0
+        while lead < len(mine) and mine[lead] in self.l1:
+            lead += 1
+        req.add_hits([True] * lead)
+        if lead == len(mine) or self.client is None:
+            if lead < len(mine):
+                req.add_hits([False])
+            req.finish()
+            return req
+        try:
+            self._executor.submit(self._prefetch_job, req, lead)
+        except RuntimeError as exc:  # executor shut down: this request just gets no more hits
+            req.finish(exc)
+        return req
+
+    def _prefetch_job(self, req: PrefetchRequest, start: int) -> None:
+        try:
+            pos = start
+            while pos < len(req.keys):
+                batch = req.keys[pos : pos + self.prefetch_batch]
+                need = [k for k in batch if k not in self.l1]
+                fetched = dict(zip(need, self._l2_get(need))) if need else {}
+                hits = []
+                for k in batch:
+                    item = fetched.get(k)
+                    if item is not None:
+                        self.l1.put(k, *item)
+                        hits.append(True)
+                    else:
+                        hits.append(k not in fetched and k in self.l1)
+                req.add_hits(hits)
+                if not all(hits):
+                    break
+                pos += len(batch)
+            req.finish()
+        except BaseException as exc:  # noqa: BLE001 - a failed prefetch only ends its own request
+            req.add_hits([False])
+            req.finish(exc)
+
+    def lookup_async(self, request: PrefetchRequest, timeout_s: float = 0.0) -> int:
+        """``a_r`` in tokens from the prefetch so far, waiting at most ``timeout_s``."""
+        return self._apply_policy(request.hit_tokens(timeout_s))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self.client is not None:
+            self.client.close()
+
+    def __enter__(self) -> "ShardedStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -23,7 +23,7 @@ from kvctl.errors import ExitStatus, KvctlError
     envvar="KVCTL_STALLS_MATCH",
     help="Inspect every process whose name or command line contains this text, e.g. `vllm`.",
 )
-@click.option("--samples", type=click.IntRange(min=2), default=3, show_default=True, help="py-spy dumps per process.")
+@click.option("--samples", type=click.IntRange(min=2, max=100), default=3, show_default=True, help="py-spy dumps per process.")
 @click.option(
     "--interval",
     type=click.FloatRange(min=0.05, max=60),

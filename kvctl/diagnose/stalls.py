@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Iterable, Sequence
 
-from kvctl.diagnose.pyspy import Frame, ProcessGone, ThreadStack, dump_threads
-from kvctl.errors import InvalidInput, KvctlError
+from kvctl.diagnose.pyspy import Frame, ProcessGone, PtraceNotPermitted, ThreadStack, dump_threads
+from kvctl.errors import BinaryNotFound, InvalidInput, KvctlError
 
 # ---------------------------------------------------------------------------
 # results
@@ -253,7 +253,7 @@ def sample_stacks(
             if pid in res.errors:
                 continue
             try:
-                res.rounds.setdefault(pid, []).append(dump(pid))
+                res.rounds.setdefault(pid, []).append(_dump_retrying(dump, pid))
             except KvctlError as e:
                 res.errors[pid] = e
     res.window_s = time.monotonic() - start
@@ -261,6 +261,20 @@ def sample_stacks(
     if infos and len(res.errors) == len(infos):
         raise next(iter(res.errors.values()))
     return res
+
+
+def _dump_retrying(dump: Callable[[int], list[ThreadStack]], pid: int, attempts: int = 3) -> list[ThreadStack]:
+    """A non-blocking dump can catch a frame mid-update and fail; retry those, not permanent errors."""
+    for i in range(attempts):
+        try:
+            return dump(pid)
+        except (PtraceNotPermitted, ProcessGone, BinaryNotFound):
+            raise
+        except KvctlError:
+            if i == attempts - 1:
+                raise
+            time.sleep(0.05)
+    raise AssertionError("unreachable")
 
 
 def stable_threads(s: StackSamples, pid: int) -> list[StableThread]:
@@ -296,6 +310,11 @@ RECV_FUNCS = {
 SEND_FUNCS = {"send", "sendall", "sendmsg", "_send", "send_packed_command", "send_command"}
 GET_FUNCS = {"get", "mget", "_get", "batched_get", "get_blocking", "batched_get_blocking", "get_non_blocking",
              "async_get", "retrieve", "batched_retrieve", "get_many", "load", "batched_load"}
+#: receives under these are queues, pipes, RPC or HTTP, never a KV GET (short py-spy file names)
+NOT_KV_READS = (
+    "multiprocessing/", "queue.py", "zmq/", "subprocess.py", "requests/", "urllib3/", "http/", "urllib/",
+    "httpx/", "httpcore/", "aiohttp/", "huggingface_hub/", "grpc/", "ray/",
+)
 REMOTE_FILE = re.compile(r"redis|resp|valkey|remote|lmcache", re.I)
 COLLECTIVES = {
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast", "broadcast_object_list",
@@ -333,7 +352,10 @@ def _in_collective(frames: tuple[Frame, ...]) -> Frame | None:
 
 
 def _in_remote_get(frames: tuple[Frame, ...]) -> bool:
-    if not frames or frames[0].function not in RECV_FUNCS or "zmq" in frames[0].filename:
+    """A socket receive innermost, under a GET-like call of a KV client (not a queue, pipe or HTTP read)."""
+    if not frames or frames[0].function not in RECV_FUNCS:
+        return False
+    if any(f.filename.startswith(NOT_KV_READS) or f.filename in NOT_KV_READS for f in frames):
         return False
     for f in frames:
         fn = f.function.lower()

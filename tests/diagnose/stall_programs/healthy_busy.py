@@ -1,4 +1,6 @@
-"""A healthy, busy process: compute, quick futures, an idle event loop.
+"""A healthy, busy process: compute, quick futures, an idle event loop, and an
+idle consumer blocked in ``multiprocessing.Queue.get`` (a socket-like receive
+under a ``get`` that is not a remote GET).
 
 Nothing here is stuck, so ``kvctl diagnose stalls`` must report no finding.
 """
@@ -7,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import multiprocessing
 import os
 import sys
 import threading
@@ -36,6 +39,8 @@ def main() -> None:
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, name="idle-event-loop", daemon=True).start()
     threading.Thread(target=compute_forever, name="compute", daemon=True).start()
+    requests: multiprocessing.Queue = multiprocessing.Queue()
+    threading.Thread(target=requests.get, name="request-consumer", daemon=True).start()
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="worker")
     ready("busy")
     i = 0

@@ -28,6 +28,12 @@ demo: $(VENV)/.installed
 	$(KVCTL) cost kv-size --config configs/models/deepseek-v3.json --dtype fp8
 	$(KVCTL) cost report --model-config configs/models/deepseek-v3.json --dtype fp8 \
 		--prefill-rate 52200 --name "DeepSeek-V3 FP8 (MLA), assuming the paper's B300 prefill rate"
+	@d=$$(mktemp -d); port=$$($(VENV)/bin/python -c "from kvctl.tier.server import free_port; print(free_port())"); \
+	$(KVCTL) deploy-valkey up --ranks 2 --base-port $$port --maxmemory 128mb --dir $$d/kv-tier && \
+	$(KVCTL) deploy-valkey status --dir $$d/kv-tier && \
+	$(KVCTL) deploy-valkey lmcache-config --dir $$d/kv-tier; rc=$$?; \
+	if [ -f $$d/kv-tier/kvctl-tier.json ]; then $(KVCTL) deploy-valkey down --dir $$d/kv-tier --purge; fi; \
+	rm -rf $$d; exit $$rc
 
 test: $(VENV)/.installed-test
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

@@ -200,14 +200,13 @@ def status_cmd(tier_dir: Path, password_file: str | None, as_json: bool) -> None
     else:
         render.table(
             f"Valkey tier in {st.dir}",
-            ["rank", "port", "up", "used", "maxmemory", "keys", "evicted", "clients", "GET calls", "µs/GET"],
+            ["rank", "port", "up", "used/max MiB", "keys", "evict", "conns", "GETs", "µs/GET"],
             [
                 (
                     i.rank,
                     str(i.port),
                     "[green]up[/]" if i.up else "[red]down[/]",
-                    spec.format_size(i.used_memory) if i.up else "—",
-                    spec.format_size(i.maxmemory) if i.maxmemory else "—",
+                    f"{i.used_memory / 2**20:.1f}/{i.maxmemory / 2**20:.0f}" if i.up else "—",
                     i.keys,
                     i.evicted_keys,
                     i.connected_clients,
@@ -216,6 +215,7 @@ def status_cmd(tier_dir: Path, password_file: str | None, as_json: bool) -> None
                 )
                 for i in st.instances
             ],
+            caption="evict = evicted_keys, conns = connected_clients, GETs/µs from INFO commandstats",
         )
     down = [i for i in st.instances if not i.up]
     if down:

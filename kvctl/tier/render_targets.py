@@ -24,6 +24,24 @@ FLEET_IO_THREADS = 4
 K8S_AUTH_DIR = "/etc/valkey-auth"
 K8S_CONF_DIR = "/etc/valkey"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MIB = 1024**2
+#: uid/gid of the valkey user in the official image; fsGroup makes the Secret and /data readable to it.
+VALKEY_UID = 999
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block literals for multi-line strings (configs), no anchors/aliases."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
+def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str_presenter)
 
 
 @dataclass(frozen=True)
@@ -197,7 +215,7 @@ def k8s_objects(fleet: FleetSpec) -> list[dict]:
             "metadata": _meta(fleet, fleet.service),
             "spec": {
                 "clusterIP": "None",  # headless: rank r is NAME-r.SERVICE
-                "selector": labels,
+                "selector": dict(labels),
                 "ports": [{"name": "resp", "port": fleet.k8s_port, "targetPort": "resp"}],
             },
         }
@@ -207,12 +225,12 @@ def k8s_objects(fleet: FleetSpec) -> list[dict]:
     container: dict = {
         "name": "valkey",
         "image": fleet.image,
-        "command": ["valkey-server", f"{K8S_CONF_DIR}/valkey.conf"],
+        "args": ["valkey-server", f"{K8S_CONF_DIR}/valkey.conf"],
         "ports": [{"name": "resp", "containerPort": fleet.k8s_port}],
         "resources": {
             # Valkey's io-threads counts the main thread: io_threads cores cover both
-            "requests": {"cpu": str(fleet.io_threads), "memory": str(limit)},
-            "limits": {"memory": str(limit)},
+            "requests": {"cpu": str(fleet.io_threads), "memory": f"{limit // MIB}Mi"},
+            "limits": {"memory": f"{limit // MIB}Mi"},
         },
         "readinessProbe": {"exec": {"command": ["sh", "-c", ping]}, "periodSeconds": 5, "timeoutSeconds": 2},
         "livenessProbe": {"tcpSocket": {"port": "resp"}, "initialDelaySeconds": 5, "periodSeconds": 10},
@@ -222,7 +240,7 @@ def k8s_objects(fleet: FleetSpec) -> list[dict]:
     if fleet.auth.enabled:
         container["env"] = [{"name": "REDISCLI_AUTH", "valueFrom": {"secretKeyRef": {"name": f"{fleet.name}-auth", "key": "password"}}}]
         container["volumeMounts"].append({"name": "auth", "mountPath": K8S_AUTH_DIR, "readOnly": True})
-        volumes.append({"name": "auth", "secret": {"secretName": f"{fleet.name}-auth", "defaultMode": 0o400}})
+        volumes.append({"name": "auth", "secret": {"secretName": f"{fleet.name}-auth", "defaultMode": 0o440}})
     objs.append(
         {
             "apiVersion": "apps/v1",
@@ -232,8 +250,15 @@ def k8s_objects(fleet: FleetSpec) -> list[dict]:
                 "serviceName": fleet.service,
                 "replicas": fleet.ranks,
                 "podManagementPolicy": "Parallel",
-                "selector": {"matchLabels": labels},
-                "template": {"metadata": {"labels": labels}, "spec": {"containers": [container], "volumes": volumes}},
+                "selector": {"matchLabels": dict(labels)},
+                "template": {
+                    "metadata": {"labels": dict(labels)},
+                    "spec": {
+                        "securityContext": {"runAsNonRoot": True, "runAsUser": VALKEY_UID, "runAsGroup": VALKEY_UID, "fsGroup": VALKEY_UID},
+                        "containers": [container],
+                        "volumes": volumes,
+                    },
+                },
             },
         }
     )
@@ -246,7 +271,7 @@ def render_k8s(fleet: FleetSpec) -> list[RenderedFile]:
     for obj in k8s_objects(fleet):
         kind = obj["kind"].lower()
         header = f"# {obj['kind']} {obj['metadata']['name']}: {fleet.ranks} rank(s), rendered by kvctl deploy-valkey --target k8s\n"
-        files.append(RenderedFile(f"{kind}.yaml", header + yaml.safe_dump(obj, sort_keys=False), secret=obj["kind"] == "Secret"))
+        files.append(RenderedFile(f"{kind}.yaml", header + yaml.dump(obj, Dumper=_Dumper, sort_keys=False), secret=obj["kind"] == "Secret"))
     return files
 
 

@@ -387,19 +387,34 @@ def _findings(o: dict[str, Any], p: Params) -> list[Finding]:
             )
     insts = o["instances"]
     if len(insts) >= 2:
-        load = [i.get_busy_fraction for i in insts]
+        # hot = receives much more GET traffic (bytes out) AND spends much more time in GETs than the others
         hot = max(insts, key=lambda i: i.get_busy_fraction)
-        others = [i.get_busy_fraction for i in insts if i is not hot]
-        med = statistics.median(others)
-        if hot.get_calls >= p.hot_min_gets and hot.get_busy_fraction > 0 and (med == 0 or hot.get_busy_fraction >= p.hot_ratio * med):
+        others = [i for i in insts if i is not hot]
+        med_busy = statistics.median(i.get_busy_fraction for i in others)
+        med_bytes = statistics.median(i.bytes_out for i in others)
+
+        def ratio(x: float, med: float) -> float:
+            return float("inf") if med == 0 else x / med
+
+        r_busy, r_bytes = ratio(hot.get_busy_fraction, med_busy), ratio(hot.bytes_out, med_bytes)
+        if hot.get_calls >= p.hot_min_gets and hot.get_busy_fraction > 0 and min(r_busy, r_bytes) >= p.hot_ratio:
             out.append(
                 Finding(
                     "hot_instance",
                     "warning",
                     f"Valkey rank {hot.rank} ({hot.url}) spends {hot.get_busy_fraction:.1%} of the window in GETs, "
-                    f"{'∞' if med == 0 else f'{hot.get_busy_fraction / med:.1f}'}× the median of the others",
+                    f"{'∞' if r_busy == float('inf') else f'{r_busy:.1f}'}× the median of the others, "
+                    f"and sends {'∞' if r_bytes == float('inf') else f'{r_bytes:.1f}'}× their bytes",
                     "keys are not spread by rank: use the {rank} URL so each rank's chunks live on its own instance (sharded store, paper §5.2)",
-                    {"rank": hot.rank, "get_busy_fraction": hot.get_busy_fraction, "others_median_busy_fraction": med, "get_calls": hot.get_calls, "busy_fractions": load},
+                    {
+                        "rank": hot.rank,
+                        "get_busy_fraction": hot.get_busy_fraction,
+                        "others_median_busy_fraction": med_busy,
+                        "bytes_out": hot.bytes_out,
+                        "others_median_bytes_out": med_bytes,
+                        "get_calls": hot.get_calls,
+                        "busy_fractions": [i.get_busy_fraction for i in insts],
+                    },
                 )
             )
     evicted = sum(i.evicted_keys for i in insts)

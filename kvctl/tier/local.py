@@ -160,6 +160,8 @@ def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: b
     except BaseException as e:
         for proc in reversed(started):
             proc.stop()
+        if engine_password_file is not None:
+            engine_password_file.unlink(missing_ok=True)
         if isinstance(e, KvctlError) and started:
             raise KvctlError(f"{e} (stopped the {len(started)} instance(s) already started)") from e
         raise

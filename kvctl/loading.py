@@ -214,15 +214,18 @@ def atomic_write(path: Path | str, text: str) -> None:
     """Write via a temp file in the same directory and ``os.replace``; keeps the file mode."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.kvctl-tmp-{os.getpid()}")
+    created = False
     try:
-        with open(tmp, "w") as f:
+        with open(tmp, "x") as f:
+            created = True
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         shutil.copymode(path, tmp)
         os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        if created:
+            tmp.unlink(missing_ok=True)
         raise KvctlError(f"cannot write {path}: {e.strerror or e}; the original is unchanged") from e
 
 

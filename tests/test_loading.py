@@ -1,0 +1,183 @@
+"""`kvctl loading show|sync|async`: line-preserving flips, backups, the ρ safety check."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from kvctl import loading
+from kvctl.cli import cli
+from kvctl.diagnose.capture import save_last_diagnosis
+
+CONFIG = """\
+# LMCache config for the prefill engines (kept by ops; do not reformat)
+chunk_size: 256
+local_cpu: true   # L1 in host memory
+max_local_cpu_size: 40.0
+
+# L2: one Valkey per rank
+remote_url: "resp://valkey-{rank}:6379"
+remote_serde: "naive"
+enable_async_loading: false  # flipped by kvctl loading
+extra_config:
+  lookup_timeout_ms: 3000
+"""
+
+
+@pytest.fixture(autouse=True)
+def _no_lmcache_env(monkeypatch):
+    monkeypatch.delenv("LMCACHE_CONFIG_FILE", raising=False)
+    monkeypatch.delenv(loading.ENV_VAR, raising=False)
+
+
+@pytest.fixture
+def config(tmp_path) -> Path:
+    p = tmp_path / "lmcache.yaml"
+    p.write_text(CONFIG)
+    p.chmod(0o640)
+    return p
+
+
+def run(args, code=0):
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == code, (result.output, result.exception)
+    return result
+
+
+def backups(p: Path) -> list[Path]:
+    return sorted(p.parent.glob(p.name + ".*.bak"))
+
+
+def test_async_flips_one_line_and_keeps_everything_else(config):
+    res = run(["loading", "async", "--config", str(config)])
+    new = config.read_text()
+    old_lines, new_lines = CONFIG.splitlines(), new.splitlines()
+    changed = [(a, b) for a, b in zip(old_lines, new_lines) if a != b]
+    assert len(old_lines) == len(new_lines)
+    assert changed == [("enable_async_loading: false  # flipped by kvctl loading", "enable_async_loading: true  # flipped by kvctl loading")]
+    assert yaml.safe_load(new)["enable_async_loading"] is True
+    assert "-enable_async_loading: false" in res.stdout and "+enable_async_loading: true" in res.stdout  # the diff
+    assert "LMCACHE_ENABLE_ASYNC_LOADING=True" in res.stdout
+    (bak,) = backups(config)
+    assert bak.read_text() == CONFIG
+    assert stat.S_IMODE(config.stat().st_mode) == 0o640
+    assert not [p for p in config.parent.iterdir() if "kvctl-tmp" in p.name]
+
+
+def test_already_in_mode_writes_nothing(config):
+    run(["loading", "async", "--config", str(config)])
+    mtime = config.stat().st_mtime_ns
+    res = run(["loading", "async", "--config", str(config), "--restart-cmd", "false"])
+    assert "nothing to change" in res.stdout and "not run" in res.stdout
+    assert config.stat().st_mtime_ns == mtime and len(backups(config)) == 1
+
+
+def test_missing_key_is_appended(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("chunk_size: 256\n# end")
+    run(["loading", "async", "--config", str(p)])
+    assert p.read_text() == "chunk_size: 256\n# end\nenable_async_loading: true\n"
+
+
+def test_show_json_and_table(config, tmp_path):
+    env = tmp_path / "engine.env"
+    env.write_text("VLLM_PORT=8000\nexport LMCACHE_ENABLE_ASYNC_LOADING=\"True\"\n")
+    d = json.loads(run(["loading", "show", "--config", str(config), "--env-file", str(env), "--json"]).stdout)
+    assert [(s["kind"], s["async_loading"], s["line"]) for s in d["sources"]] == [("yaml", False, 9), ("env", True, 2)]
+    out = run(["loading", "show", "--config", str(config), "--env-file", str(env)]).output
+    assert "synchronous" in out and "asynchronous" in out and "disagree" in out
+
+
+def test_env_file_form(tmp_path):
+    env = tmp_path / "engine.env"
+    env.write_text("# engine env\nexport LMCACHE_ENABLE_ASYNC_LOADING='True'  # set by ops\nLMCACHE_CHUNK_SIZE=256\n")
+    run(["loading", "sync", "--env-file", str(env), "--force"])
+    assert env.read_text() == "# engine env\nexport LMCACHE_ENABLE_ASYNC_LOADING='False'  # set by ops\nLMCACHE_CHUNK_SIZE=256\n"
+    assert loading.env_state(env).async_loading is False
+
+
+def test_sync_refused_when_last_diagnosis_rho_high(config):
+    run(["loading", "async", "--config", str(config)])
+    flipped = config.read_text()
+    save_last_diagnosis({"rho": 0.93, "saved_at": "2026-01-01T00:00:00+00:00"})
+    res = run(["loading", "sync", "--config", str(config)], 1)
+    assert "refusing" in res.stderr and "0.93" in res.stderr and "--force" in res.stderr
+    assert config.read_text() == flipped  # untouched
+    run(["loading", "sync", "--config", str(config), "--force"])
+    assert yaml.safe_load(config.read_text())["enable_async_loading"] is False
+
+
+@pytest.mark.parametrize("rho, code", [(0.7, 1), (0.69, 0)])
+def test_sync_threshold_from_diagnosis_file(config, tmp_path, rho, code):
+    run(["loading", "async", "--config", str(config)])
+    diag = tmp_path / "diag.json"
+    diag.write_text(json.dumps({"rho": rho, "findings": []}))
+    run(["loading", "sync", "--config", str(config), "--diagnosis", str(diag)], code)
+
+
+def test_sync_without_diagnosis_warns_but_proceeds(config):
+    run(["loading", "async", "--config", str(config)])
+    res = run(["loading", "sync", "--config", str(config)])
+    assert "no diagnosis found" in res.stderr
+
+
+def test_malformed_yaml_refused_with_line_and_untouched(tmp_path):
+    p = tmp_path / "bad.yaml"
+    text = "chunk_size: 256\nlocal_cpu: true\n  remote_url: resp://x\nenable_async_loading: false\n"
+    p.write_text(text)
+    res = run(["loading", "async", "--config", str(p)], 2)
+    assert "malformed YAML at line 3" in res.output
+    assert p.read_text() == text and not backups(p)
+
+
+def test_malformed_line_number_exact(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("a: 1\nb: 2\n  c: 3\n")
+    with pytest.raises(Exception, match="line 3"):
+        loading.yaml_state(p)
+
+
+def test_restart_cmd_runs_and_reports(config, tmp_path):
+    marker = tmp_path / "restarted"
+    res = run(["loading", "async", "--config", str(config), "--restart-cmd", f"echo restarting; touch {marker}", "--json"])
+    d = json.loads(res.stdout)
+    assert marker.exists()
+    assert d["restart"]["ok"] is True and d["restart"]["returncode"] == 0 and "restarting" in d["restart"]["output_tail"]
+    assert d["changes"][0]["backup"] and d["env_var"] == "LMCACHE_ENABLE_ASYNC_LOADING=True"
+
+
+def test_failed_restart_is_an_error_after_the_write(config):
+    res = run(["loading", "async", "--config", str(config), "--restart-cmd", "echo nope >&2; exit 7"], 1)
+    assert "exit 7" in res.output
+    assert yaml.safe_load(config.read_text())["enable_async_loading"] is True
+
+
+def test_dry_run_writes_nothing(config):
+    res = run(["loading", "async", "--config", str(config), "--dry-run"])
+    assert "+enable_async_loading: true" in res.stdout
+    assert config.read_text() == CONFIG and not backups(config)
+
+
+def test_needs_a_file():
+    assert "--config" in run(["loading", "show"], 2).output
+
+
+def test_config_from_lmcache_env_var(config, monkeypatch):
+    monkeypatch.setenv("LMCACHE_CONFIG_FILE", str(config))
+    run(["loading", "async"])
+    assert yaml.safe_load(config.read_text())["enable_async_loading"] is True
+
+
+def test_atomic_write_keeps_original_on_failure(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(CONFIG)
+    (tmp_path / f".c.yaml.kvctl-tmp-{os.getpid()}").mkdir()  # the temp file cannot be created
+    with pytest.raises(Exception, match="original is unchanged"):
+        loading.apply(loading.plan(p, "yaml", True), backup=False)
+    assert p.read_text() == CONFIG

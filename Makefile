@@ -28,6 +28,8 @@ demo: $(VENV)/.installed
 	$(KVCTL) cost kv-size --config configs/models/deepseek-v3.json --dtype fp8
 	$(KVCTL) cost report --model-config configs/models/deepseek-v3.json --dtype fp8 \
 		--prefill-rate 52200 --name "DeepSeek-V3 FP8 (MLA), assuming the paper's B300 prefill rate"
+	$(KVCTL) bench --embedded 2 --embedded-maxmemory 256mb --sweep --chunk-bytes 4e6 --batch 4 --keys 24 --duration 2 \
+		--prefill-rate 52200 --bytes-per-token 48437.5
 	@d=$$(mktemp -d); port=$$($(VENV)/bin/python -c "from kvctl.tier.server import free_port; print(free_port())"); \
 	$(KVCTL) deploy-valkey up --ranks 2 --base-port $$port --maxmemory 128mb --dir $$d/kv-tier && \
 	$(KVCTL) deploy-valkey status --dir $$d/kv-tier && \

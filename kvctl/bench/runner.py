@@ -17,6 +17,7 @@ import os
 import platform
 import queue
 import socket
+import sys
 import tempfile
 import time
 import uuid
@@ -129,6 +130,27 @@ def _mp_context():
     return mp.get_context("spawn")
 
 
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Start client processes without re-importing the parent's ``__main__`` in them.
+
+    spawn/forkserver children normally run the parent's main script or module
+    again (as ``__mp_main__``); the clients need only :mod:`kvctl.bench.worker`,
+    and a main without a file (stdin, an embedding host) would crash them.
+    """
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    try:
+        if main is not None:
+            main.__dict__.pop("__file__", None)
+            if "__spec__" in saved:
+                main.__spec__ = None
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
+
+
 def _parallel(fn, items: Sequence) -> list:
     with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
         return list(pool.map(fn, items))
@@ -209,8 +231,9 @@ def run_once(
     results: dict[int, WorkerResult] = {}
     extra: list[list[str]] = [[] for _ in targets]
     try:
-        for p in procs:
-            p.start()
+        with _main_module_hidden():
+            for p in procs:
+                p.start()
         # 1. every client connected and warmed up (or failed trying), bounded
         ready_deadline = time.monotonic() + start_wait_s
         announced = 0

@@ -178,7 +178,7 @@ def render_report(report: BenchReport) -> None:
     caption = (
         f"{p['chunk_bytes'] / cost.MB:g} MB values, batches of {p['batch']}, {p['duration_s']:g} s per run, "
         f"{p['keys_per_instance']} keys per instance · valkey {', '.join(sorted(set(report.metadata.server_versions)))} · "
-        f"{report.metadata.host_cores} cores\ninst×cl = instances × clients per instance; ms = one batch; µs/op, busy (busiest instance's main thread)\nand srv GB/s from INFO deltas; GB = 1e9 bytes"
+        f"{report.metadata.host_cores} cores\ninst×cl = instances × clients each · ms per batch · GB = 1e9 bytes\nµs/op, busy (busiest main thread), srv GB/s: INFO deltas"
     )
     render.table(
         "kvctl bench",

@@ -158,3 +158,21 @@ def test_stalled_server_mid_run(valkey_server):
     inst = data["runs"][0]["per_instance"][0]
     assert inst["errors"] > 0
     assert "Timeout" in inst["first_error"] or "timed out" in inst["first_error"] or "INFO failed" in inst["first_error"]
+
+
+def test_library_from_a_main_without_file(valkey_server):
+    """Clients must not re-run the caller's __main__ (a script, or stdin here, which would crash them)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from kvctl.bench.runner import BenchSpec, run_bench\n"
+        "from kvctl.tier.targets import Target\n"
+        f"t = Target(0, '127.0.0.1', {valkey_server.port}, '{valkey_server.url}')\n"
+        "r = run_bench([t], BenchSpec(chunk_bytes=1_000_000, batch=2, keys=4, duration_s=0.5)).runs[0]\n"
+        "print(r.errors, r.ops)\n"
+    )
+    out = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    errors, ops = map(int, out.stdout.split())
+    assert errors == 0 and ops > 0, out.stderr

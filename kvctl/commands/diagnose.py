@@ -23,7 +23,6 @@ from kvctl.hooks import hookimpl
 from kvctl.tier.targets import Target, resolve_targets
 
 SEVERITY_EXIT = {"ok": ExitStatus.OK, "info": ExitStatus.OK, "warning": ExitStatus.FINDING_WARNING, "critical": ExitStatus.FINDING_CRITICAL}
-SEVERITY_STYLE = {"info": "cyan", "warning": "yellow", "critical": "bold red"}
 
 
 @hookimpl
@@ -210,17 +209,13 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
             [(i.rank, i.get_rate_per_s, i.bytes_out_per_s / 1e6, i.usec_per_get, pct(i.get_busy_fraction), i.bandwidth_gbps, i.evicted_keys) for i in diag.instances],
         )
     if diag.findings:
-        render.table(
-            "Findings",
-            ["severity", "id", "finding", "recommendation"],
-            [(f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/]", f.id, f.message, f.recommendation) for f in diag.findings],
-        )
+        render.text_table("Findings", ["severity", "id", "finding", "recommendation"], [(f.severity, f.id, f.message, f.recommendation) for f in diag.findings])
     else:
         render.message("No findings: the tier keeps up with this load.", style="green")
     for note in diag.notes:
         render.warn(note)
     if explain:
-        render.table("How each number was computed", ["quantity", "value", "formula", "source"], [(q.name, q.value, q.formula, q.source) for q in diag.explain])
+        render.text_table("How each number was computed", ["quantity", "value", "formula", "source"], [(q.name, q.value, q.formula, q.source) for q in diag.explain])
 
 
 @diagnose_group.command("capture")

@@ -112,6 +112,11 @@ class Diagnosis:
     explain: list[Quantity]
 
 
+def _g(x: float | None) -> str:
+    """A number for a formula string: 4 significant digits, "?" when unknown."""
+    return "?" if x is None else f"{x:.4g}"
+
+
 def _div(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
@@ -179,7 +184,7 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
     if requests is None:
         notes.append("no vllm:request_success or vllm:request_prompt_tokens in the engine metrics: λ unknown")
     lam = _div(requests, window)
-    ex.append(Quantity("arrival rate λ (req/s)", lam, f"Δ{req_src} / Δt = {requests} / {window:.2f} s", req_src))
+    ex.append(Quantity("arrival rate λ (req/s)", lam, f"Δ{req_src} / Δt = {_g(requests)} / {window:.2f} s", req_src))
 
     p_sum = M.delta(ea.hist_sum("vllm:request_prompt_tokens"), eb.hist_sum("vllm:request_prompt_tokens"))
     p_cnt = M.delta(ea.hist_count("vllm:request_prompt_tokens"), eb.hist_count("vllm:request_prompt_tokens"))
@@ -187,7 +192,7 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
     if p_cnt:
         mean_prompt, mp_src = _div(p_sum, p_cnt), f"Δvllm:request_prompt_tokens_sum / Δ_count = {p_sum:g} / {p_cnt:g}"
     else:
-        mean_prompt, mp_src = _div(prompt_tokens, requests), f"Δvllm:prompt_tokens / Δrequests = {prompt_tokens} / {requests}"
+        mean_prompt, mp_src = _div(prompt_tokens, requests), f"Δvllm:prompt_tokens / Δrequests = {_g(prompt_tokens)} / {_g(requests)}"
     if prompt_tokens is None:
         prompt_tokens = p_sum
     ex.append(Quantity("mean prompt tokens", mean_prompt, mp_src, "vllm:request_prompt_tokens"))
@@ -198,7 +203,7 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
     if hit_tokens is None:
         hit_tokens, hit_src = d_counter("lmcache:num_hit_tokens"), "lmcache:num_hit_tokens"
     hit_frac = _div(hit_tokens, prompt_tokens)
-    ex.append(Quantity("hit-token fraction", hit_frac, f"Δ{hit_src} / Δvllm:prompt_tokens = {hit_tokens} / {prompt_tokens}", hit_src))
+    ex.append(Quantity("hit-token fraction", hit_frac, f"Δ{hit_src} / Δvllm:prompt_tokens = {_g(hit_tokens)} / {_g(prompt_tokens)}", hit_src))
     hits_per_req = _div(hit_tokens, requests)
 
     # --- Valkey side ---------------------------------------------------------
@@ -218,7 +223,7 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
     if l2_bytes is None and instances:
         l2_bytes, l2_src = sum(i.bytes_out for i in instances), "valkey INFO total_net_output_bytes"
     l2_tokens_per_s = _div(_div(l2_bytes, s_bpt), window)
-    ex.append(Quantity("L2-served tokens/s", l2_tokens_per_s, f"Δ{l2_src} / s / Δt", l2_src))
+    ex.append(Quantity("L2-served tokens/s", l2_tokens_per_s, f"Δ{l2_src} / s / Δt = {_g(l2_bytes)} B / {_g(s_bpt)} B/token / {window:.2f} s", l2_src))
 
     bw, bw_src = None, None
     busy_instances = [i for i in instances if i.bandwidth_gbps]
@@ -253,8 +258,8 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         notes.append("bytes per token unknown: give --bytes-per-token or --model-config for B*, n* and L2 tokens")
     b_star = cost.breakeven_gbps(s_bpt, r) if s_bpt and r else None
     n_star = cost.min_hit_tokens(r, t0) if r else None
-    ex.append(Quantity("break-even bandwidth B* (GB/s)", b_star, f"s·R = {s_bpt} × {r}", "cost model §4"))
-    ex.append(Quantity("min hit tokens n*", n_star, f"R·T0 = {r} × {t0:g} s", "cost model §4 (T0: --t0)"))
+    ex.append(Quantity("break-even bandwidth B* (GB/s)", b_star, f"s·R = {_g(s_bpt)} B/token × {_g(r)} tok/s", "cost model §4"))
+    ex.append(Quantity("min hit tokens n*", n_star, f"R·T0 = {_g(r)} tok/s × {t0:g} s", "cost model §4 (T0: --t0)"))
 
     # --- ρ -----------------------------------------------------------------------
     l2_per_req = _div(l2_bytes, requests)
@@ -266,7 +271,7 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
     rho = _div(load_rate, bw * cost.GB) if bw else None
     n_inst = max(1, len(instances))
     k = cost.instances_for_rho(rho, params.target_rho, n_inst) if rho else None
-    ex.append(Quantity("ρ = λ·n_L2·s / B", rho, f"λ·(L2 bytes/request) / B = {load_rate} B/s / {bw} GB/s", "synchronous-load queue §4"))
+    ex.append(Quantity("ρ = λ·n_L2·s / B", rho, f"λ·(L2 bytes/request) / B = {_g(load_rate)} B/s / {_g(bw)} GB/s", "synchronous-load queue §4"))
 
     waiting_a, waiting_b = ea.gauge("vllm:num_requests_waiting"), eb.gauge("vllm:num_requests_waiting")
     gpu_utils = [u for u in (a.gpu.utilization_pct + b.gpu.utilization_pct)]

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -132,13 +133,20 @@ def test_lost_completion_through_the_command(pyspy_attach):
 
 
 def test_match_finds_the_process_by_command_line(pyspy_attach):
-    with spawn("lost_completion.py") as proc:
+    tag = f"kvctl-stall-test-{uuid.uuid4().hex[:12]}"
+    with spawn("lost_completion.py", "--tag", tag) as proc:
         wait_ready(proc)
-        found = stalls.find_processes("stall_programs/lost_completion.py")
+        found = stalls.find_processes(tag)
         assert [p.pid for p in found] == [proc.pid]
-        res = run_stalls("--match", "stall_programs/lost_completion.py", "--samples", "2", "--json")
+        # through the real root group: `kvctl diagnose stalls --match ...`
+        from kvctl.cli import cli  # noqa: PLC0415
+
+        args = ["diagnose", "stalls", "--match", tag, "--samples", "2", "--interval", str(INTERVAL_S), "--json"]
+        res = CliRunner().invoke(cli, args)
         assert res.exit_code == ExitStatus.FINDING_CRITICAL, res.output
-        assert [p["pid"] for p in json.loads(res.stdout)["processes"]] == [proc.pid]
+        data = json.loads(res.stdout)
+        assert [p["pid"] for p in data["processes"]] == [proc.pid]
+        assert [f["id"] for f in data["findings"]] == ["lost-completion"]
 
 
 def _raw_get(port: int, key: bytes) -> bytes:
@@ -298,3 +306,12 @@ def test_gpu_evidence_wording():
     assert stalls._gpu_text((0.0, 97.0), "") == "GPUs busy (0%, 97%)"
     utils, names, note = stalls.gpu_state()  # the real NVML reader: devices, or why there are none
     assert (len(utils) == len(names) and utils) or note.startswith("no GPU visible")
+
+
+@pytest.mark.parametrize("first", ["kvctl.commands.diagnose_stalls", "kvctl.cli"])
+def test_attached_as_kvctl_diagnose_stalls_whatever_is_imported_first(first):
+    """No import cycle: `kvctl diagnose stalls` exists even when this module is imported before kvctl.cli."""
+    code = f"import {first}\nfrom kvctl.cli import cli\nprint(sorted(cli.commands['diagnose'].commands))\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "'stalls'" in out.stdout, out.stdout

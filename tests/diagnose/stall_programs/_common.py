@@ -16,6 +16,7 @@ import threading
 def parse_args(extra=None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--lifetime", type=float, default=60.0, help="exit after this many seconds")
+    p.add_argument("--tag", default="", help="ignored: a unique word for finding this process by command line")
     for args, kwargs in extra or ():
         p.add_argument(*args, **kwargs)
     ns = p.parse_args()

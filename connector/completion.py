@@ -1,0 +1,82 @@
+"""Completing background requests without losing any (the fix for bug 1 of paper §5.4)."""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from .resp_errors import RespClosedError
+
+
+class CompletionRegistry:
+    """Futures keyed by request id, resolved by a drain thread (the fix for bug 1 of §5.4).
+
+    ``submit(start)`` allocates an id, calls ``start(id)`` (which hands the
+    request to an I/O thread that later calls :meth:`complete`) and registers
+    the future -- all under one lock, which the drain also takes before it
+    looks a completion up. A completion that arrives "too early" therefore
+    waits for the registration instead of being dropped.
+
+    ``unsafe_submit_then_register=True`` reproduces the buggy ordering
+    (register after submit, no lock); it exists only for the regression test.
+    """
+
+    def __init__(self, unsafe_submit_then_register: bool = False) -> None:
+        self._unsafe = unsafe_submit_then_register
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._ids = itertools.count()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self.dropped = 0  # completions that found no future (must stay 0 with the fix)
+        self._drainer = threading.Thread(target=self._drain, name="resp-completion-drain", daemon=True)
+        self._drainer.start()
+
+    def submit(self, start: Callable[[int], None]) -> Future:
+        """Start a request and return the future its completion will resolve."""
+        fut: Future = Future()
+        if self._unsafe:
+            rid = next(self._ids)
+            start(rid)
+            self._pending[rid] = fut
+            return fut
+        with self._lock:
+            rid = next(self._ids)
+            start(rid)
+            self._pending[rid] = fut
+        return fut
+
+    def complete(self, rid: int, result: Any = None, error: BaseException | None = None) -> None:
+        """Called by the I/O side when request ``rid`` finished (any thread)."""
+        self._done.put((rid, result, error))
+
+    def _drain(self) -> None:
+        while True:
+            item = self._done.get()
+            if item is None:
+                return
+            rid, result, error = item
+            if self._unsafe:
+                fut = self._pending.pop(rid, None)
+            else:
+                with self._lock:
+                    fut = self._pending.pop(rid, None)
+            if fut is None:
+                self.dropped += 1
+                continue
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
+
+    def close(self) -> None:
+        """Stop the drain thread; futures still pending get a RespClosedError."""
+        self._done.put(None)
+        self._drainer.join(timeout=5)
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(RespClosedError("client closed with the request in flight"))

@@ -32,7 +32,7 @@ INTERVAL_S = 0.4
 
 
 @contextlib.contextmanager
-def spawn(program: str, *args: str, ready_timeout_s: float = 45.0):
+def spawn(program: str, *args: str):
     """Start a stall program and wait for its READY line; always kill it (by pid) afterwards."""
     cmd = [sys.executable, str(PROGRAMS / program), "--lifetime", str(LIFETIME_S), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

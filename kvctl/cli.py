@@ -7,15 +7,15 @@ into a one-line message and an exit code (``ExitStatus``).
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import sys
-from typing import Any, Callable
+from typing import Any
 
 import click
 
 from kvctl import __version__
+from kvctl.commands.options import output_options  # noqa: F401 - re-exported for plugins
 from kvctl.errors import ExitStatus, InvalidInput, KvctlError
 
 log = logging.getLogger("kvctl")
@@ -51,17 +51,6 @@ class KvctlGroup(click.Group):
 
             render.error_line(f"unexpected {type(e).__name__}: {e} (set KVCTL_RAISE_ERRORS=1 for a traceback)")
             ctx.exit(int(ExitStatus.ERROR))
-
-
-def output_options(func: Callable) -> Callable:
-    """``--json``: plain JSON on stdout instead of tables."""
-
-    @click.option("--json", "as_json", is_flag=True, help="Print plain JSON on stdout (no styling).")
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs)
-
-    return wrapper
 
 
 @click.group(cls=KvctlGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -11,7 +11,7 @@ import click
 from kvctl import cost, render
 from kvctl.bench.results import BenchReport, RunResult
 from kvctl.bench.runner import BenchSpec, embedded_tier, grid, run_bench
-from kvctl.cli import output_options
+from kvctl.commands.options import output_options
 from kvctl.errors import ExitStatus, InvalidInput
 from kvctl.hooks import hookimpl
 from kvctl.kvsize import DTYPE_BYTES, kv_size_from_file

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import click
 
 from kvctl import cost, render
-from kvctl.cli import output_options
+from kvctl.commands.options import output_options
 from kvctl.errors import InvalidInput
 from kvctl.hooks import hookimpl
 from kvctl.kvsize import DTYPE_BYTES, kv_size_from_file

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import click
 
 from kvctl import render
-from kvctl.cli import output_options
+from kvctl.commands.options import output_options
 from kvctl.errors import InvalidInput, Unreachable
 from kvctl.hooks import hookimpl
 from kvctl.tier import local, spec

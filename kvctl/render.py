@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -49,7 +50,10 @@ def clear_screen() -> None:
 def _console(stderr: bool = False):
     from rich.console import Console  # noqa: PLC0415 - keep `--help` light
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    stream = sys.stderr if stderr else sys.stdout
+    # rich assumes 80 columns when output is piped (CI logs, `| tee`): use a width that fits our tables
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
 def fmt(value: Any, digits: int = 3) -> str:

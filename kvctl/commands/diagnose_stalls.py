@@ -11,9 +11,9 @@ import socket
 import click
 
 from kvctl import __version__, render
-from kvctl.commands.options import output_options
+from kvctl.commands.options import output_options, severity_exit
 from kvctl.diagnose import stalls
-from kvctl.errors import ExitStatus, KvctlError
+from kvctl.errors import KvctlError
 
 
 @click.command("stalls")
@@ -64,9 +64,8 @@ def stalls_cmd(pids: tuple[int, ...], match: str | None, samples: int, interval:
         render.emit_json(data)
     else:
         render_stalls(report)
-    worst = report.worst_severity
-    if worst is not None:
-        code = ExitStatus.FINDING_CRITICAL if worst is stalls.Severity.CRITICAL else ExitStatus.FINDING_WARNING
+    code = severity_exit(report.worst_severity)
+    if code:
         click.get_current_context().exit(int(code))
 
 

@@ -7,6 +7,8 @@ from typing import Any, Callable
 
 import click
 
+from kvctl.errors import ExitStatus
+
 
 def output_options(func: Callable) -> Callable:
     """``--json``: plain JSON on stdout instead of tables."""
@@ -17,3 +19,9 @@ def output_options(func: Callable) -> Callable:
         return func(*args, **kwargs)
 
     return wrapper
+
+
+def severity_exit(severity: str | None) -> ExitStatus:
+    """Exit status for the worst finding: 3 for a warning, 4 for critical, 0 otherwise."""
+    value = getattr(severity, "value", severity)
+    return {"warning": ExitStatus.FINDING_WARNING, "critical": ExitStatus.FINDING_CRITICAL}.get(value, ExitStatus.OK)

@@ -23,9 +23,9 @@ from typing import Any
 from kvctl import cost
 from kvctl.diagnose import metrics as M
 from kvctl.diagnose.capture import Capture, Sample
+from kvctl.diagnose.findings import worst_severity
 from kvctl.errors import InvalidInput
 
-SEVERITIES = ("info", "warning", "critical")
 GET_COMMANDS = ("cmdstat_get", "cmdstat_mget", "cmdstat_getex")
 DEFAULT_T0_S = cost.PAPER_PAIRING["t0_s"]
 
@@ -283,7 +283,8 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         slow_lookups=M.count_above(M.bucket_delta(ea, eb, "lmcache:time_to_lookup"), params.slow_lookup_s),
     )
     findings = _findings(obs, params)
-    worst = max((f.severity for f in findings), key=SEVERITIES.index, default="ok")
+    worst_found = worst_severity(f.severity for f in findings)
+    worst = worst_found.value if worst_found else "ok"
     return Diagnosis(
         created_at=capture.created_at,
         window_s=window,

@@ -23,23 +23,14 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Callable, Iterable, Sequence
 
+from kvctl.diagnose.findings import Severity, worst_severity
 from kvctl.diagnose.pyspy import Frame, ProcessGone, PtraceNotPermitted, ThreadStack, dump_threads
 from kvctl.errors import BinaryNotFound, InvalidInput, KvctlError
 
 # ---------------------------------------------------------------------------
 # results
-
-
-class Severity(str, Enum):
-    WARNING = "warning"
-    CRITICAL = "critical"
-
-    @property
-    def rank(self) -> int:
-        return {"warning": 1, "critical": 2}[self.value]
 
 
 LMCACHE_NOTE = "not fixed in LMCache <= 0.5.6 (current on PyPI); use kvctl.connector"
@@ -110,9 +101,7 @@ class StallReport:
 
     @property
     def worst_severity(self) -> Severity | None:
-        if not self.findings:
-            return None
-        return max((f.severity for f in self.findings), key=lambda s: s.rank)
+        return worst_severity(f.severity for f in self.findings)
 
 
 @dataclass(frozen=True)

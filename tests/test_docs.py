@@ -39,3 +39,13 @@ def test_readme_opens_with_the_two_commands():
 def test_ci_runs_readme_test_command():
     ci = (Path(__file__).resolve().parent.parent / ".ci" / "run").read_text()
     assert "make test" in ci
+
+
+def test_every_command_takes_json():
+    missing = []
+    for name, cmd in _commands(cli):
+        if isinstance(cmd, click.Group) and not cmd.invoke_without_command:
+            continue
+        if not any(isinstance(p, click.Option) and "--json" in p.opts for p in cmd.params):
+            missing.append(name)
+    assert not missing, f"commands without --json: {missing}"

@@ -43,12 +43,23 @@ def fetch_metrics(url: str, timeout_s: float = 5.0) -> str:
 
 
 def valkey_info(target: Target, timeout_s: float = 3.0) -> dict[str, Any]:
-    """``INFO all`` of one instance as a dict (redis-py parses ``cmdstat_*`` into dicts)."""
+    """``INFO all`` of one instance as a dict (redis-py parses ``cmdstat_*`` into dicts).
+
+    One attempt: redis-py's default retries would make a silent instance cost
+    several times ``timeout_s`` (the ``--timeout`` a user gave per scrape).
+    """
     import redis  # noqa: PLC0415 - keep `kvctl --help` light
+    from redis.backoff import NoBackoff  # noqa: PLC0415
+    from redis.retry import Retry  # noqa: PLC0415
 
     try:
         with redis.Redis(
-            host=target.host, port=target.port, password=target.password, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            host=target.host,
+            port=target.port,
+            password=target.password,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
         ) as r:
             info = r.info("all")
     except (redis.RedisError, OSError) as e:

@@ -88,8 +88,12 @@ class RestartResult:
 
 
 def _read(path: Path | str) -> str:
+    """The file's text with its line endings as they are (``newline=""``: CRLF stays CRLF)."""
     try:
-        return Path(path).read_text()
+        with open(path, encoding="utf-8", newline="") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise InvalidInput(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); the file was not changed") from e
     except OSError as e:
         raise InvalidInput(f"cannot read {path}: {e.strerror or e}") from e
 
@@ -216,7 +220,7 @@ def atomic_write(path: Path | str, text: str) -> None:
     tmp = path.with_name(f".{path.name}.kvctl-tmp-{os.getpid()}")
     created = False
     try:
-        with open(tmp, "x") as f:
+        with open(tmp, "x", encoding="utf-8", newline="") as f:
             created = True
             f.write(text)
             f.flush()

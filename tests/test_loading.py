@@ -181,3 +181,30 @@ def test_atomic_write_keeps_original_on_failure(tmp_path):
     with pytest.raises(Exception, match="original is unchanged"):
         loading.apply(loading.plan(p, "yaml", True), backup=False)
     assert p.read_text() == CONFIG
+
+
+def test_crlf_config_keeps_its_line_endings(tmp_path):
+    p = tmp_path / "c.yaml"
+    original = CONFIG.replace("\n", "\r\n").encode()
+    p.write_bytes(original)
+    run(["loading", "async", "--config", str(p)])
+    new = p.read_bytes()
+    assert new == original.replace(b"enable_async_loading: false", b"enable_async_loading: true")
+    (bak,) = backups(p)
+    assert bak.read_bytes() == original
+
+
+def test_crlf_env_file_keeps_its_line_endings(tmp_path):
+    env = tmp_path / "engine.env"
+    env.write_bytes(b"VLLM_PORT=8000\r\nLMCACHE_ENABLE_ASYNC_LOADING=True\r\n")
+    run(["loading", "sync", "--env-file", str(env), "--force"])
+    assert env.read_bytes() == b"VLLM_PORT=8000\r\nLMCACHE_ENABLE_ASYNC_LOADING=False\r\n"
+
+
+def test_non_utf8_config_is_a_usage_error_and_untouched(tmp_path):
+    p = tmp_path / "c.yaml"
+    original = b"chunk_size: 256\n# caf\xe9 (latin-1)\nenable_async_loading: false\n"
+    p.write_bytes(original)
+    res = run(["loading", "async", "--config", str(p)], 2)
+    assert "not UTF-8" in res.output
+    assert p.read_bytes() == original and not backups(p)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
@@ -25,8 +26,9 @@ class CompletionRegistry:
     """
 
     def __init__(self, unsafe_submit_then_register: bool = False) -> None:
-        self._unsafe = unsafe_submit_then_register
         self._lock = threading.Lock()
+        # the buggy ordering is the same code with the lock left out
+        self._guard = contextlib.nullcontext() if unsafe_submit_then_register else self._lock
         self._pending: dict[int, Future] = {}
         self._ids = itertools.count()
         self._done: queue.SimpleQueue = queue.SimpleQueue()
@@ -37,12 +39,7 @@ class CompletionRegistry:
     def submit(self, start: Callable[[int], None]) -> Future:
         """Start a request and return the future its completion will resolve."""
         fut: Future = Future()
-        if self._unsafe:
-            rid = next(self._ids)
-            start(rid)
-            self._pending[rid] = fut
-            return fut
-        with self._lock:
+        with self._guard:
             rid = next(self._ids)
             start(rid)
             self._pending[rid] = fut
@@ -58,11 +55,8 @@ class CompletionRegistry:
             if item is None:
                 return
             rid, result, error = item
-            if self._unsafe:
+            with self._guard:
                 fut = self._pending.pop(rid, None)
-            else:
-                with self._lock:
-                    fut = self._pending.pop(rid, None)
             if fut is None:
                 self.dropped += 1
                 continue

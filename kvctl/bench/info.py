@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from kvctl.connector.urls import parse_resp_url
+from kvctl.tier.server import redis_client
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,9 @@ class ServerInfo:
 
 
 def _redis(url: str, timeout_s: float):
-    import redis  # noqa: PLC0415 - keep `kvctl --help` light
-    from redis.backoff import NoBackoff  # noqa: PLC0415
-    from redis.retry import Retry  # noqa: PLC0415
-
     u = parse_resp_url(url)
-    return redis.Redis(
+    return redis_client(  # one attempt: a stalled server costs timeout_s once, not per retry
+        timeout_s,
         host=u.host,
         port=u.port,
         username=u.username,
@@ -74,9 +72,6 @@ def _redis(url: str, timeout_s: float):
         ssl=u.tls,
         ssl_ca_certs=u.ssl_ca_certs,
         ssl_cert_reqs="required" if u.ssl_verify else "none",
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 0),  # one attempt: a stalled server costs timeout_s once, not per retry
     )
 
 

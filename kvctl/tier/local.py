@@ -19,7 +19,7 @@ import psutil
 
 from kvctl.errors import InvalidInput, KvctlError
 from kvctl.tier import spec
-from kvctl.tier.server import ValkeyProcess, find_valkey_server, port_in_use, server_version, start_valkey
+from kvctl.tier.server import ValkeyProcess, find_valkey_server, port_in_use, redis_client, server_version, start_valkey
 from kvctl.tier.targets import STATE_FILE, InstanceState, TierState, read_password_file, state_path
 
 ENGINE_PASSWORD_FILE = "engine.password"
@@ -221,7 +221,7 @@ def instance_status(inst: InstanceState, password: str | None) -> InstanceStatus
 
     base = dict(rank=inst.rank, host=inst.host, port=inst.port, pid=inst.pid, url=inst.url)
     try:
-        with redis.Redis(host=inst.host, port=inst.port, password=password, socket_timeout=3, socket_connect_timeout=2) as r:
+        with redis_client(3.0, connect_timeout_s=2.0, host=inst.host, port=inst.port, password=password) as r:
             info = r.info("all")
     except (redis.RedisError, OSError) as e:
         return InstanceStatus(**base, up=False, error=str(e).splitlines()[0] if str(e) else type(e).__name__)

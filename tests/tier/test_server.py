@@ -35,3 +35,24 @@ def test_password_required(tmp_path):
     with start_valkey(tmp_path, password="s3cret") as v:
         assert ping(v.host, v.port, password="s3cret")
         assert not ping(v.host, v.port)
+
+
+def test_a_stalled_server_costs_one_timeout_not_one_per_retry(valkey_server):
+    """redis-py retries 3 times with backoff by default: 26 s for server_pid, 36 s for status."""
+    import os
+    import signal
+    import time
+
+    from kvctl.tier.local import instance_status
+    from kvctl.tier.server import server_pid
+    from kvctl.tier.targets import InstanceState
+
+    v = valkey_server
+    os.kill(v.pid, signal.SIGSTOP)  # a process this test started; stop() sends SIGCONT
+    t = time.monotonic()
+    assert server_pid(v.host, v.port) is None
+    assert time.monotonic() - t < 5  # one 2 s read timeout
+    t = time.monotonic()
+    st = instance_status(InstanceState(0, v.host, v.port, v.pid, v.url, "", "", ""), None)
+    assert not st.up and st.error
+    assert time.monotonic() - t < 7  # one 3 s read timeout

@@ -24,7 +24,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from kvctl.errors import InvalidInput, KvctlError
 
@@ -144,22 +144,12 @@ def env_state(path: Path | str) -> SourceState:
 def set_yaml(text: str, value: bool, path: str = "<config>") -> str:
     """``text`` with ``enable_async_loading`` set to ``value``; every other line unchanged."""
     before = parse_yaml(text, path)
-    lines = text.splitlines(keepends=True)
     word = "true" if value else "false"
-    found = False
-    for i, raw in enumerate(lines):
-        body = raw.rstrip("\r\n")
-        m = _YAML_LINE.match(body)
-        if m:
-            lines[i] = f"{m.group('head')}{word}{m.group('rest')}{raw[len(body):]}"
-            found = True
-    if not found:
+    new = _rewrite(text, _YAML_LINE, lambda m: f"{m.group('head')}{word}{m.group('rest')}")
+    if new is None:
         if KEY in before:
             raise KvctlError(f"{path}: {KEY} is set in a form kvctl does not edit (quoted or nested key); change it by hand")
-        if lines and not lines[-1].endswith("\n"):
-            lines[-1] += "\n"
-        lines.append(f"{KEY}: {word}\n")
-    new = "".join(lines)
+        new = _append(text, f"{KEY}: {word}")
     after = parse_yaml(new, path)
     if after.get(KEY) is not value or {k: v for k, v in after.items() if k != KEY} != {k: v for k, v in before.items() if k != KEY}:
         raise KvctlError(f"{path}: the line edit did not give the expected config; change {KEY} by hand")
@@ -168,21 +158,27 @@ def set_yaml(text: str, value: bool, path: str = "<config>") -> str:
 
 def set_env(text: str, value: bool) -> str:
     """Env-file ``text`` with ``LMCACHE_ENABLE_ASYNC_LOADING`` set; other lines unchanged."""
-    lines = text.splitlines(keepends=True)
     word = "True" if value else "False"
+    new = _rewrite(text, _ENV_LINE, lambda m: f"{m.group('head')}{m.group('q')}{word}{m.group('q')}{m.group('rest')}")
+    return _append(text, f"{ENV_VAR}={word}") if new is None else new
+
+
+def _rewrite(text: str, pattern: re.Pattern[str], replace: Callable[[re.Match[str]], str]) -> str | None:
+    """``text`` with every line matching ``pattern`` replaced (its line ending kept); None when none matches."""
+    lines = text.splitlines(keepends=True)
     found = False
     for i, raw in enumerate(lines):
         body = raw.rstrip("\r\n")
-        m = _ENV_LINE.match(body)
+        m = pattern.match(body)
         if m:
-            q = m.group("q")
-            lines[i] = f"{m.group('head')}{q}{word}{q}{m.group('rest')}{raw[len(body):]}"
+            lines[i] = replace(m) + raw[len(body):]
             found = True
-    if not found:
-        if lines and not lines[-1].endswith("\n"):
-            lines[-1] += "\n"
-        lines.append(f"{ENV_VAR}={word}\n")
-    return "".join(lines)
+    return "".join(lines) if found else None
+
+
+def _append(text: str, line: str) -> str:
+    """``text`` with ``line`` added as a last line (after a newline if the file lacks a final one)."""
+    return text + ("\n" if text and not text.endswith("\n") else "") + line + "\n"
 
 
 def env_form(value: bool) -> str:

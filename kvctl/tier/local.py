@@ -97,6 +97,7 @@ def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: b
     io_threads = req.io_threads if req.io_threads is not None else spec.default_io_threads()
     auth = spec.resolve_auth(req.host, req.password_file, req.insecure_no_auth)
     binary = find_valkey_server()
+    version = server_version(binary)
     tier_dir = req.dir.resolve()
     if tier_dir.exists() and not tier_dir.is_dir():
         raise InvalidInput(f"--dir {req.dir} is not a directory")
@@ -157,6 +158,20 @@ def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: b
             )
             if on_progress:
                 on_progress(rank, port)
+        state = TierState(
+            dir=str(tier_dir),
+            instances=instances,
+            binary=binary,
+            server_version=version,
+            maxmemory_total=per_instance * req.ranks,
+            password_file=auth.password_file,
+            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            maxmemory_per_instance=per_instance,
+            io_threads=io_threads,
+            engine_user=spec.ENGINE_USER if auth.enabled else None,
+            engine_password_file=str(engine_password_file) if engine_password_file else None,
+        )
+        state.write()  # without it `down` could not find them: a failure here stops them too
     except BaseException as e:
         for proc in reversed(started):
             proc.stop()
@@ -165,20 +180,6 @@ def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: b
         if isinstance(e, KvctlError) and started:
             raise KvctlError(f"{e} (stopped the {len(started)} instance(s) already started)") from e
         raise
-    state = TierState(
-        dir=str(tier_dir),
-        instances=instances,
-        binary=binary,
-        server_version=server_version(binary),
-        maxmemory_total=per_instance * req.ranks,
-        password_file=auth.password_file,
-        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        maxmemory_per_instance=per_instance,
-        io_threads=io_threads,
-        engine_user=spec.ENGINE_USER if auth.enabled else None,
-        engine_password_file=str(engine_password_file) if engine_password_file else None,
-    )
-    state.write()
     for proc in started:
         proc._popen = None  # the servers outlive this process; `down` stops them by pid
     return state

@@ -246,3 +246,17 @@ def test_status_and_down_need_a_tier(tmp_path):
     for cmd in ("status", "down", "lmcache-config"):
         res = invoke(cmd, "--dir", str(tmp_path / "nothing"))
         assert res.exit_code == 2 and "holds no kvctl tier" in res.output
+
+
+def test_a_failed_state_write_stops_what_was_started(tmp_path, monkeypatch):
+    """Without the state file `down` cannot find the servers: `up` must not leave them running."""
+    base = free_base_port(2)
+
+    def fail(self):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(TierState, "write", fail)
+    with pytest.raises(OSError, match="No space left"):
+        local.up(local.UpRequest(tmp_path / "t", 2, base, "64mb"))
+    assert valkey_pids_on(range(base, base + 2)) == []
+    assert not port_in_use(base) and not port_in_use(base + 1)

@@ -177,8 +177,9 @@ def _rewrite(text: str, pattern: re.Pattern[str], replace: Callable[[re.Match[st
 
 
 def _append(text: str, line: str) -> str:
-    """``text`` with ``line`` added as a last line (after a newline if the file lacks a final one)."""
-    return text + ("\n" if text and not text.endswith("\n") else "") + line + "\n"
+    """``text`` with ``line`` added as a last line, ended like the file's lines (CRLF or LF)."""
+    eol = "\r\n" if "\r\n" in text else "\n"
+    return text + (eol if text and not text.endswith("\n") else "") + line + eol
 
 
 def env_form(value: bool) -> str:

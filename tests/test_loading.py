@@ -208,3 +208,10 @@ def test_non_utf8_config_is_a_usage_error_and_untouched(tmp_path):
     res = run(["loading", "async", "--config", str(p)], 2)
     assert "not UTF-8" in res.output
     assert p.read_bytes() == original and not backups(p)
+
+
+def test_missing_key_appended_to_crlf_file_ends_in_crlf(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_bytes(b"chunk_size: 256\r\n# end")
+    run(["loading", "async", "--config", str(p)])
+    assert p.read_bytes() == b"chunk_size: 256\r\n# end\r\nenable_async_loading: true\r\n"

@@ -188,6 +188,8 @@ class ValkeyProcess:
                 self._popen.wait(timeout=timeout_s)
             except ProcessLookupError:
                 pass
+        if self._popen.stderr is not None:
+            self._popen.stderr.close()
         self._popen = None
 
     def __enter__(self) -> "ValkeyProcess":
@@ -252,6 +254,7 @@ def start_valkey(
         if popen.poll() is not None:
             err = (popen.stderr.read().decode(errors="replace") if popen.stderr else "").strip()
             tail = _log_tail(log_path) or err
+            proc.stop()  # closes the stderr pipe
             raise KvctlError(f"valkey-server on {host}:{port} exited at start: {tail}")
         if ping(host, port, timeout_s=0.5, password=password):
             if server_pid(host, port, password) != popen.pid:

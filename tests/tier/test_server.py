@@ -56,3 +56,18 @@ def test_a_stalled_server_costs_one_timeout_not_one_per_retry(valkey_server):
     st = instance_status(InstanceState(0, v.host, v.port, v.pid, v.url, "", "", ""), None)
     assert not st.up and st.error
     assert time.monotonic() - t < 7  # one 3 s read timeout
+
+
+def test_stop_closes_the_stderr_pipe(tmp_path):
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        v = start_valkey(tmp_path / "ok")
+        v.stop()
+        with pytest.raises(KvctlError, match="exited at start"):
+            start_valkey(tmp_path / "bad", settings={"maxmemory-policy": "bogus"})
+        del v
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]

@@ -20,7 +20,7 @@ import psutil
 from kvctl.errors import InvalidInput, KvctlError
 from kvctl.tier import spec
 from kvctl.tier.server import ValkeyProcess, find_valkey_server, port_in_use, redis_client, server_version, start_valkey
-from kvctl.tier.targets import STATE_FILE, InstanceState, TierState, read_password_file, state_path
+from kvctl.tier.targets import STATE_FILE, InstanceState, TierState, load_tier, read_password_file, state_path
 
 ENGINE_PASSWORD_FILE = "engine.password"
 
@@ -74,8 +74,6 @@ def is_our_server(inst: InstanceState) -> psutil.Process | None:
 
 
 def _live_instances(tier_dir: Path) -> list[InstanceState]:
-    from kvctl.tier.targets import load_tier  # noqa: PLC0415
-
     if not state_path(tier_dir).exists():
         return []
     try:
@@ -242,8 +240,6 @@ def instance_status(inst: InstanceState, password: str | None) -> InstanceStatus
 
 
 def status(tier_dir: Path | str, password_file: str | None = None) -> TierStatus:
-    from kvctl.tier.targets import load_tier  # noqa: PLC0415
-
     state = load_tier(tier_dir)
     pw_file = password_file or state.password_file
     password = read_password_file(pw_file) if pw_file else None
@@ -287,15 +283,12 @@ def _wait_port_free(host: str, port: int, timeout_s: float) -> bool:
 
 def down(tier_dir: Path | str, purge: bool = False, timeout_s: float = 10.0, on_progress: Progress | None = None) -> list[StopResult]:
     """Stop every instance ``up`` started here; a dead or foreign pid is reported and skipped."""
-    from kvctl.tier.targets import load_tier  # noqa: PLC0415
-
     state = load_tier(tier_dir)
     results = []
     for inst in sorted(state.instances, key=lambda i: i.rank):
         proc = is_our_server(inst)
         if proc is None:
-            alive = psutil.pid_exists(inst.pid) and inst.pid > 0
-            outcome = "not ours" if alive and _pid_not_zombie(inst.pid) else "not running"
+            outcome = "not ours" if inst.pid > 0 and _pid_not_zombie(inst.pid) else "not running"
         else:
             outcome = _stop(proc, timeout_s)
         free = _wait_port_free(inst.host, inst.port, 2.0 if outcome != "not ours" else 0.0)
@@ -308,10 +301,13 @@ def down(tier_dir: Path | str, purge: bool = False, timeout_s: float = 10.0, on_
 
 
 def _pid_not_zombie(pid: int) -> bool:
+    """True when ``pid`` is a live process (one we may not inspect counts as live)."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+    except psutil.AccessDenied:
+        return True
 
 
 def _purge(tier_dir: Path, state: TierState) -> None:

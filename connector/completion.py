@@ -23,12 +23,16 @@ class CompletionRegistry:
 
     ``unsafe_submit_then_register=True`` reproduces the buggy ordering
     (register after submit, no lock); it exists only for the regression test.
+
+    After :meth:`close`, ``submit`` raises :class:`RespClosedError` instead of
+    registering a future nobody would ever resolve.
     """
 
     def __init__(self, unsafe_submit_then_register: bool = False) -> None:
         self._lock = threading.Lock()
         # the buggy ordering is the same code with the lock left out
         self._guard = contextlib.nullcontext() if unsafe_submit_then_register else self._lock
+        self._closed = False
         self._pending: dict[int, Future] = {}
         self._ids = itertools.count()
         self._done: queue.SimpleQueue = queue.SimpleQueue()
@@ -40,6 +44,8 @@ class CompletionRegistry:
         """Start a request and return the future its completion will resolve."""
         fut: Future = Future()
         with self._guard:
+            if self._closed:
+                raise RespClosedError("client closed")
             rid = next(self._ids)
             start(rid)
             self._pending[rid] = fut
@@ -66,7 +72,9 @@ class CompletionRegistry:
                 fut.set_result(result)
 
     def close(self) -> None:
-        """Stop the drain thread; futures still pending get a RespClosedError."""
+        """Refuse new submits, stop the drain thread; futures still pending get a RespClosedError."""
+        with self._lock:
+            self._closed = True
         self._done.put(None)
         self._drainer.join(timeout=5)
         with self._lock:

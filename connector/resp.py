@@ -354,12 +354,14 @@ class RespClient:
 
     def close(self) -> None:
         """Close every idle connection; later calls raise :class:`RespClosedError`. Idempotent."""
-        self._closed = True
-        if self._io_thread is not None:
+        with self._lock:  # submit_get checks _closed and starts the I/O thread under this lock
+            self._closed = True
+            io_thread, registry = self._io_thread, self._registry
+        if io_thread is not None:
             self._io_queue.put(None)
-            self._io_thread.join(timeout=self.timeout_s * 2)
-        if self._registry is not None:
-            self._registry.close()
+            io_thread.join(timeout=self.timeout_s * 2)
+        if registry is not None:
+            registry.close()  # fails what is still pending and refuses later submits
         with self._lock:
             idle, self._idle = self._idle, []
         for conn in idle:
@@ -498,19 +500,19 @@ class RespClient:
 
     def submit_get(self, keys: Sequence[str | bytes], buffers: Sequence[Any]) -> Future:
         """:meth:`batched_get` on the client's I/O thread; the future resolves to its list[bool]."""
-        if self._closed:
-            raise RespClosedError("RespClient is closed")
         with self._lock:
+            if self._closed:
+                raise RespClosedError("RespClient is closed")
             if self._registry is None:
                 self._registry = CompletionRegistry()
-                self._io_thread = threading.Thread(target=self._io_loop, name="resp-io", daemon=True)
+                self._io_thread = threading.Thread(target=self._io_loop, args=(self._registry,), name="resp-io", daemon=True)
                 self._io_thread.start()
+            registry = self._registry
         keys, buffers = list(keys), list(buffers)
-        return self._registry.submit(lambda rid: self._io_queue.put((rid, keys, buffers)))
+        # a close() from here on makes the registry refuse this submit or fail its future
+        return registry.submit(lambda rid: self._io_queue.put((rid, keys, buffers)))
 
-    def _io_loop(self) -> None:
-        registry = self._registry
-        assert registry is not None
+    def _io_loop(self, registry: CompletionRegistry) -> None:
         while True:
             item = self._io_queue.get()
             if item is None:

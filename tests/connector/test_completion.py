@@ -8,7 +8,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import pytest
 
-from kvctl.connector.resp import CompletionRegistry, RespClient
+from kvctl.connector.resp import CompletionRegistry, RespClient, RespClosedError
 
 
 def _submit_with_fast_drain(registry: CompletionRegistry) -> object:
@@ -86,3 +86,52 @@ def test_submit_get_races_from_many_threads_lose_nothing(valkey_server):
         assert not errors, errors
         assert ok == [n_calls] * n_threads
         assert client._registry is not None and client._registry.dropped == 0
+
+
+def test_submit_after_close_is_refused_not_left_pending():
+    """A submit that loses the race with close() must not get a future nobody will ever resolve."""
+    registry = CompletionRegistry()
+    registry.close()
+    started: list[int] = []
+    with pytest.raises(RespClosedError):
+        registry.submit(started.append)
+    assert started == []
+
+
+def test_submit_get_racing_close_always_resolves(valkey_server):
+    """submit_get from several threads while the client closes: each call raises or its future resolves."""
+    client = RespClient(valkey_server.url, timeout_s=2.0, pool_size=2)
+    client.batched_set(["race-close"], [b"x" * 64])
+    futures = []
+    refused = 0
+    lock = threading.Lock()
+    go = threading.Event()
+
+    def worker() -> None:
+        nonlocal refused
+        go.wait()
+        for _ in range(50):
+            try:
+                fut = client.submit_get(["race-close"], [bytearray(64)])
+            except RespClosedError:
+                with lock:
+                    refused += 1
+                continue
+            with lock:
+                futures.append(fut)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    go.set()
+    time.sleep(0.005)
+    client.close()
+    for t in threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads)
+    for fut in futures:
+        try:
+            assert fut.result(timeout=5) == [True]
+        except RespClosedError:
+            pass
+    assert refused + len(futures) == 200

@@ -123,3 +123,14 @@ def test_help_is_fast_and_does_not_import_torch():
     code = "import sys; from kvctl.cli import cli; assert 'torch' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_help_does_not_load_the_tier_or_bench_machinery():
+    """psutil (tier.local), yaml (lmcache_config), multiprocessing + RESP client (bench) load when a command runs."""
+    import subprocess
+    import sys
+
+    heavy = ["kvctl.tier.local", "kvctl.tier.lmcache_config", "kvctl.bench.runner", "kvctl.bench.worker", "kvctl.connector.resp"]
+    code = f"import sys; from kvctl.cli import cli; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from kvctl import cost, render
-from kvctl.bench.results import BenchReport, RunResult
-from kvctl.bench.runner import BenchSpec, embedded_tier, grid, run_bench
 from kvctl.commands.options import output_options
 from kvctl.errors import ExitStatus, InvalidInput
 from kvctl.hooks import hookimpl
 from kvctl.kvsize import DTYPE_BYTES, kv_size_from_file
 from kvctl.tier.targets import resolve_targets
+
+if TYPE_CHECKING:
+    from kvctl.bench.results import BenchReport, RunResult
 
 PAPER_CHUNK_BYTES = 12.4e6  # one 256-token chunk of GLM-5.3 FP8 MLA
 POS = click.FloatRange(min=0, min_open=True)
@@ -91,6 +92,9 @@ def bench_cmd(
       kvctl bench --embedded 2 --sweep --chunk-bytes 4e6 --duration 2
       kvctl bench --url 'resp://valkey-{rank}:6379' --ranks 8 --sweep --prefill-rate 52200 --bytes-per-token 48437.5
     """
+    # multiprocessing, the RESP client and the workers load only when a bench runs, not for `kvctl --help`
+    from kvctl.bench.runner import BenchSpec, embedded_tier, grid, run_bench  # noqa: PLC0415
+
     if embedded and (urls or tier_dir):
         raise InvalidInput("--embedded starts its own instances; do not combine it with --url or --dir")
     if model_config:

@@ -12,8 +12,7 @@ from kvctl import render
 from kvctl.commands.options import output_options
 from kvctl.errors import InvalidInput, Unreachable
 from kvctl.hooks import hookimpl
-from kvctl.tier import local, spec
-from kvctl.tier.lmcache_config import LMCacheSettings, lmcache_config, render_lmcache_yaml
+from kvctl.tier import spec
 from kvctl.tier.targets import load_tier, state_path
 
 DEFAULT_DIR = "./kv-tier"
@@ -122,6 +121,8 @@ def up_cmd(target: str, ranks: int, base_port: int, maxmemory: str, host: str, i
         return
     if out or apply_:
         raise InvalidInput("--out and --apply are for --target systemd or k8s")
+    from kvctl.tier import local  # noqa: PLC0415 - psutil only when a command runs, not for `kvctl --help`
+
     req = local.UpRequest(tier_dir, ranks, base_port, maxmemory, host, io_threads, password_file, insecure_no_auth)
     with render.progress(f"starting {ranks} valkey-server(s)", total=ranks, enabled=not as_json) as advance:
         state = local.up(req, on_progress=lambda rank, port: advance(1, f"rank {rank} on :{port} answers PING"))
@@ -194,6 +195,8 @@ def status_cmd(tier_dir: Path, password_file: str | None, as_json: bool) -> None
 
     Exits 5 (unreachable) when any instance does not answer.
     """
+    from kvctl.tier import local  # noqa: PLC0415
+
     st = local.status(tier_dir, password_file)
     if as_json:
         render.emit_json(st)
@@ -233,6 +236,8 @@ def down_cmd(tier_dir: Path, purge: bool, timeout_s: float, as_json: bool) -> No
     A dead instance is reported and skipped; a pid now owned by another
     process is never signalled. Config files stay unless --purge.
     """
+    from kvctl.tier import local  # noqa: PLC0415
+
     state = load_tier(tier_dir)
     with render.progress("stopping valkey-server(s)", total=len(state.instances), enabled=not as_json) as advance:
         results = local.down(tier_dir, purge=purge, timeout_s=timeout_s, on_progress=lambda rank, port: advance(1, f"rank {rank} on :{port}"))
@@ -273,6 +278,8 @@ def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port
     Local tiers get the per-rank list form (ports differ); k8s gets the
     {rank} template form (hosts differ).
     """
+    from kvctl.tier.lmcache_config import LMCacheSettings, lmcache_config, render_lmcache_yaml  # noqa: PLC0415 - yaml
+
     settings = LMCacheSettings(chunk_size, local_cpu, max_local_cpu_size, "naive", async_loading)
     if target == "local":
         state = load_tier(tier_dir)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -240,10 +241,13 @@ def instance_status(inst: InstanceState, password: str | None) -> InstanceStatus
 
 
 def status(tier_dir: Path | str, password_file: str | None = None) -> TierStatus:
+    """INFO of every instance, in parallel: stalled instances cost one timeout together, not one each."""
     state = load_tier(tier_dir)
     pw_file = password_file or state.password_file
     password = read_password_file(pw_file) if pw_file else None
-    return TierStatus(state.dir, [instance_status(i, password) for i in sorted(state.instances, key=lambda i: i.rank)])
+    insts = sorted(state.instances, key=lambda i: i.rank)
+    with ThreadPoolExecutor(max_workers=max(1, len(insts))) as pool:
+        return TierStatus(state.dir, list(pool.map(lambda i: instance_status(i, password), insts)))
 
 
 # ----------------------------------------------------------------------------- down

@@ -260,3 +260,21 @@ def test_a_failed_state_write_stops_what_was_started(tmp_path, monkeypatch):
         local.up(local.UpRequest(tmp_path / "t", 2, base, "64mb"))
     assert valkey_pids_on(range(base, base + 2)) == []
     assert not port_in_use(base) and not port_in_use(base + 1)
+
+
+def test_status_of_stalled_instances_costs_one_timeout(tier):
+    import time
+
+    d, out = tier(3)
+    stalled = [i["pid"] for i in out["instances"][:2]]
+    for pid in stalled:
+        os.kill(pid, signal.SIGSTOP)  # processes this test started (through `up`); down sends SIGCONT
+    try:
+        t = time.monotonic()
+        st = local.status(d)
+        took = time.monotonic() - t
+    finally:
+        for pid in stalled:
+            os.kill(pid, signal.SIGCONT)
+    assert [i.up for i in st.instances] == [False, False, True]
+    assert took < 6  # one 3 s timeout for both, not 3 s each

@@ -435,10 +435,7 @@ class RespClient:
             for _ in keys:
                 kind, value = conn.read_simple()
                 if kind == b":":
-                    try:
-                        found.append(int(value) > 0)
-                    except ValueError:
-                        raise RespProtocolError(f"bad integer reply to EXISTS: {value[:40]!r}") from None
+                    found.append(_int_reply(value, "EXISTS") > 0)
                 elif kind == b"-":
                     errors.append(value)
                     found.append(False)
@@ -534,9 +531,19 @@ class RespClient:
             conn.send([out])
             kind, value = conn.read_simple()
             _raise_if_error(conn, [value] if kind == b"-" else [])
-            return int(value)
+            if kind != b":":
+                raise RespProtocolError(f"unexpected reply to DEL: {kind + value!r}")
+            return _int_reply(value, "DEL")
 
         return self._run(op)
+
+
+def _int_reply(value: bytes, command: str) -> int:
+    """The integer of a ``:`` reply line; anything else is a protocol error, not a ValueError."""
+    try:
+        return int(value)
+    except ValueError:
+        raise RespProtocolError(f"bad integer reply to {command}: {value[:40]!r}") from None
 
 
 def _raise_if_error(conn: _Connection, errors: list[bytes]) -> None:

@@ -202,3 +202,18 @@ def test_connect_refused_is_bounded():
             with pytest.raises(RespConnectionError, match="cannot connect"):
                 client.ping()
             assert time.monotonic() - t0 < TIMEOUT_S + 1.0
+
+
+@pytest.mark.parametrize("reply", [b"+OK\r\n", b":x\r\n"])
+def test_malformed_del_replies(scripted, reply):
+    """A DEL answered with something other than an integer is a protocol error (not a ValueError)."""
+
+    def script(conn: socket.socket) -> bool:
+        conn.sendall(reply)
+        return True
+
+    srv = scripted(script)
+    with RespClient(srv.url, timeout_s=TIMEOUT_S) as client:
+        with pytest.raises(RespProtocolError):
+            client.delete(["k"])
+        _assert_dropped(client)

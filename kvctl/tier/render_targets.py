@@ -122,9 +122,8 @@ def remote_urls(fleet: FleetSpec) -> str | list[str]:
 
 
 def memory_limit_bytes(maxmemory: int) -> int:
-    """Container/unit memory limit above maxmemory: +25 % (at least 64 MiB) for buffers and fragmentation, in MiB."""
-    mib = 1024**2
-    return math.ceil((maxmemory + max(64 * mib, maxmemory // 4)) / mib) * mib
+    """Container/unit memory limit above maxmemory: +25 % (at least 64 MiB) for buffers and fragmentation, rounded up to whole MiB."""
+    return math.ceil((maxmemory + max(64 * MIB, maxmemory // 4)) / MIB) * MIB
 
 
 # ----------------------------------------------------------------------------- systemd

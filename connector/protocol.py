@@ -39,6 +39,8 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 import torch.distributed as dist
 
+from .ownership import owned_chunks
+
 __all__ = [
     "DEFAULT_MODE",
     "MODES",
@@ -162,8 +164,7 @@ def _fetch_and_stage(
             t = fetched[slot] if slot < len(fetched) else None
             if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != chunk_shape:
                 return c, staged
-            dst = staging[slot * nbytes : (slot + 1) * nbytes].view(dtype).view(chunk_shape)
-            dst.copy_(t, non_blocking=staging.is_cuda)
+            _chunk_view(staging, slot, nbytes, dtype, chunk_shape).copy_(t, non_blocking=staging.is_cuda)
             staged += 1
         if staging.is_cuda:
             torch.cuda.synchronize(staging.device)
@@ -173,8 +174,17 @@ def _fetch_and_stage(
     return n_chunks, staged
 
 
+def _chunk_nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size() * math.prod(shape)
+
+
+def _slot(buf: torch.Tensor, slot: int, nbytes: int) -> torch.Tensor:
+    """Bytes of slot ``slot`` of a uint8 buffer of ``nbytes``-sized chunks."""
+    return buf[slot * nbytes : (slot + 1) * nbytes]
+
+
 def _chunk_view(buf: torch.Tensor, slot: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    return buf[slot * nbytes : (slot + 1) * nbytes].view(dtype).view(shape)
+    return _slot(buf, slot, nbytes).view(dtype).view(shape)
 
 
 def _owned_count(prefix: int, r: int, world: int) -> int:
@@ -187,7 +197,7 @@ def _move_per_chunk(group, prefix, rank, world, staging, nbytes, dtype, shape, d
     for c in range(prefix):
         o = c % world
         if o == rank:
-            buf = staging[(c // world) * nbytes : (c // world + 1) * nbytes]
+            buf = _slot(staging, c // world, nbytes)
         else:
             buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
         dist.broadcast(buf, src=_global(group, o), group=group)
@@ -248,7 +258,7 @@ def move_prefix(
         raise ValueError(f"unknown load mode {mode!r}; expected one of {MODES}")
     shape = tuple(int(d) for d in chunk_shape)
     rank, world = _group_rank_world(group)
-    nbytes = torch.empty((), dtype=dtype).element_size() * math.prod(shape)
+    nbytes = _chunk_nbytes(shape, dtype)
     if prefix <= 0:
         return []
     return _MOVERS[mode](group, prefix, rank, world, staging, nbytes, dtype, shape, torch.device(device))
@@ -272,13 +282,12 @@ def load_agreed_prefix_detailed(
     shape = tuple(int(d) for d in chunk_shape)
     rank, world = _group_rank_world(group)
     n_chunks = len(chunk_keys)
-    elem = torch.empty((), dtype=dtype).element_size()
-    nbytes = elem * math.prod(shape)
+    nbytes = _chunk_nbytes(shape, dtype)
 
     # step 1: fetch and stage owned chunks into one contiguous byte buffer;
     # slot j holds owned chunk rank + j*W. ceil(N/W) slots on every rank, so the
     # all-gather can always send kmax slots.
-    owned = list(range(rank, n_chunks, world))
+    owned = list(owned_chunks(n_chunks, rank, world))
     n_slots = max(1, math.ceil(n_chunks / world))
     try:
         staging = torch.empty(n_slots * nbytes, dtype=torch.uint8, device=device)

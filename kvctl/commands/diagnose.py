@@ -74,7 +74,7 @@ def _parameters(bytes_per_token: float | None, prefill_rate: float | None, t0: f
 
 def _collect(engine_urls, targets, window, parameters, timeout_s, show_progress: bool) -> cap.Capture:
     with render.progress(f"sampling for {window:g} s", total=window, enabled=show_progress) as advance:
-        return cap.collect(engine_urls, targets, window, parameters, tick=lambda dt: advance(dt), timeout_s=timeout_s)
+        return cap.collect(engine_urls, targets, window, parameters, tick=advance, timeout_s=timeout_s)
 
 
 def diagnosis_json(diag: Diagnosis, explain: bool = False) -> dict[str, Any]:

@@ -274,7 +274,7 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
     ex.append(Quantity("ρ = λ·n_L2·s / B", rho, f"λ·(L2 bytes/request) / B = {_g(load_rate)} B/s / {_g(bw)} GB/s", "synchronous-load queue §4"))
 
     waiting_a, waiting_b = ea.gauge("vllm:num_requests_waiting"), eb.gauge("vllm:num_requests_waiting")
-    gpu_utils = [u for u in (a.gpu.utilization_pct + b.gpu.utilization_pct)]
+    gpu_utils = a.gpu.utilization_pct + b.gpu.utilization_pct
     gpu_note = b.gpu.note or a.gpu.note
     obs = dict(
         lam=lam, typical=typical, bw=bw, bw_src=bw_src, b_star=b_star, n_star=n_star, rho=rho, k=k, n_inst=n_inst,

@@ -200,10 +200,8 @@ def thread_switches(pid: int) -> dict[int, int]:
 
 def gpu_state() -> tuple[tuple[float, ...], tuple[str, ...], str]:
     """NVML utilisation per visible GPU, names, and a note ("no GPU visible (...)" when none)."""
-    try:
-        from kvctl.diagnose.sources import gpu_sample  # noqa: PLC0415 - shared with `kvctl diagnose`
-    except ImportError:
-        return (), (), "no GPU visible (NVML reader unavailable)"
+    from kvctl.diagnose.sources import gpu_sample  # noqa: PLC0415 - shared with `kvctl diagnose`; urllib stays unloaded here
+
     g = gpu_sample()
     return tuple(g.utilization_pct), tuple(g.names), g.note
 

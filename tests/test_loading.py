@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -215,3 +216,24 @@ def test_missing_key_appended_to_crlf_file_ends_in_crlf(tmp_path):
     p.write_bytes(b"chunk_size: 256\r\n# end")
     run(["loading", "async", "--config", str(p)])
     assert p.read_bytes() == b"chunk_size: 256\r\n# end\r\nenable_async_loading: true\r\n"
+
+
+def test_restart_timeout_stops_what_the_command_started(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    res = loading.run_restart(f"sleep 60 & echo $! > {pidfile}; wait", timeout_s=0.5)
+    assert res.timed_out and not res.ok and res.returncode is None
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{child}").exists() and _state(child) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = Path(f"/proc/{child}").exists() and _state(child) != "Z"
+    if alive:  # the test's own child: do not leave it behind
+        os.kill(child, 9)
+    assert not alive, "the restart command's child outlived the timeout"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"

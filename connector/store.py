@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -304,9 +304,11 @@ class ShardedStore:
             req.finish()
             return req
         try:
-            self._executor.submit(self._prefetch_job, req, lead)
+            job = self._executor.submit(self._prefetch_job, req, lead)
         except RuntimeError as exc:  # executor shut down: this request just gets no more hits
             req.finish(exc)
+            return req
+        job.add_done_callback(lambda f: _finish_if_cancelled(req, f))
         return req
 
     def _prefetch_job(self, req: PrefetchRequest, start: int) -> None:
@@ -338,6 +340,7 @@ class ShardedStore:
         return self._apply_policy(request.hit_tokens(timeout_s))
 
     def close(self) -> None:
+        """Cancel queued prefetches (their requests finish with no more hits) and close the L2 client."""
         self._executor.shutdown(wait=False, cancel_futures=True)
         if self.client is not None:
             self.client.close()
@@ -347,3 +350,10 @@ class ShardedStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _finish_if_cancelled(req: PrefetchRequest, job: Future) -> None:
+    """A prefetch job cancelled by :meth:`ShardedStore.close` never ran: finish its request, or it stays open."""
+    if job.cancelled():
+        req.add_hits([False])
+        req.finish(CancelledError("prefetch cancelled: store closed"))

@@ -319,3 +319,25 @@ def test_sharded_store_load_across_ranks(world, valkey_factory):
         assert all(o["prefixes"][t] == expected for o in out), t  # same agreed prefix on every rank
         assert min(o["lookups"][t] for o in out) == expected * CT, t  # scheduler min = longest prefix
         assert [o["async"][t] for o in out] == [o["lookups"][t] for o in out], t
+
+
+def test_close_finishes_prefetches_it_cancels(valkey_server):
+    """A prefetch still queued when the store closes is finished (done, no more hits), not left open."""
+    import threading
+
+    st = make_store(0, 1, valkey_server.url, prefetch_workers=1)
+    gate = threading.Event()
+    try:
+        tokens, chunks = prompt(7, 4 * CT)
+        st.store(tokens, chunks)
+        for k in st.keys(tokens):
+            st.l1.pop(k)
+        st._executor.submit(gate.wait, 10)  # occupy the only prefetch worker
+        req = st.prefetch(tokens)
+        assert not req.done
+    finally:
+        st.close()
+        gate.set()
+    assert req.wait(2.0) and req.done
+    assert req.error is not None
+    assert st.lookup_async(req) == 0

@@ -35,7 +35,8 @@ from typing import Sequence
 
 import torch
 
-from .ownership import chunk_keys, chunk_start_token, cumulative_lengths, expand_url, lookup_answer, num_chunks
+from .ownership import chunk_keys, chunk_start_token, cumulative_lengths, lookup_answer, num_chunks, owned_chunks
+from .urls import expand_url
 from .prefetch import LRUCache, PrefetchRequest
 from .protocol import DEFAULT_MODE, LoadResult, load_agreed_prefix
 from .resp import RespClient, RespError
@@ -146,7 +147,7 @@ class ShardedStore:
         return chunk_keys(list(token_ids[: n_full * self.chunk_tokens]), self.chunk_tokens, self.model_name, self.fmt)
 
     def owned(self, n_chunks: int) -> range:
-        return range(self.rank, n_chunks, self.world_size)
+        return owned_chunks(n_chunks, self.rank, self.world_size)
 
     # -- bytes <-> tensors ----------------------------------------------------
     def _new_chunk(self) -> tuple[bytearray, torch.Tensor]:

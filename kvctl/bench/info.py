@@ -13,8 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
-from kvctl.connector.urls import parse_resp_url
-from kvctl.tier.server import redis_client
+from kvctl.tier.server import redis_for_url
 
 
 @dataclass(frozen=True)
@@ -60,24 +59,9 @@ class ServerInfo:
     total_system_memory_bytes: int
 
 
-def _redis(url: str, timeout_s: float):
-    u = parse_resp_url(url)
-    return redis_client(  # one attempt: a stalled server costs timeout_s once, not per retry
-        timeout_s,
-        host=u.host,
-        port=u.port,
-        username=u.username,
-        password=u.password,
-        db=u.db,
-        ssl=u.tls,
-        ssl_ca_certs=u.ssl_ca_certs,
-        ssl_cert_reqs="required" if u.ssl_verify else "none",
-    )
-
-
 def server_info(url: str, timeout_s: float) -> ServerInfo:
     """Version and memory limits (INFO server + memory); raises redis/OS errors."""
-    with _redis(url, timeout_s) as r:
+    with redis_for_url(url, timeout_s) as r:
         info = r.info("server")
         mem = r.info("memory")
     version = str(info.get("valkey_version") or info.get("redis_version") or "?")
@@ -91,7 +75,7 @@ def server_info(url: str, timeout_s: float) -> ServerInfo:
 
 def snapshot(url: str, timeout_s: float) -> ServerSnapshot:
     """One INFO stats + commandstats read; raises redis/OS errors (bounded by ``timeout_s``)."""
-    with _redis(url, timeout_s) as r:
+    with redis_for_url(url, timeout_s) as r:
         info = r.info("stats")
         cmd = r.info("commandstats")
     t = time.monotonic()

@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from kvctl.errors import InvalidInput, Unreachable
+from kvctl.tier.server import redis_for_url
 from kvctl.tier.targets import Target
 
 
@@ -49,18 +50,9 @@ def valkey_info(target: Target, timeout_s: float = 3.0) -> dict[str, Any]:
     several times ``timeout_s`` (the ``--timeout`` a user gave per scrape).
     """
     import redis  # noqa: PLC0415 - keep `kvctl --help` light
-    from redis.backoff import NoBackoff  # noqa: PLC0415
-    from redis.retry import Retry  # noqa: PLC0415
 
     try:
-        with redis.Redis(
-            host=target.host,
-            port=target.port,
-            password=target.password,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-        ) as r:
+        with redis_for_url(target.url, timeout_s, password=target.password) as r:
             info = r.info("all")
     except (redis.RedisError, OSError) as e:
         raise Unreachable(f"Valkey rank {target.rank} at {target.host}:{target.port} unreachable: {e}") from e

@@ -111,6 +111,28 @@ def redis_client(timeout_s: float, connect_timeout_s: float | None = None, **con
     )
 
 
+def redis_for_url(url: str, timeout_s: float, password: str | None = None):
+    """A one-attempt client (:func:`redis_client`) for a ``resp://``/``redis://``/``rediss://`` URL.
+
+    Honours the URL's TLS settings, ACL user, password and db; ``password``
+    (e.g. from a ``--password-file``) overrides the URL's.
+    """
+    from kvctl.connector.urls import parse_resp_url  # noqa: PLC0415
+
+    u = parse_resp_url(url)
+    return redis_client(
+        timeout_s,
+        host=u.host,
+        port=u.port,
+        username=u.username,
+        password=password if password is not None else u.password,
+        db=u.db,
+        ssl=u.tls,
+        ssl_ca_certs=u.ssl_ca_certs,
+        ssl_cert_reqs="required" if u.ssl_verify else "none",
+    )
+
+
 def server_pid(host: str, port: int, password: str | None = None) -> int | None:
     """``process_id`` from INFO server, or None when the server does not answer."""
     import redis  # noqa: PLC0415 - keep `kvctl --help` light

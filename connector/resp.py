@@ -39,7 +39,7 @@ from .resp_errors import (
     RespServerError,
     RespTimeout,
 )
-from .urls import RespUrl, parse_resp_url
+from .urls import InvalidUrl, RespUrl, parse_resp_url
 
 __all__ = [
     "CompletionRegistry",
@@ -63,7 +63,10 @@ _SMALL_WRITE = 64 * 1024  # values smaller than this are copied into the command
 
 def make_ssl_context(url: RespUrl) -> ssl.SSLContext:
     """The stdlib TLS context for a ``rediss://`` URL (verification on unless ``ssl_cert_reqs=none``)."""
-    ctx = ssl.create_default_context(cafile=url.ssl_ca_certs)
+    try:
+        ctx = ssl.create_default_context(cafile=url.ssl_ca_certs)
+    except (OSError, ssl.SSLError) as e:
+        raise InvalidUrl(f"cannot load the TLS CA file {url.ssl_ca_certs!r} of {url.redacted()}: {e}") from e
     if not url.ssl_verify:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE

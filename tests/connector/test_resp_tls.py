@@ -20,7 +20,7 @@ import threading
 import pytest
 
 from kvctl.connector.resp import RespClient, RespConnectionError, make_ssl_context
-from kvctl.connector.urls import parse_resp_url
+from kvctl.connector.urls import InvalidUrl, parse_resp_url
 
 
 def test_ssl_context_from_url(tmp_path):
@@ -28,7 +28,7 @@ def test_ssl_context_from_url(tmp_path):
     assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
     loose = make_ssl_context(parse_resp_url("rediss://h:6380?ssl_cert_reqs=none"))
     assert loose.verify_mode == ssl.CERT_NONE and not loose.check_hostname
-    with pytest.raises((FileNotFoundError, ssl.SSLError)):
+    with pytest.raises(InvalidUrl, match="TLS CA file"):
         make_ssl_context(parse_resp_url(f"rediss://h?ssl_ca_certs={tmp_path / 'absent.pem'}"))
 
 
@@ -142,3 +142,9 @@ def test_rediss_against_plain_server_fails_fast(valkey_server):
     with RespClient(f"rediss://{valkey_server.host}:{valkey_server.port}", timeout_s=1.0) as client:
         with pytest.raises(RespConnectionError):
             client.ping()
+
+
+def test_unreadable_ca_file_is_a_clear_url_error(tmp_path):
+    missing = tmp_path / "no-such-ca.pem"
+    with pytest.raises(InvalidUrl, match="TLS CA file"):
+        RespClient(f"rediss://127.0.0.1:6390?ssl_ca_certs={missing}", timeout_s=1.0)

@@ -322,7 +322,7 @@ def load_agreed_prefix_detailed(
     )
 
     # step 4: move the prefix chunks from their owners
-    chunks = _MOVERS[mode](group, prefix, rank, world, staging, nbytes, dtype, shape, device) if prefix else []
+    chunks = move_prefix(group, prefix, staging, shape, dtype, device, mode)
     return LoadResult(prefix, chunks), agreement
 
 

@@ -1,7 +1,9 @@
 """The agreed-prefix load protocol over NCCL on real GPUs, and NVML readings.
 
 Runs only where CUDA devices are visible (skipped on CI's CPU machines); run
-it on a 2-GPU host with ``python -m pytest -m gpu tests/gpu``. Every rank
+it on a host with 2 or more GPUs with ``python -m pytest -m gpu tests/gpu``: the
+world size is the number of visible CUDA devices (``KVCTL_GPU_WORLD`` caps it),
+so the same test runs at W=2, 4 and 8. Every rank
 derives the same trial plan from one seed, applies only its own injected
 failures, and the parent checks that all ranks agree on the prefix, that it
 is the expected one, and that the loaded bytes equal the owners' bytes.
@@ -101,13 +103,23 @@ def worker(rank: int, world: int, port: int, seed: int, results) -> None:
         results.put((rank, "error", traceback.format_exc()))
 
 
-def test_protocol_over_nccl_agrees_and_moves_exact_bytes():
+def gpu_world() -> int:
+    """Ranks for the NCCL test: every visible GPU, or ``$KVCTL_GPU_WORLD`` of them (at least 2)."""
     _need_gpus(2)
+    visible = torch.cuda.device_count()
+    cap = int(os.environ.get("KVCTL_GPU_WORLD", visible))
+    if not 2 <= cap <= visible:
+        pytest.skip(f"KVCTL_GPU_WORLD={cap} needs 2..{visible}")
+    return cap
+
+
+def test_protocol_over_nccl_agrees_and_moves_exact_bytes():
+    world = gpu_world()
     import torch.multiprocessing as mp
 
     from kvctl.tier.server import free_port
 
-    world, seed = 2, 1234
+    seed = 1234
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()

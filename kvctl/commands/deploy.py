@@ -90,6 +90,7 @@ def deploy_group() -> None:
     kvctl deploy-valkey up --ranks 4 --base-port 17400 --maxmemory 400mb --dir ./kv-tier
     kvctl deploy-valkey status --dir ./kv-tier
     kvctl deploy-valkey lmcache-config --dir ./kv-tier
+    kvctl deploy-valkey vllm-config --dir ./kv-tier --shell
     kvctl deploy-valkey down --dir ./kv-tier
     kvctl deploy-valkey up --target k8s --ranks 8 --maxmemory 64gb --password-file pw --out k8s/
     """
@@ -258,21 +259,59 @@ def down_cmd(tier_dir: Path, purge: bool, timeout_s: float, as_json: bool) -> No
             render.warn(f"rank {r.rank}: no valkey-server of this tier was running (pid {r.pid})")
 
 
+def tier_config_options(func: Callable) -> Callable:
+    """Options that name the tier an engine config points at (lmcache-config, vllm-config)."""
+
+    @click.option("--target", type=click.Choice(["local", "systemd", "k8s"]), default="local", show_default=True, help="Tier kind: local reads --dir; systemd/k8s take the same options as `up`.")
+    @dir_option
+    @click.option("--ranks", type=int, help="Number of ranks (systemd, k8s).")
+    @click.option("--base-port", type=click.IntRange(1, 65535), default=17400, show_default=True, help="Port of rank 0 (systemd).")
+    @click.option("--host", default="127.0.0.1", show_default=True, help="Host the systemd instances run on, as engines reach it.")
+    @fleet_options
+    @click.option("--engine-password-file", type=click.Path(dir_okay=False), help="Engine password file for systemd/k8s tiers with auth (names user kvctl-engine).")
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+def _tier_urls(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None) -> tuple[Any, str | None, str | None, str]:
+    """(per-rank URL list or {rank} template, engine user, engine password file, a title) of the tier."""
+    if target == "local":
+        state = load_tier(tier_dir)
+        urls = [i.url for i in sorted(state.instances, key=lambda i: i.rank)]
+        return urls, state.engine_user, state.engine_password_file, f"the local tier in {state.dir} ({len(urls)} ranks)"
+    from kvctl.tier import render_targets  # noqa: PLC0415
+
+    if not ranks or ranks < 1:
+        raise InvalidInput(f"--target {target} needs --ranks N (N ≥ 1)")
+    fleet = render_targets.FleetSpec.build(
+        target=target, ranks=ranks, maxmemory=f"{ranks}mb", io_threads=1, base_port=base_port, host=host, k8s_port=k8s_port,
+        password_file=None, insecure_no_auth=True, name=name, service=service, namespace=namespace, image=image,
+    )  # fmt: skip
+    user = spec.ENGINE_USER if engine_password_file else None
+    return render_targets.remote_urls(fleet), user, engine_password_file, f"the {target} tier {name} ({ranks} ranks)"
+
+
+def _write_or_echo(text: str, out_file: Path | None) -> None:
+    if out_file:
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        out_file.write_text(text)
+        render.message(f"wrote {out_file}", stderr=True)
+    else:
+        click.echo(text, nl=False)
+
+
 @deploy_group.command("lmcache-config")
-@click.option("--target", type=click.Choice(["local", "systemd", "k8s"]), default="local", show_default=True, help="Tier kind: local reads --dir; systemd/k8s take the same options as `up`.")
-@dir_option
-@click.option("--ranks", type=int, help="Number of ranks (systemd, k8s).")
-@click.option("--base-port", type=click.IntRange(1, 65535), default=17400, show_default=True, help="Port of rank 0 (systemd).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Host the systemd instances run on, as engines reach it.")
-@fleet_options
+@tier_config_options
 @click.option("--chunk-size", type=click.IntRange(min=1), default=256, show_default=True, help="LMCache chunk_size in tokens.")
 @click.option("--local-cpu/--no-local-cpu", default=True, show_default=True, help="LMCache L1 in host memory.")
 @click.option("--max-local-cpu-size", type=click.FloatRange(min=0), default=5.0, show_default=True, help="LMCache L1 size in GB per engine worker.")
 @click.option("--async-loading/--sync-loading", default=False, show_default=True, help="LMCache enable_async_loading.")
-@click.option("--engine-password-file", type=click.Path(dir_okay=False), help="Engine password file for systemd/k8s tiers with auth (names user kvctl-engine).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the YAML to this file instead of stdout.")
 @output_options
-def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, chunk_size: int, local_cpu: bool, max_local_cpu_size: float, async_loading: bool, engine_password_file: str | None, out_file: Path | None, as_json: bool) -> None:
+def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_size: int, local_cpu: bool, max_local_cpu_size: float, async_loading: bool, out_file: Path | None, as_json: bool) -> None:
     """Print the LMCache YAML for this tier: chunk size, L1 settings, per-rank remote URL.
 
     Local tiers get the per-rank list form (ports differ); k8s gets the
@@ -281,30 +320,42 @@ def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port
     from kvctl.tier.lmcache_config import LMCacheSettings, lmcache_config, render_lmcache_yaml  # noqa: PLC0415 - yaml
 
     settings = LMCacheSettings(chunk_size, local_cpu, max_local_cpu_size, "naive", async_loading)
-    if target == "local":
-        state = load_tier(tier_dir)
-        urls: Any = [i.url for i in sorted(state.instances, key=lambda i: i.rank)]
-        cfg = lmcache_config(urls, settings, state.engine_user, state.engine_password_file)
-        title = f"LMCache config for the local tier in {state.dir} ({len(urls)} ranks)"
-    else:
-        from kvctl.tier import render_targets  # noqa: PLC0415
-
-        if not ranks or ranks < 1:
-            raise InvalidInput(f"--target {target} needs --ranks N (N ≥ 1)")
-        fleet = render_targets.FleetSpec.build(
-            target=target, ranks=ranks, maxmemory=f"{ranks}mb", io_threads=1, base_port=base_port, host=host, k8s_port=k8s_port,
-            password_file=None, insecure_no_auth=True, name=name, service=service, namespace=namespace, image=image,
-        )  # fmt: skip
-        user = spec.ENGINE_USER if engine_password_file else None
-        cfg = lmcache_config(render_targets.remote_urls(fleet), settings, user, engine_password_file)
-        title = f"LMCache config for the {target} tier {name} ({ranks} ranks)"
+    urls, user, password_file, tier = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file)
+    cfg = lmcache_config(urls, settings, user, password_file)
     if as_json:
         render.emit_json(cfg)
         return
-    text = render_lmcache_yaml(cfg, title)
-    if out_file:
-        out_file.parent.mkdir(parents=True, exist_ok=True)
-        out_file.write_text(text)
-        render.message(f"wrote {out_file}", stderr=True)
-    else:
-        click.echo(text, nl=False)
+    _write_or_echo(render_lmcache_yaml(cfg, f"LMCache config for {tier}"), out_file)
+
+
+@deploy_group.command("vllm-config")
+@tier_config_options
+@click.option("--chunk-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Tokens per chunk of the kvctl connector (a multiple of vLLM's block size).")
+@click.option("--async-loading/--sync-loading", default=False, show_default=True, help="The connector's async_loading (paper §5.3): load in the background while the request waits.")
+@click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True), help="Seconds a lookup or load may take before the engine recomputes (default: the connector's).")
+@click.option("--shell", "as_shell", is_flag=True, help="Print the whole quoted argument, --kv-transfer-config '...', for a shell or a systemd ExecStart line.")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the output to this file instead of stdout.")
+@output_options
+def vllm_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_tokens: int, async_loading: bool, timeout_s: float | None, as_shell: bool, out_file: Path | None, as_json: bool) -> None:
+    """Print vLLM's --kv-transfer-config JSON that loads kvctl's connector over this tier.
+
+    One compact JSON line (the argument's value); --shell prints the quoted
+    argument, --json the same mapping indented. Local and systemd tiers get a
+    per-rank "urls" list (ports differ); k8s gets a "url" {rank} template
+    (hosts differ). With a password, the tier's engine user is in the URLs
+    and only the password file's path is written.
+
+    \b
+    python -m vllm.entrypoints.openai.api_server ... \\
+        --kv-transfer-config "$(kvctl deploy-valkey vllm-config --dir ./kv-tier)"
+    """
+    from kvctl.tier.vllm_config import ConnectorSettings, kv_transfer_config, render_json, render_shell  # noqa: PLC0415
+
+    if as_shell and as_json:
+        raise InvalidInput("--shell and --json are two output forms; pick one")
+    urls, user, password_file, _ = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file)
+    cfg = kv_transfer_config(urls, ConnectorSettings(chunk_tokens, async_loading, timeout_s), user, password_file)
+    if as_json:
+        render.emit_json(cfg)
+        return
+    _write_or_echo((render_shell(cfg) if as_shell else render_json(cfg)) + "\n", out_file)

@@ -1,0 +1,99 @@
+"""The ``--kv-transfer-config`` that loads kvctl's own vLLM connector over a tier (paper §5.2).
+
+The JSON is what vLLM's ``KVTransferConfig`` (``vllm/config/kv_transfer.py``)
+takes: ``kv_connector`` + ``kv_connector_module_path`` name the connector class
+``kvctl.plugins.vllm.KvctlConnector`` (the module path wins over vLLM's own
+registry), ``kv_role`` is ``kv_both`` (the engine stores and loads), and
+``kv_load_failure_policy`` is ``recompute`` so a chunk that cannot be loaded is
+recomputed instead of failing the request (vLLM's default is ``fail``).
+``kv_connector_extra_config`` is the connector's own settings:
+
+* ``urls``: one URL per rank, index = rank (a local or systemd tier, ports differ), or
+* ``url``: a ``{rank}`` template (a k8s tier, hosts differ);
+* ``chunk_tokens``, ``async_loading``, optionally ``timeout_s`` and ``password_file``.
+
+With a password the tier's ACL user goes into the URLs (``resp://kvctl-engine@host:port``)
+and only the path of the password file is written, never the password.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from typing import Any, Sequence
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from kvctl.connector.urls import RANK_PLACEHOLDER
+from kvctl.errors import InvalidInput
+
+CONNECTOR = "KvctlConnector"
+MODULE_PATH = "kvctl.plugins.vllm"
+ARG = "--kv-transfer-config"
+EXTRA = "kv_connector_extra_config"
+ASYNC_KEY = "async_loading"
+
+
+@dataclass(frozen=True)
+class ConnectorSettings:
+    """The connector's engine-side knobs that go with a tier."""
+
+    chunk_tokens: int = 256
+    async_loading: bool = False
+    timeout_s: float | None = None  # None: the connector's default
+
+
+def with_user(url: str, username: str | None) -> str:
+    """``url`` with ``username@`` in front of the host (no password: that stays in the file)."""
+    if not username:
+        return url
+    parts = urlsplit(url)
+    if parts.username:
+        return url
+    return urlunsplit(parts._replace(netloc=f"{quote(username, safe='')}@{parts.netloc}"))
+
+
+def kv_transfer_config(
+    urls: str | Sequence[str],
+    settings: ConnectorSettings = ConnectorSettings(),
+    username: str | None = None,
+    password_file: str | None = None,
+) -> dict[str, Any]:
+    """The ``--kv-transfer-config`` mapping: ``urls`` is a ``{rank}`` template or one URL per rank."""
+    if settings.chunk_tokens < 1:
+        raise InvalidInput(f"chunk tokens must be at least 1, got {settings.chunk_tokens}")
+    if settings.timeout_s is not None and not settings.timeout_s > 0:
+        raise InvalidInput(f"timeout must be > 0 s, got {settings.timeout_s}")
+    extra: dict[str, Any] = {}
+    if isinstance(urls, str):
+        if RANK_PLACEHOLDER not in urls:
+            raise InvalidInput(f"a per-rank URL template must contain {RANK_PLACEHOLDER}: {urls}")
+        extra["url"] = with_user(urls, username)
+    else:
+        urls = list(urls)
+        if not urls:
+            raise InvalidInput("no instances to point the connector at")
+        extra["urls"] = [with_user(u, username) for u in urls]
+    extra["chunk_tokens"] = settings.chunk_tokens
+    extra[ASYNC_KEY] = settings.async_loading
+    if settings.timeout_s is not None:
+        extra["timeout_s"] = settings.timeout_s
+    if password_file:
+        extra["password_file"] = password_file
+    return {
+        "kv_connector": CONNECTOR,
+        "kv_connector_module_path": MODULE_PATH,
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        EXTRA: extra,
+    }
+
+
+def render_json(cfg: dict[str, Any]) -> str:
+    """One line of compact JSON, the value of ``--kv-transfer-config``."""
+    return json.dumps(cfg, separators=(",", ":"))
+
+
+def render_shell(cfg: dict[str, Any]) -> str:
+    """The whole argument, quoted for a POSIX shell or a systemd ExecStart line."""
+    return f"{ARG} {shlex.quote(render_json(cfg))}"

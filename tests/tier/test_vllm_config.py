@@ -1,0 +1,141 @@
+"""`kvctl deploy-valkey vllm-config`: the --kv-transfer-config for kvctl's vLLM connector, checked by
+vLLM's own KVTransferConfig and argument parser, and pointed at a real local tier."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvctl.cli import cli
+from kvctl.connector.resp import RespClient
+from kvctl.connector.urls import expand_url, parse_resp_url
+from kvctl.errors import InvalidInput
+from kvctl.tier import local
+from kvctl.tier.targets import state_path
+from kvctl.tier.vllm_config import ConnectorSettings, kv_transfer_config, render_shell, with_user
+from tests import vllm_loaders
+from tests.tier.test_deploy_local import free_base_port
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, ["deploy-valkey", "vllm-config", *args])
+
+
+def test_k8s_template_form_is_accepted_by_vllm():
+    pytest.importorskip("vllm")
+    res = invoke("--target", "k8s", "--ranks", "4", "--chunk-tokens", "128")
+    assert res.exit_code == 0, res.output
+    assert res.stdout.count("\n") == 1  # one line: the value of --kv-transfer-config
+    cfg = json.loads(res.stdout)
+    assert cfg == {
+        "kv_connector": "KvctlConnector",
+        "kv_connector_module_path": "kvctl.plugins.vllm",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"url": "resp://valkey-kv-{rank}.valkey-kv:6379", "chunk_tokens": 128, "async_loading": False},
+    }
+    assert parse_resp_url(expand_url(cfg["kv_connector_extra_config"]["url"], 3)).host == "valkey-kv-3.valkey-kv"
+    kv = vllm_loaders.kv_config(cfg)
+    assert kv.kv_connector == "KvctlConnector" and kv.kv_connector_module_path == "kvctl.plugins.vllm"
+    assert kv.kv_load_failure_policy == "recompute" and kv.is_kv_producer and kv.is_kv_consumer
+    assert kv.get_from_extra_config("chunk_tokens", None) == 128
+
+
+def test_shell_form_goes_through_vllms_parser_with_auth_async_and_timeout():
+    pytest.importorskip("vllm")
+    res = invoke("--target", "k8s", "--ranks", "2", "--namespace", "serving", "--async-loading", "--timeout-s", "2.5",
+                 "--engine-password-file", "/run/secrets/valkey-kv/engine-password", "--shell")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    line = res.stdout.strip()
+    assert line.startswith("--kv-transfer-config '{") and line.endswith("}'")
+    kv = vllm_loaders.kv_from_command_line(f"python -m vllm.entrypoints.openai.api_server --model m {line}")
+    assert kv.kv_connector == "KvctlConnector" and kv.kv_role == "kv_both"
+    assert kv.kv_connector_extra_config == {
+        "url": "resp://kvctl-engine@valkey-kv-{rank}.valkey-kv.serving.svc:6379",
+        "chunk_tokens": 256,
+        "async_loading": True,
+        "timeout_s": 2.5,
+        "password_file": "/run/secrets/valkey-kv/engine-password",
+    }
+
+
+def test_systemd_list_form_and_json_output(tmp_path):
+    res = invoke("--target", "systemd", "--ranks", "3", "--base-port", "18000", "--host", "10.0.0.5", "--json")
+    assert res.exit_code == 0, res.output
+    extra = json.loads(res.stdout)["kv_connector_extra_config"]
+    assert extra["urls"] == ["resp://10.0.0.5:18000", "resp://10.0.0.5:18001", "resp://10.0.0.5:18002"]
+    assert "url" not in extra and "password_file" not in extra and "timeout_s" not in extra
+    out = tmp_path / "sub" / "kv.json"
+    res = invoke("--target", "systemd", "--ranks", "3", "--base-port", "18000", "--host", "10.0.0.5", "--out", str(out))
+    assert res.exit_code == 0 and res.stdout == ""
+    assert json.loads(out.read_text())["kv_connector_extra_config"] == extra
+
+
+def test_local_tier_with_auth_reaches_every_instance(tmp_path):
+    """The rendered URLs + password file log in to the real instances as the engine user and talk to the right port."""
+    pw = tmp_path / "tier.pw"
+    pw.write_text("tier-admin-pw\n")
+    pw.chmod(0o600)
+    d = tmp_path / "tier"
+    base = free_base_port(2)
+    up = CliRunner().invoke(cli, ["deploy-valkey", "up", "--ranks", "2", "--base-port", str(base), "--maxmemory", "64mb", "--dir", str(d), "--password-file", str(pw)])
+    assert up.exit_code == 0, up.output
+    try:
+        res = invoke("--dir", str(d), "--sync-loading")
+        assert res.exit_code == 0, res.output
+        assert "tier-admin-pw" not in res.output
+        extra = json.loads(res.stdout)["kv_connector_extra_config"]
+        assert extra["urls"] == [f"resp://kvctl-engine@127.0.0.1:{base}", f"resp://kvctl-engine@127.0.0.1:{base + 1}"]
+        assert extra["password_file"] == str((d / "engine.password").resolve()) and extra["async_loading"] is False
+        password = Path(extra["password_file"]).read_text().strip()
+        assert password not in res.output
+        for rank in (0, 1):
+            url = parse_resp_url(expand_url(extra["urls"], rank))
+            assert (url.username, url.port) == ("kvctl-engine", base + rank)
+            authed = dataclasses.replace(url, password=password)
+            client = RespClient(f"resp://{authed.username}:{authed.password}@{authed.host}:{authed.port}", timeout_s=2)
+            try:
+                client.batched_set([f"probe-{rank}"], [b"x" * 10])
+                assert client.batched_exists([f"probe-{rank}", "probe-missing"]) == [True, False]
+            finally:
+                client.close()
+    finally:
+        if state_path(d).exists():
+            local.down(d)
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--target", "k8s"], "--ranks"),
+        (["--target", "systemd", "--ranks", "0"], "--ranks"),
+        (["--target", "k8s", "--ranks", "2", "--chunk-tokens", "0"], "--chunk-tokens"),
+        (["--target", "k8s", "--ranks", "2", "--timeout-s", "0"], "--timeout-s"),
+        (["--target", "k8s", "--ranks", "2", "--shell", "--json"], "pick one"),
+        (["--dir", "/nonexistent/tier"], "no kvctl tier"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args, needle):
+    res = invoke(*args)
+    assert res.exit_code == 2, res.output
+    (error,) = [ln for ln in res.output.splitlines() if ln.startswith("Error")]  # one line, after click's usage lines
+    assert needle in error
+
+
+def test_library_rules():
+    with pytest.raises(InvalidInput, match=r"\{rank\}"):
+        kv_transfer_config("resp://one-host:6379")
+    with pytest.raises(InvalidInput, match="no instances"):
+        kv_transfer_config([])
+    with pytest.raises(InvalidInput, match="timeout"):
+        kv_transfer_config(["resp://h:1"], ConnectorSettings(timeout_s=-1))
+    # a user already in the URL is kept; the user goes before the host, never a password
+    assert with_user("resp://a@h:1", "b") == "resp://a@h:1"
+    assert with_user("rediss://h:1/2?ssl_cert_reqs=none", "kvctl-engine") == "rediss://kvctl-engine@h:1/2?ssl_cert_reqs=none"
+    cfg = kv_transfer_config(["resp://h:1"], ConnectorSettings(chunk_tokens=64, async_loading=True))
+    assert shlex.split(render_shell(cfg)) == ["--kv-transfer-config", json.dumps(cfg, separators=(",", ":"))]

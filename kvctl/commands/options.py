@@ -3,11 +3,48 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable
 
 import click
 
 from kvctl.errors import ExitStatus
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option that rejects NaN, ±inf and values outside ``[min, max]`` (exit 2).
+
+    Every numeric option needs an upper bound: a value past it is a typo, and
+    past ~1e308 arithmetic turns into ``inf`` and JSON into ``Infinity``.
+    """
+
+    name = "number"
+
+    def __init__(self, min: float | None = None, max: float | None = None, min_open: bool = False, max_open: bool = False) -> None:
+        if max is None or not math.isfinite(max):
+            raise ValueError("FiniteFloat needs a finite max: every numeric option has an absurd end")
+        super().__init__(min=min, max=max, min_open=min_open, max_open=max_open, clamp=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(rv, param, ctx)
+
+
+def positive(max: float) -> FiniteFloat:
+    """A finite float in ``(0, max]``."""
+    return FiniteFloat(min=0, max=max, min_open=True)
+
+
+def non_negative(max: float) -> FiniteFloat:
+    """A finite float in ``[0, max]``."""
+    return FiniteFloat(min=0, max=max)
+
+
+def count(max: int, min: int = 1) -> click.IntRange:
+    """An integer in ``[min, max]`` (click's int parser already refuses nan/inf/1e9)."""
+    return click.IntRange(min=min, max=max)
 
 
 def output_options(func: Callable) -> Callable:

@@ -8,9 +8,20 @@
   bytes are still consumed so the connection stays in sync.
 * Bulk headers are parsed up to CRLF, so the 5-byte null bulk ``$-1\\r\\n`` of
   a missing key is a per-key miss and the connection stays usable (bug 2).
-* Every socket operation is bounded by ``timeout_s``. Timeouts, closed
-  connections and malformed replies raise a :class:`RespError` subclass and
-  the connection is dropped from the pool, never returned to it.
+* One deadline per call: ``timeout_s`` bounds the whole call -- the wait for
+  a pooled connection, connect (and AUTH/SELECT), every send and every read --
+  not each socket operation, so a server that drips its reply cannot stretch
+  a call. A bulk longer than Valkey's ``proto-max-bulk-len`` (512 MB, the
+  ``max_bulk_bytes`` knob) is a protocol error at its header.
+* Timeouts, closed connections and malformed replies raise a
+  :class:`RespError` subclass and the connection is dropped from the pool,
+  never returned to it. So is a connection with bytes left unread after its
+  last expected reply: they would otherwise be taken for the next call's reply.
+* A pooled connection is checked before reuse (closed by the server, or
+  unsolicited bytes waiting: dropped), and an idempotent call (GET, EXISTS,
+  SET, PING) whose reused connection fails before any reply byte is retried
+  once on a fresh connection within the same deadline, so the calls after a
+  server restart do not fail on the pool's dead sockets.
 * ``batched_*`` calls complete on the caller's thread. ``submit_get`` runs
   on an I/O thread and completes through :class:`CompletionRegistry`, which
   holds one lock across submit-and-register and across the drain, so a
@@ -21,10 +32,12 @@ No click, no rich: this module runs inside engine processes.
 
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -59,6 +72,11 @@ _READ_CHUNK = 256 * 1024  # internal buffer for headers; payloads bypass it
 _MAX_LINE = 64 * 1024  # a header/status line longer than this is malformed
 _DISCARD_CHUNK = 1024 * 1024
 _SMALL_WRITE = 64 * 1024  # values smaller than this are copied into the command buffer
+MAX_BULK_BYTES = 512 * 1024 * 1024  # Valkey's default proto-max-bulk-len: no real server sends more
+# The socket timeout is re-armed to the time left before a blocking call once it
+# exceeds that by more than this fraction of the call's budget: a call overruns
+# its deadline by at most 2 %, without a settimeout() per recv of a large value.
+_REARM_FRACTION = 0.02
 
 
 def make_ssl_context(url: RespUrl) -> ssl.SSLContext:
@@ -86,21 +104,62 @@ def _key_bytes(key: str | bytes) -> bytes:
     return key.encode() if isinstance(key, str) else bytes(key)
 
 
-class _Connection:
-    """One socket plus a small read buffer. Not thread-safe; the pool hands it to one caller."""
+def _open_socket(host: str, port: int, deadline: float) -> socket.socket:
+    """TCP connect to the first address of ``host:port`` that answers, all attempts within ``deadline``.
 
-    def __init__(self, url: RespUrl, timeout_s: float, ssl_context: ssl.SSLContext | None) -> None:
+    Name resolution (``getaddrinfo``) is the OS resolver's and is not bounded
+    here; URLs for the tier are IP addresses or names resolved from local files.
+    """
+    err: OSError | None = None
+    for family, kind, proto, _, addr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("connect deadline passed")
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(left)
+            sock.connect(addr)
+            return sock
+        except OSError as exc:
+            sock.close()
+            err = exc
+            if isinstance(exc, socket.timeout):
+                raise
+    raise err if err is not None else OSError(f"no address for {host}")
+
+
+class _Connection:
+    """One socket plus a small read buffer. Not thread-safe; the pool hands it to one caller.
+
+    Every blocking operation is bounded by ``deadline`` (``time.monotonic()``
+    seconds), which :meth:`begin` sets for each call; ``budget_s`` is the
+    call's whole budget, for messages. ``replied`` turns True at the first
+    reply byte of the call (a call that failed before it may be retried).
+    """
+
+    def __init__(
+        self,
+        url: RespUrl,
+        timeout_s: float,
+        ssl_context: ssl.SSLContext | None,
+        deadline: float | None = None,
+        max_bulk_bytes: int = MAX_BULK_BYTES,
+    ) -> None:
         self.url = url
         self.timeout_s = timeout_s
+        self.max_bulk_bytes = max_bulk_bytes
         self._rbuf = bytearray(_READ_CHUNK)
         self._rview = memoryview(self._rbuf)
         self._rpos = 0
         self._rend = 0
         self.broken = False
+        self.replied = False
         self.last_error = b""
+        self.deadline = time.monotonic() + timeout_s if deadline is None else deadline
+        self._sock_timeout = 0.0
         where = f"{url.host}:{url.port}"
         try:
-            sock = socket.create_connection((url.host, url.port), timeout=timeout_s)
+            sock = _open_socket(url.host, url.port, self.deadline)
         except socket.timeout:
             raise RespTimeout(f"connect to {where} timed out after {timeout_s:g}s") from None
         except OSError as exc:
@@ -108,6 +167,7 @@ class _Connection:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if url.tls:
+                sock.settimeout(max(1e-3, self.deadline - time.monotonic()))
                 ctx = ssl_context or make_ssl_context(url)
                 sock = ctx.wrap_socket(sock, server_hostname=url.host)
         except ssl.SSLError as exc:
@@ -121,7 +181,9 @@ class _Connection:
             raise RespConnectionError(f"cannot set up connection to {where}: {exc}") from None
         self.sock = sock
         try:
+            self.begin(self.deadline, timeout_s)
             self._handshake()
+            self.replied = False  # AUTH/SELECT replies are not the call's reply
         except BaseException:
             self.close()
             raise
@@ -160,21 +222,68 @@ class _Connection:
         except (OSError, AttributeError):
             pass
 
+    # -- one call ----------------------------------------------------------------
+    def begin(self, deadline: float, budget_s: float) -> None:
+        """Start a call that must end by ``deadline`` (its whole budget is ``budget_s``)."""
+        self.deadline = deadline
+        self.timeout_s = budget_s
+        self.replied = False
+        self._slack = budget_s * _REARM_FRACTION
+        self._sock_timeout = -1.0  # forces the first _arm() to set the socket timeout
+        self._arm()
+
+    def _arm(self) -> None:
+        """Before a blocking operation: fail if the deadline passed, else bound the socket by the time left."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise RespTimeout(f"call to {self._where()} exceeded its {self.timeout_s:g}s deadline")
+        if self._sock_timeout < 0 or self._sock_timeout - left > self._slack:
+            self.sock.settimeout(left)
+            self._sock_timeout = left
+
+    def reusable(self) -> bool:
+        """Whether this idle connection may serve another call.
+
+        Not when bytes of a reply are still buffered (they would become the
+        next call's reply) or waiting in the socket, nor when the server closed
+        it. One ``poll(0)``; a TLS record without application data (a
+        session ticket) leaves the connection usable.
+        """
+        if self.broken or self._rpos != self._rend:
+            return False
+        try:
+            poller = select.poll()
+            poller.register(self.sock.fileno(), select.POLLIN)
+            if not poller.poll(0):
+                return not (self.url.tls and self.sock.pending())
+            if not self.url.tls:
+                return False  # readable while idle: unsolicited bytes, or the server closed it
+            self.sock.settimeout(0.0)
+            self._sock_timeout = 0.0
+            self.sock.recv_into(self._rview[self._rend :], 1)
+            return False  # application data (or EOF) while idle
+        except ssl.SSLWantReadError:
+            return True  # only a TLS record without data (a session ticket): idle and open
+        except (OSError, ValueError):
+            return False
+
     # -- low-level I/O -----------------------------------------------------------
     def _where(self) -> str:
         return f"{self.url.host}:{self.url.port}"
 
     def send(self, parts: Iterable[Any]) -> None:
-        """Write every buffer in ``parts``, in order, each bounded by ``timeout_s``."""
+        """Write every buffer in ``parts``, in order, within the call's deadline."""
         try:
             for part in parts:
-                self.sock.sendall(part)
+                self._arm()
+                self.sock.sendall(part)  # sendall's timeout bounds the whole buffer (Python >= 3.5)
         except socket.timeout:
             raise RespTimeout(f"send to {self._where()} timed out after {self.timeout_s:g}s") from None
         except OSError as exc:
             raise RespConnectionError(f"send to {self._where()} failed: {exc}") from None
 
     def _recv_into(self, view: memoryview) -> int:
+        self._arm()
         try:
             n = self.sock.recv_into(view)
         except socket.timeout:
@@ -183,6 +292,7 @@ class _Connection:
             raise RespConnectionError(f"receive from {self._where()} failed: {exc}") from None
         if n == 0:
             raise RespConnectionError(f"{self._where()} closed the connection mid-reply")
+        self.replied = True
         return n
 
     def _fill(self) -> None:
@@ -258,6 +368,10 @@ class _Connection:
                 raise RespProtocolError(f"bad bulk length from {self._where()}: {line[:40]!r}") from None
             if length < -1:
                 raise RespProtocolError(f"bad bulk length from {self._where()}: {line[:40]!r}")
+            if length > self.max_bulk_bytes:
+                raise RespProtocolError(
+                    f"bulk of {length} bytes from {self._where()} exceeds the {self.max_bulk_bytes}-byte cap (proto-max-bulk-len)"
+                )
             return b"$", length
         if kind == b"-":
             self.last_error = line[1:]
@@ -276,9 +390,14 @@ class RespClient:
     """Pipelined RESP2 client over a small socket pool.
 
     ``url``: ``resp://``, ``redis://`` or ``rediss://`` (TLS), optionally with
-    ``user:password@`` or ``:password@`` and ``/db``. ``timeout_s`` bounds
-    every socket operation and the wait for a free pooled connection.
-    ``pool_size`` caps open connections; calls from more threads wait.
+    ``user:password@`` or ``:password@`` and ``/db``. ``timeout_s`` is the
+    deadline of each call, all included: the wait for a free pooled
+    connection, connect and AUTH, every send and every read (for
+    :meth:`submit_get`, counted from the submit). ``pool_size`` caps open
+    connections; calls from more threads wait. ``max_bulk_bytes`` caps the
+    length a bulk reply may announce (Valkey's ``proto-max-bulk-len``, 512 MB
+    by default); a value that differs from its buffer is a miss and its bytes
+    are discarded only up to that cap.
     """
 
     def __init__(
@@ -287,14 +406,18 @@ class RespClient:
         timeout_s: float = 5.0,
         pool_size: int = 4,
         ssl_context: ssl.SSLContext | None = None,
+        max_bulk_bytes: int = MAX_BULK_BYTES,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if pool_size < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
+        if max_bulk_bytes < 0:
+            raise ValueError(f"max_bulk_bytes must be >= 0, got {max_bulk_bytes}")
         self.url = parse_resp_url(url)
         self.timeout_s = float(timeout_s)
         self.pool_size = pool_size
+        self.max_bulk_bytes = int(max_bulk_bytes)
         self._ssl_context = ssl_context if ssl_context is not None else (make_ssl_context(self.url) if self.url.tls else None)
         self._slots = threading.BoundedSemaphore(pool_size)
         self._idle: list[_Connection] = []
@@ -307,27 +430,44 @@ class RespClient:
         self._io_thread: threading.Thread | None = None
 
     # -- pool ----------------------------------------------------------------
-    def _acquire(self) -> _Connection:
+    def _deadline(self) -> float:
+        return time.monotonic() + self.timeout_s
+
+    def _acquire(self, deadline: float, fresh: bool = False) -> tuple[_Connection, bool]:
+        """A connection for one call ending by ``deadline``, and whether it was reused from the pool.
+
+        Idle connections that fail :meth:`_Connection.reusable` are dropped on
+        the way; ``fresh`` skips the pool (the retry after a reused one failed).
+        """
         if self._closed:
             raise RespClosedError("RespClient is closed")
-        if not self._slots.acquire(timeout=self.timeout_s):
+        if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise RespTimeout(f"no free connection to {self.url.host}:{self.url.port} within {self.timeout_s:g}s")
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        if conn is not None:
-            return conn
         try:
-            conn = _Connection(self.url, self.timeout_s, self._ssl_context)
+            while not fresh:
+                with self._lock:
+                    conn = self._idle.pop() if self._idle else None
+                if conn is None:
+                    break
+                if conn.reusable():
+                    conn.begin(deadline, self.timeout_s)
+                    return conn, True
+                conn.close()
+                with self._lock:
+                    self._dropped += 1
+            conn = _Connection(self.url, self.timeout_s, self._ssl_context, deadline, self.max_bulk_bytes)
         except BaseException:
             self._slots.release()
             raise
         with self._lock:
             self._created += 1
-        return conn
+        return conn, False
 
     def _release(self, conn: _Connection, ok: bool) -> None:
         try:
-            if ok and not conn.broken and not self._closed:
+            # a connection with reply bytes left unread after the call would hand
+            # them to the next call as its reply (wrong bytes as a hit): dropped
+            if ok and not self._closed and conn.reusable():
                 with self._lock:
                     self._idle.append(conn)
                 return
@@ -337,18 +477,34 @@ class RespClient:
         finally:
             self._slots.release()
 
-    def _run(self, fn, *args):
-        conn = self._acquire()
-        ok = False
-        try:
-            result = fn(conn, *args)
-            ok = True
-            return result
-        except RespServerError:
-            ok = True  # an error reply was read in full: the connection is in sync
-            raise
-        finally:
-            self._release(conn, ok)
+    def _run(self, fn, *args, idempotent: bool = False, deadline: float | None = None):
+        """Run ``fn(conn, *args)`` on a pooled connection within one deadline.
+
+        ``idempotent``: when a *reused* connection fails (closed, reset) before
+        any reply byte -- a socket the server dropped while it sat in the pool,
+        e.g. across a restart -- run ``fn`` once more on a fresh connection,
+        within the same deadline. Only for commands whose repetition cannot
+        change the outcome (GET, EXISTS, PING, and SET: see batched_set).
+        """
+        if deadline is None:
+            deadline = self._deadline()
+        retry = idempotent
+        while True:
+            conn, reused = self._acquire(deadline, fresh=not retry and idempotent)
+            ok = False
+            try:
+                result = fn(conn, *args)
+                ok = True
+                return result
+            except RespServerError:
+                ok = True  # an error reply was read in full: the connection is in sync
+                raise
+            except RespConnectionError as exc:
+                if not (retry and reused and not conn.replied) or isinstance(exc, RespTimeout):
+                    raise
+                retry = False  # once, on a fresh connection (the finally drops this one)
+            finally:
+                self._release(conn, ok)
 
     def pool_stats(self) -> _PoolStats:
         """Connections created and dropped so far, and idle now (for tests and diagnostics)."""
@@ -360,15 +516,19 @@ class RespClient:
         with self._lock:  # submit_get checks _closed and starts the I/O thread under this lock
             self._closed = True
             io_thread, registry = self._io_thread, self._registry
-        if io_thread is not None:
-            self._io_queue.put(None)
-            io_thread.join(timeout=self.timeout_s * 2)
-        if registry is not None:
-            registry.close()  # fails what is still pending and refuses later submits
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        try:
+            if io_thread is not None:
+                self._io_queue.put(None)
+                # the call in flight ends by its deadline; queued ones fail at once (closed)
+                if io_thread is not threading.current_thread():
+                    io_thread.join(timeout=self.timeout_s * 2)
+            if registry is not None:
+                registry.close()  # fails what is still pending and refuses later submits; any thread
+        finally:
+            with self._lock:
+                idle, self._idle = self._idle, []
+            for conn in idle:
+                conn.close()
 
     def __enter__(self) -> "RespClient":
         return self
@@ -386,10 +546,17 @@ class RespClient:
             _raise_if_error(conn, [value] if kind == b"-" else [])
             return kind == b"+" and value == b"PONG"
 
-        return self._run(op)
+        return self._run(op, idempotent=True)
 
     def batched_set(self, keys: Sequence[str | bytes], values: Sequence[Any]) -> None:
-        """SET every key to its value (bytes-like) in one pipeline."""
+        """SET every key to its value (bytes-like) in one pipeline.
+
+        Retried once on a fresh connection when a pooled one fails before any
+        reply byte. That is safe because SET is idempotent here: the retry
+        writes the same bytes under the same keys, so whether the first
+        attempt reached the server or not, the end state is the same (and a
+        chunk key names its content: any writer of it writes these bytes).
+        """
         if len(keys) != len(values):
             raise ValueError(f"{len(keys)} keys but {len(values)} values")
         if not keys:
@@ -420,7 +587,7 @@ class RespClient:
                     raise RespProtocolError(f"unexpected reply to SET: {kind + value!r}")
             _raise_if_error(conn, errors)
 
-        self._run(op)
+        self._run(op, idempotent=True)  # safe to repeat: same keys, same bytes (see the docstring)
 
     def batched_exists(self, keys: Sequence[str | bytes]) -> list[bool]:
         """Whether each key exists, in one pipeline of per-key EXISTS."""
@@ -447,7 +614,7 @@ class RespClient:
             _raise_if_error(conn, errors)
             return found
 
-        return self._run(op)
+        return self._run(op, idempotent=True)
 
     def batched_get(self, keys: Sequence[str | bytes], buffers: Sequence[Any]) -> list[bool]:
         """GET every key into its writable buffer; True = filled, False = miss.
@@ -457,6 +624,9 @@ class RespClient:
         connection stays usable. A missed buffer's contents are unspecified
         only in that no bytes are written to it.
         """
+        return self._get(keys, buffers, self._deadline())
+
+    def _get(self, keys: Sequence[str | bytes], buffers: Sequence[Any], deadline: float) -> list[bool]:
         if len(keys) != len(buffers):
             raise ValueError(f"{len(keys)} keys but {len(buffers)} buffers")
         if not keys:
@@ -496,7 +666,8 @@ class RespClient:
             _raise_if_error(conn, errors)
             return filled
 
-        return self._run(op)
+        # a retry happens only before any reply byte, so no buffer was written yet
+        return self._run(op, idempotent=True, deadline=deadline)
 
     def submit_get(self, keys: Sequence[str | bytes], buffers: Sequence[Any]) -> Future:
         """:meth:`batched_get` on the client's I/O thread; the future resolves to its list[bool]."""
@@ -509,17 +680,18 @@ class RespClient:
                 self._io_thread.start()
             registry = self._registry
         keys, buffers = list(keys), list(buffers)
+        deadline = self._deadline()  # the call's deadline counts from the submit, queueing included
         # a close() from here on makes the registry refuse this submit or fail its future
-        return registry.submit(lambda rid: self._io_queue.put((rid, keys, buffers)))
+        return registry.submit(lambda rid: self._io_queue.put((rid, keys, buffers, deadline)))
 
     def _io_loop(self, registry: CompletionRegistry) -> None:
         while True:
             item = self._io_queue.get()
             if item is None:
                 return
-            rid, keys, buffers = item
+            rid, keys, buffers, deadline = item
             try:
-                registry.complete(rid, self.batched_get(keys, buffers))
+                registry.complete(rid, self._get(keys, buffers, deadline))
             except BaseException as exc:  # noqa: BLE001 - delivered to the caller's future
                 registry.complete(rid, error=exc)
 

@@ -1,14 +1,13 @@
 """RespClient against misbehaving servers: every failure is bounded and drops the connection.
 
-The servers here are NOT Valkey: :class:`ScriptedServer` is a tiny loopback
-socket server written for these tests that plays a misbehaving RESP server
+The servers here are NOT Valkey: :class:`ScriptedServer` (tests/connector/resp_fakes.py)
+is a tiny loopback socket server that plays a misbehaving RESP server
 (silence, truncated replies, garbage type bytes, a close mid-payload).
 """
 
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from typing import Callable
 
@@ -20,57 +19,9 @@ from kvctl.connector.resp import (
     RespProtocolError,
     RespTimeout,
 )
+from tests.connector.resp_fakes import ScriptedServer
 
 TIMEOUT_S = 0.5
-
-
-class ScriptedServer:
-    """A fake RESP server on a free loopback port (not Valkey: a misbehaving test double).
-
-    For every accepted connection it reads one request, then calls
-    ``script(conn)``, which writes whatever broken reply the test wants and
-    returns True to keep the socket open (silently) or False to close it.
-    Accepting stops after ``max_conns`` connections; everything is closed on
-    :meth:`stop`.
-    """
-
-    def __init__(self, script: Callable[[socket.socket], bool], max_conns: int = 4) -> None:
-        self.script = script
-        self.max_conns = max_conns
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.listener.settimeout(0.1)
-        self.port = self.listener.getsockname()[1]
-        self.url = f"resp://127.0.0.1:{self.port}"
-        self._stop = threading.Event()
-        self._held: list[socket.socket] = []
-        self.accepted = 0
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set() and self.accepted < self.max_conns:
-            try:
-                conn, _ = self.listener.accept()
-            except socket.timeout:
-                continue
-            self.accepted += 1
-            conn.settimeout(2.0)
-            try:
-                conn.recv(65536)
-                keep = self.script(conn)
-            except OSError:
-                keep = False
-            if keep:
-                self._held.append(conn)
-            else:
-                conn.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        for c in self._held:
-            c.close()
-        self.listener.close()
 
 
 @pytest.fixture
@@ -78,7 +29,7 @@ def scripted():
     servers: list[ScriptedServer] = []
 
     def make(script: Callable[[socket.socket], bool]) -> ScriptedServer:
-        srv = ScriptedServer(script)
+        srv = ScriptedServer(lambda conn, _n: script(conn))
         servers.append(srv)
         return srv
 

@@ -4,12 +4,28 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import queue
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
 from .resp_errors import RespClosedError
+
+_log = logging.getLogger(__name__)
+
+
+def _resolve(fut: Future, result: Any, error: BaseException | None) -> None:
+    """Resolve ``fut``; what its caller did to it (cancel, a raising callback) cannot stop the drain."""
+    try:
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+    except InvalidStateError:
+        pass  # the caller cancelled it (or the close sweep got there first): nothing to deliver
+    except BaseException:  # noqa: BLE001 - a done-callback raised a non-Exception; the future is resolved
+        _log.exception("a done-callback of a RESP future raised; the completion drain goes on")
 
 
 class CompletionRegistry:
@@ -25,7 +41,9 @@ class CompletionRegistry:
     (register after submit, no lock); it exists only for the regression test.
 
     After :meth:`close`, ``submit`` raises :class:`RespClosedError` instead of
-    registering a future nobody would ever resolve.
+    registering a future nobody would ever resolve. :meth:`close` works from
+    any thread, including a future's done-callback, which runs on the drain
+    thread: every future resolves, with its result or a RespClosedError.
     """
 
     def __init__(self, unsafe_submit_then_register: bool = False) -> None:
@@ -59,26 +77,33 @@ class CompletionRegistry:
         while True:
             item = self._done.get()
             if item is None:
-                return
+                break
             rid, result, error = item
             with self._guard:
                 fut = self._pending.pop(rid, None)
             if fut is None:
                 self.dropped += 1
                 continue
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(result)
+            _resolve(fut, result, error)
+        self._fail_pending()
 
-    def close(self) -> None:
-        """Refuse new submits, stop the drain thread; futures still pending get a RespClosedError."""
-        with self._lock:
-            self._closed = True
-        self._done.put(None)
-        self._drainer.join(timeout=5)
+    def _fail_pending(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, {}
         for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(RespClosedError("client closed with the request in flight"))
+            _resolve(fut, None, RespClosedError("client closed with the request in flight"))
+
+    def close(self) -> None:
+        """Refuse new submits, stop the drain thread; futures still pending get a RespClosedError.
+
+        From the drain thread itself (a done-callback) it cannot wait for the
+        drain: the drain delivers the completions queued before the close,
+        then fails what is still pending, after the callback returns.
+        """
+        with self._lock:
+            self._closed = True
+        self._done.put(None)
+        if threading.current_thread() is self._drainer:
+            return
+        self._drainer.join(timeout=5)
+        self._fail_pending()  # also when the drain is stuck in a slow callback past the join

@@ -135,3 +135,88 @@ def test_submit_get_racing_close_always_resolves(valkey_server):
         except RespClosedError:
             pass
     assert refused + len(futures) == 200
+
+
+def test_close_from_a_done_callback_resolves_every_future():
+    """Issue 11 item 4: close() from a done-callback (it runs on the drain thread) still fails every pending future."""
+    registry = CompletionRegistry()
+    rids: list[int] = []
+    seen: list[object] = []
+
+    def close_from_callback(fut) -> None:
+        seen.append(threading.current_thread().name)
+        try:
+            registry.close()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            seen.append(exc)
+
+    first = registry.submit(rids.append)
+    first.add_done_callback(close_from_callback)
+    pending = [registry.submit(lambda rid: None) for _ in range(20)]  # never completed
+    registry.complete(rids[0], result="x")
+    assert first.result(timeout=2) == "x"
+    for fut in pending:
+        with pytest.raises(RespClosedError):
+            fut.result(timeout=2)
+    assert seen == ["resp-completion-drain"], seen  # ran on the drain thread, raised nothing
+    with pytest.raises(RespClosedError):
+        registry.submit(lambda rid: None)
+
+
+class _CallbackExit(BaseException):
+    """A BaseException (not an Exception) raised by a done-callback."""
+
+
+@pytest.mark.parametrize("spoiler", ["cancelled", "callback_raises_base_exception"])
+def test_drain_survives_what_callers_do_to_their_futures(spoiler):
+    """A future the caller cancelled, or a callback raising a BaseException, must not stop the drain."""
+    registry = CompletionRegistry()
+    try:
+        rids: list[int] = []
+        futs = [registry.submit(rids.append) for _ in range(3)]
+        if spoiler == "cancelled":
+            assert futs[0].cancel()
+        else:
+            futs[0].add_done_callback(lambda f: (_ for _ in ()).throw(_CallbackExit()))
+        for rid in rids:
+            registry.complete(rid, result=rid * 10)
+        assert [f.result(timeout=2) for f in futs[1:]] == [10, 20]
+    finally:
+        registry.close()
+
+
+def test_client_close_from_a_done_callback(valkey_server):
+    """RespClient.close() from a submit_get future's callback: every future resolves, idle sockets close."""
+    import os
+    import signal
+
+    client = RespClient(valkey_server.url, timeout_s=2.0, pool_size=2)
+    client.batched_set(["cb"], [b"x" * 64])
+    errors: list[BaseException] = []
+
+    def close_client(fut) -> None:
+        try:
+            client.close()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    os.kill(valkey_server.pid, signal.SIGSTOP)  # so the first future is surely resolved by the drain thread
+    try:
+        first = client.submit_get(["cb"], [bytearray(64)])
+        first.add_done_callback(close_client)
+        rest = []
+        for _ in range(50):
+            try:
+                rest.append(client.submit_get(["cb"], [bytearray(64)]))
+            except RespClosedError:
+                break
+    finally:
+        os.kill(valkey_server.pid, signal.SIGCONT)
+    assert first.result(timeout=5) == [True]
+    for fut in rest:
+        try:
+            assert fut.result(timeout=5) == [True]
+        except RespClosedError:
+            pass
+    assert errors == []
+    assert client.pool_stats().idle == 0

@@ -18,6 +18,7 @@ class ExitStatus(IntEnum):
     FINDING_WARNING = 3
     FINDING_CRITICAL = 4
     UNREACHABLE = 5
+    INSUFFICIENT_DATA = 6  # kvctl diagnose: the samples cannot answer the question (with the next step)
 
 
 class KvctlError(Exception):

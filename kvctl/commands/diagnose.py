@@ -1,28 +1,38 @@
 """``kvctl diagnose``: live break-even and ρ from an engine's /metrics and its Valkey tier.
 
-``kvctl diagnose`` samples twice over ``--window`` (or reads ``--from DIR``),
-``kvctl diagnose capture`` saves the samples for a post-mortem, and
-``kvctl diagnose stalls`` (its own module) reads stack dumps.
+A group: ``kvctl diagnose run`` samples twice over ``--window`` (or reads
+``--from DIR``), ``kvctl diagnose capture`` saves the samples for a
+post-mortem, ``kvctl diagnose stalls`` (its own module) reads stack dumps.
+Plain ``kvctl diagnose --engine-url ...`` is ``run``. Options given before a
+subcommand are carried to it when it takes them; one it does not take, or one
+given on both sides with different values, is a usage error (never dropped).
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import math
 from typing import Any, Callable
 
 import click
+from click.core import ParameterSource
 
 from kvctl import __version__, render
-from kvctl.commands.options import output_options, severity_exit
-from kvctl.commands.cost import NONNEG, POS, bytes_per_token_options
-from kvctl.commands.diagnose_stalls import stalls_cmd
+from kvctl.commands.cost import bytes_per_token_options
+from kvctl.commands.diagnose_stalls import JsonErrorCommand, JsonErrorGroup, stalls_cmd
+from kvctl.commands.options import FiniteFloat, count, non_negative, output_options, positive
 from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.errors import ExitStatus
 from kvctl.hooks import hookimpl
 from kvctl.tier.targets import Target, resolve_targets
 
+WINDOW_S = positive(cap.MAX_WINDOW_S)
+TIMEOUT_S = positive(600.0)
+PREFILL_RATE = FiniteFloat(min=1e-3, max=1e9)
+T0_S = non_negative(3600.0)
+MAX_BYTES_PER_TOKEN = 1e9
 
 
 @hookimpl
@@ -33,13 +43,13 @@ def register_commands(cli: click.Group) -> None:
 def source_options(func: Callable) -> Callable:
     """Where to sample: engine URLs, the Valkey instances, the window."""
 
-    @click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable), e.g. http://HOST:8000.")
+    @click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable; a repeat is read once), e.g. http://HOST:8000.")
     @click.option("--valkey", "valkey_urls", multiple=True, help="Valkey URL per rank (repeatable, index = rank), or one {rank} template with --ranks.")
-    @click.option("--ranks", type=click.IntRange(min=1), help="Number of ranks for a {rank} template URL.")
+    @click.option("--ranks", type=count(4096), help="Number of ranks for a {rank} template URL.")
     @click.option("--dir", "tier_dir", type=click.Path(file_okay=False), help="Directory of a tier started by `kvctl deploy-valkey up`.")
     @click.option("--password-file", type=click.Path(dir_okay=False), help="File (mode 0600) holding the Valkey password.")
-    @click.option("--window", type=POS, default=60.0, show_default=True, help="Seconds between the two samples.")
-    @click.option("--timeout", "timeout_s", type=POS, default=5.0, show_default=True, help="Per-scrape timeout in seconds.")
+    @click.option("--window", type=WINDOW_S, default=60.0, show_default=True, help="Seconds between the two samples (at most one day).")
+    @click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=5.0, show_default=True, help="Per-source read timeout in seconds; a source that does not answer is reported, the rest analysed.")
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         return func(*args, **kwargs)
@@ -51,8 +61,26 @@ def model_options(func: Callable) -> Callable:
     """s, R and T0 for B*, n* and ρ."""
 
     @bytes_per_token_options(required=False)
-    @click.option("--prefill-rate", type=POS, help="Prefill tokens/s R (default: derived from vllm:request_prefill_time_seconds).")
-    @click.option("--t0", type=NONNEG, help="Fixed per-hit cost T0 in seconds for n* (default 0.33, the paper's; fit yours with `kvctl cost fit-t0`).")
+    @click.option("--prefill-rate", type=PREFILL_RATE, help="Prefill tokens/s R (default: derived from vllm:request_prefill_time_seconds).")
+    @click.option("--t0", type=T0_S, help="Fixed per-hit cost T0 in seconds for n* (default 0.33, the paper's; fit yours with `kvctl cost fit-t0`).")
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bpt = kwargs.get("bytes_per_token")
+        if bpt is not None and not (math.isfinite(bpt) and 0 < bpt <= MAX_BYTES_PER_TOKEN):
+            raise click.BadParameter(f"{bpt!r} is not a number of bytes in (0, {MAX_BYTES_PER_TOKEN:g}].", param_hint="'--bytes-per-token'")
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+def run_options(func: Callable) -> Callable:
+    """What the analysing run adds: a saved capture in, a capture out, formulas, refreshes."""
+
+    @click.option("--from", "from_dir", type=click.Path(file_okay=False), help="Analyse a capture directory instead of sampling live.")
+    @click.option("--save", "save_dir", type=click.Path(file_okay=False), help="Also save the samples analysed to this directory (replay with --from).")
+    @click.option("--explain", is_flag=True, help="Show the formula and source of every number.")
+    @click.option("--watch", is_flag=True, help="Keep sampling and refresh the table every --window seconds.")
+    @click.option("--count", type=count(10**6), help="With --watch: stop after this many refreshes (default: until Ctrl-C).")
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         return func(*args, **kwargs)
@@ -72,29 +100,114 @@ def _parameters(bytes_per_token: float | None, prefill_rate: float | None, t0: f
     return {k: v for k, v in {"bytes_per_token": bytes_per_token, "prefill_rate": prefill_rate, "t0_s": t0}.items() if v is not None}
 
 
+def _engine_urls(engine_urls: tuple[str, ...], as_json: bool) -> list[str]:
+    urls, dropped = cap.unique_engine_urls(engine_urls)
+    if dropped and not as_json:
+        render.warn(f"--engine-url given more than once for {', '.join(dropped)}: read once (a repeat would double λ)")
+    return urls
+
+
 def _collect(engine_urls, targets, window, parameters, timeout_s, show_progress: bool) -> cap.Capture:
     with render.progress(f"sampling for {window:g} s", total=window, enabled=show_progress) as advance:
         return cap.collect(engine_urls, targets, window, parameters, tick=advance, timeout_s=timeout_s)
 
 
+def _finite(obj: Any, path: str, reasons: dict[str, str]) -> Any:
+    """JSON-safe: NaN/±inf become null, with the reason recorded under its path."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        reasons[path] = f"not a finite number ({obj!r})"
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v, f"{path}.{k}" if path else str(k), reasons) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v, f"{path}[{i}]", reasons) for i, v in enumerate(obj)]
+    return obj
+
+
 def diagnosis_json(diag: Diagnosis, explain: bool = False) -> dict[str, Any]:
-    data = {"kvctl_version": __version__, **render.to_jsonable(diag)}
+    """The ``--json`` object: never NaN or Infinity (null, with the reason in ``null_reasons``)."""
+    data = {"kvctl_version": __version__, **render.to_jsonable(diag), "exit_code": int(diag.exit_status)}
     if not explain:
         data.pop("explain")
+    reasons: dict[str, str] = {}
+    data = _finite(data, "", reasons)
+    data["null_reasons"] = {**(data.get("null_reasons") or {}), **reasons}
     return data
 
 
-@click.group("diagnose", invoke_without_command=True)
+# --- the group and option carrying ------------------------------------------------------
+
+SOURCE_AND_MODEL = ("engine_urls", "valkey_urls", "ranks", "tier_dir", "password_file", "window", "timeout_s", "bytes_per_token", "prefill_rate", "t0")
+
+
+def _explicit(ctx: click.Context) -> dict[str, Any]:
+    """Parameters given on the command line (not defaults, not env vars)."""
+    return {k: v for k, v in ctx.params.items() if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE}
+
+
+def _option_flag(cmd: click.Command, name: str) -> str:
+    for p in cmd.params:
+        if p.name == name and isinstance(p, click.Option):
+            return max(p.opts, key=len)
+    return name
+
+
+def _carry(ctx: click.Context, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A subcommand's parameters with the group's explicit options carried in (conflicts are usage errors)."""
+    given = (ctx.parent.obj or {}).get("group_options", {}) if ctx.parent else {}
+    mine = _explicit(ctx)
+    out = dict(kwargs)
+    for name, value in given.items():
+        if name in mine and mine[name] != value:
+            flag = _option_flag(ctx.command, name)
+            raise click.UsageError(f"{flag} given before and after `{ctx.info_name}` with different values; give it once", ctx=ctx)
+        out[name] = value
+    return out
+
+
+@click.group("diagnose", cls=JsonErrorGroup, invoke_without_command=True)
 @source_options
 @model_options
-@click.option("--from", "from_dir", type=click.Path(file_okay=False), help="Analyse a capture directory instead of sampling live.")
-@click.option("--save", "save_dir", type=click.Path(file_okay=False), help="Also save the samples analysed to this directory (replay with --from).")
-@click.option("--explain", is_flag=True, help="Show the formula and source of every number.")
-@click.option("--watch", is_flag=True, help="Keep sampling and refresh the table every --window seconds.")
-@click.option("--count", type=click.IntRange(min=1), help="With --watch: stop after this many refreshes (default: until Ctrl-C).")
+@run_options
 @output_options
 @click.pass_context
-def diagnose_group(
+def diagnose_group(ctx: click.Context, **kwargs: Any) -> None:
+    """Is the remote tier helping? Offered λ, hit fraction, bandwidth B, B*, n* and ρ, with findings.
+
+    \b
+    kvctl diagnose [run] --engine-url http://HOST:8000 --valkey resp://valkey-{rank}:6379 --ranks 8 \\
+                   --bytes-per-token 48437.5 --window 60
+    kvctl diagnose --from DIR           analyse a saved capture exactly as live
+    kvctl diagnose capture --out DIR    save the samples for a post-mortem
+    kvctl diagnose stalls --match vllm  stalled lookups from thread stacks
+    Exit code: 0 healthy, 3 warning, 4 critical, 5 a component unreachable (the rest is
+    still analysed), 6 insufficient data (with the next step).
+    """
+    if ctx.invoked_subcommand is None:
+        _run(ctx, **kwargs)
+        return
+    explicit = _explicit(ctx)
+    sub = diagnose_group.commands[ctx.invoked_subcommand]
+    takes = {p.name for p in sub.params}
+    stray = [n for n in explicit if n not in takes]
+    if stray:
+        flags = ", ".join(_option_flag(ctx.command, n) for n in stray)
+        raise click.UsageError(f"`kvctl diagnose {ctx.invoked_subcommand}` does not take {flags}: drop it, or put the options it takes after `{ctx.invoked_subcommand}`", ctx=ctx)
+    ctx.obj = {"group_options": explicit}
+
+
+@diagnose_group.command("run", cls=JsonErrorCommand)
+@source_options
+@model_options
+@run_options
+@output_options
+@click.pass_context
+def run_cmd(ctx: click.Context, **kwargs: Any) -> None:
+    """Sample (or read --from DIR) and analyse: the same as plain `kvctl diagnose`."""
+    _run(ctx, **_carry(ctx, kwargs))
+
+
+def _run(
     ctx: click.Context,
     engine_urls: tuple[str, ...],
     valkey_urls: tuple[str, ...],
@@ -113,33 +226,24 @@ def diagnose_group(
     count: int | None,
     as_json: bool,
 ) -> None:
-    """Is the remote tier helping? λ, hit fraction, bandwidth B, B*, n* and ρ, with findings.
-
-    \b
-    kvctl diagnose --engine-url http://HOST:8000 --valkey resp://valkey-{rank}:6379 --ranks 8 \\
-                   --bytes-per-token 48437.5 --window 60
-    kvctl diagnose --from DIR          analyse a saved capture exactly as live
-    Exit code: 0 healthy, 3 warning finding, 4 critical finding, 5 unreachable.
-    """
-    if ctx.invoked_subcommand is not None:
-        return
     params = Params(bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, t0_s=t0)
     if from_dir:
         if engine_urls or valkey_urls or tier_dir or watch or save_dir:
             raise click.UsageError("--from analyses a saved capture; it takes no --engine-url/--valkey/--dir/--watch/--save")
         diag = analyse(cap.load_capture(from_dir), params)
         _show(diag, explain, as_json)
-        ctx.exit(int(severity_exit(diag.worst_severity)))
+        ctx.exit(int(diag.exit_status))
     if not engine_urls:
         raise click.UsageError("give --engine-url (repeatable), or --from DIR")
+    urls = _engine_urls(engine_urls, as_json)
     targets = _targets(valkey_urls, ranks, tier_dir, password_file)
     parameters = _parameters(bytes_per_token, prefill_rate, t0)
     if watch:
         if save_dir:
             raise click.UsageError("--save cannot be combined with --watch")
-        _watch(ctx, engine_urls, targets, window, parameters, params, timeout_s, explain, as_json, count)
+        _watch(ctx, urls, targets, window, parameters, params, timeout_s, explain, as_json, count)
         return
-    capture = _collect(engine_urls, targets, window, parameters, timeout_s, show_progress=not as_json)
+    capture = _collect(urls, targets, window, parameters, timeout_s, show_progress=not as_json)
     if save_dir:
         cap.save_capture(capture, save_dir)
     diag = analyse(capture, params)
@@ -147,7 +251,7 @@ def diagnose_group(
     _show(diag, explain, as_json)
     if save_dir and not as_json:
         render.message(f"samples saved to {save_dir} (replay: kvctl diagnose --from {save_dir})")
-    ctx.exit(int(severity_exit(diag.worst_severity)))
+    ctx.exit(int(diag.exit_status))
 
 
 def _watch(ctx, engine_urls, targets, window, parameters, params, timeout_s, explain, as_json, count) -> None:
@@ -161,7 +265,7 @@ def _watch(ctx, engine_urls, targets, window, parameters, params, timeout_s, exp
             new = cap.take_sample(engine_urls, targets, timeout_s)
             diag = analyse(cap.Capture(list(engine_urls), [t.url for t in targets], [prev, new], parameters, cap.now_iso()), params)
             cap.save_last_diagnosis({"saved_at": cap.now_iso(), **diagnosis_json(diag)})
-            code = severity_exit(diag.worst_severity)
+            code = diag.exit_status
             if as_json:
                 render.emit_json_line(diagnosis_json(diag, explain))
             else:
@@ -181,75 +285,112 @@ def _show(diag: Diagnosis, explain: bool, as_json: bool) -> None:
         render_diagnosis(diag, explain)
 
 
+def _rho_text(diag: Diagnosis) -> Any:
+    if diag.rho is None:
+        return None
+    return f"≥ {diag.rho:.3g} (lower bound: B from Valkey server side)" if diag.rho_bound == "lower_bound" else diag.rho
+
+
 def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
-    """Summary, per-instance table, findings, and (with --explain) the formulas."""
+    """Summary, per-component tables, findings, insufficient data, and (with --explain) the formulas."""
     pct = lambda x: None if x is None else f"{x:.1%}"  # noqa: E731
+    bw_label = "bandwidth B, upper bound (GB/s)" if diag.rho_bound == "lower_bound" else "bandwidth the engine sees B (GB/s)"
     render.key_values(
         f"Diagnosis over {diag.window_s:.1f} s ({len(diag.engine_urls)} engine(s), {len(diag.instances)} Valkey instance(s))",
         [
-            ("arrival rate λ (req/s)", diag.arrival_rate_per_s),
+            ("offered arrival rate λ (req/s)", diag.arrival_rate_per_s),
+            ("completions (req/s)", diag.completion_rate_per_s),
+            ("waiting + running growth", diag.queue_growth),
             ("mean prompt tokens", diag.mean_prompt_tokens),
             ("typical (median) prompt tokens", diag.typical_prompt_tokens),
             ("hit-token fraction", pct(diag.hit_token_fraction)),
             ("L2-served tokens/s", diag.l2_tokens_per_s),
-            ("delivered bandwidth B (GB/s)", diag.bandwidth_gbps),
+            (bw_label, diag.bandwidth_gbps),
             ("break-even B* = s·R (GB/s)", diag.breakeven_gbps),
             ("min hit tokens n* = R·T0", diag.min_hit_tokens),
             ("prefill rate R (tok/s)", diag.prefill_rate_tok_s),
-            ("ρ = λ·n·s/B (sync loading)", diag.rho),
+            ("ρ = λ·n·s/B (sync loading)", _rho_text(diag)),
             ("requests waiting (start → end)", f"{render.fmt(diag.requests_waiting_start)} → {render.fmt(diag.requests_waiting_end)}"),
             ("GPU utilisation (%)", ", ".join(f"{u:.0f}" for u in diag.gpu_utilization_pct) if diag.gpu_utilization_pct else diag.gpu_note),
         ],
-        caption=f"B from {diag.bandwidth_source}" if diag.bandwidth_source else None,
+        caption=f"B from {diag.bandwidth_source_detail}" if diag.bandwidth_source_detail else None,
     )
+    if len(diag.engines) > 1 or any(e.status != "ok" for e in diag.engines):
+        render.table(
+            "Engines",
+            ["engine", "status", "window (s)", "finished", "queue start → end", "offered λ (req/s)", "note"],
+            [
+                (e.url, e.status, e.window_s, e.finished, f"{render.fmt(e.queue_start)} → {render.fmt(e.queue_end)}", e.offered_rate_per_s,
+                 e.error or (f"restarted: {', '.join(e.counter_resets)}" if e.counter_resets else ""))
+                for e in diag.engines
+            ],
+        )
     if diag.instances:
         render.table(
             "Valkey instances",
-            ["rank", "GET/s", "MB out/s", "µs per GET", "GET busy", "GB/s in GETs", "evicted"],
-            [(i.rank, i.get_rate_per_s, i.bytes_out_per_s / 1e6, i.usec_per_get, pct(i.get_busy_fraction), i.bandwidth_gbps, i.evicted_keys) for i in diag.instances],
+            ["rank", "status", "GET/s", "MB out/s", "µs per GET", "GET busy", "GB/s in GETs", "evicted"],
+            [
+                (i.rank, i.status if not i.error else f"{i.status}: {i.error}", i.get_rate_per_s,
+                 None if i.bytes_out_per_s is None else i.bytes_out_per_s / 1e6, i.usec_per_get, pct(i.get_busy_fraction), i.bandwidth_gbps, i.evicted_keys)
+                for i in diag.instances
+            ],
         )
     if diag.findings:
         render.text_table("Findings", ["severity", "id", "finding", "recommendation"], [(f.severity, f.id, f.message, f.recommendation) for f in diag.findings])
-    else:
-        render.message("No findings: the tier keeps up with this load.", style="green")
+    for reason in diag.insufficient_data:
+        render.warn(f"insufficient data: {reason}")
+    for u in diag.unreachable:
+        render.warn(f"unreachable: {u}")
+    if not diag.findings and not diag.insufficient_data and not diag.unreachable:
+        if diag.rho_bound == "estimate":
+            render.message(f"No findings: ρ = {diag.rho:.2f}, the tier keeps up with this load.", style="green")
+        else:
+            render.message("No findings from these samples (ρ is only a lower bound here: see the notes).")
     for note in diag.notes:
         render.warn(note)
     if explain:
         render.text_table("How each number was computed", ["quantity", "value", "formula", "source"], [(q.name, q.value, q.formula, q.source) for q in diag.explain])
 
 
-@diagnose_group.command("capture")
+@diagnose_group.command("capture", cls=JsonErrorCommand)
 @source_options
 @model_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Directory to write the capture to (must not hold one).")
 @output_options
-def capture_cmd(
-    engine_urls: tuple[str, ...],
-    valkey_urls: tuple[str, ...],
-    ranks: int | None,
-    tier_dir: str | None,
-    password_file: str | None,
-    window: float,
-    timeout_s: float,
-    bytes_per_token: float | None,
-    prefill_rate: float | None,
-    t0: float | None,
-    out_dir: str,
-    as_json: bool,
-) -> None:
-    """Save two samples (engine /metrics text, Valkey INFO per instance, GPU, timestamps) to --out.
+@click.pass_context
+def capture_cmd(ctx: click.Context, **kwargs: Any) -> None:
+    """Save two samples (engine /metrics text, Valkey INFO per instance, GPU, per-source times) to --out.
 
-    Analyse later with `kvctl diagnose --from DIR`, on any machine.
+    A component that does not answer is recorded with its error and the rest is
+    saved (exit 5). Analyse later with `kvctl diagnose --from DIR`, on any machine.
     """
-    if not engine_urls:
-        raise click.UsageError("give --engine-url (repeatable)")
-    targets = _targets(valkey_urls, ranks, tier_dir, password_file)
-    capture = _collect(engine_urls, targets, window, _parameters(bytes_per_token, prefill_rate, t0), timeout_s, show_progress=not as_json)
-    path = cap.save_capture(capture, out_dir)
-    if as_json:
-        render.emit_json({"out": str(path), "samples": len(capture.samples), "engines": len(engine_urls), "valkey_instances": len(targets), "window_s": capture.samples[-1].t_s - capture.samples[0].t_s})
-        return
-    render.message(f"capture saved to {path} ({len(capture.samples)} samples, {len(engine_urls)} engine(s), {len(targets)} Valkey instance(s)); analyse with: kvctl diagnose --from {path}")
+    kw = _carry(ctx, kwargs)
+    if not kw["engine_urls"]:
+        raise click.UsageError("give --engine-url (repeatable), before or after `capture`")
+    urls = _engine_urls(kw["engine_urls"], kw["as_json"])
+    targets = _targets(kw["valkey_urls"], kw["ranks"], kw["tier_dir"], kw["password_file"])
+    params = _parameters(kw["bytes_per_token"], kw["prefill_rate"], kw["t0"])
+    capture = _collect(urls, targets, kw["window"], params, kw["timeout_s"], show_progress=not kw["as_json"])
+    path = cap.save_capture(capture, kw["out_dir"])
+    missing = [
+        f"{kind} {name}: {err}"
+        for s in capture.samples
+        for kind, names, errs in (("engine", urls, s.engine_errors), ("Valkey", [t.url for t in targets], s.valkey_errors))
+        for name, err in zip(names, errs)
+        if err
+    ]
+    if kw["as_json"]:
+        render.emit_json({
+            "out": str(path), "samples": len(capture.samples), "engines": len(urls), "valkey_instances": len(targets),
+            "window_s": capture.samples[-1].t_s - capture.samples[0].t_s, "unreachable": missing,
+            "exit_code": int(ExitStatus.UNREACHABLE if missing else ExitStatus.OK),
+        })
+    else:
+        for m in missing:
+            render.warn(f"unreachable: {m} (recorded in the capture)")
+        render.message(f"capture saved to {path} ({len(capture.samples)} samples, {len(urls)} engine(s), {len(targets)} Valkey instance(s)); analyse with: kvctl diagnose --from {path}")
+    if missing:
+        ctx.exit(int(ExitStatus.UNREACHABLE))
 
 
 diagnose_group.add_command(stalls_cmd)

@@ -1,22 +1,29 @@
 """Two samples → observations → findings (paper §4 and §6).
 
-Pure: takes a :class:`~kvctl.diagnose.capture.Capture`, returns a
-:class:`Diagnosis`. Every derived quantity carries the formula it came from
-and its source (``--explain`` prints them).
+Pure: :func:`analyse` takes a :class:`~kvctl.diagnose.capture.Capture` (scrapes)
+and returns a :class:`Diagnosis` (a dataclass); no I/O, no click, no rich, so
+an exporter can call it on its own scrapes. Every derived quantity carries the
+formula it came from and its source (``--explain`` prints them); every value
+that stays unknown is None with a reason in ``null_reasons``.
 
-* λ = Δ vllm:request_success / Δt
-* mean prompt = Δ vllm:request_prompt_tokens_sum / Δ _count
-* hit-token fraction = Δ vllm:external_prefix_cache_hits / Δ vllm:prompt_tokens
-* L2 bytes = Δ lmcache:num_remote_read_bytes (else Valkey bytes out); L2 tokens = L2 bytes / s
-* B = bytes out / time spent in GETs (Valkey commandstats, server side; else
-  LMCache's remote_time_to_get, client side)
-* ρ = λ·n_L2·s / B (synchronous loading is a single-server queue)
-* B* = s·R, n* = R·T0
+* Each engine's counters are differenced on their own, over that engine's own
+  window (each read has its own timestamp); a counter that went backwards is
+  an engine restart, reported, never summed away.
+* λ is the OFFERED arrival rate: finished requests (every finished_reason)
+  plus the growth of waiting + running, per engine. When the tier is the
+  bottleneck, completions are capped by it and cannot show ρ > 1.
+* B is the bandwidth the engine sees: the kvctl connector's ``kvctl:l2_get_*``
+  counters, else LMCache's ``remote_time_to_get`` with ``num_remote_read_bytes``,
+  else Valkey's bytes out / time in GETs — server side, an UPPER bound on B
+  (socket writes done by io-threads are outside the GET's time), so ρ is then
+  a LOWER bound and said so (``rho_bound``).
+* ρ = λ_offered · (L2 bytes per request) / B, never the served rate over B.
+* B* = s·R, n* = R·T0 (R from --prefill-rate, else derived, sanity-checked).
 """
 
 from __future__ import annotations
 
-import statistics
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,10 +31,24 @@ from kvctl import cost
 from kvctl.diagnose import metrics as M
 from kvctl.diagnose.capture import Capture, Sample
 from kvctl.diagnose.findings import worst_severity
-from kvctl.errors import InvalidInput
+from kvctl.diagnose.sources import metrics_url
+from kvctl.errors import ExitStatus, InvalidInput
 
 GET_COMMANDS = ("cmdstat_get", "cmdstat_mget", "cmdstat_getex")
 DEFAULT_T0_S = cost.PAPER_PAIRING["t0_s"]
+
+#: where B came from (``Diagnosis.bandwidth_source``)
+BW_KVCTL = "kvctl_connector"
+BW_LMCACHE = "lmcache_client"
+BW_VALKEY = "valkey_server_upper_bound"
+BANDWIDTH_SOURCES = {
+    BW_KVCTL: "engine side, kvctl connector: Δkvctl:l2_get_bytes_total / Δkvctl:l2_get_seconds_total",
+    BW_LMCACHE: "engine side, LMCache: Δlmcache:num_remote_read_bytes / Δlmcache:remote_time_to_get_sum (ms)",
+    BW_VALKEY: (
+        "Valkey server side: Σ bytes out / time in GETs — an UPPER bound on the bandwidth the engine sees "
+        "(socket writes done by io-threads fall outside the GET's time), so ρ is a LOWER bound"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -43,6 +64,7 @@ class Params:
     gpu_idle_pct: float = 30.0
     hot_ratio: float = 2.0
     hot_min_gets: int = 100
+    min_prefill_rate: float = 100.0  # tok/s: a derived R below this is a symptom, not a rate
 
 
 @dataclass(frozen=True)
@@ -65,17 +87,37 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class EngineObs:
+    """One engine URL: what it said over its own window, or why it could not be read."""
+
+    index: int
+    url: str
+    status: str  # "ok", "unreachable", "no_vllm_metrics", "duplicate"
+    error: str | None = None
+    window_s: float | None = None
+    finished: float | None = None
+    queue_start: float | None = None  # waiting + running
+    queue_end: float | None = None
+    offered_rate_per_s: float | None = None
+    completion_rate_per_s: float | None = None
+    counter_resets: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class InstanceObs:
     rank: int
     url: str
-    get_calls: float
-    get_rate_per_s: float
-    bytes_out: float
-    bytes_out_per_s: float
-    usec_per_get: float | None
-    get_busy_fraction: float
-    bandwidth_gbps: float | None
-    evicted_keys: float
+    status: str = "ok"  # "ok" or "unreachable"
+    error: str | None = None
+    window_s: float | None = None
+    get_calls: float | None = None
+    get_rate_per_s: float | None = None
+    bytes_out: float | None = None
+    bytes_out_per_s: float | None = None
+    usec_per_get: float | None = None
+    get_busy_fraction: float | None = None
+    bandwidth_gbps: float | None = None
+    evicted_keys: float | None = None
 
 
 @dataclass(frozen=True)
@@ -83,8 +125,11 @@ class Diagnosis:
     created_at: str
     window_s: float
     engine_urls: list[str]
+    outcome: str  # "ok", "findings" or "insufficient_data"
     requests: float | None
-    arrival_rate_per_s: float | None
+    arrival_rate_per_s: float | None  # OFFERED λ
+    completion_rate_per_s: float | None
+    queue_growth: float | None
     mean_prompt_tokens: float | None
     typical_prompt_tokens: float | None
     hit_token_fraction: float | None
@@ -92,7 +137,8 @@ class Diagnosis:
     l2_bytes_per_request: float | None
     l2_tokens_per_s: float | None
     bandwidth_gbps: float | None
-    bandwidth_source: str | None
+    bandwidth_source: str | None  # BW_KVCTL, BW_LMCACHE or BW_VALKEY
+    bandwidth_source_detail: str | None
     bytes_per_token: float | None
     prefill_rate_tok_s: float | None
     prefill_rate_source: str | None
@@ -100,16 +146,35 @@ class Diagnosis:
     breakeven_gbps: float | None
     min_hit_tokens: float | None
     rho: float | None
+    rho_bound: str | None  # "estimate", "lower_bound" (B from Valkey server side) or None
+    load_busy_fraction: float | None  # served L2 bytes/s over B: capped at 1, NOT ρ
     instances_for_target_rho: int | None
     requests_waiting_start: float | None
     requests_waiting_end: float | None
     gpu_utilization_pct: list[float]
     gpu_note: str
+    engines: list[EngineObs]
     instances: list[InstanceObs]
+    unreachable: list[str]
+    insufficient_data: list[str]
     findings: list[Finding]
     worst_severity: str
     notes: list[str]
+    null_reasons: dict[str, str]
     explain: list[Quantity]
+
+    @property
+    def exit_status(self) -> ExitStatus:
+        """4 critical finding, 5 a component unreachable, 6 insufficient data, 3 warning, 0 ok."""
+        if self.worst_severity == "critical":
+            return ExitStatus.FINDING_CRITICAL
+        if self.unreachable:
+            return ExitStatus.UNREACHABLE
+        if self.insufficient_data:
+            return ExitStatus.INSUFFICIENT_DATA
+        if self.worst_severity == "warning":
+            return ExitStatus.FINDING_WARNING
+        return ExitStatus.OK
 
 
 def _g(x: float | None) -> str:
@@ -118,36 +183,152 @@ def _g(x: float | None) -> str:
 
 
 def _div(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b == 0 else a / b
+    if a is None or b is None or b == 0:
+        return None
+    q = a / b
+    return q if math.isfinite(q) else None
 
 
-def _engine_scrapes(s: Sample) -> M.Scrape:
-    return M.merge([M.parse(text, f"engine {i} metrics") for i, text in enumerate(s.engines)])
+# --- per-engine deltas -----------------------------------------------------------
+
+
+@dataclass
+class _Engine:
+    index: int
+    url: str
+    a: M.Scrape
+    b: M.Scrape
+    window_s: float
+    resets: list[str] = field(default_factory=list)
+
+    def delta(self, before: float | None, after: float | None, name: str) -> float | None:
+        if before is None or after is None:
+            return None
+        if after < before:
+            if name not in self.resets:
+                self.resets.append(name)
+            return after  # restarted inside the window: counts from zero (a lower bound)
+        return after - before
+
+
+class _Deltas:
+    """Counter deltas of every readable engine, each differenced on its own."""
+
+    def __init__(self, engines: list[_Engine]):
+        self.engines = engines
+
+    def _each(self, name: str, kind: str) -> list[tuple[_Engine, float]]:
+        out = []
+        for e in self.engines:
+            if kind == "counter":
+                d = e.delta(e.a.counter(name), e.b.counter(name), name)
+            elif kind == "sum":
+                d = e.delta(e.a.hist_sum(name), e.b.hist_sum(name), f"{name}_sum")
+            else:
+                d = e.delta(e.a.hist_count(name), e.b.hist_count(name), f"{name}_count")
+            if d is not None:
+                out.append((e, d))
+        return out
+
+    def total(self, name: str, kind: str = "counter") -> float | None:
+        each = self._each(name, kind)
+        return sum(d for _, d in each) if each else None
+
+    def rate(self, name: str, kind: str = "counter") -> float | None:
+        each = self._each(name, kind)
+        return sum(d / e.window_s for e, d in each) if each else None
+
+    def buckets(self, family: str) -> dict[float, float]:
+        out: dict[float, float] = {}
+        for e in self.engines:
+            for le, c in M.bucket_delta(e.a, e.b, family).items():
+                out[le] = out.get(le, 0.0) + c
+        return out
+
+
+def _queue(s: M.Scrape) -> float | None:
+    w, r = s.gauge("vllm:num_requests_waiting"), s.gauge("vllm:num_requests_running")
+    return None if w is None and r is None else (w or 0.0) + (r or 0.0)
+
+
+def _has_vllm(s: M.Scrape) -> bool:
+    return any(k.startswith("vllm:") for k in s.values)
+
+
+def _engines(a: Sample, b: Sample, urls: list[str], notes: list[str]) -> tuple[list[EngineObs], list[_Engine]]:
+    obs: list[EngineObs] = []
+    ok: list[_Engine] = []
+    seen: set[str] = set()
+    for i, url in enumerate(urls):
+        try:
+            key = metrics_url(url)
+        except InvalidInput:
+            key = url
+        if key in seen:
+            obs.append(EngineObs(i, url, "duplicate", "the same /metrics URL was given twice: read once"))
+            notes.append(f"engine URL {url} was given more than once: counted once (a repeat would double λ)")
+            continue
+        seen.add(key)
+        ta, tb = a.engines[i] if i < len(a.engines) else None, b.engines[i] if i < len(b.engines) else None
+        if ta is None or tb is None:
+            err = a.engine_error(i) if ta is None else b.engine_error(i)
+            which = "first" if ta is None else "second"
+            obs.append(EngineObs(i, url, "unreachable", f"{which} sample: {err or 'no data'}"))
+            continue
+        window = b.engine_time(i) - a.engine_time(i)
+        if not window > 0:
+            raise InvalidInput(f"engine {url}: its samples are not in time order (Δt = {window:.3f} s)")
+        sa, sb = M.parse(ta, f"engine {i} metrics"), M.parse(tb, f"engine {i} metrics")
+        if not _has_vllm(sb):
+            lines = sum(1 for ln in tb.splitlines() if ln.strip() and not ln.startswith("#"))
+            obs.append(EngineObs(i, url, "no_vllm_metrics", f"/metrics held no vllm: series ({lines} sample line(s))", window))
+            continue
+        ok.append(_Engine(i, url, sa, sb, window))
+    return obs, ok
+
+
+def _engine_obs(e: _Engine) -> EngineObs:
+    finished = e.delta(e.a.counter("vllm:request_success"), e.b.counter("vllm:request_success"), "vllm:request_success")
+    if finished is None:
+        finished = e.delta(e.a.hist_count("vllm:request_prompt_tokens"), e.b.hist_count("vllm:request_prompt_tokens"), "vllm:request_prompt_tokens_count")
+    qa, qb = _queue(e.a), _queue(e.b)
+    growth = None if qa is None or qb is None else qb - qa
+    offered = None if finished is None else max(0.0, finished + (growth or 0.0)) / e.window_s
+    return EngineObs(
+        e.index, e.url, "ok", None, e.window_s, finished, qa, qb, offered,
+        None if finished is None else finished / e.window_s, tuple(e.resets),
+    )
+
+
+# --- Valkey side -------------------------------------------------------------------
 
 
 def _cmd(info: dict[str, Any], field_name: str) -> float:
     return float(sum(float((info.get(c) or {}).get(field_name, 0)) for c in GET_COMMANDS))
 
 
-def _instances(a: Sample, b: Sample, urls: list[str], window_s: float) -> list[InstanceObs]:
+def _instances(a: Sample, b: Sample, urls: list[str]) -> list[InstanceObs]:
     if len(a.valkey) != len(b.valkey):
         raise InvalidInput(f"the samples hold {len(a.valkey)} and {len(b.valkey)} Valkey instances; they must match")
     out = []
     for rank, (ia, ib) in enumerate(zip(a.valkey, b.valkey)):
+        url = urls[rank] if rank < len(urls) else f"rank {rank}"
+        if ia is None or ib is None:
+            err = a.valkey_error(rank) if ia is None else b.valkey_error(rank)
+            out.append(InstanceObs(rank, url, "unreachable", f"{'first' if ia is None else 'second'} sample: {err or 'no data'}"))
+            continue
+        window = b.valkey_time(rank) - a.valkey_time(rank)
+        if not window > 0:
+            raise InvalidInput(f"Valkey rank {rank}: its samples are not in time order (Δt = {window:.3f} s)")
         calls = M.delta(_cmd(ia, "calls"), _cmd(ib, "calls")) or 0.0
         usec = M.delta(_cmd(ia, "usec"), _cmd(ib, "usec")) or 0.0
         out_bytes = M.delta(float(ia.get("total_net_output_bytes", 0)), float(ib.get("total_net_output_bytes", 0))) or 0.0
         evicted = M.delta(float(ia.get("evicted_keys", 0)), float(ib.get("evicted_keys", 0))) or 0.0
         out.append(
             InstanceObs(
-                rank=rank,
-                url=urls[rank] if rank < len(urls) else f"rank {rank}",
-                get_calls=calls,
-                get_rate_per_s=calls / window_s,
-                bytes_out=out_bytes,
-                bytes_out_per_s=out_bytes / window_s,
-                usec_per_get=_div(usec, calls),
-                get_busy_fraction=usec / (window_s * 1e6),
+                rank=rank, url=url, status="ok", window_s=window, get_calls=calls, get_rate_per_s=calls / window,
+                bytes_out=out_bytes, bytes_out_per_s=out_bytes / window, usec_per_get=_div(usec, calls),
+                get_busy_fraction=usec / (window * 1e6),
                 bandwidth_gbps=(out_bytes / (usec / 1e6) / cost.GB) if usec > 0 and out_bytes > 0 else None,
                 evicted_keys=evicted,
             )
@@ -155,295 +336,257 @@ def _instances(a: Sample, b: Sample, urls: list[str], window_s: float) -> list[I
     return out
 
 
+# --- the analysis ----------------------------------------------------------------------
+
+
 def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
     """Observations and findings from the first and last sample of ``capture``."""
+    from kvctl.diagnose.rules import findings_for  # noqa: PLC0415 - rules imports this module's types
+
     params = params or Params()
     if len(capture.samples) < 2:
         raise InvalidInput("a diagnosis needs two samples")
     a, b = capture.samples[0], capture.samples[-1]
     window = b.t_s - a.t_s
-    if window <= 0:
+    if not window > 0:
         raise InvalidInput(f"the samples are not in time order (Δt = {window:.3f} s)")
     given = capture.parameters or {}
     s_bpt = params.bytes_per_token if params.bytes_per_token is not None else given.get("bytes_per_token")
     r_flag = params.prefill_rate if params.prefill_rate is not None else given.get("prefill_rate")
     t0 = params.t0_s if params.t0_s is not None else float(given.get("t0_s") or DEFAULT_T0_S)
-    ea, eb = _engine_scrapes(a), _engine_scrapes(b)
     ex: list[Quantity] = []
     notes: list[str] = []
+    why: dict[str, str] = {}
+    insufficient: list[str] = []
 
-    def d_counter(name: str) -> float | None:
-        return M.delta(ea.counter(name), eb.counter(name))
+    # --- engines -----------------------------------------------------------------------
+    engine_obs, ok_engines = _engines(a, b, list(capture.engine_urls), notes)
+    D = _Deltas(ok_engines)
+    per_engine = {e.index: _engine_obs(e) for e in ok_engines}
+    engine_obs = sorted([o for o in engine_obs] + list(per_engine.values()), key=lambda o: o.index)
+    unreachable = [f"engine {o.url}: {o.error}" for o in engine_obs if o.status == "unreachable"]
+    for o in engine_obs:
+        if o.status == "no_vllm_metrics":
+            insufficient.append(f"engine {o.url} served no vllm: metrics ({o.error}): point --engine-url at the vLLM API server (the port serving /v1/completions)")
+    if not ok_engines and not insufficient and not unreachable:
+        insufficient.append("no engine could be read in both samples: nothing to analyse; check --engine-url and that the engines are up")
 
-    # --- engine side -------------------------------------------------------
-    requests = d_counter("vllm:request_success")
-    req_src = "vllm:request_success"
-    if requests is None:
-        requests = M.delta(ea.hist_count("vllm:request_prompt_tokens"), eb.hist_count("vllm:request_prompt_tokens"))
-        req_src = "vllm:request_prompt_tokens_count"
-    if requests is None:
-        notes.append("no vllm:request_success or vllm:request_prompt_tokens in the engine metrics: λ unknown")
-    lam = _div(requests, window)
-    ex.append(Quantity("arrival rate λ (req/s)", lam, f"Δ{req_src} / Δt = {_g(requests)} / {window:.2f} s", req_src))
+    finished_list = [o.finished for o in per_engine.values() if o.finished is not None]
+    requests = sum(finished_list) if finished_list else None
+    completion = sum(o.completion_rate_per_s for o in per_engine.values() if o.completion_rate_per_s is not None) if finished_list else None
+    offered_list = [o.offered_rate_per_s for o in per_engine.values() if o.offered_rate_per_s is not None]
+    lam = sum(offered_list) if offered_list else None
+    growths = [o.queue_end - o.queue_start for o in per_engine.values() if o.queue_start is not None and o.queue_end is not None]
+    growth = sum(growths) if growths else None
+    if ok_engines and requests is None:
+        why["arrival_rate_per_s"] = "no vllm:request_success or vllm:request_prompt_tokens in the engine metrics"
+    elif ok_engines and not growths:
+        notes.append("no vllm:num_requests_waiting/_running gauges: λ is the completion rate, a lower bound on the offered rate")
+    ex.append(Quantity(
+        "offered arrival rate λ (req/s)", lam,
+        "Σ_engines (Δvllm:request_success + Δ(waiting + running)) / Δt_engine = "
+        + " + ".join(f"({_g(o.finished)} + {_g(None if o.queue_start is None else o.queue_end - o.queue_start)}) / {o.window_s:.2f} s" for o in per_engine.values()),
+        "vllm:request_success (all finished_reason), vllm:num_requests_waiting/_running",
+    ))
+    ex.append(Quantity("completions (req/s)", completion, "Σ_engines Δvllm:request_success / Δt_engine", "vllm:request_success"))
+    resets = [f"{o.url}: {', '.join(o.counter_resets)}" for o in per_engine.values() if o.counter_resets]
 
-    p_sum = M.delta(ea.hist_sum("vllm:request_prompt_tokens"), eb.hist_sum("vllm:request_prompt_tokens"))
-    p_cnt = M.delta(ea.hist_count("vllm:request_prompt_tokens"), eb.hist_count("vllm:request_prompt_tokens"))
-    prompt_tokens = d_counter("vllm:prompt_tokens")
+    if ok_engines and requests == 0 and not growth:
+        insufficient.append(f"no request finished or queued on the engines in the {window:.1f} s window: send traffic or lengthen --window")
+
+    p_sum, p_cnt = D.total("vllm:request_prompt_tokens", "sum"), D.total("vllm:request_prompt_tokens", "count")
+    prompt_tokens = D.total("vllm:prompt_tokens")
     if p_cnt:
-        mean_prompt, mp_src = _div(p_sum, p_cnt), f"Δvllm:request_prompt_tokens_sum / Δ_count = {p_sum:g} / {p_cnt:g}"
+        mean_prompt, mp_src = _div(p_sum, p_cnt), f"Δvllm:request_prompt_tokens_sum / Δ_count = {_g(p_sum)} / {p_cnt:g}"
     else:
         mean_prompt, mp_src = _div(prompt_tokens, requests), f"Δvllm:prompt_tokens / Δrequests = {_g(prompt_tokens)} / {_g(requests)}"
     if prompt_tokens is None:
         prompt_tokens = p_sum
     ex.append(Quantity("mean prompt tokens", mean_prompt, mp_src, "vllm:request_prompt_tokens"))
-    typical = M.quantile(M.bucket_delta(ea, eb, "vllm:request_prompt_tokens"), 0.5) or mean_prompt
+    typical = M.quantile(D.buckets("vllm:request_prompt_tokens"), 0.5) or mean_prompt
     ex.append(Quantity("typical (median) prompt tokens", typical, "p50 of the Δ request_prompt_tokens buckets (mean if none)", "vllm:request_prompt_tokens_bucket"))
 
-    hit_tokens, hit_src = d_counter("vllm:external_prefix_cache_hits"), "vllm:external_prefix_cache_hits"
+    hit_tokens, hit_src = D.total("vllm:external_prefix_cache_hits"), "vllm:external_prefix_cache_hits"
     if hit_tokens is None:
-        hit_tokens, hit_src = d_counter("lmcache:num_hit_tokens"), "lmcache:num_hit_tokens"
+        hit_tokens, hit_src = D.total("lmcache:num_hit_tokens"), "lmcache:num_hit_tokens"
     hit_frac = _div(hit_tokens, prompt_tokens)
     ex.append(Quantity("hit-token fraction", hit_frac, f"Δ{hit_src} / Δvllm:prompt_tokens = {_g(hit_tokens)} / {_g(prompt_tokens)}", hit_src))
     hits_per_req = _div(hit_tokens, requests)
 
-    # --- Valkey side ---------------------------------------------------------
-    instances = _instances(a, b, capture.valkey_urls, window)
-    for inst in instances:
-        ex.append(
-            Quantity(
-                f"rank {inst.rank} GET busy fraction",
-                inst.get_busy_fraction,
-                f"Δcmdstat_get usec / Δt = {inst.get_busy_fraction * window * 1e6:.0f} µs / {window:.2f} s",
-                "valkey INFO commandstats",
-            )
+    # --- Valkey side --------------------------------------------------------------------
+    instances = _instances(a, b, list(capture.valkey_urls))
+    unreachable += [f"Valkey rank {i.rank} ({i.url}): {i.error}" for i in instances if i.status == "unreachable"]
+    ok_inst = [i for i in instances if i.status == "ok"]
+    for inst in ok_inst:
+        ex.append(Quantity(
+            f"rank {inst.rank} GET busy fraction", inst.get_busy_fraction,
+            f"Δcmdstat_get usec / Δt = {inst.get_busy_fraction * inst.window_s * 1e6:.0f} µs / {inst.window_s:.2f} s",
+            "valkey INFO commandstats",
+        ))
+
+    # --- L2 bytes and bandwidth B ---------------------------------------------------------
+    k_bytes_rate, k_secs = D.rate("kvctl:l2_get_bytes"), D.total("kvctl:l2_get_seconds")
+    k_bytes = D.total("kvctl:l2_get_bytes")
+    lm_bytes_rate, lm_bytes = D.rate("lmcache:num_remote_read_bytes"), D.total("lmcache:num_remote_read_bytes")
+    lm_get_ms = D.total("lmcache:remote_time_to_get", "sum")
+    valkey_rate = sum(i.bytes_out_per_s for i in ok_inst) if ok_inst else None
+    if k_bytes_rate is not None:
+        l2_rate, l2_src = k_bytes_rate, "kvctl:l2_get_bytes_total (engine side)"
+    elif lm_bytes_rate is not None:
+        l2_rate, l2_src = lm_bytes_rate, "lmcache:num_remote_read_bytes (engine side)"
+    elif valkey_rate is not None:
+        l2_rate, l2_src = valkey_rate, "valkey INFO total_net_output_bytes (server side)"
+    else:
+        l2_rate, l2_src = None, None
+        why["l2_bytes_per_request"] = "no L2 byte counter: neither kvctl:l2_get_bytes_total, lmcache:num_remote_read_bytes nor a --valkey instance"
+    l2_tokens_per_s = _div(l2_rate, s_bpt)
+    ex.append(Quantity("L2-served tokens/s", l2_tokens_per_s, f"Σ Δ{l2_src or 'L2 bytes'} / Δt / s = {_g(l2_rate)} B/s / {_g(s_bpt)} B/token", l2_src or "—"))
+
+    bw = bw_src = None
+    if k_bytes and k_secs:
+        bw, bw_src = k_bytes / k_secs / cost.GB, BW_KVCTL
+        ex.append(Quantity("bandwidth the engine sees B (GB/s)", bw, f"{k_bytes:g} B / {k_secs:.4g} s", BANDWIDTH_SOURCES[BW_KVCTL]))
+    elif lm_bytes and lm_get_ms:
+        bw, bw_src = lm_bytes / (lm_get_ms / 1e3) / cost.GB, BW_LMCACHE
+        ex.append(Quantity("bandwidth the engine sees B (GB/s)", bw, f"{lm_bytes:g} B / {lm_get_ms / 1e3:.4g} s", BANDWIDTH_SOURCES[BW_LMCACHE]))
+    elif any(i.bandwidth_gbps for i in ok_inst):
+        busy = [i for i in ok_inst if i.bandwidth_gbps]
+        bw, bw_src = sum(i.bandwidth_gbps for i in busy), BW_VALKEY
+        ex.append(Quantity("B, upper bound (GB/s)", bw, f"Σ_i Δtotal_net_output_bytes_i / Δcmdstat_get usec_i over {len(busy)} instance(s)", BANDWIDTH_SOURCES[BW_VALKEY]))
+    else:
+        why["bandwidth_gbps"] = "no GET timing in the window: no kvctl:l2_get_seconds_total, lmcache:remote_time_to_get, or Valkey GETs"
+    if ok_inst and not any(i.get_calls for i in ok_inst) and not (k_bytes or lm_bytes):
+        insufficient.append(
+            f"0 GETs on these {len(ok_inst)} Valkey instance(s) in the window and no engine-side L2 bytes: "
+            "check that the engines' remote URL (LMCache remote_url, --kv-transfer-config) points at these instances"
         )
 
-    # --- L2 bytes and bandwidth ------------------------------------------------
-    l2_bytes, l2_src = d_counter("lmcache:num_remote_read_bytes"), "lmcache:num_remote_read_bytes"
-    if l2_bytes is None and instances:
-        l2_bytes, l2_src = sum(i.bytes_out for i in instances), "valkey INFO total_net_output_bytes"
-    l2_tokens_per_s = _div(_div(l2_bytes, s_bpt), window)
-    ex.append(Quantity("L2-served tokens/s", l2_tokens_per_s, f"Δ{l2_src} / s / Δt = {_g(l2_bytes)} B / {_g(s_bpt)} B/token / {window:.2f} s", l2_src))
-
-    bw, bw_src = None, None
-    busy_instances = [i for i in instances if i.bandwidth_gbps]
-    if busy_instances:
-        bw = sum(i.bandwidth_gbps for i in busy_instances)
-        bw_src = f"valkey server side: Σ bytes out / time in GETs over {len(busy_instances)} instance(s)"
-        ex.append(Quantity("delivered bandwidth B (GB/s)", bw, "Σ_i Δtotal_net_output_bytes_i / Δcmdstat_get usec_i", bw_src))
-    else:
-        get_ms = M.delta(ea.hist_sum("lmcache:remote_time_to_get"), eb.hist_sum("lmcache:remote_time_to_get"))
-        rb = d_counter("lmcache:num_remote_read_bytes")
-        if get_ms and rb:
-            bw = rb / (get_ms / 1e3) / cost.GB
-            bw_src = "lmcache client side: Δnum_remote_read_bytes / Δremote_time_to_get_sum (ms)"
-            ex.append(Quantity("delivered bandwidth B (GB/s)", bw, f"{rb:g} B / {get_ms / 1e3:.3f} s", bw_src))
-        else:
-            notes.append("no GET traffic in the window: delivered bandwidth B unknown")
-
-    # --- prefill rate, B*, n* --------------------------------------------------
-    r, r_src = r_flag, "--prefill-rate" if r_flag is not None else None
+    # --- prefill rate, B*, n* -------------------------------------------------------------
+    r, r_src, r_implausible = r_flag, ("--prefill-rate" if r_flag is not None else None), None
     if r is None:
-        pf_s = M.delta(ea.hist_sum("vllm:request_prefill_time_seconds"), eb.hist_sum("vllm:request_prefill_time_seconds"))
-        cached = (d_counter("vllm:prefix_cache_hits") or 0.0) + (d_counter("vllm:external_prefix_cache_hits") or 0.0)
-        computed = None if prompt_tokens is None else max(0.0, prompt_tokens - cached)
-        if pf_s and computed:
-            r, r_src = computed / pf_s, "derived: (Δvllm:prompt_tokens − cached) / Δvllm:request_prefill_time_seconds_sum"
-            ex.append(Quantity("prefill rate R (tok/s)", r, f"{computed:g} tok / {pf_s:.3f} s", r_src))
-        else:
-            notes.append("prefill rate unknown (no prefill time in the window): give --prefill-rate for B* and n*")
+        r, r_src, r_implausible = _derived_prefill_rate(ok_engines, D, prompt_tokens, params, ex, why)
     else:
         ex.append(Quantity("prefill rate R (tok/s)", r, "given", r_src))
     if s_bpt is None:
-        notes.append("bytes per token unknown: give --bytes-per-token or --model-config for B*, n* and L2 tokens")
+        why["breakeven_gbps"] = "bytes per token unknown: give --bytes-per-token or --model-config"
     b_star = cost.breakeven_gbps(s_bpt, r) if s_bpt and r else None
     n_star = cost.min_hit_tokens(r, t0) if r else None
+    if r is None and "breakeven_gbps" not in why:
+        why["breakeven_gbps"] = why.get("prefill_rate_tok_s", "prefill rate unknown: give --prefill-rate")
+    if r is None:
+        why["min_hit_tokens"] = why.get("prefill_rate_tok_s", "prefill rate unknown: give --prefill-rate")
     ex.append(Quantity("break-even bandwidth B* (GB/s)", b_star, f"s·R = {_g(s_bpt)} B/token × {_g(r)} tok/s", "cost model §4"))
     ex.append(Quantity("min hit tokens n*", n_star, f"R·T0 = {_g(r)} tok/s × {t0:g} s", "cost model §4 (T0: --t0)"))
 
-    # --- ρ -----------------------------------------------------------------------
-    l2_per_req = _div(l2_bytes, requests)
+    # --- ρ ------------------------------------------------------------------------------
+    l2_per_req = _div(l2_rate, completion)
     if l2_per_req is None and hits_per_req is not None and s_bpt:
         l2_per_req = hits_per_req * s_bpt
-    load_rate = _div(l2_bytes, window)
-    if load_rate is None and lam is not None and l2_per_req is not None:
-        load_rate = lam * l2_per_req
-    rho = _div(load_rate, bw * cost.GB) if bw else None
-    n_inst = max(1, len(instances))
+    engine_side_zero = (k_bytes == 0 and k_bytes_rate is not None) or (k_bytes is None and lm_bytes == 0)
+    rho = rho_bound = None
+    if lam is not None and l2_per_req == 0 and engine_side_zero:
+        rho, rho_bound = 0.0, "estimate"
+        notes.append("no L2 bytes loaded by the engines in the window: no load queue (ρ = 0)")
+    elif lam is not None and l2_per_req is not None and bw:
+        rho = _div(lam * l2_per_req, bw * cost.GB)
+        rho_bound = "lower_bound" if bw_src == BW_VALKEY else "estimate"
+    else:
+        why["rho"] = (
+            "λ unknown" if lam is None else why.get("l2_bytes_per_request") or why.get("bandwidth_gbps") or "L2 bytes per request unknown"
+        )
+    busy_frac = _div(l2_rate, bw * cost.GB) if bw else None
+    n_inst = max(1, len(ok_inst))
     k = cost.instances_for_rho(rho, params.target_rho, n_inst) if rho else None
-    ex.append(Quantity("ρ = λ·n_L2·s / B", rho, f"λ·(L2 bytes/request) / B = {_g(load_rate)} B/s / {_g(bw)} GB/s", "synchronous-load queue §4"))
+    ex.append(Quantity(
+        "ρ = λ·(L2 bytes/request) / B" + (" (lower bound)" if rho_bound == "lower_bound" else ""), rho,
+        f"{_g(lam)} req/s × {_g(l2_per_req)} B / {_g(bw)} GB/s", "synchronous-load queue §4; λ offered, not completed",
+    ))
+    ex.append(Quantity("load-path busy fraction (served bytes/s over B; ≤ 1, not ρ)", busy_frac, f"{_g(l2_rate)} B/s / {_g(bw)} GB/s", l2_src or "—"))
+    if rho is None and not insufficient and ok_engines:
+        insufficient.append(f"ρ unknown: {why['rho']}")
+    if rho_bound == "lower_bound":
+        notes.append(f"B is Valkey's server-side time per GET, an upper bound: ρ ≥ {rho:.2f} (a lower bound). Engine-side metrics (kvctl connector or LMCache) give ρ itself.")
 
-    waiting_a, waiting_b = ea.gauge("vllm:num_requests_waiting"), eb.gauge("vllm:num_requests_waiting")
+    waiting_a = sum(v for e in ok_engines if (v := e.a.gauge("vllm:num_requests_waiting")) is not None) if ok_engines else None
+    waiting_b = sum(v for e in ok_engines if (v := e.b.gauge("vllm:num_requests_waiting")) is not None) if ok_engines else None
+    if ok_engines and all(e.a.gauge("vllm:num_requests_waiting") is None for e in ok_engines):
+        waiting_a = waiting_b = None
     gpu_utils = a.gpu.utilization_pct + b.gpu.utilization_pct
     gpu_note = b.gpu.note or a.gpu.note
+    mean_prefill_s = _div(D.total("vllm:request_prefill_time_seconds", "sum"), D.total("vllm:request_prefill_time_seconds", "count"))
     obs = dict(
-        lam=lam, typical=typical, bw=bw, bw_src=bw_src, b_star=b_star, n_star=n_star, rho=rho, k=k, n_inst=n_inst,
-        waiting=(waiting_a, waiting_b), gpu_utils=gpu_utils, gpu_note=gpu_note, instances=instances, l2_per_req=l2_per_req,
-        blocking=d_counter("lmcache:get_blocking_failed_count"),
-        slow_lookups=M.count_above(M.bucket_delta(ea, eb, "lmcache:time_to_lookup"), params.slow_lookup_s),
+        lam=lam, completion=completion, typical=typical, bw=bw, bw_src=bw_src, b_star=b_star, n_star=n_star, rho=rho,
+        rho_bound=rho_bound, k=k, n_inst=n_inst, waiting=(waiting_a, waiting_b), gpu_utils=gpu_utils, gpu_note=gpu_note,
+        instances=ok_inst, l2_per_req=l2_per_req, resets=resets, r=r, r_implausible=r_implausible,
+        blocking=D.total("lmcache:get_blocking_failed_count"),
+        slow_lookups=M.count_above(D.buckets("lmcache:time_to_lookup"), params.slow_lookup_s),
+        kvctl_timeouts=D.total("kvctl:lookup_timeouts"), kvctl_load_errors=D.total("kvctl:load_errors"),
+        kvctl_shortfall=D.total("kvctl:agreed_prefix_shortfall_chunks"),
+        chunks_hit=D.total("kvctl:chunks_hit"), chunks_missed=D.total("kvctl:chunks_missed"),
+        ext_queries=D.total("vllm:external_prefix_cache_queries"), ext_hits=D.total("vllm:external_prefix_cache_hits"),
+        lm_requested=D.total("lmcache:num_requested_tokens"), lm_hits=D.total("lmcache:num_hit_tokens"),
+        mean_prefill_s=mean_prefill_s,
     )
-    findings = _findings(obs, params)
+    findings = findings_for(obs, params)
+    if rho is None or not math.isfinite(rho):
+        findings = [f for f in findings if not f.id.startswith("rho_")]
     worst_found = worst_severity(f.severity for f in findings)
     worst = worst_found.value if worst_found else "ok"
+    outcome = "insufficient_data" if insufficient and worst != "critical" else ("findings" if findings else "ok")
+    for name, value in (("arrival_rate_per_s", lam), ("bandwidth_gbps", bw), ("rho", rho), ("prefill_rate_tok_s", r)):
+        if value is None and name not in why:
+            why[name] = "not measurable from these samples"
     return Diagnosis(
-        created_at=capture.created_at,
-        window_s=window,
-        engine_urls=list(capture.engine_urls),
-        requests=requests,
-        arrival_rate_per_s=lam,
-        mean_prompt_tokens=mean_prompt,
-        typical_prompt_tokens=typical,
-        hit_token_fraction=hit_frac,
-        hit_tokens_per_request=hits_per_req,
-        l2_bytes_per_request=l2_per_req,
-        l2_tokens_per_s=l2_tokens_per_s,
-        bandwidth_gbps=bw,
-        bandwidth_source=bw_src,
-        bytes_per_token=s_bpt,
-        prefill_rate_tok_s=r,
-        prefill_rate_source=r_src,
-        t0_s=t0,
-        breakeven_gbps=b_star,
-        min_hit_tokens=n_star,
-        rho=rho,
-        instances_for_target_rho=k,
-        requests_waiting_start=waiting_a,
-        requests_waiting_end=waiting_b,
-        gpu_utilization_pct=list(b.gpu.utilization_pct),
-        gpu_note=gpu_note,
-        instances=instances,
-        findings=findings,
-        worst_severity=worst,
-        notes=notes,
-        explain=ex,
+        created_at=capture.created_at, window_s=window, engine_urls=list(capture.engine_urls), outcome=outcome,
+        requests=requests, arrival_rate_per_s=lam, completion_rate_per_s=completion, queue_growth=growth,
+        mean_prompt_tokens=mean_prompt, typical_prompt_tokens=typical, hit_token_fraction=hit_frac,
+        hit_tokens_per_request=hits_per_req, l2_bytes_per_request=l2_per_req, l2_tokens_per_s=l2_tokens_per_s,
+        bandwidth_gbps=bw, bandwidth_source=bw_src, bandwidth_source_detail=BANDWIDTH_SOURCES.get(bw_src or ""),
+        bytes_per_token=s_bpt, prefill_rate_tok_s=r, prefill_rate_source=r_src, t0_s=t0, breakeven_gbps=b_star,
+        min_hit_tokens=n_star, rho=rho, rho_bound=rho_bound, load_busy_fraction=busy_frac, instances_for_target_rho=k,
+        requests_waiting_start=waiting_a, requests_waiting_end=waiting_b, gpu_utilization_pct=list(b.gpu.utilization_pct),
+        gpu_note=gpu_note, engines=engine_obs, instances=instances, unreachable=unreachable,
+        insufficient_data=insufficient, findings=findings, worst_severity=worst, notes=notes + ([f"engine restarted in the window (counters went backwards): {'; '.join(resets)}"] if resets else []),
+        null_reasons=why, explain=ex,
     )
 
 
-def _findings(o: dict[str, Any], p: Params) -> list[Finding]:
-    out: list[Finding] = []
-    rho, k, bw = o["rho"], o["k"], o["bw"]
-    if rho is not None and rho >= p.warn_rho:
-        sev, fid = ("critical", "rho_unstable") if rho >= 1 else ("warning", "rho_high")
-        what = "the synchronous-load queue is unstable and grows without bound" if rho >= 1 else "the synchronous-load queue is close to saturation"
-        out.append(
-            Finding(
-                fid,
-                sev,
-                f"ρ = {rho:.2f}: {what}",
-                f"run {k} Valkey instance(s) of this bandwidth (one per rank, `kvctl deploy-valkey`) to bring ρ to ≤ {p.target_rho:g}, "
-                "or switch to asynchronous loading (`kvctl loading async`)",
-                {"rho": rho, "bandwidth_gbps": bw, "instances_now": o["n_inst"], "instances_for_target_rho": k, "target_rho": p.target_rho, "l2_bytes_per_request": o["l2_per_req"], "arrival_rate_per_s": o["lam"]},
-            )
-        )
-    if bw is not None and o["b_star"] is not None and bw < o["b_star"]:
-        out.append(
-            Finding(
-                "bandwidth_below_breakeven",
-                "warning",
-                f"delivered bandwidth B = {bw:.3f} GB/s is below the break-even B* = {o['b_star']:.3f} GB/s: every L2 hit is slower than recomputing",
-                "raise the tier's bandwidth: one Valkey instance per rank scales GETs (6.3× at 8 instances in the paper); until B > B*, hits only save GPU compute",
-                {"bandwidth_gbps": bw, "breakeven_gbps": o["b_star"], "bandwidth_source": o["bw_src"]},
-            )
-        )
-    if o["typical"] is not None and o["n_star"] is not None and o["typical"] < o["n_star"]:
-        out.append(
-            Finding(
-                "prompt_below_min_hit",
-                "info",
-                f"the typical prompt ({o['typical']:,.0f} tokens) is shorter than n* = R·T0 = {o['n_star']:,.0f}: a hit cannot beat recompute on latency at any bandwidth",
-                "keep the tier for capacity (hits use no GPU compute); to win on latency, shrink T0 (engine-side per-hit cost) — see `kvctl cost report`",
-                {"typical_prompt_tokens": o["typical"], "min_hit_tokens": o["n_star"]},
-            )
-        )
-    wa, wb = o["waiting"]
-    if wa is not None and wb is not None and wb > wa and wb >= 1:
-        utils = o["gpu_utils"]
-        mean_util = statistics.fmean(utils) if utils else None
-        ev = {"requests_waiting_start": wa, "requests_waiting_end": wb, "gpu_utilization_pct": mean_util}
-        if mean_util is not None and mean_util < p.gpu_idle_pct:
-            out.append(
-                Finding(
-                    "queue_growing_gpu_idle",
-                    "critical",
-                    f"requests waiting grew {wa:g} → {wb:g} while the GPUs were {mean_util:.0f}% busy: the engine is waiting on something other than compute",
-                    "the remote tier or a stalled lookup is holding the engine step: check ρ above, run `kvctl diagnose stalls --match vllm`, consider `kvctl loading async`",
-                    ev,
-                )
-            )
-        elif mean_util is None:
-            ev["gpu_note"] = o["gpu_note"]
-            out.append(
-                Finding(
-                    "queue_growing",
-                    "warning",
-                    f"requests waiting grew {wa:g} → {wb:g} ({o['gpu_note'] or 'GPU utilisation unknown'})",
-                    "run kvctl where NVML sees the engine's GPUs to tell a compute-bound engine from one waiting on the tier; check ρ and `kvctl diagnose stalls`",
-                    ev,
-                )
-            )
-        else:
-            out.append(
-                Finding(
-                    "queue_growing",
-                    "warning",
-                    f"requests waiting grew {wa:g} → {wb:g} with the GPUs {mean_util:.0f}% busy: prefill is compute-bound",
-                    "add prefill capacity, or raise the hit fraction so fewer tokens are recomputed",
-                    ev,
-                )
-            )
-    insts = o["instances"]
-    if len(insts) >= 2:
-        # hot = receives much more GET traffic (bytes out) AND spends much more time in GETs than the others
-        hot = max(insts, key=lambda i: i.get_busy_fraction)
-        others = [i for i in insts if i is not hot]
-        med_busy = statistics.median(i.get_busy_fraction for i in others)
-        med_bytes = statistics.median(i.bytes_out for i in others)
+def _derived_prefill_rate(
+    engines: list[_Engine], D: _Deltas, prompt_tokens: float | None, params: Params, ex: list[Quantity], why: dict[str, str]
+) -> tuple[float | None, str | None, float | None]:
+    """R from the engines' prefill time, batched prefills counted once: (R, source, implausible R).
 
-        def ratio(x: float, med: float) -> float:
-            return float("inf") if med == 0 else x / med
-
-        r_busy, r_bytes = ratio(hot.get_busy_fraction, med_busy), ratio(hot.bytes_out, med_bytes)
-        if hot.get_calls >= p.hot_min_gets and hot.get_busy_fraction > 0 and min(r_busy, r_bytes) >= p.hot_ratio:
-            out.append(
-                Finding(
-                    "hot_instance",
-                    "warning",
-                    f"Valkey rank {hot.rank} ({hot.url}) spends {hot.get_busy_fraction:.1%} of the window in GETs, "
-                    f"{'∞' if r_busy == float('inf') else f'{r_busy:.1f}'}× the median of the others, "
-                    f"and sends {'∞' if r_bytes == float('inf') else f'{r_bytes:.1f}'}× their bytes",
-                    "keys are not spread by rank: use the {rank} URL so each rank's chunks live on its own instance (sharded store, paper §5.2)",
-                    {
-                        "rank": hot.rank,
-                        "get_busy_fraction": hot.get_busy_fraction,
-                        "others_median_busy_fraction": med_busy,
-                        "bytes_out": hot.bytes_out,
-                        "others_median_bytes_out": med_bytes,
-                        "get_calls": hot.get_calls,
-                        "busy_fractions": [i.get_busy_fraction for i in insts],
-                    },
-                )
-            )
-    evicted = sum(i.evicted_keys for i in insts)
-    gets = sum(i.get_calls for i in insts)
-    if evicted > 0 and (gets > 0 or (o["lam"] or 0) > 0):
-        out.append(
-            Finding(
-                "evictions_under_load",
-                "warning",
-                f"{evicted:,.0f} key(s) evicted during the window while serving {gets:,.0f} GET(s): evicted chunks come back as recompute",
-                "raise maxmemory or add instances (`kvctl deploy-valkey`); check that maxmemory-policy is an LRU policy",
-                {"evicted_keys": evicted, "per_rank": {i.rank: i.evicted_keys for i in insts if i.evicted_keys}, "get_calls": gets},
-            )
+    A batch of k requests prefilled together reports its time in each of the k
+    requests' ``request_prefill_time_seconds``; the engine cannot have spent more
+    than its window prefilling, so per engine the busy time is min(Σ prefill time,
+    window). The result is a lower bound on R whenever prefills overlapped.
+    """
+    computed_total, busy_total, overlapped = 0.0, 0.0, False
+    for e in engines:
+        one = _Deltas([e])
+        pf = one.total("vllm:request_prefill_time_seconds", "sum")
+        pt = one.total("vllm:prompt_tokens")
+        if pt is None:
+            pt = one.total("vllm:request_prompt_tokens", "sum")
+        if not pf or pt is None:
+            continue
+        cached = (one.total("vllm:prefix_cache_hits") or 0.0) + (one.total("vllm:external_prefix_cache_hits") or 0.0)
+        computed_total += max(0.0, pt - cached)
+        busy = min(pf, e.window_s)
+        overlapped = overlapped or pf > e.window_s
+        busy_total += busy
+    if not busy_total or not computed_total:
+        why["prefill_rate_tok_s"] = "no prefill time or computed tokens in the window: give --prefill-rate for B* and n*"
+        return None, None, None
+    r = computed_total / busy_total
+    src = "derived: computed prompt tokens / min(Σ request_prefill_time, window) per engine" + (
+        " (prefills overlapped: a lower bound on R)" if overlapped else ""
+    )
+    ex.append(Quantity("prefill rate R (tok/s)", r, f"{computed_total:g} tok / {busy_total:.3f} s busy", src))
+    if r < params.min_prefill_rate:
+        why["prefill_rate_tok_s"] = (
+            f"derived R = {r:.3g} tok/s is implausibly low (< {params.min_prefill_rate:g}): prefill time is spent waiting, "
+            "not computing; give --prefill-rate"
         )
-    blocking, slow = o["blocking"], o["slow_lookups"]
-    if (blocking or 0) > 0 or slow > 0:
-        out.append(
-            Finding(
-                "timeouts_rising",
-                "warning",
-                f"{blocking or 0:g} blocking GET failure(s) and {slow:g} lookup(s) slower than {p.slow_lookup_s:g} s in the window",
-                "lookups or blocking GETs are timing out: check the remote tier's latency (kvctl bench), run `kvctl diagnose stalls` for the lost-completion and missing-key signatures",
-                {"get_blocking_failed": blocking or 0, "slow_lookups": slow, "slow_lookup_s": p.slow_lookup_s},
-            )
-        )
-    return out
+        return None, None, r
+    return r, src, None

@@ -6,16 +6,22 @@ and the GPU utilisation, plus timestamps and the parameters given. Live runs
 and ``--from DIR`` go through the same :class:`Capture`, so a saved capture
 analyses exactly as the live run did.
 
-Directory layout::
+Every source is read in parallel and stamped with its own time (the middle
+of its own request), so a slow engine does not skew another's window. A
+source that does not answer (down, SIGSTOPped, timing out) is recorded with
+its error instead of aborting the sample: the rest is kept and analysed.
 
-    DIR/capture.json               metadata, parameters, per-sample time and GPU
-    DIR/sample-000/engine-0.txt    engine 0's /metrics text, first sample
+Directory layout (format 2; format 1 captures still load)::
+
+    DIR/capture.json               metadata, parameters, per-sample and per-source times, errors, GPU
+    DIR/sample-000/engine-0.txt    engine 0's /metrics text, first sample (absent when it did not answer)
     DIR/sample-000/valkey-0.json   rank 0's INFO, first sample
     DIR/sample-001/...
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as _dt
 import json
 import os
@@ -27,20 +33,43 @@ from typing import Any, Callable, Sequence
 from kvctl import __version__
 from kvctl.diagnose import sources
 from kvctl.diagnose.sources import GpuSample
-from kvctl.errors import InvalidInput
+from kvctl.errors import InvalidInput, KvctlError
 from kvctl.tier.targets import Target
 
 CAPTURE_FILE = "capture.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
 LAST_DIAGNOSIS = "last-diagnosis.json"
 
 
 @dataclass
 class Sample:
-    t_s: float  # wall-clock seconds (time.time()) in the middle of the scrape
-    engines: list[str]  # /metrics text, one per engine URL
-    valkey: list[dict[str, Any]]  # INFO, one per instance (index = rank)
+    """One round of reads. ``engines[i]``/``valkey[r]`` is None when that source did not answer."""
+
+    t_s: float  # wall-clock seconds (time.time()) when the round started
+    engines: list[str | None]  # /metrics text, one per engine URL
+    valkey: list[dict[str, Any] | None]  # INFO, one per instance (index = rank)
     gpu: GpuSample = field(default_factory=GpuSample)
+    engine_t_s: list[float | None] = field(default_factory=list)  # each read's own time; t_s where absent
+    valkey_t_s: list[float | None] = field(default_factory=list)
+    engine_errors: list[str | None] = field(default_factory=list)
+    valkey_errors: list[str | None] = field(default_factory=list)
+
+    def engine_time(self, i: int) -> float:
+        return _at(self.engine_t_s, i, None) or self.t_s
+
+    def valkey_time(self, r: int) -> float:
+        return _at(self.valkey_t_s, r, None) or self.t_s
+
+    def engine_error(self, i: int) -> str | None:
+        return _at(self.engine_errors, i, None)
+
+    def valkey_error(self, r: int) -> str | None:
+        return _at(self.valkey_errors, r, None)
+
+
+def _at(xs: list[Any], i: int, default: Any) -> Any:
+    return xs[i] if i < len(xs) else default
 
 
 @dataclass
@@ -57,13 +86,54 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
+def _timed(read: Callable[[], Any]) -> tuple[Any, float, str | None]:
+    """(value or None, the middle of this read's own request, error text or None)."""
+    start = time.time()
+    try:
+        value, err = read(), None
+    except KvctlError as e:
+        value, err = None, str(e)
+    return value, (start + time.time()) / 2, err
+
+
 def take_sample(engine_urls: Sequence[str], targets: Sequence[Target], timeout_s: float = 5.0) -> Sample:
-    """Scrape every engine and instance once (Unreachable on the first that does not answer)."""
+    """Read every engine and instance once, in parallel, each stamped with its own time.
+
+    A source that fails (down, hung, timing out after ``timeout_s``) is kept as
+    None with its error; one hung component costs one timeout, not one each.
+    """
     t0 = time.time()
-    texts = [sources.fetch_metrics(u, timeout_s) for u in engine_urls]
-    infos = [sources.valkey_info(t, timeout_s) for t in targets]
-    gpu = sources.gpu_sample()
-    return Sample((t0 + time.time()) / 2, texts, infos, gpu)
+    reads: list[Callable[[], Any]] = [lambda u=u: sources.fetch_metrics(u, timeout_s) for u in engine_urls]
+    reads += [lambda t=t: sources.valkey_info(t, timeout_s) for t in targets]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(reads) + 1)) as pool:
+        gpu_f = pool.submit(sources.gpu_sample)
+        results = list(pool.map(_timed, reads))
+        gpu = gpu_f.result()
+    n = len(engine_urls)
+    eng, val = results[:n], results[n:]
+    return Sample(
+        t0,
+        [v for v, _, _ in eng],
+        [v for v, _, _ in val],
+        gpu,
+        engine_t_s=[t for _, t, _ in eng],
+        valkey_t_s=[t for _, t, _ in val],
+        engine_errors=[e for _, _, e in eng],
+        valkey_errors=[e for _, _, e in val],
+    )
+
+
+def unique_engine_urls(engine_urls: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The engine URLs with repeats removed (same /metrics URL), and the repeats dropped."""
+    seen: dict[str, str] = {}
+    dropped = []
+    for u in engine_urls:
+        key = sources.metrics_url(u)
+        if key in seen:
+            dropped.append(u)
+        else:
+            seen[key] = u
+    return list(seen.values()), dropped
 
 
 def collect(
@@ -74,17 +144,26 @@ def collect(
     tick: Callable[[float], None] | None = None,
     timeout_s: float = 5.0,
 ) -> Capture:
-    """Two samples ``window_s`` apart; ``tick(seconds)`` is called while waiting (progress)."""
-    if window_s <= 0:
-        raise InvalidInput(f"--window must be positive, got {window_s}")
+    """Two samples ``window_s`` apart; ``tick(seconds)`` is called while waiting (progress).
+
+    Repeated engine URLs are read once (a repeat would double λ).
+    """
+    if not (0 < window_s <= MAX_WINDOW_S):
+        raise InvalidInput(f"--window must be a number of seconds in (0, {MAX_WINDOW_S:g}], got {window_s}")
+    engine_urls, _ = unique_engine_urls(engine_urls)
     first = take_sample(engine_urls, targets, timeout_s)
     wait_until(first.t_s + window_s, tick)
     second = take_sample(engine_urls, targets, timeout_s)
     return Capture(list(engine_urls), [t.url for t in targets], [first, second], dict(parameters or {}), now_iso())
 
 
+MAX_WINDOW_S = 86400.0
+
+
 def wait_until(deadline: float, tick: Callable[[float], None] | None = None, step_s: float = 0.1) -> None:
     """Sleep until wall time ``deadline`` in small steps, reporting each to ``tick``."""
+    if not (deadline - time.time() <= MAX_WINDOW_S + 60):  # also False for NaN
+        raise InvalidInput(f"refusing to wait until {deadline!r}: not within {MAX_WINDOW_S:g} s from now")
     while True:
         left = deadline - time.time()
         if left <= 0:
@@ -114,16 +193,30 @@ def save_capture(capture: Capture, out_dir: Path | str) -> Path:
     for i, s in enumerate(capture.samples):
         sdir = out / f"sample-{i:03d}"
         sdir.mkdir(exist_ok=True)
-        engines, valkey = [], []
+        engines: list[str | None] = []
+        valkey: list[str | None] = []
         for j, text in enumerate(s.engines):
-            name = f"{sdir.name}/engine-{j}.txt"
-            (out / name).write_text(text)
+            name = None if text is None else f"{sdir.name}/engine-{j}.txt"
+            if name:
+                (out / name).write_text(text)
             engines.append(name)
         for j, info in enumerate(s.valkey):
-            name = f"{sdir.name}/valkey-{j}.json"
-            (out / name).write_text(json.dumps(info, indent=1, sort_keys=True, default=str) + "\n")
+            name = None if info is None else f"{sdir.name}/valkey-{j}.json"
+            if name:
+                (out / name).write_text(json.dumps(info, indent=1, sort_keys=True, default=str) + "\n")
             valkey.append(name)
-        meta_samples.append({"t_s": s.t_s, "engines": engines, "valkey": valkey, "gpu": s.gpu.to_dict()})
+        meta_samples.append(
+            {
+                "t_s": s.t_s,
+                "engines": engines,
+                "valkey": valkey,
+                "engine_t_s": [s.engine_time(j) for j in range(len(s.engines))],
+                "valkey_t_s": [s.valkey_time(j) for j in range(len(s.valkey))],
+                "engine_errors": [s.engine_error(j) for j in range(len(s.engines))],
+                "valkey_errors": [s.valkey_error(j) for j in range(len(s.valkey))],
+                "gpu": s.gpu.to_dict(),
+            }
+        )
     meta = {
         "format": FORMAT_VERSION,
         "kvctl_version": capture.kvctl_version,
@@ -149,12 +242,48 @@ def load_capture(in_dir: Path | str) -> Capture:
         raise InvalidInput(f"{d} holds no capture ({CAPTURE_FILE} missing); make one with `kvctl diagnose capture --out {d}`") from e
     except (OSError, ValueError) as e:
         raise InvalidInput(f"cannot read capture {path}: {e}") from e
+    if not isinstance(meta, dict):
+        raise InvalidInput(f"capture {path} is not a JSON object")
+    fmt = meta.get("format")
+    if isinstance(fmt, bool) or fmt not in READABLE_FORMATS:
+        raise InvalidInput(
+            f"capture {d} has format {fmt!r}; this kvctl ({__version__}) reads formats {', '.join(map(str, READABLE_FORMATS))}"
+            + (": upgrade kvctl to analyse it" if isinstance(fmt, int) and fmt > FORMAT_VERSION else "")
+        )
+    root = d.resolve()
+
+    def inside(name: Any) -> Path:
+        """A file named by the capture, refused unless it lies inside the capture directory."""
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"capture {d} names a file as {name!r}")
+        p = (d / name).resolve()
+        if p != root and root not in p.parents:
+            raise InvalidInput(f"capture {d} names {name!r}, outside the capture directory: refused")
+        return p
+
+    def number(x: Any, what: str) -> float:
+        v = float(x)
+        if v != v or v in (float("inf"), float("-inf")):
+            raise InvalidInput(f"capture {d}: {what} is {x!r}, not a finite time")
+        return v
+
     try:
         samples = []
         for s in meta["samples"]:
-            engines = [(d / name).read_text() for name in s["engines"]]
-            valkey = [json.loads((d / name).read_text()) for name in s["valkey"]]
-            samples.append(Sample(float(s["t_s"]), engines, valkey, GpuSample.from_dict(s.get("gpu"))))
+            engines = [None if n is None else inside(n).read_text() for n in s["engines"]]
+            valkey = [None if n is None else json.loads(inside(n).read_text()) for n in s["valkey"]]
+            samples.append(
+                Sample(
+                    number(s["t_s"], "t_s"),
+                    engines,
+                    valkey,
+                    GpuSample.from_dict(s.get("gpu")),
+                    engine_t_s=[None if t is None else number(t, "engine_t_s") for t in s.get("engine_t_s") or []],
+                    valkey_t_s=[None if t is None else number(t, "valkey_t_s") for t in s.get("valkey_t_s") or []],
+                    engine_errors=[None if e is None else str(e) for e in s.get("engine_errors") or []],
+                    valkey_errors=[None if e is None else str(e) for e in s.get("valkey_errors") or []],
+                )
+            )
         cap = Capture(
             list(meta["engine_urls"]),
             list(meta["valkey_urls"]),

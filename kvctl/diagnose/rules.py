@@ -1,0 +1,209 @@
+"""Findings of the live diagnosis: observations in, :class:`Finding` list out (pure).
+
+Called by :func:`kvctl.diagnose.analysis.analyse`; each rule reads the
+``obs`` mapping built there and the thresholds in ``Params``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from kvctl.diagnose.analysis import Finding, Params
+
+
+def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
+    out: list[Finding] = []
+    _rho(o, p, out)
+    _tier_health(o, p, out)
+    bw = o["bw"]
+    if bw is not None and o["b_star"] is not None and bw < o["b_star"]:
+        out.append(
+            Finding(
+                "bandwidth_below_breakeven",
+                "warning",
+                f"bandwidth B = {bw:.3f} GB/s{' (an upper bound)' if o['rho_bound'] == 'lower_bound' else ''} is below the break-even B* = {o['b_star']:.3f} GB/s: every L2 hit is slower than recomputing",
+                "raise the tier's bandwidth: one Valkey instance per rank scales GETs (6.3× at 8 instances in the paper); until B > B*, hits only save GPU compute",
+                {"bandwidth_gbps": bw, "breakeven_gbps": o["b_star"], "bandwidth_source": o["bw_src"]},
+            )
+        )
+    if o["typical"] is not None and o["n_star"] is not None and o["typical"] < o["n_star"]:
+        out.append(
+            Finding(
+                "prompt_below_min_hit",
+                "info",
+                f"the typical prompt ({o['typical']:,.0f} tokens) is shorter than n* = R·T0 = {o['n_star']:,.0f}: a hit cannot beat recompute on latency at any bandwidth",
+                "keep the tier for capacity (hits use no GPU compute); to win on latency, shrink T0 (engine-side per-hit cost) — see `kvctl cost report`",
+                {"typical_prompt_tokens": o["typical"], "min_hit_tokens": o["n_star"]},
+            )
+        )
+    wa, wb = o["waiting"]
+    if wa is not None and wb is not None and wb > wa and wb >= 1:
+        utils = o["gpu_utils"]
+        mean_util = statistics.fmean(utils) if utils else None
+        ev = {"requests_waiting_start": wa, "requests_waiting_end": wb, "gpu_utilization_pct": mean_util}
+        if mean_util is not None and mean_util < p.gpu_idle_pct:
+            out.append(
+                Finding(
+                    "queue_growing_gpu_idle",
+                    "critical",
+                    f"requests waiting grew {wa:g} → {wb:g} while the GPUs were {mean_util:.0f}% busy: the engine is waiting on something other than compute",
+                    "the remote tier or a stalled lookup is holding the engine step: check ρ above, run `kvctl diagnose stalls --match vllm`, consider `kvctl loading async`",
+                    ev,
+                )
+            )
+        elif mean_util is None:
+            ev["gpu_note"] = o["gpu_note"]
+            out.append(
+                Finding(
+                    "queue_growing",
+                    "warning",
+                    f"requests waiting grew {wa:g} → {wb:g} ({o['gpu_note'] or 'GPU utilisation unknown'})",
+                    "run kvctl where NVML sees the engine's GPUs to tell a compute-bound engine from one waiting on the tier; check ρ and `kvctl diagnose stalls`",
+                    ev,
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    "queue_growing",
+                    "warning",
+                    f"requests waiting grew {wa:g} → {wb:g} with the GPUs {mean_util:.0f}% busy: prefill is compute-bound",
+                    "add prefill capacity, or raise the hit fraction so fewer tokens are recomputed",
+                    ev,
+                )
+            )
+    insts = o["instances"]
+    if len(insts) >= 2:
+        # hot = receives much more GET traffic (bytes out) AND spends much more time in GETs than the others
+        hot = max(insts, key=lambda i: i.get_busy_fraction)
+        others = [i for i in insts if i is not hot]
+        med_busy = statistics.median(i.get_busy_fraction for i in others)
+        med_bytes = statistics.median(i.bytes_out for i in others)
+
+        def ratio(x: float, med: float) -> float:
+            return float("inf") if med == 0 else x / med
+
+        r_busy, r_bytes = ratio(hot.get_busy_fraction, med_busy), ratio(hot.bytes_out, med_bytes)
+        if hot.get_calls >= p.hot_min_gets and hot.get_busy_fraction > 0 and min(r_busy, r_bytes) >= p.hot_ratio:
+            out.append(
+                Finding(
+                    "hot_instance",
+                    "warning",
+                    f"Valkey rank {hot.rank} ({hot.url}) spends {hot.get_busy_fraction:.1%} of the window in GETs, "
+                    f"{'∞' if r_busy == float('inf') else f'{r_busy:.1f}'}× the median of the others, "
+                    f"and sends {'∞' if r_bytes == float('inf') else f'{r_bytes:.1f}'}× their bytes",
+                    "keys are not spread by rank: use the {rank} URL so each rank's chunks live on its own instance (sharded store, paper §5.2)",
+                    {
+                        "rank": hot.rank,
+                        "get_busy_fraction": hot.get_busy_fraction,
+                        "others_median_busy_fraction": med_busy,
+                        "bytes_out": hot.bytes_out,
+                        "others_median_bytes_out": med_bytes,
+                        "get_calls": hot.get_calls,
+                        "busy_fractions": [i.get_busy_fraction for i in insts],
+                    },
+                )
+            )
+    evicted = sum(i.evicted_keys for i in insts)
+    gets = sum(i.get_calls for i in insts)
+    if evicted > 0 and (gets > 0 or (o["lam"] or 0) > 0):
+        out.append(
+            Finding(
+                "evictions_under_load",
+                "warning",
+                f"{evicted:,.0f} key(s) evicted during the window while serving {gets:,.0f} GET(s): evicted chunks come back as recompute",
+                "raise maxmemory or add instances (`kvctl deploy-valkey`); check that maxmemory-policy is an LRU policy",
+                {"evicted_keys": evicted, "per_rank": {i.rank: i.evicted_keys for i in insts if i.evicted_keys}, "get_calls": gets},
+            )
+        )
+    blocking, slow, kv_to = o["blocking"], o["slow_lookups"], o["kvctl_timeouts"] or 0
+    if (blocking or 0) > 0 or slow > 0 or kv_to > 0:
+        out.append(
+            Finding(
+                "timeouts_rising",
+                "warning",
+                f"{blocking or 0:g} blocking GET failure(s), {kv_to:g} kvctl lookup timeout(s) and {slow:g} lookup(s) slower than {p.slow_lookup_s:g} s in the window",
+                "lookups or blocking GETs are timing out: check the remote tier's latency (kvctl bench), run `kvctl diagnose stalls` for the lost-completion and missing-key signatures",
+                {"get_blocking_failed": blocking or 0, "kvctl_lookup_timeouts": kv_to, "slow_lookups": slow, "slow_lookup_s": p.slow_lookup_s},
+            )
+        )
+    return out
+
+
+def _rho(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
+    rho, k, bw = o["rho"], o["k"], o["bw"]
+    if rho is None or rho < p.warn_rho:
+        return
+    lower = o["rho_bound"] == "lower_bound"
+    sev, fid = ("critical", "rho_unstable") if rho >= 1 else ("warning", "rho_high")
+    what = "the synchronous-load queue is unstable and grows without bound" if rho >= 1 else "the synchronous-load queue is close to saturation"
+    shown = f"ρ ≥ {rho:.2f} (a lower bound: B from Valkey's server-side GET time)" if lower else f"ρ = {rho:.2f}"
+    out.append(
+        Finding(
+            fid,
+            sev,
+            f"{shown} at the offered λ = {o['lam']:.3g} req/s (completions {o['completion'] if o['completion'] is None else round(o['completion'], 3)} req/s): {what}",
+            f"run {k} Valkey instance(s) of this bandwidth (one per rank, `kvctl deploy-valkey`) to bring ρ to ≤ {p.target_rho:g}, "
+            "or switch to asynchronous loading (`kvctl loading async`)",
+            {
+                "rho": rho, "rho_bound": o["rho_bound"], "bandwidth_gbps": bw, "bandwidth_source": o["bw_src"],
+                "instances_now": o["n_inst"], "instances_for_target_rho": k, "target_rho": p.target_rho,
+                "l2_bytes_per_request": o["l2_per_req"], "arrival_rate_per_s": o["lam"], "completion_rate_per_s": o["completion"],
+            },
+        )
+    )
+
+
+def _tier_health(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
+    """No hits while the engines keep asking, a derived R that is a symptom, restarts, kvctl connector errors."""
+    queried = (o["ext_queries"] or 0) + (o["lm_requested"] or 0)
+    hit = (o["ext_hits"] or 0) + (o["lm_hits"] or 0) + (o["chunks_hit"] or 0)
+    if (queried > 0 or (o["chunks_missed"] or 0) > 0) and hit == 0:
+        slow = o["mean_prefill_s"] is not None and o["mean_prefill_s"] >= p.slow_lookup_s
+        per_req = "" if o["mean_prefill_s"] is None else f"; prefill takes {o['mean_prefill_s']:.2f} s per request"
+        out.append(
+            Finding(
+                "l2_no_hits",
+                "critical" if slow else "warning",
+                f"the engines asked the KV tier for {queried:,.0f} token(s) and got 0 hits{per_req}"
+                + (": lookups are timing out, every request waits on a tier that answers nothing" if slow else ""),
+                "check the connector's logs and its remote URL, that the tier holds this model's keys (same key format, "
+                "PYTHONHASHSEED fixed for LMCache), and run `kvctl diagnose stalls --match vllm`",
+                {"queried_tokens": queried, "hit_tokens": hit, "mean_prefill_s": o["mean_prefill_s"], "chunks_missed": o["chunks_missed"]},
+            )
+        )
+    if o["r_implausible"] is not None:
+        out.append(
+            Finding(
+                "prefill_rate_implausible",
+                "warning",
+                f"the prefill rate derived from the engine's prefill time is {o['r_implausible']:.3g} tok/s: prefill time is spent "
+                "waiting (a lookup timeout, a stalled load), not computing; B* and n* are not computed from it",
+                "find what the prefill waits on (`kvctl diagnose stalls`); give --prefill-rate measured on a healthy engine for B* and n*",
+                {"derived_prefill_rate_tok_s": o["r_implausible"], "mean_prefill_s": o["mean_prefill_s"]},
+            )
+        )
+    if o["resets"]:
+        out.append(
+            Finding(
+                "engine_restarted",
+                "warning",
+                f"counters went backwards inside the window (an engine restarted): {'; '.join(o['resets'])}",
+                "its rates count only from the restart; run the diagnosis again over a window without a restart",
+                {"engines": o["resets"]},
+            )
+        )
+    errs, short = o["kvctl_load_errors"] or 0, o["kvctl_shortfall"] or 0
+    if errs > 0 or short > 0:
+        out.append(
+            Finding(
+                "load_failures",
+                "warning",
+                f"{errs:g} L2 load error(s) and {short:g} chunk(s) dropped from agreed prefixes in the window (kvctl connector)",
+                "failed or disagreeing ranks shorten the agreed prefix and turn hits into recompute: check the tier with "
+                "`kvctl deploy-valkey status` and every rank's remote URL",
+                {"load_errors": errs, "agreed_prefix_shortfall_chunks": short},
+            )
+        )
+

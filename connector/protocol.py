@@ -7,7 +7,9 @@ leave another rank waiting in a collective it will not enter:
 1. fetch and stage the chunks this rank owns (``c mod W == rank``) through the
    caller's ``fetch_owned`` callback; anything that goes wrong here (``None``,
    an exception, a tensor of the wrong shape or dtype, a failed copy) is a
-   *local failure* at that chunk and is never raised;
+   *local failure* at that chunk; an ``Exception`` is never raised, and a
+   ``BaseException`` such as ``asyncio.CancelledError`` is re-raised only
+   after step 4, so this rank still enters every collective;
 2. exchange one fixed-size message per rank with a single all-gather: a
    fingerprint of the chunk-key list and chunk metadata, the first chunk this
    rank failed to provide, the transfer mode;
@@ -28,6 +30,12 @@ Three transfer modes are implemented (``mode=``):
 ``mode="auto"`` (the default) picks the fastest form measured for the group's
 backend with ``benchmarks/protocol_bcast.py`` (see ``FASTEST_BY_BACKEND``).
 All data collectives move ``uint8`` bytes, so any dtype works on any backend.
+
+Chunk offset: a load may start at absolute chunk ``first_chunk`` (the engine
+already holds chunks ``0..first_chunk-1``, e.g. in its own prefix cache).
+``chunk_keys[i]`` is then absolute chunk ``first_chunk + i`` and is owned by
+rank ``(first_chunk + i) mod W``, the same owner that stored it; the default
+``first_chunk=0`` is the plain rule.
 """
 
 from __future__ import annotations
@@ -101,10 +109,14 @@ class Agreement(NamedTuple):
     local_failure: int  # this rank's own first failure (n_chunks if none)
 
 
-def fingerprint(chunk_keys: Sequence[object], chunk_shape: Sequence[int], dtype: torch.dtype) -> tuple[int, int]:
-    """128-bit digest of the key list, the chunk shape and the dtype, as two signed int64."""
+def fingerprint(
+    chunk_keys: Sequence[object], chunk_shape: Sequence[int], dtype: torch.dtype, first_chunk: int = 0
+) -> tuple[int, int]:
+    """128-bit digest of the key list, the chunk shape, the dtype (and a non-zero chunk offset), as two int64."""
     h = hashlib.blake2b(digest_size=16)
     h.update(b"kvctl-agreed-prefix\0")
+    if first_chunk:
+        h.update(b"first-chunk" + int(first_chunk).to_bytes(8, "little"))
     h.update(str(tuple(int(d) for d in chunk_shape)).encode())
     h.update(str(dtype).encode() + b"\0")
     h.update(len(chunk_keys).to_bytes(8, "little"))
@@ -150,28 +162,50 @@ def _fetch_and_stage(
     dtype: torch.dtype,
     nbytes: int,
     n_chunks: int,
-) -> tuple[int, int]:
-    """Step 1: returns (first failed chunk index or n_chunks, staged count). Never raises."""
+) -> tuple[int, int, BaseException | None]:
+    """Step 1: (first failed chunk index or n_chunks, staged count, deferred exception). Never raises.
+
+    Anything ``fetch_owned`` raises, or a failed copy, is a local failure. A
+    ``BaseException`` that is not an ``Exception`` (``asyncio.CancelledError``
+    inside an async engine, ``KeyboardInterrupt``, ``SystemExit``) is a local
+    failure too, and is handed back as the deferred exception, which
+    :func:`load_agreed_prefix_detailed` re-raises after every collective:
+    raised here, it would make this rank skip the exchange its peers wait in.
+    """
     if not owned:
-        return n_chunks, 0
+        return n_chunks, 0, None
     try:
-        fetched = list(fetch_owned(list(owned)))
-    except Exception:  # noqa: BLE001 - any callback failure is a local failure
-        return owned[0], 0
+        fetched = list(fetch_owned(list(owned)))  # a generator is consumed here, inside the guard
+    except BaseException as exc:  # noqa: BLE001 - any callback failure is a local failure
+        return owned[0], 0, _deferred(exc)
     staged = 0
     try:
         for slot, c in enumerate(owned):
             t = fetched[slot] if slot < len(fetched) else None
             if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != chunk_shape:
-                return c, staged
+                return c, staged, None
             _chunk_view(staging, slot, nbytes, dtype, chunk_shape).copy_(t, non_blocking=staging.is_cuda)
             staged += 1
         if staging.is_cuda:
             torch.cuda.synchronize(staging.device)
-    except Exception:  # noqa: BLE001 - a failed copy is a staging error at this chunk
+    except BaseException as exc:  # noqa: BLE001 - a failed copy is a staging error at this chunk
         # after an async copy failure we cannot tell which slot broke: be safe
-        return (owned[staged] if staged < len(owned) else owned[0]), staged
-    return n_chunks, staged
+        return (owned[staged] if staged < len(owned) else owned[0]), staged, _deferred(exc)
+    return n_chunks, staged, None
+
+
+def _deferred(exc: BaseException) -> BaseException | None:
+    """What step 1 keeps to re-raise after the collectives: a BaseException that is not an Exception."""
+    return None if isinstance(exc, Exception) else exc
+
+
+def _reraise_deferred(deferred: BaseException | None, prefix: int) -> None:
+    """Re-raise step 1's deferred exception on this rank once every collective is done."""
+    if deferred is not None:
+        deferred.add_note(
+            f"kvctl: raised by fetch_owned; re-raised after the load protocol's collectives (agreed prefix {prefix})"
+        )
+        raise deferred
 
 
 def _chunk_nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
@@ -192,10 +226,15 @@ def _owned_count(prefix: int, r: int, world: int) -> int:
     return 0 if prefix <= r else (prefix - r + world - 1) // world
 
 
-def _move_per_chunk(group, prefix, rank, world, staging, nbytes, dtype, shape, device):
+def _virtual_rank(rank: int, world: int, shift: int) -> int:
+    """The rank whose offset-0 ownership equals ``rank``'s ownership under chunk offset ``shift``."""
+    return (rank - shift) % world
+
+
+def _move_per_chunk(group, prefix, rank, world, staging, nbytes, dtype, shape, device, shift=0):
     out = []
     for c in range(prefix):
-        o = c % world
+        o = (c + shift) % world
         if o == rank:
             buf = _slot(staging, c // world, nbytes)
         else:
@@ -205,10 +244,10 @@ def _move_per_chunk(group, prefix, rank, world, staging, nbytes, dtype, shape, d
     return out
 
 
-def _move_per_owner(group, prefix, rank, world, staging, nbytes, dtype, shape, device):
+def _move_per_owner(group, prefix, rank, world, staging, nbytes, dtype, shape, device, shift=0):
     per_owner: list[torch.Tensor | None] = [None] * world
     for o in range(world):
-        k = _owned_count(prefix, o, world)
+        k = _owned_count(prefix, _virtual_rank(o, world, shift), world)
         if k == 0:
             continue  # same decision on every rank: it depends only on prefix and W
         if o == rank:
@@ -217,10 +256,10 @@ def _move_per_owner(group, prefix, rank, world, staging, nbytes, dtype, shape, d
             buf = torch.empty(k * nbytes, dtype=torch.uint8, device=device)
         dist.broadcast(buf, src=_global(group, o), group=group)
         per_owner[o] = buf
-    return [_chunk_view(per_owner[c % world], c // world, nbytes, dtype, shape) for c in range(prefix)]
+    return [_chunk_view(per_owner[(c + shift) % world], c // world, nbytes, dtype, shape) for c in range(prefix)]
 
 
-def _move_all_gather(group, prefix, rank, world, staging, nbytes, dtype, shape, device):
+def _move_all_gather(group, prefix, rank, world, staging, nbytes, dtype, shape, device, shift=0):
     if prefix == 0:
         return []
     kmax = math.ceil(prefix / world)
@@ -231,7 +270,7 @@ def _move_all_gather(group, prefix, rank, world, staging, nbytes, dtype, shape, 
         send = torch.empty(kmax * nbytes, dtype=torch.uint8, device=device)
     out = torch.empty(world * kmax * nbytes, dtype=torch.uint8, device=device)
     _all_gather_single(out, send, group=group)
-    return [_chunk_view(out, (c % world) * kmax + c // world, nbytes, dtype, shape) for c in range(prefix)]
+    return [_chunk_view(out, ((c + shift) % world) * kmax + c // world, nbytes, dtype, shape) for c in range(prefix)]
 
 
 _MOVERS = {"per_chunk": _move_per_chunk, "per_owner": _move_per_owner, "all_gather": _move_all_gather}
@@ -245,13 +284,15 @@ def move_prefix(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
     mode: str = DEFAULT_MODE,
+    first_chunk: int = 0,
 ) -> list[torch.Tensor]:
     """Step 4 alone: move chunks ``0..prefix-1`` from their owners to every rank.
 
     ``staging`` is this rank's uint8 buffer with owned chunk ``rank + j*W`` in
-    slot ``j`` (at least ``ceil(prefix/W)`` slots). Every rank must call this
-    with the same ``prefix`` and ``mode`` -- :func:`load_agreed_prefix`
-    guarantees that; the benchmark calls it directly.
+    slot ``j`` (at least ``ceil(prefix/W)`` slots); with a chunk offset the
+    owned chunks are ``(rank - first_chunk) mod W + j*W``. Every rank must
+    call this with the same ``prefix``, ``mode`` and ``first_chunk`` --
+    :func:`load_agreed_prefix` guarantees that; the benchmark calls it directly.
     """
     mode = resolve_mode(group, mode)
     if mode not in _MOVERS:
@@ -261,7 +302,8 @@ def move_prefix(
     nbytes = _chunk_nbytes(shape, dtype)
     if prefix <= 0:
         return []
-    return _MOVERS[mode](group, prefix, rank, world, staging, nbytes, dtype, shape, torch.device(device))
+    shift = first_chunk % world
+    return _MOVERS[mode](group, prefix, rank, world, staging, nbytes, dtype, shape, torch.device(device), shift)
 
 
 def load_agreed_prefix_detailed(
@@ -272,6 +314,7 @@ def load_agreed_prefix_detailed(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
     mode: str = DEFAULT_MODE,
+    first_chunk: int = 0,
 ) -> tuple[LoadResult, Agreement]:
     """:func:`load_agreed_prefix` plus the :class:`Agreement` (for logs, tests, metrics)."""
     mode = resolve_mode(group, mode)
@@ -285,20 +328,22 @@ def load_agreed_prefix_detailed(
     nbytes = _chunk_nbytes(shape, dtype)
 
     # step 1: fetch and stage owned chunks into one contiguous byte buffer;
-    # slot j holds owned chunk rank + j*W. ceil(N/W) slots on every rank, so the
-    # all-gather can always send kmax slots.
-    owned = list(owned_chunks(n_chunks, rank, world))
+    # slot j holds owned chunk v + j*W (v = rank, shifted by the chunk offset).
+    # ceil(N/W) slots on every rank, so the all-gather can always send kmax slots.
+    if first_chunk < 0:
+        raise ValueError(f"first_chunk must be >= 0, got {first_chunk}")
+    owned = list(owned_chunks(n_chunks, _virtual_rank(rank, world, first_chunk % world), world))
     n_slots = max(1, math.ceil(n_chunks / world))
     try:
         staging = torch.empty(n_slots * nbytes, dtype=torch.uint8, device=device)
     except Exception:  # noqa: BLE001 - out of memory: fail locally, keep the sequence
         staging = torch.empty(0, dtype=torch.uint8, device=device)
-        first_fail, staged = (owned[0] if owned else n_chunks), 0
+        first_fail, staged, deferred = (owned[0] if owned else n_chunks), 0, None
     else:
-        first_fail, staged = _fetch_and_stage(fetch_owned, owned, staging, shape, dtype, nbytes, n_chunks)
+        first_fail, staged, deferred = _fetch_and_stage(fetch_owned, owned, staging, shape, dtype, nbytes, n_chunks)
 
     # step 2: one fixed-size message per rank
-    fp_hi, fp_lo = fingerprint(chunk_keys, shape, dtype)
+    fp_hi, fp_lo = fingerprint(chunk_keys, shape, dtype, first_chunk)
     msg = torch.tensor(
         [PROTOCOL_VERSION, fp_hi, fp_lo, n_chunks, first_fail, mode_code, nbytes, staged],
         dtype=torch.int64,
@@ -313,6 +358,7 @@ def load_agreed_prefix_detailed(
     if mode_code < 0:
         # raised only after the exchange, so the other ranks are not left waiting;
         # they saw a different mode code and agreed on 0 without more collectives
+        _reraise_deferred(deferred, prefix)
         raise ValueError(f"unknown load mode {mode!r}; expected one of {MODES}")
     agreement = Agreement(
         prefix=prefix,
@@ -322,7 +368,8 @@ def load_agreed_prefix_detailed(
     )
 
     # step 4: move the prefix chunks from their owners
-    chunks = move_prefix(group, prefix, staging, shape, dtype, device, mode)
+    chunks = move_prefix(group, prefix, staging, shape, dtype, device, mode, first_chunk)
+    _reraise_deferred(deferred, prefix)  # every collective is done: peers are not left waiting
     return LoadResult(prefix, chunks), agreement
 
 
@@ -334,6 +381,7 @@ def load_agreed_prefix(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
     mode: str = DEFAULT_MODE,
+    first_chunk: int = 0,
 ) -> LoadResult:
     """Load the longest prefix of ``chunk_keys`` that every owner could provide.
 
@@ -343,13 +391,17 @@ def load_agreed_prefix(
     ``fetch_owned(indexes)``: called once with this rank's owned chunk indexes
     in increasing order; returns one tensor of ``chunk_shape``/``dtype`` (or
     None for a chunk it could not provide) per index. Exceptions are local
-    failures, never raised.
+    failures, never raised; a BaseException that is not an Exception
+    (``asyncio.CancelledError``, ``KeyboardInterrupt``, ``SystemExit``) is a
+    local failure too and is re-raised on this rank after the collectives.
     ``mode``: "auto" (default: the fastest measured form for the backend),
     "per_owner", "all_gather" or "per_chunk".
+    ``first_chunk``: absolute index of ``chunk_keys[0]`` (see the module
+    docstring); ``fetch_owned`` still gets indexes into ``chunk_keys``.
 
     Returns ``LoadResult(prefix, chunks)``; every rank gets the same prefix.
     Only errors of the process group itself (a dead peer, a collective timeout)
     propagate.
     """
-    result, _ = load_agreed_prefix_detailed(group, chunk_keys, fetch_owned, chunk_shape, dtype, device, mode)
+    result, _ = load_agreed_prefix_detailed(group, chunk_keys, fetch_owned, chunk_shape, dtype, device, mode, first_chunk)
     return result

@@ -139,6 +139,8 @@ class ShardedStore:
         self._executor = ThreadPoolExecutor(max_workers=max(1, prefetch_workers), thread_name_prefix=f"kv-prefetch-r{rank}")
         self._bw_lock = threading.Lock()
         self._get_gbps: float | None = None  # EWMA of this rank's L2 GET bandwidth
+        self.l2_get_bytes = 0  # cumulative bytes and wall seconds of L2 GETs (for engine metrics)
+        self.l2_get_seconds = 0.0
 
     # -- keys and ownership ---------------------------------------------------
     def keys(self, token_ids: Sequence[int]) -> list[str]:
@@ -161,6 +163,9 @@ class ShardedStore:
         ok = self.client.batched_get(keys, [b for b, _ in items])
         dt = time.perf_counter() - t0
         got = sum(ok) * self.chunk_nbytes
+        with self._bw_lock:
+            self.l2_get_bytes += got
+            self.l2_get_seconds += dt
         if got and dt > 0:
             gbps = got / dt / 1e9
             with self._bw_lock:
@@ -173,16 +178,18 @@ class ShardedStore:
         return self._get_gbps
 
     # -- store ------------------------------------------------------------------
-    def store(self, token_ids: Sequence[int], chunks: Sequence[torch.Tensor]) -> StoreResult:
+    def store(self, token_ids: Sequence[int], chunks: Sequence[torch.Tensor | None], first_chunk: int = 0) -> StoreResult:
         """Store this rank's chunks of a prompt; ``chunks[c]`` is chunk c's KV (any rank holds all).
 
         Writes L1 and L2 (one pipelined batch). An unreachable tier is
         reported in the result, not raised: the engine must keep serving.
+        Chunks before ``first_chunk`` are skipped (already stored; their
+        ``chunks`` entries may be None).
         """
         keys = self.keys(token_ids)
         if len(chunks) < len(keys):
             raise ValueError(f"{len(keys)} full chunks in the prompt but {len(chunks)} chunk tensors")
-        mine = list(self.owned(len(keys)))
+        mine = [c for c in self.owned(len(keys)) if c >= first_chunk]
         bufs = []
         for c in mine:
             t = chunks[c]
@@ -263,17 +270,20 @@ class ShardedStore:
                     break
         return out
 
-    def load(self, token_ids: Sequence[int], max_tokens: int | None = None) -> LoadResult:
+    def load(self, token_ids: Sequence[int], max_tokens: int | None = None, first_chunk: int = 0) -> LoadResult:
         """Load the agreed prefix of the prompt's chunks onto ``device`` on every rank.
 
         ``max_tokens`` caps the chunks asked for (e.g. the scheduler's agreed
         hit); every rank must pass the same value, or the key fingerprints
-        differ and the agreed prefix is 0. Collective: every rank of the
-        group must call it.
+        differ and the agreed prefix is 0. ``first_chunk`` starts the load at
+        that chunk (the engine already holds the ones before it): the result's
+        ``chunks[i]`` is chunk ``first_chunk + i``, and ``prefix`` counts from
+        ``first_chunk``. Collective: every rank of the group must call it.
         """
         keys = self.keys(token_ids)
         if max_tokens is not None:
             keys = keys[: max(0, max_tokens) // self.chunk_tokens]
+        keys = keys[first_chunk:]
         return load_agreed_prefix(
             self.group,
             keys,
@@ -282,6 +292,7 @@ class ShardedStore:
             self.dtype,
             self.device,
             self.load_mode,
+            first_chunk,
         )
 
     # -- async prefetch (§5.3) --------------------------------------------------------

@@ -59,13 +59,13 @@ def vllm_available(python: str | None = None) -> tuple[bool, str]:
     return True, ""
 
 
-def build_tiny_model(out_dir: Path, python: str | None = None) -> Path:
-    """Build (or reuse) the tiny random-weight model with the engine interpreter."""
+def build_tiny_model(out_dir: Path, python: str | None = None, mla: bool = False) -> Path:
+    """Build (or reuse) the tiny random-weight model (Llama, or DeepSeek-V2 MLA) with the engine interpreter."""
     out_dir = Path(out_dir)
     if (out_dir / ".complete").exists():
         return out_dir
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    subprocess.run([python or engine_python(), str(MAKE_TINY_MODEL), str(out_dir)],
+    subprocess.run([python or engine_python(), str(MAKE_TINY_MODEL), str(out_dir)] + (["--mla"] if mla else []),
                    check=True, capture_output=True, text=True, timeout=300, env=env)
     return out_dir
 

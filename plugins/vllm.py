@@ -1,0 +1,488 @@
+"""KvctlConnector: a vLLM v1 KV connector over kvctl's sharded store (paper §5).
+
+    --kv-transfer-config '{"kv_connector":"KvctlConnector","kv_connector_module_path":"kvctl.plugins.vllm",
+      "kv_role":"kv_both","kv_load_failure_policy":"recompute",
+      "kv_connector_extra_config":{"urls":["resp://127.0.0.1:P0","resp://127.0.0.1:P1"],"chunk_tokens":128}}'
+
+The W ranks of the shard group (vLLM's TP group, or its prefill-context-
+parallel group where it runs one) share one Valkey instance per rank:
+
+* scheduler side -- ``get_num_new_matched_tokens`` asks each rank's instance
+  about that rank's owned chunks (EXISTS only, bounded by ``timeout_s``) and
+  reports the minimum, a whole number of chunks, never the last prompt
+  token; a dead or stopped instance means 0 hits. It changes no state.
+* worker side -- after the step that finishes a prompt's prefill, rank r
+  stores the full chunks c with ``c % W == r`` under worker-0 key names
+  (background thread, off the step); a scheduled hit is loaded with the
+  agreed-prefix protocol over the group and written into the paged cache;
+  chunks the owners could not provide are reported to vLLM as failed blocks,
+  which it recomputes (``kv_load_failure_policy: recompute``).
+* ``async_loading`` -- the lookup runs in the background through each rank's
+  cumulative-length vector (the scheduler asks again until it is done, or
+  recomputes once ``timeout_s`` has passed), and the load runs on a worker
+  thread over a group of its own while the request waits.
+
+Counters appear in the engine's ``/metrics`` as ``kvctl:*_total`` (see
+:mod:`kvctl.plugins.vllm_stats`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import queue
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.logger import init_logger
+
+from kvctl.connector.store import ShardedStore
+
+from .vllm_config import ConnectorConfigError, parse_settings
+from .vllm_kv import GQALayout, MLALayout, slots_for
+from .vllm_lookup import PolicyState, TierLookup, loadable_chunks
+from .vllm_stats import KvctlConnectorStats, KvctlPromMetrics, StatsCollector
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+__all__ = ["ConnectorConfigError", "KvctlConnector", "KvctlConnectorMetadata", "shard_group_kind"]
+
+logger = init_logger(__name__)
+
+# test hook: "module:function", called on every rank as fn(rank, keys, first_chunk, url) just
+# before a load fetches its chunks (tests delete a chunk there, between lookup and load)
+BEFORE_LOAD_HOOK_ENV = "KVCTL_CONNECTOR_BEFORE_LOAD_HOOK"
+
+
+@dataclass
+class LoadSpec:
+    req_id: str
+    token_ids: list[int]  # prompt tokens up to the end of the hit
+    first_chunk: int  # first chunk to load (the ones before are in vLLM's prefix cache)
+    end_chunk: int  # the hit ends here (exclusive)
+    skip_tokens: int  # tokens already computed locally (block-aligned, may be mid-chunk)
+    block_ids: list[int]
+    is_async: bool = False
+
+
+@dataclass
+class SaveSpec:
+    req_id: str
+    token_ids: list[int]  # the prompt's full chunks
+    block_ids: list[int]
+
+
+@dataclass
+class KvctlConnectorMetadata(KVConnectorMetadata):
+    loads: list[LoadSpec] = field(default_factory=list)
+    saves: list[SaveSpec] = field(default_factory=list)
+
+
+@dataclass
+class _ReqState:
+    prompt: list[int]
+    block_ids: list[int]
+    saved: bool = False
+
+
+def shard_group_kind(tp: int, pcp: int, pp: int) -> str:
+    """Which vLLM group the chunks are sharded over: "tp" or "pcp" (one of them may be > 1)."""
+    if pp > 1:
+        raise ConnectorConfigError("KvctlConnector: pipeline parallelism (pipeline_parallel_size > 1) is not supported")
+    if tp > 1 and pcp > 1:
+        raise ConnectorConfigError(
+            "KvctlConnector: shards over the TP group or the prefill-context-parallel group, not both "
+            f"(tensor_parallel_size={tp}, prefill_context_parallel_size={pcp})"
+        )
+    return "pcp" if pcp > 1 else "tp"
+
+
+def _model_name(vllm_config: "VllmConfig") -> str:
+    name = str(getattr(vllm_config.model_config, "served_model_name", None) or vllm_config.model_config.model)
+    return name.replace("@", "_")
+
+
+class KvctlConnector(KVConnectorBase_V1):
+    """vLLM v1 KV connector over :class:`kvctl.connector.store.ShardedStore` (see the module docstring)."""
+
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig") -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        pc = vllm_config.parallel_config
+        self._group_kind = shard_group_kind(
+            pc.tensor_parallel_size, getattr(pc, "prefill_context_parallel_size", 1), pc.pipeline_parallel_size
+        )
+        self.world_size = pc.tensor_parallel_size if self._group_kind == "tp" else pc.prefill_context_parallel_size
+        self.settings = parse_settings(self._kv_transfer_config.kv_connector_extra_config, self.world_size)
+        self.block_size = vllm_config.cache_config.block_size
+        ct = self.settings.chunk_tokens
+        if ct % self.block_size:
+            raise ConnectorConfigError(
+                f"kv_connector_extra_config.chunk_tokens: {ct} is not a multiple of vLLM's block size {self.block_size}"
+            )
+        if len(kv_cache_config.kv_cache_groups) != 1:
+            raise ConnectorConfigError("KvctlConnector: models with several KV cache groups (hybrid) are not supported")
+        self.chunk_tokens = ct
+        self.model_name = _model_name(vllm_config)
+        self.stats = StatsCollector()
+        spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        self._spec = spec
+        self.use_mla = bool(vllm_config.model_config.use_mla)
+        self.fmt = self._fmt_from_spec(spec, len(kv_cache_config.kv_cache_groups[0].layer_names))
+        if role == KVConnectorRole.SCHEDULER:
+            self._init_scheduler()
+        else:
+            self._init_worker()
+
+    def _fmt_from_spec(self, spec, num_layers: int) -> str:
+        dtype = str(spec.dtype).removeprefix("torch.")
+        if self.use_mla:
+            return f"mla{spec.head_size}-L{num_layers}-{dtype}"
+        return f"gqa{spec.num_kv_heads * self.world_size}x{spec.head_size}-L{num_layers}-{dtype}"
+
+    def _chunk_bytes(self) -> int:
+        s = self._spec
+        n_layers = len(self._kv_cache_config.kv_cache_groups[0].layer_names)
+        elem = torch.empty((), dtype=s.dtype).element_size()
+        per_tok = s.head_size if self.use_mla else 2 * s.num_kv_heads * self.world_size * s.head_size
+        return n_layers * per_tok * elem * self.chunk_tokens
+
+    # ======================================================================
+    # scheduler side
+    # ======================================================================
+    def _init_scheduler(self) -> None:
+        st = self.settings
+        self.lookup = TierLookup(st.urls, self.chunk_tokens, self.model_name, self.fmt, st.timeout_s)
+        self._reqs: dict[str, _ReqState] = {}
+        self._pending_loads: list[LoadSpec] = []
+        self._local_hit: dict[str, int] = {}  # req -> local computed tokens seen by the last lookup
+        self._async_lookups: dict[str, tuple[Future, float, int]] = {}
+        self.policy = None
+        if st.load_policy is not None:
+            p = st.load_policy
+            self.policy = PolicyState(self._chunk_bytes() / self.chunk_tokens, p.prefill_tokens_per_s, p.t0_s,
+                                      p.bandwidth_gbps, p.reprobe_after_s)
+
+    def _hit_tokens(self, request: "Request", num_computed_tokens: int, result) -> int:
+        if result.failed_ranks:
+            self.stats.add("kvctl:lookup_timeouts", 1)
+            return 0
+        hit_end = result.hit_chunks * self.chunk_tokens
+        ext = max(0, hit_end - num_computed_tokens)
+        if ext and self.policy is not None and not self.policy.allow(ext):
+            return 0
+        return ext
+
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
+        prompt = list(request.prompt_token_ids or [])
+        first = num_computed_tokens // self.chunk_tokens
+        if loadable_chunks(len(prompt), self.chunk_tokens) <= first:
+            return 0, False
+        self._local_hit[request.request_id] = num_computed_tokens
+        if not self.settings.async_loading:
+            return self._hit_tokens(request, num_computed_tokens, self.lookup.lookup(prompt, first)), False
+        rid = request.request_id
+        entry = self._async_lookups.get(rid)
+        if entry is None or entry[2] != first:
+            fut = self.lookup._pool.submit(self.lookup.lookup, prompt, first, True)
+            entry = (fut, time.monotonic(), first)
+            self._async_lookups[rid] = entry
+        fut, started, _ = entry
+        if not fut.done():
+            if time.monotonic() - started < self.settings.timeout_s * 2:
+                return None, False  # ask again next step
+            self._async_lookups.pop(rid, None)
+            self.stats.add("kvctl:lookup_timeouts", 1)
+            return 0, False
+        try:
+            ext = self._hit_tokens(request, num_computed_tokens, fut.result())
+        except Exception:  # noqa: BLE001 - a failed lookup is a miss
+            ext = 0
+        return ext, ext > 0
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int) -> None:
+        rid = request.request_id
+        self._async_lookups.pop(rid, None)
+        local = self._local_hit.pop(rid, None)
+        if local is None:
+            return
+        prompt = list(request.prompt_token_ids or [])
+        loadable = loadable_chunks(len(prompt), self.chunk_tokens) - local // self.chunk_tokens
+        hit = num_external_tokens // self.chunk_tokens if num_external_tokens else 0
+        if request.num_preemptions == 0:
+            self.stats.add("kvctl:chunks_hit", hit)
+            self.stats.add("kvctl:chunks_missed", max(0, loadable - hit))
+        if num_external_tokens <= 0:
+            return
+        end = local + num_external_tokens
+        self._pending_loads.append(LoadSpec(
+            req_id=rid,
+            token_ids=prompt[:end],
+            first_chunk=local // self.chunk_tokens,
+            end_chunk=end // self.chunk_tokens,
+            skip_tokens=local,
+            block_ids=list(blocks.get_block_ids()[0]),
+            is_async=self.settings.async_loading,
+        ))
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        meta = KvctlConnectorMetadata(loads=self._pending_loads)
+        self._pending_loads = []
+        scheduled = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            st = _ReqState(list(new.prompt_token_ids or []), list(new.block_ids[0]))
+            self._reqs[new.req_id] = st
+            self._maybe_save(meta, new.req_id, st, new.num_computed_tokens + scheduled.get(new.req_id, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            st = self._reqs.get(rid)
+            if st is None:
+                continue
+            new_blocks = cached.new_block_ids[i]
+            if rid in cached.resumed_req_ids:
+                st.block_ids = list(new_blocks[0]) if new_blocks is not None else []
+            elif new_blocks is not None:
+                st.block_ids.extend(new_blocks[0])
+            self._maybe_save(meta, rid, st, cached.num_computed_tokens[i] + scheduled.get(rid, 0))
+        for rid in scheduler_output.finished_req_ids:
+            self._forget(rid)
+        return meta
+
+    def _maybe_save(self, meta: KvctlConnectorMetadata, rid: str, st: _ReqState, computed_after_step: int) -> None:
+        n_full = len(st.prompt) // self.chunk_tokens
+        if st.saved or n_full == 0 or computed_after_step < len(st.prompt):
+            return
+        st.saved = True
+        meta.saves.append(SaveSpec(rid, st.prompt[: n_full * self.chunk_tokens],
+                                   st.block_ids[: -(-n_full * self.chunk_tokens // self.block_size)]))
+
+    def _forget(self, rid: str) -> None:
+        self._reqs.pop(rid, None)
+        self._local_hit.pop(rid, None)
+        entry = self._async_lookups.pop(rid, None)
+        if entry is not None:
+            entry[0].cancel()
+
+    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._forget(request.request_id)
+        return False, None
+
+    def update_connector_output(self, connector_output) -> None:
+        stats = getattr(connector_output, "kv_connector_stats", None)
+        if self.policy is not None and stats is not None and stats.data:
+            self.policy.observe(stats.data.get("kvctl:l2_get_bytes", 0), stats.data.get("kvctl:l2_get_seconds", 0))
+
+    # ======================================================================
+    # worker side
+    # ======================================================================
+    def _init_worker(self) -> None:
+        self.store: ShardedStore | None = None
+        self.layout = None
+        self._load_errors: set[int] = set()
+        self._loaded_end: dict[str, int] = {}  # req -> agreed end chunk of its load (identical on every rank)
+        self._finished_recving: set[str] = set()
+        self._lock = threading.Lock()
+        self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvctl-save")
+        self._async_q: queue.SimpleQueue | None = None
+        self._async_thread: threading.Thread | None = None
+        self._async_group = None
+        hook = os.environ.get(BEFORE_LOAD_HOOK_ENV)
+        self._hook = None
+        if hook:
+            mod, _, fn = hook.partition(":")
+            self._hook = getattr(importlib.import_module(mod), fn)
+
+    def _shard_group(self):
+        from vllm.distributed import parallel_state as ps
+
+        return ps.get_pcp_group() if self._group_kind == "pcp" else ps.get_tp_group()
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        names = self._kv_cache_config.kv_cache_groups[0].layer_names
+        caches = [kv_caches[n] for n in names if n in kv_caches]
+        if len(caches) != len(names):
+            raise RuntimeError(f"KvctlConnector: {len(names)} attention layers but {len(caches)} KV caches registered")
+        spec = self._spec
+        if self.use_mla:
+            self.layout = MLALayout(caches, self.block_size, spec.head_size)
+        else:
+            self.layout = GQALayout(caches, self.block_size, spec.num_kv_heads, spec.head_size)
+        group = self._shard_group()
+        self.rank = group.rank_in_group
+        if group.world_size != self.world_size:
+            raise RuntimeError(f"KvctlConnector: shard group has {group.world_size} ranks, expected {self.world_size}")
+        self.cpu_group = group.cpu_group
+        self.store = ShardedStore(
+            self.rank, self.world_size, list(self.settings.urls), self.settings.host_budget_bytes,
+            self.layout.chunk_shape(self.chunk_tokens, self.world_size), self.layout.dtype,
+            chunk_tokens=self.chunk_tokens, model_name=self.model_name, fmt=self.fmt,
+            group=self.cpu_group, timeout_s=self.settings.timeout_s,
+        )
+        self._get_seen = (0, 0.0)
+        if self.settings.async_loading:
+            # background loads run their collectives on a group of their own, never on vLLM's
+            self._async_group = torch.distributed.new_group(ranks=list(group.ranks), backend="gloo")
+            self._async_q = queue.SimpleQueue()
+            self._async_thread = threading.Thread(target=self._async_loop, name="kvctl-async-load", daemon=True)
+            self._async_thread.start()
+        logger.info("KvctlConnector rank %d/%d: %s, chunk %d tokens (%d bytes), %s loading",
+                    self.rank, self.world_size, self.store.url, self.chunk_tokens, self.store.chunk_nbytes,
+                    "async" if self.settings.async_loading else "sync")
+
+    # -- load ----------------------------------------------------------------
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvctlConnectorMetadata)
+        for spec in meta.loads:
+            if spec.is_async and self._async_q is not None:
+                self._async_q.put(spec)
+            else:
+                self._load(spec, self.cpu_group)
+
+    def _async_loop(self) -> None:
+        while True:
+            spec = self._async_q.get()
+            if spec is None:
+                return
+            try:
+                self._load(spec, self._async_group)
+            finally:
+                with self._lock:
+                    self._finished_recving.add(spec.req_id)
+
+    def _load(self, spec: LoadSpec, group) -> None:
+        """Agreed-prefix load of one request's hit into the paged cache (collective over ``group``)."""
+        ct, store = self.chunk_tokens, self.store
+        planned = spec.end_chunk - spec.first_chunk
+        if self._hook is not None:
+            try:
+                self._hook(self.rank, store.keys(spec.token_ids), spec.first_chunk, store.url)
+            except Exception:  # noqa: BLE001 - a test hook must not break the engine
+                logger.exception("KvctlConnector before-load hook failed")
+        saved_group = store.group
+        store.group = group
+        try:
+            result = store.load(spec.token_ids, spec.end_chunk * ct, spec.first_chunk)
+            prefix = result.prefix
+            for i, chunk in enumerate(result.chunks):
+                c = spec.first_chunk + i
+                start = max(c * ct, spec.skip_tokens)
+                slots = slots_for(spec.block_ids, self.block_size, start, (c + 1) * ct)
+                data = self.layout.to_local(chunk, self.rank)[:, start - c * ct :]
+                self.layout.insert(slots, data)
+        except Exception:  # noqa: BLE001 - a failed write is a load error: vLLM recomputes
+            logger.exception("KvctlConnector: load of %s failed", spec.req_id)
+            prefix = 0
+        finally:
+            store.group = saved_group
+        loaded_end = spec.first_chunk + prefix
+        self._loaded_end[spec.req_id] = loaded_end
+        if prefix < planned:
+            first_bad = max(loaded_end * ct, spec.skip_tokens) // self.block_size
+            bad = set(spec.block_ids[first_bad : spec.end_chunk * ct // self.block_size])
+            with self._lock:
+                self._load_errors |= bad
+            if self.rank == 0:
+                self.stats.add("kvctl:agreed_prefix_shortfall_chunks", planned - prefix)
+                self.stats.add("kvctl:load_errors", 1)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        with self._lock:
+            bad, self._load_errors = self._load_errors, set()
+        return bad
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        for rid in finished_req_ids:
+            self._loaded_end.pop(rid, None)
+        with self._lock:
+            done, self._finished_recving = self._finished_recving, set()
+        return None, (done or None)
+
+    # -- save ----------------------------------------------------------------
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs: Any) -> None:
+        return  # the whole prompt is saved in wait_for_save, once its prefill is done
+
+    def wait_for_save(self) -> None:
+        if not self.has_connector_metadata():
+            return
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, KvctlConnectorMetadata):
+            return
+        for spec in meta.saves:
+            self._save(spec)
+
+    def _save(self, spec: SaveSpec) -> None:
+        ct, W, r = self.chunk_tokens, self.world_size, self.rank
+        n_full = len(spec.token_ids) // ct
+        first = self._loaded_end.get(spec.req_id, 0)  # loaded chunks are in the tier already
+        if first >= n_full:
+            return
+        chunks: list[torch.Tensor | None] = [None] * n_full
+        if self.layout.mla:
+            # every rank holds the same latent KV: copy out only the chunks this rank owns
+            for c in range(first, n_full):
+                if c % W == r:
+                    chunks[c] = self.layout.extract(slots_for(spec.block_ids, self.block_size, c * ct, (c + 1) * ct))
+        else:
+            # each rank holds its own heads: gather all heads (collective, same on every rank), keep owned chunks
+            local = self.layout.extract(slots_for(spec.block_ids, self.block_size, first * ct, n_full * ct))
+            parts = [torch.empty_like(local) for _ in range(W)]
+            torch.distributed.all_gather(parts, local.contiguous(), group=self.cpu_group)
+            full = torch.cat(parts, dim=2)
+            for c in range(first, n_full):
+                if c % W == r:
+                    chunks[c] = full[:, (c - first) * ct : (c - first + 1) * ct].contiguous()
+        self._saver.submit(self._store_chunks, spec.token_ids, chunks, first)
+
+    def _store_chunks(self, token_ids: list[int], chunks, first: int) -> None:
+        try:
+            res = self.store.store(token_ids, chunks, first)
+            if res.l2_error:
+                logger.warning("KvctlConnector rank %d: store failed: %s", self.rank, res.l2_error)
+        except Exception:  # noqa: BLE001 - a failed save is a future miss, never an engine error
+            logger.exception("KvctlConnector: store failed")
+
+    # -- stats and shutdown ----------------------------------------------------
+    def get_kv_connector_stats(self) -> KvctlConnectorStats | None:
+        if self._role == KVConnectorRole.WORKER and self.store is not None:
+            b, s = self.store.l2_get_bytes, self.store.l2_get_seconds
+            self.stats.add("kvctl:l2_get_bytes", b - self._get_seen[0])
+            self.stats.add("kvctl:l2_get_seconds", s - self._get_seen[1])
+            self._get_seen = (b, s)
+        return self.stats.take()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KvctlConnectorStats:
+        return KvctlConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues) -> KvctlPromMetrics:
+        return KvctlPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def shutdown(self) -> None:
+        if self._role == KVConnectorRole.SCHEDULER:
+            self.lookup.close()
+            return
+        if self._async_q is not None:
+            self._async_q.put(None)
+        self._saver.shutdown(wait=True, cancel_futures=False)
+        if self.store is not None:
+            self.store.close()

@@ -1,0 +1,161 @@
+"""Scheduler-side lookup of the vLLM connector, and the load-or-recompute policy (no vLLM import).
+
+The scheduler process is none of the W ranks, so it asks every rank's own
+Valkey instance about that rank's owned chunks (EXISTS only) and takes the
+minimum of the W answers ``a_r`` -- the longest prefix every owner holds
+(paper §5.1). Synchronous lookups use ``lookup_answer``; asynchronous ones
+use the rank's cumulative-length vector and ``contiguous_hit_tokens``
+(paper §5.3: a rank with no hit reports its first owned chunk's start).
+A rank whose instance errs or does not answer within the timeout answers
+"nothing past the start": the request recomputes, it never hangs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Sequence
+
+from kvctl.connector.ownership import (
+    chunk_keys,
+    contiguous_hit_tokens,
+    cumulative_lengths,
+    lookup_answer,
+    owned_chunks,
+)
+from kvctl.connector.resp import RespClient, RespError
+
+try:
+    from kvctl.cost import load_s as _load_s, recompute_s as _recompute_s
+except ImportError:  # pragma: no cover - kvctl always ships it
+    def _recompute_s(tokens, prefill_rate):
+        return tokens / prefill_rate
+
+    def _load_s(tokens, bytes_per_token, bandwidth_gbps, t0_s):
+        return t0_s + tokens * bytes_per_token / (bandwidth_gbps * 1e9)
+
+__all__ = ["LookupResult", "PolicyState", "TierLookup", "loadable_chunks"]
+
+
+def loadable_chunks(num_tokens: int, chunk_tokens: int) -> int:
+    """Full chunks that may come from the tier: the last prompt token is always computed."""
+    return max(0, num_tokens - 1) // chunk_tokens
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    hit_chunks: int  # absolute chunk index where the agreed prefix ends (>= first_chunk)
+    first_chunk: int
+    loadable: int  # chunks that could have been hits
+    failed_ranks: tuple[int, ...] = ()  # ranks whose instance erred or timed out
+
+
+class TierLookup:
+    """EXISTS-only lookups against the W per-rank instances (one client each)."""
+
+    def __init__(self, urls: Sequence[str], chunk_tokens: int, model_name: str, fmt: str, timeout_s: float) -> None:
+        self.urls = list(urls)
+        self.world_size = len(self.urls)
+        self.chunk_tokens, self.model_name, self.fmt = chunk_tokens, model_name, fmt
+        self.timeout_s = timeout_s
+        self.clients = [RespClient(u, timeout_s=timeout_s, pool_size=2) for u in self.urls]
+        self._pool = ThreadPoolExecutor(max_workers=max(2, 2 * self.world_size), thread_name_prefix="kvctl-lookup")
+
+    def keys(self, token_ids: Sequence[int], n_chunks: int) -> list[str]:
+        return chunk_keys(list(token_ids[: n_chunks * self.chunk_tokens]), self.chunk_tokens, self.model_name, self.fmt)
+
+    def _rank_present(self, rank: int, keys: list[str], first: int, stop_at_first_miss: bool) -> list[bool]:
+        """Presence of rank ``rank``'s owned chunks >= ``first``, in owned order (EXISTS on its instance)."""
+        mine = [c for c in owned_chunks(len(keys), rank, self.world_size) if c >= first]
+        if not mine:
+            return []
+        found = self.clients[rank].batched_exists([keys[c] for c in mine])
+        if stop_at_first_miss and False in found:
+            found = found[: found.index(False) + 1]
+        return found
+
+    def lookup(self, token_ids: Sequence[int], first_chunk: int = 0, vector: bool = False) -> LookupResult:
+        """The agreed hit for a prompt, from chunk ``first_chunk`` on; bounded by ``timeout_s``.
+
+        ``vector=True`` answers through each rank's cumulative-length vector
+        (the asynchronous form); the result is the same prefix.
+        """
+        n = loadable_chunks(len(token_ids), self.chunk_tokens)
+        if n <= first_chunk:
+            return LookupResult(first_chunk, first_chunk, n)
+        keys = self.keys(token_ids, n)
+        futures = [self._pool.submit(self._rank_present, r, keys, first_chunk, vector) for r in range(self.world_size)]
+        done, _ = wait(futures, timeout=self.timeout_s * 1.5)
+        answers, failed = [], []
+        for r, fut in enumerate(futures):
+            if fut not in done or fut.exception() is not None:
+                failed.append(r)
+                answers.append(first_chunk)
+                continue
+            found = fut.result()
+            mine = [c for c in owned_chunks(n, r, self.world_size) if c >= first_chunk]
+            if vector:
+                # the rank's cumulative-length vector (tokens), restricted to chunks from first_chunk on
+                ct = self.chunk_tokens
+                cum = cumulative_lengths(n * ct, r, self.world_size, ct)
+                cum = [s for s in cum[:-1] if s >= first_chunk * ct] + [cum[-1]]
+                answers.append(contiguous_hit_tokens(cum, found[: len(mine)]) // ct)
+            else:
+                present = [True] * n
+                for c, hit in zip(mine, found):
+                    present[c] = hit
+                answers.append(lookup_answer(present, r, self.world_size))
+        return LookupResult(min(answers), first_chunk, n, tuple(failed))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for c in self.clients:
+            c.close()
+
+
+class PolicyState:
+    """Load-or-recompute with one bandwidth estimate for all ranks that cannot lock itself out.
+
+    The estimate is the engine-wide GET bandwidth the workers report (bytes
+    and seconds summed over ranks, so every rank's load is judged by the
+    same number, and the scheduler's one decision holds for all ranks). A
+    veto lets no loads through, so no new measurement would ever raise a low
+    estimate: after ``reprobe_after_s`` without a measurement one load is let
+    through (a re-probe) and the estimate it produces replaces the old one.
+    """
+
+    def __init__(self, bytes_per_token: float, prefill_tokens_per_s: float, t0_s: float = 0.0,
+                 bandwidth_gbps: float | None = None, reprobe_after_s: float = 30.0, clock=time.monotonic) -> None:
+        self.bytes_per_token, self.rate, self.t0_s = bytes_per_token, prefill_tokens_per_s, t0_s
+        self.fixed_gbps, self.reprobe_after_s, self.clock = bandwidth_gbps, reprobe_after_s, clock
+        self.measured_gbps: float | None = None
+        self._last_measured = clock()
+        self._lock = threading.Lock()
+        self.vetoes = 0
+        self.probes = 0
+
+    def observe(self, get_bytes: float, get_seconds: float) -> None:
+        """Fold in one interval's engine-wide GET bytes and seconds."""
+        if get_bytes <= 0 or get_seconds <= 0:
+            return
+        gbps = get_bytes / get_seconds / 1e9
+        with self._lock:
+            self.measured_gbps = gbps if self.measured_gbps is None else 0.5 * self.measured_gbps + 0.5 * gbps
+            self._last_measured = self.clock()
+
+    def allow(self, tokens: int) -> bool:
+        """True when loading ``tokens`` should go ahead (predicted faster, unknown yet, or a re-probe)."""
+        bw = self.fixed_gbps if self.fixed_gbps is not None else self.measured_gbps
+        if tokens <= 0 or bw is None:
+            return True
+        if bw > 0 and _load_s(tokens, self.bytes_per_token, bw, self.t0_s) <= _recompute_s(tokens, self.rate):
+            return True
+        with self._lock:
+            if self.fixed_gbps is None and self.clock() - self._last_measured >= self.reprobe_after_s:
+                self._last_measured = self.clock()  # one probe per period
+                self.probes += 1
+                return True
+            self.vetoes += 1
+            return False

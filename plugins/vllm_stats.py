@@ -1,0 +1,91 @@
+"""The connector's counters, carried the way vLLM 0.32 carries connector stats to ``/metrics``.
+
+Workers (and the scheduler-side connector) return a :class:`KvctlConnectorStats`
+from ``get_kv_connector_stats()`` with the counts of the last interval; vLLM
+sums the workers' objects with ``aggregate`` (KVOutputAggregator), adds the
+scheduler's, sends ``to_dict()`` to the API server process, which rebuilds
+the object with ``build_kv_connector_stats`` and hands the dict to
+:class:`KvctlPromMetrics.observe` -- registered by ``build_prom_metrics`` in
+the process that serves ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
+
+__all__ = ["COUNTERS", "KvctlConnectorStats", "KvctlPromMetrics", "StatsCollector"]
+
+# name (without the _total that Prometheus adds to counters) -> help text
+COUNTERS = {
+    "kvctl:l2_get_bytes": "Bytes the engine's workers read from the L2 tier (GET), summed over ranks.",
+    "kvctl:l2_get_seconds": "Wall seconds the engine's workers spent in L2 GETs, summed over ranks.",
+    "kvctl:chunks_hit": "Chunks the scheduler's lookup found on every owner (loaded instead of recomputed).",
+    "kvctl:chunks_missed": "Loadable chunks past the agreed hit (recomputed).",
+    "kvctl:agreed_prefix_shortfall_chunks": "Chunks the lookup promised but the agreed-prefix load could not provide.",
+    "kvctl:load_errors": "Loads that came up short; their blocks were handed back to vLLM to recompute.",
+    "kvctl:lookup_timeouts": "Lookups in which an instance erred or did not answer within timeout_s.",
+}
+
+
+@dataclass
+class KvctlConnectorStats(KVConnectorStats):
+    """Counter increments of one interval, ``data = {counter name: value}``; sums on aggregate."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> "KvctlConnectorStats":
+        for k, v in (other.data or {}).items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {k.removeprefix("kvctl:"): v for k, v in self.data.items()}
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+class StatsCollector:
+    """Thread-safe accumulator; ``take()`` returns and clears the interval's increments."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: dict[str, float] = {}
+
+    def add(self, name: str, value: float) -> None:
+        if name not in COUNTERS:
+            raise KeyError(name)
+        if value:
+            with self._lock:
+                self._data[name] = self._data.get(name, 0) + value
+
+    def take(self) -> KvctlConnectorStats | None:
+        with self._lock:
+            data, self._data = self._data, {}
+        return KvctlConnectorStats(data=data) if data else None
+
+
+class KvctlPromMetrics(KVConnectorPromMetrics):
+    """One Prometheus counter per entry of :data:`COUNTERS`, labelled per engine like vLLM's own."""
+
+    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._children: dict[tuple[str, int], Any] = {}
+        self._counters = {
+            name: self._counter_cls(name=name + "_total", documentation=doc, labelnames=labelnames)
+            for name, doc in COUNTERS.items()
+        }
+        for name, counter in self._counters.items():
+            for idx, values in per_engine_labelvalues.items():
+                self._children[(name, idx)] = counter.labels(*values)
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for name, value in (transfer_stats_data or {}).items():
+            child = self._children.get((name, engine_idx))
+            if child is not None and value > 0:
+                child.inc(value)

@@ -6,6 +6,9 @@ must parse to the same mapping with just ``enable_async_loading`` changed).
 Writes are atomic (temp file in the same directory + ``os.replace``) after a
 timestamped backup. Deployments that set ``LMCACHE_ENABLE_ASYNC_LOADING`` in
 an env file (``KEY=value`` lines, optionally ``export``) are edited the same way.
+kvctl's vLLM connector keeps the switch in vLLM's ``--kv-transfer-config``: those files
+(a ``--config`` YAML, an env/unit file with the argument) are detected, read and edited in
+``kvctl.loading_vllm``, then backed up and written here like the others.
 
 Switching to synchronous loading turns every L2 hit into a single-server
 queue with ρ = λ·n·s/B (paper §4); it is refused when the latest diagnosis
@@ -47,9 +50,10 @@ class SourceState:
     """What one file says about async loading."""
 
     path: str
-    kind: str  # "yaml" or "env"
-    async_loading: bool | None  # None: not set (LMCache's default is synchronous)
+    kind: str  # "yaml" or "env" (LMCache), "vllm-yaml" or "vllm-args" (kvctl's vLLM connector, kvctl.loading_vllm)
+    async_loading: bool | None  # None: not set (LMCache's and the connector's default is synchronous)
     line: int | None  # 1-based line of the setting, when set
+    found: str | None = None  # what kind of file was detected, for vLLM files
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,24 @@ def env_state(path: Path | str) -> SourceState:
     return SourceState(str(path), "env", value, line)
 
 
+def detect_kind(path: Path | str, given: str) -> str:
+    """The kind of one file named by option ``given`` ("yaml", "env" or "vllm"); vLLM files are recognised by content."""
+    from kvctl import loading_vllm  # noqa: PLC0415
+
+    return loading_vllm.detect(path, _read(path), given)
+
+
+def state(path: Path | str, kind: str) -> SourceState:
+    """What one file of a detected kind says about async loading."""
+    if kind == "yaml":
+        return yaml_state(path)
+    if kind == "env":
+        return env_state(path)
+    from kvctl import loading_vllm  # noqa: PLC0415
+
+    return loading_vllm.state(path, _read(path), kind)
+
+
 def set_yaml(text: str, value: bool, path: str = "<config>") -> str:
     """``text`` with ``enable_async_loading`` set to ``value``; every other line unchanged."""
     before = parse_yaml(text, path)
@@ -196,8 +218,10 @@ def plan(path: Path | str, kind: str, value: bool) -> Change:
     elif kind == "env":
         before = env_state(path).async_loading
         new = set_env(text, value)
-    else:  # pragma: no cover - callers pass one of the two
-        raise ValueError(kind)
+    else:
+        from kvctl import loading_vllm  # noqa: PLC0415
+
+        before, new = loading_vllm.flip(text, kind, value, str(path))
     diff = "".join(difflib.unified_diff(text.splitlines(keepends=True), new.splitlines(keepends=True), f"{path} (before)", f"{path} (after)"))
     return Change(str(path), kind, before, value, new != text, diff, new)
 

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import click
 
-from kvctl import loading, render
+from kvctl import loading, loading_vllm, render
 from kvctl.commands.options import output_options
 from kvctl.diagnose.capture import last_diagnosis_path
 from kvctl.errors import KvctlError
@@ -23,26 +23,35 @@ def register_commands(cli: click.Group) -> None:
 def file_options(func: Callable) -> Callable:
     @click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="LMCACHE_CONFIG_FILE", help="LMCache YAML config (default: $LMCACHE_CONFIG_FILE).")
     @click.option("--env-file", type=click.Path(dir_okay=False), help="Env file (KEY=value lines) that sets LMCACHE_ENABLE_ASYNC_LOADING.")
+    @click.option("--vllm", "vllm_files", multiple=True, type=click.Path(dir_okay=False), help="vLLM file with kvctl's connector config (repeatable): a --config YAML whose kv-transfer-config holds it, or an env/systemd-unit file carrying --kv-transfer-config '{...}'; the kind is detected.")
     @functools.wraps(func)
-    def wrapper(*args: Any, config_path: str | None, env_file: str | None, **kwargs: Any) -> Any:
-        if not config_path and not env_file:
-            raise click.UsageError("give --config lmcache.yaml and/or --env-file FILE")
-        sources = ([(config_path, "yaml")] if config_path else []) + ([(env_file, "env")] if env_file else [])
+    def wrapper(*args: Any, config_path: str | None, env_file: str | None, vllm_files: tuple[str, ...], **kwargs: Any) -> Any:
+        if not config_path and not env_file and not vllm_files:
+            raise click.UsageError("give --config lmcache.yaml, --env-file FILE and/or --vllm FILE")
+        given = ([(config_path, "yaml")] if config_path else []) + ([(env_file, "env")] if env_file else []) + [(p, "vllm") for p in vllm_files]
+        sources = [(p, loading.detect_kind(p, kind)) for p, kind in given]
         return func(*args, sources=sources, **kwargs)
 
     return wrapper
 
 
-def _mode(value: bool | None) -> str:
-    return "not set (synchronous, LMCache's default)" if value is None else ("asynchronous" if value else "synchronous")
+def _mode(value: bool | None, kind: str = "yaml") -> str:
+    if value is None:
+        return "not set (synchronous, " + ("LMCache's" if kind in ("yaml", "env") else "the connector's") + " default)"
+    return "asynchronous" if value else "synchronous"
+
+
+def _setting(kind: str) -> str:
+    return {"yaml": loading.KEY, "env": loading.ENV_VAR}.get(kind, loading_vllm.SETTING)
 
 
 @click.group("loading")
 def loading_group() -> None:
-    """Show or flip LMCache's synchronous/asynchronous loading (enable_async_loading).
+    """Show or flip synchronous/asynchronous loading: LMCache's enable_async_loading, or kvctl's vLLM connector's async_loading.
 
     \b
     kvctl loading show  --config lmcache.yaml
+    kvctl loading show  --vllm vllm-config.yaml   (or a systemd unit / env file with --kv-transfer-config)
     kvctl loading async --config lmcache.yaml --restart-cmd 'systemctl restart vllm'
     kvctl loading sync  --config lmcache.yaml      refused when the last diagnosis has ρ ≥ 0.7
     Edits only the one setting (comments kept), shows a diff, backs up, writes atomically.
@@ -54,16 +63,16 @@ def loading_group() -> None:
 @output_options
 def show_cmd(sources: list[tuple[str, str]], as_json: bool) -> None:
     """Which loading mode each file sets, and the env-var form."""
-    states = [loading.yaml_state(p) if kind == "yaml" else loading.env_state(p) for p, kind in sources]
+    states = [loading.state(p, kind) for p, kind in sources]
     process_env = os.environ.get(loading.ENV_VAR)
     if as_json:
         render.emit_json({"sources": states, "env_var": loading.ENV_VAR, "process_env": process_env})
         return
     render.table(
-        "LMCache loading mode",
+        "Loading mode",
         ["file", "kind", "setting", "line", "mode"],
-        [(s.path, s.kind, loading.KEY if s.kind == "yaml" else loading.ENV_VAR, s.line, _mode(s.async_loading)) for s in states],
-        caption=f"env-var form: {loading.ENV_VAR}=True|False" + (f" (set here: {process_env})" if process_env is not None else ""),
+        [(s.path, s.found or loading_vllm.DESCRIPTIONS[s.kind], _setting(s.kind), s.line, _mode(s.async_loading, s.kind)) for s in states],
+        caption=None if all(s.kind in loading_vllm.KINDS for s in states) else f"env-var form: {loading.ENV_VAR}=True|False" + (f" (set here: {process_env})" if process_env is not None else ""),
     )
     values = {s.async_loading for s in states}
     if len(values) > 1:
@@ -98,6 +107,8 @@ def _flip(value: bool, sources: list[tuple[str, str]], dry_run: bool, force: boo
         if safety is not None:
             (render.warn if safety.rho is None or safety.rho >= loading.SYNC_REFUSE_RHO else render.message)(safety.note)
         for c in changes:
+            if c.kind in loading_vllm.KINDS:
+                render.message(f"{c.path}: {loading_vllm.DESCRIPTIONS[c.kind]} found; editing {loading_vllm.SETTING}")
             if not c.changed:
                 render.message(f"{c.path}: already {_mode(c.after)}; nothing to change")
                 continue
@@ -106,7 +117,8 @@ def _flip(value: bool, sources: list[tuple[str, str]], dry_run: bool, force: boo
                 render.message(f"{c.path}: dry run, not written")
             else:
                 render.message(f"{c.path}: now {_mode(c.after)}" + (f" (backup: {c.backup})" if c.backup else ""), style="green")
-        render.message(f"env-var form: {loading.env_form(value)}")
+        if any(c.kind in ("yaml", "env") for c in changes):
+            render.message(f"env-var form: {loading.env_form(value)}")
         if restart_cmd and restart is None:
             render.message("restart command not run (nothing changed)" if not dry_run else "restart command not run (dry run)")
         elif restart is not None:

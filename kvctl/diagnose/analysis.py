@@ -494,6 +494,9 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         why["rho"] = (
             "λ unknown" if lam is None else why.get("l2_bytes_per_request") or why.get("bandwidth_gbps") or "L2 bytes per request unknown"
         )
+    if rho is None and "rho" not in why:
+        why["rho"] = "λ·(L2 bytes/request)/B is not a finite number with these counters"
+        rho_bound = None
     busy_frac = _div(l2_rate, bw * cost.GB) if bw else None
     n_inst = max(1, len(ok_inst))
     k = cost.instances_for_rho(rho, params.target_rho, n_inst) if rho else None

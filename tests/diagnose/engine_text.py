@@ -37,7 +37,16 @@ class EngineState:
     remote_get_ms: tuple[float, ...] = ()  # one entry per remote GET
     lookup_s: tuple[float, ...] = ()  # one entry per lookup
     blocking_failed: float = 0
+    # the kvctl vLLM connector's counters (plugins/vllm.py): engine-side GET bytes and wall seconds
+    kvctl_get_bytes: float | None = None  # None: the connector is not loaded (no kvctl: series)
+    kvctl_get_s: float = 0
+    chunks_hit: float = 0
+    chunks_missed: float = 0
+    shortfall_chunks: float = 0
+    load_errors: float = 0
+    lookup_timeouts: float = 0
     engines: int = 1
+    lmcache: bool = True  # False: a vLLM without LMCache (no lmcache: series)
     extra: dict = field(default_factory=dict)
 
     def advance(self, **changes) -> "EngineState":
@@ -45,12 +54,14 @@ class EngineState:
         out = {}
         for k, v in changes.items():
             cur = getattr(self, k)
-            if k in ("waiting", "running", "engines"):
+            if k in ("waiting", "running", "engines") or isinstance(cur, bool):
                 out[k] = v
             elif isinstance(cur, tuple):
                 out[k] = cur + tuple(v)
             elif k == "prompt_tokens":
                 out[k] = (cur if cur is not None else sum(self.prompt_lengths)) + v
+            elif k == "kvctl_get_bytes":
+                out[k] = (cur or 0) + v
             else:
                 out[k] = cur + v
         return replace(self, **out)
@@ -97,11 +108,26 @@ class EngineState:
         scalar("vllm:external_prefix_cache_hits", "counter", self.external_hits, "External prefix cache hits from KV connector.", "_total")
         hist("vllm:request_prompt_tokens", self.prompt_lengths, PROMPT_BUCKETS, "Number of prefill tokens processed.")
         hist("vllm:request_prefill_time_seconds", (self.prefill_time_s,) if self.prefill_time_s else (), [0.1, 1, 10, 100], "Histogram of time spent in PREFILL phase for request.")
+        if self.lmcache:
+            self._lmcache_lines(scalar, hist)
+        if self.kvctl_get_bytes is not None:
+            for name, value, help_ in (
+                ("kvctl:l2_get_bytes", self.kvctl_get_bytes, "Bytes read from the L2 tier by the engine"),
+                ("kvctl:l2_get_seconds", self.kvctl_get_s, "Wall seconds the engine spent in L2 GETs"),
+                ("kvctl:chunks_hit", self.chunks_hit, "Chunks found in the tier"),
+                ("kvctl:chunks_missed", self.chunks_missed, "Chunks looked up and not found"),
+                ("kvctl:agreed_prefix_shortfall_chunks", self.shortfall_chunks, "Chunks dropped from agreed prefixes"),
+                ("kvctl:load_errors", self.load_errors, "Failed L2 loads"),
+                ("kvctl:lookup_timeouts", self.lookup_timeouts, "Lookups that timed out"),
+            ):
+                scalar(name, "counter", value, help_, "_total")
+        for name, value in self.extra.items():
+            lines.append(f"{name} {value!r}")
+        return "\n".join(lines) + "\n"
+
+    def _lmcache_lines(self, scalar, hist) -> None:
         scalar("lmcache:num_hit_tokens", "counter", self.lmcache_hit_tokens, "Total number of tokens hit in lmcache", "_total")
         scalar("lmcache:num_remote_read_bytes", "counter", self.remote_read_bytes, "Total number of bytes read from remote backends in lmcache", "_total")
         hist("lmcache:remote_time_to_get", self.remote_get_ms, GET_MS_BUCKETS, "Time to get from remote backends (ms)")
         hist("lmcache:time_to_lookup", self.lookup_s, LOOKUP_BUCKETS, "Time to lookup in lmcache (seconds)")
         scalar("lmcache:get_blocking_failed_count", "gauge", self.blocking_failed, "The number of get blocking failed")
-        for name, value in self.extra.items():
-            lines.append(f"{name} {value!r}")
-        return "\n".join(lines) + "\n"

@@ -2,21 +2,25 @@
 
 Each GET of /metrics returns the next text of the sequence it was given (the
 last one repeats), so two scrapes of one ``kvctl diagnose`` run see a chosen
-before and after. Anything else is a 404.
+before and after; or, given a callable, whatever it returns at that moment
+(a counter that moves with wall time). ``delay_s`` holds every answer back
+(a slow or hung engine). Anything else is a 404.
 """
 
 from __future__ import annotations
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Sequence
+import time
+from typing import Callable, Sequence
 
 
 class MetricsServer:
-    def __init__(self, texts: Sequence[str]):
-        if not texts:
+    def __init__(self, texts: Sequence[str] | Callable[[], str], delay_s: float = 0.0):
+        if not callable(texts) and not texts:
             raise ValueError("give at least one metrics text")
-        self.texts = list(texts)
+        self.texts = texts if callable(texts) else list(texts)
+        self.delay_s = delay_s
         self.hits = 0
         self._lock = threading.Lock()
         server = self
@@ -26,8 +30,13 @@ class MetricsServer:
                 if self.path.split("?")[0] != "/metrics":
                     self.send_error(404)
                     return
+                if server.delay_s:
+                    time.sleep(server.delay_s)
                 with server._lock:
-                    body = server.texts[min(server.hits, len(server.texts) - 1)].encode()
+                    if callable(server.texts):
+                        body = server.texts().encode()
+                    else:
+                        body = server.texts[min(server.hits, len(server.texts) - 1)].encode()
                     server.hits += 1
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")

@@ -28,7 +28,33 @@ DTYPE_NAME = "bfloat16"
 MODEL = "test-model"
 FMT = "mla-bf16"
 TRIAL_BUDGET_S = float(os.environ.get("KVCTL_PROTOCOL_TRIAL_S", "8"))
-INJECTIONS = ("evict", "corrupt", "dead_server", "callback_raises", "none_entry", "bad_shape", "stage_error", "mismatch")
+TRIALS = int(os.environ.get("KVCTL_PROTOCOL_TRIALS", "300"))  # per world size; benchmarks/connector_faults.py runs >= 10 000
+# what one rank's fetch_owned does wrong in a trial, by its effect on the agreed prefix:
+WHOLE_LIST_FAILS = (  # nothing of this rank's list is usable: its first owned chunk fails
+    "dead_server",  # its Valkey is unreachable
+    "callback_raises",  # RuntimeError
+    "cancelled",  # asyncio.CancelledError (a BaseException): re-raised on this rank after the collectives
+    "keyboard_interrupt",  # KeyboardInterrupt from a generator after one chunk: re-raised likewise
+    "system_exit",  # SystemExit: re-raised likewise
+    "none_return",  # fetch_owned returns None instead of a list
+    "generator_raises",  # a generator that yields one chunk, then raises RuntimeError
+)
+FAILS_AT_CHUNK = (  # chunk c (an owned chunk) is unusable: the prefix stops there at the latest
+    "evict",  # c deleted from Valkey
+    "corrupt",  # c overwritten by a value of the wrong size: a miss
+    "none_entry",  # None at c
+    "bad_shape",  # a tensor of the wrong shape at c
+    "wrong_dtype",  # the right bytes viewed as float16 at c
+    "stage_error",  # copy_ from a meta tensor raises at c
+    "short_return",  # the list stops before c
+)
+HARMLESS = (  # the chunks are right, just delivered oddly: the prefix is unchanged
+    "non_contiguous",  # every tensor is a non-contiguous view with the right values
+    "generator",  # fetch_owned returns a generator
+    "slow_fetch",  # fetch_owned takes 20 ms more than its peers
+)
+INJECTIONS = WHOLE_LIST_FAILS + FAILS_AT_CHUNK + HARMLESS + ("mismatch",)
+RAISED = {"cancelled": "CancelledError", "keyboard_interrupt": "KeyboardInterrupt", "system_exit": "SystemExit"}
 
 
 # --------------------------------------------------------------------------
@@ -163,9 +189,9 @@ def plan_trial(seed: int, trial: int, prompts, world: int):
             inject[r] = (kind, c)
     expected = true_prefix
     for r, (kind, c) in inject.items():
-        if kind in ("dead_server", "callback_raises"):
+        if kind in WHOLE_LIST_FAILS:
             expected = min(expected, r if r < n else n)  # the whole owned list fails
-        elif kind != "mismatch":
+        elif kind in FAILS_AT_CHUNK:
             expected = min(expected, c)
     inputs = {effective_inputs(keys, mode, r, inject.get(r), trial) for r in range(world)}
     return idx, mode, inject, (0 if len(inputs) > 1 else expected)
@@ -185,30 +211,82 @@ def effective_inputs(keys, mode, rank, inj, trial):
     return tuple(keys), MODES[(MODES.index(mode) + 1 + rank % 2) % len(MODES)]
 
 
+def _raise_after(items, exc: BaseException):
+    yield from items
+    raise exc
+
+
 def _fetcher(client, keys, nbytes, shape, dtype, inj):
+    import asyncio
+
     kind, bad = inj if inj else (None, -1)
 
     def fetch_owned(indexes):
         if kind == "callback_raises":
             raise RuntimeError("injected: callback failed")
+        if kind == "cancelled":
+            raise asyncio.CancelledError("injected")
+        if kind == "system_exit":
+            raise SystemExit("injected")
+        if kind == "none_return":
+            return None
+        if kind == "slow_fetch":
+            time.sleep(0.02)
         bufs = [bytearray(nbytes) for _ in indexes]
         ok = client.batched_get([keys[c] for c in indexes], bufs)
         out = []
         for c, buf, hit in zip(indexes, bufs, ok):
             t = torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape) if hit else None
+            if c == bad and kind == "short_return":
+                break
             if c == bad and kind == "none_entry":
                 t = None
             elif c == bad and kind == "bad_shape":
                 t = t.flatten()[:-1] if t is not None else torch.zeros(3, dtype=dtype)
+            elif c == bad and kind == "wrong_dtype" and t is not None:
+                t = t.view(torch.float16)  # same bytes and shape, other dtype
             elif c == bad and kind == "stage_error":
                 t = torch.empty(shape, dtype=dtype, device="meta")  # copy_ from meta raises
+            elif kind == "non_contiguous" and t is not None:
+                t = t.transpose(0, 2).contiguous().transpose(0, 2)  # same values, strided
+                assert not t.is_contiguous()
             out.append(t)
+        if kind == "keyboard_interrupt":
+            return _raise_after(out[:1], KeyboardInterrupt("injected"))
+        if kind == "generator_raises":
+            return _raise_after(out[:1], RuntimeError("injected"))
+        if kind == "generator":
+            return (t for t in out)
         return out
 
     return fetch_owned
 
 
-def protocol_worker(rank: int, world: int, urls: list[str], seed: int, budget_s: float) -> dict:
+def _load_or_reraised(load, kind):
+    """Run one load; for a BaseException injection, check it is re-raised after the agreement.
+
+    Returns (prefix, chunks, agreement, error). A re-raised exception carries
+    the agreed prefix in its note; that prefix is returned with no chunks.
+    """
+    import re
+
+    try:
+        result, agreement = load()
+    except BaseException as exc:  # noqa: BLE001 - only the injected kinds are expected here
+        if RAISED.get(kind) != type(exc).__name__:
+            raise
+        notes = " ".join(getattr(exc, "__notes__", []))
+        m = re.search(r"agreed prefix (\d+)", notes)
+        if not m:
+            return -1, [], None, f"{kind} re-raised without the agreed prefix in its note: {notes!r}"
+        return int(m.group(1)), [], None, None
+    if kind in RAISED:
+        return result.prefix, result.chunks, agreement, f"{kind} was not re-raised"
+    return result.prefix, result.chunks, agreement, None
+
+
+def protocol_worker(rank: int, world: int, urls: list[str], seed: int, budget_s: float, max_trials: int = TRIALS) -> dict:
+    """Randomized trials until ``max_trials`` or ``budget_s`` seconds (checked every 16 trials, on all ranks alike)."""
     import redis
     import torch.distributed as dist
 
@@ -239,7 +317,7 @@ def protocol_worker(rank: int, world: int, urls: list[str], seed: int, budget_s:
     trial = 0
     while True:
         if trial % 16 == 0:
-            stop = torch.tensor([1 if time.monotonic() - start > budget_s else 0])
+            stop = torch.tensor([1 if time.monotonic() - start > budget_s or trial >= max_trials else 0])
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)
             if stop.item():
                 break
@@ -258,14 +336,19 @@ def protocol_worker(rank: int, world: int, urls: list[str], seed: int, budget_s:
             my_keys = list(my_keys)
         fetch = _fetcher(dead if mine and mine[0] == "dead_server" else client, my_keys, nbytes, CHUNK_SHAPE, dtype, mine)
         t0 = time.monotonic()
-        result, agreement = load_agreed_prefix_detailed(None, my_keys, fetch, CHUNK_SHAPE, dtype, "cpu", my_mode)
+        prefix, chunks, agreement, err = _load_or_reraised(
+            lambda: load_agreed_prefix_detailed(None, my_keys, fetch, CHUNK_SHAPE, dtype, "cpu", my_mode),
+            mine[0] if mine and rank < len(my_keys) else None,  # fetch_owned is not called without owned chunks
+        )
         max_trial_s = max(max_trial_s, time.monotonic() - t0)
-        prefixes.append(result.prefix)
-        if result.prefix != expected:
-            errors.append(f"trial {trial}: prefix {result.prefix} != expected {expected} ({mode}, {inject}, {agreement})")
-        if len(result.chunks) != result.prefix:
-            errors.append(f"trial {trial}: {len(result.chunks)} chunks for prefix {result.prefix}")
-        for c, t in enumerate(result.chunks):
+        prefixes.append(prefix)
+        if err:
+            errors.append(f"trial {trial}: {err}")
+        if prefix != expected:
+            errors.append(f"trial {trial}: prefix {prefix} != expected {expected} ({mode}, {inject}, {agreement})")
+        if agreement is not None and len(chunks) != prefix:
+            errors.append(f"trial {trial}: {len(chunks)} chunks for prefix {prefix}")
+        for c, t in enumerate(chunks):
             got = t.contiguous().view(torch.uint8).flatten()
             want = chunk_bytes(seed, idx, c, nbytes)
             if tuple(t.shape) != CHUNK_SHAPE or t.dtype != dtype or bytes(got.tolist()) != want:
@@ -374,3 +457,68 @@ def test_randomized_trials_agree_on_every_rank(world, valkey_factory):
     assert prefixes.count(0) > 0 and max(prefixes) >= 10
     assert all(o["verified_bytes"] > 0 for o in out)
     assert max(o["max_trial_s"] for o in out) < 10.0
+
+
+# --------------------------------------------------------------------------
+# issue 11 item 5: a BaseException from fetch_owned must not desync the group
+# --------------------------------------------------------------------------
+BASE_EXCEPTION_CASES = (
+    ("CancelledError", "per_owner"),  # asyncio.CancelledError, realistic inside an async engine
+    ("KeyboardInterrupt", "all_gather"),  # raised by a generator after it yielded one chunk
+    ("SystemExit", "per_chunk"),
+)
+
+
+def _base_exception(name: str) -> type[BaseException]:
+    import asyncio
+
+    return {"CancelledError": asyncio.CancelledError, "KeyboardInterrupt": KeyboardInterrupt, "SystemExit": SystemExit}[name]
+
+
+def base_exception_worker(rank: int, world: int) -> list[dict]:
+    """Rank 1's fetch_owned raises each BaseException in turn; every rank reports what it got.
+
+    W=2, 4 chunks: rank 0 owns 0 and 2, rank 1 owns 1 and 3. Rank 1 fails at
+    its first owned chunk, 1, so the agreed prefix is 1 (chunk 0, whose values
+    are all 0.0). Each load is followed by an all_reduce that every rank must
+    reach: sum of rank+1 over W=2 ranks = 1 + 2 = 3.
+    """
+    import torch.distributed as dist
+
+    from kvctl.connector.protocol import load_agreed_prefix
+
+    shape, dtype = (2, 3), torch.float32
+    keys = [f"k{c}" for c in range(4)]
+    out = []
+    for name, mode in BASE_EXCEPTION_CASES:
+        exc_type = _base_exception(name)
+
+        def fetch(indexes, exc_type=exc_type, name=name):
+            if rank != 1:
+                return [torch.full(shape, float(c)) for c in indexes]
+            if name == "KeyboardInterrupt":
+                return _raise_after([torch.full(shape, 1.0)], exc_type("injected"))
+            raise exc_type("injected")
+
+        got: dict = {"case": name}
+        try:
+            r = load_agreed_prefix(None, keys, fetch, shape, dtype, "cpu", mode)
+            got["prefix"] = r.prefix
+            got["values"] = [t.flatten().tolist() for t in r.chunks]
+        except exc_type as exc:
+            got["raised"] = type(exc).__name__
+            got["notes"] = list(getattr(exc, "__notes__", []))
+        total = torch.tensor([rank + 1])
+        dist.all_reduce(total)
+        got["sum"] = int(total.item())
+        out.append(got)
+    return out
+
+
+def test_base_exception_in_fetch_is_a_local_failure_then_reraised():
+    """Before the fix rank 1 skipped the all-gather and rank 0 waited out the gloo timeout."""
+    out = spawn_ranks(base_exception_worker, 2, (), timeout_s=60)
+    for (name, _), r0, r1 in zip(BASE_EXCEPTION_CASES, out[0], out[1]):
+        assert r0 == {"case": name, "prefix": 1, "values": [[0.0] * 6], "sum": 3}, r0
+        assert r1["raised"] == name and r1["sum"] == 3, r1
+        assert any("agreed prefix 1" in n for n in r1["notes"]), r1

@@ -187,33 +187,35 @@ def _one(members: list[tuple[str, int, int]], key: str, text: str, path: str) ->
 
 
 def _json_flip(text: str, start: int, value: bool, path: str) -> tuple[str, bool | None, int]:
-    """``text`` with async_loading set in the JSON object at ``start``; (new text, old value, line of the value)."""
+    """``text`` with async_loading set in the JSON object at ``start``; (new text, old value, line of the value).
+
+    A missing member is added after the object's last member (or inside an
+    empty object), written in the object's own style (``"k": v`` or ``"k":v``).
+    """
     word = "true" if value else "false"
     try:
-        members, _ = _members(text, start)
+        members, end = _members(text, start)
+        sp = " " if '": ' in text[start:end] else ""
         extra = _one(members, EXTRA, text, path)
         if extra is None:  # no extra config at all: add one with only async_loading
-            sep = "," if members else ""
-            at = members[-1][2] if members else start + 1
-            return text[:at] + f'{sep}"{EXTRA}":{{"{ASYNC_KEY}":{word}}}' + text[at:], None, _line(text, at)
-        if not text.startswith("{", extra[1]):
+            owner, add = members, f'"{EXTRA}":{sp}{{"{ASYNC_KEY}":{sp}{word}}}'
+        elif not text.startswith("{", extra[1]):
             raise _refuse(path, f"{EXTRA} on line {_line(text, extra[1])} is not a JSON object")
-        sub, _ = _members(text, extra[1])
+        else:
+            owner, add = _members(text, extra[1])[0], f'"{ASYNC_KEY}":{sp}{word}'
     except json.JSONDecodeError as e:
         raise _refuse(path, f"malformed JSON in the kv-transfer-config at line {_line(text, e.pos)}: {e.msg}") from e
-    current = _one(sub, ASYNC_KEY, text, path)
+    current = _one(owner, ASYNC_KEY, text, path) if extra is not None else None
     if current is not None:
         old = json.loads(text[current[1] : current[2]])
         if not isinstance(old, bool):
             raise _refuse(path, f"{ASYNC_KEY} on line {_line(text, current[1])} is {text[current[1]:current[2]]}, not true or false")
         return text[: current[1]] + word + text[current[2] :], old, _line(text, current[1])
-    spaced = '": ' in text[extra[1] : extra[2]]
-    member = f'"{ASYNC_KEY}":{" " if spaced else ""}{word}'
-    if sub:
-        at, member = sub[-1][2], ("," + (" " if spaced else "")) + member
+    if owner:
+        at, add = owner[-1][2], f",{sp}{add}"
     else:
-        at = extra[1] + 1
-    return text[:at] + member + text[at:], None, _line(text, at)
+        at = (start if extra is None else extra[1]) + 1
+    return text[:at] + add + text[at:], None, _line(text, at)
 
 
 def _json_start(text: str, kind: str, path: str, root=None) -> int:

@@ -249,3 +249,35 @@ def test_missing_extra_config_is_added(tmp_path):
     text = 'VLLM_ARGS=--kv-transfer-config \'{"kv_connector":"KvctlConnector","kv_role":"kv_both"}\' --port 8000\n'
     new = loading_vllm.flip(text, loading_vllm.VLLM_ARGS, True, "x.env")[1]
     assert new == text.replace('"kv_both"}', '"kv_both","kv_connector_extra_config":{"async_loading":true}}')
+
+
+INSERTS = [
+    # (file text, expected text after `async`), worked out by hand
+    ("kv_transfer_config:\n  kv_connector: K\n  kv_role: kv_both\n  kv_connector_extra_config: {}\n",
+     'kv_transfer_config:\n  kv_connector: K\n  kv_role: kv_both\n  kv_connector_extra_config: {"async_loading": true}\n'),
+    ("kv_transfer_config:\n  kv_connector: K\n  kv_role: kv_both\n  kv_connector_extra_config:\n    chunk_tokens: 256",
+     "kv_transfer_config:\n  kv_connector: K\n  kv_role: kv_both\n  kv_connector_extra_config:\n    chunk_tokens: 256\n    async_loading: true\n"),
+    ("kv_transfer_config:\n  kv_connector: K   # ours\n  kv_role: kv_both\nport: 8000\n",
+     'kv_transfer_config:\n  kv_connector: K   # ours\n  kv_role: kv_both\n  kv_connector_extra_config: {"async_loading": true}\nport: 8000\n'),
+    ("kv-transfer-config: '{\"kv_connector\": \"K\", \"kv_role\": \"kv_both\", \"kv_connector_extra_config\": {}}'\n",
+     "kv-transfer-config: '{\"kv_connector\": \"K\", \"kv_role\": \"kv_both\", \"kv_connector_extra_config\": {\"async_loading\": true}}'\n"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text, expected", INSERTS)
+def test_insert_forms(tmp_path, text, expected):
+    p = write(tmp_path, "serve.yaml", text)
+    run(["loading", "async", "--vllm", str(p)])
+    assert p.read_text() == expected
+    assert_only_async_changed(backups(p)[0], p, True)
+
+
+@pytest.mark.parametrize("name", ["vllm-config-sync.yaml", "vllm-config-async.yaml", "vllm-prefill.service", "vllm-prefill.env"])
+def test_flip_and_flip_back_restores_every_byte(tmp_path, name):
+    p = sample(tmp_path, name)
+    original = p.read_bytes()
+    was_async = json.loads(run(["loading", "show", "--vllm", str(p), "--json"]).stdout)["sources"][0]["async_loading"]
+    run(["loading", "sync" if was_async else "async", "--vllm", str(p), "--force"] if was_async else ["loading", "async", "--vllm", str(p)])
+    assert p.read_bytes() != original
+    run(["loading", "async", "--vllm", str(p)] if was_async else ["loading", "sync", "--vllm", str(p), "--force"])
+    assert p.read_bytes() == original

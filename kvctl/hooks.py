@@ -22,6 +22,9 @@ DEFAULT_PLUGINS = (
     "kvctl.commands.bench",
     "kvctl.commands.diagnose",
     "kvctl.commands.loading",
+    "kvctl.commands.replay",
+    "kvctl.commands.report",
+    "kvctl.commands.simulate",
 )
 
 

@@ -183,3 +183,98 @@ def text_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequenc
     for row in rows:
         t.add_row(*[escape(c if isinstance(c, str) else fmt(c)) for c in row])
     _console().print(t)
+
+
+# --- replay / report / simulate (kvctl replay, kvctl report, kvctl simulate) ---
+
+
+@contextlib.contextmanager
+def replay_progress(total: int, enabled: bool = True) -> Iterator[Any]:
+    """Progress of an open-loop replay on stderr; yields ``update(state)`` for a sender state.
+
+    ``state`` has ``finished``, ``sent``, ``errors``, ``in_flight``, ``cap_hits`` and ``started``
+    (a ``time.monotonic()`` value). A no-op when disabled or stderr is not a TTY.
+    """
+    if not enabled or not sys.stderr.isatty():
+        yield lambda state: None
+        return
+    import time  # noqa: PLC0415
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
+    with Progress(
+        TextColumn("replay"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[stats]}"),
+        TimeElapsedColumn(),
+        console=_console(stderr=True),
+        transient=True,
+    ) as prog:
+        task = prog.add_task("replay", total=total, stats="")
+
+        def update(state: Any) -> None:
+            elapsed = max(time.monotonic() - state.started, 1e-9)
+            stats = (f"{state.finished / elapsed:.1f} req/s · in flight {state.in_flight} · sent {state.sent}"
+                     f" · errors {state.errors}" + (f" · capped {state.cap_hits}" if state.cap_hits else ""))
+            prog.update(task, completed=state.finished, stats=stats)
+
+        yield update
+
+
+def _pyplot():
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    return plt
+
+
+def _save_chart(fig: Any, ax: Any, path: str, title: str, xlabel: str | None, ylabel: str) -> str:
+    ax.set_title(title)
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    _pyplot().close(fig)
+    return path
+
+
+def report_plots(directory: str, runs: Sequence[tuple[str, Sequence[float], Sequence[float], float | None, float | None]]) -> list[str]:
+    """Write the three ``kvctl report --plot`` charts into ``directory``; returns their paths.
+
+    ``runs``: (name, scheduled seconds, latencies in seconds, share of prompt tokens cached,
+    share of prompt tokens from L2) per run.
+    """
+    plt = _pyplot()
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
+    for name, xs, ys, _, _ in runs:
+        ax.plot(xs, ys, linewidth=1, marker=".", markersize=3, label=name)
+    ax.grid(True, alpha=0.3)
+    paths.append(_save_chart(fig, ax, os.path.join(directory, "latency_over_time.png"), "Latency over the run",
+                             "scheduled time (s from start)", "latency (s)"))
+
+    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
+    for name, _, ys, _, _ in runs:
+        s = sorted(y for y in ys if y > 0)
+        if s:
+            ax.step(s, [(i + 1) / len(s) for i in range(len(s))], where="post", label=name)
+    ax.set_xscale("log")
+    ax.grid(True, alpha=0.3, which="both")
+    paths.append(_save_chart(fig, ax, os.path.join(directory, "latency_cdf.png"), "Latency CDF",
+                             "latency (s, log)", "fraction of requests"))
+
+    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
+    xs = list(range(len(runs)))
+    ax.bar([x - 0.2 for x in xs], [r[3] or 0.0 for r in runs], width=0.4, label="cached (any tier)")
+    ax.bar([x + 0.2 for x in xs], [r[4] or 0.0 for r in runs], width=0.4, label="from L2")
+    ax.set_xticks(xs, [r[0] for r in runs])
+    ax.set_ylim(0, 1)
+    paths.append(_save_chart(fig, ax, os.path.join(directory, "cache_token_share.png"),
+                             "Share of prompt tokens served from cache", None, "share of prompt tokens"))
+    return paths

@@ -1,0 +1,133 @@
+"""``kvctl simulate``: what-if runs of the cost model as a queue, without a GPU fleet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from kvctl import render
+from kvctl.commands.cost import bytes_per_token_options
+from kvctl.commands.options import output_options
+from kvctl.hooks import hookimpl
+
+POS = click.FloatRange(min=0, min_open=True)
+NONNEG = click.FloatRange(min=0)
+
+
+@hookimpl
+def register_commands(cli: click.Group) -> None:
+    cli.add_command(simulate_cmd)
+
+
+def _row(res: Any) -> list[Any]:
+    return [res.rho, res.p50_s, res.p90_s, res.p99_s, res.max_s, " / ".join(render.fmt(v) for v in res.thirds_p50_s),
+            res.max_queue, res.stable]
+
+
+RESULT_COLS = ["ρ", "p50 s", "p90 s", "p99 s", "max s", "p50 by third (s)", "max queue", "stable"]
+
+
+@click.command("simulate")
+@click.option("--rate", type=POS, help="Poisson arrival rate λ, requests/s (or --trace).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Arrivals and prompt lengths from a trace (any `kvctl replay` format).")
+@click.option("--requests", type=click.IntRange(min=1), help="Requests to simulate (Poisson: default 10000; trace: the first N).")
+@click.option("--prompt-tokens", type=POS, help="Prompt tokens per request in Poisson mode (the mean with --prompt-dist exponential).")
+@click.option("--prompt-dist", type=click.Choice(["fixed", "exponential"]), default="fixed", show_default=True, help="Prompt lengths in Poisson mode.")
+@click.option("--hit-fraction", type=click.FloatRange(min=0, max=1), default=1.0, show_default=True, help="Share of requests that hit the remote tier.")
+@bytes_per_token_options()
+@click.option("--prefill-rate", type=POS, required=True, help="Prefill throughput R, tokens/s (misses cost n/R).")
+@click.option("--t0", type=NONNEG, default=0.33, show_default=True, help="Fixed per-hit cost T0, seconds (the paper's 0.33).")
+@click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True, help="Tier instances (one per rank); B_eff scales with them.")
+@click.option("--instance-gbps", type=POS, help="GET bandwidth of one instance, GB/s (B_eff = instances × this).")
+@click.option("--bench", "bench_path", type=click.Path(dir_okay=False), help="`kvctl bench --save` file: B_eff = its measured aggregate at --instances.")
+@click.option("--loading", type=click.Choice(["sync", "async"]), default="sync", show_default=True, help="sync: the transfer holds the engine (one FIFO queue); async: loads overlap compute.")
+@click.option("--async-timeout", "async_timeout_s", type=NONNEG, default=3.0, show_default=True, help="async: a load not done this many seconds after arrival is recomputed instead.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of arrivals, lengths and hits (the same for every sweep point).")
+@click.option("--sweep", "sweep_specs", multiple=True, help="What-if grid, e.g. --sweep 'instances=1,2,4,8 loading=sync,async'.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="With --sweep: draw p50/p99 against the swept values to FILE.png.")
+@output_options
+def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | None, prompt_tokens: float | None, prompt_dist: str,
+                 hit_fraction: float, bytes_per_token: float, prefill_rate: float, t0: float, instances: int,
+                 instance_gbps: float | None, bench_path: str | None, loading: str, async_timeout_s: float, seed: int,
+                 sweep_specs: tuple[str, ...], plot: str | None, as_json: bool) -> None:
+    """Simulate one prefill engine with a remote KV tier: latency percentiles, ρ, stability.
+
+    \b
+    Service per request (paper §4):  miss  n/R  ·  hit  T0 + n·s/B_eff
+    sync   the transfer n·s/B_eff holds the engine (a single-server FIFO queue,
+           ρ = λ·n·s/B); T0 adds to the hit's latency only
+    async  loads run on the tier while the engine computes; a load not done within
+           --async-timeout of arrival is recomputed (its prefetch still uses the tier)
+    B_eff = --instances × --instance-gbps, or the aggregate a --bench file measured.
+    Output: p50/p90/p99/max, p50 by third of the run (drift), ρ, max queue, stable.
+    """
+    from kvctl import simulate as sim  # noqa: PLC0415 - numpy only when used
+
+    if (rate is None) == (trace_path is None):
+        raise click.UsageError("give exactly one of --rate (Poisson) or --trace FILE")
+    if rate is not None and prompt_tokens is None:
+        raise click.UsageError("--rate needs --prompt-tokens")
+    if (instance_gbps is None) == (bench_path is None):
+        raise click.UsageError("give exactly one of --instance-gbps or --bench FILE")
+    if plot and not sweep_specs:
+        raise click.UsageError("--plot draws a --sweep")
+    bench = sim.bench_bandwidths(bench_path) if bench_path else None
+    base = sim.SimConfig(bytes_per_token, prefill_rate, t0, instances, instance_gbps, loading, async_timeout_s, hit_fraction, seed)
+    cache: dict[Any, Any] = {}
+
+    def workload_for(r: float | None = None, n: float | None = None) -> Any:
+        key = (r, n)
+        if key not in cache:
+            if trace_path:
+                cache[key] = sim.trace_workload(trace_path, requests)
+            else:
+                cache[key] = sim.poisson_workload(r or rate, requests or 10000, n or prompt_tokens, prompt_dist, seed)
+        return cache[key]
+
+    if sweep_specs:
+        grid = sim.parse_sweep(sweep_specs)
+        if trace_path and ("rate" in grid or "prompt_tokens" in grid):
+            raise click.UsageError("--sweep rate/prompt_tokens need Poisson mode (--rate)")
+        points = sim.sweep(base, grid, workload_for, bench)
+        if plot:
+            _plot(plot, grid, points)
+        if as_json:
+            render.emit_json([{"parameters": p.parameters, **sim.result_dict(p.result)} for p in points])
+            return
+        keys = list(grid)
+        render.table(
+            f"What if — {workload_for().source}",
+            [k.replace("_", " ") for k in keys] + ["B_eff GB/s"] + RESULT_COLS,
+            [[p.parameters[k] for k in keys] + [p.result.bandwidth_gbps] + _row(p.result) for p in points],
+            caption=f"s = {bytes_per_token:g} B/token · R = {prefill_rate:g} tok/s · T0 = {t0:g} s" + (f" · plot: {plot}" if plot else ""),
+        )
+        return
+    w = workload_for()
+    res = sim.simulate(w, base, sim.effective_gbps(instances, instance_gbps, bench))
+    if as_json:
+        render.emit_json(sim.result_dict(res))
+        return
+    render.table(
+        f"{loading} loading, {instances} instance(s), B_eff {res.bandwidth_gbps:g} GB/s — {w.source}",
+        RESULT_COLS,
+        [_row(res)],
+        caption=(f"mean {res.mean_s:.3f} s · mean wait {res.mean_wait_s:.3f} s · hits {res.hits:,} of {res.requests:,}"
+                 + (f" · timeouts {res.timeouts:,} · tier ρ {render.fmt(res.tier_rho)}" if loading == "async" else "")
+                 + ("" if res.stable is not False else "\nρ ≥ 1: a queue grows for as long as requests keep arriving")),
+    )
+
+
+def _plot(path: str, grid: dict[str, list[Any]], points: list[Any]) -> None:
+    """p99 (and p50) against the first numeric swept key, one line per value of the others."""
+    numeric = [k for k, vs in grid.items() if all(isinstance(v, (int, float)) for v in vs)]
+    x_key = numeric[0] if numeric else None
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for i, p in enumerate(points):
+        label = ", ".join(f"{k}={v}" for k, v in p.parameters.items() if k != x_key) or "run"
+        x = p.parameters[x_key] if x_key else i
+        for q, val in (("p99", p.result.p99_s), ("p50", p.result.p50_s)):
+            xs, ys = series.setdefault(f"{label} {q}", ([], []))
+            xs.append(x)
+            ys.append(val)
+    render.line_plot(path, "What-if: latency", x_key or "point", "latency (s)", series)

@@ -1,0 +1,7 @@
+"""Trace replay: trace readers, prompt building, the open-loop sender and run files.
+
+* :mod:`kvctl.replay.trace` reads the three trace formats into :class:`TraceRequest` s.
+* :mod:`kvctl.replay.prompts` turns a request into the prompt the engine sees (token ids).
+* :mod:`kvctl.replay.sender` sends requests at their original offsets (open loop, asyncio + aiohttp).
+* :mod:`kvctl.replay.runfile` writes and reads run files (``kvctl replay --out``).
+"""

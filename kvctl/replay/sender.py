@@ -1,0 +1,351 @@
+"""The open-loop sender: every request goes out at its original offset, whatever the engine is doing.
+
+One asyncio task schedules: it sleeps until request i's offset (÷ ``--speed``) from the start and
+starts a task that posts it to the engine's OpenAI ``/v1/completions``; it never waits for an answer.
+``--max-in-flight`` only protects the client: when that many requests are open the scheduler waits
+for a slot, and the request is recorded as ``capped``. Answers are streamed
+(``stream_options.include_usage``) so the first token and the usage with
+``prompt_tokens_details.cached_tokens`` are both seen. Rows go to the run file as requests finish.
+
+SIGINT (Ctrl-C) cancels the requests still open; what finished is already on disk, the run file
+gets its summary line with ``interrupted: true`` and the caller exits 130.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from kvctl import __version__
+from kvctl.errors import InvalidInput, Unreachable
+from kvctl.replay.prompts import SEED_TEXT, PromptBuilder, TokenPool, pool_from_ids, pool_from_tokenizer
+from kvctl.replay.runfile import RunWriter
+from kvctl.replay.trace import Trace, TraceRequest
+
+#: Metric families kept from /metrics in the run file (counters and gauges, summed over labels).
+METRIC_PREFIXES = ("vllm:", "lmcache:", "kvctl:")
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    url: str
+    model: str | None = None
+    speed: float = 1.0
+    max_in_flight: int = 1024
+    timeout_s: float = 600.0
+    max_tokens: int | None = 1  # None: each request's max_tokens from the trace (1 where it has none)
+    stream: bool = True
+    block_tokens: int = 512
+    tokenizer: str | None = None
+    seed: int = 0
+
+
+@dataclass
+class ReplayState:
+    """Live counters (for the progress bar)."""
+
+    total: int
+    sent: int = 0
+    finished: int = 0
+    errors: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    cap_hits: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    out: str
+    model: str
+    requests: int
+    finished: int
+    ok: int
+    errors: int
+    max_in_flight: int
+    cap_hits: int
+    duration_s: float
+    interrupted: bool
+    token_pool: str | None
+
+
+def schedule(trace: Trace, speed: float) -> list[tuple[TraceRequest, float]]:
+    """(request, scheduled seconds from the start) in sending order."""
+    if not speed > 0:
+        raise InvalidInput(f"--speed must be positive, got {speed}")
+    return [(r, r.offset_s / speed) for r in trace.requests]
+
+
+def _base(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise InvalidInput(f"--url must start with http:// or https://, got {url!r}")
+    return url.rstrip("/").removesuffix("/v1")
+
+
+async def _get_json(session: Any, url: str, timeout_s: float = 10.0) -> Any:
+    import aiohttp  # noqa: PLC0415
+
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+        r.raise_for_status()
+        return await r.json(content_type=None)
+
+
+async def discover_model(session: Any, base: str) -> str:
+    """The first model the engine serves (``/v1/models``); Unreachable when it does not answer."""
+    import aiohttp  # noqa: PLC0415
+
+    try:
+        data = await _get_json(session, base + "/v1/models")
+        return str(data["data"][0]["id"])
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        raise Unreachable(f"{base} did not answer /v1/models: {type(e).__name__}: {e}") from e
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise Unreachable(f"{base}/v1/models lists no model; pass --model") from e
+
+
+async def pool_from_engine(session: Any, base: str, model: str) -> TokenPool | None:
+    """Token pool from the engine's ``/tokenize`` (vLLM), or None when it has none."""
+    import aiohttp  # noqa: PLC0415
+
+    body = {"model": model, "prompt": SEED_TEXT, "add_special_tokens": False}
+    try:
+        async with session.post(base + "/tokenize", json=body, timeout=aiohttp.ClientTimeout(total=30)) as r:
+            if r.status != 200:
+                return None
+            data = await r.json(content_type=None)
+        return pool_from_ids(data["tokens"], "engine /tokenize")
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+async def scrape_metrics(session: Any, base: str) -> dict[str, float] | None:
+    """Counters and gauges of vLLM, LMCache and kvctl from ``/metrics``, or None when unavailable."""
+    import aiohttp  # noqa: PLC0415
+
+    from kvctl.diagnose.metrics import parse  # noqa: PLC0415
+
+    try:
+        async with session.get(base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            if r.status != 200:
+                return None
+            text = await r.text()
+        scrape = parse(text, f"{base}/metrics")
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, InvalidInput):
+        return None
+    return {k: v for k, v in sorted(scrape.values.items()) if k.startswith(METRIC_PREFIXES)}
+
+
+def _usage(obj: dict[str, Any]) -> tuple[int | None, int | None]:
+    usage = obj.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    return usage.get("prompt_tokens"), details.get("cached_tokens")
+
+
+class _Replayer:
+    def __init__(self, session: Any, base: str, model: str, opts: ReplayOptions, builder: PromptBuilder,
+                 writer: RunWriter, state: ReplayState, on_update: Callable[[ReplayState], None]) -> None:
+        self.session, self.base, self.model, self.opts = session, base, model, opts
+        self.builder, self.writer, self.state, self.on_update = builder, writer, state, on_update
+        self.sem = asyncio.Semaphore(opts.max_in_flight)
+        self.tasks: set[asyncio.Task] = set()
+        self.ok = 0
+        self.t0 = 0.0
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time() - self.t0
+
+    def _body(self, req: TraceRequest) -> bytes:
+        max_tokens = self.opts.max_tokens if self.opts.max_tokens is not None else (req.max_tokens or 1)
+        # ignore_eos (vLLM): exactly max_tokens come out, as the trace (or --max-tokens) asks
+        body: dict[str, Any] = {"model": self.model, "prompt": self.builder.build(req), "max_tokens": max(1, max_tokens),
+                                "temperature": 0.0, "ignore_eos": True, "stream": self.opts.stream}
+        if self.opts.stream:
+            body["stream_options"] = {"include_usage": True}
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    async def _post(self, body: bytes) -> tuple[str, float | None, int | None, int | None]:
+        """(status, first-token time, prompt tokens, cached tokens) of one request."""
+        first = None
+        prompt_tokens = cached = None
+        async with self.session.post(self.base + "/v1/completions", data=body,
+                                     headers={"content-type": "application/json"}) as r:
+            if r.status != 200:
+                text = (await r.text())[:200].replace("\n", " ")
+                return f"http {r.status}: {text}", None, None, None
+            if not self.opts.stream:
+                obj = await r.json(content_type=None)
+                prompt_tokens, cached = _usage(obj)
+                return "ok", None, prompt_tokens, cached
+            async for raw in r.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    break
+                obj = json.loads(payload)
+                if first is None and obj.get("choices"):
+                    first = self._now()
+                if obj.get("usage"):
+                    prompt_tokens, cached = _usage(obj)
+                if "error" in obj:
+                    return f"error: {str(obj['error'])[:200]}", first, prompt_tokens, cached
+        return "ok", first, prompt_tokens, cached
+
+    async def _send(self, req: TraceRequest, body: bytes, scheduled_s: float, capped: bool) -> None:
+        import aiohttp  # noqa: PLC0415
+
+        st = self.state
+        st.sent += 1
+        st.in_flight += 1
+        in_flight = st.in_flight
+        st.max_in_flight = max(st.max_in_flight, in_flight)
+        sent = self._now()
+        try:
+            status, first, prompt_tokens, cached = await self._post(body)
+        except asyncio.TimeoutError:
+            status, first, prompt_tokens, cached = f"timeout after {self.opts.timeout_s:g} s", None, None, None
+        except (aiohttp.ClientError, OSError, ValueError) as e:
+            status, first, prompt_tokens, cached = f"error: {type(e).__name__}: {e}"[:240], None, None, None
+        finally:
+            st.in_flight -= 1
+            self.sem.release()
+        finished = self._now()
+        st.finished += 1
+        if status == "ok":
+            self.ok += 1
+        else:
+            st.errors += 1
+        self.writer.row({
+            "index": req.index,
+            "scheduled_s": round(scheduled_s, 6),
+            "sent_s": round(sent, 6),
+            "first_token_s": None if first is None else round(first, 6),
+            "finished_s": round(finished, 6),
+            "latency_s": round(finished - scheduled_s, 6),
+            "prompt_tokens": prompt_tokens if prompt_tokens is not None else req.token_count,
+            "cached_tokens": cached,
+            "status": status,
+            "in_flight": in_flight,
+            "capped": capped,
+            "request": req.source,
+        })
+        self.on_update(st)
+
+    async def run(self, plan: list[tuple[TraceRequest, float]]) -> None:
+        loop = asyncio.get_running_loop()
+        self.t0 = loop.time()
+        for req, at in plan:
+            body = self._body(req)  # built while waiting for its turn
+            delay = self.t0 + at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            capped = self.sem.locked()
+            if capped:
+                self.state.cap_hits += 1
+            await self.sem.acquire()
+            task = asyncio.create_task(self._send(req, body, at, capped))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+            self.on_update(self.state)
+        while self.tasks:
+            await asyncio.gather(*list(self.tasks))
+
+
+async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, on_update: Callable[[ReplayState], None],
+                  options_meta: dict[str, Any]) -> ReplayResult:
+    import aiohttp  # noqa: PLC0415
+
+    base = _base(opts.url)
+    plan = schedule(trace, opts.speed)
+    connector = aiohttp.TCPConnector(limit=opts.max_in_flight)
+    timeout = aiohttp.ClientTimeout(total=opts.timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        model = opts.model or await discover_model(session, base)
+        builder = PromptBuilder(None, opts.block_tokens, opts.seed)
+        pool = None
+        if any(builder.needs_pool(r) for r in trace.requests):
+            pool = await pool_from_engine(session, base, model)
+            if pool is None and opts.tokenizer:
+                pool = pool_from_tokenizer(opts.tokenizer)
+            if pool is None:
+                raise InvalidInput(
+                    f"prompts given by length need the engine's tokenizer and {base}/tokenize did not answer; "
+                    "pass --tokenizer PATH (a local Hugging Face tokenizer directory)"
+                )
+            builder = PromptBuilder(pool, opts.block_tokens, opts.seed)
+        metrics_before = await scrape_metrics(session, base)
+        now = datetime.now(timezone.utc)
+        metadata = {
+            "trace": trace.path,
+            "trace_sha256": trace.sha256,
+            "trace_format": trace.format,
+            "requests": len(plan),
+            "engine_url": base,
+            "model": model,
+            "kvctl_version": __version__,
+            "start_utc": now.isoformat(timespec="milliseconds"),
+            "start_unix": now.timestamp(),
+            "host": socket.gethostname(),
+            "options": {**options_meta, **asdict(opts)},
+            "token_pool": pool.source if pool else None,
+            "metrics_before": metrics_before,
+        }
+        writer = RunWriter(out, metadata, overwrite=overwrite)
+        state = ReplayState(total=len(plan))
+        rep = _Replayer(session, base, model, opts, builder, writer, state, on_update)
+        interrupted = False
+        loop = asyncio.get_running_loop()
+        driver = asyncio.create_task(rep.run(plan))
+
+        def on_sigint() -> None:
+            nonlocal interrupted
+            interrupted = True
+            driver.cancel()
+
+        try:
+            loop.add_signal_handler(signal.SIGINT, on_sigint)
+            handler = True
+        except (RuntimeError, ValueError, NotImplementedError):  # not the main thread
+            handler = False
+        try:
+            await driver
+        except asyncio.CancelledError:
+            if not interrupted:
+                raise
+            for t in list(rep.tasks):
+                t.cancel()
+            await asyncio.gather(*list(rep.tasks), return_exceptions=True)
+        finally:
+            if handler:
+                loop.remove_signal_handler(signal.SIGINT)
+            duration = loop.time() - rep.t0 if rep.t0 else 0.0
+            metrics_after = None if interrupted else await scrape_metrics(session, base)
+            writer.close({
+                "requests": len(plan),
+                "finished": state.finished,
+                "ok": rep.ok,
+                "errors": state.errors,
+                "max_in_flight": state.max_in_flight,
+                "cap_hits": state.cap_hits,
+                "duration_s": round(duration, 6),
+                "interrupted": interrupted,
+                "metrics_after": metrics_after,
+            })
+    return ReplayResult(out, model, len(plan), state.finished, rep.ok, state.errors, state.max_in_flight,
+                        state.cap_hits, duration, interrupted, pool.source if pool else None)
+
+
+def run_replay(trace: Trace, opts: ReplayOptions, out: str, *, overwrite: bool = False,
+               on_update: Callable[[ReplayState], None] | None = None,
+               options_meta: dict[str, Any] | None = None) -> ReplayResult:
+    """Replay ``trace`` against ``opts.url``, writing ``out``; returns counts (``interrupted`` after SIGINT)."""
+    if opts.max_in_flight < 1:
+        raise InvalidInput(f"--max-in-flight must be at least 1, got {opts.max_in_flight}")
+    return asyncio.run(_replay(trace, opts, out, overwrite, on_update or (lambda s: None), options_meta or {}))

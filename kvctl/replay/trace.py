@@ -1,0 +1,197 @@
+"""Read request traces: Mooncake/FAST'25 JSONL, ``{offset_s, prompt}`` JSONL, and kvctl run files.
+
+One reader for all three; the format is recognised line by line from its keys:
+
+* Mooncake (FAST'25): ``{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [..]}``.
+  Each hash id names one block of ``block_tokens`` (512) tokens; two requests that share a hash id
+  share that block, so prefix hits happen as in the original trace.
+* offsets: ``{"offset_s": t, "prompt": "text"}`` or ``{"offset_s": t, "prompt_tokens": n | [ids]}``
+  (a count gives a prompt of n tokens unique to that request); optional ``max_tokens``.
+* a kvctl run file (``kvctl replay --out``): a ``{"metadata": ...}`` first line, then one row per
+  request whose ``request`` field holds the original trace line (replays a past run).
+
+Offsets are taken relative to the trace's first request. Malformed lines are rejected together,
+each named by its line number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from kvctl.errors import InvalidInput
+
+DEFAULT_BLOCK_TOKENS = 512
+#: How many malformed lines one error message lists.
+MAX_LISTED_ERRORS = 5
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a trace; exactly one of hash_ids / prompt / prompt_token_ids / input_length describes the prompt."""
+
+    index: int
+    offset_s: float  # from the trace's first request, before --speed
+    line: int
+    max_tokens: int | None = None  # the trace's output length, when it has one
+    input_length: int | None = None  # prompt tokens, when known
+    hash_ids: tuple[int, ...] | None = None
+    prompt: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    source: dict[str, Any] | None = None  # the original trace line, stored in run files
+
+    @property
+    def token_count(self) -> int | None:
+        """Prompt tokens when the trace says (None for a text prompt)."""
+        if self.prompt_token_ids is not None:
+            return len(self.prompt_token_ids)
+        return self.input_length
+
+
+@dataclass(frozen=True)
+class Trace:
+    path: str
+    sha256: str
+    format: str  # "mooncake", "offsets", "run" or "mixed"
+    requests: tuple[TraceRequest, ...]
+    metadata: dict[str, Any] | None = None  # a run file's metadata
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _max_tokens(obj: dict, key: str) -> int | None:
+    if key not in obj or obj[key] is None:
+        return None
+    v = obj[key]
+    if not _is_int(v) or v < 0:
+        raise ValueError(f"{key} must be a non-negative integer, got {v!r}")
+    return v
+
+
+def parse_line(obj: Any, line: int) -> tuple[str, dict[str, Any]]:
+    """(format, fields of TraceRequest) for one decoded trace line; ValueError says what is wrong."""
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    if "timestamp" in obj or "hash_ids" in obj:
+        ts, n, ids = obj.get("timestamp"), obj.get("input_length"), obj.get("hash_ids")
+        if not _number(ts) or ts < 0:
+            raise ValueError(f"timestamp must be a non-negative number of ms, got {ts!r}")
+        if not _is_int(n) or n < 1:
+            raise ValueError(f"input_length must be a positive integer, got {n!r}")
+        if not isinstance(ids, list) or not all(_is_int(h) for h in ids):
+            raise ValueError(f"hash_ids must be a list of integers, got {ids!r}")
+        return "mooncake", {
+            "offset_s": ts / 1000.0,
+            "input_length": n,
+            "hash_ids": tuple(ids),
+            "max_tokens": _max_tokens(obj, "output_length"),
+        }
+    if "offset_s" in obj:
+        off = obj["offset_s"]
+        if not _number(off) or off < 0:
+            raise ValueError(f"offset_s must be a non-negative number, got {off!r}")
+        fields: dict[str, Any] = {"offset_s": float(off), "max_tokens": _max_tokens(obj, "max_tokens")}
+        if "prompt" in obj:
+            if not isinstance(obj["prompt"], str) or not obj["prompt"]:
+                raise ValueError("prompt must be a non-empty string")
+            fields["prompt"] = obj["prompt"]
+        elif "prompt_tokens" in obj:
+            pt = obj["prompt_tokens"]
+            if _is_int(pt) and pt >= 1:
+                fields["input_length"] = pt
+            elif isinstance(pt, list) and pt and all(_is_int(t) and t >= 0 for t in pt):
+                fields["prompt_token_ids"] = tuple(pt)
+            else:
+                raise ValueError(f"prompt_tokens must be a positive integer or a list of token ids, got {pt!r}")
+        else:
+            raise ValueError("an offset_s line needs prompt or prompt_tokens")
+        return "offsets", fields
+    raise ValueError("unknown line: expected timestamp/input_length/hash_ids (Mooncake) or offset_s with prompt/prompt_tokens")
+
+
+def json_lines(text: str, errors: list[str]) -> Iterator[tuple[int, Any]]:
+    """(line number, decoded value) of each non-blank JSONL line; undecodable lines are added to ``errors``."""
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as e:
+            errors.append(f"line {lineno}: not JSON ({e.msg})")
+
+
+def malformed(path: Path, errors: list[str]) -> InvalidInput:
+    """One error naming the file and its first malformed lines."""
+    more = f" (and {len(errors) - MAX_LISTED_ERRORS} more)" if len(errors) > MAX_LISTED_ERRORS else ""
+    return InvalidInput(f"{path}: {len(errors)} malformed line(s): " + "; ".join(errors[:MAX_LISTED_ERRORS]) + more)
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read a trace or run file; InvalidInput lists malformed lines by number."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise InvalidInput(f"cannot read trace {p}: {e.strerror or e}") from e
+    digest = hashlib.sha256(raw).hexdigest()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidInput(f"{p} is not UTF-8 text: {e}") from e
+    requests: list[TraceRequest] = []
+    errors: list[str] = []
+    formats: set[str] = set()
+    metadata: dict[str, Any] | None = None
+    for lineno, obj in json_lines(text, errors):
+        if isinstance(obj, dict) and "metadata" in obj and len(obj) == 1:
+            if not isinstance(obj["metadata"], dict):
+                errors.append(f"line {lineno}: metadata must be an object")
+            metadata = obj["metadata"] if isinstance(obj["metadata"], dict) else {}
+            continue
+        if isinstance(obj, dict) and "summary" in obj and len(obj) == 1:
+            continue  # a run file's closing line
+        source = obj
+        if isinstance(obj, dict) and "request" in obj and "scheduled_s" in obj:
+            source = obj["request"]  # a run-file row: replay the original trace line
+            formats.add("run")
+        try:
+            fmt, fields = parse_line(source, lineno)
+        except ValueError as e:
+            errors.append(f"line {lineno}: {e}")
+            continue
+        formats.add(fmt)
+        if source is not obj and "prompt" in fields and _is_int(obj.get("prompt_tokens")):
+            fields["input_length"] = obj["prompt_tokens"]  # the engine's count from the past run
+        requests.append(TraceRequest(index=0, line=lineno, source=source, **fields))
+    if errors:
+        raise malformed(p, errors)
+    if not requests:
+        raise InvalidInput(f"{p}: no requests in the trace")
+    start = min(r.offset_s for r in requests)
+    ordered = sorted(requests, key=lambda r: (r.offset_s, r.line))
+    out = tuple(
+        TraceRequest(
+            index=i,
+            offset_s=r.offset_s - start,
+            line=r.line,
+            max_tokens=r.max_tokens,
+            input_length=r.input_length,
+            hash_ids=r.hash_ids,
+            prompt=r.prompt,
+            prompt_token_ids=r.prompt_token_ids,
+            source=r.source,
+        )
+        for i, r in enumerate(ordered)
+    )
+    fmt = "run" if "run" in formats else (formats.pop() if len(formats) == 1 else "mixed")
+    return Trace(str(p), digest, fmt, out, metadata)

@@ -1,0 +1,327 @@
+"""A discrete-event model of one prefill engine in front of a remote KV tier (paper §4, §6).
+
+Service per request, from the cost model:
+
+* a miss holds the engine for its prefill ``n / R``;
+* a hit costs ``T0 + n·s / B_eff``. With ``sync`` loading the transfer ``n·s / B_eff`` runs inside the
+  engine step, so the engine is a single-server FIFO queue and a hit holds it for the transfer;
+  ``T0`` adds to the hit's latency without holding the engine, so ``ρ = λ·n·s / B`` as in the paper.
+  With ``async`` loading the transfer runs on the tier (a FIFO server of bandwidth ``B_eff``) while the
+  engine computes; a hit whose load is done within ``async_timeout_s`` of its arrival goes through the
+  engine without holding it (plus ``T0``); one past the timeout is recomputed (holds ``n / R`` from
+  ``arrival + timeout``) while its prefetch still occupies the tier, as in the paper's H2/H3.
+* ``B_eff``: ``instances × instance_gbps``, or the aggregate GET bandwidth a ``kvctl bench --save`` file
+  measured at that many instances (so the contention of clients queueing on one server thread is in it).
+
+FIFO queues are solved in closed form with Lindley's recursion ``W_i = max(0, W_{i-1} + S_{i-1} − τ_i)``,
+whose solution is ``W_i = C_i − min_{k ≤ i} C_k`` for the running sum ``C`` of ``S_{i-1} − τ_i``:
+one ``cumsum`` and one ``minimum.accumulate`` in numpy, no per-event Python objects, so a million
+requests take well under a second. Percentiles are numpy's ``linear`` method, the definition of
+:func:`kvctl.bench.stats.percentile`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from kvctl.cost import GB, require_positive
+from kvctl.errors import InvalidInput
+
+LOADINGS = ("sync", "async")
+PROMPT_DISTS = ("fixed", "exponential")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Arrivals (seconds, non-decreasing) and prompt tokens per request."""
+
+    arrival_s: np.ndarray
+    tokens: np.ndarray
+    offered_rate: float | None  # λ, requests/s
+    source: str
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    bytes_per_token: float
+    prefill_rate: float
+    t0_s: float = 0.33
+    instances: int = 1
+    instance_gbps: float | None = None
+    loading: str = "sync"
+    async_timeout_s: float = 3.0  # the paper's asynchronous-lookup timeout
+    hit_fraction: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SimResult:
+    p50_s: float
+    p90_s: float
+    p99_s: float
+    max_s: float
+    mean_s: float
+    thirds_p50_s: list[float | None]
+    rho: float | None  # offered engine utilisation λ·E[engine hold]
+    max_queue: int  # most earlier requests still in the system when one arrives
+    stable: bool | None  # ρ < 1 (async: and the tier's ρ < 1, or its prefetch backlog grows)
+    requests: int
+    hits: int
+    timeouts: int  # async hits recomputed after --async-timeout
+    mean_wait_s: float  # queueing before the engine (and, async, the tier) serves it
+    offered_rate: float | None
+    bandwidth_gbps: float
+    tier_rho: float | None  # λ_hits·E[n·s/B]: the tier's own utilisation
+    loading: str
+    instances: int
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    parameters: dict[str, Any]
+    result: SimResult
+
+
+# --- workloads ---------------------------------------------------------------
+
+
+def poisson_workload(rate: float, requests: int, prompt_tokens: float, dist: str = "fixed", seed: int = 0) -> Workload:
+    """Poisson arrivals at ``rate``; prompts of ``prompt_tokens`` tokens (fixed, or exponential with that mean)."""
+    require_positive("--rate", rate)
+    require_positive("--prompt-tokens", prompt_tokens)
+    if requests < 1:
+        raise InvalidInput(f"--requests must be at least 1, got {requests}")
+    if dist not in PROMPT_DISTS:
+        raise InvalidInput(f"--prompt-dist must be one of {', '.join(PROMPT_DISTS)}, got {dist!r}")
+    rng = np.random.default_rng([seed, 1])
+    arrival = np.cumsum(rng.exponential(1.0 / rate, size=requests))
+    arrival -= arrival[0]
+    if dist == "fixed":
+        tokens = np.full(requests, float(prompt_tokens))
+    else:
+        tokens = np.random.default_rng([seed, 2]).exponential(prompt_tokens, size=requests)
+    return Workload(arrival, tokens, rate, f"Poisson λ={rate:g}/s, {requests} requests, {dist} {prompt_tokens:g} tokens")
+
+
+def trace_workload(path: str, requests: int | None = None) -> Workload:
+    """Arrivals and prompt lengths from a trace in any format ``kvctl replay`` reads."""
+    from kvctl.replay.trace import read_trace  # noqa: PLC0415
+
+    tr = read_trace(path)
+    reqs = tr.requests[:requests] if requests else tr.requests
+    missing = [r.line for r in reqs if r.token_count is None]
+    if missing:
+        lines = ", ".join(str(n) for n in missing[:5])
+        raise InvalidInput(f"{path}: line(s) {lines} give a text prompt without a token count; simulate needs input_length or prompt_tokens")
+    arrival = np.array([r.offset_s for r in reqs], dtype=float)
+    tokens = np.array([r.token_count for r in reqs], dtype=float)
+    span = float(arrival[-1] - arrival[0]) if len(arrival) > 1 else 0.0
+    rate = (len(arrival) - 1) / span if span > 0 else None
+    return Workload(arrival, tokens, rate, f"trace {path} ({tr.format}, {len(reqs)} requests)")
+
+
+# --- bandwidth ---------------------------------------------------------------
+
+
+def bench_bandwidths(path: str) -> dict[int, float]:
+    """Best aggregate GET GB/s per instance count from a ``kvctl bench --save`` file."""
+    try:
+        data = json.loads(Path(path).read_text())
+        runs = data["runs"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InvalidInput(f"--bench {path} is not a `kvctl bench --save` file: {e}") from e
+    out: dict[int, float] = {}
+    for r in runs:
+        try:
+            if r.get("op") == "get" and r["aggregate_gbps"] > 0:
+                k = int(r["instances"])
+                out[k] = max(out.get(k, 0.0), float(r["aggregate_gbps"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise InvalidInput(f"--bench {path}: a run lacks instances/aggregate_gbps: {e}") from e
+    if not out:
+        raise InvalidInput(f"--bench {path} has no GET run with bandwidth")
+    return out
+
+
+def effective_gbps(instances: int, instance_gbps: float | None = None, bench: dict[int, float] | None = None) -> float:
+    """B_eff for ``instances``: measured aggregate at that count, else per-instance bandwidth × instances."""
+    if instances < 1:
+        raise InvalidInput(f"--instances must be at least 1, got {instances}")
+    if instance_gbps is not None:
+        return require_positive("--instance-gbps", instance_gbps) * instances
+    if bench:
+        if instances in bench:
+            return bench[instances]
+        most = max(bench)
+        return bench[most] / most * instances  # linear beyond (or between) what was measured
+    raise InvalidInput("give --instance-gbps or --bench FILE")
+
+
+# --- queues ------------------------------------------------------------------
+
+
+def fifo(arrival: np.ndarray, hold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, finish) of a single-server FIFO queue; ``arrival`` non-decreasing. Lindley in closed form."""
+    n = len(arrival)
+    if n == 0:
+        return arrival.copy(), arrival.copy()
+    x = np.empty(n)
+    x[0] = 0.0
+    x[1:] = hold[:-1] - np.diff(arrival)
+    c = np.cumsum(x)
+    wait = c - np.minimum.accumulate(np.minimum(c, 0.0))
+    start = arrival + wait
+    return start, start + hold
+
+
+def _in_system_ahead(arrival: np.ndarray, finish: np.ndarray) -> int:
+    """Most earlier requests not yet finished at any arrival."""
+    done = np.searchsorted(np.sort(finish), arrival, side="right")
+    ahead = np.arange(len(arrival)) - done
+    return int(max(0, ahead.max())) if len(ahead) else 0
+
+
+def simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
+    """Run the model over workload ``w``; see the module docstring."""
+    require_positive("--bytes-per-token", cfg.bytes_per_token)
+    require_positive("--prefill-rate", cfg.prefill_rate)
+    require_positive("--t0", cfg.t0_s, allow_zero=True)
+    require_positive("bandwidth", bandwidth_gbps)
+    if not 0 <= cfg.hit_fraction <= 1:
+        raise InvalidInput(f"--hit-fraction must be in [0, 1], got {cfg.hit_fraction}")
+    if cfg.loading not in LOADINGS:
+        raise InvalidInput(f"--loading must be sync or async, got {cfg.loading!r}")
+    n = len(w.arrival_s)
+    arrival, tokens = w.arrival_s, w.tokens
+    hit = np.random.default_rng([cfg.seed, 3]).random(n) < cfg.hit_fraction
+    transfer = tokens * cfg.bytes_per_token / (bandwidth_gbps * GB)
+    prefill = tokens / cfg.prefill_rate
+    timeouts = 0
+    if cfg.loading == "sync":
+        hold = np.where(hit, transfer, prefill)
+        extra = np.where(hit, cfg.t0_s, 0.0)
+        start, finish = fifo(arrival, hold)
+        wait = start - arrival
+    else:
+        require_positive("--async-timeout", cfg.async_timeout_s, allow_zero=True)
+        idx = np.flatnonzero(hit)
+        t_start, loaded = fifo(arrival[idx], transfer[idx])
+        in_time = loaded - arrival[idx] <= cfg.async_timeout_s
+        timeouts = int((~in_time).sum())
+        ready = arrival.copy()
+        ready[idx] = np.where(in_time, loaded, arrival[idx] + cfg.async_timeout_s)
+        hold = prefill.copy()
+        hold[idx[in_time]] = 0.0
+        extra = np.zeros(n)
+        extra[idx[in_time]] = cfg.t0_s
+        order = np.argsort(ready, kind="stable")
+        e_start, e_finish = fifo(ready[order], hold[order])
+        finish = np.empty(n)
+        finish[order] = e_finish
+        start = np.empty(n)
+        start[order] = e_start
+        wait = start - ready  # queueing for the engine ...
+        wait[idx[in_time]] += (t_start - arrival[idx])[in_time]  # ... and, for loaded hits, for the tier
+    latency = finish - arrival + extra
+    rho = float(w.offered_rate * hold.mean()) if w.offered_rate else None
+    tier_rho = float(w.offered_rate * transfer[hit].sum() / n) if w.offered_rate else None
+    p50, p90, p99 = np.percentile(latency, [50, 90, 99])
+    thirds = [float(np.percentile(part, 50)) if len(part) else None for part in np.array_split(latency, 3)]
+    return SimResult(
+        p50_s=float(p50),
+        p90_s=float(p90),
+        p99_s=float(p99),
+        max_s=float(latency.max()),
+        mean_s=float(latency.mean()),
+        thirds_p50_s=thirds,
+        rho=rho,
+        max_queue=_in_system_ahead(arrival, finish),
+        stable=None if rho is None else rho < 1.0 and (cfg.loading == "sync" or (tier_rho or 0.0) < 1.0),
+        requests=n,
+        hits=int(hit.sum()),
+        timeouts=timeouts,
+        mean_wait_s=float(wait.mean()),
+        offered_rate=w.offered_rate,
+        bandwidth_gbps=bandwidth_gbps,
+        tier_rho=tier_rho,
+        loading=cfg.loading,
+        instances=cfg.instances,
+    )
+
+
+# --- sweeps ------------------------------------------------------------------
+
+#: --sweep keys and how to parse their values.
+SWEEP_KEYS = {
+    "instances": int,
+    "loading": str,
+    "hit_fraction": float,
+    "instance_gbps": float,
+    "async_timeout_s": float,
+    "rate": float,
+    "prompt_tokens": float,
+}
+_ALIASES = {"hit-fraction": "hit_fraction", "instance-gbps": "instance_gbps", "async-timeout": "async_timeout_s",
+            "async_timeout": "async_timeout_s", "prompt-tokens": "prompt_tokens"}
+
+
+def parse_sweep(specs: Sequence[str]) -> dict[str, list[Any]]:
+    """``["instances=1,2,4,8 loading=sync,async"]`` → ``{"instances": [1, 2, 4, 8], "loading": ["sync", "async"]}``."""
+    grid: dict[str, list[Any]] = {}
+    for spec in specs:
+        for item in spec.split():
+            key, sep, values = item.partition("=")
+            key = _ALIASES.get(key, key)
+            if not sep or key not in SWEEP_KEYS or not values:
+                raise InvalidInput(f"--sweep takes KEY=V1,V2 with KEY one of {', '.join(SWEEP_KEYS)}; got {item!r}")
+            try:
+                parsed = [SWEEP_KEYS[key](v) for v in values.split(",") if v]
+            except ValueError as e:
+                raise InvalidInput(f"--sweep {key}: {e}") from e
+            if key == "loading" and any(v not in LOADINGS for v in parsed):
+                raise InvalidInput(f"--sweep loading takes sync,async; got {values!r}")
+            grid[key] = parsed
+    if not grid:
+        raise InvalidInput("--sweep is empty")
+    return grid
+
+
+def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def sweep(
+    base: SimConfig,
+    grid: dict[str, list[Any]],
+    workload_for: Any,
+    bench: dict[int, float] | None = None,
+) -> list[SweepPoint]:
+    """Simulate every point of ``grid`` (same seed: common random numbers across points).
+
+    ``workload_for(rate, prompt_tokens)`` returns the workload (``None`` values: the base ones).
+    """
+    out = []
+    for point in grid_points(grid):
+        cfg = replace(base, **{k: v for k, v in point.items() if k in SimConfig.__dataclass_fields__})
+        w = workload_for(point.get("rate"), point.get("prompt_tokens"))
+        bw = effective_gbps(cfg.instances, cfg.instance_gbps, bench)
+        out.append(SweepPoint(point, simulate(w, cfg, bw)))
+    return out
+
+
+def result_dict(res: SimResult) -> dict[str, Any]:
+    """The JSON of one result: the interface keys first, then the rest."""
+    keys = ("p50_s", "p90_s", "p99_s", "max_s", "mean_s", "thirds_p50_s", "rho", "max_queue", "stable")
+    d = {k: getattr(res, k) for k in keys}
+    for k, v in res.__dict__.items():
+        if k not in d:
+            d[k] = None if isinstance(v, float) and not math.isfinite(v) else v
+    return d

@@ -1,0 +1,134 @@
+"""A stand-in OpenAI completions server for replay tests (a real HTTP server in its own process).
+
+    python -m tests.replay.standin [--delay-s S] [--slow-after K --slow-delay-s S]
+
+Prints ``PORT <n>`` on stdout once it listens on 127.0.0.1. It records the arrival time
+(``time.monotonic()``, system-wide on Linux, so comparable with the test process) of every
+completion request, answers after ``--delay-s`` (requests after the K-th wait ``--slow-delay-s``),
+and reports usage with ``prompt_tokens_details.cached_tokens`` from a prefix cache of 16-token
+blocks, like vLLM with ``--enable-prompt-tokens-details``. A prompt containing the word FAIL gets
+HTTP 500. ``GET /_arrivals`` returns the records; ``/tokenize``, ``/v1/models`` and ``/metrics``
+answer as vLLM's do (the subset kvctl reads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import zlib
+
+from aiohttp import web
+
+BLOCK = 16
+MODEL = "standin"
+
+
+def token_ids(prompt) -> list[int]:
+    if isinstance(prompt, list):
+        return [int(t) for t in prompt]
+    return [10 + zlib.crc32(w.encode()) % 1000 for w in str(prompt).split()]
+
+
+class Standin:
+    def __init__(self, delay_s: float, slow_after: int | None, slow_delay_s: float) -> None:
+        self.delay_s, self.slow_after, self.slow_delay_s = delay_s, slow_after, slow_delay_s
+        self.arrivals: list[dict] = []
+        self.blocks: set[int] = set()
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+
+    def _cached(self, ids: list[int]) -> int:
+        cached = 0
+        for end in range(BLOCK, len(ids) + 1, BLOCK):
+            if hash(tuple(ids[:end])) in self.blocks:
+                cached = end
+            else:
+                break
+        for end in range(BLOCK, len(ids) + 1, BLOCK):
+            self.blocks.add(hash(tuple(ids[:end])))
+        return cached
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.monotonic()
+        body = await request.json()
+        n = len(self.arrivals)
+        ids = token_ids(body["prompt"])
+        self.arrivals.append({"t": arrived, "n_tokens": len(ids), "max_tokens": body.get("max_tokens")})
+        delay = self.slow_delay_s if self.slow_after is not None and n >= self.slow_after else self.delay_s
+        await asyncio.sleep(delay)
+        if "FAIL" in str(body["prompt"]):
+            return web.json_response({"error": {"message": "injected failure"}}, status=500)
+        cached = self._cached(ids)
+        self.prompt_tokens += len(ids)
+        self.cached_tokens += cached
+        out_tokens = int(body.get("max_tokens") or 1)
+        usage = {"prompt_tokens": len(ids), "completion_tokens": out_tokens, "total_tokens": len(ids) + out_tokens,
+                 "prompt_tokens_details": {"cached_tokens": cached}}
+        choice = {"index": 0, "text": " x" * out_tokens, "finish_reason": "length"}
+        if not body.get("stream"):
+            return web.json_response({"id": f"cmpl-{n}", "object": "text_completion", "model": MODEL,
+                                      "choices": [choice], "usage": usage})
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(out_tokens):
+            chunk = {"id": f"cmpl-{n}", "object": "text_completion", "model": MODEL,
+                     "choices": [{"index": 0, "text": " x", "finish_reason": "length" if i == out_tokens - 1 else None}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write(f"data: {json.dumps({'id': f'cmpl-{n}', 'choices': [], 'usage': usage})}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        ids = token_ids(body["prompt"])
+        return web.json_response({"count": len(ids), "max_model_len": 1 << 20, "tokens": ids})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        text = (
+            "# TYPE vllm:prompt_tokens counter\n"
+            f'vllm:prompt_tokens_total{{model_name="{MODEL}"}} {self.prompt_tokens}\n'
+            "# TYPE vllm:prefix_cache_hits counter\n"
+            f'vllm:prefix_cache_hits_total{{model_name="{MODEL}"}} {self.cached_tokens}\n'
+        )
+        return web.Response(text=text, content_type="text/plain")
+
+    async def get_arrivals(self, request: web.Request) -> web.Response:
+        return web.json_response(self.arrivals)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--delay-s", type=float, default=0.0)
+    ap.add_argument("--slow-after", type=int, default=None)
+    ap.add_argument("--slow-delay-s", type=float, default=0.0)
+    args = ap.parse_args(argv)
+    s = Standin(args.delay_s, args.slow_after, args.slow_delay_s)
+    app = web.Application()
+    app.router.add_post("/v1/completions", s.completions)
+    app.router.add_post("/tokenize", s.tokenize)
+    app.router.add_get("/v1/models", s.models)
+    app.router.add_get("/metrics", s.metrics)
+    app.router.add_get("/_arrivals", s.get_arrivals)
+
+    async def serve() -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        sys.stdout.write(f"PORT {port}\n")
+        sys.stdout.flush()
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

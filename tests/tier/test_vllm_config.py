@@ -3,7 +3,6 @@ vLLM's own KVTransferConfig and argument parser, and pointed at a real local tie
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -15,6 +14,7 @@ from kvctl.cli import cli
 from kvctl.connector.resp import RespClient
 from kvctl.connector.urls import expand_url, parse_resp_url
 from kvctl.errors import InvalidInput
+from kvctl.plugins.vllm_config import parse_settings
 from kvctl.tier import local
 from kvctl.tier.targets import state_path
 from kvctl.tier.vllm_config import ConnectorSettings, kv_transfer_config, render_shell, with_user
@@ -77,7 +77,7 @@ def test_systemd_list_form_and_json_output(tmp_path):
 
 
 def test_local_tier_with_auth_reaches_every_instance(tmp_path):
-    """The rendered URLs + password file log in to the real instances as the engine user and talk to the right port."""
+    """The connector's own settings parser turns the rendered URLs + password file into logins that reach each real instance."""
     pw = tmp_path / "tier.pw"
     pw.write_text("tier-admin-pw\n")
     pw.chmod(0o600)
@@ -94,11 +94,11 @@ def test_local_tier_with_auth_reaches_every_instance(tmp_path):
         assert extra["password_file"] == str((d / "engine.password").resolve()) and extra["async_loading"] is False
         password = Path(extra["password_file"]).read_text().strip()
         assert password not in res.output
+        engine_urls = parse_settings(extra, world_size=2).urls  # what the connector inside vLLM connects to
         for rank in (0, 1):
-            url = parse_resp_url(expand_url(extra["urls"], rank))
-            assert (url.username, url.port) == ("kvctl-engine", base + rank)
-            authed = dataclasses.replace(url, password=password)
-            client = RespClient(f"resp://{authed.username}:{authed.password}@{authed.host}:{authed.port}", timeout_s=2)
+            url = parse_resp_url(engine_urls[rank])
+            assert (url.username, url.password, url.port) == ("kvctl-engine", password, base + rank)
+            client = RespClient(engine_urls[rank], timeout_s=2)
             try:
                 client.batched_set([f"probe-{rank}"], [b"x" * 10])
                 assert client.batched_exists([f"probe-{rank}", "probe-missing"]) == [True, False]

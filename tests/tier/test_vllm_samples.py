@@ -14,6 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from kvctl.cli import cli
+from kvctl.connector.urls import parse_resp_url
+from kvctl.plugins.vllm_config import parse_settings
 from tests import vllm_loaders
 
 pytest.importorskip("vllm")
@@ -27,10 +29,14 @@ ASYNC_TEMPLATE = {"url": TEMPLATE, "chunk_tokens": 256, "async_loading": True, "
 
 
 def assert_kvctl_connector(kv, extra: dict) -> None:
+    """vLLM's config names kvctl's connector with ``extra``, and the connector's own parser accepts it."""
     assert (kv.kv_connector, kv.kv_connector_module_path, kv.kv_role, kv.kv_load_failure_policy) == (
         "KvctlConnector", "kvctl.plugins.vllm", "kv_both", "recompute",
     )  # fmt: skip
     assert kv.kv_connector_extra_config == extra
+    settings = parse_settings({k: v for k, v in extra.items() if k != "password_file"}, world_size=2)  # /run/secrets is not here
+    assert settings.async_loading is extra["async_loading"] and settings.chunk_tokens == extra["chunk_tokens"]
+    assert [parse_resp_url(u).port for u in settings.urls] in ([17400, 17401], [6379, 6379])
 
 
 def env_file(path: Path) -> dict[str, str]:

@@ -147,7 +147,7 @@ def up_cmd(target: str, ranks: int, base_port: int, maxmemory: str, host: str, i
         caption=(
             f"maxmemory {spec.format_size(state.maxmemory_per_instance)} per instance (allkeys-lru, no persistence) · io-threads {state.io_threads}"
             + (f" · auth on, engine user {state.engine_user}" if state.engine_user else "")
-            + f"\nnext: kvctl deploy-valkey lmcache-config --dir {state.dir}"
+            + f"\nnext: kvctl deploy-valkey lmcache-config --dir {state.dir}  (LMCache) or vllm-config --dir {state.dir}  (kvctl's vLLM connector)"
         ),
     )
 

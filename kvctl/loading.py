@@ -11,8 +11,10 @@ kvctl's vLLM connector keeps the switch in vLLM's ``--kv-transfer-config``: thos
 ``kvctl.loading_vllm``, then backed up and written here like the others.
 
 Switching to synchronous loading turns every L2 hit into a single-server
-queue with ρ = λ·n·s/B (paper §4); it is refused when the latest diagnosis
-shows ρ ≥ 0.7 unless forced.
+queue with ρ = λ·n·s/B (paper §4); it is refused unless forced when the
+latest diagnosis shows ρ ≥ 0.7, and also when it cannot decide: no diagnosis,
+ρ unknown, ρ only a lower bound (server-side B), or a diagnosis older than
+``--max-age`` (1 h by default).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import datetime as _dt
 import difflib
 import json
+import math
 import os
 import re
 import shutil
@@ -287,23 +290,81 @@ def load_diagnosis(path: Path | str | None, default_path: Path) -> tuple[dict[st
     return data, str(p)
 
 
-def check_sync(diagnosis: dict[str, Any] | None, source: str | None, force: bool, threshold: float = SYNC_REFUSE_RHO) -> SafetyCheck:
-    """May we switch to synchronous loading? Raises Refused at ρ ≥ threshold unless ``force``."""
+DEFAULT_MAX_AGE_S = 3600.0
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``30m``, ``1h``, ``2d`` → seconds; InvalidInput unless finite and > 0."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([smhd]?)\s*", str(text))
+    if not m:
+        raise InvalidInput(f"{text!r} is not a duration (e.g. 3600, 30m, 1h, 2d)")
+    value = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    if not (0 < value <= 366 * 86400):
+        raise InvalidInput(f"{text!r} is not a duration between 0 and a year")
+    return value
+
+
+def _diagnosis_time(diagnosis: dict[str, Any]) -> tuple[_dt.datetime | None, str | None]:
+    """When the diagnosed samples were taken (``created_at``, else ``saved_at``), parsed; None if absent/bad."""
+    raw = diagnosis.get("created_at") or diagnosis.get("saved_at")
+    if not isinstance(raw, str) or not raw:
+        return None, None
+    try:
+        t = _dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None, raw
+    return (t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc)), raw
+
+
+def check_sync(
+    diagnosis: dict[str, Any] | None,
+    source: str | None,
+    force: bool,
+    threshold: float = SYNC_REFUSE_RHO,
+    max_age_s: float = DEFAULT_MAX_AGE_S,
+    now: _dt.datetime | None = None,
+) -> SafetyCheck:
+    """May we switch to synchronous loading? Raises Refused unless ``force`` when it is unsafe OR undecidable.
+
+    Refused: no diagnosis; ρ missing, null or not a finite number; ρ only a lower
+    bound (B from Valkey's server-side time, which overstates B); a diagnosis
+    undated or older than ``max_age_s``; ρ ≥ ``threshold``.
+    """
+    now = now or _dt.datetime.now(_dt.timezone.utc)
     if diagnosis is None:
-        return SafetyCheck(True, None, None, None, "no diagnosis found: run `kvctl diagnose` first to check ρ")
-    rho = diagnosis.get("rho")
-    saved_at = diagnosis.get("saved_at") or diagnosis.get("created_at")
-    if not isinstance(rho, (int, float)):
-        return SafetyCheck(True, None, source, saved_at, f"the diagnosis in {source} has no ρ (no L2 traffic measured)")
-    if rho >= threshold:
-        msg = (
-            f"latest diagnosis ({source}, {saved_at or 'undated'}) shows ρ = {rho:.2f} ≥ {threshold:g}: "
-            "synchronous loading would queue every hit behind the tier"
-        )
+        problems, rho, when_raw = ["no diagnosis found: run `kvctl diagnose` (or give --diagnosis FILE) to measure ρ first"], None, None
+    else:
+        problems = []
+        rho = diagnosis.get("rho")
+        when, when_raw = _diagnosis_time(diagnosis)
+        reasons = diagnosis.get("null_reasons") if isinstance(diagnosis.get("null_reasons"), dict) else {}
+        if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not math.isfinite(rho):
+            why = reasons.get("rho") or "no L2 traffic or bandwidth measured"
+            problems.append(f"the diagnosis in {source} has no usable ρ ({rho!r}: {why})")
+            rho = None
+        else:
+            lower = diagnosis.get("rho_bound") == "lower_bound" or str(diagnosis.get("bandwidth_source") or "").startswith("valkey")
+            if rho >= threshold:
+                problems.append(f"it shows ρ {'≥' if lower else '='} {rho:.2f} ≥ {threshold:g}: synchronous loading would queue every hit behind the tier")
+            elif lower:
+                problems.append(
+                    f"its ρ ≥ {rho:.2f} is only a lower bound (B from Valkey's server-side GET time, which leaves out socket "
+                    "writes): diagnose with engine-side metrics (kvctl connector or LMCache) to know ρ"
+                )
+        if when is None:
+            problems.append(f"the diagnosis in {source} is undated" if when_raw is None else f"the diagnosis date {when_raw!r} is not an ISO time")
+        else:
+            age = (now - when).total_seconds()
+            if age > max_age_s:
+                problems.append(f"the diagnosis is {age / 3600:.1f} h old (taken {when_raw}; --max-age {max_age_s / 3600:g} h): diagnose again")
+            elif age < -300:
+                problems.append(f"the diagnosis is dated in the future ({when_raw}): check the clocks, diagnose again")
+    if problems:
+        msg = f"{source or 'no diagnosis'}: " + "; ".join(problems)
         if not force:
-            raise Refused(f"refusing to switch to synchronous loading: {msg}; add Valkey instances first or pass --force")
-        return SafetyCheck(True, rho, source, saved_at, f"forced: {msg}")
-    return SafetyCheck(True, rho, source, saved_at, f"ρ = {rho:.2f} < {threshold:g} in {source}")
+            raise Refused(f"refusing to switch to synchronous loading: {msg}; pass --force to switch anyway")
+        return SafetyCheck(True, rho, source, when_raw, f"forced: {msg}")
+    return SafetyCheck(True, rho, source, when_raw, f"ρ = {rho:.2f} < {threshold:g} in {source} ({when_raw})")
 
 
 def run_restart(command: str, timeout_s: float = 300.0) -> RestartResult:

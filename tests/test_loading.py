@@ -118,13 +118,16 @@ def test_sync_refused_when_last_diagnosis_rho_high(config):
 def test_sync_threshold_from_diagnosis_file(config, tmp_path, rho, code):
     run(["loading", "async", "--config", str(config)])
     diag = tmp_path / "diag.json"
-    diag.write_text(json.dumps({"rho": rho, "findings": []}))
+    fresh = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() - 60))
+    diag.write_text(json.dumps({"rho": rho, "rho_bound": "estimate", "created_at": fresh, "findings": []}))
     run(["loading", "sync", "--config", str(config), "--diagnosis", str(diag)], code)
 
 
-def test_sync_without_diagnosis_warns_but_proceeds(config):
+def test_sync_without_diagnosis_is_refused_unless_forced(config):
     run(["loading", "async", "--config", str(config)])
-    res = run(["loading", "sync", "--config", str(config)])
+    res = run(["loading", "sync", "--config", str(config)], 1)
+    assert "no diagnosis found" in res.stderr and "--force" in res.stderr
+    res = run(["loading", "sync", "--config", str(config), "--force"])
     assert "no diagnosis found" in res.stderr
 
 

@@ -79,11 +79,11 @@ def show_cmd(sources: list[tuple[str, str]], as_json: bool) -> None:
         render.warn("the files disagree; check which one the engine actually reads")
 
 
-def _flip(value: bool, sources: list[tuple[str, str]], dry_run: bool, force: bool, diagnosis: str | None, restart_cmd: str | None, restart_timeout: float, no_backup: bool, as_json: bool) -> None:
+def _flip(value: bool, sources: list[tuple[str, str]], dry_run: bool, force: bool, diagnosis: str | None, restart_cmd: str | None, restart_timeout: float, no_backup: bool, as_json: bool, max_age_s: float = loading.DEFAULT_MAX_AGE_S) -> None:
     safety = None
     if not value:
         diag, src = loading.load_diagnosis(diagnosis, last_diagnosis_path())
-        safety = loading.check_sync(diag, src, force)
+        safety = loading.check_sync(diag, src, force, max_age_s=max_age_s)
     changes = [loading.plan(p, kind, value) for p, kind in sources]
     if not dry_run:
         changes = [loading.apply(c, backup=not no_backup) for c in changes]
@@ -105,7 +105,7 @@ def _flip(value: bool, sources: list[tuple[str, str]], dry_run: bool, force: boo
         )
     else:
         if safety is not None:
-            (render.warn if safety.rho is None or safety.rho >= loading.SYNC_REFUSE_RHO else render.message)(safety.note)
+            (render.warn if safety.note.startswith("forced") else render.message)(safety.note)
         for c in changes:
             if c.kind in loading_vllm.KINDS:
                 render.message(f"{c.path}: {loading_vllm.DESCRIPTIONS[c.kind]} found; editing {loading_vllm.SETTING}")
@@ -154,7 +154,16 @@ def async_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json
 @loading_group.command("sync")
 @flip_options
 @click.option("--diagnosis", type=click.Path(dir_okay=False), help="`kvctl diagnose --json` output to check ρ against (default: the last diagnosis saved under KVCTL_HOME).")
-@click.option("--force", is_flag=True, help="Switch even when the diagnosis shows ρ ≥ 0.7.")
-def sync_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json, diagnosis, force) -> None:
-    """Switch to synchronous loading; refused when the latest diagnosis shows ρ ≥ 0.7."""
-    _flip(False, sources, dry_run, force, diagnosis, restart_cmd, restart_timeout, no_backup, as_json)
+@click.option("--max-age", "max_age", default="1h", show_default=True, help="Oldest diagnosis to trust: seconds or 30m, 1h, 2d.")
+@click.option("--force", is_flag=True, help="Switch even when the diagnosis shows ρ ≥ 0.7 or cannot decide (none, ρ unknown, a lower bound, too old).")
+def sync_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json, diagnosis, max_age, force) -> None:
+    """Switch to synchronous loading; refused unless --force when the latest diagnosis shows ρ ≥ 0.7 or cannot tell.
+
+    Cannot tell: no diagnosis, ρ unknown/null/NaN, ρ only a lower bound (bandwidth
+    from Valkey's server side), or a diagnosis older than --max-age.
+    """
+    try:
+        max_age_s = loading.parse_duration(max_age)
+    except KvctlError as e:
+        raise click.BadParameter(str(e), param_hint="'--max-age'") from e
+    _flip(False, sources, dry_run, force, diagnosis, restart_cmd, restart_timeout, no_backup, as_json, max_age_s=max_age_s)

@@ -281,3 +281,13 @@ def test_flip_and_flip_back_restores_every_byte(tmp_path, name):
     assert p.read_bytes() != original
     run(["loading", "async", "--vllm", str(p)] if was_async else ["loading", "sync", "--vllm", str(p), "--force"])
     assert p.read_bytes() == original
+
+
+def test_json_in_a_yaml_block_literal(tmp_path):
+    text = 'model: /models/m\nkv-transfer-config: |\n  {"kv_connector": "KvctlConnector", "kv_role": "kv_both",\n   "kv_connector_extra_config": {"url": "resp://v-{rank}:6379", "async_loading": false}}\nport: 8000\n'
+    p = write(tmp_path, "literal.yaml", text)
+    state = json.loads(run(["loading", "show", "--vllm", str(p), "--json"]).stdout)["sources"][0]
+    assert (state["async_loading"], state["line"], state["found"]) == (False, 4, "vLLM --config YAML (JSON string, line 2)")
+    run(["loading", "async", "--vllm", str(p)])
+    assert p.read_text() == text.replace('"async_loading": false', '"async_loading": true')
+    assert_only_async_changed(backups(p)[0], p, True)

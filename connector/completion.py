@@ -18,12 +18,16 @@ _log = logging.getLogger(__name__)
 def _resolve(fut: Future, result: Any, error: BaseException | None) -> None:
     """Resolve ``fut``; what its caller did to it (cancel, a raising callback) cannot stop the drain."""
     try:
+        # a future its caller cancelled is marked notified here, so wait() and
+        # as_completed() see it done; otherwise it becomes RUNNING and gets its result
+        if not fut.set_running_or_notify_cancel():
+            return
         if error is not None:
             fut.set_exception(error)
         else:
             fut.set_result(result)
-    except InvalidStateError:
-        pass  # the caller cancelled it (or the close sweep got there first): nothing to deliver
+    except (InvalidStateError, RuntimeError):
+        pass  # resolved already (the close sweep got there first): nothing to deliver
     except BaseException:  # noqa: BLE001 - a done-callback raised a non-Exception; the future is resolved
         _log.exception("a done-callback of a RESP future raised; the completion drain goes on")
 
@@ -93,6 +97,10 @@ class CompletionRegistry:
         for fut in pending.values():
             _resolve(fut, None, RespClosedError("client closed with the request in flight"))
 
+    def on_drain_thread(self) -> bool:
+        """True when called from a future's done-callback (callbacks run on the drain thread)."""
+        return threading.current_thread() is self._drainer
+
     def close(self) -> None:
         """Refuse new submits, stop the drain thread; futures still pending get a RespClosedError.
 
@@ -103,7 +111,7 @@ class CompletionRegistry:
         with self._lock:
             self._closed = True
         self._done.put(None)
-        if threading.current_thread() is self._drainer:
+        if self.on_drain_thread():
             return
         self._drainer.join(timeout=5)
         self._fail_pending()  # also when the drain is stuck in a slow callback past the join

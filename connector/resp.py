@@ -519,8 +519,11 @@ class RespClient:
         try:
             if io_thread is not None:
                 self._io_queue.put(None)
-                # the call in flight ends by its deadline; queued ones fail at once (closed)
-                if io_thread is not threading.current_thread():
+                # the call in flight ends by its deadline and queued ones fail at once
+                # (closed). From a done-callback, waiting would hold up every other
+                # future's delivery: the registry fails what is still pending instead.
+                on_drain = registry is not None and registry.on_drain_thread()
+                if io_thread is not threading.current_thread() and not on_drain:
                     io_thread.join(timeout=self.timeout_s * 2)
             if registry is not None:
                 registry.close()  # fails what is still pending and refuses later submits; any thread

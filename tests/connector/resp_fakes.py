@@ -43,6 +43,7 @@ class ScriptedServer:
         self._held: list[socket.socket] = []
         self.accepted = 0
         self.requests = 0
+        self.last_request = b""  # what the script is answering (one recv: small requests only)
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -65,8 +66,10 @@ class ScriptedServer:
         """Serve one connection; True when it is to be held open."""
         while not self._stop.is_set():
             try:
-                if not conn.recv(65536):
+                request = conn.recv(65536)
+                if not request:
                     return False  # the client closed it
+                self.last_request = request
                 n = self.requests
                 self.requests += 1
                 keep = self.script(conn, n)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as futures_wait
 
 import pytest
 
@@ -181,6 +182,8 @@ def test_drain_survives_what_callers_do_to_their_futures(spoiler):
         for rid in rids:
             registry.complete(rid, result=rid * 10)
         assert [f.result(timeout=2) for f in futs[1:]] == [10, 20]
+        # wait() sees every future done, the cancelled one included (it must be notified)
+        assert not futures_wait(futs, timeout=2).not_done
     finally:
         registry.close()
 

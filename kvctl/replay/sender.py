@@ -182,12 +182,14 @@ class _Replayer:
                 obj = await r.json(content_type=None)
                 prompt_tokens, cached = _usage(obj)
                 return "ok", None, prompt_tokens, cached
+            done = False
             async for raw in r.content:
                 line = raw.strip()
                 if not line.startswith(b"data:"):
                     continue
                 payload = line[5:].strip()
                 if payload == b"[DONE]":
+                    done = True
                     break
                 obj = json.loads(payload)
                 if first is None and obj.get("choices"):
@@ -196,6 +198,8 @@ class _Replayer:
                     prompt_tokens, cached = _usage(obj)
                 if "error" in obj:
                     return f"error: {str(obj['error'])[:200]}", first, prompt_tokens, cached
+            if not done:
+                return "error: the stream ended before [DONE]", first, prompt_tokens, cached
         return "ok", first, prompt_tokens, cached
 
     async def _send(self, req: TraceRequest, body: bytes, scheduled_s: float, capped: bool) -> None:

@@ -51,6 +51,7 @@ def test_replay_20_requests_sees_cached_tokens_on_repeated_prefixes(replay_serve
     # token ids go in as they are: the engine counts exactly the trace's 256 tokens
     assert [x["prompt_tokens"] for x in rows] == [4 * BLOCK] * N
     cached = [x["cached_tokens"] for x in rows]
+    print("cached_tokens per request:", cached)
     assert cached[0] == 0  # nothing cached before the first request
     assert all(c is not None and c <= 3 * BLOCK for c in cached)  # at most the shared 192 tokens
     assert sum(1 for c in cached[1:] if c > 0) >= N // 2, cached  # repeated prefixes hit vLLM's prefix cache
@@ -63,3 +64,22 @@ def test_replay_20_requests_sees_cached_tokens_on_repeated_prefixes(replay_serve
     summary = json.loads(rep.output)["runs"][0]
     assert summary["requests"] == N and summary["hit_rate"] >= 0.5
     assert 0 < summary["p50_s"] <= summary["p99_s"] <= summary["max_s"] < 120
+
+
+def test_local_tokenizer_gives_the_engines_token_pool(replay_server, tiny_model):
+    """--tokenizer DIR (transformers) and the engine's /tokenize draw prompts from the same token ids."""
+    import asyncio
+
+    import aiohttp
+
+    from kvctl.replay.prompts import pool_from_tokenizer
+    from kvctl.replay.sender import pool_from_engine
+
+    async def engine_pool():
+        async with aiohttp.ClientSession() as session:
+            return await pool_from_engine(session, replay_server.url, "tiny")
+
+    remote = asyncio.run(engine_pool())
+    local = pool_from_tokenizer(str(tiny_model))
+    assert remote is not None and len(local.ids) >= 8
+    assert local.ids == remote.ids

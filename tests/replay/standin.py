@@ -7,8 +7,8 @@ Prints ``PORT <n>`` on stdout once it listens on 127.0.0.1. It records the arriv
 completion request, answers after ``--delay-s`` (requests after the K-th wait ``--slow-delay-s``),
 and reports usage with ``prompt_tokens_details.cached_tokens`` from a prefix cache of 16-token
 blocks, like vLLM with ``--enable-prompt-tokens-details``. A prompt containing the word FAIL gets
-HTTP 500. ``GET /_arrivals`` returns the records; ``/tokenize``, ``/v1/models`` and ``/metrics``
-answer as vLLM's do (the subset kvctl reads).
+HTTP 500. ``GET /_arrivals`` returns the records; ``/tokenize`` (absent with ``--no-tokenize``),
+``/v1/models`` and ``/metrics`` answer as vLLM's do (the subset kvctl reads).
 """
 
 from __future__ import annotations
@@ -108,11 +108,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--delay-s", type=float, default=0.0)
     ap.add_argument("--slow-after", type=int, default=None)
     ap.add_argument("--slow-delay-s", type=float, default=0.0)
+    ap.add_argument("--no-tokenize", action="store_true", help="no /tokenize endpoint (404), like a non-vLLM server")
     args = ap.parse_args(argv)
     s = Standin(args.delay_s, args.slow_after, args.slow_delay_s)
     app = web.Application()
     app.router.add_post("/v1/completions", s.completions)
-    app.router.add_post("/tokenize", s.tokenize)
+    if not args.no_tokenize:
+        app.router.add_post("/tokenize", s.tokenize)
     app.router.add_get("/v1/models", s.models)
     app.router.add_get("/metrics", s.metrics)
     app.router.add_get("/_arrivals", s.get_arrivals)

@@ -190,3 +190,18 @@ def test_ctrl_c_keeps_what_finished_and_exits_130(standin_factory, tmp_path):
     assert all(r["status"] == "ok" for r in run.rows)
     assert run.summary["interrupted"] is True and run.summary["finished"] == 5
     assert "interrupted" in stdout
+
+
+def test_length_prompts_need_tokenize_or_a_local_tokenizer(standin_factory, tmp_path):
+    server = standin_factory("--no-tokenize")
+    trace = write_trace(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 16, "hash_ids": [1]}])
+    out = tmp_path / "run.jsonl"
+    code, output = replay(str(trace), "--url", server.url, "--out", str(out))
+    assert code == 2, output
+    assert "/tokenize did not answer" in output and "--tokenizer" in output
+    assert not out.exists()  # refused before the run started
+    # text prompts need no tokenizer
+    text = write_trace(tmp_path / "text.jsonl", [{"offset_s": 0, "prompt": "a b c"}])
+    code, output = replay(str(text), "--url", server.url, "--out", str(out))
+    assert code == 0, output
+    assert read_run(out).metadata["token_pool"] is None

@@ -11,7 +11,14 @@ in between (per-thread context switches from ``/proc``), and classifies them:
 * ``missing-key-get``: a thread blocked in a socket receive inside a remote
   GET (bug 2: a fixed-size header read of the 5-byte ``$-1\\r\\n``);
 * ``lockstep-stall``: a thread waiting in a torch.distributed collective
-  while an inspected peer is elsewhere or in a different collective.
+  while an inspected peer is elsewhere or in a different collective;
+* ``server-not-answering``: a client that reads replies correctly (redis-py
+  with either parser, redis-py asyncio, LMCache's ``redis://`` connector,
+  kvctl's own) waiting the whole window for a reply: the server is hung. For
+  asyncio clients the evidence is the kernel's: the event loop's epoll waits
+  on an established TCP connection (:mod:`kvctl.diagnose.procnet`).
+
+Clients are recognised by their frames (:mod:`kvctl.diagnose.clients`).
 
 GPU utilisation from NVML is added to the evidence ("no GPU visible" where
 there is none). Everything returns dataclasses; no click, no rich.
@@ -19,15 +26,25 @@ there is none). Everything returns dataclasses; no click, no rich.
 
 from __future__ import annotations
 
-import os
 import re
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from kvctl.diagnose import clients as C
 from kvctl.diagnose.findings import Severity, worst_severity
-from kvctl.diagnose.pyspy import Frame, ProcessGone, PtraceNotPermitted, ThreadStack, dump_threads
-from kvctl.errors import BinaryNotFound, InvalidInput, KvctlError
+from kvctl.diagnose.procnet import ProcSockets
+from kvctl.diagnose.pyspy import Frame, ThreadStack, dump_threads
+from kvctl.diagnose.sampling import (  # noqa: F401 - re-exported: the stall API in one place
+    ProcessInfo,
+    StableThread,
+    StackSamples,
+    find_processes,
+    gpu_state,
+    process_info,
+    sample_stacks,
+    stable_threads,
+    thread_switches,
+)
 
 # ---------------------------------------------------------------------------
 # results
@@ -51,6 +68,13 @@ RECOMMENDATIONS = {
         "Every rank must enter the same collectives whatever it found locally; use kvctl.connector's "
         "agreed-prefix load protocol, where local failures only shorten the agreed prefix. Dump the peer "
         "named in the evidence to see why it skipped the collective."
+    ),
+    "server-not-answering": (
+        "The client reads replies correctly (it parses up to CRLF and registers before it submits); the server it "
+        "talks to has stopped answering. Check that Valkey instance (`kvctl deploy-valkey status`, `kvctl diagnose "
+        "--valkey ...`): stopped (SIGSTOP), swapping, or its main thread blocked by a slow command. Give the client a "
+        "socket timeout (redis-py `socket_timeout=`) so a hung server costs one timeout instead of a stalled engine, "
+        "and load asynchronously (`kvctl loading async`)."
     ),
     "collective-wait": (
         "Pass every rank's pid (--pid per rank, or --match) to see which peer is elsewhere; a rank that "
@@ -104,195 +128,13 @@ class StallReport:
         return worst_severity(f.severity for f in self.findings)
 
 
-@dataclass(frozen=True)
-class ProcessInfo:
-    pid: int
-    name: str
-    cmdline: str
-
-
-@dataclass
-class StackSamples:
-    """Raw material of a diagnosis: per pid, one list of thread stacks per sample."""
-
-    processes: dict[int, ProcessInfo]
-    rounds: dict[int, list[list[ThreadStack]]] = field(default_factory=dict)
-    switches_before: dict[int, dict[int, int]] = field(default_factory=dict)
-    switches_after: dict[int, dict[int, int]] = field(default_factory=dict)
-    errors: dict[int, KvctlError] = field(default_factory=dict)
-    window_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class StableThread:
-    """A thread whose frames were identical in every sample."""
-
-    stack: ThreadStack
-    wakeups: int | None  # context switches during the window; None when /proc is unreadable
-
-
-# ---------------------------------------------------------------------------
-# the outside world: processes, /proc, NVML
-
-
-def process_info(pid: int) -> ProcessInfo:
-    import psutil  # noqa: PLC0415
-
-    try:
-        p = psutil.Process(pid)
-        name = p.name()
-        try:
-            cmd = " ".join(p.cmdline())
-        except (psutil.AccessDenied, psutil.ZombieProcess):
-            cmd = name
-    except psutil.NoSuchProcess as e:
-        raise ProcessGone(f"no process with pid {pid}") from e
-    except psutil.AccessDenied:
-        return ProcessInfo(pid, "?", "?")
-    return ProcessInfo(pid, name, cmd)
-
-
-def find_processes(pattern: str) -> list[ProcessInfo]:
-    """Processes whose name or command line contains ``pattern`` (case-insensitive), not kvctl itself."""
-    import psutil  # noqa: PLC0415
-
-    if not pattern.strip():
-        raise InvalidInput("--match needs a non-empty pattern")
-    skip = {os.getpid()}
-    try:
-        skip.update(p.pid for p in psutil.Process().parents())
-    except psutil.Error:
-        pass
-    needle = pattern.lower()
-    found = []
-    for p in psutil.process_iter(["pid", "name", "cmdline"]):
-        if p.info["pid"] in skip:
-            continue
-        name = p.info.get("name") or ""
-        cmd = " ".join(p.info.get("cmdline") or ())
-        if "py-spy" in name or "py-spy" in cmd.split(" ", 1)[0]:
-            continue
-        if needle in name.lower() or needle in cmd.lower():
-            found.append(ProcessInfo(p.info["pid"], name, cmd))
-    return sorted(found, key=lambda i: i.pid)
-
-
-def thread_switches(pid: int) -> dict[int, int]:
-    """Context switches so far per OS thread id, from ``/proc/PID/task/*/status``; {} when unreadable."""
-    out: dict[int, int] = {}
-    base = f"/proc/{pid}/task"
-    try:
-        tids = os.listdir(base)
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"{base}/{tid}/status") as fh:
-                total = 0
-                for line in fh:
-                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                        total += int(line.split()[1])
-            out[int(tid)] = total
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def gpu_state() -> tuple[tuple[float, ...], tuple[str, ...], str]:
-    """NVML utilisation per visible GPU, names, and a note ("no GPU visible (...)" when none)."""
-    from kvctl.diagnose.sources import gpu_sample  # noqa: PLC0415 - shared with `kvctl diagnose`; urllib stays unloaded here
-
-    g = gpu_sample()
-    return tuple(g.utilization_pct), tuple(g.names), g.note
-
-
-# ---------------------------------------------------------------------------
-# sampling
-
-
-def sample_stacks(
-    pids: Sequence[int],
-    samples: int = 3,
-    interval_s: float = 1.0,
-    dump: Callable[[int], list[ThreadStack]] = dump_threads,
-) -> StackSamples:
-    """``samples`` dumps of every pid, ``interval_s`` apart, with context switches before and after."""
-    if samples < 2:
-        raise InvalidInput("--samples must be at least 2 to tell a stall from a moment")
-    if not pids:
-        raise InvalidInput("no process to inspect: give --pid or --match")
-    infos = {}
-    errors: dict[int, KvctlError] = {}
-    for pid in dict.fromkeys(pids):
-        try:
-            infos[pid] = process_info(pid)
-        except ProcessGone as e:
-            infos[pid] = ProcessInfo(pid, "?", "?")
-            errors[pid] = e
-    res = StackSamples(processes=infos, errors=errors)
-    live = [p for p in infos if p not in errors]
-    res.switches_before = {pid: thread_switches(pid) for pid in live}
-    start = time.monotonic()
-    for i in range(samples):
-        if i:
-            time.sleep(interval_s)
-        for pid in live:
-            if pid in res.errors:
-                continue
-            try:
-                res.rounds.setdefault(pid, []).append(_dump_retrying(dump, pid))
-            except KvctlError as e:
-                res.errors[pid] = e
-    res.window_s = time.monotonic() - start
-    res.switches_after = {pid: thread_switches(pid) for pid in live if pid not in res.errors}
-    if infos and len(res.errors) == len(infos):
-        raise next(iter(res.errors.values()))
-    return res
-
-
-def _dump_retrying(dump: Callable[[int], list[ThreadStack]], pid: int, attempts: int = 3) -> list[ThreadStack]:
-    """A non-blocking dump can catch a frame mid-update and fail; retry those, not permanent errors."""
-    for i in range(attempts):
-        try:
-            return dump(pid)
-        except (PtraceNotPermitted, ProcessGone, BinaryNotFound):
-            raise
-        except KvctlError:
-            if i == attempts - 1:
-                raise
-            time.sleep(0.05)
-    raise AssertionError("unreachable")
-
-
-def stable_threads(s: StackSamples, pid: int) -> list[StableThread]:
-    """Threads of ``pid`` seen in every sample with exactly the same frames."""
-    rounds = s.rounds.get(pid) or []
-    if len(rounds) < 2:
-        return []
-    by_id: dict[int, list[ThreadStack]] = {}
-    for r in rounds:
-        for t in r:
-            by_id.setdefault(t.thread_id, []).append(t)
-    before, after = s.switches_before.get(pid, {}), s.switches_after.get(pid, {})
-    out = []
-    for seen in by_id.values():
-        if len(seen) != len(rounds) or not seen[0].frames:
-            continue
-        if any(t.frames != seen[0].frames for t in seen[1:]):
-            continue
-        tid = seen[-1].os_thread_id
-        wake = after[tid] - before[tid] if tid in before and tid in after else None
-        out.append(StableThread(seen[-1], wake))
-    return out
-
-
 # ---------------------------------------------------------------------------
 # signatures
 
 RECV_FUNCS = {
     "recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg", "readinto", "read_exactly", "_read_exactly",
     "readexactly", "recv_exactly", "_recv_exactly", "_read_from_socket", "read_response", "readline", "_readline",
-    "read", "_read", "read_bytes", "_recv",
+    "read", "_read", "read_bytes", "_recv", "read_from_socket",
 }
 SEND_FUNCS = {"send", "sendall", "sendmsg", "_send", "send_packed_command", "send_command"}
 GET_FUNCS = {"get", "mget", "_get", "batched_get", "get_blocking", "batched_get_blocking", "get_non_blocking",
@@ -369,6 +211,23 @@ def _can_complete(t: ThreadStack) -> bool:
     return t.active
 
 
+def _idle_loop_running_until_complete(frames: tuple[Frame, ...]) -> bool:
+    """An event loop idle in select, under run_until_complete (asyncio.run): someone awaits a result."""
+    return bool(frames) and "selectors.py" in frames[0].filename and any(
+        f.function == "run_until_complete" and "asyncio/" in f.filename for f in frames
+    )
+
+
+def _conns_text(socks: ProcSockets | None) -> str:
+    if socks is None:
+        return "TCP connections unknown (/proc not readable)"
+    est = socks.established
+    if not est:
+        return "no established TCP connection"
+    shown = ", ".join(map(str, est[:6])) + (f", … {len(est) - 6} more" if len(est) > 6 else "")
+    return f"open TCP connections: {shown}"
+
+
 def _frames_text(frames: Iterable[Frame], limit: int = 12) -> tuple[str, ...]:
     fr = list(frames)
     out = [str(f) for f in fr[:limit]]
@@ -427,12 +286,23 @@ def classify(
                     )
                 )
 
+            client = C.identify(t.frames)
+            socks = s.sockets.get(pid)
+            conns = _conns_text(socks)
             if _in_remote_get(t.frames):
-                add(
-                    "missing-key-get", Severity.CRITICAL,
-                    f"{t.label} is blocked in a socket receive inside a remote GET",
-                    f"innermost {t.frames[0]}",
-                )
+                if client is not None and client.reads_to_crlf:
+                    add(
+                        "server-not-answering", Severity.CRITICAL,
+                        f"{t.label} has waited the whole window for a reply in {client.name}: the server is not answering",
+                        f"innermost {t.frames[0]}; {client.name} parses replies up to CRLF, so not a missing-key hang; {conns}",
+                    )
+                else:
+                    who = f" ({client.name})" if client else ""
+                    add(
+                        "missing-key-get", Severity.CRITICAL,
+                        f"{t.label} is blocked in a socket receive inside a remote GET{who}",
+                        f"innermost {t.frames[0]}; {conns}",
+                    )
                 continue
             coll = _in_collective(t.frames)
             if coll is not None:
@@ -459,10 +329,31 @@ def classify(
                     continue  # something is still working: a slow request, not a lost completion
                 loops = [o.label for o in last.get(pid, []) if o.frames and any(x in o.frames[0].filename for x in IDLE_FILES)]
                 idle = f"event-loop thread(s) {', '.join(loops)} idle in select" if loops else "no event-loop thread running"
+                waiting_on = socks.loop_waits_on if socks else []
+                if loops and waiting_on and (client is None or client.completion_safe):
+                    who = client.name if client else "an asyncio client"
+                    add(
+                        "server-not-answering", Severity.CRITICAL,
+                        f"{t.label} waits on a future its event loop completes when the server replies; the reply never came",
+                        f"{idle}, its epoll waiting to read TCP {', '.join(map(str, waiting_on))} ({who}); {conns}",
+                    )
+                    continue
+                lm = ""
+                if client is C.LMCACHE_NATIVE:
+                    lm = (f"; in {client.name}: a completion lost between submit and register (bug 1)"
+                          + (", or its C++ worker stuck reading a missing key's `$-1` (bug 2)" if any("get" in f.function for f in t.frames) else ""))
                 add(
                     "lost-completion", Severity.CRITICAL,
                     f"{t.label} is blocked in a future's result() with nothing outstanding",
-                    f"{idle}; no executor work item, socket I/O or loop callback in flight in {len(last.get(pid, []))} threads",
+                    f"{idle}; no executor work item, socket I/O or loop callback in flight in {len(last.get(pid, []))} threads{lm}",
+                )
+                continue
+            if _idle_loop_running_until_complete(t.frames) and socks and socks.loop_waits_on and not socks.loop_listens:
+                add(
+                    "server-not-answering", Severity.WARNING,
+                    f"{t.label} runs a coroutine to completion and its event loop has waited the whole window on TCP only",
+                    f"epoll waiting to read TCP {', '.join(map(str, socks.loop_waits_on))} and no listening socket: a request "
+                    f"(e.g. redis.asyncio) whose server does not answer; py-spy cannot show suspended coroutines",
                 )
     return findings
 

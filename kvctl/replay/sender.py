@@ -3,7 +3,7 @@
 One asyncio task schedules: it sleeps until request i's offset (÷ ``--speed``) from the start and
 starts a task that posts it to the engine's OpenAI ``/v1/completions``; it never waits for an answer.
 ``--max-in-flight`` only protects the client: when that many requests are open the scheduler waits
-for a slot, and the request is recorded as ``capped``. Answers are streamed
+for a slot, and every request whose send that wait delayed is recorded as ``capped``. Answers are streamed
 (``stream_options.include_usage``) so the first token and the usage with
 ``prompt_tokens_details.cached_tokens`` are both seen. Rows go to the run file as requests finish.
 
@@ -245,15 +245,21 @@ class _Replayer:
     async def run(self, plan: list[tuple[TraceRequest, float]]) -> None:
         loop = asyncio.get_running_loop()
         self.t0 = loop.time()
+        cap_released = self.t0
         for req, at in plan:
             body = self._body(req)  # built while waiting for its turn
             delay = self.t0 + at - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            capped = self.sem.locked()
+            # capped: its send was delayed by --max-in-flight, because the cap was full when it was due
+            # or because the scheduler was still waiting for a slot for an earlier request
+            full = self.sem.locked()
+            capped = full or self.t0 + at < cap_released
             if capped:
                 self.state.cap_hits += 1
             await self.sem.acquire()
+            if full:
+                cap_released = loop.time()
             task = asyncio.create_task(self._send(req, body, at, capped))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
@@ -346,10 +352,24 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
                         state.cap_hits, duration, interrupted, pool.source if pool else None)
 
 
+def _allow_open_files(wanted: int) -> None:
+    """Raise the soft limit on open files (one socket per request in flight) up to the hard limit."""
+    try:
+        import resource  # noqa: PLC0415 - POSIX only
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError):
+        pass  # a low limit shows up as per-request connection errors in the run file
+
+
 def run_replay(trace: Trace, opts: ReplayOptions, out: str, *, overwrite: bool = False,
                on_update: Callable[[ReplayState], None] | None = None,
                options_meta: dict[str, Any] | None = None) -> ReplayResult:
     """Replay ``trace`` against ``opts.url``, writing ``out``; returns counts (``interrupted`` after SIGINT)."""
     if opts.max_in_flight < 1:
         raise InvalidInput(f"--max-in-flight must be at least 1, got {opts.max_in_flight}")
+    _allow_open_files(opts.max_in_flight + 256)
     return asyncio.run(_replay(trace, opts, out, overwrite, on_update or (lambda s: None), options_meta or {}))

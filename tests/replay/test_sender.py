@@ -205,3 +205,24 @@ def test_length_prompts_need_tokenize_or_a_local_tokenizer(standin_factory, tmp_
     code, output = replay(str(text), "--url", server.url, "--out", str(out))
     assert code == 0, output
     assert read_run(out).metadata["token_pool"] is None
+
+
+def test_no_stream_reads_usage_from_the_whole_answer(standin_factory, tmp_path):
+    server = standin_factory()
+    trace = write_trace(tmp_path / "t.jsonl", [{"offset_s": 0.0, "prompt_tokens": [1] * 32},
+                                               {"offset_s": 0.05, "prompt_tokens": [1] * 40}])
+    out = tmp_path / "run.jsonl"
+    code, output = replay(str(trace), "--url", server.url, "--out", str(out), "--no-stream", "--max-tokens", "2")
+    assert code == 0, output
+    rows = rows_of(out)
+    assert [r["prompt_tokens"] for r in rows] == [32, 40]
+    assert [r["cached_tokens"] for r in rows] == [0, 32]  # two 16-token blocks repeated
+    assert all(r["first_token_s"] is None for r in rows)
+    assert [a["max_tokens"] for a in server.arrivals()] == [2, 2]
+
+
+@pytest.mark.parametrize("value", ["0", "many"])
+def test_bad_max_tokens_is_a_usage_error(tmp_path, value):
+    trace = write_trace(tmp_path / "t.jsonl", [{"offset_s": 0.0, "prompt": "x"}])
+    code, output = replay(str(trace), "--dry-run", "--max-tokens", value)
+    assert code == 2 and "--max-tokens" in output

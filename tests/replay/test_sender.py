@@ -81,8 +81,9 @@ def test_open_loop_a_slow_server_does_not_delay_later_sends(standin_factory, tmp
     elapsed = time.monotonic() - t
     assert code == 0, output
     arrivals = sorted(a["t"] for a in server.arrivals())
-    # closed loop would need 20 × 2 s = 40 s to send them all; open loop sends them in 19 × 20 ms
-    assert arrivals[-1] - arrivals[0] < 0.38 + 0.02
+    # closed loop would need 20 × 2 s = 40 s to send them all (waiting for even one answer: ≥ 2 s);
+    # open loop sends them in 19 × 20 ms = 0.38 s (bound: 1 s, for a loaded machine)
+    assert arrivals[-1] - arrivals[0] < 1.0
     assert elapsed < 2.0 + 0.38 + 5.0
     rows = rows_of(out)
     assert max(r["in_flight"] for r in rows) == n  # all 20 open at once

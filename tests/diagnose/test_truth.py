@@ -291,3 +291,45 @@ def test_group_options_are_carried_to_capture_and_run(tmp_path):
 def test_group_options_a_subcommand_does_not_take_fail_clearly(args, message):
     res = invoke(args, 2)
     assert message in res.output
+
+
+def test_a_hung_engine_costs_one_timeout_and_is_reported(tmp_path):
+    """An engine that accepts and answers nothing within --timeout (as a SIGSTOPped vLLM would)."""
+    with MetricsServer([BASE.text(), TRAFFIC.text()]) as ok, MetricsServer([BASE.text()], delay_s=3.0) as hung:
+        t0 = time.monotonic()
+        res = invoke(["diagnose", "--engine-url", ok.url, "--engine-url", hung.url, "--window", "0.3", "--timeout", "0.5", "--json"], ExitStatus.UNREACHABLE)
+        took = time.monotonic() - t0
+    d = no_nan(res.stdout)
+    assert [e["status"] for e in d["engines"]] == ["ok", "unreachable"] and "timed out" in d["engines"][1]["error"]
+    assert d["requests"] == 10
+    assert took < 0.3 + 2 * 0.5 + 2.5
+
+
+# --- item 4: a derived prefill rate does not double-count batched prefills -----------------------
+
+
+def test_batched_prefills_are_not_counted_once_per_request():
+    """4 requests of 25000 tokens prefilled together in one 2 s step, inside a 4 s window. Each request
+    reports 2 s of prefill, so Σ = 8 s: 100000 / 8 = 12500 tok/s counts the batch four times. The engine
+    cannot have prefilled longer than its 4 s window: R ≥ 100000 / 4 = 25000 tok/s, labelled a lower bound."""
+    b = BASE.advance(requests=4, prompt_lengths=[25000] * 4)
+    text_a = BASE.text()
+    # four observations of 2.0 s in the prefill-time histogram
+    text_b = b.text().replace(
+        'vllm:request_prefill_time_seconds_count{engine="0",model_name="tiny"} 0.0',
+        'vllm:request_prefill_time_seconds_count{engine="0",model_name="tiny"} 4.0',
+    ).replace(
+        'vllm:request_prefill_time_seconds_sum{engine="0",model_name="tiny"} 0.0',
+        'vllm:request_prefill_time_seconds_sum{engine="0",model_name="tiny"} 8.0',
+    )
+    assert "_sum{engine=\"0\",model_name=\"tiny\"} 8.0" in text_b
+    d = analyse(Capture(["e"], [], [Sample(0.0, [text_a], []), Sample(4.0, [text_b], [])]), Params(bytes_per_token=1000.0))
+    assert d.prefill_rate_tok_s == pytest.approx(25000)
+    assert "lower bound" in d.prefill_rate_source
+
+
+def test_stalls_json_errors_are_one_object():
+    res = CliRunner().invoke(cli, ["diagnose", "stalls", "--pid", "0", "--json"])
+    assert res.exit_code == 2
+    err = no_nan(res.stdout)
+    assert err["outcome"] == "error" and "--pid" in err["error"]

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from kvctl import __version__, render
-from kvctl.commands.options import output_options, severity_exit
+from kvctl.commands.options import FiniteFloat, output_options, severity_exit
 from kvctl.diagnose import stalls
 from kvctl.errors import KvctlError
 
@@ -85,7 +85,7 @@ class JsonErrorGroup(JsonErrorsMixin, click.Group):
 @click.option("--samples", type=click.IntRange(min=2, max=100), default=3, show_default=True, help="py-spy dumps per process.")
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0.05, max=60),
+    type=FiniteFloat(min=0.05, max=60),
     default=1.0,
     show_default=True,
     help="Seconds between samples; a thread counts as stalled when it stays put across all of them.",

@@ -278,6 +278,8 @@ def test_exited_and_non_python_processes(pyspy_attach):
         (["--pid", "1", "--samples", "1"], "--samples"),
         (["--pid", "0"], "--pid"),
         (["--pid", "1", "--interval", "0"], "--interval"),
+        (["--pid", "1", "--interval", "nan"], "--interval"),
+        (["--pid", "1", "--interval", "inf"], "--interval"),
     ],
 )
 def test_bad_usage_exits_2(args, text):

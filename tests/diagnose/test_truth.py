@@ -295,14 +295,14 @@ def test_group_options_a_subcommand_does_not_take_fail_clearly(args, message):
 
 def test_a_hung_engine_costs_one_timeout_and_is_reported(tmp_path):
     """An engine that accepts and answers nothing within --timeout (as a SIGSTOPped vLLM would)."""
-    with MetricsServer([BASE.text(), TRAFFIC.text()]) as ok, MetricsServer([BASE.text()], delay_s=3.0) as hung:
+    with MetricsServer([BASE.text(), TRAFFIC.text()]) as ok, MetricsServer([BASE.text()], delay_s=1.2) as hung:
         t0 = time.monotonic()
-        res = invoke(["diagnose", "--engine-url", ok.url, "--engine-url", hung.url, "--window", "0.3", "--timeout", "0.5", "--json"], ExitStatus.UNREACHABLE)
+        res = invoke(["diagnose", "--engine-url", ok.url, "--engine-url", hung.url, "--window", "0.3", "--timeout", "0.4", "--json"], ExitStatus.UNREACHABLE)
         took = time.monotonic() - t0
     d = no_nan(res.stdout)
     assert [e["status"] for e in d["engines"]] == ["ok", "unreachable"] and "timed out" in d["engines"][1]["error"]
     assert d["requests"] == 10
-    assert took < 0.3 + 2 * 0.5 + 2.5
+    assert took < 0.3 + 2 * 0.4 + 2.0
 
 
 # --- item 4: a derived prefill rate does not double-count batched prefills -----------------------

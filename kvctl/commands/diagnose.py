@@ -137,7 +137,7 @@ def diagnosis_json(diag: Diagnosis, explain: bool = False) -> dict[str, Any]:
 
 # --- the group and option carrying ------------------------------------------------------
 
-SOURCE_AND_MODEL = ("engine_urls", "valkey_urls", "ranks", "tier_dir", "password_file", "window", "timeout_s", "bytes_per_token", "prefill_rate", "t0")
+MODEL_SIZE_OPTIONS = ("bytes_per_token", "model_config", "dtype", "tp")
 
 
 def _explicit(ctx: click.Context) -> dict[str, Any]:
@@ -156,6 +156,8 @@ def _carry(ctx: click.Context, kwargs: dict[str, Any]) -> dict[str, Any]:
     """A subcommand's parameters with the group's explicit options carried in (conflicts are usage errors)."""
     given = (ctx.parent.obj or {}).get("group_options", {}) if ctx.parent else {}
     mine = _explicit(ctx)
+    if any(k in mine for k in MODEL_SIZE_OPTIONS):  # s given here, as bytes or through a model config
+        mine["bytes_per_token"] = kwargs.get("bytes_per_token")
     out = dict(kwargs)
     for name, value in given.items():
         if name in mine and mine[name] != value:
@@ -193,6 +195,10 @@ def diagnose_group(ctx: click.Context, **kwargs: Any) -> None:
     if stray:
         flags = ", ".join(_option_flag(ctx.command, n) for n in stray)
         raise click.UsageError(f"`kvctl diagnose {ctx.invoked_subcommand}` does not take {flags}: drop it, or put the options it takes after `{ctx.invoked_subcommand}`", ctx=ctx)
+    if any(k in explicit for k in MODEL_SIZE_OPTIONS):  # carry s itself, derived here from --model-config/--dtype/--tp
+        for k in MODEL_SIZE_OPTIONS:
+            explicit.pop(k, None)
+        explicit["bytes_per_token"] = kwargs.get("bytes_per_token")
     ctx.obj = {"group_options": explicit}
 
 

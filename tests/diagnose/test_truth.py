@@ -280,6 +280,18 @@ def test_group_options_are_carried_to_capture_and_run(tmp_path):
     assert d["requests"] == 10
 
 
+def test_model_config_before_capture_is_carried_as_bytes_per_token(tmp_path):
+    cfg = Path(__file__).resolve().parents[2] / "configs" / "models" / "llama-3.1-8b.json"
+    from kvctl.kvsize import kv_size_from_file  # noqa: PLC0415
+
+    with MetricsServer([BASE.text(), TRAFFIC.text()]) as srv:
+        invoke(["diagnose", "--model-config", str(cfg), "capture", "--engine-url", srv.url, "--window", "0.1", "--out", str(tmp_path / "c")], 0)
+    saved = json.loads((tmp_path / "c" / CAPTURE_FILE).read_text())
+    assert saved["parameters"]["bytes_per_token"] == kv_size_from_file(cfg).bytes_per_token
+    res = invoke(["diagnose", "--model-config", str(cfg), "capture", "--bytes-per-token", "5", "--engine-url", "http://x", "--out", str(tmp_path / "d")], 2)
+    assert "--bytes-per-token given before and after `capture`" in res.output
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -124,12 +124,39 @@ class KvctlConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig") -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         pc = vllm_config.parallel_config
-        self._group_kind = shard_group_kind(
-            pc.tensor_parallel_size, getattr(pc, "prefill_context_parallel_size", 1), pc.pipeline_parallel_size
-        )
-        self.world_size = pc.tensor_parallel_size if self._group_kind == "tp" else pc.prefill_context_parallel_size
-        self.settings = parse_settings(self._kv_transfer_config.kv_connector_extra_config, self.world_size)
-        self.block_size = vllm_config.cache_config.block_size
+        pcp = getattr(pc, "prefill_context_parallel_size", 1)
+        kind = shard_group_kind(pc.tensor_parallel_size, pcp, pc.pipeline_parallel_size)
+        self._setup(kind, pc.tensor_parallel_size if kind == "tp" else pcp,
+                    self._kv_transfer_config.kv_connector_extra_config, vllm_config.cache_config.block_size,
+                    bool(vllm_config.model_config.use_mla), _model_name(vllm_config))
+
+    @classmethod
+    def worker_without_engine(cls, extra_config: dict, *, world_size: int, layer_names, spec, block_size: int,
+                              use_mla: bool, kv_caches: dict, model_name: str = "model", group_kind: str = "tp",
+                              coordinator=None) -> "KvctlConnector":
+        """The worker half outside a vLLM engine (benchmarks, tests), on real caches and a real group.
+
+        ``spec`` has vLLM's ``head_size``, ``num_kv_heads`` and ``dtype``;
+        ``coordinator`` stands for vLLM's group coordinator (``rank_in_group``,
+        ``world_size``, ``cpu_group``, ``ranks``); None = vLLM's own TP/PCP group.
+        """
+        from types import SimpleNamespace
+
+        self = cls.__new__(cls)
+        self._role, self._connector_metadata = KVConnectorRole.WORKER, None
+        self._kv_cache_config = SimpleNamespace(
+            kv_cache_groups=[SimpleNamespace(layer_names=list(layer_names), kv_cache_spec=spec)])
+        self._coordinator = coordinator
+        self._setup(group_kind, world_size, extra_config, block_size, use_mla, model_name)
+        self.register_kv_caches(kv_caches)
+        return self
+
+    def _setup(self, group_kind: str, world_size: int, extra_config, block_size: int, use_mla: bool,
+               model_name: str) -> None:
+        kv_cache_config = self._kv_cache_config
+        self._group_kind, self.world_size = group_kind, world_size
+        self.settings = parse_settings(extra_config, world_size)
+        self.block_size = block_size
         ct = self.settings.chunk_tokens
         if ct % self.block_size:
             raise ConnectorConfigError(
@@ -138,13 +165,13 @@ class KvctlConnector(KVConnectorBase_V1):
         if len(kv_cache_config.kv_cache_groups) != 1:
             raise ConnectorConfigError("KvctlConnector: models with several KV cache groups (hybrid) are not supported")
         self.chunk_tokens = ct
-        self.model_name = _model_name(vllm_config)
+        self.model_name = model_name
         self.stats = StatsCollector()
         spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
         self._spec = spec
-        self.use_mla = bool(vllm_config.model_config.use_mla)
+        self.use_mla = use_mla
         self.fmt = self._fmt_from_spec(spec, len(kv_cache_config.kv_cache_groups[0].layer_names))
-        if role == KVConnectorRole.SCHEDULER:
+        if self._role == KVConnectorRole.SCHEDULER:
             self._init_scheduler()
         else:
             self._init_worker()
@@ -308,6 +335,8 @@ class KvctlConnector(KVConnectorBase_V1):
             self._hook = getattr(importlib.import_module(mod), fn)
 
     def _shard_group(self):
+        if getattr(self, "_coordinator", None) is not None:
+            return self._coordinator
         from vllm.distributed import parallel_state as ps
 
         return ps.get_pcp_group() if self._group_kind == "pcp" else ps.get_tp_group()

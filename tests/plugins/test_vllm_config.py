@@ -1,0 +1,55 @@
+"""kv_connector_extra_config parsing: every bad or missing setting is one error naming its key."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvctl.plugins.vllm_config import ConnectorConfigError, parse_settings
+
+
+def test_urls_list_and_defaults():
+    s = parse_settings({"urls": ["resp://127.0.0.1:7000", "resp://127.0.0.1:7001"], "chunk_tokens": 128}, 2)
+    assert s.urls == ("resp://127.0.0.1:7000", "resp://127.0.0.1:7001")
+    assert s.chunk_tokens == 128
+    assert s.async_loading is False and s.load_policy is None and s.host_budget_bytes == 0
+
+
+def test_url_template_expands_per_rank_and_password_file(tmp_path):
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    s = parse_settings({"url": "resp://valkey-{rank}:6379", "chunk_tokens": 256, "password_file": str(pw),
+                        "async_loading": True, "timeout_s": 0.5, "host_budget_bytes": 1 << 20}, 3)
+    assert s.urls == tuple(f"resp://:s3cret@valkey-{r}:6379" for r in range(3))
+    assert s.async_loading and s.timeout_s == 0.5 and s.host_budget_bytes == 1 << 20
+
+
+def test_load_policy_parsed():
+    s = parse_settings({"url": "resp://h:1", "chunk_tokens": 64,
+                        "load_policy": {"prefill_tokens_per_s": 5000, "t0_s": 0.3}}, 1)
+    assert s.load_policy.prefill_tokens_per_s == 5000 and s.load_policy.t0_s == 0.3
+    assert s.load_policy.bandwidth_gbps is None and s.load_policy.reprobe_after_s == 30.0
+
+
+@pytest.mark.parametrize("cfg,key", [
+    ({"chunk_tokens": 128}, "urls"),
+    ({"urls": ["resp://a:1", "resp://b:2"], "url": "resp://x-{rank}:1", "chunk_tokens": 128}, "urls"),
+    ({"urls": ["resp://a:1"], "chunk_tokens": 128}, "urls"),  # 1 URL for 2 ranks
+    ({"urls": "resp://a:1", "chunk_tokens": 128}, "urls"),
+    ({"urls": ["resp://a:1", "http://b:2"], "chunk_tokens": 128}, "urls"),
+    ({"url": "resp://x-{rank}:1"}, "chunk_tokens"),
+    ({"url": "resp://x-{rank}:1", "chunk_tokens": 0}, "chunk_tokens"),
+    ({"url": "resp://x-{rank}:1", "chunk_tokens": 12.5}, "chunk_tokens"),
+    ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "timeout_s": -1}, "timeout_s"),
+    ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "async_loading": "yes"}, "async_loading"),
+    ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "host_budget_bytes": -5}, "host_budget_bytes"),
+    ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "password_file": "/nonexistent/pw"}, "password_file"),
+    ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "load_policy": {"t0_s": 1}}, "load_policy.prefill_tokens_per_s"),
+    ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "load_policy": {"prefill_tokens_per_s": 1, "x": 1}}, "load_policy.x"),
+    ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "chunk_size": 64}, "chunk_size"),
+])
+def test_bad_settings_name_the_key(cfg, key):
+    with pytest.raises(ConnectorConfigError) as e:
+        parse_settings(cfg, 2)
+    msg = str(e.value)
+    assert msg.startswith(f"kv_connector_extra_config.{key}: "), msg
+    assert "\n" not in msg

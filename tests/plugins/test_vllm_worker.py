@@ -1,0 +1,146 @@
+"""Worker side of KvctlConnector over W real gloo ranks and W real Valkey instances.
+
+Each rank builds the connector's worker half around a real paged cache
+(tensors shaped like vLLM's CPU MLA / GQA caches) and the real protocol,
+store and RESP client. vLLM's own GroupCoordinator needs a full engine
+start, and its prefill-context-parallel group cannot run on CPU at all
+(config/vllm.py refuses PCP on the V1 CPU runner), so a stand-in object
+carrying the gloo group plays vLLM's TP or PCP coordinator here.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from tests.connector.test_protocol import spawn_ranks  # noqa: E402
+
+pytestmark = pytest.mark.engine
+
+CT, BS, ROW, N_BLOCKS = 4, 2, 6, 16
+N_TOKENS = 18  # 4 full chunks of 4 tokens + 2
+
+
+def token_value(t: int, layer: int, col: int) -> float:
+    return float(t * 100 + layer * 10 + col)
+
+
+def make_worker(rank, world, urls, kind, mla=True, heads=1):
+    import torch.distributed as dist
+    from vllm.distributed import parallel_state as ps
+
+    from kvctl.plugins.vllm import KvctlConnector
+
+    coordinator = SimpleNamespace(rank_in_group=rank, world_size=world, cpu_group=dist.group.WORLD, ranks=list(range(world)))
+    setattr(ps, "_PCP" if kind == "pcp" else "_TP", coordinator)  # the connector finds it where vLLM keeps it
+    if mla:
+        caches = {n: torch.zeros(N_BLOCKS, BS, ROW) for n in ("l0", "l1")}
+    else:
+        caches = {n: torch.zeros(N_BLOCKS, heads, BS, 2 * ROW) for n in ("l0", "l1")}
+    conn = KvctlConnector.worker_without_engine(
+        {"urls": urls, "chunk_tokens": CT, "timeout_s": 2.0}, world_size=world, layer_names=["l0", "l1"],
+        spec=SimpleNamespace(head_size=ROW, num_kv_heads=heads, dtype=torch.float32), block_size=BS,
+        use_mla=mla, kv_caches=caches, model_name="m", group_kind=kind)
+    return conn, caches
+
+
+def fill(conn, block_ids, rank):
+    """Write token t's KV into the request's slots (MLA: same on every rank; GQA: rank's own heads)."""
+    from kvctl.plugins.vllm_kv import slots_for
+
+    slots = slots_for(block_ids, BS, 0, N_TOKENS)
+    lay = conn.layout
+    shape = lay.chunk_shape(N_TOKENS, 1)  # this rank's share
+    data = torch.zeros(shape)
+    for layer in range(shape[0]):
+        for t in range(N_TOKENS):
+            data[layer, t] = token_value(t, layer, 0) + (0 if conn.use_mla else 1000 * rank)
+    lay.insert(slots, data)
+
+
+def worker(rank, world, urls, kind, mla):
+    from kvctl.connector.ownership import chunk_keys
+    from kvctl.connector.resp import RespClient
+    from kvctl.plugins.vllm import LoadSpec, SaveSpec
+    from kvctl.plugins.vllm_kv import slots_for
+
+    conn, caches = make_worker(rank, world, urls, kind, mla)
+    tokens = list(range(500, 500 + N_TOKENS))
+    blocks_a = [15, 3, 8, 1, 12, 6, 9, 0, 4]  # 9 blocks of 2 = 18 tokens
+    fill(conn, blocks_a, rank)
+    conn._save(SaveSpec("a", tokens[:16], blocks_a[:8]))
+    conn._saver.submit(lambda: None).result(timeout=20)  # saves are queued in order: wait for ours
+    keys = chunk_keys(tokens[:16], CT, "m", conn.fmt)
+    with RespClient(urls[rank]) as cl:
+        held = cl.batched_exists(keys)
+
+    # load chunks 1..3 into fresh blocks; tokens 0..5 are "in vLLM's prefix cache" (skip 6: mid chunk 1)
+    for t in caches.values():
+        t.zero_()
+    blocks_b = [2, 5, 7, 10, 11, 13, 14, 4, 9]
+    conn._load(LoadSpec("b", tokens[:16], first_chunk=1, end_chunk=4, skip_tokens=6, block_ids=blocks_b), conn.cpu_group)
+    lay = conn.layout
+    got = lay.extract(slots_for(blocks_b, BS, 0, 16))
+    first_errors = sorted(conn.get_block_ids_with_load_errors())
+
+    # chunk 3 vanishes from its owner between lookup and load: the agreed prefix stops at chunk 3
+    if rank == 3 % world:
+        with RespClient(urls[rank]) as cl:
+            cl.delete([keys[3]])
+    torch.distributed.barrier()
+    for t in caches.values():
+        t.zero_()
+    conn._load(LoadSpec("c", tokens[:16], first_chunk=1, end_chunk=4, skip_tokens=4, block_ids=blocks_b), conn.cpu_group)
+    got_short = lay.extract(slots_for(blocks_b, BS, 0, 16))
+    errors = sorted(conn.get_block_ids_with_load_errors())
+    stats = conn.get_kv_connector_stats()
+    conn.shutdown()
+    return {"held": held, "got": got.tolist(), "first_errors": first_errors, "got_short": got_short.tolist(),
+            "errors": errors, "stats": dict(stats.data) if stats else {}}
+
+
+def expected_token(t, layer, rank, mla):
+    return token_value(t, layer, 0) + (0 if mla else 1000 * rank)
+
+
+@pytest.mark.parametrize("kind,world,mla", [("pcp", 2, True), ("tp", 3, True), ("tp", 2, False)])
+def test_worker_store_owner_pattern_offset_load_and_load_errors(kind, world, mla, valkey_factory):
+    servers = [valkey_factory() for _ in range(world)]
+    out = spawn_ranks(worker, world, ([s.url for s in servers], kind, mla), timeout_s=120)
+    for r, res in enumerate(out):
+        # instance r holds exactly the chunks c with c % W == r (4 full chunks)
+        assert res["held"] == [c % world == r for c in range(4)], (r, res["held"])
+        got = torch.tensor(res["got"])
+        for t in range(16):
+            for layer in range(2):
+                want = expected_token(t, layer, r, mla) if t >= 6 else 0.0  # tokens < 6 untouched
+                assert got[layer, t].flatten()[0].item() == want, (r, t, layer)
+        assert res["first_errors"] == []
+        # second load: chunks 1, 2 agreed (tokens 4..11), chunk 3 (tokens 12..15 = blocks_b[6], [7]) failed
+        short = torch.tensor(res["got_short"])
+        for t in range(16):
+            want = expected_token(t, 0, r, mla) if 4 <= t < 12 else 0.0
+            assert short[0, t].flatten()[0].item() == want, (r, t)
+        assert res["errors"] == [4, 14]
+    # counted once, on group rank 0: 3 chunks planned, 2 agreed
+    assert out[0]["stats"]["kvctl:agreed_prefix_shortfall_chunks"] == 1
+    assert out[0]["stats"]["kvctl:load_errors"] == 1
+    assert "kvctl:load_errors" not in out[1]["stats"]
+    # GET bytes: each rank read its own owned chunks of loads 1 and 2
+    assert sum(o["stats"]["kvctl:l2_get_bytes"] for o in out) > 0
+
+
+def test_shard_group_kind():
+    from kvctl.plugins.vllm import shard_group_kind
+    from kvctl.plugins.vllm_config import ConnectorConfigError
+
+    assert shard_group_kind(2, 1, 1) == "tp" and shard_group_kind(1, 4, 1) == "pcp" and shard_group_kind(1, 1, 1) == "tp"
+    with pytest.raises(ConnectorConfigError, match="not both"):
+        shard_group_kind(2, 2, 1)
+    with pytest.raises(ConnectorConfigError, match="pipeline"):
+        shard_group_kind(2, 1, 2)

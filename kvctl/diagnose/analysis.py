@@ -42,7 +42,7 @@ BW_KVCTL = "kvctl_connector"
 BW_LMCACHE = "lmcache_client"
 BW_VALKEY = "valkey_server_upper_bound"
 BANDWIDTH_SOURCES = {
-    BW_KVCTL: "engine side, kvctl connector: Δkvctl:l2_get_bytes_total / Δkvctl:l2_get_seconds_total",
+    BW_KVCTL: "engine side, kvctl connector: W × Δkvctl:l2_get_bytes_total / Δkvctl:l2_get_seconds_total (both summed over W ranks loading in parallel)",
     BW_LMCACHE: "engine side, LMCache: Δlmcache:num_remote_read_bytes / Δlmcache:remote_time_to_get_sum (ms)",
     BW_VALKEY: (
         "Valkey server side: Σ bytes out / time in GETs — an UPPER bound on the bandwidth the engine sees "
@@ -139,6 +139,7 @@ class Diagnosis:
     bandwidth_gbps: float | None
     bandwidth_source: str | None  # BW_KVCTL, BW_LMCACHE or BW_VALKEY
     bandwidth_source_detail: str | None
+    engine_ranks: int | None  # W for the kvctl connector's per-rank-summed GET seconds
     bytes_per_token: float | None
     prefill_rate_tok_s: float | None
     prefill_rate_source: str | None
@@ -443,9 +444,21 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
     ex.append(Quantity("L2-served tokens/s", l2_tokens_per_s, f"Σ Δ{l2_src or 'L2 bytes'} / Δt / s = {_g(l2_rate)} B/s / {_g(s_bpt)} B/token", l2_src or "—"))
 
     bw = bw_src = None
+    ranks, ranks_src = None, None
     if k_bytes and k_secs:
-        bw, bw_src = k_bytes / k_secs / cost.GB, BW_KVCTL
-        ex.append(Quantity("bandwidth the engine sees B (GB/s)", bw, f"{k_bytes:g} B / {k_secs:.4g} s", BANDWIDTH_SOURCES[BW_KVCTL]))
+        # the connector sums bytes and GET seconds over the engine's ranks, which load in parallel
+        # (each its own chunks from its own instance): B = W × Σbytes / Σseconds
+        ranks, ranks_src = _engine_ranks(ok_engines, capture)
+        if ranks_src is None:
+            notes.append(
+                "kvctl:l2_get_seconds_total is summed over the engine's ranks: with W ranks loading in parallel B is W× "
+                "what is shown and ρ W× smaller; give the tier (--valkey per rank, --ranks or --dir) so W is known"
+            )
+        bw, bw_src = ranks * k_bytes / k_secs / cost.GB, BW_KVCTL
+        ex.append(Quantity(
+            "bandwidth the engine sees B (GB/s)", bw, f"W × Σbytes / Σseconds = {ranks} × {k_bytes:g} B / {k_secs:.4g} s (W: {ranks_src or 'unknown, 1 assumed'})",
+            BANDWIDTH_SOURCES[BW_KVCTL],
+        ))
     elif lm_bytes and lm_get_ms:
         bw, bw_src = lm_bytes / (lm_get_ms / 1e3) / cost.GB, BW_LMCACHE
         ex.append(Quantity("bandwidth the engine sees B (GB/s)", bw, f"{lm_bytes:g} B / {lm_get_ms / 1e3:.4g} s", BANDWIDTH_SOURCES[BW_LMCACHE]))
@@ -544,7 +557,7 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         requests=requests, arrival_rate_per_s=lam, completion_rate_per_s=completion, queue_growth=growth,
         mean_prompt_tokens=mean_prompt, typical_prompt_tokens=typical, hit_token_fraction=hit_frac,
         hit_tokens_per_request=hits_per_req, l2_bytes_per_request=l2_per_req, l2_tokens_per_s=l2_tokens_per_s,
-        bandwidth_gbps=bw, bandwidth_source=bw_src, bandwidth_source_detail=BANDWIDTH_SOURCES.get(bw_src or ""),
+        bandwidth_gbps=bw, bandwidth_source=bw_src, bandwidth_source_detail=BANDWIDTH_SOURCES.get(bw_src or ""), engine_ranks=ranks if bw_src == BW_KVCTL else None,
         bytes_per_token=s_bpt, prefill_rate_tok_s=r, prefill_rate_source=r_src, t0_s=t0, breakeven_gbps=b_star,
         min_hit_tokens=n_star, rho=rho, rho_bound=rho_bound, load_busy_fraction=busy_frac, instances_for_target_rho=k,
         requests_waiting_start=waiting_a, requests_waiting_end=waiting_b, gpu_utilization_pct=list(b.gpu.utilization_pct),
@@ -552,6 +565,16 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         insufficient_data=insufficient, findings=findings, worst_severity=worst, notes=notes + ([f"engine restarted in the window (counters went backwards): {'; '.join(resets)}"] if resets else []),
         null_reasons=why, explain=ex,
     )
+
+
+def _engine_ranks(engines: list[_Engine], capture: Capture) -> tuple[int, str | None]:
+    """W, the ranks whose GET seconds the connector sums: its ``kvctl:ranks`` gauge, else one per Valkey instance."""
+    exported = [v for e in engines if (v := e.b.gauge("kvctl:ranks")) is not None and v >= 1]
+    if exported:
+        return int(max(exported)), "kvctl:ranks"
+    if capture.valkey_urls:
+        return len(capture.valkey_urls), f"{len(capture.valkey_urls)} Valkey instance(s), one per rank"
+    return 1, None
 
 
 def _derived_prefill_rate(

@@ -56,6 +56,8 @@ class EngineState:
             cur = getattr(self, k)
             if k in ("waiting", "running", "engines") or isinstance(cur, bool):
                 out[k] = v
+            elif isinstance(cur, dict):
+                out[k] = {**cur, **v}
             elif isinstance(cur, tuple):
                 out[k] = cur + tuple(v)
             elif k == "prompt_tokens":

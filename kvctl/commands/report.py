@@ -45,7 +45,7 @@ def report_cmd(runs: tuple[str, ...], hit_tokens: int, bytes_per_token: float | 
         paths = render.report_plots(plot_dir, [(s.name, *series(r), s.cached_token_share, s.l2_token_share) for s, r in zip(sums, loaded)])
     if as_json:
         keys = ("name", "requests", "errors", "p50_s", "p90_s", "p99_s", "max_s", "mean_s", "thirds_p50_s", "hit_rate",
-                "cached_token_share", "l2_token_share", "max_in_flight", "interrupted")
+                "cached_token_share", "l2_token_share", "max_in_flight", "capped", "interrupted")
         data: dict = {"runs": [{k: getattr(s, k) for k in keys} for s in sums]}
         if paths:
             data["plots"] = paths
@@ -60,5 +60,6 @@ def report_cmd(runs: tuple[str, ...], hit_tokens: int, bytes_per_token: float | 
             for s in sums
         ],
         caption=f"hit: cached_tokens ≥ {hit_tokens}; percentiles by linear interpolation over ok requests"
+        + "".join(f"\n{s.name}: {s.capped} sends delayed by --max-in-flight (not fully open loop)" for s in sums if s.capped)
         + (f"\nplots: {', '.join(paths)}" if paths else ""),
     )

@@ -380,7 +380,10 @@ def run_futures(tmp: Path, d: float, total: int) -> Tally:
             for th in threads:
                 th.start()
             time.sleep(rng.uniform(0.0, 0.2))
-            client.close()
+            try:
+                client.close()
+            except BaseException:  # noqa: BLE001 - close() must not raise what a callback raised
+                t.failures += 1
             for th in threads:
                 th.join(timeout=30)
             _, not_done = wait([f for f, _, _ in futures], timeout=2 * d)
@@ -425,7 +428,8 @@ def run_protocol(tmp: Path, total: int) -> list[Tally]:
         t.failures = desync
         t.worst_s = max(o["max_trial_s"] for o in res)
         kinds = set().union(*(o["kinds"] for o in res))
-        t.kind += f" ({len(kinds)} seen, {time.monotonic() - t0:.0f} s)"
+        t.kind = f"protocol W={world}: {len(kinds)}/{len(INJECTIONS)} injection kinds"
+        print(f"protocol W={world}: {t.trials} trials in {time.monotonic() - t0:.0f} s", file=sys.stderr)
         out.append(t)
     return out
 

@@ -229,17 +229,26 @@ class _Connection:
         self.timeout_s = budget_s
         self.replied = False
         self._slack = budget_s * _REARM_FRACTION
-        self._sock_timeout = -1.0  # forces the first _arm() to set the socket timeout
-        self._arm()
+        self._arm(fresh=True)
 
-    def _arm(self) -> None:
-        """Before a blocking operation: fail if the deadline passed, else bound the socket by the time left."""
+    def _arm(self, fresh: bool = False) -> None:
+        """Before a blocking operation: fail if the deadline passed, else bound the socket by the time left.
+
+        Within a call the time left only shrinks, so the socket timeout is
+        lowered once it exceeds it by the slack. At a call's start (``fresh``)
+        it is also raised when it is shorter by more than the slack; a reused
+        connection whose last call was short keeps its timeout (no syscall).
+        """
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise RespTimeout(f"call to {self._where()} exceeded its {self.timeout_s:g}s deadline")
-        if self._sock_timeout < 0 or self._sock_timeout - left > self._slack:
+        if self._sock_timeout - left > self._slack or (fresh and left - self._sock_timeout > self._slack):
             self.sock.settimeout(left)
             self._sock_timeout = left
+
+    def in_sync(self) -> bool:
+        """No reply bytes left in the read buffer after the call (else they would be the next call's reply)."""
+        return not self.broken and self._rpos == self._rend
 
     def reusable(self) -> bool:
         """Whether this idle connection may serve another call.
@@ -249,7 +258,7 @@ class _Connection:
         it. One ``poll(0)``; a TLS record without application data (a
         session ticket) leaves the connection usable.
         """
-        if self.broken or self._rpos != self._rend:
+        if not self.in_sync():
             return False
         try:
             poller = select.poll()
@@ -466,8 +475,9 @@ class RespClient:
     def _release(self, conn: _Connection, ok: bool) -> None:
         try:
             # a connection with reply bytes left unread after the call would hand
-            # them to the next call as its reply (wrong bytes as a hit): dropped
-            if ok and not self._closed and conn.reusable():
+            # them to the next call as its reply (wrong bytes as a hit): dropped.
+            # Bytes that reach the socket later are caught by reusable() at reuse.
+            if ok and not self._closed and conn.in_sync():
                 with self._lock:
                     self._idle.append(conn)
                 return

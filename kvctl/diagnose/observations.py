@@ -1,0 +1,208 @@
+"""Per-component observations of two samples: each engine's counter deltas over its own window, each Valkey instance's.
+
+Pure (no I/O); used by :func:`kvctl.diagnose.analysis.analyse`. A counter that
+went backwards is an engine restart: recorded per engine (``counter_resets``),
+its delta counted from zero.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvctl import cost
+from kvctl.diagnose import metrics as M
+from kvctl.diagnose.capture import Sample
+from kvctl.diagnose.sources import metrics_url
+from kvctl.errors import InvalidInput
+
+GET_COMMANDS = ("cmdstat_get", "cmdstat_mget", "cmdstat_getex")
+
+
+@dataclass(frozen=True)
+class EngineObs:
+    """One engine URL: what it said over its own window, or why it could not be read."""
+
+    index: int
+    url: str
+    status: str  # "ok", "unreachable", "no_vllm_metrics", "duplicate"
+    error: str | None = None
+    window_s: float | None = None
+    finished: float | None = None
+    queue_start: float | None = None  # waiting + running
+    queue_end: float | None = None
+    offered_rate_per_s: float | None = None
+    completion_rate_per_s: float | None = None
+    counter_resets: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class InstanceObs:
+    rank: int
+    url: str
+    status: str = "ok"  # "ok" or "unreachable"
+    error: str | None = None
+    window_s: float | None = None
+    get_calls: float | None = None
+    get_rate_per_s: float | None = None
+    bytes_out: float | None = None
+    bytes_out_per_s: float | None = None
+    usec_per_get: float | None = None
+    get_busy_fraction: float | None = None
+    bandwidth_gbps: float | None = None
+    evicted_keys: float | None = None
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    q = a / b
+    return q if math.isfinite(q) else None
+
+
+# --- per-engine deltas -----------------------------------------------------------
+
+
+@dataclass
+class _Engine:
+    index: int
+    url: str
+    a: M.Scrape
+    b: M.Scrape
+    window_s: float
+    resets: list[str] = field(default_factory=list)
+
+    def delta(self, before: float | None, after: float | None, name: str) -> float | None:
+        if before is None or after is None:
+            return None
+        if after < before:
+            if name not in self.resets:
+                self.resets.append(name)
+            return after  # restarted inside the window: counts from zero (a lower bound)
+        return after - before
+
+
+class _Deltas:
+    """Counter deltas of every readable engine, each differenced on its own."""
+
+    def __init__(self, engines: list[_Engine]):
+        self.engines = engines
+
+    def _each(self, name: str, kind: str) -> list[tuple[_Engine, float]]:
+        out = []
+        for e in self.engines:
+            if kind == "counter":
+                d = e.delta(e.a.counter(name), e.b.counter(name), name)
+            elif kind == "sum":
+                d = e.delta(e.a.hist_sum(name), e.b.hist_sum(name), f"{name}_sum")
+            else:
+                d = e.delta(e.a.hist_count(name), e.b.hist_count(name), f"{name}_count")
+            if d is not None:
+                out.append((e, d))
+        return out
+
+    def total(self, name: str, kind: str = "counter") -> float | None:
+        each = self._each(name, kind)
+        return sum(d for _, d in each) if each else None
+
+    def rate(self, name: str, kind: str = "counter") -> float | None:
+        each = self._each(name, kind)
+        return sum(d / e.window_s for e, d in each) if each else None
+
+    def buckets(self, family: str) -> dict[float, float]:
+        out: dict[float, float] = {}
+        for e in self.engines:
+            for le, c in M.bucket_delta(e.a, e.b, family).items():
+                out[le] = out.get(le, 0.0) + c
+        return out
+
+
+def _queue(s: M.Scrape) -> float | None:
+    w, r = s.gauge("vllm:num_requests_waiting"), s.gauge("vllm:num_requests_running")
+    return None if w is None and r is None else (w or 0.0) + (r or 0.0)
+
+
+def _has_vllm(s: M.Scrape) -> bool:
+    return any(k.startswith("vllm:") for k in s.values)
+
+
+def _engines(a: Sample, b: Sample, urls: list[str], notes: list[str]) -> tuple[list[EngineObs], list[_Engine]]:
+    obs: list[EngineObs] = []
+    ok: list[_Engine] = []
+    seen: set[str] = set()
+    for i, url in enumerate(urls):
+        try:
+            key = metrics_url(url)
+        except InvalidInput:
+            key = url
+        if key in seen:
+            obs.append(EngineObs(i, url, "duplicate", "the same /metrics URL was given twice: read once"))
+            notes.append(f"engine URL {url} was given more than once: counted once (a repeat would double λ)")
+            continue
+        seen.add(key)
+        ta, tb = a.engines[i] if i < len(a.engines) else None, b.engines[i] if i < len(b.engines) else None
+        if ta is None or tb is None:
+            err = a.engine_error(i) if ta is None else b.engine_error(i)
+            which = "first" if ta is None else "second"
+            obs.append(EngineObs(i, url, "unreachable", f"{which} sample: {err or 'no data'}"))
+            continue
+        window = b.engine_time(i) - a.engine_time(i)
+        if not window > 0:
+            raise InvalidInput(f"engine {url}: its samples are not in time order (Δt = {window:.3f} s)")
+        sa, sb = M.parse(ta, f"engine {i} metrics"), M.parse(tb, f"engine {i} metrics")
+        if not _has_vllm(sb):
+            lines = sum(1 for ln in tb.splitlines() if ln.strip() and not ln.startswith("#"))
+            obs.append(EngineObs(i, url, "no_vllm_metrics", f"/metrics held no vllm: series ({lines} sample line(s))", window))
+            continue
+        ok.append(_Engine(i, url, sa, sb, window))
+    return obs, ok
+
+
+def _engine_obs(e: _Engine) -> EngineObs:
+    finished = e.delta(e.a.counter("vllm:request_success"), e.b.counter("vllm:request_success"), "vllm:request_success")
+    if finished is None:
+        finished = e.delta(e.a.hist_count("vllm:request_prompt_tokens"), e.b.hist_count("vllm:request_prompt_tokens"), "vllm:request_prompt_tokens_count")
+    qa, qb = _queue(e.a), _queue(e.b)
+    growth = None if qa is None or qb is None else qb - qa
+    offered = None if finished is None else max(0.0, finished + (growth or 0.0)) / e.window_s
+    return EngineObs(
+        e.index, e.url, "ok", None, e.window_s, finished, qa, qb, offered,
+        None if finished is None else finished / e.window_s, tuple(e.resets),
+    )
+
+
+# --- Valkey side -------------------------------------------------------------------
+
+
+def _cmd(info: dict[str, Any], field_name: str) -> float:
+    return float(sum(float((info.get(c) or {}).get(field_name, 0)) for c in GET_COMMANDS))
+
+
+def _instances(a: Sample, b: Sample, urls: list[str]) -> list[InstanceObs]:
+    if len(a.valkey) != len(b.valkey):
+        raise InvalidInput(f"the samples hold {len(a.valkey)} and {len(b.valkey)} Valkey instances; they must match")
+    out = []
+    for rank, (ia, ib) in enumerate(zip(a.valkey, b.valkey)):
+        url = urls[rank] if rank < len(urls) else f"rank {rank}"
+        if ia is None or ib is None:
+            err = a.valkey_error(rank) if ia is None else b.valkey_error(rank)
+            out.append(InstanceObs(rank, url, "unreachable", f"{'first' if ia is None else 'second'} sample: {err or 'no data'}"))
+            continue
+        window = b.valkey_time(rank) - a.valkey_time(rank)
+        if not window > 0:
+            raise InvalidInput(f"Valkey rank {rank}: its samples are not in time order (Δt = {window:.3f} s)")
+        calls = M.delta(_cmd(ia, "calls"), _cmd(ib, "calls")) or 0.0
+        usec = M.delta(_cmd(ia, "usec"), _cmd(ib, "usec")) or 0.0
+        out_bytes = M.delta(float(ia.get("total_net_output_bytes", 0)), float(ib.get("total_net_output_bytes", 0))) or 0.0
+        evicted = M.delta(float(ia.get("evicted_keys", 0)), float(ib.get("evicted_keys", 0))) or 0.0
+        out.append(
+            InstanceObs(
+                rank=rank, url=url, status="ok", window_s=window, get_calls=calls, get_rate_per_s=calls / window,
+                bytes_out=out_bytes, bytes_out_per_s=out_bytes / window, usec_per_get=_div(usec, calls),
+                get_busy_fraction=usec / (window * 1e6),
+                bandwidth_gbps=(out_bytes / (usec / 1e6) / cost.GB) if usec > 0 and out_bytes > 0 else None,
+                evicted_keys=evicted,
+            )
+        )
+    return out

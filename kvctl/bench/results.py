@@ -96,6 +96,8 @@ class BenchReport:
     metadata: BenchMetadata
     runs: tuple[RunResult, ...]
     verdict: Verdict | None = None
+    interrupted: bool = False  # stopped early (SIGINT/SIGTERM): ``runs`` are those measured, the last maybe shortened
+    runs_planned: int = 0
 
     @property
     def errors(self) -> int:

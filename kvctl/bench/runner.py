@@ -4,7 +4,13 @@ Clients are separate processes (forkserver, else spawn) so one Python
 interpreter is never the limit. Every wait is bounded: a run ends within
 ``duration_s + timeout_s`` plus a small grace, whatever the servers do; a
 client that does not report by then is killed and counted as an error of its
-instance.
+instance, and one that dies is reported with its exit code (or signal) and,
+when it raised, its exception.
+
+Interrupts are cooperative: the caller sets ``stop_requested`` (the CLI does
+on SIGINT/SIGTERM); the current run stops, its clients report what they
+measured, the bench keys are deleted and the report says it was interrupted.
+Bench keys carry a TTL, so even the keys of a SIGKILLed bench expire.
 """
 
 from __future__ import annotations
@@ -16,20 +22,22 @@ import multiprocessing as mp
 import os
 import platform
 import queue
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable, Iterator, Sequence
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from kvctl import __version__
 from kvctl.bench.info import ServerInfo, delta, server_info, snapshot_all
 from kvctl.bench.results import BenchMetadata, BenchReport, RunResult, summarize_run, summarize_verdict, with_scaling
-from kvctl.bench.worker import WorkerConfig, WorkerResult, key_names, worker_main
+from kvctl.bench.worker import WorkerConfig, WorkerResult, key_names
 from kvctl.connector.resp import RespClient
 from kvctl.connector.urls import parse_resp_url
 from kvctl.errors import InvalidInput, KvctlError, Unreachable
@@ -43,6 +51,18 @@ SNAPSHOT_TIMEOUT_S = 2.0
 AUTO_WORKING_SET_BYTES = 1_000_000_000
 #: Fraction of (maxmemory − used) the keys may fill; the rest is room for in-flight buffers.
 MAXMEMORY_FILL = 0.8
+#: Bench keys outlive the bench's own worst-case length by this much, then expire.
+KEY_TTL_MARGIN_S = 60
+#: Client processes beyond this many per core measure the host's scheduler, not the tier.
+MAX_CLIENTS_PER_CORE = 16
+#: ... but a small host may still run this many.
+MIN_CLIENT_CAP = 64
+#: Share of the host's available memory an --embedded tier plus the clients' buffers may take.
+EMBEDDED_HOST_FRACTION = 0.5
+#: An empty valkey-server with its client, INFO and replication buffers, per instance.
+EMBEDDED_BASE_BYTES = 16 * 2**20
+#: Per-key overhead Valkey adds to a value (dict entry, key, robj): a generous bound.
+KEY_OVERHEAD_BYTES = 64
 
 ProgressFn = Callable[[str, float, float, float], None]  # (label, elapsed_s, duration_s, live_gbps)
 
@@ -62,6 +82,8 @@ class BenchSpec:
     seed: int = 0
 
     def check(self) -> None:
+        if not all(math.isfinite(x) for x in (self.chunk_bytes, self.duration_s, self.timeout_s)):
+            raise InvalidInput("--chunk-bytes, --duration and --timeout must be finite numbers")
         if self.chunk_bytes < 1:
             raise InvalidInput(f"--chunk-bytes must be ≥ 1, got {self.chunk_bytes}")
         if self.batch < 1 or self.clients < 1:
@@ -113,13 +135,90 @@ def auto_keys(info: ServerInfo, spec: BenchSpec) -> int:
         return want
     inflight = 2 * spec.clients * spec.batch * spec.chunk_bytes
     room = MAXMEMORY_FILL * (limit - info.used_memory_bytes) - inflight
-    fit = int(room // (spec.chunk_bytes + 64))
+    fit = int(room // (spec.chunk_bytes + KEY_OVERHEAD_BYTES))
     if fit < spec.batch:
         raise InvalidInput(
             f"maxmemory {limit / 1e6:.0f} MB leaves room for {max(fit, 0)} values of {spec.chunk_bytes / 1e6:g} MB, "
             f"fewer than one batch of {spec.batch}: raise maxmemory or lower --batch/--chunk-bytes/--clients"
         )
     return min(want, fit)
+
+
+def _peak_clients(instances: int, spec: BenchSpec) -> tuple[int, int]:
+    """(most clients on one instance, most client processes at once) over the grid."""
+    pts = grid(instances, spec)
+    return max(c for _, c in pts), max(i * c for i, c in pts)
+
+
+def check_host(instances: int, spec: BenchSpec, cores: int, available_bytes: int) -> list[str]:
+    """Refuse a bench this host cannot run honestly; warnings for one it runs with caveats.
+
+    Every client process holds ``batch`` buffers of ``chunk_bytes``. More
+    processes than cores still run (each waits on its socket most of the
+    time) but are reported; past :data:`MAX_CLIENTS_PER_CORE` per core the
+    bench would measure the host's scheduler, so it is refused.
+    """
+    _, procs = _peak_clients(instances, spec)
+    cap = max(MIN_CLIENT_CAP, MAX_CLIENTS_PER_CORE * cores)
+    if procs > cap:
+        raise InvalidInput(
+            f"{procs} client processes on {cores} core(s): the bench would measure this host's scheduler, not the tier; "
+            f"at most {cap} here ({MAX_CLIENTS_PER_CORE} per core): lower --clients or run from a larger host"
+        )
+    buffers = procs * spec.batch * spec.chunk_bytes
+    if available_bytes and buffers > EMBEDDED_HOST_FRACTION * available_bytes:
+        raise InvalidInput(
+            f"{procs} clients × --batch {spec.batch} × {spec.chunk_bytes / 1e6:g} MB buffers need {buffers / 1e9:.1f} GB, "
+            f"more than half of the {available_bytes / 1e9:.1f} GB this host has available: lower --clients, --batch or --chunk-bytes"
+        )
+    if procs > cores:
+        return [f"{procs} client processes on {cores} core(s): clients share cores, so the bench may report this host's limit rather than the tier's"]
+    return []
+
+
+@dataclass(frozen=True)
+class EmbeddedSizing:
+    """What ``--embedded`` instances get when no --embedded-maxmemory is given."""
+
+    maxmemory_bytes: int  # per instance
+    keys: int  # per instance
+    footprint_bytes: int  # peak host memory: every instance's values + the busiest run's buffers
+
+
+def size_embedded(instances: int, spec: BenchSpec, available_bytes: int) -> EmbeddedSizing:
+    """maxmemory for ``instances`` × clients × batch × chunk, within :data:`EMBEDDED_HOST_FRACTION` of the host.
+
+    Keys: the usual ~1 GB working set (and ≥ 4 batches per client), fewer when
+    every instance's copy would not fit, never fewer than one batch. maxmemory:
+    room for the keys plus the output buffers of the instance with the most
+    clients (2 × clients × batch × chunk), over :data:`MAXMEMORY_FILL`.
+    """
+    chunk = spec.chunk_bytes + KEY_OVERHEAD_BYTES
+    clients_one, procs = _peak_clients(instances, spec)
+    inflight_one = 2 * clients_one * spec.batch * spec.chunk_bytes
+    peak_buffers = max(
+        i * 2 * c * spec.batch * spec.chunk_bytes + i * c * spec.batch * spec.chunk_bytes for i, c in grid(instances, spec)
+    )  # server output buffers + the clients' own buffers, for the busiest run
+    budget = EMBEDDED_HOST_FRACTION * available_bytes
+    fit = int((budget - peak_buffers - instances * EMBEDDED_BASE_BYTES) // (instances * chunk))
+    want = spec.keys or max(4 * spec.batch * clients_one, math.ceil(AUTO_WORKING_SET_BYTES / spec.chunk_bytes))
+    keys = want if spec.keys else min(want, fit)
+    if fit < max(keys, spec.batch):
+        need = instances * (max(keys, spec.batch) * chunk + EMBEDDED_BASE_BYTES) + peak_buffers
+        raise InvalidInput(
+            f"--embedded {instances} with {clients_one} client(s) × --batch {spec.batch} × {spec.chunk_bytes / 1e6:g} MB values "
+            f"needs {need / 1e9:.1f} GB, more than half of the {available_bytes / 1e9:.1f} GB this host has available: "
+            "lower --embedded, --clients, --batch, --chunk-bytes or --keys"
+        )
+    maxmemory = math.ceil((keys * chunk + inflight_one) / MAXMEMORY_FILL) + EMBEDDED_BASE_BYTES
+    footprint = instances * (keys * chunk + EMBEDDED_BASE_BYTES) + peak_buffers
+    return EmbeddedSizing(maxmemory_bytes=maxmemory, keys=keys, footprint_bytes=footprint)
+
+
+def key_ttl_s(spec: BenchSpec, n_runs: int) -> int:
+    """Seconds the bench keys live: the bench's worst-case length plus a margin, so a killed bench's keys expire."""
+    per_run = 30.0 + spec.timeout_s + spec.duration_s + spec.timeout_s + GRACE_S + 2 * SNAPSHOT_TIMEOUT_S
+    return math.ceil(KEY_TTL_MARGIN_S + n_runs * per_run)
 
 
 def _mp_context():
@@ -131,24 +230,64 @@ def _mp_context():
 
 
 @contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """Start client processes without re-importing the parent's ``__main__`` in them.
+def _clean_child_start() -> Iterator[None]:
+    """Start client processes without re-importing the parent's ``__main__`` and without the cwd on sys.path.
 
     spawn/forkserver children normally run the parent's main script or module
     again (as ``__mp_main__``); the clients need only :mod:`kvctl.bench.worker`,
     and a main without a file (stdin, an embedding host) would crash them.
+    The forkserver is a ``python -c`` process, whose ``sys.path[0]`` is the
+    working directory: a ``kvctl/`` folder there would be preloaded instead of
+    the installed package and every client would die. ``PYTHONSAFEPATH``
+    (Python ≥ 3.11) keeps the working directory off its path.
     """
     main = sys.modules.get("__main__")
     saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    safe_path = os.environ.get("PYTHONSAFEPATH")
     try:
+        os.environ["PYTHONSAFEPATH"] = "1"
         if main is not None:
             main.__dict__.pop("__file__", None)
             if "__spec__" in saved:
                 main.__spec__ = None
         yield
     finally:
+        if safe_path is None:
+            os.environ.pop("PYTHONSAFEPATH", None)
+        else:
+            os.environ["PYTHONSAFEPATH"] = safe_path
         if main is not None:
             main.__dict__.update(saved)
+
+
+#: What a client process runs. The Process target is the builtin ``exec``, so that even
+#: a failing import of kvctl in the child (a broken install, a shadowing package) comes
+#: back to the parent as an exception on the result queue, not as a bare exit code 1.
+WORKER_BOOT = """
+try:
+    from kvctl.bench.worker import WorkerConfig, worker_main
+except BaseException as exc:
+    result_q.put(("boot-failed", cfg["worker_id"], f"{type(exc).__name__}: {exc}"))
+    raise
+worker_main(WorkerConfig(**cfg), ready_q, start, stop, result_q, live)
+"""
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """``exited with code 1`` / ``killed by SIGKILL``, for a client that died without reporting."""
+    if exitcode is None:
+        return "did not exit"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by {name}" + (" (out of memory?)" if exitcode == -signal.SIGKILL else "")
+    return f"exited with code {exitcode}"
+
+
+class _Interrupted(Exception):
+    """Raised inside the runner when ``stop_requested`` is set between steps."""
 
 
 def _parallel(fn, items: Sequence) -> list:
@@ -156,24 +295,67 @@ def _parallel(fn, items: Sequence) -> list:
         return list(pool.map(fn, items))
 
 
-def populate(targets: Sequence[Target], key_prefix: str, n_keys: int, spec: BenchSpec) -> None:
-    """SET ``n_keys`` values of ``chunk_bytes`` on every instance (in parallel); Unreachable on failure."""
+def _expire_keys(r, keys: Sequence[bytes], ttl_s: int) -> None:
+    """EXPIRE every key through redis-py client ``r``, 512 per pipeline."""
+    for i in range(0, len(keys), 512):
+        pipe = r.pipeline(transaction=False)
+        for k in keys[i : i + 512]:
+            pipe.expire(k, ttl_s)
+        pipe.execute()
+
+
+def expire(targets: Sequence[Target], keys: Sequence[bytes], ttl_s: int, timeout_s: float) -> None:
+    """Give ``keys`` a TTL on every instance (best effort: a failure is reported by the run itself)."""
+    from kvctl.tier.server import redis_for_url  # noqa: PLC0415
+
+    def one(t: Target) -> None:
+        with contextlib.suppress(Exception):
+            with redis_for_url(url_with_password(t), timeout_s) as r:
+                _expire_keys(r, keys, ttl_s)
+
+    _parallel(one, list(targets))
+
+
+def populate(
+    targets: Sequence[Target],
+    key_prefix: str,
+    n_keys: int,
+    spec: BenchSpec,
+    ttl_s: int | None = None,
+    stop_requested: threading.Event | None = None,
+) -> None:
+    """SET ``n_keys`` values of ``chunk_bytes`` on every instance (in parallel); Unreachable on failure.
+
+    With ``ttl_s`` each batch gets that TTL right after it is written. Stops
+    between batches once ``stop_requested`` is set (raises ``_Interrupted``).
+    """
+    from kvctl.tier.server import redis_for_url  # noqa: PLC0415
+
     value = os.urandom(spec.chunk_bytes)
     keys = key_names(key_prefix, n_keys)
 
     def one(t: Target) -> str | None:
         try:
-            with RespClient(url_with_password(t), timeout_s=max(spec.timeout_s, 10.0), pool_size=1) as c:
+            with RespClient(url_with_password(t), timeout_s=max(spec.timeout_s, 10.0), pool_size=1) as c, \
+                    redis_for_url(url_with_password(t), max(spec.timeout_s, 10.0)) as r:  # fmt: skip
                 for i in range(0, n_keys, spec.batch):
+                    if stop_requested is not None and stop_requested.is_set():
+                        return None
                     ks = keys[i : i + spec.batch]
                     c.batched_set(ks, [value] * len(ks))
+                    if ttl_s is not None:
+                        _expire_keys(r, ks, ttl_s)
                 if not all(c.batched_exists(keys[-spec.batch :])):
                     return f"{redacted(t)}: values were evicted while populating; lower --keys or raise maxmemory"
         except KvctlError as e:
             return f"{redacted(t)}: {e}"
+        except Exception as e:  # noqa: BLE001 - redis-py errors of the EXPIRE pipeline
+            return f"{redacted(t)}: {type(e).__name__}: {e}"
         return None
 
     problems = [p for p in _parallel(one, list(targets)) if p]
+    if stop_requested is not None and stop_requested.is_set():
+        raise _Interrupted
     if problems:
         raise Unreachable("cannot populate bench keys: " + "; ".join(problems))
 
@@ -199,8 +381,13 @@ def run_once(
     n_keys: int,
     spec: BenchSpec,
     on_progress: ProgressFn | None = None,
+    stop_requested: threading.Event | None = None,
 ) -> RunResult:
-    """One grid point: ``clients`` processes per target doing ``op`` for ``spec.duration_s``."""
+    """One grid point: ``clients`` processes per target doing ``op`` for ``spec.duration_s``.
+
+    ``stop_requested`` ends the run early: the clients stop at their next
+    batch and report, so the result covers the time actually run.
+    """
     ctx = _mp_context()
     n_workers = len(targets) * clients
     ready_q, result_q = ctx.Queue(), ctx.Queue()
@@ -226,22 +413,45 @@ def run_once(
         for i in range(len(targets))
         for j in range(clients)
     ]
-    procs = [ctx.Process(target=worker_main, args=(c, ready_q, start, stop, result_q, live), daemon=True) for c in cfgs]
+    shared = {"ready_q": ready_q, "start": start, "stop": stop, "result_q": result_q, "live": live}
+    procs = [ctx.Process(target=exec, args=(WORKER_BOOT, {"cfg": asdict(c), **shared}), daemon=True) for c in cfgs]
     label = f"{op.upper()} {len(targets)} instance(s) × {clients} client(s)"
     results: dict[int, WorkerResult] = {}
-    extra: list[list[str]] = [[] for _ in targets]
+    failed: dict[int, str] = {}  # worker id -> why it never reported
+    boot_errors: dict[int, str] = {}
+
+    def interrupted() -> bool:
+        return stop_requested is not None and stop_requested.is_set()
+
+    def collect(timeout: float) -> None:
+        """One queue read; then every client that exited before it without a result is dead."""
+        exited = [(c, p) for c, p in zip(cfgs, procs) if p.exitcode is not None]
+        try:
+            r = result_q.get(timeout=timeout)
+        except queue.Empty:
+            for c, p in exited:  # their results would have been in the pipe before they exited
+                if c.worker_id not in results and c.worker_id not in failed:
+                    why = f"client {c.worker_id} (pid {p.pid}) {describe_exit(p.exitcode)} before reporting"
+                    exc = boot_errors.get(c.worker_id)
+                    failed[c.worker_id] = f"{why}: {exc}" if exc else why
+            return
+        if isinstance(r, tuple):  # ("boot-failed", worker id, exception text)
+            boot_errors[r[1]] = r[2]
+        else:
+            results[r.worker_id] = r
+
     try:
-        with _main_module_hidden():
+        with _clean_child_start():
             for p in procs:
                 p.start()
         # 1. every client connected and warmed up (or failed trying), bounded
         ready_deadline = time.monotonic() + start_wait_s
         announced = 0
-        while announced < n_workers and time.monotonic() < ready_deadline:
+        while announced < n_workers and time.monotonic() < ready_deadline and not interrupted():
             with contextlib.suppress(queue.Empty):
                 ready_q.get(timeout=0.1)
                 announced += 1
-            if not any(p.is_alive() for p in procs):
+            if announced + sum(p.exitcode is not None for p in procs) >= n_workers:
                 break
         # 2. server counters, go, wait for the deadline, counters again
         snap_timeout = min(spec.timeout_s, SNAPSHOT_TIMEOUT_S)
@@ -249,15 +459,16 @@ def run_once(
         t0 = time.monotonic()
         start.set()
         hard_deadline = t0 + spec.duration_s + spec.timeout_s + GRACE_S
-        while len(results) < n_workers:
+        while len(results) + len(failed) < n_workers:
             now = time.monotonic()
             if now >= t0 + spec.duration_s:
                 stop.set()
+            if interrupted() and not stop.is_set():
+                stop.set()
+                hard_deadline = min(hard_deadline, now + spec.timeout_s + GRACE_S)
             if now >= hard_deadline:
                 break
-            with contextlib.suppress(queue.Empty):
-                r = result_q.get(timeout=0.1)
-                results[r.worker_id] = r
+            collect(0.1)
             if on_progress:
                 elapsed = min(time.monotonic() - t0, spec.duration_s)
                 on_progress(label, elapsed, spec.duration_s, sum(live) / max(elapsed, 1e-9) / 1e9)
@@ -271,11 +482,14 @@ def run_once(
             if p.is_alive():
                 p.kill()
                 p.join(timeout=2.0)
+    extra: list[list[str]] = [[] for _ in targets]
     for c in cfgs:
-        if c.worker_id not in results:
-            extra[c.instance].append(
-                f"client {c.worker_id} did not report within duration + timeout ({spec.duration_s:g}+{spec.timeout_s:g}s); killed"
-            )
+        if c.worker_id in results:
+            continue
+        extra[c.instance].append(
+            failed.get(c.worker_id)
+            or f"client {c.worker_id} did not report within duration + timeout ({spec.duration_s:g}+{spec.timeout_s:g}s); killed"
+        )
     deltas = [
         b if isinstance(b, str) else a if isinstance(a, str) else delta(b, a, op)
         for b, a in zip(before, after)
@@ -301,8 +515,14 @@ def run_bench(
     prefill_rate: float | None = None,
     parameters: dict | None = None,
     keep_keys: bool = False,
+    stop_requested: threading.Event | None = None,
 ) -> BenchReport:
-    """Populate keys, run every grid point (SET then GET with ``spec.write``), clean up, summarise."""
+    """Populate keys, run every grid point (SET then GET with ``spec.write``), clean up, summarise.
+
+    Once ``stop_requested`` is set, the current run ends early, no further
+    run starts, the keys are deleted and the report has ``interrupted`` set
+    and holds the runs measured so far (the last one possibly shortened).
+    """
     spec.check()
     if not targets:
         raise InvalidInput("no Valkey instances to bench")
@@ -319,12 +539,21 @@ def run_bench(
         raise Unreachable("cannot reach " + "; ".join(bad))
     n_keys = spec.keys or min(auto_keys(i, spec) for i in infos)
     prefix = f"kvctl-bench:{uuid.uuid4().hex[:8]}:"
-    populate(targets, prefix, n_keys, spec)
+    plan = [(w, c, op) for w, c in grid(len(targets), spec) for op in (("set", "get") if spec.write else ("get",))]
+    ttl = key_ttl_s(spec, len(plan))
     runs: list[RunResult] = []
+    was_interrupted = False
     try:
-        for instances, clients in grid(len(targets), spec):
-            for op in (("set", "get") if spec.write else ("get",)):
-                runs.append(run_once(targets[:instances], clients, op, prefix, n_keys, spec, on_progress))
+        populate(targets, prefix, n_keys, spec, ttl, stop_requested)
+        for instances, clients, op in plan:
+            if stop_requested is not None and stop_requested.is_set():
+                raise _Interrupted
+            runs.append(run_once(targets[:instances], clients, op, prefix, n_keys, spec, on_progress, stop_requested))
+            if op == "set":  # a plain SET drops the TTL: give the rewritten keys theirs back
+                expire(targets[:instances], key_names(prefix, n_keys), ttl, spec.timeout_s)
+        was_interrupted = stop_requested is not None and stop_requested.is_set()
+    except _Interrupted:
+        was_interrupted = True
     finally:
         if not keep_keys:  # skip instances that failed: a dead or stalled server would only add timeouts
             failed = {p.rank for r in runs for p in r.per_instance if p.errors}
@@ -334,7 +563,7 @@ def run_bench(
     params.update(
         chunk_bytes=spec.chunk_bytes, batch=spec.batch, clients=spec.clients, duration_s=spec.duration_s,
         keys_per_instance=n_keys, write=spec.write, sweep=spec.sweep, timeout_s=spec.timeout_s, seed=spec.seed,
-        instances=len(targets), urls=[redacted(t) for t in targets],
+        instances=len(targets), urls=[redacted(t) for t in targets], key_ttl_s=ttl,
     )
     meta = BenchMetadata(
         date_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -348,11 +577,11 @@ def run_bench(
     verdict = None
     if bytes_per_token and prefill_rate:
         verdict = summarize_verdict(runs_t, bytes_per_token, prefill_rate)
-    return BenchReport(metadata=meta, runs=runs_t, verdict=verdict)
+    return BenchReport(metadata=meta, runs=runs_t, verdict=verdict, interrupted=was_interrupted, runs_planned=len(plan))
 
 
 @contextlib.contextmanager
-def embedded_tier(n: int, maxmemory: str = "1gb", workdir: str | None = None) -> Iterator[list[Target]]:
+def embedded_tier(n: int, maxmemory: str | int = "1gb", workdir: str | None = None) -> Iterator[list[Target]]:
     """Start ``n`` local valkey-servers (one per rank) for the bench; always stop them."""
     from kvctl.tier.server import start_valkey  # noqa: PLC0415
 

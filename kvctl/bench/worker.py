@@ -9,12 +9,18 @@ Bounded: the run ends at ``duration_s`` after the start signal (or when the
 parent sets ``stop``); every socket operation is bounded by ``timeout_s``;
 after an error the worker backs off (at most 0.5 s) and retries until the end,
 counting errors. The result always goes back on the queue.
+
+Ctrl-C reaches every process of the terminal's process group: a worker ignores
+SIGINT and lets the parent stop it (the parent then still collects its
+numbers). A worker whose parent died (SIGKILL) stops at its next batch.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,8 +89,18 @@ def _record_error(res: WorkerResult, exc: BaseException) -> None:
         res.first_error = f"{type(exc).__name__}: {exc}"
 
 
+#: How often a worker waiting for the start signal checks that its parent still lives.
+PARENT_CHECK_S = 0.25
+
+
 def worker_main(cfg: WorkerConfig, ready_q: Any, start: Any, stop: Any, result_q: Any, live_bytes: Any) -> None:
     """Process entry point: warm up, report ready, run until the deadline, report the result."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = multiprocessing.parent_process()  # the bench process (not the forkserver): its sentinel closes when it dies
+
+    def orphaned() -> bool:
+        return parent is not None and not parent.is_alive()
+
     res = WorkerResult(cfg.worker_id, cfg.instance)
     client = None
     announced = False
@@ -119,14 +135,16 @@ def worker_main(cfg: WorkerConfig, ready_q: Any, start: Any, stop: Any, result_q
             _record_error(res, exc)
         ready_q.put((cfg.worker_id, res.ready))
         announced = True
-        if not start.wait(cfg.start_wait_s):
-            return
+        wait_until = time.monotonic() + cfg.start_wait_s
+        while not start.wait(PARENT_CHECK_S):
+            if orphaned() or time.monotonic() >= wait_until:
+                return
         res.started = True
         t_start = time.monotonic()
         deadline = t_start + cfg.duration_s
         backoff = 0.05
         perf = time.perf_counter
-        while time.monotonic() < deadline and not stop.is_set():
+        while time.monotonic() < deadline and not stop.is_set() and not orphaned():
             t0 = perf()
             try:
                 hits, misses = one_batch()

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import click
 
 from kvctl import cost, render
-from kvctl.commands.options import output_options
+from kvctl.commands.cost import BYTES_PER_TOKEN, CHUNK_TOKENS, PREFILL_RATE, TP
+from kvctl.commands.options import ByteSize, count, output_options, positive
 from kvctl.errors import ExitStatus, InvalidInput
 from kvctl.hooks import hookimpl
 from kvctl.kvsize import DTYPE_BYTES, kv_size_from_file
@@ -19,7 +24,9 @@ if TYPE_CHECKING:
     from kvctl.bench.results import BenchReport, RunResult
 
 PAPER_CHUNK_BYTES = 12.4e6  # one 256-token chunk of GLM-5.3 FP8 MLA
-POS = click.FloatRange(min=0, min_open=True)
+#: A value beyond 4 GiB is not a KV chunk (Valkey's own limit is 512 MB per string by default).
+CHUNK_BYTES = positive(4 * 2**30)
+SECONDS = positive(86400.0)
 
 
 @hookimpl
@@ -29,26 +36,26 @@ def register_commands(cli: click.Group) -> None:
 
 @click.command("bench")
 @click.option("--url", "urls", multiple=True, help="Valkey instance, resp://host:port (repeatable; index = rank), or one {rank} template with --ranks.")
-@click.option("--ranks", type=click.IntRange(min=1), help="Number of ranks to expand a {rank} URL template to.")
+@click.option("--ranks", type=count(4096), help="Number of ranks to expand a {rank} URL template to.")
 @click.option("--dir", "tier_dir", type=click.Path(file_okay=False), help="Directory of a tier started by `kvctl deploy-valkey up`.")
-@click.option("--embedded", type=click.IntRange(min=1), help="Start N local valkey-servers for the run and stop them after.")
-@click.option("--embedded-maxmemory", default="1gb", show_default=True, help="maxmemory of each --embedded instance.")
+@click.option("--embedded", type=count(256), help="Start N local valkey-servers for the run and stop them after.")
+@click.option("--embedded-maxmemory", type=ByteSize(2**50), help="maxmemory of each --embedded instance (default: sized for instances × clients × batch × chunk, within half the host's available memory).")
 @click.option("--password-file", type=click.Path(dir_okay=False), envvar="KVCTL_PASSWORD_FILE", help="File (mode 0600) holding the Valkey password.")
-@click.option("--chunk-bytes", type=POS, help="Bytes per value (default 12.4e6: one 256-token GLM-5.3 FP8 chunk).")
+@click.option("--chunk-bytes", type=CHUNK_BYTES, help="Bytes per value (default 12.4e6: one 256-token GLM-5.3 FP8 chunk).")
 @click.option("--model-config", type=click.Path(dir_okay=False), help="config.json to derive the chunk size (and bytes per token) from.")
-@click.option("--chunk-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Tokens per chunk with --model-config.")
+@click.option("--chunk-tokens", type=CHUNK_TOKENS, default=256, show_default=True, help="Tokens per chunk with --model-config.")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config.")
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel ranks with --model-config.")
-@click.option("--batch", type=click.IntRange(min=1), default=8, show_default=True, help="Chunks per pipelined GET batch (one rank's share of a prompt).")
-@click.option("--clients", type=click.IntRange(min=1), help="Client processes per instance (default 1; with --sweep, the largest count, default = instances).")
-@click.option("--duration", type=POS, default=10.0, show_default=True, help="Seconds per run.")
-@click.option("--keys", type=click.IntRange(min=1), help="Distinct keys per instance (default: about 1 GB of values, within maxmemory).")
+@click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks with --model-config.")
+@click.option("--batch", type=count(4096), default=8, show_default=True, help="Chunks per pipelined GET batch (one rank's share of a prompt).")
+@click.option("--clients", type=count(4096), help="Client processes per instance (default 1; with --sweep, the largest count, default = instances).")
+@click.option("--duration", type=SECONDS, default=10.0, show_default=True, help="Seconds per run.")
+@click.option("--keys", type=count(10**9), help="Distinct keys per instance (default: about 1 GB of values, within maxmemory).")
 @click.option("--write", is_flag=True, help="Also measure SET bandwidth (a write run before each GET run).")
 @click.option("--sweep", is_flag=True, help="Figure 3 grid: 1 instance with 1, 2, 4… clients, then 2, 4… instances with one client each.")
-@click.option("--timeout", "timeout_s", type=POS, default=5.0, show_default=True, help="Seconds any socket operation may take before it counts as an error.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the key order of every client.")
-@click.option("--prefill-rate", type=POS, help="Prefill tokens/s R; with bytes per token, ends with the verdict against B* = s·R.")
-@click.option("--bytes-per-token", type=POS, help="KV bytes per token s for the verdict (or --model-config).")
+@click.option("--timeout", "timeout_s", type=positive(3600.0), default=5.0, show_default=True, help="Seconds any socket operation may take before it counts as an error.")
+@click.option("--seed", type=count(2**32 - 1, min=0), default=0, show_default=True, help="Seed of the key order of every client.")
+@click.option("--prefill-rate", type=PREFILL_RATE, help="Prefill tokens/s R; with bytes per token, ends with the verdict against B* = s·R.")
+@click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help="KV bytes per token s for the verdict (or --model-config).")
 @click.option("--save", type=click.Path(dir_okay=False), help="Also write the JSON result to FILE.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Draw the scaling chart to FILE.png.")
 @output_options
@@ -59,7 +66,7 @@ def bench_cmd(
     ranks: int | None,
     tier_dir: str | None,
     embedded: int | None,
-    embedded_maxmemory: str,
+    embedded_maxmemory: int | None,
     password_file: str | None,
     chunk_bytes: float | None,
     model_config: str | None,
@@ -88,12 +95,18 @@ def bench_cmd(
     from INFO commandstats/stats deltas of every instance. Exit 5 when any instance
     failed during the run (killed, stalled, refusing).
     \b
+    SIGINT (Ctrl-C) or SIGTERM stops the clients, deletes the bench keys, stops
+    --embedded servers, prints what was measured and exits 130 or 143 (a second
+    signal aborts at once). Bench keys carry a TTL, so a SIGKILLed bench's expire.
+    \b
     Examples:
       kvctl bench --embedded 2 --sweep --chunk-bytes 4e6 --duration 2
       kvctl bench --url 'resp://valkey-{rank}:6379' --ranks 8 --sweep --prefill-rate 52200 --bytes-per-token 48437.5
     """
     # multiprocessing, the RESP client and the workers load only when a bench runs, not for `kvctl --help`
-    from kvctl.bench.runner import BenchSpec, embedded_tier, grid, run_bench  # noqa: PLC0415
+    import psutil  # noqa: PLC0415
+
+    from kvctl.bench.runner import BenchSpec, check_host, embedded_tier, grid, run_bench, size_embedded  # noqa: PLC0415
 
     if embedded and (urls or tier_dir):
         raise InvalidInput("--embedded starts its own instances; do not combine it with --url or --dir")
@@ -109,11 +122,19 @@ def bench_cmd(
     params: dict[str, Any] = {"model_config": model_config, "chunk_tokens": chunk_tokens if model_config else None,
                               "prefill_rate": prefill_rate, "bytes_per_token": bytes_per_token}
 
-    def go(targets) -> BenchReport:
-        n_clients = clients or (len(targets) if sweep else 1)
-        spec = BenchSpec(chunk_bytes=chunk, batch=batch, clients=n_clients, duration_s=duration, keys=keys,
-                         write=write, sweep=sweep, timeout_s=timeout_s, seed=seed)
+    def make_spec(instances: int, n_keys: int | None, warn: bool = True) -> BenchSpec:
+        spec = BenchSpec(chunk_bytes=chunk, batch=batch, clients=clients or (instances if sweep else 1), duration_s=duration,
+                         keys=n_keys, write=write, sweep=sweep, timeout_s=timeout_s, seed=seed)  # fmt: skip
         spec.check()
+        for w in check_host(instances, spec, os.cpu_count() or 1, psutil.virtual_memory().available):
+            if warn:
+                render.warn(w)
+        return spec
+
+    stop_requested = threading.Event()
+
+    def go(targets, n_keys: int | None = keys) -> BenchReport:
+        spec = make_spec(len(targets), n_keys)
         n_runs = len(grid(len(targets), spec)) * (2 if write else 1)
         with render.progress("bench", total=n_runs * duration, enabled=not as_json) as advance:
             state = {"label": None, "elapsed": 0.0}
@@ -126,16 +147,23 @@ def bench_cmd(
                 advance(max(0.0, elapsed - state["elapsed"]), description=f"{label}: {live_gbps:.2f} GB/s")
                 state["elapsed"] = max(state["elapsed"], elapsed)
 
-            return run_bench(targets, spec, on_progress, bytes_per_token, prefill_rate, params)
+            return run_bench(targets, spec, on_progress, bytes_per_token, prefill_rate, params, stop_requested=stop_requested)
 
-    if embedded:
-        with embedded_tier(embedded, embedded_maxmemory) as targets:
-            report = go(targets)
-    else:
-        report = go(resolve_targets(urls, ranks, tier_dir, password_file))
+    with _signals_stop(stop_requested) as caught:
+        if embedded:
+            n_keys = keys
+            if embedded_maxmemory is None:
+                sizing = size_embedded(embedded, make_spec(embedded, keys, warn=False), psutil.virtual_memory().available)
+                embedded_maxmemory, n_keys = sizing.maxmemory_bytes, sizing.keys
+            params["embedded_maxmemory_bytes"] = embedded_maxmemory
+            with embedded_tier(embedded, embedded_maxmemory) as targets:
+                report = go(targets, n_keys)
+        else:
+            report = go(resolve_targets(urls, ranks, tier_dir, password_file))
 
     data = render.to_jsonable(report)
     data["errors"] = report.errors
+    data["interrupted"] = caught[0].name if caught else None
     if save:
         try:
             Path(save).write_text(json.dumps(data, indent=2) + "\n")
@@ -147,6 +175,14 @@ def bench_cmd(
         render.emit_json(data)
     else:
         render_report(report)
+    if caught:
+        sig = caught[0]
+        last = f"; the last lasted {report.runs[-1].duration_s:.1f} s of {duration:g} s" if report.runs else ""
+        render.error_line(
+            f"interrupted by {sig.name}: {len(report.runs)} of {report.runs_planned} run(s) measured{last}; "
+            "bench keys deleted" + ("; embedded servers stopped" if embedded else "")
+        )
+        ctx.exit(128 + int(sig))
     if report.errors:
         for run in report.runs:
             for inst in run.per_instance:
@@ -156,6 +192,32 @@ def bench_cmd(
                         f"{inst.errors} error(s), first: {inst.first_error}"
                     )
         ctx.exit(int(ExitStatus.UNREACHABLE))
+
+
+@contextlib.contextmanager
+def _signals_stop(stop_requested: threading.Event) -> Iterator[list[signal.Signals]]:
+    """SIGINT/SIGTERM set ``stop_requested`` (the bench winds down and cleans up); a second one aborts at once.
+
+    Yields the list the first caught signal is appended to. Outside the main
+    thread (signals cannot be caught there) it only yields.
+    """
+    caught: list[signal.Signals] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if caught:  # second signal: no more cleanup
+            raise KeyboardInterrupt
+        caught.append(signal.Signals(signum))
+        stop_requested.set()
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield caught
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def _f(x: float | None, digits: int) -> str:
@@ -180,8 +242,9 @@ def render_report(report: BenchReport) -> None:
             f"[red]{r.errors}[/]" if r.errors else "0",
         ))
     caption = (
-        f"{p['chunk_bytes'] / cost.MB:g} MB values, batches of {p['batch']}, {p['duration_s']:g} s per run, "
-        f"{p['keys_per_instance']} keys per instance · valkey {', '.join(sorted(set(report.metadata.server_versions)))} · "
+        f"{p['chunk_bytes'] / cost.MB:g} MB values, batches of {p['batch']}, {p['duration_s']:g} s per run"
+        + (f" (INTERRUPTED: {len(report.runs)} of {report.runs_planned} runs, the last ran {report.runs[-1].duration_s:.1f} s), " if report.interrupted and report.runs else ", ")
+        + f"{p['keys_per_instance']} keys per instance · valkey {', '.join(sorted(set(report.metadata.server_versions)))} · "
         f"{report.metadata.host_cores} cores\ninst×cl = instances × clients each · ms per batch · GB = 1e9 bytes\nµs/op, busy (busiest main thread), srv GB/s: INFO deltas"
     )
     render.table(

@@ -8,13 +8,26 @@ from typing import Any, Callable
 import click
 
 from kvctl import cost, render
-from kvctl.commands.options import output_options
+from kvctl.commands.options import FiniteFloat, count, non_negative, output_options, positive
 from kvctl.errors import InvalidInput
 from kvctl.hooks import hookimpl
 from kvctl.kvsize import DTYPE_BYTES, kv_size_from_file
 
-POS = click.FloatRange(min=0, min_open=True)
+POS = click.FloatRange(min=0, min_open=True)  # unbounded: kept for callers not yet on the bounded types below
 NONNEG = click.FloatRange(min=0)
+
+# The cost model's quantities with the bounds past which a value is a typo (and the
+# arithmetic would overflow into inf/NaN). Divisors have a floor above zero.
+BYTES_PER_TOKEN = positive(1e9)  # 1 GB per token; the largest real models are ~20 MB
+PREFILL_RATE = FiniteFloat(min=1e-3, max=1e9)  # tokens/s
+T0_S = non_negative(3600.0)
+LATENCY_S = positive(86400.0)
+PROMPT_GB = positive(1e6)
+BANDWIDTH_GBPS = FiniteFloat(min=1e-6, max=1e6)
+ARRIVAL_RATE = positive(1e6)  # requests/s
+TOKENS = count(10**9)
+TP = count(4096)
+CHUNK_TOKENS = count(1 << 20)
 
 
 @hookimpl
@@ -26,14 +39,14 @@ def bytes_per_token_options(required: bool = True) -> Callable:
     """``--bytes-per-token`` or ``--model-config`` (+ ``--dtype``/``--tp``); passes ``bytes_per_token``."""
 
     def decorate(func: Callable) -> Callable:
-        @click.option("--bytes-per-token", type=POS, help="KV bytes per prompt token (s).")
+        @click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help="KV bytes per prompt token (s).")
         @click.option(
             "--model-config",
             type=click.Path(dir_okay=False),
             help="Hugging Face config.json to derive bytes per token from (instead of --bytes-per-token).",
         )
         @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config.")
-        @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel ranks with --model-config.")
+        @click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks with --model-config.")
         @functools.wraps(func)
         def wrapper(*args: Any, bytes_per_token: float | None, model_config: str | None, dtype: str | None, tp: int, **kwargs: Any) -> Any:
             if bytes_per_token is None and model_config:
@@ -67,8 +80,8 @@ def cost_group() -> None:
 
 @cost_group.command("breakeven")
 @bytes_per_token_options()
-@click.option("--prefill-rate", type=POS, required=True, help="Prefill throughput R in tokens/s.")
-@click.option("--t0", type=NONNEG, help="Fixed per-hit cost T0 in seconds; adds n* = R·T0.")
+@click.option("--prefill-rate", type=PREFILL_RATE, required=True, help="Prefill throughput R in tokens/s.")
+@click.option("--t0", type=T0_S, help="Fixed per-hit cost T0 in seconds; adds n* = R·T0.")
 @output_options
 def breakeven_cmd(bytes_per_token: float, prefill_rate: float, t0: float | None, as_json: bool) -> None:
     """Break-even bandwidth B* = s·R, and n* = R·T0 when --t0 is given."""
@@ -91,11 +104,11 @@ def breakeven_cmd(bytes_per_token: float, prefill_rate: float, t0: float | None,
 
 
 @cost_group.command("fit-t0")
-@click.option("--latency-s", type=POS, required=True, help="Measured time of one hit, seconds.")
-@click.option("--prompt-gb", type=POS, help="KV bytes of that prompt in GB (or --tokens with --bytes-per-token).")
-@click.option("--tokens", type=click.IntRange(min=1), help="Prompt length in tokens (with --bytes-per-token).")
+@click.option("--latency-s", type=LATENCY_S, required=True, help="Measured time of one hit, seconds.")
+@click.option("--prompt-gb", type=PROMPT_GB, help="KV bytes of that prompt in GB (or --tokens with --bytes-per-token).")
+@click.option("--tokens", type=TOKENS, help="Prompt length in tokens (with --bytes-per-token).")
 @bytes_per_token_options(required=False)
-@click.option("--bandwidth-gbps", type=POS, required=True, help="Tier bandwidth during the measurement, GB/s.")
+@click.option("--bandwidth-gbps", type=BANDWIDTH_GBPS, required=True, help="Tier bandwidth during the measurement, GB/s.")
 @output_options
 def fit_t0_cmd(latency_s: float, prompt_gb: float | None, tokens: int | None, bytes_per_token: float | None, bandwidth_gbps: float, as_json: bool) -> None:
     """Fit the fixed per-hit cost: T0 = t_measured − n·s / B."""
@@ -119,11 +132,11 @@ def _prompt_bytes(prompt_gb: float | None, tokens: int | None, bytes_per_token: 
 
 @cost_group.command("predict")
 @bytes_per_token_options()
-@click.option("--prefill-rate", type=POS, required=True, help="Prefill throughput R in tokens/s.")
-@click.option("--t0", type=NONNEG, required=True, help="Fixed per-hit cost T0 in seconds.")
-@click.option("--bandwidth-gbps", type=POS, required=True, help="Tier bandwidth B in GB/s.")
-@click.option("--tokens", "tokens_opt", type=click.IntRange(min=1), multiple=True, required=True, help="Prompt lengths: --tokens 4096 16384 65536.")
-@click.argument("more_tokens", nargs=-1, type=click.IntRange(min=1), metavar="")
+@click.option("--prefill-rate", type=PREFILL_RATE, required=True, help="Prefill throughput R in tokens/s.")
+@click.option("--t0", type=T0_S, required=True, help="Fixed per-hit cost T0 in seconds.")
+@click.option("--bandwidth-gbps", type=BANDWIDTH_GBPS, required=True, help="Tier bandwidth B in GB/s.")
+@click.option("--tokens", "tokens_opt", type=TOKENS, multiple=True, required=True, help="Prompt lengths: --tokens 4096 16384 65536.")
+@click.argument("more_tokens", nargs=-1, type=TOKENS, metavar="")
 @output_options
 def predict_cmd(bytes_per_token: float, prefill_rate: float, t0: float, bandwidth_gbps: float, tokens_opt: tuple[int, ...], more_tokens: tuple[int, ...], as_json: bool) -> None:
     """Per-length verdict: load from the tier, or recompute?"""
@@ -139,12 +152,12 @@ def predict_cmd(bytes_per_token: float, prefill_rate: float, t0: float, bandwidt
 
 
 @cost_group.command("rho")
-@click.option("--arrival-rate", type=POS, required=True, help="Hit arrival rate λ in requests/s.")
-@click.option("--prompt-gb", type=POS, help="KV bytes loaded per request in GB (or --tokens with --bytes-per-token).")
-@click.option("--tokens", type=click.IntRange(min=1), help="Hit tokens per request (with --bytes-per-token).")
+@click.option("--arrival-rate", type=ARRIVAL_RATE, required=True, help="Hit arrival rate λ in requests/s.")
+@click.option("--prompt-gb", type=PROMPT_GB, help="KV bytes loaded per request in GB (or --tokens with --bytes-per-token).")
+@click.option("--tokens", type=TOKENS, help="Hit tokens per request (with --bytes-per-token).")
 @bytes_per_token_options(required=False)
-@click.option("--bandwidth-gbps", type=POS, required=True, help="Bandwidth of ONE instance, GB/s.")
-@click.option("--target-rho", type=click.FloatRange(min=0, max=1, min_open=True, max_open=True), default=0.5, show_default=True, help="Utilisation to size the tier for.")
+@click.option("--bandwidth-gbps", type=BANDWIDTH_GBPS, required=True, help="Bandwidth of ONE instance, GB/s.")
+@click.option("--target-rho", type=FiniteFloat(min=0.01, max=1, max_open=True), default=0.5, show_default=True, help="Utilisation to size the tier for.")
 @output_options
 def rho_cmd(arrival_rate: float, prompt_gb: float | None, tokens: int | None, bytes_per_token: float | None, bandwidth_gbps: float, target_rho: float, as_json: bool) -> None:
     """Utilisation of synchronous loading, ρ = λ·n·s / B, and instances for the target ρ."""
@@ -169,8 +182,8 @@ def rho_cmd(arrival_rate: float, prompt_gb: float | None, tokens: int | None, by
 @cost_group.command("kv-size")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True, help="Hugging Face config.json.")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype (default: the config's torch_dtype).")
-@click.option("--chunk-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Tokens per LMCache chunk.")
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel ranks (splits GQA/MHA heads; MLA is replicated).")
+@click.option("--chunk-tokens", type=CHUNK_TOKENS, default=256, show_default=True, help="Tokens per LMCache chunk.")
+@click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks (splits GQA/MHA heads; MLA is replicated).")
 @output_options
 def kv_size_cmd(config_path: str, dtype: str | None, chunk_tokens: int, tp: int, as_json: bool) -> None:
     """KV bytes per token and per chunk from a model's config.json."""
@@ -194,14 +207,14 @@ def kv_size_cmd(config_path: str, dtype: str | None, chunk_tokens: int, tp: int,
 
 @cost_group.command("report")
 @click.option("--model-config", type=click.Path(dir_okay=False), help="config.json of the model (default: the paper's GLM-5.3 FP8 setup).")
-@click.option("--bytes-per-token", type=POS, help="KV bytes per token (instead of --model-config).")
+@click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help="KV bytes per token (instead of --model-config).")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config.")
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel ranks with --model-config.")
+@click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks with --model-config.")
 @click.option("--name", help="Label for this model/GPU pairing.")
-@click.option("--prefill-rate", type=POS, help="Prefill tokens/s on this GPU (required with a model).")
-@click.option("--t0", type=NONNEG, help="Fixed per-hit cost T0 in seconds (default 0.33, the paper's).")
-@click.option("--bandwidth-gbps", "bandwidths", type=POS, multiple=True, help="Tier bandwidths to compare (repeatable; default 0.85, 1.71, 10.76).")
-@click.option("--tokens", "tokens", type=click.IntRange(min=1), multiple=True, help="Prompt lengths (repeatable).")
+@click.option("--prefill-rate", type=PREFILL_RATE, help="Prefill tokens/s on this GPU (required with a model).")
+@click.option("--t0", type=T0_S, help="Fixed per-hit cost T0 in seconds (default 0.33, the paper's).")
+@click.option("--bandwidth-gbps", "bandwidths", type=BANDWIDTH_GBPS, multiple=True, help="Tier bandwidths to compare (repeatable; default 0.85, 1.71, 10.76).")
+@click.option("--tokens", "tokens", type=TOKENS, multiple=True, help="Prompt lengths (repeatable).")
 @output_options
 def report_cmd(model_config: str | None, bytes_per_token: float | None, dtype: str | None, tp: int, name: str | None, prefill_rate: float | None, t0: float | None, bandwidths: tuple[float, ...], tokens: tuple[int, ...], as_json: bool) -> None:
     """One table per model/GPU pairing: B*, n*, and load vs recompute over prompt lengths.

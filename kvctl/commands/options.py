@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import click
 
-from kvctl.errors import ExitStatus
+from kvctl.errors import ExitStatus, InvalidInput
 
 
 class FiniteFloat(click.FloatRange):
@@ -45,6 +45,28 @@ def non_negative(max: float) -> FiniteFloat:
 def count(max: int, min: int = 1) -> click.IntRange:
     """An integer in ``[min, max]`` (click's int parser already refuses nan/inf/1e9)."""
     return click.IntRange(min=min, max=max)
+
+
+class ByteSize(click.ParamType):
+    """A Valkey-style size (``400mb`` = MiB, ``2g`` = 10^9, a byte count) up to ``max_bytes``; converts to bytes."""
+
+    name = "size"
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from kvctl.tier.spec import format_size, parse_size  # noqa: PLC0415
+
+        if isinstance(value, int):
+            return value
+        try:
+            n = parse_size(value)
+        except InvalidInput as e:
+            self.fail(str(e), param, ctx)
+        if n > self.max_bytes:
+            self.fail(f"{value} is more than {format_size(self.max_bytes)}.", param, ctx)
+        return n
 
 
 def output_options(func: Callable) -> Callable:

@@ -1,0 +1,149 @@
+"""Real signals to a real `kvctl bench` process (the console script), against real valkey-servers.
+
+Each test starts one bench subprocess, waits (bounded) until its clients are
+sending GETs, delivers a signal, and checks what is left: processes, keys,
+temp dirs, exit code and the partial report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+KVCTL = str(Path(sys.executable).with_name("kvctl"))
+SMALL = ["--chunk-bytes", "2e6", "--batch", "4", "--keys", "16"]
+
+
+def start_bench(args: list[str], cwd: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "KVCTL_TESTING"}
+    return subprocess.Popen([KVCTL, "bench", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def get_calls(port: int) -> int:
+    try:
+        with redis.Redis(port=port, socket_timeout=1) as r:
+            return int(r.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
+    except redis.RedisError:
+        return 0
+
+
+def wait_for_gets(bench: subprocess.Popen, port: int, limit_s: float = 30.0) -> None:
+    """Until the bench's clients have done some GETs (bounded; fails if the bench exits first)."""
+    deadline = time.monotonic() + limit_s
+    while get_calls(port) < 20:
+        assert bench.poll() is None, bench.communicate()
+        assert time.monotonic() < deadline, "bench clients never started GETs"
+        time.sleep(0.1)
+
+
+def workers_of(bench: subprocess.Popen) -> list[psutil.Process]:
+    """The client processes: children of the bench's forkserver."""
+    kids = psutil.Process(bench.pid).children()
+    server = [k for k in kids if "forkserver" in " ".join(k.cmdline())]
+    return [w for s in server for w in s.children()]
+
+
+def finish(bench: subprocess.Popen, limit_s: float = 30.0) -> tuple[int, str, str, float]:
+    t0 = time.monotonic()
+    try:
+        out, err = bench.communicate(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        bench.kill()
+        out, err = bench.communicate()
+        pytest.fail(f"bench did not exit within {limit_s}s after the signal: {err}")
+    return bench.returncode, out, err, time.monotonic() - t0
+
+
+def test_sigterm_stops_clients_deletes_keys_and_reports_partial_run(valkey_server, tmp_path):
+    bench = start_bench(["--url", valkey_server.url, *SMALL, "--duration", "30", "--timeout", "1", "--json"], tmp_path)
+    wait_for_gets(bench, valkey_server.port)
+    r = redis.Redis(port=valkey_server.port)
+    keys = list(r.scan_iter("kvctl-bench:*"))
+    assert len(keys) == 16
+    # TTL: 1 run × (30 s start wait + 1 + 30 + 1 + 1 grace + 2 × 2 s INFO) + 60 s margin = 128 s
+    assert all(0 < r.ttl(k) <= 128 for k in keys)
+    procs = psutil.Process(bench.pid).children(recursive=True)
+    assert workers_of(bench), "no client process found"
+    bench.send_signal(signal.SIGTERM)
+    rc, out, err, wall = finish(bench)
+    assert rc == 143, err
+    assert wall < 1 + 1 + 5, wall  # timeout + grace + INFO + key deletion, far below the 30 s asked for
+    data = json.loads(out)
+    assert data["interrupted"] == "SIGTERM" and data["runs_planned"] == 1
+    run = data["runs"][0]
+    assert 0 < run["duration_s"] < 30 and run["ops"] > 0  # the partial run, measured honestly
+    assert "interrupted by SIGTERM" in err and "1 of 1 run(s)" in err
+    assert r.dbsize() == 0  # bench keys deleted
+    gone, alive = psutil.wait_procs(procs, timeout=5)
+    assert not alive, alive
+
+
+def test_sigint_stops_embedded_servers_and_removes_their_dir(tmp_path):
+    bench = start_bench(["--embedded", "1", "--embedded-maxmemory", "64mb", *SMALL, "--duration", "30", "--timeout", "1"], tmp_path)
+    deadline = time.monotonic() + 30
+    servers: list[psutil.Process] = []
+    while not servers:
+        assert bench.poll() is None and time.monotonic() < deadline, bench.communicate()
+        servers = [k for k in psutil.Process(bench.pid).children() if "valkey-server" in k.name()]
+        time.sleep(0.1)
+    server = servers[0]
+    port = int(server.cmdline()[0].rsplit(":", 1)[1])
+    workdir = Path(server.cwd())  # valkey-server runs in its `dir`, inside the bench's temp dir
+    wait_for_gets(bench, port)
+    bench.send_signal(signal.SIGINT)
+    rc, out, err, _ = finish(bench)
+    assert rc == 130, err
+    assert "INTERRUPTED" in out and "interrupted by SIGINT" in err and "embedded servers stopped" in err
+    assert not server.is_running()
+    assert not workdir.exists() and not workdir.parent.exists()
+
+
+def test_sigkilled_bench_leaves_keys_that_expire_and_clients_that_stop(valkey_server, tmp_path):
+    bench = start_bench(["--url", valkey_server.url, *SMALL, "--duration", "30", "--timeout", "1"], tmp_path)
+    wait_for_gets(bench, valkey_server.port)
+    workers = workers_of(bench)
+    assert workers
+    bench.kill()
+    _, _, _, wall = finish(bench)
+    assert wall < 5, wall  # nothing it started keeps its stdout open for the rest of --duration
+    # orphaned clients notice at their next batch (or start-signal check) and exit
+    gone, alive = psutil.wait_procs(workers, timeout=5)
+    assert not alive, alive
+    r = redis.Redis(port=valkey_server.port)
+    keys = list(r.scan_iter("kvctl-bench:*"))
+    assert len(keys) == 16 and all(0 < r.ttl(k) <= 128 for k in keys)  # they expire by themselves
+
+
+def test_a_killed_client_is_reported_with_its_signal(valkey_server, tmp_path):
+    bench = start_bench(["--url", valkey_server.url, *SMALL, "--clients", "2", "--duration", "4", "--timeout", "1", "--json"], tmp_path)
+    wait_for_gets(bench, valkey_server.port)
+    victim = workers_of(bench)[0]
+    victim.kill()
+    rc, out, err, _ = finish(bench)
+    assert rc == 5, err
+    inst = json.loads(out)["runs"][0]["per_instance"][0]
+    assert inst["errors"] >= 1 and inst["ops"] > 0  # the other client kept measuring
+    assert f"(pid {victim.pid}) killed by SIGKILL" in err
+
+
+def test_a_kvctl_folder_in_the_working_directory_is_not_imported_by_clients(valkey_server, tmp_path):
+    """The forkserver is a `python -c` process: without care, sys.path[0] is the cwd and ./kvctl shadows the install."""
+    stale = tmp_path / "kvctl" / "bench"  # e.g. a checkout of another kvctl version
+    stale.mkdir(parents=True)
+    for f in (tmp_path / "kvctl" / "__init__.py", stale / "__init__.py"):
+        f.write_text("")
+    (stale / "worker.py").write_text("# an older kvctl: nothing the clients need is here\n")
+    bench = start_bench(["--url", valkey_server.url, *SMALL, "--duration", "0.5", "--json"], tmp_path)
+    rc, out, err, _ = finish(bench, limit_s=60)
+    assert rc == 0, err
+    run = json.loads(out)["runs"][0]
+    assert run["errors"] == 0 and run["ops"] > 0

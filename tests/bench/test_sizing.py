@@ -1,0 +1,81 @@
+"""How big a bench this host can run: --embedded maxmemory, client-process and buffer limits, key TTL, exit codes.
+
+Expectations are worked out by hand from the inputs (the arithmetic is in the comments).
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from click.testing import CliRunner
+
+from kvctl.bench.info import ServerInfo
+from kvctl.bench.runner import BenchSpec, auto_keys, check_host, describe_exit, key_ttl_s, size_embedded
+from kvctl.cli import cli
+from kvctl.errors import InvalidInput
+
+PAPER = BenchSpec(chunk_bytes=12_400_000, batch=8, clients=8, sweep=True)  # `--embedded 8 --sweep`: clients default = 8
+
+
+def test_paper_grid_fits_the_old_default_only_after_sizing():
+    # the old fixed 1gb: room = 0.8 × (1,073,741,824 − 1,000,000) − 2 × 8 clients × 8 × 12.4e6 (= 1,587,200,000) < 0
+    with pytest.raises(InvalidInput, match="room for 0 values"):
+        auto_keys(ServerInfo("8.1", 1 << 30, 1_000_000, 0), PAPER)
+    s = size_embedded(8, PAPER, available_bytes=23_000_000_000)
+    # budget 0.5 × 23e9 = 11.5e9; busiest run (1×8 or 8×1): server buffers 2×8×8×12.4e6 = 1,587,200,000
+    #   + client buffers 8×8×12.4e6 = 793,600,000 → 2,380,800,000; bases 8 × 16 MiB = 134,217,728
+    # keys = floor((11.5e9 − 2,380,800,000 − 134,217,728) / (8 × 12,400,064)) = floor(90.57) = 90 (< 256 wanted)
+    assert s.keys == 90
+    # maxmemory = ceil((90 × 12,400,064 + 1,587,200,000) / 0.8) + 16 MiB = 3,379,007,200 + 16,777,216
+    assert s.maxmemory_bytes == 3_395_784_416
+    # footprint = 8 × (90 × 12,400,064 + 16,777,216) + 2,380,800,000
+    assert s.footprint_bytes == 11_443_063_808 <= 11_500_000_000
+    # and the runner's own key rule then fits the 90 keys: 0.8 × (3,395,784,416 − 1e6) − 1,587,200,000 = 1,128,627,532.8
+    # → floor(/12,400,064) = 91
+    assert auto_keys(ServerInfo("8.1", s.maxmemory_bytes, 1_000_000, 0), PAPER) == 91
+
+
+def test_embedded_too_big_for_the_host_is_refused_with_the_numbers():
+    # 2 GB available → budget 1e9 < the busiest run's 2,380,800,000 bytes of buffers alone
+    with pytest.raises(InvalidInput, match=r"--embedded 8 .* needs .* GB, more than half of the 2.0 GB"):
+        size_embedded(8, PAPER, available_bytes=2_000_000_000)
+
+
+def test_client_processes_and_buffers_against_the_host():
+    one = BenchSpec(chunk_bytes=1_000_000, batch=8, clients=500)
+    with pytest.raises(InvalidInput, match="500 client processes on 2 core"):
+        check_host(1, one, cores=2, available_bytes=10**12)  # cap max(64, 16 × 2) = 64
+    assert check_host(1, BenchSpec(chunk_bytes=1_000_000, clients=64), cores=2, available_bytes=10**12)  # 64: warned
+    assert check_host(1, BenchSpec(chunk_bytes=1_000_000, clients=2), cores=2, available_bytes=10**12) == []
+    # 40 clients × 8 × 12.4e6 = 3.968e9 of buffers > 0.5 × 4e9
+    with pytest.raises(InvalidInput, match="need 4.0 GB"):
+        check_host(1, BenchSpec(chunk_bytes=12_400_000, clients=40), cores=64, available_bytes=4_000_000_000)
+
+
+def test_key_ttl_covers_the_whole_bench():
+    # per run: 30 + 5 (start wait) + 10 (duration) + 5 (timeout) + 1 (grace) + 2 × 2 (INFO) = 55 s; 7 runs + 60 s margin
+    assert key_ttl_s(BenchSpec(chunk_bytes=1, duration_s=10, timeout_s=5), 7) == 60 + 7 * 55
+
+
+def test_describe_exit():
+    assert describe_exit(1) == "exited with code 1"
+    assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL (out of memory?)"
+    assert describe_exit(-signal.SIGSEGV) == "killed by SIGSEGV"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--chunk-bytes", "nan"], "'nan' is not a finite number"),
+        (["--chunk-bytes", "inf"], "'inf' is not a finite number"),
+        (["--duration", "-inf"], "'-inf' is not a finite number"),
+        (["--clients", "500"], "500 client processes on"),
+        (["--embedded-maxmemory", "nan"], "cannot parse size"),
+    ],
+)
+def test_bad_numbers_exit_2_before_anything_runs(args, message, monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    result = CliRunner().invoke(cli, ["bench", "--url", "resp://127.0.0.1:1", "--chunk-bytes", "1e6", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output

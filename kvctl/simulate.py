@@ -3,8 +3,10 @@
 Service per request, from the cost model:
 
 * a miss holds the engine for its prefill ``n / R``;
-* a hit costs ``T0 + n·s / B_eff``. With ``sync`` loading the transfer ``n·s / B_eff`` runs inside the
-  engine step, so the engine is a single-server FIFO queue and a hit holds it for the transfer;
+* a hit of h cached tokens costs ``T0 + h·s / B_eff`` plus ``(n − h) / R`` for the uncached tail (h = n
+  with ``--hit-fraction``; from the trace with ``--hits-from-trace``). With ``sync`` loading the transfer
+  runs inside the engine step, so the engine is a single-server FIFO queue and a hit holds it for the
+  transfer (and its tail);
   ``T0`` adds to the hit's latency without holding the engine, so ``ρ = λ·n·s / B`` as in the paper.
   With ``async`` loading the transfer runs on the tier (a FIFO server of bandwidth ``B_eff``) while the
   engine computes; a hit whose load is done within ``async_timeout_s`` of its arrival goes through the
@@ -46,6 +48,7 @@ class Workload:
     tokens: np.ndarray
     offered_rate: float | None  # λ, requests/s
     source: str
+    hit_tokens: np.ndarray | None = None  # cached tokens per request, when the trace tells
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class SimConfig:
     async_timeout_s: float = 3.0  # the paper's asynchronous-lookup timeout
     hit_fraction: float = 1.0
     seed: int = 0
+    hits_from_trace: bool = False  # hit tokens from the workload instead of --hit-fraction
 
 
 @dataclass(frozen=True)
@@ -110,8 +114,33 @@ def poisson_workload(rate: float, requests: int, prompt_tokens: float, dist: str
     return Workload(arrival, tokens, rate, f"Poisson λ={rate:g}/s, {requests} requests, {dist} {prompt_tokens:g} tokens")
 
 
-def trace_workload(path: str, requests: int | None = None) -> Workload:
-    """Arrivals and prompt lengths from a trace in any format ``kvctl replay`` reads."""
+def trace_hit_tokens(reqs: Sequence[Any], block_tokens: int) -> np.ndarray | None:
+    """Cached tokens per request as the trace tells, or None when some request does not say.
+
+    A run file's ``cached_tokens`` (what the engine reported) first; else, for Mooncake lines, the
+    leading hash ids already seen in an earlier request × ``block_tokens`` (a hash id names its whole
+    prefix, so the cache is assumed to hold every block ever sent: the paper's "L2 primed").
+    """
+    seen: set[int] = set()
+    out = []
+    for r in reqs:
+        if r.cached_tokens is not None:
+            out.append(float(r.cached_tokens))
+        elif r.hash_ids is not None:
+            lead = 0
+            for h in r.hash_ids:
+                if h not in seen:
+                    break
+                lead += 1
+            out.append(float(min(lead * block_tokens, r.token_count or 0)))
+        else:
+            return None
+        seen.update(r.hash_ids or ())
+    return np.array(out)
+
+
+def trace_workload(path: str, requests: int | None = None, block_tokens: int = 512) -> Workload:
+    """Arrivals, prompt lengths and (when it tells) cached tokens from a trace in any ``kvctl replay`` format."""
     from kvctl.replay.trace import read_trace  # noqa: PLC0415
 
     tr = read_trace(path)
@@ -124,7 +153,8 @@ def trace_workload(path: str, requests: int | None = None) -> Workload:
     tokens = np.array([r.token_count for r in reqs], dtype=float)
     span = float(arrival[-1] - arrival[0]) if len(arrival) > 1 else 0.0
     rate = (len(arrival) - 1) / span if span > 0 else None
-    return Workload(arrival, tokens, rate, f"trace {path} ({tr.format}, {len(reqs)} requests)")
+    return Workload(arrival, tokens, rate, f"trace {path} ({tr.format}, {len(reqs)} requests)",
+                    trace_hit_tokens(reqs, block_tokens))
 
 
 # --- bandwidth ---------------------------------------------------------------
@@ -200,12 +230,19 @@ def simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
         raise InvalidInput(f"--loading must be sync or async, got {cfg.loading!r}")
     n = len(w.arrival_s)
     arrival, tokens = w.arrival_s, w.tokens
-    hit = np.random.default_rng([cfg.seed, 3]).random(n) < cfg.hit_fraction
-    transfer = tokens * cfg.bytes_per_token / (bandwidth_gbps * GB)
+    if cfg.hits_from_trace:
+        if w.hit_tokens is None:
+            raise InvalidInput("--hits-from-trace needs a trace whose requests say what was cached")
+        hit_tokens = np.minimum(w.hit_tokens, tokens)
+    else:
+        hit_tokens = np.where(np.random.default_rng([cfg.seed, 3]).random(n) < cfg.hit_fraction, tokens, 0.0)
+    hit = hit_tokens > 0
+    transfer = hit_tokens * cfg.bytes_per_token / (bandwidth_gbps * GB)
     prefill = tokens / cfg.prefill_rate
+    tail = (tokens - hit_tokens) / cfg.prefill_rate  # the uncached rest of a hit
     timeouts = 0
     if cfg.loading == "sync":
-        hold = np.where(hit, transfer, prefill)
+        hold = np.where(hit, transfer + tail, prefill)
         extra = np.where(hit, cfg.t0_s, 0.0)
         start, finish = fifo(arrival, hold)
         wait = start - arrival
@@ -218,7 +255,7 @@ def simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
         ready = arrival.copy()
         ready[idx] = np.where(in_time, loaded, arrival[idx] + cfg.async_timeout_s)
         hold = prefill.copy()
-        hold[idx[in_time]] = 0.0
+        hold[idx[in_time]] = tail[idx[in_time]]
         extra = np.zeros(n)
         extra[idx[in_time]] = cfg.t0_s
         order = np.argsort(ready, kind="stable")

@@ -152,3 +152,38 @@ def test_bad_input_is_a_usage_error(args, message):
     code, out = run(*args)
     assert code == 2, out
     assert message in out
+
+
+def test_hits_from_a_mooncake_trace_and_from_a_run_file(tmp_path):
+    # blocks of 100 tokens, hash ids seen before lead each prompt's cached part:
+    # [1,2] → 0 (nothing seen yet); [1,2,3] → 200; [4] → 0; [1,5] → 100 (5 is new). Arrivals 10 s apart (no queueing).
+    trace = tmp_path / "t.jsonl"
+    lines = [([1, 2], 200), ([1, 2, 3], 300), ([4], 100), ([1, 5], 200)]
+    trace.write_text("".join(json.dumps({"timestamp": 10_000 * i, "input_length": n, "hash_ids": ids}) + "\n"
+                             for i, (ids, n) in enumerate(lines)))
+    # s = 1e7 B/token at 1 GB/s: 0.01 s per cached token; R = 100 tok/s: 0.01 s per recomputed token; T0 = 1 s
+    base = ["--trace", str(trace), "--bytes-per-token", "1e7", "--prefill-rate", "100", "--t0", "1",
+            "--instance-gbps", "1", "--block-tokens", "100", "--json"]
+    code, out = run(*base, "--hits-from-trace")
+    assert code == 0, out
+    res = json.loads(out)
+    # latencies: miss 200/100 = 2.0; hit 200 of 300: 1 + 200·0.01 + 100/100 = 4.0; miss 1.0; hit 100 of 200 (only
+    # id 1 leads; 5 is new): 1 + 1.0 + 1.0 = 3.0
+    assert res["hits"] == 2
+    assert res["max_s"] == pytest.approx(4.0) and res["mean_s"] == pytest.approx((2.0 + 4.0 + 1.0 + 3.0) / 4)
+    # a run file's cached_tokens win over hash ids: say the engine cached 300 of request 1 and nothing else
+    runf = tmp_path / "run.jsonl"
+    rows = [{"metadata": {}}] + [
+        {"index": i, "scheduled_s": 10.0 * i, "sent_s": 10.0 * i, "first_token_s": None, "finished_s": 10.0 * i + 1,
+         "latency_s": 1.0, "prompt_tokens": n, "cached_tokens": 300 if i == 1 else 0, "status": "ok",
+         "request": {"timestamp": 10_000 * i, "input_length": n, "hash_ids": ids}}
+        for i, (ids, n) in enumerate(lines)]
+    runf.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out = run(*[a if a != str(trace) else str(runf) for a in base], "--hits-from-trace")
+    assert code == 0, out
+    res = json.loads(out)
+    # 2.0, 1 + 300·0.01 = 4.0, 1.0, 2.0
+    assert res["hits"] == 1 and res["mean_s"] == pytest.approx((2.0 + 4.0 + 1.0 + 2.0) / 4)
+    code, out = run("--rate", "1", "--prompt-tokens", "5", "--bytes-per-token", "1", "--prefill-rate", "1",
+                    "--instance-gbps", "1", "--hits-from-trace")
+    assert code == 2 and "--trace" in out

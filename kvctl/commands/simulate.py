@@ -34,7 +34,9 @@ RESULT_COLS = ["ρ", "p50 s", "p90 s", "p99 s", "max s", "p50 by third (s)", "ma
 @click.option("--requests", type=click.IntRange(min=1), help="Requests to simulate (Poisson: default 10000; trace: the first N).")
 @click.option("--prompt-tokens", type=POS, help="Prompt tokens per request in Poisson mode (the mean with --prompt-dist exponential).")
 @click.option("--prompt-dist", type=click.Choice(["fixed", "exponential"]), default="fixed", show_default=True, help="Prompt lengths in Poisson mode.")
-@click.option("--hit-fraction", type=click.FloatRange(min=0, max=1), default=1.0, show_default=True, help="Share of requests that hit the remote tier.")
+@click.option("--hit-fraction", type=click.FloatRange(min=0, max=1), default=1.0, show_default=True, help="Share of requests that hit the remote tier (each for its whole prompt).")
+@click.option("--hits-from-trace", is_flag=True, help="With --trace: cached tokens per request from the trace (a run file's cached_tokens, or Mooncake hash ids seen before) instead of --hit-fraction.")
+@click.option("--block-tokens", type=click.IntRange(min=1), default=512, show_default=True, help="Tokens per Mooncake hash_id block (with --hits-from-trace).")
 @bytes_per_token_options()
 @click.option("--prefill-rate", type=POS, required=True, help="Prefill throughput R, tokens/s (misses cost n/R).")
 @click.option("--t0", type=NONNEG, default=0.33, show_default=True, help="Fixed per-hit cost T0, seconds (the paper's 0.33).")
@@ -48,13 +50,14 @@ RESULT_COLS = ["ρ", "p50 s", "p90 s", "p99 s", "max s", "p50 by third (s)", "ma
 @click.option("--plot", type=click.Path(dir_okay=False), help="With --sweep: draw p50/p99 against the swept values to FILE.png.")
 @output_options
 def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | None, prompt_tokens: float | None, prompt_dist: str,
-                 hit_fraction: float, bytes_per_token: float, prefill_rate: float, t0: float, instances: int,
+                 hit_fraction: float, hits_from_trace: bool, block_tokens: int, bytes_per_token: float, prefill_rate: float, t0: float, instances: int,
                  instance_gbps: float | None, bench_path: str | None, loading: str, async_timeout_s: float, seed: int,
                  sweep_specs: tuple[str, ...], plot: str | None, as_json: bool) -> None:
     """Simulate one prefill engine with a remote KV tier: latency percentiles, ρ, stability.
 
     \b
     Service per request (paper §4):  miss  n/R  ·  hit  T0 + n·s/B_eff
+    (a hit of h < n cached tokens: T0 + h·s/B_eff + (n − h)/R, with --hits-from-trace)
     sync   the transfer n·s/B_eff holds the engine (a single-server FIFO queue,
            ρ = λ·n·s/B); T0 adds to the hit's latency only
     async  loads run on the tier while the engine computes; a load not done within
@@ -73,14 +76,17 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
     if plot and not sweep_specs:
         raise click.UsageError("--plot draws a --sweep")
     bench = sim.bench_bandwidths(bench_path) if bench_path else None
-    base = sim.SimConfig(bytes_per_token, prefill_rate, t0, instances, instance_gbps, loading, async_timeout_s, hit_fraction, seed)
+    if hits_from_trace and not trace_path:
+        raise click.UsageError("--hits-from-trace needs --trace")
+    base = sim.SimConfig(bytes_per_token, prefill_rate, t0, instances, instance_gbps, loading, async_timeout_s, hit_fraction, seed,
+                         hits_from_trace)
     cache: dict[Any, Any] = {}
 
     def workload_for(r: float | None = None, n: float | None = None) -> Any:
         key = (r, n)
         if key not in cache:
             if trace_path:
-                cache[key] = sim.trace_workload(trace_path, requests)
+                cache[key] = sim.trace_workload(trace_path, requests, block_tokens)
             else:
                 cache[key] = sim.poisson_workload(r or rate, requests or 10000, n or prompt_tokens, prompt_dist, seed)
         return cache[key]

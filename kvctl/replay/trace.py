@@ -43,6 +43,7 @@ class TraceRequest:
     prompt: str | None = None
     prompt_token_ids: tuple[int, ...] | None = None
     source: dict[str, Any] | None = None  # the original trace line, stored in run files
+    cached_tokens: int | None = None  # a run file's row: what the engine reported cached
 
     @property
     def token_count(self) -> int | None:
@@ -170,8 +171,11 @@ def read_trace(path: str | Path) -> Trace:
             errors.append(f"line {lineno}: {e}")
             continue
         formats.add(fmt)
-        if source is not obj and "prompt" in fields and _is_int(obj.get("prompt_tokens")):
-            fields["input_length"] = obj["prompt_tokens"]  # the engine's count from the past run
+        if source is not obj:
+            if "prompt" in fields and _is_int(obj.get("prompt_tokens")):
+                fields["input_length"] = obj["prompt_tokens"]  # the engine's count from the past run
+            if _is_int(obj.get("cached_tokens")):
+                fields["cached_tokens"] = obj["cached_tokens"]
         requests.append(TraceRequest(index=0, line=lineno, source=source, **fields))
     if errors:
         raise malformed(p, errors)
@@ -190,6 +194,7 @@ def read_trace(path: str | Path) -> Trace:
             prompt=r.prompt,
             prompt_token_ids=r.prompt_token_ids,
             source=r.source,
+            cached_tokens=r.cached_tokens,
         )
         for i, r in enumerate(ordered)
     )

@@ -67,15 +67,40 @@ def cli(verbose: int) -> None:
       kvctl cost kv-size --config    bytes per token from a model's config.json
     Every command takes --json; exit codes: 0 ok, 1 error, 2 usage,
     3 warning finding, 4 critical finding, 5 unreachable.
+    -v/-vv work before or after the subcommand. Shell completion:
+    eval "$(_KVCTL_COMPLETE=bash_source kvctl)" (zsh_source, fish_source).
     """
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=_log_level(verbose), stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def _log_level(verbose: int) -> int:
+    return logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+
+
+def _verbose_after_subcommand(ctx: click.Context, param: click.Parameter, value: int) -> None:
+    """``kvctl CMD ... -v``: the count adds to the one given before the subcommand."""
+    if value:
+        root = ctx.find_root()
+        total = (root.params.get("verbose") or 0) + value
+        logging.getLogger().setLevel(_log_level(total))
+
+
+def _add_verbose_everywhere(group: click.Group) -> None:
+    """Give every subcommand (built-in or a plugin's) a hidden ``-v/--verbose``, so it also works after the subcommand."""
+    for cmd in group.commands.values():
+        if not any(isinstance(p, click.Option) and {"-v", "--verbose"} & set(p.opts) for p in cmd.params):
+            cmd.params.append(
+                click.Option(["-v", "--verbose"], count=True, expose_value=False, hidden=True, callback=_verbose_after_subcommand, help="Log to stderr, as `kvctl -v`.")
+            )
+        if isinstance(cmd, click.Group):
+            _add_verbose_everywhere(cmd)
 
 
 def _register_plugins() -> None:
     from kvctl.hooks import plugin_manager  # noqa: PLC0415
 
     plugin_manager().hook.register_commands(cli=cli)
+    _add_verbose_everywhere(cli)
 
 
 _register_plugins()

@@ -24,6 +24,7 @@ import datetime as _dt
 import difflib
 import fcntl
 import json
+import logging
 import math
 import os
 import re
@@ -38,6 +39,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kvctl.errors import InvalidInput, KvctlError
+
+log = logging.getLogger(__name__)
 
 KEY = "enable_async_loading"
 ENV_VAR = "LMCACHE_ENABLE_ASYNC_LOADING"
@@ -350,6 +353,7 @@ def _stale_temps(real: Path) -> None:
             now = os.lstat(cand)
             if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
                 os.unlink(cand)
+                log.info("removed %s, a temp file left by a kvctl run that died (%d bytes)", cand, st.st_size)
         except OSError:
             pass
         finally:
@@ -390,6 +394,7 @@ def open_temp(target: Path | str, attempts: int = 5) -> TempFile:
     for _ in range(attempts):
         fd, name = tempfile.mkstemp(prefix=f".{target.name}{TMP_MARK}{os.getpid()}-", dir=target.parent)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        log.debug("writing %s through %s", target, name)
         try:  # another run's cleanup may have taken it between mkstemp and flock: start again
             now = os.lstat(name)
             mine = os.fstat(fd)

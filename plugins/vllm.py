@@ -131,24 +131,27 @@ class KvctlConnector(KVConnectorBase_V1):
                     bool(vllm_config.model_config.use_mla), _model_name(vllm_config))
 
     @classmethod
-    def worker_without_engine(cls, extra_config: dict, *, world_size: int, layer_names, spec, block_size: int,
-                              use_mla: bool, kv_caches: dict, model_name: str = "model", group_kind: str = "tp",
-                              coordinator=None) -> "KvctlConnector":
-        """The worker half outside a vLLM engine (benchmarks, tests), on real caches and a real group.
+    def without_engine(cls, extra_config: dict, *, world_size: int, layer_names, spec, block_size: int,
+                       use_mla: bool, kv_caches: dict | None = None, model_name: str = "model",
+                       group_kind: str = "tp", coordinator=None,
+                       role: KVConnectorRole = KVConnectorRole.WORKER) -> "KvctlConnector":
+        """One half of the connector outside a vLLM engine (benchmarks, tests), on real caches and groups.
 
-        ``spec`` has vLLM's ``head_size``, ``num_kv_heads`` and ``dtype``;
-        ``coordinator`` stands for vLLM's group coordinator (``rank_in_group``,
-        ``world_size``, ``cpu_group``, ``ranks``); None = vLLM's own TP/PCP group.
+        ``spec`` has vLLM's ``head_size``, ``num_kv_heads`` and ``dtype``. Worker:
+        ``kv_caches`` are registered at once; ``coordinator`` stands for vLLM's
+        group coordinator (``rank_in_group``, ``world_size``, ``cpu_group``,
+        ``ranks``), None = vLLM's own TP/PCP group.
         """
         from types import SimpleNamespace
 
         self = cls.__new__(cls)
-        self._role, self._connector_metadata = KVConnectorRole.WORKER, None
+        self._role, self._connector_metadata = role, None
         self._kv_cache_config = SimpleNamespace(
             kv_cache_groups=[SimpleNamespace(layer_names=list(layer_names), kv_cache_spec=spec)])
         self._coordinator = coordinator
         self._setup(group_kind, world_size, extra_config, block_size, use_mla, model_name)
-        self.register_kv_caches(kv_caches)
+        if role == KVConnectorRole.WORKER:
+            self.register_kv_caches(kv_caches)
         return self
 
     def _setup(self, group_kind: str, world_size: int, extra_config, block_size: int, use_mla: bool,
@@ -199,6 +202,8 @@ class KvctlConnector(KVConnectorBase_V1):
         self._pending_loads: list[LoadSpec] = []
         self._local_hit: dict[str, int] = {}  # req -> local computed tokens seen by the last lookup
         self._async_lookups: dict[str, tuple[Future, float, int]] = {}
+        # outer async lookups get their own threads: they wait on the lookup pool's per-rank EXISTS tasks
+        self._async_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvctl-async-lookup")
         self.policy = None
         if st.load_policy is not None:
             p = st.load_policy
@@ -226,7 +231,7 @@ class KvctlConnector(KVConnectorBase_V1):
         rid = request.request_id
         entry = self._async_lookups.get(rid)
         if entry is None or entry[2] != first:
-            fut = self.lookup._pool.submit(self.lookup.lookup, prompt, first, True)
+            fut = self._async_pool.submit(self.lookup.lookup, prompt, first, True)
             entry = (fut, time.monotonic(), first)
             self._async_lookups[rid] = entry
         fut, started, _ = entry
@@ -508,6 +513,7 @@ class KvctlConnector(KVConnectorBase_V1):
 
     def shutdown(self) -> None:
         if self._role == KVConnectorRole.SCHEDULER:
+            self._async_pool.shutdown(wait=False, cancel_futures=True)
             self.lookup.close()
             return
         if self._async_q is not None:

@@ -42,7 +42,7 @@ def make_worker(rank, world, urls, kind, mla=True, heads=1):
         caches = {n: torch.zeros(N_BLOCKS, BS, ROW) for n in ("l0", "l1")}
     else:
         caches = {n: torch.zeros(N_BLOCKS, heads, BS, 2 * ROW) for n in ("l0", "l1")}
-    conn = KvctlConnector.worker_without_engine(
+    conn = KvctlConnector.without_engine(
         {"urls": urls, "chunk_tokens": CT, "timeout_s": 2.0}, world_size=world, layer_names=["l0", "l1"],
         spec=SimpleNamespace(head_size=ROW, num_kv_heads=heads, dtype=torch.float32), block_size=BS,
         use_mla=mla, kv_caches=caches, model_name="m", group_kind=kind)

@@ -1,0 +1,153 @@
+"""Scheduler side of KvctlConnector against two real Valkey instances.
+
+vLLM's Request / SchedulerOutput / KVCacheBlocks are plain records here
+(SimpleNamespace with the fields the connector reads); the tier, the keys
+and the connector code are real.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from kvctl.connector.ownership import chunk_keys  # noqa: E402
+from kvctl.connector.resp import RespClient  # noqa: E402
+
+pytestmark = pytest.mark.engine
+
+CT, BS = 4, 2
+TOKENS = list(range(300, 317))  # 17 tokens: 4 full chunks, all loadable ((17 - 1) // 4 = 4)
+
+
+def scheduler(urls, **extra):
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from kvctl.plugins.vllm import KvctlConnector
+
+    return KvctlConnector.without_engine(
+        {"urls": urls, "chunk_tokens": CT, "timeout_s": 1.0, **extra}, world_size=2, layer_names=["l0", "l1"],
+        spec=SimpleNamespace(head_size=6, num_kv_heads=1, dtype=torch.float32), block_size=BS, use_mla=True,
+        model_name="m", role=KVConnectorRole.SCHEDULER)
+
+
+def store_all(servers, fmt, tokens=TOKENS):
+    keys = chunk_keys(tokens[:16], CT, "m", fmt)
+    for c, k in enumerate(keys):
+        with RespClient(servers[c % 2].url) as cl:
+            cl.batched_set([k], [b"kv"])
+    return keys
+
+
+def req(rid, tokens=TOKENS, preemptions=0):
+    return SimpleNamespace(request_id=rid, prompt_token_ids=list(tokens), num_preemptions=preemptions)
+
+
+def sched_out(new=(), cached=(), scheduled=None, finished=()):
+    cached = list(cached)
+    return SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id=r, prompt_token_ids=t, block_ids=(b,), num_computed_tokens=n)
+                            for r, t, b, n in new],
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[c[0] for c in cached], resumed_req_ids={c[0] for c in cached if c[3]},
+                                              new_block_ids=[(c[1],) if c[1] is not None else None for c in cached],
+                                              num_computed_tokens=[c[2] for c in cached]),
+        num_scheduled_tokens=dict(scheduled or {}), finished_req_ids=set(finished))
+
+
+@pytest.fixture
+def tier(valkey_factory):
+    return [valkey_factory(), valkey_factory()]
+
+
+def test_lookup_is_min_over_ranks_block_aligned_and_never_the_whole_prompt(tier):
+    conn = scheduler([s.url for s in tier])
+    keys = store_all(tier, conn.fmt)
+    assert conn.get_num_new_matched_tokens(req("r"), 0) == (16, False)
+    assert conn.get_num_new_matched_tokens(req("r"), 0) == (16, False)  # asking again changes nothing
+    # vLLM's prefix cache already holds 6 tokens (3 blocks): 16 - 6 = 10 more from the tier
+    assert conn.get_num_new_matched_tokens(req("r"), 6) == (10, False)
+    # a 16-token prompt: its last token is always computed -> (16 - 1) // 4 = 3 chunks = 12 tokens
+    assert conn.get_num_new_matched_tokens(req("s", TOKENS[:16]), 0) == (12, False)
+    with RespClient(tier[0].url) as cl:
+        cl.delete([keys[2]])
+    assert conn.get_num_new_matched_tokens(req("r"), 0) == (8, False)
+    assert conn.get_num_new_matched_tokens(req("r"), 8) == (0, False)
+    conn.shutdown()
+
+
+def test_alloc_plans_an_offset_load_and_prefill_completion_plans_the_save(tier):
+    from kvctl.plugins.vllm import KvctlConnectorMetadata
+
+    conn = scheduler([s.url for s in tier])
+    store_all(tier, conn.fmt)
+    r = req("r")
+    assert conn.get_num_new_matched_tokens(r, 6) == (10, False)
+    blocks = [11, 3, 7, 9, 2, 5, 8, 1, 4]
+    conn.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda: (blocks,)), 10)
+    meta = conn.build_connector_meta(sched_out(new=[("r", TOKENS, blocks, 16)], scheduled={"r": 1}))
+    assert isinstance(meta, KvctlConnectorMetadata)
+    (load,) = meta.loads
+    # chunks 1..3 (chunk 0 is local), tokens 6.. written (4, 5 are local too)
+    assert (load.first_chunk, load.end_chunk, load.skip_tokens, load.block_ids) == (1, 4, 6, blocks)
+    assert load.token_ids == TOKENS[:16] and not load.is_async
+    (save,) = meta.saves  # 16 + 1 scheduled = the whole prompt: store its 4 full chunks (8 blocks)
+    assert save.token_ids == TOKENS[:16] and save.block_ids == blocks[:8]
+    stats = conn.get_kv_connector_stats().data
+    assert stats == {"kvctl:chunks_hit": 2, "kvctl:chunks_missed": 1}  # 10 tokens = 2 chunks of the 3 past chunk 0
+    assert conn.build_connector_meta(sched_out()).loads == []  # planned once
+    conn.shutdown()
+
+
+def test_chunked_prefill_preemption_and_finish(tier):
+    conn = scheduler([s.url for s in tier])
+    # step 1 of a chunked prefill: 8 of 17 tokens -> nothing to save yet
+    m1 = conn.build_connector_meta(sched_out(new=[("p", TOKENS, [1, 2, 3, 4], 0)], scheduled={"p": 8}))
+    assert m1.saves == []
+    # step 2: 9 more tokens with 5 new blocks -> the prompt is done: save its 4 chunks = blocks 1..8
+    m2 = conn.build_connector_meta(sched_out(cached=[("p", [5, 6, 7, 8, 9], 8, False)], scheduled={"p": 9}))
+    (save,) = m2.saves
+    assert save.block_ids == [1, 2, 3, 4, 5, 6, 7, 8]
+    # preempted and resumed: the resumed request carries all its new blocks; saved once only
+    m3 = conn.build_connector_meta(sched_out(cached=[("p", [20, 21, 22, 23, 24, 25, 26, 27, 28], 0, True)],
+                                             scheduled={"p": 17}))
+    assert m3.saves == [] and conn._reqs["p"].block_ids == [20, 21, 22, 23, 24, 25, 26, 27, 28]
+    # finish (or abort) forgets the request
+    conn.request_finished(req("p"), [])
+    assert "p" not in conn._reqs
+    conn.build_connector_meta(sched_out(new=[("q", TOKENS, [1], 0)], scheduled={"q": 2}))
+    conn.build_connector_meta(sched_out(finished=["q"]))
+    assert "q" not in conn._reqs
+    conn.shutdown()
+
+
+def test_async_lookup_answers_later_and_a_stopped_instance_recomputes(tier):
+    conn = scheduler([s.url for s in tier], async_loading=True)
+    store_all(tier, conn.fmt)
+    r = req("a")
+    answer, deadline = (None, False), time.monotonic() + 10
+    while answer[0] is None and time.monotonic() < deadline:
+        answer = conn.get_num_new_matched_tokens(r, 0)
+        time.sleep(0.01)
+    assert answer == (16, True)
+    os.kill(tier[1].pid, signal.SIGSTOP)
+    try:
+        r2 = req("b")
+        t0 = time.monotonic()
+        answer = conn.get_num_new_matched_tokens(r2, 0)
+        assert answer == (None, False)  # still asking: the scheduler tries again next step
+        while answer[0] is None and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+            answer = conn.get_num_new_matched_tokens(r2, 0)
+        elapsed = time.monotonic() - t0
+    finally:
+        os.kill(tier[1].pid, signal.SIGCONT)
+    assert answer == (0, False)
+    assert elapsed < 2 * 1.0 + 1.0  # 2 x timeout_s, then recompute
+    assert conn.get_kv_connector_stats().data["kvctl:lookup_timeouts"] == 1
+    conn.shutdown()

@@ -6,6 +6,15 @@
 * GQA/MHA: ``2 × num_key_value_heads × head_dim`` elements per layer (K and V);
   KV heads are split across TP ranks (replicated when there are fewer heads
   than ranks). ``head_dim`` defaults to ``hidden_size / num_attention_heads``.
+  As in vLLM, ``--tp`` must divide the attention heads, and either divide the KV
+  heads or be a multiple of them; a config with more KV heads than attention
+  heads, or attention heads that are not a multiple of the KV heads, is refused.
+
+The KV cache has the model's dtype (vLLM's ``--kv-cache-dtype auto``), and with
+no ``--dtype`` the model's dtype is what vLLM's ``--dtype auto`` picks on an
+Ampere-or-newer GPU (``_resolve_auto_dtype`` in vllm/config/model.py): a float32
+(or undeclared) checkpoint is served in bfloat16, float16 stays float16 except
+for models vLLM will not run in float16, anything else falls back to bfloat16.
 """
 
 from __future__ import annotations
@@ -18,7 +27,8 @@ from typing import Any, Mapping
 from kvctl.errors import InvalidInput
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-_HF_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8"}
+# model types vLLM refuses to run in float16 (numerical instability); --dtype auto gives them bfloat16
+FP16_UNSUPPORTED_MODEL_TYPES = ("gemma2", "gemma3", "gemma3_text", "glm4")
 
 
 @dataclass(frozen=True)
@@ -32,6 +42,7 @@ class KvSize:
     bytes_per_token: float
     chunk_tokens: int
     chunk_bytes: float
+    dtype_source: str = "--dtype"  # how the dtype was chosen: --dtype, or vLLM's --dtype auto rule and why
 
 
 def load_config(path: Path | str) -> dict[str, Any]:
@@ -70,27 +81,63 @@ def kv_size(
         raise InvalidInput(f"--chunk-tokens must be positive, got {chunk_tokens}")
     if tp <= 0:
         raise InvalidInput(f"--tp must be positive, got {tp}")
+    dtype_source = "--dtype"
     if dtype is None:
-        hf = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
-        dtype = _HF_DTYPES.get(str(hf), "bf16")
+        dtype, dtype_source = auto_dtype(cfg)
     if dtype not in DTYPE_BYTES:
         raise InvalidInput(f"unknown dtype '{dtype}' (choose from {', '.join(DTYPE_BYTES)})")
     layers = _field(cfg, "num_hidden_layers", source)
+    name = str(cfg.get("_name_or_path") or Path(source).stem)
     if cfg.get("kv_lora_rank"):
         attention = "mla"
         elems = _field(cfg, "kv_lora_rank", source) + _field(cfg, "qk_rope_head_dim", source)
+        if "num_attention_heads" in cfg:
+            _check_tp(_field(cfg, "num_attention_heads", source), None, tp, name)
     else:
         heads = _field(cfg, "num_attention_heads", source)
         kv_heads = cfg.get("num_key_value_heads", heads)
         if not isinstance(kv_heads, int) or kv_heads <= 0:
             raise InvalidInput(f"model config {source}: invalid field 'num_key_value_heads'")
+        _check_tp(heads, kv_heads, tp, name)
         head_dim = cfg.get("head_dim") or _field(cfg, "hidden_size", source) // heads
         attention = "mha" if kv_heads == heads else "gqa"
         kv_heads_per_rank = max(1, -(-kv_heads // tp))
         elems = 2 * kv_heads_per_rank * head_dim
     bpt = float(layers * elems * DTYPE_BYTES[dtype])
-    name = str(cfg.get("_name_or_path") or Path(source).stem)
-    return KvSize(name, attention, layers, elems, dtype, tp, bpt, chunk_tokens, bpt * chunk_tokens)
+    return KvSize(name, attention, layers, elems, dtype, tp, bpt, chunk_tokens, bpt * chunk_tokens, dtype_source)
+
+
+def auto_dtype(cfg: Mapping[str, Any]) -> tuple[str, str]:
+    """(kvctl dtype, why) for vLLM's ``--dtype auto`` on a GPU that has bfloat16 (Ampere or newer)."""
+    raw = cfg.get("torch_dtype") or cfg.get("dtype")
+    name = str(raw).lower().removeprefix("torch.") if raw else None
+    model_type = cfg.get("model_type")
+    if name is None:
+        return "bf16", "vLLM --dtype auto: the config names no dtype, read as float32 and served in bfloat16"
+    if name in ("float32", "float"):
+        return "bf16", f"vLLM --dtype auto: a {raw} checkpoint is served at 16 bit (bfloat16)"
+    if name == "bfloat16":
+        return "bf16", "vLLM --dtype auto: the config's bfloat16"
+    if name in ("float16", "half"):
+        if model_type in FP16_UNSUPPORTED_MODEL_TYPES:
+            return "bf16", f"vLLM --dtype auto: {model_type} does not run in float16, so bfloat16"
+        return "fp16", "vLLM --dtype auto: the config's float16"
+    return "bf16", f"vLLM --dtype auto: {raw} is not a dtype vLLM computes in, so bfloat16 (give --dtype fp8 for an engine run with --kv-cache-dtype fp8)"
+
+
+def _check_tp(heads: int, kv_heads: int | None, tp: int, name: str) -> None:
+    """InvalidInput unless vLLM can shard these heads over ``tp`` ranks (see the module docstring)."""
+    if kv_heads is not None and kv_heads > heads:
+        raise InvalidInput(f"model config of {name}: {kv_heads} KV heads but {heads} attention heads (a KV head serves one or more attention heads)")
+    if kv_heads is not None and heads % kv_heads:
+        raise InvalidInput(f"model config of {name}: the {heads} attention heads are not a multiple of the {kv_heads} KV heads")
+    if heads % tp:
+        raise InvalidInput(f"--tp {tp} does not divide the {heads} attention heads of {name} (vLLM needs an even split): use a divisor of {heads}")
+    if kv_heads is not None and kv_heads % tp and tp % kv_heads:
+        raise InvalidInput(
+            f"--tp {tp} and the {kv_heads} KV heads of {name} do not fit: vLLM splits KV heads evenly over the ranks "
+            f"(--tp dividing {kv_heads}) or replicates them (--tp a multiple of {kv_heads})"
+        )
 
 
 def kv_size_from_file(path: Path | str, dtype: str | None = None, chunk_tokens: int = 256, tp: int = 1) -> KvSize:

@@ -1,4 +1,5 @@
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,100 @@ def test_bad_json(tmp_path):
     p.write_text("{nope")
     with pytest.raises(InvalidInput, match="not valid JSON"):
         kv_size_from_file(p)
+
+
+# ----------------------------------------------------------------------------- vLLM's --dtype auto (issue 13)
+
+LLAMA = json.loads((MODELS / "llama-3.1-8b.json").read_text())  # 32 layers, 8 KV heads, head_dim 4096/32 = 128
+
+
+def _cfg(tmp_path, **changes) -> Path:
+    cfg = {k: v for k, v in {**LLAMA, **changes}.items() if v is not None}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+def test_float32_checkpoint_is_served_at_16_bit(tmp_path):
+    """vLLM's --dtype auto downcasts a float32 checkpoint to bfloat16 (its first supported dtype on an
+    Ampere-or-newer GPU), and the KV cache follows the model dtype: 2 bytes, not 4."""
+    k = kv_size_from_file(_cfg(tmp_path, torch_dtype="float32"))
+    assert k.dtype == "bf16"
+    assert k.bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131072  # K+V × layers × KV heads × head_dim × 2 bytes
+    assert "float32" in k.dtype_source and "bfloat16" in k.dtype_source and "auto" in k.dtype_source
+
+
+@pytest.mark.parametrize(
+    "changes, dtype, said",
+    [
+        ({"torch_dtype": None}, "bf16", "no dtype"),  # vLLM reads a missing dtype as float32, then downcasts
+        ({"torch_dtype": "float16"}, "fp16", "float16"),
+        ({"torch_dtype": None, "dtype": "float16"}, "fp16", "float16"),  # newer transformers write `dtype`
+        ({"torch_dtype": "float16", "model_type": "gemma2"}, "bf16", "gemma2"),  # vLLM refuses float16 for gemma2
+        ({"torch_dtype": "float8_e4m3fn"}, "bf16", "--dtype fp8"),  # not a compute dtype: falls back to bfloat16
+        ({"torch_dtype": "bfloat16"}, "bf16", "bfloat16"),
+    ],
+)
+def test_auto_dtype_rule(tmp_path, changes, dtype, said):
+    k = kv_size_from_file(_cfg(tmp_path, **changes))
+    assert k.dtype == dtype and said in k.dtype_source, k.dtype_source
+    assert k.bytes_per_token == 2 * 32 * 8 * 128 * {"bf16": 2, "fp16": 2}[dtype]
+
+
+def test_explicit_dtype_wins_and_is_named(tmp_path):
+    k = kv_size_from_file(_cfg(tmp_path, torch_dtype="float32"), dtype="fp32")
+    assert (k.dtype, k.bytes_per_token) == ("fp32", 2 * 32 * 8 * 128 * 4)
+    assert k.dtype_source == "--dtype"
+
+
+def test_cli_says_which_dtype_was_used(tmp_path):
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from kvctl.cli import cli  # noqa: PLC0415
+
+    p = _cfg(tmp_path, torch_dtype="float32")
+    res = CliRunner().invoke(cli, ["cost", "kv-size", "--config", str(p), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["dtype"] == "bf16" and "float32" in d["dtype_source"] and d["bytes_per_token"] == 131072
+    res = CliRunner().invoke(cli, ["cost", "kv-size", "--config", str(p)])
+    assert "bf16" in res.stdout and "float32" in res.stdout
+
+
+# ----------------------------------------------------------------------------- heads and --tp (issue 13)
+
+
+@pytest.mark.parametrize(
+    "changes, tp, msg",
+    [
+        ({}, 3, "--tp 3 does not divide the 32 attention heads"),
+        ({"num_attention_heads": 48, "hidden_size": 6144}, 3, "--tp 3 and the 8 KV heads"),  # 48 % 3 == 0, 8 % 3 != 0
+        ({"num_attention_heads": 48, "hidden_size": 6144}, 12, "--tp 12 and the 8 KV heads"),  # 12 > 8, 12 % 8 != 0
+        ({"num_key_value_heads": 64}, 1, "64 KV heads but 32 attention heads"),
+        ({"num_key_value_heads": 6}, 1, "32 attention heads are not a multiple of the 6 KV heads"),
+    ],
+)
+def test_heads_that_cannot_be_split_are_refused(tmp_path, changes, tp, msg):
+    with pytest.raises(InvalidInput, match=re.escape(msg)):
+        kv_size_from_file(_cfg(tmp_path, **changes), tp=tp)
+
+
+def test_tp_that_divides_or_replicates_is_accepted(tmp_path):
+    # 48 heads, 8 KV heads: tp 4 splits 8 → 2 per rank; tp 16 (a multiple of 8) replicates 1 per rank
+    p = _cfg(tmp_path, num_attention_heads=48, hidden_size=6144)
+    assert kv_size_from_file(p, tp=4).bytes_per_token == 2 * 32 * 2 * 128 * 2
+    assert kv_size_from_file(p, tp=16).bytes_per_token == 2 * 32 * 1 * 128 * 2
+
+
+def test_mla_heads_must_divide_by_tp():
+    with pytest.raises(InvalidInput, match=re.escape("--tp 3 does not divide the 128 attention heads")):
+        kv_size_from_file(MODELS / "deepseek-v3.json", tp=3)
+
+
+def test_cli_bad_tp_is_exit_2_one_line(tmp_path):
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from kvctl.cli import cli  # noqa: PLC0415
+
+    res = CliRunner().invoke(cli, ["cost", "kv-size", "--config", str(_cfg(tmp_path)), "--tp", "3"])
+    assert res.exit_code == 2 and "does not divide the 32 attention heads" in res.output and "Traceback" not in res.output

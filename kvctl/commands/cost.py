@@ -181,7 +181,7 @@ def rho_cmd(arrival_rate: float, prompt_gb: float | None, tokens: int | None, by
 
 @cost_group.command("kv-size")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True, help="Hugging Face config.json.")
-@click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype (default: the config's torch_dtype).")
+@click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype (default: what vLLM's --dtype auto serves the config's torch_dtype at: float32 -> bf16; the output says which).")
 @click.option("--chunk-tokens", type=CHUNK_TOKENS, default=256, show_default=True, help="Tokens per LMCache chunk.")
 @click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks (splits GQA/MHA heads; MLA is replicated).")
 @output_options
@@ -197,7 +197,7 @@ def kv_size_cmd(config_path: str, dtype: str | None, chunk_tokens: int, tp: int,
             ("attention", res.attention),
             ("layers", res.layers),
             ("elements per token per layer", res.elements_per_token_per_layer),
-            ("dtype", res.dtype),
+            ("dtype", f"{res.dtype} ({res.dtype_source})"),
             ("tp ranks", res.tp),
             ("bytes per token", res.bytes_per_token),
             (f"chunk bytes ({res.chunk_tokens} tokens, MB)", res.chunk_bytes / cost.MB),

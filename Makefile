@@ -6,8 +6,11 @@ VENV ?= .venv
 PIP := $(VENV)/bin/pip
 KVCTL := $(VENV)/bin/kvctl
 PYTEST_ARGS ?=
+# LMCache 0.5.6 gets its own venv (README "The LMCache path" says why); the tests find it through KVCTL_LMCACHE_PYTHON
+LMC_VENV ?= .venv-lmcache
+LMC_ENV := KVCTL_LMCACHE_PYTHON=$(abspath $(LMC_VENV))/bin/python
 
-.PHONY: demo test test-fast test-slow venv clean
+.PHONY: demo test test-fast test-slow venv lmcache-venv clean
 
 $(VENV)/bin/python:
 	$(PY) -m venv $(VENV)
@@ -23,7 +26,16 @@ $(VENV)/.installed-test: $(VENV)/bin/python setup.cfg pyproject.toml
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 	touch $@ $(VENV)/.installed
 
+$(LMC_VENV)/.installed: setup.cfg pyproject.toml
+	$(PY) -m venv $(LMC_VENV)
+	$(LMC_VENV)/bin/pip install -q --upgrade pip
+	$(LMC_VENV)/bin/pip install -q -e ".[test,engine,lmcache]"
+	$(LMC_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+	touch $@
+
 venv: $(VENV)/.installed
+
+lmcache-venv: $(LMC_VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(KVCTL) cost report
@@ -39,14 +51,14 @@ demo: $(VENV)/.installed
 	if [ -f $$d/kv-tier/kvctl-tier.json ]; then $(KVCTL) deploy-valkey down --dir $$d/kv-tier --purge; fi; \
 	rm -rf $$d; exit $$rc
 
-test: $(VENV)/.installed-test
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+test: $(VENV)/.installed-test $(LMC_VENV)/.installed
+	$(LMC_ENV) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-test-fast: $(VENV)/.installed-test
-	$(VENV)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)
+test-fast: $(VENV)/.installed-test $(LMC_VENV)/.installed
+	$(LMC_ENV) $(VENV)/bin/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
-test-slow: $(VENV)/.installed-test
-	$(VENV)/bin/python -m pytest -m slow $(PYTEST_ARGS)
+test-slow: $(VENV)/.installed-test $(LMC_VENV)/.installed
+	$(LMC_ENV) $(VENV)/bin/python -m pytest -m slow $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LMC_VENV) build *.egg-info .pytest_cache .hypothesis

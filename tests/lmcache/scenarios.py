@@ -1,0 +1,174 @@
+"""Scenarios that run inside the LMCache environment and report what they saw as JSON.
+
+LMCache 0.5.6 lives in its own venv (``make lmcache-venv``, README "The LMCache
+path"), so the tests in the main venv run these through
+:func:`tests.lmcache.lmcache_env.run_scenario`:
+
+    python -m tests.lmcache.scenarios NAME  < args.json   # prints "RESULT {json}" last
+
+Each scenario builds LMCache's own objects (engine config from a dict,
+``LMCacheMetadata``, a CPU ``LocalCPUBackend`` and the ``RemoteBackend`` that
+loads the plugin through ``remote_storage_plugins``), drives them against the
+real Valkey servers the test started, and returns raw observations; the
+assertions are the test's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+RESULT_PREFIX = "RESULT "
+
+
+def _lmcache_objects(config: dict, worker_id: int, world_size: int, use_mla: bool, chunk_size: int, plugin: str | None):
+    import torch  # noqa: PLC0415
+    from lmcache.v1.config import LMCacheEngineConfig  # noqa: PLC0415
+    from lmcache.v1.metadata import LMCacheMetadata  # noqa: PLC0415
+    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend  # noqa: PLC0415
+    from lmcache.v1.storage_backend.remote_backend import RemoteBackend  # noqa: PLC0415
+
+    cfg = LMCacheEngineConfig.from_dict(dict({"chunk_size": chunk_size, "local_cpu": True, "max_local_cpu_size": 0.01}, **config))
+    # 2 layers x chunk_size tokens x 8 values (GQA: K and V, MLA: one latent row) in bf16
+    kv_shape = (2, 1 if use_mla else 2, chunk_size, 1, 8)
+    md = LMCacheMetadata(model_name="tiny", world_size=world_size, local_world_size=world_size, worker_id=worker_id,
+                         local_worker_id=worker_id, kv_dtype=torch.bfloat16, kv_shape=kv_shape, use_mla=use_mla,
+                         chunk_size=chunk_size)
+    local = LocalCPUBackend(cfg, md, dst_device="cpu")
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True, name="lmcache-loop").start()
+    remote = RemoteBackend(cfg, md, loop, local, dst_device="cpu", plugin_name=plugin)
+    return cfg, md, local, loop, remote
+
+
+def _key(md, chunk_hash: int):
+    import torch  # noqa: PLC0415
+    from lmcache.utils import CacheEngineKey  # noqa: PLC0415
+
+    return CacheEngineKey(md.model_name, md.world_size, md.worker_id, chunk_hash, torch.bfloat16)
+
+
+def _filled(local, conn, value: float):
+    obj = local.allocate(conn.meta_shapes, conn.meta_dtypes, conn.meta_fmt)
+    obj.tensor.fill_(value)
+    return obj
+
+
+def _run(loop, coro, timeout_s: float = 30.0):
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout_s)
+
+
+def plugin_roundtrip(args: dict[str, Any]) -> dict[str, Any]:
+    """Store three chunks through the plugin, then look up and read them back with a missing key in between."""
+    cfg, md, local, loop, remote = _lmcache_objects(args["config"], args["worker_id"], args["world_size"],
+                                                    args.get("use_mla", False), args.get("chunk_size", 16), "kvctl")
+    out: dict[str, Any] = {"connection": repr(remote.connection)}
+    if remote.connection is None:
+        return out
+    conn = remote.connection.getWrappedConnector()
+    active = lambda: local.memory_allocator.pin_allocator.num_active_allocations  # noqa: E731
+    stored = [_key(md, h) for h in (101, 102, 103)]
+    missing = _key(md, 999)
+    objs = [_filled(local, conn, v) for v in (1.0, 2.0, 3.0)]
+    _run(loop, conn.batched_put(stored, objs))
+    _run(loop, conn.put(_key(md, 104), objs[0]))
+    for o in objs:
+        o.ref_count_down()
+    out["stored_keys"] = [k.to_string() for k in stored + [_key(md, 104)]]
+    out["full_chunk_bytes"] = conn.full_chunk_size_bytes
+    out["active_before"] = active()
+    out["batched_contains"] = conn.batched_contains([stored[0], stored[1], missing, stored[2]])
+    out["backend_batched_contains"] = remote.batched_contains([stored[0], stored[1], missing, stored[2]])
+    out["async_contains"] = _run(loop, conn.batched_async_contains("l1", [stored[0], missing, stored[1]]))
+    out["exists"] = [conn.exists_sync(stored[2]), conn.exists_sync(missing), _run(loop, conn.exists(stored[0]))]
+    t0 = time.monotonic()
+    miss = _run(loop, conn.get(missing))
+    out["get_missing_s"] = time.monotonic() - t0
+    out["get_missing"] = None if miss is None else "object"
+    got = _run(loop, conn.batched_get([stored[0], missing, stored[2]]))
+    out["batched_get"] = [None if o is None else float(o.tensor.float().mean()) for o in got]
+    for o in got:
+        if o is not None:
+            o.ref_count_down()
+    prefix = _run(loop, conn.batched_get_non_blocking("l2", [stored[1], stored[0], missing, stored[2]]))
+    out["non_blocking_prefix"] = [float(o.tensor.float().mean()) for o in prefix]
+    for o in prefix:
+        o.ref_count_down()
+    blocking = remote.get_blocking(stored[1])
+    out["backend_get_blocking"] = None if blocking is None else float(blocking.tensor.float().mean())
+    if blocking is not None:
+        blocking.ref_count_down()
+    out["active_after"] = active()
+    out["remove"] = [conn.remove_sync(stored[2]), conn.remove_sync(stored[2])]
+    out["ping"] = _run(loop, conn.ping())
+    out["errors"] = conn.errors
+    _run(loop, conn.close())
+    return out
+
+
+def plugin_dead_server(args: dict[str, Any]) -> dict[str, Any]:
+    """Every call against a port nobody answers on is a miss (or a dropped store) within the deadline."""
+    cfg, md, local, loop, remote = _lmcache_objects(args["config"], 0, 1, False, 16, "kvctl")
+    conn = remote.connection.getWrappedConnector()
+    key = _key(md, 7)
+    obj = _filled(local, conn, 1.0)
+    t0 = time.monotonic()
+    _run(loop, conn.put(key, obj))
+    out = {
+        "contains": conn.batched_contains([key]),
+        "get": None if _run(loop, conn.get(key)) is None else "object",
+        "batched_get": [o for o in _run(loop, conn.batched_get([key, key]))],
+        "ping": _run(loop, conn.ping()),
+    }
+    out["elapsed_s"] = time.monotonic() - t0
+    out["errors"] = conn.errors
+    obj.ref_count_down()
+    return out
+
+
+def native_resp_get_missing(args: dict[str, Any]) -> dict[str, Any]:
+    """LMCache's own ``resp://`` client: GET of a stored key, then of a missing one (prints progress as it goes)."""
+    cfg, md, local, loop, remote = _lmcache_objects({"remote_url": args["url"], "remote_serde": "naive"}, 0, 1, False, 16, None)
+    conn = remote.connection.getWrappedConnector()
+    key, missing = _key(md, 1), _key(md, 2)
+    obj = _filled(local, conn, 5.0)
+    _run(loop, conn.put(key, obj))
+    got = _run(loop, conn.get(key))
+    _emit("progress", {"stored_get": float(got.tensor.float().mean())})
+    t0 = time.monotonic()
+    res = _run(loop, conn.get(missing), timeout_s=args["wait_s"] + 60)
+    return {"missing_returned_after_s": time.monotonic() - t0, "missing": None if res is None else "object"}
+
+
+def validate_config_file(args: dict[str, Any]) -> dict[str, Any]:
+    """Load a YAML file with LMCache's own loader and report what it made of the remote settings."""
+    from lmcache.v1.config import load_engine_config_with_overrides  # noqa: PLC0415
+
+    cfg = load_engine_config_with_overrides(config_file_path=args["path"])
+    return {"remote_url": cfg.remote_url, "remote_storage_plugins": cfg.remote_storage_plugins,
+            "extra_config": cfg.extra_config, "chunk_size": cfg.chunk_size,
+            "enable_async_loading": cfg.enable_async_loading, "save_unfull_chunk": cfg.save_unfull_chunk}
+
+
+def _emit(kind: str, payload: dict) -> None:
+    print(f"{kind.upper()} {json.dumps(payload)}", flush=True)
+
+
+SCENARIOS = {f.__name__: f for f in (plugin_roundtrip, plugin_dead_server, native_resp_get_missing, validate_config_file)}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[1] not in SCENARIOS:
+        print(f"usage: python -m tests.lmcache.scenarios {{{','.join(SCENARIOS)}}} < args.json", file=sys.stderr)
+        return 2
+    result = SCENARIOS[argv[1]](json.loads(sys.stdin.read() or "{}"))
+    _emit("result", result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

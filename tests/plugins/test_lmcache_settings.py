@@ -1,0 +1,63 @@
+"""Settings of kvctl's LMCache plugin: per-rank URL from a {rank} template or a list, ACL user + password file, one error per bad key.
+
+Pure (no LMCache import): runs in every environment.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvctl.plugins.lmcache_settings import PluginConfigError, plugin_settings
+
+URL = "remote_storage_plugin.kvctl.url"
+
+
+def test_template_expands_to_this_rank():
+    s = plugin_settings({URL: "resp://valkey-{rank}:6379"}, "kvctl", 3)
+    assert s.url == "resp://valkey-3:6379"
+    assert s.rank == 3 and s.timeout_s == 2.0 and s.pool_size == 4
+
+
+def test_list_indexed_by_rank_and_plugin_instance_name():
+    extra = {"kvctl_remote_urls": ["resp://127.0.0.1:7000", "resp://127.0.0.1:7001"],
+             "remote_storage_plugin.kvctl.a.timeout_s": "0.25", "remote_storage_plugin.kvctl.a.pool_size": 2}
+    s = plugin_settings(extra, "kvctl.a", 1)
+    assert s.url == "resp://127.0.0.1:7001"
+    assert s.timeout_s == 0.25 and s.pool_size == 2
+
+
+def test_acl_user_and_password_file(tmp_path):
+    pw = tmp_path / "engine.pw"
+    pw.write_text("p@ss/word\n")
+    s = plugin_settings({URL: "resp://10.0.0.{rank}:6379", "kvctl_username": "kvctl-engine",
+                         "kvctl_password_file": str(pw)}, "kvctl", 2)
+    # '@' -> %40 and '/' -> %2F in the userinfo; the trailing newline of the file is not part of the password
+    assert s.url == "resp://kvctl-engine:p%40ss%2Fword@10.0.0.2:6379"
+    assert "p@ss" not in repr(s) and s.redacted_url == "resp://kvctl-engine:***@10.0.0.2:6379/0"
+
+
+@pytest.mark.parametrize("extra,kw,needle", [
+    ({}, {}, "exactly one of"),
+    ({URL: "resp://a:1", "kvctl_remote_urls": ["resp://a:1"]}, {}, "exactly one of"),
+    ({"kvctl_remote_urls": ["resp://a:1"]}, {}, "no URL for rank 1"),
+    ({"kvctl_remote_urls": "resp://a:1"}, {}, "expected a list"),
+    ({URL: "http://a:1"}, {}, "unsupported scheme"),
+    ({URL: ""}, {}, "expected a URL string"),
+    ({URL: "resp://a:1", "kvctl_username": "u"}, {}, "needs extra_config.kvctl_password_file"),
+    ({URL: "resp://a:1", "kvctl_password_file": "/nonexistent/pw"}, {}, "cannot read /nonexistent/pw"),
+    ({URL: "resp://a:1", "remote_storage_plugin.kvctl.timeout_s": 0}, {}, "must be > 0"),
+    ({URL: "resp://a:1", "remote_storage_plugin.kvctl.timeout_s": "soon"}, {}, "expected a number"),
+    ({URL: "resp://a:1", "remote_storage_plugin.kvctl.pool_size": 1.5}, {}, "expected an integer"),
+    ({URL: "resp://a:1"}, {"remote_url": "resp://a:1"}, "write every chunk twice"),
+    ({URL: "resp://a:1"}, {"save_unfull_chunk": True}, "save_unfull_chunk"),
+])
+def test_bad_settings_name_the_key(extra, kw, needle):
+    with pytest.raises(PluginConfigError, match=needle):
+        plugin_settings(extra, "kvctl", 1, **kw)
+
+
+def test_empty_password_file_refused(tmp_path):
+    pw = tmp_path / "pw"
+    pw.write_text("\n")
+    with pytest.raises(PluginConfigError, match="is empty"):
+        plugin_settings({URL: "resp://a:1", "kvctl_password_file": str(pw)}, "kvctl", 0)

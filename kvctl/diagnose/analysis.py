@@ -237,6 +237,9 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
     # --- Valkey side --------------------------------------------------------------------
     instances = _instances(a, b, list(capture.valkey_urls))
     unreachable += [f"Valkey rank {i.rank} ({i.url}): {i.error}" for i in instances if i.status == "unreachable"]
+    resets_valkey = [f"Valkey rank {i.rank} ({i.url})" for i in instances if i.restarted]
+    if resets_valkey:
+        notes.append(f"restarted inside the window (INFO counters went backwards), counted from the restart: {', '.join(resets_valkey)}")
     ok_inst = [i for i in instances if i.status == "ok"]
     for inst in ok_inst:
         ex.append(Quantity(

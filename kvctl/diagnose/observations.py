@@ -52,6 +52,7 @@ class InstanceObs:
     get_busy_fraction: float | None = None
     bandwidth_gbps: float | None = None
     evicted_keys: float | None = None
+    restarted: bool = False  # its counters went backwards: the server restarted inside the window
 
 
 def _div(a: float | None, b: float | None) -> float | None:
@@ -192,6 +193,7 @@ def _instances(a: Sample, b: Sample, urls: list[str]) -> list[InstanceObs]:
         window = b.valkey_time(rank) - a.valkey_time(rank)
         if not window > 0:
             raise InvalidInput(f"Valkey rank {rank}: its samples are not in time order (Δt = {window:.3f} s)")
+        restarted = _cmd(ib, "calls") < _cmd(ia, "calls") or float(ib.get("total_net_output_bytes", 0)) < float(ia.get("total_net_output_bytes", 0))
         calls = M.delta(_cmd(ia, "calls"), _cmd(ib, "calls")) or 0.0
         usec = M.delta(_cmd(ia, "usec"), _cmd(ib, "usec")) or 0.0
         out_bytes = M.delta(float(ia.get("total_net_output_bytes", 0)), float(ib.get("total_net_output_bytes", 0))) or 0.0
@@ -202,7 +204,7 @@ def _instances(a: Sample, b: Sample, urls: list[str]) -> list[InstanceObs]:
                 bytes_out=out_bytes, bytes_out_per_s=out_bytes / window, usec_per_get=_div(usec, calls),
                 get_busy_fraction=usec / (window * 1e6),
                 bandwidth_gbps=(out_bytes / (usec / 1e6) / cost.GB) if usec > 0 and out_bytes > 0 else None,
-                evicted_keys=evicted,
+                evicted_keys=evicted, restarted=restarted,
             )
         )
     return out

@@ -345,3 +345,23 @@ def test_stalls_json_errors_are_one_object():
     assert res.exit_code == 2
     err = no_nan(res.stdout)
     assert err["outcome"] == "error" and "--pid" in err["error"]
+
+
+def test_a_valkey_restart_inside_the_window_is_noted(valkey_factory):
+    """A real instance read, restarted (its counters start again from zero), read again."""
+    from kvctl.diagnose.sources import valkey_info  # noqa: PLC0415
+    from kvctl.tier.targets import resolve_targets  # noqa: PLC0415
+
+    v = valkey_factory()
+    r = redis.Redis(port=v.port)
+    r.set("k", b"x" * 1000)
+    for _ in range(50):
+        r.get("k")
+    (t,) = resolve_targets([v.url])
+    first = valkey_info(t)
+    r.config_resetstat()  # what a restart does to INFO's counters
+    r.get("k")
+    second = valkey_info(t)
+    d = analyse(Capture(["e"], [v.url], [Sample(0.0, [TRAFFIC.text()], [first]), Sample(1.0, [TRAFFIC.text()], [second])]))
+    assert d.instances[0].restarted and d.instances[0].get_calls == 1
+    assert any("restarted inside the window" in n and f"rank 0 ({v.url})" in n for n in d.notes)

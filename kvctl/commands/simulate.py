@@ -21,11 +21,11 @@ def register_commands(cli: click.Group) -> None:
 
 
 def _row(res: Any) -> list[Any]:
-    return [res.rho, res.p50_s, res.p90_s, res.p99_s, res.max_s, " / ".join(render.fmt(v) for v in res.thirds_p50_s),
+    return [res.rho, res.tier_rho, res.p50_s, res.p90_s, res.p99_s, res.max_s, " / ".join(render.fmt(v) for v in res.thirds_p50_s),
             res.max_queue, res.stable]
 
 
-RESULT_COLS = ["ρ", "p50 s", "p90 s", "p99 s", "max s", "p50 by third (s)", "max queue", "stable"]
+RESULT_COLS = ["ρ", "tier ρ", "p50 s", "p90 s", "p99 s", "max s", "p50 by third (s)", "max queue", "stable"]
 
 
 @click.command("simulate")
@@ -106,7 +106,8 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
             f"What if — {workload_for().source}",
             [k.replace("_", " ") for k in keys] + ["B_eff GB/s"] + RESULT_COLS,
             [[p.parameters[k] for k in keys] + [p.result.bandwidth_gbps] + _row(p.result) for p in points],
-            caption=f"s = {bytes_per_token:g} B/token · R = {prefill_rate:g} tok/s · T0 = {t0:g} s" + (f" · plot: {plot}" if plot else ""),
+            caption=f"s = {bytes_per_token:g} B/token · R = {prefill_rate:g} tok/s · T0 = {t0:g} s" + (f" · plot: {plot}" if plot else "")
+        + "\nρ: the engine's utilisation; tier ρ: the tier's (async loads that miss --async-timeout are recomputed)",
         )
         return
     w = workload_for()
@@ -119,7 +120,7 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
         RESULT_COLS,
         [_row(res)],
         caption=(f"mean {res.mean_s:.3f} s · mean wait {res.mean_wait_s:.3f} s · hits {res.hits:,} of {res.requests:,}"
-                 + (f" · timeouts {res.timeouts:,} · tier ρ {render.fmt(res.tier_rho)}" if loading == "async" else "")
+                 + (f" · timeouts {res.timeouts:,}" if loading == "async" else "")
                  + ("" if res.stable is not False else "\nρ ≥ 1: a queue grows for as long as requests keep arriving")),
     )
 

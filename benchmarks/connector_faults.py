@@ -156,8 +156,13 @@ def _fake_kinds(d: float) -> list[Kind]:
         def factory(box):
             def script(conn: socket.socket, n: int) -> bool:
                 key = _key(box[0].last_request)
-                conn.sendall(_bulk(VALUES.get(key, b"????")))
-                if key == b"a":  # GET a gets an unsolicited second reply
+                reply = _bulk(VALUES.get(key, b"????"))
+                if key != b"a":
+                    conn.sendall(reply)
+                elif not late_s:  # GET a gets an unsolicited second reply, in the same packet ...
+                    conn.sendall(reply + _bulk(b"EVIL"))
+                else:  # ... or late_s later, while the connection is idle in the pool
+                    conn.sendall(reply)
                     time.sleep(late_s)
                     conn.sendall(_bulk(b"EVIL"))
                 return True
@@ -169,7 +174,7 @@ def _fake_kinds(d: float) -> list[Kind]:
                 buf = bytearray(4)
                 out = t.timed(lambda: client.batched_get([key], [buf]), "ok", [True])
                 t.check_bytes(out == [True], buf, VALUES[key])
-                time.sleep(2.5 * late_s)  # the late reply reaches the idle socket
+                time.sleep(5 * late_s)  # the late reply reaches the idle socket before the next request
 
         return factory, trial
 

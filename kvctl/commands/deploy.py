@@ -23,7 +23,7 @@ def register_commands(cli: click.Group) -> None:
     cli.add_command(deploy_group)
 
 
-@hookimpl
+@hookimpl(tryfirst=True)  # built-ins register first, so a plugin cannot take their names
 def register_deploy_targets(register: Callable) -> None:
     from kvctl.tier import render_targets  # noqa: PLC0415
 
@@ -38,6 +38,25 @@ def fleet_renderers() -> dict[str, Callable]:
     found: dict[str, Callable] = {}
     plugin_manager().hook.register_deploy_targets(register=lambda name, fn: found.setdefault(name, fn))
     return found
+
+
+#: Targets that `up --apply` knows how to install; a plugin's target is rendered to --out only.
+APPLY_TARGETS = ("systemd", "k8s")
+
+
+class TargetChoice(click.Choice):
+    """``local`` plus every target registered through ``register_deploy_targets``, read when the option is used."""
+
+    def __init__(self) -> None:
+        super().__init__(["local"])
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return ("local", *fleet_renderers())
+
+    @choices.setter
+    def choices(self, value: Any) -> None:  # click.Choice.__init__ assigns; the registered targets win
+        pass
 
 
 def dir_option(func: Callable) -> Callable:
@@ -97,7 +116,7 @@ def deploy_group() -> None:
 
 
 @deploy_group.command("up")
-@click.option("--target", type=click.Choice(["local", "systemd", "k8s"]), default="local", show_default=True, help="Start local processes, or render systemd units / k8s manifests.")
+@click.option("--target", type=TargetChoice(), default="local", show_default=True, help="Start local processes, or render systemd units / k8s manifests (or a plugin's registered target).")
 @click.option("--ranks", type=int, required=True, help="Number of ranks = instances (rank r on instance r).")
 @click.option("--base-port", type=click.IntRange(1, 65535), default=17400, show_default=True, envvar="KVCTL_BASE_PORT", help="Port of rank 0; rank r listens on base-port + r (local, systemd).")
 @click.option("--maxmemory", default="400mb", show_default=True, help="TOTAL memory of the tier, split evenly across instances (Valkey units: mb = MiB, m = 10^6).")
@@ -158,6 +177,8 @@ def _render_fleet(target: str, ranks: int, base_port: int, maxmemory: str, host:
     renderers = fleet_renderers()
     if target not in renderers:
         raise InvalidInput(f"unknown target {target!r}; known: local, {', '.join(sorted(renderers))}")
+    if apply_ and target not in APPLY_TARGETS:
+        raise InvalidInput(f"--apply installs only {' and '.join(APPLY_TARGETS)}; --target {target} (a plugin's target) is rendered to --out, to be installed with its own tools")
     if out is None:
         raise InvalidInput(f"--target {target} needs --out DIR")
     fleet = render_targets.FleetSpec.build(
@@ -262,7 +283,7 @@ def down_cmd(tier_dir: Path, purge: bool, timeout_s: float, as_json: bool) -> No
 def tier_config_options(func: Callable) -> Callable:
     """Options that name the tier an engine config points at (lmcache-config, vllm-config)."""
 
-    @click.option("--target", type=click.Choice(["local", "systemd", "k8s"]), default="local", show_default=True, help="Tier kind: local reads --dir; systemd/k8s take the same options as `up`.")
+    @click.option("--target", type=TargetChoice(), default="local", show_default=True, help="Tier kind: local reads --dir; systemd/k8s (or a plugin's target) take the same options as `up`.")
     @dir_option
     @click.option("--ranks", type=int, help="Number of ranks (systemd, k8s).")
     @click.option("--base-port", type=click.IntRange(1, 65535), default=17400, show_default=True, help="Port of rank 0 (systemd).")

@@ -73,6 +73,7 @@ class Params:
     hot_ratio: float = 2.0
     hot_min_gets: int = 100
     min_prefill_rate: float = 100.0  # tok/s: a derived R below this is a symptom, not a rate
+    max_bandwidth_gbps: float = 1000.0  # a B above this (per engine) is a counter mix-up, not a bandwidth
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,13 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         ex.append(Quantity("B, upper bound (GB/s)", bw, f"Σ_i Δtotal_net_output_bytes_i / Δcmdstat_get usec_i over {len(busy)} instance(s)", BANDWIDTH_SOURCES[BW_VALKEY]))
     else:
         why["bandwidth_gbps"] = "no GET timing in the window: no kvctl:l2_get_seconds_total, lmcache:remote_time_to_get, or Valkey GETs"
+    bw_implausible = None
+    if bw is not None and not (math.isfinite(bw) and bw <= params.max_bandwidth_gbps):
+        bw_implausible, bw, bw_src = bw, None, None
+        why["bandwidth_gbps"] = (
+            f"B = {bw_implausible:.3g} GB/s from these counters is implausible (> {params.max_bandwidth_gbps:g} GB/s): "
+            "bytes and GET time do not belong together; not used for ρ"
+        )
     if ok_inst and not any(i.get_calls for i in ok_inst) and not (k_bytes or lm_bytes):
         insufficient.append(
             f"0 GETs on these {len(ok_inst)} Valkey instance(s) in the window and no engine-side L2 bytes: "
@@ -364,7 +372,7 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         chunks_hit=D.total("kvctl:chunks_hit"), chunks_missed=D.total("kvctl:chunks_missed"),
         ext_queries=D.total("vllm:external_prefix_cache_queries"), ext_hits=D.total("vllm:external_prefix_cache_hits"),
         lm_requested=D.total("lmcache:num_requested_tokens"), lm_hits=D.total("lmcache:num_hit_tokens"),
-        mean_prefill_s=mean_prefill_s,
+        mean_prefill_s=mean_prefill_s, bw_implausible=bw_implausible,
     )
     findings = findings_for(obs, params)
     if rho is None or not math.isfinite(rho):

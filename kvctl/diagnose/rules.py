@@ -184,6 +184,17 @@ def _tier_health(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
                 {"derived_prefill_rate_tok_s": o["r_implausible"], "mean_prefill_s": o["mean_prefill_s"]},
             )
         )
+    if o["bw_implausible"] is not None:
+        out.append(
+            Finding(
+                "bandwidth_implausible",
+                "warning",
+                f"the tier bandwidth these counters give is {o['bw_implausible']:.3g} GB/s, beyond any network: bytes and GET "
+                "time do not belong together (mixed label sets, a counter in the wrong unit), so ρ is not computed from it",
+                "check the engine's /metrics by hand (kvctl:l2_get_*, lmcache:remote_time_to_get in ms); give the tier (--valkey) for a server-side bound",
+                {"bandwidth_gbps": o["bw_implausible"]},
+            )
+        )
     if o["resets"]:
         out.append(
             Finding(

@@ -365,3 +365,15 @@ def test_a_valkey_restart_inside_the_window_is_noted(valkey_factory):
     d = analyse(Capture(["e"], [v.url], [Sample(0.0, [TRAFFIC.text()], [first]), Sample(1.0, [TRAFFIC.text()], [second])]))
     assert d.instances[0].restarted and d.instances[0].get_calls == 1
     assert any("restarted inside the window" in n and f"rank 0 ({v.url})" in n for n in d.notes)
+
+
+def test_an_implausible_bandwidth_is_a_finding_not_a_zero_rho():
+    """1 GB read in 1e-9 s of GET time (1e9 GB/s): the old analysis divided by it and got ρ ≈ 0, "keeps up"."""
+    a2 = BASE.advance(remote_read_bytes=0)
+    b2 = BASE.advance(requests=10, prompt_lengths=[16000] * 10, remote_read_bytes=1e9, remote_get_ms=[1e-6])
+    d = analyse(Capture(["e"], [], [Sample(0.0, [a2.text()], []), Sample(10.0, [b2.text()], [])]))
+    assert d.bandwidth_gbps is None and d.rho is None
+    assert "implausible" in d.null_reasons["bandwidth_gbps"]
+    (f,) = [f for f in d.findings if f.id == "bandwidth_implausible"]
+    assert f.evidence["bandwidth_gbps"] == pytest.approx(1e9 / 1e-9 / 1e9)  # 1e9 B / 1e-9 s = 1e18 B/s = 1e9 GB/s
+    assert d.outcome == "insufficient_data"

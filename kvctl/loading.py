@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import difflib
+import errno
 import fcntl
 import json
 import logging
@@ -406,11 +407,39 @@ def open_temp(target: Path | str, attempts: int = 5) -> TempFile:
     raise KvctlError(f"cannot create a temp file next to {target}: it kept disappearing ({attempts} tries); no file was changed")
 
 
-def _same_owner_and_mode(fd: int, st: os.stat_result) -> None:
-    """Give an open file ``st``'s owner, group and mode (chown first: it may clear set-id bits)."""
+def _same_owner_and_mode(fd: int, st: os.stat_result, like: Path) -> None:
+    """Give an open file the owner, group, mode, ACL and extended attributes of ``like`` (whose stat is ``st``).
+
+    chown first (it may clear set-id bits), then the mode, then the xattrs: a POSIX ACL
+    (``system.posix_acl_access``, e.g. ``setfacl -m u:vllm:r``) or an SELinux label would
+    otherwise be lost with the old inode. An attribute that cannot be copied is an error:
+    the engine might no longer be allowed to read the file.
+    """
     if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
         os.fchown(fd, st.st_uid, st.st_gid)
     os.fchmod(fd, stat.S_IMODE(st.st_mode))
+    try:
+        names = os.listxattr(like)
+    except OSError as e:
+        if e.errno in (errno.ENOTSUP, errno.ENODATA):
+            return
+        raise
+    for name in names:
+        try:
+            value = os.getxattr(like, name)
+        except OSError as e:
+            if e.errno == errno.ENODATA:  # gone meanwhile
+                continue
+            raise
+        try:
+            if os.getxattr(fd, name) == value:
+                continue
+        except OSError:
+            pass
+        try:
+            os.setxattr(fd, name, value)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot copy the extended attribute {name} ({e.strerror})") from e
 
 
 def _stage(path: Path, text: str) -> TempFile:
@@ -423,8 +452,8 @@ def _stage(path: Path, text: str) -> TempFile:
         view = memoryview(data)
         while view:
             view = view[os.write(tmp.fd, view) :]
+        _same_owner_and_mode(tmp.fd, st, real)
         os.fsync(tmp.fd)
-        _same_owner_and_mode(tmp.fd, st)
     except BaseException:
         tmp.discard()
         raise
@@ -448,7 +477,7 @@ def _backup(real: Path) -> Path:
     st = os.stat(real)
     fd = os.open(bak, os.O_RDONLY | os.O_NOFOLLOW)
     try:
-        _same_owner_and_mode(fd, st)
+        _same_owner_and_mode(fd, st, real)
     finally:
         os.close(fd)
     return bak

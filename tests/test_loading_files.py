@@ -492,3 +492,30 @@ def test_read_only_vllm_file_is_refused_unless_forced(tmp_path):
     assert "read-only" in res.stderr and "0440" in res.stderr and p.read_text() == VLLM_UNIT
     run(["loading", "async", "--force", "--vllm", str(p)])
     assert '"async_loading": true' in p.read_text() and stat.S_IMODE(p.stat().st_mode) == 0o440
+
+
+def _acl(*entries: tuple[int, int, int]) -> bytes:
+    """A POSIX access ACL in the kernel's xattr format: version 2, then (tag, perm, id) entries."""
+    import struct  # noqa: PLC0415
+
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, perm, uid) for tag, perm, uid in entries)
+
+
+@as_root
+def test_acl_and_xattrs_are_kept(tmp_path):
+    """An ACL that lets the engine's user read the file (``setfacl -m u:12345:r``) must survive the rewrite."""
+    p = tmp_path / "lmcache.yaml"
+    p.write_text(CONFIG)
+    p.chmod(0o640)
+    none = 0xFFFFFFFF
+    acl = _acl((0x01, 6, none), (0x02, 4, OTHER_UID), (0x04, 4, none), (0x10, 4, none), (0x20, 0, none))  # u::rw u:12345:r g::r m::r o::-
+    try:
+        os.setxattr(p, "system.posix_acl_access", acl)
+        os.setxattr(p, "user.owner-team", b"inference")
+    except OSError as e:
+        pytest.skip(f"this filesystem has no ACLs/user xattrs: {e}")
+    run(["loading", "async", "--config", str(p)])
+    assert yaml.safe_load(p.read_text())["enable_async_loading"] is True
+    assert os.getxattr(p, "system.posix_acl_access") == acl
+    assert os.getxattr(p, "user.owner-team") == b"inference"
+    assert stat.S_IMODE(p.stat().st_mode) == 0o640

@@ -26,13 +26,11 @@ from urllib.parse import quote
 
 from kvctl.connector.urls import InvalidUrl, expand_url, parse_resp_url
 from kvctl.plugins.vllm_config import _with_password
+from kvctl.tier.lmcache_config import PASSWORD_FILE_KEY, PLUGIN_NAME, URL_LIST_KEY, USERNAME_KEY, plugin_key
 
 __all__ = ["PLUGIN_TYPE", "PluginConfigError", "PluginSettings", "plugin_settings"]
 
-PLUGIN_TYPE = "kvctl"  # remote_storage_plugins entry: "kvctl" or "kvctl.<instance>"
-URL_LIST_KEY = "kvctl_remote_urls"
-USERNAME_KEY = "kvctl_username"
-PASSWORD_FILE_KEY = "kvctl_password_file"
+PLUGIN_TYPE = PLUGIN_NAME  # remote_storage_plugins entry: "kvctl" or "kvctl.<instance>"
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_POOL_SIZE = 4
 
@@ -50,10 +48,6 @@ class PluginSettings:
     rank: int
     timeout_s: float = DEFAULT_TIMEOUT_S
     pool_size: int = DEFAULT_POOL_SIZE
-
-
-def plugin_key(plugin_name: str, name: str) -> str:
-    return f"remote_storage_plugin.{plugin_name}.{name}"
 
 
 def _positive(extra: Mapping[str, Any], key: str, default, integer: bool = False):
@@ -86,7 +80,7 @@ def plugin_settings(
     have no fixed size to read into, so both are refused.
     """
     extra = dict(extra_config or {})
-    url_key = plugin_key(plugin_name, "url")
+    url_key = plugin_key("url", plugin_name)
     if remote_url:
         raise PluginConfigError(
             f"remote_url ({remote_url}) is set next to remote_storage_plugins [{plugin_name}]: LMCache would build a "
@@ -135,8 +129,8 @@ def plugin_settings(
         url=url,
         redacted_url=parsed.redacted(),
         rank=rank,
-        timeout_s=float(_positive(extra, plugin_key(plugin_name, "timeout_s"), DEFAULT_TIMEOUT_S)),
-        pool_size=int(_positive(extra, plugin_key(plugin_name, "pool_size"), DEFAULT_POOL_SIZE, integer=True)),
+        timeout_s=float(_positive(extra, plugin_key("timeout_s", plugin_name), DEFAULT_TIMEOUT_S)),
+        pool_size=int(_positive(extra, plugin_key("pool_size", plugin_name), DEFAULT_POOL_SIZE, integer=True)),
     )
 
 

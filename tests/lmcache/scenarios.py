@@ -25,14 +25,20 @@ from typing import Any
 RESULT_PREFIX = "RESULT "
 
 
-def _lmcache_objects(config: dict, worker_id: int, world_size: int, use_mla: bool, chunk_size: int, plugin: str | None):
+def _lmcache_objects(config: dict | str, worker_id: int, world_size: int, use_mla: bool, chunk_size: int, plugin: str | None):
     import torch  # noqa: PLC0415
     from lmcache.v1.config import LMCacheEngineConfig  # noqa: PLC0415
     from lmcache.v1.metadata import LMCacheMetadata  # noqa: PLC0415
     from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend  # noqa: PLC0415
     from lmcache.v1.storage_backend.remote_backend import RemoteBackend  # noqa: PLC0415
 
-    cfg = LMCacheEngineConfig.from_dict(dict({"chunk_size": chunk_size, "local_cpu": True, "max_local_cpu_size": 0.01}, **config))
+    if isinstance(config, str):  # a YAML file, through LMCache's own loader
+        from lmcache.v1.config import load_engine_config_with_overrides  # noqa: PLC0415
+
+        cfg = load_engine_config_with_overrides(config_file_path=config, overrides={"max_local_cpu_size": 0.01})
+        chunk_size = cfg.chunk_size
+    else:
+        cfg = LMCacheEngineConfig.from_dict(dict({"chunk_size": chunk_size, "local_cpu": True, "max_local_cpu_size": 0.01}, **config))
     # 2 layers x chunk_size tokens x 8 values (GQA: K and V, MLA: one latent row) in bf16
     kv_shape = (2, 1 if use_mla else 2, chunk_size, 1, 8)
     md = LMCacheMetadata(model_name="tiny", world_size=world_size, local_world_size=world_size, worker_id=worker_id,

@@ -313,6 +313,11 @@ def check_writable(path: Path | str, force: bool = False) -> None:
         raise InvalidInput(f"cannot read {shown}: {e.strerror or e}") from e
     if not stat.S_ISREG(st.st_mode):
         raise InvalidInput(f"{shown} is not a regular file; the file was not changed")
+    if st.st_nlink > 1 and not force:
+        raise Refused(
+            f"{shown} has {st.st_nlink} hard links: kvctl writes a new file and renames it, so the other names would keep "
+            "the old text; edit the file the engine reads, or pass --force to write this name anyway; no file was changed"
+        )
     if read_only(st, real) and not force:
         raise Refused(f"{shown} is read-only (mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}); pass --force to write it anyway (its mode and owner are kept); no file was changed")
     if os.geteuid() != 0 and (st.st_uid != os.geteuid() or st.st_gid not in (os.getegid(), *os.getgroups())):

@@ -519,3 +519,17 @@ def test_acl_and_xattrs_are_kept(tmp_path):
     assert os.getxattr(p, "system.posix_acl_access") == acl
     assert os.getxattr(p, "user.owner-team") == b"inference"
     assert stat.S_IMODE(p.stat().st_mode) == 0o640
+
+
+def test_hard_linked_file_is_refused_unless_forced(tmp_path):
+    """A rename gives this name a new inode; the file's other hard links would keep the old text."""
+    p = tmp_path / "lmcache.yaml"
+    p.write_text(CONFIG)
+    other = tmp_path / "engine-copy.yaml"
+    os.link(p, other)
+    res = run(["loading", "async", "--config", str(p)], 1)
+    assert "2 hard links" in res.stderr and "--force" in res.stderr
+    assert p.read_text() == CONFIG and not backups(p)
+    run(["loading", "async", "--force", "--config", str(p)])
+    assert yaml.safe_load(p.read_text())["enable_async_loading"] is True
+    assert other.read_text() == CONFIG  # what --force accepts: the other name is a separate file now

@@ -159,7 +159,7 @@ def flip_options(func: Callable) -> Callable:
 
 @loading_group.command("async")
 @flip_options
-@click.option("--force", is_flag=True, help="Write a read-only file anyway (its mode and owner are kept).")
+@click.option("--force", is_flag=True, help="Write a read-only file anyway (its mode and owner are kept), or one name of a hard-linked file.")
 def async_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json, force) -> None:
     """Switch to asynchronous loading (enable_async_loading: true)."""
     _flip(True, sources, dry_run, force, None, restart_cmd, restart_timeout, no_backup, as_json)
@@ -169,7 +169,7 @@ def async_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json
 @flip_options
 @click.option("--diagnosis", type=click.Path(dir_okay=False), help="`kvctl diagnose --json` output to check ρ against (default: the last diagnosis saved under KVCTL_HOME).")
 @click.option("--max-age", "max_age", default="1h", show_default=True, help="Oldest diagnosis to trust: seconds or 30m, 1h, 2d.")
-@click.option("--force", is_flag=True, help="Switch even when the diagnosis shows ρ ≥ 0.7 or cannot decide (none, ρ unknown, a lower bound, too old); also write a read-only file (mode and owner kept).")
+@click.option("--force", is_flag=True, help="Switch even when the diagnosis shows ρ ≥ 0.7 or cannot decide (none, ρ unknown, a lower bound, too old); also write a read-only file (mode and owner kept) or one name of a hard-linked file.")
 def sync_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json, diagnosis, max_age, force) -> None:
     """Switch to synchronous loading; refused unless --force when the latest diagnosis shows ρ ≥ 0.7 or cannot tell.
 

@@ -35,7 +35,12 @@ class Specs:
 
     @hookspec
     def register_deploy_targets(self, register):
-        """Call ``register(name, renderer)`` for each deployment target a plugin provides."""
+        """Call ``register(name, renderer)`` per deploy target; ``renderer(FleetSpec) -> list[RenderedFile]`` (kvctl.tier.render_targets).
+
+        Each name becomes a ``--target`` choice of ``deploy-valkey up``, ``lmcache-config`` and
+        ``vllm-config`` (files rendered to ``--out``; ``--apply`` installs only systemd and k8s).
+        The built-ins register first, so a plugin cannot replace ``local``, ``systemd`` or ``k8s``.
+        """
 
 
 def plugin_manager() -> pluggy.PluginManager:

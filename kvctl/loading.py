@@ -501,6 +501,20 @@ def atomic_write(path: Path | str, text: str) -> None:
         raise KvctlError(f"cannot write {path}: {e.strerror or e}; the original is unchanged") from e
 
 
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Hold Ctrl-C, SIGTERM, SIGHUP and SIGQUIT for the few renames, so a signal cannot leave some files changed
+    and others not; a signal that came meanwhile takes effect right after."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def apply(change: Change, backup: bool = True, force: bool = False) -> Change:
     """Write one planned change (backup first); a no-op for an unchanged file."""
     return apply_all([change], backup=backup, force=force)[0]
@@ -536,13 +550,14 @@ def apply_all(changes: list[Change], backup: bool = True, force: bool = False) -
                     baks[c.path] = _backup(real_path(c.path))
                 except OSError as e:
                     raise KvctlError(f"cannot back up {c.path}: {e.strerror or e}; no file was changed") from e
-        for c in todo:
-            try:
-                staged[c.path].commit()
-            except OSError as e:
-                left = f"; already written: {', '.join(done)} (backups kept)" if done else "; no file was changed"
-                raise KvctlError(f"cannot replace {c.path}: {e.strerror or e}{left}") from e
-            done.append(c.path)
+        with _signals_held():
+            for c in todo:
+                try:
+                    staged[c.path].commit()
+                except OSError as e:
+                    left = f"; already written: {', '.join(done)} (backups kept)" if done else "; no file was changed"
+                    raise KvctlError(f"cannot replace {c.path}: {e.strerror or e}{left}") from e
+                done.append(c.path)
     except BaseException:
         for t in staged.values():
             t.discard()

@@ -533,3 +533,38 @@ def test_hard_linked_file_is_refused_unless_forced(tmp_path):
     run(["loading", "async", "--force", "--config", str(p)])
     assert yaml.safe_load(p.read_text())["enable_async_loading"] is True
     assert other.read_text() == CONFIG  # what --force accepts: the other name is a separate file now
+
+
+# a kvctl run that gets a real SIGTERM (or SIGINT) from itself between renaming the first and the second file
+SIGNAL_AT_SECOND_REPLACE = textwrap.dedent(
+    """
+    import os, signal, sys
+    real_replace, calls = os.replace, []
+    def replace(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            os.kill(os.getpid(), getattr(signal, os.environ["KVCTL_TEST_SIGNAL"]))
+        return real_replace(*args, **kwargs)
+    os.replace = replace
+    from kvctl.cli import cli
+    cli(sys.argv[1:], prog_name="kvctl")
+    """
+)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_during_the_renames_does_not_half_apply(tmp_path, sig):
+    cfg = tmp_path / "lmcache.yaml"
+    cfg.write_text(CONFIG)
+    env_file = tmp_path / "engine.env"
+    env_file.write_text("LMCACHE_ENABLE_ASYNC_LOADING=False\n")
+    env = kvctl_env(tmp_path)
+    env["KVCTL_TEST_SIGNAL"] = sig
+    res = subprocess.run(
+        [sys.executable, "-c", SIGNAL_AT_SECOND_REPLACE, "loading", "async", "--config", str(cfg), "--env-file", str(env_file)],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert res.returncode != 0, res  # the signal still ends the run, after the renames
+    assert yaml.safe_load(cfg.read_text())["enable_async_loading"] is True
+    assert env_file.read_text() == "LMCACHE_ENABLE_ASYNC_LOADING=True\n"
+    assert not temps(tmp_path)

@@ -1,0 +1,99 @@
+"""``kvctl exporter``: serve the diagnosis (ρ, λ, B, B*, findings) as Prometheus metrics."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import click
+
+from kvctl import render
+from kvctl.commands.diagnose import TIMEOUT_S, model_options
+from kvctl.commands.options import count, output_options, positive
+from kvctl.diagnose.analysis import Params
+from kvctl.hooks import hookimpl
+
+INTERVAL_S = positive(3600.0)
+WINDOW_S = positive(86400.0)
+DURATION_S = positive(10 * 365 * 86400.0)
+
+
+@hookimpl
+def register_commands(cli: click.Group) -> None:
+    cli.add_command(exporter_cmd)
+
+
+@click.command("exporter")
+@click.option("--listen", default="127.0.0.1:9808", show_default=True, envvar="KVCTL_EXPORTER_LISTEN", help="HOST:PORT to serve /metrics on (port 0: a free one). A non-loopback HOST is allowed and printed.")
+@click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable), e.g. http://HOST:8000.")
+@click.option("--valkey", "valkey_urls", multiple=True, help="Valkey URL per rank (repeatable, index = rank), or one {rank} template with --ranks.")
+@click.option("--ranks", type=count(4096), help="Number of ranks for a {rank} template URL.")
+@click.option("--dir", "tier_dir", type=click.Path(file_okay=False), help="Directory of a tier started by `kvctl deploy-valkey up`.")
+@click.option("--password-file", type=click.Path(dir_okay=False), help="File (mode 0600) holding the Valkey password.")
+@model_options
+@click.option("--interval", "interval_s", type=INTERVAL_S, default=15.0, show_default=True, help="Seconds between samples (one /metrics read per engine, one INFO per instance).")
+@click.option("--window", "window_s", type=WINDOW_S, default=60.0, show_default=True, help="Sliding window in seconds: every value is the diagnosis of its oldest and newest sample.")
+@click.option("--timeout", "timeout_s", type=TIMEOUT_S, help="Per-source read timeout in seconds (default: --interval, at most 5); a source that does not answer drops its *_up to 0.")
+@click.option("--stale-after", "stale_after_s", type=WINDOW_S, help="Seconds a last good value is kept while a component is missing (default: max(--window, 3 x --interval)).")
+@click.option("--duration", "duration_s", type=DURATION_S, help="Stop after this many seconds (default: run until Ctrl-C or SIGTERM).")
+@output_options
+@click.pass_context
+def exporter_cmd(
+    ctx: click.Context, listen: str, engine_urls: tuple[str, ...], valkey_urls: tuple[str, ...], ranks: int | None, tier_dir: str | None,
+    password_file: str | None, bytes_per_token: float | None, prefill_rate: float | None, t0: float | None, interval_s: float,
+    window_s: float, timeout_s: float | None, stale_after_s: float | None, duration_s: float | None, as_json: bool,
+) -> None:
+    """Serve kvctl diagnose's analysis as Prometheus metrics, over a sliding window of samples.
+
+    \b
+    kvctl exporter --engine-url http://HOST:8000 --dir ./kv-tier --bytes-per-token 48437.5 \\
+                   --prefill-rate 52200 --interval 15 --window 60
+    Metrics: kvctl_rho, kvctl_arrival_rate_per_second (offered), kvctl_completion_rate_per_second,
+    kvctl_delivered_bandwidth_bytes_per_second{source}, kvctl_breakeven_bandwidth_bytes_per_second,
+    kvctl_min_hit_tokens, kvctl_hit_token_ratio, kvctl_valkey_get_busy_ratio{rank},
+    kvctl_valkey_up{rank}, kvctl_engine_up{engine}, kvctl_finding{id,severity},
+    kvctl_scrape_duration_seconds, kvctl_data_sufficient.
+    /metrics never waits on a component: a slow or dead one drops its *_up to 0 and the
+    last good values age out after --stale-after. Alert rules and a Grafana dashboard:
+    configs/prometheus/kvctl-alerts.yaml, configs/grafana/kvctl-dashboard.json.
+    """
+    from kvctl.commands.diagnose import _targets  # noqa: PLC0415 - same instance naming as diagnose
+    from kvctl.exporter import Exporter, ExporterConfig, Server, check_config, parse_listen  # noqa: PLC0415
+
+    if not engine_urls:
+        raise click.UsageError("give --engine-url (repeatable)")
+    targets = _targets(valkey_urls, ranks, tier_dir, password_file)
+    timeout_s = timeout_s if timeout_s is not None else min(5.0, interval_s)
+    params = Params(bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, t0_s=t0)
+    cfg = ExporterConfig(tuple(engine_urls), tuple(targets), params, interval_s, window_s, timeout_s, stale_after_s)
+    check_config(cfg)
+    where = parse_listen(listen)
+    server = Server(Exporter(cfg), where)
+    started = time.time()
+    info: dict[str, Any] = {
+        "metrics_url": server.url, "loopback_only": server.loopback, "engines": list(server.exporter.engine_urls),
+        "valkey_instances": len(targets), "interval_s": interval_s, "window_s": window_s, "stale_after_s": cfg.stale_s,
+    }
+    if as_json:
+        render.emit_json_line({"event": "listening", **info})
+    else:
+        render.message(f"serving {server.url} (sampling {len(info['engines'])} engine(s), {len(targets)} Valkey instance(s) every {interval_s:g} s, window {window_s:g} s); Ctrl-C stops")
+    if not server.loopback:
+        render.warn(f"listening on {server.host}, which is not loopback: anyone who can reach this host reads the tier's metrics")
+
+    def _stop(signum: int, frame: Any) -> None:
+        server.request_stop()
+
+    old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.wait(duration_s)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        server.stop()
+    summary = {"event": "stopped", "rounds": server.exporter.rounds, "ran_s": round(time.time() - started, 3)}
+    if as_json:
+        render.emit_json_line(summary)
+    else:
+        render.message(f"stopped after {summary['ran_s']:g} s, {summary['rounds']} sampling round(s)")

@@ -1,0 +1,325 @@
+"""``kvctl exporter``: the diagnosis as Prometheus metrics, over a sliding window of samples.
+
+A background thread takes one sample every ``interval_s`` (every engine's
+``/metrics`` and every Valkey instance's ``INFO``, read in parallel with a
+per-source timeout: :func:`kvctl.diagnose.capture.take_sample`) and keeps the
+samples of the last ``window_s``. Each round runs the same analysis as
+``kvctl diagnose`` (:func:`kvctl.diagnose.analysis.analyse`) on the oldest and
+newest sample of the window and stores the resulting series.
+
+``/metrics`` only reads that store (a custom prometheus_client collector), so a
+slow or dead component never blocks a scrape:
+
+* ``kvctl_engine_up`` / ``kvctl_valkey_up`` come from the newest sample and
+  drop to 0 when a source did not answer, or when the sampler itself has not
+  finished a round for ``stale_after_s``;
+* every other series keeps its last good value while a component is missing,
+  and disappears once that value is older than ``stale_after_s`` (an analysis
+  with every component answering replaces the series outright).
+
+No click, no rich: the command lives in :mod:`kvctl.commands.exporter`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+from kvctl import cost
+from kvctl.diagnose import capture as cap
+from kvctl.diagnose.analysis import Diagnosis, Params, analyse
+from kvctl.errors import InvalidInput, KvctlError
+from kvctl.tier.targets import Target
+
+DEFAULT_LISTEN = "127.0.0.1:9808"
+MAX_INTERVAL_S = 3600.0
+
+#: name -> (help, label names). The metric names are part of kvctl's interface (alerts, dashboards).
+METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "kvctl_rho": ("ρ = λ·(L2 bytes per request)/B of the synchronous-load queue over the window (≥ 1: unstable)", ()),
+    "kvctl_rho_lower_bound": ("1 when kvctl_rho is a lower bound (B from Valkey's server-side GET time), 0 when an estimate", ()),
+    "kvctl_arrival_rate_per_second": ("Offered arrival rate λ (finished + growth of waiting and running), requests/s", ()),
+    "kvctl_completion_rate_per_second": ("Completed requests/s over the window (capped by the tier when ρ > 1)", ()),
+    "kvctl_delivered_bandwidth_bytes_per_second": ("Tier bandwidth B the analysis used, bytes/s; source: kvctl_connector, lmcache_client or valkey_server_upper_bound", ("source",)),
+    "kvctl_breakeven_bandwidth_bytes_per_second": ("Break-even bandwidth B* = s·R, bytes/s: below it a hit is slower than recompute", ()),
+    "kvctl_min_hit_tokens": ("n* = R·T0: prompts shorter than this cannot beat recompute at any bandwidth, tokens", ()),
+    "kvctl_hit_token_ratio": ("Fraction of prompt tokens served from the external (L2) cache over the window", ()),
+    "kvctl_valkey_get_busy_ratio": ("Fraction of the window one Valkey instance spent in GETs (its main thread)", ("rank",)),
+    "kvctl_valkey_up": ("1 when the instance answered INFO in the newest sample", ("rank",)),
+    "kvctl_engine_up": ("1 when the engine's /metrics answered in the newest sample", ("engine",)),
+    "kvctl_finding": ("1 while a kvctl diagnose finding holds over the window", ("id", "severity")),
+    "kvctl_scrape_duration_seconds": ("Seconds the newest sampling round took (all sources in parallel)", ()),
+    "kvctl_data_sufficient": ("1 when the window's samples can answer the diagnosis, 0 while data is insufficient", ()),
+    "kvctl_window_seconds": ("Seconds between the oldest and newest sample analysed", ()),
+    "kvctl_last_sample_timestamp_seconds": ("Unix time of the newest sample", ()),
+}
+#: series that always describe the newest sample (never kept past it)
+FRESH = ("kvctl_valkey_up", "kvctl_engine_up", "kvctl_scrape_duration_seconds", "kvctl_data_sufficient", "kvctl_window_seconds", "kvctl_last_sample_timestamp_seconds")
+UP = ("kvctl_valkey_up", "kvctl_engine_up")
+
+Key = tuple[str, tuple[tuple[str, str], ...]]
+
+
+@dataclass(frozen=True)
+class ExporterConfig:
+    engine_urls: tuple[str, ...]
+    targets: tuple[Target, ...] = ()
+    params: Params = field(default_factory=Params)
+    interval_s: float = 15.0
+    window_s: float = 60.0
+    timeout_s: float = 5.0
+    stale_after_s: float | None = None  # None: max(window, 3 intervals)
+
+    @property
+    def stale_s(self) -> float:
+        return self.stale_after_s if self.stale_after_s is not None else max(self.window_s, 3 * self.interval_s)
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one sampling round produced (for logs, tests and the benchmark)."""
+
+    t_s: float
+    duration_s: float
+    samples_in_window: int
+    diagnosis: Diagnosis | None
+    error: str | None  # why there is no diagnosis (fewer than 2 samples, analysis refused)
+
+
+def sufficient(diag: Diagnosis | None) -> bool:
+    """The window answers the diagnosis: an analysis ran, it read an engine in both samples and lacks nothing."""
+    return diag is not None and not diag.insufficient_data and any(e.status == "ok" for e in diag.engines)
+
+
+def check_config(cfg: ExporterConfig) -> None:
+    if not cfg.engine_urls:
+        raise InvalidInput("give at least one --engine-url")
+    if not (0 < cfg.interval_s <= MAX_INTERVAL_S):
+        raise InvalidInput(f"--interval must be in (0, {MAX_INTERVAL_S:g}] s, got {cfg.interval_s}")
+    if not (cfg.interval_s <= cfg.window_s <= cap.MAX_WINDOW_S):
+        raise InvalidInput(f"--window must be at least --interval ({cfg.interval_s:g} s) and at most {cap.MAX_WINDOW_S:g} s, got {cfg.window_s}")
+
+
+class Exporter:
+    """Samples, analyses and stores series; :meth:`collect` is the prometheus_client collector."""
+
+    def __init__(
+        self,
+        cfg: ExporterConfig,
+        take_sample: Callable[[Sequence[str], Sequence[Target], float], cap.Sample] = cap.take_sample,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        check_config(cfg)
+        urls, _ = cap.unique_engine_urls(cfg.engine_urls)
+        self.cfg = cfg
+        self.engine_urls = urls
+        self._take = take_sample
+        self._clock = clock
+        self._window: deque[cap.Sample] = deque()
+        self._series: dict[Key, tuple[float, float]] = {}  # key -> (value, time it was last measured)
+        self._last_round_t: float | None = None
+        self._lock = threading.Lock()
+        self.rounds = 0
+
+    # --- sampling --------------------------------------------------------------------------
+
+    def step(self) -> Round:
+        """Take one sample, slide the window, analyse it and store the series."""
+        start = self._clock()
+        sample = self._take(self.engine_urls, list(self.cfg.targets), self.cfg.timeout_s)
+        duration = self._clock() - start
+        self._window.append(sample)
+        while len(self._window) >= 2 and self._window[1].t_s <= sample.t_s - self.cfg.window_s:
+            self._window.popleft()
+        diag, err = None, None
+        if len(self._window) < 2:
+            err = "one sample so far: the window needs two"
+        else:
+            try:
+                diag = analyse(self.window_capture(), self.cfg.params)
+            except KvctlError as e:
+                err = str(e)
+        fresh = self._fresh_series(sample, duration, diag)
+        now = self._clock()
+        complete = diag is not None and not diag.unreachable
+        with self._lock:
+            if complete:  # every component answered: what this analysis did not give does not hold
+                self._series = {}
+            else:  # a component is missing: its last good values stay until they age out
+                self._series = {k: v for k, v in self._series.items() if k[0] not in FRESH}
+            for key, value in fresh.items():
+                self._series[key] = (value, now)
+            self._last_round_t = now
+            self.rounds += 1
+        return Round(sample.t_s, duration, len(self._window), diag, err)
+
+    def window_capture(self) -> cap.Capture:
+        """The samples the next analysis reads (oldest and newest of the window), as a capture."""
+        return cap.Capture(list(self.engine_urls), [t.url for t in self.cfg.targets], [self._window[0], self._window[-1]], {}, cap.now_iso())
+
+    def _fresh_series(self, sample: cap.Sample, duration: float, diag: Diagnosis | None) -> dict[Key, float]:
+        out: dict[Key, float] = {}
+
+        def put(name: str, value: float | None, **labels: str) -> None:
+            if value is not None and math.isfinite(value):
+                out[(name, tuple(sorted(labels.items())))] = float(value)
+
+        for url, text in zip(self.engine_urls, sample.engines):
+            put("kvctl_engine_up", 0.0 if text is None else 1.0, engine=url)
+        for t, info in zip(self.cfg.targets, sample.valkey):
+            put("kvctl_valkey_up", 0.0 if info is None else 1.0, rank=str(t.rank))
+        put("kvctl_scrape_duration_seconds", duration)
+        put("kvctl_last_sample_timestamp_seconds", sample.t_s)
+        put("kvctl_data_sufficient", 1.0 if sufficient(diag) else 0.0)
+        if diag is None:
+            return out
+        put("kvctl_window_seconds", diag.window_s)
+        put("kvctl_rho", diag.rho)
+        if diag.rho is not None:
+            put("kvctl_rho_lower_bound", 1.0 if diag.rho_bound == "lower_bound" else 0.0)
+        put("kvctl_arrival_rate_per_second", diag.arrival_rate_per_s)
+        put("kvctl_completion_rate_per_second", diag.completion_rate_per_s)
+        if diag.bandwidth_gbps is not None:
+            put("kvctl_delivered_bandwidth_bytes_per_second", diag.bandwidth_gbps * cost.GB, source=diag.bandwidth_source or "unknown")
+        put("kvctl_breakeven_bandwidth_bytes_per_second", None if diag.breakeven_gbps is None else diag.breakeven_gbps * cost.GB)
+        put("kvctl_min_hit_tokens", diag.min_hit_tokens)
+        put("kvctl_hit_token_ratio", diag.hit_token_fraction)
+        for inst in diag.instances:
+            if inst.status == "ok":
+                put("kvctl_valkey_get_busy_ratio", inst.get_busy_fraction, rank=str(inst.rank))
+        for f in diag.findings:
+            put("kvctl_finding", 1.0, id=f.id, severity=f.severity)
+        return out
+
+    def run(self, stop: threading.Event, on_round: Callable[[Round], None] | None = None) -> None:
+        """Sample every ``interval_s`` until ``stop`` is set; a round that overruns skips to the next tick."""
+        next_t = self._clock()
+        while not stop.is_set():
+            rnd = self.step()
+            if on_round:
+                on_round(rnd)
+            next_t += self.cfg.interval_s
+            now = self._clock()
+            if next_t < now:  # the round took longer than an interval
+                next_t = now + self.cfg.interval_s - ((now - next_t) % self.cfg.interval_s)
+            stop.wait(max(0.0, next_t - now))
+
+    # --- serving ---------------------------------------------------------------------------
+
+    def values(self) -> dict[Key, float]:
+        """The series a scrape returns now: stale ones dropped, ``*_up`` 0 when the sampler is stale."""
+        now = self._clock()
+        stale = self.cfg.stale_s
+        with self._lock:
+            items = list(self._series.items())
+            sampler_stale = self._last_round_t is None or now - self._last_round_t > stale
+        out: dict[Key, float] = {}
+        for key, (value, t) in items:
+            if key[0] in UP:
+                out[key] = 0.0 if sampler_stale else value
+            elif now - t <= stale:
+                out[key] = value
+        return out
+
+    def describe(self) -> list[Any]:
+        return []  # series appear and disappear with the data: no fixed description
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily  # noqa: PLC0415
+
+        by_name: dict[str, list[tuple[tuple[tuple[str, str], ...], float]]] = {}
+        for (name, labels), value in sorted(self.values().items()):
+            by_name.setdefault(name, []).append((labels, value))
+        for name, (help_, label_names) in METRICS.items():
+            fam = GaugeMetricFamily(name, help_, labels=list(label_names))
+            for labels, value in by_name.get(name, []):
+                d = dict(labels)
+                fam.add_metric([d[n] for n in label_names], value)
+            yield fam
+
+
+# --- the HTTP endpoint ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Listen:
+    host: str
+    port: int
+    loopback: bool
+
+
+def parse_listen(text: str) -> Listen:
+    """``HOST:PORT`` (``[v6]:PORT``; port 0 picks a free one) with whether HOST is loopback only."""
+    host, sep, port_s = text.rpartition(":")
+    if not sep or not host:
+        raise InvalidInput(f"--listen must be HOST:PORT, got {text!r}")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise InvalidInput(f"--listen port must be a number, got {port_s!r}") from None
+    if not 0 <= port <= 65535:
+        raise InvalidInput(f"--listen port must be in 0..65535, got {port}")
+    return Listen(host, port, is_loopback(host))
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address ``host`` resolves to is a loopback address."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        addrs = {ai[4][0] for ai in socket.getaddrinfo(host, None)}
+    except OSError as e:
+        raise InvalidInput(f"--listen host {host!r} does not resolve: {e}") from e
+    return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
+
+
+class Server:
+    """The exporter's HTTP endpoint and sampler thread; :meth:`stop` ends both."""
+
+    def __init__(self, exporter: Exporter, listen: Listen, on_round: Callable[[Round], None] | None = None, sample: bool = True) -> None:
+        """Serve ``exporter`` on ``listen``; with ``sample`` False no sampler thread starts (the caller steps it)."""
+        from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415
+
+        self.exporter = exporter
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(exporter)
+        try:
+            self._httpd, self._http_thread = start_http_server(listen.port, listen.host, self.registry)
+        except OSError as e:
+            raise InvalidInput(f"cannot listen on {listen.host}:{listen.port}: {e.strerror or e}") from e
+        self.host, self.port = listen.host, self._httpd.server_address[1]
+        self.loopback = listen.loopback
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=exporter.run, args=(self._stop, on_round), name="kvctl-exporter-sampler", daemon=True)
+        if sample:
+            self._sampler.start()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def wait(self, timeout_s: float | None) -> bool:
+        """Block until :meth:`stop` or ``timeout_s``; True when stopped."""
+        return self._stop.wait(timeout_s)
+
+    def request_stop(self) -> None:
+        """Ask :meth:`wait` to return (safe from a signal handler)."""
+        self._stop.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._http_thread.join(timeout=5)
+        if self._sampler.is_alive():
+            self._sampler.join(timeout=self.exporter.cfg.timeout_s + 5)

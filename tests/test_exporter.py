@@ -1,0 +1,296 @@
+"""`kvctl exporter`: scraped values equal `kvctl diagnose --json` on the same samples; dead parts never block.
+
+Engines are a real local HTTP server serving Prometheus text in vLLM/LMCache's
+format (:mod:`tests.diagnose.engine_text`); Valkey instances are real
+valkey-server processes; scrapes go over HTTP and are parsed with
+prometheus_client's own text parser.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+import redis
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvctl.cli import cli
+from kvctl.diagnose.analysis import Params
+from kvctl.diagnose.capture import save_capture
+from kvctl.errors import InvalidInput
+from kvctl.exporter import METRICS, Exporter, ExporterConfig, Server, parse_listen
+from kvctl.tier.targets import resolve_targets
+from tests.diagnose.engine_text import EngineState
+from tests.diagnose.metrics_server import MetricsServer
+
+S_BPT, R, T0 = 48437.5, 52200.0, 0.1
+PARAMS = Params(bytes_per_token=S_BPT, prefill_rate=R, t0_s=T0)
+BASE = EngineState()
+# 10 requests of 16 000 tokens, 40 000 of their 160 000 prompt tokens from L2; LMCache read 2e9 B in 4 GETs of 500 ms
+AFTER = BASE.advance(requests=10, prompt_lengths=[16000] * 10, external_hits=40000, remote_read_bytes=2e9, remote_get_ms=[500] * 4)
+
+
+def scrape(url: str, timeout_s: float = 5.0) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        text = resp.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def one(values, name, **labels):
+    return values[(name, tuple(sorted((k, str(v)) for k, v in labels.items())))]
+
+
+def names(values):
+    return {k[0] for k in values}
+
+
+def gets_in_background(port: int, stop: threading.Event) -> threading.Thread:
+    r = redis.Redis(port=port)
+    r.set("chunk", b"z" * 100_000)
+
+    def load():
+        for _ in range(20_000):  # bounded; stopped by the test long before
+            if stop.is_set():
+                return
+            r.get("chunk")
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    return t
+
+
+def test_scraped_values_equal_diagnose_on_the_same_capture(tmp_path, valkey_server):
+    targets = resolve_targets([valkey_server.url])
+    stop = threading.Event()
+    with MetricsServer([BASE.text(), AFTER.text()]) as srv:
+        exp = Exporter(ExporterConfig((srv.url,), tuple(targets), PARAMS, interval_s=1.0, window_s=60.0))
+        server = Server(exp, parse_listen("127.0.0.1:0"), sample=False)
+        loader = gets_in_background(valkey_server.port, stop)
+        try:
+            first = exp.step()
+            assert first.diagnosis is None and "two" in first.error
+            before = scrape(server.url)
+            assert one(before, "kvctl_data_sufficient") == 0 and "kvctl_rho" not in names(before)
+            time.sleep(1.0)
+            rnd = exp.step()
+            values = scrape(server.url)
+        finally:
+            stop.set()
+            loader.join()
+            server.stop()
+    save_capture(exp.window_capture(), tmp_path / "cap")
+    res = CliRunner().invoke(
+        cli, ["diagnose", "--from", str(tmp_path / "cap"), "--bytes-per-token", str(S_BPT), "--prefill-rate", str(R), "--t0", str(T0), "--json"]
+    )
+    assert res.exit_code == 4, res.output  # critical: ρ > 1
+    d = json.loads(res.stdout)
+    assert rnd.diagnosis.rho == d["rho"]
+
+    window = one(values, "kvctl_window_seconds")
+    assert window == pytest.approx(d["window_s"]) and 0.9 < window < 3
+    # by hand: B = 2e9 B / (4 × 0.5 s) = 1e9 B/s; B* = 48437.5 × 52200 = 2 528 437 500 B/s; n* = 52200 × 0.1 = 5220
+    assert one(values, "kvctl_delivered_bandwidth_bytes_per_second", source="lmcache_client") == pytest.approx(1e9)
+    assert one(values, "kvctl_breakeven_bandwidth_bytes_per_second") == pytest.approx(2_528_437_500)
+    assert one(values, "kvctl_min_hit_tokens") == pytest.approx(5220)
+    assert one(values, "kvctl_hit_token_ratio") == pytest.approx(40000 / 160000)
+    # λ = 10 requests over the engine's window; ρ = λ × (2e9 B / 10 requests) / 1e9 B/s = 2 / window
+    assert one(values, "kvctl_arrival_rate_per_second") * window == pytest.approx(10, rel=0.05)
+    assert one(values, "kvctl_rho") * window == pytest.approx(2, rel=0.05)
+    assert one(values, "kvctl_rho_lower_bound") == 0
+    # and each equals what `kvctl diagnose --from` says about the same two samples
+    assert one(values, "kvctl_rho") == pytest.approx(d["rho"], rel=1e-12)
+    assert one(values, "kvctl_arrival_rate_per_second") == pytest.approx(d["arrival_rate_per_s"], rel=1e-12)
+    assert one(values, "kvctl_completion_rate_per_second") == pytest.approx(d["completion_rate_per_s"], rel=1e-12)
+    assert one(values, "kvctl_hit_token_ratio") == pytest.approx(d["hit_token_fraction"], rel=1e-12)
+    busy = one(values, "kvctl_valkey_get_busy_ratio", rank=0)
+    assert busy > 0 and busy == pytest.approx(d["instances"][0]["get_busy_fraction"], rel=1e-12)
+    findings = {(dict(k[1])["id"], dict(k[1])["severity"]): v for k, v in values.items() if k[0] == "kvctl_finding"}
+    assert findings == {(f["id"], f["severity"]): 1.0 for f in d["findings"]}
+    assert ("rho_unstable", "critical") in findings and ("bandwidth_below_breakeven", "warning") in findings
+    assert one(values, "kvctl_engine_up", engine=srv.url) == 1 and one(values, "kvctl_valkey_up", rank=0) == 1
+    assert one(values, "kvctl_data_sufficient") == 1
+    assert 0 < one(values, "kvctl_scrape_duration_seconds") < 5
+
+
+def test_the_window_slides():
+    """Interval 1, window 2: after four samples the analysis reads samples 2 and 4 (the first two aged out)."""
+    texts = [BASE.text(), BASE.text(), AFTER.text(), AFTER.text()]  # requests finish between samples 2 and 3 only
+    with MetricsServer(texts) as srv:
+        clock = [1000.0]
+        exp = Exporter(ExporterConfig((srv.url,), (), PARAMS, interval_s=1.0, window_s=2.0), take_sample=_stamped(clock), clock=lambda: clock[0])
+        rounds = []
+        for _ in range(4):
+            rounds.append(exp.step())
+            clock[0] += 1.0
+    assert [r.samples_in_window for r in rounds] == [1, 2, 3, 3]
+    assert rounds[2].diagnosis.requests == 10  # samples 1..3: BASE → AFTER
+    assert rounds[3].diagnosis.requests == 10 and rounds[3].diagnosis.window_s == pytest.approx(2.0)  # samples 2..4
+    assert exp.window_capture().samples[0].engines[0] == BASE.text()
+
+
+def _stamped(clock):
+    """take_sample with the sample's times set from ``clock`` (the reads themselves are real)."""
+    from kvctl.diagnose.capture import take_sample
+
+    def take(urls, targets, timeout_s):
+        s = take_sample(urls, targets, timeout_s)
+        s.t_s = clock[0]
+        s.engine_t_s = [clock[0]] * len(s.engines)
+        s.valkey_t_s = [clock[0]] * len(s.valkey)
+        return s
+
+    return take
+
+
+def test_a_hung_engine_never_blocks_a_scrape():
+    """The engine answers after 3 s; the sampler's timeout is 0.3 s; scrapes during and after a round return at once."""
+    with MetricsServer([BASE.text()], delay_s=3.0) as srv:
+        exp = Exporter(ExporterConfig((srv.url,), (), PARAMS, interval_s=0.5, window_s=5.0, timeout_s=0.3))
+        server = Server(exp, parse_listen("127.0.0.1:0"))
+        try:
+            deadline = time.time() + 10
+            while exp.rounds < 2 and time.time() < deadline:
+                t = time.time()
+                scrape(server.url, timeout_s=2)
+                assert time.time() - t < 1.0
+                time.sleep(0.05)
+            values = scrape(server.url)
+        finally:
+            server.stop()
+    assert exp.rounds >= 2
+    assert one(values, "kvctl_engine_up", engine=srv.url) == 0
+    assert one(values, "kvctl_data_sufficient") == 0
+    assert one(values, "kvctl_scrape_duration_seconds") < 1.0  # one timeout, not the 3 s answer
+
+
+def test_a_dead_instance_drops_up_and_its_values_age_out(valkey_factory):
+    v0, v1 = valkey_factory(), valkey_factory()
+    targets = resolve_targets([v0.url, v1.url])
+    offset = [0.0]
+    stop = threading.Event()
+    with MetricsServer([BASE.text(), AFTER.text()]) as srv:
+        exp = Exporter(
+            ExporterConfig((srv.url,), tuple(targets), PARAMS, interval_s=1.0, window_s=60.0, timeout_s=1.0, stale_after_s=30.0),
+            clock=lambda: time.time() + offset[0],
+        )
+        loader = gets_in_background(v1.port, stop)
+        try:
+            exp.step()
+            time.sleep(0.3)
+            exp.step()
+        finally:
+            stop.set()
+            loader.join()
+        good = exp.values()
+        assert one(good, "kvctl_valkey_up", rank=1) == 1 and one(good, "kvctl_valkey_get_busy_ratio", rank=1) > 0
+        rho = one(good, "kvctl_rho")
+        v1.stop()
+        offset[0] = 10.0
+        exp.step()
+        held = exp.values()
+        assert one(held, "kvctl_valkey_up", rank=1) == 0 and one(held, "kvctl_valkey_up", rank=0) == 1
+        assert one(held, "kvctl_valkey_get_busy_ratio", rank=1) == one(good, "kvctl_valkey_get_busy_ratio", rank=1)  # last good value, 10 s old
+        assert one(held, "kvctl_rho") > 0
+        offset[0] = 10.0 + 31.0  # past --stale-after since the last complete round
+        exp.step()
+        aged = exp.values()
+    assert ("kvctl_valkey_get_busy_ratio", (("rank", "1"),)) not in aged
+    assert one(aged, "kvctl_valkey_up", rank=1) == 0
+    assert rho > 0
+
+
+def test_a_stuck_sampler_reports_everything_down():
+    with MetricsServer([BASE.text(), AFTER.text()]) as srv:
+        offset = [0.0]
+        exp = Exporter(ExporterConfig((srv.url,), (), PARAMS, interval_s=1.0, window_s=10.0, stale_after_s=20.0), clock=lambda: time.time() + offset[0])
+        exp.step()
+        exp.step()
+    assert one(exp.values(), "kvctl_engine_up", engine=srv.url) == 1 and "kvctl_rho" in names(exp.values())
+    offset[0] = 21.0  # no round finished for longer than --stale-after
+    v = exp.values()
+    assert one(v, "kvctl_engine_up", engine=srv.url) == 0
+    assert "kvctl_rho" not in names(v) and "kvctl_arrival_rate_per_second" not in names(v)
+
+
+def test_every_metric_the_issue_names_is_served():
+    required = {
+        "kvctl_rho": (), "kvctl_arrival_rate_per_second": (), "kvctl_completion_rate_per_second": (),
+        "kvctl_delivered_bandwidth_bytes_per_second": ("source",), "kvctl_breakeven_bandwidth_bytes_per_second": (),
+        "kvctl_min_hit_tokens": (), "kvctl_hit_token_ratio": (), "kvctl_valkey_get_busy_ratio": ("rank",),
+        "kvctl_valkey_up": ("rank",), "kvctl_engine_up": ("engine",), "kvctl_finding": ("id", "severity"),
+        "kvctl_scrape_duration_seconds": (), "kvctl_data_sufficient": (),
+    }
+    for name, labels in required.items():
+        assert METRICS[name][1] == labels, name
+
+
+def test_the_command_serves_and_stops_on_sigterm(valkey_server):
+    """The real `kvctl exporter` process: prints where it listens, serves, exits 0 on SIGTERM with a summary."""
+    with MetricsServer([BASE.text(), AFTER.text()]) as srv:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvctl.cli", "exporter", "--listen", "127.0.0.1:0", "--engine-url", srv.url, "--valkey", valkey_server.url,
+             "--bytes-per-token", str(S_BPT), "--prefill-rate", str(R), "--interval", "0.2", "--window", "0.4", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "KVCTL_TESTING": "1"},
+        )
+        try:
+            start = json.loads(proc.stdout.readline())
+            assert start["event"] == "listening" and start["loopback_only"] is True
+            values: dict = {}
+            deadline = time.time() + 20
+            while time.time() < deadline and "kvctl_window_seconds" not in names(values):
+                time.sleep(0.2)
+                values = scrape(start["metrics_url"])
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=15)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, err
+    assert one(values, "kvctl_engine_up", engine=srv.url) == 1 and one(values, "kvctl_valkey_up", rank=0) == 1
+    assert 0.3 < one(values, "kvctl_window_seconds") < 2.0  # the window slid: 0.4 s of 0.2 s samples, not since start
+    stopped = json.loads(out.strip().splitlines()[-1])
+    assert stopped["event"] == "stopped" and stopped["rounds"] >= 3
+
+
+def test_a_non_loopback_bind_is_printed():
+    with MetricsServer([BASE.text()]) as srv:
+        res = CliRunner().invoke(cli, ["exporter", "--listen", "0.0.0.0:0", "--engine-url", srv.url, "--interval", "0.2", "--window", "0.4", "--duration", "0.5"])
+    assert res.exit_code == 0, res.output
+    assert "not loopback" in res.stderr and "0.0.0.0" in res.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "--engine-url"),
+        (["--engine-url", "http://x", "--listen", "nohost"], "HOST:PORT"),
+        (["--engine-url", "http://x", "--listen", "127.0.0.1:99999"], "0..65535"),
+        (["--engine-url", "http://x", "--interval", "10", "--window", "5"], "at least --interval"),
+        (["--engine-url", "http://x", "--interval", "nan"], "finite"),
+        (["--engine-url", "http://x", "--ranks", "2"], "{rank}"),
+    ],
+)
+def test_usage_errors(args, message):
+    res = CliRunner().invoke(cli, ["exporter", *args])
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+
+
+def test_listen_parsing():
+    assert parse_listen("[::1]:9808").loopback and parse_listen("localhost:0").loopback
+    assert not parse_listen("0.0.0.0:9808").loopback
+    with pytest.raises(InvalidInput):
+        parse_listen(":9808")

@@ -7,7 +7,9 @@ minimum of the W answers ``a_r`` -- the longest prefix every owner holds
 use the rank's cumulative-length vector and ``contiguous_hit_tokens``
 (paper §5.3: a rank with no hit reports its first owned chunk's start).
 A rank whose instance errs or does not answer within the timeout answers
-"nothing past the start": the request recomputes, it never hangs.
+"nothing past the start": the request recomputes, it never hangs. Such an
+instance is then left alone for ``down_for_s`` (answers are misses at once),
+so a dead or stopped instance does not stall every new request's lookup.
 """
 
 from __future__ import annotations
@@ -55,8 +57,11 @@ class LookupResult:
 class TierLookup:
     """EXISTS-only lookups against the W per-rank instances (one client each)."""
 
-    def __init__(self, urls: Sequence[str], chunk_tokens: int, model_name: str, fmt: str, timeout_s: float) -> None:
+    def __init__(self, urls: Sequence[str], chunk_tokens: int, model_name: str, fmt: str, timeout_s: float,
+                 down_for_s: float | None = None) -> None:
         self.urls = list(urls)
+        self.down_for_s = max(5.0, 5 * timeout_s) if down_for_s is None else down_for_s
+        self._down_until = [0.0] * len(self.urls)
         self.world_size = len(self.urls)
         self.chunk_tokens, self.model_name, self.fmt = chunk_tokens, model_name, fmt
         self.timeout_s = timeout_s
@@ -86,11 +91,15 @@ class TierLookup:
         if n <= first_chunk:
             return LookupResult(first_chunk, first_chunk, n)
         keys = self.keys(token_ids, n)
-        futures = [self._pool.submit(self._rank_present, r, keys, first_chunk, vector) for r in range(self.world_size)]
-        done, _ = wait(futures, timeout=self.timeout_s * 1.5)
+        now = time.monotonic()
+        futures = [None if now < self._down_until[r] else self._pool.submit(self._rank_present, r, keys, first_chunk, vector)
+                   for r in range(self.world_size)]
+        done, _ = wait([f for f in futures if f is not None], timeout=self.timeout_s * 1.5)
         answers, failed = [], []
         for r, fut in enumerate(futures):
-            if fut not in done or fut.exception() is not None:
+            if fut is None or fut not in done or fut.exception() is not None:
+                if fut is not None:
+                    self._down_until[r] = time.monotonic() + self.down_for_s
                 failed.append(r)
                 answers.append(first_chunk)
                 continue

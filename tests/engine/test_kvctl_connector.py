@@ -104,11 +104,19 @@ def kv_config(urls, chunk_tokens: int, **extra) -> dict:
     }
 
 
-def start_tp2(model: Path, workdir: Path, python: str, cfg: dict, extra_env: dict | None = None):
+_running: list = []  # one engine at a time on 2 cores: starting one stops the previous
+
+
+def start_tp2(model: Path, workdir: Path, python: str, cfg: dict, extra_env: dict | None = None,
+              extra_args: list[str] | None = None):
+    while _running:
+        _running.pop().stop()
     env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "PYTHONPATH": str(REPO), "VLLM_SERVER_DEV_MODE": "1"}
     env.update(extra_env or {})
-    return start_vllm(model, workdir, python=python, kv_transfer_config=cfg, extra_env=env,
-                      extra_args=["--tensor-parallel-size", "2", "--enable-prompt-tokens-details"])
+    server = start_vllm(model, workdir, python=python, kv_transfer_config=cfg, extra_env=env,
+                        extra_args=["--tensor-parallel-size", "2", "--enable-prompt-tokens-details"] + (extra_args or []))
+    _running.append(server)
+    return server
 
 
 def ask(server, text: str) -> dict:
@@ -238,8 +246,7 @@ def test_mla_sigstopped_instance_recomputes_within_timeout(mla_life1, tier, resu
 
 # -- life 2: MLA restarted ------------------------------------------------------------
 @pytest.fixture(scope="module")
-def mla_life2(vllm_python, mla_model, tier, tmp_path_factory, mla_life1):
-    mla_life1.stop()  # one engine at a time on 2 cores
+def mla_life2(vllm_python, mla_model, tier, tmp_path_factory):
     work = tmp_path_factory.mktemp("mla2")
     env = {"KVCTL_CONNECTOR_BEFORE_LOAD_HOOK": "tests.engine.connector_hooks:delete_marked_chunk",
            "KVCTL_TEST_DELETE_CHUNK_FILE": str(work / "delete-chunk")}
@@ -285,8 +292,7 @@ def test_mla_chunk_deleted_between_lookup_and_load(mla_life2, tier):
 
 # -- life 3: MLA, async loading -----------------------------------------------------------
 @pytest.fixture(scope="module")
-def mla_async(vllm_python, mla_model, tier, tmp_path_factory, mla_life2):
-    mla_life2.stop()
+def mla_async(vllm_python, mla_model, tier, tmp_path_factory):
     server = start_tp2(mla_model, tmp_path_factory.mktemp("mla-async"), vllm_python,
                        kv_config(tier.urls, MLA_CT, async_loading=True))
     try:
@@ -320,11 +326,13 @@ def test_mla_async_hit_and_sigstop(mla_async, tier, results):
 
 # -- life 4: GQA ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def gqa_server(vllm_python, tiny_model, tier, tmp_path_factory, mla_async):
-    mla_async.stop()
+def gqa_server(vllm_python, tiny_model, tier, tmp_path_factory):
     for c in tier.clients:
         c.flushall()
-    server = start_tp2(tiny_model, tmp_path_factory.mktemp("gqa"), vllm_python, kv_config(tier.urls, GQA_CT))
+    # 256-token steps: a 396-token prompt's prefill spans two scheduler steps (chunked prefill);
+    # 9 blocks (8 usable + vLLM's null block) of 128 tokens: two 396-token prompts decoding past 512 tokens force a preemption
+    server = start_tp2(tiny_model, tmp_path_factory.mktemp("gqa"), vllm_python, kv_config(tier.urls, GQA_CT),
+                       extra_args=["--max-num-batched-tokens", "256", "--num-gpu-blocks-override", "9"])
     try:
         yield server
     finally:
@@ -349,3 +357,44 @@ def test_gqa_tier_hit_bit_equal_to_vllm_prefix_cache_hit(gqa_server, tier):
     assert after["kvctl:chunks_hit_total"] - before.get("kvctl:chunks_hit_total", 0) == 3
     assert remote["tokens"] == cold["tokens"]
     assert remote["logprobs"] == local["logprobs"]
+
+
+def test_gqa_chunked_prefill_and_preemption_resume_from_the_tier(gqa_server):
+    import concurrent.futures as cf
+
+    server = gqa_server
+    texts = [prompt(t) for t in ("P", "Q", "R")]
+    solo = [server.complete(t, max_tokens=130)["choices"][0]["text"] for t in texts]  # stored after prefill
+    server.post("/reset_prefix_cache", {})
+    before = counters(server)
+    pre0 = total_preemptions(server)
+    with cf.ThreadPoolExecutor(3) as ex:  # 3 x (396 + 130) tokens > 8 blocks x 128: preemption
+        outs = list(ex.map(lambda t: server.complete(t, max_tokens=130, timeout_s=300), texts))
+    after = counters(server)
+    assert total_preemptions(server) > pre0, "no request was preempted: the test did not exercise resume"
+    assert [o["choices"][0]["text"] for o in outs] == solo
+    # every admission of the three prompts (and each resume) found their 3 chunks on the tier
+    assert after["kvctl:chunks_hit_total"] - before["kvctl:chunks_hit_total"] >= 9
+    assert after["kvctl:load_errors_total"] == before["kvctl:load_errors_total"]
+
+
+def total_preemptions(server) -> float:
+    return sum(s.value for fam in text_string_to_metric_families(server.metrics())
+               for s in fam.samples if s.name == "vllm:num_preemptions_total")
+
+
+def test_gqa_load_starts_at_a_chunk_offset_after_a_local_prefix_hit(gqa_server):
+    server = gqa_server
+    x = prompt("X")
+    cold = ask(server, x)  # X's 3 chunks go to the tier
+    server.post("/reset_prefix_cache", {})
+    y = x[: len(x) // 2] + " 0 1 2 3 another tail"  # shares X's first ~190 tokens: block 0 (128 tokens)
+    ask(server, y)  # vLLM's prefix cache now holds X's block 0, computed for Y
+    before = counters(server)
+    hit = ask(server, x)  # local hit 128 tokens, then chunks 1 and 2 from the tier
+    after = counters(server)
+    assert hit["cached"] == 384
+    assert after["kvctl:chunks_hit_total"] - before["kvctl:chunks_hit_total"] == 2
+    # 2 chunks x 128 tokens x (2 layers x 2 KV heads x 2 (K, V) x 32 x 2 bytes) = 131072 bytes
+    assert after["kvctl:l2_get_bytes_total"] - before["kvctl:l2_get_bytes_total"] == 131072
+    assert hit["tokens"] == cold["tokens"]

@@ -105,3 +105,21 @@ def test_fixed_bandwidth_policy_never_reprobes():
     p = PolicyState(1000, 1000, bandwidth_gbps=0.0001, reprobe_after_s=1, clock=lambda: now[0])
     now[0] = 100.0
     assert not p.allow(500) and p.probes == 0
+
+
+def test_a_failed_instance_is_skipped_for_a_while_then_asked_again(valkey_factory):
+    servers = [valkey_factory(), valkey_factory()]
+    lk = TierLookup([s.url for s in servers], CT, MODEL, FMT, timeout_s=0.5, down_for_s=2.0)
+    tokens = list(range(23))
+    put_chunks(servers, tokens, range(5))
+    os.kill(servers[0].pid, signal.SIGSTOP)
+    try:
+        assert lk.lookup(tokens).failed_ranks == (0,)
+        t0 = time.monotonic()
+        assert lk.lookup(tokens).failed_ranks == (0,)  # not asked: answered at once
+        assert time.monotonic() - t0 < 0.3
+    finally:
+        os.kill(servers[0].pid, signal.SIGCONT)
+    time.sleep(2.1)
+    assert lk.lookup(tokens).hit_chunks == 5  # asked again after down_for_s
+    lk.close()

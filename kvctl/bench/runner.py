@@ -527,14 +527,21 @@ def run_bench(
     if not targets:
         raise InvalidInput("no Valkey instances to bench")
 
-    def info(t: Target) -> ServerInfo | str:
+    from kvctl.tier.server import PASSWORD_HINT, AuthFailed, is_auth_error  # noqa: PLC0415
+
+    def info(t: Target) -> ServerInfo | tuple[str, bool]:
         try:
             return server_info(url_with_password(t), spec.timeout_s)
         except Exception as e:  # noqa: BLE001 - redis errors, OSError
-            return f"{redacted(t)}: {type(e).__name__}: {e}"
+            return f"{redacted(t)}: {type(e).__name__}: {e}", is_auth_error(e)
 
     infos = _parallel(info, list(targets))
-    bad = [i for i in infos if isinstance(i, str)]
+    refused = [i[0] for i in infos if isinstance(i, tuple) and i[1]]
+    if refused:
+        given = any(t.password is not None or parse_resp_url(t.url).password is not None for t in targets)
+        why = "the password was refused" if given else "no password given"
+        raise AuthFailed(f"{why} ({'; '.join(refused)}): {PASSWORD_HINT}")
+    bad = [i[0] for i in infos if isinstance(i, tuple)]
     if bad:
         raise Unreachable("cannot reach " + "; ".join(bad))
     n_keys = spec.keys or min(auto_keys(i, spec) for i in infos)

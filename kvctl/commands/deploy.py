@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import signal
+import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import click
 
 from kvctl import render
-from kvctl.commands.options import output_options
-from kvctl.errors import InvalidInput, Unreachable
+from kvctl.commands.options import ByteSize, FiniteFloat, count, non_negative, output_options
+from kvctl.errors import InvalidInput, KvctlError, Unreachable
 from kvctl.hooks import hookimpl
 from kvctl.tier import spec
 from kvctl.tier.targets import load_tier, state_path
 
 DEFAULT_DIR = "./kv-tier"
+RANKS = count(4096)
+#: The tier's total memory: beyond 1 PiB is a typo whatever the target (local tiers are also checked against the host).
+MAXMEMORY = ByteSize(2**50)
 
 
 @hookimpl
@@ -117,22 +123,25 @@ def deploy_group() -> None:
 
 @deploy_group.command("up")
 @click.option("--target", type=TargetChoice(), default="local", show_default=True, help="Start local processes, or render systemd units / k8s manifests (or a plugin's registered target).")
-@click.option("--ranks", type=int, required=True, help="Number of ranks = instances (rank r on instance r).")
+@click.option("--ranks", type=RANKS, required=True, help="Number of ranks = instances (rank r on instance r).")
 @click.option("--base-port", type=click.IntRange(1, 65535), default=17400, show_default=True, envvar="KVCTL_BASE_PORT", help="Port of rank 0; rank r listens on base-port + r (local, systemd).")
-@click.option("--maxmemory", default="400mb", show_default=True, help="TOTAL memory of the tier, split evenly across instances (Valkey units: mb = MiB, m = 10^6).")
+@click.option("--maxmemory", type=MAXMEMORY, default="400mb", show_default=True, help="TOTAL memory of the tier, split evenly across instances (Valkey units: mb = MiB, m = 10^6).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (local, systemd). Non-loopback needs --password-file or --insecure-no-auth.")
-@click.option("--io-threads", type=click.IntRange(min=1), help=f"Valkey io-threads per instance, main thread included (default: min(4, cores/2), here {spec.default_io_threads()}; 4 for fleets).")
+@click.option("--io-threads", type=count(256), help=f"Valkey io-threads per instance, main thread included (default: min(4, cores/2), here {spec.default_io_threads()}; 4 for fleets).")
 @dir_option
 @password_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Output directory for --target systemd/k8s.")
 @click.option("--apply", "apply_", is_flag=True, help="systemd: install and enable the units (needs root); k8s: kubectl apply -f OUT.")
 @fleet_options
 @output_options
-def up_cmd(target: str, ranks: int, base_port: int, maxmemory: str, host: str, io_threads: int | None, tier_dir: Path, password_file: str | None, insecure_no_auth: bool, out: Path | None, apply_: bool, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, as_json: bool) -> None:
+def up_cmd(target: str, ranks: int, base_port: int, maxmemory: int, host: str, io_threads: int | None, tier_dir: Path, password_file: str | None, insecure_no_auth: bool, out: Path | None, apply_: bool, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, as_json: bool) -> None:
     """Start (local) or render (systemd, k8s) one Valkey instance per rank.
 
     Local: all instances answer PING or none is left running; the state file
-    in --dir lists what was started (bench and diagnose read it via --dir).
+    in --dir lists each instance as soon as it starts (bench and diagnose read
+    it via --dir), so `down` can clean up after an `up` that was killed.
+    SIGINT/SIGTERM stop what was started and exit 130/143. A second `up`
+    into a --dir another kvctl is working on is refused.
     """
     if ranks < 1:
         raise InvalidInput(f"--ranks must be at least 1, got {ranks}")
@@ -144,8 +153,12 @@ def up_cmd(target: str, ranks: int, base_port: int, maxmemory: str, host: str, i
     from kvctl.tier import local  # noqa: PLC0415 - psutil only when a command runs, not for `kvctl --help`
 
     req = local.UpRequest(tier_dir, ranks, base_port, maxmemory, host, io_threads, password_file, insecure_no_auth)
-    with render.progress(f"starting {ranks} valkey-server(s)", total=ranks, enabled=not as_json) as advance:
-        state = local.up(req, on_progress=lambda rank, port: advance(1, f"rank {rank} on :{port} answers PING"))
+    try:
+        with _signals_raise(), render.progress(f"starting {ranks} valkey-server(s)", total=ranks, enabled=not as_json) as advance:
+            state = local.up(req, on_progress=lambda rank, port: advance(1, f"rank {rank} on :{port} answers PING"))
+    except _Signalled as e:
+        render.error_line(f"interrupted by {e.signal.name}: stopped the instance(s) already started; nothing of this `up` is left running")
+        raise click.exceptions.Exit(128 + int(e.signal)) from None
     if as_json:
         render.emit_json(
             {
@@ -171,7 +184,35 @@ def up_cmd(target: str, ranks: int, base_port: int, maxmemory: str, host: str, i
     )
 
 
-def _render_fleet(target: str, ranks: int, base_port: int, maxmemory: str, host: str, io_threads: int | None, password_file: str | None, insecure_no_auth: bool, out: Path | None, apply_: bool, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, as_json: bool) -> None:
+class _Signalled(BaseException):
+    """SIGINT/SIGTERM during `up`: unwinds through its rollback, which stops what was started."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signal = signal.Signals(signum)
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """Turn the first SIGINT/SIGTERM into :class:`_Signalled`; later ones are ignored so the rollback finishes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+        raise _Signalled(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _render_fleet(target: str, ranks: int, base_port: int, maxmemory: int, host: str, io_threads: int | None, password_file: str | None, insecure_no_auth: bool, out: Path | None, apply_: bool, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, as_json: bool) -> None:
     from kvctl.tier import render_targets  # noqa: PLC0415
 
     renderers = fleet_renderers()
@@ -215,9 +256,13 @@ def _render_fleet(target: str, ranks: int, base_port: int, maxmemory: str, host:
 def status_cmd(tier_dir: Path, password_file: str | None, as_json: bool) -> None:
     """Per rank: up, memory, keys, evictions, clients, GET calls and µs per GET (INFO).
 
-    Exits 5 (unreachable) when any instance does not answer.
+    An instance that does not answer is "down" (no process) or "alive, not
+    answering (state T)" (stopped, hung: see `kvctl diagnose stalls --pid`).
+    Exits 5 (unreachable) when any instance does not answer, 1 when one
+    refuses the password (or wants one: --password-file).
     """
     from kvctl.tier import local  # noqa: PLC0415
+    from kvctl.tier.server import AuthFailed  # noqa: PLC0415
 
     st = local.status(tier_dir, password_file)
     if as_json:
@@ -230,7 +275,7 @@ def status_cmd(tier_dir: Path, password_file: str | None, as_json: bool) -> None
                 (
                     i.rank,
                     str(i.port),
-                    "[green]up[/]" if i.up else "[red]down[/]",
+                    "[green]up[/]" if i.up else f"[red]{i.state}[/]",
                     f"{i.used_memory / 2**20:.1f}/{i.maxmemory / 2**20:.0f}" if i.up else "—",
                     i.keys,
                     i.evicted_keys,
@@ -243,14 +288,21 @@ def status_cmd(tier_dir: Path, password_file: str | None, as_json: bool) -> None
             caption="evict = evicted_keys, conns = connected_clients, GETs/µs from INFO commandstats",
         )
     down = [i for i in st.instances if not i.up]
+    for i in down:
+        render.warn(f"rank {i.rank} ({i.host}:{i.port}): {i.state}: {i.hint}")
+    refused = [i for i in down if i.state == "auth refused"]
+    if refused:
+        raise AuthFailed(f"{len(refused)} of {len(st.instances)} instance(s) refused the login: {refused[0].hint}")
     if down:
-        raise Unreachable(f"{len(down)} of {len(st.instances)} instance(s) down: " + ", ".join(f"rank {i.rank} ({i.host}:{i.port})" for i in down))
+        raise Unreachable(
+            f"{len(down)} of {len(st.instances)} instance(s) not answering: " + ", ".join(f"rank {i.rank} ({i.host}:{i.port}) {i.state}" for i in down)
+        )
 
 
 @deploy_group.command("down")
 @dir_option
 @click.option("--purge", is_flag=True, help="Also delete configs, logs, pidfiles and the state file.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds to wait after SIGTERM before SIGKILL.")
+@click.option("--timeout", "timeout_s", type=FiniteFloat(min=0.1, max=3600), default=10.0, show_default=True, help="Seconds to wait after SIGTERM before SIGKILL.")
 @output_options
 def down_cmd(tier_dir: Path, purge: bool, timeout_s: float, as_json: bool) -> None:
     """Stop the instances `up` started here (pid, command line and start time checked).
@@ -278,6 +330,8 @@ def down_cmd(tier_dir: Path, purge: bool, timeout_s: float, as_json: bool) -> No
             render.warn(f"rank {r.rank}: pid {r.pid} now belongs to another process; left it alone")
         elif r.result == "not running":
             render.warn(f"rank {r.rank}: no valkey-server of this tier was running (pid {r.pid})")
+        elif r.result == "killed":
+            render.warn(f"rank {r.rank}: pid {r.pid} did not exit within --timeout {timeout_s:g}s of SIGTERM; sent SIGKILL")
 
 
 def tier_config_options(func: Callable) -> Callable:
@@ -285,7 +339,7 @@ def tier_config_options(func: Callable) -> Callable:
 
     @click.option("--target", type=TargetChoice(), default="local", show_default=True, help="Tier kind: local reads --dir; systemd/k8s (or a plugin's target) take the same options as `up`.")
     @dir_option
-    @click.option("--ranks", type=int, help="Number of ranks (systemd, k8s).")
+    @click.option("--ranks", type=RANKS, help="Number of ranks (systemd, k8s).")
     @click.option("--base-port", type=click.IntRange(1, 65535), default=17400, show_default=True, help="Port of rank 0 (systemd).")
     @click.option("--host", default="127.0.0.1", show_default=True, help="Host the systemd instances run on, as engines reach it.")
     @fleet_options
@@ -326,9 +380,9 @@ def _write_or_echo(text: str, out_file: Path | None) -> None:
 
 @deploy_group.command("lmcache-config")
 @tier_config_options
-@click.option("--chunk-size", type=click.IntRange(min=1), default=256, show_default=True, help="LMCache chunk_size in tokens.")
+@click.option("--chunk-size", type=count(1 << 20), default=256, show_default=True, help="LMCache chunk_size in tokens.")
 @click.option("--local-cpu/--no-local-cpu", default=True, show_default=True, help="LMCache L1 in host memory.")
-@click.option("--max-local-cpu-size", type=click.FloatRange(min=0), default=5.0, show_default=True, help="LMCache L1 size in GB per engine worker.")
+@click.option("--max-local-cpu-size", type=non_negative(1e5), default=5.0, show_default=True, help="LMCache L1 size in GB per engine worker.")
 @click.option("--async-loading/--sync-loading", default=False, show_default=True, help="LMCache enable_async_loading.")
 @click.option("--plugin", is_flag=True, help="Use kvctl's RESP client as LMCache's remote-storage plugin (remote_storage_plugins: [kvctl], no remote_url).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the YAML to this file instead of stdout.")
@@ -346,10 +400,26 @@ def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port
     settings = LMCacheSettings(chunk_size, local_cpu, max_local_cpu_size, "naive", async_loading)
     urls, user, password_file, tier = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file)
     cfg = lmcache_config(urls, settings, user, password_file, plugin=plugin)
+    notes = [] if target == "local" or password_file else [no_credentials_note(target, name)]
+    for n in notes:
+        render.warn(n)
     if as_json:
         render.emit_json(cfg)
         return
-    _write_or_echo(render_lmcache_yaml(cfg, f"LMCache config for {tier}"), out_file)
+    _write_or_echo(render_lmcache_yaml(cfg, f"LMCache config for {tier}", notes), out_file)
+
+
+def no_credentials_note(target: str, name: str) -> str:
+    """Where an engine finds its password when a fleet was rendered with --password-file."""
+    where = (
+        f"mount key engine-password of Secret {name}-auth into the engine pod"
+        if target == "k8s"
+        else "copy engine.password from the --out directory of `up` to the engine host (mode 0600)"
+    )
+    return (
+        f"no engine credentials in this config: if the tier was rendered with --password-file, engines must log in as "
+        f"{spec.ENGINE_USER}: {where} and pass its path with --engine-password-file"
+    )
 
 
 @deploy_group.command("vllm-config")

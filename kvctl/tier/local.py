@@ -4,26 +4,49 @@
 line and start time match what ``up`` recorded in the tier's state file
 (``kvctl-tier.json``, read by ``bench``/``diagnose`` through
 :func:`kvctl.tier.targets.load_tier`).
+
+``up`` records each instance in the state file the moment its process
+exists, so whatever kills ``up`` (even SIGKILL), ``down`` finds what it had
+started. ``up`` and ``down`` hold an exclusive lock on the directory
+(``.kvctl-tier.lock``, released by the kernel when the process dies), so a
+second ``up`` into the same directory is refused instead of racing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import psutil
 
 from kvctl.errors import InvalidInput, KvctlError
 from kvctl.tier import spec
-from kvctl.tier.server import ValkeyProcess, find_valkey_server, port_in_use, redis_client, server_version, start_valkey
+from kvctl.tier.server import (
+    PASSWORD_HINT,
+    ValkeyProcess,
+    check_bind_address,
+    find_valkey_server,
+    is_auth_error,
+    port_in_use,
+    redis_client,
+    server_version,
+    start_valkey,
+    url_host,
+)
 from kvctl.tier.targets import STATE_FILE, InstanceState, TierState, load_tier, read_password_file, state_path
 
 ENGINE_PASSWORD_FILE = "engine.password"
+LOCK_FILE = ".kvctl-tier.lock"
+#: Valkey refuses more io-threads than this (Valkey 8: "between 1 and 256").
+MAX_IO_THREADS = 256
 
 #: Called as ``on_progress(rank, port)`` after each instance answers PING.
 Progress = Callable[[int, int], None]
@@ -36,7 +59,7 @@ class UpRequest:
     dir: Path
     ranks: int
     base_port: int
-    maxmemory: str = "400mb"
+    maxmemory: str | int = "400mb"
     host: str = "127.0.0.1"
     io_threads: int | None = None
     password_file: str | None = None
@@ -44,10 +67,45 @@ class UpRequest:
 
 
 def _check_request(req: UpRequest) -> None:
+    """Everything that can be refused before anything is written or started."""
     if req.ranks < 1:
         raise InvalidInput(f"--ranks must be at least 1, got {req.ranks}")
     if not 1 <= req.base_port or req.base_port + req.ranks - 1 > 65535:
         raise InvalidInput(f"ports {req.base_port}..{req.base_port + req.ranks - 1} are outside 1..65535")
+    if req.io_threads is not None and not 1 <= req.io_threads <= MAX_IO_THREADS:
+        raise InvalidInput(f"--io-threads must be between 1 and {MAX_IO_THREADS} (Valkey's limit), got {req.io_threads}")
+    total = spec.parse_size(req.maxmemory)
+    host_total = psutil.virtual_memory().total
+    if total > host_total:
+        raise InvalidInput(
+            f"--maxmemory {req.maxmemory} ({spec.format_size(total)}) is more than this host's {spec.format_size(host_total)} of memory"
+        )
+
+
+class TierBusy(KvctlError):
+    """Another kvctl process holds the tier directory's lock."""
+
+
+@contextlib.contextmanager
+def tier_lock(tier_dir: Path, what: str) -> Iterator[None]:
+    """Hold the directory's exclusive lock (non-blocking): TierBusy naming the holder's pid if taken."""
+    tier_dir.mkdir(parents=True, exist_ok=True)
+    path = tier_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip().replace(" ", ", ", 1) or "?"
+            raise TierBusy(
+                f"another kvctl (pid {holder}) is working on the tier in {tier_dir} right now; "
+                f"wait for it to finish, or use another --dir for a second tier"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {what}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _identity(proc: psutil.Process) -> tuple[list[str], float]:
@@ -95,11 +153,27 @@ def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: b
     per_instance = spec.split_maxmemory(req.maxmemory, req.ranks)
     io_threads = req.io_threads if req.io_threads is not None else spec.default_io_threads()
     auth = spec.resolve_auth(req.host, req.password_file, req.insecure_no_auth)
+    check_bind_address(req.host)
     binary = find_valkey_server()
     version = server_version(binary)
     tier_dir = req.dir.resolve()
     if tier_dir.exists() and not tier_dir.is_dir():
         raise InvalidInput(f"--dir {req.dir} is not a directory")
+    with tier_lock(tier_dir, "deploy-valkey up"):
+        return _up_locked(req, tier_dir, per_instance, io_threads, auth, binary, version, on_progress, check_ports_first)
+
+
+def _up_locked(
+    req: UpRequest,
+    tier_dir: Path,
+    per_instance: int,
+    io_threads: int,
+    auth: spec.Auth,
+    binary: str,
+    version: str,
+    on_progress: Progress | None,
+    check_ports_first: bool,
+) -> TierState:
     live = _live_instances(tier_dir)
     if live:
         ports = ", ".join(str(i.port) for i in live)
@@ -109,7 +183,6 @@ def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: b
         for rank, port in enumerate(ports):
             if port_in_use(port, req.host):
                 raise KvctlError(f"rank {rank}: port {req.host}:{port} is already in use; nothing was started (pick another --base-port)")
-    tier_dir.mkdir(parents=True, exist_ok=True)
     engine_password = None
     engine_password_file = None
     if auth.enabled:
@@ -117,14 +190,51 @@ def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: b
         engine_password_file = tier_dir / ENGINE_PASSWORD_FILE
         spec.write_secret(engine_password_file, engine_password + "\n")
     started: list[ValkeyProcess] = []
-    instances: list[InstanceState] = []
+    state = TierState(
+        dir=str(tier_dir),
+        instances=[],
+        binary=binary,
+        server_version=version,
+        maxmemory_total=per_instance * req.ranks,
+        password_file=auth.password_file,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        maxmemory_per_instance=per_instance,
+        io_threads=io_threads,
+        engine_user=spec.ENGINE_USER if auth.enabled else None,
+        engine_password_file=str(engine_password_file) if engine_password_file else None,
+        complete=False,
+    )
     try:
         for rank, port in enumerate(ports):
             settings = spec.cache_settings(per_instance, io_threads, auth, engine_password)
             settings["pidfile"] = str(tier_dir / f"valkey-{rank}.pid")
             settings["logfile"] = str(tier_dir / f"valkey-{rank}.log")
+
+            def record(proc: ValkeyProcess, rank: int = rank, settings: dict = settings) -> None:
+                """Into the state file before waiting for PING: a killed `up` leaves nothing `down` cannot find."""
+                started.append(proc)
+                try:
+                    cmdline, created = _identity(psutil.Process(proc.pid))
+                except psutil.NoSuchProcess as e:
+                    raise KvctlError(f"rank {rank} ({req.host}:{proc.port}) exited right after start; see {settings['logfile']}") from e
+                state.instances.append(
+                    InstanceState(
+                        rank=rank,
+                        host=req.host,
+                        port=proc.port,
+                        pid=proc.pid,
+                        url=proc.url,
+                        config=str(proc.config_path),
+                        logfile=str(settings["logfile"]),
+                        pidfile=str(settings["pidfile"]),
+                        cmdline=[c for c in cmdline if c],
+                        create_time=created,
+                    )
+                )
+                state.write()
+
             try:
-                proc = start_valkey(
+                start_valkey(
                     tier_dir,
                     port=port,
                     host=req.host,
@@ -133,47 +243,22 @@ def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: b
                     password=auth.password,
                     config_path=tier_dir / f"valkey-{rank}.conf",
                     detach=True,
+                    on_spawn=record,
                 )
             except KvctlError as e:
+                if started and started[-1].port == port:
+                    started.pop()  # start_valkey already stopped it
+                if state.instances and state.instances[-1].port == port:
+                    state.instances.pop()
                 raise KvctlError(f"rank {rank} ({req.host}:{port}) failed to start: {e}") from e
-            started.append(proc)
-            try:
-                cmdline, created = _identity(psutil.Process(proc.pid))
-            except psutil.NoSuchProcess as e:
-                raise KvctlError(f"rank {rank} ({req.host}:{port}) exited right after start; see {settings['logfile']}") from e
-            instances.append(
-                InstanceState(
-                    rank=rank,
-                    host=req.host,
-                    port=port,
-                    pid=proc.pid,
-                    url=f"resp://{req.host}:{port}",
-                    config=str(proc.config_path),
-                    logfile=str(settings["logfile"]),
-                    pidfile=str(settings["pidfile"]),
-                    cmdline=[c for c in cmdline if c],
-                    create_time=created,
-                )
-            )
             if on_progress:
                 on_progress(rank, port)
-        state = TierState(
-            dir=str(tier_dir),
-            instances=instances,
-            binary=binary,
-            server_version=version,
-            maxmemory_total=per_instance * req.ranks,
-            password_file=auth.password_file,
-            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            maxmemory_per_instance=per_instance,
-            io_threads=io_threads,
-            engine_user=spec.ENGINE_USER if auth.enabled else None,
-            engine_password_file=str(engine_password_file) if engine_password_file else None,
-        )
-        state.write()  # without it `down` could not find them: a failure here stops them too
+        state.complete = True
+        state.write()
     except BaseException as e:
         for proc in reversed(started):
             proc.stop()
+        state_path(tier_dir).unlink(missing_ok=True)  # everything it listed is stopped
         if engine_password_file is not None:
             engine_password_file.unlink(missing_ok=True)
         if isinstance(e, KvctlError) and started:
@@ -195,6 +280,8 @@ class InstanceStatus:
     pid: int
     url: str
     up: bool
+    state: str = "up"  # up | alive, not answering (state T) | auth refused | down
+    hint: str | None = None
     used_memory: int | None = None
     maxmemory: int | None = None
     keys: int | None = None
@@ -224,7 +311,22 @@ def instance_status(inst: InstanceState, password: str | None) -> InstanceStatus
         with redis_client(3.0, connect_timeout_s=2.0, host=inst.host, port=inst.port, password=password) as r:
             info = r.info("all")
     except (redis.RedisError, OSError) as e:
-        return InstanceStatus(**base, up=False, error=str(e).splitlines()[0] if str(e) else type(e).__name__)
+        error = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if is_auth_error(e):
+            why = "no password given" if password is None else "the password was refused"
+            return InstanceStatus(**base, up=False, state="auth refused", hint=f"{why}: {PASSWORD_HINT}", error=error)
+        proc = is_our_server(inst)
+        if proc is None:
+            return InstanceStatus(**base, up=False, state="down", hint=f"restart the tier: kvctl deploy-valkey down --dir D, then up", error=error)
+        letter = _state_letter(proc)
+        return InstanceStatus(
+            **base,
+            up=False,
+            state=f"alive, not answering (state {letter})",
+            hint=f"pid {inst.pid} is {'stopped (SIGSTOP/ptrace)' if letter == 'T' else 'alive but silent'}: "
+            f"look at it with `kvctl diagnose stalls --pid {inst.pid}`, or restart it (down, then up)",
+            error=error,
+        )
     keyspace = info.get("db0") or {}
     get_stats = info.get("cmdstat_get") or {}
     return InstanceStatus(
@@ -238,6 +340,14 @@ def instance_status(inst: InstanceState, password: str | None) -> InstanceStatus
         get_calls=int(get_stats.get("calls", 0)),
         get_usec_per_call=float(get_stats.get("usec_per_call", 0.0)),
     )
+
+
+def _state_letter(proc: psutil.Process) -> str:
+    """The kernel's one-letter process state (R, S, D, T, t, Z, ...) from /proc, '?' when unreadable."""
+    try:
+        return Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return {psutil.STATUS_STOPPED: "T", psutil.STATUS_TRACING_STOP: "t", psutil.STATUS_RUNNING: "R"}.get(proc.status(), "?")
 
 
 def status(tier_dir: Path | str, password_file: str | None = None) -> TierStatus:
@@ -286,8 +396,16 @@ def _wait_port_free(host: str, port: int, timeout_s: float) -> bool:
 
 
 def down(tier_dir: Path | str, purge: bool = False, timeout_s: float = 10.0, on_progress: Progress | None = None) -> list[StopResult]:
-    """Stop every instance ``up`` started here; a dead or foreign pid is reported and skipped."""
+    """Stop every instance ``up`` started here; a dead or foreign pid is reported and skipped.
+
+    Each instance gets SIGTERM and ``timeout_s`` to exit, then SIGKILL ("killed").
+    """
     state = load_tier(tier_dir)
+    with tier_lock(Path(state.dir), "deploy-valkey down"):
+        return _down_locked(state, purge, timeout_s, on_progress)
+
+
+def _down_locked(state: TierState, purge: bool, timeout_s: float, on_progress: Progress | None) -> list[StopResult]:
     results = []
     for inst in sorted(state.instances, key=lambda i: i.rank):
         proc = is_our_server(inst)
@@ -319,7 +437,7 @@ def _purge(tier_dir: Path, state: TierState) -> None:
     paths = [Path(p) for i in state.instances for p in (i.config, i.logfile, i.pidfile)]
     if state.engine_password_file:
         paths.append(Path(state.engine_password_file))
-    paths.append(state_path(tier_dir))
+    paths += [state_path(tier_dir), tier_dir / LOCK_FILE]
     for p in paths:
         p.unlink(missing_ok=True)
     try:

@@ -72,7 +72,7 @@ class FleetSpec:
         cls,
         target: str,
         ranks: int,
-        maxmemory: str,
+        maxmemory: str | int,
         io_threads: int | None,
         base_port: int,
         host: str,

@@ -7,6 +7,7 @@ package (Valkey 8.1), so tests and the demo need no root and no Docker.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -15,9 +16,9 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
-from kvctl.errors import BinaryNotFound, KvctlError
+from kvctl.errors import BinaryNotFound, InvalidInput, KvctlError
 
 INSTALL_HINT = (
     "install Valkey (e.g. `apt-get install valkey-server`) or "
@@ -57,22 +58,70 @@ def server_version(binary: str) -> str:
     return out.strip()
 
 
+class AuthFailed(KvctlError):
+    """A Valkey instance refused our credentials (none given, or wrong): not the same as unreachable."""
+
+
+#: What to tell the user when an instance refuses the password (or wants one).
+PASSWORD_HINT = "give the tier's password with --password-file FILE (mode 0600)"
+
+
+def is_auth_error(exc: BaseException) -> bool:
+    """True for a refused login: redis-py's AuthenticationError, NOAUTH/WRONGPASS replies, the RESP client's RespAuthError."""
+    text = str(exc)
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"AuthenticationError", "AuthenticationWrongNumberOfArgsError", "RespAuthError"}) or text.startswith(
+        ("NOAUTH", "WRONGPASS", "Authentication required", "invalid username-password")
+    )
+
+
+def url_host(host: str) -> str:
+    """``host`` as it goes into a URL: IPv6 literals in brackets."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _bind_probe(host: str, port: int) -> OSError | None:
+    """Try to bind ``host:port`` (IPv4 or IPv6); the error, or None when it is free."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host.strip("[]"), port))
+    except OSError as e:
+        return e
+    return None
+
+
+def check_bind_address(host: str) -> None:
+    """InvalidInput unless a server could listen on ``host`` here (an address of this host, or a wildcard)."""
+    err = _bind_probe(host, 0)
+    if err is None:
+        return
+    if err.errno == errno.EADDRNOTAVAIL:
+        raise InvalidInput(f"address {host} is not on this host: bind an address of one of its interfaces (or 0.0.0.0 / ::)")
+    if err.errno == errno.EAFNOSUPPORT:
+        raise InvalidInput(f"cannot bind {host}: IPv6 is not available on this host")
+    if isinstance(err, socket.gaierror):
+        raise InvalidInput(f"cannot resolve --host {host}: {err.strerror or err}")
+    raise InvalidInput(f"cannot bind {host}: {err.strerror or err}")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+    """A TCP port that was free on ``host`` (IPv4 or IPv6) a moment ago."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host.strip("[]"), 0))
         return s.getsockname()[1]
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """True when something already listens on (or holds) ``host:port``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
+    """True when something already listens on (or holds) ``host:port``; other bind failures raise InvalidInput."""
+    err = _bind_probe(host, port)
+    if err is None:
+        return False
+    if err.errno in (errno.EADDRINUSE, errno.EACCES):
+        return True
+    check_bind_address(host)  # names the real problem: not this host's address, no IPv6, ...
+    raise InvalidInput(f"cannot bind {host}:{port}: {err.strerror or err}")
 
 
 def ping(host: str, port: int, timeout_s: float = 1.0, password: str | None = None) -> bool:
@@ -185,7 +234,7 @@ class ValkeyProcess:
 
     @property
     def url(self) -> str:
-        return f"resp://{self.host}:{self.port}"
+        return f"resp://{url_host(self.host)}:{self.port}"
 
     def alive(self) -> bool:
         if self._popen is not None:
@@ -231,6 +280,7 @@ def start_valkey(
     ready_timeout_s: float = 15.0,
     config_path: Path | str | None = None,
     detach: bool = False,
+    on_spawn: Callable[[ValkeyProcess], None] | None = None,
 ) -> ValkeyProcess:
     """Start a valkey-server on ``host:port`` (a free port when None) and wait for PING.
 
@@ -239,7 +289,8 @@ def start_valkey(
     nothing is left running in that case. ``config_path`` names the config
     file (default ``workdir/valkey-<port>.conf``); ``detach`` sends the
     server's stderr to its log file instead of a pipe, for servers that
-    outlive this process (``kvctl deploy-valkey up``).
+    outlive this process (``kvctl deploy-valkey up``). ``on_spawn`` is called
+    right after the process exists, before waiting for PING (to record it).
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -271,6 +322,12 @@ def start_valkey(
             start_new_session=True,
         )
     proc = ValkeyProcess(host, port, popen.pid, config_path, log_path, password, popen)
+    if on_spawn is not None:
+        try:
+            on_spawn(proc)
+        except BaseException:
+            proc.stop()
+            raise
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:
         if popen.poll() is not None:

@@ -57,7 +57,7 @@ def parse_size(text: str | int) -> int:
 
 def format_size(n: int) -> str:
     """Short binary size for tables: 400.0 MiB."""
-    for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+    for unit, factor in (("PiB", 1024**5), ("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if n >= factor:
             return f"{n / factor:.1f} {unit}"
     return f"{n} B"

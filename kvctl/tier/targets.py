@@ -63,6 +63,7 @@ class TierState:
     io_threads: int = 0
     engine_user: str | None = None  # ACL user for engines (only with a password)
     engine_password_file: str | None = None
+    complete: bool = True  # False while `up` is still starting instances (or when it died midway)
 
     def write(self) -> Path:
         """Atomically write the state file."""

@@ -115,14 +115,33 @@ def test_maxmemory_too_small_for_a_batch_exits_2(valkey_factory):
     assert "maxmemory" in result.output
 
 
-def _fault_run(args, act, at_s):
-    timer = threading.Timer(at_s, act)
+def _fault_run(args, act, at_s, port):
+    """Run the bench; ``act`` lands ``at_s`` after the clients' GETs reached ``port`` (bounded wait), i.e. mid-run."""
+    import redis
+
+    done = threading.Event()
+
+    def fire():
+        deadline = time.monotonic() + 20
+        while not done.is_set() and time.monotonic() < deadline:
+            try:
+                with redis.Redis(port=port, socket_timeout=1) as r:
+                    if int(r.info("commandstats").get("cmdstat_get", {}).get("calls", 0)) > 8:  # past the warm-up batch
+                        break
+            except redis.RedisError:
+                pass
+            time.sleep(0.05)
+        if not done.wait(at_s):
+            act()
+
+    th = threading.Thread(target=fire, daemon=True)
     t0 = time.monotonic()
-    timer.start()
+    th.start()
     try:
         data, result = _bench(args, expect=5)
     finally:
-        timer.cancel()
+        done.set()
+        th.join(timeout=25)
     return data, result, time.monotonic() - t0
 
 
@@ -132,7 +151,8 @@ def test_killed_server_mid_run(valkey_factory):
     data, result, wall = _fault_run(
         ["--url", healthy.url, "--url", doomed.url, *SMALL, "--duration", str(duration), "--timeout", str(timeout)],
         lambda: os.kill(doomed.pid, signal.SIGKILL),
-        at_s=1.2,  # populate + client start take a few hundred ms; the kill lands mid-run
+        at_s=0.3,
+        port=doomed.port,
     )
     assert wall < duration + timeout + 6, wall  # start-up, one INFO timeout, process teardown
     run = data["runs"][0]
@@ -150,7 +170,8 @@ def test_stalled_server_mid_run(valkey_server):
         data, _, wall = _fault_run(
             ["--url", valkey_server.url, *SMALL, "--duration", str(duration), "--timeout", str(timeout)],
             lambda: os.kill(valkey_server.pid, signal.SIGSTOP),
-            at_s=1.0,
+            at_s=0.3,
+            port=valkey_server.port,
         )
     finally:
         os.kill(valkey_server.pid, signal.SIGCONT)

@@ -151,3 +151,20 @@ def test_async_lookup_answers_later_and_a_stopped_instance_recomputes(tier):
     assert elapsed < 2 * 1.0 + 1.0  # 2 x timeout_s, then recompute
     assert conn.get_kv_connector_stats().data["kvctl:lookup_timeouts"] == 1
     conn.shutdown()
+
+
+def test_load_policy_vetoes_on_the_engine_wide_estimate_and_reprobes(tier):
+    from kvctl.plugins.vllm_stats import KvctlConnectorStats
+
+    # chunk = 2 layers x 4 tokens x 6 x 4 bytes = 192 B -> s = 48 B/token; R = 1000 tok/s -> B* = 48 kB/s
+    conn = scheduler([s.url for s in tier], load_policy={"prefill_tokens_per_s": 1000, "reprobe_after_s": 0.5})
+    store_all(tier, conn.fmt)
+    assert conn.get_num_new_matched_tokens(req("r"), 0) == (16, False)  # nothing measured yet
+    # the workers report 1000 B in 1 s (summed over ranks): 1 kB/s < B*, loading 16 tokens is slower
+    conn.update_connector_output(SimpleNamespace(kv_connector_stats=KvctlConnectorStats(
+        data={"kvctl:l2_get_bytes": 1000, "kvctl:l2_get_seconds": 1.0})))
+    assert conn.get_num_new_matched_tokens(req("r"), 0) == (0, False)
+    time.sleep(0.6)
+    assert conn.get_num_new_matched_tokens(req("r"), 0) == (16, False)  # re-probe: not locked out
+    assert conn.get_num_new_matched_tokens(req("r"), 0) == (0, False)
+    conn.shutdown()

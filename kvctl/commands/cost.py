@@ -18,7 +18,7 @@ NONNEG = click.FloatRange(min=0)
 
 # The cost model's quantities with the bounds past which a value is a typo (and the
 # arithmetic would overflow into inf/NaN). Divisors have a floor above zero.
-BYTES_PER_TOKEN = positive(1e9)  # 1 GB per token; the largest real models are ~20 MB
+BYTES_PER_TOKEN = FiniteFloat(min=1, max=1e9)  # 1 B to 1 GB per token; the largest real models are ~20 MB
 PREFILL_RATE = FiniteFloat(min=1e-3, max=1e9)  # tokens/s
 T0_S = non_negative(3600.0)
 LATENCY_S = positive(86400.0)

@@ -459,7 +459,12 @@ class RespClient:
                 if conn is None:
                     break
                 if conn.reusable():
-                    conn.begin(deadline, self.timeout_s)
+                    try:
+                        conn.begin(deadline, self.timeout_s)
+                    except BaseException:  # the deadline passed (e.g. queued too long): keep the socket
+                        with self._lock:
+                            self._idle.append(conn)
+                        raise
                     return conn, True
                 conn.close()
                 with self._lock:

@@ -255,3 +255,16 @@ def test_reused_connection_failing_before_any_reply_is_retried_once():
         assert srv.requests == 8
         stats = client.pool_stats()
         assert stats.created == 4 and stats.dropped == 4, stats
+
+
+def test_a_call_whose_deadline_passed_keeps_the_idle_connection(valkey_server):
+    """A submitted GET that waited past its deadline fails at once and leaves the pooled socket pooled."""
+    with RespClient(valkey_server.url, timeout_s=TIMEOUT_S, pool_size=1) as client:
+        client.batched_set(["k"], [b"v"])
+        assert client.pool_stats().idle == 1
+        with pytest.raises(RespTimeout, match="deadline"):
+            client._run(lambda conn: None, deadline=time.monotonic() - 0.01)  # what the I/O thread does
+        stats = client.pool_stats()
+        assert stats.idle == 1 and stats.dropped == 0 and stats.created == 1, stats
+        buf = bytearray(1)
+        assert client.batched_get(["k"], [buf]) == [True] and buf == b"v"

@@ -515,6 +515,7 @@ def base_exception_worker(rank: int, world: int) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 def test_base_exception_in_fetch_is_a_local_failure_then_reraised():
     """Before the fix rank 1 skipped the all-gather and rank 0 waited out the gloo timeout."""
     out = spawn_ranks(base_exception_worker, 2, (), timeout_s=60)

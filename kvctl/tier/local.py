@@ -372,18 +372,38 @@ class StopResult:
     port_free: bool
 
 
+def _exited(proc: psutil.Process, timeout_s: float) -> bool:
+    """Whether ``proc`` ends within ``timeout_s``; a zombie counts as ended.
+
+    ``psutil.Process.wait`` on a process that is not our child (a server
+    whose ``up`` has exited) lasts until init reaps it, which some inits do
+    only every few seconds: that would stretch every ``--timeout``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
 def _stop(proc: psutil.Process, timeout_s: float) -> str:
+    """SIGTERM, then SIGKILL after ``timeout_s``: "stopped" or "killed"."""
     try:
         proc.send_signal(signal.SIGCONT)  # a SIGSTOPped server cannot exit
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=timeout_s)
-        return "stopped"
-    except psutil.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=timeout_s)
-        return "killed"
     except psutil.NoSuchProcess:
         return "stopped"
+    if _exited(proc, timeout_s):
+        return "stopped"
+    with contextlib.suppress(psutil.NoSuchProcess):
+        proc.kill()
+    _exited(proc, 5.0)
+    return "killed"
 
 
 def _wait_port_free(host: str, port: int, timeout_s: float) -> bool:

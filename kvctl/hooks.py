@@ -26,6 +26,7 @@ DEFAULT_PLUGINS = (
     "kvctl.commands.report",
     "kvctl.commands.simulate",
     "kvctl.commands.exporter",
+    "kvctl.commands.doctor",
 )
 
 

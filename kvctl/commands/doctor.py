@@ -1,0 +1,70 @@
+"""``kvctl doctor``: check a deployment in one pass (engine, Valkey tier, LMCache, configs, host)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from kvctl import render
+from kvctl.commands.diagnose import TIMEOUT_S
+from kvctl.commands.options import count, output_options
+from kvctl.hooks import hookimpl
+
+STYLE = {"skipped": "dim", "ok": "green", "warning": "yellow", "fail": "red"}
+
+
+@hookimpl
+def register_commands(cli: click.Group) -> None:
+    cli.add_command(doctor_cmd)
+
+
+@click.command("doctor")
+@click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable), e.g. http://HOST:8000.")
+@click.option("--valkey", "valkey_urls", multiple=True, help="Valkey URL per rank (repeatable, index = rank), or one {rank} template with --ranks.")
+@click.option("--ranks", type=count(4096), help="Number of ranks for a {rank} template --valkey URL.")
+@click.option("--dir", "tier_dir", type=click.Path(file_okay=False), help="Directory of a tier started by `kvctl deploy-valkey up`.")
+@click.option("--password-file", type=click.Path(dir_okay=False), help="File (mode 0600) holding the Valkey password.")
+@click.option("--config", "lmcache_config", type=click.Path(dir_okay=False), envvar="LMCACHE_CONFIG_FILE", help="LMCache YAML config the engines use (default: $LMCACHE_CONFIG_FILE).")
+@click.option("--kv-transfer-config", help="vLLM's --kv-transfer-config JSON, inline or @FILE.")
+@click.option("--world-size", type=count(4096), help="Ranks of the engine's shard group (TP x PCP); default: the engine's kvctl:ranks gauge.")
+@click.option("--diagnosis", "diagnosis_path", type=click.Path(dir_okay=False), help="kvctl diagnose --json output to compare the loading mode with (default: the last saved diagnosis).")
+@click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=3.0, show_default=True, help="Seconds each engine or Valkey read may take.")
+@click.option("--no-host-checks", is_flag=True, help="Skip the py-spy (ptrace) and NVML checks of this host.")
+@output_options
+@click.pass_context
+def doctor_cmd(
+    ctx: click.Context, engine_urls: tuple[str, ...], valkey_urls: tuple[str, ...], ranks: int | None, tier_dir: str | None, password_file: str | None,
+    lmcache_config: str | None, kv_transfer_config: str | None, world_size: int | None, diagnosis_path: str | None, timeout_s: float,
+    no_host_checks: bool, as_json: bool,
+) -> None:
+    """Check a deployment in one pass: a checklist of ok / warning / fail, each with its fix.
+
+    \b
+    kvctl doctor --engine-url http://HOST:8000 --dir ./kv-tier --config lmcache.yaml
+    kvctl doctor --valkey resp://valkey-{rank}:6379 --ranks 8 --kv-transfer-config @kv.json
+    Engine: /metrics reachable, vLLM version, KV connector in use. Valkey: every instance
+    up, auth (a refused password says so), maxmemory, eviction policy, persistence, one
+    instance per rank. LMCache: installed version and its known client bugs. Configs:
+    remote_url next to a plugin, chunk size vs block size, URL count vs world size,
+    {rank} templates, loading mode vs the latest ρ. Host: py-spy can attach, NVML.
+    Exit code: 0 all ok, 3 a warning, 4 a failure.
+    """
+    from kvctl.diagnose.capture import last_diagnosis_path  # noqa: PLC0415
+    from kvctl.commands.diagnose import _targets  # noqa: PLC0415 - same instance naming as diagnose
+    from kvctl.doctor import DoctorInput, run  # noqa: PLC0415
+
+    if diagnosis_path and not Path(diagnosis_path).is_file():
+        raise click.BadParameter(f"{diagnosis_path} does not exist", param_hint="'--diagnosis'")
+    targets = _targets(valkey_urls, ranks, tier_dir, password_file)
+    report = run(DoctorInput(
+        tuple(engine_urls), tuple(targets), lmcache_config, kv_transfer_config, world_size,
+        diagnosis_path or str(last_diagnosis_path()), timeout_s, host_checks=not no_host_checks,
+    ))
+    if as_json:
+        render.emit_json({"checks": report.checks, "worst": report.worst, "exit_code": int(report.exit_status)})
+    else:
+        render.text_table("kvctl doctor", ["", "area", "check", "result", "fix"], [(c.status, c.area, c.name, c.message, c.fix) for c in report.checks])
+        counts = {s: sum(c.status == s for c in report.checks) for s in STYLE}
+        render.message(f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['fail']} failure(s), {counts['skipped']} skipped", style=STYLE[report.worst])
+    ctx.exit(int(report.exit_status))

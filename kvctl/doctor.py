@@ -1,0 +1,403 @@
+"""``kvctl doctor``: one pass over a deployment's engine, tier, configs and host; a checklist with fixes.
+
+Each check returns a :class:`Check` (ok / warning / fail, the fix, the evidence);
+nothing here prints. What talks to the outside world goes through the same
+small functions as ``kvctl diagnose`` (engine ``/metrics``, Valkey via
+redis-py, NVML, py-spy), so tests point them at real local components.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from kvctl.connector.urls import RANK_PLACEHOLDER
+from kvctl.diagnose import sources
+from kvctl.errors import ExitStatus, InvalidInput, KvctlError
+from kvctl.tier.lmcache_config import PLUGIN_MODULE, URL_LIST_KEY, plugin_key
+from kvctl.tier.server import PASSWORD_HINT, base_settings, is_auth_error, redis_for_url
+from kvctl.tier.targets import Target
+
+OK, WARNING, FAIL, SKIPPED = "ok", "warning", "fail", "skipped"
+ORDER = (SKIPPED, OK, WARNING, FAIL)
+#: LMCache releases whose native resp:// client has §5.4's bugs 1 and 2 and whose MLA store writes from rank 0 only
+LMCACHE_BUGGY_UP_TO = (0, 5, 6)
+KVCTL_MODULES = ("kvctl.plugins.vllm", "kvctl.plugins.lmcache_cpu", PLUGIN_MODULE)
+#: what kvctl deploy-valkey writes (cache-only: no persistence, LRU eviction)
+RECOMMENDED = {k: v for k, v in base_settings(0, "", Path(".")).items() if k in ("maxmemory-policy", "save", "appendonly")}
+LRU_POLICIES = ("allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-lfu")
+
+
+@dataclass(frozen=True)
+class Check:
+    area: str  # engine, valkey, lmcache, config, host
+    name: str
+    status: str  # ok, warning, fail; skipped (nothing given to check) counts as ok
+    message: str
+    fix: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    checks: list[Check]
+    worst: str
+
+    @property
+    def exit_status(self) -> ExitStatus:
+        """0 all ok, 3 a warning, 4 a failure."""
+        return {WARNING: ExitStatus.FINDING_WARNING, FAIL: ExitStatus.FINDING_CRITICAL}.get(self.worst, ExitStatus.OK)
+
+
+@dataclass(frozen=True)
+class DoctorInput:
+    engine_urls: tuple[str, ...] = ()
+    targets: tuple[Target, ...] = ()
+    lmcache_config: str | None = None
+    kv_transfer_config: str | None = None  # JSON text, or @FILE
+    world_size: int | None = None
+    last_diagnosis: str | None = None  # path of kvctl diagnose's saved JSON
+    timeout_s: float = 3.0
+    host_checks: bool = True
+
+
+def run(inp: DoctorInput) -> DoctorReport:
+    checks: list[Check] = []
+    lmcache = _load_yaml(inp.lmcache_config) if inp.lmcache_config else None
+    kvt = parse_kv_transfer_config(inp.kv_transfer_config) if inp.kv_transfer_config else None
+    engines = [_engine(u, inp.timeout_s, kvt, checks) for u in inp.engine_urls]
+    if not inp.engine_urls:
+        checks.append(Check("engine", "metrics", SKIPPED, "no --engine-url given: engine, vLLM version and connector not checked"))
+    if not inp.targets:
+        checks.append(Check("valkey", "up", SKIPPED, "no --dir or --valkey given: the Valkey tier was not checked"))
+    world = inp.world_size or next((e["ranks"] for e in engines if e.get("ranks")), None)
+    block = next((e["block_size"] for e in engines if e.get("block_size")), None)
+    _valkey(inp.targets, inp.timeout_s, world, checks)
+    in_use = lmcache is not None or connector_of(kvt) == "lmcache" or any(e.get("connector") == "lmcache" for e in engines)
+    _lmcache(lmcache, in_use, checks)
+    _configs(lmcache, kvt, world, block, inp.last_diagnosis, checks)
+    if inp.host_checks:
+        checks.append(check_py_spy())
+        checks.append(check_nvml())
+    worst = max((c.status for c in checks if c.status != SKIPPED), key=ORDER.index, default=OK)
+    return DoctorReport(checks, worst)
+
+
+# --- inputs --------------------------------------------------------------------------------
+
+
+def _load_yaml(path: str) -> dict[str, Any]:
+    import yaml  # noqa: PLC0415
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise InvalidInput(f"cannot read --config {path}: {e.strerror or e}") from e
+    except yaml.YAMLError as e:
+        raise InvalidInput(f"--config {path} is not YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise InvalidInput(f"--config {path} is not an LMCache config (a YAML mapping)")
+    return data
+
+
+def parse_kv_transfer_config(text: str) -> dict[str, Any]:
+    """vLLM's ``--kv-transfer-config`` JSON, given inline or as ``@FILE``."""
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text()
+        except OSError as e:
+            raise InvalidInput(f"cannot read --kv-transfer-config {text[1:]}: {e.strerror or e}") from e
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise InvalidInput(f"--kv-transfer-config is not JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise InvalidInput("--kv-transfer-config must be a JSON object (vLLM's KVTransferConfig)")
+    return data
+
+
+def connector_of(kvt: dict[str, Any] | None) -> str | None:
+    """kvctl, lmcache or None, from a KV transfer config."""
+    if not kvt:
+        return None
+    if kvt.get("kv_connector_module_path") in KVCTL_MODULES or str(kvt.get("kv_connector", "")).startswith("Kvctl"):
+        return "lmcache" if "LMCache" in str(kvt.get("kv_connector")) else "kvctl"
+    return "lmcache" if "LMCache" in str(kvt.get("kv_connector", "")) else str(kvt.get("kv_connector") or "") or None
+
+
+# --- engine --------------------------------------------------------------------------------
+
+
+def engine_version(url: str, timeout_s: float) -> str | None:
+    """vLLM's ``GET /version`` (the OpenAI API server's), or None."""
+    base = sources.metrics_url(url).rsplit("/metrics", 1)[0]
+    try:
+        with urllib.request.urlopen(base + "/version", timeout=timeout_s) as r:  # noqa: S310 - http(s) checked by metrics_url
+            return str(json.loads(r.read().decode()).get("version")) or None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _engine(url: str, timeout_s: float, kvt: dict[str, Any] | None, out: list[Check]) -> dict[str, Any]:
+    try:
+        text = sources.fetch_metrics(url, timeout_s)
+    except KvctlError as e:
+        out.append(Check("engine", "metrics", FAIL, str(e), "point --engine-url at the vLLM API server (the port serving /v1/completions); is the engine up?", {"url": url}))
+        return {}
+    names = set(re.findall(r"^([a-zA-Z_:][\w:]*)", text, re.M))
+    if not any(n.startswith("vllm:") for n in names):
+        out.append(Check("engine", "metrics", FAIL, f"{url} serves /metrics without vllm: series", "point --engine-url at the vLLM API server, not a sidecar", {"url": url}))
+        return {}
+    out.append(Check("engine", "metrics", OK, f"{sources.metrics_url(url)} answers with vLLM metrics", evidence={"url": url}))
+    version = engine_version(url, timeout_s)
+    if version:
+        out.append(Check("engine", "vllm_version", OK, f"vLLM {version}", evidence={"url": url, "version": version}))
+    else:
+        out.append(Check("engine", "vllm_version", WARNING, f"{url}/version did not answer: vLLM version unknown", "check the engine is vLLM's OpenAI API server", {"url": url}))
+    in_metrics = "kvctl" if any(n.startswith("kvctl:") for n in names) else "lmcache" if any(n.startswith("lmcache:") for n in names) else None
+    connector = in_metrics or connector_of(kvt)
+    label = {"kvctl": "kvctl (kvctl.plugins.vllm)", "lmcache": "LMCache"}.get(connector or "", connector or "none")
+    if connector:
+        out.append(Check("engine", "kv_connector", OK, f"KV connector in use: {label}", evidence={"url": url, "connector": connector, "seen_in_metrics": bool(in_metrics)}))
+    else:
+        out.append(Check(
+            "engine", "kv_connector", WARNING, "no KV connector: the engine exports no kvctl: or lmcache: metrics and no --kv-transfer-config names one",
+            "start vLLM with --kv-transfer-config (kvctl deploy-valkey vllm-config prints one) to use the remote tier", {"url": url},
+        ))
+    info = _labels(text, "vllm:cache_config_info")
+    block = int(info["block_size"]) if info.get("block_size", "").isdigit() else None
+    ranks = _gauge(text, "kvctl:ranks")
+    return {"block_size": block, "ranks": int(ranks) if ranks and ranks >= 1 else None, "connector": connector}
+
+
+def _labels(text: str, name: str) -> dict[str, str]:
+    m = re.search(rf"^{re.escape(name)}\{{([^}}]*)\}}", text, re.M)
+    return dict(re.findall(r'(\w+)="([^"]*)"', m.group(1))) if m else {}
+
+
+def _gauge(text: str, name: str) -> float | None:
+    m = re.search(rf"^{re.escape(name)}(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+# --- Valkey --------------------------------------------------------------------------------
+
+
+def _valkey(targets: Sequence[Target], timeout_s: float, world: int | None, out: list[Check]) -> None:
+    import redis  # noqa: PLC0415
+
+    run_ids: dict[str, list[int]] = {}
+    for t in targets:
+        where = f"rank {t.rank} ({t.host}:{t.port})"
+        try:
+            with redis_for_url(t.url, timeout_s, password=t.password) as r:
+                info = r.info("all")
+                conf = {k: str(v) for k, v in r.config_get("maxmemory*").items()}
+                conf.update({k: str(v) for k, v in r.config_get("save").items()})
+                conf.update({k: str(v) for k, v in r.config_get("appendonly").items()})
+        except (redis.RedisError, OSError) as e:
+            if is_auth_error(e):
+                out.append(Check("valkey", "auth", FAIL, f"{where} refused the login: {e}", PASSWORD_HINT, {"rank": t.rank}))
+            else:
+                out.append(Check("valkey", "up", FAIL, f"{where} unreachable: {e}", "start it (kvctl deploy-valkey up) or fix the URL; kvctl deploy-valkey status shows every rank", {"rank": t.rank}))
+            continue
+        run_ids.setdefault(str(info.get("run_id")), []).append(t.rank)
+        out.append(Check("valkey", "up", OK, f"{where} up, Valkey {info.get('valkey_version') or info.get('redis_version')}", evidence={"rank": t.rank}))
+        maxmem = int(conf.get("maxmemory", "0") or 0)
+        if maxmem == 0:
+            out.append(Check("valkey", "maxmemory", FAIL, f"{where} has no maxmemory: it grows until the host runs out of memory", f"set maxmemory (CONFIG SET maxmemory 64gb), as kvctl deploy-valkey up --maxmemory does", {"rank": t.rank}))
+        else:
+            out.append(Check("valkey", "maxmemory", OK, f"{where} maxmemory {maxmem / 2**20:.0f} MiB", evidence={"rank": t.rank, "maxmemory": maxmem}))
+        policy = conf.get("maxmemory-policy", "")
+        if policy not in LRU_POLICIES:
+            out.append(Check("valkey", "eviction_policy", FAIL, f"{where} maxmemory-policy is {policy}: a full instance refuses writes or never frees cold chunks", f"CONFIG SET maxmemory-policy {RECOMMENDED['maxmemory-policy']}", {"rank": t.rank, "policy": policy}))
+        elif policy != RECOMMENDED["maxmemory-policy"]:
+            out.append(Check("valkey", "eviction_policy", WARNING, f"{where} maxmemory-policy {policy}: kvctl recommends {RECOMMENDED['maxmemory-policy']} (chunks carry no TTL)", f"CONFIG SET maxmemory-policy {RECOMMENDED['maxmemory-policy']}", {"rank": t.rank, "policy": policy}))
+        else:
+            out.append(Check("valkey", "eviction_policy", OK, f"{where} maxmemory-policy {policy}", evidence={"rank": t.rank}))
+        persisting = ([f"save {conf['save']!r}"] if conf.get("save") else []) + (["appendonly yes"] if conf.get("appendonly") == "yes" else [])
+        if persisting:
+            out.append(Check("valkey", "persistence", WARNING, f"{where} persists a cache ({', '.join(persisting)}): forks and disk writes stall GETs", 'CONFIG SET save "" and CONFIG SET appendonly no (kvctl deploy-valkey writes both)', {"rank": t.rank}))
+        else:
+            out.append(Check("valkey", "persistence", OK, f"{where} no persistence (a cache)", evidence={"rank": t.rank}))
+    shared = {rid: ranks for rid, ranks in run_ids.items() if len(ranks) > 1}
+    if shared:
+        for ranks in shared.values():
+            out.append(Check("valkey", "one_per_rank", FAIL, f"ranks {', '.join(map(str, ranks))} reach the same Valkey server (same run_id): one instance serves several ranks", "give every rank its own instance (kvctl deploy-valkey up --ranks W), paper §5.2", {"ranks": ranks}))
+    elif targets and world and len(targets) != world:
+        out.append(Check("valkey", "one_per_rank", FAIL, f"{len(targets)} Valkey instance(s) for {world} ranks", f"kvctl deploy-valkey up --ranks {world}: one instance per rank", {"instances": len(targets), "world_size": world}))
+    elif targets and run_ids:
+        out.append(Check("valkey", "one_per_rank", OK, f"{len(targets)} distinct instance(s), one per rank" + (f" ({world} ranks)" if world else ""), evidence={"instances": len(targets)}))
+
+
+# --- LMCache -------------------------------------------------------------------------------
+
+
+def lmcache_version() -> str | None:
+    """Installed LMCache (this interpreter, else $KVCTL_LMCACHE_PYTHON's), or None."""
+    try:
+        return importlib.metadata.version("lmcache")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    other = os.environ.get("KVCTL_LMCACHE_PYTHON")
+    if other and Path(other).exists():
+        res = subprocess.run([other, "-c", "import importlib.metadata as m; print(m.version('lmcache'))"], capture_output=True, text=True, timeout=60)
+        if res.returncode == 0 and res.stdout.strip():
+            return res.stdout.strip()
+    return None
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def _uses_plugin(lmc: dict[str, Any] | None) -> bool:
+    return bool(lmc and lmc.get("remote_storage_plugins"))
+
+
+def _lmcache(lmc: dict[str, Any] | None, in_use: bool, out: list[Check]) -> None:
+    version = lmcache_version()
+    if version is None:
+        out.append(Check("lmcache", "installed", OK, "LMCache not installed here (nothing to check)", evidence={"version": None}))
+        return
+    buggy = _version_tuple(version) <= LMCACHE_BUGGY_UP_TO
+    native = bool(lmc and lmc.get("remote_url") and not _uses_plugin(lmc))
+    if not buggy:
+        out.append(Check("lmcache", "installed", OK, f"LMCache {version}", evidence={"version": version}))
+        return
+    bugs = "its native resp:// client hangs on a GET of a missing key and can lose a completion (paper §5.4, bugs 1 and 2)"
+    fix = f"use kvctl's remote-storage plugin ({PLUGIN_MODULE}: kvctl deploy-valkey lmcache-config --plugin prints the config)"
+    if native:
+        out.append(Check("lmcache", "known_bugs", FAIL, f"LMCache {version} with remote_url {lmc['remote_url']}: {bugs}", fix, {"version": version}))
+    elif _uses_plugin(lmc):
+        out.append(Check("lmcache", "known_bugs", OK, f"LMCache {version}: its native client's bugs are bypassed by the remote-storage plugin", evidence={"version": version}))
+    else:
+        out.append(Check("lmcache", "known_bugs", WARNING, f"LMCache {version} installed: {bugs}", fix + "; give --config to check the engine's config", {"version": version}))
+    out.append(Check(
+        "lmcache", "mla_pcp", WARNING if in_use else OK,
+        f"LMCache {version} stores MLA KV from rank 0 only: under prefill context parallelism one rank writes and loads the whole prompt"
+        + ("" if in_use else " (LMCache is not in use here)"),
+        "for MLA with PCP use kvctl's sharded store (kvctl.plugins.vllm KvctlConnector), every rank its own chunks", {"version": version},
+    ))
+
+
+# --- config mismatches ---------------------------------------------------------------------
+
+
+def _configs(lmc: dict[str, Any] | None, kvt: dict[str, Any] | None, world: int | None, block: int | None, last: str | None, out: list[Check]) -> None:
+    extra_kvt = (kvt or {}).get("kv_connector_extra_config") or {}
+    extra_lmc = (lmc or {}).get("extra_config") or {}
+    if lmc is not None:
+        if lmc.get("remote_url") and _uses_plugin(lmc):
+            out.append(Check("config", "double_writes", FAIL, f"LMCache remote_url ({lmc['remote_url']}) next to remote_storage_plugins {lmc['remote_storage_plugins']}: LMCache builds two remote backends and writes every chunk twice", "drop remote_url; the plugin's URL lives in extra_config", {}))
+        else:
+            out.append(Check("config", "double_writes", OK, "one remote backend configured"))
+    chunk, chunk_key = None, None
+    if lmc is not None and lmc.get("chunk_size") is not None:
+        chunk, chunk_key = lmc.get("chunk_size"), "LMCache chunk_size"
+    elif extra_kvt.get("chunk_tokens") is not None:
+        chunk, chunk_key = extra_kvt.get("chunk_tokens"), "kv_connector_extra_config.chunk_tokens"
+    if chunk is not None and block:
+        if isinstance(chunk, int) and chunk > 0 and chunk % block == 0:
+            out.append(Check("config", "chunk_vs_block", OK, f"{chunk_key} {chunk} is a multiple of vLLM's block size {block}"))
+        else:
+            out.append(Check("config", "chunk_vs_block", FAIL, f"{chunk_key} {chunk} is not a multiple of vLLM's block size {block}: chunks straddle blocks and partial chunks are never stored", f"set {chunk_key} to a multiple of {block} (e.g. {block * max(1, round((chunk if isinstance(chunk, int) else block) / block))})", {"chunk": chunk, "block_size": block}))
+    urls = extra_kvt.get("urls") or extra_lmc.get(URL_LIST_KEY)
+    templates = [u for u in (extra_kvt.get("url"), extra_lmc.get(plugin_key("kvctl", "url")), (lmc or {}).get("remote_url")) if isinstance(u, str) and RANK_PLACEHOLDER in u]
+    if isinstance(urls, list) and world:
+        if len(urls) == world:
+            out.append(Check("config", "urls_vs_world_size", OK, f"{len(urls)} per-rank URLs for {world} ranks"))
+        else:
+            out.append(Check("config", "urls_vs_world_size", FAIL, f"{len(urls)} per-rank URLs for {world} ranks: ranks past the list have no instance, or instances sit idle", f"list exactly {world} URLs (kvctl deploy-valkey vllm-config --dir TIER prints them)", {"urls": len(urls), "world_size": world}))
+    if isinstance(urls, list) and not world:
+        out.append(Check("config", "urls_vs_world_size", WARNING, f"{len(urls)} per-rank URLs, but the number of ranks is unknown: cannot check one URL per rank", "give --world-size (or --engine-url of an engine exporting kvctl:ranks)", {"urls": len(urls)}))
+    for t in templates:
+        native = lmc is not None and t == lmc.get("remote_url") and not _uses_plugin(lmc) and connector_of(kvt) != "kvctl"
+        if native:
+            out.append(Check("config", "rank_template", FAIL, f"remote_url {t} has {RANK_PLACEHOLDER} but nothing replaces it: stock LMCache connects to the literal host", f"use kvctl's plugin (remote_storage_plugins: [kvctl], extra_config {plugin_key('kvctl', 'url')}: {t}) or extra_config.{URL_LIST_KEY}", {"url": t}))
+        elif world is None:
+            out.append(Check("config", "rank_template", WARNING, f"{t} is a {RANK_PLACEHOLDER} template but the number of ranks is unknown: cannot check that instances 0..W-1 exist", "give --world-size (or --engine-url of an engine exporting kvctl:ranks)", {"url": t}))
+        else:
+            out.append(Check("config", "rank_template", OK, f"{t} expands to {world} per-rank URLs"))
+    _loading_vs_rho(lmc, extra_kvt, last, out)
+
+
+def _loading_vs_rho(lmc: dict[str, Any] | None, extra_kvt: dict[str, Any], last: str | None, out: list[Check]) -> None:
+    mode = None
+    if lmc is not None and "enable_async_loading" in lmc:
+        mode = "async" if lmc.get("enable_async_loading") else "sync"
+    elif "async_loading" in extra_kvt:
+        mode = "async" if extra_kvt.get("async_loading") else "sync"
+    if mode is None:
+        return
+    rho, when = None, None
+    if last and Path(last).exists():
+        try:
+            d = json.loads(Path(last).read_text())
+            rho, when = d.get("rho"), d.get("created_at") or d.get("saved_at")
+        except (OSError, ValueError):
+            rho = None
+    if rho is None:
+        out.append(Check("config", "loading_vs_rho", OK, f"{mode} loading; no saved diagnosis with ρ to compare (run kvctl diagnose)"))
+    elif mode == "sync" and rho >= 1:
+        out.append(Check("config", "loading_vs_rho", FAIL, f"synchronous loading at ρ = {rho:.2f} (diagnosis of {when}): the load queue is unstable", "kvctl loading async --config LMCACHE_YAML, then add instances (kvctl deploy-valkey up --ranks W)", {"rho": rho}))
+    elif mode == "sync" and rho >= 0.7:
+        out.append(Check("config", "loading_vs_rho", WARNING, f"synchronous loading at ρ = {rho:.2f} (diagnosis of {when}): close to saturation", "add instances, or switch with kvctl loading async", {"rho": rho}))
+    else:
+        out.append(Check("config", "loading_vs_rho", OK, f"{mode} loading at ρ = {rho:.2f} (diagnosis of {when})", evidence={"rho": rho}))
+
+
+# --- host ----------------------------------------------------------------------------------
+
+
+def check_py_spy(timeout_s: float = 15.0) -> Check:
+    """py-spy present and allowed to attach to a process that is not our descendant (as an engine is not)."""
+    from kvctl.diagnose.pyspy import PTRACE_HINT, NotAPythonProcess, dump_threads, find_py_spy  # noqa: PLC0415
+
+    try:
+        binary = find_py_spy()
+    except KvctlError as e:
+        return Check("host", "py_spy", WARNING, str(e), "pip install py-spy (kvctl diagnose stalls needs it)")
+    # an orphaned sleeper: its parent exits at once, so it is no longer our descendant (Yama scope 1 refuses those)
+    starter = (
+        "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], stdin=subprocess.DEVNULL, "
+        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True); print(p.pid)"
+    )
+    res = subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True, timeout=timeout_s)
+    try:
+        pid = int(res.stdout.strip())
+    except ValueError:
+        return Check("host", "py_spy", WARNING, f"could not start a test process for py-spy: {res.stderr.strip()[:200]}")
+    try:
+        for attempt in range(20):  # bounded: the sleeper may still be starting its interpreter
+            try:
+                dump_threads(pid, binary=binary, timeout_s=timeout_s)
+                break
+            except NotAPythonProcess:
+                if attempt == 19:
+                    raise
+                time.sleep(0.1)
+    except KvctlError as e:
+        return Check("host", "py_spy", WARNING, f"py-spy cannot read another process's stacks: {e}", PTRACE_HINT, {"binary": binary})
+    finally:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    return Check("host", "py_spy", OK, f"py-spy ({binary}) attaches to processes it did not start", evidence={"binary": binary})
+
+
+def check_nvml() -> Check:
+    gpu = sources.gpu_sample()
+    if gpu.visible:
+        return Check("host", "nvml", OK, f"NVML sees {len(gpu.utilization_pct)} GPU(s): {', '.join(gpu.names)}", evidence={"gpus": gpu.names})
+    return Check("host", "nvml", WARNING, gpu.note or "no GPU visible", "run kvctl on the engine's node (nvidia-ml-py installed) so diagnose can tell a compute-bound engine from one waiting on the tier")

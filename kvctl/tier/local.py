@@ -39,7 +39,6 @@ from kvctl.tier.server import (
     redis_client,
     server_version,
     start_valkey,
-    url_host,
 )
 from kvctl.tier.targets import STATE_FILE, InstanceState, TierState, load_tier, read_password_file, state_path
 
@@ -317,7 +316,7 @@ def instance_status(inst: InstanceState, password: str | None) -> InstanceStatus
             return InstanceStatus(**base, up=False, state="auth refused", hint=f"{why}: {PASSWORD_HINT}", error=error)
         proc = is_our_server(inst)
         if proc is None:
-            return InstanceStatus(**base, up=False, state="down", hint=f"restart the tier: kvctl deploy-valkey down --dir D, then up", error=error)
+            return InstanceStatus(**base, up=False, state="down", hint="no process: restart the tier (`kvctl deploy-valkey down`, then `up`)", error=error)
         letter = _state_letter(proc)
         return InstanceStatus(
             **base,

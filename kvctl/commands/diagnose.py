@@ -26,6 +26,7 @@ from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.errors import ExitStatus
 from kvctl.hooks import hookimpl
+from kvctl.runbooks import runbook_for
 from kvctl.tier.targets import Target, resolve_targets
 
 WINDOW_S = positive(cap.MAX_WINDOW_S)
@@ -127,6 +128,8 @@ def _finite(obj: Any, path: str, reasons: dict[str, str]) -> Any:
 def diagnosis_json(diag: Diagnosis, explain: bool = False) -> dict[str, Any]:
     """The ``--json`` object: never NaN or Infinity (null, with the reason in ``null_reasons``)."""
     data = {"kvctl_version": __version__, **render.to_jsonable(diag), "exit_code": int(diag.exit_status)}
+    for f in data.get("findings") or []:
+        f["runbook"] = runbook_for(f["id"])
     if not explain:
         data.pop("explain")
     reasons: dict[str, str] = {}
@@ -342,7 +345,7 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
             ],
         )
     if diag.findings:
-        render.text_table("Findings", ["severity", "id", "finding", "recommendation"], [(f.severity, f.id, f.message, f.recommendation) for f in diag.findings])
+        render.text_table("Findings", ["severity", "id", "finding", "recommendation"], [(f.severity, f.id, f.message, f"{f.recommendation}\nrunbook: {runbook_for(f.id)}") for f in diag.findings])
     for reason in diag.insufficient_data:
         render.warn(f"insufficient data: {reason}")
     for u in diag.unreachable:

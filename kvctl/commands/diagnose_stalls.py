@@ -15,6 +15,7 @@ from kvctl import __version__, render
 from kvctl.commands.options import FiniteFloat, output_options, severity_exit
 from kvctl.diagnose import stalls
 from kvctl.errors import KvctlError
+from kvctl.runbooks import runbook_for
 
 _EMITTED = "kvctl_json_error_emitted"
 
@@ -122,6 +123,8 @@ def stalls_cmd(ctx: click.Context, pids: tuple[int, ...], match: str | None, sam
             "worst_severity": report.worst_severity.value if report.worst_severity else None,
         }
         data.update(render.to_jsonable(report))
+        for f in data["findings"]:
+            f["runbook"] = runbook_for(f["id"])
         render.emit_json(data)
     else:
         render_stalls(report)
@@ -151,5 +154,6 @@ def render_stalls(report: stalls.StallReport) -> None:
                 ("frames", "\n".join(f.frames)),
                 ("evidence", f.evidence),
                 ("fix", f.recommendation),
+                ("runbook", runbook_for(f.id)),
             ],
         )

@@ -24,8 +24,11 @@ SMALL = ["--chunk-bytes", "2e6", "--batch", "4", "--keys", "16"]
 
 
 def start_bench(args: list[str], cwd: Path) -> subprocess.Popen:
+    """The bench in its own session, so that a test can Ctrl-C its whole process group like a terminal."""
     env = {k: v for k, v in os.environ.items() if k != "KVCTL_TESTING"}
-    return subprocess.Popen([KVCTL, "bench", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [KVCTL, "bench", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 def get_calls(port: int) -> int:
@@ -87,8 +90,9 @@ def test_sigterm_stops_clients_deletes_keys_and_reports_partial_run(valkey_serve
     assert not alive, alive
 
 
-def test_sigint_stops_embedded_servers_and_removes_their_dir(tmp_path):
-    bench = start_bench(["--embedded", "1", "--embedded-maxmemory", "64mb", *SMALL, "--duration", "30", "--timeout", "1"], tmp_path)
+def test_ctrl_c_stops_embedded_servers_and_removes_their_dir(tmp_path):
+    saved = tmp_path / "bench.json"
+    bench = start_bench(["--embedded", "1", "--embedded-maxmemory", "64mb", *SMALL, "--duration", "30", "--timeout", "1", "--save", str(saved)], tmp_path)
     deadline = time.monotonic() + 30
     servers: list[psutil.Process] = []
     while not servers:
@@ -99,10 +103,14 @@ def test_sigint_stops_embedded_servers_and_removes_their_dir(tmp_path):
     port = int(server.cmdline()[0].rsplit(":", 1)[1])
     workdir = Path(server.cwd())  # valkey-server runs in its `dir`, inside the bench's temp dir
     wait_for_gets(bench, port)
-    bench.send_signal(signal.SIGINT)
+    os.killpg(bench.pid, signal.SIGINT)  # Ctrl-C: the bench, its forkserver and its clients all get SIGINT
     rc, out, err, _ = finish(bench)
     assert rc == 130, err
-    assert "INTERRUPTED" in out and "interrupted by SIGINT" in err and "embedded servers stopped" in err
+    assert "INTERRUPTED: 1 of 1 runs, the last ran" in " ".join(out.split()) and "interrupted by SIGINT" in err
+    assert "embedded servers stopped" in err
+    data = json.loads(saved.read_text())
+    run = data["runs"][0]
+    assert data["interrupted"] == "SIGINT" and run["ops"] > 0 and run["errors"] == 0  # the clients outlived Ctrl-C and reported
     assert not server.is_running()
     assert not workdir.exists() and not workdir.parent.exists()
 

@@ -158,8 +158,16 @@ def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: b
     tier_dir = req.dir.resolve()
     if tier_dir.exists() and not tier_dir.is_dir():
         raise InvalidInput(f"--dir {req.dir} is not a directory")
-    with tier_lock(tier_dir, "deploy-valkey up"):
-        return _up_locked(req, tier_dir, per_instance, io_threads, auth, binary, version, on_progress, check_ports_first)
+    created = not tier_dir.exists()
+    try:
+        with tier_lock(tier_dir, "deploy-valkey up"):
+            return _up_locked(req, tier_dir, per_instance, io_threads, auth, binary, version, on_progress, check_ports_first)
+    except BaseException:
+        if created:  # leave no trace of a refused or failed `up` in a directory it made
+            (tier_dir / LOCK_FILE).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tier_dir.rmdir()
+        raise
 
 
 def _up_locked(

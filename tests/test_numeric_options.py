@@ -35,9 +35,9 @@ BASE = {
     ("deploy-valkey", "status"): ["--dir", TIER_DIR],
     ("deploy-valkey", "down"): ["--dir", TIER_DIR],
     ("deploy-valkey", "lmcache-config"): ["--target", "k8s", "--ranks", "2"],
+    ("deploy-valkey", "vllm-config"): ["--target", "k8s", "--ranks", "2"],
 }
-#: Not covered here: `vllm-config` belongs to the engine-config work (its --timeout-s/--chunk-tokens are unbounded).
-SKIP = {("deploy-valkey", "vllm-config")}
+SKIP: set = set()
 
 
 def _commands(group: click.Group, path: tuple[str, ...] = ()):

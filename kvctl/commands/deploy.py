@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 import click
 
 from kvctl import render
-from kvctl.commands.options import ByteSize, FiniteFloat, count, non_negative, output_options
+from kvctl.commands.options import ByteSize, FiniteFloat, count, non_negative, output_options, positive
 from kvctl.errors import InvalidInput, Unreachable
 from kvctl.hooks import hookimpl
 from kvctl.tier import spec
@@ -424,9 +424,9 @@ def no_credentials_note(target: str, name: str) -> str:
 
 @deploy_group.command("vllm-config")
 @tier_config_options
-@click.option("--chunk-tokens", type=click.IntRange(min=1), default=256, show_default=True, help="Tokens per chunk of the kvctl connector (a multiple of vLLM's block size).")
+@click.option("--chunk-tokens", type=count(max=1 << 20), default=256, show_default=True, help="Tokens per chunk of the kvctl connector (a multiple of vLLM's block size).")
 @click.option("--async-loading/--sync-loading", default=False, show_default=True, help="The connector's async_loading (paper §5.3): load in the background while the request waits.")
-@click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True), help="Seconds a lookup or load may take before the engine recomputes (default: the connector's).")
+@click.option("--timeout-s", type=positive(max=3600), help="Seconds a lookup or load may take before the engine recomputes (default: the connector's).")
 @click.option("--shell", "as_shell", is_flag=True, help="Print the whole quoted argument, --kv-transfer-config '...', for a shell or a systemd ExecStart line.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the output to this file instead of stdout.")
 @output_options

@@ -63,8 +63,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ConnectorConfigError", "KvctlConnector", "KvctlConnectorMetadata", "shard_group_kind"]
 
-logger = init_logger(__name__)
+logger = init_logger("vllm." + __name__)  # under vLLM's logger, so its handlers print our lines
 
+_POLL_S = 0.005  # how long one scheduler/worker step waits for background lookups and loads
 # test hook: "module:function", called on every rank as fn(rank, keys, first_chunk, url) just
 # before a load fetches its chunks (tests delete a chunk there, between lookup and load)
 BEFORE_LOAD_HOOK_ENV = "KVCTL_CONNECTOR_BEFORE_LOAD_HOOK"
@@ -213,6 +214,8 @@ class KvctlConnector(KVConnectorBase_V1):
     def _hit_tokens(self, request: "Request", num_computed_tokens: int, result) -> int:
         if result.failed_ranks:
             self.stats.add("kvctl:lookup_timeouts", 1)
+            logger.warning("KvctlConnector: lookup of %s: rank(s) %s erred or timed out: recompute",
+                           request.request_id, list(result.failed_ranks))
             return 0
         hit_end = result.hit_chunks * self.chunk_tokens
         ext = max(0, hit_end - num_computed_tokens)
@@ -236,14 +239,24 @@ class KvctlConnector(KVConnectorBase_V1):
             self._async_lookups[rid] = entry
         fut, started, _ = entry
         if not fut.done():
+            # a short blocking wait: lets the lookup threads run instead of a scheduler loop that
+            # spins on this request (on 2 cores a spinning loop starves them of the GIL)
+            try:
+                fut.exception(timeout=_POLL_S)
+            except Exception:  # noqa: BLE001 - TimeoutError (still running) or CancelledError
+                pass
+        if not fut.done():
             if time.monotonic() - started < self.settings.timeout_s * 2:
                 return None, False  # ask again next step
             self._async_lookups.pop(rid, None)
             self.stats.add("kvctl:lookup_timeouts", 1)
+            logger.warning("KvctlConnector: async lookup of %s not done after %.1fs: recompute", rid,
+                           time.monotonic() - started)
             return 0, False
         try:
             ext = self._hit_tokens(request, num_computed_tokens, fut.result())
         except Exception:  # noqa: BLE001 - a failed lookup is a miss
+            logger.exception("KvctlConnector: async lookup of %s failed: recompute", rid)
             ext = 0
         return ext, ext > 0
 
@@ -328,7 +341,9 @@ class KvctlConnector(KVConnectorBase_V1):
         self._load_errors: set[int] = set()
         self._loaded_end: dict[str, int] = {}  # req -> agreed end chunk of its load (identical on every rank)
         self._finished_recving: set[str] = set()
+        self._async_pending = 0  # async loads queued or running
         self._lock = threading.Lock()
+        self._load_done = threading.Condition(self._lock)
         self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvctl-save")
         self._async_q: queue.SimpleQueue | None = None
         self._async_thread: threading.Thread | None = None
@@ -384,6 +399,8 @@ class KvctlConnector(KVConnectorBase_V1):
         assert isinstance(meta, KvctlConnectorMetadata)
         for spec in meta.loads:
             if spec.is_async and self._async_q is not None:
+                with self._lock:
+                    self._async_pending += 1
                 self._async_q.put(spec)
             else:
                 self._load(spec, self.cpu_group)
@@ -398,6 +415,8 @@ class KvctlConnector(KVConnectorBase_V1):
             finally:
                 with self._lock:
                     self._finished_recving.add(spec.req_id)
+                    self._async_pending -= 1
+                    self._load_done.notify_all()
 
     def _load(self, spec: LoadSpec, group) -> None:
         """Agreed-prefix load of one request's hit into the paged cache (collective over ``group``)."""
@@ -447,6 +466,10 @@ class KvctlConnector(KVConnectorBase_V1):
         for rid in finished_req_ids:
             self._loaded_end.pop(rid, None)
         with self._lock:
+            if self._async_pending and not self._finished_recving:
+                # vLLM steps again at once while a request waits for its load: a short wait here
+                # keeps that loop from starving the load thread of the GIL
+                self._load_done.wait(timeout=_POLL_S)
             done, self._finished_recving = self._finished_recving, set()
         return None, (done or None)
 

@@ -53,3 +53,19 @@ def test_bad_settings_name_the_key(cfg, key):
     msg = str(e.value)
     assert msg.startswith(f"kv_connector_extra_config.{key}: "), msg
     assert "\n" not in msg
+
+
+def test_shipped_launch_examples_parse(tmp_path):
+    """configs/vllm/*.json (written by `kvctl deploy-valkey vllm-config`) are what the connector reads."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "configs" / "vllm"
+    sync = json.loads((root / "kv-transfer-sync.json").read_text())
+    s = parse_settings(sync["kv_connector_extra_config"], 2)
+    assert s.urls == ("resp://127.0.0.1:17400", "resp://127.0.0.1:17401") and not s.async_loading
+    k8s = json.loads((root / "kv-transfer-async-k8s.json").read_text())["kv_connector_extra_config"]
+    pw = tmp_path / "engine-password"
+    pw.write_text("pw")
+    s = parse_settings(dict(k8s, password_file=str(pw)), 2)
+    assert s.urls[1] == "resp://kvctl-engine:pw@valkey-kv-1.valkey-kv:6379" and s.async_loading

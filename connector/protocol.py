@@ -330,9 +330,15 @@ def load_agreed_prefix_detailed(
     # step 1: fetch and stage owned chunks into one contiguous byte buffer;
     # slot j holds owned chunk v + j*W (v = rank, shifted by the chunk offset).
     # ceil(N/W) slots on every rank, so the all-gather can always send kmax slots.
+    # a bad argument on one rank is raised only after the exchange, like an
+    # unknown mode: it is sent as mode code -1, so the peers agree on 0
+    bad_input = None
+    if mode_code < 0:
+        bad_input = ValueError(f"unknown load mode {mode!r}; expected one of {MODES}")
     if first_chunk < 0:
-        raise ValueError(f"first_chunk must be >= 0, got {first_chunk}")
-    owned = list(owned_chunks(n_chunks, _virtual_rank(rank, world, first_chunk % world), world))
+        bad_input = ValueError(f"first_chunk must be >= 0, got {first_chunk}")
+        mode_code, first_chunk = -1, 0
+    owned = [] if bad_input else list(owned_chunks(n_chunks, _virtual_rank(rank, world, first_chunk % world), world))
     n_slots = max(1, math.ceil(n_chunks / world))
     try:
         staging = torch.empty(n_slots * nbytes, dtype=torch.uint8, device=device)
@@ -355,11 +361,11 @@ def load_agreed_prefix_detailed(
 
     # step 3: the agreed prefix, identical on every rank
     prefix, mismatch = agree(gathered, n_chunks)
-    if mode_code < 0:
+    if bad_input is not None:
         # raised only after the exchange, so the other ranks are not left waiting;
         # they saw a different mode code and agreed on 0 without more collectives
         _reraise_deferred(deferred, prefix)
-        raise ValueError(f"unknown load mode {mode!r}; expected one of {MODES}")
+        raise bad_input
     agreement = Agreement(
         prefix=prefix,
         mismatch=mismatch,

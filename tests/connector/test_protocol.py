@@ -523,3 +523,36 @@ def test_base_exception_in_fetch_is_a_local_failure_then_reraised():
         assert r0 == {"case": name, "prefix": 1, "values": [[0.0] * 6], "sum": 3}, r0
         assert r1["raised"] == name and r1["sum"] == 3, r1
         assert any("agreed prefix 1" in n for n in r1["notes"]), r1
+
+
+def bad_offset_worker(rank: int, world: int) -> dict:
+    """Rank 0 passes first_chunk=-1, rank 1 a valid 0; rank 0 must still enter the exchange.
+
+    Rank 1 then sees a different mode code and agrees on prefix 0 with no data
+    collectives; rank 0 raises its ValueError after the exchange. The all_reduce
+    after it must be reached by both: sum of rank+1 over W=2 = 1 + 2 = 3.
+    """
+    import torch.distributed as dist
+
+    from kvctl.connector.protocol import load_agreed_prefix
+
+    shape, dtype = (2, 3), torch.float32
+    keys = [f"k{c}" for c in range(4)]
+    got: dict = {}
+    try:
+        r = load_agreed_prefix(None, keys, lambda idx: [torch.zeros(shape)] * len(idx), shape, dtype, "cpu", "per_owner", -1 if rank == 0 else 0)
+        got["prefix"] = r.prefix
+    except ValueError as exc:
+        got["raised"] = str(exc)
+    total = torch.tensor([rank + 1])
+    dist.all_reduce(total)
+    got["sum"] = int(total.item())
+    return got
+
+
+@pytest.mark.slow
+def test_negative_chunk_offset_on_one_rank_fails_after_the_exchange():
+    """Before the fix rank 0 raised before the all-gather and rank 1 waited out the gloo timeout."""
+    r0, r1 = spawn_ranks(bad_offset_worker, 2, (), timeout_s=60)
+    assert "first_chunk" in r0["raised"] and r0["sum"] == 3, r0
+    assert r1 == {"prefix": 0, "sum": 3}, r1

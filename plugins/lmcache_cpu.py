@@ -173,9 +173,38 @@ def install_cpu_connector(block_size: int) -> bool:
     return True
 
 
+SHARD_KEY = "kvctl_shard"
+
+
 class KvctlLMCacheConnector(LMCacheConnectorV1):
-    """vLLM's ``LMCacheConnectorV1`` with kvctl's CPU KV connector on a CPU platform."""
+    """vLLM's ``LMCacheConnectorV1`` with kvctl's CPU KV connector on a CPU platform.
+
+    ``kv_connector_extra_config: {"kvctl_shard": true}`` turns on shard mode
+    for MLA under TP (:mod:`kvctl.plugins.lmcache_shard`): LMCache 0.5.6 only,
+    checked here, before LMCache builds anything.
+    """
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+        shard = extra.get(SHARD_KEY, False)
+        if not isinstance(shard, bool):
+            raise ValueError(f"kv_connector_extra_config.{SHARD_KEY}: expected true or false, got {shard!r}")
+        if shard:
+            from lmcache.integration.vllm.utils import lmcache_get_or_create_config  # noqa: PLC0415
+
+            from kvctl.plugins import lmcache_shard  # noqa: PLC0415
+
+            lmcache_shard.check_lmcache_version()
+            parallel = vllm_config.parallel_config
+            lmcache_shard.prepare_config(lmcache_get_or_create_config(), parallel.world_size,
+                                         parallel.pipeline_parallel_size, vllm_config.model_config.use_mla)
         install_cpu_connector(vllm_config.cache_config.block_size)
         super().__init__(vllm_config, role, kv_cache_config)
+        engine = getattr(self._lmcache_engine, "lmcache_engine", None)  # None on the scheduler
+        if shard and engine is not None:
+            from vllm.distributed.parallel_state import get_tp_group  # noqa: PLC0415
+
+            from kvctl.plugins.lmcache_shard import ShardLMCacheEngine  # noqa: PLC0415
+
+            tp = get_tp_group()
+            ShardLMCacheEngine.enable(engine, tp.rank_in_group, tp.world_size, lambda: tp.cpu_group)

@@ -212,12 +212,60 @@ def validate_config_file(args: dict[str, Any]) -> dict[str, Any]:
             "enable_async_loading": cfg.enable_async_loading, "save_unfull_chunk": cfg.save_unfull_chunk}
 
 
+def chunk_key_names(args: dict[str, Any]) -> dict[str, Any]:
+    """LMCache's own key names for a prompt's chunks (its ChunkedTokenDatabase, worker 0), in chunk order.
+
+    Run with the engine's PYTHONHASHSEED (run_scenario sets 0, as the engine tests do): LMCache hashes
+    chunks with Python's hash when vLLM's hash cannot be loaded.
+    """
+    import torch  # noqa: PLC0415
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder  # noqa: PLC0415
+    from lmcache.v1.config import LMCacheEngineConfig  # noqa: PLC0415
+    from lmcache.v1.metadata import LMCacheMetadata  # noqa: PLC0415
+
+    # shard mode saves from every rank: LMCache then keeps the real world size in the key (token_database.py:238-243)
+    cfg = LMCacheEngineConfig.from_dict({"chunk_size": args["chunk_size"],
+                                         "extra_config": {"save_only_first_rank": args.get("save_only_first_rank", False)}})
+    md = LMCacheMetadata(model_name=args["model"], world_size=args["world_size"], local_world_size=args["world_size"],
+                         worker_id=0, local_worker_id=0, kv_dtype=torch.bfloat16,
+                         kv_shape=(2, 1, args["chunk_size"], 1, 576), use_mla=True, chunk_size=args["chunk_size"])
+    db = LMCacheEngineBuilder._Create_token_database(cfg, md)
+    return {"keys": [[start, end, key.to_string()] for start, end, key in db.process_tokens(tokens=args["token_ids"])]}
+
+
+def shard_prepare(args: dict[str, Any]) -> dict[str, Any]:
+    """kvctl shard mode's config preparation on LMCache's own config objects: the refusals and the result."""
+    from lmcache.v1.config import LMCacheEngineConfig  # noqa: PLC0415
+
+    from kvctl.plugins.lmcache_shard import ShardModeError, prepare_config  # noqa: PLC0415
+
+    cases = {
+        "ok": ({}, (2, 1, True)),
+        "async": ({"enable_async_loading": True}, (2, 1, True)),
+        "layerwise": ({"use_layerwise": True}, (2, 1, True)),
+        "unfull": ({"save_unfull_chunk": True}, (2, 1, True)),
+        "gqa": ({}, (2, 1, False)),
+        "pipeline": ({}, (4, 2, True)),
+    }
+    out: dict[str, Any] = {}
+    for name, (settings, (world, pp, mla)) in cases.items():
+        cfg = LMCacheEngineConfig.from_dict(dict({"chunk_size": 64, "extra_config": {"keep": 1}}, **settings))
+        try:
+            prepare_config(cfg, world, pp, mla)
+        except ShardModeError as exc:
+            out[name] = str(exc)
+        else:
+            out[name] = {"extra_config": cfg.extra_config, "lookup_server_worker_ids": cfg.lookup_server_worker_ids,
+                         "mla_lookup_servers": cfg.get_lookup_server_worker_ids(True, world)}
+    return out
+
+
 def _emit(kind: str, payload: dict) -> None:
     print(f"{kind.upper()} {json.dumps(payload)}", flush=True)
 
 
 SCENARIOS = {f.__name__: f for f in (plugin_roundtrip, plugin_dead_server, native_resp_get_missing, validate_config_file,
-                                     cpu_connector_layouts)}
+                                     cpu_connector_layouts, chunk_key_names, shard_prepare)}
 
 
 def main(argv: list[str]) -> int:

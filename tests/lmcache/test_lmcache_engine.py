@@ -7,17 +7,26 @@ from `kvctl deploy-valkey up` (kvctl's RESP client as LMCache's remote storage).
 PYTHONHASHSEED is fixed (tests/engine/vllm_server.py): LMCache's chunk hashes
 then survive a restart.
 
-Slow: two engine starts (~45-85 s each on 2 cores), one at a time:
+Slow: four engine starts (~45-85 s each on 2 cores), one at a time:
 
 1. stock MLA mode, cold: LMCache stores from rank 0 only, keys under worker 0
    (world size 1 in the key) on instance 0 only;
 2. restarted (empty L1): the prompt hits from the tier and the greedy tokens
-   equal the cold run's.
+   equal the cold run's;
+3. shard mode (kv_connector_extra_config kvctl_shard), cold on a flushed tier:
+   chunk c on instance c % 2 under worker 0's name -- the names computed by
+   LMCache's own token database from the engine's token ids;
+4. shard mode restarted: the prompt hits from both instances with the cold
+   run's tokens; a chunk deleted between the scheduler's lookup and the load
+   (test hook, tests/lmcache/shard_hooks.py) shortens the agreed prefix to the
+   same 3 chunks on both ranks, and vLLM recomputes the rest.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -26,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvctl.cli import cli
 from tests.engine.test_kvctl_connector import Tier, ask, prompt, start_tp2, token_ids
 from tests.engine.vllm_server import build_tiny_model
+from tests.lmcache.lmcache_env import run_scenario
 from tests.lmcache.test_plugin import lmc_python  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
@@ -83,8 +93,18 @@ def results():
     return {}
 
 
-def start(lmc_python, model, workdir, lmcache_yaml):  # noqa: F811
-    return start_tp2(model, workdir, lmc_python, KV_CONFIG, {"LMCACHE_CONFIG_FILE": str(lmcache_yaml)})
+SHARD_CONFIG = dict(KV_CONFIG, kv_connector_extra_config={"kvctl_shard": True})
+
+
+def start(lmc_python, model, workdir, lmcache_yaml, cfg: dict = KV_CONFIG, env: dict | None = None):  # noqa: F811
+    return start_tp2(model, workdir, lmc_python, cfg, dict({"LMCACHE_CONFIG_FILE": str(lmcache_yaml)}, **(env or {})))
+
+
+def wait_for(predicate, timeout_s: float = 30.0) -> None:
+    """Saves run on LMCache's background threads: poll (bounded) until ``predicate()``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not predicate():
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +157,86 @@ def test_stock_mla_restart_hits_from_the_tier(stock_life2, tier, results):
     # both workers count the hit (rank 1 is fed by rank 0's broadcast): 2 x 384
     assert after["lmcache:num_hit_tokens_total"] - before.get("lmcache:num_hit_tokens_total", 0) == 2 * 6 * CHUNK
     assert tier.keys(0) == results["keys0"] and tier.keys(1) == set()  # nothing new written
+
+
+# -- shard mode -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shard_life1(lmc_python, mla_model, tier, lmcache_yaml, tmp_path_factory):  # noqa: F811
+    for client in tier.clients:  # stock mode's keys out of the way: only shard mode's below
+        client.flushall()
+    server = start(lmc_python, mla_model, tmp_path_factory.mktemp("lmc-shard1"), lmcache_yaml, SHARD_CONFIG)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def lmcache_key_names(server, model, text: str) -> list[str]:
+    """LMCache's key names (worker 0, world size 2) of the prompt's whole chunks, in chunk order."""
+    ids = token_ids(server, text)
+    keys = run_scenario("chunk_key_names", {"model": str(model), "world_size": 2, "chunk_size": CHUNK, "token_ids": ids})
+    return [name for start, end, name in keys["keys"] if end - start == CHUNK]
+
+
+def test_shard_cold_stores_chunks_in_the_owner_pattern(shard_life1, tier, mla_model, results):
+    cold = ask(shard_life1, prompt("A"))
+    assert cold["cached"] == 0
+    if "cold" in results:
+        assert cold["tokens"] == results["cold"]["tokens"]  # the same model, whichever mode
+    names = lmcache_key_names(shard_life1, mla_model, prompt("A"))
+    assert len(names) == 6  # 396 tokens = 6 whole chunks of 64 + 12
+    assert all(n.split("@")[1:3] == ["2", "0"] for n in names)  # world size 2, worker 0 on every rank
+    expected = [{names[0], names[2], names[4]}, {names[1], names[3], names[5]}]  # chunk c on instance c % 2
+    wait_for(lambda: all(tier.keys(r) >= expected[r] for r in range(2)))
+    assert tier.keys(0) == expected[0] and tier.keys(1) == expected[1]
+    assert all(tier.clients[r].strlen(n) == CHUNK_BYTES for r in range(2) for n in expected[r])
+
+    hit = ask(shard_life1, prompt("A"))  # same life: each rank's owned chunks from its L1, exchanged
+    assert hit["cached"] == 6 * CHUNK and hit["tokens"] == cold["tokens"]
+
+    cold_b = ask(shard_life1, prompt("B"))  # stored now, loaded after the restart
+    names_b = lmcache_key_names(shard_life1, mla_model, prompt("B"))
+    wait_for(lambda: names_b[3] in tier.keys(1))
+    results["shard_cold"], results["B_cold"], results["B_names"] = cold, cold_b, names_b
+
+
+@pytest.fixture(scope="module")
+def shard_life2(lmc_python, mla_model, tier, lmcache_yaml, tmp_path_factory):  # noqa: F811
+    work = tmp_path_factory.mktemp("lmc-shard2")
+    env = {"KVCTL_LMCACHE_BEFORE_RETRIEVE_HOOK": "tests.lmcache.shard_hooks:delete_marked_chunk",
+           "KVCTL_TEST_DELETE_CHUNK_FILE": str(work / "delete-chunk")}
+    server = start(lmc_python, mla_model, work, lmcache_yaml, SHARD_CONFIG, env)
+    server.delete_marker = work / "delete-chunk"
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_shard_restart_hits_from_both_instances(shard_life2, tier, results):
+    if "shard_cold" not in results:
+        pytest.skip("needs the cold run of test_shard_cold_stores_chunks_in_the_owner_pattern")
+    hit = ask(shard_life2, prompt("A"))
+    assert hit["cached"] == 6 * CHUNK
+    assert hit["tokens"] == results["shard_cold"]["tokens"]
+    log = shard_life2.log_path.read_text(errors="replace")
+    for r in range(2):
+        assert f"kvctl shard: rank {r} of 2 loaded the agreed prefix of 6 of 6 chunks (384 tokens)" in log
+
+
+def test_shard_chunk_deleted_between_lookup_and_load_shortens_prefix_on_both_ranks(shard_life2, tier, results):
+    if "B_names" not in results:
+        pytest.skip("needs the cold run of test_shard_cold_stores_chunks_in_the_owner_pattern")
+    names = results["B_names"]
+    assert names[3] in tier.keys(1)  # chunk 3 lives on instance 1 (3 % 2)
+    marker = shard_life2.delete_marker
+    marker.write_text(json.dumps({"chunk": 3, "chunk_tokens": CHUNK, "world": 2, "url": tier.urls[1]}))
+    out = ask(shard_life2, prompt("B"))
+    done = json.loads(Path(str(marker) + ".done").read_text())
+    # the scheduler's lookup saw all 6 chunks; rank 1 lost chunk 3 before the load
+    assert done["deleted"] == names[3] and done["count"] == 1
+    log = shard_life2.log_path.read_text(errors="replace")
+    # both ranks agree on chunks 0..2 = 192 tokens (rank 0 had all of its own)
+    for r in range(2):
+        assert f"kvctl shard: rank {r} of 2 loaded the agreed prefix of 3 of 6 chunks (192 tokens)" in log
+    assert out["tokens"] == results["B_cold"]["tokens"]  # the rest recomputed

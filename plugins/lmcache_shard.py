@@ -1,0 +1,263 @@
+"""Shard mode inside LMCache 0.5.6 for MLA under tensor parallelism (paper §5).
+
+Stock LMCache stores MLA KV from rank 0 only and feeds the other ranks by a
+broadcast (lmcache/v1/cache_engine.py:424-426, 881-892): one rank's Valkey
+instance serves the whole prompt. In shard mode every rank is active:
+
+* store: rank ``r`` keeps only chunks ``c`` with ``c % W == r`` (``c`` = the
+  chunk's index in the prompt), under worker 0's key name, on its own instance;
+* lookup: rank ``r`` answers ``a_r`` = the start token of the first chunk it
+  owns that is missing (the prompt's end when none is); LMCache's scheduler
+  takes the minimum over the lookup servers of all ranks, which is the longest
+  stored prefix (§5.1);
+* retrieve: every rank fetches its own chunks and runs
+  :func:`kvctl.connector.protocol.load_agreed_prefix` over the TP group: all
+  ranks load the same agreed prefix, shortened on every rank when one owner
+  could not provide a chunk between lookup and load.
+
+LMCache 0.5.6 has no hook for any of this (its remote connector never sees
+chunk indexes, lmcache/v1/storage_backend/storage_manager.py:994-1008), so
+:class:`ShardLMCacheEngine` subclasses ``LMCacheEngine`` and relies on its
+internals (``token_database``, ``storage_manager``, ``lookup_pins``,
+``stats_monitor``, ``gpu_connector``): :func:`check_lmcache_version` refuses
+any other LMCache version. Only synchronous loading (LMCache's
+``enable_async_loading: false``) and non-layerwise mode are supported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import threading
+from typing import Any, Iterable, Optional
+
+import torch
+
+from kvctl.connector.protocol import load_agreed_prefix
+
+__all__ = ["PINNED_LMCACHE_VERSION", "ShardLMCacheEngine", "ShardModeError", "check_lmcache_version", "prepare_config"]
+
+PINNED_LMCACHE_VERSION = "0.5.6"
+BEFORE_RETRIEVE_HOOK_ENV = "KVCTL_LMCACHE_BEFORE_RETRIEVE_HOOK"  # "module:function", called with (rank, chunk_infos)
+
+
+class ShardModeError(RuntimeError):
+    """Shard mode cannot run with this LMCache, config or parallel layout; the message says why."""
+
+
+def check_lmcache_version(version: str | None = None) -> str:
+    """The installed LMCache version, if it is the one shard mode is written against; else :class:`ShardModeError`."""
+    if version is None:
+        try:
+            version = importlib.metadata.version("lmcache")
+        except importlib.metadata.PackageNotFoundError:
+            raise ShardModeError("kvctl shard mode needs LMCache, which is not installed "
+                                 f"(pip install 'kvctl[lmcache]', LMCache {PINNED_LMCACHE_VERSION})") from None
+    if version != PINNED_LMCACHE_VERSION:
+        raise ShardModeError(
+            f"kvctl shard mode (kv_connector_extra_config.kvctl_shard) relies on LMCache {PINNED_LMCACHE_VERSION} "
+            f"internals (LMCacheEngine store/lookup/retrieve); this engine has LMCache {version}. Install "
+            f"lmcache=={PINNED_LMCACHE_VERSION} or drop kvctl_shard (stock LMCache MLA mode)."
+        )
+    return version
+
+
+def prepare_config(config: Any, world_size: int, pipeline_size: int, use_mla: bool) -> None:
+    """Turn LMCache's config into shard mode in place, or refuse with :class:`ShardModeError`.
+
+    Every rank active (``save_only_first_rank: false``), a lookup server on
+    every rank (the scheduler takes their minimum).
+    """
+    if not use_mla:
+        raise ShardModeError("kvctl shard mode is for MLA models (every TP rank holds the same latent KV); "
+                             "this model is not MLA: drop kvctl_shard")
+    if pipeline_size != 1:
+        raise ShardModeError(f"kvctl shard mode shards over the TP group; pipeline_parallel_size {pipeline_size} > 1 "
+                             "is not supported")
+    if config.enable_async_loading:
+        raise ShardModeError("kvctl shard mode supports synchronous loading only: set enable_async_loading: false")
+    if config.use_layerwise:
+        raise ShardModeError("kvctl shard mode does not support use_layerwise: true")
+    if config.save_unfull_chunk:
+        raise ShardModeError("kvctl shard mode stores whole chunks only: set save_unfull_chunk: false")
+    extra = dict(config.extra_config or {})
+    extra["save_only_first_rank"] = False
+    # keys carry worker 0's name from the token database (_OwnedChunks); LMCache's own worker-0 mode
+    # would also skip every put of the other ranks (storage_backend/remote_backend.py:244-246)
+    extra["remote_enable_mla_worker_id_as0"] = False
+    config.extra_config = extra
+    config.lookup_server_worker_ids = list(range(world_size))
+
+
+class _OwnedChunks:
+    """LMCache's token database, yielding only this rank's chunks while a store runs on this thread."""
+
+    def __init__(self, inner: Any, rank: int, world: int, chunk_size: int) -> None:
+        self._inner, self._rank, self._world, self._chunk = inner, rank, world, chunk_size
+        self.storing = threading.local()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def owns(self, start: int) -> bool:
+        return (start // self._chunk) % self._world == self._rank
+
+    def process_tokens(self, *args: Any, **kwargs: Any) -> Iterable:
+        """LMCache's chunks with keys under worker 0's name (the same on every rank); owned ones only while storing."""
+        storing = getattr(self.storing, "active", False)
+        for start, end, key in self._inner.process_tokens(*args, **kwargs):
+            if storing and not self.owns(start):
+                continue
+            yield start, end, (key.with_new_worker_id(0) if hasattr(key, "with_new_worker_id") else key)
+
+
+def _hook():
+    spec = os.environ.get(BEFORE_RETRIEVE_HOOK_ENV)
+    if not spec:
+        return None
+    module, _, func = spec.partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
+class ShardLMCacheEngine:
+    """Methods that replace ``LMCacheEngine``'s store, lookup and retrieve in shard mode.
+
+    :func:`enable` turns a built ``LMCacheEngine`` into a subclass that has
+    them (LMCache's ``LMCacheEngineBuilder`` hard-codes its engine class,
+    cache_engine.py:2149, so the engine is converted once built, before the
+    first request).
+    """
+
+    _kvctl_group: Any
+    _kvctl_rank: int
+    _kvctl_world: int
+    _kvctl_chunk: int
+
+    @staticmethod
+    def enable(engine: Any, rank: int, world: int, group_fn) -> Any:
+        from lmcache.v1.cache_engine import LMCacheEngine  # noqa: PLC0415
+
+        if not isinstance(engine, LMCacheEngine):
+            raise ShardModeError(f"kvctl shard mode needs LMCache's LMCacheEngine, got {type(engine).__name__}")
+        if engine.save_only_first_rank:
+            raise ShardModeError("kvctl shard mode: LMCache still saves from the first rank only (config not prepared)")
+        engine.__class__ = type("ShardLMCacheEngine", (_ShardMethods, type(engine)), {})
+        engine._kvctl_rank, engine._kvctl_world = rank, world
+        engine._kvctl_group_fn = group_fn
+        engine._kvctl_chunk = int(engine.config.chunk_size)
+        engine.token_database = _OwnedChunks(engine.token_database, rank, world, engine._kvctl_chunk)
+        engine._kvctl_hook = _hook()
+        return engine
+
+
+class _ShardMethods:
+    """Mixed in before LMCacheEngine (see :meth:`ShardLMCacheEngine.enable`)."""
+
+    def store(self, tokens=None, hashes=None, offsets=None, mask=None, **kwargs):  # noqa: ANN001
+        self.token_database.storing.active = True
+        try:
+            return super().store(tokens, hashes, offsets, mask, **kwargs)
+        finally:
+            self.token_database.storing.active = False
+
+    def lookup(self, tokens=None, hashes=None, offsets=None, search_range=None, lookup_id=None, pin=False,
+               request_configs=None) -> int:
+        """``a_r`` in tokens: the start of the first owned chunk that is missing, else the prompt's end."""
+        if not self.is_healthy():
+            return 0
+        n_tokens = len(tokens) if tokens is not None else sum(offsets)
+        stats = self.stats_monitor.on_lookup_request(n_tokens)
+        res = 0
+        try:
+            chunks = list(self.token_database.process_tokens(tokens=tokens, hashes=hashes, offsets=offsets,
+                                                             request_configs=request_configs))
+            if not chunks:
+                return 0
+            owned = [c for c in chunks if self.token_database.owns(c[0])]
+            res = chunks[-1][1]
+            if owned:
+                hit, block_mapping = self.storage_manager.batched_contains(
+                    [key for _, _, key in owned], search_range or self.retrieve_locations, pin)
+                if pin and block_mapping:
+                    self.lookup_pins[lookup_id] = block_mapping
+                if hit < len(owned):
+                    res = owned[hit][0]
+            return res
+        finally:
+            self.stats_monitor.on_lookup_finished(stats, res)
+            if pin:
+                self.storage_manager.touch_cache()
+
+    def _kvctl_fetch(self, infos: list) -> list:
+        """This rank's chunks ``infos`` ((key, start, end), ascending) from L1 or its Valkey; None where missing."""
+        found: dict[Any, Any] = {}
+        for location, blocks in self.storage_manager.get_block_mapping(infos).items():
+            objs = self.storage_manager.batched_get(keys=[k for k, _, _ in blocks], location=location)
+            for (key, _, _), obj in zip(blocks, objs or [], strict=False):
+                if obj is None:
+                    continue
+                if key in found:  # the same chunk twice: keep one reference
+                    obj.ref_count_down()
+                else:
+                    found[key] = obj
+        out = [found.pop(key, None) for key, _, _ in infos]
+        for obj in found.values():
+            obj.ref_count_down()
+        return out
+
+    def retrieve(self, tokens, mask: Optional[torch.Tensor] = None, **kwargs) -> torch.Tensor:  # noqa: ANN001
+        """Load the agreed prefix on every rank (a collective: every rank of the TP group calls it in step)."""
+        from lmcache.logging import init_logger  # noqa: PLC0415
+
+        ret_mask = torch.zeros(len(tokens), dtype=torch.bool)
+        if not self.is_healthy():
+            return ret_mask
+        required = int(mask.sum().item()) if mask is not None else len(tokens)
+        stats = self.stats_monitor.on_retrieve_request(required)
+        chunks = []
+        for start, end, key in self.token_database.process_tokens(tokens=tokens, mask=mask,
+                                                                  request_configs=kwargs.get("request_configs")):
+            if end - start != self._kvctl_chunk:
+                break  # whole chunks only (save_unfull_chunk: false)
+            chunks.append((key, start, end))
+        if self._kvctl_hook is not None:
+            self._kvctl_hook(self._kvctl_rank, chunks)
+        first_chunk = chunks[0][1] // self._kvctl_chunk if chunks else 0
+        fetched: list = []
+
+        def fetch_owned(indexes: list[int]) -> list:
+            objs = self._kvctl_fetch([chunks[i] for i in indexes])
+            fetched.extend(o for o in objs if o is not None)
+            return [None if o is None else o.tensor for o in objs]
+
+        shape = self.metadata.get_shapes(self._kvctl_chunk)[0]
+        dtype = self.metadata.get_dtypes()[0]
+        try:
+            result = load_agreed_prefix(self._kvctl_group_fn(), [key.chunk_hash for key, _, _ in chunks], fetch_owned,
+                                        shape, dtype, "cpu", first_chunk=first_chunk)
+        finally:
+            for obj in fetched:  # lookup pins are LMCache's adapter's to release (lookup_unpin)
+                obj.ref_count_down()
+        objs, starts, ends = [], [], []
+        try:
+            for (key, start, end), data in zip(chunks[: result.prefix], result.chunks, strict=True):
+                obj = self.storage_manager.allocate([shape], [dtype], fmt=self.fmt)
+                if obj is None:
+                    break  # L1 full: load what fits (a prefix), vLLM recomputes the rest
+                obj.tensor.copy_(data)
+                objs.append(obj)
+                starts.append(start)
+                ends.append(end)
+            if objs:
+                self.gpu_connector.batched_to_gpu(objs, starts, ends, **kwargs)
+                ret_mask[starts[0]: ends[-1]] = True
+        finally:
+            for obj in objs:
+                obj.ref_count_down()
+        loaded = int(ret_mask.sum().item())
+        self.stats_monitor.on_retrieve_finished(stats, loaded)
+        init_logger(__name__).info(
+            "kvctl shard: rank %d of %d loaded the agreed prefix of %d of %d chunks (%d tokens)",
+            self._kvctl_rank, self._kvctl_world, len(objs), len(chunks), loaded)
+        return ret_mask

@@ -566,8 +566,8 @@ class RespClient:
 
         return self._run(op, idempotent=True)
 
-    def batched_set(self, keys: Sequence[str | bytes], values: Sequence[Any]) -> None:
-        """SET every key to its value (bytes-like) in one pipeline.
+    def batched_set(self, keys: Sequence[str | bytes], values: Sequence[Any], ttl_s: int | None = None) -> None:
+        """SET every key to its value (bytes-like) in one pipeline; with ``ttl_s`` (whole seconds) ``SET ... EX ttl_s``.
 
         Retried once on a fresh connection when a pooled one fails before any
         reply byte. That is safe because SET is idempotent here: the retry
@@ -577,23 +577,31 @@ class RespClient:
         """
         if len(keys) != len(values):
             raise ValueError(f"{len(keys)} keys but {len(values)} values")
+        if ttl_s is not None and (isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or ttl_s <= 0):
+            raise ValueError(f"ttl_s must be a positive whole number of seconds, got {ttl_s!r}")
         if not keys:
             return
         kbytes = [_key_bytes(k) for k in keys]
         views = [memoryview(v).cast("B") if not isinstance(v, (bytes, bytearray)) else v for v in values]
+        head = b"*3\r\n$3\r\nSET\r\n"
+        tail = _CRLF
+        if ttl_s is not None:
+            ttl = str(ttl_s).encode()
+            head = b"*5\r\n$3\r\nSET\r\n"
+            tail = b"\r\n$2\r\nEX\r\n$%d\r\n%s\r\n" % (len(ttl), ttl)
 
         def op(conn: _Connection) -> None:
             parts: list[Any] = []
             out = bytearray()
             for k, v in zip(kbytes, views):
-                out += b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(k), k, len(v))
+                out += head + b"$%d\r\n%s\r\n$%d\r\n" % (len(k), k, len(v))
                 if len(v) < _SMALL_WRITE:
                     out += v
                 else:
                     parts.append(out)
                     parts.append(v)
                     out = bytearray()
-                out += _CRLF
+                out += tail
             parts.append(out)
             conn.send(parts)
             errors = []

@@ -295,27 +295,6 @@ def _parallel(fn, items: Sequence) -> list:
         return list(pool.map(fn, items))
 
 
-def _expire_keys(r, keys: Sequence[bytes], ttl_s: int) -> None:
-    """EXPIRE every key through redis-py client ``r``, 512 per pipeline."""
-    for i in range(0, len(keys), 512):
-        pipe = r.pipeline(transaction=False)
-        for k in keys[i : i + 512]:
-            pipe.expire(k, ttl_s)
-        pipe.execute()
-
-
-def expire(targets: Sequence[Target], keys: Sequence[bytes], ttl_s: int, timeout_s: float) -> None:
-    """Give ``keys`` a TTL on every instance (best effort: a failure is reported by the run itself)."""
-    from kvctl.tier.server import redis_for_url  # noqa: PLC0415
-
-    def one(t: Target) -> None:
-        with contextlib.suppress(Exception):
-            with redis_for_url(url_with_password(t), timeout_s) as r:
-                _expire_keys(r, keys, ttl_s)
-
-    _parallel(one, list(targets))
-
-
 def populate(
     targets: Sequence[Target],
     key_prefix: str,
@@ -326,31 +305,24 @@ def populate(
 ) -> None:
     """SET ``n_keys`` values of ``chunk_bytes`` on every instance (in parallel); Unreachable on failure.
 
-    With ``ttl_s`` each batch gets that TTL right after it is written. Stops
+    With ``ttl_s`` every key is written with that TTL (SET ... EX). Stops
     between batches once ``stop_requested`` is set (raises ``_Interrupted``).
     """
-    from kvctl.tier.server import redis_for_url  # noqa: PLC0415
-
     value = os.urandom(spec.chunk_bytes)
     keys = key_names(key_prefix, n_keys)
 
     def one(t: Target) -> str | None:
         try:
-            with RespClient(url_with_password(t), timeout_s=max(spec.timeout_s, 10.0), pool_size=1) as c, \
-                    redis_for_url(url_with_password(t), max(spec.timeout_s, 10.0)) as r:  # fmt: skip
+            with RespClient(url_with_password(t), timeout_s=max(spec.timeout_s, 10.0), pool_size=1) as c:
                 for i in range(0, n_keys, spec.batch):
                     if stop_requested is not None and stop_requested.is_set():
                         return None
                     ks = keys[i : i + spec.batch]
-                    c.batched_set(ks, [value] * len(ks))
-                    if ttl_s is not None:
-                        _expire_keys(r, ks, ttl_s)
+                    c.batched_set(ks, [value] * len(ks), ttl_s=ttl_s)
                 if not all(c.batched_exists(keys[-spec.batch :])):
                     return f"{redacted(t)}: values were evicted while populating; lower --keys or raise maxmemory"
         except KvctlError as e:
             return f"{redacted(t)}: {e}"
-        except Exception as e:  # noqa: BLE001 - redis-py errors of the EXPIRE pipeline
-            return f"{redacted(t)}: {type(e).__name__}: {e}"
         return None
 
     problems = [p for p in _parallel(one, list(targets)) if p]
@@ -382,8 +354,11 @@ def run_once(
     spec: BenchSpec,
     on_progress: ProgressFn | None = None,
     stop_requested: threading.Event | None = None,
+    key_ttl_s: int | None = None,
 ) -> RunResult:
     """One grid point: ``clients`` processes per target doing ``op`` for ``spec.duration_s``.
+
+    A SET run writes its keys with ``key_ttl_s`` (a plain SET would drop the TTL).
 
     ``stop_requested`` ends the run early: the clients stop at their next
     batch and report, so the result covers the time actually run.
@@ -409,6 +384,7 @@ def run_once(
             timeout_s=spec.timeout_s,
             seed=spec.seed * 1_000_003 + i * clients + j,
             start_wait_s=start_wait_s,
+            key_ttl_s=key_ttl_s,
         )
         for i in range(len(targets))
         for j in range(clients)
@@ -555,9 +531,7 @@ def run_bench(
         for instances, clients, op in plan:
             if stop_requested is not None and stop_requested.is_set():
                 raise _Interrupted
-            runs.append(run_once(targets[:instances], clients, op, prefix, n_keys, spec, on_progress, stop_requested))
-            if op == "set":  # a plain SET drops the TTL: give the rewritten keys theirs back
-                expire(targets[:instances], key_names(prefix, n_keys), ttl, spec.timeout_s)
+            runs.append(run_once(targets[:instances], clients, op, prefix, n_keys, spec, on_progress, stop_requested, ttl))
         was_interrupted = stop_requested is not None and stop_requested.is_set()
     except _Interrupted:
         was_interrupted = True

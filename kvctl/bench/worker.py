@@ -6,7 +6,7 @@ buffers of ``chunk_bytes`` and fetches pipelined batches into them with
 :meth:`RespClient.batched_get` — the same code path as the engine.
 
 Bounded: the run ends at ``duration_s`` after the start signal (or when the
-parent sets ``stop``); every socket operation is bounded by ``timeout_s``;
+parent sets ``stop``); each RespClient call ends by one ``timeout_s`` deadline;
 after an error the worker backs off (at most 0.5 s) and retries until the end,
 counting errors. The result always goes back on the queue.
 
@@ -51,6 +51,7 @@ class WorkerConfig:
     timeout_s: float
     seed: int
     start_wait_s: float  # how long to wait for the start signal before giving up
+    key_ttl_s: int | None = None  # SET runs write with this TTL, so a killed bench's keys still expire
 
 
 @dataclass
@@ -122,7 +123,7 @@ def worker_main(cfg: WorkerConfig, ready_q: Any, start: Any, stop: Any, result_q
             ks = [keys[i] for i in idx]
             bufs = buffers[: len(ks)]
             if cfg.op == "set":
-                client.batched_set(ks, bufs)
+                client.batched_set(ks, bufs, ttl_s=cfg.key_ttl_s)
                 return len(ks), 0
             filled = client.batched_get(ks, bufs)
             hits = sum(filled)

@@ -180,3 +180,32 @@ def test_a_client_that_cannot_import_kvctl_reports_its_exception(valkey_server, 
     inst = run.per_instance[0]
     assert inst.errors == 1 and run.ops == 0
     assert "exited with code 1 before reporting: ImportError: cannot import name 'WorkerConfig'" in inst.first_error
+
+
+def set_calls(port: int) -> int:
+    with redis.Redis(port=port, socket_timeout=1) as r:
+        return int(r.info("commandstats").get("cmdstat_set", {}).get("calls", 0))
+
+
+def test_keys_rewritten_by_a_sigkilled_write_run_keep_their_ttl(valkey_server, tmp_path):
+    """SIGKILL in the middle of a --write SET run: every bench key still carries a TTL (SET ... EX).
+
+    Before, the SET run used plain SETs (which drop a key's TTL) and gave the TTL back
+    only after the run, so a killed run left its rewritten keys on the tier for good.
+    """
+    bench = start_bench(["--url", valkey_server.url, *SMALL, "--write", "--duration", "20", "--timeout", "1"], tmp_path)
+    deadline = time.monotonic() + 30
+    while set_calls(valkey_server.port) < 16 + 40:  # 16 populate SETs, then the SET run's clients
+        assert bench.poll() is None, bench.communicate()
+        assert time.monotonic() < deadline, "the SET run never started"
+        time.sleep(0.1)
+    procs = psutil.Process(bench.pid).children(recursive=True)
+    os.killpg(bench.pid, signal.SIGKILL)  # the bench's own session: the bench and its clients, nothing else
+    bench.communicate(timeout=30)
+    psutil.wait_procs(procs, timeout=10)
+    r = redis.Redis(port=valkey_server.port)
+    keys = list(r.scan_iter("kvctl-bench:*"))
+    assert len(keys) == 16
+    # 2 runs (SET, GET) × (30 s start wait + 1 + 20 + 1 + 1 grace + 2 × 2 s INFO) + 60 s margin = 174 s
+    ttls = [r.ttl(k) for k in keys]
+    assert all(0 < t <= 174 for t in ttls), ttls

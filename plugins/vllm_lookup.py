@@ -27,7 +27,7 @@ from kvctl.connector.ownership import (
     lookup_answer,
     owned_chunks,
 )
-from kvctl.connector.resp import RespClient, RespError
+from kvctl.connector.resp import RespClient
 
 try:
     from kvctl.cost import load_s as _load_s, recompute_s as _recompute_s

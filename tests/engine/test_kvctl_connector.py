@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -55,8 +56,6 @@ class Tier:
         base = free_port()
         while True:  # two consecutive free ports
             try:
-                import socket
-
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", base + 1))
                 break

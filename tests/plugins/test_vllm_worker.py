@@ -10,7 +10,6 @@ carrying the gloo group plays vLLM's TP or PCP coordinator here.
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import pytest

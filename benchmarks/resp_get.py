@@ -5,10 +5,15 @@ Starts one real local Valkey (embedded binary), stores ``--batch`` values of
 the paper), then alternates timed rounds of each client's batched GET
 (kvctl: ``batched_get`` into preallocated buffers; redis-py: a non-transactional
 pipeline of GETs) so machine noise hits both alike. Prints GB/s per client and
-the ratio kvctl / redis-py. LMCache's native client is measured too when it is
-importable (it is optional and never installed by this script).
+the ratio kvctl / redis-py. When LMCache is importable (run it with the LMCache
+venv, ``make lmcache-venv``), LMCache's native RESP client is measured in the
+same rounds: the client of its ``resp://`` connector (``RESPClient`` over the
+``lmcache_redis`` extension, 8 worker threads, its default ``resp_num_threads``),
+awaited on an asyncio loop thread as the connector does, reading into
+preallocated buffers like kvctl's.
 
     .venv/bin/python benchmarks/resp_get.py [--seconds 20] [--value-mb 12.4] [--batch 8]
+    .venv-lmcache/bin/python benchmarks/resp_get.py      # + LMCache's native client
 """
 
 from __future__ import annotations
@@ -19,11 +24,15 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Callable
 
 from kvctl.connector.resp import RespClient
 from kvctl.tier.server import start_valkey
+
+
+SPLIT = 4  # connections for the split variant
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,18 @@ def run(seconds: float, value_mb: float, batch: int, rounds: int) -> dict:
 
             clients: dict[str, Callable[[], None]] = {"kvctl RespClient": kvctl_get}
 
+            # the same client with the batch spread over 4 pooled connections, one thread each (as LMCache's
+            # native client spreads a batch over its worker connections)
+            pooled = RespClient(server.url, timeout_s=30.0, pool_size=SPLIT)
+            splitter = ThreadPoolExecutor(SPLIT, thread_name_prefix="kvctl-bench-split")
+
+            def kvctl_split_get() -> None:
+                parts = [splitter.submit(pooled.batched_get, keys[i::SPLIT], buffers[i::SPLIT]) for i in range(SPLIT)]
+                if not all(all(p.result()) for p in parts):
+                    raise RuntimeError("kvctl split batched_get missed a key")
+
+            clients[f"kvctl RespClient x{SPLIT} conns"] = kvctl_split_get
+
             import redis  # noqa: PLC0415
 
             try:
@@ -88,7 +109,9 @@ def run(seconds: float, value_mb: float, batch: int, rounds: int) -> dict:
                     raise RuntimeError("redis-py missed a key")
 
             clients[f"redis-py + {parser}"] = redis_get
-            lmcache_note = _lmcache_note()
+            lmcache_note, lmcache_get, lmcache_close = _lmcache_client(server.host, server.port, keys, size)
+            if lmcache_get is not None:
+                clients["LMCache native RESP"] = lmcache_get
 
             for fn in clients.values():  # warm-up: connections, page faults in buffers
                 fn()
@@ -106,27 +129,60 @@ def run(seconds: float, value_mb: float, batch: int, rounds: int) -> dict:
                 gb = n * batch_bytes / 1e9
                 results.append(ClientResult(name, n, gb, el, gb / el, statistics.median(round_gbps[name])))
             ours.close()
+            pooled.close()
+            splitter.shutdown()
             rpy.close()
+            if lmcache_close is not None:
+                lmcache_close()
         finally:
             server.stop()
-    base = results[1].get_gbps
+    by_name = {r.client: r for r in results}
+    rpy_r = next(r for r in results if r.client.startswith("redis-py"))
+    split_r = by_name[f"kvctl RespClient x{SPLIT} conns"]
+    base = rpy_r.get_gbps
+    lmc = by_name.get("LMCache native RESP")
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "params": {"seconds": seconds, "value_mb": value_mb, "batch": batch, "rounds": rounds},
         "results": [asdict(r) for r in results],
         "ratio_kvctl_over_redis_py": results[0].get_gbps / base if base else float("nan"),
-        "ratio_median_rounds": results[0].median_round_gbps / results[1].median_round_gbps,
+        "ratio_median_rounds": results[0].median_round_gbps / rpy_r.median_round_gbps,
         "lmcache": lmcache_note,
+        "ratio_kvctl_over_lmcache": results[0].get_gbps / lmc.get_gbps if lmc else None,
+        "ratio_median_rounds_over_lmcache": results[0].median_round_gbps / lmc.median_round_gbps if lmc else None,
+        "ratio_split_over_lmcache": split_r.get_gbps / lmc.get_gbps if lmc else None,
+        "ratio_split_over_redis_py": split_r.get_gbps / base if base else float("nan"),
     }
 
 
-def _lmcache_note() -> str:
-    """LMCache's native RESP client is compared only when installed; say why it was skipped."""
+def _lmcache_client(host: str, port: int, keys: list[str], size: int):
+    """(note, get function or None, close function or None) for LMCache's native RESP client."""
     try:
-        import lmcache  # noqa: F401, PLC0415
+        from importlib.metadata import version  # noqa: PLC0415
+
+        from lmcache.v1.storage_backend.native_clients.resp_client import RESPClient  # noqa: PLC0415
     except ImportError:
-        return "not installed: skipped"
-    return "installed, but no stable public batched-GET entry point is wired here: skipped"
+        return "not installed: skipped (run with the LMCache venv, make lmcache-venv)", None, None
+    import asyncio  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True, name="lmcache-bench-loop")
+    thread.start()
+    client = RESPClient(host, port, 8, loop)  # LMCache's resp:// connector default: resp_num_threads 8
+    bufs = [memoryview(bytearray(size)) for _ in keys]
+
+    def lmcache_get() -> None:
+        asyncio.run_coroutine_threadsafe(client.batch_get(keys, bufs), loop).result(60)
+        if any(b[0] != i % 256 or b[-1] != i % 256 for i, b in enumerate(bufs)):
+            raise RuntimeError("LMCache native client read wrong bytes")
+
+    def close() -> None:
+        client.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+
+    return f"lmcache {version('lmcache')}: RESPClient.batch_get (8 workers) on an asyncio loop", lmcache_get, close
 
 
 def render(summary: dict) -> str:
@@ -135,17 +191,24 @@ def render(summary: dict) -> str:
     lines = [
         f"batched GET of {p['batch']} x {p['value_mb']} MB values, one local Valkey, "
         f"{p['rounds']} alternating rounds, ~{p['seconds']:g} s total",
-        f"{'client':<26} {'batches':>8} {'GB':>8} {'GB/s':>8} {'median GB/s':>12}",
+        f"{'client':<28} {'batches':>8} {'GB':>8} {'GB/s':>8} {'median GB/s':>12}",
     ]
     for r in summary["results"]:
         lines.append(
-            f"{r['client']:<26} {r['batches']:>8} {r['gbytes']:>8.1f} {r['get_gbps']:>8.2f} {r['median_round_gbps']:>12.2f}"
+            f"{r['client']:<28} {r['batches']:>8} {r['gbytes']:>8.1f} {r['get_gbps']:>8.2f} {r['median_round_gbps']:>12.2f}"
         )
     lines.append(f"LMCache native client: {summary['lmcache']}")
     lines.append(
         f"ratio kvctl / redis-py: {summary['ratio_kvctl_over_redis_py']:.2f}x "
         f"(median of rounds: {summary['ratio_median_rounds']:.2f}x; target >= 1.2x)"
     )
+    lines.append(f"ratio kvctl x{SPLIT} conns / redis-py: {summary['ratio_split_over_redis_py']:.2f}x")
+    if summary.get("ratio_kvctl_over_lmcache") is not None:
+        lines.append(
+            f"ratio kvctl / LMCache native: {summary['ratio_kvctl_over_lmcache']:.2f}x "
+            f"(median of rounds: {summary['ratio_median_rounds_over_lmcache']:.2f}x; target >= 1.0x); "
+            f"kvctl x{SPLIT} conns / LMCache native: {summary['ratio_split_over_lmcache']:.2f}x"
+        )
     return "\n".join(lines)
 
 

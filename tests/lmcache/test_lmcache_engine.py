@@ -7,7 +7,7 @@ from `kvctl deploy-valkey up` (kvctl's RESP client as LMCache's remote storage).
 PYTHONHASHSEED is fixed (tests/engine/vllm_server.py): LMCache's chunk hashes
 then survive a restart.
 
-Slow: four engine starts (~45-85 s each on 2 cores), one at a time:
+Slow: five engine starts (~45-85 s each on 2 cores), one at a time:
 
 1. stock MLA mode, cold: LMCache stores from rank 0 only, keys under worker 0
    (world size 1 in the key) on instance 0 only;
@@ -19,7 +19,10 @@ Slow: four engine starts (~45-85 s each on 2 cores), one at a time:
 4. shard mode restarted: the prompt hits from both instances with the cold
    run's tokens; a chunk deleted between the scheduler's lookup and the load
    (test hook, tests/lmcache/shard_hooks.py) shortens the agreed prefix to the
-   same 3 chunks on both ranks, and vLLM recomputes the rest.
+   same 3 chunks on both ranks, and vLLM recomputes the rest;
+5. GQA (tiny Llama, vLLM's prefix cache off): each rank stores its own KV
+   head under its own worker id on its own instance, and the repeated prompt
+   is loaded back through the CPU connector with the cold run's tokens.
 """
 
 from __future__ import annotations
@@ -96,8 +99,10 @@ def results():
 SHARD_CONFIG = dict(KV_CONFIG, kv_connector_extra_config={"kvctl_shard": True})
 
 
-def start(lmc_python, model, workdir, lmcache_yaml, cfg: dict = KV_CONFIG, env: dict | None = None):  # noqa: F811
-    return start_tp2(model, workdir, lmc_python, cfg, dict({"LMCACHE_CONFIG_FILE": str(lmcache_yaml)}, **(env or {})))
+def start(lmc_python, model, workdir, lmcache_yaml, cfg: dict = KV_CONFIG, env: dict | None = None,  # noqa: F811
+          extra_args: list[str] | None = None):
+    return start_tp2(model, workdir, lmc_python, cfg, dict({"LMCACHE_CONFIG_FILE": str(lmcache_yaml)}, **(env or {})),
+                     extra_args)
 
 
 def wait_for(predicate, timeout_s: float = 30.0) -> None:
@@ -240,3 +245,35 @@ def test_shard_chunk_deleted_between_lookup_and_load_shortens_prefix_on_both_ran
     for r in range(2):
         assert f"kvctl shard: rank {r} of 2 loaded the agreed prefix of 3 of 6 chunks (192 tokens)" in log
     assert out["tokens"] == results["B_cold"]["tokens"]  # the rest recomputed
+
+
+# -- GQA ---------------------------------------------------------------------------------
+GQA_CHUNK_BYTES = 2 * 2 * 64 * 32 * 2  # K,V x 2 layers x 64 tokens x (1 KV head of 32 per rank) x bf16 = 16384
+
+
+@pytest.fixture(scope="module")
+def gqa_life(lmc_python, tier, lmcache_yaml, tmp_path_factory):  # noqa: F811
+    model = build_tiny_model(tmp_path_factory.mktemp("lmc-tiny-llama") / "model", lmc_python)
+    for client in tier.clients:
+        client.flushall()
+    server = start(lmc_python, model, tmp_path_factory.mktemp("lmc-gqa"), lmcache_yaml,
+                   extra_args=["--no-enable-prefix-caching"])  # the repeat must come from LMCache, not vLLM
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_gqa_each_rank_stores_its_heads_and_loads_them_back(gqa_life, tier):
+    cold = ask(gqa_life, prompt("A"))
+    assert cold["prompt_tokens"] == 396 and cold["cached"] == 0  # 6 whole chunks of 64 + 12
+    wait_for(lambda: len(tier.keys(0)) >= 6 and len(tier.keys(1)) >= 6)
+    keys = [tier.keys(0), tier.keys(1)]
+    assert [len(k) for k in keys] == [6, 6]
+    for rank in range(2):  # LMCache's model@world@worker@hash@dtype: rank r's own heads under worker r
+        assert {k.split("@")[1:3][1] for k in keys[rank]} == {str(rank)} and all("@2@" in k for k in keys[rank])
+        assert all(tier.clients[rank].strlen(k) == GQA_CHUNK_BYTES for k in keys[rank])
+    assert {k.split("@")[3] for k in keys[0]} == {k.split("@")[3] for k in keys[1]}  # the same 6 chunks
+    hit = ask(gqa_life, prompt("A"))
+    assert hit["cached"] == 6 * CHUNK
+    assert hit["tokens"] == cold["tokens"]

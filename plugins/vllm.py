@@ -34,7 +34,6 @@ import queue
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -50,6 +49,7 @@ from kvctl.connector.store import ShardedStore
 
 from .vllm_config import ConnectorConfigError, parse_settings
 from .vllm_kv import GQALayout, MLALayout, slots_for
+from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec, _ReqState, shard_group_kind
 from .vllm_lookup import PolicyState, TierLookup, loadable_chunks
 from .vllm_stats import KvctlConnectorStats, KvctlPromMetrics, StatsCollector
 
@@ -61,7 +61,8 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-__all__ = ["ConnectorConfigError", "KvctlConnector", "KvctlConnectorMetadata", "shard_group_kind"]
+__all__ = ["ConnectorConfigError", "KvctlConnector", "KvctlConnectorMetadata", "LoadSpec", "SaveSpec",
+           "shard_group_kind"]
 
 logger = init_logger("vllm." + __name__)  # under vLLM's logger, so its handlers print our lines
 
@@ -69,49 +70,6 @@ _POLL_S = 0.005  # how long one scheduler/worker step waits for background looku
 # test hook: "module:function", called on every rank as fn(rank, keys, first_chunk, url) just
 # before a load fetches its chunks (tests delete a chunk there, between lookup and load)
 BEFORE_LOAD_HOOK_ENV = "KVCTL_CONNECTOR_BEFORE_LOAD_HOOK"
-
-
-@dataclass
-class LoadSpec:
-    req_id: str
-    token_ids: list[int]  # prompt tokens up to the end of the hit
-    first_chunk: int  # first chunk to load (the ones before are in vLLM's prefix cache)
-    end_chunk: int  # the hit ends here (exclusive)
-    skip_tokens: int  # tokens already computed locally (block-aligned, may be mid-chunk)
-    block_ids: list[int]
-    is_async: bool = False
-
-
-@dataclass
-class SaveSpec:
-    req_id: str
-    token_ids: list[int]  # the prompt's full chunks
-    block_ids: list[int]
-
-
-@dataclass
-class KvctlConnectorMetadata(KVConnectorMetadata):
-    loads: list[LoadSpec] = field(default_factory=list)
-    saves: list[SaveSpec] = field(default_factory=list)
-
-
-@dataclass
-class _ReqState:
-    prompt: list[int]
-    block_ids: list[int]
-    saved: bool = False
-
-
-def shard_group_kind(tp: int, pcp: int, pp: int) -> str:
-    """Which vLLM group the chunks are sharded over: "tp" or "pcp" (one of them may be > 1)."""
-    if pp > 1:
-        raise ConnectorConfigError("KvctlConnector: pipeline parallelism (pipeline_parallel_size > 1) is not supported")
-    if tp > 1 and pcp > 1:
-        raise ConnectorConfigError(
-            "KvctlConnector: shards over the TP group or the prefill-context-parallel group, not both "
-            f"(tensor_parallel_size={tp}, prefill_context_parallel_size={pcp})"
-        )
-    return "pcp" if pcp > 1 else "tp"
 
 
 def _model_name(vllm_config: "VllmConfig") -> str:

@@ -1,0 +1,54 @@
+"""The connector's plans, passed from the scheduler side to the workers every step (pure, picklable)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+from .vllm_config import ConnectorConfigError
+
+__all__ = ["KvctlConnectorMetadata", "LoadSpec", "SaveSpec", "shard_group_kind"]
+
+
+@dataclass
+class LoadSpec:
+    req_id: str
+    token_ids: list[int]  # prompt tokens up to the end of the hit
+    first_chunk: int  # first chunk to load (the ones before are in vLLM's prefix cache)
+    end_chunk: int  # the hit ends here (exclusive)
+    skip_tokens: int  # tokens already computed locally (block-aligned, may be mid-chunk)
+    block_ids: list[int]
+    is_async: bool = False
+
+
+@dataclass
+class SaveSpec:
+    req_id: str
+    token_ids: list[int]  # the prompt's full chunks
+    block_ids: list[int]
+
+
+@dataclass
+class KvctlConnectorMetadata(KVConnectorMetadata):
+    loads: list[LoadSpec] = field(default_factory=list)
+    saves: list[SaveSpec] = field(default_factory=list)
+
+
+@dataclass
+class _ReqState:
+    prompt: list[int]
+    block_ids: list[int]
+    saved: bool = False
+
+
+def shard_group_kind(tp: int, pcp: int, pp: int) -> str:
+    """Which vLLM group the chunks are sharded over: "tp" or "pcp" (one of them may be > 1)."""
+    if pp > 1:
+        raise ConnectorConfigError("KvctlConnector: pipeline parallelism (pipeline_parallel_size > 1) is not supported")
+    if tp > 1 and pcp > 1:
+        raise ConnectorConfigError(
+            "KvctlConnector: shards over the TP group or the prefill-context-parallel group, not both "
+            f"(tensor_parallel_size={tp}, prefill_context_parallel_size={pcp})"
+        )
+    return "pcp" if pcp > 1 else "tp"

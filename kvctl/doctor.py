@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from kvctl.connector.urls import RANK_PLACEHOLDER
 from kvctl.diagnose import sources
-from kvctl.errors import ExitStatus, InvalidInput, KvctlError
+from kvctl.errors import BinaryNotFound, ExitStatus, InvalidInput, KvctlError
 from kvctl.tier.lmcache_config import PLUGIN_MODULE, URL_LIST_KEY, plugin_key
 from kvctl.tier.server import PASSWORD_HINT, base_settings, is_auth_error, redis_for_url
 from kvctl.tier.targets import Target
@@ -361,16 +361,17 @@ def _loading_vs_rho(lmc: dict[str, Any] | None, extra_kvt: dict[str, Any], last:
 
 def check_py_spy(timeout_s: float = 15.0) -> Check:
     """py-spy present and allowed to attach to a process that is not our descendant (as an engine is not)."""
-    from kvctl.diagnose.pyspy import PTRACE_HINT, NotAPythonProcess, dump_threads, find_py_spy  # noqa: PLC0415
+    from kvctl.diagnose.pyspy import PTRACE_HINT, PtraceNotPermitted, dump_threads, find_py_spy  # noqa: PLC0415
 
     try:
         binary = find_py_spy()
     except KvctlError as e:
         return Check("host", "py_spy", WARNING, str(e), "pip install py-spy (kvctl diagnose stalls needs it)")
     # an orphaned sleeper: its parent exits at once, so it is no longer our descendant (Yama scope 1 refuses those)
-    starter = (
-        "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], stdin=subprocess.DEVNULL, "
-        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True); print(p.pid)"
+    starter = (  # the sleeper says "ready" once its interpreter runs; its parent passes that on with the pid and exits
+        "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(30)'], "
+        "stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True); "
+        "p.stdout.readline(); print(p.pid)"
     )
     res = subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True, timeout=timeout_s)
     try:
@@ -378,11 +379,13 @@ def check_py_spy(timeout_s: float = 15.0) -> Check:
     except ValueError:
         return Check("host", "py_spy", WARNING, f"could not start a test process for py-spy: {res.stderr.strip()[:200]}")
     try:
-        for attempt in range(20):  # bounded: the sleeper may still be starting its interpreter
+        for attempt in range(20):  # bounded: a dump taken while the sleeper's thread state changes can fail
             try:
                 dump_threads(pid, binary=binary, timeout_s=timeout_s)
                 break
-            except NotAPythonProcess:
+            except (PtraceNotPermitted, BinaryNotFound):
+                raise
+            except KvctlError:
                 if attempt == 19:
                     raise
                 time.sleep(0.1)

@@ -19,13 +19,16 @@ LMCache 0.5.6 has no hook for any of this (its remote connector never sees
 chunk indexes, lmcache/v1/storage_backend/storage_manager.py:994-1008), so
 :class:`ShardLMCacheEngine` subclasses ``LMCacheEngine`` and relies on its
 internals (``token_database``, ``storage_manager``, ``lookup_pins``,
-``stats_monitor``, ``gpu_connector``): :func:`check_lmcache_version` refuses
-any other LMCache version. Only synchronous loading (LMCache's
-``enable_async_loading: false``) and non-layerwise mode are supported.
+``event_manager``, ``stats_monitor``, ``gpu_connector``):
+:func:`check_lmcache_version` refuses any other LMCache version. With
+``enable_async_loading`` the lookup is LMCache's async lookup-and-prefetch over
+the owned chunks with this rank's cumulative-length vector, and retrieve takes
+the prefetched chunks. Layerwise mode is not supported.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.metadata
 import os
@@ -75,8 +78,6 @@ def prepare_config(config: Any, world_size: int, pipeline_size: int, use_mla: bo
     if pipeline_size != 1:
         raise ShardModeError(f"kvctl shard mode shards over the TP group; pipeline_parallel_size {pipeline_size} > 1 "
                              "is not supported")
-    if config.enable_async_loading:
-        raise ShardModeError("kvctl shard mode supports synchronous loading only: set enable_async_loading: false")
     if config.use_layerwise:
         raise ShardModeError("kvctl shard mode does not support use_layerwise: true")
     if config.save_unfull_chunk:
@@ -110,6 +111,21 @@ class _OwnedChunks:
             if storing and not self.owns(start):
                 continue
             yield start, end, (key.with_new_worker_id(0) if hasattr(key, "with_new_worker_id") else key)
+
+
+class _NoHitAnswer:
+    """LMCache's async lookup server, answering a rank's first cumulative length instead of 0 when nothing hit."""
+
+    def __init__(self, server: Any) -> None:
+        self._server = server
+        self.first: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+    def send_response_to_scheduler(self, lookup_id: str, num_hit_tokens: int) -> None:
+        first = self.first.pop(lookup_id, 0)
+        self._server.send_response_to_scheduler(lookup_id, num_hit_tokens or first)
 
 
 def _hook():
@@ -189,6 +205,38 @@ class _ShardMethods:
             if pin:
                 self.storage_manager.touch_cache()
 
+    def async_lookup_and_prefetch(self, lookup_id, tokens=None, hashes=None, offsets=None, search_range=None,
+                                  pin=False, request_configs=None) -> None:
+        """The async lookup over owned chunks, with the cumulative-length vector of this rank.
+
+        ``[start of owned chunk 0, start of owned chunk 1, ..., prompt end]``: LMCache's storage manager
+        answers entry h for h leading hits, i.e. ``a_r`` in tokens. With no hit at all it answers 0
+        (storage_manager.py:792-794); this rank's answer is then entry 0 (:class:`_NoHitAnswer`).
+        """
+        chunks = list(self.token_database.process_tokens(tokens=tokens, hashes=hashes, offsets=offsets,
+                                                         request_configs=request_configs))
+        owned = [c for c in chunks if self.token_database.owns(c[0])]
+        cum = [start for start, _, _ in owned] + [chunks[-1][1] if chunks else 0]
+        sm = self.storage_manager
+        if not isinstance(sm.async_lookup_server, _NoHitAnswer):
+            sm.async_lookup_server = _NoHitAnswer(sm.async_lookup_server)
+        sm.async_lookup_server.first[lookup_id] = cum[0]
+        asyncio.run_coroutine_threadsafe(
+            sm.async_lookup_and_prefetch(lookup_id, [key for _, _, key in owned], cum,
+                                         search_range or self.retrieve_locations, pin, keys_per_chunk=1),
+            sm.loop,
+        )
+
+    def _kvctl_prefetched(self, req_id: str) -> dict:
+        """The owned chunks the async lookup prefetched for ``req_id`` (key -> memory object); {} if none."""
+        from lmcache.v1.event_manager import EventType  # noqa: PLC0415
+
+        try:
+            keyed = self.event_manager.get_event_future(EventType.LOADING, req_id).result()
+        except Exception:  # noqa: BLE001 - no hit registers no event: nothing prefetched
+            return {}
+        return {key: obj for tier in keyed for key, obj in tier if obj is not None}
+
     def _kvctl_fetch(self, infos: list) -> list:
         """This rank's chunks ``infos`` ((key, start, end), ascending) from L1 or its Valkey; None where missing."""
         found: dict[Any, Any] = {}
@@ -225,9 +273,13 @@ class _ShardMethods:
             self._kvctl_hook(self._kvctl_rank, chunks)
         first_chunk = chunks[0][1] // self._kvctl_chunk if chunks else 0
         fetched: list = []
+        prefetched = self._kvctl_prefetched(kwargs.get("req_id", "")) if self.async_loading else None
 
         def fetch_owned(indexes: list[int]) -> list:
-            objs = self._kvctl_fetch([chunks[i] for i in indexes])
+            if prefetched is not None:
+                objs = [prefetched.pop(chunks[i][0], None) for i in indexes]
+            else:
+                objs = self._kvctl_fetch([chunks[i] for i in indexes])
             fetched.extend(o for o in objs if o is not None)
             return [None if o is None else o.tensor for o in objs]
 
@@ -237,7 +289,10 @@ class _ShardMethods:
             result = load_agreed_prefix(self._kvctl_group_fn(), [key.chunk_hash for key, _, _ in chunks], fetch_owned,
                                         shape, dtype, "cpu", first_chunk=first_chunk)
         finally:
-            for obj in fetched:  # lookup pins are LMCache's adapter's to release (lookup_unpin)
+            # sync: lookup pins are LMCache's adapter's to release (lookup_unpin); async: the prefetch pinned them
+            for obj in fetched + list((prefetched or {}).values()):
+                if self.async_loading and obj.is_pinned:
+                    obj.unpin()
                 obj.ref_count_down()
         objs, starts, ends = [], [], []
         try:

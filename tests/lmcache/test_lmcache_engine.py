@@ -7,7 +7,7 @@ from `kvctl deploy-valkey up` (kvctl's RESP client as LMCache's remote storage).
 PYTHONHASHSEED is fixed (tests/engine/vllm_server.py): LMCache's chunk hashes
 then survive a restart.
 
-Slow: five engine starts (~45-85 s each on 2 cores), one at a time:
+Slow: six engine starts (~45-85 s each on 2 cores), one at a time:
 
 1. stock MLA mode, cold: LMCache stores from rank 0 only, keys under worker 0
    (world size 1 in the key) on instance 0 only;
@@ -20,7 +20,10 @@ Slow: five engine starts (~45-85 s each on 2 cores), one at a time:
    run's tokens; a chunk deleted between the scheduler's lookup and the load
    (test hook, tests/lmcache/shard_hooks.py) shortens the agreed prefix to the
    same 3 chunks on both ranks, and vLLM recomputes the rest;
-5. GQA (tiny Llama, vLLM's prefix cache off): each rank stores its own KV
+5. shard mode with LMCache's async loading: a rank whose owned chunks all
+   miss answers the start of its first owned chunk (not 0), so the other
+   ranks' hits still load;
+6. GQA (tiny Llama, vLLM's prefix cache off): each rank stores its own KV
    head under its own worker id on its own instance, and the repeated prompt
    is loaded back through the CPU connector with the cold run's tokens.
 """
@@ -245,6 +248,37 @@ def test_shard_chunk_deleted_between_lookup_and_load_shortens_prefix_on_both_ran
     for r in range(2):
         assert f"kvctl shard: rank {r} of 2 loaded the agreed prefix of 3 of 6 chunks (192 tokens)" in log
     assert out["tokens"] == results["B_cold"]["tokens"]  # the rest recomputed
+
+
+@pytest.fixture(scope="module")
+def shard_async_life(lmc_python, mla_model, tier, tmp_path_factory):  # noqa: F811
+    path = tmp_path_factory.mktemp("lmcache-async-config") / "lmcache.yaml"
+    r = CliRunner().invoke(cli, ["deploy-valkey", "lmcache-config", "--plugin", "--async-loading", "--chunk-size",
+                                 str(CHUNK), "--max-local-cpu-size", "0.2", "--dir", str(tier.dir), "--out", str(path)])
+    assert r.exit_code == 0, r.output
+    server = start(lmc_python, mla_model, tmp_path_factory.mktemp("lmc-shard-async"), path, SHARD_CONFIG)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_shard_async_rank_without_hits_answers_its_first_owned_chunk(shard_async_life, tier, results):
+    """Async lookup: rank r answers from [start of each owned chunk..., prompt end]; with no hit, entry 0.
+
+    Instance 1 emptied: rank 1 owns chunks 1, 3, 5 and finds none, so it answers 64 (the start of chunk 1),
+    not 0; rank 0 finds 0, 2, 4 and answers 396. The scheduler's minimum is 64: chunk 0 loads.
+    """
+    if "shard_cold" not in results:
+        pytest.skip("needs the cold run of test_shard_cold_stores_chunks_in_the_owner_pattern")
+    tier.clients[1].flushall()
+    first = ask(shard_async_life, prompt("A"))
+    assert first["cached"] == CHUNK
+    assert first["tokens"] == results["shard_cold"]["tokens"]
+    # the recomputed chunks 1, 3, 5 are stored again by rank 1: the whole prefix hits next time
+    wait_for(lambda: len(tier.keys(1)) >= 3)
+    again = ask(shard_async_life, prompt("A"))
+    assert again["cached"] == 6 * CHUNK and again["tokens"] == results["shard_cold"]["tokens"]
 
 
 # -- GQA ---------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ def test_prepare_config_on_lmcache_config(lmc_python):  # noqa: F811
     # every rank active, a lookup server on each of the 2 ranks (stock MLA: rank 0 only), other extra keys kept
     assert ok["extra_config"] == {"keep": 1, "save_only_first_rank": False, "remote_enable_mla_worker_id_as0": False}
     assert ok["lookup_server_worker_ids"] == [0, 1] and ok["mla_lookup_servers"] == [0, 1]
-    assert "synchronous loading only" in out["async"]
+    assert out["async"]["lookup_server_worker_ids"] == [0, 1]  # async loading: the cumulative-length lookup
     assert "use_layerwise" in out["layerwise"]
     assert "save_unfull_chunk" in out["unfull"]
     assert "for MLA models" in out["gqa"]

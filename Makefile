@@ -10,7 +10,8 @@ PYTEST_ARGS ?=
 LMC_VENV ?= .venv-lmcache
 LMC_ENV := KVCTL_LMCACHE_PYTHON=$(abspath $(LMC_VENV))/bin/python
 
-# promtool (configs/prometheus rule checks): Debian's prometheus package unpacked into .tools/, no root, ~20 MB;
+# promtool and prometheus (configs/prometheus rule checks, a live Prometheus over the exporter): Debian's prometheus
+# package unpacked into .tools/, no root, ~20 MB download;
 # where apt-get cannot download it the promtool tests skip and say so
 PROMTOOL := .tools/prometheus/usr/bin/promtool
 
@@ -41,7 +42,7 @@ venv: $(VENV)/.installed
 
 $(PROMTOOL):
 	@mkdir -p .tools/prometheus && cd .tools && rm -f prometheus_*.deb && \
-	if apt-get download prometheus >/dev/null 2>&1 && dpkg-deb -x prometheus_*.deb prometheus; then rm -f prometheus_*.deb prometheus/usr/bin/prometheus; \
+	if apt-get download prometheus >/dev/null 2>&1 && dpkg-deb -x prometheus_*.deb prometheus; then rm -f prometheus_*.deb; \
 	else echo "promtool unavailable (apt-get download prometheus failed): promtool tests will skip"; fi
 
 promtool: $(PROMTOOL)

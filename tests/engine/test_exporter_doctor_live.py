@@ -52,5 +52,6 @@ def test_exporter_counts_the_live_engine_requests(vllm_server):
     assert rnd.diagnosis.requests == 3  # the three completions sent between the two samples
     values = exp.values()
     assert values[("kvctl_engine_up", (("engine", vllm_server.url),))] == 1
-    assert values[("kvctl_arrival_rate_per_second", ())] * values[("kvctl_window_seconds", ())] == pytest.approx(3, rel=0.05)
+    engine_window = rnd.diagnosis.engines[0].window_s  # between the engine's own two reads
+    assert values[("kvctl_arrival_rate_per_second", ())] * engine_window == pytest.approx(3, rel=1e-9)
     assert values[("kvctl_breakeven_bandwidth_bytes_per_second", ())] == pytest.approx(512.0 * 5000.0)  # s·R = 2.56 MB/s

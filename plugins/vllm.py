@@ -49,7 +49,7 @@ from kvctl.connector.store import ShardedStore
 
 from .vllm_config import ConnectorConfigError, parse_settings
 from .vllm_kv import GQALayout, MLALayout, slots_for
-from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec, _ReqState, shard_group_kind
+from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec, _ReqState, shard_group, shard_group_kind
 from .vllm_lookup import PolicyState, TierLookup, loadable_chunks
 from .vllm_stats import KvctlConnectorStats, KvctlPromMetrics, StatsCollector
 
@@ -82,11 +82,8 @@ class KvctlConnector(KVConnectorBase_V1):
 
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig") -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        pc = vllm_config.parallel_config
-        pcp = getattr(pc, "prefill_context_parallel_size", 1)
-        kind = shard_group_kind(pc.tensor_parallel_size, pcp, pc.pipeline_parallel_size)
-        self._setup(kind, pc.tensor_parallel_size if kind == "tp" else pcp,
-                    self._kv_transfer_config.kv_connector_extra_config, vllm_config.cache_config.block_size,
+        kind, world_size = shard_group(vllm_config.parallel_config)
+        self._setup(kind, world_size, self._kv_transfer_config.kv_connector_extra_config, vllm_config.cache_config.block_size,
                     bool(vllm_config.model_config.use_mla), _model_name(vllm_config))
 
     @classmethod
@@ -230,6 +227,7 @@ class KvctlConnector(KVConnectorBase_V1):
         if request.num_preemptions == 0:
             self.stats.add("kvctl:chunks_hit", hit)
             self.stats.add("kvctl:chunks_missed", max(0, loadable - hit))
+            self.stats.add("kvctl:remote_hit_tokens", num_external_tokens)
         if num_external_tokens <= 0:
             return
         end = local + num_external_tokens
@@ -490,7 +488,8 @@ class KvctlConnector(KVConnectorBase_V1):
 
     @classmethod
     def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues) -> KvctlPromMetrics:
-        return KvctlPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        return KvctlPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues,
+                                ranks=shard_group(vllm_config.parallel_config)[1])
 
     def shutdown(self) -> None:
         if self._role == KVConnectorRole.SCHEDULER:

@@ -8,7 +8,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 from .vllm_config import ConnectorConfigError
 
-__all__ = ["KvctlConnectorMetadata", "LoadSpec", "SaveSpec", "shard_group_kind"]
+__all__ = ["KvctlConnectorMetadata", "LoadSpec", "SaveSpec", "shard_group", "shard_group_kind"]
 
 
 @dataclass
@@ -40,6 +40,13 @@ class _ReqState:
     prompt: list[int]
     block_ids: list[int]
     saved: bool = False
+
+
+def shard_group(parallel_config) -> tuple[str, int]:
+    """``(kind, W)``: the vLLM group the chunks are sharded over ("tp" or "pcp") and its size."""
+    pcp = getattr(parallel_config, "prefill_context_parallel_size", 1)
+    kind = shard_group_kind(parallel_config.tensor_parallel_size, pcp, parallel_config.pipeline_parallel_size)
+    return kind, parallel_config.tensor_parallel_size if kind == "tp" else pcp
 
 
 def shard_group_kind(tp: int, pcp: int, pp: int) -> str:

@@ -25,6 +25,7 @@ COUNTERS = {
     "kvctl:l2_get_seconds": "Wall seconds the engine's workers spent in L2 GETs, summed over ranks.",
     "kvctl:chunks_hit": "Chunks the scheduler's lookup found on every owner (loaded instead of recomputed).",
     "kvctl:chunks_missed": "Loadable chunks past the agreed hit (recomputed).",
+    "kvctl:remote_hit_tokens": "Prompt tokens the scheduler's lookup found in the tier (loaded instead of recomputed).",
     "kvctl:agreed_prefix_shortfall_chunks": "Chunks the lookup promised but the agreed-prefix load could not provide.",
     "kvctl:load_errors": "Loads that came up short; their blocks were handed back to vLLM to recompute.",
     "kvctl:lookup_timeouts": "Lookups in which an instance erred or did not answer within timeout_s.",
@@ -71,10 +72,16 @@ class StatsCollector:
 
 
 class KvctlPromMetrics(KVConnectorPromMetrics):
-    """One Prometheus counter per entry of :data:`COUNTERS`, labelled per engine like vLLM's own."""
+    """One Prometheus counter per entry of :data:`COUNTERS`, labelled per engine like vLLM's own, and the gauge
+    ``kvctl:ranks``: W, the ranks whose GET seconds ``kvctl:l2_get_seconds`` sums (``kvctl diagnose`` divides by it)."""
 
-    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues) -> None:
+    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues, ranks: int = 1) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        ranks_gauge = self._gauge_cls(
+            name="kvctl:ranks", documentation="Ranks of the shard group (W): instance r holds rank r's chunks.",
+            labelnames=labelnames, multiprocess_mode="mostrecent")
+        for values in per_engine_labelvalues.values():
+            ranks_gauge.labels(*values).set(ranks)
         self._children: dict[tuple[str, int], Any] = {}
         self._counters = {
             name: self._counter_cls(name=name + "_total", documentation=doc, labelnames=labelnames)

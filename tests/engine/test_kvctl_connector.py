@@ -203,6 +203,8 @@ def test_mla_cold_stores_owner_pattern_then_hits(mla_life1, tier, results):
     assert hit["cached"] == 384
     assert hit["tokens"] == cold["tokens"]
     assert after["kvctl:chunks_hit_total"] - before.get("kvctl:chunks_hit_total", 0) == 6
+    assert after["kvctl:remote_hit_tokens_total"] - before.get("kvctl:remote_hit_tokens_total", 0) == 384
+    assert after["kvctl:ranks"] == 2  # TP=2: diagnose divides the summed GET seconds by it
     # 6 chunks x 64 tokens x 2 layers x 576 x 2 bytes = 884736 bytes read from the two instances
     assert after["kvctl:l2_get_bytes_total"] - before.get("kvctl:l2_get_bytes_total", 0) == 884736
     assert after["kvctl:l2_get_seconds_total"] > before.get("kvctl:l2_get_seconds_total", 0)

@@ -143,3 +143,18 @@ def test_shard_group_kind():
         shard_group_kind(2, 2, 1)
     with pytest.raises(ConnectorConfigError, match="pipeline"):
         shard_group_kind(2, 1, 2)
+
+
+def test_shard_group_size_is_tp_or_pcp():
+    """W (the `kvctl:ranks` gauge and the store's world size): TP=2 -> 2 ranks; PCP=4 (TP=1) -> 4; a bare engine -> 1."""
+    from types import SimpleNamespace
+
+    from kvctl.plugins.vllm_meta import shard_group
+
+    def pc(tp, pcp, pp=1):
+        return SimpleNamespace(tensor_parallel_size=tp, prefill_context_parallel_size=pcp, pipeline_parallel_size=pp)
+
+    assert shard_group(pc(2, 1)) == ("tp", 2)
+    assert shard_group(pc(1, 4)) == ("pcp", 4)
+    assert shard_group(pc(1, 1)) == ("tp", 1)
+    assert shard_group(SimpleNamespace(tensor_parallel_size=8, pipeline_parallel_size=1)) == ("tp", 8)  # no PCP field

@@ -3,7 +3,8 @@
 Starts one real local Valkey (embedded binary), stores ``--batch`` values of
 ``--value-mb`` MB (default 8 x 12.4 MB, one GLM-5.3 FP8 MLA chunk each, as in
 the paper), then alternates timed rounds of each client's batched GET
-(kvctl: ``batched_get`` into preallocated buffers; redis-py: a non-transactional
+(kvctl: ``batched_get`` into preallocated buffers, default pool of 4 connections
+that a batch this large is spread over; redis-py: a non-transactional
 pipeline of GETs) so machine noise hits both alike. Prints GB/s per client and
 the ratio kvctl / redis-py. When LMCache is importable (run it with the LMCache
 venv, ``make lmcache-venv``), LMCache's native RESP client is measured in the
@@ -68,19 +69,22 @@ def run(seconds: float, value_mb: float, batch: int, rounds: int) -> dict:
         maxmem = max(256, int(batch_bytes * 3 / 1_000_000))
         server = start_valkey(tmp, settings={"maxmemory": f"{maxmem}mb"})
         try:
-            ours = RespClient(server.url, timeout_s=30.0, pool_size=1)
+            # the default pool (4 connections): batched_get spreads a batch this large over all of them
+            ours = RespClient(server.url, timeout_s=30.0)
             ours.batched_set(keys, [bytes([i % 256]) * size for i in range(batch)])
             buffers = [bytearray(size) for _ in keys]
 
             def kvctl_get() -> None:
                 if not all(ours.batched_get(keys, buffers)):
                     raise RuntimeError("kvctl batched_get missed a key")
+                if any(b[0] != i % 256 or b[-1] != i % 256 for i, b in enumerate(buffers)):
+                    raise RuntimeError("kvctl batched_get read wrong bytes")
 
             clients: dict[str, Callable[[], None]] = {"kvctl RespClient": kvctl_get}
 
-            # the same client with the batch spread over 4 pooled connections, one thread each (as LMCache's
-            # native client spreads a batch over its worker connections)
-            pooled = RespClient(server.url, timeout_s=30.0, pool_size=SPLIT)
+            # the batch spread by hand over 4 pooled connections, one thread each, each sub-call on one
+            # connection (parallel_gets=1): what batched_get's own split is compared with
+            pooled = RespClient(server.url, timeout_s=30.0, pool_size=SPLIT, parallel_gets=1)
             splitter = ThreadPoolExecutor(SPLIT, thread_name_prefix="kvctl-bench-split")
 
             def kvctl_split_get() -> None:

@@ -22,7 +22,16 @@
   SET, PING) whose reused connection fails before any reply byte is retried
   once on a fresh connection within the same deadline, so the calls after a
   server restart do not fail on the pool's dead sockets.
-* ``batched_*`` calls complete on the caller's thread. ``submit_get`` runs
+* A large ``batched_get`` (>= 2 values, >= 4 MiB of buffers) is split into
+  up to ``parallel_gets`` sub-batches read on as many pooled connections at
+  once (``recv_into`` releases the GIL): one on the caller's thread, the
+  others on a small thread pool the client owns. They share the call's one
+  deadline; each keeps the retry rule above; the call fails as the serial one
+  would once every sub-batch has ended, and a sub-batch still reading after
+  the deadline has its socket shut down and is waited for, so no thread
+  writes into the caller's buffers after the call returns.
+* ``batched_*`` calls complete on the caller's thread (and, for a split
+  ``batched_get``, the client's GET threads). ``submit_get`` runs
   on an I/O thread and completes through :class:`CompletionRegistry`, which
   holds one lock across submit-and-register and across the drain, so a
   completion can never arrive before its future is registered (bug 1).
@@ -38,7 +47,8 @@ import ssl
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -77,6 +87,10 @@ MAX_BULK_BYTES = 512 * 1024 * 1024  # Valkey's default proto-max-bulk-len: no re
 # exceeds that by more than this fraction of the call's budget: a call overruns
 # its deadline by at most 2 %, without a settimeout() per recv of a large value.
 _REARM_FRACTION = 0.02
+# batched_get splits a batch over several connections only from these sizes on
+_PARALLEL_MIN_BYTES = 4 * 1024 * 1024
+_PARALLEL_MIN_PART_BYTES = 2 * 1024 * 1024  # no sub-batch smaller than this (a split costs a thread handoff)
+_PARALLEL_MAX = 8
 
 
 def make_ssl_context(url: RespUrl) -> ssl.SSLContext:
@@ -388,6 +402,46 @@ class _Connection:
         raise RespProtocolError(f"unexpected reply type {kind!r} to GET from {self._where()}: {line[:40]!r}")
 
 
+class _Fanout:
+    """The sub-batches of one split ``batched_get``: their connections, so the caller can cut their reads off.
+
+    A sub-batch writes into caller buffers only between :meth:`enter` and
+    :meth:`leave`. :meth:`abort` refuses later entries, shuts down the sockets
+    of the entered ones (a blocked ``recv_into`` returns at once) and returns
+    only when every one has left: after it, no thread writes into the buffers.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._conns: set[_Connection] = set()
+        self._aborted = False
+
+    def enter(self, conn: _Connection) -> None:
+        with self._cond:
+            if self._aborted:
+                raise RespTimeout(f"call to {conn._where()} exceeded its {conn.timeout_s:g}s deadline")
+            self._conns.add(conn)
+
+    def leave(self, conn: _Connection) -> None:
+        with self._cond:
+            self._conns.discard(conn)
+            self._cond.notify_all()
+
+    def abort(self) -> None:
+        with self._cond:
+            self._aborted = True
+            while self._conns:
+                for conn in self._conns:
+                    conn.broken = True  # never pooled again
+                    try:
+                        # the plain socket's shutdown, also under TLS (SSLSocket.shutdown would drop its SSL object)
+                        socket.socket.shutdown(conn.sock, socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                # after shutdown(2) each reader's recv returns within one syscall; re-shut while waiting
+                self._cond.wait(0.1)
+
+
 @dataclass(frozen=True)
 class _PoolStats:
     created: int
@@ -406,7 +460,10 @@ class RespClient:
     connections; calls from more threads wait. ``max_bulk_bytes`` caps the
     length a bulk reply may announce (Valkey's ``proto-max-bulk-len``, 512 MB
     by default); a value that differs from its buffer is a miss and its bytes
-    are discarded only up to that cap.
+    are discarded only up to that cap. ``parallel_gets``: how many pooled
+    connections one large :meth:`batched_get` (>= 2 values, >= 4 MiB of
+    buffers) is spread over at once; ``None`` means ``min(pool_size, 8)``,
+    1 reads every batch on one connection; never more than ``pool_size``.
     """
 
     def __init__(
@@ -416,6 +473,7 @@ class RespClient:
         pool_size: int = 4,
         ssl_context: ssl.SSLContext | None = None,
         max_bulk_bytes: int = MAX_BULK_BYTES,
+        parallel_gets: int | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -423,10 +481,14 @@ class RespClient:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
         if max_bulk_bytes < 0:
             raise ValueError(f"max_bulk_bytes must be >= 0, got {max_bulk_bytes}")
+        if parallel_gets is not None and (isinstance(parallel_gets, bool) or not isinstance(parallel_gets, int) or parallel_gets < 1):
+            raise ValueError(f"parallel_gets must be a whole number >= 1 or None, got {parallel_gets!r}")
         self.url = parse_resp_url(url)
         self.timeout_s = float(timeout_s)
         self.pool_size = pool_size
         self.max_bulk_bytes = int(max_bulk_bytes)
+        self.parallel_gets = min(pool_size, _PARALLEL_MAX if parallel_gets is None else parallel_gets)
+        self._get_pool: ThreadPoolExecutor | None = None  # the split batched_get's threads, made on first use
         self._ssl_context = ssl_context if ssl_context is not None else (make_ssl_context(self.url) if self.url.tls else None)
         self._slots = threading.BoundedSemaphore(pool_size)
         self._idle: list[_Connection] = []
@@ -531,7 +593,11 @@ class RespClient:
         with self._lock:  # submit_get checks _closed and starts the I/O thread under this lock
             self._closed = True
             io_thread, registry = self._io_thread, self._registry
+            get_pool, self._get_pool = self._get_pool, None
         try:
+            if get_pool is not None:
+                # queued sub-batches are cancelled (their calls fail as closed); running ones end by their deadline
+                get_pool.shutdown(wait=False, cancel_futures=True)
             if io_thread is not None:
                 self._io_queue.put(None)
                 # the call in flight ends by its deadline and queued ones fail at once
@@ -665,35 +731,78 @@ class RespClient:
             if not mv.contiguous:
                 raise ValueError(f"buffer {i} is not contiguous")
             views.append(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv)
-        out = bytearray()
-        for k in keys:
-            kb = _key_bytes(k)
-            out += b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(kb), kb)
-
-        def op(conn: _Connection) -> list[bool]:
-            conn.send([out])
-            filled: list[bool] = []
-            errors = []
-            for view in views:
-                kind, length = conn.read_bulk_header()
-                if kind == b"-":
-                    errors.append(conn.last_error)
-                    filled.append(False)
-                elif length == -1:
-                    filled.append(False)  # bug 2: null bulk = per-key miss, nothing more to read
-                elif length == len(view):
-                    conn.read_exact_into(view)
-                    conn.expect_crlf()
-                    filled.append(True)
-                else:
-                    conn.discard(length)  # size mismatch: a miss, but consume the value
-                    conn.expect_crlf()
-                    filled.append(False)
-            _raise_if_error(conn, errors)
-            return filled
-
+        total = sum(len(v) for v in views)
+        parts = min(self.parallel_gets, len(views), total // _PARALLEL_MIN_PART_BYTES)
+        if parts >= 2 and total >= _PARALLEL_MIN_BYTES:
+            return self._get_split(keys, views, parts, deadline)
         # a retry happens only before any reply byte, so no buffer was written yet
-        return self._run(op, idempotent=True, deadline=deadline)
+        return self._run(_get_op(keys, views), idempotent=True, deadline=deadline)
+
+    def _get_split(self, keys: Sequence[str | bytes], views: list[memoryview], parts: int, deadline: float) -> list[bool]:
+        """:meth:`_get` as ``parts`` sub-batches (keys ``i, i + parts, ...``) on as many connections at once.
+
+        Sub-batch 0 runs on the caller's thread, the others on the client's
+        GET threads, each through :meth:`_run` (its own retry) with the
+        call's deadline. The caller waits for all of them until the deadline
+        (plus the sockets' re-arm slack); one still running then is aborted
+        (:meth:`_Fanout.abort`: its reads end, and nothing is written into
+        the buffers after this returns). Errors are raised as the serial call
+        would: a connection/protocol error before an error reply, the first
+        sub-batch's first.
+        """
+        fanout = _Fanout()
+        groups = [range(i, len(keys), parts) for i in range(parts)]
+
+        def sub(group: range) -> list[bool]:
+            op = _get_op([keys[i] for i in group], [views[i] for i in group], fanout)
+            return self._run(op, idempotent=True, deadline=deadline)
+
+        pool = self._gets_executor()
+        futures: list[Future] = []
+        outcomes: list[Any] = [None] * parts
+        abandoned = False
+        try:
+            for group in groups[1:]:
+                try:
+                    futures.append(pool.submit(sub, group))
+                except RuntimeError:  # close() shut the pool down
+                    raise RespClosedError("RespClient is closed") from None
+            try:
+                outcomes[0] = sub(groups[0])
+            except RespError as exc:
+                outcomes[0] = exc
+            grace = self.timeout_s * _REARM_FRACTION + 0.01  # a socket timeout may fire this late
+            wait_futures(futures, timeout=max(0.0, deadline - time.monotonic()) + grace)
+        finally:
+            if not all(f.done() for f in futures):
+                abandoned = True
+                fanout.abort()  # returns once no sub-batch can write into the buffers
+                for f in futures:
+                    f.cancel()
+        late = RespTimeout(f"call to {self.url.host}:{self.url.port} exceeded its {self.timeout_s:g}s deadline")
+        for i, f in enumerate(futures, 1):
+            if f.cancelled():  # by the abort above, or queued when close() shut the pool down
+                outcomes[i] = late if abandoned else RespClosedError("RespClient is closed")
+            elif not f.done():
+                outcomes[i] = late  # still connecting: aborted, it can no longer enter
+            else:
+                outcomes[i] = f.exception() or f.result()
+        errors = [o for o in outcomes if isinstance(o, BaseException)]
+        if errors:
+            raise next((e for e in errors if not isinstance(e, RespServerError)), errors[0])
+        filled = [False] * len(keys)
+        for group, got in zip(groups, outcomes):
+            for i, ok in zip(group, got):
+                filled[i] = ok
+        return filled
+
+    def _gets_executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._closed:
+                raise RespClosedError("RespClient is closed")
+            if self._get_pool is None:
+                self._get_pool = ThreadPoolExecutor(self.parallel_gets - 1, thread_name_prefix="resp-get")
+            return self._get_pool
 
     def submit_get(self, keys: Sequence[str | bytes], buffers: Sequence[Any]) -> Future:
         """:meth:`batched_get` on the client's I/O thread; the future resolves to its list[bool]."""
@@ -737,6 +846,48 @@ class RespClient:
             return _int_reply(value, "DEL")
 
         return self._run(op)
+
+
+def _get_op(keys: Sequence[str | bytes], views: Sequence[memoryview], fanout: _Fanout | None = None):
+    """The pipelined GETs of ``keys`` into ``views``, as an op for :meth:`RespClient._run`.
+
+    With ``fanout`` (a sub-batch of a split call) the connection is entered
+    in it for as long as the op may write into the buffers.
+    """
+    out = bytearray()
+    for k in keys:
+        kb = _key_bytes(k)
+        out += b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(kb), kb)
+
+    def op(conn: _Connection) -> list[bool]:
+        if fanout is not None:
+            fanout.enter(conn)
+        try:
+            conn.send([out])
+            filled: list[bool] = []
+            errors = []
+            for view in views:
+                kind, length = conn.read_bulk_header()
+                if kind == b"-":
+                    errors.append(conn.last_error)
+                    filled.append(False)
+                elif length == -1:
+                    filled.append(False)  # bug 2: null bulk = per-key miss, nothing more to read
+                elif length == len(view):
+                    conn.read_exact_into(view)
+                    conn.expect_crlf()
+                    filled.append(True)
+                else:
+                    conn.discard(length)  # size mismatch: a miss, but consume the value
+                    conn.expect_crlf()
+                    filled.append(False)
+            _raise_if_error(conn, errors)
+            return filled
+        finally:
+            if fanout is not None:
+                fanout.leave(conn)
+
+    return op
 
 
 def _int_reply(value: bytes, command: str) -> int:

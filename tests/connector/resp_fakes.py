@@ -26,11 +26,20 @@ class ScriptedServer:
     ``serve_more=False`` a kept socket is held silently; with ``serve_more=True``
     the next request on it is read and scripted the same way, until the script
     returns False or the client closes. Connections are served one after the
-    other on one thread; accepting stops after ``max_conns`` connections, and
+    other on one thread, or with ``concurrent=True`` each on its own thread
+    (then ``request_on[conn]`` is the request a script is answering on
+    ``conn``); accepting stops after ``max_conns`` connections, and
     everything is closed on :meth:`stop`.
     """
 
-    def __init__(self, script: Script, max_conns: int = 4, serve_more: bool = False, read_timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        script: Script,
+        max_conns: int = 4,
+        serve_more: bool = False,
+        read_timeout_s: float = 2.0,
+        concurrent: bool = False,
+    ) -> None:
         self.script = script
         self.max_conns = max_conns
         self.serve_more = serve_more
@@ -44,6 +53,10 @@ class ScriptedServer:
         self.accepted = 0
         self.requests = 0
         self.last_request = b""  # what the script is answering (one recv: small requests only)
+        self.concurrent = concurrent
+        self.request_on: dict[socket.socket, bytes] = {}
+        self._lock = threading.Lock()
+        self._conn_threads: list[threading.Thread] = []
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -57,10 +70,19 @@ class ScriptedServer:
                 return
             self.accepted += 1
             conn.settimeout(self.read_timeout_s)
-            if self._serve_conn(conn):
-                self._held.append(conn)
+            if self.concurrent:
+                t = threading.Thread(target=self._serve_and_hold, args=(conn,), daemon=True)
+                self._conn_threads.append(t)
+                t.start()
             else:
-                conn.close()
+                self._serve_and_hold(conn)
+
+    def _serve_and_hold(self, conn: socket.socket) -> None:
+        if self._serve_conn(conn):
+            with self._lock:
+                self._held.append(conn)
+        else:
+            conn.close()
 
     def _serve_conn(self, conn: socket.socket) -> bool:
         """Serve one connection; True when it is to be held open."""
@@ -69,9 +91,11 @@ class ScriptedServer:
                 request = conn.recv(65536)
                 if not request:
                     return False  # the client closed it
-                self.last_request = request
-                n = self.requests
-                self.requests += 1
+                with self._lock:
+                    self.last_request = request
+                    self.request_on[conn] = request
+                    n = self.requests
+                    self.requests += 1
                 keep = self.script(conn, n)
             except OSError:
                 return False
@@ -82,6 +106,8 @@ class ScriptedServer:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        for t in self._conn_threads:
+            t.join(timeout=5)
         for c in self._held:
             c.close()
         self.listener.close()

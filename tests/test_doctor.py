@@ -58,6 +58,13 @@ class Engine:
         self._httpd.server_close()
 
 
+@pytest.fixture(autouse=True)
+def _no_lmcache_venv(monkeypatch):
+    """`make test` exports KVCTL_LMCACHE_PYTHON for the LMCache tests; doctor would then see LMCache 0.5.6
+    installed and warn about its client in every test. Only test_lmcache_known_bugs sets it back."""
+    monkeypatch.delenv("KVCTL_LMCACHE_PYTHON", raising=False)
+
+
 def doctor(args, code=None):
     res = CliRunner().invoke(cli, ["doctor", "--json", *args])
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exception

@@ -1,4 +1,4 @@
-"""Docs as tests: every command and subcommand is named in README.md."""
+"""Docs as tests: every command and subcommand, and every option of each, is named in README.md."""
 
 import re
 from pathlib import Path
@@ -49,3 +49,41 @@ def test_every_command_takes_json():
         if not any(isinstance(p, click.Option) and "--json" in p.opts for p in cmd.params):
             missing.append(name)
     assert not missing, f"commands without --json: {missing}"
+
+
+#: Options every command has, documented once under "## Commands" (`-v` is hidden on subcommands).
+GLOBAL_OPTIONS = {"--json", "--help", "--verbose"}
+
+
+def _sections() -> dict[str, str]:
+    """README text under each heading that names a command (`### `kvctl cost` ...`), up to the next heading."""
+    heads = list(re.finditer(r"(?m)^#{2,4} .*$", README))
+    out = {}
+    for i, h in enumerate(heads):
+        m = re.search(r"`(kvctl [a-z0-9 -]+?)`", h.group(0))
+        if m:
+            out[m.group(1)] = README[h.start() : heads[i + 1].start() if i + 1 < len(heads) else len(README)]
+    return out
+
+
+def test_every_option_in_its_commands_readme_section():
+    """Each option of each command is named in the README section of that command (the most specific
+    heading: `kvctl diagnose stalls` before `kvctl diagnose`); --json/--help/-v are documented once."""
+    sections = _sections()
+    missing = []
+    for name, cmd in _commands(cli):
+        owners = [k for k in sections if name == k or name.startswith(k + " ")]
+        text = sections[max(owners, key=len)] if owners else ""
+        for param in cmd.params:
+            if not isinstance(param, click.Option) or param.hidden or GLOBAL_OPTIONS & set(param.opts):
+                continue
+            names = [o for o in param.opts + param.secondary_opts if o.startswith("--")]
+            if not any(re.search(re.escape(o) + r"(?![\w-])", text) for o in names):
+                missing.append(f"{name} {names[0] if names else param.opts[0]}")
+    assert not missing, f"{len(missing)} option(s) missing from their README section: {missing}"
+
+
+def test_the_section_finder_sees_the_commands():
+    """The check above is only as good as the sections it finds: every top-level command has one."""
+    sections = _sections()
+    assert [n for n, _ in _commands(cli) if n.count(" ") == 1 and n not in sections] == []

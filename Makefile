@@ -59,7 +59,8 @@ demo: $(VENV)/.installed
 	@d=$$(mktemp -d); port=$$($(VENV)/bin/python -c "from kvctl.tier.server import free_port; print(free_port())"); \
 	$(KVCTL) deploy-valkey up --ranks 2 --base-port $$port --maxmemory 128mb --dir $$d/kv-tier && \
 	$(KVCTL) deploy-valkey status --dir $$d/kv-tier && \
-	$(KVCTL) deploy-valkey lmcache-config --dir $$d/kv-tier; rc=$$?; \
+	$(KVCTL) deploy-valkey lmcache-config --plugin --dir $$d/kv-tier && \
+	$(KVCTL) deploy-valkey vllm-config --dir $$d/kv-tier; rc=$$?; \
 	if [ -f $$d/kv-tier/kvctl-tier.json ]; then $(KVCTL) deploy-valkey down --dir $$d/kv-tier --purge; fi; \
 	rm -rf $$d; exit $$rc
 

@@ -368,6 +368,8 @@ class KvctlConnector(KVConnectorBase_V1):
                 return
             try:
                 self._load(spec, self._async_group)
+            except BaseException:  # noqa: BLE001 - its blocks are marked bad; a dead loader would strand every later load
+                logger.exception("KvctlConnector: async load of %s interrupted", spec.req_id)
             finally:
                 with self._lock:
                     self._finished_recving.add(spec.req_id)
@@ -385,22 +387,28 @@ class KvctlConnector(KVConnectorBase_V1):
                 logger.exception("KvctlConnector before-load hook failed")
         saved_group = store.group
         store.group = group
+        agreed = prefix = 0  # agreed: the same on every rank; prefix: chunks written into this rank's cache
+        interrupted: BaseException | None = None
         try:
             result = store.load(spec.token_ids, spec.end_chunk * ct, spec.first_chunk)
-            prefix = result.prefix
+            agreed = result.prefix
             for i, chunk in enumerate(result.chunks):
                 c = spec.first_chunk + i
                 start = max(c * ct, spec.skip_tokens)
                 slots = slots_for(spec.block_ids, self.block_size, start, (c + 1) * ct)
                 data = self.layout.to_local(chunk, self.rank)[:, start - c * ct :]
                 self.layout.insert(slots, data)
+                prefix = i + 1
         except Exception:  # noqa: BLE001 - a failed write is a load error: vLLM recomputes
             logger.exception("KvctlConnector: load of %s failed", spec.req_id)
-            prefix = 0
+        except BaseException as exc:  # CancelledError/KeyboardInterrupt/SystemExit: mark the blocks bad, then re-raise
+            interrupted = exc
         finally:
             store.group = saved_group
+        # the agreed chunks are in the tier whatever this rank could write: every rank keeps the same
+        # mark, so the request's next save runs its collectives on every rank or on none
+        self._loaded_end[spec.req_id] = spec.first_chunk + agreed
         loaded_end = spec.first_chunk + prefix
-        self._loaded_end[spec.req_id] = loaded_end
         if prefix < planned:
             first_bad = max(loaded_end * ct, spec.skip_tokens) // self.block_size
             bad = set(spec.block_ids[first_bad : spec.end_chunk * ct // self.block_size])
@@ -409,6 +417,8 @@ class KvctlConnector(KVConnectorBase_V1):
             if self.rank == 0:
                 self.stats.add("kvctl:agreed_prefix_shortfall_chunks", planned - prefix)
                 self.stats.add("kvctl:load_errors", 1)
+        if interrupted is not None:
+            raise interrupted
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return

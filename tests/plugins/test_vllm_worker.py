@@ -158,3 +158,52 @@ def test_shard_group_size_is_tp_or_pcp():
     assert shard_group(pc(1, 4)) == ("pcp", 4)
     assert shard_group(pc(1, 1)) == ("tp", 1)
     assert shard_group(SimpleNamespace(tensor_parallel_size=8, pipeline_parallel_size=1)) == ("tp", 8)  # no PCP field
+
+
+def insert_fails_worker(rank, world, urls, exc_name="RuntimeError"):
+    """GQA, W=2: every rank stores, then loads chunks 1..3 while rank 1's cache write fails.
+
+    The agreed prefix is 3 chunks on both ranks; only rank 1 could not write them. Both
+    ranks must then keep the same "loaded up to" mark (chunk 1 + 3 = 4): the next save of
+    the request runs an all-gather of KV heads on every rank or on none.
+    """
+    from kvctl.plugins.vllm import LoadSpec, SaveSpec
+
+    conn, caches = make_worker(rank, world, urls, "tp", mla=False)
+    tokens = list(range(700, 700 + N_TOKENS))
+    blocks = [15, 3, 8, 1, 12, 6, 9, 0, 4]
+    fill(conn, blocks, rank)
+    conn._save(SaveSpec("s", tokens[:16], blocks[:8]))
+    conn._saver.submit(lambda: None).result(timeout=20)
+    torch.distributed.barrier()
+    exc_type = {"RuntimeError": RuntimeError, "KeyboardInterrupt": KeyboardInterrupt}[exc_name]
+    if rank == 1:
+        def broken_insert(slots, data):
+            raise exc_type("injected cache-write failure")
+        conn.layout.insert = broken_insert
+    raised = None
+    try:
+        conn._load(LoadSpec("d", tokens[:16], first_chunk=1, end_chunk=4, skip_tokens=4, block_ids=blocks), conn.cpu_group)
+    except KeyboardInterrupt as exc:  # re-raised, but only after the blocks were marked bad
+        raised = type(exc).__name__
+    errors = sorted(conn.get_block_ids_with_load_errors())
+    loaded_end = conn._loaded_end["d"]
+    conn._save(SaveSpec("d", tokens[:16], blocks[:8]))  # nothing left to store: must not enter a collective alone
+    conn._saver.submit(lambda: None).result(timeout=20)
+    total = torch.tensor([rank + 1])
+    torch.distributed.all_reduce(total)  # both ranks reach this: 1 + 2 = 3
+    conn.shutdown()
+    return {"errors": errors, "loaded_end": loaded_end, "sum": int(total.item()), "raised": raised}
+
+
+@pytest.mark.parametrize("exc_name", ["RuntimeError", "KeyboardInterrupt"])
+def test_a_cache_write_failing_on_one_rank_keeps_the_ranks_in_step(exc_name, valkey_factory):
+    """Before the fix rank 1 marked 0 chunks loaded (rank 0: 3) and its next save entered the GQA all-gather alone;
+    a KeyboardInterrupt left its blocks unmarked, so vLLM would have used a half-written cache."""
+    servers = [valkey_factory() for _ in range(2)]
+    r0, r1 = spawn_ranks(insert_fails_worker, 2, ([s.url for s in servers], exc_name), timeout_s=90)
+    assert r0["raised"] is None and r1["raised"] == (exc_name if exc_name == "KeyboardInterrupt" else None)
+    assert r0["loaded_end"] == r1["loaded_end"] == 4
+    assert r0["errors"] == [] and r0["sum"] == r1["sum"] == 3
+    # rank 1 recomputes from chunk 1, token 4 (skip_tokens) = block 2 of 2-token blocks, up to token 16 = block 8
+    assert r1["errors"] == sorted([8, 1, 12, 6, 9, 0]), r1["errors"]

@@ -231,9 +231,12 @@ class _ShardMethods:
         """The owned chunks the async lookup prefetched for ``req_id`` (key -> memory object); {} if none."""
         from lmcache.v1.event_manager import EventType  # noqa: PLC0415
 
+        # bounded: this runs before the collectives, so a prefetch that never completes must not hold this
+        # rank while its peers wait in the exchange; a late prefetch is a local miss (a shorter agreed prefix)
+        wait_s = float(getattr(self.config, "blocking_timeout_secs", 10) or 10)
         try:
-            keyed = self.event_manager.get_event_future(EventType.LOADING, req_id).result()
-        except Exception:  # noqa: BLE001 - no hit registers no event: nothing prefetched
+            keyed = self.event_manager.get_event_future(EventType.LOADING, req_id).result(timeout=wait_s)
+        except Exception:  # noqa: BLE001 - no hit registers no event (or it timed out): nothing prefetched
             return {}
         return {key: obj for tier in keyed for key, obj in tier if obj is not None}
 
@@ -259,8 +262,9 @@ class _ShardMethods:
         from lmcache.logging import init_logger  # noqa: PLC0415
 
         ret_mask = torch.zeros(len(tokens), dtype=torch.bool)
-        if not self.is_healthy():
-            return ret_mask
+        # no early return on an unhealthy engine: health is per rank, and a rank that skipped the
+        # collective below would leave its peers waiting in it; it fetches nothing instead
+        healthy = self.is_healthy()
         required = int(mask.sum().item()) if mask is not None else len(tokens)
         stats = self.stats_monitor.on_retrieve_request(required)
         chunks = []
@@ -270,12 +274,17 @@ class _ShardMethods:
                 break  # whole chunks only (save_unfull_chunk: false)
             chunks.append((key, start, end))
         if self._kvctl_hook is not None:
-            self._kvctl_hook(self._kvctl_rank, chunks)
+            try:
+                self._kvctl_hook(self._kvctl_rank, chunks)
+            except Exception:  # noqa: BLE001 - a test hook must not make this rank skip the collective
+                init_logger(__name__).exception("kvctl shard mode: before-load hook failed")
         first_chunk = chunks[0][1] // self._kvctl_chunk if chunks else 0
         fetched: list = []
-        prefetched = self._kvctl_prefetched(kwargs.get("req_id", "")) if self.async_loading else None
+        prefetched = self._kvctl_prefetched(kwargs.get("req_id", "")) if self.async_loading and healthy else None
 
         def fetch_owned(indexes: list[int]) -> list:
+            if not healthy:
+                return [None] * len(indexes)
             if prefetched is not None:
                 objs = [prefetched.pop(chunks[i][0], None) for i in indexes]
             else:
@@ -296,7 +305,8 @@ class _ShardMethods:
                 obj.ref_count_down()
         objs, starts, ends = [], [], []
         try:
-            for (key, start, end), data in zip(chunks[: result.prefix], result.chunks, strict=True):
+            n = result.prefix if healthy else 0  # an unhealthy rank took part in the collectives; it loads nothing
+            for (key, start, end), data in zip(chunks[:n], result.chunks[:n], strict=True):
                 obj = self.storage_manager.allocate([shape], [dtype], fmt=self.fmt)
                 if obj is None:
                     break  # L1 full: load what fits (a prefix), vLLM recomputes the rest

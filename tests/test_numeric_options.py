@@ -36,6 +36,10 @@ BASE = {
     ("deploy-valkey", "down"): ["--dir", TIER_DIR],
     ("deploy-valkey", "lmcache-config"): ["--target", "k8s", "--ranks", "2"],
     ("deploy-valkey", "vllm-config"): ["--target", "k8s", "--ranks", "2"],
+    # replay/report/simulate: every bad value fails while parsing, before a file is read or a request sent
+    ("replay",): ["/nonexistent/kvctl-trace.jsonl", "--url", "http://127.0.0.1:1", "--dry-run"],
+    ("report",): ["/nonexistent/kvctl-run.jsonl"],
+    ("simulate",): ["--rate", "1", "--prompt-tokens", "100", "--prefill-rate", "1000", "--bytes-per-token", "1000", "--instance-gbps", "1"],
 }
 SKIP: set = set()
 
@@ -57,7 +61,7 @@ def _numeric(cmd: click.Command) -> list[click.Option]:
     ]  # fmt: skip
 
 
-COVERED = [(path, cmd) for path, cmd in _commands(cli) if path[0] in ("cost", "bench", "deploy-valkey") and path not in SKIP]
+COVERED = [(path, cmd) for path, cmd in _commands(cli) if path[0] in ("cost", "bench", "deploy-valkey", "replay", "report", "simulate") and path not in SKIP]
 OPTIONS = [(path, opt) for path, cmd in COVERED for opt in _numeric(cmd)]
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import click
 
 from kvctl import render
-from kvctl.commands.options import output_options
+from kvctl.commands.options import count, output_options, positive
 from kvctl.errors import KvctlError
 from kvctl.hooks import hookimpl
 from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS, read_trace
 
-POS = click.FloatRange(min=0, min_open=True)
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT: what finished is in --out
 DRY_RUN_ROWS = 50
 
@@ -37,15 +36,15 @@ def _max_tokens(value: str) -> int | None:
 @click.option("--url", envvar="KVCTL_ENGINE_URL", help="Engine's OpenAI server, e.g. http://engine:8000 (env KVCTL_ENGINE_URL).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Run file to write (JSONL, one row per finished request).")
 @click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
-@click.option("--speed", type=POS, default=1.0, show_default=True, help="Time scale: 2 sends twice as fast (offsets ÷ 2).")
-@click.option("--max-in-flight", type=click.IntRange(min=1), default=1024, show_default=True, help="Client-side cap on open requests; a request that waits for it is recorded as capped.")
+@click.option("--speed", type=positive(1e6), default=1.0, show_default=True, help="Time scale: 2 sends twice as fast (offsets ÷ 2).")
+@click.option("--max-in-flight", type=count(1_000_000), default=1024, show_default=True, help="Client-side cap on open requests; a request that waits for it is recorded as capped.")
 @click.option("--max-tokens", "max_tokens_opt", default="1", show_default=True, help="Output tokens per request: N, or 'trace' for each line's output_length/max_tokens (1 = prefill only).")
-@click.option("--block-tokens", type=click.IntRange(min=1), default=DEFAULT_BLOCK_TOKENS, show_default=True, help="Tokens per Mooncake hash_id block.")
+@click.option("--block-tokens", type=count(1 << 20), default=DEFAULT_BLOCK_TOKENS, show_default=True, help="Tokens per Mooncake hash_id block.")
 @click.option("--model", help="Model name to request (default: the first of the engine's /v1/models).")
 @click.option("--tokenizer", type=click.Path(), help="Local Hugging Face tokenizer dir, used when the engine has no /tokenize.")
-@click.option("--timeout", "timeout_s", type=POS, default=600.0, show_default=True, help="Seconds one request may take before it is recorded as a timeout.")
+@click.option("--timeout", "timeout_s", type=positive(86400), default=600.0, show_default=True, help="Seconds one request may take before it is recorded as a timeout.")
 @click.option("--no-stream", is_flag=True, help="Ask for whole answers instead of a stream (no first-token time).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the token ids drawn for each hash_id block.")
+@click.option("--seed", type=count(2**32 - 1, min=0), default=0, show_default=True, help="Seed of the token ids drawn for each hash_id block.")
 @click.option("--dry-run", is_flag=True, help="Print the schedule and send nothing.")
 @output_options
 @click.pass_context

@@ -5,10 +5,10 @@ from __future__ import annotations
 import click
 
 from kvctl import render
-from kvctl.commands.options import output_options
+from kvctl.commands.cost import BYTES_PER_TOKEN
+from kvctl.commands.options import count, output_options
 from kvctl.hooks import hookimpl
 
-POS = click.FloatRange(min=0, min_open=True)
 
 
 @hookimpl
@@ -22,8 +22,8 @@ def _thirds(values: list[float | None]) -> str:
 
 @click.command("report")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--hit-tokens", type=click.IntRange(min=1), default=1, show_default=True, help="A request is a hit when cached_tokens ≥ this.")
-@click.option("--bytes-per-token", type=POS, help="KV bytes per token, to turn LMCache's remote read bytes into L2 tokens.")
+@click.option("--hit-tokens", type=count(10**9), default=1, show_default=True, help="A request is a hit when cached_tokens ≥ this.")
+@click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help="KV bytes per token, to turn LMCache's remote read bytes into L2 tokens.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), help="Write latency-over-time, latency-CDF and cache-share PNGs into DIR.")
 @output_options
 def report_cmd(runs: tuple[str, ...], hit_tokens: int, bytes_per_token: float | None, plot_dir: str | None, as_json: bool) -> None:

@@ -7,12 +7,10 @@ from typing import Any
 import click
 
 from kvctl import render
-from kvctl.commands.cost import bytes_per_token_options
-from kvctl.commands.options import output_options
+from kvctl.commands.cost import ARRIVAL_RATE, PREFILL_RATE, T0_S, bytes_per_token_options
+from kvctl.commands.options import FiniteFloat, count, non_negative, output_options, positive
 from kvctl.hooks import hookimpl
 
-POS = click.FloatRange(min=0, min_open=True)
-NONNEG = click.FloatRange(min=0)
 
 
 @hookimpl
@@ -29,23 +27,23 @@ RESULT_COLS = ["ρ", "tier ρ", "p50 s", "p90 s", "p99 s", "max s", "p50 by thir
 
 
 @click.command("simulate")
-@click.option("--rate", type=POS, help="Poisson arrival rate λ, requests/s (or --trace).")
+@click.option("--rate", type=ARRIVAL_RATE, help="Poisson arrival rate λ, requests/s (or --trace).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Arrivals and prompt lengths from a trace (any `kvctl replay` format).")
-@click.option("--requests", type=click.IntRange(min=1), help="Requests to simulate (Poisson: default 10000; trace: the first N).")
-@click.option("--prompt-tokens", type=POS, help="Prompt tokens per request in Poisson mode (the mean with --prompt-dist exponential).")
+@click.option("--requests", type=count(10**8), help="Requests to simulate (Poisson: default 10000; trace: the first N).")
+@click.option("--prompt-tokens", type=positive(1e9), help="Prompt tokens per request in Poisson mode (the mean with --prompt-dist exponential).")
 @click.option("--prompt-dist", type=click.Choice(["fixed", "exponential"]), default="fixed", show_default=True, help="Prompt lengths in Poisson mode.")
-@click.option("--hit-fraction", type=click.FloatRange(min=0, max=1), default=1.0, show_default=True, help="Share of requests that hit the remote tier (each for its whole prompt).")
+@click.option("--hit-fraction", type=FiniteFloat(min=0, max=1), default=1.0, show_default=True, help="Share of requests that hit the remote tier (each for its whole prompt).")
 @click.option("--hits-from-trace", is_flag=True, help="With --trace: cached tokens per request from the trace (a run file's cached_tokens, or Mooncake hash ids seen before) instead of --hit-fraction.")
-@click.option("--block-tokens", type=click.IntRange(min=1), default=512, show_default=True, help="Tokens per Mooncake hash_id block (with --hits-from-trace).")
+@click.option("--block-tokens", type=count(1 << 20), default=512, show_default=True, help="Tokens per Mooncake hash_id block (with --hits-from-trace).")
 @bytes_per_token_options()
-@click.option("--prefill-rate", type=POS, required=True, help="Prefill throughput R, tokens/s (misses cost n/R).")
-@click.option("--t0", type=NONNEG, default=0.33, show_default=True, help="Fixed per-hit cost T0, seconds (the paper's 0.33).")
-@click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True, help="Tier instances (one per rank); B_eff scales with them.")
-@click.option("--instance-gbps", type=POS, help="GET bandwidth of one instance, GB/s (B_eff = instances × this).")
+@click.option("--prefill-rate", type=PREFILL_RATE, required=True, help="Prefill throughput R, tokens/s (misses cost n/R).")
+@click.option("--t0", type=T0_S, default=0.33, show_default=True, help="Fixed per-hit cost T0, seconds (the paper's 0.33).")
+@click.option("--instances", type=count(4096), default=1, show_default=True, help="Tier instances (one per rank); B_eff scales with them.")
+@click.option("--instance-gbps", type=positive(1e6), help="GET bandwidth of one instance, GB/s (B_eff = instances × this).")
 @click.option("--bench", "bench_path", type=click.Path(dir_okay=False), help="`kvctl bench --save` file: B_eff = its measured aggregate at --instances.")
 @click.option("--loading", type=click.Choice(["sync", "async"]), default="sync", show_default=True, help="sync: the transfer holds the engine (one FIFO queue); async: loads overlap compute.")
-@click.option("--async-timeout", "async_timeout_s", type=NONNEG, default=3.0, show_default=True, help="async: a load not done this many seconds after arrival is recomputed instead.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of arrivals, lengths and hits (the same for every sweep point).")
+@click.option("--async-timeout", "async_timeout_s", type=non_negative(86400), default=3.0, show_default=True, help="async: a load not done this many seconds after arrival is recomputed instead.")
+@click.option("--seed", type=count(2**32 - 1, min=0), default=0, show_default=True, help="Seed of arrivals, lengths and hits (the same for every sweep point).")
 @click.option("--sweep", "sweep_specs", multiple=True, help="What-if grid, e.g. --sweep 'instances=1,2,4,8 loading=sync,async'.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="With --sweep: draw p50/p99 against the swept values to FILE.png.")
 @output_options

@@ -9,6 +9,7 @@ Each is one small function that tests point at a real local server.
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -30,12 +31,23 @@ def metrics_url(url: str) -> str:
 
 
 def fetch_metrics(url: str, timeout_s: float = 5.0) -> str:
-    """GET the engine's ``/metrics`` text; Unreachable with the URL and reason on failure."""
+    """GET the engine's ``/metrics`` text; Unreachable with the URL and reason on failure.
+
+    ``timeout_s`` bounds each socket operation and the whole read: an engine that
+    drips its answer is cut off once ``timeout_s`` has passed (so one scrape ends
+    by about twice ``timeout_s``: the deadline plus at most one last blocked read).
+    """
     full = metrics_url(url)
     req = urllib.request.Request(full, headers={"Accept": "text/plain"})
+    deadline = time.monotonic() + timeout_s
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - http(s) checked above
-            return resp.read().decode("utf-8", errors="replace")
+            parts = []
+            while block := resp.read1(1 << 16):
+                parts.append(block)
+                if time.monotonic() > deadline:
+                    raise Unreachable(f"engine {full} too slow: /metrics not read within {timeout_s:g} s")
+            return b"".join(parts).decode("utf-8", errors="replace")
     except urllib.error.HTTPError as e:
         raise Unreachable(f"engine {full} answered HTTP {e.code} {e.reason}") from e
     except (urllib.error.URLError, OSError, TimeoutError) as e:

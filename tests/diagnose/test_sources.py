@@ -41,3 +41,45 @@ def test_silent_valkey_costs_one_timeout_not_one_per_retry():
     # redis-py's default retries made this ~9.5 s and 11 connections
     assert elapsed < 4.0, f"one scrape of a silent instance took {elapsed:.1f}s with --timeout 0.5"
     assert len(conns) == 1
+
+
+def test_engine_dripping_its_metrics_costs_one_deadline_not_forever():
+    """An engine that answers /metrics 1 byte every 0.1 s (each read just inside the socket timeout).
+
+    Before, urlopen's timeout bounded each read only, so the scrape lasted as long as the
+    drip (here up to 8 s, in production forever). Now the whole read ends by about two
+    timeouts (one deadline, plus at most one last blocked read): 2 × 0.5 s + slack < 2 s.
+    """
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    stop = threading.Event()
+
+    def drip():
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 80\r\n\r\n")
+            for _ in range(80):  # bounded: 80 bytes, 8 s at most
+                if stop.is_set():
+                    return
+                try:
+                    conn.sendall(b"#")
+                except OSError:
+                    return
+                time.sleep(0.1)
+
+    t = threading.Thread(target=drip, daemon=True)
+    t.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(Unreachable, match="not read within"):
+            sources.fetch_metrics(f"http://127.0.0.1:{port}", timeout_s=0.5)
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        stop.set()
+        t.join(timeout=5)
+        srv.close()

@@ -87,11 +87,13 @@ def summarize_run(run: Run, hit_tokens: int = 1, bytes_per_token: float | None =
         raise InvalidInput(f"--hit-tokens must be at least 1, got {hit_tokens}")
     ok = sorted((r for r in run.rows if r["status"] == "ok"), key=lambda r: (r["scheduled_s"], r.get("index", 0)))
     lat = [float(r["latency_s"]) for r in ok]
-    cached = [r.get("cached_tokens") for r in ok]
-    known = [c for c in cached if c is not None]
-    hit_rate = sum(1 for c in known if c >= hit_tokens) / len(ok) if known else None
-    prompt_total = sum(int(r.get("prompt_tokens") or 0) for r in ok)
-    cached_share = sum(known) / prompt_total if known and prompt_total else None
+    # rows without usage (cached_tokens null) say nothing about hits: both ratios count only rows that report it
+    reported = [r for r in ok if r.get("cached_tokens") is not None]
+    known = [int(r["cached_tokens"]) for r in reported]
+    hit_rate = sum(1 for c in known if c >= hit_tokens) / len(known) if known else None
+    reported_prompt = sum(int(r.get("prompt_tokens") or 0) for r in reported)
+    cached_share = sum(known) / reported_prompt if known and reported_prompt else None
+    prompt_total = sum(int(r.get("prompt_tokens") or 0) for r in ok)  # the L2 counters cover every request
     l2 = l2_tokens(run, bytes_per_token)
     in_flight = (run.summary or {}).get("max_in_flight")
     if in_flight is None:

@@ -111,3 +111,12 @@ def test_malformed_run_file_names_the_line(tmp_path):
     q.write_text('{"offset_s": 0, "prompt": "x"}\n')
     r = CliRunner().invoke(cli, ["report", str(q)])
     assert r.exit_code == 2 and "not a kvctl run file" in r.output
+
+
+def test_hit_rate_and_cached_share_count_only_rows_that_report_cached_tokens(tmp_path):
+    """Rows without usage (cached_tokens null) say nothing about hits: they leave both ratios' denominators."""
+    cached = [0, 16, None, None]
+    run = read_run(write_run(tmp_path / "u.jsonl", [0.1, 0.2, 0.3, 0.4], cached))
+    s = summarize_run(run, hit_tokens=16)
+    assert s.hit_rate == pytest.approx(1 / 2)  # 16 ≥ 16 in 1 of the 2 rows that report cached tokens (not 1 of 4)
+    assert s.cached_token_share == pytest.approx(16 / 2000)  # over those 2 rows' 2 × 1000 prompt tokens (not 4000)

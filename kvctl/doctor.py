@@ -250,7 +250,10 @@ def lmcache_version() -> str | None:
         pass
     other = os.environ.get("KVCTL_LMCACHE_PYTHON")
     if other and Path(other).exists():
-        res = subprocess.run([other, "-c", "import importlib.metadata as m; print(m.version('lmcache'))"], capture_output=True, text=True, timeout=60)
+        try:
+            res = subprocess.run([other, "-c", "import importlib.metadata as m; print(m.version('lmcache'))"], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):  # one slow interpreter must not abort the whole checklist
+            return None
         if res.returncode == 0 and res.stdout.strip():
             return res.stdout.strip()
     return None
@@ -373,7 +376,10 @@ def check_py_spy(timeout_s: float = 15.0) -> Check:
         "stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True); "
         "p.stdout.readline(); print(p.pid)"
     )
-    res = subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True, timeout=timeout_s)
+    try:
+        res = subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:  # one slow start must not abort the whole checklist
+        return Check("host", "py_spy", WARNING, f"could not start a test process for py-spy within {timeout_s:g} s")
     try:
         pid = int(res.stdout.strip())
     except ValueError:

@@ -22,11 +22,11 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
-from urllib.parse import quote
 
 from kvctl.connector.urls import InvalidUrl, expand_url, parse_resp_url
 from kvctl.plugins.vllm_config import _with_password
 from kvctl.tier.lmcache_config import PASSWORD_FILE_KEY, PLUGIN_NAME, URL_LIST_KEY, USERNAME_KEY, plugin_key
+from kvctl.tier.vllm_config import with_user
 
 __all__ = ["PLUGIN_TYPE", "PluginConfigError", "PluginSettings", "plugin_settings"]
 
@@ -119,7 +119,7 @@ def plugin_settings(
     try:
         url = expand_url(list(raw) if key == URL_LIST_KEY else raw, rank)
         if username is not None:
-            url = _with_user(url, username)
+            url = with_user(url, username)
         if password is not None:
             url = _with_password(url, password)
         parsed = parse_resp_url(url)
@@ -133,10 +133,3 @@ def plugin_settings(
         pool_size=int(_positive(extra, plugin_key("pool_size", plugin_name), DEFAULT_POOL_SIZE, integer=True)),
     )
 
-
-def _with_user(url: str, username: str) -> str:
-    """``url`` logging in as ``username`` unless it names a user already."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" in rest.split("/", 1)[0]:
-        return url
-    return f"{scheme}://{quote(username, safe='')}@{rest}"

@@ -48,7 +48,7 @@ def with_user(url: str, username: str | None) -> str:
     if not username:
         return url
     parts = urlsplit(url)
-    if parts.username:
+    if "@" in parts.netloc:  # a user, or a bare ":password@": either way the URL already says how to log in
         return url
     return urlunsplit(parts._replace(netloc=f"{quote(username, safe='')}@{parts.netloc}"))
 

@@ -41,15 +41,7 @@ from .prefetch import LRUCache, PrefetchRequest
 from .protocol import DEFAULT_MODE, LoadResult, load_agreed_prefix
 from .resp import RespClient, RespError
 
-try:  # the cost model is a pure helper; connector/ may use it (ARCHITECTURE.md)
-    from kvctl.cost import load_s as _load_s, recompute_s as _recompute_s
-except ImportError:  # pragma: no cover - kvctl always ships it
-
-    def _recompute_s(tokens: float, prefill_rate: float) -> float:
-        return tokens / prefill_rate
-
-    def _load_s(tokens: float, bytes_per_token: float, bandwidth_gbps: float, t0_s: float) -> float:
-        return t0_s + tokens * bytes_per_token / (bandwidth_gbps * 1e9)
+from kvctl.cost import load_s as _load_s, recompute_s as _recompute_s  # a pure helper connector/ may use (ARCHITECTURE.md)
 
 
 __all__ = ["LoadPolicy", "ShardedStore", "StoreResult"]

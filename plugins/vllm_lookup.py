@@ -28,15 +28,7 @@ from kvctl.connector.ownership import (
     owned_chunks,
 )
 from kvctl.connector.resp import RespClient
-
-try:
-    from kvctl.cost import load_s as _load_s, recompute_s as _recompute_s
-except ImportError:  # pragma: no cover - kvctl always ships it
-    def _recompute_s(tokens, prefill_rate):
-        return tokens / prefill_rate
-
-    def _load_s(tokens, bytes_per_token, bandwidth_gbps, t0_s):
-        return t0_s + tokens * bytes_per_token / (bandwidth_gbps * 1e9)
+from kvctl.connector.store import LoadPolicy
 
 __all__ = ["LookupResult", "PolicyState", "TierLookup", "loadable_chunks"]
 
@@ -138,6 +130,7 @@ class PolicyState:
     def __init__(self, bytes_per_token: float, prefill_tokens_per_s: float, t0_s: float = 0.0,
                  bandwidth_gbps: float | None = None, reprobe_after_s: float = 30.0, clock=time.monotonic) -> None:
         self.bytes_per_token, self.rate, self.t0_s = bytes_per_token, prefill_tokens_per_s, t0_s
+        self._cost = LoadPolicy(bytes_per_token, prefill_tokens_per_s, t0_s, bandwidth_gbps)  # the one cost test
         self.fixed_gbps, self.reprobe_after_s, self.clock = bandwidth_gbps, reprobe_after_s, clock
         self.measured_gbps: float | None = None
         self._last_measured = clock()
@@ -156,10 +149,7 @@ class PolicyState:
 
     def allow(self, tokens: int) -> bool:
         """True when loading ``tokens`` should go ahead (predicted faster, unknown yet, or a re-probe)."""
-        bw = self.fixed_gbps if self.fixed_gbps is not None else self.measured_gbps
-        if tokens <= 0 or bw is None:
-            return True
-        if bw > 0 and _load_s(tokens, self.bytes_per_token, bw, self.t0_s) <= _recompute_s(tokens, self.rate):
+        if self._cost.load_wins(tokens, self.measured_gbps):  # also True with no estimate yet
             return True
         with self._lock:
             if self.fixed_gbps is None and self.clock() - self._last_measured >= self.reprobe_after_s:

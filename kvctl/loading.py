@@ -488,19 +488,6 @@ def _backup(real: Path) -> Path:
     return bak
 
 
-def atomic_write(path: Path | str, text: str) -> None:
-    """Replace the file ``path`` names (a symlink's target) via a locked temp file and ``os.replace``; owner, group and mode kept."""
-    try:
-        tmp = _stage(Path(path), text)
-    except OSError as e:
-        raise KvctlError(f"cannot write {path}: {e.strerror or e}; the original is unchanged") from e
-    try:
-        tmp.commit()
-    except OSError as e:
-        tmp.discard()
-        raise KvctlError(f"cannot write {path}: {e.strerror or e}; the original is unchanged") from e
-
-
 HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 

@@ -125,17 +125,13 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def ping(host: str, port: int, timeout_s: float = 1.0, password: str | None = None) -> bool:
-    """True when the server at host:port answers PING with PONG (raw RESP, no client library)."""
+    """True when the server at host:port answers PING (after AUTH when ``password`` is given); False otherwise, never raising."""
+    import redis  # noqa: PLC0415 - keep `kvctl --help` light
+
     try:
-        with socket.create_connection((host, port), timeout=timeout_s) as s:
-            if password is not None:
-                pw = password.encode()
-                s.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(pw), pw))
-                if not s.recv(64).startswith(b"+OK"):
-                    return False
-            s.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return s.recv(64).startswith(b"+PONG")
-    except OSError:
+        with redis_client(timeout_s, host=host, port=port, password=password) as r:
+            return bool(r.ping())
+    except (redis.RedisError, OSError):
         return False
 
 

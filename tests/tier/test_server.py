@@ -71,3 +71,52 @@ def test_stop_closes_the_stderr_pipe(tmp_path):
         del v
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+def test_ping_is_false_never_raising_for_everything_but_a_pong(tmp_path):
+    """ping() says False (within its timeout, no exception) for: a wrong password, a closed port,
+    a listener that accepts and never answers, one that answers garbage, a SIGSTOPped server."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from kvctl.tier.server import free_port
+
+    with start_valkey(tmp_path / "pw", password="right") as v:
+        assert ping(v.host, v.port, password="right")
+        assert not ping(v.host, v.port, password="wrong")
+        os.kill(v.pid, signal.SIGSTOP)  # a process this test started; stop() sends SIGCONT
+        try:
+            t = time.monotonic()
+            assert not ping(v.host, v.port, timeout_s=0.3, password="right")
+            assert time.monotonic() - t < 2.0  # one 0.3 s read timeout, not retries
+        finally:
+            os.kill(v.pid, signal.SIGCONT)
+        assert ping(v.host, v.port, password="right")
+    assert not ping("127.0.0.1", free_port(), timeout_s=0.3)
+    for reply in (None, b"-ERR nope\r\n", b"HTTP/1.1 400 Bad Request\r\n\r\n"):
+        with socket.socket() as srv:
+            srv.bind(("127.0.0.1", 0))
+            srv.listen(4)
+            conns: list[socket.socket] = []
+
+            def serve(srv=srv, reply=reply, conns=conns):
+                srv.settimeout(3)
+                try:
+                    c, _ = srv.accept()
+                except OSError:
+                    return
+                conns.append(c)
+                c.recv(64)
+                if reply is not None:
+                    c.sendall(reply)
+
+            th = threading.Thread(target=serve, daemon=True)
+            th.start()
+            t = time.monotonic()
+            assert not ping("127.0.0.1", srv.getsockname()[1], timeout_s=0.3), reply
+            assert time.monotonic() - t < 2.0
+            th.join(timeout=5)
+            for c in conns:
+                c.close()

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kvctl import __version__
+from kvctl.connector.urls import InvalidUrl, parse_resp_url
 from kvctl.diagnose import sources
 from kvctl.diagnose.sources import GpuSample
 from kvctl.errors import InvalidInput, KvctlError
@@ -189,13 +190,18 @@ def wait_until(deadline: float, tick: Callable[[float], None] | None = None, ste
             tick(dt)
 
 
-def _redact(url: str) -> str:
-    """Drop any password from a URL before it is written to disk."""
-    if "@" not in url or "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    auth, host = rest.rsplit("@", 1)
-    return f"{scheme}://{auth.split(':', 1)[0]}:***@{host}" if ":" in auth else url
+def _stored_url(url: str) -> str:
+    """A Valkey URL as written to disk: unchanged without a password (``--from`` shows what the live run
+    showed), else masked by :meth:`RespUrl.redacted`.
+
+    Targets are parsed URLs, so every real one parses; a string that does not
+    is kept only when it cannot hold a password (no ``@``).
+    """
+    try:
+        parsed = parse_resp_url(url)
+        return url if parsed.password is None else parsed.redacted()
+    except InvalidUrl:
+        return url if "@" not in url else "(unparseable URL with credentials: not stored)"
 
 
 def save_capture(capture: Capture, out_dir: Path | str) -> Path:
@@ -237,7 +243,7 @@ def save_capture(capture: Capture, out_dir: Path | str) -> Path:
         "kvctl_version": capture.kvctl_version,
         "created_at": capture.created_at,
         "engine_urls": capture.engine_urls,
-        "valkey_urls": [_redact(u) for u in capture.valkey_urls],
+        "valkey_urls": [_stored_url(u) for u in capture.valkey_urls],
         "parameters": capture.parameters,
         "samples": meta_samples,
     }

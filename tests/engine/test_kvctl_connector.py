@@ -330,6 +330,10 @@ def test_mla_async_hit_and_sigstop(mla_async, tier, results):
 # -- life 4: GQA ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def gqa_server(vllm_python, tiny_model, tier, tmp_path_factory):
+    # stop the MLA engine before emptying the tier: its background saves (a store held up by the
+    # SIGSTOP in the async test) can land after a flush made while it still runs
+    while _running:
+        _running.pop().stop()
     for c in tier.clients:
         c.flushall()
     # 256-token steps: a 396-token prompt's prefill spans two scheduler steps (chunked prefill);

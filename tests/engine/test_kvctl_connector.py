@@ -108,10 +108,15 @@ def kv_config(urls, chunk_tokens: int, **extra) -> dict:
 _running: list = []  # one engine at a time on 2 cores: starting one stops the previous
 
 
-def start_tp2(model: Path, workdir: Path, python: str, cfg: dict, extra_env: dict | None = None,
-              extra_args: list[str] | None = None):
+def stop_running() -> None:
+    """Stop the engine started last (before emptying the tier: its background saves could land after a flush)."""
     while _running:
         _running.pop().stop()
+
+
+def start_tp2(model: Path, workdir: Path, python: str, cfg: dict, extra_env: dict | None = None,
+              extra_args: list[str] | None = None):
+    stop_running()
     env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "PYTHONPATH": str(REPO), "VLLM_SERVER_DEV_MODE": "1"}
     env.update(extra_env or {})
     server = start_vllm(model, workdir, python=python, kv_transfer_config=cfg, extra_env=env,
@@ -332,8 +337,7 @@ def test_mla_async_hit_and_sigstop(mla_async, tier, results):
 def gqa_server(vllm_python, tiny_model, tier, tmp_path_factory):
     # stop the MLA engine before emptying the tier: its background saves (a store held up by the
     # SIGSTOP in the async test) can land after a flush made while it still runs
-    while _running:
-        _running.pop().stop()
+    stop_running()
     for c in tier.clients:
         c.flushall()
     # 256-token steps: a 396-token prompt's prefill spans two scheduler steps (chunked prefill);
@@ -408,8 +412,7 @@ def test_gqa_load_starts_at_a_chunk_offset_after_a_local_prefix_hit(gqa_server):
 
 
 def test_bad_setting_fails_engine_start_naming_the_key(vllm_python, tiny_model, tmp_path):
-    while _running:
-        _running.pop().stop()
+    stop_running()
     cfg = kv_config(["resp://127.0.0.1:1"], GQA_CT)
     del cfg["kv_connector_extra_config"]["chunk_tokens"]
     work = tmp_path / "bad"

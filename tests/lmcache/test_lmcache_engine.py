@@ -39,7 +39,7 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvctl.cli import cli
-from tests.engine.test_kvctl_connector import Tier, ask, prompt, start_tp2, token_ids
+from tests.engine.test_kvctl_connector import Tier, ask, prompt, start_tp2, stop_running, token_ids
 from tests.engine.vllm_server import build_tiny_model
 from tests.lmcache.lmcache_env import run_scenario
 from tests.lmcache.test_plugin import lmc_python  # noqa: F401 - fixture
@@ -170,6 +170,7 @@ def test_stock_mla_restart_hits_from_the_tier(stock_life2, tier, results):
 # -- shard mode -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def shard_life1(lmc_python, mla_model, tier, lmcache_yaml, tmp_path_factory):  # noqa: F811
+    stop_running()  # the stock engine's background saves must not land after the flush
     for client in tier.clients:  # stock mode's keys out of the way: only shard mode's below
         client.flushall()
     server = start(lmc_python, mla_model, tmp_path_factory.mktemp("lmc-shard1"), lmcache_yaml, SHARD_CONFIG)
@@ -288,6 +289,7 @@ GQA_CHUNK_BYTES = 2 * 2 * 64 * 32 * 2  # K,V x 2 layers x 64 tokens x (1 KV head
 @pytest.fixture(scope="module")
 def gqa_life(lmc_python, tier, lmcache_yaml, tmp_path_factory):  # noqa: F811
     model = build_tiny_model(tmp_path_factory.mktemp("lmc-tiny-llama") / "model", lmc_python)
+    stop_running()
     for client in tier.clients:
         client.flushall()
     server = start(lmc_python, model, tmp_path_factory.mktemp("lmc-gqa"), lmcache_yaml,

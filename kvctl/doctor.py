@@ -20,11 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from kvctl import loading
 from kvctl.connector.urls import RANK_PLACEHOLDER
+from kvctl.diagnose import metrics as M
 from kvctl.diagnose import sources
 from kvctl.errors import BinaryNotFound, ExitStatus, InvalidInput, KvctlError
 from kvctl.tier.lmcache_config import PLUGIN_MODULE, URL_LIST_KEY, plugin_key
 from kvctl.tier.server import PASSWORD_HINT, base_settings, is_auth_error, redis_for_url
+from kvctl.thresholds import RHO_HIGH, RHO_UNSTABLE
 from kvctl.tier.targets import Target
 
 OK, WARNING, FAIL, SKIPPED = "ok", "warning", "fail", "skipped"
@@ -84,7 +87,7 @@ def run(inp: DoctorInput) -> DoctorReport:
     _valkey(inp.targets, inp.timeout_s, world, checks)
     in_use = lmcache is not None or connector_of(kvt) == "lmcache" or any(e.get("connector") == "lmcache" for e in engines)
     _lmcache(lmcache, in_use, checks)
-    _configs(lmcache, kvt, world, block, inp.last_diagnosis, checks)
+    _configs(lmcache, kvt, world, block, inp.last_diagnosis, checks, inp.lmcache_config)
     if inp.host_checks:
         checks.append(check_py_spy())
         checks.append(check_nvml())
@@ -153,7 +156,12 @@ def _engine(url: str, timeout_s: float, kvt: dict[str, Any] | None, out: list[Ch
     except KvctlError as e:
         out.append(Check("engine", "metrics", FAIL, str(e), "point --engine-url at the vLLM API server (the port serving /v1/completions); is the engine up?", {"url": url}))
         return {}
-    names = set(re.findall(r"^([a-zA-Z_:][\w:]*)", text, re.M))
+    try:  # parsed as kvctl diagnose parses it (prometheus_client): quoted label values may hold '}' and '"'
+        scrape = M.parse(text, sources.metrics_url(url))
+    except KvctlError as e:
+        out.append(Check("engine", "metrics", FAIL, str(e), "point --engine-url at the vLLM API server, not a sidecar", {"url": url}))
+        return {}
+    names = set(scrape.values) | set(scrape.buckets)
     if not any(n.startswith("vllm:") for n in names):
         out.append(Check("engine", "metrics", FAIL, f"{url} serves /metrics without vllm: series", "point --engine-url at the vLLM API server, not a sidecar", {"url": url}))
         return {}
@@ -173,20 +181,10 @@ def _engine(url: str, timeout_s: float, kvt: dict[str, Any] | None, out: list[Ch
             "engine", "kv_connector", WARNING, "no KV connector: the engine exports no kvctl: or lmcache: metrics and no --kv-transfer-config names one",
             "start vLLM with --kv-transfer-config (kvctl deploy-valkey vllm-config prints one) to use the remote tier", {"url": url},
         ))
-    info = _labels(text, "vllm:cache_config_info")
+    info = M.labels(text, "vllm:cache_config_info")
     block = int(info["block_size"]) if info.get("block_size", "").isdigit() else None
-    ranks = _gauge(text, "kvctl:ranks")
+    ranks = scrape.gauge("kvctl:ranks")  # as diagnose reads W
     return {"block_size": block, "ranks": int(ranks) if ranks and ranks >= 1 else None, "connector": connector}
-
-
-def _labels(text: str, name: str) -> dict[str, str]:
-    m = re.search(rf"^{re.escape(name)}\{{([^}}]*)\}}", text, re.M)
-    return dict(re.findall(r'(\w+)="([^"]*)"', m.group(1))) if m else {}
-
-
-def _gauge(text: str, name: str) -> float | None:
-    m = re.search(rf"^{re.escape(name)}(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)", text, re.M)
-    return float(m.group(1)) if m else None
 
 
 # --- Valkey --------------------------------------------------------------------------------
@@ -296,7 +294,9 @@ def _lmcache(lmc: dict[str, Any] | None, in_use: bool, out: list[Check]) -> None
 # --- config mismatches ---------------------------------------------------------------------
 
 
-def _configs(lmc: dict[str, Any] | None, kvt: dict[str, Any] | None, world: int | None, block: int | None, last: str | None, out: list[Check]) -> None:
+def _configs(
+    lmc: dict[str, Any] | None, kvt: dict[str, Any] | None, world: int | None, block: int | None, last: str | None, out: list[Check], lmc_path: str | None = None,
+) -> None:
     extra_kvt = (kvt or {}).get("kv_connector_extra_config") or {}
     extra_lmc = (lmc or {}).get("extra_config") or {}
     if lmc is not None:
@@ -331,32 +331,61 @@ def _configs(lmc: dict[str, Any] | None, kvt: dict[str, Any] | None, world: int 
             out.append(Check("config", "rank_template", WARNING, f"{t} is a {RANK_PLACEHOLDER} template but the number of ranks is unknown: cannot check that instances 0..W-1 exist", "give --world-size (or --engine-url of an engine exporting kvctl:ranks)", {"url": t}))
         else:
             out.append(Check("config", "rank_template", OK, f"{t} expands to {world} per-rank URLs"))
-    _loading_vs_rho(lmc, extra_kvt, last, out)
+    _loading_vs_rho(lmc_path, lmc, extra_kvt, last, out)
 
 
-def _loading_vs_rho(lmc: dict[str, Any] | None, extra_kvt: dict[str, Any], last: str | None, out: list[Check]) -> None:
-    mode = None
-    if lmc is not None and "enable_async_loading" in lmc:
-        mode = "async" if lmc.get("enable_async_loading") else "sync"
-    elif "async_loading" in extra_kvt:
-        mode = "async" if extra_kvt.get("async_loading") else "sync"
-    if mode is None:
+def _loading_mode(lmc_path: str | None, lmc: dict[str, Any] | None, extra_kvt: dict[str, Any], out: list[Check]) -> str | None:
+    """"sync", "async", None (not configured here), or "" after a failed check (a setting that is neither)."""
+    if lmc is not None and loading.KEY in lmc and lmc_path:
+        try:  # read as `kvctl loading` reads it: LMCache takes the string "false" as false
+            st = loading.yaml_state(lmc_path)
+        except KvctlError as e:
+            msg = str(e).removesuffix("; the file was not changed")
+            out.append(Check("config", "loading_vs_rho", FAIL, f"{msg}: the loading mode is unclear", f"write {loading.KEY}: true or false", {}))
+            return ""
+        return "async" if st.async_loading else "sync"
+    if "async_loading" in extra_kvt:
+        value = extra_kvt["async_loading"]
+        if not isinstance(value, bool):
+            out.append(Check(
+                "config", "loading_vs_rho", FAIL,
+                f"kv_connector_extra_config.async_loading is {value!r}, not true or false: kvctl's connector refuses it and the engine does not start",
+                'write "async_loading": true or false (JSON booleans, unquoted)', {"async_loading": value},
+            ))
+            return ""
+        return "async" if value else "sync"
+    return None
+
+
+def _loading_vs_rho(lmc_path: str | None, lmc: dict[str, Any] | None, extra_kvt: dict[str, Any], last: str | None, out: list[Check]) -> None:
+    """The loading mode against the saved diagnosis, judged as `kvctl loading sync` judges it (kvctl.loading.judge_sync)."""
+    mode = _loading_mode(lmc_path, lmc, extra_kvt, out)
+    if not mode:
         return
-    rho, when = None, None
-    if last and Path(last).exists():
-        try:
-            d = json.loads(Path(last).read_text())
-            rho, when = d.get("rho"), d.get("created_at") or d.get("saved_at")
-        except (OSError, ValueError):
-            rho = None
-    if rho is None:
+    try:
+        diagnosis, source = loading.load_diagnosis(None, Path(last)) if last else (None, None)
+    except KvctlError as e:
+        out.append(Check("config", "loading_vs_rho", WARNING, f"{mode} loading; {e}", "run kvctl diagnose again", {}))
+        return
+    if diagnosis is None:
         out.append(Check("config", "loading_vs_rho", OK, f"{mode} loading; no saved diagnosis with ρ to compare (run kvctl diagnose)"))
-    elif mode == "sync" and rho >= 1:
-        out.append(Check("config", "loading_vs_rho", FAIL, f"synchronous loading at ρ = {rho:.2f} (diagnosis of {when}): the load queue is unstable", "kvctl loading async --config LMCACHE_YAML, then add instances (kvctl deploy-valkey up --ranks W)", {"rho": rho}))
-    elif mode == "sync" and rho >= 0.7:
-        out.append(Check("config", "loading_vs_rho", WARNING, f"synchronous loading at ρ = {rho:.2f} (diagnosis of {when}): close to saturation", "add instances, or switch with kvctl loading async", {"rho": rho}))
+        return
+    v = loading.judge_sync(diagnosis, source)
+    ev = {"rho": v.rho, "lower_bound": v.lower_bound, "diagnosis": source, "taken": v.saved_at}
+    shown = "ρ unknown" if v.rho is None else f"ρ {'≥' if v.lower_bound else '='} {v.rho:.2f}"
+    if mode == "async":
+        out.append(Check("config", "loading_vs_rho", OK, f"async loading at {shown} (diagnosis of {v.saved_at})", evidence=ev))
+    elif not v.problems:
+        out.append(Check("config", "loading_vs_rho", OK, f"synchronous loading at {shown} < {RHO_HIGH:g} (diagnosis of {v.saved_at})", evidence=ev))
+    elif v.rho is not None and v.rho >= RHO_UNSTABLE and not v.stale:
+        out.append(Check("config", "loading_vs_rho", FAIL, f"synchronous loading at {shown} (diagnosis of {v.saved_at}): the load queue is unstable", "kvctl loading async --config LMCACHE_YAML, then add instances (kvctl deploy-valkey up --ranks W)", ev))
+    elif v.rho is not None and v.rho >= RHO_HIGH and not v.stale:
+        out.append(Check("config", "loading_vs_rho", WARNING, f"synchronous loading at {shown} ≥ {RHO_HIGH:g} (diagnosis of {v.saved_at}): close to saturation", "add instances, or switch with kvctl loading async", ev))
     else:
-        out.append(Check("config", "loading_vs_rho", OK, f"{mode} loading at ρ = {rho:.2f} (diagnosis of {when})", evidence={"rho": rho}))
+        out.append(Check(
+            "config", "loading_vs_rho", WARNING, "synchronous loading, which the saved diagnosis cannot clear: " + "; ".join(v.problems),
+            "measure ρ now with engine-side metrics (kvctl diagnose --engine-url ENGINE), or switch with kvctl loading async", ev,
+        ))
 
 
 # --- host ----------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ kvctl's vLLM connector keeps the switch in vLLM's ``--kv-transfer-config``: thos
 
 Switching to synchronous loading turns every L2 hit into a single-server
 queue with ρ = λ·n·s/B (paper §4); it is refused unless forced when the
-latest diagnosis shows ρ ≥ 0.7, and also when it cannot decide: no diagnosis,
+latest diagnosis shows ρ ≥ 0.7 (``kvctl.thresholds.RHO_HIGH``), and also when it cannot decide: no diagnosis,
 ρ unknown, ρ only a lower bound (server-side B), or a diagnosis older than
 ``--max-age`` (1 h by default).
 """
@@ -40,12 +40,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kvctl.errors import InvalidInput, KvctlError
+from kvctl.thresholds import RHO_HIGH
 
 log = logging.getLogger(__name__)
 
 KEY = "enable_async_loading"
 ENV_VAR = "LMCACHE_ENABLE_ASYNC_LOADING"
-SYNC_REFUSE_RHO = 0.7
+SYNC_REFUSE_RHO = RHO_HIGH  # kvctl.thresholds: the ρ at which diagnose warns
 TRUTHY = ("true", "1", "yes", "on")
 FALSY = ("false", "0", "no", "off")
 
@@ -601,6 +602,65 @@ def _diagnosis_time(diagnosis: dict[str, Any]) -> tuple[_dt.datetime | None, str
     return (t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc)), raw
 
 
+@dataclass(frozen=True)
+class SyncVerdict:
+    """What a saved diagnosis says about synchronous loading (:func:`judge_sync`); no problems: it is safe."""
+
+    rho: float | None  # a usable (finite) ρ, else None
+    lower_bound: bool  # ρ from Valkey's server-side time: the true ρ is at least this
+    stale: bool  # undated, older than max_age_s, or dated in the future: ρ may no longer hold
+    saved_at: str | None
+    problems: tuple[str, ...]
+
+
+def judge_sync(
+    diagnosis: dict[str, Any] | None,
+    source: str | None,
+    threshold: float = SYNC_REFUSE_RHO,
+    max_age_s: float = DEFAULT_MAX_AGE_S,
+    now: _dt.datetime | None = None,
+) -> SyncVerdict:
+    """Is synchronous loading safe by this diagnosis? Pure: ``kvctl loading sync`` and ``kvctl doctor`` both ask it.
+
+    A problem each: no diagnosis; ρ missing, null or not a finite number; ρ only a
+    lower bound (B from Valkey's server-side time, which overstates B); a diagnosis
+    undated or older than ``max_age_s``; ρ ≥ ``threshold``.
+    """
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    if diagnosis is None:
+        return SyncVerdict(None, False, True, None, ("no diagnosis found: run `kvctl diagnose` (or give --diagnosis FILE) to measure ρ first",))
+    problems = []
+    rho = diagnosis.get("rho")
+    when, when_raw = _diagnosis_time(diagnosis)
+    reasons = diagnosis.get("null_reasons") if isinstance(diagnosis.get("null_reasons"), dict) else {}
+    lower = False
+    if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not math.isfinite(rho):
+        why = reasons.get("rho") or "no L2 traffic or bandwidth measured"
+        problems.append(f"the diagnosis in {source} has no usable ρ ({rho!r}: {why})")
+        rho = None
+    else:
+        lower = diagnosis.get("rho_bound") == "lower_bound" or str(diagnosis.get("bandwidth_source") or "").startswith("valkey")
+        if rho >= threshold:
+            problems.append(f"it shows ρ {'≥' if lower else '='} {rho:.2f} ≥ {threshold:g}: synchronous loading would queue every hit behind the tier")
+        elif lower:
+            problems.append(
+                f"its ρ ≥ {rho:.2f} is only a lower bound (B from Valkey's server-side GET time, which leaves out socket "
+                "writes): diagnose with engine-side metrics (kvctl connector or LMCache) to know ρ"
+            )
+    stale = True
+    if when is None:
+        problems.append(f"the diagnosis in {source} is undated" if when_raw is None else f"the diagnosis date {when_raw!r} is not an ISO time")
+    else:
+        age = (now - when).total_seconds()
+        if age > max_age_s:
+            problems.append(f"the diagnosis is {age / 3600:.1f} h old (taken {when_raw}; --max-age {max_age_s / 3600:g} h): diagnose again")
+        elif age < -300:
+            problems.append(f"the diagnosis is dated in the future ({when_raw}): check the clocks, diagnose again")
+        else:
+            stale = False
+    return SyncVerdict(rho, lower, stale, when_raw, tuple(problems))
+
+
 def check_sync(
     diagnosis: dict[str, Any] | None,
     source: str | None,
@@ -609,47 +669,14 @@ def check_sync(
     max_age_s: float = DEFAULT_MAX_AGE_S,
     now: _dt.datetime | None = None,
 ) -> SafetyCheck:
-    """May we switch to synchronous loading? Raises Refused unless ``force`` when it is unsafe OR undecidable.
-
-    Refused: no diagnosis; ρ missing, null or not a finite number; ρ only a lower
-    bound (B from Valkey's server-side time, which overstates B); a diagnosis
-    undated or older than ``max_age_s``; ρ ≥ ``threshold``.
-    """
-    now = now or _dt.datetime.now(_dt.timezone.utc)
-    if diagnosis is None:
-        problems, rho, when_raw = ["no diagnosis found: run `kvctl diagnose` (or give --diagnosis FILE) to measure ρ first"], None, None
-    else:
-        problems = []
-        rho = diagnosis.get("rho")
-        when, when_raw = _diagnosis_time(diagnosis)
-        reasons = diagnosis.get("null_reasons") if isinstance(diagnosis.get("null_reasons"), dict) else {}
-        if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not math.isfinite(rho):
-            why = reasons.get("rho") or "no L2 traffic or bandwidth measured"
-            problems.append(f"the diagnosis in {source} has no usable ρ ({rho!r}: {why})")
-            rho = None
-        else:
-            lower = diagnosis.get("rho_bound") == "lower_bound" or str(diagnosis.get("bandwidth_source") or "").startswith("valkey")
-            if rho >= threshold:
-                problems.append(f"it shows ρ {'≥' if lower else '='} {rho:.2f} ≥ {threshold:g}: synchronous loading would queue every hit behind the tier")
-            elif lower:
-                problems.append(
-                    f"its ρ ≥ {rho:.2f} is only a lower bound (B from Valkey's server-side GET time, which leaves out socket "
-                    "writes): diagnose with engine-side metrics (kvctl connector or LMCache) to know ρ"
-                )
-        if when is None:
-            problems.append(f"the diagnosis in {source} is undated" if when_raw is None else f"the diagnosis date {when_raw!r} is not an ISO time")
-        else:
-            age = (now - when).total_seconds()
-            if age > max_age_s:
-                problems.append(f"the diagnosis is {age / 3600:.1f} h old (taken {when_raw}; --max-age {max_age_s / 3600:g} h): diagnose again")
-            elif age < -300:
-                problems.append(f"the diagnosis is dated in the future ({when_raw}): check the clocks, diagnose again")
-    if problems:
-        msg = f"{source or 'no diagnosis'}: " + "; ".join(problems)
+    """May we switch to synchronous loading? Raises Refused unless ``force`` when it is unsafe OR undecidable (:func:`judge_sync`)."""
+    v = judge_sync(diagnosis, source, threshold, max_age_s, now)
+    if v.problems:
+        msg = f"{source or 'no diagnosis'}: " + "; ".join(v.problems)
         if not force:
             raise Refused(f"refusing to switch to synchronous loading: {msg}; pass --force to switch anyway")
-        return SafetyCheck(True, rho, source, when_raw, f"forced: {msg}")
-    return SafetyCheck(True, rho, source, when_raw, f"ρ = {rho:.2f} < {threshold:g} in {source} ({when_raw})")
+        return SafetyCheck(True, v.rho, source, v.saved_at, f"forced: {msg}")
+    return SafetyCheck(True, v.rho, source, v.saved_at, f"ρ = {v.rho:.2f} < {threshold:g} in {source} ({v.saved_at})")
 
 
 def run_restart(command: str, timeout_s: float = 300.0) -> RestartResult:

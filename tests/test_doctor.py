@@ -182,7 +182,7 @@ def test_config_mismatches(tmp_path):
         enable_async_loading=False, extra_config={"remote_storage_plugin.kvctl.url": "resp://valkey-{rank}:6379", "kvctl_remote_urls": ["a", "b", "c", "d"]},
     )
     diag = tmp_path / "diag.json"
-    diag.write_text(json.dumps({"rho": 1.3, "created_at": "2026-11-29T00:00:00+00:00"}))
+    diag.write_text(json.dumps({"rho": 1.3, "created_at": _now_iso()}))  # fresh: a stale one only warns
     with Engine(REAL_METRICS) as eng:
         d = doctor(["--engine-url", eng.url, "--config", both, "--world-size", "2", "--diagnosis", str(diag), "--no-host-checks"], code=4)
     checks = by_name(d)
@@ -194,7 +194,7 @@ def test_config_mismatches(tmp_path):
     assert status(d, "rank_template") == {"ok"}  # the plugin expands {rank}
     # a stock LMCache remote_url with {rank} and no plugin: nothing expands it
     native = _lmcache_yaml(tmp_path, "native.yaml", chunk_size=256, remote_url="resp://valkey-{rank}:6379", enable_async_loading=False)
-    diag.write_text(json.dumps({"rho": 0.8, "saved_at": "2026-11-29T00:00:00+00:00"}))
+    diag.write_text(json.dumps({"rho": 0.8, "saved_at": _now_iso()}))
     d = doctor(["--config", native, "--diagnosis", str(diag), "--no-host-checks"], code=4)
     assert status(d, "rank_template") == {"fail"} and status(d, "loading_vs_rho") == {"warning"}
     asyncd = _lmcache_yaml(tmp_path, "async.yaml", chunk_size=256, remote_url="resp://v:6379", enable_async_loading=True)
@@ -256,3 +256,92 @@ def test_usage_errors(args, message):
     res = CliRunner().invoke(cli, ["doctor", *args, "--no-host-checks"])
     assert res.exit_code == 2, res.output
     assert message in res.output
+
+
+# --- loading mode vs ρ: the same check as `kvctl loading sync` ------------------------------
+
+
+def _now_iso(hours_ago: float = 0.0) -> str:
+    import datetime as dt  # noqa: PLC0415
+
+    return (dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=hours_ago)).isoformat()
+
+
+def _loading_check(tmp_path, config_text: str, diagnosis: dict | None):
+    cfg = tmp_path / "lmcache.yaml"
+    cfg.write_text(config_text)
+    args = ["--config", str(cfg), "--no-host-checks"]
+    if diagnosis is not None:
+        diag = tmp_path / "diag.json"
+        diag.write_text(json.dumps(diagnosis))
+        args += ["--diagnosis", str(diag)]
+    (c,) = by_name(doctor(args))["loading_vs_rho"]
+    return c
+
+
+def test_a_stale_diagnosis_does_not_clear_synchronous_loading(tmp_path):
+    """ρ = 0.3 is fine, but measured 26 h ago (past loading's 1 h --max-age): doctor cannot vouch for it, as `kvctl loading sync` refuses it."""
+    c = _loading_check(tmp_path, "chunk_size: 256\nenable_async_loading: false\n", {"rho": 0.3, "created_at": _now_iso(26)})
+    assert c["status"] == "warning" and "26.0 h old" in c["message"], c
+
+
+def test_a_lower_bound_rho_does_not_clear_synchronous_loading(tmp_path):
+    """ρ ≥ 0.4 from Valkey's server-side time says nothing about how far above 0.4 it is: a warning, not ok."""
+    c = _loading_check(tmp_path, "enable_async_loading: false\n", {"rho": 0.4, "rho_bound": "lower_bound", "created_at": _now_iso()})
+    assert c["status"] == "warning" and "lower bound" in c["message"], c
+    # a lower bound at or past 1 is past 1 for sure: a failure
+    c = _loading_check(tmp_path, "enable_async_loading: false\n", {"rho": 1.2, "rho_bound": "lower_bound", "created_at": _now_iso()})
+    assert c["status"] == "fail", c
+
+
+def test_a_quoted_false_is_synchronous_loading(tmp_path):
+    """LMCache reads the string "false" as False (its _to_bool: only "true"/"1" are true), so the engine loads synchronously;
+    at a fresh ρ = 1.3 that is a failure, not "async loading, fine"."""
+    c = _loading_check(tmp_path, 'enable_async_loading: "false"\n', {"rho": 1.3, "created_at": _now_iso()})
+    assert c["status"] == "fail" and c["message"].startswith("synchronous loading"), c
+
+
+def test_a_fresh_engine_side_rho_below_the_threshold_is_ok(tmp_path):
+    """ρ = 0.69 < 0.7 measured 10 minutes ago, engine side: synchronous loading is fine; 0.7 itself is a warning, 1.0 a failure."""
+    ok = _loading_check(tmp_path, "enable_async_loading: false\n", {"rho": 0.69, "created_at": _now_iso(1 / 6)})
+    warn = _loading_check(tmp_path, "enable_async_loading: false\n", {"rho": 0.7, "created_at": _now_iso(1 / 6)})
+    fail = _loading_check(tmp_path, "enable_async_loading: false\n", {"rho": 1.0, "created_at": _now_iso(1 / 6)})
+    assert (ok["status"], warn["status"], fail["status"]) == ("ok", "warning", "fail")
+    assert ok["evidence"]["rho"] == 0.69
+
+
+def test_a_setting_that_is_not_true_or_false_fails(tmp_path):
+    """`enable_async_loading: [true]` is neither mode: doctor names the line instead of guessing one."""
+    c = _loading_check(tmp_path, "chunk_size: 256\nenable_async_loading: [true]\n", None)
+    assert c["status"] == "fail" and "line 2" in c["message"], c
+
+
+def test_a_string_async_loading_in_the_kv_transfer_config_fails(tmp_path):
+    """kvctl's connector refuses "async_loading": "true" (it wants a JSON boolean), so the engine does not start."""
+    d = doctor(["--kv-transfer-config", kv_transfer(tmp_path, ["resp://a:1"], async_loading="true"), "--no-host-checks"])
+    (c,) = by_name(d)["loading_vs_rho"]
+    assert c["status"] == "fail" and "true or false" in c["message"], c
+
+
+# --- /metrics parsed by kvctl.diagnose.metrics (prometheus_client), as diagnose does ----------
+
+
+def test_label_values_with_braces_and_quotes_are_parsed(tmp_path):
+    """A label value may hold '}' and escaped quotes (exposition format); the engine's block size (128) and
+    kvctl:ranks (4, written 4e0) must still be read: chunk 200 is not a multiple of 128 (200 = 128 + 72), 2 URLs ≠ 4 ranks."""
+    odd = 'vllm:cache_config_info{_attn_options="{\\"window\\": \\"a}b\\"}",'
+    text = REAL_METRICS.replace("vllm:cache_config_info{", odd, 1)
+    assert odd in text
+    text += '# TYPE kvctl:ranks gauge\nkvctl:ranks{note="x} y"} 4e0\n'
+    with Engine(text) as eng:
+        d = doctor(["--engine-url", eng.url, "--kv-transfer-config", kv_transfer(tmp_path, ["resp://a:1", "resp://b:1"], chunk_tokens=200), "--no-host-checks"])
+    checks = by_name(d)
+    assert checks["chunk_vs_block"][0]["evidence"] == {"chunk": 200, "block_size": 128}
+    assert checks["urls_vs_world_size"][0]["evidence"] == {"urls": 2, "world_size": 4}
+
+
+def test_metrics_that_are_not_prometheus_text_fail_the_engine_check():
+    with Engine("vllm:num_requests_waiting{engine=\"0\" 1\n") as eng:
+        d = doctor(["--engine-url", eng.url, "--no-host-checks"], code=4)
+    (c,) = by_name(d)["metrics"]
+    assert c["status"] == "fail" and "not Prometheus text" in c["message"], c

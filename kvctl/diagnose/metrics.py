@@ -97,6 +97,21 @@ def parse(text: str, source: str = "<metrics>") -> Scrape:
     return out
 
 
+def labels(text: str, name: str, source: str = "<metrics>") -> dict[str, str]:
+    """The labels of the first sample called ``name`` (an ``_info`` gauge's settings, e.g. vLLM's
+    ``vllm:cache_config_info``), or {}; InvalidInput naming ``source`` when the text is not Prometheus text."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == name:
+                    return dict(s.labels)
+    except (ValueError, TypeError, IndexError) as e:
+        raise InvalidInput(f"{source} is not Prometheus text: {e}") from e
+    return {}
+
+
 def merge(scrapes: list[Scrape]) -> Scrape:
     total = Scrape()
     for s in scrapes:

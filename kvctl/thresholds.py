@@ -1,0 +1,42 @@
+"""One value per fact: the thresholds kvctl judges a deployment by, and the paper's chunk size.
+
+Every module that classifies ρ or GPU utilisation imports these; the shipped
+Prometheus rules (configs/prometheus/kvctl-alerts.yaml) restate the ρ values
+and tests/exporter/test_alerts_dashboard.py checks they are equal. Pure
+constants: importable from anywhere, the engine-side connector included.
+"""
+
+from __future__ import annotations
+
+# --- ρ = λ·(L2 bytes per request)/B of the synchronous-load queue (paper §4) --------------
+
+#: "close to saturation": latency grows steeply from here. diagnose's ``rho_high``
+#: (warning), the KvctlRhoHigh alert, doctor's warning; ``kvctl loading sync`` is refused
+#: at or above it.
+RHO_HIGH = 0.7
+#: "unstable": hits arrive faster than the tier serves their bytes, the queue grows
+#: without bound (a single-server queue needs ρ < 1). diagnose's ``rho_unstable``
+#: (critical), the KvctlRhoUnstable alert, doctor's failure, simulate's ``stable``.
+RHO_UNSTABLE = 1.0
+#: the ρ that "instances for target ρ" sizes a tier for (headroom below RHO_HIGH).
+RHO_TARGET = 0.5
+
+# --- GPU utilisation: two different facts, two values ------------------------------------
+
+#: ``diagnose stalls``: every GPU below this is IDLE, nothing runs on it. Judged on the
+#: busiest GPU at the moment of the stack dump: a stalled lookup holds the engine step,
+#: so no kernel is launched at all (a few % is the driver's own noise).
+GPU_IDLE_PCT = 5.0
+#: ``diagnose``'s queue_growing_gpu_idle: a growing queue with the GPUs' MEAN utilisation
+#: over the window below this is NOT COMPUTE-BOUND (a compute-bound prefill keeps them
+#: far busier); above it the queue grows because prefill is compute-bound. The GPUs
+#: need not be idle: steps that wait on the tier between kernels average out low.
+GPU_NOT_COMPUTE_BOUND_PCT = 30.0
+
+# --- the paper's setup (§2, §4) ----------------------------------------------------------
+
+#: tokens per KV chunk: LMCache's default ``chunk_size`` and the paper's chunks
+#: (chunk c starts at token 256·c); kvctl's connector uses the same by default.
+CHUNK_TOKENS = 256
+#: bytes of one CHUNK_TOKENS chunk of GLM-5.3 FP8 MLA, all layers (12.4 MB, s ≈ 48.4 KB/token).
+PAPER_CHUNK_BYTES = 12.4e6

@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from kvctl.errors import BinaryNotFound, InvalidInput, KvctlError
+from kvctl.files import write_atomic
 from kvctl.tier import spec
 from kvctl.tier.server import render_config
 
@@ -285,7 +286,7 @@ def write_files(out: Path, files: list[RenderedFile]) -> list[Path]:
         if f.secret:
             spec.write_secret(path, f.text)
         else:
-            path.write_text(f.text)
+            write_atomic(path, f.text)
         written.append(path)
     return written
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvctl.errors import InvalidInput
+from kvctl.files import write_atomic
 from kvctl.tier.targets import read_password_file
 
 #: ACL user the engines log in as when the tier has a password.
@@ -152,9 +153,5 @@ def cache_settings(maxmemory_bytes: int, io_threads: int, auth: Auth, engine_pas
 
 
 def write_secret(path: Path, text: str) -> None:
-    """Write ``text`` to an owner-only (0600) file, created with that mode."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    path.chmod(0o600)
+    """Write ``text`` to an owner-only (0600) file, created with that mode, in one rename."""
+    write_atomic(path, text, mode=0o600)

@@ -170,3 +170,33 @@ def test_k8s_examples_in_configs_match_the_renderer(tmp_path, pw_file):
     for kind in ("StatefulSet", "Service", "ConfigMap"):
         assert example[kind] == fresh[kind], kind
     assert example["Secret"]["stringData"]["password"] == "CHANGE-ME"
+
+
+def test_rerender_replaces_each_file_in_one_rename(tmp_path, pw_file):
+    """A second `up --out` into the same directory: every file is a new inode (written beside, then renamed:
+    a crash mid-write leaves the old file whole), no temp file remains, the Secret stays 0600, and a mode the
+    operator gave a plain file is kept."""
+    out = tmp_path / "k8s"
+    args = ("up", "--target", "k8s", "--ranks", "2", "--password-file", str(pw_file), "--out", str(out))
+    assert invoke(*args).exit_code == 0
+    (out / "configmap.yaml").chmod(0o640)
+    before = {f.name: f.stat().st_ino for f in out.iterdir()}
+    res = invoke(*args)
+    assert res.exit_code == 0, res.output
+    after = {f.name: f.stat() for f in out.iterdir()}
+    assert set(after) == set(before)  # nothing left beside them
+    assert all(after[n].st_ino != before[n] for n in before), "a file was rewritten in place"
+    assert stat.S_IMODE(after["secret.yaml"].st_mode) == 0o600
+    assert stat.S_IMODE(after["configmap.yaml"].st_mode) == 0o640
+
+
+def test_atomic_write_leaves_the_old_file_when_the_text_cannot_be_written(tmp_path):
+    """The temp file is removed and the target untouched when writing fails (here: text not encodable)."""
+    from kvctl.files import write_atomic
+
+    target = tmp_path / "a.yaml"
+    target.write_text("old\n")
+    with pytest.raises(UnicodeEncodeError):
+        write_atomic(target, "new \udcff\n")  # a lone surrogate cannot be written as UTF-8
+    assert target.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.yaml"]

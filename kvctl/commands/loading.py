@@ -10,6 +10,7 @@ import click
 
 from kvctl import loading, loading_vllm, render
 from kvctl.commands.options import output_options, positive
+from kvctl.commands.signals import Signalled, signals_raise
 from kvctl.diagnose.capture import last_diagnosis_path
 from kvctl.errors import KvctlError
 from kvctl.hooks import hookimpl
@@ -91,7 +92,14 @@ def _flip(value: bool, sources: list[tuple[str, str]], dry_run: bool, force: boo
     any_changed = any(c.changed for c in changes)
     restart = None
     if restart_cmd and any_changed and not dry_run:
-        restart = loading.run_restart(restart_cmd, restart_timeout)
+        try:
+            with signals_raise():  # the restart runs in its own process group: a signal to kvctl must stop it too
+                restart = loading.run_restart(restart_cmd, restart_timeout)
+        except Signalled as e:
+            written = ", ".join(str(loading.real_path(c.path)) for c in changes if c.changed)
+            render.error_line(f"interrupted by {e.signal.name} during the restart command: stopped it and everything it "
+                              f"started; the change to {written} stays written, restart the engines yourself")
+            raise e.exit() from None
     mode = "async" if value else "sync"
     if as_json:
         render.emit_json(
@@ -146,7 +154,7 @@ def _non_blank(ctx: click.Context, param: click.Parameter, value: str | None) ->
 def flip_options(func: Callable) -> Callable:
     @file_options
     @click.option("--dry-run", is_flag=True, help="Show the diff; write nothing.")
-    @click.option("--restart-cmd", callback=_non_blank, help="Shell command to run after a change, e.g. 'systemctl restart vllm'; its result is reported.")
+    @click.option("--restart-cmd", callback=_non_blank, help="Shell command to run after a change, e.g. 'systemctl restart vllm'; its result is reported. Ctrl-C/SIGTERM/SIGHUP during it stop it and what it started (exit 128+N).")
     @click.option("--restart-timeout", type=positive(max=RESTART_TIMEOUT_MAX_S), default=300.0, show_default=True, help=f"Seconds to wait for --restart-cmd (at most {RESTART_TIMEOUT_MAX_S:g}); then everything it started is killed.")
     @click.option("--no-backup", is_flag=True, help="Do not keep a timestamped .bak copy of the file (the copy sits next to the file, a symlink's target, with its owner and mode).")
     @output_options

@@ -14,11 +14,11 @@ import click
 
 from kvctl import cost, render
 from kvctl.commands.cost import BYTES_PER_TOKEN, CHUNK_TOKENS, PREFILL_RATE, TP
-from kvctl.commands.options import ByteSize, count, output_options, positive
+from kvctl.commands.options import ByteSize, count, output_options, positive, valkey_options, valkey_targets
 from kvctl.errors import ExitStatus, InvalidInput
 from kvctl.hooks import hookimpl
 from kvctl.kvsize import DTYPE_BYTES, kv_size_from_file
-from kvctl.tier.targets import resolve_targets
+from kvctl.tier.targets import NAMING
 
 if TYPE_CHECKING:
     from kvctl.bench.results import BenchReport, RunResult
@@ -35,12 +35,9 @@ def register_commands(cli: click.Group) -> None:
 
 
 @click.command("bench")
-@click.option("--url", "urls", multiple=True, help="Valkey instance, resp://host:port (repeatable; index = rank), or one {rank} template with --ranks.")
-@click.option("--ranks", type=count(4096), help="Number of ranks to expand a {rank} URL template to.")
-@click.option("--dir", "tier_dir", type=click.Path(file_okay=False), help="Directory of a tier started by `kvctl deploy-valkey up`.")
+@valkey_options
 @click.option("--embedded", type=count(256), help="Start N local valkey-servers for the run and stop them after.")
 @click.option("--embedded-maxmemory", type=ByteSize(2**50), help="maxmemory of each --embedded instance (default: sized for instances × clients × batch × chunk, within half the host's available memory).")
-@click.option("--password-file", type=click.Path(dir_okay=False), envvar="KVCTL_PASSWORD_FILE", help="File (mode 0600) holding the Valkey password.")
 @click.option("--chunk-bytes", type=CHUNK_BYTES, help="Bytes per value (default 12.4e6: one 256-token GLM-5.3 FP8 chunk).")
 @click.option("--model-config", type=click.Path(dir_okay=False), help="config.json to derive the chunk size (and bytes per token) from.")
 @click.option("--chunk-tokens", type=CHUNK_TOKENS, default=256, show_default=True, help="Tokens per chunk with --model-config.")
@@ -62,7 +59,7 @@ def register_commands(cli: click.Group) -> None:
 @click.pass_context
 def bench_cmd(
     ctx: click.Context,
-    urls: tuple[str, ...],
+    valkey_urls: tuple[str, ...],
     ranks: int | None,
     tier_dir: str | None,
     embedded: int | None,
@@ -101,15 +98,17 @@ def bench_cmd(
     \b
     Examples:
       kvctl bench --embedded 2 --sweep --chunk-bytes 4e6 --duration 2
-      kvctl bench --url 'resp://valkey-{rank}:6379' --ranks 8 --sweep --prefill-rate 52200 --bytes-per-token 48437.5
+      kvctl bench --valkey 'resp://valkey-{rank}:6379' --ranks 8 --sweep --prefill-rate 52200 --bytes-per-token 48437.5
     """
     # multiprocessing, the RESP client and the workers load only when a bench runs, not for `kvctl --help`
     import psutil  # noqa: PLC0415
 
     from kvctl.bench.runner import BenchSpec, check_host, embedded_tier, grid, run_bench, size_embedded  # noqa: PLC0415
 
-    if embedded and (urls or tier_dir):
-        raise InvalidInput("--embedded starts its own instances; do not combine it with --url or --dir")
+    if embedded and (valkey_urls or tier_dir or ranks):
+        raise InvalidInput("--embedded starts its own instances; do not combine it with --valkey/--url, --ranks or --dir")
+    if not embedded and not (valkey_urls or tier_dir or ranks):
+        raise InvalidInput(f"name the Valkey instances to bench with {NAMING}, or start some with --embedded N")
     if model_config:
         size = kv_size_from_file(model_config, dtype=dtype, chunk_tokens=chunk_tokens, tp=tp)
         if chunk_bytes is None:
@@ -159,7 +158,7 @@ def bench_cmd(
             with embedded_tier(embedded, embedded_maxmemory) as targets:
                 report = go(targets, n_keys)
         else:
-            report = go(resolve_targets(urls, ranks, tier_dir, password_file))
+            report = go(valkey_targets(valkey_urls, ranks, tier_dir, password_file))
 
     data = render.to_jsonable(report)
     data["errors"] = report.errors

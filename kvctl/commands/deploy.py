@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 import click
 
 from kvctl import render
-from kvctl.commands.options import ByteSize, FiniteFloat, count, non_negative, output_options, positive
+from kvctl.commands.options import ByteSize, FiniteFloat, count, non_negative, output_options, positive, valkey_options, valkey_targets
 from kvctl.errors import InvalidInput, Unreachable
 from kvctl.hooks import hookimpl
 from kvctl.tier import spec
@@ -250,26 +250,37 @@ def _render_fleet(target: str, ranks: int, base_port: int, maxmemory: int, host:
 
 
 @deploy_group.command("status")
-@dir_option
-@click.option("--password-file", type=click.Path(dir_okay=False), envvar="KVCTL_PASSWORD_FILE", help="Password file (mode 0600), if not the one recorded by `up`.")
+@valkey_options(dir_default=DEFAULT_DIR, dir_envvar="KVCTL_TIER_DIR")
 @output_options
-def status_cmd(tier_dir: Path, password_file: str | None, as_json: bool) -> None:
+@click.pass_context
+def status_cmd(ctx: click.Context, valkey_urls: tuple[str, ...], ranks: int | None, tier_dir: str, password_file: str | None, as_json: bool) -> None:
     """Per rank: up, memory, keys, evictions, clients, GET calls and µs per GET (INFO).
 
-    An instance that does not answer is "down" (no process) or "alive, not
-    answering (state T)" (stopped, hung: see `kvctl diagnose stalls --pid`).
-    Exits 5 (unreachable) when any instance does not answer, 1 when one
-    refuses the password (or wants one: --password-file).
+    
+    kvctl deploy-valkey status --dir ./kv-tier
+    kvctl deploy-valkey status --valkey resp://valkey-{rank}:6379 --ranks 8
+    Of the tier in --dir (default ./kv-tier, or $KVCTL_TIER_DIR), or of any
+    instances named by --valkey. An instance of a --dir tier that does not
+    answer is "down" (no process) or "alive, not answering (state T)" (stopped,
+    hung: see `kvctl diagnose stalls --pid`); one named by URL is "down"
+    (refused) or "not answering" (timed out). Exits 5 (unreachable) when any
+    instance does not answer, 1 when one refuses the password (or wants one:
+    --password-file).
     """
+    from click.core import ParameterSource  # noqa: PLC0415
     from kvctl.tier import local  # noqa: PLC0415
     from kvctl.tier.server import AuthFailed  # noqa: PLC0415
 
-    st = local.status(tier_dir, password_file)
+    if valkey_urls or ranks:  # --dir only when given here: its default and env var name the tier when no URL is
+        explicit_dir = tier_dir if ctx.get_parameter_source("tier_dir") == ParameterSource.COMMANDLINE else None
+        st = local.targets_status(valkey_targets(valkey_urls, ranks, explicit_dir, password_file))
+    else:
+        st = local.status(tier_dir, password_file)
     if as_json:
         render.emit_json(st)
     else:
         render.table(
-            f"Valkey tier in {st.dir}",
+            f"Valkey tier in {st.dir}" if st.dir else "Valkey instances",
             ["rank", "port", "up", "used/max MiB", "keys", "evict", "conns", "GETs", "µs/GET"],
             [
                 (

@@ -21,13 +21,12 @@ from click.core import ParameterSource
 from kvctl import __version__, render
 from kvctl.commands.cost import bytes_per_token_options
 from kvctl.commands.diagnose_stalls import JsonErrorCommand, JsonErrorGroup, stalls_cmd
-from kvctl.commands.options import FiniteFloat, count, non_negative, output_options, positive
+from kvctl.commands.options import FiniteFloat, count, non_negative, output_options, positive, valkey_options, valkey_targets
 from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.errors import ExitStatus
 from kvctl.hooks import hookimpl
 from kvctl.runbooks import runbook_for
-from kvctl.tier.targets import Target, resolve_targets
 
 WINDOW_S = positive(cap.MAX_WINDOW_S)
 TIMEOUT_S = positive(600.0)
@@ -45,10 +44,7 @@ def source_options(func: Callable) -> Callable:
     """Where to sample: engine URLs, the Valkey instances, the window."""
 
     @click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable; a repeat is read once), e.g. http://HOST:8000.")
-    @click.option("--valkey", "valkey_urls", multiple=True, help="Valkey URL per rank (repeatable, index = rank), or one {rank} template with --ranks.")
-    @click.option("--ranks", type=count(4096), help="Number of ranks for a {rank} template URL.")
-    @click.option("--dir", "tier_dir", type=click.Path(file_okay=False), help="Directory of a tier started by `kvctl deploy-valkey up`.")
-    @click.option("--password-file", type=click.Path(dir_okay=False), help="File (mode 0600) holding the Valkey password.")
+    @valkey_options
     @click.option("--window", type=WINDOW_S, default=60.0, show_default=True, help="Seconds between the two samples (at most one day).")
     @click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=5.0, show_default=True, help="Per-source read timeout in seconds; a source that does not answer is reported, the rest analysed.")
     @functools.wraps(func)
@@ -87,14 +83,6 @@ def run_options(func: Callable) -> Callable:
         return func(*args, **kwargs)
 
     return wrapper
-
-
-def _targets(valkey_urls: tuple[str, ...], ranks: int | None, tier_dir: str | None, password_file: str | None) -> list[Target]:
-    if not valkey_urls and not tier_dir:
-        if ranks:
-            raise click.UsageError("--ranks needs a {rank} --valkey URL")
-        return []
-    return resolve_targets(valkey_urls, ranks, tier_dir, password_file)
 
 
 def _parameters(bytes_per_token: float | None, prefill_rate: float | None, t0: float | None) -> dict[str, Any]:
@@ -238,14 +226,14 @@ def _run(
     params = Params(bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, t0_s=t0)
     if from_dir:
         if engine_urls or valkey_urls or tier_dir or watch or save_dir:
-            raise click.UsageError("--from analyses a saved capture; it takes no --engine-url/--valkey/--dir/--watch/--save")
+            raise click.UsageError("--from analyses a saved capture; it takes no --engine-url/--valkey/--url/--dir/--watch/--save")
         diag = analyse(cap.load_capture(from_dir), params)
         _show(diag, explain, as_json)
         ctx.exit(int(diag.exit_status))
     if not engine_urls:
         raise click.UsageError("give --engine-url (repeatable), or --from DIR")
     urls = _engine_urls(engine_urls, as_json)
-    targets = _targets(valkey_urls, ranks, tier_dir, password_file)
+    targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False)
     parameters = _parameters(bytes_per_token, prefill_rate, t0)
     if watch:
         if save_dir:
@@ -377,7 +365,7 @@ def capture_cmd(ctx: click.Context, **kwargs: Any) -> None:
     if not kw["engine_urls"]:
         raise click.UsageError("give --engine-url (repeatable), before or after `capture`")
     urls = _engine_urls(kw["engine_urls"], kw["as_json"])
-    targets = _targets(kw["valkey_urls"], kw["ranks"], kw["tier_dir"], kw["password_file"])
+    targets = valkey_targets(kw["valkey_urls"], kw["ranks"], kw["tier_dir"], kw["password_file"], required=False)
     params = _parameters(kw["bytes_per_token"], kw["prefill_rate"], kw["t0"])
     capture = _collect(urls, targets, kw["window"], params, kw["timeout_s"], show_progress=not kw["as_json"])
     path = cap.save_capture(capture, kw["out_dir"])

@@ -8,7 +8,7 @@ import click
 
 from kvctl import render
 from kvctl.commands.diagnose import TIMEOUT_S
-from kvctl.commands.options import count, output_options
+from kvctl.commands.options import count, output_options, valkey_options, valkey_targets
 from kvctl.hooks import hookimpl
 
 STYLE = {"skipped": "dim", "ok": "green", "warning": "yellow", "fail": "red"}
@@ -21,10 +21,7 @@ def register_commands(cli: click.Group) -> None:
 
 @click.command("doctor")
 @click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable), e.g. http://HOST:8000.")
-@click.option("--valkey", "valkey_urls", multiple=True, help="Valkey URL per rank (repeatable, index = rank), or one {rank} template with --ranks.")
-@click.option("--ranks", type=count(4096), help="Number of ranks for a {rank} template --valkey URL.")
-@click.option("--dir", "tier_dir", type=click.Path(file_okay=False), help="Directory of a tier started by `kvctl deploy-valkey up`.")
-@click.option("--password-file", type=click.Path(dir_okay=False), help="File (mode 0600) holding the Valkey password.")
+@valkey_options
 @click.option("--config", "lmcache_config", type=click.Path(dir_okay=False), envvar="LMCACHE_CONFIG_FILE", help="LMCache YAML config the engines use (default: $LMCACHE_CONFIG_FILE).")
 @click.option("--kv-transfer-config", help="vLLM's --kv-transfer-config JSON, inline or @FILE.")
 @click.option("--world-size", type=count(4096), help="Ranks of the engine's shard group (TP x PCP); default: the engine's kvctl:ranks gauge.")
@@ -51,12 +48,11 @@ def doctor_cmd(
     Exit code: 0 all ok, 3 a warning, 4 a failure.
     """
     from kvctl.diagnose.capture import last_diagnosis_path  # noqa: PLC0415
-    from kvctl.commands.diagnose import _targets  # noqa: PLC0415 - same instance naming as diagnose
     from kvctl.doctor import DoctorInput, run  # noqa: PLC0415
 
     if diagnosis_path and not Path(diagnosis_path).is_file():
         raise click.BadParameter(f"{diagnosis_path} does not exist", param_hint="'--diagnosis'")
-    targets = _targets(valkey_urls, ranks, tier_dir, password_file)
+    targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False)
     report = run(DoctorInput(
         tuple(engine_urls), tuple(targets), lmcache_config, kv_transfer_config, world_size,
         diagnosis_path or str(last_diagnosis_path()), timeout_s, host_checks=not no_host_checks,

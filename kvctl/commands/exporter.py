@@ -11,7 +11,7 @@ import click
 
 from kvctl import render
 from kvctl.commands.diagnose import TIMEOUT_S, model_options
-from kvctl.commands.options import count, output_options, positive
+from kvctl.commands.options import output_options, positive, valkey_options, valkey_targets
 from kvctl.diagnose.analysis import Params
 from kvctl.hooks import hookimpl
 
@@ -29,10 +29,7 @@ def register_commands(cli: click.Group) -> None:
 @click.command("exporter")
 @click.option("--listen", default="127.0.0.1:9808", show_default=True, envvar="KVCTL_EXPORTER_LISTEN", help="HOST:PORT to serve /metrics on (port 0: a free one). A non-loopback HOST is allowed and printed.")
 @click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable), e.g. http://HOST:8000.")
-@click.option("--valkey", "valkey_urls", multiple=True, help="Valkey URL per rank (repeatable, index = rank), or one {rank} template with --ranks.")
-@click.option("--ranks", type=count(4096), help="Number of ranks for a {rank} template URL.")
-@click.option("--dir", "tier_dir", type=click.Path(file_okay=False), help="Directory of a tier started by `kvctl deploy-valkey up`.")
-@click.option("--password-file", type=click.Path(dir_okay=False), help="File (mode 0600) holding the Valkey password.")
+@valkey_options
 @model_options
 @click.option("--interval", "interval_s", type=INTERVAL_S, default=15.0, show_default=True, help="Seconds between samples (one /metrics read per engine, one INFO per instance).")
 @click.option("--window", "window_s", type=WINDOW_S, default=60.0, show_default=True, help="Sliding window in seconds: every value is the diagnosis of its oldest and newest sample.")
@@ -60,12 +57,11 @@ def exporter_cmd(
     last good values age out after --stale-after. Alert rules and a Grafana dashboard:
     configs/prometheus/kvctl-alerts.yaml, configs/grafana/kvctl-dashboard.json.
     """
-    from kvctl.commands.diagnose import _targets  # noqa: PLC0415 - same instance naming as diagnose
     from kvctl.exporter import Exporter, ExporterConfig, Server, check_config, parse_listen  # noqa: PLC0415
 
     if not engine_urls:
         raise click.UsageError("give --engine-url (repeatable)")
-    targets = _targets(valkey_urls, ranks, tier_dir, password_file)
+    targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False)
     timeout_s = timeout_s if timeout_s is not None else min(5.0, interval_s)
     params = Params(bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, t0_s=t0)
     cfg = ExporterConfig(tuple(engine_urls), tuple(targets), params, interval_s, window_s, timeout_s, stale_after_s)

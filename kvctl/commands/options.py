@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import click
 
 from kvctl.errors import ExitStatus, InvalidInput
+
+if TYPE_CHECKING:
+    from kvctl.tier.targets import Target
 
 
 class FiniteFloat(click.FloatRange):
@@ -67,6 +71,49 @@ class ByteSize(click.ParamType):
         if n > self.max_bytes:
             self.fail(f"{value} is more than {format_size(self.max_bytes)}.", param, ctx)
         return n
+
+
+#: Help of the options every command names its Valkey instances with (the messages: kvctl.tier.targets.NAMING).
+VALKEY_URL_HELP = "Valkey instance per rank, resp://[USER@]HOST:PORT (repeatable, index = rank), or one {rank} template with --ranks; --url is an alias."
+RANKS_HELP = "Number of ranks to expand a {rank} --valkey template to."
+TIER_DIR_HELP = "Directory of a tier started by `kvctl deploy-valkey up` (instead of --valkey)."
+PASSWORD_FILE_HELP = "File (mode 0600) holding the Valkey password (default with --dir: the one `up` recorded)."
+
+
+def valkey_options(func: Callable | None = None, *, dir_default: str | None = None, dir_envvar: str | None = None) -> Callable:
+    """The Valkey instances a command talks to: ``--valkey``/``--url``, ``--ranks``, ``--dir``, ``--password-file``.
+
+    Every command that reads Valkey takes these four, with the same spellings,
+    help and env var (``KVCTL_PASSWORD_FILE``); :func:`valkey_targets` turns
+    them into targets. ``dir_default``/``dir_envvar`` give ``--dir`` a default
+    (``deploy-valkey status``: its tier directory).
+    """
+
+    def decorate(f: Callable) -> Callable:
+        @click.option("--valkey", "--url", "valkey_urls", multiple=True, help=VALKEY_URL_HELP)
+        @click.option("--ranks", type=count(4096), help=RANKS_HELP)
+        @click.option("--dir", "tier_dir", type=click.Path(file_okay=False), default=dir_default, show_default=dir_default is not None, envvar=dir_envvar, help=TIER_DIR_HELP)
+        @click.option("--password-file", type=click.Path(dir_okay=False), envvar="KVCTL_PASSWORD_FILE", help=PASSWORD_FILE_HELP)
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return f(*args, **kwargs)
+
+        return wrapper
+
+    return decorate(func) if func is not None else decorate
+
+
+def valkey_targets(valkey_urls: Sequence[str], ranks: int | None, tier_dir: str | Path | None, password_file: str | None, *, required: bool = True) -> list[Target]:
+    """The per-rank instances :func:`valkey_options` named; ``[]`` when none is named and ``required`` is False.
+
+    Errors (both or neither of URLs and ``--dir``, ``--ranks`` without a
+    ``{rank}`` template, an unreadable password file) are ``InvalidInput``, exit 2.
+    """
+    from kvctl.tier.targets import resolve_targets  # noqa: PLC0415 - keep `kvctl --help` light
+
+    if not required and not (valkey_urls or ranks or tier_dir):
+        return []
+    return resolve_targets(valkey_urls, ranks, tier_dir, password_file)
 
 
 def output_options(func: Callable) -> Callable:

@@ -37,10 +37,11 @@ from kvctl.tier.server import (
     is_auth_error,
     port_in_use,
     redis_client,
+    redis_for_url,
     server_version,
     start_valkey,
 )
-from kvctl.tier.targets import STATE_FILE, InstanceState, TierState, load_tier, read_password_file, state_path
+from kvctl.tier.targets import STATE_FILE, InstanceState, Target, TierState, load_tier, read_password_file, state_path
 
 ENGINE_PASSWORD_FILE = "engine.password"
 LOCK_FILE = ".kvctl-tier.lock"
@@ -310,18 +311,31 @@ class TierStatus:
 
 
 def instance_status(inst: InstanceState, password: str | None) -> InstanceStatus:
-    """INFO of one instance: memory, keys, evictions, clients, GET commandstats."""
+    """INFO of one instance: memory, keys, evictions, clients, GET commandstats.
+
+    ``inst.pid`` 0: an instance named by URL (``status --valkey``), with no
+    process of a tier to look at; it is reached through its URL (TLS, user).
+    """
     import redis  # noqa: PLC0415
 
     base = dict(rank=inst.rank, host=inst.host, port=inst.port, pid=inst.pid, url=inst.url)
+    by_url = inst.pid <= 0
     try:
-        with redis_client(3.0, connect_timeout_s=2.0, host=inst.host, port=inst.port, password=password) as r:
+        client = redis_for_url(inst.url, 3.0, password) if by_url else redis_client(3.0, connect_timeout_s=2.0, host=inst.host, port=inst.port, password=password)
+        with client as r:
             info = r.info("all")
     except (redis.RedisError, OSError) as e:
         error = str(e).splitlines()[0] if str(e) else type(e).__name__
         if is_auth_error(e):
             why = "no password given" if password is None else "the password was refused"
             return InstanceStatus(**base, up=False, state="auth refused", hint=f"{why}: {PASSWORD_HINT}", error=error)
+        if by_url:
+            silent = isinstance(e, redis.TimeoutError)
+            return InstanceStatus(
+                **base, up=False, state="not answering" if silent else "down", error=error,
+                hint=("it accepts connections but does not answer: stopped or hung? `kvctl diagnose stalls --pid PID` on its host"
+                      if silent else "nothing answers there: is the server running, and reachable from this host?"),
+            )
         proc = is_our_server(inst)
         if proc is None:
             return InstanceStatus(**base, up=False, state="down", hint="no process: restart the tier (`kvctl deploy-valkey down`, then `up`)", error=error)
@@ -365,6 +379,13 @@ def status(tier_dir: Path | str, password_file: str | None = None) -> TierStatus
     insts = sorted(state.instances, key=lambda i: i.rank)
     with ThreadPoolExecutor(max_workers=max(1, len(insts))) as pool:
         return TierStatus(state.dir, list(pool.map(lambda i: instance_status(i, password), insts)))
+
+
+def targets_status(targets: list[Target]) -> TierStatus:
+    """:func:`status` of instances named by URL rather than a tier directory (``dir`` is empty)."""
+    insts = [(InstanceState(t.rank, t.host, t.port, 0, t.url, "", "", ""), t.password) for t in targets]
+    with ThreadPoolExecutor(max_workers=max(1, len(insts))) as pool:
+        return TierStatus("", list(pool.map(lambda ip: instance_status(*ip), insts)))
 
 
 # ----------------------------------------------------------------------------- down

@@ -1,9 +1,10 @@
 """Which Valkey instances a command talks to, and the state file of a local tier.
 
-Three ways to name the per-rank instances, shared by ``bench``, ``diagnose``
-and ``deploy-valkey status``:
+Three ways to name the per-rank instances, shared by ``bench``, ``diagnose``,
+``exporter``, ``doctor`` and ``deploy-valkey status`` (their options come
+from :func:`kvctl.commands.options.valkey_options`):
 
-* explicit URLs (``--url``/``--valkey``, repeatable; index = rank);
+* explicit URLs (``--valkey``, alias ``--url``, repeatable; index = rank);
 * a ``{rank}`` template plus ``--ranks N``;
 * ``--dir`` of a tier that ``kvctl deploy-valkey up`` started (its state file).
 """
@@ -21,6 +22,8 @@ from kvctl.connector.urls import RANK_PLACEHOLDER, expand_url, parse_resp_url
 from kvctl.errors import InvalidInput
 
 STATE_FILE = "kvctl-tier.json"
+#: The options that name instances (kvctl.commands.options.valkey_options), for messages.
+NAMING = f"--valkey/--url URL (repeatable, index = rank, or one {RANK_PLACEHOLDER} template with --ranks N) or --dir"
 
 
 @dataclass(frozen=True)
@@ -112,10 +115,16 @@ def resolve_targets(
     tier_dir: Path | str | None = None,
     password_file: Path | str | None = None,
 ) -> list[Target]:
-    """The per-rank instances named by exactly one of: URLs, a {rank} template + ranks, a tier dir."""
-    given = sum(bool(x) for x in (urls, tier_dir))
-    if given != 1:
-        raise InvalidInput("name the Valkey instances with --url (repeatable or a {rank} template) or --dir, not both/neither")
+    """The per-rank instances named by exactly one of: URLs, a {rank} template + ranks, a tier dir.
+
+    The messages name the options of :func:`kvctl.commands.options.valkey_options`.
+    """
+    if ranks and not urls:
+        raise InvalidInput(f"--ranks goes with one {RANK_PLACEHOLDER} --valkey/--url template; a --dir tier knows its own ranks")
+    if urls and tier_dir:
+        raise InvalidInput(f"name the Valkey instances with {NAMING}, not both")
+    if not urls and not tier_dir:
+        raise InvalidInput(f"name the Valkey instances with {NAMING}")
     password = read_password_file(password_file) if password_file else None
     if tier_dir:
         state = load_tier(tier_dir)

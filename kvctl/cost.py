@@ -7,6 +7,13 @@ bandwidth in GB/s, time in seconds, rates in tokens/s.
 * load: ``T_load = T0 + n·s / B``
 * break-even bandwidth ``B* = s·R``; below ``n* = R·T0`` tokens no bandwidth helps
 * synchronous loading is a single-server queue with ``ρ = λ·n·s / B``
+
+s (``bytes_per_token``) is always the WHOLE model's KV bytes per token, what
+loading a prompt token moves through the tier over all ranks, and B the
+whole tier's bandwidth (all instances together). A rank-partitioned tier of
+W instances (one per tp rank) moves ``bytes_per_token_per_rank`` = s / W
+through each instance: compare that with ONE instance's bandwidth
+(B*/W = (s/W)·R per instance), never with the tier's sum.
 """
 
 from __future__ import annotations
@@ -74,11 +81,14 @@ def crossover_tokens(bytes_per_token: float, prefill_rate: float, bandwidth_gbps
 
 @dataclass(frozen=True)
 class Breakeven:
-    bytes_per_token: float
+    bytes_per_token: float  # whole model (s)
     prefill_rate_tok_s: float
-    breakeven_gbps: float
+    breakeven_gbps: float  # B* = s·R: the whole tier
     t0_s: float | None = None
     min_hit_tokens: float | None = None
+    tp: int = 1
+    bytes_per_token_per_rank: float | None = None  # s / tp
+    breakeven_gbps_per_rank: float | None = None  # (s / tp)·R: each of tp instances, one per rank
 
 
 @dataclass(frozen=True)
@@ -93,27 +103,33 @@ class Prediction:
 @dataclass(frozen=True)
 class RhoResult:
     arrival_rate_per_s: float
-    prompt_gb: float
-    bandwidth_gbps: float
-    rho: float
+    prompt_gb: float  # the whole model's KV of one request (all ranks)
+    bandwidth_gbps: float  # one instance
+    rho: float  # one instance serving every rank's share
     stable: bool
     instances_for_target: int
     target_rho: float
+    tp: int = 1
+    rho_one_instance_per_rank: float | None = None  # tp instances, each moving prompt / tp: ρ / tp
 
 
-def summarize_breakeven(bytes_per_token: float, prefill_rate: float, t0_s: float | None = None) -> Breakeven:
+def _check_tp(tp: int) -> int:
+    if not isinstance(tp, int) or tp < 1:
+        raise InvalidInput(f"--tp must be a positive integer, got {tp}")
+    return tp
+
+
+def summarize_breakeven(bytes_per_token: float, prefill_rate: float, t0_s: float | None = None, tp: int = 1) -> Breakeven:
+    """B* for the whole tier from the whole model's s, and its 1/tp share for each rank's own instance."""
     require_positive("--bytes-per-token", bytes_per_token)
     require_positive("--prefill-rate", prefill_rate)
+    _check_tp(tp)
+    b_star = breakeven_gbps(bytes_per_token, prefill_rate)
+    per_rank = dict(tp=tp, bytes_per_token_per_rank=bytes_per_token / tp, breakeven_gbps_per_rank=b_star / tp)
     if t0_s is None:
-        return Breakeven(bytes_per_token, prefill_rate, breakeven_gbps(bytes_per_token, prefill_rate))
+        return Breakeven(bytes_per_token, prefill_rate, b_star, **per_rank)
     require_positive("--t0", t0_s, allow_zero=True)
-    return Breakeven(
-        bytes_per_token,
-        prefill_rate,
-        breakeven_gbps(bytes_per_token, prefill_rate),
-        t0_s,
-        min_hit_tokens(prefill_rate, t0_s),
-    )
+    return Breakeven(bytes_per_token, prefill_rate, b_star, t0_s, min_hit_tokens(prefill_rate, t0_s), **per_rank)
 
 
 def predict(
@@ -134,13 +150,16 @@ def predict(
     return out
 
 
-def summarize_rho(arrival_rate: float, prompt_bytes: float, bandwidth_gbps: float, target: float = 0.5) -> RhoResult:
+def summarize_rho(arrival_rate: float, prompt_bytes: float, bandwidth_gbps: float, target: float = 0.5, tp: int = 1) -> RhoResult:
+    """ρ of one instance of ``bandwidth_gbps`` serving the whole prompt; with tp > 1 also ρ of tp such instances, one per rank."""
     require_positive("--arrival-rate", arrival_rate)
     require_positive("prompt size", prompt_bytes)
     require_positive("--bandwidth-gbps", bandwidth_gbps)
     require_positive("--target-rho", target)
+    _check_tp(tp)
     r = rho(arrival_rate, prompt_bytes, bandwidth_gbps)
-    return RhoResult(arrival_rate, prompt_bytes / GB, bandwidth_gbps, r, r < 1.0, instances_for_rho(r, target), target)
+    per_rank = rho(arrival_rate, prompt_bytes / tp, bandwidth_gbps) if tp > 1 else None
+    return RhoResult(arrival_rate, prompt_bytes / GB, bandwidth_gbps, r, r < 1.0, instances_for_rho(r, target), target, tp, per_rank)
 
 
 #: The paper's measured setup (§4): GLM-5.3 FP8 MLA prefill on B300.
@@ -167,12 +186,14 @@ class BandwidthVerdicts:
 @dataclass(frozen=True)
 class PairingReport:
     name: str
-    bytes_per_token: float
+    bytes_per_token: float  # whole model (s); the bandwidths are whole tiers'
     prefill_rate_tok_s: float
     t0_s: float
     breakeven_gbps: float
     min_hit_tokens: float
     bandwidths: list[BandwidthVerdicts]
+    tp: int = 1
+    bytes_per_token_per_rank: float | None = None  # s / tp
 
 
 def summarize_pairing(
@@ -182,14 +203,15 @@ def summarize_pairing(
     t0_s: float,
     bandwidths_gbps: Iterable[float],
     tokens: Iterable[int] = DEFAULT_REPORT_TOKENS,
+    tp: int = 1,
 ) -> PairingReport:
     """B*, n* and load-vs-recompute verdicts over lengths and bandwidths for one model/GPU pairing."""
     tokens = list(tokens)
-    be = summarize_breakeven(bytes_per_token, prefill_rate, t0_s)
+    be = summarize_breakeven(bytes_per_token, prefill_rate, t0_s, tp)
     rows = [
         BandwidthVerdicts(b, crossover_tokens(bytes_per_token, prefill_rate, b, t0_s), predict(tokens, bytes_per_token, prefill_rate, b, t0_s))
         for b in bandwidths_gbps
     ]
     if not rows:
         raise InvalidInput("give at least one --bandwidth-gbps")
-    return PairingReport(name, bytes_per_token, prefill_rate, t0_s, be.breakeven_gbps, be.min_hit_tokens, rows)
+    return PairingReport(name, bytes_per_token, prefill_rate, t0_s, be.breakeven_gbps, be.min_hit_tokens, rows, tp, be.bytes_per_token_per_rank)

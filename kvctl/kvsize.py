@@ -6,6 +6,22 @@
 * GQA/MHA: ``2 × num_key_value_heads × head_dim`` elements per layer (K and V);
   KV heads are split across TP ranks (replicated when there are fewer heads
   than ranks). ``head_dim`` defaults to ``hidden_size / num_attention_heads``.
+
+Two quantities, never one name for both (issue 13):
+
+* ``bytes_per_token`` is s of the cost model (paper §4): the whole model's KV
+  bytes per token, what loading one prompt token moves through the tier with
+  every rank's share counted. B* = s·R and ρ = λ·n·s/B compare it with the
+  WHOLE tier's bandwidth (the sum over instances). With KV heads replicated
+  (``--tp`` a multiple of the KV heads) every rank stores and loads its own
+  copy, so s counts each copy (``kv_head_copies``).
+* ``bytes_per_token_per_rank`` = s / tp is one rank's share, what it moves
+  through its own instance of a rank-partitioned tier (GQA/MHA: its KV heads;
+  MLA: the sharded store's every tp-th chunk). Compare it with ONE instance's
+  bandwidth, never with the tier's sum.
+
+``chunk_bytes`` is one stored chunk value: a rank's heads for GQA/MHA (per-rank
+bytes × chunk tokens), the whole latent for MLA (one chunk, one owner).
   As in vLLM, ``--tp`` must divide the attention heads, and either divide the KV
   heads or be a multiple of them; a config with more KV heads than attention
   heads, or attention heads that are not a multiple of the KV heads, is refused.
@@ -39,10 +55,12 @@ class KvSize:
     elements_per_token_per_layer: int
     dtype: str
     tp: int
-    bytes_per_token: float
+    bytes_per_token: float  # whole model: one token's KV over all ranks (s of B* = s·R, compared with the tier's sum)
+    bytes_per_token_per_rank: float  # one rank's share, bytes_per_token / tp (compared with one instance's bandwidth)
     chunk_tokens: int
-    chunk_bytes: float
+    chunk_bytes: float  # one stored chunk value: a rank's heads (GQA/MHA) or the whole latent (MLA)
     dtype_source: str = "--dtype"  # how the dtype was chosen: --dtype, or vLLM's --dtype auto rule and why
+    kv_head_copies: int = 1  # ranks holding each KV head (tp / KV heads when tp exceeds them); s counts every copy
 
 
 def load_config(path: Path | str) -> dict[str, Any]:
@@ -88,11 +106,14 @@ def kv_size(
         raise InvalidInput(f"unknown dtype '{dtype}' (choose from {', '.join(DTYPE_BYTES)})")
     layers = _field(cfg, "num_hidden_layers", source)
     name = str(cfg.get("_name_or_path") or Path(source).stem)
+    copies = 1
     if cfg.get("kv_lora_rank"):
         attention = "mla"
         elems = _field(cfg, "kv_lora_rank", source) + _field(cfg, "qk_rope_head_dim", source)
         if "num_attention_heads" in cfg:
             _check_tp(_field(cfg, "num_attention_heads", source), None, tp, name)
+        bpt = float(layers * elems * DTYPE_BYTES[dtype])  # one latent, shared: tp does not multiply it
+        per_rank, chunk = bpt / tp, bpt * chunk_tokens
     else:
         heads = _field(cfg, "num_attention_heads", source)
         kv_heads = cfg.get("num_key_value_heads", heads)
@@ -102,9 +123,11 @@ def kv_size(
         head_dim = cfg.get("head_dim") or _field(cfg, "hidden_size", source) // heads
         attention = "mha" if kv_heads == heads else "gqa"
         kv_heads_per_rank = max(1, -(-kv_heads // tp))
-        elems = 2 * kv_heads_per_rank * head_dim
-    bpt = float(layers * elems * DTYPE_BYTES[dtype])
-    return KvSize(name, attention, layers, elems, dtype, tp, bpt, chunk_tokens, bpt * chunk_tokens, dtype_source)
+        copies = max(1, tp // kv_heads)
+        elems = 2 * kv_heads_per_rank * tp * head_dim  # all ranks' heads, each replicated copy counted
+        per_rank = float(layers * 2 * kv_heads_per_rank * head_dim * DTYPE_BYTES[dtype])
+        bpt, chunk = per_rank * tp, per_rank * chunk_tokens
+    return KvSize(name, attention, layers, elems, dtype, tp, bpt, per_rank, chunk_tokens, chunk, dtype_source, copies)
 
 
 def auto_dtype(cfg: Mapping[str, Any]) -> tuple[str, str]:

@@ -134,3 +134,75 @@ def test_help_does_not_load_the_tier_or_bench_machinery():
     code = f"import sys; from kvctl.cli import cli; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# --------------------------------------------------------------- --tp: whole model vs one rank (issue 13)
+# Llama-3.1-8B (configs/models/llama-3.1-8b.json): 32 layers, 8 KV heads, head_dim 4096 / 32 = 128, bf16.
+#   whole model  s   = 2 (K, V) × 32 × 8 × 128 × 2 B = 131072 B/token
+#   one rank, tp 8   = 2 × 32 × 1 × 128 × 2 B       =  16384 B/token (one KV head each)
+# R = 100k tok/s: recomputing costs 1 / 1e5 s = 10 µs per token.
+# Tier: 8 instances (one per rank) × 1 GB/s = 8 GB/s; a prompt moves 131072 B per token through it:
+#   131072 / 8e9 s = 16.384 µs per token (equivalently 16384 B / 1e9 B/s per rank in parallel) > 10 µs:
+#   recompute wins. Comparing the per-rank 16384 B with the whole tier's 8 GB/s (2.048 µs) was the bug.
+LLAMA = str(MODELS / "llama-3.1-8b.json")
+
+
+def test_kv_size_tp8_gives_whole_model_and_per_rank_bytes():
+    d = run_json(["cost", "kv-size", "--config", LLAMA, "--tp", "8", "--json"])
+    assert d["bytes_per_token"] == 131072
+    assert d["bytes_per_token_per_rank"] == 16384
+    assert d["tp"] == 8
+    assert d["chunk_bytes"] == 16384 * 256  # one rank's stored chunk value: 4194304 B
+    out = run(["cost", "kv-size", "--config", LLAMA, "--tp", "8"]).output
+    assert "131,072" in out and "16,384" in out and "per rank" in out
+
+
+def test_breakeven_tp8_is_the_whole_tiers_bandwidth():
+    d = run_json(["cost", "breakeven", "--model-config", LLAMA, "--tp", "8", "--prefill-rate", "100000", "--json"])
+    assert d["bytes_per_token"] == 131072 and d["bytes_per_token_per_rank"] == 16384 and d["tp"] == 8
+    assert d["breakeven_gbps"] == pytest.approx(13.1072)  # 131072 B × 1e5 tok/s = 13.1072e9 B/s, the whole tier
+    assert d["breakeven_gbps_per_rank"] == pytest.approx(1.6384)  # 16384 B × 1e5 tok/s: each of the 8 instances
+    out = run(["cost", "breakeven", "--model-config", LLAMA, "--tp", "8", "--prefill-rate", "100000"]).output
+    assert "13.107" in out and "1.638" in out
+
+
+def test_breakeven_bytes_per_token_is_whole_model_with_tp():
+    # --bytes-per-token keeps meaning the whole model; --tp 8 only adds the per-rank share 131072 / 8 = 16384
+    d = run_json("cost breakeven --bytes-per-token 131072 --tp 8 --prefill-rate 100000 --json".split())
+    assert d["breakeven_gbps"] == pytest.approx(13.1072) and d["bytes_per_token_per_rank"] == 16384
+    d1 = run_json("cost breakeven --bytes-per-token 131072 --prefill-rate 100000 --json".split())
+    assert d1["bytes_per_token_per_rank"] == 131072 and d1["tp"] == 1
+
+
+def test_predict_tp8_at_8_gbps_says_recompute():
+    d = run_json(["cost", "predict", "--model-config", LLAMA, "--tp", "8", "--prefill-rate", "100000", "--t0", "0",
+                  "--bandwidth-gbps", "8", "--tokens", "1000", "--json"])
+    (p,) = d["predictions"]
+    assert p["recompute_s"] == pytest.approx(0.01)  # 1000 / 1e5
+    assert p["load_s"] == pytest.approx(0.016384)  # 1000 × 131072 / 8e9
+    assert p["verdict"] == "recompute"
+    assert d["bytes_per_token"] == 131072 and d["bytes_per_token_per_rank"] == 16384
+
+
+def test_report_tp8_at_8_gbps_never_loads():
+    d = run_json(["cost", "report", "--model-config", LLAMA, "--tp", "8", "--prefill-rate", "100000", "--t0", "0",
+                  "--bandwidth-gbps", "8", "--bandwidth-gbps", "16", "--tokens", "1000", "--json"])
+    (p,) = d["pairings"]
+    assert p["bytes_per_token"] == 131072 and p["bytes_per_token_per_rank"] == 16384
+    at8, at16 = p["bandwidths"]
+    assert at8["crossover_tokens"] is None and at8["predictions"][0]["verdict"] == "recompute"
+    # 16 GB/s: 131072 / 16e9 = 8.192 µs < 10 µs per token: loading wins
+    assert at16["predictions"][0]["verdict"] == "load"
+
+
+def test_rho_tp8_single_instance_and_one_instance_per_rank():
+    # 16384 tokens × 131072 B = 2147483648 B = 2.147483648 GB per prompt; λ = 2/s; one instance of 1 GB/s:
+    #   ρ = 2 × 2.147483648 / 1 = 4.294967296; for ρ ≤ 0.5: ceil(4.294967296 / 0.5) = ceil(8.59) = 9 instances.
+    # One instance per rank (8): each moves 16384 × 16384 B = 0.268435456 GB per prompt: ρ = 2 × 0.268435456 = 0.536870912
+    d = run_json(["cost", "rho", "--arrival-rate", "2", "--tokens", "16384", "--model-config", LLAMA, "--tp", "8",
+                  "--bandwidth-gbps", "1", "--json"])
+    assert d["prompt_gb"] == pytest.approx(2.147483648)
+    assert d["rho"] == pytest.approx(4.294967296)
+    assert d["instances_for_target"] == 9
+    assert d["bytes_per_token"] == 131072 and d["bytes_per_token_per_rank"] == 16384 and d["tp"] == 8
+    assert d["rho_one_instance_per_rank"] == pytest.approx(0.536870912)

@@ -14,17 +14,40 @@ def test_deepseek_v3_mla_fp8():
     k = kv_size_from_file(MODELS / "deepseek-v3.json", dtype="fp8")
     assert k.attention == "mla"
     assert k.bytes_per_token == 61 * (512 + 64) * 1
-    # MLA latent is replicated: TP does not divide it
-    assert kv_size_from_file(MODELS / "deepseek-v3.json", dtype="fp8", tp=8).bytes_per_token == k.bytes_per_token
+    assert k.bytes_per_token_per_rank == k.bytes_per_token  # tp 1: one rank moves everything
+    # MLA latent is replicated on every rank, so TP does not change the whole model's s; the sharded store
+    # has each of the 8 ranks store and load every 8th chunk: 35136 / 8 = 4392 B per token per rank.
+    # A stored chunk is the whole latent of 256 tokens: 35136 × 256 = 8994816 B.
+    k8 = kv_size_from_file(MODELS / "deepseek-v3.json", dtype="fp8", tp=8)
+    assert k8.bytes_per_token == 35136 and k8.bytes_per_token_per_rank == 4392
+    assert k8.chunk_bytes == 8994816
 
 
 def test_llama31_gqa_split_across_tp():
     k = kv_size_from_file(MODELS / "llama-3.1-8b.json")
     assert (k.attention, k.dtype) == ("gqa", "bf16")
     assert k.bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131072
-    assert kv_size_from_file(MODELS / "llama-3.1-8b.json", tp=4).bytes_per_token == 131072 / 4
-    # fewer KV heads than ranks: each rank keeps one (replicated) head
-    assert kv_size_from_file(MODELS / "llama-3.1-8b.json", tp=16).bytes_per_token == 2 * 32 * 1 * 128 * 2
+    # tp 4: 8 KV heads / 4 = 2 per rank: 2 × 32 × 2 × 128 × 2 = 32768 B per rank; the 4 ranks together
+    # still move the whole model's 131072 B per token (issue 13: bytes_per_token is the whole model)
+    k4 = kv_size_from_file(MODELS / "llama-3.1-8b.json", tp=4)
+    assert k4.bytes_per_token == 131072 and k4.bytes_per_token_per_rank == 32768
+    # fewer KV heads than ranks: each of the 16 ranks keeps one head (each head on 2 ranks) and loads its
+    # own copy: 2 × 32 × 1 × 128 × 2 = 16384 B per rank, 16 × 16384 = 262144 B through the tier per token
+    k16 = kv_size_from_file(MODELS / "llama-3.1-8b.json", tp=16)
+    assert k16.bytes_per_token_per_rank == 16384 and k16.bytes_per_token == 262144 and k16.kv_head_copies == 2
+
+
+def test_llama31_tp8_names_whole_model_and_per_rank_separately():
+    """Issue 13: with --tp 8, bytes_per_token stayed the per-rank figure (16384) under the whole model's name.
+
+    Llama-3.1-8B: 32 layers, 8 KV heads, head_dim 4096 / 32 = 128, bf16 (2 B), K and V:
+    whole model 2 × 32 × 8 × 128 × 2 = 131072 B/token; at tp 8 one KV head per rank:
+    2 × 32 × 1 × 128 × 2 = 16384 B/token per rank. A rank's stored 256-token chunk: 16384 × 256 = 4194304 B.
+    """
+    k = kv_size_from_file(MODELS / "llama-3.1-8b.json", tp=8)
+    assert k.bytes_per_token == 131072
+    assert k.bytes_per_token_per_rank == 16384
+    assert k.chunk_bytes == 4194304 and k.kv_head_copies == 1
 
 
 def test_llama2_mha_fp16_and_chunk():
@@ -148,8 +171,11 @@ def test_heads_that_cannot_be_split_are_refused(tmp_path, changes, tp, msg):
 def test_tp_that_divides_or_replicates_is_accepted(tmp_path):
     # 48 heads, 8 KV heads: tp 4 splits 8 → 2 per rank; tp 16 (a multiple of 8) replicates 1 per rank
     p = _cfg(tmp_path, num_attention_heads=48, hidden_size=6144)
-    assert kv_size_from_file(p, tp=4).bytes_per_token == 2 * 32 * 2 * 128 * 2
-    assert kv_size_from_file(p, tp=16).bytes_per_token == 2 * 32 * 1 * 128 * 2
+    assert kv_size_from_file(p, tp=4).bytes_per_token_per_rank == 2 * 32 * 2 * 128 * 2
+    assert kv_size_from_file(p, tp=16).bytes_per_token_per_rank == 2 * 32 * 1 * 128 * 2
+    # whole model: tp 4 → 4 × 32768 = 131072; tp 16 → 16 ranks × 16384 (every head held twice) = 262144
+    assert kv_size_from_file(p, tp=4).bytes_per_token == 131072
+    assert kv_size_from_file(p, tp=16).bytes_per_token == 262144
 
 
 def test_mla_heads_must_divide_by_tp():

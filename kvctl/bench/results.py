@@ -67,17 +67,26 @@ class RunResult:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Measured tier bandwidth against the break-even B* = s·R (paper §4)."""
+    """Measured tier bandwidth against the break-even B* = s·R (paper §4).
 
-    bytes_per_token: float
+    s is the whole model's bytes per token and is compared with the whole
+    tier's bandwidth; each of the ``ranks`` instances serves s / ranks of every
+    token (``bytes_per_token_per_rank``), compared with one instance's bandwidth.
+    The two comparisons agree; a per-rank s against the tier's sum never appears.
+    """
+
+    bytes_per_token: float  # whole model (s)
     prefill_rate_tok_s: float
-    breakeven_gbps: float
+    breakeven_gbps: float  # s·R: the whole tier
     ranks: int  # instances of the run judged (one per rank)
     per_rank_gbps: float  # mean per-instance GET bandwidth of that run
     tier_gbps: float  # what one prompt sees when every rank loads its share at once
-    per_rank_needed_gbps: float  # B* / ranks
-    loading_wins: bool  # tier_gbps > B*
+    per_rank_needed_gbps: float  # B* / ranks = (s / ranks)·R
+    loading_wins: bool  # tier_gbps > B*, i.e. load_us_per_token < recompute_us_per_token
     text: str
+    bytes_per_token_per_rank: float = 0.0  # s / ranks: one instance's share of every token
+    load_us_per_token: float = 0.0  # s / tier bandwidth, µs
+    recompute_us_per_token: float = 0.0  # 1 / R, µs
 
 
 @dataclass(frozen=True)
@@ -197,7 +206,11 @@ def with_scaling(runs: Sequence[RunResult]) -> tuple[RunResult, ...]:
 
 
 def summarize_verdict(runs: Sequence[RunResult], bytes_per_token: float, prefill_rate: float) -> Verdict | None:
-    """Judge the GET run with the most instances (best aggregate among those) against B* = s·R."""
+    """Judge the GET run with the most instances (best aggregate among those) against B* = s·R.
+
+    ``bytes_per_token`` is the WHOLE model's s (kvctl.kvsize ``bytes_per_token``,
+    never the per-rank share): it is compared with the run's aggregate bandwidth.
+    """
     cost.require_positive("--bytes-per-token", bytes_per_token)
     cost.require_positive("--prefill-rate", prefill_rate)
     gets = [r for r in runs if r.op == "get" and r.aggregate_gbps > 0]
@@ -209,10 +222,14 @@ def summarize_verdict(runs: Sequence[RunResult], bytes_per_token: float, prefill
     per_rank = sum(run.per_instance_gbps) / len(run.per_instance_gbps)
     tier = run.aggregate_gbps
     wins = tier > b_star
+    s_rank = bytes_per_token / run.instances
+    load_us, recompute_us = bytes_per_token / (tier * cost.GB) * 1e6, 1e6 / prefill_rate
     text = (
         f"{run.instances} instance(s) deliver {tier:.3f} GB/s per prompt ({per_rank:.3f} GB/s per rank); "
-        f"B* = s·R = {b_star:.3f} GB/s, i.e. {b_star / run.instances:.3f} GB/s per rank: "
-        + ("loading from the tier beats recompute for prompts above n* = R·T0." if wins else "every hit is slower than recomputing — add instances (one per rank) or stop loading.")
+        f"B* = s·R = {bytes_per_token:,.0f} B × {prefill_rate:,.0f} tok/s = {b_star:.3f} GB/s for the tier, "
+        f"i.e. {s_rank:,.0f} B/token × R = {b_star / run.instances:.3f} GB/s per rank; "
+        f"loading costs {load_us:.1f} µs/token against {recompute_us:.1f} µs to recompute: "
+        + ("loading from the tier beats recompute for prompts above n* = R·T0." if wins else "recompute wins — every hit is slower than recomputing; add instances (one per rank) or stop loading.")
     )
     return Verdict(
         bytes_per_token=bytes_per_token,
@@ -224,4 +241,7 @@ def summarize_verdict(runs: Sequence[RunResult], bytes_per_token: float, prefill
         per_rank_needed_gbps=b_star / run.instances,
         loading_wins=wins,
         text=text,
+        bytes_per_token_per_rank=s_rank,
+        load_us_per_token=load_us,
+        recompute_us_per_token=recompute_us,
     )

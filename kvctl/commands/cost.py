@@ -35,24 +35,35 @@ def register_commands(cli: click.Group) -> None:
     cli.add_command(cost_group)
 
 
-def bytes_per_token_options(required: bool = True) -> Callable:
-    """``--bytes-per-token`` or ``--model-config`` (+ ``--dtype``/``--tp``); passes ``bytes_per_token``."""
+BYTES_PER_TOKEN_HELP = "KV bytes per prompt token of the WHOLE model (s), all ranks' shares together."
+TP_HELP = "Tensor-parallel ranks, one tier instance each: --model-config splits the KV heads over them; s stays the whole model's."
+
+
+def bytes_per_token_options(required: bool = True, pass_tp: bool = False) -> Callable:
+    """``--bytes-per-token`` or ``--model-config`` (+ ``--dtype``/``--tp``); passes ``bytes_per_token``.
+
+    ``bytes_per_token`` is always the whole model's s (kvctl.kvsize), whatever
+    ``--tp``; with ``pass_tp`` the command also gets ``tp`` and reports each
+    rank's share s/tp (``bytes_per_token_per_rank``).
+    """
 
     def decorate(func: Callable) -> Callable:
-        @click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help="KV bytes per prompt token (s).")
+        @click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help=BYTES_PER_TOKEN_HELP)
         @click.option(
             "--model-config",
             type=click.Path(dir_okay=False),
             help="Hugging Face config.json to derive bytes per token from (instead of --bytes-per-token).",
         )
         @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config.")
-        @click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks with --model-config.")
+        @click.option("--tp", type=TP, default=1, show_default=True, help=TP_HELP)
         @functools.wraps(func)
         def wrapper(*args: Any, bytes_per_token: float | None, model_config: str | None, dtype: str | None, tp: int, **kwargs: Any) -> Any:
             if bytes_per_token is None and model_config:
                 bytes_per_token = kv_size_from_file(model_config, dtype=dtype, tp=tp).bytes_per_token
             if bytes_per_token is None and required:
                 raise click.UsageError("give --bytes-per-token or --model-config")
+            if pass_tp:
+                kwargs["tp"] = tp
             return func(*args, bytes_per_token=bytes_per_token, **kwargs)
 
         return wrapper
@@ -79,13 +90,17 @@ def cost_group() -> None:
 
 
 @cost_group.command("breakeven")
-@bytes_per_token_options()
+@bytes_per_token_options(pass_tp=True)
 @click.option("--prefill-rate", type=PREFILL_RATE, required=True, help="Prefill throughput R in tokens/s.")
 @click.option("--t0", type=T0_S, help="Fixed per-hit cost T0 in seconds; adds n* = R·T0.")
 @output_options
-def breakeven_cmd(bytes_per_token: float, prefill_rate: float, t0: float | None, as_json: bool) -> None:
-    """Break-even bandwidth B* = s·R, and n* = R·T0 when --t0 is given."""
-    res = cost.summarize_breakeven(bytes_per_token, prefill_rate, t0)
+def breakeven_cmd(bytes_per_token: float, tp: int, prefill_rate: float, t0: float | None, as_json: bool) -> None:
+    """Break-even bandwidth B* = s·R of the whole tier, and n* = R·T0 when --t0 is given.
+
+    With --tp N, also each rank's share: s/N bytes per token, and B*/N, what each
+    of N instances (one per rank) must deliver.
+    """
+    res = cost.summarize_breakeven(bytes_per_token, prefill_rate, t0, tp)
     if as_json:
         data = render.to_jsonable(res)
         if t0 is None:
@@ -94,10 +109,15 @@ def breakeven_cmd(bytes_per_token: float, prefill_rate: float, t0: float | None,
         render.emit_json(data)
         return
     pairs = [
-        ("bytes per token (s)", res.bytes_per_token),
+        ("bytes per token (s, whole model)", res.bytes_per_token),
         ("prefill rate (R, tok/s)", res.prefill_rate_tok_s),
-        ("break-even bandwidth B* (GB/s)", res.breakeven_gbps),
+        ("break-even bandwidth B* = s·R (GB/s, whole tier)", res.breakeven_gbps),
     ]
+    if res.tp > 1:
+        pairs += [
+            (f"bytes per token per rank (s/{res.tp})", res.bytes_per_token_per_rank),
+            (f"B* per instance, one per rank (B*/{res.tp}, GB/s)", res.breakeven_gbps_per_rank),
+        ]
     if res.min_hit_tokens is not None:
         pairs += [("fixed cost T0 (s)", res.t0_s), ("min hit tokens n* = R·T0", round(res.min_hit_tokens))]
     render.key_values("Break-even", pairs, caption="A tier slower than B* makes every hit slower than recompute.")
@@ -131,18 +151,19 @@ def _prompt_bytes(prompt_gb: float | None, tokens: int | None, bytes_per_token: 
 
 
 @cost_group.command("predict")
-@bytes_per_token_options()
+@bytes_per_token_options(pass_tp=True)
 @click.option("--prefill-rate", type=PREFILL_RATE, required=True, help="Prefill throughput R in tokens/s.")
 @click.option("--t0", type=T0_S, required=True, help="Fixed per-hit cost T0 in seconds.")
-@click.option("--bandwidth-gbps", type=BANDWIDTH_GBPS, required=True, help="Tier bandwidth B in GB/s.")
+@click.option("--bandwidth-gbps", type=BANDWIDTH_GBPS, required=True, help="Bandwidth B of the whole tier in GB/s (all instances together).")
 @click.option("--tokens", "tokens_opt", type=TOKENS, multiple=True, required=True, help="Prompt lengths: --tokens 4096 16384 65536.")
 @click.argument("more_tokens", nargs=-1, type=TOKENS, metavar="")
 @output_options
-def predict_cmd(bytes_per_token: float, prefill_rate: float, t0: float, bandwidth_gbps: float, tokens_opt: tuple[int, ...], more_tokens: tuple[int, ...], as_json: bool) -> None:
+def predict_cmd(bytes_per_token: float, tp: int, prefill_rate: float, t0: float, bandwidth_gbps: float, tokens_opt: tuple[int, ...], more_tokens: tuple[int, ...], as_json: bool) -> None:
     """Per-length verdict: load from the tier, or recompute?"""
     preds = cost.predict(_tokens(tokens_opt, more_tokens), bytes_per_token, prefill_rate, bandwidth_gbps, t0)
     if as_json:
-        render.emit_json({"bytes_per_token": bytes_per_token, "prefill_rate": prefill_rate, "t0_s": t0, "bandwidth_gbps": bandwidth_gbps, "predictions": preds})
+        render.emit_json({"bytes_per_token": bytes_per_token, "bytes_per_token_per_rank": bytes_per_token / tp, "tp": tp,
+                          "prefill_rate": prefill_rate, "t0_s": t0, "bandwidth_gbps": bandwidth_gbps, "predictions": preds})
         return
     render.table(
         f"Load vs recompute at {bandwidth_gbps:g} GB/s",
@@ -155,15 +176,24 @@ def predict_cmd(bytes_per_token: float, prefill_rate: float, t0: float, bandwidt
 @click.option("--arrival-rate", type=ARRIVAL_RATE, required=True, help="Hit arrival rate λ in requests/s.")
 @click.option("--prompt-gb", type=PROMPT_GB, help="KV bytes loaded per request in GB (or --tokens with --bytes-per-token).")
 @click.option("--tokens", type=TOKENS, help="Hit tokens per request (with --bytes-per-token).")
-@bytes_per_token_options(required=False)
+@bytes_per_token_options(required=False, pass_tp=True)
 @click.option("--bandwidth-gbps", type=BANDWIDTH_GBPS, required=True, help="Bandwidth of ONE instance, GB/s.")
 @click.option("--target-rho", type=FiniteFloat(min=0.01, max=1, max_open=True), default=0.5, show_default=True, help="Utilisation to size the tier for.")
 @output_options
-def rho_cmd(arrival_rate: float, prompt_gb: float | None, tokens: int | None, bytes_per_token: float | None, bandwidth_gbps: float, target_rho: float, as_json: bool) -> None:
-    """Utilisation of synchronous loading, ρ = λ·n·s / B, and instances for the target ρ."""
-    res = cost.summarize_rho(arrival_rate, _prompt_bytes(prompt_gb, tokens, bytes_per_token), bandwidth_gbps, target_rho)
+def rho_cmd(arrival_rate: float, prompt_gb: float | None, tokens: int | None, bytes_per_token: float | None, tp: int, bandwidth_gbps: float, target_rho: float, as_json: bool) -> None:
+    """Utilisation of synchronous loading, ρ = λ·n·s / B, and instances for the target ρ.
+
+    ρ is for one instance serving the whole request (s the whole model's bytes per
+    token). With --tp N also ρ of N such instances, one per rank, each moving s/N.
+    """
+    res = cost.summarize_rho(arrival_rate, _prompt_bytes(prompt_gb, tokens, bytes_per_token), bandwidth_gbps, target_rho, tp)
     if as_json:
-        render.emit_json(res)
+        data = render.to_jsonable(res)
+        if bytes_per_token is not None and prompt_gb is None:
+            data.update(bytes_per_token=bytes_per_token, bytes_per_token_per_rank=bytes_per_token / tp)
+        if tp == 1:
+            data.pop("rho_one_instance_per_rank")
+        render.emit_json(data)
         return
     render.key_values(
         "Synchronous-load queue",
@@ -171,10 +201,11 @@ def rho_cmd(arrival_rate: float, prompt_gb: float | None, tokens: int | None, by
             ("arrival rate λ (req/s)", res.arrival_rate_per_s),
             ("KV per request (GB)", res.prompt_gb),
             ("bandwidth B (GB/s)", res.bandwidth_gbps),
-            ("ρ = λ·n·s/B", res.rho),
+            ("ρ = λ·n·s/B (one instance)", res.rho),
             ("stable (ρ < 1)", res.stable),
             (f"instances for ρ ≤ {res.target_rho:g}", res.instances_for_target),
-        ],
+        ]
+        + ([(f"ρ with {res.tp} instances, one per rank (each s/{res.tp})", res.rho_one_instance_per_rank)] if res.tp > 1 else []),
         caption=None if res.stable else "ρ ≥ 1: the queue grows without bound — add instances or switch to async loading.",
     )
 
@@ -183,10 +214,18 @@ def rho_cmd(arrival_rate: float, prompt_gb: float | None, tokens: int | None, by
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True, help="Hugging Face config.json.")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype (default: what vLLM's --dtype auto serves the config's torch_dtype at: float32 -> bf16; the output says which).")
 @click.option("--chunk-tokens", type=CHUNK_TOKENS, default=256, show_default=True, help="Tokens per LMCache chunk.")
-@click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks (splits GQA/MHA heads; MLA is replicated).")
+@click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks: adds each rank's share (GQA/MHA heads split; MLA replicated, a rank loads every tp-th chunk).")
 @output_options
 def kv_size_cmd(config_path: str, dtype: str | None, chunk_tokens: int, tp: int, as_json: bool) -> None:
-    """KV bytes per token and per chunk from a model's config.json."""
+    """KV bytes per token (whole model, and per rank with --tp) and per chunk from a model's config.json.
+
+    \b
+    bytes_per_token           s: one token's KV over all ranks, what B* = s·R and
+                              ρ compare with the whole tier's bandwidth
+    bytes_per_token_per_rank  s/tp: one rank's share, to compare with ONE
+                              instance's bandwidth (one instance per rank)
+    chunk_bytes               one stored chunk value (a rank's heads; MLA: the latent)
+    """
     res = kv_size_from_file(config_path, dtype=dtype, chunk_tokens=chunk_tokens, tp=tp)
     if as_json:
         render.emit_json(res)
@@ -198,22 +237,24 @@ def kv_size_cmd(config_path: str, dtype: str | None, chunk_tokens: int, tp: int,
             ("layers", res.layers),
             ("elements per token per layer", res.elements_per_token_per_layer),
             ("dtype", f"{res.dtype} ({res.dtype_source})"),
-            ("tp ranks", res.tp),
-            ("bytes per token", res.bytes_per_token),
-            (f"chunk bytes ({res.chunk_tokens} tokens, MB)", res.chunk_bytes / cost.MB),
+            ("tp ranks", res.tp if res.kv_head_copies == 1 else f"{res.tp} (each KV head on {res.kv_head_copies} ranks; s counts every copy)"),
+            ("bytes per token (s, whole model)", res.bytes_per_token),
+            (f"bytes per token per rank (s/{res.tp})", res.bytes_per_token_per_rank),
+            (f"chunk bytes ({res.chunk_tokens} tokens, one stored value, MB)", res.chunk_bytes / cost.MB),
         ],
+        caption="B* = s·R against the whole tier's bandwidth; s/tp·R against one instance's (one per rank).",
     )
 
 
 @cost_group.command("report")
 @click.option("--model-config", type=click.Path(dir_okay=False), help="config.json of the model (default: the paper's GLM-5.3 FP8 setup).")
-@click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help="KV bytes per token (instead of --model-config).")
+@click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help=BYTES_PER_TOKEN_HELP + " Instead of --model-config.")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config.")
-@click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks with --model-config.")
+@click.option("--tp", type=TP, default=1, show_default=True, help=TP_HELP)
 @click.option("--name", help="Label for this model/GPU pairing.")
 @click.option("--prefill-rate", type=PREFILL_RATE, help="Prefill tokens/s on this GPU (required with a model).")
 @click.option("--t0", type=T0_S, help="Fixed per-hit cost T0 in seconds (default 0.33, the paper's).")
-@click.option("--bandwidth-gbps", "bandwidths", type=BANDWIDTH_GBPS, multiple=True, help="Tier bandwidths to compare (repeatable; default 0.85, 1.71, 10.76).")
+@click.option("--bandwidth-gbps", "bandwidths", type=BANDWIDTH_GBPS, multiple=True, help="Whole-tier bandwidths to compare (repeatable; default 0.85, 1.71, 10.76).")
 @click.option("--tokens", "tokens", type=TOKENS, multiple=True, help="Prompt lengths (repeatable).")
 @output_options
 def report_cmd(model_config: str | None, bytes_per_token: float | None, dtype: str | None, tp: int, name: str | None, prefill_rate: float | None, t0: float | None, bandwidths: tuple[float, ...], tokens: tuple[int, ...], as_json: bool) -> None:
@@ -241,6 +282,7 @@ def report_cmd(model_config: str | None, bytes_per_token: float | None, dtype: s
         paper["t0_s"] if t0 is None else t0,
         bandwidths or paper["bandwidths_gbps"],
         tokens or cost.DEFAULT_REPORT_TOKENS,
+        tp,
     )
     if as_json:
         render.emit_json({"pairings": [rep]})
@@ -266,7 +308,9 @@ def render_pairing(rep: cost.PairingReport) -> None:
         for bv in rep.bandwidths
     )
     caption = (
-        f"s = {rep.bytes_per_token:,.1f} B/token · R = {rep.prefill_rate_tok_s:,.0f} tok/s · T0 = {rep.t0_s:g} s\n"
+        f"s = {rep.bytes_per_token:,.1f} B/token (whole model"
+        + (f"; {rep.bytes_per_token_per_rank:,.1f} per rank at tp {rep.tp}" if rep.tp > 1 else "")
+        + f") · R = {rep.prefill_rate_tok_s:,.0f} tok/s · T0 = {rep.t0_s:g} s\n"
         f"B* = s·R = {rep.breakeven_gbps:.3f} GB/s · n* = R·T0 = {rep.min_hit_tokens:,.0f} tokens\n"
         f"loading wins: {cross}"
     )

@@ -53,3 +53,34 @@ def test_auto_keys_within_maxmemory():
     assert auto_keys(ServerInfo("8.1", 100_000_000_000, 1_000_000, 0), spec) == 81  # ~1 GB of values
     with pytest.raises(InvalidInput, match="fewer than one batch"):
         auto_keys(ServerInfo("8.1", 50_000_000, 1_000_000, 0), spec)
+
+
+def test_verdict_llama_tp8_on_8_instances_of_1_gbps_says_recompute():
+    """Issue 13: the verdict compared the per-rank s (tp 8) with the whole tier's bandwidth and said "loading wins".
+
+    Llama-3.1-8B, bf16: whole model 2 × 32 layers × 8 KV heads × 128 × 2 B = 131072 B/token; tp 8: 16384 per rank.
+    8 instances, each 1e9 B in 1 s: 8 GB/s aggregate, 1 GB/s per instance. R = 100k tok/s.
+      B* = 131072 × 1e5 = 13.1072 GB/s > 8 GB/s (per instance: 16384 × 1e5 = 1.6384 GB/s > 1 GB/s)
+      loading 131072 B / 8e9 B/s = 16.384 µs per token, recomputing 1 / 1e5 s = 10 µs: recompute wins.
+    """
+    from pathlib import Path  # noqa: PLC0415
+
+    from kvctl.kvsize import kv_size_from_file  # noqa: PLC0415
+
+    size = kv_size_from_file(Path(__file__).resolve().parents[2] / "configs" / "models" / "llama-3.1-8b.json", tp=8)
+    workers = [_w(i, i, 1_000_000_000, 1.0, [0.1]) for i in range(8)]
+    run = summarize_run("get", list(range(8)), list("abcdefgh"), 1, 10, 1, workers, [ServerDelta(1, 1, 1, 1)] * 8)
+    assert run.aggregate_gbps == pytest.approx(8.0)
+    v = summarize_verdict([run], size.bytes_per_token, 100_000)
+    assert v.bytes_per_token == 131072 and v.bytes_per_token_per_rank == 16384
+    assert v.breakeven_gbps == pytest.approx(13.1072)
+    assert v.per_rank_needed_gbps == pytest.approx(1.6384) and v.per_rank_gbps == pytest.approx(1.0)
+    assert v.load_us_per_token == pytest.approx(16.384) and v.recompute_us_per_token == pytest.approx(10.0)
+    assert v.loading_wins is False
+    assert "recompute" in v.text and "16.4 µs" in v.text and "10.0 µs" in v.text
+    # twice the instances (16 × 1 GB/s): 131072 / 16e9 = 8.192 µs < 10 µs, loading wins
+    w16 = [_w(i, i, 1_000_000_000, 1.0, [0.1]) for i in range(16)]
+    run16 = summarize_run("get", list(range(16)), [str(i) for i in range(16)], 1, 10, 1, w16, [ServerDelta(1, 1, 1, 1)] * 16)
+    v16 = summarize_verdict([run16], size.bytes_per_token, 100_000)
+    assert v16.loading_wins and v16.load_us_per_token == pytest.approx(8.192)
+    assert v16.bytes_per_token_per_rank == 131072 / 16  # each of 16 instances serves 8192 B of every token

@@ -42,7 +42,7 @@ def register_commands(cli: click.Group) -> None:
 @click.option("--model-config", type=click.Path(dir_okay=False), help="config.json to derive the chunk size (and bytes per token) from.")
 @click.option("--chunk-tokens", type=CHUNK_TOKENS, default=256, show_default=True, help="Tokens per chunk with --model-config.")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config.")
-@click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks with --model-config.")
+@click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks with --model-config (one instance each): the chunk is one rank's; the verdict's s stays the whole model's.")
 @click.option("--batch", type=count(4096), default=8, show_default=True, help="Chunks per pipelined GET batch (one rank's share of a prompt).")
 @click.option("--clients", type=count(4096), help="Client processes per instance (default 1; with --sweep, the largest count, default = instances).")
 @click.option("--duration", type=SECONDS, default=10.0, show_default=True, help="Seconds per run.")
@@ -52,7 +52,7 @@ def register_commands(cli: click.Group) -> None:
 @click.option("--timeout", "timeout_s", type=positive(3600.0), default=5.0, show_default=True, help="Seconds any socket operation may take before it counts as an error.")
 @click.option("--seed", type=count(2**32 - 1, min=0), default=0, show_default=True, help="Seed of the key order of every client.")
 @click.option("--prefill-rate", type=PREFILL_RATE, help="Prefill tokens/s R; with bytes per token, ends with the verdict against B* = s·R.")
-@click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help="KV bytes per token s for the verdict (or --model-config).")
+@click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help="KV bytes per token s of the WHOLE model (all ranks) for the verdict (or --model-config).")
 @click.option("--save", type=click.Path(dir_okay=False), help="Also write the JSON result to FILE.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Draw the scaling chart to FILE.png.")
 @output_options
@@ -119,7 +119,8 @@ def bench_cmd(
     if prefill_rate is not None and bytes_per_token is None:
         raise click.UsageError("--prefill-rate needs --bytes-per-token or --model-config for the verdict")
     params: dict[str, Any] = {"model_config": model_config, "chunk_tokens": chunk_tokens if model_config else None,
-                              "prefill_rate": prefill_rate, "bytes_per_token": bytes_per_token}
+                              "prefill_rate": prefill_rate, "bytes_per_token": bytes_per_token, "tp": tp,
+                              "bytes_per_token_per_rank": bytes_per_token / tp if bytes_per_token else None}
 
     def make_spec(instances: int, n_keys: int | None, warn: bool = True) -> BenchSpec:
         spec = BenchSpec(chunk_bytes=chunk, batch=batch, clients=clients or (instances if sweep else 1), duration_s=duration,
@@ -174,6 +175,9 @@ def bench_cmd(
         render.emit_json(data)
     else:
         render_report(report)
+        if report.verdict and tp > 1 and report.verdict.ranks != tp:
+            render.warn(f"--tp {tp}, but the verdict's run had {report.verdict.ranks} instance(s): it judges the tier measured; "
+                        f"bench {tp} instances (one per rank) for the engine's tier")
     if caught:
         sig = caught[0]
         last = f"; the last lasted {report.runs[-1].duration_s:.1f} s of {duration:g} s" if report.runs else ""

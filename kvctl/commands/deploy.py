@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import signal
-import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import click
 
 from kvctl import render
 from kvctl.commands.options import ByteSize, FiniteFloat, count, non_negative, output_options, positive, valkey_options, valkey_targets
+from kvctl.commands.signals import Signalled, signals_raise
 from kvctl.errors import InvalidInput, Unreachable
+from kvctl.files import write_atomic
 from kvctl.hooks import hookimpl
 from kvctl.tier import spec
 from kvctl.tier.targets import load_tier, state_path
@@ -154,11 +153,11 @@ def up_cmd(target: str, ranks: int, base_port: int, maxmemory: int, host: str, i
 
     req = local.UpRequest(tier_dir, ranks, base_port, maxmemory, host, io_threads, password_file, insecure_no_auth)
     try:
-        with _signals_raise(), render.progress(f"starting {ranks} valkey-server(s)", total=ranks, enabled=not as_json) as advance:
+        with signals_raise(), render.progress(f"starting {ranks} valkey-server(s)", total=ranks, enabled=not as_json) as advance:
             state = local.up(req, on_progress=lambda rank, port: advance(1, f"rank {rank} on :{port} answers PING"))
-    except _Signalled as e:
+    except Signalled as e:
         render.error_line(f"interrupted by {e.signal.name}: stopped the instance(s) already started; nothing of this `up` is left running")
-        raise click.exceptions.Exit(128 + int(e.signal)) from None
+        raise e.exit() from None
     if as_json:
         render.emit_json(
             {
@@ -182,34 +181,6 @@ def up_cmd(target: str, ranks: int, base_port: int, maxmemory: int, host: str, i
             + f"\nnext: kvctl deploy-valkey lmcache-config --dir {state.dir}  (LMCache) or vllm-config --dir {state.dir}  (kvctl's vLLM connector)"
         ),
     )
-
-
-class _Signalled(BaseException):
-    """SIGINT/SIGTERM during `up`: unwinds through its rollback, which stops what was started."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signal = signal.Signals(signum)
-
-
-@contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
-    """Turn the first SIGINT/SIGTERM into :class:`_Signalled`; later ones are ignored so the rollback finishes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, signal.SIG_IGN)
-        raise _Signalled(signum)
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def _render_fleet(target: str, ranks: int, base_port: int, maxmemory: int, host: str, io_threads: int | None, password_file: str | None, insecure_no_auth: bool, out: Path | None, apply_: bool, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, as_json: bool) -> None:
@@ -383,7 +354,7 @@ def _tier_urls(target: str, tier_dir: Path, ranks: int | None, base_port: int, h
 def _write_or_echo(text: str, out_file: Path | None) -> None:
     if out_file:
         out_file.parent.mkdir(parents=True, exist_ok=True)
-        out_file.write_text(text)
+        write_atomic(out_file, text)
         render.message(f"wrote {out_file}", stderr=True)
     else:
         click.echo(text, nl=False)

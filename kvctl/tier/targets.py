@@ -12,7 +12,6 @@ from :func:`kvctl.commands.options.valkey_options`):
 from __future__ import annotations
 
 import json
-import os
 import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Sequence
 
 from kvctl.connector.urls import RANK_PLACEHOLDER, expand_url, parse_resp_url
 from kvctl.errors import InvalidInput
+from kvctl.files import write_atomic
 
 STATE_FILE = "kvctl-tier.json"
 #: The options that name instances (kvctl.commands.options.valkey_options), for messages.
@@ -70,11 +70,7 @@ class TierState:
 
     def write(self) -> Path:
         """Atomically write the state file."""
-        path = Path(self.dir) / STATE_FILE
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        os.replace(tmp, path)
-        return path
+        return write_atomic(Path(self.dir) / STATE_FILE, json.dumps(asdict(self), indent=2) + "\n")
 
 
 def state_path(tier_dir: Path | str) -> Path:

@@ -200,3 +200,17 @@ def test_atomic_write_leaves_the_old_file_when_the_text_cannot_be_written(tmp_pa
         write_atomic(target, "new \udcff\n")  # a lone surrogate cannot be written as UTF-8
     assert target.read_text() == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.yaml"]
+
+
+def test_lmcache_config_out_replaces_the_file_in_one_rename(tmp_path):
+    """`lmcache-config --out FILE` over an existing file (an engine may be reading it): a new inode, the
+    file's mode kept, the new YAML in it, nothing left beside it."""
+    out = tmp_path / "lmcache.yaml"
+    out.write_text("old: true\n")
+    out.chmod(0o640)
+    ino = out.stat().st_ino
+    res = invoke("lmcache-config", "--target", "k8s", "--ranks", "2", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert out.stat().st_ino != ino and stat.S_IMODE(out.stat().st_mode) == 0o640
+    assert "remote_url" in yaml.safe_load(out.read_text())
+    assert [p.name for p in tmp_path.iterdir()] == ["lmcache.yaml"]

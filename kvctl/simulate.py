@@ -35,6 +35,7 @@ import numpy as np
 
 from kvctl.cost import GB, require_positive
 from kvctl.errors import InvalidInput
+from kvctl.thresholds import RHO_UNSTABLE
 
 LOADINGS = ("sync", "async")
 PROMPT_DISTS = ("fixed", "exponential")
@@ -280,7 +281,7 @@ def simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
         thirds_p50_s=thirds,
         rho=rho,
         max_queue=_in_system_ahead(arrival, finish),
-        stable=None if rho is None else rho < 1.0 and (cfg.loading == "sync" or (tier_rho or 0.0) < 1.0),
+        stable=None if rho is None else rho < RHO_UNSTABLE and (cfg.loading == "sync" or (tier_rho or 0.0) < RHO_UNSTABLE),
         requests=n,
         hits=int(hit.sum()),
         timeouts=timeouts,

@@ -98,8 +98,8 @@ def parse(text: str, source: str = "<metrics>") -> Scrape:
 
 
 def labels(text: str, name: str, source: str = "<metrics>") -> dict[str, str]:
-    """The labels of the first sample called ``name`` (an ``_info`` gauge's settings, e.g. vLLM's
-    ``vllm:cache_config_info``), or {}; InvalidInput naming ``source`` when the text is not Prometheus text."""
+    """The labels of the first sample called ``name`` (an ``_info`` gauge's settings, e.g. vLLM's cache
+    config for ``kvctl doctor``), or {}; InvalidInput naming ``source`` when the text is not Prometheus text."""
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
     try:

@@ -10,6 +10,7 @@ import statistics
 from typing import Any
 
 from kvctl.diagnose.analysis import Finding, Params
+from kvctl.thresholds import RHO_UNSTABLE
 
 
 def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
@@ -47,7 +48,8 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
                 Finding(
                     "queue_growing_gpu_idle",
                     "critical",
-                    f"requests waiting grew {wa:g} → {wb:g} while the GPUs were {mean_util:.0f}% busy: the engine is waiting on something other than compute",
+                    f"requests waiting grew {wa:g} → {wb:g} while the GPUs averaged {mean_util:.0f}% busy, below the {p.gpu_idle_pct:g}% "
+                    "of a compute-bound prefill: the engine is not compute-bound, it waits on something else",
                     "the remote tier or a stalled lookup is holding the engine step: check ρ above, run `kvctl diagnose stalls --match vllm`, consider `kvctl loading async`",
                     ev,
                 )
@@ -68,7 +70,7 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
                 Finding(
                     "queue_growing",
                     "warning",
-                    f"requests waiting grew {wa:g} → {wb:g} with the GPUs {mean_util:.0f}% busy: prefill is compute-bound",
+                    f"requests waiting grew {wa:g} → {wb:g} while the GPUs averaged {mean_util:.0f}% busy: prefill is compute-bound",
                     "add prefill capacity, or raise the hit fraction so fewer tokens are recomputed",
                     ev,
                 )
@@ -136,8 +138,9 @@ def _rho(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
     if rho is None or rho < p.warn_rho:
         return
     lower = o["rho_bound"] == "lower_bound"
-    sev, fid = ("critical", "rho_unstable") if rho >= 1 else ("warning", "rho_high")
-    what = "the synchronous-load queue is unstable and grows without bound" if rho >= 1 else "the synchronous-load queue is close to saturation"
+    unstable = rho >= RHO_UNSTABLE
+    sev, fid = ("critical", "rho_unstable") if unstable else ("warning", "rho_high")
+    what = "the synchronous-load queue is unstable and grows without bound" if unstable else "the synchronous-load queue is close to saturation"
     shown = f"ρ ≥ {rho:.2f} (a lower bound: B from Valkey's server-side GET time)" if lower else f"ρ = {rho:.2f}"
     out.append(
         Finding(

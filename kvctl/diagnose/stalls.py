@@ -34,6 +34,7 @@ from kvctl.diagnose import clients as C
 from kvctl.diagnose.findings import Severity, worst_severity
 from kvctl.diagnose.procnet import ProcSockets
 from kvctl.diagnose.pyspy import Frame, ThreadStack, dump_threads
+from kvctl.thresholds import GPU_IDLE_PCT
 from kvctl.diagnose.sampling import (  # noqa: F401 - re-exported: the stall API in one place
     ProcessInfo,
     StableThread,
@@ -248,8 +249,10 @@ def _where(threads: list[ThreadStack]) -> str:
 def _gpu_text(utils: tuple[float, ...], note: str) -> str:
     if not utils:
         return note or "no GPU visible"
-    state = "idle" if max(utils) < 5 else "busy"
-    return f"GPUs {state} ({', '.join(f'{u:g}%' for u in utils)})"
+    shown = ", ".join(f"{u:g}%" for u in utils)
+    if max(utils) < GPU_IDLE_PCT:  # the busiest GPU runs no kernel: idle, not just "not compute-bound" (diagnose's 30 %)
+        return f"GPUs idle, all below {GPU_IDLE_PCT:g}% ({shown})"
+    return f"GPUs busy ({shown})"
 
 
 def classify(

@@ -304,7 +304,7 @@ def test_match_with_no_process_is_an_error():
 
 def test_gpu_evidence_wording():
     assert stalls._gpu_text((), "no GPU visible (NVML: NVML Shared Library Not Found)") == "no GPU visible (NVML: NVML Shared Library Not Found)"
-    assert stalls._gpu_text((0.0, 3.0), "") == "GPUs idle (0%, 3%)"
+    assert stalls._gpu_text((0.0, 3.0), "") == "GPUs idle, all below 5% (0%, 3%)"
     assert stalls._gpu_text((0.0, 97.0), "") == "GPUs busy (0%, 97%)"
     utils, names, note = stalls.gpu_state()  # the real NVML reader: devices, or why there are none
     assert (len(utils) == len(names) and utils) or note.startswith("no GPU visible")

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from kvctl.exporter import METRICS, Exporter, ExporterConfig
+from kvctl.thresholds import GPU_NOT_COMPUTE_BOUND_PCT, RHO_HIGH, RHO_UNSTABLE
 from kvctl.tier.targets import resolve_targets
 from tests.diagnose.metrics_server import MetricsServer
 from tests.exporter.test_exporter import AFTER, BASE, PARAMS
@@ -104,8 +105,8 @@ def test_rules_file_has_prometheus_structure():
 @pytest.mark.parametrize(
     "alert, expr, for_, severity",
     [
-        ("KvctlRhoHigh", "kvctl_rho >= 0.7", "5m", "warning"),
-        ("KvctlRhoUnstable", "kvctl_rho >= 1", "2m", "page"),
+        ("KvctlRhoHigh", f"kvctl_rho >= {RHO_HIGH:g}", "5m", "warning"),  # kvctl.thresholds: the values diagnose, doctor and loading judge by
+        ("KvctlRhoUnstable", f"kvctl_rho >= {RHO_UNSTABLE:g}", "2m", "page"),
         ("KvctlBandwidthBelowBreakeven", "max without (source) (kvctl_delivered_bandwidth_bytes_per_second) < kvctl_breakeven_bandwidth_bytes_per_second", "10m", "warning"),
         ("KvctlQueueGrowingGpuIdle", 'kvctl_finding{id="queue_growing_gpu_idle"} == 1', "2m", "page"),
         ("KvctlDataInsufficient", "kvctl_data_sufficient == 0", "10m", "warning"),
@@ -114,6 +115,29 @@ def test_rules_file_has_prometheus_structure():
 def test_the_alerts_the_issue_asks_for(alert, expr, for_, severity):
     r = rules_by_name()[alert]
     assert (r["expr"], r["for"], r["labels"]["severity"]) == (expr, for_, severity)
+
+
+def rho_thresholds_stated(rule: dict) -> set[float]:
+    """Every ρ value an alert states: in its expression and in the words of its summary and description."""
+    ann = rule["annotations"]
+    words = re.findall(r"(?:≥|at least)\s*([0-9]+(?:\.[0-9]+)?)", ann["summary"] + " " + ann["description"])
+    return {float(x) for x in re.findall(r"kvctl_rho\s*>=\s*([0-9.]+)", rule["expr"]) + words}
+
+
+def test_the_rho_alerts_state_the_thresholds_kvctl_judges_by():
+    """KvctlRhoHigh says 0.7 where kvctl.thresholds.RHO_HIGH is 0.7, in the expression and in its text; KvctlRhoUnstable 1."""
+    rules = rules_by_name()
+    assert rho_thresholds_stated(rules["KvctlRhoHigh"]) == {RHO_HIGH}
+    assert rho_thresholds_stated(rules["KvctlRhoUnstable"]) == {RHO_UNSTABLE}
+    # the check can fail: a rule edited to 0.75 in its text only no longer matches
+    edited = dict(rules["KvctlRhoHigh"], annotations=dict(rules["KvctlRhoHigh"]["annotations"], summary="ρ (≥ 0.75)"))
+    assert rho_thresholds_stated(edited) == {RHO_HIGH, 0.75}
+
+
+def test_the_gpu_alert_names_diagnoses_threshold_not_idle():
+    """queue_growing_gpu_idle fires below GPU_NOT_COMPUTE_BOUND_PCT mean utilisation (not compute-bound), not on idle GPUs."""
+    ann = rules_by_name()["KvctlQueueGrowingGpuIdle"]["annotations"]
+    assert f"below {GPU_NOT_COMPUTE_BOUND_PCT:g} %" in ann["summary"] and "idle" not in ann["summary"]
 
 
 def test_a_stall_finding_pages():
@@ -151,7 +175,7 @@ def test_the_panels_the_issue_asks_for():
     exprs = {title: {t["expr"] for t in p["targets"]} for title, p in panels.items()}
     rho = next(p for p in d["panels"] if exprs[p["title"]] == {"kvctl_rho"})
     steps = [s["value"] for s in rho["fieldConfig"]["defaults"]["thresholds"]["steps"]]
-    assert steps == [None, 0.7, 1]  # bands at 0.7 and 1
+    assert steps == [None, RHO_HIGH, RHO_UNSTABLE]  # bands at 0.7 and 1 (kvctl.thresholds)
     assert {"kvctl_delivered_bandwidth_bytes_per_second", "kvctl_breakeven_bandwidth_bytes_per_second"} in exprs.values()
     assert {"kvctl_arrival_rate_per_second", "kvctl_completion_rate_per_second"} in exprs.values()
     assert {"kvctl_valkey_get_busy_ratio"} in exprs.values()

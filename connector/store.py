@@ -42,6 +42,7 @@ from .protocol import DEFAULT_MODE, LoadResult, load_agreed_prefix
 from .resp import RespClient, RespError
 
 from kvctl.cost import load_s as _load_s, recompute_s as _recompute_s  # a pure helper connector/ may use (ARCHITECTURE.md)
+from kvctl.thresholds import CHUNK_TOKENS  # pure constants
 
 
 __all__ = ["LoadPolicy", "ShardedStore", "StoreResult"]
@@ -87,7 +88,7 @@ class ShardedStore:
     ``remote_url``: ``resp://host-{rank}:6379``-style template or a per-rank
     list (None = L1 only). ``chunk_shape``/``dtype``: one full chunk's KV.
     ``group``: the torch.distributed group of the W ranks (None = default
-    group), used only by :meth:`load`.
+    group), used only by :meth:`load` when its caller names no other.
     """
 
     def __init__(
@@ -99,7 +100,7 @@ class ShardedStore:
         chunk_shape: Sequence[int],
         dtype: torch.dtype,
         *,
-        chunk_tokens: int = 256,
+        chunk_tokens: int = CHUNK_TOKENS,
         model_name: str = "model",
         fmt: str = "mla",
         group=None,
@@ -262,7 +263,8 @@ class ShardedStore:
                     break
         return out
 
-    def load(self, token_ids: Sequence[int], max_tokens: int | None = None, first_chunk: int = 0) -> LoadResult:
+    def load(self, token_ids: Sequence[int], max_tokens: int | None = None, first_chunk: int = 0, *,
+             group=None) -> LoadResult:
         """Load the agreed prefix of the prompt's chunks onto ``device`` on every rank.
 
         ``max_tokens`` caps the chunks asked for (e.g. the scheduler's agreed
@@ -271,13 +273,16 @@ class ShardedStore:
         that chunk (the engine already holds the ones before it): the result's
         ``chunks[i]`` is chunk ``first_chunk + i``, and ``prefix`` counts from
         ``first_chunk``. Collective: every rank of the group must call it.
+        ``group``: the process group of this load's collectives (None = the
+        store's ``group``); loads on different threads (a background load next
+        to the engine's own) each pass their own and leave the store as it is.
         """
         keys = self.keys(token_ids)
         if max_tokens is not None:
             keys = keys[: max(0, max_tokens) // self.chunk_tokens]
         keys = keys[first_chunk:]
         return load_agreed_prefix(
-            self.group,
+            self.group if group is None else group,
             keys,
             lambda idx: self._fetch_owned(keys, idx),
             self.chunk_shape,

@@ -28,6 +28,7 @@ import yaml
 
 from kvctl.connector.urls import RANK_PLACEHOLDER
 from kvctl.errors import InvalidInput
+from kvctl.thresholds import CHUNK_TOKENS
 
 URL_LIST_KEY = "kvctl_remote_urls"
 USERNAME_KEY = "kvctl_username"
@@ -47,7 +48,7 @@ def plugin_key(name: str, plugin_name: str = PLUGIN_NAME) -> str:
 class LMCacheSettings:
     """Engine-side knobs that go with a tier."""
 
-    chunk_size: int = 256
+    chunk_size: int = CHUNK_TOKENS
     local_cpu: bool = True
     max_local_cpu_size_gb: float = 5.0
     remote_serde: str = "naive"

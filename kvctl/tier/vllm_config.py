@@ -26,6 +26,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from kvctl.connector.urls import RANK_PLACEHOLDER
 from kvctl.errors import InvalidInput
+from kvctl.thresholds import CHUNK_TOKENS
 
 CONNECTOR = "KvctlConnector"
 MODULE_PATH = "kvctl.plugins.vllm"
@@ -38,7 +39,7 @@ ASYNC_KEY = "async_loading"
 class ConnectorSettings:
     """The connector's engine-side knobs that go with a tier."""
 
-    chunk_tokens: int = 256
+    chunk_tokens: int = CHUNK_TOKENS
     async_loading: bool = False
     timeout_s: float | None = None  # None: the connector's default
 

@@ -8,22 +8,21 @@ Four families, each bounded in count and time:
 * RESP client against a real valkey-server: SIGSTOP with callers queued on
   the pool, SIGKILL + restart on the same port, SIGKILL in the middle of a
   batch.
-* Racing submit_get futures against a real Valkey while the client closes,
-  from the main thread or from a done-callback, with cancelled futures and
-  callbacks that raise a BaseException.
+* batched_get calls (single and split over the GET threads) racing close()
+  against a real Valkey.
 * The agreed-prefix protocol (tests/connector/test_protocol.py's randomized
   worker): W = 2, 3, 4 gloo ranks on CPU, one real Valkey per rank, every
   injection kind including BaseExceptions.
 
 Per kind it prints trials, calls, wrong bytes (a hit whose bytes are not the
 ones the server sent for that key), overruns (a call longer than its deadline
-+ 10 %), unresolved futures, other failures (an outcome other than the one
++ 10 %), unresolved calls (a thread still in a call 3 deadlines after close()), other failures (an outcome other than the one
 expected: e.g. an error where the retry should have succeeded) and the worst
 call time against the deadline. Targets: 0 wrong bytes, 0 overruns, 0
 unresolved, 0 failures, 0 protocol desyncs in >= 10 000 trials; exit 1 if one
 is missed.
 
-    .venv/bin/python benchmarks/connector_faults.py [--quick] [--futures 50000] \
+    .venv/bin/python benchmarks/connector_faults.py [--quick] [--close-race-calls 50000] \
         [--protocol-trials 10000] [--json FILE]
 """
 
@@ -31,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import os
 import random
@@ -41,7 +39,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -328,75 +325,61 @@ def run_restart(tmp: Path, d: float, trials: int, mid_batch: bool) -> Tally:
     return t
 
 
-class _CallbackExit(BaseException):
-    """A non-Exception raised by a done-callback."""
+def run_close_race(tmp: Path, d: float, total: int) -> Tally:
+    """Rounds of 4 threads calling batched_get (one value, or 2 x 3 MiB split over the GET threads) while the client closes.
 
-
-def run_futures(tmp: Path, d: float, total: int) -> Tally:
-    """Rounds of 4 threads racing submit_get while the client closes (main thread or a done-callback).
-
-    Some futures are cancelled by their caller, some get a done-callback that
-    closes the client (on the drain thread) or raises a BaseException. Worst
-    call time = submit to resolution.
+    Each call must return the right bytes or raise RespClosedError, within its
+    deadline; "unresolved" counts threads still inside a call 3 deadlines after
+    close(). Worst call time = call to return.
     """
-    t = Tally("submit_get racing close()", "valkey", d)
-    logging.getLogger("kvctl.connector.completion").disabled = True  # the raising callbacks are on purpose
+    t = Tally("batched_get racing close() (split too)", "valkey", d)
     rng = random.Random(11)
-    proc = start_valkey(tmp / "futures")
-    keys = [f"f{i}" for i in range(4)]
-    vals = [bytes([i + 1]) * 512 for i in range(4)]
+    proc = start_valkey(tmp / "close-race")
+    small = ([b"c0"], [bytes([1]) * 512])
+    split = ([b"c1", b"c2"], [bytes([2]) * (3 << 20), bytes([3]) * (3 << 20)])
     try:
         with RespClient(proc.url) as c:
-            c.batched_set(keys, vals)
+            for keys, vals in (small, split):
+                c.batched_set(keys, vals)
         while t.calls < total:
-            client = RespClient(proc.url, timeout_s=d, pool_size=2)
-            futures: list = []
+            client = RespClient(proc.url, timeout_s=d, pool_size=4, parallel_gets=2)
             lock = threading.Lock()
-            per_thread = rng.randint(200, 2000)
 
-            def timing(fut, t0: float) -> None:
-                took = time.monotonic() - t0
-                with lock:
-                    t.worst_s = max(t.worst_s, took)
-                    t.overruns += took > d * OVERRUN
-
-            def submitter(seed: int) -> None:
+            def caller(seed: int) -> None:
                 r = random.Random(seed)
-                for _ in range(per_thread):
-                    i = r.randrange(4)
-                    buf = bytearray(512)
+                for _ in range(5000):  # bounded; ends at the first refusal
+                    keys, vals = small if r.random() < 0.5 else split
+                    bufs = [bytearray(len(v)) for v in vals]
                     t0 = time.monotonic()
                     try:
-                        fut = client.submit_get([keys[i]], [buf])
+                        got = client.batched_get(keys, bufs)
+                        closed, failed = False, got != [True] * len(keys)
                     except RespClosedError:
-                        return
-                    fut.add_done_callback(lambda f, t0=t0: timing(f, t0))
-                    spoil = r.random()
-                    if spoil < 0.002:
-                        fut.add_done_callback(lambda f: client.close())
-                    elif spoil < 0.01:
-                        fut.cancel()
-                    elif spoil < 0.02:
-                        fut.add_done_callback(lambda f: (_ for _ in ()).throw(_CallbackExit()))
+                        got, closed, failed = None, True, False
+                    except RespError:
+                        got, closed, failed = None, False, True
+                    took = time.monotonic() - t0
                     with lock:
-                        futures.append((fut, buf, i))
+                        t.calls += 1
+                        t.worst_s = max(t.worst_s, took)
+                        t.overruns += took > d * OVERRUN
+                        t.failures += failed
+                        if got:
+                            for ok, buf, want in zip(got, bufs, vals):
+                                t.check_bytes(ok, buf, want)
+                    if closed:
+                        return
 
-            threads = [threading.Thread(target=submitter, args=(rng.random(),)) for _ in range(4)]
+            threads = [threading.Thread(target=caller, args=(rng.random(),)) for _ in range(4)]
             for th in threads:
                 th.start()
             time.sleep(rng.uniform(0.0, 0.2))
-            try:
-                client.close()
-            except BaseException:  # noqa: BLE001 - close() must not raise what a callback raised
-                t.failures += 1
+            client.close()
+            for th in threads:
+                th.join(timeout=3 * d)
+            t.unresolved += sum(th.is_alive() for th in threads)
             for th in threads:
                 th.join(timeout=30)
-            _, not_done = wait([f for f, _, _ in futures], timeout=2 * d)
-            t.calls += len(futures)
-            t.unresolved += len(not_done)
-            for fut, buf, i in futures:
-                if fut.done() and not fut.cancelled() and fut.exception() is None:
-                    t.check_bytes(fut.result() == [True], buf, vals[i])
             t.trials += 1
     finally:
         proc.stop()
@@ -455,17 +438,17 @@ def render(rows: list[Tally]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--deadline", type=float, default=0.3, help="timeout_s of the RESP calls (fake servers, SIGSTOP, futures)")
+    ap.add_argument("--deadline", type=float, default=0.3, help="timeout_s of the RESP calls (fake servers, SIGSTOP)")
     ap.add_argument("--trials", type=int, default=10, help="trials per RESP fault kind")
     ap.add_argument("--restarts", type=int, default=5, help="SIGKILL + restart trials (each kind)")
-    ap.add_argument("--futures", type=int, default=50_000, help="submit_get futures raced against close()")
+    ap.add_argument("--close-race-calls", type=int, default=50_000, help="batched_get calls raced against close()")
     ap.add_argument("--protocol-trials", type=int, default=10_000, help="protocol trials over W = 2, 3, 4")
-    ap.add_argument("--quick", action="store_true", help="a short smoke run (3 trials, 2 restarts, 5000 futures, 300 protocol trials)")
+    ap.add_argument("--quick", action="store_true", help="a short smoke run (3 trials, 2 restarts, 5000 close-race calls, 300 protocol trials)")
     ap.add_argument("--skip-protocol", action="store_true", help="leave out the protocol trials")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = ap.parse_args(argv)
     if args.quick:
-        args.trials, args.restarts, args.futures, args.protocol_trials = 3, 2, 5000, 300
+        args.trials, args.restarts, args.close_race_calls, args.protocol_trials = 3, 2, 5000, 300
     d = args.deadline
     rows: list[Tally] = []
     started = time.monotonic()
@@ -475,14 +458,14 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_sigstop(tmp, d, args.trials))
         rows.append(run_restart(tmp, 1.0, args.restarts, mid_batch=False))
         rows.append(run_restart(tmp, 1.0, args.restarts, mid_batch=True))
-        rows.append(run_futures(tmp, 1.0, args.futures))
+        rows.append(run_close_race(tmp, 1.0, args.close_race_calls))
         if not args.skip_protocol:
             rows += run_protocol(tmp, args.protocol_trials)
     print(render(rows))
     bad = [t.kind for t in rows if t.wrong_bytes or t.overruns or t.unresolved or t.failures]
     proto_trials = sum(t.trials for t in rows if t.kind.startswith("protocol"))
     print(
-        f"\ntotal: {sum(t.calls for t in rows if not t.kind.startswith('protocol'))} RESP calls/futures, "
+        f"\ntotal: {sum(t.calls for t in rows if not t.kind.startswith('protocol'))} RESP calls, "
         f"{proto_trials} protocol trials, {time.monotonic() - started:.0f} s; "
         f"targets (0 wrong bytes, 0 overruns, 0 unresolved, 0 failures/desyncs, worst <= deadline + 10 %): "
         + ("MET" if not bad else "MISSED by " + ", ".join(bad))

@@ -30,11 +30,9 @@
   would once every sub-batch has ended, and a sub-batch still reading after
   the deadline has its socket shut down and is waited for, so no thread
   writes into the caller's buffers after the call returns.
-* ``batched_*`` calls complete on the caller's thread (and, for a split
-  ``batched_get``, the client's GET threads). ``submit_get`` runs
-  on an I/O thread and completes through :class:`CompletionRegistry`, which
-  holds one lock across submit-and-register and across the drain, so a
-  completion can never arrive before its future is registered (bug 1).
+* Every call completes on the caller's thread (and, for a split
+  ``batched_get``, the client's GET threads): no future is handed out, so
+  none can be lost (bug 1 of paper §5.4 cannot arise).
 
 No click, no rich: this module runs inside engine processes.
 """
@@ -44,15 +42,12 @@ from __future__ import annotations
 import select
 import socket
 import ssl
-import queue
 import threading
 import time
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from .completion import CompletionRegistry
 from .resp_errors import (
     RespAuthError,
     RespClosedError,
@@ -65,7 +60,6 @@ from .resp_errors import (
 from .urls import InvalidUrl, RespUrl, parse_resp_url
 
 __all__ = [
-    "CompletionRegistry",
     "RespAuthError",
     "RespClient",
     "RespClosedError",
@@ -455,8 +449,7 @@ class RespClient:
     ``url``: ``resp://``, ``redis://`` or ``rediss://`` (TLS), optionally with
     ``user:password@`` or ``:password@`` and ``/db``. ``timeout_s`` is the
     deadline of each call, all included: the wait for a free pooled
-    connection, connect and AUTH, every send and every read (for
-    :meth:`submit_get`, counted from the submit). ``pool_size`` caps open
+    connection, connect and AUTH, every send and every read. ``pool_size`` caps open
     connections; calls from more threads wait. ``max_bulk_bytes`` caps the
     length a bulk reply may announce (Valkey's ``proto-max-bulk-len``, 512 MB
     by default); a value that differs from its buffer is a miss and its bytes
@@ -496,9 +489,6 @@ class RespClient:
         self._closed = False
         self._created = 0
         self._dropped = 0
-        self._registry: CompletionRegistry | None = None
-        self._io_queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._io_thread: threading.Thread | None = None
 
     # -- pool ----------------------------------------------------------------
     def _deadline(self) -> float:
@@ -590,24 +580,13 @@ class RespClient:
 
     def close(self) -> None:
         """Close every idle connection; later calls raise :class:`RespClosedError`. Idempotent."""
-        with self._lock:  # submit_get checks _closed and starts the I/O thread under this lock
+        with self._lock:  # _gets_executor checks _closed under this lock
             self._closed = True
-            io_thread, registry = self._io_thread, self._registry
             get_pool, self._get_pool = self._get_pool, None
         try:
             if get_pool is not None:
                 # queued sub-batches are cancelled (their calls fail as closed); running ones end by their deadline
                 get_pool.shutdown(wait=False, cancel_futures=True)
-            if io_thread is not None:
-                self._io_queue.put(None)
-                # the call in flight ends by its deadline and queued ones fail at once
-                # (closed). From a done-callback, waiting would hold up every other
-                # future's delivery: the registry fails what is still pending instead.
-                on_drain = registry is not None and registry.on_drain_thread()
-                if io_thread is not threading.current_thread() and not on_drain:
-                    io_thread.join(timeout=self.timeout_s * 2)
-            if registry is not None:
-                registry.close()  # fails what is still pending and refuses later submits; any thread
         finally:
             with self._lock:
                 idle, self._idle = self._idle, []
@@ -772,7 +751,7 @@ class RespClient:
             except RespError as exc:
                 outcomes[0] = exc
             grace = self.timeout_s * _REARM_FRACTION + 0.01  # a socket timeout may fire this late
-            wait_futures(futures, timeout=max(0.0, deadline - time.monotonic()) + grace)
+            _wait_all(futures, timeout=max(0.0, deadline - time.monotonic()) + grace)
         finally:
             if not all(f.done() for f in futures):
                 abandoned = True
@@ -804,32 +783,6 @@ class RespClient:
                 self._get_pool = ThreadPoolExecutor(self.parallel_gets - 1, thread_name_prefix="resp-get")
             return self._get_pool
 
-    def submit_get(self, keys: Sequence[str | bytes], buffers: Sequence[Any]) -> Future:
-        """:meth:`batched_get` on the client's I/O thread; the future resolves to its list[bool]."""
-        with self._lock:
-            if self._closed:
-                raise RespClosedError("RespClient is closed")
-            if self._registry is None:
-                self._registry = CompletionRegistry()
-                self._io_thread = threading.Thread(target=self._io_loop, args=(self._registry,), name="resp-io", daemon=True)
-                self._io_thread.start()
-            registry = self._registry
-        keys, buffers = list(keys), list(buffers)
-        deadline = self._deadline()  # the call's deadline counts from the submit, queueing included
-        # a close() from here on makes the registry refuse this submit or fail its future
-        return registry.submit(lambda rid: self._io_queue.put((rid, keys, buffers, deadline)))
-
-    def _io_loop(self, registry: CompletionRegistry) -> None:
-        while True:
-            item = self._io_queue.get()
-            if item is None:
-                return
-            rid, keys, buffers, deadline = item
-            try:
-                registry.complete(rid, self._get(keys, buffers, deadline))
-            except BaseException as exc:  # noqa: BLE001 - delivered to the caller's future
-                registry.complete(rid, error=exc)
-
     def delete(self, keys: Sequence[str | bytes]) -> int:
         """DEL the keys; the number removed."""
         if not keys:
@@ -846,6 +799,26 @@ class RespClient:
             return _int_reply(value, "DEL")
 
         return self._run(op)
+
+
+def _wait_all(futures: Sequence[Future], timeout: float) -> None:
+    """Wait until every future is done or ``timeout`` passes.
+
+    Unlike ``concurrent.futures.wait``, a future cancelled by ``Future.cancel()``
+    (close() shutting the GET threads down with ``cancel_futures``) wakes the
+    wait: its done-callbacks run, ``wait`` is only told of ``set_running_or_notify_cancel``.
+    """
+    if not futures:
+        return
+    all_done = threading.Event()
+
+    def check(_f: Future) -> None:
+        if all(f.done() for f in futures):
+            all_done.set()
+
+    for f in futures:
+        f.add_done_callback(check)
+    all_done.wait(timeout)
 
 
 def _get_op(keys: Sequence[str | bytes], views: Sequence[memoryview], fanout: _Fanout | None = None):

@@ -225,3 +225,55 @@ def test_many_threads_racing_sync_calls_lose_nothing(valkey_server):
         assert not errors, errors
         assert results == {t: n_calls for t in range(n_threads)}
         assert client.pool_stats().created <= 3
+
+
+@pytest.mark.parametrize("value_bytes", [512, 3 << 20])  # one connection per call; a batch split over the GET threads
+def test_close_racing_batched_get_resolves_every_call(valkey_server, value_bytes):
+    """close() while 4 threads call batched_get: each call returns the right bytes or raises RespClosedError
+    (never wrong bytes, never another error, never past its deadline), and no socket stays open after."""
+    timeout = 2.0
+    keys = [f"close-race-{i}" for i in range(2)]
+    vals = [bytes([i + 1]) * value_bytes for i in range(2)]
+    with RespClient(valkey_server.url) as c:
+        c.batched_set(keys, vals)
+    for round_ in range(3):  # close after 0, 20, 40 ms of calls
+        client = RespClient(valkey_server.url, timeout_s=timeout, pool_size=4, parallel_gets=2)  # 1 GET thread: sub-batches queue
+        outcomes: list[object] = []
+        worst = [0.0]
+        lock = threading.Lock()
+
+        def caller() -> None:
+            stop_at = time.monotonic() + 5.0
+            for _ in range(100_000):  # bounded in count and time; ends at the first refusal
+                if time.monotonic() > stop_at:
+                    return
+                bufs = [bytearray(value_bytes) for _ in keys]
+                t0 = time.monotonic()
+                try:
+                    got = client.batched_get(keys, bufs)
+                    out: object = "ok" if got == [True, True] and [bytes(b) for b in bufs] == vals else ("wrong", got)
+                except RespClosedError:
+                    out = "closed"
+                except BaseException as exc:  # noqa: BLE001 - reported by the assert below
+                    out = exc
+                with lock:
+                    worst[0] = max(worst[0], time.monotonic() - t0)
+                    outcomes.append(out)
+                if out != "ok":
+                    return
+
+        threads = [threading.Thread(target=caller) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.02 * round_)
+        closed_at = time.monotonic()
+        client.close()
+        for t in threads:
+            t.join(timeout=3 * timeout)
+        # a call in flight ends when its sub-batches do, not at its deadline (loopback: milliseconds)
+        assert time.monotonic() - closed_at < timeout / 4
+        assert not any(t.is_alive() for t in threads), "a call never returned"
+        assert set(map(str, outcomes)) <= {"ok", "closed"}, [o for o in outcomes if o not in ("ok", "closed")][:3]
+        assert outcomes.count("closed") == 4  # every thread ended on the refusal
+        assert worst[0] <= timeout * 1.1
+        assert client.pool_stats().idle == 0

@@ -121,15 +121,19 @@ class PolicyState:
 
     The estimate is the engine-wide GET bandwidth the workers report (bytes
     and seconds summed over ranks, so every rank's load is judged by the
-    same number, and the scheduler's one decision holds for all ranks). A
+    same number, and the scheduler's one decision holds for all ranks). The
+    ``ranks`` load in parallel, each its own share from its own instance, so
+    Σbytes / Σseconds is one rank's bandwidth and the tier's is ``ranks`` times
+    it: that is what the whole model's ``bytes_per_token`` is judged against. A
     veto lets no loads through, so no new measurement would ever raise a low
     estimate: after ``reprobe_after_s`` without a measurement one load is let
     through (a re-probe) and the estimate it produces replaces the old one.
     """
 
     def __init__(self, bytes_per_token: float, prefill_tokens_per_s: float, t0_s: float = 0.0,
-                 bandwidth_gbps: float | None = None, reprobe_after_s: float = 30.0, clock=time.monotonic) -> None:
-        self.bytes_per_token, self.rate, self.t0_s = bytes_per_token, prefill_tokens_per_s, t0_s
+                 bandwidth_gbps: float | None = None, reprobe_after_s: float = 30.0, clock=time.monotonic,
+                 ranks: int = 1) -> None:
+        self.bytes_per_token, self.rate, self.t0_s, self.ranks = bytes_per_token, prefill_tokens_per_s, t0_s, max(1, ranks)
         self._cost = LoadPolicy(bytes_per_token, prefill_tokens_per_s, t0_s, bandwidth_gbps)  # the one cost test
         self.fixed_gbps, self.reprobe_after_s, self.clock = bandwidth_gbps, reprobe_after_s, clock
         self.measured_gbps: float | None = None
@@ -139,10 +143,10 @@ class PolicyState:
         self.probes = 0
 
     def observe(self, get_bytes: float, get_seconds: float) -> None:
-        """Fold in one interval's engine-wide GET bytes and seconds."""
+        """Fold in one interval's GET bytes and seconds, each summed over the ranks (tier GB/s = ranks × Σbytes/Σseconds)."""
         if get_bytes <= 0 or get_seconds <= 0:
             return
-        gbps = get_bytes / get_seconds / 1e9
+        gbps = self.ranks * get_bytes / get_seconds / 1e9
         with self._lock:
             self.measured_gbps = gbps if self.measured_gbps is None else 0.5 * self.measured_gbps + 0.5 * gbps
             self._last_measured = self.clock()

@@ -239,7 +239,9 @@ def kv_size_cmd(config_path: str, dtype: str | None, chunk_tokens: int, tp: int,
             ("dtype", f"{res.dtype} ({res.dtype_source})"),
             ("tp ranks", res.tp if res.kv_head_copies == 1 else f"{res.tp} (each KV head on {res.kv_head_copies} ranks; s counts every copy)"),
             ("bytes per token (s, whole model)", res.bytes_per_token),
-            (f"bytes per token per rank (s/{res.tp})", res.bytes_per_token_per_rank),
+        ]
+        + ([(f"bytes per token per rank (s/{res.tp})", res.bytes_per_token_per_rank)] if res.tp > 1 else [])
+        + [
             (f"chunk bytes ({res.chunk_tokens} tokens, one stored value, MB)", res.chunk_bytes / cost.MB),
         ],
         caption="B* = s·R against the whole tier's bandwidth; s/tp·R against one instance's (one per rank).",

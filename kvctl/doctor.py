@@ -38,6 +38,9 @@ KVCTL_MODULES = ("kvctl.plugins.vllm", "kvctl.plugins.lmcache_cpu", PLUGIN_MODUL
 #: what kvctl deploy-valkey writes (cache-only: no persistence, LRU eviction)
 RECOMMENDED = {k: v for k, v in base_settings(0, "", Path(".")).items() if k in ("maxmemory-policy", "save", "appendonly")}
 LRU_POLICIES = ("allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-lfu")
+#: Not --timeout (which bounds each engine or Valkey read): starting $KVCTL_LMCACHE_PYTHON, a local interpreter
+#: whose first start (cold disk, .pyc compiles) takes seconds, to ask it for LMCache's version.
+LMCACHE_VERSION_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -249,7 +252,7 @@ def lmcache_version() -> str | None:
     other = os.environ.get("KVCTL_LMCACHE_PYTHON")
     if other and Path(other).exists():
         try:
-            res = subprocess.run([other, "-c", "import importlib.metadata as m; print(m.version('lmcache'))"], capture_output=True, text=True, timeout=60)
+            res = subprocess.run([other, "-c", "import importlib.metadata as m; print(m.version('lmcache'))"], capture_output=True, text=True, timeout=LMCACHE_VERSION_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired):  # one slow interpreter must not abort the whole checklist
             return None
         if res.returncode == 0 and res.stdout.strip():
@@ -390,8 +393,12 @@ def _loading_vs_rho(lmc_path: str | None, lmc: dict[str, Any] | None, extra_kvt:
 
 # --- host ----------------------------------------------------------------------------------
 
+#: Not --timeout: a host check that starts a local sleeper and attaches py-spy to it; py-spy's first attach
+#: reads the target's symbols, seconds on a loaded host, and no deployment read is involved.
+PYSPY_HOST_CHECK_TIMEOUT_S = 15.0
 
-def check_py_spy(timeout_s: float = 15.0) -> Check:
+
+def check_py_spy(timeout_s: float = PYSPY_HOST_CHECK_TIMEOUT_S) -> Check:
     """py-spy present and allowed to attach to a process that is not our descendant (as an engine is not)."""
     from kvctl.diagnose.pyspy import PTRACE_HINT, PtraceNotPermitted, dump_threads, find_py_spy  # noqa: PLC0415
 

@@ -41,6 +41,9 @@ from kvctl.tier.targets import Target
 
 DEFAULT_LISTEN = "127.0.0.1:9808"
 MAX_INTERVAL_S = 3600.0
+#: Seconds :meth:`stop` waits for the HTTP thread, and for the sampler past its own per-source --timeout:
+#: both only finish what they are doing (an HTTP answer, one analysis), no read of a source.
+STOP_GRACE_S = 5.0
 
 #: name -> (help, label names). The metric names are part of kvctl's interface (alerts, dashboards).
 METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -404,7 +407,7 @@ class Server:
         self._stop.set()
         self._httpd.shutdown()
         self._httpd.server_close()
-        self._http_thread.join(timeout=5)
+        self._http_thread.join(timeout=STOP_GRACE_S)
         if self._sampler.is_alive():
-            self._sampler.join(timeout=self.exporter.cfg.timeout_s + 5)
+            self._sampler.join(timeout=self.exporter.cfg.timeout_s + STOP_GRACE_S)
         self.exporter.close()

@@ -45,6 +45,13 @@ from kvctl.tier.targets import Target
 
 #: Seconds the parent waits past ``duration + timeout`` before killing a silent client.
 GRACE_S = 1.0
+#: Seconds client processes get to start and report ready (forkserver, imports, connect) past --timeout.
+WORKER_START_S = 30.0
+#: The fill (SET of every key before the measured GETs) is setup, not measurement: a SET into a server still
+#: growing its memory may outlast a short --timeout meant for the GETs, so the fill waits at least this long.
+FILL_TIMEOUT_FLOOR_S = 10.0
+#: Polling period of the parent's queue reads; seconds it waits for a stopped client to exit, then for a killed one.
+POLL_S, EXIT_WAIT_S, KILL_WAIT_S = 0.1, 0.5, 2.0
 #: INFO snapshots are taken while the servers are idle; a healthy one answers in milliseconds.
 SNAPSHOT_TIMEOUT_S = 2.0
 #: Keys per instance aim at this many bytes (beyond any CPU cache), within maxmemory.
@@ -217,7 +224,7 @@ def size_embedded(instances: int, spec: BenchSpec, available_bytes: int) -> Embe
 
 def key_ttl_s(spec: BenchSpec, n_runs: int) -> int:
     """Seconds the bench keys live: the bench's worst-case length plus a margin, so a killed bench's keys expire."""
-    per_run = 30.0 + spec.timeout_s + spec.duration_s + spec.timeout_s + GRACE_S + 2 * SNAPSHOT_TIMEOUT_S
+    per_run = WORKER_START_S + spec.timeout_s + spec.duration_s + spec.timeout_s + GRACE_S + 2 * SNAPSHOT_TIMEOUT_S
     return math.ceil(KEY_TTL_MARGIN_S + n_runs * per_run)
 
 
@@ -313,7 +320,7 @@ def populate(
 
     def one(t: Target) -> str | None:
         try:
-            with RespClient(url_with_password(t), timeout_s=max(spec.timeout_s, 10.0), pool_size=1) as c:
+            with RespClient(url_with_password(t), timeout_s=max(spec.timeout_s, FILL_TIMEOUT_FLOOR_S), pool_size=1) as c:
                 for i in range(0, n_keys, spec.batch):
                     if stop_requested is not None and stop_requested.is_set():
                         return None
@@ -369,7 +376,7 @@ def run_once(
     start, stop = ctx.Event(), ctx.Event()
     live = ctx.RawArray("d", n_workers)
     urls = [url_with_password(t) for t in targets]
-    start_wait_s = 30.0 + spec.timeout_s
+    start_wait_s = WORKER_START_S + spec.timeout_s
     cfgs = [
         WorkerConfig(
             worker_id=i * clients + j,
@@ -425,7 +432,7 @@ def run_once(
         announced = 0
         while announced < n_workers and time.monotonic() < ready_deadline and not interrupted():
             with contextlib.suppress(queue.Empty):
-                ready_q.get(timeout=0.1)
+                ready_q.get(timeout=POLL_S)
                 announced += 1
             if announced + sum(p.exitcode is not None for p in procs) >= n_workers:
                 break
@@ -444,7 +451,7 @@ def run_once(
                 hard_deadline = min(hard_deadline, now + spec.timeout_s + GRACE_S)
             if now >= hard_deadline:
                 break
-            collect(0.1)
+            collect(POLL_S)
             if on_progress:
                 elapsed = min(time.monotonic() - t0, spec.duration_s)
                 on_progress(label, elapsed, spec.duration_s, sum(live) / max(elapsed, 1e-9) / 1e9)
@@ -453,11 +460,11 @@ def run_once(
     finally:
         stop.set()
         for p in procs:
-            p.join(timeout=0.5)
+            p.join(timeout=EXIT_WAIT_S)
         for p in procs:
             if p.is_alive():
                 p.kill()
-                p.join(timeout=2.0)
+                p.join(timeout=KILL_WAIT_S)
     extra: list[list[str]] = [[] for _ in targets]
     for c in cfgs:
         if c.worker_id in results:

@@ -18,6 +18,11 @@ from pathlib import Path
 
 from kvctl.errors import BinaryNotFound, KvctlError
 
+#: ``py-spy dump --help``: a local binary printing its usage; not a read of the engine, so not a --timeout.
+HELP_TIMEOUT_S = 10.0
+#: one ``py-spy dump`` of a process (``diagnose stalls`` has no --timeout: a dump of a big engine takes seconds).
+DUMP_TIMEOUT_S = 10.0
+
 INSTALL_HINT = "install it with `pip install py-spy` (kvctl depends on it; reinstall kvctl into this environment)"
 
 PTRACE_HINT = (
@@ -94,13 +99,13 @@ def find_py_spy() -> str:
 def supports_nonblocking(binary: str) -> bool:
     """True when this py-spy's ``dump`` takes ``--nonblocking`` (reads without pausing the target)."""
     try:
-        out = subprocess.run([binary, "dump", "--help"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run([binary, "dump", "--help"], capture_output=True, text=True, timeout=HELP_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return "--nonblocking" in (out.stdout + out.stderr)
 
 
-def dump_threads(pid: int, *, binary: str | None = None, timeout_s: float = 10.0, nonblocking: bool = True) -> list[ThreadStack]:
+def dump_threads(pid: int, *, binary: str | None = None, timeout_s: float = DUMP_TIMEOUT_S, nonblocking: bool = True) -> list[ThreadStack]:
     """Every Python thread's stack in ``pid`` (``py-spy dump --json``)."""
     exe = binary or find_py_spy()
     cmd = [exe, "dump", "--json", "--pid", str(pid)]

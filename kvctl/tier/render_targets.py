@@ -291,10 +291,15 @@ def write_files(out: Path, files: list[RenderedFile]) -> list[Path]:
     return written
 
 
+#: ``kubectl apply`` / ``systemctl`` of --apply: talks to an API server or init system, not to the tier, and the
+#: command has no --timeout; two minutes covers a slow API server without hanging forever.
+APPLY_TIMEOUT_S = 120.0
+
+
 def _run(cmd: list[str]) -> None:
     if shutil.which(cmd[0]) is None:
         raise BinaryNotFound(f"--apply needs `{cmd[0]}` on PATH")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=APPLY_TIMEOUT_S)
     if proc.returncode != 0:
         last = (proc.stderr or proc.stdout).strip().splitlines()
         raise KvctlError(f"`{' '.join(cmd)}` failed: {last[-1] if last else f'exit {proc.returncode}'}")

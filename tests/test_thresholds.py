@@ -1,0 +1,147 @@
+"""One value per fact (kvctl.thresholds): nothing else in kvctl compares ρ, a GPU utilisation or a
+chunk size default with a number of its own.
+
+Read from the sources with ``ast`` (not regexes): a comparison such as ``rho >= 0.7`` or
+``max(utils) < 5``, a ``chunk_tokens: int = 256`` default or ``default=256`` on a --chunk-* option
+anywhere but kvctl/thresholds.py fails, naming the file and line.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from kvctl import thresholds
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = sorted(p for d in ("kvctl", "connector", "plugins") for p in (ROOT / d).rglob("*.py") if p.name != "thresholds.py")
+WATCHED = ("rho", "util", "idle")  # identifiers holding a ρ or a GPU utilisation
+
+
+def _idents(node: ast.AST) -> set[str]:
+    out = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            out.add(n.id.lower())
+        elif isinstance(n, ast.Attribute):
+            out.add(n.attr.lower())
+    return out
+
+
+def _number(node: ast.AST) -> float | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return float(node.value)
+    return None
+
+
+def threshold_literals(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) of every comparison of a watched quantity with a nonzero literal, and every literal chunk default."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            nums = [x for x in sides if _number(x) not in (None, 0.0)]
+            others = set().union(*(_idents(x) for x in sides if _number(x) is None))
+            if nums and any(w in i for i in others for w in WATCHED):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.arguments):
+            named = node.posonlyargs + node.args
+            pairs = list(zip(named[len(named) - len(node.defaults):], node.defaults)) + list(zip(node.kwonlyargs, node.kw_defaults))
+            found += [
+                (a.lineno, f"{a.arg}={ast.unparse(d)}") for a, d in pairs if d is not None
+                and (("chunk" in a.arg and _number(d) == thresholds.CHUNK_TOKENS) or (any(w in a.arg for w in WATCHED) and _number(d) not in (None, 0.0)))
+            ]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            name, value = node.target.id.lower(), _number(node.value)
+            if ("chunk" in name and value == thresholds.CHUNK_TOKENS) or (any(w in name for w in WATCHED) and value not in (None, 0.0)):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and any(isinstance(a, ast.Constant) and isinstance(a.value, str) and "--chunk" in a.value for a in node.args):
+            found += [(node.lineno, f"{node.args[0].value} default={k.value.value}") for k in node.keywords if k.arg == "default" and _number(k.value) == thresholds.CHUNK_TOKENS]
+    return found
+
+
+def test_the_check_finds_what_it_is_for():
+    """The scan must be able to fail: each kind of restated threshold is caught, the constants' use is not."""
+    bad = """
+def f(rho, utils, d, chunk_tokens: int = 256):
+    if rho >= 0.7 or 1 <= d.rho or max(utils) < 5 or d['x'].gpu_utilization_pct < 30.0:
+        pass
+class C:
+    chunk_size: int = 256
+    warn_rho: float = 0.7
+opt = click.option("--chunk-size", type=int, default=256)
+"""
+    good = """
+def f(rho, n_inst, chunk_tokens: int = CHUNK_TOKENS, timeout_s: float = 256):
+    if rho >= RHO_HIGH or rho is None or rho > 0 or n_inst > 1 or max(utils) < GPU_IDLE_PCT:
+        pass
+"""
+    assert sorted(line for line, _ in threshold_literals(ast.parse(bad))) == [2, 3, 3, 3, 3, 6, 7, 8]
+    assert threshold_literals(ast.parse(good)) == []
+
+
+#: files other engineers were editing when the constants came in (issue 13): the edit each still needs
+PENDING = {
+    "kvctl/diagnose/analysis.py": "Params: target_rho = RHO_TARGET, warn_rho = RHO_HIGH, gpu_idle_pct = GPU_NOT_COMPUTE_BOUND_PCT (in the working tree)",
+    "kvctl/kvsize.py": "chunk_tokens: int = CHUNK_TOKENS (twice)",
+    "kvctl/commands/bench.py": "--chunk-tokens default=CHUNK_TOKENS; PAPER_CHUNK_BYTES from kvctl.thresholds",
+    "kvctl/commands/cost.py": "--chunk-tokens default=CHUNK_TOKENS",
+    "kvctl/commands/deploy.py": "--chunk-size and --chunk-tokens default=CHUNK_TOKENS",
+}
+PENDING_TIMEOUTS = {
+    "kvctl/tier/local.py": "instance_status: a named timeout (deploy-valkey status has no --timeout yet)",
+    "kvctl/tier/server.py": "version probe, ping and server_pid: named timeouts",
+}
+
+
+def _pending(paths, pending):
+    """Each path, marked xfail (not strict: the fix may sit in a working tree before it is committed) when pending."""
+    return [
+        pytest.param(p, marks=pytest.mark.xfail(reason=f"pending: {pending[str(p.relative_to(ROOT))]}", strict=False))
+        if str(p.relative_to(ROOT)) in pending else p
+        for p in paths
+    ]
+
+
+@pytest.mark.parametrize("path", _pending(SOURCES, PENDING), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_restates_a_threshold(path):
+    found = threshold_literals(ast.parse(path.read_text(), str(path)))
+    assert not found, f"{path.relative_to(ROOT)}: use kvctl.thresholds instead of " + "; ".join(f"line {n}: {w}" for n, w in found)
+
+
+# --- timeouts: the command's --timeout, or a named constant that says why not --------------------------------
+
+TIMEOUT_SCOPE = ("kvctl/diagnose", "kvctl/doctor.py", "kvctl/exporter.py", "kvctl/tier", "kvctl/bench")
+TIMEOUT_SOURCES = sorted(p for s in TIMEOUT_SCOPE for p in ([ROOT / s] if s.endswith(".py") else (ROOT / s).rglob("*.py")))
+CLIENT_FACTORIES = ("redis_client", "redis_for_url")  # their first argument is the socket timeout
+
+
+def timeout_literals(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, call) of every call given a number for a timeout: ``timeout=10``, ``timeout_s=max(t, 10.0)``, ``redis_client(3.0, ...)``."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        values = [k.value for k in node.keywords if k.arg and "timeout" in k.arg]
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if name in CLIENT_FACTORIES and node.args:
+            values.append(node.args[0])
+        if any(_number(n) not in (None, 0.0) for v in values for n in ast.walk(v)):
+            found.append((node.lineno, ast.unparse(node)[:120]))
+    return found
+
+
+def test_the_timeout_check_finds_literals():
+    bad = "f(timeout=10)\ng(x, timeout_s=max(t, 10.0))\nredis_client(3.0, host=h)\nr.join(timeout=t + 5)\n"
+    good = "f(timeout=timeout_s)\ng(timeout_s=max(t, FLOOR_S))\nredis_for_url(url, timeout_s)\nq.get(timeout=POLL_S)\n"
+    assert sorted(n for n, _ in timeout_literals(ast.parse(bad))) == [1, 2, 3, 4]
+    assert timeout_literals(ast.parse(good)) == []
+
+
+@pytest.mark.parametrize("path", _pending(TIMEOUT_SOURCES, PENDING_TIMEOUTS), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_read_ignores_the_timeout(path):
+    """Each timeout follows the command's --timeout, or is a named constant whose comment says why it is not a per-source read."""
+    found = timeout_literals(ast.parse(path.read_text(), str(path)))
+    assert not found, f"{path.relative_to(ROOT)}: " + "; ".join(f"line {n}: {w}" for n, w in found)

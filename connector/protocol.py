@@ -58,6 +58,7 @@ __all__ = [
     "fingerprint",
     "load_agreed_prefix",
     "load_agreed_prefix_detailed",
+    "member_group",
     "move_prefix",
     "resolve_mode",
 ]
@@ -77,6 +78,23 @@ def resolve_mode(group, mode: str = DEFAULT_MODE) -> str:
         return mode
     backend = str(dist.get_backend(group)).lower()
     return FASTEST_BY_BACKEND.get(backend, "all_gather")
+
+
+def member_group(ranks: Sequence[int], backend: str = "gloo"):
+    """A new process group over ``ranks`` (global ranks), created by its members only.
+
+    A plain ``new_group`` is a collective over the whole default group: every
+    process must call it for every group, in one order. Under vLLM's data
+    parallelism the world holds several TP groups, and each builds a group
+    for its own ranks only: its name (a world-wide counter) is then the same
+    in every TP group, their rendezvous keys collide in the shared store, and
+    the ranks hang or join the wrong peers. ``use_local_synchronization``
+    names the group by its ranks (and this process's group count, the same on
+    every member when, as in vLLM, all ranks created the same groups before)
+    and lets non-members stay out. Members must still call this in one order.
+    """
+    return dist.new_group(ranks=sorted(int(r) for r in ranks), backend=backend, use_local_synchronization=True)
+
 
 PROTOCOL_VERSION = 1
 # message layout (int64): version, fp_hi, fp_lo, n_chunks, first_failure,

@@ -321,6 +321,62 @@ def test_sharded_store_load_across_ranks(world, valkey_factory):
         assert [o["async"][t] for o in out] == [o["lookups"][t] for o in out], t
 
 
+def two_group_worker(rank: int, world: int, urls: list[str], rounds: int) -> dict:
+    """Each round: this thread loads prompt A over the store's group while a side thread loads B over its own."""
+    import threading
+
+    from kvctl.connector.protocol import member_group
+
+    st = make_store(rank, world, urls)  # group None: the default (world) group
+    side_group = member_group(range(world))
+    tokens_a, chunks_a = prompt(11, 6 * CT)
+    tokens_b, chunks_b = prompt(22, 5 * CT)
+    st.store(tokens_a, chunks_a)
+    st.store(tokens_b, chunks_b)
+    stored = st.keys(tokens_a) + st.keys(tokens_b)
+    both = threading.Barrier(2, timeout=20)
+    side: dict = {}
+
+    def side_load():
+        try:
+            both.wait()
+            side["res"] = st.load(tokens_b, group=side_group)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            side["error"] = repr(exc)
+
+    out = {"a": [], "b": [], "groups": [], "errors": []}
+    for _ in range(rounds):
+        for k in stored:
+            st.l1.pop(k)  # every chunk comes from Valkey: the two loads overlap longer
+        side.clear()
+        t = threading.Thread(target=side_load, daemon=True)
+        t.start()
+        both.wait()
+        res_a = st.load(tokens_a)
+        t.join(timeout=20)
+        if "res" not in side:
+            out["errors"].append(side.get("error", "side load did not finish"))
+            break
+        res_b = side["res"]
+        out["a"].append((res_a.prefix, [as_bytes(c) for c in res_a.chunks] == [as_bytes(c) for c in chunks_a]))
+        out["b"].append((res_b.prefix, [as_bytes(c) for c in res_b.chunks] == [as_bytes(c) for c in chunks_b]))
+        out["groups"].append(st.group)
+    st.close()
+    return out
+
+
+def test_concurrent_loads_on_two_groups_keep_their_own(valkey_factory):
+    """Two loads at once on every rank, each over its own gloo group (the engine's sync path and a
+    background load): each gets its own prompt's chunks, and the store's group is never changed."""
+    servers = [valkey_factory() for _ in range(2)]
+    out = spawn_ranks(two_group_worker, 2, ([s.url for s in servers], 4), timeout_s=60)
+    for o in out:
+        assert o["errors"] == []
+        assert o["a"] == [(6, True)] * 4  # prompt A: 6 full chunks of CT tokens, all loaded, the stored bytes
+        assert o["b"] == [(5, True)] * 4  # prompt B: 5
+        assert o["groups"] == [None] * 4
+
+
 def test_close_finishes_prefetches_it_cancels(valkey_server):
     """A prefetch still queued when the store closes is finished (done, no more hits), not left open."""
     import threading

@@ -47,8 +47,10 @@ log = logging.getLogger(__name__)
 KEY = "enable_async_loading"
 ENV_VAR = "LMCACHE_ENABLE_ASYNC_LOADING"
 SYNC_REFUSE_RHO = RHO_HIGH  # kvctl.thresholds: the ρ at which diagnose warns
-TRUTHY = ("true", "1", "yes", "on")
-FALSY = ("false", "0", "no", "off")
+#: words LMCache reads as true (its _to_bool: ``str(value).strip().lower() in ["true", "1"]``, for env values
+#: and YAML strings alike); the others below it reads as false, "yes" and "on" included
+TRUTHY = ("true", "1")
+FALSY = ("false", "0", "no", "off", "yes", "on")
 
 _YAML_LINE = re.compile(rf"^(?P<head>{KEY}[ \t]*:[ \t]*)(?P<val>[^#\r\n]*?)(?P<rest>[ \t]*(?:#.*)?)$")
 _ENV_LINE = re.compile(rf"^(?P<head>[ \t]*(?:export[ \t]+)?{ENV_VAR}[ \t]*=[ \t]*)(?P<q>[\"']?)(?P<val>[^\"'#\s]*)(?P=q)(?P<rest>.*)$")

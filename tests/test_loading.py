@@ -241,3 +241,44 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return "Z"
+
+
+LMCACHE_PY = Path(__file__).resolve().parents[1] / ".venv-lmcache" / "bin" / "python"
+
+
+@pytest.mark.parametrize("word, lmcache_reads", [("yes", False), ("on", False), ("1", True), ("True", True), ("off", False)])
+def test_env_words_read_as_lmcache_reads_them(tmp_path, word, lmcache_reads):
+    """LMCache's env converter (_to_bool) takes only "true" and "1" as true: LMCACHE_ENABLE_ASYNC_LOADING=yes loads
+    synchronously. kvctl must say so (and `loading async` must then change the file), not report async."""
+    env = tmp_path / "engine.env"
+    env.write_text(f"LMCACHE_ENABLE_ASYNC_LOADING={word}\n")
+    assert loading.env_state(env).async_loading is lmcache_reads
+    if not lmcache_reads:
+        run(["loading", "async", "--env-file", str(env)])
+        assert env.read_text() == "LMCACHE_ENABLE_ASYNC_LOADING=True\n"
+
+
+@pytest.mark.skipif(not LMCACHE_PY.exists(), reason="LMCache venv absent (make lmcache-venv)")
+def test_the_words_match_the_real_lmcache(tmp_path):
+    """The real LMCache 0.5.6 reads each word of the test above as that test expects, from the env and from a quoted YAML value."""
+    import subprocess  # noqa: PLC0415
+
+    words = ["yes", "on", "1", "True", "off"]
+    (tmp_path / "w.json").write_text(json.dumps(words))
+    script = (
+        "import json, os, sys; from lmcache.v1.config import LMCacheEngineConfig as C\n"
+        "out = []\n"
+        "for w in json.load(open(sys.argv[1])):\n"
+        "    os.environ['LMCACHE_ENABLE_ASYNC_LOADING'] = w; env = C.from_env().enable_async_loading\n"
+        "    open(sys.argv[2], 'w').write(f'enable_async_loading: \"{w}\"\\n'); out.append([env, C.from_file(sys.argv[2]).enable_async_loading])\n"
+        "print(json.dumps(out))\n"
+    )
+    res = subprocess.run([str(LMCACHE_PY), "-c", script, str(tmp_path / "w.json"), str(tmp_path / "c.yaml")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got == [[False, False], [False, False], [True, True], [True, True], [False, False]]
+    for w, (from_env, _) in zip(words, got):
+        (tmp_path / "e.env").write_text(f"LMCACHE_ENABLE_ASYNC_LOADING={w}\n")
+        (tmp_path / "q.yaml").write_text(f'enable_async_loading: "{w}"\n')
+        assert loading.env_state(tmp_path / "e.env").async_loading is from_env
+        assert loading.yaml_state(tmp_path / "q.yaml").async_loading is from_env

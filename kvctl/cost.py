@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from kvctl.errors import InvalidInput
+from kvctl.thresholds import CHUNK_TOKENS, PAPER_CHUNK_BYTES, RHO_TARGET, RHO_UNSTABLE
 
 GB = 1e9
 MB = 1e6
@@ -66,7 +67,7 @@ def rho(arrival_rate: float, prompt_bytes: float, bandwidth_gbps: float) -> floa
     return arrival_rate * prompt_bytes / (bandwidth_gbps * GB)
 
 
-def instances_for_rho(rho_now: float, target: float = 0.5, instances_now: int = 1) -> int:
+def instances_for_rho(rho_now: float, target: float = RHO_TARGET, instances_now: int = 1) -> int:
     """Instances of the same per-instance bandwidth needed to bring ρ down to ``target``."""
     return max(1, math.ceil(rho_now * instances_now / target - 1e-12))
 
@@ -150,7 +151,7 @@ def predict(
     return out
 
 
-def summarize_rho(arrival_rate: float, prompt_bytes: float, bandwidth_gbps: float, target: float = 0.5, tp: int = 1) -> RhoResult:
+def summarize_rho(arrival_rate: float, prompt_bytes: float, bandwidth_gbps: float, target: float = RHO_TARGET, tp: int = 1) -> RhoResult:
     """ρ of one instance of ``bandwidth_gbps`` serving the whole prompt; with tp > 1 also ρ of tp such instances, one per rank."""
     require_positive("--arrival-rate", arrival_rate)
     require_positive("prompt size", prompt_bytes)
@@ -159,7 +160,7 @@ def summarize_rho(arrival_rate: float, prompt_bytes: float, bandwidth_gbps: floa
     _check_tp(tp)
     r = rho(arrival_rate, prompt_bytes, bandwidth_gbps)
     per_rank = rho(arrival_rate, prompt_bytes / tp, bandwidth_gbps) if tp > 1 else None
-    return RhoResult(arrival_rate, prompt_bytes / GB, bandwidth_gbps, r, r < 1.0, instances_for_rho(r, target), target, tp, per_rank)
+    return RhoResult(arrival_rate, prompt_bytes / GB, bandwidth_gbps, r, r < RHO_UNSTABLE, instances_for_rho(r, target), target, tp, per_rank)
 
 
 #: The paper's measured setup (§4): GLM-5.3 FP8 MLA prefill on B300.
@@ -168,7 +169,7 @@ def summarize_rho(arrival_rate: float, prompt_bytes: float, bandwidth_gbps: floa
 #: one instance per rank 10.76 GB/s.
 PAPER_PAIRING = {
     "name": "GLM-5.3 FP8 (MLA) on B300 — paper §4",
-    "bytes_per_token": 48437.5,
+    "bytes_per_token": PAPER_CHUNK_BYTES / CHUNK_TOKENS,  # 12.4e6 / 256 = 48437.5
     "prefill_rate": 52200.0,
     "t0_s": 0.33,
     "bandwidths_gbps": (0.85, 1.71, 10.76),

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from kvctl.errors import InvalidInput
+from kvctl.thresholds import CHUNK_TOKENS
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 # model types vLLM refuses to run in float16 (numerical instability); --dtype auto gives them bfloat16
@@ -91,7 +92,7 @@ def _field(cfg: Mapping[str, Any], name: str, source: str) -> int:
 
 
 def kv_size(
-    cfg: Mapping[str, Any], dtype: str | None = None, chunk_tokens: int = 256, tp: int = 1
+    cfg: Mapping[str, Any], dtype: str | None = None, chunk_tokens: int = CHUNK_TOKENS, tp: int = 1
 ) -> KvSize:
     """Bytes per token and per chunk for a parsed config (see module docstring)."""
     source = str(cfg.get("_kvctl_source", "<config>"))
@@ -163,5 +164,5 @@ def _check_tp(heads: int, kv_heads: int | None, tp: int, name: str) -> None:
         )
 
 
-def kv_size_from_file(path: Path | str, dtype: str | None = None, chunk_tokens: int = 256, tp: int = 1) -> KvSize:
+def kv_size_from_file(path: Path | str, dtype: str | None = None, chunk_tokens: int = CHUNK_TOKENS, tp: int = 1) -> KvSize:
     return kv_size(load_config(path), dtype=dtype, chunk_tokens=chunk_tokens, tp=tp)

@@ -85,10 +85,6 @@ def f(rho, n_inst, chunk_tokens: int = CHUNK_TOKENS, timeout_s: float = 256):
 #: files other engineers were editing when the constants came in (issue 13): the edit each still needs
 PENDING = {
     "kvctl/diagnose/analysis.py": "Params: target_rho = RHO_TARGET, warn_rho = RHO_HIGH, gpu_idle_pct = GPU_NOT_COMPUTE_BOUND_PCT (in the working tree)",
-    "kvctl/kvsize.py": "chunk_tokens: int = CHUNK_TOKENS (twice)",
-    "kvctl/commands/bench.py": "--chunk-tokens default=CHUNK_TOKENS; PAPER_CHUNK_BYTES from kvctl.thresholds",
-    "kvctl/commands/cost.py": "--chunk-tokens default=CHUNK_TOKENS",
-    "kvctl/commands/deploy.py": "--chunk-size and --chunk-tokens default=CHUNK_TOKENS",
 }
 PENDING_TIMEOUTS = {
     "kvctl/tier/local.py": "instance_status: a named timeout (deploy-valkey status has no --timeout yet)",

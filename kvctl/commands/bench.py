@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import click
 
-from kvctl import cost, render
+from kvctl import cost, render, thresholds
 from kvctl.commands.cost import BYTES_PER_TOKEN, CHUNK_TOKENS, PREFILL_RATE, TP
 from kvctl.commands.options import ByteSize, count, output_options, positive, valkey_options, valkey_targets
 from kvctl.errors import ExitStatus, InvalidInput
@@ -23,7 +23,6 @@ from kvctl.tier.targets import NAMING
 if TYPE_CHECKING:
     from kvctl.bench.results import BenchReport, RunResult
 
-PAPER_CHUNK_BYTES = 12.4e6  # one 256-token chunk of GLM-5.3 FP8 MLA
 #: A value beyond 4 GiB is not a KV chunk (Valkey's own limit is 512 MB per string by default).
 CHUNK_BYTES = positive(4 * 2**30)
 SECONDS = positive(86400.0)
@@ -40,7 +39,7 @@ def register_commands(cli: click.Group) -> None:
 @click.option("--embedded-maxmemory", type=ByteSize(2**50), help="maxmemory of each --embedded instance (default: sized for instances × clients × batch × chunk, within half the host's available memory).")
 @click.option("--chunk-bytes", type=CHUNK_BYTES, help="Bytes per value (default 12.4e6: one 256-token GLM-5.3 FP8 chunk).")
 @click.option("--model-config", type=click.Path(dir_okay=False), help="config.json to derive the chunk size (and bytes per token) from.")
-@click.option("--chunk-tokens", type=CHUNK_TOKENS, default=256, show_default=True, help="Tokens per chunk with --model-config.")
+@click.option("--chunk-tokens", type=CHUNK_TOKENS, default=thresholds.CHUNK_TOKENS, show_default=True, help="Tokens per chunk with --model-config.")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config.")
 @click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks with --model-config (one instance each): the chunk is one rank's; the verdict's s stays the whole model's.")
 @click.option("--batch", type=count(4096), default=8, show_default=True, help="Chunks per pipelined GET batch (one rank's share of a prompt).")
@@ -115,7 +114,7 @@ def bench_cmd(
             chunk_bytes = size.chunk_bytes
         if bytes_per_token is None:
             bytes_per_token = size.bytes_per_token
-    chunk = int(round(chunk_bytes if chunk_bytes is not None else PAPER_CHUNK_BYTES))
+    chunk = int(round(chunk_bytes if chunk_bytes is not None else thresholds.PAPER_CHUNK_BYTES))
     if prefill_rate is not None and bytes_per_token is None:
         raise click.UsageError("--prefill-rate needs --bytes-per-token or --model-config for the verdict")
     params: dict[str, Any] = {"model_config": model_config, "chunk_tokens": chunk_tokens if model_config else None,

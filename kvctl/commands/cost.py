@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import click
 
-from kvctl import cost, render
+from kvctl import cost, render, thresholds
 from kvctl.commands.options import FiniteFloat, count, non_negative, output_options, positive
 from kvctl.errors import InvalidInput
 from kvctl.hooks import hookimpl
@@ -213,7 +213,7 @@ def rho_cmd(arrival_rate: float, prompt_gb: float | None, tokens: int | None, by
 @cost_group.command("kv-size")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True, help="Hugging Face config.json.")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype (default: what vLLM's --dtype auto serves the config's torch_dtype at: float32 -> bf16; the output says which).")
-@click.option("--chunk-tokens", type=CHUNK_TOKENS, default=256, show_default=True, help="Tokens per LMCache chunk.")
+@click.option("--chunk-tokens", type=CHUNK_TOKENS, default=thresholds.CHUNK_TOKENS, show_default=True, help="Tokens per LMCache chunk.")
 @click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks: adds each rank's share (GQA/MHA heads split; MLA replicated, a rank loads every tp-th chunk).")
 @output_options
 def kv_size_cmd(config_path: str, dtype: str | None, chunk_tokens: int, tp: int, as_json: bool) -> None:

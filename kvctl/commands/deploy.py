@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import click
 
-from kvctl import render
+from kvctl import render, thresholds
 from kvctl.commands.options import ByteSize, FiniteFloat, count, non_negative, output_options, positive, valkey_options, valkey_targets
 from kvctl.commands.signals import Signalled, signals_raise
 from kvctl.errors import InvalidInput, Unreachable
@@ -362,7 +362,7 @@ def _write_or_echo(text: str, out_file: Path | None) -> None:
 
 @deploy_group.command("lmcache-config")
 @tier_config_options
-@click.option("--chunk-size", type=count(1 << 20), default=256, show_default=True, help="LMCache chunk_size in tokens.")
+@click.option("--chunk-size", type=count(1 << 20), default=thresholds.CHUNK_TOKENS, show_default=True, help="LMCache chunk_size in tokens.")
 @click.option("--local-cpu/--no-local-cpu", default=True, show_default=True, help="LMCache L1 in host memory.")
 @click.option("--max-local-cpu-size", type=non_negative(1e5), default=5.0, show_default=True, help="LMCache L1 size in GB per engine worker.")
 @click.option("--async-loading/--sync-loading", default=False, show_default=True, help="LMCache enable_async_loading.")
@@ -406,7 +406,7 @@ def no_credentials_note(target: str, name: str) -> str:
 
 @deploy_group.command("vllm-config")
 @tier_config_options
-@click.option("--chunk-tokens", type=count(max=1 << 20), default=256, show_default=True, help="Tokens per chunk of the kvctl connector (a multiple of vLLM's block size).")
+@click.option("--chunk-tokens", type=count(max=1 << 20), default=thresholds.CHUNK_TOKENS, show_default=True, help="Tokens per chunk of the kvctl connector (a multiple of vLLM's block size).")
 @click.option("--async-loading/--sync-loading", default=False, show_default=True, help="The connector's async_loading (paper §5.3): load in the background while the request waits.")
 @click.option("--timeout-s", type=positive(max=3600), help="Seconds a lookup or load may take before the engine recomputes (default: the connector's).")
 @click.option("--shell", "as_shell", is_flag=True, help="Print the whole quoted argument, --kv-transfer-config '...', for a shell or a systemd ExecStart line.")

@@ -47,6 +47,10 @@ ENGINE_PASSWORD_FILE = "engine.password"
 LOCK_FILE = ".kvctl-tier.lock"
 #: Valkey refuses more io-threads than this (Valkey 8: "between 1 and 256").
 MAX_IO_THREADS = 256
+#: ``deploy-valkey status`` has no --timeout: one INFO per instance, in parallel; a healthy instance answers in
+#: milliseconds, and a stopped (SIGSTOP) or hung one must cost these seconds, not hang the status.
+STATUS_TIMEOUT_S = 3.0
+STATUS_CONNECT_TIMEOUT_S = 2.0
 
 #: Called as ``on_progress(rank, port)`` after each instance answers PING.
 Progress = Callable[[int, int], None]
@@ -321,7 +325,10 @@ def instance_status(inst: InstanceState, password: str | None) -> InstanceStatus
     base = dict(rank=inst.rank, host=inst.host, port=inst.port, pid=inst.pid, url=inst.url)
     by_url = inst.pid <= 0
     try:
-        client = redis_for_url(inst.url, 3.0, password) if by_url else redis_client(3.0, connect_timeout_s=2.0, host=inst.host, port=inst.port, password=password)
+        client = (
+            redis_for_url(inst.url, STATUS_TIMEOUT_S, password) if by_url
+            else redis_client(STATUS_TIMEOUT_S, connect_timeout_s=STATUS_CONNECT_TIMEOUT_S, host=inst.host, port=inst.port, password=password)
+        )
         with client as r:
             info = r.info("all")
     except (redis.RedisError, OSError) as e:

@@ -51,7 +51,7 @@ def find_valkey_server() -> str:
 
 def server_version(binary: str) -> str:
     """The version string ``valkey-server --version`` prints (e.g. ``8.1.8``)."""
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_S).stdout
     for part in out.split():
         if part.startswith("v="):
             return part[2:]
@@ -64,6 +64,12 @@ class AuthFailed(KvctlError):
 
 #: What to tell the user when an instance refuses the password (or wants one).
 PASSWORD_HINT = "give the tier's password with --password-file FILE (mode 0600)"
+#: Local probes of a server this module starts, none a read a command's --timeout covers: ``valkey-server
+#: --version`` (a local binary), the readiness PING while a fresh server loads (polled until ``ready_timeout_s``),
+#: and the INFO that checks the answering server is ours (just answered a PING: milliseconds when healthy).
+VERSION_TIMEOUT_S = 10.0
+READY_PING_TIMEOUT_S = 0.5
+PID_CHECK_TIMEOUT_S = 2.0
 
 
 def is_auth_error(exc: BaseException) -> bool:
@@ -183,7 +189,7 @@ def server_pid(host: str, port: int, password: str | None = None) -> int | None:
     import redis  # noqa: PLC0415 - keep `kvctl --help` light
 
     try:
-        with redis_client(2.0, host=host, port=port, password=password) as r:
+        with redis_client(PID_CHECK_TIMEOUT_S, host=host, port=port, password=password) as r:
             return int(r.info("server")["process_id"])
     except (redis.RedisError, OSError, KeyError, ValueError):
         return None
@@ -331,7 +337,7 @@ def start_valkey(
             tail = _log_tail(log_path) or err
             proc.stop()  # closes the stderr pipe
             raise KvctlError(f"valkey-server on {host}:{port} exited at start: {tail}")
-        if ping(host, port, timeout_s=0.5, password=password):
+        if ping(host, port, timeout_s=READY_PING_TIMEOUT_S, password=password):
             if server_pid(host, port, password) != popen.pid:
                 proc.stop()
                 raise KvctlError(f"port {host}:{port} is served by another process")

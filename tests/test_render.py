@@ -1,0 +1,102 @@
+"""kvctl.render: cell formatting, JSON conversion, what reaches stdout/stderr, and the PNG files it writes."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from kvctl import render
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (None, "—"),
+        (True, "yes"),
+        (False, "no"),
+        (1234567, "1,234,567"),  # ints: thousands separators
+        (0.5, "0.5"),
+        (2.0, "2"),  # trailing zeros and the point dropped
+        (0.0, "0"),
+        (1234.5678, "1,234.568"),  # 3 decimals, rounded
+        (-2.5, "-2.5"),
+        (1e7, "1e+07"),  # ≥ 1e6: 3 significant digits
+        (0.00012345, "0.000123"),  # < 1e-3: 3 significant digits
+        ("as is", "as is"),
+    ],
+)
+def test_fmt(value, text):
+    assert render.fmt(value) == text
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+@dataclass
+class Inner:
+    path: Path
+    tags: set[str]
+
+
+@dataclass
+class Outer:
+    name: str
+    color: Color
+    inner: Inner
+    by_rank: dict[int, float]
+    _private: str = field(default="hidden")
+
+
+def test_to_jsonable_and_emit(capsys):
+    obj = Outer("x", Color.RED, Inner(Path("/tmp/a"), {"t"}), {0: 1.5})
+    want = {"name": "x", "color": "red", "inner": {"path": "/tmp/a", "tags": ["t"]}, "by_rank": {"0": 1.5}}
+    assert render.to_jsonable(obj) == want  # enums by value, keys as strings, no _private field
+    render.emit_json(obj)
+    render.emit_json_line(obj)
+    out = capsys.readouterr().out
+    *pretty, line = out.splitlines()  # indented JSON over many lines, then one compact line
+    assert json.loads("\n".join(pretty)) == want and len(pretty) > 5
+    assert json.loads(line) == want and ", " not in line and ": " not in line
+
+
+def test_literal_keeps_brackets_and_warn_goes_to_stderr(capsys):
+    render.literal("keep [bold]this[/bold] as is")
+    render.warn("careful")
+    render.error_line("broken [x]")
+    cap = capsys.readouterr()
+    assert cap.out == "keep [bold]this[/bold] as is\n"
+    assert "warning: careful" in cap.err and "Error: broken [x]\n" in cap.err
+
+
+def test_tables_format_cells_and_escape_markup(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    render.table("runs", ["op", "GB/s", "ok"], [("get", 1234.5678, True), ("set", None, False)])
+    render.text_table(None, ["frame"], [("[red]not markup[/red]",)])
+    out = capsys.readouterr().out
+    assert "1,234.568" in out and "yes" in out and "—" in out and "no" in out
+    assert "[red]not markup[/red]" in out
+
+
+def test_progress_is_a_no_op_off_a_tty(capsys):
+    with render.progress("work", total=3) as advance:  # pytest's stderr is not a TTY
+        for _ in range(3):
+            advance()
+        advance(1, description="renamed")
+    with render.replay_progress(5) as update:
+        update(object())  # never inspected when disabled
+    assert capsys.readouterr().err == ""
+
+
+def test_plots_are_png_files(tmp_path):
+    png = tmp_path / "line.png"
+    render.line_plot(str(png), "t", "x", "y", {"a": ([1, 2, 4], [1.0, 1.8, 3.1])}, hlines={"B*": 2.5}, xticks=["1", "2", "4"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    runs = [("sync", [0.0, 1.0, 2.0], [0.5, 0.7, 0.0], 0.4, 0.25), ("async", [0.0, 1.0], [0.2, 0.3], None, None)]
+    paths = render.report_plots(str(tmp_path / "plots"), runs)
+    assert [Path(p).name for p in paths] == ["latency_over_time.png", "latency_cdf.png", "cache_token_share.png"]
+    assert all(Path(p).read_bytes()[:4] == b"\x89PNG" and Path(p).stat().st_size > 5000 for p in paths)

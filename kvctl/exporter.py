@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import ipaddress
+import logging
 import math
 import socket
 import threading
@@ -38,6 +39,8 @@ from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.errors import InvalidInput, KvctlError, Unreachable
 from kvctl.tier.server import redis_for_url
 from kvctl.tier.targets import Target
+
+log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = "127.0.0.1:9808"
 MAX_INTERVAL_S = 3600.0
@@ -288,7 +291,12 @@ class Exporter:
         """Sample every ``interval_s`` until ``stop`` is set; a round that overruns skips to the next tick."""
         next_t = self._clock()
         while not stop.is_set():
-            rnd = self.step()
+            try:
+                rnd = self.step()
+            except Exception as e:  # noqa: BLE001 - a bug or an odd reply must not end the sampler silently
+                # the round stores nothing: if every round fails, the values go stale and *_up drop to 0
+                log.warning("sampling round failed", exc_info=True)
+                rnd = Round(self._clock(), 0.0, len(self._window), None, f"round failed: {type(e).__name__}: {e}")
             if on_round:
                 on_round(rnd)
             next_t += self.cfg.interval_s

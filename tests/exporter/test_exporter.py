@@ -355,3 +355,38 @@ def test_a_restarted_instance_is_read_in_the_same_round(tmp_path):
         v.stop()
     assert up.diagnosis.instances[0].status == "ok"
     assert one(exp.values(), "kvctl_valkey_up", rank=0) == 1
+
+
+def test_an_unexpected_error_in_a_round_does_not_end_the_sampler():
+    """A round that raises something other than KvctlError (a bug, an odd reply) is reported and the next round
+    runs; the values go stale as for a stuck sampler instead of the thread ending silently.
+
+    take_sample is a stand-in that raises on its second call: the failure being injected is a bug, which no
+    real component produces on demand; the reads of the other rounds are real."""
+    from kvctl.diagnose.capture import take_sample
+
+    calls = []
+
+    def flaky(urls, targets, timeout_s):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ZeroDivisionError("float division by zero")
+        return take_sample(urls, targets, timeout_s)
+
+    with MetricsServer([BASE.text(), AFTER.text()]) as srv:
+        exp = Exporter(ExporterConfig((srv.url,), (), PARAMS, interval_s=0.05, window_s=10.0), take_sample=flaky)
+        rounds, stop = [], threading.Event()
+
+        def on_round(rnd):
+            rounds.append(rnd)
+            if len(rounds) >= 4:
+                stop.set()
+
+        t = threading.Thread(target=exp.run, args=(stop, on_round), daemon=True)
+        t.start()
+        t.join(timeout=20)
+        stop.set()
+    assert not t.is_alive() and len(rounds) >= 4, [r.error for r in rounds]
+    failed = [r for r in rounds if r.error and "ZeroDivisionError" in r.error]
+    assert len(failed) == 1 and failed[0].diagnosis is None
+    assert exp.rounds >= 3  # the rounds after the failure were analysed and stored

@@ -229,6 +229,23 @@ def test_implausible_bandwidth_is_refused_not_used():
     assert f.evidence["bandwidth_gbps"] == pytest.approx(1e6)  # 1e15 B / (10 × 100 ms) / 1e9
 
 
+def test_an_unreachable_component_is_named_and_sets_the_exit_status():
+    g = GpuSample(note="no GPU visible (test)")
+    # the engine answered; Valkey rank 0 did not answer the second read
+    a = Sample(100.0, [BASE.text()], [info(0, 0, 0)], g)
+    b = Sample(101.0, [healthy().text()], [None], g, valkey_errors=["Valkey rank 0 at h:1 unreachable: timed out"])
+    d = analyse(Capture(["http://engine:8000"], ["resp://h:1"], [a, b]), P)
+    assert d.unreachable == ["Valkey rank 0 (resp://h:1): second sample: Valkey rank 0 at h:1 unreachable: timed out"]
+    assert d.exit_status == 5 and d.worst_severity == "ok"
+    assert d.rho == pytest.approx(0.1)  # the engine side still answers: 10 req/s × 1e8 B / 10 GB/s
+    # a critical finding outranks the unreachable component (exit 4 before 5)
+    b_crit = Sample(101.0, [healthy(remote_get_ms=[300] * 10).text()], [None], g)
+    assert analyse(Capture(["http://engine:8000"], ["resp://h:1"], [a, b_crit]), P).exit_status == 4
+    # an engine that did not answer the first read: no λ, so insufficient data as well
+    c = analyse(Capture(["http://engine:8000"], [], [Sample(100.0, [None], [], g, engine_errors=["refused"]), Sample(101.0, [healthy().text()], [], g)]), P)
+    assert c.unreachable == ["engine http://engine:8000: first sample: refused"] and c.exit_status == 5 and c.rho is None
+
+
 # --- server side: B and ρ from Valkey's INFO -------------------------------------
 
 

@@ -14,6 +14,7 @@ from kvctl.commands.signals import Signalled, signals_raise
 from kvctl.diagnose.capture import last_diagnosis_path
 from kvctl.errors import KvctlError
 from kvctl.hooks import hookimpl
+from kvctl.thresholds import RHO_HIGH
 
 
 @hookimpl
@@ -177,7 +178,7 @@ def async_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json
 @flip_options
 @click.option("--diagnosis", type=click.Path(dir_okay=False), help="`kvctl diagnose --json` output to check ρ against (default: the last diagnosis saved under KVCTL_HOME).")
 @click.option("--max-age", "max_age", default="1h", show_default=True, help="Oldest diagnosis to trust: seconds or 30m, 1h, 2d.")
-@click.option("--force", is_flag=True, help="Switch even when the diagnosis shows ρ ≥ 0.7 or cannot decide (none, ρ unknown, a lower bound, too old); also write a read-only file (mode and owner kept) or one name of a hard-linked file.")
+@click.option("--force", is_flag=True, help=f"Switch even when the diagnosis shows ρ ≥ {RHO_HIGH:g} or cannot decide (none, ρ unknown, a lower bound, too old); also write a read-only file (mode and owner kept) or one name of a hard-linked file.")
 def sync_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json, diagnosis, max_age, force) -> None:
     """Switch to synchronous loading; refused unless --force when the latest diagnosis shows ρ ≥ 0.7 or cannot tell.
 

@@ -45,12 +45,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
+from kvctl.connector.protocol import member_group
 from kvctl.connector.store import ShardedStore
 
 from .vllm_config import ConnectorConfigError, parse_settings
 from .vllm_kv import GQALayout, MLALayout, slots_for
 from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec, _ReqState, shard_group, shard_group_kind
-from .vllm_lookup import PolicyState, TierLookup, loadable_chunks
+from .vllm_lookup import LookupCache, PolicyState, TierLookup, loadable_chunks
 from .vllm_stats import KvctlConnectorStats, KvctlPromMetrics, StatsCollector
 
 if TYPE_CHECKING:
@@ -157,6 +158,7 @@ class KvctlConnector(KVConnectorBase_V1):
         self._reqs: dict[str, _ReqState] = {}
         self._pending_loads: list[LoadSpec] = []
         self._local_hit: dict[str, int] = {}  # req -> local computed tokens seen by the last lookup
+        self._sync_answers = LookupCache(st.timeout_s)  # a waiting request's answer, reused step after step
         self._async_lookups: dict[str, tuple[Future, float, int]] = {}
         # outer async lookups get their own threads: they wait on the lookup pool's per-rank EXISTS tasks
         self._async_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvctl-async-lookup")
@@ -184,9 +186,14 @@ class KvctlConnector(KVConnectorBase_V1):
         if loadable_chunks(len(prompt), self.chunk_tokens) <= first:
             return 0, False
         self._local_hit[request.request_id] = num_computed_tokens
-        if not self.settings.async_loading:
-            return self._hit_tokens(request, num_computed_tokens, self.lookup.lookup(prompt, first)), False
         rid = request.request_id
+        if not self.settings.async_loading:
+            n_tokens = getattr(request, "num_tokens", len(prompt))
+            result = self._sync_answers.get(rid, n_tokens, first)
+            if result is None:
+                result = self.lookup.lookup(prompt, first)
+                self._sync_answers.put(rid, n_tokens, result)
+            return self._hit_tokens(request, num_computed_tokens, result), False
         entry = self._async_lookups.get(rid)
         if entry is None or entry[2] != first:
             fut = self._async_pool.submit(self.lookup.lookup, prompt, first, True)
@@ -218,6 +225,7 @@ class KvctlConnector(KVConnectorBase_V1):
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int) -> None:
         rid = request.request_id
         self._async_lookups.pop(rid, None)
+        self._sync_answers.drop(rid)
         local = self._local_hit.pop(rid, None)
         if local is None:
             return
@@ -275,6 +283,7 @@ class KvctlConnector(KVConnectorBase_V1):
     def _forget(self, rid: str) -> None:
         self._reqs.pop(rid, None)
         self._local_hit.pop(rid, None)
+        self._sync_answers.drop(rid)
         entry = self._async_lookups.pop(rid, None)
         if entry is not None:
             entry[0].cancel()
@@ -340,8 +349,9 @@ class KvctlConnector(KVConnectorBase_V1):
         )
         self._get_seen = (0, 0.0)
         if self.settings.async_loading:
-            # background loads run their collectives on a group of their own, never on vLLM's
-            self._async_group = torch.distributed.new_group(ranks=list(group.ranks), backend="gloo")
+            # background loads run their collectives on a group of their own, never on vLLM's; only
+            # this TP/PCP group's ranks create it (under DP the world holds several such groups)
+            self._async_group = member_group(group.ranks)
             self._async_q = queue.SimpleQueue()
             self._async_thread = threading.Thread(target=self._async_loop, name="kvctl-async-load", daemon=True)
             self._async_thread.start()
@@ -385,12 +395,10 @@ class KvctlConnector(KVConnectorBase_V1):
                 self._hook(self.rank, store.keys(spec.token_ids), spec.first_chunk, store.url)
             except Exception:  # noqa: BLE001 - a test hook must not break the engine
                 logger.exception("KvctlConnector before-load hook failed")
-        saved_group = store.group
-        store.group = group
         agreed = prefix = 0  # agreed: the same on every rank; prefix: chunks written into this rank's cache
         interrupted: BaseException | None = None
         try:
-            result = store.load(spec.token_ids, spec.end_chunk * ct, spec.first_chunk)
+            result = store.load(spec.token_ids, spec.end_chunk * ct, spec.first_chunk, group=group)
             agreed = result.prefix
             for i, chunk in enumerate(result.chunks):
                 c = spec.first_chunk + i
@@ -403,8 +411,6 @@ class KvctlConnector(KVConnectorBase_V1):
             logger.exception("KvctlConnector: load of %s failed", spec.req_id)
         except BaseException as exc:  # CancelledError/KeyboardInterrupt/SystemExit: mark the blocks bad, then re-raise
             interrupted = exc
-        finally:
-            store.group = saved_group
         # the agreed chunks are in the tier whatever this rank could write: every rank keeps the same
         # mark, so the request's next save runs its collectives on every rank or on none
         self._loaded_end[spec.req_id] = spec.first_chunk + agreed

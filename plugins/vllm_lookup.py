@@ -30,7 +30,7 @@ from kvctl.connector.ownership import (
 from kvctl.connector.resp import RespClient
 from kvctl.connector.store import LoadPolicy
 
-__all__ = ["LookupResult", "PolicyState", "TierLookup", "loadable_chunks"]
+__all__ = ["LookupCache", "LookupResult", "PolicyState", "TierLookup", "loadable_chunks"]
 
 
 def loadable_chunks(num_tokens: int, chunk_tokens: int) -> int:
@@ -114,6 +114,42 @@ class TierLookup:
         self._pool.shutdown(wait=False, cancel_futures=True)
         for c in self.clients:
             c.close()
+
+
+class LookupCache:
+    """The last answer for each waiting request, so a request vLLM cannot schedule yet is not asked about
+    at every step (sync lookups: one EXISTS pipeline per rank each time).
+
+    An answer is reused while the request's token count is the one it was
+    found for, its lookup started at or before the chunk asked for now (a
+    larger local prefix narrows an old answer, it does not change it), and it
+    is younger than ``ttl_s``; answers with a failed rank are never kept. The
+    caller drops a request's answer once it is scheduled or finished.
+    """
+
+    def __init__(self, ttl_s: float, clock=time.monotonic) -> None:
+        self.ttl_s, self.clock = ttl_s, clock
+        self._answers: dict[str, tuple[int, float, LookupResult]] = {}
+
+    def get(self, req_id: str, num_tokens: int, first_chunk: int) -> LookupResult | None:
+        entry = self._answers.get(req_id)
+        if entry is None:
+            return None
+        n, at, result = entry
+        if n != num_tokens or result.first_chunk > first_chunk or self.clock() - at >= self.ttl_s:
+            del self._answers[req_id]
+            return None
+        return result
+
+    def put(self, req_id: str, num_tokens: int, result: LookupResult) -> None:
+        if not result.failed_ranks:
+            self._answers[req_id] = (num_tokens, self.clock(), result)
+
+    def drop(self, req_id: str) -> None:
+        self._answers.pop(req_id, None)
+
+    def __len__(self) -> int:
+        return len(self._answers)
 
 
 class PolicyState:

@@ -76,8 +76,60 @@ def test_lookup_is_min_over_ranks_block_aligned_and_never_the_whole_prompt(tier)
     assert conn.get_num_new_matched_tokens(req("s", TOKENS[:16]), 0) == (12, False)
     with RespClient(tier[0].url) as cl:
         cl.delete([keys[2]])
-    assert conn.get_num_new_matched_tokens(req("r"), 0) == (8, False)
-    assert conn.get_num_new_matched_tokens(req("r"), 8) == (0, False)
+    # a new request sees the gap ("r", still waiting, keeps its answer: see the EXISTS-count test)
+    assert conn.get_num_new_matched_tokens(req("t"), 0) == (8, False)
+    assert conn.get_num_new_matched_tokens(req("t"), 8) == (0, False)
+    conn.shutdown()
+
+
+def exists_calls(servers):
+    import redis
+
+    out = []
+    for s in servers:
+        with redis.Redis(host=s.host, port=s.port, socket_timeout=5) as r:
+            out.append(int(r.info("commandstats").get("cmdstat_exists", {}).get("calls", 0)))
+    return out
+
+
+def test_a_waiting_request_is_looked_up_once_until_its_tokens_change_or_timeout_s(tier):
+    import redis
+
+    timeout_s = 1.0
+    conn = scheduler([s.url for s in tier], timeout_s=timeout_s)
+    store_all(tier, conn.fmt)
+    for s in tier:
+        with redis.Redis(host=s.host, port=s.port, socket_timeout=5) as r:
+            r.config_resetstat()
+    # 17 tokens: loadable chunks 0..3; rank 0's instance owns chunks 0 and 2, rank 1's 1 and 3:
+    # one lookup = 2 EXISTS on each instance
+    w = req("w")
+    for _ in range(5):  # vLLM asks at every step while it cannot schedule the request
+        assert conn.get_num_new_matched_tokens(w, 0) == (16, False)
+    assert exists_calls(tier) == [2, 2]
+    # a larger local prefix (2 chunks = 8 tokens) narrows the same answer: no new lookup
+    assert conn.get_num_new_matched_tokens(w, 8) == (8, False)
+    assert exists_calls(tier) == [2, 2]
+    # another request has its own answer: + 2 per instance
+    assert conn.get_num_new_matched_tokens(req("x"), 0) == (16, False)
+    assert exists_calls(tier) == [4, 4]
+    # the request's token count changes (e.g. resumed after a preemption with output tokens): asked again
+    w.num_tokens = len(TOKENS) + 3
+    assert conn.get_num_new_matched_tokens(w, 0) == (16, False)
+    assert exists_calls(tier) == [6, 6]
+    assert conn.get_num_new_matched_tokens(w, 0) == (16, False)
+    assert exists_calls(tier) == [6, 6]
+    # older than timeout_s: asked again
+    time.sleep(timeout_s + 0.1)
+    assert conn.get_num_new_matched_tokens(w, 0) == (16, False)
+    assert exists_calls(tier) == [8, 8]
+    # scheduled (allocated with no external tokens): its answer is dropped, the next ask looks up again
+    conn.update_state_after_alloc(w, SimpleNamespace(get_block_ids=lambda: ([],)), 0)
+    assert conn.get_num_new_matched_tokens(w, 0) == (16, False)
+    assert exists_calls(tier) == [10, 10]
+    # finished: dropped too
+    conn.request_finished(w, [])
+    assert len(conn._sync_answers) == 1  # only "x" (still waiting) is kept
     conn.shutdown()
 
 

@@ -162,7 +162,8 @@ def collect(
 ) -> Capture:
     """Two samples ``window_s`` apart; ``tick(seconds)`` is called while waiting (progress).
 
-    Repeated engine URLs are read once (a repeat would double λ).
+    Repeated engine URLs are read once (a repeat would double λ). Valkey URLs are kept with
+    their passwords masked (:func:`masked_valkey_url`): a capture is printed and saved.
     """
     if not (0 < window_s <= MAX_WINDOW_S):
         raise InvalidInput(f"--window must be a number of seconds in (0, {MAX_WINDOW_S:g}], got {window_s}")
@@ -170,7 +171,8 @@ def collect(
     first = take_sample(engine_urls, targets, timeout_s)
     wait_until(first.t_s + window_s, tick)
     second = take_sample(engine_urls, targets, timeout_s)
-    return Capture(list(engine_urls), [t.url for t in targets], [first, second], dict(parameters or {}), now_iso())
+    # the targets keep their passwords for connecting; the capture (shown, saved) only masked URLs
+    return Capture(list(engine_urls), [masked_valkey_url(t.url) for t in targets], [first, second], dict(parameters or {}), now_iso())
 
 
 MAX_WINDOW_S = 86400.0
@@ -190,9 +192,9 @@ def wait_until(deadline: float, tick: Callable[[float], None] | None = None, ste
             tick(dt)
 
 
-def _stored_url(url: str) -> str:
-    """A Valkey URL as written to disk: unchanged without a password (``--from`` shows what the live run
-    showed), else masked by :meth:`RespUrl.redacted`.
+def masked_valkey_url(url: str) -> str:
+    """A Valkey URL as a capture keeps it (printed, saved): unchanged without a password, else masked
+    by :meth:`RespUrl.redacted`, so a live run and ``--from`` show the same URLs and neither a secret.
 
     Targets are parsed URLs, so every real one parses; a string that does not
     is kept only when it cannot hold a password (no ``@``).
@@ -243,7 +245,7 @@ def save_capture(capture: Capture, out_dir: Path | str) -> Path:
         "kvctl_version": capture.kvctl_version,
         "created_at": capture.created_at,
         "engine_urls": capture.engine_urls,
-        "valkey_urls": [_stored_url(u) for u in capture.valkey_urls],
+        "valkey_urls": [masked_valkey_url(u) for u in capture.valkey_urls],
         "parameters": capture.parameters,
         "samples": meta_samples,
     }

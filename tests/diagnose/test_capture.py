@@ -95,3 +95,28 @@ def test_load_names_a_missing_or_unreadable_capture(tmp_path):
 def test_wait_until_refuses_absurd_deadlines(deadline):
     with pytest.raises(InvalidInput, match="refusing to wait"):
         wait_until(deadline)
+
+
+def test_live_diagnosis_never_prints_or_keeps_a_password(tmp_path):
+    """`kvctl diagnose --valkey resp://:PW@host --json` against a real passworded Valkey: the password
+    reaches neither stdout nor last-diagnosis.json nor the saved capture, and --from shows the same URLs."""
+    from click.testing import CliRunner
+
+    from kvctl.cli import cli
+    from kvctl.diagnose.capture import last_diagnosis_path
+    from kvctl.tier.server import start_valkey
+    from tests.diagnose.engine_text import EngineState
+    from tests.diagnose.metrics_server import MetricsServer
+
+    before = EngineState()
+    after = before.advance(requests=10, prompt_lengths=[16000] * 10, remote_read_bytes=1e9, remote_get_ms=[1] * 10)
+    with start_valkey(tmp_path / "v", password="s3cretpw") as v, MetricsServer([before.text(), after.text()]) as srv:
+        url = f"resp://:s3cretpw@127.0.0.1:{v.port}"
+        res = CliRunner().invoke(cli, ["diagnose", "--engine-url", srv.url, "--valkey", url, "--window", "0.3", "--json", "--save", str(tmp_path / "cap")])
+    assert res.exit_code == 0, res.output
+    live = json.loads(res.stdout)
+    assert live["instances"][0]["status"] == "ok"  # it did log in
+    assert "s3cretpw" not in res.output and "s3cretpw" not in last_diagnosis_path().read_text()
+    assert live["instances"][0]["url"] == f"resp://:***@127.0.0.1:{v.port}/0"
+    replay = CliRunner().invoke(cli, ["diagnose", "--from", str(tmp_path / "cap"), "--json"])
+    assert json.loads(replay.stdout)["instances"] == live["instances"]

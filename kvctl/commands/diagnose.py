@@ -260,7 +260,8 @@ def _watch(ctx, engine_urls, targets, window, parameters, params, timeout_s, exp
                 break
             cap.wait_until(prev.t_s + window)
             new = cap.take_sample(engine_urls, targets, timeout_s)
-            diag = analyse(cap.Capture(list(engine_urls), [t.url for t in targets], [prev, new], parameters, cap.now_iso()), params)
+            masked = [cap.masked_valkey_url(t.url) for t in targets]  # shown and saved: no password
+            diag = analyse(cap.Capture(list(engine_urls), masked, [prev, new], parameters, cap.now_iso()), params)
             cap.save_last_diagnosis({"saved_at": cap.now_iso(), **diagnosis_json(diag)})
             code = diag.exit_status
             if as_json:

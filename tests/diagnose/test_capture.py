@@ -120,3 +120,9 @@ def test_live_diagnosis_never_prints_or_keeps_a_password(tmp_path):
     assert live["instances"][0]["url"] == f"resp://:***@127.0.0.1:{v.port}/0"
     replay = CliRunner().invoke(cli, ["diagnose", "--from", str(tmp_path / "cap"), "--json"])
     assert json.loads(replay.stdout)["instances"] == live["instances"]
+    with start_valkey(tmp_path / "w", password="s3cretpw") as v, MetricsServer([before.text(), after.text()]) as srv:
+        url = f"resp://:s3cretpw@127.0.0.1:{v.port}"
+        res = CliRunner().invoke(cli, ["diagnose", "--engine-url", srv.url, "--valkey", url, "--window", "0.3", "--watch", "--count", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["instances"][0]["url"] == f"resp://:***@127.0.0.1:{v.port}/0"
+    assert "s3cretpw" not in res.output and "s3cretpw" not in last_diagnosis_path().read_text()

@@ -165,8 +165,10 @@ class KvctlConnector(KVConnectorBase_V1):
         self.policy = None
         if st.load_policy is not None:
             p = st.load_policy
+            # s: the whole model's bytes per token (_chunk_bytes counts every rank's heads), judged against
+            # the tier: W ranks load in parallel, so W × the summed bytes / summed seconds
             self.policy = PolicyState(self._chunk_bytes() / self.chunk_tokens, p.prefill_tokens_per_s, p.t0_s,
-                                      p.bandwidth_gbps, p.reprobe_after_s)
+                                      p.bandwidth_gbps, p.reprobe_after_s, ranks=self.world_size)
 
     def _hit_tokens(self, request: "Request", num_computed_tokens: int, result) -> int:
         if result.failed_ranks:

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 import click
@@ -16,6 +15,7 @@ from kvctl import cost, render, thresholds
 from kvctl.commands.cost import BYTES_PER_TOKEN, CHUNK_TOKENS, PREFILL_RATE, TP
 from kvctl.commands.options import ByteSize, count, output_options, positive, valkey_options, valkey_targets
 from kvctl.errors import ExitStatus, InvalidInput
+from kvctl.files import write_atomic
 from kvctl.hooks import hookimpl
 from kvctl.kvsize import DTYPE_BYTES, kv_size_from_file
 from kvctl.tier.targets import NAMING
@@ -165,7 +165,7 @@ def bench_cmd(
     data["interrupted"] = caught[0].name if caught else None
     if save:
         try:
-            Path(save).write_text(json.dumps(data, indent=2) + "\n")
+            write_atomic(save, json.dumps(data, indent=2) + "\n")
         except OSError as e:
             raise InvalidInput(f"cannot write --save {save}: {e.strerror or e}") from e
     if plot:

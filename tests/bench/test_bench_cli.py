@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import threading
 import time
 
@@ -233,3 +234,16 @@ def test_library_from_a_main_without_file(valkey_server):
     assert out.returncode == 0, out.stderr
     errors, ops = map(int, out.stdout.split())
     assert errors == 0 and ops > 0, out.stderr
+
+
+def test_save_over_an_existing_file_replaces_it_in_one_rename(valkey_server, tmp_path):
+    """--save FILE that exists (a dashboard may be reading it): written beside and renamed over it, so a reader
+    sees the old JSON or the new, never a prefix; the file's mode is kept and nothing is left beside it."""
+    saved = tmp_path / "bench.json"
+    saved.write_text('{"old": true}\n')
+    saved.chmod(0o640)
+    ino = saved.stat().st_ino
+    data, _ = _bench(["--url", valkey_server.url, *SMALL, "--duration", "0.5", "--save", str(saved)])
+    assert saved.stat().st_ino != ino and stat.S_IMODE(saved.stat().st_mode) == 0o640
+    assert json.loads(saved.read_text()) == data
+    assert [p.name for p in tmp_path.iterdir() if p.name != "valkey"] == ["bench.json"]

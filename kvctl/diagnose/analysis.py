@@ -43,6 +43,7 @@ from kvctl.diagnose.observations import (  # noqa: F401 - EngineObs/InstanceObs/
     _instances,
 )
 from kvctl.errors import ExitStatus, InvalidInput
+from kvctl.thresholds import GPU_NOT_COMPUTE_BOUND_PCT, RHO_HIGH, RHO_TARGET
 DEFAULT_T0_S = cost.PAPER_PAIRING["t0_s"]
 
 #: where B came from (``Diagnosis.bandwidth_source``)
@@ -66,10 +67,10 @@ class Params:
     bytes_per_token: float | None = None
     prefill_rate: float | None = None
     t0_s: float | None = None  # None: the capture's, else the paper's 0.33 s
-    target_rho: float = 0.5
-    warn_rho: float = 0.7
+    target_rho: float = RHO_TARGET
+    warn_rho: float = RHO_HIGH  # rho_high from here, rho_unstable from RHO_UNSTABLE (kvctl.thresholds)
     slow_lookup_s: float = 1.0
-    gpu_idle_pct: float = 30.0
+    gpu_idle_pct: float = GPU_NOT_COMPUTE_BOUND_PCT  # not stalls' "idle": the MEAN utilisation below which a growing queue is not compute-bound
     hot_ratio: float = 2.0
     hot_min_gets: int = 100
     min_prefill_rate: float = 100.0  # tok/s: a derived R below this is a symptom, not a rate
@@ -138,6 +139,8 @@ class Diagnosis:
     notes: list[str]
     null_reasons: dict[str, str]
     explain: list[Quantity]
+    # s / W: one rank's share of every token, what each instance (one per rank) serves; s itself is the whole model's
+    bytes_per_token_per_rank: float | None = None
 
     @property
     def exit_status(self) -> ExitStatus:
@@ -313,7 +316,12 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         ex.append(Quantity("prefill rate R (tok/s)", r, "given", r_src))
     if s_bpt is None:
         why["breakeven_gbps"] = "bytes per token unknown: give --bytes-per-token or --model-config"
-    b_star = cost.breakeven_gbps(s_bpt, r) if s_bpt and r else None
+    b_star = cost.breakeven_gbps(s_bpt, r) if s_bpt and r else None  # s: the whole model's, B: the whole tier's
+    w_ranks, w_src = _engine_ranks(ok_engines, capture)
+    s_rank = s_bpt / w_ranks if s_bpt and w_src else None
+    if s_bpt and not w_src:
+        why["bytes_per_token_per_rank"] = "W unknown: give the tier (--valkey per rank, --ranks or --dir)"
+    ex.append(Quantity("bytes per token per rank s/W", s_rank, f"{_g(s_bpt)} B/token / W = {w_ranks if w_src else '?'}", w_src or "—"))
     n_star = cost.min_hit_tokens(r, t0) if r else None
     if r is None and "breakeven_gbps" not in why:
         why["breakeven_gbps"] = why.get("prefill_rate_tok_s", "prefill rate unknown: give --prefill-rate")
@@ -394,7 +402,7 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         requests_waiting_start=waiting_a, requests_waiting_end=waiting_b, gpu_utilization_pct=list(b.gpu.utilization_pct),
         gpu_note=gpu_note, engines=engine_obs, instances=instances, unreachable=unreachable,
         insufficient_data=insufficient, findings=findings, worst_severity=worst, notes=notes + ([f"engine restarted in the window (counters went backwards): {'; '.join(resets)}"] if resets else []),
-        null_reasons=why, explain=ex,
+        null_reasons=why, explain=ex, bytes_per_token_per_rank=s_rank,
     )
 
 

@@ -82,23 +82,7 @@ def f(rho, n_inst, chunk_tokens: int = CHUNK_TOKENS, timeout_s: float = 256):
     assert threshold_literals(ast.parse(good)) == []
 
 
-#: files other engineers were editing when the constants came in (issue 13): the edit each still needs
-PENDING = {
-    "kvctl/diagnose/analysis.py": "Params: target_rho = RHO_TARGET, warn_rho = RHO_HIGH, gpu_idle_pct = GPU_NOT_COMPUTE_BOUND_PCT (in the working tree)",
-}
-PENDING_TIMEOUTS: dict[str, str] = {}
-
-
-def _pending(paths, pending):
-    """Each path, marked xfail (not strict: the fix may sit in a working tree before it is committed) when pending."""
-    return [
-        pytest.param(p, marks=pytest.mark.xfail(reason=f"pending: {pending[str(p.relative_to(ROOT))]}", strict=False))
-        if str(p.relative_to(ROOT)) in pending else p
-        for p in paths
-    ]
-
-
-@pytest.mark.parametrize("path", _pending(SOURCES, PENDING), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_module_restates_a_threshold(path):
     found = threshold_literals(ast.parse(path.read_text(), str(path)))
     assert not found, f"{path.relative_to(ROOT)}: use kvctl.thresholds instead of " + "; ".join(f"line {n}: {w}" for n, w in found)
@@ -133,7 +117,7 @@ def test_the_timeout_check_finds_literals():
     assert timeout_literals(ast.parse(good)) == []
 
 
-@pytest.mark.parametrize("path", _pending(TIMEOUT_SOURCES, PENDING_TIMEOUTS), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", TIMEOUT_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_read_ignores_the_timeout(path):
     """Each timeout follows the command's --timeout, or is a named constant whose comment says why it is not a per-source read."""
     found = timeout_literals(ast.parse(path.read_text(), str(path)))

@@ -23,7 +23,7 @@ def _thirds(values: list[float | None]) -> str:
 @click.command("report")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--hit-tokens", type=count(10**9), default=1, show_default=True, help="A request is a hit when cached_tokens ≥ this.")
-@click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help="KV bytes per token, to turn LMCache's remote read bytes into L2 tokens.")
+@click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help="KV bytes per token of the whole model (all ranks, `kvctl cost kv-size`), to turn LMCache's remote read bytes into L2 tokens.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), help="Write latency-over-time, latency-CDF and cache-share PNGs into DIR.")
 @output_options
 def report_cmd(runs: tuple[str, ...], hit_tokens: int, bytes_per_token: float | None, plot_dir: str | None, as_json: bool) -> None:

@@ -213,7 +213,7 @@ def test_load_policy_vetoes_on_the_engine_wide_estimate_and_reprobes(tier):
     conn = scheduler([s.url for s in tier], load_policy={"prefill_tokens_per_s": 1000, "reprobe_after_s": 0.5})
     store_all(tier, conn.fmt)
     assert conn.get_num_new_matched_tokens(req("r"), 0) == (16, False)  # nothing measured yet
-    # the workers report 1000 B in 1 s (summed over ranks): 1 kB/s < B*, loading 16 tokens is slower
+    # the workers report 1000 B in 1 s summed over their 2 ranks: 2 x 1 kB/s = 2 kB/s < B*, loading 16 tokens is slower
     conn.update_connector_output(SimpleNamespace(kv_connector_stats=KvctlConnectorStats(
         data={"kvctl:l2_get_bytes": 1000, "kvctl:l2_get_seconds": 1.0})))
     assert conn.get_num_new_matched_tokens(req("r"), 0) == (0, False)

@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 
 import click
@@ -31,7 +28,7 @@ from kvctl.cli import cli
 from kvctl.tier.server import free_port
 from tests.diagnose.engine_text import EngineState
 from tests.diagnose.metrics_server import MetricsServer
-from tests.exporter.test_exporter import one, scrape
+from tests.exporter.test_exporter import ExporterProcess, one, scrape
 
 PASSWORD = "inst-opts-pw"
 SMALL_BENCH = ["--chunk-bytes", "1e5", "--batch", "2", "--keys", "8", "--duration", "0.3"]
@@ -138,32 +135,19 @@ def test_bench_reads_the_password_env_var(passworded):
 def exporter_valkey_up(args: list[str], env: dict[str, str] | None = None) -> float:
     """Run the real `kvctl exporter` until it has sampled twice; ``kvctl_valkey_up{rank="0"}`` as scraped."""
     with MetricsServer(ENGINE_TEXTS) as eng:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kvctl.cli", "exporter", "--listen", "127.0.0.1:0", "--engine-url", eng.url, *args,
-             "--interval", "0.2", "--window", "0.4", "--timeout", "1", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**{k: v for k, v in os.environ.items() if k != "KVCTL_PASSWORD_FILE"}, "KVCTL_TESTING": "1", **(env or {})},
-        )
-        try:
-            start = json.loads(proc.stdout.readline() or "{}")
-            assert start.get("event") == "listening", proc.stderr.read() if proc.poll() is not None else start
+        environ = {**{k: v for k, v in os.environ.items() if k != "KVCTL_PASSWORD_FILE"}, "KVCTL_TESTING": "1", **(env or {})}
+        with ExporterProcess(["--engine-url", eng.url, *args, "--interval", "0.2", "--window", "0.4", "--timeout", "1"], environ) as exp:
             up = None
             deadline = time.monotonic() + 20
             for _ in range(200):  # at most 200 scrapes and 20 s
-                values = scrape(start["metrics_url"])
+                values = scrape(exp.start["metrics_url"])
                 if ("kvctl_valkey_up", (("rank", "0"),)) in values and eng.hits >= 2:
                     up = one(values, "kvctl_valkey_up", rank=0)
                     break
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.1)
-            proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=15)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    assert proc.returncode == 0, err
+    assert exp.returncode == 0, exp.err
     assert up is not None, "kvctl_valkey_up{rank=0} never served"
     return up
 

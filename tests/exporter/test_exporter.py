@@ -242,29 +242,51 @@ def test_every_metric_the_issue_names_is_served():
         assert METRICS[name][1] == labels, name
 
 
+class ExporterProcess:
+    """The real `kvctl exporter` (``args`` after the subcommand), started with ``--listen 127.0.0.1:0 --json``.
+
+    Inside the ``with``: ``start`` is its "listening" line. On leaving it gets SIGTERM (killed if it has not exited
+    within 15 s, or if the body raised); ``returncode``, ``out`` and ``err`` are then set."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.args, self.env = args, env if env is not None else {**os.environ, "KVCTL_TESTING": "1"}
+
+    def __enter__(self) -> "ExporterProcess":
+        self.proc = subprocess.Popen([sys.executable, "-m", "kvctl.cli", "exporter", "--listen", "127.0.0.1:0", *self.args, "--json"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
+        try:
+            self.start = json.loads(self.proc.stdout.readline() or "{}")
+            assert self.start.get("event") == "listening", self.proc.stderr.read() if self.proc.poll() is not None else self.start
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        try:
+            if exc_type is None:
+                self.proc.send_signal(signal.SIGTERM)
+                self.out, self.err = self.proc.communicate(timeout=15)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.out, self.err = self.proc.communicate()
+        self.returncode = self.proc.returncode
+
+
 def test_the_command_serves_and_stops_on_sigterm(valkey_server):
     """The real `kvctl exporter` process: prints where it listens, serves, exits 0 on SIGTERM with a summary."""
     with MetricsServer([BASE.text(), AFTER.text()]) as srv:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kvctl.cli", "exporter", "--listen", "127.0.0.1:0", "--engine-url", srv.url, "--valkey", valkey_server.url,
-             "--bytes-per-token", str(S_BPT), "--prefill-rate", str(R), "--interval", "0.2", "--window", "0.4", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "KVCTL_TESTING": "1"},
-        )
-        try:
-            start = json.loads(proc.stdout.readline())
-            assert start["event"] == "listening" and start["loopback_only"] is True
+        with ExporterProcess(["--engine-url", srv.url, "--valkey", valkey_server.url, "--bytes-per-token", str(S_BPT),
+                              "--prefill-rate", str(R), "--interval", "0.2", "--window", "0.4"]) as exp:
+            assert exp.start["loopback_only"] is True
             values: dict = {}
             deadline, ran_for = time.time() + 20, time.time() + 1.5  # run ≥ 1.5 s: many 0.2 s rounds, the window must have slid
             while time.time() < deadline and (time.time() < ran_for or "kvctl_window_seconds" not in names(values)):
                 time.sleep(0.2)
-                values = scrape(start["metrics_url"])
-            proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=15)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    assert proc.returncode == 0, err
+                values = scrape(exp.start["metrics_url"])
+    out, err = exp.out, exp.err
+    assert exp.returncode == 0, err
     assert one(values, "kvctl_engine_up", engine=srv.url) == 1 and one(values, "kvctl_valkey_up", rank=0) == 1
     assert 0.3 < one(values, "kvctl_window_seconds") < 1.0  # the window slid: 0.4 s of 0.2 s samples, not the ≥ 1.5 s since start
     stopped = json.loads(out.strip().splitlines()[-1])

@@ -6,7 +6,7 @@ VENV ?= .venv
 PIP := $(VENV)/bin/pip
 KVCTL := $(VENV)/bin/kvctl
 PYTEST_ARGS ?=
-# LMCache 0.5.6 gets its own venv (README "The LMCache path" says why); the tests find it through KVCTL_LMCACHE_PYTHON
+# LMCache 0.5.6 gets its own venv (docs/engine.md, "The LMCache path", says why); the tests find it through KVCTL_LMCACHE_PYTHON
 LMC_VENV ?= .venv-lmcache
 LMC_ENV := KVCTL_LMCACHE_PYTHON=$(abspath $(LMC_VENV))/bin/python
 

@@ -23,6 +23,17 @@ def test_deepseek_v3_mla_fp8():
     assert k8.chunk_bytes == 8994816
 
 
+def test_glm5_is_the_papers_mla_shape_and_the_readme_says_how_it_relates_to_s():
+    """configs/models/glm-5.json is the public GLM-5 (the paper's GLM-5.3 is not public): 78 MLA layers of a
+    512-wide latent + 64 rope dims. The README names it next to the paper's measured s = 12.4e6 / 256."""
+    k = kv_size_from_file(MODELS / "glm-5.json", dtype="fp8")
+    assert k.attention == "mla" and k.layers == 78
+    assert k.bytes_per_token == 78 * (512 + 64) * 1
+    readme = (MODELS.parent.parent / "README.md").read_text()
+    assert "configs/models/glm-5.json" in readme and "48437.5" in readme
+    assert f"{int(k.bytes_per_token):,}".replace(",", " ") in readme  # the formula's figure, as the README gives it
+
+
 def test_llama31_gqa_split_across_tp():
     k = kv_size_from_file(MODELS / "llama-3.1-8b.json")
     assert (k.attention, k.dtype) == ("gqa", "bf16")

@@ -1,7 +1,7 @@
 """Find the LMCache interpreter and run scenarios in it.
 
 LMCache 0.5.6 is installed in a venv of its own (``make lmcache-venv``;
-README "The LMCache path" says why). Its interpreter is
+docs/engine.md, "The LMCache path", says why). Its interpreter is
 ``$KVCTL_LMCACHE_PYTHON`` when set (``make test`` sets it), else the running
 interpreter when that one can import lmcache.
 """

@@ -1,6 +1,6 @@
 """Scenarios that run inside the LMCache environment and report what they saw as JSON.
 
-LMCache 0.5.6 lives in its own venv (``make lmcache-venv``, README "The LMCache
+LMCache 0.5.6 lives in its own venv (``make lmcache-venv``, docs/engine.md, "The LMCache
 path"), so the tests in the main venv run these through
 :func:`tests.lmcache.lmcache_env.run_scenario`:
 

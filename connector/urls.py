@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Sequence
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit, urlunsplit
 
 from kvctl.errors import InvalidInput
 
@@ -71,6 +71,25 @@ class RespUrl:
         elif self.username:
             auth = f"{self.username}@"
         return f"{scheme}://{auth}{self.host}:{self.port}/{self.db}"
+
+
+def with_credentials(url: str, user: str | None = None, password: str | None = None) -> str:
+    """``url`` logging in as ``user`` with ``password``: the one place kvctl puts credentials into a URL.
+
+    What is given wins over what the URL says (a ``--password-file`` over a password written in the URL,
+    a configured ACL user over the URL's); what is not given (None) keeps the URL's own. The URL's
+    scheme, host, port, db and options are kept; a ``{rank}`` template stays a template.
+    """
+    if user is None and password is None:
+        return url
+    parts = urlsplit(url)
+    old_auth, _, host = parts.netloc.rpartition("@")
+    old_user, _, old_password = old_auth.partition(":")
+    user_part = quote(user, safe="") if user is not None else old_user
+    password_part = quote(password, safe="") if password is not None else old_password
+    auth = user_part + (f":{password_part}" if password_part else "")
+    netloc = f"{auth}@{host}" if auth else host
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def parse_resp_url(url: str) -> RespUrl:

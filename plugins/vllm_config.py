@@ -17,9 +17,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
-from urllib.parse import quote, urlsplit, urlunsplit
 
-from kvctl.connector.urls import InvalidUrl, expand_url, parse_resp_url
+from kvctl.connector.urls import InvalidUrl, expand_url, parse_resp_url, with_credentials
 
 __all__ = ["ConnectorConfigError", "ConnectorSettings", "LoadPolicySettings", "parse_settings"]
 
@@ -75,12 +74,7 @@ def _number(cfg: Mapping[str, Any], key: str, default, *, integer: bool = False,
 
 
 def _with_password(url: str, password: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        return url
-    user = quote(parts.username, safe="") if parts.username else ""
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, f"{user}:{quote(password, safe='')}@{host}", parts.path, parts.query, ""))
+    return with_credentials(url, password=password)
 
 
 def _policy(raw: Any) -> LoadPolicySettings | None:

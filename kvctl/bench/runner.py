@@ -32,14 +32,13 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterator, Sequence
-from urllib.parse import quote, urlsplit, urlunsplit
 
 from kvctl import __version__
 from kvctl.bench.info import ServerInfo, delta, server_info, snapshot_all
 from kvctl.bench.results import BenchMetadata, BenchReport, RunResult, summarize_run, summarize_verdict, with_scaling
 from kvctl.bench.worker import WorkerConfig, WorkerResult, key_names
 from kvctl.connector.resp import RespClient
-from kvctl.connector.urls import parse_resp_url
+from kvctl.connector.urls import parse_resp_url, with_credentials
 from kvctl.errors import InvalidInput, KvctlError, Unreachable
 from kvctl.tier.targets import Target
 
@@ -122,12 +121,9 @@ def grid(instances: int, spec: BenchSpec) -> list[tuple[int, int]]:
 
 
 def url_with_password(target: Target) -> str:
-    """The target's URL carrying its password (for the client processes; never printed)."""
-    if target.password is None or parse_resp_url(target.url).password is not None:
-        return target.url
-    parts = urlsplit(target.url)
-    netloc = f":{quote(target.password, safe='')}@{parts.netloc.rsplit('@', 1)[-1]}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    """The target's URL carrying its password (for the client processes; never printed): the URL's ACL
+    user is kept, and the target's password (``--password-file`` before the URL's) is the one used."""
+    return with_credentials(target.url, password=target.password)
 
 
 def redacted(target: Target) -> str:

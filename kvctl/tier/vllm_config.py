@@ -22,9 +22,8 @@ import json
 import shlex
 from dataclasses import dataclass
 from typing import Any, Sequence
-from urllib.parse import quote, urlsplit, urlunsplit
 
-from kvctl.connector.urls import RANK_PLACEHOLDER
+from kvctl.connector.urls import RANK_PLACEHOLDER, with_credentials
 from kvctl.errors import InvalidInput
 from kvctl.thresholds import CHUNK_TOKENS
 
@@ -45,13 +44,8 @@ class ConnectorSettings:
 
 
 def with_user(url: str, username: str | None) -> str:
-    """``url`` with ``username@`` in front of the host (no password: that stays in the file)."""
-    if not username:
-        return url
-    parts = urlsplit(url)
-    if "@" in parts.netloc:  # a user, or a bare ":password@": either way the URL already says how to log in
-        return url
-    return urlunsplit(parts._replace(netloc=f"{quote(username, safe='')}@{parts.netloc}"))
+    """``url`` logging in as ``username`` (no password: that stays in the file); see ``with_credentials``."""
+    return with_credentials(url, user=username or None)
 
 
 def kv_transfer_config(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvctl.connector.ownership import expand_url
-from kvctl.connector.urls import InvalidUrl, parse_resp_url
+from kvctl.connector.urls import InvalidUrl, parse_resp_url, with_credentials
 
 
 def test_expand_template():
@@ -45,3 +45,13 @@ def test_parse(url, host, port, tls, user, password, db):
 def test_parse_rejects(bad):
     with pytest.raises(InvalidUrl):
         parse_resp_url(bad)
+
+
+def test_with_credentials_rules():
+    # the URL's ACL user is kept when only a password is given
+    assert parse_resp_url(with_credentials("resp://engine@h:1", password="pw")).username == "engine"
+    # what is given wins over the URL's own
+    u = parse_resp_url(with_credentials("resp://a:old@h:1/2?ssl_cert_reqs=none", user="b", password="p@:/"))
+    assert (u.username, u.password, u.db, u.ssl_verify) == ("b", "p@:/", 2, False)
+    assert with_credentials("resp://valkey-{rank}:6379", user="kvctl-engine") == "resp://kvctl-engine@valkey-{rank}:6379"
+    assert with_credentials("resp://u:p@h:1") == "resp://u:p@h:1"

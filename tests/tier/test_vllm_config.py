@@ -134,8 +134,8 @@ def test_library_rules():
         kv_transfer_config([])
     with pytest.raises(InvalidInput, match="timeout"):
         kv_transfer_config(["resp://h:1"], ConnectorSettings(timeout_s=-1))
-    # a user already in the URL is kept; the user goes before the host, never a password
-    assert with_user("resp://a@h:1", "b") == "resp://a@h:1"
+    # the configured user wins over one in the URL (with_credentials' rule); it goes before the host, never a password
+    assert with_user("resp://a@h:1", "b") == "resp://b@h:1"
     assert with_user("rediss://h:1/2?ssl_cert_reqs=none", "kvctl-engine") == "rediss://kvctl-engine@h:1/2?ssl_cert_reqs=none"
     cfg = kv_transfer_config(["resp://h:1"], ConnectorSettings(chunk_tokens=64, async_loading=True))
     assert shlex.split(render_shell(cfg)) == ["--kv-transfer-config", json.dumps(cfg, separators=(",", ":"))]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from kvctl import loading
+from kvctl import files, loading, safeyaml
 from kvctl.connector.urls import RANK_PLACEHOLDER
 from kvctl.diagnose import metrics as M
 from kvctl.diagnose import sources
@@ -102,29 +102,19 @@ def run(inp: DoctorInput) -> DoctorReport:
 
 
 def _load_yaml(path: str) -> dict[str, Any]:
-    import yaml  # noqa: PLC0415
-
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise InvalidInput(f"cannot read --config {path}: {e.strerror or e}") from e
-    except yaml.YAMLError as e:
-        raise InvalidInput(f"--config {path} is not YAML: {e}") from e
+    data = safeyaml.load(files.read_regular(path, "--config", newline=None), f"--config {path}")
     if not isinstance(data, dict):
         raise InvalidInput(f"--config {path} is not an LMCache config (a YAML mapping)")
     return data
 
 
 def parse_kv_transfer_config(text: str) -> dict[str, Any]:
-    """vLLM's ``--kv-transfer-config`` JSON, given inline or as ``@FILE``."""
+    """vLLM's ``--kv-transfer-config`` JSON, given inline or as ``@FILE`` (a regular file up to the config cap)."""
     if text.startswith("@"):
-        try:
-            text = Path(text[1:]).read_text()
-        except OSError as e:
-            raise InvalidInput(f"cannot read --kv-transfer-config {text[1:]}: {e.strerror or e}") from e
+        text = files.read_regular(text[1:], "--kv-transfer-config", newline=None)
     try:
         data = json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise InvalidInput(f"--kv-transfer-config is not JSON: {e}") from e
     if not isinstance(data, dict):
         raise InvalidInput("--kv-transfer-config must be a JSON object (vLLM's KVTransferConfig)")

@@ -1,24 +1,274 @@
-"""Whole-file writes that a crash or a signal can never leave half done.
+"""Every file kvctl writes or reads as a whole: atomic replaces, private backups, bounded reads.
 
-A write goes to a uniquely named temp file in the target's directory, is
-flushed to disk, given its final mode, and renamed over the target: a reader
-(or the next kvctl run) sees the old file or the new one, never a prefix.
-``kvctl loading`` has its own staged write because it must also keep an
-existing file's owner, group, ACL and symlink; this is the plain case.
+Writes: the new text goes to a uniquely named, locked temp file in the target's directory
+(created ``O_CREAT|O_EXCL|O_NOFOLLOW``, mode 0600), is flushed to disk, given its final owner
+and mode, and renamed over the target; the directory is fsynced. A reader (or the next kvctl
+run) sees the old file or the new one, never a prefix. A run killed between the two leaves a
+temp file that the next run removes (its lock is gone with the process).
+
+``write_atomic`` is the plain case; ``kvctl loading`` stages several files with
+:func:`stage` (the same temp files, the old file's owner, group, mode, ACL and xattrs
+copied) and renames them together. Backups (:func:`write_backup`) are created 0600 under
+a name nobody can guess, so a link planted beside the file is never followed.
+
+Reads: :func:`read_regular` opens without blocking, refuses anything but a regular file
+(FIFOs, devices such as ``/dev/zero``, directories) and anything over a size cap.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
+import errno
+import fcntl
+import logging
 import os
+import secrets
+import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+
+from kvctl.errors import InvalidInput, KvctlError
+from kvctl.thresholds import CONFIG_MAX_BYTES
+
+log = logging.getLogger(__name__)
+
+TMP_MARK = ".kvctl-tmp-"
+#: The largest config file kvctl reads (LMCache YAML, vLLM config/unit, env file, kv-transfer-config JSON):
+#: real ones are a few KB; a bigger one is a mistake or an attack (``/dev/zero``-like growth).
+MAX_CONFIG_BYTES = CONFIG_MAX_BYTES
+_PRIVATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# --- reading ----------------------------------------------------------------------------
+
+
+def read_regular(path: Path | str, what: str, max_bytes: int = MAX_CONFIG_BYTES, *, newline: str | None = "") -> str:
+    """The UTF-8 text of ``path``, refused (InvalidInput naming ``what``, never quoting the file) unless it
+    is a regular file of at most ``max_bytes``.
+
+    Opened ``O_NONBLOCK`` so a FIFO cannot hang the open; the type and size come from ``fstat`` of that
+    open file (no race with a swap of the name); at most ``max_bytes + 1`` bytes are ever read.
+    ``newline=""`` keeps CRLF as it is (kvctl edits line by line); None translates it like ``open()``.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise InvalidInput(f"cannot read {what} {path}: {e.strerror or e}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidInput(f"{what} {path} is not a regular file (a FIFO, device or directory): refused; the file was not changed")
+        if st.st_size > max_bytes:
+            raise InvalidInput(f"{what} {path} is {st.st_size:,} bytes, over the {max_bytes:,}-byte cap for a config file: refused")
+        os.set_blocking(fd, True)
+        chunks, total = [], 0
+        while total <= max_bytes:
+            block = os.read(fd, min(1 << 16, max_bytes + 1 - total))
+            if not block:
+                break
+            chunks.append(block)
+            total += len(block)
+        if total > max_bytes:
+            raise InvalidInput(f"{what} {path} grew past the {max_bytes:,}-byte cap for a config file while read: refused")
+    except OSError as e:
+        raise InvalidInput(f"cannot read {what} {path}: {e.strerror or e}") from e
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidInput(f"{what} {path} is not UTF-8 text ({e.reason} at byte {e.start}); the file was not changed") from e
+    return text if newline == "" else text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+# --- creating ---------------------------------------------------------------------------
+
+
+def create_private(path: Path | str) -> int:
+    """A new file at ``path``, mode 0600 from the start, opened for writing: never an existing file, never
+    through a symlink (``O_CREAT|O_EXCL|O_NOFOLLOW``). FileExistsError when the name is taken."""
+    return os.open(path, _PRIVATE_FLAGS, 0o600)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def copy_owner_and_mode(fd: int, st: os.stat_result, like: Path) -> None:
+    """Give an open file the owner, group, mode, ACL and extended attributes of ``like`` (whose stat is ``st``).
+
+    chown first (it may clear set-id bits), then the mode, then the xattrs: a POSIX ACL
+    (``system.posix_acl_access``, e.g. ``setfacl -m u:vllm:r``) or an SELinux label would
+    otherwise be lost with the old inode. An attribute that cannot be copied is an error:
+    the engine might no longer be allowed to read the file.
+    """
+    if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+        os.fchown(fd, st.st_uid, st.st_gid)
+    os.fchmod(fd, stat.S_IMODE(st.st_mode))
+    try:
+        names = os.listxattr(like)
+    except OSError as e:
+        if e.errno in (errno.ENOTSUP, errno.ENODATA):
+            return
+        raise
+    for name in names:
+        try:
+            value = os.getxattr(like, name)
+        except OSError as e:
+            if e.errno == errno.ENODATA:  # gone meanwhile
+                continue
+            raise
+        try:
+            if os.getxattr(fd, name) == value:
+                continue
+        except OSError:
+            pass
+        try:
+            os.setxattr(fd, name, value)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot copy the extended attribute {name} ({e.strerror})") from e
+
+
+def write_backup(real: Path, attempts: int = 5) -> Path:
+    """A copy of ``real`` next to it, ``NAME.<YYYYmmddTHHMMSS>-<random>.bak``, as private as the file.
+
+    Created 0600 with ``O_CREAT|O_EXCL|O_NOFOLLOW`` under a name with 64 random bits, so a link planted
+    at a guessable name is never followed and the text is never readable by others while written;
+    then given the file's owner, group and mode. Nothing is left behind when it fails.
+    """
+    st = os.stat(real)
+    data = read_regular(real, "the file to back up", max(MAX_CONFIG_BYTES, st.st_size)).encode("utf-8")
+    stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
+    for _ in range(attempts):
+        bak = real.with_name(f"{real.name}.{stamp}-{secrets.token_hex(8)}.bak")
+        try:
+            fd = create_private(bak)
+        except FileExistsError:
+            continue
+        try:
+            write_all(fd, data)
+            copy_owner_and_mode(fd, st, real)
+            os.fsync(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(bak)
+            raise
+        finally:
+            os.close(fd)
+        return bak
+    raise KvctlError(f"cannot create a backup next to {real}: {attempts} random names were taken")
+
+
+# --- atomic replace -----------------------------------------------------------------------
+
+
+def _stale_temps(real: Path) -> None:
+    """Remove temp files that killed kvctl runs left next to ``real``.
+
+    A temp file is locked (``flock``) by the run that writes it for as long as that run lives,
+    so one that can be locked belongs to a dead run, whatever its PID was (PID 1 in a container
+    is every run's PID). Only regular files named like kvctl's temp files of this very file are
+    considered; a file still being written by a live run is left alone.
+    """
+    prefix = f".{real.name}{TMP_MARK}"
+    try:
+        names = [n for n in os.listdir(real.parent) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        cand = real.parent / name
+        try:
+            fd = os.open(cand, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a live run holds it
+            now = os.lstat(cand)
+            if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                os.unlink(cand)
+                log.info("removed %s, a temp file left by a kvctl run that died (%d bytes)", cand, st.st_size)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+@dataclass
+class TempFile:
+    """A locked temp file next to the file it will replace; ``commit`` renames it over that file."""
+
+    path: Path
+    target: Path
+    fd: int
+
+    def discard(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            os.close(self.fd)
+            self.fd = -1
+
+    def commit(self) -> None:
+        os.replace(self.path, self.target)
+        os.close(self.fd)  # the lock goes with it, after the rename
+        self.fd = -1
+        with contextlib.suppress(OSError):  # the rename itself durable
+            dfd = os.open(self.target.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+
+def open_temp(target: Path | str, attempts: int = 5) -> TempFile:
+    """A new, unique, locked temp file (0600, ``O_EXCL|O_NOFOLLOW``: mkstemp's flags) in ``target``'s
+    directory; stale ones of dead runs are removed first."""
+    target = Path(target)
+    _stale_temps(target)
+    for _ in range(attempts):
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}{TMP_MARK}{os.getpid()}-", dir=target.parent)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        log.debug("writing %s through %s", target, name)
+        try:  # another run's cleanup may have taken it between mkstemp and flock: start again
+            now = os.lstat(name)
+            mine = os.fstat(fd)
+            if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+                return TempFile(Path(name), target, fd)
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    raise KvctlError(f"cannot create a temp file next to {target}: it kept disappearing ({attempts} tries); no file was changed")
+
+
+def stage(real: Path, text: str) -> TempFile:
+    """``text`` written and fsynced in a locked temp file next to ``real``, with its owner, group, mode and xattrs."""
+    st = os.stat(real)
+    tmp = open_temp(real)
+    try:
+        write_all(tmp.fd, text.encode("utf-8"))
+        copy_owner_and_mode(tmp.fd, st, real)
+        os.fsync(tmp.fd)
+    except BaseException:
+        tmp.discard()
+        raise
+    return tmp
 
 
 def write_atomic(path: Path | str, text: str, mode: int | None = None) -> Path:
@@ -35,16 +285,13 @@ def write_atomic(path: Path | str, text: str, mode: int | None = None) -> Path:
             mode = path.stat().st_mode & 0o7777
         except FileNotFoundError:
             mode = 0o666 & ~_umask()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".kvctl-tmp", dir=path.parent)
+    tmp = open_temp(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        write_all(tmp.fd, text.encode("utf-8"))
+        os.fsync(tmp.fd)
+        os.fchmod(tmp.fd, mode)
+        tmp.commit()
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        tmp.discard()
         raise
     return path

@@ -3,8 +3,8 @@
 The edit is line-based so every other line and comment of the config stays
 byte-for-byte; PyYAML only validates (the original must parse, and the result
 must parse to the same mapping with just ``enable_async_loading`` changed).
-Writes are atomic (temp file in the same directory + ``os.replace``) after a
-timestamped backup. Deployments that set ``LMCACHE_ENABLE_ASYNC_LOADING`` in
+Writes are atomic (``kvctl.files``: a 0600 temp file in the same directory + ``os.replace``) after a
+backup (0600, unguessable name). Deployments that set ``LMCACHE_ENABLE_ASYNC_LOADING`` in
 an env file (``KEY=value`` lines, optionally ``export``) are edited the same way.
 kvctl's vLLM connector keeps the switch in vLLM's ``--kv-transfer-config``: those files
 (a ``--config`` YAML, an env/unit file with the argument) are detected, read and edited in
@@ -22,23 +22,20 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import difflib
-import errno
-import fcntl
 import json
 import logging
 import math
 import os
 import re
-import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from kvctl import files, safeyaml
 from kvctl.errors import InvalidInput, KvctlError
 from kvctl.thresholds import RHO_HIGH
 
@@ -108,27 +105,13 @@ class RestartResult:
 
 
 def _read(path: Path | str) -> str:
-    """The file's text with its line endings as they are (``newline=""``: CRLF stays CRLF)."""
-    try:
-        with open(path, encoding="utf-8", newline="") as f:
-            return f.read()
-    except UnicodeDecodeError as e:
-        raise InvalidInput(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); the file was not changed") from e
-    except OSError as e:
-        raise InvalidInput(f"cannot read {path}: {e.strerror or e}") from e
+    """The file's text with its line endings as they are (CRLF stays CRLF); regular files up to the size cap only."""
+    return files.read_regular(path, "config")
 
 
 def parse_yaml(text: str, path: str = "<config>") -> dict[str, Any]:
-    """The config as a mapping; InvalidInput with the line number when it is malformed."""
-    import yaml  # noqa: PLC0415
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "unknown line"
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InvalidInput(f"{path}: malformed YAML at {where}: {problem}; the file was not changed") from e
+    """The config as a mapping; InvalidInput with the line number when it is malformed (alias bombs refused)."""
+    data = safeyaml.load(text, path)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -149,7 +132,7 @@ def _key_nodes(text: str, path: str) -> list[tuple[Any, Any]]:
     import yaml  # noqa: PLC0415
 
     parse_yaml(text, path)  # a malformed file is refused with its line
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    root = safeyaml.compose(text, path)
     if not isinstance(root, yaml.MappingNode):
         return []
     return [(k, v) for k, v in root.value if isinstance(k, yaml.ScalarNode) and k.value == KEY]
@@ -182,8 +165,8 @@ def check_env_file(text: str, path: str) -> None:
     continued = False
     for i, ln in enumerate(text.splitlines(), 1):
         if not continued and not _ENV_OK.match(ln):
-            raise InvalidInput(
-                f"{path} is not an env file: line {i} ({ln.strip()[:60]!r}) is not KEY=value; "
+            raise InvalidInput(  # the line itself is never quoted: an env file may hold secrets
+                f"{path} is not an env file: line {i} is not KEY=value; "
                 "give an LMCache YAML with --config, a vLLM config or unit file with --vllm; the file was not changed"
             )
         continued = ln.endswith("\\")
@@ -289,7 +272,7 @@ def plan(path: Path | str, kind: str, value: bool) -> Change:
     return Change(str(path), kind, before, value, new != text, diff, new)
 
 
-TMP_MARK = ".kvctl-tmp-"
+TMP_MARK = files.TMP_MARK
 
 
 def real_path(path: Path | str) -> Path:
@@ -332,163 +315,13 @@ def check_writable(path: Path | str, force: bool = False) -> None:
         raise KvctlError(f"cannot write {shown}: its directory {real.parent} is not writable (kvctl writes a temp file next to it); no file was changed")
 
 
-def _stale_temps(real: Path) -> None:
-    """Remove temp files that killed kvctl runs left next to ``real``.
-
-    A temp file is locked (``flock``) by the run that writes it for as long as that run lives,
-    so one that can be locked belongs to a dead run, whatever its PID was (PID 1 in a container
-    is every run's PID). Only regular files named like kvctl's temp files of this very file are
-    considered; a file still being written by a live run is left alone.
-    """
-    prefix = f".{real.name}{TMP_MARK}"
-    try:
-        names = [n for n in os.listdir(real.parent) if n.startswith(prefix)]
-    except OSError:
-        return
-    for name in names:
-        cand = real.parent / name
-        try:
-            fd = os.open(cand, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            continue
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # a live run holds it
-            now = os.lstat(cand)
-            if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
-                os.unlink(cand)
-                log.info("removed %s, a temp file left by a kvctl run that died (%d bytes)", cand, st.st_size)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
-
-@dataclass
-class TempFile:
-    """A locked temp file next to the file it will replace; ``commit`` renames it over that file."""
-
-    path: Path
-    target: Path
-    fd: int
-
-    def discard(self) -> None:
-        if self.fd >= 0:
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
-            os.close(self.fd)
-            self.fd = -1
-
-    def commit(self) -> None:
-        os.replace(self.path, self.target)
-        os.close(self.fd)  # the lock goes with it, after the rename
-        self.fd = -1
-        with contextlib.suppress(OSError):  # the rename itself durable
-            dfd = os.open(self.target.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-
-
-def open_temp(target: Path | str, attempts: int = 5) -> TempFile:
-    """A new, unique, locked temp file in ``target``'s directory (stale ones of dead runs removed first)."""
-    target = Path(target)
-    _stale_temps(target)
-    for _ in range(attempts):
-        fd, name = tempfile.mkstemp(prefix=f".{target.name}{TMP_MARK}{os.getpid()}-", dir=target.parent)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        log.debug("writing %s through %s", target, name)
-        try:  # another run's cleanup may have taken it between mkstemp and flock: start again
-            now = os.lstat(name)
-            mine = os.fstat(fd)
-            if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
-                return TempFile(Path(name), target, fd)
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-    raise KvctlError(f"cannot create a temp file next to {target}: it kept disappearing ({attempts} tries); no file was changed")
-
-
-def _same_owner_and_mode(fd: int, st: os.stat_result, like: Path) -> None:
-    """Give an open file the owner, group, mode, ACL and extended attributes of ``like`` (whose stat is ``st``).
-
-    chown first (it may clear set-id bits), then the mode, then the xattrs: a POSIX ACL
-    (``system.posix_acl_access``, e.g. ``setfacl -m u:vllm:r``) or an SELinux label would
-    otherwise be lost with the old inode. An attribute that cannot be copied is an error:
-    the engine might no longer be allowed to read the file.
-    """
-    if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
-        os.fchown(fd, st.st_uid, st.st_gid)
-    os.fchmod(fd, stat.S_IMODE(st.st_mode))
-    try:
-        names = os.listxattr(like)
-    except OSError as e:
-        if e.errno in (errno.ENOTSUP, errno.ENODATA):
-            return
-        raise
-    for name in names:
-        try:
-            value = os.getxattr(like, name)
-        except OSError as e:
-            if e.errno == errno.ENODATA:  # gone meanwhile
-                continue
-            raise
-        try:
-            if os.getxattr(fd, name) == value:
-                continue
-        except OSError:
-            pass
-        try:
-            os.setxattr(fd, name, value)
-        except OSError as e:
-            raise OSError(e.errno, f"cannot copy the extended attribute {name} ({e.strerror})") from e
-
-
-def _stage(path: Path, text: str) -> TempFile:
-    """The new text written, fsynced, with the file's owner/group/mode, in a locked temp file next to the file."""
-    real = real_path(path)
-    st = os.stat(real)
-    tmp = open_temp(real)
-    try:
-        data = text.encode("utf-8")
-        view = memoryview(data)
-        while view:
-            view = view[os.write(tmp.fd, view) :]
-        _same_owner_and_mode(tmp.fd, st, real)
-        os.fsync(tmp.fd)
-    except BaseException:
-        tmp.discard()
-        raise
-    return tmp
-
-
-def backup_path(path: Path) -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
-    cand = path.with_name(f"{path.name}.{stamp}.bak")
-    n = 1
-    while cand.exists():
-        cand = path.with_name(f"{path.name}.{stamp}-{n}.bak")
-        n += 1
-    return cand
+# the staged write lives in kvctl.files (one implementation of every atomic write); these names stay importable
+TempFile, open_temp = files.TempFile, files.open_temp
 
 
 def _backup(real: Path) -> Path:
-    """A timestamped copy next to the file, with its owner, group and mode (as private as the file)."""
-    bak = backup_path(real)
-    shutil.copy2(real, bak)
-    st = os.stat(real)
-    fd = os.open(bak, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        _same_owner_and_mode(fd, st, real)
-    finally:
-        os.close(fd)
-    return bak
+    """A copy next to the file, created 0600 under an unpredictable name, then given its owner, group and mode."""
+    return files.write_backup(real)
 
 
 HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -531,7 +364,7 @@ def apply_all(changes: list[Change], backup: bool = True, force: bool = False) -
     try:
         for c in todo:
             try:
-                staged[c.path] = _stage(Path(c.path), c.new_text)
+                staged[c.path] = files.stage(real_path(c.path), c.new_text)
             except OSError as e:
                 raise KvctlError(f"cannot write {c.path}: {e.strerror or e}; no file was changed") from e
         if backup:

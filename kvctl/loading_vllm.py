@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvctl import safeyaml
 from kvctl.errors import InvalidInput, KvctlError
 from kvctl.tier.vllm_config import ASYNC_KEY, EXTRA
 
@@ -87,17 +88,13 @@ def _flags(text: str) -> list[re.Match[str]]:
 
 
 def _compose(text: str, path: str, fatal: bool):
-    """The YAML node tree, or None (``fatal``: a YAML error is refused with its line)."""
-    import yaml  # noqa: PLC0415
-
+    """The YAML node tree, or None (``fatal``: malformed YAML or an alias bomb is refused with its line)."""
     try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as e:
+        return safeyaml.compose(text, path)
+    except InvalidInput as e:
         if not fatal:
             return None
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "unknown line"
-        raise _refuse(path, f"malformed YAML at {where}: {getattr(e, 'problem', None) or e}") from e
+        raise Unsupported(str(e)) from e
 
 
 def _kv_pairs(root) -> list[tuple[Any, Any]]:
@@ -301,7 +298,10 @@ def read_config(text: str, kind: str, path: str) -> tuple[dict[str, Any], dict[s
         except json.JSONDecodeError as e:
             raise _refuse(path, f"malformed JSON in the kv-transfer-config at line {_line(text, e.pos)}: {e.msg}") from e
         return cfg, None
-    data = yaml.safe_load(text)
+    try:
+        data = safeyaml.load(text, path)
+    except InvalidInput as e:
+        raise Unsupported(str(e)) from e
     key = next(k for k in YAML_KEYS if k in data)
     value = data.pop(key)
     if isinstance(value, str):

@@ -40,3 +40,19 @@ GPU_NOT_COMPUTE_BOUND_PCT = 30.0
 CHUNK_TOKENS = 256
 #: bytes of one CHUNK_TOKENS chunk of GLM-5.3 FP8 MLA, all layers (12.4 MB, s ≈ 48.4 KB/token).
 PAPER_CHUNK_BYTES = 12.4e6
+
+# --- bounds on what kvctl reads and keeps (docs/reliability.md) ----------------------------
+
+#: The largest engine /metrics body read (bytes): a vLLM engine's is ~100 KB; past the cap the
+#: read stops and the engine counts as not answering, with the reason (``--max-metrics-bytes``).
+METRICS_MAX_BYTES = 16 * 2**20
+#: The largest config file read (LMCache YAML, vLLM config/unit, env file, kv-transfer-config JSON).
+CONFIG_MAX_BYTES = 2**20
+#: YAML aliases (``*name``) allowed in one config file, and the nodes its aliases may expand to:
+#: a few-line "billion laughs" expands to 10^9 nodes when compared or copied.
+YAML_MAX_ALIASES = 100
+YAML_MAX_NODES = 100_000
+#: The shortest ``kvctl exporter --interval`` (seconds): one round reads every engine and instance.
+EXPORTER_MIN_INTERVAL_S = 0.5
+#: Seconds ``kvctl exporter`` takes at most to stop on SIGTERM/Ctrl-C, whatever read is in flight.
+EXPORTER_STOP_S = 1.5

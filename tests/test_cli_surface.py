@@ -41,7 +41,7 @@ def leftover(tmp_path):
 def test_verbose_anywhere_logs_info(tmp_path, leftover, where):
     res = kvctl([*where, "--no-backup", "--config", str(leftover)], tmp_path)
     assert res.returncode == 0, res
-    assert re.search(r"kvctl\.loading INFO removed .*\.lmcache\.yaml\.kvctl-tmp-4242, a temp file left by a kvctl run that died", res.stderr), res.stderr
+    assert re.search(r"kvctl\.files INFO removed .*\.lmcache\.yaml\.kvctl-tmp-4242, a temp file left by a kvctl run that died", res.stderr), res.stderr
     assert "DEBUG" not in res.stderr
 
 
@@ -53,7 +53,7 @@ def test_without_verbose_nothing_is_logged(tmp_path, leftover):
 def test_vv_after_and_v_before_add_up_to_debug(tmp_path, leftover):
     res = kvctl(["-v", "loading", "async", "-v", "--no-backup", "--config", str(leftover)], tmp_path)
     assert res.returncode == 0, res
-    assert "kvctl.loading DEBUG writing" in res.stderr and "INFO removed" in res.stderr
+    assert "kvctl.files DEBUG writing" in res.stderr and "INFO removed" in res.stderr
 
 
 def test_every_subcommand_accepts_verbose(tmp_path):

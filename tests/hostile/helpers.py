@@ -1,0 +1,173 @@
+"""Shared pieces of the hostile-input corpus: a kvctl subprocess with bounded time and memory, and a
+real HTTP server on 127.0.0.1 that serves hostile /metrics bodies (endless, huge, one huge line, hung).
+
+Every kvctl run here is a real process: the memory it reaches is read from the kernel
+(``ru_maxrss`` of the reaped child), and an address-space limit keeps a regression from taking the
+machine down with it.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[2]
+KVCTL = "from kvctl.cli import main; main()"
+
+
+def kvctl_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LMCACHE_", "KVCTL_"))}
+    env.update(KVCTL_HOME=str(home), PYTHONPATH=str(ROOT), COLUMNS="200", **extra)
+    return env
+
+
+def limits(as_bytes: int | None = 3 << 30, fsize: int | None = None, umask: int | None = None) -> Callable[[], None]:
+    """A preexec_fn: an address-space cap (a runaway read fails with MemoryError instead of eating the host),
+    optionally a file-size cap (writes past it fail with EFBIG, SIGXFSZ ignored) and a umask."""
+
+    def apply() -> None:
+        if as_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (as_bytes, as_bytes))
+        if fsize is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        if umask is not None:
+            os.umask(umask)
+
+    return apply
+
+
+@dataclass
+class Ran:
+    returncode: int | None  # None: still running at the deadline (then killed)
+    stdout: str
+    stderr: str
+    maxrss_mb: float  # the child's peak resident memory, from the kernel
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def kvctl(args: list[str], home: Path, timeout_s: float = 20.0, preexec: Callable[[], None] | None = None, env: dict[str, str] | None = None) -> Ran:
+    """Run ``kvctl ARGS`` as a child; kill it at ``timeout_s`` (returncode None). Its peak RSS comes from
+    ``wait4``'s rusage of that very child (not a sampled guess)."""
+    proc = subprocess.Popen([sys.executable, "-c", KVCTL, *args], env=env or kvctl_env(home), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, preexec_fn=preexec or limits())
+    out: list[bytes] = []
+    err: list[bytes] = []
+    readers = [threading.Thread(target=lambda f=f, b=b: b.append(f.read()), daemon=True) for f, b in ((proc.stdout, out), (proc.stderr, err))]
+    for t in readers:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    timed_out = False
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() > deadline:
+            timed_out = True
+            proc.kill()
+            pid, status, usage = os.wait4(proc.pid, 0)
+            break
+        time.sleep(0.02)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    for t in readers:
+        t.join(timeout=10)
+    proc.stdout.close()
+    proc.stderr.close()
+    text = lambda b: b[0].decode(errors="replace") if b else ""  # noqa: E731
+    return Ran(None if timed_out else proc.returncode, text(out), text(err), usage.ru_maxrss / 1024)
+
+
+class HostileHTTP:
+    """A real HTTP/1.1 server on 127.0.0.1 (free port). ``body(handler)`` writes the answer; it is told to
+    stop (``self.stopping``) when the server closes, so an endless body ends with the test. ``seen``
+    keeps each request's path and headers (what a client sent, credentials included)."""
+
+    def __init__(self, body: Callable[["HostileHTTP", BaseHTTPRequestHandler], None]) -> None:
+        self.stopping = threading.Event()
+        self.seen: list[tuple[str, dict[str, str]]] = []
+        self.connected = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:  # noqa: N802
+                server.seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
+                server.connected.set()
+                try:
+                    body(server, self)
+                except (BrokenPipeError, ConnectionResetError, OSError):
+                    pass
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: object, client_address: object) -> None:
+                pass
+
+        self._httpd = Server(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "HostileHTTP":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+def send_head(h: BaseHTTPRequestHandler, length: int | None = None) -> None:
+    h.send_response(200)
+    h.send_header("Content-Type", "text/plain; version=0.0.4")
+    if length is not None:
+        h.send_header("Content-Length", str(length))
+    else:
+        h.send_header("Connection", "close")
+    h.end_headers()
+
+
+def endless(server: HostileHTTP, h: BaseHTTPRequestHandler, deadline_s: float = 30.0) -> None:
+    """A /metrics body that never ends (until the test ends or ``deadline_s``): comment lines, 64 KB a write."""
+    send_head(h)
+    block = b"# filler\n" * 7282
+    end = time.monotonic() + deadline_s
+    while not server.stopping.is_set() and time.monotonic() < end:
+        h.wfile.write(block)
+
+
+def hang(server: HostileHTTP, h: BaseHTTPRequestHandler, deadline_s: float = 30.0) -> None:
+    """Accept, send nothing, hold the connection until the test ends."""
+    server.stopping.wait(deadline_s)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

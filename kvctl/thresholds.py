@@ -56,3 +56,8 @@ YAML_MAX_NODES = 100_000
 EXPORTER_MIN_INTERVAL_S = 0.5
 #: Seconds ``kvctl exporter`` takes at most to stop on SIGTERM/Ctrl-C, whatever read is in flight.
 EXPORTER_STOP_S = 1.5
+
+# --- defaults of options (click's default= reads these; tests/test_thresholds.py checks) ---
+
+#: port of rank 0 of a local or systemd tier; rank r listens on BASE_PORT + r (env KVCTL_BASE_PORT).
+BASE_PORT = 17400

@@ -123,7 +123,7 @@ def deploy_group() -> None:
 @deploy_group.command("up")
 @click.option("--target", type=TargetChoice(), default="local", show_default=True, help="Start local processes, or render systemd units / k8s manifests (or a plugin's registered target).")
 @click.option("--ranks", type=RANKS, required=True, help="Number of ranks = instances (rank r on instance r).")
-@click.option("--base-port", type=click.IntRange(1, 65535), default=17400, show_default=True, envvar="KVCTL_BASE_PORT", help="Port of rank 0; rank r listens on base-port + r (local, systemd).")
+@click.option("--base-port", type=click.IntRange(1, 65535), default=thresholds.BASE_PORT, show_default=True, envvar="KVCTL_BASE_PORT", help="Port of rank 0; rank r listens on base-port + r (local, systemd; env KVCTL_BASE_PORT).")
 @click.option("--maxmemory", type=MAXMEMORY, default="400mb", show_default=True, help="TOTAL memory of the tier, split evenly across instances (Valkey units: mb = MiB, m = 10^6).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (local, systemd). Non-loopback needs --password-file or --insecure-no-auth.")
 @click.option("--io-threads", type=count(256), help=f"Valkey io-threads per instance, main thread included (default: min(4, cores/2), here {spec.default_io_threads()}; 4 for fleets).")
@@ -322,7 +322,7 @@ def tier_config_options(func: Callable) -> Callable:
     @click.option("--target", type=TargetChoice(), default="local", show_default=True, help="Tier kind: local reads --dir; systemd/k8s (or a plugin's target) take the same options as `up`.")
     @dir_option
     @click.option("--ranks", type=RANKS, help="Number of ranks (systemd, k8s).")
-    @click.option("--base-port", type=click.IntRange(1, 65535), default=17400, show_default=True, help="Port of rank 0 (systemd).")
+    @click.option("--base-port", type=click.IntRange(1, 65535), default=thresholds.BASE_PORT, show_default=True, envvar="KVCTL_BASE_PORT", help="Port of rank 0 (systemd; env KVCTL_BASE_PORT, as for `up`).")
     @click.option("--host", default="127.0.0.1", show_default=True, help="Host the systemd instances run on, as engines reach it.")
     @fleet_options
     @click.option("--engine-password-file", type=click.Path(dir_okay=False), help="Engine password file for systemd/k8s tiers with auth (names user kvctl-engine).")

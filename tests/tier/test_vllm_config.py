@@ -76,6 +76,18 @@ def test_systemd_list_form_and_json_output(tmp_path):
     assert json.loads(out.read_text())["kv_connector_extra_config"] == extra
 
 
+@pytest.mark.parametrize("command", ["vllm-config", "lmcache-config"])
+def test_kvctl_base_port_env_is_honoured_like_up(command, monkeypatch):
+    """`up` reads KVCTL_BASE_PORT; the engine configs of the same systemd tier must point at the same ports
+    (before, they ignored it and pointed engines at 17400)."""
+    monkeypatch.setenv("KVCTL_BASE_PORT", "18100")
+    res = CliRunner().invoke(cli, ["deploy-valkey", command, "--target", "systemd", "--ranks", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    text = json.dumps(out)
+    assert "127.0.0.1:18100" in text and "127.0.0.1:18101" in text and ":17400" not in text
+
+
 def test_local_tier_with_auth_reaches_every_instance(tmp_path):
     """The connector's own settings parser turns the rendered URLs + password file into logins that reach each real instance."""
     pw = tmp_path / "tier.pw"

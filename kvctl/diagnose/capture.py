@@ -35,6 +35,7 @@ from kvctl.connector.urls import InvalidUrl, parse_resp_url
 from kvctl.diagnose import sources
 from kvctl.diagnose.sources import GpuSample
 from kvctl.errors import InvalidInput, KvctlError
+from kvctl.files import write_atomic
 from kvctl.tier.targets import Target
 
 CAPTURE_FILE = "capture.json"
@@ -221,12 +222,12 @@ def save_capture(capture: Capture, out_dir: Path | str) -> Path:
         for j, text in enumerate(s.engines):
             name = None if text is None else f"{sdir.name}/engine-{j}.txt"
             if name:
-                (out / name).write_text(text)
+                write_atomic(out / name, text)
             engines.append(name)
         for j, info in enumerate(s.valkey):
             name = None if info is None else f"{sdir.name}/valkey-{j}.json"
             if name:
-                (out / name).write_text(json.dumps(info, indent=1, sort_keys=True, default=str) + "\n")
+                write_atomic(out / name, json.dumps(info, indent=1, sort_keys=True, default=str) + "\n")
             valkey.append(name)
         meta_samples.append(
             {
@@ -249,9 +250,7 @@ def save_capture(capture: Capture, out_dir: Path | str) -> Path:
         "parameters": capture.parameters,
         "samples": meta_samples,
     }
-    tmp = out / (CAPTURE_FILE + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(tmp, out / CAPTURE_FILE)
+    write_atomic(out / CAPTURE_FILE, json.dumps(meta, indent=2) + "\n")  # last: its presence means a whole capture
     return out
 
 
@@ -329,13 +328,7 @@ def kvctl_home() -> Path:
 
 def save_last_diagnosis(data: dict[str, Any]) -> Path:
     """Keep the latest diagnosis (JSON form) for ``kvctl loading``'s safety check."""
-    home = kvctl_home()
-    home.mkdir(parents=True, exist_ok=True)
-    path = home / LAST_DIAGNOSIS
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_atomic(kvctl_home() / LAST_DIAGNOSIS, json.dumps(data, indent=2) + "\n")
 
 
 def last_diagnosis_path() -> Path:

@@ -126,3 +126,21 @@ def test_live_diagnosis_never_prints_or_keeps_a_password(tmp_path):
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["instances"][0]["url"] == f"resp://:***@127.0.0.1:{v.port}/0"
     assert "s3cretpw" not in res.output and "s3cretpw" not in last_diagnosis_path().read_text()
+
+
+def test_saves_never_share_a_fixed_temp_name(tmp_path, monkeypatch):
+    """Two `diagnose --watch` runs used to write through the same `last-diagnosis.json.tmp` (and a capture
+    through `capture.json.tmp`): one run's temp file in the way broke the other. Every write now goes
+    through kvctl.files.write_atomic (a unique temp name, fsync, rename), so the other run's temp name is
+    no obstacle; here a directory stands where the old fixed temp names were."""
+    from kvctl.diagnose.capture import LAST_DIAGNOSIS, save_last_diagnosis
+
+    monkeypatch.setenv("KVCTL_HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / (LAST_DIAGNOSIS + ".tmp")).mkdir(parents=True)  # old: path.with_suffix(".json.tmp")
+    path = save_last_diagnosis({"rho": 0.5})
+    assert json.loads(path.read_text()) == {"rho": 0.5}
+    out = tmp_path / "cap"
+    (out / (CAPTURE_FILE + ".tmp")).mkdir(parents=True)
+    assert load_capture(save_capture(_cap([]), out)).parameters == {"bytes_per_token": 48437.5}
+    # and nothing of ours is left behind: only the obstacles, the files and the sample folders
+    assert not [p for p in tmp_path.rglob("*.kvctl-tmp")]

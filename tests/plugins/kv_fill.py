@@ -1,0 +1,108 @@
+"""Fill vLLM-shaped KV caches so every element encodes its place, read as each backend reads it (torch only).
+
+Shared by tests/plugins/test_layouts.py (caches from vLLM's own
+create_kv_cache_views) and tests/gpu/test_layouts_gpu.py (CUDA caches from
+kvctl.plugins.vllm_kv_views, no vLLM). The readings below are written from
+each backend's source in vLLM 0.32, independently of kvctl.plugins.vllm_kv:
+
+* CPU_ATTN (cpu_attn.py forward): ``cache.view(B, H, 2*N, D).chunk(2, dim=2)``
+* FLASH_ATTN / TRITON_ATTN (``kv_cache.transpose(1, 2).split(head_size, -1)``)
+  and FLASHINFER (``kv_cache.permute(...).split(head_size, -1)``): K and V
+  halves of C; the transpose/permute only reorders the logical axes.
+* MLA backends (mla_attention.py bind_kv_cache): ``kv_cache.squeeze(1)``,
+  one latent row per (block, token).
+
+An element's code is a hash of (layer, block, head, token, K/V, channel),
+masked so that float patterns stay finite, written and compared through an
+integer view of the same width (byte-exact).
+"""
+
+from __future__ import annotations
+
+import torch
+
+GQA_BACKENDS = ("CPU_ATTN", "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN")
+MLA_BACKENDS = ("CPU_MLA", "AMX_MLA", "FLASHMLA", "FLASH_ATTN_MLA", "CUTLASS_MLA", "TRITON_MLA", "FLASHINFER_MLA")
+LAYOUTS = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
+
+_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+_MASK = {1: 0xFF, 2: 0x3FFF, 4: 0x3FFFFFFF}  # 16/32-bit floats: top exponent bit clear, so never inf/nan
+
+
+def int_view(t: torch.Tensor) -> torch.Tensor:
+    return t.view(_INT[t.element_size()])
+
+
+def code(layer, block, head, token, kv, chan, nbytes: int, device) -> torch.Tensor:
+    """The code of each element (broadcast over the index tensors), as the integer type of ``nbytes``."""
+    c = (torch.as_tensor(layer, device=device) * 7919 + torch.as_tensor(block, device=device) * 104729
+         + torch.as_tensor(head, device=device) * 1299709 + torch.as_tensor(token, device=device) * 15485863
+         + torch.as_tensor(kv, device=device) * 32452843 + torch.as_tensor(chan, device=device) * 49979687 + 12345)
+    c = (c * 2654435761) >> 9
+    return (c & _MASK[nbytes]).to(_INT[nbytes])
+
+
+def reading(cache: torch.Tensor, backend: str, head_size: int) -> tuple[torch.Tensor, ...]:
+    """``(K, V)`` as ``[B, H, N, D]`` views for GQA backends, ``(rows,)`` as ``[B, N, C]`` for MLA ones."""
+    if backend in MLA_BACKENDS:
+        return (cache.squeeze(1),)
+    if backend == "CPU_ATTN":
+        b, h, n, _ = cache.shape
+        k, v = cache.view(b, h, 2 * n, -1).chunk(2, dim=2)
+        return k, v
+    k, v = cache.split(head_size, dim=-1)
+    return k, v
+
+
+def fill(caches: list[torch.Tensor], backend: str, head_size: int) -> None:
+    """Write every element's code into the caches through the backend's reading."""
+    for layer, cache in enumerate(caches):
+        parts = reading(cache, backend, head_size)
+        nbytes, dev = cache.element_size(), cache.device
+        for kv, part in enumerate(parts):
+            if part.dim() == 3:  # MLA rows [B, N, C]
+                b, n, c = part.shape
+                grid = code(layer, torch.arange(b, device=dev)[:, None, None], 0,
+                            torch.arange(n, device=dev)[None, :, None], 0, torch.arange(c, device=dev), nbytes, dev)
+            else:
+                b, h, n, d = part.shape
+                grid = code(layer, torch.arange(b, device=dev)[:, None, None, None],
+                            torch.arange(h, device=dev)[None, :, None, None],
+                            torch.arange(n, device=dev)[None, None, :, None], kv, torch.arange(d, device=dev),
+                            nbytes, dev)
+            int_view(part).copy_(grid)
+
+
+def expected_chunk(slots: torch.Tensor, caches: list[torch.Tensor], mla: bool, head_size: int) -> torch.Tensor:
+    """The integer chunk a correct extract returns for ``slots``: MLA (L, T, C); GQA (L, T, H, 2, D)."""
+    c0 = caches[0]
+    dev, nbytes = c0.device, c0.element_size()
+    n_tok = c0.shape[-2]
+    s = slots.to(dev)
+    b, n = s // n_tok, s % n_tok
+    layer = torch.arange(len(caches), device=dev)
+    if mla:
+        width = c0.shape[-1]
+        return code(layer[:, None, None], b[None, :, None], 0, n[None, :, None], 0,
+                    torch.arange(width, device=dev), nbytes, dev)
+    heads = c0.shape[1]
+    return code(layer[:, None, None, None, None], b[None, :, None, None, None],
+                torch.arange(heads, device=dev)[None, None, :, None, None], n[None, :, None, None, None],
+                torch.arange(2, device=dev)[None, None, None, :, None], torch.arange(head_size, device=dev),
+                nbytes, dev)
+
+
+def read_back(caches: list[torch.Tensor], backend: str, head_size: int, slots: torch.Tensor) -> torch.Tensor:
+    """What the backend would read at ``slots`` (integer view), in the chunk's shape."""
+    n_tok = caches[0].shape[-2]
+    s = slots.to(caches[0].device)
+    b, n = s // n_tok, s % n_tok
+    out = []
+    for cache in caches:
+        parts = reading(cache, backend, head_size)
+        if len(parts) == 1:
+            out.append(int_view(parts[0])[b, n])
+        else:
+            k, v = (int_view(p)[b, :, n] for p in parts)  # (T, H, D)
+            out.append(torch.stack([k, v], dim=2))
+    return torch.stack(out)

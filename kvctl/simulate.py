@@ -341,17 +341,20 @@ def sweep(
     grid: dict[str, list[Any]],
     workload_for: Any,
     bench: dict[int, float] | None = None,
+    runner: Any = None,
 ) -> list[SweepPoint]:
     """Simulate every point of ``grid`` (same seed: common random numbers across points).
 
-    ``workload_for(rate, prompt_tokens)`` returns the workload (``None`` values: the base ones).
+    ``workload_for(rate, prompt_tokens)`` returns the workload (``None`` values: the base ones);
+    ``runner(workload, cfg, bandwidth)`` simulates one point (default :func:`simulate`).
     """
+    runner = runner or simulate
     out = []
     for point in grid_points(grid):
         cfg = replace(base, **{k: v for k, v in point.items() if k in SimConfig.__dataclass_fields__})
         w = workload_for(point.get("rate"), point.get("prompt_tokens"))
         bw = effective_gbps(cfg.instances, cfg.instance_gbps, bench)
-        out.append(SweepPoint(point, simulate(w, cfg, bw)))
+        out.append(SweepPoint(point, runner(w, cfg, bw)))
     return out
 
 

@@ -8,6 +8,7 @@ import click
 
 from kvctl import render
 from kvctl.commands.cost import ARRIVAL_RATE, PREFILL_RATE, T0_S, bytes_per_token_options
+from kvctl.commands.fleet_options import fleet_options, render_fleet
 from kvctl.commands.options import FiniteFloat, count, non_negative, output_options, positive
 from kvctl.hooks import hookimpl
 
@@ -46,11 +47,13 @@ RESULT_COLS = ["ρ", "tier ρ", "p50 s", "p90 s", "p99 s", "max s", "p50 by thir
 @click.option("--seed", type=count(2**32 - 1, min=0), default=0, show_default=True, help="Seed of arrivals, lengths and hits (the same for every sweep point).")
 @click.option("--sweep", "sweep_specs", multiple=True, help="What-if grid, e.g. --sweep 'instances=1,2,4,8 loading=sync,async'.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="With --sweep: draw p50/p99 against the swept values to FILE.png.")
+@fleet_options
 @output_options
 def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | None, prompt_tokens: float | None, prompt_dist: str,
                  hit_fraction: float, hits_from_trace: bool, block_tokens: int, bytes_per_token: float, prefill_rate: float, t0: float, instances: int,
                  instance_gbps: float | None, bench_path: str | None, loading: str, async_timeout_s: float, seed: int,
-                 sweep_specs: tuple[str, ...], plot: str | None, as_json: bool) -> None:
+                 sweep_specs: tuple[str, ...], plot: str | None, engines: int, fit_from: str | None, get_times_from: str | None,
+                 readers_from: str | None, async_instance_gbps: float | None, async_overhead_s: float, as_json: bool) -> None:
     """Simulate one prefill engine with a remote KV tier: latency percentiles, ρ, stability.
 
     \b
@@ -62,7 +65,13 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
            --async-timeout of arrival is recomputed (its prefetch still uses the tier)
     B_eff = --instances × --instance-gbps, or the aggregate a --bench file measured.
     Output: p50/p90/p99/max, p50 by third of the run (drift), ρ, max queue, stable.
+    \b
+    Fleets (--engines E) and variability (--fit-from, --get-times-from,
+    --readers-from, --async-*): E engines with their own queues share the W
+    instances; per-engine and fleet percentiles, tier ρ per instance summed
+    over engines, GPU busy fraction; inputs past what was measured are flagged.
     """
+    from kvctl import fleet, variability  # noqa: PLC0415
     from kvctl import simulate as sim  # noqa: PLC0415 - numpy only when used
 
     if (rate is None) == (trace_path is None):
@@ -78,6 +87,11 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
         raise click.UsageError("--hits-from-trace needs --trace")
     base = sim.SimConfig(bytes_per_token, prefill_rate, t0, instances, instance_gbps, loading, async_timeout_s, hit_fraction, seed,
                          hits_from_trace)
+    var = variability.build(fit_from=fit_from, get_times_from=get_times_from, readers_from=readers_from,
+                            async_instance_gbps=async_instance_gbps, async_overhead_s=async_overhead_s,
+                            bytes_per_token=bytes_per_token, prefill_rate=prefill_rate,
+                            fit_gbps=sim.effective_gbps(instances, instance_gbps, bench), instances=instances)
+    is_fleet = engines > 1 or var.active
     cache: dict[Any, Any] = {}
 
     def workload_for(r: float | None = None, n: float | None = None) -> Any:
@@ -86,18 +100,20 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
             if trace_path:
                 cache[key] = sim.trace_workload(trace_path, requests, block_tokens)
             else:
-                cache[key] = sim.poisson_workload(r or rate, requests or 10000, n or prompt_tokens, prompt_dist, seed)
+                cache[key] = sim.poisson_workload((r or rate) * engines, requests or 10000, n or prompt_tokens, prompt_dist, seed)
         return cache[key]
 
     if sweep_specs:
         grid = sim.parse_sweep(sweep_specs)
         if trace_path and ("rate" in grid or "prompt_tokens" in grid):
             raise click.UsageError("--sweep rate/prompt_tokens need Poisson mode (--rate)")
-        points = sim.sweep(base, grid, workload_for, bench)
+        points = sim.sweep(base, grid, workload_for, bench,
+                           runner=(lambda w, c, bw: fleet.simulate_fleet(w, c, bw, engines, var)) if is_fleet else None)
         if plot:
             _plot(plot, grid, points)
         if as_json:
-            render.emit_json([{"parameters": p.parameters, **sim.result_dict(p.result)} for p in points])
+            to_dict = fleet.fleet_dict if is_fleet else sim.result_dict
+            render.emit_json([{"parameters": p.parameters, **to_dict(p.result)} for p in points])
             return
         keys = list(grid)
         render.table(
@@ -109,6 +125,13 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
         )
         return
     w = workload_for()
+    if is_fleet:
+        fres = fleet.simulate_fleet(w, base, sim.effective_gbps(instances, instance_gbps, bench), engines, var)
+        if as_json:
+            render.emit_json(fleet.fleet_dict(fres))
+        else:
+            render_fleet(fres, f"{engines} engine(s), {loading} loading, {instances} instance(s) — {w.source}")
+        return
     res = sim.simulate(w, base, sim.effective_gbps(instances, instance_gbps, bench))
     if as_json:
         render.emit_json(sim.result_dict(res))

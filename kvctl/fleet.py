@@ -1,0 +1,424 @@
+"""E prefill engines sharing one remote KV tier, with the variability of :mod:`kvctl.variability`.
+
+The model extends :func:`kvctl.simulate.simulate` (whose module docstring gives the per-request costs):
+
+* requests of the workload are dealt to the E engines at random (seeded), so a Poisson stream at
+  ``E·λ`` gives each engine its own Poisson stream at ``λ``; each engine is a FIFO queue;
+* the tier: W instances, every prompt split evenly over them (chunk c on instance ``c mod W``), so all
+  W see the same requests and each carries ``1/W`` of every prompt at ``1/W`` of ``B_eff``. With one
+  transfer-time multiplier per request (all ranks of a load see the same spread) the W instances are
+  W identical FIFO servers; the tier is solved as one. Per-instance ρ is therefore the SUM over
+  engines of ``λ_e·E[h·s/W] / (B_eff/W)``.
+* a load that starts with ``k − 1`` loads ahead of it in the tier is served at ``g(k)`` times the
+  one-reader bandwidth (the ``bench --sweep`` curve);
+* sync: an engine issues the load when it starts the request and is held until the load is done
+  (its wait for the tier included) plus the uncached tail. Engines and tier depend on each other;
+  the waits are found by iterating the two vectorised FIFO passes to their fixed point (exact: the
+  system is causal, so the fixed point is the event-by-event answer), and, if that takes more than
+  :data:`MAX_ITERATIONS` passes, by an event-by-event loop;
+* async: the prefetch is issued on arrival at the async bandwidth; an abandoned load (past the
+  timeout) still occupies the tier and the engine recomputes the request, queued on the same engine
+  from ``arrival + timeout``; every async request pays ``async_overhead_s`` of latency;
+* GPU busy fraction: the compute an engine does (prefill of misses and timeouts, tails of hits)
+  over the run's span. A synchronous load holds the engine but not its GPU.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvctl.cost import GB, require_positive
+from kvctl.errors import InvalidInput
+from kvctl.simulate import LOADINGS, SimConfig, Workload, _in_system_ahead, fifo
+from kvctl.thresholds import RHO_UNSTABLE
+from kvctl.variability import Variability, gain_for
+
+#: passes of the tier alone before its reader counts must have settled
+MAX_ITERATIONS = 200
+#: arrivals per block of the synchronous fixed point, passes per block, and the most requests carried
+#: from block to block before the event-by-event loop takes over
+BLOCK = 2048
+BLOCK_PASSES = 200
+CARRY_MAX = 16 * BLOCK
+#: a load finishing within this of another's issue is not in flight with it (an engine's next load is
+#: issued the instant its previous one ends; rounding must not count that one as a concurrent reader)
+TIE_S = 1e-9
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    engine: int
+    requests: int
+    hits: int
+    timeouts: int
+    p50_s: float
+    p90_s: float
+    p99_s: float
+    max_s: float
+    mean_s: float
+    mean_wait_s: float
+    rho: float | None  # offered: λ_e·E[engine hold without waiting for the tier]
+    gpu_busy_frac: float
+    max_queue: int
+
+
+@dataclass(frozen=True)
+class FleetResult:
+    p50_s: float
+    p90_s: float
+    p99_s: float
+    max_s: float
+    mean_s: float
+    thirds_p50_s: list[float | None]
+    rho: float | None  # the busiest engine's offered ρ
+    max_queue: int
+    stable: bool | None
+    requests: int
+    hits: int
+    timeouts: int
+    mean_wait_s: float
+    offered_rate: float | None  # the fleet's λ (all engines)
+    bandwidth_gbps: float
+    tier_rho: float | None  # per instance, summed over the engines that use it
+    loading: str
+    instances: int
+    engines: int
+    gpu_busy_frac: float  # mean over engines
+    per_engine: tuple[EngineStats, ...]
+    extrapolated: tuple[str, ...]
+    notes: tuple[str, ...]
+    solver: str  # "fixed point (N passes)", "event loop", "closed form"
+
+
+def _pcts(x: np.ndarray) -> tuple[float, float, float]:
+    p50, p90, p99 = np.percentile(x, [50, 90, 99])
+    return float(p50), float(p90), float(p99)
+
+
+def _gain_table(gain: dict[int, float], most: int) -> np.ndarray:
+    """``g(k)`` for k = 0 … most (index k), linear between measured counts, flat past the last."""
+    g, _ = gain_for(gain, np.arange(most + 1, dtype=float))
+    return g
+
+
+def _tier_pass(arrival: np.ndarray, transfer: np.ndarray, gtab: np.ndarray | None,
+               k: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """One pass of the tier's FIFO server (loads arriving at sorted ``arrival``), each load served at
+    ``g(k)`` times the one-reader bandwidth for ``k`` loads in the tier when it arrived (itself
+    included; None: 1). Returns (start, finish, k as this pass's finishes give it)."""
+    if gtab is None:
+        start, finish = fifo(arrival, transfer)
+        return start, finish, None
+    g = gtab[np.minimum(k, len(gtab) - 1)] if k is not None else 1.0
+    start, finish = fifo(arrival, transfer / g)
+    # finishes of a FIFO server are sorted; a load finishing at (or within TIE_S of) an arrival is gone
+    new_k = np.arange(1, len(arrival) + 1) - np.searchsorted(finish, arrival + TIE_S, side="right")
+    return start, finish, new_k
+
+
+def _tier(arrival: np.ndarray, transfer: np.ndarray, gtab: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The tier alone (async prefetches issued on arrival): passes until ``k`` settles (it depends on
+    earlier finishes only, so it does)."""
+    k = None
+    for _ in range(MAX_ITERATIONS):
+        start, finish, new_k = _tier_pass(arrival, transfer, gtab, k)
+        if new_k is None or (k is not None and np.array_equal(new_k, k)):
+            break
+        k = new_k
+    return start, finish, k
+
+
+def _engine_fifo(ready: np.ndarray, hold: np.ndarray, groups: list[np.ndarray], in_order: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Each engine a FIFO queue over its requests ``groups[e]``, served in order of ``ready``
+    (``in_order``: ``ready`` is already sorted within each group)."""
+    start = np.empty(len(ready))
+    finish = np.empty(len(ready))
+    for idx in groups:
+        order = idx if in_order else idx[np.argsort(ready[idx], kind="stable")]
+        s, f = fifo(ready[order], hold[order])
+        start[order] = s
+        finish[order] = f
+    return start, finish
+
+
+def _sync_event_loop(arrival, hit, transfer, tail, prefill, gtab, groups):  # noqa: ANN001, ANN202
+    """Sync fleet, one request at a time in the order engines issue them (the reference answer)."""
+    n = len(arrival)
+    arr, tr, tl, pf, ht = arrival.tolist(), transfer.tolist(), tail.tolist(), prefill.tolist(), hit.tolist()
+    gl = gtab.tolist() if gtab is not None else None
+    start, finish, twait, ks = [0.0] * n, [0.0] * n, [0.0] * n, [1] * n
+    queues = [g.tolist() for g in groups]
+    pos = [0] * len(queues)
+    heap = [(arr[q[0]], e) for e, q in enumerate(queues) if q]
+    heapq.heapify(heap)
+    tier_free: float = 0.0
+    inflight: deque[float] = deque()
+    while heap:
+        t, e = heapq.heappop(heap)
+        i = queues[e][pos[e]]
+        if ht[i]:
+            while inflight and inflight[0] <= t + TIE_S:
+                inflight.popleft()
+            h = tr[i]
+            if gl is not None:
+                ks[i] = k = len(inflight) + 1
+                h /= gl[min(k, len(gl) - 1)]
+            ts = t if t > tier_free else tier_free
+            tier_free = ts + h
+            inflight.append(tier_free)
+            twait[i] = ts - t
+            done = tier_free + tl[i]
+        else:
+            done = t + pf[i]
+        start[i], finish[i] = t, done
+        pos[e] += 1
+        if pos[e] < len(queues[e]):
+            j = queues[e][pos[e]]
+            heapq.heappush(heap, (arr[j] if arr[j] > done else done, e))
+    k_hits = np.array(ks)[hit] if gl is not None else None
+    return np.array(start), np.array(finish), np.array(twait), k_hits
+
+
+def _fifo_from(free: float, arrival: np.ndarray, hold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A FIFO server that is busy until ``free`` before the first of these arrivals (Lindley's
+    recursion holds for any service order, so a zero-length job at ``free`` in front does it)."""
+    s, f = fifo(np.concatenate(([free], arrival)), np.concatenate(([0.0], hold)))
+    return s[1:], f[1:]
+
+
+@dataclass
+class _State:
+    """What the requests before a block's first arrival leave behind."""
+
+    engine_free: np.ndarray  # per engine: when its last request finishes
+    tier_free: float  # when the tier's last load finishes
+    inflight: np.ndarray  # finishes (sorted) of loads still in the tier
+
+
+def _sync_block(idx: np.ndarray, arrival, eng, hit, transfer, tail, prefill, gtab, st: _State):  # noqa: ANN001, ANN202
+    """Fixed point of the engines' and the tier's FIFO passes for requests ``idx`` (sorted by arrival)
+    from state ``st``. Returns (start, finish, tier wait, tier hold, k) over ``idx``, or None if it did
+    not settle within :data:`BLOCK_PASSES` passes."""
+    m = len(idx)
+    a, e, h = arrival[idx], eng[idx], hit[idx]
+    hl = np.flatnonzero(h)
+    tr, tl, pf = transfer[idx], tail[idx], prefill[idx]
+    # the engines side by side: row g holds engine g's requests in arrival order, padded at the end with
+    # zero-length jobs (they change nothing before them); a zero-length job at engine_free leads each row
+    by = np.argsort(e, kind="stable")
+    counts = np.bincount(e, minlength=len(st.engine_free))
+    width = int(counts.max()) + 1
+    row = e[by]
+    col = np.arange(m) - np.repeat(np.cumsum(counts) - counts, counts) + 1
+    a2 = np.empty((len(counts), width))
+    a2[:, 0] = st.engine_free
+    a2[:, 1:] = np.maximum(st.engine_free, a.max())[:, None]
+    a2[row, col] = a[by]
+    h2 = np.zeros((len(counts), width))
+    twait = np.zeros(m)
+    hold_t = tr.copy()
+    k = np.ones(len(hl), dtype=np.int64)
+    base = len(st.inflight)
+    start = np.empty(m)
+    for _ in range(BLOCK_PASSES):
+        hold = np.where(h, twait + hold_t + tl, pf)
+        h2[row, col] = hold[by]
+        x = np.zeros_like(a2)
+        x[:, 1:] = h2[:, :-1] - np.diff(a2, axis=1)
+        c = np.cumsum(x, axis=1)
+        start[by] = (a2 + c - np.minimum.accumulate(np.minimum(c, 0.0), axis=1))[row, col]
+        issue = start[hl]
+        order = np.argsort(issue, kind="stable")
+        iss, trs = issue[order], tr[hl][order]
+        g_now = gtab[np.minimum(k[order], len(gtab) - 1)] if gtab is not None else 1.0
+        ts, tf = _fifo_from(st.tier_free, iss, trs / g_now)
+        new_k = k
+        if gtab is not None:
+            new_k = np.empty_like(k)
+            fins = np.concatenate((st.inflight, tf))
+            new_k[order] = base + np.arange(1, len(iss) + 1) - np.searchsorted(fins, iss + TIE_S, side="right")
+        new_wait = np.zeros(m)
+        new_hold = tr.copy()
+        new_wait[hl[order]] = ts - iss
+        new_hold[hl[order]] = tf - ts
+        if (np.abs(new_wait - twait).max(initial=0.0) <= 1e-9 and np.abs(new_hold - hold_t).max(initial=0.0) <= 1e-12
+                and np.array_equal(new_k, k)):
+            return start, start + hold, twait, hold_t, k
+        twait, hold_t, k = new_wait, new_hold, new_k
+    return None
+
+
+def _sync(arrival, eng, hit, transfer, tail, prefill, gtab, engines):  # noqa: ANN001, ANN202
+    """(start, finish, tier wait, k per hit or None, solver) of a synchronous fleet.
+
+    Blocks of :data:`BLOCK` arrivals in time order: each block's fixed point is exact for the requests
+    it issues before the next block's first arrival (nothing later can reach back); those issued later
+    (engines backlogged) are carried into the next block with the state the final ones leave.
+    """
+    n = len(arrival)
+    groups = [np.flatnonzero(eng == g) for g in range(engines)]
+    if engines == 1 and gtab is None:
+        hold = np.where(hit, transfer + tail, prefill)
+        start, finish = fifo(arrival, hold)
+        return start, finish, np.zeros(n), None, "closed form"
+    start, finish, twait = np.empty(n), np.empty(n), np.zeros(n)
+    kk = np.ones(n, dtype=np.int64)
+    st = _State(np.full(engines, -np.inf), -np.inf, np.empty(0))
+    pending = np.empty(0, dtype=np.int64)
+    pos = blocks = 0
+    while pos < n or len(pending):
+        if len(pending) > CARRY_MAX:
+            break  # engines backlogged without end: the event loop is cheaper than re-solving the carry
+        idx = np.concatenate((pending, np.arange(pos, min(pos + BLOCK, n))))
+        pos = min(pos + BLOCK, n)
+        blocks += 1
+        if np.isneginf(st.tier_free):
+            st.tier_free = float(arrival[idx[0]])
+            st.engine_free[:] = arrival[idx[0]]
+        out = _sync_block(idx, arrival, eng, hit, transfer, tail, prefill, gtab, st)
+        if out is None:
+            break
+        s, f, tw, ht, k = out
+        t_next = arrival[pos] if pos < n else np.inf
+        final = s < t_next
+        fi = idx[final]
+        start[fi], finish[fi], twait[fi] = s[final], f[final], tw[final]
+        hfinal = final[hit[idx]]
+        kk[idx[hit[idx]][hfinal]] = k[hfinal]
+        for g in np.unique(eng[fi]):
+            st.engine_free[g] = f[final & (eng[idx] == g)].max()
+        hl = hit[idx] & final
+        if hl.any():
+            tier_fin = s[hl] + tw[hl] + ht[hl]
+            st.tier_free = max(st.tier_free, float(tier_fin.max()))
+            st.inflight = np.sort(np.concatenate((st.inflight, tier_fin)))
+        st.inflight = st.inflight[st.inflight > t_next + TIE_S] if np.isfinite(t_next) else st.inflight
+        pending = idx[~final]
+    else:
+        return start, finish, twait, (kk[hit] if gtab is not None else None), f"fixed point ({blocks} blocks)"
+    start, finish, twait, k = _sync_event_loop(arrival, hit, transfer, tail, prefill, gtab, groups)
+    return start, finish, twait, k, "event loop"
+
+
+def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: int = 1,
+                   var: Variability | None = None, engine_of: np.ndarray | None = None) -> FleetResult:
+    """Run ``engines`` engines over workload ``w`` (the whole fleet's arrivals) against one shared tier.
+
+    ``engine_of``: the engine of each request (default: dealt at random with ``cfg.seed``).
+    """
+    var = var or Variability()
+    require_positive("--bytes-per-token", cfg.bytes_per_token)
+    require_positive("--prefill-rate", cfg.prefill_rate)
+    require_positive("--t0", cfg.t0_s, allow_zero=True)
+    require_positive("bandwidth", bandwidth_gbps)
+    if engines < 1:
+        raise InvalidInput(f"--engines must be at least 1, got {engines}")
+    if not 0 <= cfg.hit_fraction <= 1:
+        raise InvalidInput(f"--hit-fraction must be in [0, 1], got {cfg.hit_fraction}")
+    if cfg.loading not in LOADINGS:
+        raise InvalidInput(f"--loading must be sync or async, got {cfg.loading!r}")
+    n = len(w.arrival_s)
+    arrival, tokens = w.arrival_s, w.tokens
+    if cfg.hits_from_trace:
+        if w.hit_tokens is None:
+            raise InvalidInput("--hits-from-trace needs a trace whose requests say what was cached")
+        hit_tokens = np.minimum(w.hit_tokens, tokens)
+    else:
+        hit_tokens = np.where(np.random.default_rng([cfg.seed, 3]).random(n) < cfg.hit_fraction, tokens, 0.0)
+    hit = hit_tokens > 0
+    if engine_of is not None:
+        eng = np.asarray(engine_of, dtype=np.int64)
+        if len(eng) != n or (n and (eng.min() < 0 or eng.max() >= engines)):
+            raise InvalidInput(f"engine_of must give an engine in [0, {engines}) for each of the {n} requests")
+    else:
+        eng = np.random.default_rng([cfg.seed, 4]).integers(0, engines, n) if engines > 1 else np.zeros(n, dtype=np.int64)
+    groups = [np.flatnonzero(eng == e) for e in range(engines)]
+    async_ = cfg.loading == "async"
+    bw = bandwidth_gbps
+    if async_ and var.async_instance_gbps:
+        bw = require_positive("--async-instance-gbps", var.async_instance_gbps) * cfg.instances
+    mult = np.ones(n)
+    if var.get_sigma > 0:
+        z = np.random.default_rng([cfg.seed, 5]).standard_normal(n)
+        mult = np.exp(var.get_sigma * z - var.get_sigma**2 / 2)  # mean 1: bandwidth keeps its mean
+    transfer = hit_tokens * cfg.bytes_per_token / (bw * GB) * mult
+    t0 = (np.random.default_rng([cfg.seed, 6]).choice(np.asarray(var.t0_samples_s), n) if var.t0_samples_s
+          else np.full(n, cfg.t0_s))
+    prefill = tokens / cfg.prefill_rate
+    tail = (tokens - hit_tokens) / cfg.prefill_rate
+    extrapolated: list[str] = []
+    # g(k) for every k up to the most loads the tier can hold at once (sync: one per engine)
+    gtab = _gain_table(var.readers_gain, engines if not async_ else max(engines, max(var.readers_gain) + 1)) if var.readers_gain else None
+    timed_out = np.zeros(n, dtype=bool)
+    if not async_:
+        start, finish, wait_tier, k, solver = _sync(arrival, eng, hit, transfer, tail, prefill, gtab, engines)
+        compute = np.where(hit, tail, prefill)
+        offered_hold = np.where(hit, transfer + tail, prefill)
+        latency = finish - arrival + np.where(hit, t0, 0.0)
+        wait = start - arrival + wait_tier
+    else:
+        require_positive("--async-timeout", cfg.async_timeout_s, allow_zero=True)
+        hidx = np.flatnonzero(hit)
+        t_start, loaded, k = _tier(arrival[hidx], transfer[hidx], gtab)
+        in_time = loaded - arrival[hidx] <= cfg.async_timeout_s
+        timed_out[hidx[~in_time]] = True
+        ready = arrival.copy()
+        ready[hidx] = np.where(in_time, loaded, arrival[hidx] + cfg.async_timeout_s)
+        served = hit & ~timed_out
+        compute = np.where(served, tail, prefill)
+        start, finish = _engine_fifo(ready, compute, groups)
+        offered_hold = compute
+        latency = finish - arrival + np.where(served, t0, 0.0) + var.async_overhead_s
+        wait = start - ready
+        wait[hidx[in_time]] += (t_start - arrival[hidx])[in_time]
+        solver = "closed form"
+    if k is not None and len(k) and k.max() > max(var.readers_gain):
+        extrapolated.append(f"concurrent readers per instance beyond the {max(var.readers_gain)} measured: throughput held flat")
+    span = float(max(finish.max(), arrival[-1]) - arrival[0]) if n else 0.0
+    rate = w.offered_rate
+    per = []
+    for e, idx in enumerate(groups):
+        if not len(idx):
+            continue
+        lat = latency[idx]
+        p50, p90, p99 = _pcts(lat)
+        lam_e = rate * len(idx) / n if rate else None
+        per.append(EngineStats(
+            engine=e, requests=len(idx), hits=int(hit[idx].sum()), timeouts=int(timed_out[idx].sum()),
+            p50_s=p50, p90_s=p90, p99_s=p99, max_s=float(lat.max()), mean_s=float(lat.mean()),
+            mean_wait_s=float(wait[idx].mean()),
+            rho=float(lam_e * offered_hold[idx].mean()) if lam_e else None,
+            gpu_busy_frac=float(compute[idx].sum() / span) if span > 0 else 0.0,
+            max_queue=_in_system_ahead(arrival[idx], finish[idx]),
+        ))
+    tier_rho = float(rate * (transfer[hit].sum() / n)) if rate else None
+    rhos = [p.rho for p in per if p.rho is not None]
+    rho = max(rhos) if rhos else None
+    p50, p90, p99 = _pcts(latency)
+    return FleetResult(
+        p50_s=p50, p90_s=p90, p99_s=p99, max_s=float(latency.max()), mean_s=float(latency.mean()),
+        thirds_p50_s=[float(np.percentile(part, 50)) if len(part) else None for part in np.array_split(latency, 3)],
+        rho=rho,
+        max_queue=max(p.max_queue for p in per),
+        stable=None if rho is None else rho < RHO_UNSTABLE and (tier_rho or 0.0) < RHO_UNSTABLE,
+        requests=n, hits=int(hit.sum()), timeouts=int(timed_out.sum()), mean_wait_s=float(wait.mean()),
+        offered_rate=rate, bandwidth_gbps=bw, tier_rho=tier_rho, loading=cfg.loading, instances=cfg.instances,
+        engines=engines, gpu_busy_frac=float(np.mean([p.gpu_busy_frac for p in per])), per_engine=tuple(per),
+        extrapolated=tuple(extrapolated), notes=var.notes, solver=solver,
+    )
+
+
+def fleet_dict(res: FleetResult) -> dict[str, Any]:
+    """JSON of a fleet result: ``simulate``'s keys first, then the fleet's, per engine last."""
+    from kvctl.simulate import result_dict  # noqa: PLC0415
+
+    d = result_dict(res)  # type: ignore[arg-type]
+    d["per_engine"] = [e.__dict__ for e in res.per_engine]
+    d["extrapolated"] = list(res.extrapolated)
+    d["notes"] = list(res.notes)
+    return d

@@ -1,0 +1,179 @@
+"""Variability for ``kvctl simulate``/``plan``, each fitted from a file an operator already has.
+
+* T0 (the fixed per-hit engine cost, paper §4) as an empirical distribution: from a ``kvctl replay``
+  run file, each hit's ``T0_i = t − h·s/B − (n − h)/R`` (t the time to first token from sending, h
+  the cached tokens, n the prompt); rows alone in flight only when there are enough of them, so
+  queueing does not pass for T0.
+* GET time variance: a ``kvctl bench --save`` JSON's p50 and p99 per batch give a lognormal
+  multiplier of the transfer time with mean 1 (``σ = ln(p99/p50) / z₉₉``), so bandwidth and ρ keep
+  their means and only the spread is added.
+* throughput against concurrent readers: the one-instance runs of a ``kvctl bench --sweep`` JSON
+  (1, 2, 4… clients) give ``g(k) = B(k clients) / B(1 client)``; an instance serving a backlog of k
+  readers works at ``g(k)`` times its one-reader bandwidth. Past the most clients measured the curve
+  is held flat and the result says it was extrapolated.
+* async bandwidth: the rank-0 store loads with one client, so a bench file's 1 instance × 1 client
+  run is the per-instance bandwidth of an async prefetch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvctl.cost import GB
+from kvctl.errors import InvalidInput
+
+#: the standard normal's 99th percentile: p99/p50 of a lognormal is exp(σ·Z99)
+Z99 = 2.3263478740408408
+#: a bench/run file larger than this is not one kvctl wrote
+MAX_FILE_BYTES = 512 * 2**20
+#: fewest in-flight-alone hit rows of a run file to fit T0 from them only
+MIN_ALONE_ROWS = 10
+
+
+@dataclass(frozen=True)
+class Variability:
+    """What varies from request to request; the defaults are the constant model of ``simulate``."""
+
+    t0_samples_s: tuple[float, ...] = ()  # empirical T0 distribution (resampled); empty: the constant T0
+    get_sigma: float = 0.0  # lognormal σ of the transfer-time multiplier (mean 1)
+    readers_gain: dict[int, float] = field(default_factory=dict)  # k concurrent readers → g(k); {} : 1
+    async_instance_gbps: float | None = None  # per-instance bandwidth of async prefetches (None: the sync one)
+    async_overhead_s: float = 0.0  # added to every async request's latency
+    notes: tuple[str, ...] = ()  # where each input came from
+
+    @property
+    def active(self) -> bool:
+        return bool(self.t0_samples_s or self.get_sigma or self.readers_gain or self.async_instance_gbps or self.async_overhead_s)
+
+
+def _load_json(path: str, what: str) -> Any:
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise InvalidInput(f"{what} {path} is larger than {MAX_FILE_BYTES >> 20} MiB")
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InvalidInput(f"{what} {path} is not a `kvctl bench --save` file: {getattr(e, 'strerror', None) or e}") from e
+
+
+def _get_runs(data: Any, path: str, what: str) -> list[dict[str, Any]]:
+    runs = data.get("runs") if isinstance(data, dict) else None
+    if not isinstance(runs, list):
+        raise InvalidInput(f"{what} {path} is not a `kvctl bench --save` file (no runs)")
+    return [r for r in runs if isinstance(r, dict) and r.get("op") == "get"]
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 else None
+
+
+def lognormal_sigma(p50: float, p99: float) -> float:
+    """σ of a lognormal whose 99th percentile is ``p99`` and median ``p50`` (0 when p99 ≤ p50)."""
+    return max(0.0, math.log(p99 / p50) / Z99) if p50 > 0 and p99 > 0 else 0.0
+
+
+def get_sigma_from_bench(path: str, instances: int | None = None) -> tuple[float, str]:
+    """Lognormal σ of batch GET time from a ``bench --save`` file: the GET run at ``instances`` with one
+    client (else the one-instance one-client run, else the first GET run with percentiles)."""
+    runs = [r for r in _get_runs(_load_json(path, "--get-times-from"), path, "--get-times-from")
+            if _num(r.get("p50_batch_ms")) and _num(r.get("p99_batch_ms"))]
+    if not runs:
+        raise InvalidInput(f"--get-times-from {path} has no GET run with p50_batch_ms and p99_batch_ms")
+
+    def pick(i: int | None, c: int | None) -> dict[str, Any] | None:
+        return next((r for r in runs if (i is None or r.get("instances") == i) and (c is None or r.get("clients") == c)), None)
+
+    run = pick(instances, 1) or pick(1, 1) or runs[0]
+    p50, p99 = float(run["p50_batch_ms"]), float(run["p99_batch_ms"])
+    sigma = lognormal_sigma(p50, p99)
+    return sigma, f"GET time: lognormal σ {sigma:.3f} from p50 {p50:g} ms, p99 {p99:g} ms per batch ({run.get('instances')} × {run.get('clients')}, {path})"
+
+
+def readers_gain_from_bench(path: str) -> tuple[dict[int, float], str]:
+    """``g(k)`` from the one-instance runs of a ``bench --sweep`` file (needs the 1-client run)."""
+    curve: dict[int, float] = {}
+    for r in _get_runs(_load_json(path, "--readers-from"), path, "--readers-from"):
+        gbps, k = _num(r.get("aggregate_gbps")), r.get("clients")
+        if r.get("instances") == 1 and gbps and isinstance(k, int) and k >= 1:
+            curve[k] = max(curve.get(k, 0.0), gbps)
+    if 1 not in curve or len(curve) < 2:
+        raise InvalidInput(f"--readers-from {path} needs one-instance GET runs at 1 and more clients (`kvctl bench --sweep`)")
+    gain = {k: curve[k] / curve[1] for k in sorted(curve)}
+    text = ", ".join(f"{k}: {g:.2f}×" for k, g in gain.items())
+    return gain, f"throughput against readers per instance {text} ({path})"
+
+
+def async_gbps_from_bench(path: str) -> tuple[float, str]:
+    """The 1 instance × 1 client GET bandwidth of a bench file: one rank-0 store client's prefetch."""
+    for r in _get_runs(_load_json(path, "--bench"), path, "--bench"):
+        gbps = _num(r.get("aggregate_gbps"))
+        if r.get("instances") == 1 and r.get("clients") == 1 and gbps:
+            return gbps, f"async per-instance bandwidth {gbps:.3f} GB/s: the 1 × 1 run of {path}"
+    raise InvalidInput(f"{path} has no 1 instance × 1 client GET run for the async bandwidth")
+
+
+def gain_for(gain: dict[int, float], k: np.ndarray) -> tuple[np.ndarray, bool]:
+    """``g(k)`` for each count in ``k`` (linear between measured counts, flat past the last); and
+    whether any k went past the most readers measured."""
+    if not gain:
+        return np.ones(len(k)), False
+    ks = np.array(sorted(gain), dtype=float)
+    gs = np.array([gain[int(x)] for x in ks])
+    return np.interp(k, ks, gs), bool((k > ks[-1]).any())
+
+
+def t0_from_run(path: str, bytes_per_token: float, bandwidth_gbps: float, prefill_rate: float) -> tuple[tuple[float, ...], str]:
+    """The empirical T0 distribution of a replay run file (see the module docstring)."""
+    from kvctl.replay.runfile import read_run  # noqa: PLC0415
+
+    run = read_run(path)
+    rows = [r for r in run.rows if r.get("status") == "ok" and _num(r.get("cached_tokens")) and _num(r.get("prompt_tokens"))]
+    if not rows:
+        raise InvalidInput(f"--fit-from {path} has no successful request with cached_tokens > 0 (no hit to fit T0 from)")
+    alone = [r for r in rows if r.get("in_flight") == 1]
+    use = alone if len(alone) >= MIN_ALONE_ROWS else rows
+    out = []
+    for r in use:
+        n, h = float(r["prompt_tokens"]), min(float(r["cached_tokens"]), float(r["prompt_tokens"]))
+        first, sent = r.get("first_token_s"), r.get("sent_s")
+        t = float(first) - float(sent) if _num(first) and isinstance(sent, (int, float)) else float(r["latency_s"])
+        out.append(max(0.0, t - h * bytes_per_token / (bandwidth_gbps * GB) - (n - h) / prefill_rate))
+    arr = np.array(out)
+    which = "alone in flight" if use is alone else "all hits (fewer than 10 alone in flight: queueing may be in it)"
+    return tuple(out), (f"T0 from {len(out)} hits of {path} ({which}): p50 {np.percentile(arr, 50):.3f} s, "
+                        f"p99 {np.percentile(arr, 99):.3f} s")
+
+
+def build(*, fit_from: str | None = None, get_times_from: str | None = None, readers_from: str | None = None,
+          async_instance_gbps: float | None = None, async_overhead_s: float = 0.0, bytes_per_token: float = 0.0,
+          prefill_rate: float = 0.0, fit_gbps: float | None = None, instances: int | None = None) -> Variability:
+    """A :class:`Variability` from the files given (None: that input stays constant).
+
+    ``fit_gbps``: the tier bandwidth the ``fit_from`` run saw (its transfers are taken out of T0).
+    """
+    notes: list[str] = []
+    t0: tuple[float, ...] = ()
+    if fit_from:
+        if not fit_gbps:
+            raise InvalidInput("--fit-from needs the bandwidth the run saw (--instance-gbps or --bench)")
+        t0, note = t0_from_run(fit_from, bytes_per_token, fit_gbps, prefill_rate)
+        notes.append(note)
+    sigma = 0.0
+    if get_times_from:
+        sigma, note = get_sigma_from_bench(get_times_from, instances)
+        notes.append(note)
+    gain: dict[int, float] = {}
+    if readers_from:
+        gain, note = readers_gain_from_bench(readers_from)
+        notes.append(note)
+    if async_instance_gbps is not None:
+        notes.append(f"async per-instance bandwidth {async_instance_gbps:g} GB/s")
+    if async_overhead_s:
+        notes.append(f"async overhead {async_overhead_s:g} s per request")
+    return Variability(t0, sigma, gain, async_instance_gbps, async_overhead_s, tuple(notes))

@@ -222,6 +222,9 @@ def _sync_block(idx: np.ndarray, arrival, eng, hit, transfer, tail, prefill, gta
     h2 = np.zeros((len(counts), width))
     twait = np.zeros(m)
     hold_t = tr.copy()
+    # first guess: every load issued on arrival (right wherever no engine queues, which is most requests)
+    ts0, _ = _fifo_from(st.tier_free, a[hl], tr[hl])
+    twait[hl] = ts0 - a[hl]
     k = np.ones(len(hl), dtype=np.int64)
     base = len(st.inflight)
     start = np.empty(m)

@@ -15,24 +15,34 @@ chunks.
 * Keys: :func:`chunk_keys` is the one key builder for lookup, get and put,
   sync and async; keys always carry the worker-0 name, so a key never
   depends on the rank that wrote it (bug 3 of §5.4 cannot happen).
+* What a key covers: the model name, the KV format, every token up to the end
+  of its chunk, and a request's :class:`KeyExtra` -- whatever else vLLM's own
+  block hash covers (LoRA adapter, ``cache_salt``, multimodal inputs, prompt
+  embeddings). kvctl hashes these itself rather than reusing vLLM's block
+  hashes, which start from a per-process random seed unless PYTHONHASHSEED is
+  fixed: kvctl's keys must survive restarts and be shared between engines.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 from array import array
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
 
 from .urls import expand_url  # re-exported: part of this module's public API
 
 __all__ = [
     "KEY_WORKER_ID",
+    "KeyExtra",
     "chunk_keys",
     "chunk_start_token",
     "contiguous_hit_tokens",
     "cumulative_lengths",
     "expand_url",
+    "key_extra",
     "longest_prefix",
     "lookup_answer",
     "num_chunks",
@@ -136,6 +146,69 @@ def contiguous_hit_tokens(cum_lengths: Sequence[int], hits: Sequence[bool]) -> i
     return cum_lengths[h]
 
 
+@dataclass(frozen=True)
+class KeyExtra:
+    """What a request's chunk keys cover beyond its tokens (vLLM's block-hash "extra keys").
+
+    ``seed`` enters the hash chain before chunk 0, so it reaches every chunk
+    key of the prompt (LoRA adapter, ``cache_salt``); ``chunks`` holds
+    ``(chunk index, material)`` pairs that enter the chain at that chunk and,
+    the chain being a prefix chain, every later one too (multimodal inputs
+    overlapping the chunk, prompt embeddings). Built by :func:`key_extra`;
+    the scheduler builds it once per request and it travels to the workers in
+    the connector's metadata, so lookup, load and store use the same keys.
+    """
+
+    seed: bytes = b""
+    chunks: tuple[tuple[int, bytes], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.seed or self.chunks)
+
+
+def _canon(value: Any) -> bytes:
+    """A deterministic encoding of str/int/None/lists (no Python hash(), stable across processes and hosts)."""
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), sort_keys=True).encode()
+
+
+def key_extra(chunk_tokens: int, *, cache_salt: str | None = None, lora: Sequence[str] | None = None,
+              mm: Iterable[tuple[str, int, int]] = (),
+              chunk_material: Mapping[int, Sequence[Any]] | None = None) -> KeyExtra | None:
+    """The :class:`KeyExtra` of one request, or None when it has nothing beyond its tokens.
+
+    * ``cache_salt`` and ``lora`` (the adapter's name and path, as vLLM keys
+      it) go into the seed: they change every chunk key. vLLM salts only its
+      first block and relies on its chained hash; kvctl's keys are chained
+      too, so the seed reaches every chunk the same way.
+    * ``mm``: ``(identifier, offset, length)`` of each multimodal input, its
+      placeholder tokens at ``offset .. offset+length-1`` of the prompt. The
+      identifier and the offset enter the chain at every chunk the
+      placeholder overlaps (the same item at another position is another key).
+    * ``chunk_material``: more material per chunk index (prompt-embedding
+      digests, token kinds), JSON-encodable values.
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    seed_parts = {}
+    if cache_salt:
+        seed_parts["cache_salt"] = str(cache_salt)
+    if lora:
+        seed_parts["lora"] = [str(x) for x in lora]
+    per_chunk: dict[int, list[Any]] = {}
+    for identifier, offset, length in mm:
+        offset, length = int(offset), int(length)
+        if length <= 0:
+            continue
+        for c in range(offset // chunk_tokens, (offset + length - 1) // chunk_tokens + 1):
+            per_chunk.setdefault(c, []).append(["mm", str(identifier), offset, length])
+    for c, items in (chunk_material or {}).items():
+        per_chunk.setdefault(int(c), []).extend(items)
+    if not seed_parts and not per_chunk:
+        return None
+    return KeyExtra(_canon(seed_parts) if seed_parts else b"",
+                    tuple((c, _canon(per_chunk[c])) for c in sorted(per_chunk)))
+
+
 def _token_bytes(token_ids: Sequence[int]) -> bytes:
     """Token ids as little-endian int64 bytes (stable across hosts)."""
     arr = array("q", token_ids)
@@ -144,7 +217,8 @@ def _token_bytes(token_ids: Sequence[int]) -> bytes:
     return arr.tobytes()
 
 
-def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, model_name: str, fmt: str) -> list[str]:
+def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, model_name: str, fmt: str,
+               extra: KeyExtra | None = None) -> list[str]:
     """Remote keys of every chunk of a prompt, in chunk order.
 
     Key ``c`` hashes the whole token prefix up to the end of chunk ``c`` (a
@@ -153,6 +227,13 @@ def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, model_name: str, fmt
     equal prefixes. The key carries worker 0's name whatever rank builds it:
     ``{model_name}@{fmt}@w0@{hex digest}``. A trailing partial chunk gets a key
     too. Use this one function for lookup, get and put, sync and async.
+
+    ``extra`` (see :class:`KeyExtra`) folds the request's extra keys into the
+    chain: its seed right after the header, chunk c's material just before
+    chunk c's tokens, each through a differently personalised BLAKE2b so it
+    cannot be confused with token data. Without it (None or empty) the keys
+    are exactly the token-only keys of earlier releases, so stored chunks
+    still hit.
     """
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
@@ -162,9 +243,17 @@ def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, model_name: str, fmt
     step = chunk_tokens * 8
     header = f"kvctl-chunk\0{model_name}\0{fmt}\0".encode()
     prev = hashlib.blake2b(header, digest_size=_KEY_HASH_BYTES).digest()
+    material: dict[int, bytes] = {}
+    if extra:
+        if extra.seed:
+            prev = hashlib.blake2b(prev + extra.seed, digest_size=_KEY_HASH_BYTES, person=b"kvctl-key-seed").digest()
+        material = dict(extra.chunks)
     keys: list[str] = []
     prefix = f"{model_name}@{fmt}@w{KEY_WORKER_ID}@"
     for off in range(0, len(data), step):
+        more = material.get(off // step)
+        if more is not None:
+            prev = hashlib.blake2b(prev + more, digest_size=_KEY_HASH_BYTES, person=b"kvctl-key-chunk").digest()
         h = hashlib.blake2b(prev, digest_size=_KEY_HASH_BYTES)
         h.update(data[off : off + step])
         prev = h.digest()

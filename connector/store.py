@@ -35,7 +35,7 @@ from typing import Sequence
 
 import torch
 
-from .ownership import chunk_keys, chunk_start_token, cumulative_lengths, lookup_answer, num_chunks, owned_chunks
+from .ownership import KeyExtra, chunk_keys, chunk_start_token, cumulative_lengths, lookup_answer, num_chunks, owned_chunks
 from .urls import expand_url
 from .prefetch import LRUCache, PrefetchRequest
 from .protocol import DEFAULT_MODE, LoadResult, load_agreed_prefix
@@ -136,10 +136,15 @@ class ShardedStore:
         self.l2_get_seconds = 0.0
 
     # -- keys and ownership ---------------------------------------------------
-    def keys(self, token_ids: Sequence[int]) -> list[str]:
-        """Worker-0 keys of the prompt's full chunks (the one key builder, sync and async)."""
+    def keys(self, token_ids: Sequence[int], extra: KeyExtra | None = None) -> list[str]:
+        """Worker-0 keys of the prompt's full chunks (the one key builder, sync and async).
+
+        ``extra``: the request's extra key material (LoRA, cache_salt, multimodal inputs; see
+        :class:`~kvctl.connector.ownership.KeyExtra`); every method below takes it and passes it here.
+        """
         n_full = len(token_ids) // self.chunk_tokens
-        return chunk_keys(list(token_ids[: n_full * self.chunk_tokens]), self.chunk_tokens, self.model_name, self.fmt)
+        return chunk_keys(list(token_ids[: n_full * self.chunk_tokens]), self.chunk_tokens, self.model_name, self.fmt,
+                          extra)
 
     def owned(self, n_chunks: int) -> range:
         return owned_chunks(n_chunks, self.rank, self.world_size)
@@ -171,7 +176,8 @@ class ShardedStore:
         return self._get_gbps
 
     # -- store ------------------------------------------------------------------
-    def store(self, token_ids: Sequence[int], chunks: Sequence[torch.Tensor | None], first_chunk: int = 0) -> StoreResult:
+    def store(self, token_ids: Sequence[int], chunks: Sequence[torch.Tensor | None], first_chunk: int = 0,
+              extra: KeyExtra | None = None) -> StoreResult:
         """Store this rank's chunks of a prompt; ``chunks[c]`` is chunk c's KV (any rank holds all).
 
         Writes L1 and L2 (one pipelined batch). An unreachable tier is
@@ -179,7 +185,7 @@ class ShardedStore:
         Chunks before ``first_chunk`` are skipped (already stored; their
         ``chunks`` entries may be None).
         """
-        keys = self.keys(token_ids)
+        keys = self.keys(token_ids, extra)
         if len(chunks) < len(keys):
             raise ValueError(f"{len(keys)} full chunks in the prompt but {len(chunks)} chunk tensors")
         mine = [c for c in self.owned(len(keys)) if c >= first_chunk]
@@ -208,7 +214,7 @@ class ShardedStore:
         measured = self._get_gbps * self.world_size if self._get_gbps is not None else None
         return tokens if self.policy.load_wins(tokens, measured) else 0
 
-    def lookup(self, token_ids: Sequence[int]) -> int:
+    def lookup(self, token_ids: Sequence[int], extra: KeyExtra | None = None) -> int:
         """``a_r`` in tokens: start of this rank's first owned chunk missing from L1 and L2.
 
         L2 is asked only about owned chunks that are not in L1 (one pipeline);
@@ -216,7 +222,7 @@ class ShardedStore:
         """
         n_tokens = len(token_ids)
         n = num_chunks(n_tokens, self.chunk_tokens)
-        keys = self.keys(token_ids)
+        keys = self.keys(token_ids, extra)
         present = [True] * n  # lookup_answer reads only this rank's entries
         ask = []
         for c in self.owned(n):
@@ -264,7 +270,7 @@ class ShardedStore:
         return out
 
     def load(self, token_ids: Sequence[int], max_tokens: int | None = None, first_chunk: int = 0, *,
-             group=None) -> LoadResult:
+             group=None, extra: KeyExtra | None = None) -> LoadResult:
         """Load the agreed prefix of the prompt's chunks onto ``device`` on every rank.
 
         ``max_tokens`` caps the chunks asked for (e.g. the scheduler's agreed
@@ -277,7 +283,7 @@ class ShardedStore:
         store's ``group``); loads on different threads (a background load next
         to the engine's own) each pass their own and leave the store as it is.
         """
-        keys = self.keys(token_ids)
+        keys = self.keys(token_ids, extra)
         if max_tokens is not None:
             keys = keys[: max(0, max_tokens) // self.chunk_tokens]
         keys = keys[first_chunk:]
@@ -293,14 +299,14 @@ class ShardedStore:
         )
 
     # -- async prefetch (§5.3) --------------------------------------------------------
-    def prefetch(self, token_ids: Sequence[int]) -> PrefetchRequest:
+    def prefetch(self, token_ids: Sequence[int], extra: KeyExtra | None = None) -> PrefetchRequest:
         """Start prefetching this rank's owned chunks into L1; returns at once.
 
         Chunks already in L1 count immediately; the rest are fetched from L2
         in owned order on a background thread, stopping at the first miss.
         """
         n_tokens = len(token_ids)
-        keys = self.keys(token_ids)
+        keys = self.keys(token_ids, extra)
         mine = [keys[c] for c in self.owned(len(keys))]
         req = PrefetchRequest(mine, cumulative_lengths(n_tokens, self.rank, self.world_size, self.chunk_tokens))
         lead = 0

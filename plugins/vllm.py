@@ -49,6 +49,7 @@ from kvctl.connector.protocol import member_group
 from kvctl.connector.store import ShardedStore
 
 from .vllm_config import ConnectorConfigError, parse_settings
+from .vllm_keys import request_key_extra
 from .vllm_kv import GQALayout, MLALayout, slots_for
 from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec, _ReqState, shard_group, shard_group_kind
 from .vllm_lookup import LookupCache, PolicyState, TierLookup, loadable_chunks
@@ -160,6 +161,9 @@ class KvctlConnector(KVConnectorBase_V1):
         self._local_hit: dict[str, int] = {}  # req -> local computed tokens seen by the last lookup
         self._sync_answers = LookupCache(st.timeout_s)  # a waiting request's answer, reused step after step
         self._async_lookups: dict[str, tuple[Future, float, int]] = {}
+        # req -> its extra key material (LoRA, cache_salt, mm inputs: plugins/vllm_keys.py), built once from
+        # vLLM's Request; a request never seen with its Request (so its cache_salt is unknown) is not saved
+        self._extras: dict[str, Any] = {}
         # outer async lookups get their own threads: they wait on the lookup pool's per-rank EXISTS tasks
         self._async_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvctl-async-lookup")
         self.policy = None
@@ -182,23 +186,31 @@ class KvctlConnector(KVConnectorBase_V1):
             return 0
         return ext
 
+    def _key_extra(self, request: "Request"):
+        """The request's :class:`~kvctl.connector.ownership.KeyExtra` (None: tokens only), built once."""
+        rid = request.request_id
+        if rid not in self._extras:
+            self._extras[rid] = request_key_extra(request, self.chunk_tokens)
+        return self._extras[rid]
+
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         prompt = list(request.prompt_token_ids or [])
         first = num_computed_tokens // self.chunk_tokens
         if loadable_chunks(len(prompt), self.chunk_tokens) <= first:
             return 0, False
+        extra = self._key_extra(request)
         self._local_hit[request.request_id] = num_computed_tokens
         rid = request.request_id
         if not self.settings.async_loading:
             n_tokens = getattr(request, "num_tokens", len(prompt))
             result = self._sync_answers.get(rid, n_tokens, first)
             if result is None:
-                result = self.lookup.lookup(prompt, first)
+                result = self.lookup.lookup(prompt, first, extra=extra)
                 self._sync_answers.put(rid, n_tokens, result)
             return self._hit_tokens(request, num_computed_tokens, result), False
         entry = self._async_lookups.get(rid)
         if entry is None or entry[2] != first:
-            fut = self._async_pool.submit(self.lookup.lookup, prompt, first, True)
+            fut = self._async_pool.submit(self.lookup.lookup, prompt, first, True, extra)
             entry = (fut, time.monotonic(), first)
             self._async_lookups[rid] = entry
         fut, started, _ = entry
@@ -228,6 +240,7 @@ class KvctlConnector(KVConnectorBase_V1):
         rid = request.request_id
         self._async_lookups.pop(rid, None)
         self._sync_answers.drop(rid)
+        extra = self._key_extra(request)  # recorded for its save, whether or not it was looked up
         local = self._local_hit.pop(rid, None)
         if local is None:
             return
@@ -249,6 +262,7 @@ class KvctlConnector(KVConnectorBase_V1):
             skip_tokens=local,
             block_ids=list(blocks.get_block_ids()[0]),
             is_async=self.settings.async_loading,
+            key_extra=extra,
         ))
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
@@ -256,7 +270,10 @@ class KvctlConnector(KVConnectorBase_V1):
         self._pending_loads = []
         scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
-            st = _ReqState(list(new.prompt_token_ids or []), list(new.block_ids[0]))
+            st = _ReqState(list(new.prompt_token_ids or []), list(new.block_ids[0]),
+                           key_extra=self._extras.get(new.req_id))
+            if new.req_id not in self._extras:
+                st.saved = True  # its Request (cache_salt) never reached this side: storing it could mix tenants
             self._reqs[new.req_id] = st
             self._maybe_save(meta, new.req_id, st, new.num_computed_tokens + scheduled.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
@@ -280,11 +297,13 @@ class KvctlConnector(KVConnectorBase_V1):
             return
         st.saved = True
         meta.saves.append(SaveSpec(rid, st.prompt[: n_full * self.chunk_tokens],
-                                   st.block_ids[: -(-n_full * self.chunk_tokens // self.block_size)]))
+                                   st.block_ids[: -(-n_full * self.chunk_tokens // self.block_size)],
+                                   key_extra=st.key_extra))
 
     def _forget(self, rid: str) -> None:
         self._reqs.pop(rid, None)
         self._local_hit.pop(rid, None)
+        self._extras.pop(rid, None)
         self._sync_answers.drop(rid)
         entry = self._async_lookups.pop(rid, None)
         if entry is not None:
@@ -394,13 +413,13 @@ class KvctlConnector(KVConnectorBase_V1):
         planned = spec.end_chunk - spec.first_chunk
         if self._hook is not None:
             try:
-                self._hook(self.rank, store.keys(spec.token_ids), spec.first_chunk, store.url)
+                self._hook(self.rank, store.keys(spec.token_ids, spec.key_extra), spec.first_chunk, store.url)
             except Exception:  # noqa: BLE001 - a test hook must not break the engine
                 logger.exception("KvctlConnector before-load hook failed")
         agreed = prefix = 0  # agreed: the same on every rank; prefix: chunks written into this rank's cache
         interrupted: BaseException | None = None
         try:
-            result = store.load(spec.token_ids, spec.end_chunk * ct, spec.first_chunk, group=group)
+            result = store.load(spec.token_ids, spec.end_chunk * ct, spec.first_chunk, group=group, extra=spec.key_extra)
             agreed = result.prefix
             for i, chunk in enumerate(result.chunks):
                 c = spec.first_chunk + i
@@ -481,11 +500,11 @@ class KvctlConnector(KVConnectorBase_V1):
             for c in range(first, n_full):
                 if c % W == r:
                     chunks[c] = full[:, (c - first) * ct : (c - first + 1) * ct].contiguous()
-        self._saver.submit(self._store_chunks, spec.token_ids, chunks, first)
+        self._saver.submit(self._store_chunks, spec.token_ids, chunks, first, spec.key_extra)
 
-    def _store_chunks(self, token_ids: list[int], chunks, first: int) -> None:
+    def _store_chunks(self, token_ids: list[int], chunks, first: int, extra=None) -> None:
         try:
-            res = self.store.store(token_ids, chunks, first)
+            res = self.store.store(token_ids, chunks, first, extra)
             if res.l2_error:
                 logger.warning("KvctlConnector rank %d: store failed: %s", self.rank, res.l2_error)
         except Exception:  # noqa: BLE001 - a failed save is a future miss, never an engine error

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from kvctl.connector.ownership import (
+    KeyExtra,
     chunk_keys,
     contiguous_hit_tokens,
     cumulative_lengths,
@@ -60,8 +61,10 @@ class TierLookup:
         self.clients = [RespClient(u, timeout_s=timeout_s, pool_size=2) for u in self.urls]
         self._pool = ThreadPoolExecutor(max_workers=max(2, 2 * self.world_size), thread_name_prefix="kvctl-lookup")
 
-    def keys(self, token_ids: Sequence[int], n_chunks: int) -> list[str]:
-        return chunk_keys(list(token_ids[: n_chunks * self.chunk_tokens]), self.chunk_tokens, self.model_name, self.fmt)
+    def keys(self, token_ids: Sequence[int], n_chunks: int, extra: KeyExtra | None = None) -> list[str]:
+        """The same keys the workers load and store under (``extra``: the request's LoRA/salt/mm material)."""
+        return chunk_keys(list(token_ids[: n_chunks * self.chunk_tokens]), self.chunk_tokens, self.model_name, self.fmt,
+                          extra)
 
     def _rank_present(self, rank: int, keys: list[str], first: int, stop_at_first_miss: bool) -> list[bool]:
         """Presence of rank ``rank``'s owned chunks >= ``first``, in owned order (EXISTS on its instance)."""
@@ -73,7 +76,8 @@ class TierLookup:
             found = found[: found.index(False) + 1]
         return found
 
-    def lookup(self, token_ids: Sequence[int], first_chunk: int = 0, vector: bool = False) -> LookupResult:
+    def lookup(self, token_ids: Sequence[int], first_chunk: int = 0, vector: bool = False,
+               extra: KeyExtra | None = None) -> LookupResult:
         """The agreed hit for a prompt, from chunk ``first_chunk`` on; bounded by ``timeout_s``.
 
         ``vector=True`` answers through each rank's cumulative-length vector
@@ -82,7 +86,7 @@ class TierLookup:
         n = loadable_chunks(len(token_ids), self.chunk_tokens)
         if n <= first_chunk:
             return LookupResult(first_chunk, first_chunk, n)
-        keys = self.keys(token_ids, n)
+        keys = self.keys(token_ids, n, extra)
         now = time.monotonic()
         futures = [None if now < self._down_until[r] else self._pool.submit(self._rank_present, r, keys, first_chunk, vector)
                    for r in range(self.world_size)]

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
+from kvctl.connector.ownership import KeyExtra
+
 from .vllm_config import ConnectorConfigError
 
 __all__ = ["KvctlConnectorMetadata", "LoadSpec", "SaveSpec", "shard_group", "shard_group_kind"]
@@ -20,6 +22,7 @@ class LoadSpec:
     skip_tokens: int  # tokens already computed locally (block-aligned, may be mid-chunk)
     block_ids: list[int]
     is_async: bool = False
+    key_extra: KeyExtra | None = None  # LoRA/cache_salt/mm material of the keys (plugins/vllm_keys.py)
 
 
 @dataclass
@@ -27,6 +30,7 @@ class SaveSpec:
     req_id: str
     token_ids: list[int]  # the prompt's full chunks
     block_ids: list[int]
+    key_extra: KeyExtra | None = None  # the same material the scheduler's lookup used
 
 
 @dataclass
@@ -40,6 +44,7 @@ class _ReqState:
     prompt: list[int]
     block_ids: list[int]
     saved: bool = False
+    key_extra: KeyExtra | None = None
 
 
 def shard_group(parallel_config) -> tuple[str, int]:

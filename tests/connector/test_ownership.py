@@ -169,4 +169,4 @@ def test_one_key_builder_has_no_rank_input():
     import inspect
 
     params = set(inspect.signature(chunk_keys).parameters)
-    assert params == {"token_ids", "chunk_tokens", "model_name", "fmt"}
+    assert params == {"token_ids", "chunk_tokens", "model_name", "fmt", "extra"}  # extra: the request's, not the rank's

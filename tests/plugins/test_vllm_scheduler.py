@@ -159,6 +159,8 @@ def test_alloc_plans_an_offset_load_and_prefill_completion_plans_the_save(tier):
 
 def test_chunked_prefill_preemption_and_finish(tier):
     conn = scheduler([s.url for s in tier])
+    # vLLM calls update_state_after_alloc for every request it schedules from the waiting queue
+    conn.update_state_after_alloc(req("p"), SimpleNamespace(get_block_ids=lambda: ([1, 2, 3, 4],)), 0)
     # step 1 of a chunked prefill: 8 of 17 tokens -> nothing to save yet
     m1 = conn.build_connector_meta(sched_out(new=[("p", TOKENS, [1, 2, 3, 4], 0)], scheduled={"p": 8}))
     assert m1.saves == []

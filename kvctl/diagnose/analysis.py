@@ -263,7 +263,7 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
     elif lm_bytes_rate is not None:
         l2_rate, l2_src = lm_bytes_rate, "lmcache:num_remote_read_bytes (engine side)"
     elif valkey_rate is not None:
-        l2_rate, l2_src = valkey_rate, "valkey INFO total_net_output_bytes (server side)"
+        l2_rate, l2_src = valkey_rate, "valkey INFO: bytes out to GETs (server side)"
     else:
         l2_rate, l2_src = None, None
         why["l2_bytes_per_request"] = "no L2 byte counter: neither kvctl:l2_get_bytes_total, lmcache:num_remote_read_bytes nor a --valkey instance"
@@ -292,7 +292,7 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
     elif any(i.bandwidth_gbps for i in ok_inst):
         busy = [i for i in ok_inst if i.bandwidth_gbps]
         bw, bw_src = sum(i.bandwidth_gbps for i in busy), BW_VALKEY
-        ex.append(Quantity("B, upper bound (GB/s)", bw, f"Σ_i Δtotal_net_output_bytes_i / Δcmdstat_get usec_i over {len(busy)} instance(s)", BANDWIDTH_SOURCES[BW_VALKEY]))
+        ex.append(Quantity("B, upper bound (GB/s)", bw, f"Σ_i GET bytes out_i / Δcmdstat_get usec_i over {len(busy)} instance(s)", BANDWIDTH_SOURCES[BW_VALKEY]))
     else:
         why["bandwidth_gbps"] = "no GET timing in the window: no kvctl:l2_get_seconds_total, lmcache:remote_time_to_get, or Valkey GETs"
     bw_implausible = None

@@ -18,6 +18,33 @@ from kvctl.diagnose.sources import metrics_url
 from kvctl.errors import InvalidInput
 
 GET_COMMANDS = ("cmdstat_get", "cmdstat_mget", "cmdstat_getex")
+#: INFO section headers ("# Commandstats\r\n" and the blank line before it), generously: ~15 sections.
+_INFO_HEADER_BYTES = 16 * 20
+
+
+def info_reply_bytes(info: dict[str, Any]) -> int:
+    """About how many bytes one INFO reply like ``info`` carried, from its parsed form: one
+    ``key:value\r\n`` line per field (``cmdstat_*``, ``db*`` as ``k=v,...``) and the section headers."""
+    n = _INFO_HEADER_BYTES
+    for k, v in info.items():
+        val = ",".join(f"{a}={b}" for a, b in v.items()) if isinstance(v, dict) else str(v)
+        n += len(str(k)) + len(val) + 3
+    return n
+
+
+def get_served_bytes(ia: dict[str, Any], ib: dict[str, Any], get_calls: float) -> float:
+    """Bytes the GETs served between two INFO samples: never the instance's other replies.
+
+    Valkey counts only all output together (``total_net_output_bytes``); commandstats count GETs. With no
+    GET in the window, no byte was served to a GET; otherwise the replies to INFO (the samplers' own,
+    and any other monitor's: Δ``cmdstat_info`` calls × the size of the INFO reply read here) are taken
+    out. The other commands an engine sends (EXISTS, SET) reply in a few bytes each.
+    """
+    if not get_calls:
+        return 0.0
+    out = M.delta(float(ia.get("total_net_output_bytes", 0)), float(ib.get("total_net_output_bytes", 0))) or 0.0
+    info_calls = M.delta(float((ia.get("cmdstat_info") or {}).get("calls", 0)), float((ib.get("cmdstat_info") or {}).get("calls", 0))) or 0.0
+    return max(0.0, out - info_calls * info_reply_bytes(ib))
 
 
 @dataclass(frozen=True)
@@ -196,7 +223,7 @@ def _instances(a: Sample, b: Sample, urls: list[str]) -> list[InstanceObs]:
         restarted = _cmd(ib, "calls") < _cmd(ia, "calls") or float(ib.get("total_net_output_bytes", 0)) < float(ia.get("total_net_output_bytes", 0))
         calls = M.delta(_cmd(ia, "calls"), _cmd(ib, "calls")) or 0.0
         usec = M.delta(_cmd(ia, "usec"), _cmd(ib, "usec")) or 0.0
-        out_bytes = M.delta(float(ia.get("total_net_output_bytes", 0)), float(ib.get("total_net_output_bytes", 0))) or 0.0
+        out_bytes = get_served_bytes(ia, ib, calls)
         evicted = M.delta(float(ia.get("evicted_keys", 0)), float(ib.get("evicted_keys", 0))) or 0.0
         out.append(
             InstanceObs(

@@ -25,6 +25,7 @@ DEFAULT_PLUGINS = (
     "kvctl.commands.replay",
     "kvctl.commands.report",
     "kvctl.commands.simulate",
+    "kvctl.commands.plan",
     "kvctl.commands.exporter",
     "kvctl.commands.doctor",
 )

@@ -1,0 +1,112 @@
+"""``kvctl plan``: size a (shared) tier — fewest instances and the loading mode that meet a p99 SLO."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from kvctl import render, thresholds
+from kvctl.commands.cost import ARRIVAL_RATE, PREFILL_RATE, T0_S, bytes_per_token_options
+from kvctl.commands.fleet_options import fleet_options
+from kvctl.commands.options import FiniteFloat, count, non_negative, output_options, positive
+from kvctl.hooks import hookimpl
+
+
+@hookimpl
+def register_commands(cli: click.Group) -> None:
+    cli.add_command(plan_cmd)
+
+
+COLS = ["instances", "loading", "B_eff GB/s", "tier ρ", "engine ρ", "p50 s", "p99 s", "timeouts", "meets", "why"]
+
+
+@click.command("plan")
+@click.option("--rate", type=ARRIVAL_RATE, help="Poisson arrival rate λ of EACH engine, requests/s (or --trace).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="The whole fleet's arrivals and prompt lengths from a trace (any `kvctl replay` format).")
+@click.option("--requests", type=count(10**7), help="Requests simulated per point (Poisson: default 20000; trace: the first N).")
+@click.option("--prompt-tokens", type=positive(1e9), help="Prompt tokens per request with --rate (the mean with --prompt-dist exponential).")
+@click.option("--prompt-dist", type=click.Choice(["fixed", "exponential"]), default="fixed", show_default=True, help="Prompt lengths with --rate.")
+@click.option("--hit-fraction", type=FiniteFloat(min=0, max=1), default=1.0, show_default=True, help="Share of requests that hit the tier.")
+@bytes_per_token_options()
+@click.option("--prefill-rate", type=PREFILL_RATE, required=True, help="Prefill throughput R, tokens/s.")
+@click.option("--t0", type=T0_S, default=0.33, show_default=True, help="Fixed per-hit cost T0, seconds (or its distribution with --fit-from).")
+@click.option("--slo-p99", "slo_p99_s", type=positive(86400), required=True, help="The SLO: p99 latency at most this many seconds.")
+@click.option("--rho-target", type=FiniteFloat(min=0, max=1, min_open=True), default=thresholds.RHO_TARGET, show_default=True, help="Highest tier ρ per instance (all engines) a plan may run at.")
+@click.option("--max-instances", type=count(4096), default=8, show_default=True, help="Most instances to try: the ranks W (one instance per rank).")
+@click.option("--instance-gbps", type=positive(1e6), help="GET bandwidth of one instance, GB/s (or --bench).")
+@click.option("--bench", "bench_path", type=click.Path(dir_okay=False), help="`kvctl bench --save` file: the measured aggregate at each instance count.")
+@click.option("--loading", type=click.Choice(["sync", "async", "both"]), default="both", show_default=True, help="Loading modes to search.")
+@click.option("--async-timeout", "async_timeout_s", type=non_negative(86400), default=3.0, show_default=True, help="async: a load not done this long after arrival is recomputed.")
+@click.option("--seed", type=count(2**32 - 1, min=0), default=0, show_default=True, help="Seed of arrivals, lengths, hits and variability (the same for every point).")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Draw p99 against instances (one line per loading, the SLO dashed) to FILE.png.")
+@fleet_options
+@output_options
+def plan_cmd(rate: float | None, trace_path: str | None, requests: int | None, prompt_tokens: float | None, prompt_dist: str,
+             hit_fraction: float, bytes_per_token: float, prefill_rate: float, t0: float, slo_p99_s: float, rho_target: float,
+             max_instances: int, instance_gbps: float | None, bench_path: str | None, loading: str, async_timeout_s: float, seed: int,
+             plot: str | None, engines: int, fit_from: str | None, get_times_from: str | None, readers_from: str | None,
+             async_instance_gbps: float | None, async_overhead_s: float, as_json: bool) -> None:
+    """Fewest tier instances and the loading mode (sync/async) that meet p99 ≤ --slo-p99 at ρ ≤ --rho-target.
+
+    \b
+    Searches `kvctl simulate` (E --engines at --rate each, with the variability
+    of --fit-from/--get-times-from/--readers-from) over 1 … --max-instances for
+    each loading mode; prints the table of what it tried, skips points that
+    arithmetic rules out (B_eff ≤ B* = s·R, or tier ρ above the target), and
+    says when no instance count can help (B per instance below B*/W, or prompts
+    below n* = R·T0 while recomputing already meets the SLO).
+    """
+    from kvctl import plan as planner  # noqa: PLC0415 - numpy only when used
+    from kvctl import simulate as sim  # noqa: PLC0415
+    from kvctl import variability  # noqa: PLC0415
+
+    if (rate is None) == (trace_path is None):
+        raise click.UsageError("give exactly one of --rate (Poisson, per engine) or --trace FILE")
+    if rate is not None and prompt_tokens is None:
+        raise click.UsageError("--rate needs --prompt-tokens")
+    if (instance_gbps is None) == (bench_path is None):
+        raise click.UsageError("give exactly one of --instance-gbps or --bench FILE")
+    bench = sim.bench_bandwidths(bench_path) if bench_path else None
+    if trace_path:
+        w = sim.trace_workload(trace_path, requests)
+    else:
+        w = sim.poisson_workload(rate * engines, requests or 20000, prompt_tokens, prompt_dist, seed)
+    fit_instances = max(bench) if bench else 1
+    var = variability.build(fit_from=fit_from, get_times_from=get_times_from, readers_from=readers_from,
+                            async_instance_gbps=async_instance_gbps, async_overhead_s=async_overhead_s,
+                            bytes_per_token=bytes_per_token, prefill_rate=prefill_rate,
+                            fit_gbps=sim.effective_gbps(fit_instances, instance_gbps, bench), instances=None)
+    cfg = sim.SimConfig(bytes_per_token, prefill_rate, t0, 1, instance_gbps, "sync", async_timeout_s, hit_fraction, seed)
+    res = planner.plan(w, cfg, engines=engines, slo_p99_s=slo_p99_s, rho_target=rho_target, max_instances=max_instances,
+                       instance_gbps=instance_gbps, bench=bench, var=var,
+                       loadings=("sync", "async") if loading == "both" else (loading,))
+    if plot:
+        _plot(plot, res)
+    if as_json:
+        d: dict[str, Any] = dict(res.__dict__)
+        d["points"] = [dict(p.__dict__, extrapolated=list(p.extrapolated)) for p in res.points]
+        d["notes"] = list(res.notes) + list(var.notes)
+        render.emit_json(d)
+        return
+    rows = [["—" if p.instances == 0 else p.instances, p.loading, p.bandwidth_gbps, p.tier_rho, p.engine_rho, p.p50_s, p.p99_s,
+             p.timeouts, "yes" if p.meets else "no", p.why] for p in res.points]
+    caption = [f"{engines} engine(s) · {w.source} · n* = R·T0 = {res.n_star_tokens:,.0f} tokens · B* = s·R = {res.breakeven_gbps:.3f} GB/s"]
+    caption += [f"note: {n}" for n in (*res.notes, *var.notes)]
+    caption += sorted({f"EXTRAPOLATED: {x}" for p in res.points for x in p.extrapolated})
+    caption.append(("PLAN: " if res.instances else "") + res.verdict + (f" · plot: {plot}" if plot else ""))
+    render.table(f"Plan — p99 ≤ {slo_p99_s:g} s at ρ ≤ {rho_target:g}", COLS, rows, caption="\n".join(caption))
+
+
+def _plot(path: str, res: Any) -> None:
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for p in res.points:
+        if p.simulated and p.instances > 0:
+            xs, ys = series.setdefault(f"{p.loading} p99", ([], []))
+            xs.append(p.instances)
+            ys.append(p.p99_s)
+    hlines = {f"SLO p99 {res.slo_p99_s:g} s": res.slo_p99_s}
+    base = next((p for p in res.points if p.instances == 0), None)
+    if base is not None and base.p99_s is not None:
+        series["recompute p99 (no tier, at 0)"] = ([0], [base.p99_s])
+    render.line_plot(path, "Plan: p99 against instances", "instances", "p99 latency (s)", series, hlines=hlines)

@@ -1,0 +1,132 @@
+"""``kvctl plan``: the fewest tier instances and the loading mode that meet a p99 SLO at a target ρ.
+
+The search runs :func:`kvctl.fleet.simulate_fleet` (with the variability the operator fitted) at every
+instance count 1 … ``max_instances`` (one instance per rank at most: the rank-partitioned tier has no use
+for more) for each loading mode, on the same arrivals (common random numbers). A point is skipped without
+simulating when arithmetic already rules it out:
+
+* ``B_eff ≤ B* = s·R``: every load is slower than recomputing, and a synchronous one holds the engine
+  longer than its prefill would;
+* the tier's ρ per instance (summed over the engines) above the target.
+
+The answer is "no instance count can help" when even ``max_instances`` × the per-instance bandwidth is
+at most B* (B per instance below B*/W), or when the prompts are below ``n* = R·T0`` (a hit is slower
+than recomputing on an idle engine) and recomputing alone already meets the SLO. Prompts below n*
+with a recompute baseline that misses the SLO are said, and searched: loading then helps only by taking
+prefill off a busy engine (the paper's case: 16 310 tokens against n* ≈ 17 200).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from kvctl.cost import GB, breakeven_gbps, min_hit_tokens
+from kvctl.errors import InvalidInput
+from kvctl.fleet import FleetResult, simulate_fleet
+from kvctl.simulate import SimConfig, Workload, effective_gbps
+from kvctl.variability import Variability
+
+@dataclass(frozen=True)
+class PlanPoint:
+    instances: int  # 0: the recompute baseline (no tier)
+    loading: str  # "sync", "async" or "recompute"
+    bandwidth_gbps: float | None
+    tier_rho: float | None  # per instance, all engines
+    simulated: bool
+    p50_s: float | None
+    p99_s: float | None
+    engine_rho: float | None
+    timeouts: int | None
+    meets: bool
+    why: str
+    extrapolated: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    instances: int | None  # None: nothing tried meets the SLO
+    loading: str | None
+    points: tuple[PlanPoint, ...]
+    verdict: str
+    cannot_help: str | None  # why no instance count can help, when that is the answer
+    notes: tuple[str, ...]
+    n_star_tokens: float
+    breakeven_gbps: float
+    slo_p99_s: float
+    rho_target: float
+    engines: int
+
+
+def _point(res: FleetResult, instances: int, loading: str, slo: float, rho_target: float) -> PlanPoint:
+    ok_rho = res.tier_rho is None or res.tier_rho <= rho_target
+    meets = bool(res.stable) and res.p99_s <= slo and ok_rho
+    why = ("meets the SLO" if meets else
+           f"p99 {res.p99_s:.3f} s > {slo:g} s" if res.p99_s > slo else
+           "unstable" if not res.stable else f"ρ {res.tier_rho:.2f} > {rho_target:g}")
+    return PlanPoint(instances, loading, res.bandwidth_gbps if instances else None, res.tier_rho if instances else None, True,
+                     res.p50_s, res.p99_s, res.rho, res.timeouts, meets, why, res.extrapolated)
+
+
+def plan(w: Workload, cfg: SimConfig, *, engines: int, slo_p99_s: float, rho_target: float, max_instances: int,
+         instance_gbps: float | None = None, bench: dict[int, float] | None = None, var: Variability | None = None,
+         loadings: Sequence[str] = ("sync", "async")) -> PlanResult:
+    """Search instance counts × ``loadings`` for the fewest instances meeting ``p99 ≤ slo_p99_s`` at ``ρ ≤ rho_target``."""
+    var = var or Variability()
+    if slo_p99_s <= 0 or not 0 < rho_target <= 1:
+        raise InvalidInput("--slo-p99 must be positive and --rho-target in (0, 1]")
+    if max_instances < 1:
+        raise InvalidInput(f"--max-instances must be at least 1, got {max_instances}")
+    s, r = cfg.bytes_per_token, cfg.prefill_rate
+    b_star = breakeven_gbps(s, r)
+    n_star = min_hit_tokens(r, cfg.t0_s)
+    median_tokens = float(np.median(w.tokens))
+    hit_bytes = float(np.mean(w.tokens)) * cfg.hit_fraction * s  # mean bytes loaded per request
+    notes: list[str] = []
+    if bench and max_instances > max(bench):
+        notes.append(f"the bench measured up to {max(bench)} instance(s); more are extrapolated linearly")
+    base = simulate_fleet(w, replace(cfg, hit_fraction=0.0, hits_from_trace=False), 1.0, engines, var)
+    points = [_point(base, 0, "recompute", slo_p99_s, rho_target)]
+    best_w = effective_gbps(max_instances, instance_gbps, bench)
+    cannot: str | None = None
+    if best_w <= b_star:
+        cannot = (f"no instance count can help: {max_instances} instance(s) deliver {best_w:.3f} GB/s ≤ B* = s·R = {b_star:.3f} GB/s "
+                  f"(B per instance below B*/W = {b_star / max_instances:.3f} GB/s): every load is slower than recomputing")
+    elif median_tokens < n_star:
+        gap = f"prompts (median {median_tokens:,.0f} tokens) are below n* = R·T0 = {n_star:,.0f}: a hit is slower than recomputing on an idle engine"
+        if points[0].meets:
+            cannot = f"no instance count can help: {gap}, and recomputing alone meets p99 ≤ {slo_p99_s:g} s (p99 {base.p99_s:.3f} s)"
+        else:
+            notes.append(f"{gap}; loading helps only by taking prefill off the engines (recompute p99 {base.p99_s:.3f} s misses the SLO)")
+    if cannot is None:
+        for loading in loadings:
+            for inst in range(1, max_instances + 1):
+                bw = effective_gbps(inst, instance_gbps, bench)
+                tier_bw = (var.async_instance_gbps * inst) if loading == "async" and var.async_instance_gbps else bw
+                rho = (w.offered_rate or 0.0) * hit_bytes / (tier_bw * GB)
+                ruled_out = ([f"B_eff {bw:.3f} ≤ B* {b_star:.3f} GB/s"] if bw <= b_star else []) + \
+                    ([f"ρ {rho:.2f} > {rho_target:g}"] if rho > rho_target else [])
+                if ruled_out:
+                    points.append(PlanPoint(inst, loading, bw, rho, False, None, None, None, None, False,
+                                            "; ".join(ruled_out) + " (not simulated)"))
+                    continue
+                c = replace(cfg, instances=inst, loading=loading)
+                points.append(_point(simulate_fleet(w, c, bw, engines, var), inst, loading, slo_p99_s, rho_target))
+    winners = [p for p in points if p.meets and p.instances > 0]
+    best = min(winners, key=lambda p: (p.instances, p.p99_s or 0.0)) if winners else None
+    if cannot:
+        verdict = cannot
+    elif best:
+        verdict = (f"{best.instances} instance(s), {best.loading} loading: p99 {best.p99_s:.3f} s ≤ {slo_p99_s:g} s at ρ per instance "
+                   f"{best.tier_rho:.2f} ≤ {rho_target:g}" + (f" (fewer fail: {_fewer(points, best)})" if best.instances > 1 else ""))
+    else:
+        verdict = f"no instance count up to {max_instances} meets p99 ≤ {slo_p99_s:g} s at ρ ≤ {rho_target:g}"
+    return PlanResult(best.instances if best and not cannot else None, best.loading if best and not cannot else None, tuple(points),
+                      verdict, cannot, tuple(notes), n_star, b_star, slo_p99_s, rho_target, engines)
+
+
+def _fewer(points: Sequence[PlanPoint], best: PlanPoint) -> str:
+    p = next((q for q in points if q.loading == best.loading and q.instances == best.instances - 1), None)
+    return f"{p.instances} {p.loading}: {p.why}" if p else "none tried"

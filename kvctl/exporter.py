@@ -37,7 +37,7 @@ from kvctl import cost
 from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.errors import InvalidInput, KvctlError, Unreachable
-from kvctl.tier.server import redis_for_url
+from kvctl.tier.server import PASSWORD_HINT, AuthFailed, is_auth_error, redis_for_url
 from kvctl.tier.targets import Target
 
 log = logging.getLogger(__name__)
@@ -162,6 +162,7 @@ class KeptOpen:
     def __init__(self, sources: int) -> None:
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=sources + 1, thread_name_prefix="kvctl-exporter-read")
         self._clients: dict[int, Any] = {}
+        self._auth_warned: set[int] = set()  # ranks whose refused login was logged (once until it logs in)
 
     def valkey_info(self, t: Target, timeout_s: float) -> dict[str, Any]:
         import redis  # noqa: PLC0415
@@ -170,11 +171,19 @@ class KeptOpen:
         if client is None:
             client = self._clients[t.rank] = redis_for_url(t.url, timeout_s, password=t.password)
         try:
-            return dict(client.info("all"))
+            info = dict(client.info("all"))
         except (redis.RedisError, OSError) as e:
             self._clients.pop(t.rank, None)
             client.close()
+            if is_auth_error(e):  # up, but refusing our password: "auth", as doctor says, not "unreachable"
+                msg = f"Valkey rank {t.rank} at {t.host}:{t.port} auth: refused the login ({e}); {PASSWORD_HINT}"
+                if t.rank not in self._auth_warned:
+                    self._auth_warned.add(t.rank)
+                    log.warning("%s", msg)
+                raise AuthFailed(msg) from e
             raise Unreachable(f"Valkey rank {t.rank} at {t.host}:{t.port} unreachable: {e}") from e
+        self._auth_warned.discard(t.rank)
+        return info
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

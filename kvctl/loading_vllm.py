@@ -289,8 +289,6 @@ def _mapping_flip(text: str, node, value: bool, path: str) -> tuple[str, bool | 
 
 def read_config(text: str, kind: str, path: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(the kv-transfer-config as vLLM gets it, the rest of a YAML file or None)."""
-    import yaml  # noqa: PLC0415
-
     if kind == VLLM_ARGS:
         start = _json_start(text, kind, path)
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import sys
 from typing import Any, Iterable, Iterator, Sequence
@@ -29,15 +30,27 @@ def to_jsonable(obj: Any) -> Any:
     return str(obj)
 
 
+def finite_json(obj: Any) -> Any:
+    """``obj`` (plain JSON types) with NaN and ±Infinity as null: JSON has no such numbers, and
+    strict parsers (jq, JavaScript's JSON.parse, Go) refuse the ``NaN``/``Infinity`` Python would print."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
 def emit_json(obj: Any) -> None:
-    """Plain JSON on stdout, no styling."""
-    sys.stdout.write(json.dumps(to_jsonable(obj), indent=2, sort_keys=False) + "\n")
+    """Plain JSON on stdout, no styling; never NaN or Infinity (null)."""
+    sys.stdout.write(json.dumps(finite_json(to_jsonable(obj)), indent=2, sort_keys=False, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 
 def emit_json_line(obj: Any) -> None:
-    """One compact JSON object per line on stdout (for streams such as ``--watch --json``)."""
-    sys.stdout.write(json.dumps(to_jsonable(obj), separators=(",", ":")) + "\n")
+    """One compact JSON object per line on stdout (for streams such as ``--watch --json``); never NaN or Infinity."""
+    sys.stdout.write(json.dumps(finite_json(to_jsonable(obj)), separators=(",", ":"), allow_nan=False) + "\n")
     sys.stdout.flush()
 
 

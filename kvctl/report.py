@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from kvctl.bench.stats import mean, percentile
 from kvctl.diagnose.metrics import delta
 from kvctl.errors import InvalidInput
-from kvctl.replay.runfile import Run, read_run
+from kvctl.replay.runfile import INTERRUPTED, Run, read_run
 
 #: kvctl connector counter of prompt tokens loaded from the remote tier (tokens).
 CONNECTOR_L2_TOKENS = "kvctl:remote_hit_tokens"
@@ -33,8 +33,8 @@ LMCACHE_L2_BYTES = "lmcache:num_remote_read_bytes"
 class RunSummary:
     name: str
     path: str
-    requests: int  # rows in the run file (finished, ok or not)
-    errors: int
+    requests: int  # rows in the run file (finished, ok or not, and those still open at a stop)
+    errors: int  # finished, not ok
     p50_s: float | None
     p90_s: float | None
     p99_s: float | None
@@ -47,6 +47,8 @@ class RunSummary:
     max_in_flight: int | None
     capped: int  # sends delayed by replay's --max-in-flight (the run was not fully open loop)
     interrupted: bool
+    unfinished: int = 0  # requests still open when a stop signal ended the run
+    warnings: tuple[str, ...] = ()  # what the reader skipped (a torn last line)
 
 
 def thirds(values_in_order: Sequence[float]) -> list[list[float]]:
@@ -98,11 +100,12 @@ def summarize_run(run: Run, hit_tokens: int = 1, bytes_per_token: float | None =
     in_flight = (run.summary or {}).get("max_in_flight")
     if in_flight is None:
         in_flight = max((int(r["in_flight"]) for r in run.rows if r.get("in_flight") is not None), default=None)
+    unfinished = sum(1 for r in run.rows if r["status"].startswith(INTERRUPTED))
     return RunSummary(
         name=name or run.name,
         path=run.path,
         requests=len(run.rows),
-        errors=len(run.rows) - len(ok),
+        errors=len(run.rows) - len(ok) - unfinished,
         p50_s=percentile(lat, 50),
         p90_s=percentile(lat, 90),
         p99_s=percentile(lat, 99),
@@ -115,6 +118,8 @@ def summarize_run(run: Run, hit_tokens: int = 1, bytes_per_token: float | None =
         max_in_flight=in_flight,
         capped=sum(1 for r in run.rows if r.get("capped")),
         interrupted=bool((run.summary or {}).get("interrupted")) or run.summary is None,
+        unfinished=unfinished,
+        warnings=tuple(run.warnings),
     )
 
 

@@ -229,6 +229,11 @@ def simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
         raise InvalidInput(f"--hit-fraction must be in [0, 1], got {cfg.hit_fraction}")
     if cfg.loading not in LOADINGS:
         raise InvalidInput(f"--loading must be sync or async, got {cfg.loading!r}")
+    with np.errstate(over="ignore", invalid="ignore"):  # checked below: an overflow is an InvalidInput, not a warning
+        return _simulate(w, cfg, bandwidth_gbps)
+
+
+def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
     n = len(w.arrival_s)
     arrival, tokens = w.arrival_s, w.tokens
     if cfg.hits_from_trace:
@@ -268,6 +273,9 @@ def simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
         wait = start - ready  # queueing for the engine ...
         wait[idx[in_time]] += (t_start - arrival[idx])[in_time]  # ... and, for loaded hits, for the tier
     latency = finish - arrival + extra
+    if not np.isfinite(latency).all():  # only past the options' bounds; never NaN or inf in a result
+        raise InvalidInput(f"the simulated times leave a float's range (a request holds the engine up to {float(np.nanmax(hold)):.3g} s): "
+                           "check --instance-gbps, --bytes-per-token, --prefill-rate and --rate")
     rho = float(w.offered_rate * hold.mean()) if w.offered_rate else None
     tier_rho = float(w.offered_rate * transfer[hit].sum() / n) if w.offered_rate else None
     p50, p90, p99 = np.percentile(latency, [50, 90, 99])

@@ -64,7 +64,8 @@ def replay_cmd(ctx: click.Context, trace: str, url: str | None, out: str | None,
     --tokenizer), so token counts match and shared hash_ids hit the prefix cache.
     The run file has a metadata line, one row per request (scheduled_s, sent_s, first_token_s,
     finished_s, latency_s, prompt_tokens, cached_tokens, status) and a summary line; read it with
-    `kvctl report`. Ctrl-C stops: finished requests are kept, exit code 130.
+    `kvctl report`. Ctrl-C, SIGTERM or SIGHUP stops: finished requests are kept, the ones still
+    open are recorded as interrupted, exit code 130, 143 or 129.
     """
     max_tokens = _max_tokens(max_tokens_opt)
     tr = read_trace(trace)
@@ -106,10 +107,10 @@ def replay_cmd(ctx: click.Context, trace: str, url: str | None, out: str | None,
             [("model", res.model), ("requests", res.requests), ("finished", res.finished), ("ok", res.ok),
              ("errors", res.errors), ("max in flight", res.max_in_flight), ("capped sends", res.cap_hits),
              ("duration (s)", res.duration_s), ("prompts from", res.token_pool or "the trace's text")],
-            caption=("interrupted: the run file holds the requests that finished" if res.interrupted
-                     else f"kvctl report {res.out}"),
+            caption=(f"interrupted by {res.signal or 'a stop'}: the run file holds the requests that finished"
+                     f" and the {res.unfinished} still open" if res.interrupted else f"kvctl report {res.out}"),
         )
     if res.interrupted:
-        ctx.exit(EXIT_INTERRUPTED)
+        ctx.exit(res.exit_code or EXIT_INTERRUPTED)
     if res.finished and res.errors == res.finished:
         raise KvctlError(f"all {res.finished} requests failed; their statuses are in {res.out}")

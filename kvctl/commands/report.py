@@ -40,12 +40,16 @@ def report_cmd(runs: tuple[str, ...], hit_tokens: int, bytes_per_token: float | 
 
     loaded = load_runs(runs)
     sums = [summarize_run(r, hit_tokens=hit_tokens, bytes_per_token=bytes_per_token) for r in loaded]
+    if not as_json:
+        for r in loaded:
+            for w in r.warnings:
+                render.warn(f"{r.path}: {w}")
     paths = []
     if plot_dir:
         paths = render.report_plots(plot_dir, [(s.name, *series(r), s.cached_token_share, s.l2_token_share) for s, r in zip(sums, loaded)])
     if as_json:
         keys = ("name", "requests", "errors", "p50_s", "p90_s", "p99_s", "max_s", "mean_s", "thirds_p50_s", "hit_rate",
-                "cached_token_share", "l2_token_share", "max_in_flight", "capped", "interrupted")
+                "cached_token_share", "l2_token_share", "max_in_flight", "capped", "interrupted", "unfinished", "warnings")
         data: dict = {"runs": [{k: getattr(s, k) for k in keys} for s in sums]}
         if paths:
             data["plots"] = paths

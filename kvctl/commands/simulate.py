@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from kvctl import render
-from kvctl.commands.cost import ARRIVAL_RATE, PREFILL_RATE, T0_S, bytes_per_token_options
+from kvctl.commands.cost import PREFILL_RATE, T0_S, bytes_per_token_options
 from kvctl.commands.fleet_options import fleet_options, render_fleet
 from kvctl.commands.options import FiniteFloat, count, non_negative, output_options, positive
 from kvctl.hooks import hookimpl
@@ -25,10 +25,26 @@ def _row(res: Any) -> list[Any]:
 
 
 RESULT_COLS = ["ρ", "tier ρ", "p50 s", "p90 s", "p99 s", "max s", "p50 by third (s)", "max queue", "stable"]
+#: λ and one instance's bandwidth, bounded below too: past these the model's times leave a float's range.
+SIM_RATE = FiniteFloat(min=1e-6, max=1e6)  # requests/s
+INSTANCE_GBPS = FiniteFloat(min=1e-6, max=1e6)  # GB/s
+
+
+def _check_sweep(grid: dict[str, list[Any]]) -> None:
+    """Every --sweep value through its option's own type: the same bounds, the same message (exit 2)."""
+    ctx = click.get_current_context()
+    params = {p.name: p for p in ctx.command.params}
+    for key, values in grid.items():
+        param = params[key]
+        for v in values:
+            try:
+                param.type.convert(v, param, ctx)
+            except click.BadParameter as e:
+                raise click.BadParameter(f"{key}={v}: {e.message}", ctx=ctx, param_hint="'--sweep'") from None
 
 
 @click.command("simulate")
-@click.option("--rate", type=ARRIVAL_RATE, help="Poisson arrival rate λ, requests/s (or --trace).")
+@click.option("--rate", type=SIM_RATE, help="Poisson arrival rate λ, requests/s (or --trace).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Arrivals and prompt lengths from a trace (any `kvctl replay` format).")
 @click.option("--requests", type=count(10**8), help="Requests to simulate (Poisson: default 10000; trace: the first N).")
 @click.option("--prompt-tokens", type=positive(1e9), help="Prompt tokens per request in Poisson mode (the mean with --prompt-dist exponential).")
@@ -40,7 +56,7 @@ RESULT_COLS = ["ρ", "tier ρ", "p50 s", "p90 s", "p99 s", "max s", "p50 by thir
 @click.option("--prefill-rate", type=PREFILL_RATE, required=True, help="Prefill throughput R, tokens/s (misses cost n/R).")
 @click.option("--t0", type=T0_S, default=0.33, show_default=True, help="Fixed per-hit cost T0, seconds (the paper's 0.33).")
 @click.option("--instances", type=count(4096), default=1, show_default=True, help="Tier instances (one per rank); B_eff scales with them.")
-@click.option("--instance-gbps", type=positive(1e6), help="GET bandwidth of one instance, GB/s (B_eff = instances × this).")
+@click.option("--instance-gbps", type=INSTANCE_GBPS, help="GET bandwidth of one instance, GB/s (B_eff = instances × this).")
 @click.option("--bench", "bench_path", type=click.Path(dir_okay=False), help="`kvctl bench --save` file: B_eff = its measured aggregate at --instances.")
 @click.option("--loading", type=click.Choice(["sync", "async"]), default="sync", show_default=True, help="sync: the transfer holds the engine (one FIFO queue); async: loads overlap compute.")
 @click.option("--async-timeout", "async_timeout_s", type=non_negative(86400), default=3.0, show_default=True, help="async: a load not done this many seconds after arrival is recomputed instead.")
@@ -105,6 +121,7 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
 
     if sweep_specs:
         grid = sim.parse_sweep(sweep_specs)
+        _check_sweep(grid)
         if trace_path and ("rate" in grid or "prompt_tokens" in grid):
             raise click.UsageError("--sweep rate/prompt_tokens need Poisson mode (--rate)")
         points = sim.sweep(base, grid, workload_for, bench,

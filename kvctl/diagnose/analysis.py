@@ -101,7 +101,7 @@ class Diagnosis:
     created_at: str
     window_s: float
     engine_urls: list[str]
-    outcome: str  # "ok", "findings" or "insufficient_data"
+    outcome: str  # "ok", "findings", "unreachable" or "insufficient_data": the word for exit_status
     requests: float | None
     arrival_rate_per_s: float | None  # OFFERED λ
     completion_rate_per_s: float | None
@@ -387,7 +387,15 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         findings = [f for f in findings if not f.id.startswith("rho_")]
     worst_found = worst_severity(f.severity for f in findings)
     worst = worst_found.value if worst_found else "ok"
-    outcome = "insufficient_data" if insufficient and worst != "critical" else ("findings" if findings else "ok")
+    # the same order as exit_status: the JSON's outcome never says "ok" while the exit code says otherwise
+    if worst == "critical":
+        outcome = "findings"
+    elif unreachable:
+        outcome = "unreachable"
+    elif insufficient:
+        outcome = "insufficient_data"
+    else:
+        outcome = "findings" if findings else "ok"
     for name, value in (("arrival_rate_per_s", lam), ("bandwidth_gbps", bw), ("rho", rho), ("prefill_rate_tok_s", r)):
         if value is None and name not in why:
             why[name] = "not measurable from these samples"

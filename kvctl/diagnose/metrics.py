@@ -3,7 +3,9 @@
 Parsing uses ``prometheus_client.parser``. Values are summed over label sets
 (several engines behind one API server, several model names, several
 scrapes of different engines), because every quantity kvctl derives is a
-total over the deployment.
+total over the deployment. A series (name and label set) that appears twice
+in one text is invalid exposition: counted once and listed in
+:attr:`Scrape.duplicates`, never summed.
 
 On the wire a counter ``vllm:prompt_tokens`` appears as
 ``vllm:prompt_tokens_total``; histograms as ``_bucket``/``_sum``/``_count``.
@@ -33,6 +35,8 @@ from dataclasses import dataclass, field
 
 from kvctl.errors import InvalidInput
 
+MAX_LISTED_DUPLICATES = 3
+
 
 @dataclass
 class Scrape:
@@ -44,6 +48,9 @@ class Scrape:
 
     values: dict[str, float] = field(default_factory=dict)
     buckets: dict[str, dict[float, float]] = field(default_factory=dict)
+    #: repeats of a series (name and label set) already seen in the same text: invalid exposition, counted once
+    duplicate_count: int = 0
+    duplicates: list[str] = field(default_factory=list)  # the first MAX_LISTED_DUPLICATES of them
 
     def has(self, name: str) -> bool:
         return any(n in self.values for n in (name, f"{name}_total", f"{name}_count"))
@@ -81,11 +88,19 @@ def parse(text: str, source: str = "<metrics>") -> Scrape:
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
     out = Scrape()
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     try:
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
                 if s.name.endswith("_created") or s.value is None or math.isnan(s.value):
                     continue
+                series = (s.name, tuple(sorted(s.labels.items())))
+                if series in seen:  # the same series twice is an error in the exposition format: never doubled
+                    out.duplicate_count += 1
+                    if len(out.duplicates) < MAX_LISTED_DUPLICATES:
+                        out.duplicates.append(s.name + ("{" + ",".join(f'{k}="{v}"' for k, v in series[1]) + "}" if series[1] else ""))
+                    continue
+                seen.add(series)
                 if s.name.endswith("_bucket") and "le" in s.labels:
                     le = float(s.labels["le"])
                     bks = out.buckets.setdefault(s.name[: -len("_bucket")], {})

@@ -179,6 +179,10 @@ def _engines(a: Sample, b: Sample, urls: list[str], notes: list[str]) -> tuple[l
         if not window > 0:
             raise InvalidInput(f"engine {url}: its samples are not in time order (Δt = {window:.3f} s)")
         sa, sb = M.parse(ta, f"engine {i} metrics"), M.parse(tb, f"engine {i} metrics")
+        dup = sb if sb.duplicate_count >= sa.duplicate_count else sa
+        if dup.duplicate_count:
+            notes.append(f"engine {url}: its /metrics repeats a series {dup.duplicate_count} time(s) ({', '.join(dup.duplicates)}"
+                         f"{', ...' if dup.duplicate_count > len(dup.duplicates) else ''}), invalid exposition: each series counted once")
         if not _has_vllm(sb):
             lines = sum(1 for ln in tb.splitlines() if ln.strip() and not ln.startswith("#"))
             obs.append(EngineObs(i, url, "no_vllm_metrics", f"/metrics held no vllm: series ({lines} sample line(s))", window))

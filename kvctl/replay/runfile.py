@@ -12,7 +12,10 @@ Layout, one JSON object per line:
 * last line ``{"summary": {...}}``: counts, max in flight, cap hits, ``metrics_after``,
   ``interrupted``. A run stopped hard may lack it; readers cope.
 
-Each line is flushed when written: a Ctrl-C or a crash loses nothing that finished.
+Each line is flushed when written: a Ctrl-C or a crash loses nothing that finished. A run stopped
+hard in the middle of a write leaves a torn last line (no newline, not JSON): the reader skips it
+with a warning (:attr:`Run.warnings`). Every other line is checked, types included: a wrong type is
+an error naming its line, never a crash in the report.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from typing import IO, Any
 
 from kvctl.errors import InvalidInput
 from kvctl.replay.trace import json_lines, malformed
+
+#: How replay's rows for requests still open at a stop signal begin their status (not errors of the engine).
+INTERRUPTED = "interrupted"
 
 ROW_FIELDS = (
     "scheduled_s",
@@ -73,6 +79,29 @@ class Run:
     rows: list[dict[str, Any]]
     summary: dict[str, Any] | None = None
     name: str = field(default="")
+    warnings: list[str] = field(default_factory=list)
+
+
+def _is_number(v: Any) -> bool:
+    return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and math.isfinite(v))
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+#: Optional row fields and what each must be when present and not null.
+_ROW_TYPES = (
+    ("sent_s", _is_number, "a number"), ("first_token_s", _is_number, "a number"), ("finished_s", _is_number, "a number"),
+    ("prompt_tokens", _is_count, "a non-negative integer"), ("cached_tokens", _is_count, "a non-negative integer"),
+    ("in_flight", _is_count, "a non-negative integer"), ("index", _is_count, "a non-negative integer"),
+    ("capped", lambda v: isinstance(v, bool), "true or false"),
+)
 
 
 def _check_row(row: dict[str, Any], lineno: int) -> str | None:
@@ -81,10 +110,47 @@ def _check_row(row: dict[str, Any], lineno: int) -> str | None:
             return f"line {lineno}: missing {k}"
     if not isinstance(row["status"], str):
         return f"line {lineno}: status must be a string"
+    if not _is_number(row["scheduled_s"]) or row["scheduled_s"] < 0:
+        return f"line {lineno}: scheduled_s must be a non-negative number, got {_shown(row['scheduled_s'])}"
     if row["status"] == "ok":
         lat = row["latency_s"]
-        if not isinstance(lat, (int, float)) or isinstance(lat, bool) or not math.isfinite(lat) or lat < 0:
-            return f"line {lineno}: latency_s must be a non-negative number, got {lat!r}"
+        if not _is_number(lat) or lat < 0:
+            return f"line {lineno}: latency_s must be a non-negative number, got {_shown(lat)}"
+    for k, ok, what in _ROW_TYPES:
+        if row.get(k) is not None and not ok(row[k]):
+            return f"line {lineno}: {k} must be {what} or null, got {_shown(row[k])}"
+    return None
+
+
+def _check_metrics(values: Any, where: str, lineno: int) -> str | None:
+    """Scraped counters (``metrics_before``/``metrics_after``): null, or an object of names to numbers."""
+    if values is None:
+        return None
+    if not isinstance(values, dict):
+        return f"line {lineno}: {where} must be an object of metric names to numbers or null, got {_shown(values)}"
+    bad = next((k for k, v in values.items() if not _is_number(v)), None)
+    if bad is not None:
+        return f"line {lineno}: {where}.{bad} must be a number, got {_shown(values[bad])}"
+    return None
+
+
+def _check_summary(summary: dict[str, Any], lineno: int) -> str | None:
+    if summary.get("max_in_flight") is not None and not _is_count(summary["max_in_flight"]):
+        return f"line {lineno}: summary.max_in_flight must be a non-negative integer or null, got {_shown(summary['max_in_flight'])}"
+    if summary.get("interrupted") is not None and not isinstance(summary["interrupted"], bool):
+        return f"line {lineno}: summary.interrupted must be true or false, got {_shown(summary['interrupted'])}"
+    return _check_metrics(summary.get("metrics_after"), "summary.metrics_after", lineno)
+
+
+def _torn_last_line(text: str, errors: list[str]) -> str | None:
+    """The warning for a torn last line (a hard stop mid-write: no newline, not JSON), removed from ``errors``."""
+    if not errors or text.endswith("\n"):
+        return None
+    lines = text.splitlines()
+    last = len(lines)
+    if errors[-1].startswith((f"line {last}: not JSON", f"line {last}: not usable JSON")):
+        errors.pop()
+        return f"line {last} is torn (the run stopped while writing it): skipped"
     return None
 
 
@@ -106,16 +172,23 @@ def read_run(path: str | Path) -> Run:
             errors.append(f"line {lineno}: not a JSON object")
         elif "metadata" in obj and len(obj) == 1:
             metadata = obj["metadata"] if isinstance(obj["metadata"], dict) else {}
+            err = _check_metrics(metadata.get("metrics_before"), "metadata.metrics_before", lineno)
+            if err:
+                errors.append(err)
         elif "summary" in obj and len(obj) == 1:
             summary = obj["summary"] if isinstance(obj["summary"], dict) else None
+            err = _check_summary(summary, lineno) if summary is not None else None
+            if err:
+                errors.append(err)
         else:
             err = _check_row(obj, lineno)
             if err:
                 errors.append(err)
             else:
                 rows.append(obj)
+    warnings = [w] if metadata is not None and (w := _torn_last_line(text, errors)) else []
     if errors:
         raise malformed(p, errors)
     if metadata is None:
         raise InvalidInput(f"{p} is not a kvctl run file (no {{\"metadata\": ...}} line)")
-    return Run(str(p), metadata, rows, summary, name=p.stem)
+    return Run(str(p), metadata, rows, summary, name=p.stem, warnings=warnings)

@@ -7,8 +7,15 @@ for a slot, and every request whose send that wait delayed is recorded as ``capp
 (``stream_options.include_usage``) so the first token and the usage with
 ``prompt_tokens_details.cached_tokens`` are both seen. Rows go to the run file as requests finish.
 
-SIGINT (Ctrl-C) cancels the requests still open; what finished is already on disk, the run file
-gets its summary line with ``interrupted: true`` and the caller exits 130.
+SIGINT (Ctrl-C), SIGTERM and SIGHUP cancel the requests still open: what finished is already on disk,
+each request still open gets a row with status ``interrupted by SIG...`` (its ``finished_s`` is the
+moment of the stop), the run file gets its summary line with ``interrupted: true`` and ``signal``, and
+the caller exits 128 + the signal's number (130, 143, 129).
+
+An answer that is not what the OpenAI API promises (an SSE ``data:`` line that is not a JSON object,
+a ``usage`` that is not an object, a list for a whole answer) fails that request, recorded with its
+status; the run goes on. Prompts longer than the engine's ``max_model_len`` (from ``/v1/models``)
+are refused before anything is sent, each named by its trace line.
 """
 
 from __future__ import annotations
@@ -25,11 +32,17 @@ from typing import Any, Callable
 from kvctl import __version__
 from kvctl.errors import InvalidInput, Unreachable
 from kvctl.replay.prompts import SEED_TEXT, PromptBuilder, TokenPool, pool_from_ids, pool_from_tokenizer
-from kvctl.replay.runfile import RunWriter
+from kvctl.replay.runfile import INTERRUPTED, RunWriter
 from kvctl.replay.trace import Trace, TraceRequest
 
 #: Metric families kept from /metrics in the run file (counters and gauges, summed over labels).
 METRIC_PREFIXES = ("vllm:", "lmcache:", "kvctl:")
+#: Signals that stop a replay the way Ctrl-C does (the exit code is 128 + the number).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class BadAnswer(ValueError):
+    """The engine answered with something the OpenAI API does not allow (that request fails, the run goes on)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +86,13 @@ class ReplayResult:
     duration_s: float
     interrupted: bool
     token_pool: str | None
+    signal: str | None = None  # "SIGINT", "SIGTERM" or "SIGHUP" when a signal stopped it
+    unfinished: int = 0  # requests still open at the stop, recorded as interrupted
+
+    @property
+    def exit_code(self) -> int | None:
+        """128 + the signal's number after a stop signal (the shell's convention), else None."""
+        return 128 + int(signal.Signals[self.signal]) if self.signal else None
 
 
 def schedule(trace: Trace, speed: float) -> list[tuple[TraceRequest, float]]:
@@ -96,17 +116,45 @@ async def _get_json(session: Any, url: str, timeout_s: float = 10.0) -> Any:
         return await r.json(content_type=None)
 
 
-async def discover_model(session: Any, base: str) -> str:
-    """The first model the engine serves (``/v1/models``); Unreachable when it does not answer."""
+async def list_models(session: Any, base: str) -> list[dict[str, Any]]:
+    """The entries of ``/v1/models`` (objects only); Unreachable when it does not answer."""
     import aiohttp  # noqa: PLC0415
 
     try:
         data = await _get_json(session, base + "/v1/models")
-        return str(data["data"][0]["id"])
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         raise Unreachable(f"{base} did not answer /v1/models: {type(e).__name__}: {e}") from e
-    except (KeyError, IndexError, TypeError, ValueError) as e:
-        raise Unreachable(f"{base}/v1/models lists no model; pass --model") from e
+    except ValueError:
+        return []
+    entries = data.get("data") if isinstance(data, dict) else None
+    return [m for m in entries if isinstance(m, dict)] if isinstance(entries, list) else []
+
+
+async def discover_model(session: Any, base: str, models: list[dict[str, Any]] | None = None) -> str:
+    """The first model the engine serves (``/v1/models``, or ``models`` read from it); Unreachable when it does not answer."""
+    models = await list_models(session, base) if models is None else models
+    if not models or not isinstance(models[0].get("id"), str):
+        raise Unreachable(f"{base}/v1/models lists no model; pass --model")
+    return models[0]["id"]
+
+
+def max_model_len(models: list[dict[str, Any]], model: str) -> int | None:
+    """vLLM's ``max_model_len`` of ``model`` in ``/v1/models``, when the engine says."""
+    for m in models:
+        n = m.get("max_model_len")
+        if m.get("id") == model and isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n
+    return None
+
+
+def check_lengths(trace: Trace, limit: int, model: str) -> None:
+    """InvalidInput naming every trace line whose prompt is longer than the engine's ``max_model_len``."""
+    from kvctl.replay.trace import malformed  # noqa: PLC0415
+
+    long = [r for r in trace.requests if r.token_count is not None and r.token_count > limit]
+    if long:
+        raise malformed(trace.path, [f"line {r.line}: {r.token_count:,} prompt tokens, past {model}'s max_model_len {limit:,}"
+                                     for r in sorted(long, key=lambda r: r.line)])
 
 
 async def pool_from_engine(session: Any, base: str, model: str) -> TokenPool | None:
@@ -141,10 +189,25 @@ async def scrape_metrics(session: Any, base: str) -> dict[str, float] | None:
     return {k: v for k, v in sorted(scrape.values.items()) if k.startswith(METRIC_PREFIXES)}
 
 
-def _usage(obj: dict[str, Any]) -> tuple[int | None, int | None]:
+def _count(v: Any, what: str) -> int | None:
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise BadAnswer(f"{what} is not a token count: {str(v)[:40]!r}")
+    return v
+
+
+def _usage(obj: Any) -> tuple[int | None, int | None]:
+    """(prompt tokens, cached tokens) of an answer's ``usage``; BadAnswer when it is not shaped as the API says."""
+    if not isinstance(obj, dict):
+        raise BadAnswer(f"the answer is a JSON {type(obj).__name__}, not an object")
     usage = obj.get("usage") or {}
+    if not isinstance(usage, dict):
+        raise BadAnswer(f"usage is a JSON {type(usage).__name__}, not an object")
     details = usage.get("prompt_tokens_details") or {}
-    return usage.get("prompt_tokens"), details.get("cached_tokens")
+    if not isinstance(details, dict):
+        raise BadAnswer(f"usage.prompt_tokens_details is a JSON {type(details).__name__}, not an object")
+    return _count(usage.get("prompt_tokens"), "usage.prompt_tokens"), _count(details.get("cached_tokens"), "cached_tokens")
 
 
 class _Replayer:
@@ -156,6 +219,8 @@ class _Replayer:
         self.tasks: set[asyncio.Task] = set()
         self.ok = 0
         self.t0 = 0.0
+        self.stopped_by: str | None = None  # the stop signal's name, once one arrived
+        self.unfinished = 0
 
     def _now(self) -> float:
         return asyncio.get_running_loop().time() - self.t0
@@ -192,6 +257,8 @@ class _Replayer:
                     done = True
                     break
                 obj = json.loads(payload)
+                if not isinstance(obj, dict):
+                    raise BadAnswer(f"an SSE data line is a JSON {type(obj).__name__}, not an object")
                 if first is None and obj.get("choices"):
                     first = self._now()
                 if obj.get("usage"):
@@ -211,21 +278,30 @@ class _Replayer:
         in_flight = st.in_flight
         st.max_in_flight = max(st.max_in_flight, in_flight)
         sent = self._now()
+        cancelled = False
         try:
             status, first, prompt_tokens, cached = await self._post(body)
         except asyncio.TimeoutError:
             status, first, prompt_tokens, cached = f"timeout after {self.opts.timeout_s:g} s", None, None, None
+        except BadAnswer as e:
+            status, first, prompt_tokens, cached = f"error: bad answer: {e}"[:240], None, None, None
         except (aiohttp.ClientError, OSError, ValueError) as e:
             status, first, prompt_tokens, cached = f"error: {type(e).__name__}: {e}"[:240], None, None, None
+        except asyncio.CancelledError:  # a stop signal: record the request as open at the stop, then unwind
+            cancelled = True
+            status, first, prompt_tokens, cached = f"{INTERRUPTED} by {self.stopped_by or 'a stop'} before the answer", None, None, None
         finally:
             st.in_flight -= 1
             self.sem.release()
         finished = self._now()
-        st.finished += 1
-        if status == "ok":
-            self.ok += 1
+        if cancelled:
+            self.unfinished += 1
         else:
-            st.errors += 1
+            st.finished += 1
+            if status == "ok":
+                self.ok += 1
+            else:
+                st.errors += 1
         self.writer.row({
             "index": req.index,
             "scheduled_s": round(scheduled_s, 6),
@@ -240,6 +316,8 @@ class _Replayer:
             "capped": capped,
             "request": req.source,
         })
+        if cancelled:
+            raise asyncio.CancelledError
         self.on_update(st)
 
     async def run(self, plan: list[tuple[TraceRequest, float]]) -> None:
@@ -277,7 +355,16 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
     connector = aiohttp.TCPConnector(limit=opts.max_in_flight)
     timeout = aiohttp.ClientTimeout(total=opts.timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        model = opts.model or await discover_model(session, base)
+        try:
+            models = await list_models(session, base)
+        except Unreachable:
+            if not opts.model:
+                raise
+            models = []  # --model given: /v1/models only bounds prompt lengths, when the engine has it
+        model = opts.model or await discover_model(session, base, models)
+        limit = max_model_len(models, model)
+        if limit is not None:
+            check_lengths(trace, limit, model)
         builder = PromptBuilder(None, opts.block_tokens, opts.seed)
         pool = None
         if any(builder.needs_pool(r) for r in trace.requests):
@@ -314,16 +401,21 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
         loop = asyncio.get_running_loop()
         driver = asyncio.create_task(rep.run(plan))
 
-        def on_sigint() -> None:
+        def on_signal(sig: signal.Signals) -> None:
             nonlocal interrupted
+            if interrupted:
+                return  # a second signal: the first one's unwinding is already under way
             interrupted = True
+            rep.stopped_by = sig.name
             driver.cancel()
 
-        try:
-            loop.add_signal_handler(signal.SIGINT, on_sigint)
-            handler = True
-        except (RuntimeError, ValueError, NotImplementedError):  # not the main thread
-            handler = False
+        handled = []
+        for sig in STOP_SIGNALS:
+            try:
+                loop.add_signal_handler(sig, on_signal, sig)
+                handled.append(sig)
+            except (RuntimeError, ValueError, NotImplementedError):  # not the main thread
+                break
         try:
             await driver
         except asyncio.CancelledError:
@@ -333,8 +425,8 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
                 t.cancel()
             await asyncio.gather(*list(rep.tasks), return_exceptions=True)
         finally:
-            if handler:
-                loop.remove_signal_handler(signal.SIGINT)
+            for sig in handled:
+                loop.remove_signal_handler(sig)
             duration = loop.time() - rep.t0 if rep.t0 else 0.0
             metrics_after = None if interrupted else await scrape_metrics(session, base)
             writer.close({
@@ -346,10 +438,12 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
                 "cap_hits": state.cap_hits,
                 "duration_s": round(duration, 6),
                 "interrupted": interrupted,
+                "signal": rep.stopped_by,
+                "unfinished": rep.unfinished,
                 "metrics_after": metrics_after,
             })
     return ReplayResult(out, model, len(plan), state.finished, rep.ok, state.errors, state.max_in_flight,
-                        state.cap_hits, duration, interrupted, pool.source if pool else None)
+                        state.cap_hits, duration, interrupted, pool.source if pool else None, rep.stopped_by, rep.unfinished)
 
 
 def _allow_open_files(wanted: int) -> None:

@@ -11,7 +11,8 @@ One reader for all three; the format is recognised line by line from its keys:
   request whose ``request`` field holds the original trace line (replays a past run).
 
 Offsets are taken relative to the trace's first request. Malformed lines are rejected together,
-each named by its line number.
+each named by its line number. Every number has a stated cap (:data:`MAX_TOKENS`, :data:`MAX_SPAN_S`,
+64-bit ids); a 400-digit number, a 5,000-digit one or 100,000-deep nesting is a malformed line, never a crash.
 """
 
 from __future__ import annotations
@@ -28,6 +29,16 @@ from kvctl.errors import InvalidInput
 DEFAULT_BLOCK_TOKENS = 512
 #: How many malformed lines one error message lists.
 MAX_LISTED_ERRORS = 5
+#: The stated caps on a trace line. Prompt and output tokens: 10 million, past the longest context any
+#: model declares (``kvctl replay`` also holds prompts to the engine's own ``max_model_len``).
+MAX_TOKENS = 10_000_000
+#: An offset (``timestamp`` ms / 1000, or ``offset_s``) as written: up to 10^12 s, room for Unix-epoch
+#: times, refused past it (a number past a float's range never reaches arithmetic).
+MAX_RAW_OFFSET_S = 1e12
+#: From the trace's first request to its last: 30 days. A replay sleeps until each offset.
+MAX_SPAN_S = 30 * 86400.0
+#: Hash ids and token ids: 64-bit integers (two ids past that would draw the same block).
+MIN_ID, MAX_ID = -(1 << 63), (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -67,16 +78,41 @@ def _is_int(v: Any) -> bool:
 
 
 def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A JSON number that is finite (an int of any size is: math.isfinite would overflow on it)."""
+    return _is_int(v) or (isinstance(v, float) and math.isfinite(v))
+
+
+def _shown(v: Any) -> str:
+    """A value for an error message, cut short (a 400-digit number is not worth quoting whole)."""
+    text = repr(v) if not _is_int(v) or abs(v) < 10**30 else f"a {len(str(abs(v)))}-digit integer"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _max_tokens(obj: dict, key: str) -> int | None:
     if key not in obj or obj[key] is None:
         return None
     v = obj[key]
-    if not _is_int(v) or v < 0:
-        raise ValueError(f"{key} must be a non-negative integer, got {v!r}")
+    if not _is_int(v) or not 0 <= v <= MAX_TOKENS:
+        raise ValueError(f"{key} must be an integer in [0, {MAX_TOKENS:,}], got {_shown(v)}")
     return v
+
+
+def _offset(v: Any, key: str, scale: float) -> float:
+    """``v`` (in units of 1/scale s) as seconds: a non-negative number up to MAX_RAW_OFFSET_S."""
+    if not _number(v) or v < 0 or v > MAX_RAW_OFFSET_S * scale:
+        unit = "ms" if scale != 1 else "s"
+        raise ValueError(f"{key} must be a non-negative number of {unit} up to {MAX_RAW_OFFSET_S * scale:g}, got {_shown(v)}")
+    return v / scale
+
+
+def _prompt_tokens(v: Any, key: str) -> int:
+    if not _is_int(v) or not 1 <= v <= MAX_TOKENS:
+        raise ValueError(f"{key} must be an integer in [1, {MAX_TOKENS:,}] (the stated cap), got {_shown(v)}")
+    return v
+
+
+def _ids(v: Any) -> bool:
+    return isinstance(v, list) and all(_is_int(h) and MIN_ID <= h <= MAX_ID for h in v)
 
 
 def parse_line(obj: Any, line: int) -> tuple[str, dict[str, Any]]:
@@ -85,35 +121,30 @@ def parse_line(obj: Any, line: int) -> tuple[str, dict[str, Any]]:
         raise ValueError("not a JSON object")
     if "timestamp" in obj or "hash_ids" in obj:
         ts, n, ids = obj.get("timestamp"), obj.get("input_length"), obj.get("hash_ids")
-        if not _number(ts) or ts < 0:
-            raise ValueError(f"timestamp must be a non-negative number of ms, got {ts!r}")
-        if not _is_int(n) or n < 1:
-            raise ValueError(f"input_length must be a positive integer, got {n!r}")
-        if not isinstance(ids, list) or not all(_is_int(h) for h in ids):
-            raise ValueError(f"hash_ids must be a list of integers, got {ids!r}")
+        offset = _offset(ts, "timestamp", 1000.0)
+        n = _prompt_tokens(n, "input_length")
+        if not _ids(ids):
+            raise ValueError(f"hash_ids must be a list of 64-bit integers, got {_shown(ids)}")
         return "mooncake", {
-            "offset_s": ts / 1000.0,
+            "offset_s": offset,
             "input_length": n,
             "hash_ids": tuple(ids),
             "max_tokens": _max_tokens(obj, "output_length"),
         }
     if "offset_s" in obj:
-        off = obj["offset_s"]
-        if not _number(off) or off < 0:
-            raise ValueError(f"offset_s must be a non-negative number, got {off!r}")
-        fields: dict[str, Any] = {"offset_s": float(off), "max_tokens": _max_tokens(obj, "max_tokens")}
+        fields: dict[str, Any] = {"offset_s": float(_offset(obj["offset_s"], "offset_s", 1.0)), "max_tokens": _max_tokens(obj, "max_tokens")}
         if "prompt" in obj:
             if not isinstance(obj["prompt"], str) or not obj["prompt"]:
                 raise ValueError("prompt must be a non-empty string")
             fields["prompt"] = obj["prompt"]
         elif "prompt_tokens" in obj:
             pt = obj["prompt_tokens"]
-            if _is_int(pt) and pt >= 1:
-                fields["input_length"] = pt
-            elif isinstance(pt, list) and pt and all(_is_int(t) and t >= 0 for t in pt):
+            if _is_int(pt):
+                fields["input_length"] = _prompt_tokens(pt, "prompt_tokens")
+            elif isinstance(pt, list) and 0 < len(pt) <= MAX_TOKENS and all(_is_int(t) and 0 <= t <= MAX_ID for t in pt):
                 fields["prompt_token_ids"] = tuple(pt)
             else:
-                raise ValueError(f"prompt_tokens must be a positive integer or a list of token ids, got {pt!r}")
+                raise ValueError(f"prompt_tokens must be a positive integer or a list of token ids, got {_shown(pt)}")
         else:
             raise ValueError("an offset_s line needs prompt or prompt_tokens")
         return "offsets", fields
@@ -126,9 +157,17 @@ def json_lines(text: str, errors: list[str]) -> Iterator[tuple[int, Any]]:
         if not line.strip():
             continue
         try:
-            yield lineno, json.loads(line)
+            value = json.loads(line)
         except json.JSONDecodeError as e:
             errors.append(f"line {lineno}: not JSON ({e.msg})")
+            continue
+        except ValueError as e:  # an integer past Python's digit limit (4300 digits)
+            errors.append(f"line {lineno}: not usable JSON ({str(e).split(';')[0]})")
+            continue
+        except RecursionError:
+            errors.append(f"line {lineno}: not usable JSON (nested too deeply)")
+            continue
+        yield lineno, value
 
 
 def malformed(path: Path, errors: list[str]) -> InvalidInput:
@@ -182,6 +221,9 @@ def read_trace(path: str | Path) -> Trace:
     if not requests:
         raise InvalidInput(f"{p}: no requests in the trace")
     start = min(r.offset_s for r in requests)
+    far = [r for r in requests if r.offset_s - start > MAX_SPAN_S]
+    if far:
+        raise malformed(p, [f"line {r.line}: {r.offset_s - start:.6g} s after the trace's first request, past the cap of {MAX_SPAN_S:g} s (30 days)" for r in far])
     ordered = sorted(requests, key=lambda r: (r.offset_s, r.line))
     out = tuple(
         TraceRequest(

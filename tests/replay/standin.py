@@ -7,8 +7,11 @@ Prints ``PORT <n>`` on stdout once it listens on 127.0.0.1. It records the arriv
 completion request, answers after ``--delay-s`` (requests after the K-th wait ``--slow-delay-s``),
 and reports usage with ``prompt_tokens_details.cached_tokens`` from a prefix cache of 16-token
 blocks, like vLLM with ``--enable-prompt-tokens-details``. A prompt containing the word FAIL gets
-HTTP 500. ``GET /_arrivals`` returns the records; ``/tokenize`` (absent with ``--no-tokenize``),
-``/v1/models`` and ``/metrics`` answer as vLLM's do (the subset kvctl reads).
+HTTP 500. A prompt containing ``ODD_LIST``, ``ODD_NULL`` or ``ODD_USAGE`` gets an answer the OpenAI
+API does not allow: an SSE ``data: [1,2]`` or ``data: null`` line (a ``[1,2]`` body without streaming),
+or ``"usage": [1]`` (tests/hostile). ``GET /_arrivals`` returns the records; ``/tokenize`` (absent with
+``--no-tokenize``), ``/v1/models`` (with ``max_model_len`` when ``--max-model-len`` is given) and
+``/metrics`` answer as vLLM's do (the subset kvctl reads).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from aiohttp import web
 
 BLOCK = 16
 MODEL = "standin"
+#: Answers the OpenAI API does not allow, chosen by a word in the prompt (the SSE data line sent).
+ODD = {"ODD_LIST": "[1,2]", "ODD_NULL": "null", "ODD_USAGE": '{"choices":[],"usage":[1]}'}
 
 
 def token_ids(prompt) -> list[int]:
@@ -33,8 +38,9 @@ def token_ids(prompt) -> list[int]:
 
 
 class Standin:
-    def __init__(self, delay_s: float, slow_after: int | None, slow_delay_s: float) -> None:
+    def __init__(self, delay_s: float, slow_after: int | None, slow_delay_s: float, max_model_len: int | None = None) -> None:
         self.delay_s, self.slow_after, self.slow_delay_s = delay_s, slow_after, slow_delay_s
+        self.max_model_len = max_model_len
         self.arrivals: list[dict] = []
         self.blocks: set[int] = set()
         self.prompt_tokens = 0
@@ -61,6 +67,9 @@ class Standin:
         await asyncio.sleep(delay)
         if "FAIL" in str(body["prompt"]):
             return web.json_response({"error": {"message": "injected failure"}}, status=500)
+        odd = next((k for k in ODD if k in str(body["prompt"])), None)
+        if odd is not None:
+            return await self._odd(request, odd, bool(body.get("stream")))
         cached = self._cached(ids)
         self.prompt_tokens += len(ids)
         self.cached_tokens += cached
@@ -82,13 +91,26 @@ class Standin:
         await resp.write_eof()
         return resp
 
+    async def _odd(self, request: web.Request, kind: str, stream: bool) -> web.StreamResponse:
+        if not stream:
+            return web.json_response([1, 2] if kind != "ODD_USAGE" else {"choices": [], "usage": [1]})
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(f"data: {ODD[kind]}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await request.json()
         ids = token_ids(body["prompt"])
         return web.json_response({"count": len(ids), "max_model_len": 1 << 20, "tokens": ids})
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+        entry = {"id": MODEL, "object": "model"}
+        if self.max_model_len is not None:
+            entry["max_model_len"] = self.max_model_len
+        return web.json_response({"object": "list", "data": [entry]})
 
     async def metrics(self, request: web.Request) -> web.Response:
         text = (
@@ -109,8 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--slow-after", type=int, default=None)
     ap.add_argument("--slow-delay-s", type=float, default=0.0)
     ap.add_argument("--no-tokenize", action="store_true", help="no /tokenize endpoint (404), like a non-vLLM server")
+    ap.add_argument("--max-model-len", type=int, default=None, help="max_model_len in /v1/models, as vLLM lists it")
     args = ap.parse_args(argv)
-    s = Standin(args.delay_s, args.slow_after, args.slow_delay_s)
+    s = Standin(args.delay_s, args.slow_after, args.slow_delay_s, args.max_model_len)
     app = web.Application()
     app.router.add_post("/v1/completions", s.completions)
     if not args.no_tokenize:

@@ -200,9 +200,12 @@ def test_ctrl_c_keeps_what_finished_and_exits_130(standin_factory, tmp_path):
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     run = read_run(out)
-    assert sorted(r["index"] for r in run.rows) == [0, 1, 2, 3, 4]
-    assert all(r["status"] == "ok" for r in run.rows)
-    assert run.summary["interrupted"] is True and run.summary["finished"] == 5
+    status = {r["index"]: r["status"] for r in run.rows}
+    assert sorted(status) == list(range(10))  # the 5 finished, and the 5 still open at Ctrl-C
+    assert [status[i] for i in range(5)] == ["ok"] * 5
+    assert all(status[i] == "interrupted by SIGINT before the answer" for i in range(5, 10))
+    assert run.summary["interrupted"] is True and run.summary["finished"] == 5 and run.summary["unfinished"] == 5
+    assert run.summary["signal"] == "SIGINT"
     assert "interrupted" in stdout
 
 

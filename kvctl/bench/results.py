@@ -63,6 +63,8 @@ class RunResult:
     errors: int
     per_instance: tuple[InstanceRun, ...]
     scaling_vs_1x1: float | None = None  # aggregate_gbps / the 1 instance × 1 client run of the same op
+    engines: int | None = None  # bench --engines: engines sharing the instances (= clients per instance)
+    per_engine: tuple[Any, ...] = ()  # kvctl.bench.engines.EngineRun, one per engine
 
 
 @dataclass(frozen=True)

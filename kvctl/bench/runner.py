@@ -30,10 +30,11 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Iterator, Sequence
 
 from kvctl import __version__
+from kvctl.bench.engines import summarize_engines
 from kvctl.bench.info import ServerInfo, delta, server_info, snapshot_all
 from kvctl.bench.results import BenchMetadata, BenchReport, RunResult, summarize_run, summarize_verdict, with_scaling
 from kvctl.bench.worker import WorkerConfig, WorkerResult, key_names
@@ -86,6 +87,7 @@ class BenchSpec:
     sweep: bool = False
     timeout_s: float = 5.0
     seed: int = 0
+    engines: int = 0  # bench --engines E: runs of 1, 2, 4 … E engines, each one client per instance in lockstep
 
     def check(self) -> None:
         if not all(math.isfinite(x) for x in (self.chunk_bytes, self.duration_s, self.timeout_s)):
@@ -105,17 +107,20 @@ def grid(instances: int, spec: BenchSpec) -> list[tuple[int, int]]:
 
     Plain: all instances with ``spec.clients`` each. Sweep (paper Fig. 3): one
     instance with 1, 2, 4, … up to ``spec.clients`` clients, then 2, 4, … up to
-    all instances with one client each.
+    all instances with one client each. Engines: all instances with 1, 2, 4, … up
+    to ``spec.engines`` clients each, client j of every instance being engine j's rank.
     """
-    if not spec.sweep:
-        return [(instances, spec.clients)]
-
     def steps(top: int) -> list[int]:
         out, k = [], 1
         while k < top:
             out.append(k)
             k *= 2
         return out + [top]
+
+    if spec.engines:  # contention curve: every instance, one client per engine
+        return [(instances, e) for e in steps(spec.engines)]
+    if not spec.sweep:
+        return [(instances, spec.clients)]
 
     return [(1, c) for c in steps(spec.clients)] + [(w, 1) for w in steps(instances) if w > 1]
 
@@ -272,7 +277,7 @@ try:
 except BaseException as exc:
     result_q.put(("boot-failed", cfg["worker_id"], f"{type(exc).__name__}: {exc}"))
     raise
-worker_main(WorkerConfig(**cfg), ready_q, start, stop, result_q, live)
+worker_main(WorkerConfig(**cfg), ready_q, start, stop, result_q, live, barrier)
 """
 
 
@@ -358,8 +363,12 @@ def run_once(
     on_progress: ProgressFn | None = None,
     stop_requested: threading.Event | None = None,
     key_ttl_s: int | None = None,
+    engines: bool = False,
 ) -> RunResult:
     """One grid point: ``clients`` processes per target doing ``op`` for ``spec.duration_s``.
+
+    ``engines``: client j of every target is rank i of engine j; an engine's ranks start each batch
+    together (a barrier per engine), as one engine loads the shares of one prompt.
 
     A SET run writes its keys with ``key_ttl_s`` (a plain SET would drop the TTL).
 
@@ -371,6 +380,7 @@ def run_once(
     ready_q, result_q = ctx.Queue(), ctx.Queue()
     start, stop = ctx.Event(), ctx.Event()
     live = ctx.RawArray("d", n_workers)
+    barriers = [ctx.Barrier(len(targets)) for _ in range(clients)] if engines else []
     urls = [url_with_password(t) for t in targets]
     start_wait_s = WORKER_START_S + spec.timeout_s
     cfgs = [
@@ -388,12 +398,14 @@ def run_once(
             seed=spec.seed * 1_000_003 + i * clients + j,
             start_wait_s=start_wait_s,
             key_ttl_s=key_ttl_s,
+            engine=j if engines else None,
         )
         for i in range(len(targets))
         for j in range(clients)
     ]
     shared = {"ready_q": ready_q, "start": start, "stop": stop, "result_q": result_q, "live": live}
-    procs = [ctx.Process(target=exec, args=(WORKER_BOOT, {"cfg": asdict(c), **shared}), daemon=True) for c in cfgs]
+    procs = [ctx.Process(target=exec, args=(WORKER_BOOT, {"cfg": asdict(c), **shared, "barrier": barriers[c.engine] if engines else None}),
+                         daemon=True) for c in cfgs]
     label = f"{op.upper()} {len(targets)} instance(s) × {clients} client(s)"
     results: dict[int, WorkerResult] = {}
     failed: dict[int, str] = {}  # worker id -> why it never reported
@@ -442,8 +454,12 @@ def run_once(
             now = time.monotonic()
             if now >= t0 + spec.duration_s:
                 stop.set()
+                for b in barriers:  # ranks waiting for a prompt that will not start
+                    b.abort()
             if interrupted() and not stop.is_set():
                 stop.set()
+                for b in barriers:
+                    b.abort()
                 hard_deadline = min(hard_deadline, now + spec.timeout_s + GRACE_S)
             if now >= hard_deadline:
                 break
@@ -455,6 +471,8 @@ def run_once(
         after = snapshot_all(urls, snap_timeout)
     finally:
         stop.set()
+        for b in barriers:
+            b.abort()
         for p in procs:
             p.join(timeout=EXIT_WAIT_S)
         for p in procs:
@@ -473,7 +491,7 @@ def run_once(
         b if isinstance(b, str) else a if isinstance(a, str) else delta(b, a, op)
         for b, a in zip(before, after)
     ]
-    return summarize_run(
+    run = summarize_run(
         op,
         [t.rank for t in targets],
         [redacted(t) for t in targets],
@@ -484,6 +502,9 @@ def run_once(
         deltas,
         extra,
     )
+    if engines:
+        run = replace(run, engines=clients, per_engine=summarize_engines(list(results.values()), clients, len(targets)))
+    return run
 
 
 def run_bench(
@@ -534,7 +555,8 @@ def run_bench(
         for instances, clients, op in plan:
             if stop_requested is not None and stop_requested.is_set():
                 raise _Interrupted
-            runs.append(run_once(targets[:instances], clients, op, prefix, n_keys, spec, on_progress, stop_requested, ttl))
+            runs.append(run_once(targets[:instances], clients, op, prefix, n_keys, spec, on_progress, stop_requested, ttl,
+                                 engines=bool(spec.engines) and op == "get"))
         was_interrupted = stop_requested is not None and stop_requested.is_set()
     except _Interrupted:
         was_interrupted = True
@@ -546,7 +568,7 @@ def run_bench(
     params = dict(parameters or {})
     params.update(
         chunk_bytes=spec.chunk_bytes, batch=spec.batch, clients=spec.clients, duration_s=spec.duration_s,
-        keys_per_instance=n_keys, write=spec.write, sweep=spec.sweep, timeout_s=spec.timeout_s, seed=spec.seed,
+        keys_per_instance=n_keys, write=spec.write, sweep=spec.sweep, timeout_s=spec.timeout_s, seed=spec.seed, engines=spec.engines,
         instances=len(targets), urls=[redacted(t) for t in targets], key_ttl_s=ttl,
     )
     meta = BenchMetadata(

@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import random
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,7 @@ class WorkerConfig:
     seed: int
     start_wait_s: float  # how long to wait for the start signal before giving up
     key_ttl_s: int | None = None  # SET runs write with this TTL, so a killed bench's keys still expire
+    engine: int | None = None  # bench --engines: the engine this client is one rank of (its ranks load in lockstep)
 
 
 @dataclass
@@ -70,6 +72,8 @@ class WorkerResult:
     first_error: str | None = None
     elapsed_s: float = 0.0  # start signal → end of the last batch (or of the run)
     batch_s: list[float] = field(default_factory=list)
+    engine: int | None = None
+    spans: list[tuple[float, float]] = field(default_factory=list)  # with an engine: (start, end) of each prompt's batch, CLOCK_MONOTONIC
 
 
 def _batches(order: list[int], batch: int):
@@ -94,15 +98,20 @@ def _record_error(res: WorkerResult, exc: BaseException) -> None:
 PARENT_CHECK_S = 0.25
 
 
-def worker_main(cfg: WorkerConfig, ready_q: Any, start: Any, stop: Any, result_q: Any, live_bytes: Any) -> None:
-    """Process entry point: warm up, report ready, run until the deadline, report the result."""
+def worker_main(cfg: WorkerConfig, ready_q: Any, start: Any, stop: Any, result_q: Any, live_bytes: Any, barrier: Any = None) -> None:
+    """Process entry point: warm up, report ready, run until the deadline, report the result.
+
+    With ``barrier`` (one per engine, one party per rank) every batch starts when all of the engine's ranks
+    are ready for it, as the ranks of one engine load their shares of a prompt at the same moment; a broken
+    barrier (the parent aborts it at the end, or a rank failed) ends the run.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = multiprocessing.parent_process()  # the bench process (not the forkserver): its sentinel closes when it dies
 
     def orphaned() -> bool:
         return parent is not None and not parent.is_alive()
 
-    res = WorkerResult(cfg.worker_id, cfg.instance)
+    res = WorkerResult(cfg.worker_id, cfg.instance, engine=cfg.engine)
     client = None
     announced = False
     try:
@@ -146,15 +155,25 @@ def worker_main(cfg: WorkerConfig, ready_q: Any, start: Any, stop: Any, result_q
         backoff = 0.05
         perf = time.perf_counter
         while time.monotonic() < deadline and not stop.is_set() and not orphaned():
+            if barrier is not None:
+                try:
+                    barrier.wait(max(0.0, min(cfg.timeout_s, deadline - time.monotonic())))
+                except threading.BrokenBarrierError:
+                    break  # the run is over (or a rank of this engine failed): the prompt is not loaded
             t0 = perf()
+            m0 = time.monotonic()
             try:
                 hits, misses = one_batch()
             except Exception as exc:  # noqa: BLE001
                 _record_error(res, exc)
+                if barrier is not None:
+                    res.spans.append((m0, float("nan")))  # keeps prompt k the k-th span on every rank
                 stop.wait(max(0.0, min(backoff, deadline - time.monotonic())))
                 backoff = min(backoff * 2, 0.5)
                 continue
             res.batch_s.append(perf() - t0)
+            if barrier is not None:
+                res.spans.append((m0, time.monotonic()))
             res.batches += 1
             res.ops += hits + misses
             res.misses += misses

@@ -48,6 +48,7 @@ def register_commands(cli: click.Group) -> None:
 @click.option("--keys", type=count(10**9), help="Distinct keys per instance (default: about 1 GB of values, within maxmemory).")
 @click.option("--write", is_flag=True, help="Also measure SET bandwidth (a write run before each GET run).")
 @click.option("--sweep", is_flag=True, help="Figure 3 grid: 1 instance with 1, 2, 4… clients, then 2, 4… instances with one client each.")
+@click.option("--engines", type=count(256), help="Contention curve: 1, 2, 4 … E engines sharing every instance, each one client per instance whose ranks load their shares of a prompt together.")
 @click.option("--timeout", "timeout_s", type=positive(3600.0), default=5.0, show_default=True, help="Seconds any socket operation may take before it counts as an error.")
 @click.option("--seed", type=count(2**32 - 1, min=0), default=0, show_default=True, help="Seed of the key order of every client.")
 @click.option("--prefill-rate", type=PREFILL_RATE, help="Prefill tokens/s R; with bytes per token, ends with the verdict against B* = s·R.")
@@ -75,6 +76,7 @@ def bench_cmd(
     keys: int | None,
     write: bool,
     sweep: bool,
+    engines: int | None,
     timeout_s: float,
     seed: int,
     prefill_rate: float | None,
@@ -108,6 +110,8 @@ def bench_cmd(
         raise InvalidInput("--embedded starts its own instances; do not combine it with --valkey/--url, --ranks or --dir")
     if not embedded and not (valkey_urls or tier_dir or ranks):
         raise InvalidInput(f"name the Valkey instances to bench with {NAMING}, or start some with --embedded N")
+    if engines and (sweep or clients):
+        raise click.UsageError("--engines runs its own grid (one client per engine per instance): drop --sweep and --clients")
     if model_config:
         size = kv_size_from_file(model_config, dtype=dtype, chunk_tokens=chunk_tokens, tp=tp)
         if chunk_bytes is None:
@@ -123,7 +127,7 @@ def bench_cmd(
 
     def make_spec(instances: int, n_keys: int | None, warn: bool = True) -> BenchSpec:
         spec = BenchSpec(chunk_bytes=chunk, batch=batch, clients=clients or (instances if sweep else 1), duration_s=duration,
-                         keys=n_keys, write=write, sweep=sweep, timeout_s=timeout_s, seed=seed)  # fmt: skip
+                         keys=n_keys, write=write, sweep=sweep, timeout_s=timeout_s, seed=seed, engines=engines or 0)  # fmt: skip
         spec.check()
         for w in check_host(instances, spec, os.cpu_count() or 1, psutil.virtual_memory().available):
             if warn:
@@ -255,6 +259,8 @@ def render_report(report: BenchReport) -> None:
         rows,
         caption=caption,
     )
+    if any(r.per_engine for r in report.runs):
+        render_engines(report)
     misses = sum(r.misses for r in report.runs)
     if misses:
         render.warn(f"{misses} GETs missed (evicted keys?): lower --keys or raise maxmemory")
@@ -264,9 +270,39 @@ def render_report(report: BenchReport) -> None:
         render.message(f"verdict: {v.text}", style=style)
 
 
+def render_engines(report: BenchReport) -> None:
+    """bench --engines: the contention curve, one row per engine count."""
+    rows = []
+    for r in report.runs:
+        if not r.per_engine:
+            continue
+        per = [e.gbps for e in r.per_engine]
+        p50 = [e.p50_prompt_ms for e in r.per_engine if e.p50_prompt_ms is not None]
+        p99 = [e.p99_prompt_ms for e in r.per_engine if e.p99_prompt_ms is not None]
+        srv_bytes = sum(p.server_net_bytes or 0 for p in r.per_instance)
+        rows.append((
+            r.engines, r.instances, _f(r.aggregate_gbps, 2), " ".join(f"{g:.2f}" for g in r.per_instance_gbps),
+            f"{min(per):.2f}–{max(per):.2f}", _f(max(p50) if p50 else None, 1), _f(max(p99) if p99 else None, 1),
+            sum(e.prompts for e in r.per_engine), _pct(r.server_busy_frac), f"{srv_bytes / 1e9:.2f}",
+        ))
+    render.table(
+        "kvctl bench --engines: engines sharing the instances",
+        ["engines", "inst", "GB/s", "per inst", "per engine", "prompt p50 ms", "prompt p99 ms", "prompts", "busy", "srv GB"],
+        rows,
+        caption="prompt = one batch on every instance, the engine's ranks started together; p50/p99: the slowest engine's\n"
+        "per engine: min–max GB/s of the engines' ranks together · busy: busiest main thread · srv GB: bytes the servers sent (INFO)",
+    )
+
+
 def plot_report(report: BenchReport, path: str) -> None:
     """Aggregate GB/s over total clients: one instance (more clients) vs one instance per client."""
     series: dict[str, tuple[list[float], list[float]]] = {}
+    eng = [r for r in report.runs if r.per_engine]
+    if eng:  # the contention curve
+        series["aggregate"] = ([r.engines for r in eng], [r.aggregate_gbps for r in eng])
+        series["per engine (mean)"] = ([r.engines for r in eng], [sum(e.gbps for e in r.per_engine) / len(r.per_engine) for r in eng])
+        render.line_plot(path, f"GET bandwidth, {eng[0].instances} instance(s) shared by E engines", "engines E", "GB/s", series)
+        return
     for op in ("get", "set"):
         runs: list[RunResult] = [r for r in report.runs if r.op == op]
         if not runs:

@@ -117,13 +117,22 @@ def test_symlinked_config_edits_the_target_and_keeps_the_link(tmp_path):
     target.chmod(0o640)
     link = tmp_path / "current.yaml"
     link.symlink_to(target)
-    run(["loading", "async", "--config", str(link)])
+    out = run(["loading", "async", "--config", str(link)]).output
+    assert f"{target}: now asynchronous (via the symlink {link})" in " ".join(out.split())
     assert link.is_symlink() and os.readlink(link) == str(target)
     assert yaml.safe_load(target.read_text())["enable_async_loading"] is True
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
     (bak,) = backups(target)  # the backup sits next to the file that changed
     assert bak.read_text() == CONFIG
     assert not temps(real_dir) and not temps(tmp_path)
+
+
+def test_a_relative_path_to_a_plain_file_is_no_symlink(tmp_path, monkeypatch):
+    """Issue 22: any relative --config path was reported as reached "via the symlink"."""
+    (tmp_path / "lmcache.yaml").write_text(CONFIG)
+    monkeypatch.chdir(tmp_path)
+    out = " ".join(run(["loading", "async", "--config", "lmcache.yaml"]).output.split())
+    assert "symlink" not in out and f"{tmp_path / 'lmcache.yaml'}: now asynchronous (backup" in out
 
 
 def test_chain_of_symlinks_to_a_vllm_unit(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -128,7 +129,7 @@ def _flip(value: bool, sources: list[tuple[str, str]], dry_run: bool, force: boo
                 render.literal(f"{c.path}: dry run, not written")
             else:
                 real = loading.real_path(c.path)
-                via = f" (via the symlink {c.path})" if str(real) != str(c.path) else ""
+                via = f" (via the symlink {c.path})" if Path(c.path).is_symlink() else ""
                 render.literal(f"{real}: now {_mode(c.after)}{via}" + (f" (backup: {c.backup})" if c.backup else ""), style="green")
         if any(c.kind in ("yaml", "env") for c in changes):
             render.message(f"env-var form: {loading.env_form(value)}")

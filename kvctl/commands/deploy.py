@@ -366,16 +366,17 @@ def _write_or_echo(text: str, out_file: Path | None) -> None:
 @click.option("--local-cpu/--no-local-cpu", default=True, show_default=True, help="LMCache L1 in host memory.")
 @click.option("--max-local-cpu-size", type=non_negative(1e5), default=5.0, show_default=True, help="LMCache L1 size in GB per engine worker.")
 @click.option("--async-loading/--sync-loading", default=False, show_default=True, help="LMCache enable_async_loading.")
-@click.option("--plugin", is_flag=True, help="Use kvctl's RESP client as LMCache's remote-storage plugin (remote_storage_plugins: [kvctl], no remote_url).")
+@click.option("--plugin/--native", default=True, show_default=True, help="--plugin (the default): kvctl's RESP client as LMCache's remote-storage plugin (remote_storage_plugins: [kvctl], no remote_url). --native: LMCache's own resp:// client in remote_url, with a warning (it hangs on a missing key; kvctl doctor fails it).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the YAML to this file instead of stdout.")
 @output_options
 def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_size: int, local_cpu: bool, max_local_cpu_size: float, async_loading: bool, plugin: bool, out_file: Path | None, as_json: bool) -> None:
     """Print the LMCache YAML for this tier: chunk size, L1 settings, per-rank remote URL.
 
     Local tiers get the per-rank list form (ports differ); k8s gets the
-    {rank} template form (hosts differ). --plugin gives the form that loads
-    kvctl's RESP client into LMCache (kvctl.plugins.lmcache): a missing key
-    is a miss within the deadline, never a hang.
+    {rank} template form (hosts differ). The default form loads kvctl's RESP
+    client into LMCache (kvctl.plugins.lmcache): a missing key is a miss
+    within the deadline, never a hang. --native writes LMCache's own resp://
+    client instead, which LMCache <= 0.5.6 cannot run safely (warned).
     """
     from kvctl.tier.lmcache_config import LMCacheSettings, lmcache_config, render_lmcache_yaml  # noqa: PLC0415 - yaml
 
@@ -383,12 +384,21 @@ def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port
     urls, user, password_file, tier = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file)
     cfg = lmcache_config(urls, settings, user, password_file, plugin=plugin)
     notes = [] if target == "local" or password_file else [no_credentials_note(target, name)]
+    if not plugin:
+        notes.append(NATIVE_CLIENT_NOTE)
     for n in notes:
         render.warn(n)
     if as_json:
         render.emit_json(cfg)
         return
     _write_or_echo(render_lmcache_yaml(cfg, f"LMCache config for {tier}", notes), out_file)
+
+
+#: What --native costs (paper §5.4); `kvctl doctor --config` fails this form for the same reason.
+NATIVE_CLIENT_NOTE = (
+    "--native: LMCache's own resp:// client (LMCache <= 0.5.6) hangs on a GET of a missing key and can lose a "
+    "completion (paper §5.4 bugs 1 and 2); `kvctl doctor --config` fails this form. Drop --native for kvctl's plugin"
+)
 
 
 def no_credentials_note(target: str, name: str) -> str:

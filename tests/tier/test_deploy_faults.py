@@ -210,7 +210,7 @@ def test_lmcache_config_for_k8s_says_where_the_engine_password_is():
     err = " ".join(res.stderr.split())  # rich wraps long warnings
     assert "mount key engine-password of Secret valkey-kv-auth" in err and "--engine-password-file" in err
     assert "# NOTE: no engine credentials" in res.stdout
-    assert yaml.safe_load(res.stdout)["remote_url"] == "resp://valkey-kv-{rank}.valkey-kv:6379"
+    assert yaml.safe_load(res.stdout)["extra_config"]["remote_storage_plugin.kvctl.url"] == "resp://valkey-kv-{rank}.valkey-kv:6379"
     res = CliRunner().invoke(cli, ["deploy-valkey", "lmcache-config", "--target", "k8s", "--ranks", "2", "--engine-password-file", "/etc/valkey-auth/engine-password"])
     assert res.exit_code == 0 and "NOTE" not in res.output
     assert yaml.safe_load(res.stdout)["extra_config"]["kvctl_password_file"] == "/etc/valkey-auth/engine-password"

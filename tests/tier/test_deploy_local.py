@@ -103,7 +103,9 @@ def test_up_three_ping_set_get_status_down(tier):
     assert res.exit_code == 0, res.output
     cfg = yaml.safe_load(res.stdout)
     assert cfg["extra_config"]["kvctl_remote_urls"] == [i["url"] for i in insts]
-    assert cfg["remote_url"] == insts[0]["url"] and cfg["chunk_size"] == 256
+    assert cfg["remote_storage_plugins"] == ["kvctl"] and "remote_url" not in cfg and cfg["chunk_size"] == 256
+    res = invoke("lmcache-config", "--dir", str(d), "--native")
+    assert yaml.safe_load(res.stdout)["remote_url"] == insts[0]["url"] and "--native" in res.stderr
 
     res = invoke("down", "--dir", str(d), "--json")
     assert res.exit_code == 0, res.output

@@ -78,7 +78,7 @@ def test_k8s_statefulset_service_configmap_secret(tmp_path, pw_file):
 
     res = invoke("lmcache-config", "--target", "k8s", "--ranks", "4", "--json")
     assert res.exit_code == 0, res.output
-    url = json.loads(res.stdout)["remote_url"]
+    url = json.loads(res.stdout)["extra_config"]["remote_storage_plugin.kvctl.url"]
     assert url == "resp://valkey-kv-{rank}.valkey-kv:6379"
     assert parse_resp_url(expand_url(url, 3)).host == "valkey-kv-3.valkey-kv"
 
@@ -95,7 +95,7 @@ def test_k8s_names_namespace_and_auth_rules(tmp_path):
     assert "Secret" not in objs and "protected-mode no" in objs["ConfigMap"]["data"]["valkey.conf"]
     assert objs["StatefulSet"]["spec"]["serviceName"] == "kvs" and objs["StatefulSet"]["metadata"]["namespace"] == "serving"
     res = invoke("lmcache-config", "--target", "k8s", "--ranks", "2", "--name", "kv", "--service", "kvs", "--namespace", "serving", "--json")
-    assert json.loads(res.stdout)["remote_url"] == "resp://kv-{rank}.kvs.serving.svc:6379"
+    assert json.loads(res.stdout)["extra_config"]["remote_storage_plugin.kvctl.url"] == "resp://kv-{rank}.kvs.serving.svc:6379"
     assert invoke("up", "--target", "k8s", "--ranks", "2", "--insecure-no-auth").exit_code == 2  # no --out
 
 
@@ -212,5 +212,5 @@ def test_lmcache_config_out_replaces_the_file_in_one_rename(tmp_path):
     res = invoke("lmcache-config", "--target", "k8s", "--ranks", "2", "--out", str(out))
     assert res.exit_code == 0, res.output
     assert out.stat().st_ino != ino and stat.S_IMODE(out.stat().st_mode) == 0o640
-    assert "remote_url" in yaml.safe_load(out.read_text())
+    assert yaml.safe_load(out.read_text())["remote_storage_plugins"] == ["kvctl"]
     assert [p.name for p in tmp_path.iterdir()] == ["lmcache.yaml"]

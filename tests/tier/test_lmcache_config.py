@@ -12,17 +12,18 @@ import yaml
 from kvctl.connector.urls import expand_url, parse_resp_url
 from kvctl.errors import InvalidInput
 from kvctl.tier import spec
-from kvctl.tier.lmcache_config import URL_LIST_KEY, LMCacheSettings, lmcache_config, render_lmcache_yaml
+from kvctl.tier.lmcache_config import URL_LIST_KEY, LMCacheSettings, lmcache_config, plugin_key, render_lmcache_yaml
 from kvctl.tier.server import free_port, start_valkey
 
 REPO = Path(__file__).resolve().parents[2]
 # Top-level keys LMCache's v1 config defines (lmcache/v1/config.py) that kvctl writes.
-LMCACHE_KEYS = {"chunk_size", "local_cpu", "max_local_cpu_size", "remote_url", "remote_serde", "enable_async_loading", "extra_config"}
+LMCACHE_KEYS = {"chunk_size", "local_cpu", "max_local_cpu_size", "remote_url", "remote_serde", "enable_async_loading", "extra_config", "remote_storage_plugins"}
 
 
 def per_rank_urls(cfg: dict, ranks: int) -> list[str]:
     """What the engine plugin does with either form: rank r's URL."""
-    form = (cfg.get("extra_config") or {}).get(URL_LIST_KEY) or cfg["remote_url"]
+    extra = cfg.get("extra_config") or {}
+    form = extra.get(URL_LIST_KEY) or extra.get(plugin_key("url")) or cfg["remote_url"]
     return [expand_url(form, r) for r in range(ranks)]
 
 
@@ -53,6 +54,7 @@ def test_bad_url_forms(bad):
 def test_samples_in_configs(name, ranks):
     cfg = yaml.safe_load((REPO / "configs/lmcache" / name).read_text())
     assert set(cfg) <= LMCACHE_KEYS
+    assert cfg["remote_storage_plugins"] == ["kvctl"] and "remote_url" not in cfg  # the form kvctl doctor passes
     urls = per_rank_urls(cfg, ranks)
     assert len(set(urls)) == ranks  # one instance per rank
     for u in urls:
@@ -98,3 +100,32 @@ def test_split_and_io_threads_and_loopback():
         spec.resolve_auth("0.0.0.0", None, False)
     assert spec.resolve_auth("0.0.0.0", None, True).insecure_no_auth
     assert not spec.resolve_auth("127.0.0.1", None, True).insecure_no_auth  # loopback stays protected
+
+
+def test_default_lmcache_config_passes_kvctl_doctor_and_native_is_warned(tmp_path):
+    """Issue 22: without --plugin, lmcache-config wrote LMCache's native `remote_url: resp://...`, which kvctl's
+    own doctor fails (the native client hangs on a missing key). The plugin form is the default now; --native
+    still writes the old form, with a warning, and doctor still fails that one where LMCache <= 0.5.6 runs."""
+    import json
+    import os
+
+    from click.testing import CliRunner
+
+    from kvctl.cli import cli
+
+    args = ["deploy-valkey", "lmcache-config", "--target", "systemd", "--ranks", "2"]
+    res = CliRunner().invoke(cli, [*args, "--out", str(tmp_path / "default.yaml")])
+    assert res.exit_code == 0, res.output
+    cfg = yaml.safe_load((tmp_path / "default.yaml").read_text())
+    assert cfg["remote_storage_plugins"] == ["kvctl"] and "remote_url" not in cfg
+    res = CliRunner().invoke(cli, [*args, "--native", "--out", str(tmp_path / "native.yaml")])
+    assert res.exit_code == 0 and "hangs on a GET of a missing key" in " ".join(res.stderr.split())
+    assert yaml.safe_load((tmp_path / "native.yaml").read_text())["remote_url"] == "resp://127.0.0.1:17400"
+    # kvctl doctor on both (LMCache 0.5.6 from $KVCTL_LMCACHE_PYTHON, as `make test` sets it)
+    def doctor(name):
+        res = CliRunner().invoke(cli, ["doctor", "--config", str(tmp_path / name), "--no-host-checks", "--world-size", "2", "--json"])
+        return {c["name"]: c["status"] for c in json.loads(res.stdout)["checks"]}
+
+    assert "fail" not in doctor("default.yaml").values()
+    if os.environ.get("KVCTL_LMCACHE_PYTHON"):  # doctor finds LMCache 0.5.6 and fails its native client
+        assert doctor("native.yaml")["known_bugs"] == "fail"

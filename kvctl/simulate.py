@@ -181,18 +181,44 @@ def bench_bandwidths(path: str) -> dict[int, float]:
     return out
 
 
-def effective_gbps(instances: int, instance_gbps: float | None = None, bench: dict[int, float] | None = None) -> float:
-    """B_eff for ``instances``: measured aggregate at that count, else per-instance bandwidth × instances."""
+#: Where B_eff came from (JSON ``bandwidth_basis``).
+BASIS_GIVEN, BASIS_MEASURED, BASIS_EXTRAPOLATED = "instance_gbps", "bench_measured", "bench_extrapolated"
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """B_eff for a number of instances, and where it came from."""
+
+    gbps: float
+    basis: str  # BASIS_*
+    note: str  # one sentence for tables and JSON
+
+
+def bandwidth_for(instances: int, instance_gbps: float | None = None, bench: dict[int, float] | None = None) -> Bandwidth:
+    """B_eff for ``instances``: the aggregate a bench measured at that count, else per-instance bandwidth ×
+    instances; a count the bench did not measure is scaled linearly from its largest one, and said so."""
     if instances < 1:
         raise InvalidInput(f"--instances must be at least 1, got {instances}")
     if instance_gbps is not None:
-        return require_positive("--instance-gbps", instance_gbps) * instances
+        gbps = require_positive("--instance-gbps", instance_gbps) * instances
+        return Bandwidth(gbps, BASIS_GIVEN, f"{instances} × --instance-gbps {instance_gbps:g}")
     if bench:
         if instances in bench:
-            return bench[instances]
+            return Bandwidth(bench[instances], BASIS_MEASURED, f"measured by --bench at {instances} instance(s)")
         most = max(bench)
-        return bench[most] / most * instances  # linear beyond (or between) what was measured
+        measured = ", ".join(str(k) for k in sorted(bench))
+        return Bandwidth(
+            bench[most] / most * instances,
+            BASIS_EXTRAPOLATED,
+            f"EXTRAPOLATED: --bench measured {measured} instance(s), not {instances}; scaled linearly from "
+            f"{bench[most]:g} GB/s at {most}",
+        )
     raise InvalidInput("give --instance-gbps or --bench FILE")
+
+
+def effective_gbps(instances: int, instance_gbps: float | None = None, bench: dict[int, float] | None = None) -> float:
+    """B_eff for ``instances`` (see :func:`bandwidth_for`)."""
+    return bandwidth_for(instances, instance_gbps, bench).gbps
 
 
 # --- queues ------------------------------------------------------------------

@@ -116,6 +116,29 @@ def test_bench_file_gives_measured_aggregate(tmp_path):
     assert effective_gbps(3, instance_gbps=0.5) == 1.5
 
 
+def test_bench_extrapolation_is_said_in_the_json_and_the_table(tmp_path):
+    """Issue 22: simulate --bench silently scaled the largest measured instance count to any other."""
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"runs": [{"op": "get", "instances": 1, "clients": 1, "aggregate_gbps": 1.0},
+                                          {"op": "get", "instances": 2, "clients": 1, "aggregate_gbps": 1.8}]}))
+    code, out = run(*PAPER, "--instances", "2", "--bench", str(bench))
+    assert json.loads(out)["bandwidth_basis"] == "bench_measured"
+    code, out = run(*PAPER, "--instances", "8", "--bench", str(bench))
+    d = json.loads(out)
+    assert d["bandwidth_gbps"] == pytest.approx(1.8 / 2 * 8) and d["bandwidth_basis"] == "bench_extrapolated"
+    assert "measured 1, 2 instance(s), not 8" in d["bandwidth_note"]
+    code, out = run(*PAPER, "--instance-gbps", "0.85")
+    assert json.loads(out)["bandwidth_basis"] == "instance_gbps"
+    table = [a for a in PAPER if a != "--json"]
+    code, out = run(*table, "--instances", "8", "--bench", str(bench))
+    assert code == 0 and "7.2*" in out and "EXTRAPOLATED" in out, out
+    code, out = run(*table, "--bench", str(bench), "--sweep", "instances=2,8")
+    flat = " ".join(out.split())
+    assert code == 0 and "7.2*" in flat and "1.8*" not in flat and "* B_eff EXTRAPOLATED" in flat, out
+    code, out = run(*PAPER, "--bench", str(bench), "--sweep", "instances=2,8")
+    assert [p["bandwidth_basis"] for p in json.loads(out)] == ["bench_measured", "bench_extrapolated"]
+
+
 def test_sweep_lists_results_with_parameters(tmp_path):
     code, out = run(*PAPER, "--instance-gbps", "0.85", "--sweep", "instances=1,8 loading=sync,async",
                     "--plot", str(tmp_path / "sweep.png"))

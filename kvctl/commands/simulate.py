@@ -128,39 +128,60 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
                            runner=(lambda w, c, bw: fleet.simulate_fleet(w, c, bw, engines, var)) if is_fleet else None)
         if plot:
             _plot(plot, grid, points)
+        bws = [sim.bandwidth_for(p.parameters.get("instances", instances), p.parameters.get("instance_gbps", instance_gbps), bench)
+               for p in points]
         if as_json:
             to_dict = fleet.fleet_dict if is_fleet else sim.result_dict
-            render.emit_json([{"parameters": p.parameters, **to_dict(p.result)} for p in points])
+            render.emit_json([{"parameters": p.parameters, **to_dict(p.result), **_bandwidth_json(bw)} for p, bw in zip(points, bws)])
             return
         keys = list(grid)
+        extrapolated = sorted({bw.note for bw in bws if bw.basis == sim.BASIS_EXTRAPOLATED})
         render.table(
             f"What if — {workload_for().source}",
             [k.replace("_", " ") for k in keys] + ["B_eff GB/s"] + RESULT_COLS,
-            [[p.parameters[k] for k in keys] + [p.result.bandwidth_gbps] + _row(p.result) for p in points],
+            [[p.parameters[k] for k in keys] + [_bandwidth_cell(p.result.bandwidth_gbps, bw)] + _row(p.result) for p, bw in zip(points, bws)],
             caption=f"s = {bytes_per_token:g} B/token · R = {prefill_rate:g} tok/s · T0 = {t0:g} s" + (f" · plot: {plot}" if plot else "")
-        + "\nρ: the engine's utilisation; tier ρ: the tier's (async loads that miss --async-timeout are recomputed)",
+        + "\nρ: the engine's utilisation; tier ρ: the tier's (async loads that miss --async-timeout are recomputed)"
+        + "".join(f"\n* B_eff {n}" for n in extrapolated),
         )
         return
     w = workload_for()
+    bw = sim.bandwidth_for(instances, instance_gbps, bench)
+    if bw.basis == sim.BASIS_EXTRAPOLATED and not as_json:
+        render.warn(f"B_eff {bw.gbps:g} GB/s is {bw.note}")
     if is_fleet:
-        fres = fleet.simulate_fleet(w, base, sim.effective_gbps(instances, instance_gbps, bench), engines, var)
+        fres = fleet.simulate_fleet(w, base, bw.gbps, engines, var)
         if as_json:
-            render.emit_json(fleet.fleet_dict(fres))
+            render.emit_json({**fleet.fleet_dict(fres), **_bandwidth_json(bw)})
         else:
             render_fleet(fres, f"{engines} engine(s), {loading} loading, {instances} instance(s) — {w.source}")
         return
-    res = sim.simulate(w, base, sim.effective_gbps(instances, instance_gbps, bench))
+    res = sim.simulate(w, base, bw.gbps)
     if as_json:
-        render.emit_json(sim.result_dict(res))
+        render.emit_json({**sim.result_dict(res), **_bandwidth_json(bw)})
         return
     render.table(
-        f"{loading} loading, {instances} instance(s), B_eff {res.bandwidth_gbps:g} GB/s — {w.source}",
+        f"{loading} loading, {instances} instance(s), B_eff {_bandwidth_cell(res.bandwidth_gbps, bw)} GB/s — {w.source}",
         RESULT_COLS,
         [_row(res)],
         caption=(f"mean {res.mean_s:.3f} s · mean wait {res.mean_wait_s:.3f} s · hits {res.hits:,} of {res.requests:,}"
                  + (f" · timeouts {res.timeouts:,}" if loading == "async" else "")
-                 + ("" if res.stable is not False else "\nρ ≥ 1: a queue grows for as long as requests keep arriving")),
+                 + ("" if res.stable is not False else "\nρ ≥ 1: a queue grows for as long as requests keep arriving")
+                 + (f"\n* B_eff {bw.note}" if bw.basis == sim.BASIS_EXTRAPOLATED else "")),
     )
+
+
+def _bandwidth_json(bw: Any) -> dict[str, Any]:
+    """Where B_eff came from, in every simulate JSON: ``bandwidth_basis`` (instance_gbps, bench_measured or
+    bench_extrapolated) and a sentence."""
+    return {"bandwidth_basis": bw.basis, "bandwidth_note": bw.note}
+
+
+def _bandwidth_cell(gbps: float, bw: Any) -> str:
+    """B_eff as a table shows it: starred when the bench did not measure that instance count."""
+    from kvctl.simulate import BASIS_EXTRAPOLATED  # noqa: PLC0415 - numpy only when used
+
+    return f"{gbps:g}" + ("*" if bw.basis == BASIS_EXTRAPOLATED else "")
 
 
 def _plot(path: str, grid: dict[str, list[Any]], points: list[Any]) -> None:

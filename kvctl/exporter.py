@@ -59,6 +59,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "kvctl_min_hit_tokens": ("n* = R·T0: prompts shorter than this cannot beat recompute at any bandwidth, tokens", ()),
     "kvctl_hit_token_ratio": ("Fraction of prompt tokens served from the external (L2) cache over the window", ()),
     "kvctl_valkey_get_busy_ratio": ("Fraction of the window one Valkey instance spent in GETs (its main thread)", ("rank",)),
+    "kvctl_instance_rho": ("ρ of one Valkey instance summed over every engine that uses it (two or more engines; ≥ 1: unstable)", ("rank",)),
+    "kvctl_engine_rho": ("One engine's ρ against the bandwidth it gets (two or more engines)", ("engine",)),
     "kvctl_valkey_up": ("1 when the instance answered INFO in the newest sample", ("rank",)),
     "kvctl_engine_up": ("1 when the engine's /metrics answered in the newest sample", ("engine",)),
     "kvctl_finding": ("1 while a kvctl diagnose finding holds over the window", ("id", "severity")),
@@ -287,6 +289,10 @@ class Exporter:
         for inst in diag.instances:
             if inst.status == "ok":
                 put("kvctl_valkey_get_busy_ratio", inst.get_busy_fraction, rank=str(inst.rank))
+        for il in diag.instance_loads:
+            put("kvctl_instance_rho", il.rho, rank=str(il.rank))
+        for el in diag.engine_loads:
+            put("kvctl_engine_rho", el.rho, engine=el.url)
         for f in diag.findings:
             put("kvctl_finding", 1.0, id=f.id, severity=f.severity)
         return out

@@ -27,6 +27,7 @@ from kvctl.cost import GB, breakeven_gbps, min_hit_tokens
 from kvctl.errors import InvalidInput
 from kvctl.fleet import FleetResult, simulate_fleet
 from kvctl.simulate import SimConfig, Workload, effective_gbps
+from kvctl.thresholds import RHO_UNSTABLE
 from kvctl.variability import Variability
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def plan(w: Workload, cfg: SimConfig, *, engines: int, slo_p99_s: float, rho_tar
          loadings: Sequence[str] = ("sync", "async")) -> PlanResult:
     """Search instance counts × ``loadings`` for the fewest instances meeting ``p99 ≤ slo_p99_s`` at ``ρ ≤ rho_target``."""
     var = var or Variability()
-    if slo_p99_s <= 0 or not 0 < rho_target <= 1:
+    if slo_p99_s <= 0 or not 0 < rho_target <= RHO_UNSTABLE:
         raise InvalidInput("--slo-p99 must be positive and --rho-target in (0, 1]")
     if max_instances < 1:
         raise InvalidInput(f"--max-instances must be at least 1, got {max_instances}")

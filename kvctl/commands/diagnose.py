@@ -333,6 +333,25 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
                 for i in diag.instances
             ],
         )
+    if diag.engine_loads:
+        render.table(
+            "Engines sharing the tier",
+            ["engine", "W (ranks)", "instances", "offered λ (req/s)", "L2 MB/request", "B it gets (GB/s)", "ρ"],
+            [(e.url, f"{e.ranks} ({e.ranks_source})", f"0–{e.ranks - 1}", e.offered_rate_per_s,
+              None if e.l2_bytes_per_request is None else e.l2_bytes_per_request / 1e6, e.bandwidth_gbps, e.rho)
+             for e in diag.engine_loads],
+            caption="ρ_e = λ_e·(L2 bytes per request)/B_e, against what engine e gets; rank r of every engine uses instance r",
+        )
+        render.table(
+            "Instances shared by engines",
+            ["rank", "engines", "offered MB/s", "B_i (GB/s)", "ρ (all engines)", "per engine"],
+            [(i.rank, ", ".join(str(e) for e in i.engines), i.offered_bytes_per_s / 1e6, i.bandwidth_gbps,
+              None if i.rho is None else f"{i.rho:.3f}" + (" (lower bound)" if i.rho_bound == "lower_bound" else ""),
+              " ".join(f"{e}: {v:.2f}" for e, v in i.shares))
+             for i in diag.instance_loads],
+            caption="ρ_i = Σ_e λ_e·(bytes_e / W_e) / B_i over the engines using instance i; B_i: the best B_e/W_e they saw "
+                    "(else Valkey's server side, an upper bound)",
+        )
     if diag.findings:
         render.text_table("Findings", ["severity", "id", "finding", "recommendation"], [(f.severity, f.id, f.message, f"{f.recommendation}\nrunbook: {runbook_for(f.id)}") for f in diag.findings])
     for reason in diag.insufficient_data:

@@ -31,6 +31,7 @@ from kvctl import cost
 from kvctl.diagnose import metrics as M
 from kvctl.diagnose.capture import Capture
 from kvctl.diagnose.findings import worst_severity
+from kvctl.diagnose.fleet import fleet_loads
 from kvctl.diagnose.observations import (  # noqa: F401 - EngineObs/InstanceObs/GET_COMMANDS are part of this API
     GET_COMMANDS,
     EngineObs,
@@ -141,6 +142,9 @@ class Diagnosis:
     explain: list[Quantity]
     # s / W: one rank's share of every token, what each instance (one per rank) serves; s itself is the whole model's
     bytes_per_token_per_rank: float | None = None
+    # several engines (kvctl.diagnose.fleet): each engine's load against what it gets, each instance's summed over engines
+    engine_loads: list[Any] = field(default_factory=list)
+    instance_loads: list[Any] = field(default_factory=list)
 
     @property
     def exit_status(self) -> ExitStatus:
@@ -382,6 +386,9 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         lm_requested=D.total("lmcache:num_requested_tokens"), lm_hits=D.total("lmcache:num_hit_tokens"),
         mean_prefill_s=mean_prefill_s, bw_implausible=bw_implausible,
     )
+    engine_loads, instance_loads = fleet_loads(ok_engines, per_engine, instances, s_bpt)
+    obs["instance_loads"] = instance_loads
+    obs["engine_loads"] = engine_loads
     findings = findings_for(obs, params)
     if rho is None or not math.isfinite(rho):
         findings = [f for f in findings if not f.id.startswith("rho_")]
@@ -410,7 +417,7 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         requests_waiting_start=waiting_a, requests_waiting_end=waiting_b, gpu_utilization_pct=list(b.gpu.utilization_pct),
         gpu_note=gpu_note, engines=engine_obs, instances=instances, unreachable=unreachable,
         insufficient_data=insufficient, findings=findings, worst_severity=worst, notes=notes + ([f"engine restarted in the window (counters went backwards): {'; '.join(resets)}"] if resets else []),
-        null_reasons=why, explain=ex, bytes_per_token_per_rank=s_rank,
+        null_reasons=why, explain=ex, bytes_per_token_per_rank=s_rank, engine_loads=engine_loads, instance_loads=instance_loads,
     )
 
 

@@ -17,6 +17,7 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
     out: list[Finding] = []
     _rho(o, p, out)
     _tier_health(o, p, out)
+    _shared_instances(o, p, out)
     bw = o["bw"]
     if bw is not None and o["b_star"] is not None and bw < o["b_star"]:
         out.append(
@@ -221,3 +222,27 @@ def _tier_health(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
             )
         )
 
+
+
+def _shared_instances(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
+    """The busiest instance that several engines share, at ρ ≥ the warning threshold (summed over its engines)."""
+    shared = [i for i in o.get("instance_loads") or () if i.rho is not None and len(i.engines) >= 2 and i.rho >= p.warn_rho]
+    if not shared:
+        return
+    hot = max(shared, key=lambda i: i.rho)
+    engines = {e.index: e for e in o.get("engine_loads") or ()}
+    parts = ", ".join(f"engine {e} ({engines[e].url if e in engines else '?'}) ρ {share:.2f}" for e, share in sorted(hot.shares, key=lambda x: -x[1]))
+    bound = " (a lower bound: B from Valkey's server side)" if hot.rho_bound == "lower_bound" else ""
+    out.append(
+        Finding(
+            "instance_saturated",
+            "critical" if hot.rho >= RHO_UNSTABLE else "warning",
+            f"Valkey rank {hot.rank} ({hot.url}) is at ρ = {hot.rho:.2f}{bound} from {len(hot.engines)} engines sharing it: {parts}; "
+            "each engine may look fine on its own while together they saturate the instance",
+            "add instances (one per rank) for the engines that share this tier, or give the busiest engine its own tier; "
+            "size it with `kvctl plan --engines E` (docs/fleets.md)",
+            {"rank": hot.rank, "rho": hot.rho, "rho_bound": hot.rho_bound, "engines": list(hot.engines),
+             "shares": {str(e): v for e, v in hot.shares}, "bandwidth_gbps": hot.bandwidth_gbps,
+             "bandwidth_source": hot.bandwidth_source, "offered_bytes_per_s": hot.offered_bytes_per_s},
+        )
+    )

@@ -480,3 +480,79 @@ def test_quantile_and_count_above():
     assert M.quantile(buckets, 0.5) == pytest.approx(15.0)
     assert M.count_above(buckets, 10.0) == 6.0  # 8 - 2 at or below 10
     assert M.count_above(buckets, 25.0) == 2.0  # only the +Inf bucket's 8 - 6
+
+
+# --- several engines sharing instances (kvctl/diagnose/fleet.py) ------------------------------------------
+
+
+def fleet_capture(b_bytes: float, b_secs: float = 8.0) -> Capture:
+    """Engine A: 4 ranks, 10 requests in 10 s, 8e9 B in Σ16 s of GETs. Engine B: 2 ranks, 20 requests, ``b_bytes``
+    in Σ``b_secs`` s. Four Valkey instances; A uses ranks 0-3, B ranks 0-1."""
+    g = GpuSample(note="no GPU visible (test)")
+    a0 = EngineState(engines=1, lmcache=False, kvctl_get_bytes=0, extra={"kvctl:ranks": 4})
+    b0 = EngineState(engines=1, lmcache=False, kvctl_get_bytes=0, extra={"kvctl:ranks": 2})
+    a1 = a0.advance(requests=10, prompt_lengths=[1000] * 10, kvctl_get_bytes=8e9, kvctl_get_s=16.0)
+    b1 = b0.advance(requests=20, prompt_lengths=[1000] * 20, kvctl_get_bytes=b_bytes, kvctl_get_s=b_secs)
+    urls = [f"resp://valkey-{r}:6379" for r in range(4)]
+    va, vb = [info(0, 0, 0)] * 4, [info(100, 1e5, 1e9)] * 4
+    return Capture(["http://engine-a:8000", "http://engine-b:8000"], urls,
+                   [Sample(100.0, [a0.text(), b0.text()], va, g), Sample(110.0, [a1.text(), b1.text()], vb, g)], {})
+
+
+def test_instance_rho_sums_the_engines_that_use_it():
+    """A: B_A = 4 × 8e9 / 16 = 2 GB/s, 8e8 B/request, λ 1/s: ρ_A = 1 × 8e8 / 2e9 = 0.4.
+    B: B_B = 2 × 4e9 / 8 = 1 GB/s, 2e8 B/request, λ 2/s: ρ_B = 2 × 2e8 / 1e9 = 0.4.
+    Per rank both see 0.5 GB/s, so B_i = 0.5 GB/s. Instance 0 (A and B): A's 1 × 8e8 / 4 = 2e8 B/s + B's 2 × 2e8 / 2
+    = 2e8 B/s = 4e8 B/s → ρ_0 = 0.8 (each engine alone: 0.4). Instance 2 (A only): 2e8 / 5e8 = 0.4."""
+    d = analyse(fleet_capture(4e9), P)
+    eng = {e.url: e for e in d.engine_loads}
+    assert eng["http://engine-a:8000"].rho == pytest.approx(0.4) and eng["http://engine-a:8000"].instances == (0, 1, 2, 3)
+    assert eng["http://engine-b:8000"].rho == pytest.approx(0.4) and eng["http://engine-b:8000"].instances == (0, 1)
+    inst = {i.rank: i for i in d.instance_loads}
+    assert inst[0].rho == pytest.approx(0.8) and inst[1].rho == pytest.approx(0.8)
+    assert inst[2].rho == pytest.approx(0.4) and inst[3].rho == pytest.approx(0.4)
+    assert inst[0].engines == (0, 1) and inst[2].engines == (0,)
+    assert inst[0].bandwidth_gbps == pytest.approx(0.5) and inst[0].rho_bound == "estimate"
+    assert dict(inst[0].shares) == pytest.approx({0: 0.4, 1: 0.4})
+    f = next(f for f in d.findings if f.id == "instance_saturated")
+    assert f.severity == "warning" and f.evidence["rank"] == 0 and "2 engines" in f.message
+
+
+def test_below_the_warning_threshold_no_finding():
+    """B moves 8e9 B in Σ8 s: B_B = 2 × 8e9 / 8 = 2 GB/s, 1 GB/s per rank, so B_i = max(0.5, 1) = 1 GB/s; 4e8 B/request.
+    Instance 0 carries A's 2e8 + B's 2 × 4e8 / 2 = 4e8 → 6e8 B/s over 1e9 B/s: ρ_0 = 0.6 < 0.7, no finding."""
+    d = analyse(fleet_capture(8e9), P)
+    inst = {i.rank: i for i in d.instance_loads}
+    assert inst[0].rho == pytest.approx(0.6) and inst[0].bandwidth_gbps == pytest.approx(1.0)
+    assert "instance_saturated" not in ids(d)
+
+
+def test_other_engines_saturate_a_shared_instance_critical():
+    """B moves 1.2e10 B in Σ24 s: B_B = 2 × 1.2e10 / 24 = 1 GB/s (0.5 per rank, B_i = 0.5 GB/s), 6e8 B/request.
+    Instance 0: A's 2e8 + B's 2 × 6e8 / 2 = 6e8 → 8e8 B/s over 5e8 B/s: ρ_0 = 1.6, critical, though A alone is at
+    ρ_A = 0.4 (B's own ρ_B = 2 × 6e8 / 1e9 = 1.2)."""
+    d = analyse(fleet_capture(1.2e10, 24.0), P)
+    inst = {i.rank: i for i in d.instance_loads}
+    assert inst[0].rho == pytest.approx(1.6) and inst[2].rho == pytest.approx(0.4)
+    f = next(f for f in d.findings if f.id == "instance_saturated")
+    assert f.severity == "critical" and f.evidence["rho"] == pytest.approx(1.6)
+    assert f.evidence["shares"] == pytest.approx({"0": 0.4, "1": 1.2})
+    assert "engine 1 (http://engine-b:8000) ρ 1.20" in f.message
+
+
+def test_one_engine_has_no_fleet_loads():
+    d = analyse(cap_of(BASE, healthy()), P)
+    assert d.engine_loads == [] and d.instance_loads == []
+
+
+def test_diagnose_prints_the_shared_instances(tmp_path):
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from kvctl.cli import cli  # noqa: PLC0415
+    from kvctl.diagnose.capture import save_capture  # noqa: PLC0415
+
+    save_capture(fleet_capture(1.2e10, 24.0), tmp_path / "cap")
+    r = CliRunner().invoke(cli, ["diagnose", "--from", str(tmp_path / "cap"), "--bytes-per-token", str(S_PAPER), "--prefill-rate", "52200"])
+    assert r.exit_code == 4, r.output  # critical: instance 0 at ρ 1.6
+    assert "Instances shared by engines" in r.output and "instance_saturated" in r.output
+    assert "docs/runbooks/instance_saturated.md" in r.output

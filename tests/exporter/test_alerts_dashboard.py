@@ -110,6 +110,7 @@ def test_rules_file_has_prometheus_structure():
         ("KvctlBandwidthBelowBreakeven", "max without (source) (kvctl_delivered_bandwidth_bytes_per_second) < kvctl_breakeven_bandwidth_bytes_per_second", "10m", "warning"),
         ("KvctlQueueGrowingGpuIdle", 'kvctl_finding{id="queue_growing_gpu_idle"} == 1', "2m", "page"),
         ("KvctlDataInsufficient", "kvctl_data_sufficient == 0", "10m", "warning"),
+        ("KvctlInstanceSaturated", f"kvctl_instance_rho >= {RHO_HIGH:g}", "5m", "warning"),  # ρ per instance, summed over engines
     ],
 )
 def test_the_alerts_the_issue_asks_for(alert, expr, for_, severity):
@@ -179,6 +180,7 @@ def test_the_panels_the_issue_asks_for():
     assert {"kvctl_delivered_bandwidth_bytes_per_second", "kvctl_breakeven_bandwidth_bytes_per_second"} in exprs.values()
     assert {"kvctl_arrival_rate_per_second", "kvctl_completion_rate_per_second"} in exprs.values()
     assert {"kvctl_valkey_get_busy_ratio"} in exprs.values()
+    assert {"kvctl_instance_rho"} in exprs.values()  # ρ per instance, all engines that share it
     assert any(any("kvctl_finding" in e for e in es) for es in exprs.values())
     assert d["__inputs"][0]["pluginId"] == "prometheus"
 

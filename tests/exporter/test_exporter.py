@@ -412,3 +412,34 @@ def test_an_unexpected_error_in_a_round_does_not_end_the_sampler():
     failed = [r for r in rounds if r.error and "ZeroDivisionError" in r.error]
     assert len(failed) == 1 and failed[0].diagnosis is None
     assert exp.rounds >= 3  # the rounds after the failure were analysed and stored
+
+
+def test_instance_rho_sums_the_engines_sharing_it(valkey_factory):
+    """Two engines (real HTTP /metrics) share two real Valkey instances; engine-side kvctl counters.
+
+    A: kvctl:ranks 2, 10 requests, 8e9 B in Σ16 s of GETs → B_A = 2 × 8e9 / 16 = 1 GB/s (0.5 per rank), 8e8 B/request.
+    B: kvctl:ranks 1, 20 requests, 4e9 B in Σ8 s → B_B = 4e9 / 8 = 0.5 GB/s (0.5 per rank), 2e8 B/request.
+    Over windows w_A, w_B (each engine's own reads): instance 0 (both) carries 10/w_A × 8e8 / 2 + 20/w_B × 2e8 / 1
+    B/s over B_0 = 0.5 GB/s → ρ_0 = 8/w_A + 8/w_B; instance 1 (A only) ρ_1 = 8/w_A; ρ_A = 10/w_A × 8e8 / 1e9 = 8/w_A,
+    ρ_B = 20/w_B × 2e8 / 5e8 = 8/w_B."""
+    v0, v1 = valkey_factory(), valkey_factory()
+    a0 = EngineState(engines=1, lmcache=False, kvctl_get_bytes=0, extra={"kvctl:ranks": 2})
+    b0 = EngineState(engines=1, lmcache=False, kvctl_get_bytes=0, extra={"kvctl:ranks": 1})
+    a1 = a0.advance(requests=10, prompt_lengths=[1000] * 10, kvctl_get_bytes=8e9, kvctl_get_s=16.0)
+    b1 = b0.advance(requests=20, prompt_lengths=[1000] * 20, kvctl_get_bytes=4e9, kvctl_get_s=8.0)
+    with MetricsServer([a0.text(), a1.text()]) as sa, MetricsServer([b0.text(), b1.text()]) as sb:
+        exp = Exporter(ExporterConfig((sa.url, sb.url), tuple(resolve_targets([v0.url, v1.url])), PARAMS, interval_s=1.0, window_s=60.0))
+        server = Server(exp, parse_listen("127.0.0.1:0"), sample=False)
+        try:
+            exp.step()
+            time.sleep(0.5)
+            rnd = exp.step()
+            values = scrape(server.url)
+        finally:
+            server.stop()
+    w_a, w_b = (e.window_s for e in rnd.diagnosis.engines)
+    assert one(values, "kvctl_instance_rho", rank=0) == pytest.approx(8 / w_a + 8 / w_b, rel=1e-9)
+    assert one(values, "kvctl_instance_rho", rank=1) == pytest.approx(8 / w_a, rel=1e-9)
+    assert one(values, "kvctl_engine_rho", engine=sa.url) == pytest.approx(8 / w_a, rel=1e-9)
+    assert one(values, "kvctl_engine_rho", engine=sb.url) == pytest.approx(8 / w_b, rel=1e-9)
+    assert one(values, "kvctl_finding", id="instance_saturated", severity="critical") == 1

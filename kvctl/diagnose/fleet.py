@@ -1,0 +1,100 @@
+"""Several engines sharing Valkey instances: ρ per instance summed over the engines that use it (pure).
+
+Which instances an engine uses: rank r of an engine with W_e ranks loads from instance r (the ``{rank}``
+URL, one instance per rank), so engine e uses instances 0 … W_e − 1 of the tier given (``--valkey`` per
+rank, ``--ranks`` or ``--dir``), W_e from its ``kvctl:ranks`` gauge, else every instance. Each of its ranks
+loads 1/W_e of its L2 bytes.
+
+* an engine's ρ_e = λ_e·(its L2 bytes per request) / B_e, against the bandwidth B_e it actually gets (its
+  own ``kvctl:l2_get_*`` or LMCache counters: the GETs' time includes waiting behind other engines);
+* an instance's ρ_i = Σ over the engines e using it of λ_e·(bytes_e / W_e) / B_i, with B_i what one
+  instance delivers: the best per-rank bandwidth any of its engines saw (B_e / W_e, the least contended
+  view), else Valkey's server-side bytes per GET second (an UPPER bound on B_i, so ρ_i is then a lower
+  bound). λ_e is the OFFERED rate (finished + queue growth), as everywhere in diagnose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvctl import cost
+from kvctl.diagnose.observations import EngineObs, InstanceObs, _Deltas, _div, _Engine
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    index: int
+    url: str
+    ranks: int  # W_e
+    ranks_source: str  # "kvctl:ranks" or "every instance"
+    offered_rate_per_s: float | None
+    l2_bytes_per_request: float | None
+    bandwidth_gbps: float | None  # B_e: what this engine gets
+    rho: float | None  # λ_e·bytes_e / B_e
+    instances: tuple[int, ...]  # ranks of the instances it uses
+
+
+@dataclass(frozen=True)
+class InstanceLoad:
+    rank: int
+    url: str
+    engines: tuple[int, ...]  # indices of the engines using it
+    offered_bytes_per_s: float  # Σ_e λ_e·bytes_e / W_e
+    bandwidth_gbps: float | None  # B_i
+    bandwidth_source: str | None  # "engine side (best B_e / W_e)" or "Valkey server side (upper bound)"
+    rho: float | None
+    rho_bound: str | None  # "estimate" or "lower_bound"
+    shares: tuple[tuple[int, float], ...]  # (engine, its ρ contribution on this instance)
+
+
+def _engine_load(e: _Engine, o: EngineObs, n_inst: int, s_bpt: float | None) -> EngineLoad:
+    gauge = e.b.gauge("kvctl:ranks")
+    ranks, src = (int(gauge), "kvctl:ranks") if gauge is not None and gauge >= 1 else (n_inst, "every instance")
+    ranks = max(1, min(ranks, n_inst)) if n_inst else max(1, ranks)
+    one = _Deltas([e])
+    k_bytes, k_secs = one.total("kvctl:l2_get_bytes"), one.total("kvctl:l2_get_seconds")
+    lm_bytes, lm_ms = one.total("lmcache:num_remote_read_bytes"), one.total("lmcache:remote_time_to_get", "sum")
+    hits = one.total("vllm:external_prefix_cache_hits")
+    bw = None
+    if k_bytes and k_secs:
+        l2 = k_bytes
+        bw = ranks * k_bytes / k_secs / cost.GB  # the ranks load in parallel; the connector sums their seconds
+    elif lm_bytes and lm_ms:
+        l2, bw = lm_bytes, lm_bytes / (lm_ms / 1e3) / cost.GB
+    else:
+        l2 = k_bytes if k_bytes is not None else lm_bytes if lm_bytes is not None else (hits * s_bpt if hits is not None and s_bpt else None)
+    per_req = _div(l2, o.finished)
+    lam = o.offered_rate_per_s
+    rho = _div(lam * per_req, bw * cost.GB) if lam is not None and per_req is not None and bw else None
+    if rho is None and lam is not None and per_req == 0:
+        rho = 0.0
+    return EngineLoad(o.index, o.url, ranks, src, lam, per_req, bw, rho, tuple(range(ranks)))
+
+
+def fleet_loads(engines: list[_Engine], obs: dict[int, EngineObs], instances: list[InstanceObs],
+                s_bpt: float | None) -> tuple[list[EngineLoad], list[InstanceLoad]]:
+    """Per-engine and per-instance loads; empty unless at least two engines were read."""
+    if len(engines) < 2:
+        return [], []
+    by_rank = {i.rank: i for i in instances}
+    n_inst = len(instances)
+    loads = [_engine_load(e, obs[e.index], n_inst, s_bpt) for e in engines if e.index in obs]
+    out = []
+    for rank in sorted(by_rank) or []:
+        inst = by_rank[rank]
+        users = [ld for ld in loads if rank in ld.instances]
+        offered = [(ld.index, ld.offered_rate_per_s * ld.l2_bytes_per_request / ld.ranks) for ld in users
+                   if ld.offered_rate_per_s is not None and ld.l2_bytes_per_request is not None]
+        per_rank_bw = [ld.bandwidth_gbps / ld.ranks for ld in users if ld.bandwidth_gbps]
+        if per_rank_bw:
+            b_i, b_src, bound = max(per_rank_bw), "engine side (best B_e / W_e)", "estimate"
+        elif inst.status == "ok" and inst.bandwidth_gbps:
+            b_i, b_src, bound = inst.bandwidth_gbps, "Valkey server side (upper bound)", "lower_bound"
+        else:
+            b_i = b_src = bound = None
+        total = sum(v for _, v in offered)
+        rho = _div(total, b_i * cost.GB) if b_i and offered else None
+        shares = tuple((e, v / (b_i * cost.GB)) for e, v in offered) if b_i else ()
+        out.append(InstanceLoad(rank, inst.url, tuple(ld.index for ld in users), total, b_i, b_src, rho,
+                                bound if rho is not None else None, shares))
+    return loads, out

@@ -34,6 +34,22 @@ def test_glm5_is_the_papers_mla_shape_and_the_readme_says_how_it_relates_to_s():
     assert f"{int(k.bytes_per_token):,}".replace(",", " ") in readme  # the formula's figure, as the README gives it
 
 
+def test_tp_past_the_kv_heads_counts_every_copy_and_the_docs_say_so():
+    """Issue 22: the docs said `--tp` never changes s, while `kv-size --tp 16` on Qwen3-32B (8 KV heads) doubles
+    it (each head on 2 ranks, kv_head_copies 2). Code and text now agree."""
+    from kvctl.commands.cost import TP_HELP
+
+    k8, k16 = (kv_size_from_file(MODELS / "qwen3-32b.json", tp=t) for t in (8, 16))
+    assert (k8.kv_head_copies, k16.kv_head_copies) == (1, 2)
+    assert k16.bytes_per_token == 2 * k8.bytes_per_token == 524288
+    ref = " ".join((MODELS.parent.parent / "docs" / "reference.md").read_text().split())
+    assert "never changes s" not in ref.replace("never changes an MLA model's s", "")
+    assert f"{int(k8.bytes_per_token)} at `--tp 8` and {int(k16.bytes_per_token)} at `--tp 16`" in ref
+    assert "kv_head_copies" in TP_HELP
+    mla8, mla16 = (kv_size_from_file(MODELS / "deepseek-v3.json", dtype="fp8", tp=t) for t in (8, 16))
+    assert mla8.bytes_per_token == mla16.bytes_per_token  # MLA: --tp never changes s
+
+
 def test_llama31_gqa_split_across_tp():
     k = kv_size_from_file(MODELS / "llama-3.1-8b.json")
     assert (k.attention, k.dtype) == ("gqa", "bf16")

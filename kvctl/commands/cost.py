@@ -36,7 +36,8 @@ def register_commands(cli: click.Group) -> None:
 
 
 BYTES_PER_TOKEN_HELP = "KV bytes per prompt token of the WHOLE model (s), all ranks' shares together."
-TP_HELP = "Tensor-parallel ranks, one tier instance each: --model-config splits the KV heads over them; s stays the whole model's."
+TP_HELP = ("Tensor-parallel ranks, one tier instance each: --model-config splits the KV heads over them; s is the whole model's, "
+           "and counts each KV head once per copy when --tp exceeds the KV heads (kv_head_copies).")
 
 
 def bytes_per_token_options(required: bool = True, pass_tp: bool = False) -> Callable:
@@ -214,7 +215,7 @@ def rho_cmd(arrival_rate: float, prompt_gb: float | None, tokens: int | None, by
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True, help="Hugging Face config.json.")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype (default: what vLLM's --dtype auto serves the config's torch_dtype at: float32 -> bf16; the output says which).")
 @click.option("--chunk-tokens", type=CHUNK_TOKENS, default=thresholds.CHUNK_TOKENS, show_default=True, help="Tokens per LMCache chunk.")
-@click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks: adds each rank's share (GQA/MHA heads split; MLA replicated, a rank loads every tp-th chunk).")
+@click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks: adds each rank's share (GQA/MHA heads split, replicated past the KV heads: s then counts each copy, kv_head_copies; MLA: a rank loads every tp-th chunk).")
 @output_options
 def kv_size_cmd(config_path: str, dtype: str | None, chunk_tokens: int, tp: int, as_json: bool) -> None:
     """KV bytes per token (whole model, and per rank with --tp) and per chunk from a model's config.json.

@@ -214,12 +214,17 @@ def test_the_shipped_configs_pass_their_own_checks(tmp_path):
 def test_lmcache_known_bugs(tmp_path, monkeypatch):
     """The real LMCache 0.5.6 installed in .venv-lmcache: its native resp:// client is flagged, the plugin is not."""
     monkeypatch.setenv("KVCTL_LMCACHE_PYTHON", str(LMCACHE_PY))
-    native = doctor(["--config", str(ROOT / "configs" / "lmcache" / "per-rank-list.yaml"), "--no-host-checks"], code=4)
+    native_yaml = tmp_path / "native.yaml"  # the form `kvctl deploy-valkey lmcache-config --native` writes
+    res = CliRunner().invoke(cli, ["deploy-valkey", "lmcache-config", "--native", "--target", "systemd", "--ranks", "2", "--out", str(native_yaml)])
+    assert res.exit_code == 0, res.output
+    native = doctor(["--config", str(native_yaml), "--no-host-checks"], code=4)
     (bug,) = by_name(native)["known_bugs"]
     assert bug["status"] == "fail" and bug["evidence"]["version"] == "0.5.6" and "kvctl.plugins.lmcache" in bug["fix"]
     assert status(native, "mla_pcp") == {"warning"}
     plugin = _lmcache_yaml(tmp_path, "plugin.yaml", chunk_size=256, remote_storage_plugins=["kvctl"], extra_config={"remote_storage_plugin.kvctl.url": "resp://v-{rank}:6379"})
     d = doctor(["--config", plugin, "--no-host-checks"], code=3)
+    assert status(d, "known_bugs") == {"ok"}
+    d = doctor(["--config", str(ROOT / "configs" / "lmcache" / "per-rank-list.yaml"), "--no-host-checks"])  # the shipped sample
     assert status(d, "known_bugs") == {"ok"}
 
 

@@ -22,6 +22,12 @@ parallel group where it runs one) share one Valkey instance per rank:
   recomputes once ``timeout_s`` has passed), and the load runs on a worker
   thread over a group of its own while the request waits.
 
+* keys -- a chunk key covers the tokens up to its chunk and what vLLM's
+  prefix cache keys on besides (cache_salt, the LoRA adapter, multimodal
+  inputs, prompt embeddings), in kvctl's own restart-stable hash: the
+  scheduler builds the request's material once (:mod:`kvctl.plugins.vllm_keys`)
+  and sends it to the workers in each LoadSpec/SaveSpec (docs/connector.md).
+
 Counters appear in the engine's ``/metrics`` as ``kvctl:*_total`` (see
 :mod:`kvctl.plugins.vllm_stats`).
 """
@@ -557,3 +563,4 @@ class KvctlConnector(KVConnectorBase_V1):
         self._saver.shutdown(wait=True, cancel_futures=False)
         if self.store is not None:
             self.store.close()
+

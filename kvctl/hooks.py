@@ -28,6 +28,7 @@ DEFAULT_PLUGINS = (
     "kvctl.commands.plan",
     "kvctl.commands.exporter",
     "kvctl.commands.doctor",
+    "kvctl.commands.drill",
 )
 
 

@@ -1,0 +1,406 @@
+"""Run one drill: start a tier, the drill engine and a replay; plant the fault; watch with diagnose; stop everything.
+
+Every process it starts is recorded by pid the moment it exists (valkey-servers in the tier's state
+file by ``deploy-valkey up``'s own code) and stopped in ``finally``: a drill that ends, fails, or is
+interrupted (the command turns SIGINT/SIGTERM into an exception) leaves no process and no port
+behind. Only pids it started are signalled. Library code: no click; the narration goes to ``say``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from kvctl.diagnose import capture as cap
+from kvctl.diagnose.analysis import Diagnosis, Params, analyse
+from kvctl.drill import scenarios as S
+from kvctl.drill.config import EngineSettings, write_config
+from kvctl.drill.workload import Sizes, Workload, sizes, write_trace
+from kvctl.errors import KvctlError
+from kvctl.runbooks import runbook_for
+from kvctl.thresholds import RHO_HIGH, RHO_UNSTABLE
+from kvctl.tier import local
+from kvctl.tier.server import free_port, port_in_use
+from kvctl.tier.targets import Target, resolve_targets
+
+Say = Callable[[str], None]
+ENGINE_START_S = 30.0
+STOP_WAIT_S = 5.0
+SAMPLE_TIMEOUT_S = 1.5
+
+
+@dataclass(frozen=True)
+class DrillOptions:
+    duration_s: float = S.DEFAULT_DURATION_S
+    plant: bool = True  # False: the scenario's fault is left out (diagnose must then miss it: the drill fails)
+    keep_dir: str | None = None  # keep the work files (tier logs, engine config and log, trace, run file, capture) here
+    model_config: str | None = None
+    seed: int = 0
+
+
+@dataclass
+class DrillResult:
+    scenario: str
+    passed: bool
+    planted: bool
+    expected: str
+    found: list[str]
+    runbook: str | None
+    fix: str
+    verdict: str
+    duration_s: float = 0.0
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    diagnoses: list[dict[str, Any]] = field(default_factory=list)
+    work_dir: str | None = None
+
+
+class DrillFailed(KvctlError):
+    """Diagnose did not report what the drill planted."""
+
+
+class _Procs:
+    """Child processes this drill started, by pid; stopped newest first."""
+
+    def __init__(self) -> None:
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, argv: list[str], log: Path) -> subprocess.Popen:
+        with open(log, "ab") as out:
+            p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.procs.append((name, p))
+        return p
+
+    def stop(self, p: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+        if p.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(sig)
+        try:
+            p.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            p.wait(STOP_WAIT_S)
+
+    def stop_all(self) -> None:
+        for _, p in reversed(self.procs):
+            self.stop(p)
+
+
+class Drill:
+    """One drill's run: its work directory, processes, tier and narration."""
+
+    def __init__(self, scenario: S.Scenario, opts: DrillOptions, say: Say) -> None:
+        self.sc, self.opts, self._say = scenario, opts, say
+        self.t0 = time.monotonic()
+        self.steps: list[dict[str, Any]] = []
+        self.diagnoses: list[dict[str, Any]] = []
+        self.procs = _Procs()
+        self.sizes: Sizes = sizes(opts.model_config)
+        self.work = Path(tempfile.mkdtemp(prefix=f"kvctl-drill-{scenario.name}-"))
+        self.tier_dir = self.work / "tier"
+        self.tier_up = False
+        self.stopped: list[int] = []  # pids this drill SIGSTOPped (continued before the tier goes down)
+        self.engine: subprocess.Popen | None = None
+        self.engine_port = 0
+        self.replay: subprocess.Popen | None = None
+
+    # --- narration -------------------------------------------------------------------
+
+    def say(self, kind: str, text: str) -> None:
+        t = time.monotonic() - self.t0
+        self.steps.append({"t_s": round(t, 2), "kind": kind, "text": text})
+        self._say(f"[{t:5.1f} s] {text}")
+
+    # --- starting things ---------------------------------------------------------------
+
+    def start_tier(self, ranks: int) -> list[Target]:
+        last: Exception | None = None
+        for _ in range(5):  # W consecutive free ports; another process may take one meanwhile
+            base = free_port()
+            if any(port_in_use(base + r) for r in range(1, ranks)):
+                continue
+            try:
+                local.up(local.UpRequest(dir=self.tier_dir, ranks=ranks, base_port=base, maxmemory=f"{32 * ranks}mb"))
+                break
+            except KvctlError as e:
+                last = e
+        else:
+            raise KvctlError(f"could not start {ranks} valkey-server(s) on free ports: {last}")
+        self.tier_up = True
+        targets = resolve_targets(tier_dir=self.tier_dir)
+        self.say("start", f"tier: {ranks} valkey-server(s) on 127.0.0.1:{targets[0].port}..{targets[-1].port} "
+                          f"(`kvctl deploy-valkey up --ranks {ranks}`), one per rank")
+        return targets
+
+    def engine_settings(self, targets: list[Target], **kw: Any) -> EngineSettings:
+        return EngineSettings(
+            remote_urls=[f"resp://{t.host}:{t.port}" for t in targets], chunk_bytes=self.sizes.chunk_bytes,
+            prefill_tokens_per_s=S.PREFILL_RATE, t0_s=S.T0_S, stream_bytes_per_s=S.LINK_CHUNKS_PER_S * self.sizes.chunk_bytes,
+            chunk_rtt_s=S.CHUNK_RTT_S,
+            model=self.sizes.model.replace("@", "-") or "drill", **kw,
+        )
+
+    def start_engine(self, settings: EngineSettings) -> Path:
+        cfg = write_config(self.work / "engine.yaml", settings, async_loading=False)
+        self.engine_port = free_port()
+        argv = [sys.executable, "-m", "kvctl.drill.engine", "--config", str(cfg), "--port", str(self.engine_port)]
+        self.engine = self.procs.start("engine", argv, self.work / "engine.log")
+        self.wait_engine()
+        self.say("start", f"drill engine pid {self.engine.pid} on http://127.0.0.1:{self.engine_port} ({settings.ranks} rank(s), "
+                          f"synchronous loading, chunks of {self.sizes.chunk_bytes / 1e3:.1f} kB = {self.sizes.model}'s "
+                          f"{self.sizes.model_chunk_bytes / 1e6:.2f} MB × {self.sizes.bytes_scale:g}; config {cfg.name})")
+        return cfg
+
+    def wait_engine(self) -> None:
+        assert self.engine is not None
+        deadline = time.monotonic() + ENGINE_START_S
+        while time.monotonic() < deadline:
+            if self.engine.poll() is not None:
+                raise KvctlError(f"the drill engine exited with {self.engine.returncode}; see {self.work / 'engine.log'}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1.0) as r:  # noqa: S310 - loopback
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise KvctlError(f"the drill engine did not answer within {ENGINE_START_S:g} s; see {self.work / 'engine.log'}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.engine_port}"
+
+    def start_replay(self, workload: Workload) -> None:
+        trace = write_trace(self.work / "trace.jsonl", workload)
+        argv = [sys.executable, "-m", "kvctl.cli", "replay", str(trace), "--url", self.url, "--out", str(self.work / "run.jsonl"),
+                "--json", "--timeout", str(int(self.opts.duration_s * 2 + 30))]
+        self.replay = self.procs.start("replay", argv, self.work / "replay.log")
+        self.say("start", f"replay: {len(trace.read_text().splitlines())} requests of {workload.prompt_tokens} tokens at "
+                          f"λ = {workload.rate_per_s:.2f} req/s over {workload.duration_s:.0f} s, {workload.docs} shared documents "
+                          f"(`kvctl replay trace.jsonl --url {self.url}`)")
+
+    # --- watching ----------------------------------------------------------------------
+
+    def sample(self, targets: list[Target]) -> cap.Sample:
+        return cap.take_sample([self.url], targets, SAMPLE_TIMEOUT_S)
+
+    def analyse(self, a: cap.Sample, b: cap.Sample, targets: list[Target]) -> tuple[cap.Capture, Diagnosis]:
+        params = {"bytes_per_token": self.sizes.bytes_per_token, "prefill_rate": S.PREFILL_RATE, "t0_s": S.T0_S}
+        c = cap.Capture([self.url], [t.url for t in targets], [a, b], params, cap.now_iso())
+        return c, analyse(c, Params(**params))
+
+    def report(self, label: str, d: Diagnosis) -> None:
+        ids = [f"{f.id} ({f.severity})" for f in d.findings]
+        rho = "ρ unknown" if d.rho is None else f"ρ = {d.rho:.2f}"
+        q = f"queue {d.requests_waiting_start or 0:g} → {d.requests_waiting_end or 0:g}"
+        lam = "" if d.arrival_rate_per_s is None else f", λ = {d.arrival_rate_per_s:.2f} req/s"
+        extra = "".join(f"; unreachable: {u.split(' (')[0]}" for u in d.unreachable)
+        self.say("diagnose", f"diagnose {label}: {rho}{lam}, {q}; " + (", ".join(ids) if ids else "no findings") + extra)
+        self.diagnoses.append({"label": label, "rho": d.rho, "arrival_rate_per_s": d.arrival_rate_per_s,
+                               "bandwidth_gbps": d.bandwidth_gbps, "findings": [f.id for f in d.findings],
+                               "unreachable": list(d.unreachable), "exit_code": int(d.exit_status)})
+
+    def watch(self, targets: list[Target], seconds: float, refreshes: int = 3, label: str = "") -> tuple[cap.Capture, Diagnosis]:
+        """``diagnose --watch`` for ``seconds``: a line per refresh, then the diagnosis over the whole span."""
+        first = prev = self.sample(targets)
+        step = seconds / max(1, refreshes)
+        for i in range(refreshes):
+            cap.wait_until(first.t_s + step * (i + 1))
+            new = self.sample(targets)
+            if i < refreshes - 1:
+                self.report(f"{label}refresh {i + 1}", self.analyse(prev, new, targets)[1])
+            prev = new
+        c, d = self.analyse(first, prev, targets)
+        self.report(f"{label}over {prev.t_s - first.t_s:.0f} s", d)
+        return c, d
+
+    def engine_counts(self) -> tuple[float, float]:
+        """(finished requests, requests on the GPU) from the engine's /metrics."""
+        from kvctl.diagnose.metrics import parse  # noqa: PLC0415
+        from kvctl.diagnose.sources import fetch_metrics  # noqa: PLC0415
+
+        m = parse(fetch_metrics(self.url, 2.0))
+        return m.counter("vllm:request_success") or 0.0, m.gauge("vllm:num_requests_running") or 0.0
+
+    def wait_for(self, what: str, cond: Callable[[], bool], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if cond():
+                return True
+            time.sleep(0.25)
+        self.say("note", f"gave up waiting {timeout_s:g} s for {what}")
+        return False
+
+    # --- stopping ----------------------------------------------------------------------
+
+    def cleanup(self) -> None:
+        for pid in self.stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        if self.replay is not None:
+            self.procs.stop(self.replay, signal.SIGINT)  # the replay closes its run file on SIGINT
+        self.procs.stop_all()
+        if self.tier_up:
+            with contextlib.suppress(KvctlError, OSError):
+                local.down(self.tier_dir, purge=True)
+        if self.opts.keep_dir:
+            dest = Path(self.opts.keep_dir)
+            if dest.exists():
+                shutil.rmtree(dest)
+            shutil.copytree(self.work, dest, ignore=shutil.ignore_patterns("*.lock", ".kvctl-tier.lock"))
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+# --- the scenarios ----------------------------------------------------------------------
+
+
+def _timeline(duration: float) -> tuple[float, float]:
+    """(warm-up, watch) seconds of a one-phase drill of ``duration`` seconds."""
+    warm = min(6.0, max(3.0, duration / 5))
+    return warm, duration - warm
+
+
+def _load_phase(dr: Drill, sc: S.Scenario, rho: float, async_after: bool) -> tuple[bool, str, list[str]]:
+    d_total = dr.opts.duration_s
+    targets = dr.start_tier(sc.ranks)
+    dr.start_engine(dr.engine_settings(targets))
+    w = Workload(rate_per_s=1.0, duration_s=1.0, seed=dr.opts.seed)
+    rate = S.arrival_rate(rho, sc.ranks, w.hit_chunks)
+    phase = d_total / 2 if async_after else d_total
+    w = Workload(rate_per_s=rate, duration_s=d_total + 5.0, seed=dr.opts.seed)
+    dr.start_replay(w)
+    warm, span = _timeline(phase)
+    time.sleep(warm)
+    capture, d = dr.watch(targets, span, label="(sync) " if async_after else "")
+    dr.last_capture = capture  # type: ignore[attr-defined]
+    found = [f.id for f in d.findings]
+    if sc.name == "healthy":
+        ok = d.rho is not None and d.rho < RHO_HIGH and d.worst_severity not in ("warning", "critical") and not d.insufficient_data
+        return ok, ("healthy: " + (f"ρ = {d.rho:.2f}, no findings" if ok else f"expected a healthy diagnosis, got {found or d.insufficient_data}")), found
+    unstable = "rho_unstable" in found
+    if unstable:
+        dr.say("finding", f"found rho_unstable: runbook {runbook_for('rho_unstable')}")
+    if not async_after:
+        return unstable, ("found rho_unstable" if unstable else f"diagnose did not report rho_unstable (findings: {found or 'none'})"), found
+    if not unstable:
+        return False, f"diagnose did not report rho_unstable before the flip (findings: {found or 'none'})", found
+    cfg = dr.work / "engine.yaml"
+    assert dr.engine is not None
+    restart = f"kill -HUP {dr.engine.pid}"
+    argv = [sys.executable, "-m", "kvctl.cli", "loading", "async", "--config", str(cfg), "--restart-cmd", restart, "--no-backup"]
+    dr.say("action", f"fix: kvctl loading async --config {cfg.name} --restart-cmd '{restart}'")
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        return False, f"`kvctl loading async` failed ({r.returncode}): {(r.stderr or r.stdout).strip()[-300:]}", found
+    dr.wait_engine()
+    dr.say("action", "config now says enable_async_loading: true; the engine restarted (its queue and counters start from zero)")
+    time.sleep(2.0)
+    _, d2 = dr.watch(targets, max(4.0, phase - 2.0 - warm), label="(async) ")
+    found2 = [f.id for f in d2.findings]
+    ok = "rho_unstable" not in found2 and d2.rho is not None and d2.rho < RHO_UNSTABLE
+    verdict = (f"recovered: ρ {d.rho:.2f} → {d2.rho:.2f}" + (f" (still {', '.join(found2)}: more instances give headroom)" if found2 else "")
+               if ok else f"no recovery after the flip (ρ {d2.rho}, findings {found2 or 'none'})")
+    return ok, verdict, found + [f"after:{x}" for x in found2]
+
+
+def _stall(dr: Drill, sc: S.Scenario) -> tuple[bool, str, list[str]]:
+    from kvctl.diagnose import stalls  # noqa: PLC0415
+    from kvctl.tier.server import redis_for_url  # noqa: PLC0415
+
+    targets = dr.start_tier(sc.ranks)
+    dr.start_engine(dr.engine_settings(targets, tier_client="fixed-header", lookup="index"))
+    w = Workload(rate_per_s=1.0, duration_s=1.0, seed=dr.opts.seed)
+    w = Workload(rate_per_s=S.arrival_rate(sc.rho, sc.ranks, w.hit_chunks), duration_s=dr.opts.duration_s + 5.0, seed=dr.opts.seed)
+    dr.start_replay(w)
+    dr.wait_for("every document stored", lambda: dr.engine_counts()[0] >= w.docs + 1, 10.0 + dr.opts.duration_s)
+    if dr.opts.plant:
+        with redis_for_url(targets[0].url, 3.0) as r:
+            n = r.dbsize()
+            r.flushall()
+        dr.say("plant", f"evicted all {n} chunk(s) on rank 0 behind the engine's back (FLUSHALL: what maxmemory eviction or an instance restart does)")
+    else:
+        dr.say("plant", "--plant-nothing: no eviction")
+    last = [dr.engine_counts()[0], time.monotonic()]
+
+    def stuck() -> bool:  # a request on the GPU and no request finished for 2 s
+        done, running = dr.engine_counts()
+        if done != last[0]:
+            last[:] = [done, time.monotonic()]
+        return running >= 1 and time.monotonic() - last[1] >= 2.0
+
+    if dr.wait_for("the engine to stall", stuck, dr.opts.duration_s):
+        dr.say("diagnose", "the engine stopped finishing requests: one sits on the GPU, the queue grows")
+    assert dr.engine is not None
+    dr.say("action", f"kvctl diagnose stalls --pid {dr.engine.pid} (py-spy, 3 samples 1 s apart)")
+    rep = stalls.diagnose_stalls([dr.engine.pid], samples=3, interval_s=1.0)
+    found = sorted({f.id for f in rep.findings})
+    for f in rep.findings:
+        dr.say("finding", f"{f.id} ({f.severity.value}): {f.message}; runbook {runbook_for(f.id)}")
+    dr.diagnoses.append({"label": "stalls", "findings": found, "errors": [p.error for p in rep.processes if p.error]})
+    ok = "missing-key-get" in found
+    errs = [p.error for p in rep.processes if p.error]
+    return ok, ("found missing-key-get" if ok else f"diagnose stalls did not report missing-key-get (findings: {found or 'none'}{'; ' + errs[0] if errs else ''})"), found
+
+
+def _dead(dr: Drill, sc: S.Scenario) -> tuple[bool, str, list[str]]:
+    targets = dr.start_tier(sc.ranks)
+    dr.start_engine(dr.engine_settings(targets, tier_timeout_s=0.5))
+    w = Workload(rate_per_s=1.0, duration_s=1.0, seed=dr.opts.seed)
+    w = Workload(rate_per_s=S.arrival_rate(sc.rho, sc.ranks, w.hit_chunks), duration_s=dr.opts.duration_s + 5.0, seed=dr.opts.seed)
+    dr.start_replay(w)
+    warm, span = _timeline(dr.opts.duration_s)
+    time.sleep(warm)
+    victim = targets[-1]
+    if dr.opts.plant:
+        state = {i.rank: i for i in local.load_tier(dr.tier_dir).instances}
+        proc = local.is_our_server(state[victim.rank])
+        if proc is None:
+            raise KvctlError(f"rank {victim.rank}'s valkey-server is not the one this drill started")
+        os.kill(proc.pid, signal.SIGSTOP)
+        dr.stopped.append(proc.pid)
+        dr.say("plant", f"SIGSTOP rank {victim.rank}'s valkey-server (pid {proc.pid}, port {victim.port}): it accepts connections and never answers")
+    else:
+        dr.say("plant", "--plant-nothing: every instance stays up")
+    _, d = dr.watch(targets, span, refreshes=2)
+    found = [f.id for f in d.findings]
+    down = any(u.startswith(f"Valkey rank {victim.rank} ") for u in d.unreachable)
+    if down:
+        dr.say("finding", f"Valkey rank {victim.rank} unreachable (exit 5): runbook {runbook_for('instance_down')}")
+        found = ["instance_down", *found]
+    return down, (f"found Valkey rank {victim.rank} unreachable" if down else f"diagnose did not report rank {victim.rank} unreachable (findings: {found or 'none'})"), found
+
+
+def run_drill(name: str, opts: DrillOptions, say: Say) -> DrillResult:
+    """Run scenario ``name``; the result says whether diagnose found what the drill planted."""
+    sc = S.SCENARIOS[name]
+    dr = Drill(sc, opts, say)
+    dr.say("start", f"drill {sc.name}: {sc.summary}" + ("" if opts.plant else " (--plant-nothing: the fault is left out)"))
+    try:
+        if sc.name in ("healthy", "overload", "async-fix"):
+            rho = sc.rho if opts.plant else sc.calm_rho
+            ok, verdict, found = _load_phase(dr, sc, rho, async_after=sc.name == "async-fix")
+        elif sc.name == "missing-key-stall":
+            ok, verdict, found = _stall(dr, sc)
+        else:
+            ok, verdict, found = _dead(dr, sc)
+        if ok:
+            dr.say("verdict", f"PASS: {verdict}. Fix: {sc.fix}" + (f"; runbook {sc.runbook}" if sc.runbook else ""))
+        else:
+            dr.say("verdict", f"FAIL: {verdict} (expected {sc.expect})")
+        capture = getattr(dr, "last_capture", None)
+        if capture is not None and opts.keep_dir:
+            cap.save_capture(capture, dr.work / "capture")
+    finally:
+        dr.cleanup()
+    return DrillResult(sc.name, ok, opts.plant, sc.expect, found, sc.runbook, sc.fix, verdict,
+                       round(time.monotonic() - dr.t0, 2), dr.steps, dr.diagnoses, opts.keep_dir)

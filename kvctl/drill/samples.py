@@ -1,0 +1,34 @@
+"""The samples bundled with kvctl (package data under ``kvctl/samples/``), made by ``kvctl drill overload``.
+
+* ``overload-capture/``: a ``kvctl diagnose capture`` of the overload drill, for ``kvctl diagnose --from``;
+* ``overload-run.jsonl``: the drill's ``kvctl replay`` run file, for ``kvctl report``;
+* ``overload-trace.jsonl``: the drill's Mooncake-format trace, for ``kvctl replay`` and ``kvctl simulate --trace``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvctl.errors import KvctlError
+
+SAMPLES_DIR = Path(__file__).resolve().parent.parent / "samples"
+SAMPLES = {
+    "capture": ("overload-capture", "kvctl diagnose --from {path}"),
+    "run": ("overload-run.jsonl", "kvctl report {path}"),
+    "trace": ("overload-trace.jsonl", "kvctl simulate --trace {path} --prefill-rate 40960 --bytes-per-token 274.5 --t0 0.05 --instance-gbps 0.004 --hits-from-trace"),
+}
+
+
+def sample_paths() -> dict[str, Path]:
+    """Each bundled sample's absolute path; KvctlError when the package was installed without them."""
+    out = {k: SAMPLES_DIR / name for k, (name, _) in SAMPLES.items()}
+    missing = [str(p) for p in out.values() if not p.exists()]
+    if missing:
+        raise KvctlError(f"bundled samples missing ({', '.join(missing)}): reinstall kvctl")
+    return out
+
+
+def sample_commands() -> dict[str, str]:
+    """The command that uses each sample, with its path filled in."""
+    paths = sample_paths()
+    return {k: cmd.format(path=paths[k]) for k, (_, cmd) in SAMPLES.items()}

@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine (Python 3.11, no root, no Docker):
-#   make demo   - set up .venv and run the main job on an embedded default
+#   make demo   - set up .venv; the cost model, then a healthy drill and an overload fixed by async loading
 #   make test   - set up .venv with the test + engine extras and run the full suite
 PY ?= python3
 VENV ?= .venv
@@ -18,11 +18,13 @@ PROMTOOL := .tools/prometheus/usr/bin/promtool
 .PHONY: demo test test-fast test-slow venv lmcache-venv promtool clean
 
 $(VENV)/bin/python:
-	$(PY) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	@echo "== creating $(VENV)"
+	@$(PY) -m venv $(VENV)
+	@$(PIP) install -q --upgrade pip
 
 $(VENV)/.installed: $(VENV)/bin/python setup.cfg pyproject.toml
-	$(PIP) install -q -e .
+	@echo "== installing kvctl into $(VENV) (pip, quiet)"
+	@$(PIP) install -q -e .
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/bin/python setup.cfg pyproject.toml
@@ -50,19 +52,16 @@ promtool: $(PROMTOOL)
 lmcache-venv: $(LMC_VENV)/.installed
 
 demo: $(VENV)/.installed
-	$(KVCTL) cost report
-	$(KVCTL) cost kv-size --config configs/models/deepseek-v3.json --dtype fp8
-	$(KVCTL) cost report --model-config configs/models/deepseek-v3.json --dtype fp8 \
+	@echo "== the cost model: is the remote tier worth it? (paper §4)"
+	@$(KVCTL) cost report
+	@echo "== bytes per token of DeepSeek-V3 FP8 (MLA) from its config.json, and its break-even"
+	@$(KVCTL) cost report --model-config configs/models/deepseek-v3.json --dtype fp8 \
 		--prefill-rate 52200 --name "DeepSeek-V3 FP8 (MLA), assuming the paper's B300 prefill rate"
-	$(KVCTL) bench --embedded 2 --embedded-maxmemory 256mb --sweep --chunk-bytes 4e6 --batch 4 --keys 24 --duration 2 \
-		--prefill-rate 52200 --bytes-per-token 48437.5
-	@d=$$(mktemp -d); port=$$($(VENV)/bin/python -c "from kvctl.tier.server import free_port; print(free_port())"); \
-	$(KVCTL) deploy-valkey up --ranks 2 --base-port $$port --maxmemory 128mb --dir $$d/kv-tier && \
-	$(KVCTL) deploy-valkey status --dir $$d/kv-tier && \
-	$(KVCTL) deploy-valkey lmcache-config --plugin --dir $$d/kv-tier && \
-	$(KVCTL) deploy-valkey vllm-config --dir $$d/kv-tier; rc=$$?; \
-	if [ -f $$d/kv-tier/kvctl-tier.json ]; then $(KVCTL) deploy-valkey down --dir $$d/kv-tier --purge; fi; \
-	rm -rf $$d; exit $$rc
+	@echo "== drill healthy: 8 Valkey instances, the drill engine and a replay; diagnose must find nothing wrong"
+	@$(KVCTL) drill healthy --duration 20
+	@echo "== drill async-fix: one instance at rho ~ 1.2 (diagnose must say rho_unstable), then kvctl loading async and a restart"
+	@$(KVCTL) drill async-fix --duration 30
+	@echo "== next: kvctl drill --all (a self-test of this host), kvctl drill samples (a capture, a run file, a trace)"
 
 test: $(VENV)/.installed-test $(LMC_VENV)/.installed promtool
 	$(LMC_ENV) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)

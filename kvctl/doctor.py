@@ -16,9 +16,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from kvctl import files, loading, safeyaml
 from kvctl.connector.urls import RANK_PLACEHOLDER
@@ -26,31 +26,19 @@ from kvctl.diagnose import metrics as M
 from kvctl.diagnose import sources
 from kvctl.errors import BinaryNotFound, ExitStatus, InvalidInput, KvctlError
 from kvctl.tier.lmcache_config import PLUGIN_MODULE, URL_LIST_KEY, plugin_key
-from kvctl.tier.server import PASSWORD_HINT, base_settings, is_auth_error, redis_for_url
+from kvctl.tier import checks as tier_checks
+from kvctl.tier.checks import FAIL, OK, SKIPPED, WARNING, Check
+from kvctl.tier.server import PASSWORD_HINT, is_auth_error, redis_for_url
 from kvctl.thresholds import RHO_HIGH, RHO_UNSTABLE
 from kvctl.tier.targets import Target
 
-OK, WARNING, FAIL, SKIPPED = "ok", "warning", "fail", "skipped"
 ORDER = (SKIPPED, OK, WARNING, FAIL)
 #: LMCache releases whose native resp:// client has §5.4's bugs 1 and 2 and whose MLA store writes from rank 0 only
 LMCACHE_BUGGY_UP_TO = (0, 5, 6)
 KVCTL_MODULES = ("kvctl.plugins.vllm", "kvctl.plugins.lmcache_cpu", PLUGIN_MODULE)
-#: what kvctl deploy-valkey writes (cache-only: no persistence, LRU eviction)
-RECOMMENDED = {k: v for k, v in base_settings(0, "", Path(".")).items() if k in ("maxmemory-policy", "save", "appendonly")}
-LRU_POLICIES = ("allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-lfu")
 #: Not --timeout (which bounds each engine or Valkey read): starting $KVCTL_LMCACHE_PYTHON, a local interpreter
 #: whose first start (cold disk, .pyc compiles) takes seconds, to ask it for LMCache's version.
 LMCACHE_VERSION_TIMEOUT_S = 60.0
-
-
-@dataclass(frozen=True)
-class Check:
-    area: str  # engine, valkey, lmcache, config, host
-    name: str
-    status: str  # ok, warning, fail; skipped (nothing given to check) counts as ok
-    message: str
-    fix: str = ""
-    evidence: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -74,6 +62,8 @@ class DoctorInput:
     last_diagnosis: str | None = None  # path of kvctl diagnose's saved JSON
     timeout_s: float = 3.0
     host_checks: bool = True
+    chunk_bytes: int | None = None  # one stored chunk; default: the largest of a few values sampled from the tier
+    engines: int | None = None  # engines sharing the tier; default: the number of engine URLs, at least 1
 
 
 def run(inp: DoctorInput) -> DoctorReport:
@@ -87,7 +77,7 @@ def run(inp: DoctorInput) -> DoctorReport:
         checks.append(Check("valkey", "up", SKIPPED, "no --dir or --valkey given: the Valkey tier was not checked"))
     world = inp.world_size or next((e["ranks"] for e in engines if e.get("ranks")), None)
     block = next((e["block_size"] for e in engines if e.get("block_size")), None)
-    _valkey(inp.targets, inp.timeout_s, world, checks)
+    _valkey(inp, world, checks)
     in_use = lmcache is not None or connector_of(kvt) == "lmcache" or any(e.get("connector") == "lmcache" for e in engines)
     _lmcache(lmcache, in_use, checks)
     _configs(lmcache, kvt, world, block, inp.last_diagnosis, checks, inp.lmcache_config)
@@ -183,43 +173,38 @@ def _engine(url: str, timeout_s: float, kvt: dict[str, Any] | None, out: list[Ch
 # --- Valkey --------------------------------------------------------------------------------
 
 
-def _valkey(targets: Sequence[Target], timeout_s: float, world: int | None, out: list[Check]) -> None:
+def _valkey(inp: DoctorInput, world: int | None, out: list[Check]) -> None:
+    """Each instance up (or auth), then its settings (kvctl.tier.checks), then one instance per rank."""
     import redis  # noqa: PLC0415
 
-    run_ids: dict[str, list[int]] = {}
-    for t in targets:
+    reads: list[tier_checks.InstanceRead] = []
+    up: dict[int, Check] = {}
+    for t in inp.targets:
         where = f"rank {t.rank} ({t.host}:{t.port})"
         try:
-            with redis_for_url(t.url, timeout_s, password=t.password) as r:
-                info = r.info("all")
-                conf = {k: str(v) for k, v in r.config_get("maxmemory*").items()}
-                conf.update({k: str(v) for k, v in r.config_get("save").items()})
-                conf.update({k: str(v) for k, v in r.config_get("appendonly").items()})
+            with redis_for_url(t.url, inp.timeout_s, password=t.password) as r:
+                x = tier_checks.read_instance(r, t.rank, t.host, t.port)
         except (redis.RedisError, OSError) as e:
             if is_auth_error(e):
                 out.append(Check("valkey", "auth", FAIL, f"{where} refused the login: {e}", PASSWORD_HINT, {"rank": t.rank}))
             else:
                 out.append(Check("valkey", "up", FAIL, f"{where} unreachable: {e}", "start it (kvctl deploy-valkey up) or fix the URL; kvctl deploy-valkey status shows every rank", {"rank": t.rank}))
             continue
-        run_ids.setdefault(str(info.get("run_id")), []).append(t.rank)
-        out.append(Check("valkey", "up", OK, f"{where} up, Valkey {info.get('valkey_version') or info.get('redis_version')}", evidence={"rank": t.rank}))
-        maxmem = int(conf.get("maxmemory", "0") or 0)
-        if maxmem == 0:
-            out.append(Check("valkey", "maxmemory", FAIL, f"{where} has no maxmemory: it grows until the host runs out of memory", f"set maxmemory (CONFIG SET maxmemory 64gb), as kvctl deploy-valkey up --maxmemory does", {"rank": t.rank}))
-        else:
-            out.append(Check("valkey", "maxmemory", OK, f"{where} maxmemory {maxmem / 2**20:.0f} MiB", evidence={"rank": t.rank, "maxmemory": maxmem}))
-        policy = conf.get("maxmemory-policy", "")
-        if policy not in LRU_POLICIES:
-            out.append(Check("valkey", "eviction_policy", FAIL, f"{where} maxmemory-policy is {policy}: a full instance refuses writes or never frees cold chunks", f"CONFIG SET maxmemory-policy {RECOMMENDED['maxmemory-policy']}", {"rank": t.rank, "policy": policy}))
-        elif policy != RECOMMENDED["maxmemory-policy"]:
-            out.append(Check("valkey", "eviction_policy", WARNING, f"{where} maxmemory-policy {policy}: kvctl recommends {RECOMMENDED['maxmemory-policy']} (chunks carry no TTL)", f"CONFIG SET maxmemory-policy {RECOMMENDED['maxmemory-policy']}", {"rank": t.rank, "policy": policy}))
-        else:
-            out.append(Check("valkey", "eviction_policy", OK, f"{where} maxmemory-policy {policy}", evidence={"rank": t.rank}))
-        persisting = ([f"save {conf['save']!r}"] if conf.get("save") else []) + (["appendonly yes"] if conf.get("appendonly") == "yes" else [])
-        if persisting:
-            out.append(Check("valkey", "persistence", WARNING, f"{where} persists a cache ({', '.join(persisting)}): forks and disk writes stall GETs", 'CONFIG SET save "" and CONFIG SET appendonly no (kvctl deploy-valkey writes both)', {"rank": t.rank}))
-        else:
-            out.append(Check("valkey", "persistence", OK, f"{where} no persistence (a cache)", evidence={"rank": t.rank}))
+        reads.append(x)
+        up[t.rank] = Check("valkey", "up", OK, f"{where} up, Valkey {x.info.get('valkey_version') or x.info.get('redis_version')}", evidence={"rank": t.rank})
+    chunk, source = tier_checks.chunk_size(reads, inp.chunk_bytes)
+    engines = inp.engines or max(1, len(inp.engine_urls))
+    ctx = tier_checks.TierContext(
+        chunk, source, engines, "--engines" if inp.engines else f"{len(inp.engine_urls)} --engine-url given" if inp.engine_urls else "assumed: give --engines",
+        world, max(1, len(inp.targets)), tier_checks.host_cores(),
+    )
+    settings = tier_checks.tier_checks(reads, ctx)
+    run_ids: dict[str, list[int]] = {}
+    for x in reads:
+        run_ids.setdefault(str(x.info.get("run_id")), []).append(x.rank)
+        out.append(up[x.rank])
+        out.extend(settings[x.rank])
+    targets = inp.targets
     shared = {rid: ranks for rid, ranks in run_ids.items() if len(ranks) > 1}
     if shared:
         for ranks in shared.values():

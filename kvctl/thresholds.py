@@ -57,6 +57,27 @@ EXPORTER_MIN_INTERVAL_S = 0.5
 #: Seconds ``kvctl exporter`` takes at most to stop on SIGTERM/Ctrl-C, whatever read is in flight.
 EXPORTER_STOP_S = 1.5
 
+# --- the tier's own settings (kvctl doctor's Valkey lines, docs/runbooks/tier_settings.md) --
+
+#: Connections one engine rank opens to its instance: kvctl's connector (4 pooled on the worker, 2 for
+#: the scheduler's lookups) or LMCache 0.5.6's native resp:// client (8 threads, one connection each).
+CONNECTIONS_PER_RANK = 8
+#: Connections kept free for everything else that talks to an instance: kvctl's exporter, diagnose,
+#: doctor, bench clients, an operator's valkey-cli.
+MAXCLIENTS_HEADROOM = 32
+#: Connected clients past this share of maxclients: new connections are refused soon.
+CLIENTS_NEAR_MAXCLIENTS = 0.9
+#: Chunks one pipelined batch asks for at once: their replies sit in the output buffer together
+#: (the paper's 8-chunk GET batches).
+REPLY_BATCH_CHUNKS = 8
+#: Values above this have been reported to read about 3× slower: past the allocator's mmap threshold
+#: each value is its own mapping, faulted in page by page.
+LARGE_VALUE_BYTES = 32 * 2**20
+#: RSS this many times the data is fragmentation worth acting on, once it wastes at least
+#: FRAGMENTATION_MIN_WASTE_BYTES (a small or empty instance shows a high ratio of a few MB).
+FRAGMENTATION_RATIO_HIGH = 1.5
+FRAGMENTATION_MIN_WASTE_BYTES = 64 * 2**20
+
 # --- defaults of options (click's default= reads these; tests/test_thresholds.py checks) ---
 
 #: port of rank 0 of a local or systemd tier; rank r listens on BASE_PORT + r (env KVCTL_BASE_PORT).

@@ -57,19 +57,27 @@ class ServerInfo:
     maxmemory_bytes: int
     used_memory_bytes: int
     total_system_memory_bytes: int
+    io_threads: int | None = None  # main thread included; None when CONFIG is not allowed (an ACL user)
 
 
 def server_info(url: str, timeout_s: float) -> ServerInfo:
-    """Version and memory limits (INFO server + memory); raises redis/OS errors."""
+    """Version, io-threads and memory limits (INFO server + memory, CONFIG GET io-threads); raises redis/OS errors."""
+    import redis  # noqa: PLC0415
+
     with redis_for_url(url, timeout_s) as r:
         info = r.info("server")
         mem = r.info("memory")
+        try:
+            io_threads: int | None = int(r.config_get("io-threads").get("io-threads", ""))
+        except (redis.ResponseError, ValueError):  # CONFIG refused to an ACL user, or an odd reply
+            io_threads = None
     version = str(info.get("valkey_version") or info.get("redis_version") or "?")
     return ServerInfo(
         version=version,
         maxmemory_bytes=int(mem.get("maxmemory", 0)),
         used_memory_bytes=int(mem.get("used_memory", 0)),
         total_system_memory_bytes=int(mem.get("total_system_memory", 0)),
+        io_threads=io_threads,
     )
 
 

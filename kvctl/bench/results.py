@@ -100,6 +100,7 @@ class BenchMetadata:
     host_cores: int
     python: str
     parameters: dict[str, Any] = field(default_factory=dict)
+    server_io_threads: tuple[int | None, ...] = ()  # each instance's io-threads (main thread included); None: not readable
 
 
 @dataclass(frozen=True)

@@ -579,6 +579,7 @@ def run_bench(
         host_cores=os.cpu_count() or 0,
         python=platform.python_version(),
         parameters=params,
+        server_io_threads=tuple(i.io_threads for i in infos),
     )
     verdict = None
     if bytes_per_token and prefill_rate:

@@ -250,7 +250,7 @@ def render_report(report: BenchReport) -> None:
     caption = (
         f"{p['chunk_bytes'] / cost.MB:g} MB values, batches of {p['batch']}, {p['duration_s']:g} s per run"
         + (f" (INTERRUPTED: {len(report.runs)} of {report.runs_planned} runs, the last ran {report.runs[-1].duration_s:.1f} s), " if report.interrupted and report.runs else ", ")
-        + f"{p['keys_per_instance']} keys per instance · valkey {', '.join(sorted(set(report.metadata.server_versions)))} · "
+        + f"{p['keys_per_instance']} keys per instance · valkey {', '.join(sorted(set(report.metadata.server_versions)))} (io-threads {', '.join(sorted({str(n) if n else '?' for n in report.metadata.server_io_threads})) or '?'}) · "
         f"{report.metadata.host_cores} cores\ninst×cl = instances × clients each · ms per batch · GB = 1e9 bytes\nµs/op, busy (busiest main thread), srv GB/s: INFO deltas"
     )
     render.table(

@@ -126,7 +126,7 @@ def deploy_group() -> None:
 @click.option("--base-port", type=click.IntRange(1, 65535), default=thresholds.BASE_PORT, show_default=True, envvar="KVCTL_BASE_PORT", help="Port of rank 0; rank r listens on base-port + r (local, systemd; env KVCTL_BASE_PORT).")
 @click.option("--maxmemory", type=MAXMEMORY, default="400mb", show_default=True, help="TOTAL memory of the tier, split evenly across instances (Valkey units: mb = MiB, m = 10^6).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (local, systemd). Non-loopback needs --password-file or --insecure-no-auth.")
-@click.option("--io-threads", type=count(256), help=f"Valkey io-threads per instance, main thread included (default: min(4, cores/2), here {spec.default_io_threads()}; 4 for fleets).")
+@click.option("--io-threads", type=count(256), help=f"Valkey io-threads per instance, main thread included (default: min(4, cores/2/ranks), here {spec.default_io_threads()} for one rank; 4 for fleets).")
 @dir_option
 @password_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Output directory for --target systemd/k8s.")

@@ -8,10 +8,11 @@ import click
 
 from kvctl import render
 from kvctl.commands.diagnose import TIMEOUT_S
-from kvctl.commands.options import count, output_options, valkey_options, valkey_targets
+from kvctl.commands.options import ByteSize, count, output_options, valkey_options, valkey_targets
 from kvctl.hooks import hookimpl
 
 STYLE = {"skipped": "dim", "ok": "green", "warning": "yellow", "fail": "red"}
+MAX_CHUNK_BYTES = 16 * 2**30
 
 
 @hookimpl
@@ -27,13 +28,15 @@ def register_commands(cli: click.Group) -> None:
 @click.option("--world-size", type=count(4096), help="Ranks of the engine's shard group (TP x PCP); default: the engine's kvctl:ranks gauge.")
 @click.option("--diagnosis", "diagnosis_path", type=click.Path(dir_okay=False), help="kvctl diagnose --json output to compare the loading mode with (default: the last saved diagnosis).")
 @click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=3.0, show_default=True, help="Seconds each engine or Valkey read may take.")
+@click.option("--chunk-bytes", type=ByteSize(MAX_CHUNK_BYTES), help="Bytes of one stored chunk (12.4mb, or `kvctl cost kv-size`'s chunk_bytes) for the proto-max-bulk-len, output-buffer and value-size checks; default: the largest of a few values sampled from the tier.")
+@click.option("--engines", type=count(100_000), help="Engines sharing the tier, for the maxclients check (default: the number of --engine-url, at least 1).")
 @click.option("--no-host-checks", is_flag=True, help="Skip the py-spy (ptrace) and NVML checks of this host.")
 @output_options
 @click.pass_context
 def doctor_cmd(
     ctx: click.Context, engine_urls: tuple[str, ...], valkey_urls: tuple[str, ...], ranks: int | None, tier_dir: str | None, password_file: str | None,
     lmcache_config: str | None, kv_transfer_config: str | None, world_size: int | None, diagnosis_path: str | None, timeout_s: float,
-    no_host_checks: bool, as_json: bool,
+    chunk_bytes: int | None, engines: int | None, no_host_checks: bool, as_json: bool,
 ) -> None:
     """Check a deployment in one pass: a checklist of ok / warning / fail, each with its fix.
 
@@ -41,8 +44,10 @@ def doctor_cmd(
     kvctl doctor --engine-url http://HOST:8000 --dir ./kv-tier --config lmcache.yaml
     kvctl doctor --valkey resp://valkey-{rank}:6379 --ranks 8 --kv-transfer-config @kv.json
     Engine: /metrics reachable, vLLM version, KV connector in use. Valkey: every instance
-    up, auth (a refused password says so), maxmemory, eviction policy, persistence, one
-    instance per rank. LMCache: installed version and its known client bugs. Configs:
+    up, auth (a refused password says so), maxmemory, eviction policy and key TTLs,
+    persistence, io-threads against cores, proto-max-bulk-len, output buffer limits,
+    maxclients, fragmentation, evictions against hits, transparent huge pages, value size,
+    one instance per rank (each line with its runbook). LMCache: installed version and its known client bugs. Configs:
     remote_url next to a plugin, chunk size vs block size, URL count vs world size,
     {rank} templates, loading mode vs the latest ρ. Host: py-spy can attach, NVML.
     Exit code: 0 all ok, 3 a warning, 4 a failure.
@@ -55,12 +60,12 @@ def doctor_cmd(
     targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False)
     report = run(DoctorInput(
         tuple(engine_urls), tuple(targets), lmcache_config, kv_transfer_config, world_size,
-        diagnosis_path or str(last_diagnosis_path()), timeout_s, host_checks=not no_host_checks,
+        diagnosis_path or str(last_diagnosis_path()), timeout_s, host_checks=not no_host_checks, chunk_bytes=chunk_bytes, engines=engines,
     ))
     if as_json:
         render.emit_json({"checks": report.checks, "worst": report.worst, "exit_code": int(report.exit_status)})
     else:
-        render.text_table("kvctl doctor", ["", "area", "check", "result", "fix"], [(c.status, c.area, c.name, c.message, c.fix) for c in report.checks])
+        render.text_table("kvctl doctor", ["", "area", "check", "result", "fix"], [(c.status, c.area, c.name, c.message, " ".join(x for x in (c.fix, f"(runbook: {c.runbook})" if c.runbook else "") if x)) for c in report.checks])
         counts = {s: sum(c.status == s for c in report.checks) for s in STYLE}
         render.message(f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['fail']} failure(s), {counts['skipped']} skipped", style=STYLE[report.worst])
     ctx.exit(int(report.exit_status))

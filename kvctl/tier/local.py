@@ -155,7 +155,7 @@ def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: b
     """
     _check_request(req)
     per_instance = spec.split_maxmemory(req.maxmemory, req.ranks)
-    io_threads = req.io_threads if req.io_threads is not None else spec.default_io_threads()
+    io_threads = req.io_threads if req.io_threads is not None else spec.default_io_threads(ranks=req.ranks)
     auth = spec.resolve_auth(req.host, req.password_file, req.insecure_no_auth)
     check_bind_address(req.host)
     binary = find_valkey_server()

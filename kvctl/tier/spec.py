@@ -74,10 +74,12 @@ def split_maxmemory(total: str | int, ranks: int) -> int:
     return per
 
 
-def default_io_threads(cores: int | None = None) -> int:
-    """Valkey ``io-threads`` (main thread included): half the cores, at most 4, at least 1."""
+def default_io_threads(cores: int | None = None, ranks: int = 1) -> int:
+    """Valkey ``io-threads`` (main thread included) per instance when ``ranks`` instances share this host:
+    half the cores divided among them, at most 4, at least 1 (so the instances' threads never outnumber
+    the cores, what ``kvctl doctor``'s io_threads line checks)."""
     cores = cores if cores is not None else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    return max(1, min(4, cores // 2))
+    return max(1, min(4, cores // 2 // max(1, ranks)))
 
 
 def is_loopback(host: str) -> bool:

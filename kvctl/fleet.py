@@ -219,39 +219,46 @@ def _sync_block(idx: np.ndarray, arrival, eng, hit, transfer, tail, prefill, gta
     a2[:, 0] = st.engine_free
     a2[:, 1:] = np.maximum(st.engine_free, a.max())[:, None]
     a2[row, col] = a[by]
+    flat = row * width + col  # where request by[j] sits in the flattened rows
+    da = np.diff(a2, axis=1)  # constant over the passes
     h2 = np.zeros((len(counts), width))
-    twait = np.zeros(m)
-    hold_t = tr.copy()
-    # first guess: every load issued on arrival (right wherever no engine queues, which is most requests)
-    ts0, _ = _fifo_from(st.tier_free, a[hl], tr[hl])
-    twait[hl] = ts0 - a[hl]
+    x = np.zeros_like(a2)
+    trh, tlh, ah = tr[hl], tl[hl], a[hl]
+    # first guess: every load issued on arrival (right wherever no engine queues, which is most requests);
+    # tier waits and holds are kept per hit (hl order)
+    ts0, _ = _fifo_from(st.tier_free, ah, trh)
+    twait, hold_t = ts0 - ah, trh.copy()
     k = np.ones(len(hl), dtype=np.int64)
     base = len(st.inflight)
     start = np.empty(m)
+    hold = pf.copy()
     for _ in range(BLOCK_PASSES):
-        hold = np.where(h, twait + hold_t + tl, pf)
-        h2[row, col] = hold[by]
-        x = np.zeros_like(a2)
-        x[:, 1:] = h2[:, :-1] - np.diff(a2, axis=1)
+        hold[hl] = twait + hold_t + tlh
+        np.put(h2, flat, hold[by])
+        np.subtract(h2[:, :-1], da, out=x[:, 1:])
         c = np.cumsum(x, axis=1)
-        start[by] = (a2 + c - np.minimum.accumulate(np.minimum(c, 0.0), axis=1))[row, col]
+        c -= np.minimum.accumulate(np.minimum(c, 0.0), axis=1)
+        c += a2
+        start[by] = np.take(c, flat)
         issue = start[hl]
         order = np.argsort(issue, kind="stable")
-        iss, trs = issue[order], tr[hl][order]
+        iss = issue[order]
         g_now = gtab[np.minimum(k[order], len(gtab) - 1)] if gtab is not None else 1.0
-        ts, tf = _fifo_from(st.tier_free, iss, trs / g_now)
+        ts, tf = _fifo_from(st.tier_free, iss, trh[order] / g_now)
         new_k = k
         if gtab is not None:
             new_k = np.empty_like(k)
             fins = np.concatenate((st.inflight, tf))
             new_k[order] = base + np.arange(1, len(iss) + 1) - np.searchsorted(fins, iss + TIE_S, side="right")
-        new_wait = np.zeros(m)
-        new_hold = tr.copy()
-        new_wait[hl[order]] = ts - iss
-        new_hold[hl[order]] = tf - ts
+        new_wait = np.empty(len(hl))
+        new_hold = np.empty(len(hl))
+        new_wait[order] = ts - iss
+        new_hold[order] = tf - ts
         if (np.abs(new_wait - twait).max(initial=0.0) <= 1e-9 and np.abs(new_hold - hold_t).max(initial=0.0) <= 1e-12
                 and np.array_equal(new_k, k)):
-            return start, start + hold, twait, hold_t, k
+            tw_full, ht_full = np.zeros(m), tr.copy()
+            tw_full[hl], ht_full[hl] = twait, hold_t
+            return start, start + hold, tw_full, ht_full, k
         twait, hold_t, k = new_wait, new_hold, new_k
     return None
 

@@ -17,19 +17,10 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
+from kvctl.connector.metric_names import COUNTERS, RANKS, RANKS_HELP
+
 __all__ = ["COUNTERS", "KvctlConnectorStats", "KvctlPromMetrics", "StatsCollector"]
 
-# name (without the _total that Prometheus adds to counters) -> help text
-COUNTERS = {
-    "kvctl:l2_get_bytes": "Bytes the engine's workers read from the L2 tier (GET), summed over ranks.",
-    "kvctl:l2_get_seconds": "Wall seconds the engine's workers spent in L2 GETs, summed over ranks.",
-    "kvctl:chunks_hit": "Chunks the scheduler's lookup found on every owner (loaded instead of recomputed).",
-    "kvctl:chunks_missed": "Loadable chunks past the agreed hit (recomputed).",
-    "kvctl:remote_hit_tokens": "Prompt tokens the scheduler's lookup found in the tier (loaded instead of recomputed).",
-    "kvctl:agreed_prefix_shortfall_chunks": "Chunks the lookup promised but the agreed-prefix load could not provide.",
-    "kvctl:load_errors": "Loads that came up short; their blocks were handed back to vLLM to recompute.",
-    "kvctl:lookup_timeouts": "Lookups in which an instance erred or did not answer within timeout_s.",
-}
 
 
 @dataclass
@@ -78,7 +69,7 @@ class KvctlPromMetrics(KVConnectorPromMetrics):
     def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues, ranks: int = 1) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         ranks_gauge = self._gauge_cls(
-            name="kvctl:ranks", documentation="Ranks of the shard group (W): instance r holds rank r's chunks.",
+            name=RANKS, documentation=RANKS_HELP,
             labelnames=labelnames, multiprocess_mode="mostrecent")
         for values in per_engine_labelvalues.values():
             ranks_gauge.labels(*values).set(ranks)

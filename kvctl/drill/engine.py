@@ -48,6 +48,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from kvctl.connector.metric_names import COUNTERS, RANKS, RANKS_HELP
 from kvctl.connector.ownership import chunk_keys, owner
 from kvctl.drill.config import EngineConfig, EngineSettings, read_config
 
@@ -56,16 +57,6 @@ MAX_BODY_BYTES = 64 << 20
 TOKEN_BUCKETS = (1, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 # vLLM's request-latency buckets, with finer ones below 0.3 s for the drill's scaled times
 TIME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
-# the kvctl connector's counters (plugins/vllm_stats.py COUNTERS; that module needs vLLM, this one must not)
-KVCTL_COUNTERS = {
-    "kvctl:l2_get_bytes": "Bytes the engine's workers read from the L2 tier (GET), summed over ranks.",
-    "kvctl:l2_get_seconds": "Wall seconds the engine's workers spent in L2 GETs, summed over ranks.",
-    "kvctl:chunks_hit": "Chunks the scheduler's lookup found on every owner (loaded instead of recomputed).",
-    "kvctl:chunks_missed": "Loadable chunks past the agreed hit (recomputed).",
-    "kvctl:remote_hit_tokens": "Prompt tokens the scheduler's lookup found in the tier (loaded instead of recomputed).",
-    "kvctl:load_errors": "Loads that came up short; their blocks were handed back to vLLM to recompute.",
-    "kvctl:lookup_timeouts": "Lookups in which an instance erred or did not answer within timeout_s.",
-}
 
 
 def token_ids(prompt: Any) -> list[int]:
@@ -94,8 +85,8 @@ class Metrics:
             "queue": ("vllm:request_queue_time_seconds", "Time waiting before the GPU."),
         }
         self.hist = {k: Histogram(n, d, lab, buckets=TIME_BUCKETS, registry=r).labels(model) for k, (n, d) in hist.items()}
-        Gauge("kvctl:ranks", "Ranks of the shard group (W): instance r holds rank r's chunks.", lab, registry=r).labels(model).set(ranks)
-        self.kvctl = {n: Counter(n, d, lab, registry=r).labels(model) for n, d in KVCTL_COUNTERS.items()}
+        Gauge(RANKS, RANKS_HELP, lab, registry=r).labels(model).set(ranks)
+        self.kvctl = {n: Counter(n, d, lab, registry=r).labels(model) for n, d in COUNTERS.items()}
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 
 from kvctl import loading
+from kvctl.connector.metric_names import COUNTERS
 from kvctl.diagnose.metrics import parse
 from kvctl.drill.config import EngineSettings, read_config, write_config
 from kvctl.errors import InvalidInput
@@ -76,6 +77,7 @@ def test_engine_gets_and_sets_real_chunks_and_exports_diagnose_names(tmp_path, v
         assert m.gauge("kvctl:ranks") == 2
         assert m.hist_count("vllm:request_prefill_time_seconds") == 2
         assert m.gauge("vllm:num_requests_waiting") == 0
+        assert all(m.counter(name) is not None for name in COUNTERS)  # the connector's names, from their one place
     finally:
         proc.terminate()
         proc.wait(10)

@@ -387,6 +387,11 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
         wait = start - ready
         wait[hidx[in_time]] += (t_start - arrival[hidx])[in_time]
         solver = "closed form"
+    if var.t0_samples_s and var.t0_fit_hit_tokens and hit.any():
+        lo, hi = var.t0_fit_hit_tokens
+        h_lo, h_hi = float(hit_tokens[hit].min()), float(hit_tokens[hit].max())
+        if h_lo < lo or h_hi > hi:
+            extrapolated.append(f"T0 was fitted on hits of {lo:,.0f}–{hi:,.0f} cached tokens; simulated hits span {h_lo:,.0f}–{h_hi:,.0f}")
     if k is not None and len(k) and k.max() > max(var.readers_gain):
         extrapolated.append(f"concurrent readers per instance beyond the {max(var.readers_gain)} measured: throughput held flat")
     span = float(max(finish.max(), arrival[-1]) - arrival[0]) if n else 0.0

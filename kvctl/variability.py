@@ -46,6 +46,7 @@ class Variability:
     async_instance_gbps: float | None = None  # per-instance bandwidth of async prefetches (None: the sync one)
     async_overhead_s: float = 0.0  # added to every async request's latency
     notes: tuple[str, ...] = ()  # where each input came from
+    t0_fit_hit_tokens: tuple[float, float] | None = None  # fewest and most cached tokens of the hits T0 was fitted on
 
     @property
     def active(self) -> bool:
@@ -130,6 +131,13 @@ def gain_for(gain: dict[int, float], k: np.ndarray) -> tuple[np.ndarray, bool]:
 
 def t0_from_run(path: str, bytes_per_token: float, bandwidth_gbps: float, prefill_rate: float) -> tuple[tuple[float, ...], str]:
     """The empirical T0 distribution of a replay run file (see the module docstring)."""
+    t0, note, _ = t0_fit(path, bytes_per_token, bandwidth_gbps, prefill_rate)
+    return t0, note
+
+
+def t0_fit(path: str, bytes_per_token: float, bandwidth_gbps: float,
+           prefill_rate: float) -> tuple[tuple[float, ...], str, tuple[float, float]]:
+    """:func:`t0_from_run`, plus the fewest and most cached tokens of the hits it used."""
     from kvctl.replay.runfile import read_run  # noqa: PLC0415
 
     run = read_run(path)
@@ -139,6 +147,7 @@ def t0_from_run(path: str, bytes_per_token: float, bandwidth_gbps: float, prefil
     alone = [r for r in rows if r.get("in_flight") == 1]
     use = alone if len(alone) >= MIN_ALONE_ROWS else rows
     out = []
+    hit_tokens = [min(float(r["cached_tokens"]), float(r["prompt_tokens"])) for r in use]
     for r in use:
         n, h = float(r["prompt_tokens"]), min(float(r["cached_tokens"]), float(r["prompt_tokens"]))
         first, sent = r.get("first_token_s"), r.get("sent_s")
@@ -147,7 +156,7 @@ def t0_from_run(path: str, bytes_per_token: float, bandwidth_gbps: float, prefil
     arr = np.array(out)
     which = "alone in flight" if use is alone else "all hits (fewer than 10 alone in flight: queueing may be in it)"
     return tuple(out), (f"T0 from {len(out)} hits of {path} ({which}): p50 {np.percentile(arr, 50):.3f} s, "
-                        f"p99 {np.percentile(arr, 99):.3f} s")
+                        f"p99 {np.percentile(arr, 99):.3f} s"), (min(hit_tokens), max(hit_tokens))
 
 
 def build(*, fit_from: str | None = None, get_times_from: str | None = None, readers_from: str | None = None,
@@ -159,10 +168,11 @@ def build(*, fit_from: str | None = None, get_times_from: str | None = None, rea
     """
     notes: list[str] = []
     t0: tuple[float, ...] = ()
+    fit_range = None
     if fit_from:
         if not fit_gbps:
             raise InvalidInput("--fit-from needs the bandwidth the run saw (--instance-gbps or --bench)")
-        t0, note = t0_from_run(fit_from, bytes_per_token, fit_gbps, prefill_rate)
+        t0, note, fit_range = t0_fit(fit_from, bytes_per_token, fit_gbps, prefill_rate)
         notes.append(note)
     sigma = 0.0
     if get_times_from:
@@ -176,4 +186,4 @@ def build(*, fit_from: str | None = None, get_times_from: str | None = None, rea
         notes.append(f"async per-instance bandwidth {async_instance_gbps:g} GB/s")
     if async_overhead_s:
         notes.append(f"async overhead {async_overhead_s:g} s per request")
-    return Variability(t0, sigma, gain, async_instance_gbps, async_overhead_s, tuple(notes))
+    return Variability(t0, sigma, gain, async_instance_gbps, async_overhead_s, tuple(notes), fit_range)

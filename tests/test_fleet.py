@@ -192,6 +192,14 @@ def test_t0_fitted_from_a_run_file(tmp_path):
     t0, note = t0_from_run(str(p), 1e6, 1.0, 1000.0)
     assert sorted(t0) == pytest.approx([0.2] + [0.4] * 12)
     assert "13 hits" in note
+    # simulated hits of 2000 tokens lie outside the 500–1000 cached tokens T0 was fitted on: said
+    var = build(fit_from=str(p), bytes_per_token=1e6, prefill_rate=1000.0, fit_gbps=1.0)
+    assert var.t0_fit_hit_tokens == (500.0, 1000.0)
+    w = Workload(np.array([0.0, 10.0]), np.array([2000.0, 800.0]), 0.1, "hand")
+    res = simulate_fleet(w, SimConfig(1e6, 1000.0, 0.0), 1.0, var=var)
+    assert any("fitted on hits of 500–1,000 cached tokens; simulated hits span 800–2,000" in x for x in res.extrapolated)
+    inside = simulate_fleet(Workload(np.array([0.0]), np.array([700.0]), 0.1, "hand"), SimConfig(1e6, 1000.0, 0.0), 1.0, var=var)
+    assert inside.extrapolated == ()
 
 
 # --- CLI ---------------------------------------------------------------------------------------------------

@@ -66,7 +66,9 @@ def cli(verbose: int) -> None:
       kvctl cost report              is the remote tier worth it? (B*, n*, verdicts)
       kvctl cost kv-size --config    bytes per token from a model's config.json
     Every command takes --json; exit codes: 0 ok, 1 error, 2 usage,
-    3 warning finding, 4 critical finding, 5 unreachable.
+    3 warning finding, 4 critical finding, 5 unreachable,
+    6 insufficient data (diagnose; doctor given nothing to check),
+    7 a drill whose fault diagnose missed.
     -v/-vv work before or after the subcommand. Shell completion:
     eval "$(_KVCTL_COMPLETE=bash_source kvctl)" (zsh_source, fish_source).
     """

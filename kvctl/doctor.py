@@ -41,14 +41,24 @@ KVCTL_MODULES = ("kvctl.plugins.vllm", "kvctl.plugins.lmcache_cpu", PLUGIN_MODUL
 LMCACHE_VERSION_TIMEOUT_S = 60.0
 
 
+#: What a doctor run that was given nothing of the deployment says (exit 6, never 0).
+NOTHING_CHECKED = (
+    "nothing of the deployment was checked: give --engine-url, the tier (--dir, a tier in ./kv-tier, or --valkey) "
+    "or the engine's config (--config, --kv-transfer-config)"
+)
+
+
 @dataclass(frozen=True)
 class DoctorReport:
     checks: list[Check]
     worst: str
+    nothing_checked: bool = False  # no engine, tier or config was given: only this host could be looked at
 
     @property
     def exit_status(self) -> ExitStatus:
-        """0 all ok, 3 a warning, 4 a failure."""
+        """4 a failure, 3 a warning, 6 nothing of the deployment checked, 0 all ok."""
+        if self.worst not in (WARNING, FAIL) and self.nothing_checked:
+            return ExitStatus.INSUFFICIENT_DATA
         return {WARNING: ExitStatus.FINDING_WARNING, FAIL: ExitStatus.FINDING_CRITICAL}.get(self.worst, ExitStatus.OK)
 
 
@@ -74,7 +84,7 @@ def run(inp: DoctorInput) -> DoctorReport:
     if not inp.engine_urls:
         checks.append(Check("engine", "metrics", SKIPPED, "no --engine-url given: engine, vLLM version and connector not checked"))
     if not inp.targets:
-        checks.append(Check("valkey", "up", SKIPPED, "no --dir or --valkey given: the Valkey tier was not checked"))
+        checks.append(Check("valkey", "up", SKIPPED, "no --dir, no --valkey and no tier in ./kv-tier: the Valkey tier was not checked"))
     world = inp.world_size or next((e["ranks"] for e in engines if e.get("ranks")), None)
     block = next((e["block_size"] for e in engines if e.get("block_size")), None)
     _valkey(inp, world, checks)
@@ -85,7 +95,8 @@ def run(inp: DoctorInput) -> DoctorReport:
         checks.append(check_py_spy())
         checks.append(check_nvml())
     worst = max((c.status for c in checks if c.status != SKIPPED), key=ORDER.index, default=OK)
-    return DoctorReport(checks, worst)
+    nothing = not (inp.engine_urls or inp.targets or inp.lmcache_config or inp.kv_transfer_config)
+    return DoctorReport(checks, worst, nothing)
 
 
 # --- inputs --------------------------------------------------------------------------------
@@ -246,7 +257,7 @@ def _uses_plugin(lmc: dict[str, Any] | None) -> bool:
 def _lmcache(lmc: dict[str, Any] | None, in_use: bool, out: list[Check]) -> None:
     version = lmcache_version()
     if version is None:
-        out.append(Check("lmcache", "installed", OK, "LMCache not installed here (nothing to check)", evidence={"version": None}))
+        out.append(Check("lmcache", "installed", SKIPPED, "LMCache not installed here: not checked", evidence={"version": None}))
         return
     buggy = _version_tuple(version) <= LMCACHE_BUGGY_UP_TO
     native = bool(lmc and lmc.get("remote_url") and not _uses_plugin(lmc))

@@ -97,3 +97,16 @@ def test_readme_documents_completion_and_verbose():
     assert 'eval "$(_KVCTL_COMPLETE=bash_source kvctl)"' in README
     assert "_KVCTL_COMPLETE=zsh_source" in README and "_KVCTL_COMPLETE=fish_source" in README
     assert re.search(r"`-v`.*before or after the subcommand", README, re.S)
+
+
+def test_help_lists_every_exit_code():
+    """Issue 22: `kvctl --help` listed exit codes 0-5, not 6. Every ExitStatus value is named, as in the README."""
+    from click.testing import CliRunner
+
+    from kvctl.cli import cli
+    from kvctl.errors import ExitStatus
+
+    text = " ".join(CliRunner().invoke(cli, ["--help"]).output.split())
+    for status in ExitStatus:
+        assert f"{int(status)} " in text.split("exit codes:", 1)[1], status
+        assert f"{int(status)} " in README.split("Exit codes:", 1)[1][:400], status

@@ -350,3 +350,32 @@ def test_metrics_that_are_not_prometheus_text_fail_the_engine_check():
         d = doctor(["--engine-url", eng.url, "--no-host-checks"], code=4)
     (c,) = by_name(d)["metrics"]
     assert c["status"] == "fail" and "not Prometheus text" in c["message"], c
+
+
+def test_bare_doctor_says_nothing_was_checked_and_does_not_pass(tmp_path, monkeypatch):
+    """Issue 22: bare `kvctl doctor` exited 0 ("1 ok, 2 skipped") having checked nothing, LMCache not
+    installed counting as ok. Now: exit 6 with `nothing_checked`, and LMCache absent is skipped."""
+    monkeypatch.chdir(tmp_path)  # no ./kv-tier here
+    d = doctor(["--no-host-checks"], code=6)
+    assert d["nothing_checked"] is True
+    assert {c["status"] for c in d["checks"]} == {"skipped"}
+    res = CliRunner().invoke(cli, ["doctor", "--no-host-checks"])
+    assert res.exit_code == 6 and "nothing of the deployment was checked" in " ".join(res.output.split())
+
+
+def test_doctor_checks_the_tier_in_kv_tier_by_default(tmp_path, monkeypatch):
+    """Like `deploy-valkey status`, a bare doctor reads the tier in ./kv-tier when one is there."""
+    from kvctl.tier import local
+    from tests.tier.test_deploy_local import free_base_port
+
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(cli, ["deploy-valkey", "up", "--ranks", "2", "--base-port", str(free_base_port(2)),
+                                   "--maxmemory", "128mb", "--dir", "kv-tier"])
+    assert res.exit_code == 0, res.output
+    try:
+        d = doctor(["--no-host-checks"])
+        assert d["nothing_checked"] is False and d["exit_code"] != 6
+        assert [c["status"] for c in by_name(d)["up"]] == ["ok", "ok"]
+        assert status(d, "maxmemory") == {"ok"}
+    finally:
+        local.down(tmp_path / "kv-tier")

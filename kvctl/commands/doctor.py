@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from kvctl import render
+from kvctl.commands.deploy import DEFAULT_DIR
 from kvctl.commands.diagnose import TIMEOUT_S
 from kvctl.commands.options import ByteSize, count, output_options, valkey_options, valkey_targets
 from kvctl.hooks import hookimpl
@@ -22,7 +23,7 @@ def register_commands(cli: click.Group) -> None:
 
 @click.command("doctor")
 @click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable), e.g. http://HOST:8000.")
-@valkey_options
+@valkey_options(dir_default=DEFAULT_DIR, dir_envvar="KVCTL_TIER_DIR")
 @click.option("--config", "lmcache_config", type=click.Path(dir_okay=False), envvar="LMCACHE_CONFIG_FILE", help="LMCache YAML config the engines use (default: $LMCACHE_CONFIG_FILE).")
 @click.option("--kv-transfer-config", help="vLLM's --kv-transfer-config JSON, inline or @FILE.")
 @click.option("--world-size", type=count(4096), help="Ranks of the engine's shard group (TP x PCP); default: the engine's kvctl:ranks gauge.")
@@ -50,22 +51,32 @@ def doctor_cmd(
     one instance per rank (each line with its runbook). LMCache: installed version and its known client bugs. Configs:
     remote_url next to a plugin, chunk size vs block size, URL count vs world size,
     {rank} templates, loading mode vs the latest ρ. Host: py-spy can attach, NVML.
-    Exit code: 0 all ok, 3 a warning, 4 a failure.
+    The tier is --dir (default ./kv-tier, or $KVCTL_TIER_DIR, when a tier is there) or --valkey.
+    Exit code: 0 all ok, 3 a warning, 4 a failure, 6 nothing of the deployment checked.
     """
+    from click.core import ParameterSource  # noqa: PLC0415
+    from kvctl.tier.targets import state_path  # noqa: PLC0415
     from kvctl.diagnose.capture import last_diagnosis_path  # noqa: PLC0415
-    from kvctl.doctor import DoctorInput, run  # noqa: PLC0415
+    from kvctl.doctor import NOTHING_CHECKED, DoctorInput, run  # noqa: PLC0415
 
     if diagnosis_path and not Path(diagnosis_path).is_file():
         raise click.BadParameter(f"{diagnosis_path} does not exist", param_hint="'--diagnosis'")
+    if ctx.get_parameter_source("tier_dir") in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP) and (
+        valkey_urls or ranks or not state_path(tier_dir).is_file()
+    ):
+        tier_dir = None  # the default ./kv-tier only when a tier is there and no URL was given, as `deploy-valkey status`
     targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False)
     report = run(DoctorInput(
         tuple(engine_urls), tuple(targets), lmcache_config, kv_transfer_config, world_size,
         diagnosis_path or str(last_diagnosis_path()), timeout_s, host_checks=not no_host_checks, chunk_bytes=chunk_bytes, engines=engines,
     ))
     if as_json:
-        render.emit_json({"checks": report.checks, "worst": report.worst, "exit_code": int(report.exit_status)})
+        render.emit_json({"checks": report.checks, "worst": report.worst, "nothing_checked": report.nothing_checked,
+                          "exit_code": int(report.exit_status)})
     else:
         render.text_table("kvctl doctor", ["", "area", "check", "result", "fix"], [(c.status, c.area, c.name, c.message, " ".join(x for x in (c.fix, f"(runbook: {c.runbook})" if c.runbook else "") if x)) for c in report.checks])
         counts = {s: sum(c.status == s for c in report.checks) for s in STYLE}
         render.message(f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['fail']} failure(s), {counts['skipped']} skipped", style=STYLE[report.worst])
+        if report.nothing_checked:
+            render.warn(NOTHING_CHECKED)
     ctx.exit(int(report.exit_status))

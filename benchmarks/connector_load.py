@@ -109,7 +109,7 @@ def _bench(rank, args, urls):
     def connector():
         hit = torch.tensor([lookup.lookup(tokens, 0).hit_chunks if rank == 0 else 0])
         dist.broadcast(hit, src=0)
-        conn._load(LoadSpec("b", tokens[: int(hit) * ct], 0, int(hit), 0, load_blocks), conn.cpu_group)
+        conn._load(LoadSpec("b", tokens[: int(hit) * ct], 0, int(hit), 0, load_blocks), conn.group)
         assert int(hit) == n and not conn.get_block_ids_with_load_errors()
 
     def raw(only_owned=False):

@@ -54,6 +54,7 @@ __all__ = [
     "MODES",
     "LoadResult",
     "Agreement",
+    "StageOwned",
     "agree",
     "fingerprint",
     "load_agreed_prefix",
@@ -103,6 +104,9 @@ MSG_LEN = 8
 _VERSION, _FP_HI, _FP_LO, _N, _FIRST_FAIL, _MODE, _NBYTES, _STAGED = range(MSG_LEN)
 
 FetchOwned = Callable[[list[int]], Sequence[object]]
+# stage_owned(owned, slot) writes owned chunk owned[j] into slot(j) (this rank's uint8 staging bytes of
+# that chunk, on the load's device) in order, and returns how many it staged before its first failure
+StageOwned = Callable[[list[int], Callable[[int], torch.Tensor]], int]
 
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -210,6 +214,26 @@ def _fetch_and_stage(
         # after an async copy failure we cannot tell which slot broke: be safe
         return (owned[staged] if staged < len(owned) else owned[0]), staged, _deferred(exc)
     return n_chunks, staged, None
+
+
+def _stage_direct(
+    stage_owned: StageOwned, owned: list[int], staging: torch.Tensor, nbytes: int, n_chunks: int
+) -> tuple[int, int, BaseException | None]:
+    """Step 1 through a caller that writes straight into the staging slots (see :data:`StageOwned`). Never raises.
+
+    Same failure rules as :func:`_fetch_and_stage`: an exception, or a count
+    outside ``0..len(owned)``, is a local failure at the first owned chunk not
+    staged.
+    """
+    if not owned:
+        return n_chunks, 0, None
+    try:
+        staged = int(stage_owned(list(owned), lambda j: _slot(staging, j, nbytes)))
+    except BaseException as exc:  # noqa: BLE001 - any stager failure is a local failure
+        return owned[0], 0, _deferred(exc)
+    if not 0 <= staged <= len(owned):
+        return owned[0], 0, None
+    return (owned[staged] if staged < len(owned) else n_chunks), staged, None
 
 
 def _deferred(exc: BaseException) -> BaseException | None:
@@ -333,6 +357,7 @@ def load_agreed_prefix_detailed(
     device: torch.device | str = "cpu",
     mode: str = DEFAULT_MODE,
     first_chunk: int = 0,
+    stage_owned: StageOwned | None = None,
 ) -> tuple[LoadResult, Agreement]:
     """:func:`load_agreed_prefix` plus the :class:`Agreement` (for logs, tests, metrics)."""
     mode = resolve_mode(group, mode)
@@ -364,7 +389,10 @@ def load_agreed_prefix_detailed(
         staging = torch.empty(0, dtype=torch.uint8, device=device)
         first_fail, staged, deferred = (owned[0] if owned else n_chunks), 0, None
     else:
-        first_fail, staged, deferred = _fetch_and_stage(fetch_owned, owned, staging, shape, dtype, nbytes, n_chunks)
+        if stage_owned is not None:
+            first_fail, staged, deferred = _stage_direct(stage_owned, owned, staging, nbytes, n_chunks)
+        else:
+            first_fail, staged, deferred = _fetch_and_stage(fetch_owned, owned, staging, shape, dtype, nbytes, n_chunks)
 
     # step 2: one fixed-size message per rank
     fp_hi, fp_lo = fingerprint(chunk_keys, shape, dtype, first_chunk)
@@ -406,6 +434,7 @@ def load_agreed_prefix(
     device: torch.device | str = "cpu",
     mode: str = DEFAULT_MODE,
     first_chunk: int = 0,
+    stage_owned: StageOwned | None = None,
 ) -> LoadResult:
     """Load the longest prefix of ``chunk_keys`` that every owner could provide.
 
@@ -422,10 +451,15 @@ def load_agreed_prefix(
     "per_owner", "all_gather" or "per_chunk".
     ``first_chunk``: absolute index of ``chunk_keys[0]`` (see the module
     docstring); ``fetch_owned`` still gets indexes into ``chunk_keys``.
+    ``stage_owned``: instead of ``fetch_owned`` (pass None there), a callback
+    that writes owned chunks straight into this rank's staging slots on
+    ``device`` (see :data:`StageOwned`): the device path reads replies into
+    pinned host buffers and copies them to the GPU without another host copy.
 
     Returns ``LoadResult(prefix, chunks)``; every rank gets the same prefix.
     Only errors of the process group itself (a dead peer, a collective timeout)
     propagate.
     """
-    result, _ = load_agreed_prefix_detailed(group, chunk_keys, fetch_owned, chunk_shape, dtype, device, mode, first_chunk)
+    result, _ = load_agreed_prefix_detailed(group, chunk_keys, fetch_owned, chunk_shape, dtype, device, mode, first_chunk,
+                                            stage_owned)
     return result

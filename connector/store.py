@@ -37,6 +37,7 @@ import torch
 
 from .ownership import KeyExtra, chunk_keys, chunk_start_token, cumulative_lengths, lookup_answer, num_chunks, owned_chunks
 from .urls import expand_url
+from .pinned import PinnedPool, get_into_device, set_from_device
 from .prefetch import LRUCache, PrefetchRequest
 from .protocol import DEFAULT_MODE, LoadResult, load_agreed_prefix
 from .resp import RespClient, RespError
@@ -111,6 +112,7 @@ class ShardedStore:
         prefetch_batch: int = 4,
         policy: LoadPolicy | None = None,
         load_mode: str = DEFAULT_MODE,
+        pool: PinnedPool | None = None,
     ) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
@@ -134,6 +136,12 @@ class ShardedStore:
         self._get_gbps: float | None = None  # EWMA of this rank's L2 GET bandwidth
         self.l2_get_bytes = 0  # cumulative bytes and wall seconds of L2 GETs (for engine metrics)
         self.l2_get_seconds = 0.0
+        # the device path (CUDA caches): replies read into pinned slots and copied to the device on a
+        # stream per direction; loads and saves then skip L1 (the GPU's own prefix cache holds them)
+        self.pool = pool if self.device.type == "cuda" else None
+        if self.pool is not None and self.pool.slot_nbytes != self.chunk_nbytes:
+            raise ValueError(f"pinned pool slots of {self.pool.slot_nbytes} bytes for chunks of {self.chunk_nbytes}")
+        self._streams = (torch.cuda.Stream(self.device), torch.cuda.Stream(self.device)) if self.pool is not None else None
 
     # -- keys and ownership ---------------------------------------------------
     def keys(self, token_ids: Sequence[int], extra: KeyExtra | None = None) -> list[str]:
@@ -159,16 +167,17 @@ class ShardedStore:
         items = [self._new_chunk() for _ in keys]
         t0 = time.perf_counter()
         ok = self.client.batched_get(keys, [b for b, _ in items])
-        dt = time.perf_counter() - t0
-        got = sum(ok) * self.chunk_nbytes
+        self._note_get(sum(ok) * self.chunk_nbytes, time.perf_counter() - t0)
+        return [item if hit else None for item, hit in zip(items, ok)]
+
+    def _note_get(self, got: int, dt: float) -> None:
+        """Count ``got`` bytes of L2 GETs in ``dt`` seconds (engine metrics, the measured bandwidth)."""
         with self._bw_lock:
             self.l2_get_bytes += got
             self.l2_get_seconds += dt
-        if got and dt > 0:
-            gbps = got / dt / 1e9
-            with self._bw_lock:
+            if got and dt > 0:
+                gbps = got / dt / 1e9
                 self._get_gbps = gbps if self._get_gbps is None else 0.7 * self._get_gbps + 0.3 * gbps
-        return [item if hit else None for item, hit in zip(items, ok)]
 
     @property
     def measured_gbps(self) -> float | None:
@@ -177,23 +186,29 @@ class ShardedStore:
 
     # -- store ------------------------------------------------------------------
     def store(self, token_ids: Sequence[int], chunks: Sequence[torch.Tensor | None], first_chunk: int = 0,
-              extra: KeyExtra | None = None) -> StoreResult:
+              extra: KeyExtra | None = None, *, ready=None) -> StoreResult:
         """Store this rank's chunks of a prompt; ``chunks[c]`` is chunk c's KV (any rank holds all).
 
         Writes L1 and L2 (one pipelined batch). An unreachable tier is
         reported in the result, not raised: the engine must keep serving.
         Chunks before ``first_chunk`` are skipped (already stored; their
-        ``chunks`` entries may be None).
+        ``chunks`` entries may be None). Chunks on a CUDA device, with a
+        pinned pool, go to L2 only, through pinned slots; ``ready`` is a CUDA
+        event recorded after they were written (None: they are ready now).
         """
         keys = self.keys(token_ids, extra)
         if len(chunks) < len(keys):
             raise ValueError(f"{len(keys)} full chunks in the prompt but {len(chunks)} chunk tensors")
         mine = [c for c in self.owned(len(keys)) if c >= first_chunk]
-        bufs = []
         for c in mine:
             t = chunks[c]
             if tuple(t.shape) != self.chunk_shape or t.dtype != self.dtype:
                 raise ValueError(f"chunk {c} is {tuple(t.shape)} {t.dtype}, expected {self.chunk_shape} {self.dtype}")
+        if self.pool is not None and mine and chunks[mine[0]].is_cuda:
+            return self._store_from_device(keys, [chunks[c].contiguous() for c in mine], mine, ready)
+        bufs = []
+        for c in mine:
+            t = chunks[c]
             buf, view = self._new_chunk()
             view.copy_(t)
             bufs.append((buf, view))
@@ -206,6 +221,16 @@ class ShardedStore:
             except RespError as exc:
                 err = str(exc)
         return StoreResult(len(mine), l1, l2, err)
+
+    def _store_from_device(self, keys: list[str], chunks: list[torch.Tensor], mine: list[int], ready) -> StoreResult:
+        if self.client is None:
+            return StoreResult(len(mine), 0, 0, None)
+        try:
+            set_from_device(self.client, self.pool, [keys[c] for c in mine], chunks, self._streams[1],
+                            batch=self.prefetch_batch, ready=ready, timeout_s=self.timeout_s)
+        except (RespError, TimeoutError) as exc:
+            return StoreResult(len(mine), 0, 0, str(exc))
+        return StoreResult(len(mine), 0, len(mine), None)
 
     # -- lookup (sync) ------------------------------------------------------------
     def _apply_policy(self, tokens: int) -> int:
@@ -287,15 +312,24 @@ class ShardedStore:
         if max_tokens is not None:
             keys = keys[: max(0, max_tokens) // self.chunk_tokens]
         keys = keys[first_chunk:]
+        stage = None
+        if self.pool is not None and self.client is not None:
+            def stage(owned: list[int], slot) -> int:
+                staged, got, dt = get_into_device(
+                    self.client, self.pool, [keys[c] for c in owned], slot, self._streams[0],
+                    batch=self.prefetch_batch, l1=self.l1, timeout_s=self.timeout_s, errors=(RespError,))
+                self._note_get(got, dt)
+                return staged
         return load_agreed_prefix(
             self.group if group is None else group,
             keys,
-            lambda idx: self._fetch_owned(keys, idx),
+            None if stage is not None else (lambda idx: self._fetch_owned(keys, idx)),
             self.chunk_shape,
             self.dtype,
             self.device,
             self.load_mode,
             first_chunk,
+            stage_owned=stage,
         )
 
     # -- async prefetch (§5.3) --------------------------------------------------------

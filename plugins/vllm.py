@@ -51,12 +51,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
+from kvctl.connector.datapath import KVDataPath
+from kvctl.connector.pinned import PinnedPool
 from kvctl.connector.protocol import member_group
 from kvctl.connector.store import ShardedStore
 
 from .vllm_config import ConnectorConfigError, parse_settings
 from .vllm_keys import request_key_extra
-from .vllm_kv import KVLayoutError, chunk_fmt, layout_for, slots_for
+from .vllm_kv import KVLayoutError, chunk_fmt, layout_for
 from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec, _ReqState, shard_group, shard_group_kind
 from .vllm_lookup import LookupCache, PolicyState, TierLookup, loadable_chunks
 from .vllm_stats import KvctlConnectorStats, KvctlPromMetrics, StatsCollector
@@ -386,18 +388,34 @@ class KvctlConnector(KVConnectorBase_V1):
         self.rank = group.rank_in_group
         if group.world_size != self.world_size:
             raise RuntimeError(f"KvctlConnector: shard group has {group.world_size} ranks, expected {self.world_size}")
-        self.cpu_group = group.cpu_group
+        device = caches[0].device
+        on_cuda = device.type == "cuda"
+        # CPU engines exchange host chunks over gloo; CUDA engines exchange device chunks over the
+        # group's device (NCCL) group, with replies and saves going through one pinned pool
+        self.group = group.device_group if on_cuda else group.cpu_group
+        chunk_shape = self.layout.chunk_shape(self.chunk_tokens, self.world_size)
+        pool = None
+        if on_cuda:
+            nbytes = torch.empty((), dtype=self.layout.dtype).element_size() * int(torch.Size(chunk_shape).numel())
+            try:
+                pool = PinnedPool(self.settings.pinned_pool_bytes, nbytes)
+            except ValueError as exc:
+                raise ConnectorConfigError(f"kv_connector_extra_config.pinned_pool_bytes: {exc}") from None
+            logger.info("KvctlConnector rank %d: pinned pool %d bytes (%d chunks, %s) in %.3f s", self.rank,
+                        pool.nbytes, pool.n_slots, "pinned" if pool.pinned else "pageable", pool.setup_s)
         self.store = ShardedStore(
             self.rank, self.world_size, list(self.settings.urls), self.settings.host_budget_bytes,
-            self.layout.chunk_shape(self.chunk_tokens, self.world_size), self.layout.dtype,
+            chunk_shape, self.layout.dtype,
             chunk_tokens=self.chunk_tokens, model_name=self.model_name, fmt=self.fmt,
-            group=self.cpu_group, timeout_s=self.settings.timeout_s,
+            group=self.group, device=device, timeout_s=self.settings.timeout_s, pool=pool,
         )
+        self.datapath = KVDataPath(self.store, self.layout, chunk_tokens=self.chunk_tokens,
+                                   block_size=self.block_size, group=self.group, device=device)
         self._get_seen = (0, 0.0)
         if self.settings.async_loading:
             # background loads run their collectives on a group of their own, never on vLLM's; only
             # this TP/PCP group's ranks create it (under DP the world holds several such groups)
-            self._async_group = member_group(group.ranks)
+            self._async_group = member_group(group.ranks, backend="nccl" if on_cuda else "gloo")
             self._async_q = queue.SimpleQueue()
             self._async_thread = threading.Thread(target=self._async_loop, name="kvctl-async-load", daemon=True)
             self._async_thread.start()
@@ -415,7 +433,7 @@ class KvctlConnector(KVConnectorBase_V1):
                     self._async_pending += 1
                 self._async_q.put(spec)
             else:
-                self._load(spec, self.cpu_group)
+                self._load(spec, self.group)
 
     def _async_loop(self) -> None:
         while True:
@@ -441,22 +459,10 @@ class KvctlConnector(KVConnectorBase_V1):
                 self._hook(self.rank, store.keys(spec.token_ids, spec.key_extra), spec.first_chunk, store.url)
             except Exception:  # noqa: BLE001 - a test hook must not break the engine
                 logger.exception("KvctlConnector before-load hook failed")
-        agreed = prefix = 0  # agreed: the same on every rank; prefix: chunks written into this rank's cache
-        interrupted: BaseException | None = None
-        try:
-            result = store.load(spec.token_ids, spec.end_chunk * ct, spec.first_chunk, group=group, extra=spec.key_extra)
-            agreed = result.prefix
-            for i, chunk in enumerate(result.chunks):
-                c = spec.first_chunk + i
-                start = max(c * ct, spec.skip_tokens)
-                slots = slots_for(spec.block_ids, self.block_size, start, (c + 1) * ct)
-                data = self.layout.to_local(chunk, self.rank)[:, start - c * ct :]
-                self.layout.insert(slots, data)
-                prefix = i + 1
-        except Exception:  # noqa: BLE001 - a failed write is a load error: vLLM recomputes
-            logger.exception("KvctlConnector: load of %s failed", spec.req_id)
-        except BaseException as exc:  # CancelledError/KeyboardInterrupt/SystemExit: mark the blocks bad, then re-raise
-            interrupted = exc
+        # agreed: the same on every rank; prefix: chunks written into this rank's cache
+        out = self.datapath.load(spec.token_ids, spec.block_ids, spec.first_chunk, spec.end_chunk, spec.skip_tokens,
+                                 group=group, extra=spec.key_extra)
+        agreed, prefix, interrupted = out.agreed, out.written, out.interrupted
         # the agreed chunks are in the tier whatever this rank could write: every rank keeps the same
         # mark, so the request's next save runs its collectives on every rank or on none
         self._loaded_end[spec.req_id] = spec.first_chunk + agreed
@@ -505,31 +511,19 @@ class KvctlConnector(KVConnectorBase_V1):
             self._save(spec)
 
     def _save(self, spec: SaveSpec) -> None:
-        ct, W, r = self.chunk_tokens, self.world_size, self.rank
-        n_full = len(spec.token_ids) // ct
+        n_full = len(spec.token_ids) // self.chunk_tokens
         first = self._loaded_end.get(spec.req_id, 0)  # loaded chunks are in the tier already
         if first >= n_full:
             return
-        chunks: list[torch.Tensor | None] = [None] * n_full
-        if self.layout.mla:
-            # every rank holds the same latent KV: copy out only the chunks this rank owns
-            for c in range(first, n_full):
-                if c % W == r:
-                    chunks[c] = self.layout.extract(slots_for(spec.block_ids, self.block_size, c * ct, (c + 1) * ct))
-        else:
-            # each rank holds its own heads: gather all heads (collective, same on every rank), keep owned chunks
-            local = self.layout.extract(slots_for(spec.block_ids, self.block_size, first * ct, n_full * ct))
-            parts = [torch.empty_like(local) for _ in range(W)]
-            torch.distributed.all_gather(parts, local.contiguous(), group=self.cpu_group)
-            full = torch.cat(parts, dim=2)
-            for c in range(first, n_full):
-                if c % W == r:
-                    chunks[c] = full[:, (c - first) * ct : (c - first + 1) * ct].contiguous()
-        self._saver.submit(self._store_chunks, spec.token_ids, chunks, first, spec.key_extra)
+        # copied out on this thread, before vLLM can reuse the blocks (GQA: a collective on every rank);
+        # written to the tier in the background
+        batch = self.datapath.extract(spec.token_ids, spec.block_ids, first, extra=spec.key_extra)
+        if batch is not None:
+            self._saver.submit(self._store_chunks, batch)
 
-    def _store_chunks(self, token_ids: list[int], chunks, first: int, extra=None) -> None:
+    def _store_chunks(self, batch) -> None:
         try:
-            res = self.store.store(token_ids, chunks, first, extra)
+            res = self.datapath.store_batch(batch)
             if res.l2_error:
                 logger.warning("KvctlConnector rank %d: store failed: %s", self.rank, res.l2_error)
         except Exception:  # noqa: BLE001 - a failed save is a future miss, never an engine error

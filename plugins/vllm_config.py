@@ -3,7 +3,7 @@
     {"urls": ["resp://127.0.0.1:P0", "resp://127.0.0.1:P1"], "chunk_tokens": 128}
     {"url": "resp://valkey-{rank}:6379", "chunk_tokens": 256, "timeout_s": 2,
      "password_file": "/run/secrets/valkey", "host_budget_bytes": 0,
-     "async_loading": true, "load_policy": {...}}
+     "async_loading": true, "load_policy": {...}, "pinned_pool_bytes": 268435456}
 
 Exactly one of ``urls`` (one URL per rank of the shard group) or ``url`` (a
 template with ``{rank}``, or one URL for every rank) names the tier. Every
@@ -24,8 +24,11 @@ __all__ = ["ConnectorConfigError", "ConnectorSettings", "LoadPolicySettings", "p
 
 KNOWN_KEYS = frozenset({
     "urls", "url", "chunk_tokens", "password_file", "timeout_s", "host_budget_bytes",
-    "async_loading", "load_policy",
+    "async_loading", "load_policy", "pinned_pool_bytes",
 })
+#: page-locked host memory for chunk copies on CUDA engines (one pool a worker, reused across requests):
+#: two batches of the store's 4 chunks of the paper's 12.4 MB fit with room to spare
+DEFAULT_PINNED_POOL_BYTES = 256 * 2**20
 POLICY_KEYS = frozenset({"prefill_tokens_per_s", "t0_s", "bandwidth_gbps", "reprobe_after_s"})
 
 
@@ -56,6 +59,7 @@ class ConnectorSettings:
     async_loading: bool = False
     load_policy: LoadPolicySettings | None = None
     password_file: str | None = field(default=None, repr=False)
+    pinned_pool_bytes: int = DEFAULT_PINNED_POOL_BYTES
 
 
 def _err(key: str, why: str) -> ConnectorConfigError:
@@ -143,6 +147,7 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
     if not isinstance(async_loading, bool):
         raise _err("async_loading", f"expected true or false, got {async_loading!r}")
     budget = _number(cfg, "host_budget_bytes", 0, integer=True, positive=False)
+    pinned = _number(cfg, "pinned_pool_bytes", DEFAULT_PINNED_POOL_BYTES, integer=True)
     return ConnectorSettings(
         urls=tuple(urls),
         chunk_tokens=chunk_tokens,
@@ -151,4 +156,5 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
         async_loading=async_loading,
         load_policy=_policy(cfg.get("load_policy")),
         password_file=pw_file,
+        pinned_pool_bytes=pinned,
     )

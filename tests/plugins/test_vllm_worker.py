@@ -82,7 +82,7 @@ def worker(rank, world, urls, kind, mla):
     for t in caches.values():
         t.zero_()
     blocks_b = [2, 5, 7, 10, 11, 13, 14, 4, 9]
-    conn._load(LoadSpec("b", tokens[:16], first_chunk=1, end_chunk=4, skip_tokens=6, block_ids=blocks_b), conn.cpu_group)
+    conn._load(LoadSpec("b", tokens[:16], first_chunk=1, end_chunk=4, skip_tokens=6, block_ids=blocks_b), conn.group)
     lay = conn.layout
     got = lay.extract(slots_for(blocks_b, BS, 0, 16))
     first_errors = sorted(conn.get_block_ids_with_load_errors())
@@ -94,7 +94,7 @@ def worker(rank, world, urls, kind, mla):
     torch.distributed.barrier()
     for t in caches.values():
         t.zero_()
-    conn._load(LoadSpec("c", tokens[:16], first_chunk=1, end_chunk=4, skip_tokens=4, block_ids=blocks_b), conn.cpu_group)
+    conn._load(LoadSpec("c", tokens[:16], first_chunk=1, end_chunk=4, skip_tokens=4, block_ids=blocks_b), conn.group)
     got_short = lay.extract(slots_for(blocks_b, BS, 0, 16))
     errors = sorted(conn.get_block_ids_with_load_errors())
     stats = conn.get_kv_connector_stats()
@@ -183,7 +183,7 @@ def insert_fails_worker(rank, world, urls, exc_name="RuntimeError"):
         conn.layout.insert = broken_insert
     raised = None
     try:
-        conn._load(LoadSpec("d", tokens[:16], first_chunk=1, end_chunk=4, skip_tokens=4, block_ids=blocks), conn.cpu_group)
+        conn._load(LoadSpec("d", tokens[:16], first_chunk=1, end_chunk=4, skip_tokens=4, block_ids=blocks), conn.group)
     except KeyboardInterrupt as exc:  # re-raised, but only after the blocks were marked bad
         raised = type(exc).__name__
     errors = sorted(conn.get_block_ids_with_load_errors())

@@ -1,0 +1,171 @@
+"""The worker's data path between the tier and one rank's paged KV cache (torch only, no vLLM).
+
+    load:  fetch owned chunks -> stage -> exchange over the shard group -> insert into the cache
+    save:  extract from the cache (GQA: all-gather the heads) -> store owned chunks
+
+The cache is reached only through a *layout* object (``kvctl.plugins.vllm_kv.layout_for``
+builds one from vLLM's views; tests and benchmarks may pass their own) with
+``extract(slots)`` -> a new tensor on the cache's device in the canonical
+chunk format, ``insert(slots, chunk, rank=0)``, ``to_local(chunk, rank)``
+and ``mla``.
+
+Two paths, chosen by where the cache lives:
+
+* CPU engines: chunks in host memory, the exchange over the shard group's
+  gloo group, L1 + L2 as :class:`~kvctl.connector.store.ShardedStore` does.
+* CUDA engines: the store has a :class:`~kvctl.connector.pinned.PinnedPool`;
+  replies are read into pinned slots and copied to a device staging buffer,
+  the exchange runs over the group's device (NCCL) group, chunks are inserted
+  from device memory; saves extract on the device and SET from pinned slots.
+
+The vLLM plugin and the GPU harness (``tests/gpu``, ``benchmarks/connector_gpu.py``)
+call these same functions.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .ownership import KeyExtra
+from .store import ShardedStore, StoreResult
+
+__all__ = ["KVDataPath", "LoadOutcome", "SaveBatch", "slots_for"]
+
+log = logging.getLogger(__name__)
+
+
+def slots_for(block_ids: Sequence[int], block_size: int, start: int, end: int) -> torch.Tensor:
+    """Slots (``block_id * block_size + offset``) of tokens ``start..end-1`` of a request whose blocks are ``block_ids``."""
+    if end <= start:
+        return torch.empty(0, dtype=torch.long)
+    tok = torch.arange(start, end, dtype=torch.long)
+    blocks = torch.as_tensor(list(block_ids), dtype=torch.long)
+    return blocks[tok // block_size] * block_size + tok % block_size
+
+
+@dataclass(frozen=True)
+class LoadOutcome:
+    """One load on one rank.
+
+    ``agreed``: chunks (from the load's first chunk) every rank agreed on, the
+    same on every rank; ``written``: how many of them this rank wrote into its
+    cache (fewer only if a write failed); ``interrupted``: a BaseException
+    that is not an Exception (CancelledError, KeyboardInterrupt) caught after
+    the collectives, for the caller to re-raise once its bookkeeping is done.
+    """
+
+    agreed: int
+    written: int
+    interrupted: BaseException | None = None
+
+
+@dataclass
+class SaveBatch:
+    """Chunks extracted for a save, ready to hand to a background thread.
+
+    ``chunks[c]`` is chunk c's KV for the chunks this rank owns from ``first``
+    on (others None). ``ready``: a CUDA event recorded after the extracting
+    kernels (None on CPU).
+    """
+
+    token_ids: list[int]
+    chunks: list[torch.Tensor | None]
+    first: int
+    ready: object = None
+    extra: KeyExtra | None = None  # the request's extra key material (LoRA, cache_salt, images)
+
+
+class KVDataPath:
+    """Rank ``store.rank``'s data path over ``layout`` (see the module docstring).
+
+    ``group``: the shard group's process group for this path's collectives
+    (gloo on CPU, the device group on CUDA). ``device``: where the cache lives.
+    """
+
+    def __init__(self, store: ShardedStore, layout, *, chunk_tokens: int, block_size: int, group,
+                 device: torch.device | str) -> None:
+        self.store, self.layout = store, layout
+        self.rank, self.world_size = store.rank, store.world_size
+        self.chunk_tokens, self.block_size = chunk_tokens, block_size
+        self.group = group
+        self.device = torch.device(device)
+        self.on_cuda = self.device.type == "cuda"
+
+    # -- load -----------------------------------------------------------------
+    def load(self, token_ids: Sequence[int], block_ids: Sequence[int], first_chunk: int, end_chunk: int,
+             skip_tokens: int = 0, *, group=None, extra: KeyExtra | None = None) -> LoadOutcome:
+        """Agreed-prefix load of chunks ``first_chunk..end_chunk-1`` into the request's blocks.
+
+        Collective over ``group`` (None: this path's group): every rank calls
+        it with the same arguments. Tokens before ``skip_tokens`` are already
+        in the cache and are not written. A failure after the agreement (a
+        write) is logged and shortens ``written``; it never skips a collective.
+        ``extra``: the request's extra key material (see :class:`~kvctl.connector.ownership.KeyExtra`).
+        """
+        ct = self.chunk_tokens
+        agreed = written = 0
+        interrupted = None
+        try:
+            result = self.store.load(token_ids, end_chunk * ct, first_chunk, group=self.group if group is None else group,
+                                     extra=extra)
+            agreed = result.prefix
+            if agreed:
+                slots, data = [], []
+                for i, chunk in enumerate(result.chunks):
+                    c = first_chunk + i
+                    start = max(c * ct, skip_tokens)
+                    slots.append(slots_for(block_ids, self.block_size, start, (c + 1) * ct))
+                    data.append(self.layout.to_local(chunk, self.rank)[:, start - c * ct :])
+                # one insert for the whole prefix: a few large copies instead of one set per chunk
+                self.layout.insert(torch.cat(slots), data[0] if len(data) == 1 else torch.cat(data, dim=1))
+                written = agreed
+        except Exception:  # noqa: BLE001 - a failed write is a load error: the engine recomputes
+            log.exception("kvctl: load of %d chunk(s) from chunk %d failed", end_chunk - first_chunk, first_chunk)
+        except BaseException as exc:  # noqa: BLE001 - handed back: the caller marks its blocks, then re-raises
+            interrupted = exc
+        return LoadOutcome(agreed, written, interrupted)
+
+    # -- save -----------------------------------------------------------------
+    def extract(self, token_ids: Sequence[int], block_ids: Sequence[int], first: int, *, group=None,
+                extra: KeyExtra | None = None) -> SaveBatch | None:
+        """Copy out the chunks this rank stores, from chunk ``first`` to the last full one.
+
+        Runs on the engine's thread, before the blocks can be reused. MLA:
+        every rank holds the same latent KV, so only owned chunks are copied.
+        GQA/MHA: each rank holds its own heads; all ranks gather every head
+        (a collective, entered by every rank with the same ``first``) and
+        keep their owned chunks. None when there is nothing to store.
+        """
+        ct, W, r = self.chunk_tokens, self.world_size, self.rank
+        n_full = len(token_ids) // ct
+        if first >= n_full:
+            return None
+        chunks: list[torch.Tensor | None] = [None] * n_full
+        if self.layout.mla:
+            mine = [c for c in range(first, n_full) if c % W == r]
+            if mine:
+                slots = torch.cat([slots_for(block_ids, self.block_size, c * ct, (c + 1) * ct) for c in mine])
+                allkv = self.layout.extract(slots)  # (layers, len(mine) * ct, row): one gather per layer
+                for i, c in enumerate(mine):
+                    chunks[c] = allkv[:, i * ct : (i + 1) * ct].contiguous()
+        else:
+            local = self.layout.extract(slots_for(block_ids, self.block_size, first * ct, n_full * ct)).contiguous()
+            parts = [torch.empty_like(local) for _ in range(W)]
+            torch.distributed.all_gather(parts, local, group=self.group if group is None else group)
+            full = torch.cat(parts, dim=2)
+            for c in range(first, n_full):
+                if c % W == r:
+                    chunks[c] = full[:, (c - first) * ct : (c - first + 1) * ct].contiguous()
+        ready = torch.cuda.current_stream(self.device).record_event() if self.on_cuda else None
+        return SaveBatch(list(token_ids[: n_full * ct]), chunks, first, ready, extra)
+
+    def store_batch(self, batch: SaveBatch) -> StoreResult:
+        """Write a :class:`SaveBatch` to the tier (safe on a background thread)."""
+        chunks = batch.chunks
+        if not self.on_cuda:
+            chunks = [None if t is None else t.cpu() for t in chunks]
+        return self.store.store(batch.token_ids, chunks, batch.first, batch.extra, ready=batch.ready)

@@ -312,24 +312,25 @@ class ShardedStore:
         if max_tokens is not None:
             keys = keys[: max(0, max_tokens) // self.chunk_tokens]
         keys = keys[first_chunk:]
-        stage = None
-        if self.pool is not None and self.client is not None:
-            def stage(owned: list[int], slot) -> int:
-                staged, got, dt = get_into_device(
-                    self.client, self.pool, [keys[c] for c in owned], slot, self._streams[0],
-                    batch=self.prefetch_batch, l1=self.l1, timeout_s=self.timeout_s, errors=(RespError,))
-                self._note_get(got, dt)
-                return staged
+        pinned = self.pool is not None and self.client is not None
+
+        def stage(owned: list[int], slot) -> int:  # the device path: replies into pinned slots, then to the GPU
+            staged, got, dt = get_into_device(
+                self.client, self.pool, [keys[c] for c in owned], slot, self._streams[0],
+                batch=self.prefetch_batch, l1=self.l1, timeout_s=self.timeout_s, errors=(RespError,))
+            self._note_get(got, dt)
+            return staged
+
         return load_agreed_prefix(
             self.group if group is None else group,
             keys,
-            None if stage is not None else (lambda idx: self._fetch_owned(keys, idx)),
+            None if pinned else (lambda idx: self._fetch_owned(keys, idx)),
             self.chunk_shape,
             self.dtype,
             self.device,
             self.load_mode,
             first_chunk,
-            stage_owned=stage,
+            stage_owned=stage if pinned else None,
         )
 
     # -- async prefetch (§5.3) --------------------------------------------------------

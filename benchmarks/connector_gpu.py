@@ -13,8 +13,8 @@ pair is measured alternately in the same run:
   raw pinned H2D copy of the same bytes; ``extract`` into pinned memory vs a
   raw D2H copy (target: each >= 0.7x the raw bandwidth);
 * load (W=1): ``KVDataPath.load`` from a local valkey-server into the paged
-  cache vs a raw ``batched_get`` of the same keys into pinned memory
-  (target <= 1.1x);
+  cache vs a raw ``batched_get`` of the same keys into pinned memory, the
+  faster of one batch of every key and batches of 4 (target <= 1.1x);
 * save (W=1): ``KVDataPath.extract`` + ``store_batch`` vs a raw
   ``batched_set`` of the same bytes from pinned memory (target <= 1.1x);
 * load (W=2, when two GPUs are visible): the whole load on each rank vs that
@@ -169,7 +169,7 @@ def bench_w1(args, urls):
         lay.insert(slots_for(save_blocks, args.block_size, 0, n * ct),
                    src.permute(1, 0, 2, 3).reshape(args.layers, n * ct, ROW))
         sync()
-        t_save, t_set, t_load, t_get = [], [], [], []
+        t_save, t_set, t_load, t_get, t_get4 = [], [], [], [], []
         exact = True
         for rep in range(R):
             client.delete(store.keys(tokens))
@@ -190,13 +190,19 @@ def bench_w1(args, urls):
 
             t_load.append(_cuda_time(load, sync))
             t_get.append(_cuda_time(lambda: client.batched_get(keys_raw, views), sync))
+            t_get4.append(_cuda_time(lambda: [client.batched_get(keys_raw[i : i + 4], views[i : i + 4])
+                                              for i in range(0, n, 4)], sync))
             if rep == 0:
                 got = lay.extract(slots_for(load_blocks, args.block_size, 0, n * ct))
                 exact = exact and torch.equal(got, src.permute(1, 0, 2, 3).reshape(args.layers, n * ct, ROW))
         results[f"load_save_{layout}"] = {
-            "load_s": _median(t_load), "raw_get_s": _median(t_get), "load_vs_raw_get": _median(t_load) / _median(t_get),
+            # raw GET: the faster of one batch of every key and batches of 4 (what the store sends)
+            "raw_get_one_batch_s": _median(t_get), "raw_get_batches_of_4_s": _median(t_get4),
+            "load_s": _median(t_load), "raw_get_s": min(_median(t_get), _median(t_get4)),
+            "load_vs_raw_get": _median(t_load) / min(_median(t_get), _median(t_get4)),
             "save_s": _median(t_save), "raw_set_s": _median(t_set), "save_vs_raw_set": _median(t_save) / _median(t_set),
-            "load_gbps": total / _median(t_load) / 1e9, "raw_get_gbps": total / _median(t_get) / 1e9,
+            "load_gbps": total / _median(t_load) / 1e9,
+            "raw_get_gbps": total / min(_median(t_get), _median(t_get4)) / 1e9,
             "exact": exact,
         }
         store.close()

@@ -207,4 +207,9 @@ class KvctlLMCacheConnector(LMCacheConnectorV1):
             from kvctl.plugins.lmcache_shard import ShardLMCacheEngine  # noqa: PLC0415
 
             tp = get_tp_group()
-            ShardLMCacheEngine.enable(engine, tp.rank_in_group, tp.world_size, lambda: tp.cpu_group)
+            if torch.cuda.is_available() and str(torch.distributed.get_backend(tp.device_group)) == "nccl":
+                # a GPU engine: exchange on the devices over NCCL, not host buffers over gloo
+                ShardLMCacheEngine.enable(engine, tp.rank_in_group, tp.world_size, lambda: tp.device_group,
+                                          torch.device("cuda", torch.cuda.current_device()))
+            else:
+                ShardLMCacheEngine.enable(engine, tp.rank_in_group, tp.world_size, lambda: tp.cpu_group)

@@ -43,6 +43,8 @@ from typing import Any, Sequence
 
 import torch
 
+from kvctl.connector.datapath import slots_for  # the one definition; re-exported here for the plugins
+
 from .vllm_config import ConnectorConfigError
 
 __all__ = ["BACKENDS", "GQALayout", "KVLayout", "KVLayoutError", "LAYOUTS", "MLALayout", "chunk_fmt",
@@ -78,14 +80,6 @@ _ELEMENT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.uint8, to
 class KVLayoutError(ConnectorConfigError):
     """A KV cache kvctl cannot address (backend, layout, dtype or spec); raised at engine start."""
 
-
-def slots_for(block_ids: Sequence[int], block_size: int, start: int, end: int) -> torch.Tensor:
-    """Slots of tokens ``start..end-1`` of a request whose blocks are ``block_ids``."""
-    if end <= start:
-        return torch.empty(0, dtype=torch.long)
-    tok = torch.arange(start, end, dtype=torch.long)
-    blocks = torch.as_tensor(list(block_ids), dtype=torch.long)
-    return blocks[tok // block_size] * block_size + tok % block_size
 
 
 def _layout_name(layout: Any) -> str:

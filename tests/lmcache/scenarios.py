@@ -233,6 +233,43 @@ def chunk_key_names(args: dict[str, Any]) -> dict[str, Any]:
     return {"keys": [[start, end, key.to_string()] for start, end, key in db.process_tokens(tokens=args["token_ids"])]}
 
 
+def shard_key_coverage(args: dict[str, Any]) -> dict[str, Any]:
+    """What LMCache's stock keys and kvctl shard mode's keys cover: the same prompt with two images
+    (LMCache's adapter substitutes placeholder tokens from the image hash) and with two ``lmcache.tag.*``
+    request configs, through LMCache's own token database and through shard mode's wrapper of it."""
+    import inspect  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+    from lmcache.integration.vllm.utils import apply_mm_hashes_to_token_ids  # noqa: PLC0415
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder  # noqa: PLC0415
+    from lmcache.v1.config import LMCacheEngineConfig  # noqa: PLC0415
+    from lmcache.v1.metadata import LMCacheMetadata  # noqa: PLC0415
+    from vllm.multimodal.inputs import PlaceholderRange  # noqa: PLC0415
+
+    from kvctl.plugins.lmcache_shard import _OwnedChunks  # noqa: PLC0415
+
+    ct = 16
+    cfg = LMCacheEngineConfig.from_dict({"chunk_size": ct, "extra_config": {"save_only_first_rank": False}})
+    md = LMCacheMetadata(model_name="m", world_size=2, local_world_size=2, worker_id=1, local_worker_id=1,
+                         kv_dtype=torch.bfloat16, kv_shape=(2, 1, ct, 1, 576), use_mla=True, chunk_size=ct)
+    stock = LMCacheEngineBuilder._Create_token_database(cfg, md)
+    shard = _OwnedChunks(stock, 1, 2, ct)
+    text = list(range(100, 164))  # 4 chunks; an image's placeholder at tokens 20..27 (chunk 1)
+
+    def prompt(image: str | None) -> torch.Tensor:
+        t = torch.tensor(text, dtype=torch.long)
+        return apply_mm_hashes_to_token_ids(t, [image], [PlaceholderRange(offset=20, length=8)]) if image else t
+
+    out: dict[str, Any] = {"process_tokens_params": sorted(inspect.signature(stock.process_tokens).parameters)}
+    cases = {"plain": (None, None), "red": ("img-red", None), "blue": ("img-blue", None),
+             "tag_a": (None, {"lmcache.tag.tenant": "a"}), "tag_b": (None, {"lmcache.tag.tenant": "b"})}
+    for name, (image, configs) in cases.items():
+        for label, db in (("stock", stock), ("shard", shard)):
+            keys = db.process_tokens(tokens=prompt(image), request_configs=configs)
+            out[f"{label}_{name}"] = [key.to_string() for _, _, key in keys]
+    return out
+
+
 def shard_prepare(args: dict[str, Any]) -> dict[str, Any]:
     """kvctl shard mode's config preparation on LMCache's own config objects: the refusals and the result."""
     from lmcache.v1.config import LMCacheEngineConfig  # noqa: PLC0415
@@ -265,7 +302,7 @@ def _emit(kind: str, payload: dict) -> None:
 
 
 SCENARIOS = {f.__name__: f for f in (plugin_roundtrip, plugin_dead_server, native_resp_get_missing, validate_config_file,
-                                     cpu_connector_layouts, chunk_key_names, shard_prepare)}
+                                     cpu_connector_layouts, chunk_key_names, shard_key_coverage, shard_prepare)}
 
 
 def main(argv: list[str]) -> int:

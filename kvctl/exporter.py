@@ -36,8 +36,9 @@ from typing import Any, Callable, Iterator, Sequence
 from kvctl import cost
 from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
-from kvctl.errors import InvalidInput, KvctlError, Unreachable
-from kvctl.tier.server import PASSWORD_HINT, AuthFailed, is_auth_error, redis_for_url
+from kvctl.errors import InvalidInput, KvctlError
+from kvctl.diagnose.sources import valkey_read_error
+from kvctl.tier.server import AuthFailed, redis_for_url
 from kvctl.tier.targets import Target
 
 log = logging.getLogger(__name__)
@@ -177,13 +178,11 @@ class KeptOpen:
         except (redis.RedisError, OSError) as e:
             self._clients.pop(t.rank, None)
             client.close()
-            if is_auth_error(e):  # up, but refusing our password: "auth", as doctor says, not "unreachable"
-                msg = f"Valkey rank {t.rank} at {t.host}:{t.port} auth: refused the login ({e}); {PASSWORD_HINT}"
-                if t.rank not in self._auth_warned:
-                    self._auth_warned.add(t.rank)
-                    log.warning("%s", msg)
-                raise AuthFailed(msg) from e
-            raise Unreachable(f"Valkey rank {t.rank} at {t.host}:{t.port} unreachable: {e}") from e
+            err = valkey_read_error(t, e)
+            if isinstance(err, AuthFailed) and t.rank not in self._auth_warned:  # up, refusing our password: said once
+                self._auth_warned.add(t.rank)
+                log.warning("%s", err)
+            raise err from e
         self._auth_warned.discard(t.rank)
         return info
 

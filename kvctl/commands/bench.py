@@ -169,7 +169,7 @@ def bench_cmd(
     data["interrupted"] = caught[0].name if caught else None
     if save:
         try:
-            write_atomic(save, json.dumps(data, indent=2) + "\n")
+            write_atomic(save, json.dumps(render.finite_json(data), indent=2, allow_nan=False) + "\n")
         except OSError as e:
             raise InvalidInput(f"cannot write --save {save}: {e.strerror or e}") from e
     if plot:

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from kvctl.errors import InvalidInput, Unreachable
-from kvctl.tier.server import redis_for_url
+from kvctl.errors import InvalidInput, KvctlError, Unreachable
+from kvctl.tier.server import PASSWORD_HINT, AuthFailed, is_auth_error, redis_for_url
 from kvctl.tier.targets import Target
 
 
@@ -67,8 +67,16 @@ def valkey_info(target: Target, timeout_s: float = 3.0) -> dict[str, Any]:
         with redis_for_url(target.url, timeout_s, password=target.password) as r:
             info = r.info("all")
     except (redis.RedisError, OSError) as e:
-        raise Unreachable(f"Valkey rank {target.rank} at {target.host}:{target.port} unreachable: {e}") from e
+        raise valkey_read_error(target, e) from e
     return dict(info)
+
+
+def valkey_read_error(target: Target, exc: BaseException) -> KvctlError:
+    """What a failed read of an instance is: ``auth`` (up, refusing the password, as doctor says), else unreachable."""
+    where = f"Valkey rank {target.rank} at {target.host}:{target.port}"
+    if is_auth_error(exc):
+        return AuthFailed(f"{where} auth: refused the login ({exc}); {PASSWORD_HINT}")
+    return Unreachable(f"{where} unreachable: {exc}")
 
 
 @dataclass(frozen=True)

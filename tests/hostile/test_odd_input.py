@@ -113,6 +113,20 @@ def test_exporter_says_auth_on_a_wrong_password(valkey_factory, tmp_path):
     assert "wrong-pw" not in r.stderr and "right-pw" not in r.stderr
 
 
+def test_diagnose_says_auth_on_a_wrong_password(valkey_factory, tmp_path):
+    v = valkey_factory(password="right-pw")
+    pw = tmp_path / "pw"
+    pw.write_text("wrong-pw\n")
+    pw.chmod(0o600)
+    with MetricsServer([BASE.text(), HEALTHY.text()]) as srv:
+        code, out = invoke(["diagnose", "--engine-url", srv.url, "--valkey", f"resp://127.0.0.1:{v.port}", "--password-file", str(pw),
+                            "--window", "0.2", *MODEL, "--json"])
+    d = strict_json(out)
+    assert code == 5 and d["outcome"] == "unreachable"
+    (said,) = d["unreachable"]
+    assert "auth: refused the login" in said and "--password-file" in said and "wrong-pw" not in out
+
+
 # --- 16. replay ---------------------------------------------------------------------------------
 
 

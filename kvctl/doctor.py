@@ -15,8 +15,7 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from kvctl import files, loading, safeyaml
 from kvctl.connector.urls import RANK_PLACEHOLDER
 from kvctl.diagnose import metrics as M
 from kvctl.diagnose import sources
+from kvctl.engine_http import EngineHttp, masked
 from kvctl.errors import BinaryNotFound, ExitStatus, InvalidInput, KvctlError
 from kvctl.tier.lmcache_config import PLUGIN_MODULE, URL_LIST_KEY, plugin_key
 from kvctl.tier import checks as tier_checks
@@ -74,13 +74,14 @@ class DoctorInput:
     host_checks: bool = True
     chunk_bytes: int | None = None  # one stored chunk; default: the largest of a few values sampled from the tier
     engines: int | None = None  # engines sharing the tier; default: the number of engine URLs, at least 1
+    http: EngineHttp = field(default_factory=EngineHttp)  # engine credentials and the /metrics size cap
 
 
 def run(inp: DoctorInput) -> DoctorReport:
     checks: list[Check] = []
     lmcache = _load_yaml(inp.lmcache_config) if inp.lmcache_config else None
     kvt = parse_kv_transfer_config(inp.kv_transfer_config) if inp.kv_transfer_config else None
-    engines = [_engine(u, inp.timeout_s, kvt, checks) for u in inp.engine_urls]
+    engines = [_engine(u, inp.timeout_s, kvt, checks, inp.http) for u in inp.engine_urls]
     if not inp.engine_urls:
         checks.append(Check("engine", "metrics", SKIPPED, "no --engine-url given: engine, vLLM version and connector not checked"))
     if not inp.targets:
@@ -134,24 +135,24 @@ def connector_of(kvt: dict[str, Any] | None) -> str | None:
 # --- engine --------------------------------------------------------------------------------
 
 
-def engine_version(url: str, timeout_s: float) -> str | None:
+def engine_version(url: str, timeout_s: float, http: EngineHttp | None = None) -> str | None:
     """vLLM's ``GET /version`` (the OpenAI API server's), or None."""
     base = sources.metrics_url(url).rsplit("/metrics", 1)[0]
     try:
-        with urllib.request.urlopen(base + "/version", timeout=timeout_s) as r:  # noqa: S310 - http(s) checked by metrics_url
-            return str(json.loads(r.read().decode()).get("version")) or None
-    except (OSError, ValueError, AttributeError):
+        return str(json.loads((http or EngineHttp()).get(base + "/version", timeout_s, accept="application/json").decode()).get("version")) or None
+    except (KvctlError, ValueError, AttributeError):
         return None
 
 
-def _engine(url: str, timeout_s: float, kvt: dict[str, Any] | None, out: list[Check]) -> dict[str, Any]:
+def _engine(raw_url: str, timeout_s: float, kvt: dict[str, Any] | None, out: list[Check], http: EngineHttp | None = None) -> dict[str, Any]:
+    url = masked(raw_url)  # shown and reported; raw_url only for connecting
     try:
-        text = sources.fetch_metrics(url, timeout_s)
+        text = sources.fetch_metrics(raw_url, timeout_s, http)
     except KvctlError as e:
         out.append(Check("engine", "metrics", FAIL, str(e), "point --engine-url at the vLLM API server (the port serving /v1/completions); is the engine up?", {"url": url}))
         return {}
     try:  # parsed as kvctl diagnose parses it (prometheus_client): quoted label values may hold '}' and '"'
-        scrape = M.parse(text, sources.metrics_url(url))
+        scrape = M.parse(text, url)
     except KvctlError as e:
         out.append(Check("engine", "metrics", FAIL, str(e), "point --engine-url at the vLLM API server, not a sidecar", {"url": url}))
         return {}
@@ -160,7 +161,7 @@ def _engine(url: str, timeout_s: float, kvt: dict[str, Any] | None, out: list[Ch
         out.append(Check("engine", "metrics", FAIL, f"{url} serves /metrics without vllm: series", "point --engine-url at the vLLM API server, not a sidecar", {"url": url}))
         return {}
     out.append(Check("engine", "metrics", OK, f"{sources.metrics_url(url)} answers with vLLM metrics", evidence={"url": url}))
-    version = engine_version(url, timeout_s)
+    version = engine_version(raw_url, timeout_s, http)
     if version:
         out.append(Check("engine", "vllm_version", OK, f"vLLM {version}", evidence={"url": url, "version": version}))
     else:

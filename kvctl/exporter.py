@@ -3,9 +3,15 @@
 A background thread takes one sample every ``interval_s`` (every engine's
 ``/metrics`` and every Valkey instance's ``INFO``, read in parallel with a
 per-source timeout: :func:`kvctl.diagnose.capture.take_sample`) and keeps the
-samples of the last ``window_s``. Each round runs the same analysis as
-``kvctl diagnose`` (:func:`kvctl.diagnose.analysis.analyse`) on the oldest and
+samples of the last ``window_s``, thinned to at most ``EXPORTER_WINDOW_SAMPLES`` evenly spaced
+ones (the analysis reads only the oldest and the newest; the ones between are where the window
+slides to, so memory stays bounded whatever ``--window``/``--interval``). Each round runs the same
+analysis as ``kvctl diagnose`` (:func:`kvctl.diagnose.analysis.analyse`) on the oldest and
 newest sample of the window and stores the resulting series.
+
+Stopping (SIGTERM, Ctrl-C) cuts every read in flight (engine sockets shut, Valkey connections
+closed): the exporter is gone within ``EXPORTER_STOP_S`` whatever a source is doing. Engine URLs
+are labelled, logged and printed masked (:func:`kvctl.engine_http.masked`).
 
 ``/metrics`` only reads that store (a custom prometheus_client collector), so a
 slow or dead component never blocks a scrape:
@@ -30,14 +36,16 @@ import socket
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
 from kvctl import cost
 from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
-from kvctl.errors import InvalidInput, KvctlError
 from kvctl.diagnose.sources import valkey_read_error
+from kvctl.engine_http import EngineHttp, Inflight, masked
+from kvctl.errors import InvalidInput, KvctlError
+from kvctl.thresholds import EXPORTER_MIN_INTERVAL_S, EXPORTER_STOP_S, EXPORTER_WINDOW_SAMPLES
 from kvctl.tier.server import AuthFailed, redis_for_url
 from kvctl.tier.targets import Target
 
@@ -45,9 +53,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = "127.0.0.1:9808"
 MAX_INTERVAL_S = 3600.0
-#: Seconds :meth:`stop` waits for the HTTP thread, and for the sampler past its own per-source --timeout:
-#: both only finish what they are doing (an HTTP answer, one analysis), no read of a source.
-STOP_GRACE_S = 5.0
+#: Seconds :meth:`stop` waits for the HTTP thread and the sampler: the reads in flight are cut first,
+#: so both only finish what they are doing (an HTTP answer, one analysis).
+STOP_GRACE_S = EXPORTER_STOP_S
 
 #: name -> (help, label names). The metric names are part of kvctl's interface (alerts, dashboards).
 METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -126,6 +134,7 @@ class ExporterConfig:
     window_s: float = 60.0
     timeout_s: float = 5.0
     stale_after_s: float | None = None  # None: max(window, 3 intervals)
+    http: EngineHttp = field(default_factory=EngineHttp)  # engine credentials and the /metrics size cap
 
     @property
     def stale_s(self) -> float:
@@ -151,8 +160,8 @@ def sufficient(diag: Diagnosis | None) -> bool:
 def check_config(cfg: ExporterConfig) -> None:
     if not cfg.engine_urls:
         raise InvalidInput("give at least one --engine-url")
-    if not (0 < cfg.interval_s <= MAX_INTERVAL_S):
-        raise InvalidInput(f"--interval must be in (0, {MAX_INTERVAL_S:g}] s, got {cfg.interval_s}")
+    if not (EXPORTER_MIN_INTERVAL_S <= cfg.interval_s <= MAX_INTERVAL_S):
+        raise InvalidInput(f"--interval must be in [{EXPORTER_MIN_INTERVAL_S:g}, {MAX_INTERVAL_S:g}] s, got {cfg.interval_s}")
     if not (cfg.interval_s <= cfg.window_s <= cap.MAX_WINDOW_S):
         raise InvalidInput(f"--window must be at least --interval ({cfg.interval_s:g} s) and at most {cap.MAX_WINDOW_S:g} s, got {cfg.window_s}")
 
@@ -187,9 +196,13 @@ class KeptOpen:
         return info
 
     def close(self) -> None:
+        """Stop the threads and close every connection, also one a read is blocked on (its socket is shut)."""
         self.pool.shutdown(wait=False, cancel_futures=True)
-        for c in self._clients.values():
-            c.close()
+        for c in list(self._clients.values()):
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - closing under a reader may raise; the socket is shut either way
+                log.debug("closing a Valkey client", exc_info=True)
         self._clients.clear()
 
 
@@ -205,13 +218,16 @@ class Exporter:
         check_config(cfg)
         urls, _ = cap.unique_engine_urls(cfg.engine_urls)
         self.cfg = cfg
-        self.engine_urls = urls
+        self.engine_urls = urls  # as given, credentials included: only for connecting
+        self.engine_labels = [masked(u) for u in urls]  # what is labelled, printed and analysed
         self._open: KeptOpen | None = None
+        self.inflight = Inflight()
+        http = replace(cfg.http, inflight=self.inflight)
         if take_sample is None:
             kept = self._open = KeptOpen(len(urls) + len(cfg.targets))
 
             def take_sample(u: Sequence[str], t: Sequence[Target], timeout_s: float) -> cap.Sample:
-                return cap.take_sample(u, t, timeout_s, valkey_read=kept.valkey_info, pool=kept.pool)
+                return cap.take_sample(u, t, timeout_s, valkey_read=kept.valkey_info, pool=kept.pool, http=http)
 
         self._take = take_sample
         self._clock = clock
@@ -229,9 +245,7 @@ class Exporter:
         sample = self._take(self.engine_urls, list(self.cfg.targets), self.cfg.timeout_s)
         sample.engines = [None if t is None else relevant_metrics(t) for t in sample.engines]
         duration = self._clock() - start
-        self._window.append(sample)
-        while len(self._window) >= 2 and self._window[1].t_s <= sample.t_s - self.cfg.window_s:
-            self._window.popleft()
+        self._keep(sample)
         diag, err = None, None
         if len(self._window) < 2:
             err = "one sample so far: the window needs two"
@@ -254,9 +268,26 @@ class Exporter:
             self.rounds += 1
         return Round(sample.t_s, duration, len(self._window), diag, err)
 
+    def _keep(self, sample: cap.Sample) -> None:
+        """Slide the window to ``sample``, keeping at most about EXPORTER_WINDOW_SAMPLES samples.
+
+        The newest sample is always the last; the one before it stays only when it lies at least
+        window/EXPORTER_WINDOW_SAMPLES after its own predecessor (else the new one takes its place),
+        so the kept samples are evenly spaced and the oldest is at most one such step older than
+        the window's start (the analysed span is the window, up to 1/EXPORTER_WINDOW_SAMPLES more).
+        """
+        w = self._window
+        step = self.cfg.window_s / EXPORTER_WINDOW_SAMPLES
+        if len(w) >= 2 and w[-1].t_s - w[-2].t_s < step:
+            w[-1] = sample
+        else:
+            w.append(sample)
+        while len(w) >= 2 and w[1].t_s <= sample.t_s - self.cfg.window_s:
+            w.popleft()
+
     def window_capture(self) -> cap.Capture:
         """The samples the next analysis reads (oldest and newest of the window), as a capture."""
-        return cap.Capture(list(self.engine_urls), [t.url for t in self.cfg.targets], [self._window[0], self._window[-1]], {}, cap.now_iso())
+        return cap.Capture(list(self.engine_labels), [t.url for t in self.cfg.targets], [self._window[0], self._window[-1]], {}, cap.now_iso())
 
     def _fresh_series(self, sample: cap.Sample, duration: float, diag: Diagnosis | None) -> dict[Key, float]:
         out: dict[Key, float] = {}
@@ -265,7 +296,7 @@ class Exporter:
             if value is not None and math.isfinite(value):
                 out[(name, tuple(sorted(labels.items())))] = float(value)
 
-        for url, text in zip(self.engine_urls, sample.engines):
+        for url, text in zip(self.engine_labels, sample.engines):
             put("kvctl_engine_up", 0.0 if text is None else 1.0, engine=url)
         for t, info in zip(self.cfg.targets, sample.valkey):
             put("kvctl_valkey_up", 0.0 if info is None else 1.0, rank=str(t.rank))
@@ -295,6 +326,12 @@ class Exporter:
         for f in diag.findings:
             put("kvctl_finding", 1.0, id=f.id, severity=f.severity)
         return out
+
+    def cancel(self) -> None:
+        """Cut every read in flight and refuse new ones (stopping): engine sockets shut, Valkey clients closed."""
+        self.inflight.cancel()
+        if self._open is not None:
+            self._open.close()
 
     def close(self) -> None:
         """Close the kept-open connections and threads (the series stay readable)."""
@@ -426,10 +463,18 @@ class Server:
         self._stop.set()
 
     def stop(self) -> None:
+        """Stop sampling and serving within about STOP_GRACE_S: reads in flight are cut, not waited for."""
+        deadline = time.monotonic() + STOP_GRACE_S
         self._stop.set()
+        self.exporter.cancel()
         self._httpd.shutdown()
         self._httpd.server_close()
-        self._http_thread.join(timeout=STOP_GRACE_S)
+        self._http_thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self._sampler.is_alive():
-            self._sampler.join(timeout=self.exporter.cfg.timeout_s + STOP_GRACE_S)
+            self._sampler.join(timeout=max(0.0, deadline - time.monotonic()))
         self.exporter.close()
+
+    @staticmethod
+    def stragglers() -> list[threading.Thread]:
+        """Threads that would hold the interpreter's exit (a read that did not return when cut)."""
+        return [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive() and not t.daemon]

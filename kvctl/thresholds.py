@@ -53,9 +53,11 @@ CONFIG_MAX_BYTES = 2**20
 YAML_MAX_ALIASES = 100
 YAML_MAX_NODES = 100_000
 #: The shortest ``kvctl exporter --interval`` (seconds): one round reads every engine and instance.
-EXPORTER_MIN_INTERVAL_S = 0.5
+EXPORTER_MIN_INTERVAL_S = 0.1
 #: Seconds ``kvctl exporter`` takes at most to stop on SIGTERM/Ctrl-C, whatever read is in flight.
 EXPORTER_STOP_S = 1.5
+#: Samples ``kvctl exporter`` keeps for its sliding window, evenly spaced (its memory bound).
+EXPORTER_WINDOW_SAMPLES = 64
 
 # --- the tier's own settings (kvctl doctor's Valkey lines, docs/runbooks/tier_settings.md) --
 

@@ -21,9 +21,10 @@ from click.core import ParameterSource
 from kvctl import __version__, render
 from kvctl.commands.cost import bytes_per_token_options
 from kvctl.commands.diagnose_stalls import JsonErrorCommand, JsonErrorGroup, stalls_cmd
-from kvctl.commands.options import FiniteFloat, count, non_negative, output_options, positive, valkey_options, valkey_targets
+from kvctl.commands.options import FiniteFloat, count, engine_http, engine_http_options, non_negative, output_options, positive, valkey_options, valkey_targets
 from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
+from kvctl.engine_http import masked
 from kvctl.errors import ExitStatus
 from kvctl.hooks import hookimpl
 from kvctl.runbooks import runbook_for
@@ -44,6 +45,7 @@ def source_options(func: Callable) -> Callable:
     """Where to sample: engine URLs, the Valkey instances, the window."""
 
     @click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable; a repeat is read once), e.g. http://HOST:8000.")
+    @engine_http_options
     @valkey_options
     @click.option("--window", type=WINDOW_S, default=60.0, show_default=True, help="Seconds between the two samples (at most one day).")
     @click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=5.0, show_default=True, help="Per-source read timeout in seconds; a source that does not answer is reported, the rest analysed.")
@@ -92,13 +94,13 @@ def _parameters(bytes_per_token: float | None, prefill_rate: float | None, t0: f
 def _engine_urls(engine_urls: tuple[str, ...], as_json: bool) -> list[str]:
     urls, dropped = cap.unique_engine_urls(engine_urls)
     if dropped and not as_json:
-        render.warn(f"--engine-url given more than once for {', '.join(dropped)}: read once (a repeat would double λ)")
+        render.warn(f"--engine-url given more than once for {', '.join(masked(u) for u in dropped)}: read once (a repeat would double λ)")
     return urls
 
 
-def _collect(engine_urls, targets, window, parameters, timeout_s, show_progress: bool) -> cap.Capture:
+def _collect(engine_urls, targets, window, parameters, timeout_s, show_progress: bool, http: Any = None) -> cap.Capture:
     with render.progress(f"sampling for {window:g} s", total=window, enabled=show_progress) as advance:
-        return cap.collect(engine_urls, targets, window, parameters, tick=advance, timeout_s=timeout_s)
+        return cap.collect(engine_urls, targets, window, parameters, tick=advance, timeout_s=timeout_s, http=http)
 
 
 def _finite(obj: Any, path: str, reasons: dict[str, str]) -> Any:
@@ -211,6 +213,8 @@ def _run(
     ranks: int | None,
     tier_dir: str | None,
     password_file: str | None,
+    engine_api_key_file: str | None,
+    max_metrics_bytes: int,
     window: float,
     timeout_s: float,
     bytes_per_token: float | None,
@@ -233,14 +237,15 @@ def _run(
     if not engine_urls:
         raise click.UsageError("give --engine-url (repeatable), or --from DIR")
     urls = _engine_urls(engine_urls, as_json)
+    http = engine_http(engine_api_key_file, max_metrics_bytes)
     targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False)
     parameters = _parameters(bytes_per_token, prefill_rate, t0)
     if watch:
         if save_dir:
             raise click.UsageError("--save cannot be combined with --watch")
-        _watch(ctx, urls, targets, window, parameters, params, timeout_s, explain, as_json, count)
+        _watch(ctx, urls, targets, window, parameters, params, timeout_s, explain, as_json, count, http)
         return
-    capture = _collect(urls, targets, window, parameters, timeout_s, show_progress=not as_json)
+    capture = _collect(urls, targets, window, parameters, timeout_s, show_progress=not as_json, http=http)
     if save_dir:
         cap.save_capture(capture, save_dir)
     diag = analyse(capture, params)
@@ -251,17 +256,17 @@ def _run(
     ctx.exit(int(diag.exit_status))
 
 
-def _watch(ctx, engine_urls, targets, window, parameters, params, timeout_s, explain, as_json, count) -> None:
-    prev = cap.take_sample(engine_urls, targets, timeout_s)
+def _watch(ctx, engine_urls, targets, window, parameters, params, timeout_s, explain, as_json, count, http) -> None:
+    prev = cap.take_sample(engine_urls, targets, timeout_s, http=http)
     code = ExitStatus.OK
     try:
         for i in itertools.count():
             if count is not None and i >= count:
                 break
             cap.wait_until(prev.t_s + window)
-            new = cap.take_sample(engine_urls, targets, timeout_s)
-            masked = [cap.masked_valkey_url(t.url) for t in targets]  # shown and saved: no password
-            diag = analyse(cap.Capture(list(engine_urls), masked, [prev, new], parameters, cap.now_iso()), params)
+            new = cap.take_sample(engine_urls, targets, timeout_s, http=http)
+            shown = [cap.masked_valkey_url(t.url) for t in targets]  # shown and saved: no password
+            diag = analyse(cap.Capture([masked(u) for u in engine_urls], shown, [prev, new], parameters, cap.now_iso()), params)
             cap.save_last_diagnosis({"saved_at": cap.now_iso(), **diagnosis_json(diag)})
             code = diag.exit_status
             if as_json:
@@ -387,12 +392,13 @@ def capture_cmd(ctx: click.Context, **kwargs: Any) -> None:
     urls = _engine_urls(kw["engine_urls"], kw["as_json"])
     targets = valkey_targets(kw["valkey_urls"], kw["ranks"], kw["tier_dir"], kw["password_file"], required=False)
     params = _parameters(kw["bytes_per_token"], kw["prefill_rate"], kw["t0"])
-    capture = _collect(urls, targets, kw["window"], params, kw["timeout_s"], show_progress=not kw["as_json"])
+    http = engine_http(kw["engine_api_key_file"], kw["max_metrics_bytes"])
+    capture = _collect(urls, targets, kw["window"], params, kw["timeout_s"], show_progress=not kw["as_json"], http=http)
     path = cap.save_capture(capture, kw["out_dir"])
     missing = [
         f"{kind} {name}: {err}"
         for s in capture.samples
-        for kind, names, errs in (("engine", urls, s.engine_errors), ("Valkey", [t.url for t in targets], s.valkey_errors))
+        for kind, names, errs in (("engine", [masked(u) for u in urls], s.engine_errors), ("Valkey", [t.url for t in targets], s.valkey_errors))
         for name, err in zip(names, errs)
         if err
     ]

@@ -9,7 +9,7 @@ import click
 from kvctl import render
 from kvctl.commands.deploy import DEFAULT_DIR
 from kvctl.commands.diagnose import TIMEOUT_S
-from kvctl.commands.options import ByteSize, count, output_options, valkey_options, valkey_targets
+from kvctl.commands.options import ByteSize, count, engine_http, engine_http_options, output_options, valkey_options, valkey_targets
 from kvctl.hooks import hookimpl
 
 STYLE = {"skipped": "dim", "ok": "green", "warning": "yellow", "fail": "red"}
@@ -23,6 +23,7 @@ def register_commands(cli: click.Group) -> None:
 
 @click.command("doctor")
 @click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable), e.g. http://HOST:8000.")
+@engine_http_options
 @valkey_options(dir_default=DEFAULT_DIR, dir_envvar="KVCTL_TIER_DIR")
 @click.option("--config", "lmcache_config", type=click.Path(dir_okay=False), envvar="LMCACHE_CONFIG_FILE", help="LMCache YAML config the engines use (default: $LMCACHE_CONFIG_FILE).")
 @click.option("--kv-transfer-config", help="vLLM's --kv-transfer-config JSON, inline or @FILE.")
@@ -35,7 +36,7 @@ def register_commands(cli: click.Group) -> None:
 @output_options
 @click.pass_context
 def doctor_cmd(
-    ctx: click.Context, engine_urls: tuple[str, ...], valkey_urls: tuple[str, ...], ranks: int | None, tier_dir: str | None, password_file: str | None,
+    ctx: click.Context, engine_urls: tuple[str, ...], engine_api_key_file: str | None, max_metrics_bytes: int, valkey_urls: tuple[str, ...], ranks: int | None, tier_dir: str | None, password_file: str | None,
     lmcache_config: str | None, kv_transfer_config: str | None, world_size: int | None, diagnosis_path: str | None, timeout_s: float,
     chunk_bytes: int | None, engines: int | None, no_host_checks: bool, as_json: bool,
 ) -> None:
@@ -69,6 +70,7 @@ def doctor_cmd(
     report = run(DoctorInput(
         tuple(engine_urls), tuple(targets), lmcache_config, kv_transfer_config, world_size,
         diagnosis_path or str(last_diagnosis_path()), timeout_s, host_checks=not no_host_checks, chunk_bytes=chunk_bytes, engines=engines,
+        http=engine_http(engine_api_key_file, max_metrics_bytes),
     ))
     if as_json:
         render.emit_json({"checks": report.checks, "worst": report.worst, "nothing_checked": report.nothing_checked,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -11,11 +13,12 @@ import click
 
 from kvctl import render
 from kvctl.commands.diagnose import TIMEOUT_S, model_options
-from kvctl.commands.options import output_options, positive, valkey_options, valkey_targets
+from kvctl.commands.options import FiniteFloat, engine_http, engine_http_options, output_options, positive, valkey_options, valkey_targets
 from kvctl.diagnose.analysis import Params
 from kvctl.hooks import hookimpl
+from kvctl.thresholds import EXPORTER_MIN_INTERVAL_S
 
-INTERVAL_S = positive(3600.0)
+INTERVAL_S = FiniteFloat(min=EXPORTER_MIN_INTERVAL_S, max=3600.0)
 WINDOW_S = positive(86400.0)
 DURATION_S = positive(10 * 365 * 86400.0)
 log = logging.getLogger("kvctl.exporter")
@@ -29,9 +32,10 @@ def register_commands(cli: click.Group) -> None:
 @click.command("exporter")
 @click.option("--listen", default="127.0.0.1:9808", show_default=True, envvar="KVCTL_EXPORTER_LISTEN", help="HOST:PORT to serve /metrics on (port 0: a free one). A non-loopback HOST is allowed and printed.")
 @click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable), e.g. http://HOST:8000.")
+@engine_http_options
 @valkey_options
 @model_options
-@click.option("--interval", "interval_s", type=INTERVAL_S, default=15.0, show_default=True, help="Seconds between samples (one /metrics read per engine, one INFO per instance).")
+@click.option("--interval", "interval_s", type=INTERVAL_S, default=15.0, show_default=True, help=f"Seconds between samples (one /metrics read per engine, one INFO per instance); at least {EXPORTER_MIN_INTERVAL_S:g}.")
 @click.option("--window", "window_s", type=WINDOW_S, default=60.0, show_default=True, help="Sliding window in seconds: every value is the diagnosis of its oldest and newest sample.")
 @click.option("--timeout", "timeout_s", type=TIMEOUT_S, help="Per-source read timeout in seconds (default: --interval, at most 5); a source that does not answer drops its *_up to 0.")
 @click.option("--stale-after", "stale_after_s", type=WINDOW_S, help="Seconds a last good value is kept while a component is missing (default: max(--window, 3 x --interval)).")
@@ -39,8 +43,8 @@ def register_commands(cli: click.Group) -> None:
 @output_options
 @click.pass_context
 def exporter_cmd(
-    ctx: click.Context, listen: str, engine_urls: tuple[str, ...], valkey_urls: tuple[str, ...], ranks: int | None, tier_dir: str | None,
-    password_file: str | None, bytes_per_token: float | None, prefill_rate: float | None, t0: float | None, interval_s: float,
+    ctx: click.Context, listen: str, engine_urls: tuple[str, ...], engine_api_key_file: str | None, max_metrics_bytes: int,
+    valkey_urls: tuple[str, ...], ranks: int | None, tier_dir: str | None, password_file: str | None, bytes_per_token: float | None, prefill_rate: float | None, t0: float | None, interval_s: float,
     window_s: float, timeout_s: float | None, stale_after_s: float | None, duration_s: float | None, as_json: bool,
 ) -> None:
     """Serve kvctl diagnose's analysis as Prometheus metrics, over a sliding window of samples.
@@ -56,6 +60,7 @@ def exporter_cmd(
     /metrics never waits on a component: a slow or dead one drops its *_up to 0 and the
     last good values age out after --stale-after. Alert rules and a Grafana dashboard:
     configs/prometheus/kvctl-alerts.yaml, configs/grafana/kvctl-dashboard.json.
+    SIGTERM or Ctrl-C stops it within 2 s (reads in flight are cut); a second one at once.
     """
     from kvctl.exporter import Exporter, ExporterConfig, Server, check_config, parse_listen  # noqa: PLC0415
 
@@ -64,7 +69,8 @@ def exporter_cmd(
     targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False)
     timeout_s = timeout_s if timeout_s is not None else min(5.0, interval_s)
     params = Params(bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, t0_s=t0)
-    cfg = ExporterConfig(tuple(engine_urls), tuple(targets), params, interval_s, window_s, timeout_s, stale_after_s)
+    http = engine_http(engine_api_key_file, max_metrics_bytes)
+    cfg = ExporterConfig(tuple(engine_urls), tuple(targets), params, interval_s, window_s, timeout_s, stale_after_s, http)
     check_config(cfg)
     where = parse_listen(listen)
     def logged(rnd: Any) -> None:  # kvctl -v exporter: one line per sampling round
@@ -75,7 +81,7 @@ def exporter_cmd(
     server = Server(Exporter(cfg), where, on_round=logged)
     started = time.time()
     info: dict[str, Any] = {
-        "metrics_url": server.url, "loopback_only": server.loopback, "engines": list(server.exporter.engine_urls),
+        "metrics_url": server.url, "loopback_only": server.loopback, "engines": list(server.exporter.engine_labels),
         "valkey_instances": len(targets), "interval_s": interval_s, "window_s": window_s, "stale_after_s": cfg.stale_s,
     }
     if as_json:
@@ -85,18 +91,30 @@ def exporter_cmd(
     if not server.loopback:
         render.warn(f"listening on {server.host}, which is not loopback: anyone who can reach this host reads the tier's metrics")
 
+    stopping = []
+
     def _stop(signum: int, frame: Any) -> None:
+        if stopping:  # a second SIGTERM/Ctrl-C: out now, without the orderly stop
+            os._exit(128 + signum)
+        stopping.append(signum)
         server.request_stop()
 
     old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         server.wait(duration_s)
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        server.stop()
+        try:
+            server.stop()  # the handlers stay: a second SIGTERM/Ctrl-C during the stop exits at once
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
     summary = {"event": "stopped", "rounds": server.exporter.rounds, "ran_s": round(time.time() - started, 3)}
     if as_json:
         render.emit_json_line(summary)
     else:
         render.message(f"stopped after {summary['ran_s']:g} s, {summary['rounds']} sampling round(s)")
+    if server.stragglers():  # a read that ignored being cut would hold the interpreter's exit: do not wait for it
+        log.info("leaving %d reader thread(s) behind", len(server.stragglers()))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

@@ -131,3 +131,26 @@ def severity_exit(severity: str | None) -> ExitStatus:
     """Exit status for the worst finding: 3 for a warning, 4 for critical, 0 otherwise."""
     value = getattr(severity, "value", severity)
     return {"warning": ExitStatus.FINDING_WARNING, "critical": ExitStatus.FINDING_CRITICAL}.get(value, ExitStatus.OK)
+
+
+def engine_http_options(func: Callable) -> Callable:
+    """How to read an engine over HTTP: its API key and the /metrics size cap (kvctl.engine_http)."""
+    from kvctl.thresholds import METRICS_MAX_BYTES  # noqa: PLC0415
+
+    @click.option("--engine-api-key-file", type=click.Path(dir_okay=False), envvar="KVCTL_ENGINE_API_KEY_FILE",
+                  help="File holding the engine's API key (vLLM's --api-key), sent as Authorization: Bearer (default: $KVCTL_ENGINE_API_KEY). "
+                  "USER:PASS@ in --engine-url is sent as basic auth instead. Both are masked wherever a URL is shown or saved.")
+    @click.option("--max-metrics-bytes", type=count(1 << 30, min=1024), default=METRICS_MAX_BYTES, show_default=True,
+                  help="Largest engine /metrics answer read; a larger one is refused and reported (the engine counts as not answering).")
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+def engine_http(api_key_file: str | None, max_metrics_bytes: int, inflight: Any = None) -> Any:
+    """The :class:`kvctl.engine_http.EngineHttp` the options above describe (the key file read here, never quoted)."""
+    from kvctl.engine_http import EngineHttp, read_api_key  # noqa: PLC0415
+
+    return EngineHttp(read_api_key(api_key_file), max_metrics_bytes, inflight)

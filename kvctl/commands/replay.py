@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from kvctl import render
-from kvctl.commands.options import count, output_options, positive
+from kvctl.commands.options import count, engine_http, engine_http_options, output_options, positive
 from kvctl.errors import KvctlError
 from kvctl.hooks import hookimpl
 from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS, read_trace
@@ -46,11 +46,12 @@ def _max_tokens(value: str) -> int | None:
 @click.option("--no-stream", is_flag=True, help="Ask for whole answers instead of a stream (no first-token time).")
 @click.option("--seed", type=count(2**32 - 1, min=0), default=0, show_default=True, help="Seed of the token ids drawn for each hash_id block.")
 @click.option("--dry-run", is_flag=True, help="Print the schedule and send nothing.")
+@engine_http_options
 @output_options
 @click.pass_context
 def replay_cmd(ctx: click.Context, trace: str, url: str | None, out: str | None, force: bool, speed: float, max_in_flight: int,
                max_tokens_opt: str, block_tokens: int, model: str | None, tokenizer: str | None, timeout_s: float,
-               no_stream: bool, seed: int, dry_run: bool, as_json: bool) -> None:
+               no_stream: bool, seed: int, dry_run: bool, engine_api_key_file: str | None, max_metrics_bytes: int, as_json: bool) -> None:
     """Replay TRACE against an engine at the original offsets, open loop, and record every request.
 
     \b
@@ -98,7 +99,8 @@ def replay_cmd(ctx: click.Context, trace: str, url: str | None, out: str | None,
     opts = ReplayOptions(url=url, model=model, speed=speed, max_in_flight=max_in_flight, timeout_s=timeout_s,
                          max_tokens=max_tokens, stream=not no_stream, block_tokens=block_tokens, tokenizer=tokenizer, seed=seed)
     with render.replay_progress(len(tr.requests), enabled=not as_json) as update:
-        res = run_replay(tr, opts, out, overwrite=force, on_update=update, options_meta={"trace": trace})
+        res = run_replay(tr, opts, out, overwrite=force, on_update=update, options_meta={"trace": trace},
+                         http=engine_http(engine_api_key_file, max_metrics_bytes))
     if as_json:
         render.emit_json(res)
     else:

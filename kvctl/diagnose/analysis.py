@@ -385,6 +385,7 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         ext_queries=D.total("vllm:external_prefix_cache_queries"), ext_hits=D.total("vllm:external_prefix_cache_hits"),
         lm_requested=D.total("lmcache:num_requested_tokens"), lm_hits=D.total("lmcache:num_hit_tokens"),
         mean_prefill_s=mean_prefill_s, bw_implausible=bw_implausible,
+        engine_errors=[(o.url, o.error) for o in engine_obs if o.error],
     )
     engine_loads, instance_loads = fleet_loads(ok_engines, per_engine, instances, s_bpt)
     obs["instance_loads"] = instance_loads

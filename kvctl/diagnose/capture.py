@@ -34,6 +34,7 @@ from kvctl import __version__
 from kvctl.connector.urls import InvalidUrl, parse_resp_url
 from kvctl.diagnose import sources
 from kvctl.diagnose.sources import GpuSample
+from kvctl.engine_http import EngineHttp, masked
 from kvctl.errors import InvalidInput, KvctlError
 from kvctl.files import write_atomic
 from kvctl.tier.targets import Target
@@ -105,6 +106,7 @@ def take_sample(
     *,
     valkey_read: Callable[[Target, float], dict[str, Any]] | None = None,
     pool: concurrent.futures.Executor | None = None,
+    http: EngineHttp | None = None,
 ) -> Sample:
     """Read every engine and instance once, in parallel, each stamped with its own time.
 
@@ -112,11 +114,12 @@ def take_sample(
     None with its error; one hung component costs one timeout, not one each.
     ``valkey_read`` replaces :func:`sources.valkey_info` and ``pool`` (at least
     one worker per source, plus one) the per-call thread pool: ``kvctl exporter``
-    samples every few seconds and keeps both (connections and threads) open.
+    samples every few seconds and keeps both (connections and threads) open. ``http``: the engine
+    credentials, the /metrics size cap and the registry of reads in flight.
     """
     t0 = time.time()
     read_valkey = valkey_read or sources.valkey_info
-    reads: list[Callable[[], Any]] = [lambda u=u: sources.fetch_metrics(u, timeout_s) for u in engine_urls]
+    reads: list[Callable[[], Any]] = [lambda u=u: sources.fetch_metrics(u, timeout_s, http) for u in engine_urls]
     reads += [lambda t=t: read_valkey(t, timeout_s) for t in targets]
     ex = pool or concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(reads) + 1))
     try:
@@ -160,20 +163,22 @@ def collect(
     parameters: dict[str, Any] | None = None,
     tick: Callable[[float], None] | None = None,
     timeout_s: float = 5.0,
+    http: EngineHttp | None = None,
 ) -> Capture:
     """Two samples ``window_s`` apart; ``tick(seconds)`` is called while waiting (progress).
 
     Repeated engine URLs are read once (a repeat would double λ). Valkey URLs are kept with
-    their passwords masked (:func:`masked_valkey_url`): a capture is printed and saved.
+    their passwords masked (:func:`masked_valkey_url`), engine URLs too (:func:`engine_http.masked`):
+    a capture is printed and saved.
     """
     if not (0 < window_s <= MAX_WINDOW_S):
         raise InvalidInput(f"--window must be a number of seconds in (0, {MAX_WINDOW_S:g}], got {window_s}")
     engine_urls, _ = unique_engine_urls(engine_urls)
-    first = take_sample(engine_urls, targets, timeout_s)
+    first = take_sample(engine_urls, targets, timeout_s, http=http)
     wait_until(first.t_s + window_s, tick)
-    second = take_sample(engine_urls, targets, timeout_s)
+    second = take_sample(engine_urls, targets, timeout_s, http=http)
     # the targets keep their passwords for connecting; the capture (shown, saved) only masked URLs
-    return Capture(list(engine_urls), [masked_valkey_url(t.url) for t in targets], [first, second], dict(parameters or {}), now_iso())
+    return Capture([masked(u) for u in engine_urls], [masked_valkey_url(t.url) for t in targets], [first, second], dict(parameters or {}), now_iso())
 
 
 MAX_WINDOW_S = 86400.0
@@ -245,7 +250,7 @@ def save_capture(capture: Capture, out_dir: Path | str) -> Path:
         "format": FORMAT_VERSION,
         "kvctl_version": capture.kvctl_version,
         "created_at": capture.created_at,
-        "engine_urls": capture.engine_urls,
+        "engine_urls": [masked(u) for u in capture.engine_urls],
         "valkey_urls": [masked_valkey_url(u) for u in capture.valkey_urls],
         "parameters": capture.parameters,
         "samples": meta_samples,
@@ -307,7 +312,7 @@ def load_capture(in_dir: Path | str) -> Capture:
                 )
             )
         cap = Capture(
-            list(meta["engine_urls"]),
+            [masked(str(u)) for u in meta["engine_urls"]],
             list(meta["valkey_urls"]),
             samples,
             dict(meta.get("parameters") or {}),
@@ -327,8 +332,8 @@ def kvctl_home() -> Path:
 
 
 def save_last_diagnosis(data: dict[str, Any]) -> Path:
-    """Keep the latest diagnosis (JSON form) for ``kvctl loading``'s safety check."""
-    return write_atomic(kvctl_home() / LAST_DIAGNOSIS, json.dumps(data, indent=2) + "\n")
+    """Keep the latest diagnosis (JSON form) for ``kvctl loading``'s safety check: 0600, it names URLs."""
+    return write_atomic(kvctl_home() / LAST_DIAGNOSIS, json.dumps(data, indent=2) + "\n", mode=0o600)
 
 
 def last_diagnosis_path() -> Path:

@@ -10,6 +10,7 @@ import statistics
 from typing import Any
 
 from kvctl.diagnose.analysis import Finding, Params
+from kvctl.engine_http import TOO_LARGE
 from kvctl.thresholds import RHO_UNSTABLE
 
 
@@ -18,6 +19,7 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
     _rho(o, p, out)
     _tier_health(o, p, out)
     _shared_instances(o, p, out)
+    _metrics_too_large(o, out)
     bw = o["bw"]
     if bw is not None and o["b_star"] is not None and bw < o["b_star"]:
         out.append(
@@ -132,6 +134,21 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
             )
         )
     return out
+
+
+def _metrics_too_large(o: dict[str, Any], out: list[Finding]) -> None:
+    """An engine whose /metrics answer passed the size cap: refused (kvctl.engine_http), so it is not analysed."""
+    big = [url for url, err in o.get("engine_errors", ()) if TOO_LARGE in err]
+    if big:
+        out.append(
+            Finding(
+                "metrics_too_large",
+                "warning",
+                f"the /metrics answer of {', '.join(big)} is over the size cap: the read stopped there and the engine is left out of the diagnosis",
+                "check that --engine-url is vLLM's API server (not a proxy or a sidecar that streams); if the engine really exports that much, raise --max-metrics-bytes",
+                {"engines": big},
+            )
+        )
 
 
 def _rho(o: dict[str, Any], p: Params, out: list[Finding]) -> None:

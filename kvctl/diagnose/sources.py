@@ -1,6 +1,6 @@
 """The three things ``kvctl diagnose`` reads from the outside world.
 
-* an engine's Prometheus text over HTTP (urllib, with a timeout);
+* an engine's Prometheus text over HTTP (:mod:`kvctl.engine_http`: credentials, a size cap, a deadline);
 * a Valkey instance's ``INFO`` (all sections, including ``commandstats``) via redis-py;
 * GPU utilisation through NVML, or a clear "no GPU visible".
 
@@ -9,13 +9,11 @@ Each is one small function that tests point at a real local server.
 
 from __future__ import annotations
 
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from kvctl.engine_http import EngineHttp, masked
 from kvctl.errors import InvalidInput, KvctlError, Unreachable
 from kvctl.tier.server import PASSWORD_HINT, AuthFailed, is_auth_error, redis_for_url
 from kvctl.tier.targets import Target
@@ -25,34 +23,19 @@ def metrics_url(url: str) -> str:
     """``http://host:8000`` → ``http://host:8000/metrics``; a URL with a path is kept."""
     parts = urlsplit(url if "://" in url else f"http://{url}")
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise InvalidInput(f"--engine-url must be an http(s) URL, got {url!r}")
+        raise InvalidInput(f"--engine-url must be an http(s) URL, got {masked(url)!r}")
     path = parts.path if parts.path not in ("", "/") else "/metrics"
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
-def fetch_metrics(url: str, timeout_s: float = 5.0) -> str:
-    """GET the engine's ``/metrics`` text; Unreachable with the URL and reason on failure.
+def fetch_metrics(url: str, timeout_s: float = 5.0, http: EngineHttp | None = None) -> str:
+    """GET the engine's ``/metrics`` text; Unreachable with the (masked) URL and reason on failure.
 
-    ``timeout_s`` bounds each socket operation and the whole read: an engine that
-    drips its answer is cut off once ``timeout_s`` has passed (so one scrape ends
-    by about twice ``timeout_s``: the deadline plus at most one last blocked read).
+    ``timeout_s`` bounds the whole read (:meth:`EngineHttp.get`); the body is capped at
+    ``http.max_bytes`` (TooLarge past it); credentials in the URL or ``http.api_key`` are sent
+    as an ``Authorization`` header.
     """
-    full = metrics_url(url)
-    req = urllib.request.Request(full, headers={"Accept": "text/plain"})
-    deadline = time.monotonic() + timeout_s
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - http(s) checked above
-            parts = []
-            while block := resp.read1(1 << 16):
-                parts.append(block)
-                if time.monotonic() > deadline:
-                    raise Unreachable(f"engine {full} too slow: /metrics not read within {timeout_s:g} s")
-            return b"".join(parts).decode("utf-8", errors="replace")
-    except urllib.error.HTTPError as e:
-        raise Unreachable(f"engine {full} answered HTTP {e.code} {e.reason}") from e
-    except (urllib.error.URLError, OSError, TimeoutError) as e:
-        reason = getattr(e, "reason", None) or e
-        raise Unreachable(f"engine {full} unreachable: {reason}") from e
+    return (http or EngineHttp()).get(metrics_url(url), timeout_s).decode("utf-8", errors="replace")
 
 
 def valkey_info(target: Target, timeout_s: float = 3.0) -> dict[str, Any]:

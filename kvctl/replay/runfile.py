@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -51,8 +52,10 @@ class RunWriter:
         self.path = Path(path)
         if self.path.exists() and not overwrite:
             raise InvalidInput(f"{self.path} exists; choose another --out or pass --force")
-        try:
-            self._f: IO[str] = open(self.path, "w", encoding="utf-8")
+        try:  # 0600: the metadata names the engine (masked) and the run may be shared on purpose, not by default
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+            os.fchmod(fd, 0o600)
+            self._f: IO[str] = os.fdopen(fd, "w", encoding="utf-8")
         except OSError as e:
             raise InvalidInput(f"cannot write --out {self.path}: {e.strerror or e}") from e
         self.rows = 0

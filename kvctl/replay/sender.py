@@ -30,10 +30,12 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from kvctl import __version__
+from kvctl.engine_http import EngineHttp, masked
 from kvctl.errors import InvalidInput, Unreachable
 from kvctl.replay.prompts import SEED_TEXT, PromptBuilder, TokenPool, pool_from_ids, pool_from_tokenizer
 from kvctl.replay.runfile import INTERRUPTED, RunWriter
 from kvctl.replay.trace import Trace, TraceRequest
+from kvctl.thresholds import METRICS_MAX_BYTES
 
 #: Metric families kept from /metrics in the run file (counters and gauges, summed over labels).
 METRIC_PREFIXES = ("vllm:", "lmcache:", "kvctl:")
@@ -172,8 +174,8 @@ async def pool_from_engine(session: Any, base: str, model: str) -> TokenPool | N
         return None
 
 
-async def scrape_metrics(session: Any, base: str) -> dict[str, float] | None:
-    """Counters and gauges of vLLM, LMCache and kvctl from ``/metrics``, or None when unavailable."""
+async def scrape_metrics(session: Any, base: str, max_bytes: int = METRICS_MAX_BYTES) -> dict[str, float] | None:
+    """Counters and gauges of vLLM, LMCache and kvctl from ``/metrics``, or None when unavailable or over ``max_bytes``."""
     import aiohttp  # noqa: PLC0415
 
     from kvctl.diagnose.metrics import parse  # noqa: PLC0415
@@ -182,8 +184,10 @@ async def scrape_metrics(session: Any, base: str) -> dict[str, float] | None:
         async with session.get(base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
             if r.status != 200:
                 return None
-            text = await r.text()
-        scrape = parse(text, f"{base}/metrics")
+            body = await r.content.read(max_bytes + 1)
+            if len(body) > max_bytes:
+                return None
+        scrape = parse(body.decode("utf-8", errors="replace"), f"{masked(base)}/metrics")
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError, InvalidInput):
         return None
     return {k: v for k, v in sorted(scrape.values.items()) if k.startswith(METRIC_PREFIXES)}
@@ -347,14 +351,14 @@ class _Replayer:
 
 
 async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, on_update: Callable[[ReplayState], None],
-                  options_meta: dict[str, Any]) -> ReplayResult:
+                  options_meta: dict[str, Any], http: EngineHttp) -> ReplayResult:
     import aiohttp  # noqa: PLC0415
 
-    base = _base(opts.url)
+    base, auth = http.auth_header(_base(opts.url))  # USER:PASS@ or the API key: a header, never in the URL sent or saved
     plan = schedule(trace, opts.speed)
     connector = aiohttp.TCPConnector(limit=opts.max_in_flight)
     timeout = aiohttp.ClientTimeout(total=opts.timeout_s)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=auth) as session:
         try:
             models = await list_models(session, base)
         except Unreachable:
@@ -377,20 +381,20 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
                     "pass --tokenizer PATH (a local Hugging Face tokenizer directory)"
                 )
             builder = PromptBuilder(pool, opts.block_tokens, opts.seed)
-        metrics_before = await scrape_metrics(session, base)
+        metrics_before = await scrape_metrics(session, base, http.max_bytes)
         now = datetime.now(timezone.utc)
         metadata = {
             "trace": trace.path,
             "trace_sha256": trace.sha256,
             "trace_format": trace.format,
             "requests": len(plan),
-            "engine_url": base,
+            "engine_url": masked(base),
             "model": model,
             "kvctl_version": __version__,
             "start_utc": now.isoformat(timespec="milliseconds"),
             "start_unix": now.timestamp(),
             "host": socket.gethostname(),
-            "options": {**options_meta, **asdict(opts)},
+            "options": {**options_meta, **asdict(opts), "url": masked(opts.url)},
             "token_pool": pool.source if pool else None,
             "metrics_before": metrics_before,
         }
@@ -428,7 +432,7 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
             for sig in handled:
                 loop.remove_signal_handler(sig)
             duration = loop.time() - rep.t0 if rep.t0 else 0.0
-            metrics_after = None if interrupted else await scrape_metrics(session, base)
+            metrics_after = None if interrupted else await scrape_metrics(session, base, http.max_bytes)
             writer.close({
                 "requests": len(plan),
                 "finished": state.finished,
@@ -461,9 +465,9 @@ def _allow_open_files(wanted: int) -> None:
 
 def run_replay(trace: Trace, opts: ReplayOptions, out: str, *, overwrite: bool = False,
                on_update: Callable[[ReplayState], None] | None = None,
-               options_meta: dict[str, Any] | None = None) -> ReplayResult:
+               options_meta: dict[str, Any] | None = None, http: EngineHttp | None = None) -> ReplayResult:
     """Replay ``trace`` against ``opts.url``, writing ``out``; returns counts (``interrupted`` after SIGINT)."""
     if opts.max_in_flight < 1:
         raise InvalidInput(f"--max-in-flight must be at least 1, got {opts.max_in_flight}")
     _allow_open_files(opts.max_in_flight + 256)
-    return asyncio.run(_replay(trace, opts, out, overwrite, on_update or (lambda s: None), options_meta or {}))
+    return asyncio.run(_replay(trace, opts, out, overwrite, on_update or (lambda s: None), options_meta or {}, http or EngineHttp()))

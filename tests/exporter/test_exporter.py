@@ -396,7 +396,7 @@ def test_an_unexpected_error_in_a_round_does_not_end_the_sampler():
         return take_sample(urls, targets, timeout_s)
 
     with MetricsServer([BASE.text(), AFTER.text()]) as srv:
-        exp = Exporter(ExporterConfig((srv.url,), (), PARAMS, interval_s=0.05, window_s=10.0), take_sample=flaky)
+        exp = Exporter(ExporterConfig((srv.url,), (), PARAMS, interval_s=0.1, window_s=10.0), take_sample=flaky)
         rounds, stop = [], threading.Event()
 
         def on_round(rnd):

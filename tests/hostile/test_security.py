@@ -66,3 +66,117 @@ def test_env_file_errors_never_quote_the_file(tmp_path):
         assert res.returncode == 2 and "not an env file" in res.output and "line 1" in res.output, res.output
         assert SECRET not in res.output and SECRET[:8] not in res.output
     assert token.read_text() == f"{SECRET}\n"
+
+
+# ----------------------------------------------------------------------------- item 3: engine URL credentials
+
+import base64  # noqa: E402
+import json  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import urllib.request  # noqa: E402
+
+from tests.diagnose.engine_text import EngineState  # noqa: E402
+from tests.hostile.helpers import HostileHTTP, kvctl_env, send_head  # noqa: E402
+
+TOKEN, QTOKEN, KEY = "t0k3n-IN-URL-91f", "qs-T0KEN-77ab", "api-K3Y-from-file-5e"
+METRICS = EngineState(requests=3, prompt_lengths=(100.0, 100.0, 100.0)).text().encode()
+
+
+def guarded(expect: str):
+    """A /metrics that answers only with the ``Authorization`` header ``expect`` (vLLM's --api-key behaves so)."""
+
+    def body(server, h):
+        if h.headers.get("Authorization") != expect:
+            h.send_response(401)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        send_head(h, len(METRICS))
+        h.wfile.write(METRICS)
+
+    return body
+
+
+def basic(user: str, pw: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{pw}".encode()).decode()
+
+
+def _no_secret(text: str, *secrets: str) -> None:
+    for s in secrets:
+        assert s not in text, f"{s} leaked: ...{text[max(0, text.find(s) - 80): text.find(s) + 40]}..."
+
+
+def test_exporter_sends_url_credentials_as_basic_auth_and_masks_them(tmp_path):
+    """The label, the --json listening line and the logs mask the password and a query token; the engine
+    gets them as an Authorization header (before: "Name or service not known", and the token in the label)."""
+    with HostileHTTP(guarded(basic("admin", TOKEN))) as eng:
+        url = f"http://admin:{TOKEN}@127.0.0.1:{eng.port}/metrics?access_token={QTOKEN}"
+        proc = subprocess.Popen([sys.executable, "-m", "kvctl.cli", "-v", "exporter", "--listen", "127.0.0.1:0", "--engine-url", url,
+                                 "--interval", "0.2", "--window", "0.4", "--json"], env=kvctl_env(tmp_path / "home"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            start = json.loads(proc.stdout.readline() or "{}")
+            assert start.get("event") == "listening", start
+            body, deadline = "", time.monotonic() + 10
+            while "kvctl_engine_up{" not in body and time.monotonic() < deadline:
+                time.sleep(0.2)
+                with urllib.request.urlopen(start["metrics_url"], timeout=5) as r:
+                    body = r.read().decode()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=15)
+    up = [ln for ln in body.splitlines() if ln.startswith("kvctl_engine_up{")]
+    assert len(up) == 1 and up[0].endswith(" 1.0"), up  # the credentials worked
+    for text in (json.dumps(start), body, out, err):
+        _no_secret(text, TOKEN, QTOKEN)
+    assert "admin:***@" in up[0] and "access_token=***" in up[0]
+    paths_and_hosts = " ".join(p + h.get("host", "") for p, h in eng.seen)
+    _no_secret(paths_and_hosts, TOKEN)  # never in the request line or Host header
+
+
+def test_diagnose_takes_a_bearer_key_from_a_file_or_env_and_saves_0600(tmp_path):
+    """--engine-api-key-file (vLLM's --api-key) and $KVCTL_ENGINE_API_KEY become ``Authorization: Bearer``;
+    last-diagnosis.json is 0600 and holds neither the key nor a URL password."""
+    keyfile = tmp_path / "engine.key"
+    keyfile.write_text(KEY + "\n")
+    keyfile.chmod(0o600)
+    home = tmp_path / "home"
+    with HostileHTTP(guarded(f"Bearer {KEY}")) as eng:
+        for extra, env in ((["--engine-api-key-file", str(keyfile)], {}), ([], {"KVCTL_ENGINE_API_KEY": KEY})):
+            res = subprocess.run([sys.executable, "-m", "kvctl.cli", "diagnose", "--engine-url", eng.url, *extra, "--window", "0.3", "--json"],
+                                 env=kvctl_env(home, **env), capture_output=True, text=True, timeout=60)
+            d = json.loads(res.stdout)
+            assert [e["status"] for e in d["engines"]] == ["ok"], (extra, env, d["engines"])
+            _no_secret(res.stdout + res.stderr, KEY)
+        url = f"http://admin:{TOKEN}@127.0.0.1:{eng.port}/?token={QTOKEN}"
+        res = subprocess.run([sys.executable, "-m", "kvctl.cli", "diagnose", "--engine-url", url, "--window", "0.3", "--json"],
+                             env=kvctl_env(home), capture_output=True, text=True, timeout=60)
+    _no_secret(res.stdout + res.stderr, TOKEN, QTOKEN)
+    saved = home / "last-diagnosis.json"
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600
+    _no_secret(saved.read_text(), TOKEN, QTOKEN, KEY)
+
+
+def test_replay_run_file_masks_the_engine_url_and_is_0600(tmp_path):
+    """Replay's run file (metadata: engine_url, options.url) keeps no credentials and is private."""
+    from tests.replay.conftest import start_standin
+
+    server = start_standin()
+    try:
+        trace = tmp_path / "t.jsonl"
+        trace.write_text(json.dumps({"offset_s": 0, "prompt": "hello there"}) + "\n")
+        out = tmp_path / "run.jsonl"
+        url = f"http://admin:{TOKEN}@127.0.0.1:{server.port}"
+        res = subprocess.run([sys.executable, "-m", "kvctl.cli", "replay", str(trace), "--url", url, "--out", str(out), "--json"],
+                             env=kvctl_env(tmp_path / "home"), capture_output=True, text=True, timeout=60)
+    finally:
+        server.stop()
+    assert res.returncode == 0, res.stderr
+    text = out.read_text()
+    _no_secret(text + res.stdout + res.stderr, TOKEN)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    md = json.loads(text.splitlines()[0])["metadata"]
+    assert md["engine_url"] == f"http://127.0.0.1:{server.port}" and md["options"]["url"] == f"http://admin:***@127.0.0.1:{server.port}"

@@ -448,6 +448,20 @@ class SyncVerdict:
     problems: tuple[str, ...]
 
 
+def _rho_as_found(diagnosis: dict[str, Any]) -> str:
+    """What the diagnosis holds for ρ, in words or as its JSON: never Python's ``None``/``True``."""
+    if "rho" not in diagnosis:
+        return "no ρ in it"
+    rho = diagnosis["rho"]
+    if rho is None:
+        return "ρ is null"
+    if isinstance(rho, float) and math.isnan(rho):
+        return "ρ is NaN"
+    if isinstance(rho, float):
+        return "ρ is infinite"
+    return f"ρ is {json.dumps(rho)}" + (", a string" if isinstance(rho, str) else "")
+
+
 def judge_sync(
     diagnosis: dict[str, Any] | None,
     source: str | None,
@@ -471,7 +485,7 @@ def judge_sync(
     lower = False
     if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not math.isfinite(rho):
         why = reasons.get("rho") or "no L2 traffic or bandwidth measured"
-        problems.append(f"the diagnosis in {source} has no usable ρ ({rho!r}: {why})")
+        problems.append(f"the diagnosis in {source} has no usable ρ ({_rho_as_found(diagnosis)}: {why})")
         rho = None
     else:
         lower = diagnosis.get("rho_bound") == "lower_bound" or str(diagnosis.get("bandwidth_source") or "").startswith("valkey")

@@ -59,9 +59,9 @@ def test_no_diagnosis_is_refused_and_force_goes_through(config):
 @pytest.mark.parametrize(
     "diag, words",
     [
-        (good(rho=None, null_reasons={"rho": "no GET timing in the window"}), "no GET timing in the window"),
-        (good(rho="0.2"), "no usable ρ"),
-        (good(rho=True), "no usable ρ"),
+        (good(rho=None, null_reasons={"rho": "no GET timing in the window"}), "no usable ρ (ρ is null: no GET timing in the window)"),
+        (good(rho="0.2"), 'no usable ρ (ρ is "0.2", a string'),
+        (good(rho=True), "no usable ρ (ρ is true"),
         (good(rho=0.3, rho_bound="lower_bound", bandwidth_source="valkey_server_upper_bound"), "only a lower bound"),
         (good(rho=0.3, created_at="2020-01-01T00:00:00+00:00"), "h old"),
         (good(rho=0.3, created_at=None), "undated"),
@@ -75,7 +75,8 @@ def test_undecidable_or_unsafe_diagnosis_file_is_refused(config, tmp_path, diag,
     f.write_text(json.dumps(diag))
     res = sync(config, "--diagnosis", str(f))
     assert res.exit_code == 1, res.output
-    assert "refusing to switch to synchronous loading" in res.stderr and words in res.stderr
+    assert "refusing to switch to synchronous loading" in res.stderr and words in " ".join(res.stderr.split())
+    assert "None" not in res.stderr and "True" not in res.stderr  # issue 22: no Python None in messages
     assert config.read_text() == CONFIG
     assert sync(config, "--diagnosis", str(f), "--force").exit_code == 0
 
@@ -84,7 +85,7 @@ def test_nan_rho_in_the_file_is_refused(config, tmp_path):
     f = tmp_path / "diag.json"
     f.write_text('{"rho": NaN, "rho_bound": "estimate", "created_at": "%s"}' % now(10))  # Python's json writes this
     res = sync(config, "--diagnosis", str(f))
-    assert res.exit_code == 1 and "no usable ρ (nan" in res.stderr
+    assert res.exit_code == 1 and "no usable ρ (ρ is NaN" in res.stderr
 
 
 def test_fresh_engine_side_rho_below_threshold_is_allowed(config, tmp_path):

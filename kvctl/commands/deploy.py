@@ -267,7 +267,7 @@ def status_cmd(ctx: click.Context, valkey_urls: tuple[str, ...], ranks: int | No
                 )
                 for i in st.instances
             ],
-            caption="evict = evicted_keys, conns = connected_clients, GETs/µs from INFO commandstats",
+            caption="evict = evicted_keys, conns = other clients (not this status read), GETs/µs from INFO commandstats (— before the first GET)",
         )
     down = [i for i in st.instances if not i.up]
     for i in down:

@@ -298,9 +298,9 @@ class InstanceStatus:
     maxmemory: int | None = None
     keys: int | None = None
     evicted_keys: int | None = None
-    connected_clients: int | None = None
+    connected_clients: int | None = None  # other clients: this status read's own connection not counted
     get_calls: int | None = None
-    get_usec_per_call: float | None = None
+    get_usec_per_call: float | None = None  # None before the first GET (not 0 µs)
     error: str | None = None
 
 
@@ -308,10 +308,6 @@ class InstanceStatus:
 class TierStatus:
     dir: str
     instances: list[InstanceStatus] = field(default_factory=list)
-
-    @property
-    def all_up(self) -> bool:
-        return all(i.up for i in self.instances)
 
 
 def instance_status(inst: InstanceState, password: str | None) -> InstanceStatus:
@@ -364,9 +360,9 @@ def instance_status(inst: InstanceState, password: str | None) -> InstanceStatus
         maxmemory=int(info.get("maxmemory", 0)),
         keys=int(keyspace.get("keys", 0)) if isinstance(keyspace, dict) else 0,
         evicted_keys=int(info.get("evicted_keys", 0)),
-        connected_clients=int(info.get("connected_clients", 0)),
+        connected_clients=max(0, int(info.get("connected_clients", 0)) - 1),  # less the connection reading this INFO
         get_calls=int(get_stats.get("calls", 0)),
-        get_usec_per_call=float(get_stats.get("usec_per_call", 0.0)),
+        get_usec_per_call=float(get_stats["usec_per_call"]) if get_stats.get("calls") else None,
     )
 
 

@@ -395,13 +395,14 @@ def capture_cmd(ctx: click.Context, **kwargs: Any) -> None:
     http = engine_http(kw["engine_api_key_file"], kw["max_metrics_bytes"])
     capture = _collect(urls, targets, kw["window"], params, kw["timeout_s"], show_progress=not kw["as_json"], http=http)
     path = cap.save_capture(capture, kw["out_dir"])
-    missing = [
-        f"{kind} {name}: {err}"
-        for s in capture.samples
-        for kind, names, errs in (("engine", [masked(u) for u in urls], s.engine_errors), ("Valkey", [t.url for t in targets], s.valkey_errors))
-        for name, err in zip(names, errs)
-        if err
-    ]
+    seen: dict[str, int] = {}  # each failure once, with the number of samples it happened in
+    for s in capture.samples:
+        for kind, names, errs in (("engine", [masked(u) for u in urls], s.engine_errors), ("Valkey", [t.url for t in targets], s.valkey_errors)):
+            for name, err in zip(names, errs):
+                if err:
+                    seen[f"{kind} {name}: {err}"] = seen.get(f"{kind} {name}: {err}", 0) + 1
+    n = len(capture.samples)
+    missing = [m if k == 1 else f"{m} (in {k} of {n} samples)" for m, k in seen.items()]
     if kw["as_json"]:
         render.emit_json({
             "out": str(path), "samples": len(capture.samples), "engines": len(urls), "valkey_instances": len(targets),

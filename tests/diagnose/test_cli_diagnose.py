@@ -111,6 +111,22 @@ def test_capture_then_from(tmp_path, valkey_factory):
     assert "already holds a capture" in res.output
 
 
+def test_capture_says_each_unreachable_source_once(tmp_path):
+    """Issue 22: `diagnose capture` repeated the same warning once per sample."""
+    dead = f"resp://127.0.0.1:{free_port()}"
+    with MetricsServer([BASE.text(), HEALTHY.text()]) as srv:
+        res = CliRunner().invoke(cli, ["diagnose", "capture", "--out", str(tmp_path / "c"), "--engine-url", srv.url,
+                                       "--valkey", dead, "--window", "0.1", "--timeout", "1"])
+    assert res.exit_code == 5, res.output
+    err = " ".join(res.stderr.split())
+    assert err.count("(recorded in the capture)") == 1 and "(in 2 of 2 samples)" in err, res.stderr
+    with MetricsServer([BASE.text(), HEALTHY.text()]) as srv:
+        res = CliRunner().invoke(cli, ["diagnose", "capture", "--out", str(tmp_path / "d"), "--engine-url", srv.url,
+                                       "--valkey", dead, "--window", "0.1", "--timeout", "1", "--json"])
+    (line,) = json.loads(res.stdout)["unreachable"]
+    assert "(in 2 of 2 samples)" in line
+
+
 def test_gpu_idle_capture_is_critical(tmp_path):
     """A capture edited to carry idle GPUs (as NVML would report) with a growing queue."""
     out = tmp_path / "c"

@@ -336,8 +336,16 @@ def tier_config_options(func: Callable) -> Callable:
 def _tier_urls(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None) -> tuple[Any, str | None, str | None, str]:
     """(per-rank URL list or {rank} template, engine user, engine password file, a title) of the tier."""
     if target == "local":
+        from kvctl.tier import local  # noqa: PLC0415
+
         state = load_tier(tier_dir)
         urls = [i.url for i in sorted(state.instances, key=lambda i: i.rank)]
+        stopped = local.not_running(state.instances)
+        if stopped:
+            render.warn(
+                f"the tier in {state.dir} is not running (no valkey-server for rank(s) {', '.join(str(i.rank) for i in stopped)}): "
+                f"engines given these URLs will find nothing there; start it with `kvctl deploy-valkey up`"
+            )
         return urls, state.engine_user, state.engine_password_file, f"the local tier in {state.dir} ({len(urls)} ranks)"
     from kvctl.tier import render_targets  # noqa: PLC0415
 

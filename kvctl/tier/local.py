@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import psutil
 
@@ -134,6 +134,11 @@ def is_our_server(inst: InstanceState) -> psutil.Process | None:
     if inst.cmdline and cmdline[0].split()[0] != inst.cmdline[0].split()[0]:
         return None
     return proc
+
+
+def not_running(instances: Sequence[InstanceState]) -> list[InstanceState]:
+    """The instances of a local tier whose valkey-server is gone (stopped by `down`, killed, rebooted)."""
+    return [i for i in instances if is_our_server(i) is None]
 
 
 def _live_instances(tier_dir: Path) -> list[InstanceState]:

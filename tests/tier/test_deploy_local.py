@@ -81,6 +81,19 @@ def test_status_of_an_idle_tier_counts_no_client_and_no_get_time(tier):
     assert "not this status read" in table
 
 
+@pytest.mark.parametrize("command", ["lmcache-config", "vllm-config"])
+def test_engine_config_of_a_stopped_tier_is_warned_about(tier, command):
+    """Issue 22: `lmcache-config --dir` printed a stopped tier's URLs without a word."""
+    d, out = tier(2)
+    res = invoke(command, "--dir", str(d))
+    assert res.exit_code == 0 and "not running" not in res.stderr
+    assert invoke("down", "--dir", str(d)).exit_code == 0  # the state file stays (no --purge)
+    res = invoke(command, "--dir", str(d))
+    assert res.exit_code == 0, res.output  # still printed: the tier may be started again
+    err = " ".join(res.stderr.split())
+    assert "is not running (no valkey-server for rank(s) 0, 1)" in err and "deploy-valkey up" in err
+
+
 def test_up_three_ping_set_get_status_down(tier):
     d, out = tier(3)
     insts = out["instances"]
@@ -121,6 +134,7 @@ def test_up_three_ping_set_get_status_down(tier):
     assert cfg["remote_storage_plugins"] == ["kvctl"] and "remote_url" not in cfg and cfg["chunk_size"] == 256
     res = invoke("lmcache-config", "--dir", str(d), "--native")
     assert yaml.safe_load(res.stdout)["remote_url"] == insts[0]["url"] and "--native" in res.stderr
+    assert "not running" not in res.stderr
 
     res = invoke("down", "--dir", str(d), "--json")
     assert res.exit_code == 0, res.output

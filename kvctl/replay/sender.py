@@ -404,6 +404,7 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
         interrupted = False
         loop = asyncio.get_running_loop()
         driver = asyncio.create_task(rep.run(plan))
+        closing: list[asyncio.Task] = []  # the scrape after the run, which a stop signal also cuts short
 
         def on_signal(sig: signal.Signals) -> None:
             nonlocal interrupted
@@ -412,6 +413,8 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
             interrupted = True
             rep.stopped_by = sig.name
             driver.cancel()
+            for t in closing:
+                t.cancel()
 
         handled = []
         for sig in STOP_SIGNALS:
@@ -429,10 +432,17 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
                 t.cancel()
             await asyncio.gather(*list(rep.tasks), return_exceptions=True)
         finally:
+            duration = loop.time() - rep.t0 if rep.t0 else 0.0
+            metrics_after = None
+            if not interrupted:  # still under the handlers: a signal now skips the scrape, the summary is written
+                closing.append(asyncio.create_task(scrape_metrics(session, base, http.max_bytes)))
+                try:
+                    metrics_after = await closing[0]
+                except asyncio.CancelledError:
+                    if not interrupted:
+                        raise
             for sig in handled:
                 loop.remove_signal_handler(sig)
-            duration = loop.time() - rep.t0 if rep.t0 else 0.0
-            metrics_after = None if interrupted else await scrape_metrics(session, base, http.max_bytes)
             writer.close({
                 "requests": len(plan),
                 "finished": state.finished,

@@ -193,6 +193,31 @@ def test_sigterm_and_sighup_stop_replay_like_ctrl_c(standin, tmp_path, sig):
     assert code == 0 and summary["errors"] == 0 and summary["unfinished"] == 3 and summary["interrupted"] is True
 
 
+def test_sigterm_while_replay_reads_the_metrics_after_the_run_still_writes_the_summary(standin, tmp_path):
+    """Every request answered; the engine's /metrics then hangs (30 s) when the replay reads it for the summary.
+    SIGTERM there: exit 143 with the summary written (it used to kill the process, no summary)."""
+    server = standin("--metrics-delay-s", "30")
+    trace = write_lines(tmp_path / "t.jsonl", [{"offset_s": i * 0.01, "prompt": f"r {i}"} for i in range(3)])
+    out = tmp_path / "run.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "kvctl.cli", "replay", str(trace), "--url", server.url, "--out", str(out)],
+                            cwd=str(ROOT), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (out.exists() and out.read_text().count('"status":"ok"') == 3):
+            time.sleep(0.1)
+        time.sleep(1.0)  # now in the scrape after the run
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 143, stderr
+    run = read_run(out)
+    assert run.summary is not None and run.summary["signal"] == "SIGTERM" and run.summary["finished"] == 3
+    assert run.summary["metrics_after"] is None and run.summary["unfinished"] == 0
+
+
 @pytest.mark.parametrize("line, says", [
     ({"timestamp": 1e300, "input_length": 10, "hash_ids": [1]}, "timestamp must be a non-negative number of ms up to"),
     ({"offset_s": 1e300, "prompt": "x"}, "offset_s must be a non-negative number of s up to"),

@@ -11,7 +11,8 @@ HTTP 500. A prompt containing ``ODD_LIST``, ``ODD_NULL`` or ``ODD_USAGE`` gets a
 API does not allow: an SSE ``data: [1,2]`` or ``data: null`` line (a ``[1,2]`` body without streaming),
 or ``"usage": [1]`` (tests/hostile). ``GET /_arrivals`` returns the records; ``/tokenize`` (absent with
 ``--no-tokenize``), ``/v1/models`` (with ``max_model_len`` when ``--max-model-len`` is given) and
-``/metrics`` answer as vLLM's do (the subset kvctl reads).
+``/metrics`` answer as vLLM's do (the subset kvctl reads); ``--metrics-delay-s`` holds every
+``/metrics`` answer after the first (a scrape after the run that hangs).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class Standin:
     def __init__(self, delay_s: float, slow_after: int | None, slow_delay_s: float, max_model_len: int | None = None) -> None:
         self.delay_s, self.slow_after, self.slow_delay_s = delay_s, slow_after, slow_delay_s
         self.max_model_len = max_model_len
+        self.metrics_delay_s = 0.0
+        self.metrics_reads = 0
         self.arrivals: list[dict] = []
         self.blocks: set[int] = set()
         self.prompt_tokens = 0
@@ -113,6 +116,9 @@ class Standin:
         return web.json_response({"object": "list", "data": [entry]})
 
     async def metrics(self, request: web.Request) -> web.Response:
+        self.metrics_reads += 1
+        if self.metrics_delay_s and self.metrics_reads > 1:  # the scrape after a run hangs; the one before does not
+            await asyncio.sleep(self.metrics_delay_s)
         text = (
             "# TYPE vllm:prompt_tokens counter\n"
             f'vllm:prompt_tokens_total{{model_name="{MODEL}"}} {self.prompt_tokens}\n'
@@ -132,8 +138,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--slow-delay-s", type=float, default=0.0)
     ap.add_argument("--no-tokenize", action="store_true", help="no /tokenize endpoint (404), like a non-vLLM server")
     ap.add_argument("--max-model-len", type=int, default=None, help="max_model_len in /v1/models, as vLLM lists it")
+    ap.add_argument("--metrics-delay-s", type=float, default=0.0, help="hold every /metrics answer after the first this long")
     args = ap.parse_args(argv)
     s = Standin(args.delay_s, args.slow_after, args.slow_delay_s, args.max_model_len)
+    s.metrics_delay_s = args.metrics_delay_s
     app = web.Application()
     app.router.add_post("/v1/completions", s.completions)
     if not args.no_tokenize:

@@ -199,6 +199,9 @@ def _valkey(inp: DoctorInput, world: int | None, out: list[Check]) -> None:
         except (redis.RedisError, OSError) as e:
             if is_auth_error(e):
                 out.append(Check("valkey", "auth", FAIL, f"{where} refused the login: {e}", PASSWORD_HINT, {"rank": t.rank}))
+            elif isinstance(e, redis.exceptions.NoPermissionError):  # logged in, as a user that may not read the settings
+                out.append(Check("valkey", "auth", FAIL, f"{where} up, but this user may not run INFO/CONFIG GET: {e}",
+                                 "give doctor the tier's admin password (--password-file, or --dir of the tier), not the engines' user", {"rank": t.rank}))
             else:
                 out.append(Check("valkey", "up", FAIL, f"{where} unreachable: {e}", "start it (kvctl deploy-valkey up) or fix the URL; kvctl deploy-valkey status shows every rank", {"rank": t.rank}))
             continue

@@ -235,3 +235,24 @@ def test_the_io_threads_default_shares_half_the_cores_among_the_ranks(cores, ran
 
     assert default_io_threads(cores, ranks) == threads
     assert ranks * threads <= cores or threads == 1  # never more threads than cores, beyond one main thread each
+
+
+def test_the_engines_acl_user_is_told_to_use_the_admin_password(valkey_factory, tmp_path, monkeypatch):
+    """The engines' user (kvctl-engine: GET/SET/EXISTS only) may not read CONFIG: an auth line that says so,
+    not "unreachable"; the admin password reads every setting."""
+    monkeypatch.delenv("KVCTL_LMCACHE_PYTHON", raising=False)  # LMCache 0.5.6's known bugs would add a warning
+    from kvctl.tier.spec import ENGINE_USER, engine_acl
+
+    v = valkey_factory(password="admin-pw", settings={"maxmemory": "64mb", "user": [engine_acl("engine-pw")]})
+    pw = tmp_path / "engine.password"
+    pw.write_text("engine-pw\n")
+    pw.chmod(0o600)
+    code, data = doctor("--valkey", f"resp://{ENGINE_USER}@127.0.0.1:{v.port}", "--password-file", str(pw))
+    (c,) = [c for c in data["checks"] if c["name"] == "auth"]
+    assert code == 4 and "may not run INFO/CONFIG GET" in c["message"] and "admin password" in c["fix"]
+    assert not [c for c in data["checks"] if c["name"] == "up"]
+    admin = tmp_path / "admin.password"
+    admin.write_text("admin-pw\n")
+    admin.chmod(0o600)
+    code, data = doctor("--valkey", f"resp://127.0.0.1:{v.port}", "--password-file", str(admin))
+    assert line(data, "maxclients")["status"] == "ok" and code == 0

@@ -114,6 +114,7 @@ class Drill:
         self.engine: subprocess.Popen | None = None
         self.engine_port = 0
         self.replay: subprocess.Popen | None = None
+        self.last_capture: cap.Capture | None = None  # the final diagnosis' samples (saved with --keep)
 
     # --- narration -------------------------------------------------------------------
 
@@ -126,6 +127,7 @@ class Drill:
 
     def start_tier(self, ranks: int) -> list[Target]:
         last: Exception | None = None
+        self.tier_up = True  # from here `down` runs at cleanup: up records each instance the moment it exists
         for _ in range(5):  # W consecutive free ports; another process may take one meanwhile
             base = free_port()
             if any(port_in_use(base + r) for r in range(1, ranks)):
@@ -137,7 +139,6 @@ class Drill:
                 last = e
         else:
             raise KvctlError(f"could not start {ranks} valkey-server(s) on free ports: {last}")
-        self.tier_up = True
         targets = resolve_targets(tier_dir=self.tier_dir)
         self.say("start", f"tier: {ranks} valkey-server(s) on 127.0.0.1:{targets[0].port}..{targets[-1].port} "
                           f"(`kvctl deploy-valkey up --ranks {ranks}`), one per rank")
@@ -264,6 +265,12 @@ class Drill:
 # --- the scenarios ----------------------------------------------------------------------
 
 
+def _workload(sc: S.Scenario, rho: float, opts: DrillOptions) -> Workload:
+    """The drill's trace: λ for ``rho`` on the scenario's ranks, for the whole drill and 5 s more."""
+    rate = S.arrival_rate(rho, sc.ranks, Workload(rate_per_s=1.0, duration_s=1.0).hit_chunks)
+    return Workload(rate_per_s=rate, duration_s=opts.duration_s + 5.0, seed=opts.seed)
+
+
 def _timeline(duration: float) -> tuple[float, float]:
     """(warm-up, watch) seconds of a one-phase drill of ``duration`` seconds."""
     warm = min(6.0, max(3.0, duration / 5))
@@ -274,15 +281,12 @@ def _load_phase(dr: Drill, sc: S.Scenario, rho: float, async_after: bool) -> tup
     d_total = dr.opts.duration_s
     targets = dr.start_tier(sc.ranks)
     dr.start_engine(dr.engine_settings(targets))
-    w = Workload(rate_per_s=1.0, duration_s=1.0, seed=dr.opts.seed)
-    rate = S.arrival_rate(rho, sc.ranks, w.hit_chunks)
     phase = d_total / 2 if async_after else d_total
-    w = Workload(rate_per_s=rate, duration_s=d_total + 5.0, seed=dr.opts.seed)
-    dr.start_replay(w)
+    dr.start_replay(_workload(sc, rho, dr.opts))
     warm, span = _timeline(phase)
     time.sleep(warm)
     capture, d = dr.watch(targets, span, label="(sync) " if async_after else "")
-    dr.last_capture = capture  # type: ignore[attr-defined]
+    dr.last_capture = capture
     found = [f.id for f in d.findings]
     if sc.name == "healthy":
         ok = d.rho is not None and d.rho < RHO_HIGH and d.worst_severity not in ("warning", "critical") and not d.insufficient_data
@@ -319,8 +323,7 @@ def _stall(dr: Drill, sc: S.Scenario) -> tuple[bool, str, list[str]]:
 
     targets = dr.start_tier(sc.ranks)
     dr.start_engine(dr.engine_settings(targets, tier_client="fixed-header", lookup="index"))
-    w = Workload(rate_per_s=1.0, duration_s=1.0, seed=dr.opts.seed)
-    w = Workload(rate_per_s=S.arrival_rate(sc.rho, sc.ranks, w.hit_chunks), duration_s=dr.opts.duration_s + 5.0, seed=dr.opts.seed)
+    w = _workload(sc, sc.rho, dr.opts)
     dr.start_replay(w)
     dr.wait_for("every document stored", lambda: dr.engine_counts()[0] >= w.docs + 1, 10.0 + dr.opts.duration_s)
     if dr.opts.plant:
@@ -355,9 +358,7 @@ def _stall(dr: Drill, sc: S.Scenario) -> tuple[bool, str, list[str]]:
 def _dead(dr: Drill, sc: S.Scenario) -> tuple[bool, str, list[str]]:
     targets = dr.start_tier(sc.ranks)
     dr.start_engine(dr.engine_settings(targets, tier_timeout_s=0.5))
-    w = Workload(rate_per_s=1.0, duration_s=1.0, seed=dr.opts.seed)
-    w = Workload(rate_per_s=S.arrival_rate(sc.rho, sc.ranks, w.hit_chunks), duration_s=dr.opts.duration_s + 5.0, seed=dr.opts.seed)
-    dr.start_replay(w)
+    dr.start_replay(_workload(sc, sc.rho, dr.opts))
     warm, span = _timeline(dr.opts.duration_s)
     time.sleep(warm)
     victim = targets[-1]
@@ -397,9 +398,8 @@ def run_drill(name: str, opts: DrillOptions, say: Say) -> DrillResult:
             dr.say("verdict", f"PASS: {verdict}. Fix: {sc.fix}" + (f"; runbook {sc.runbook}" if sc.runbook else ""))
         else:
             dr.say("verdict", f"FAIL: {verdict} (expected {sc.expect})")
-        capture = getattr(dr, "last_capture", None)
-        if capture is not None and opts.keep_dir:
-            cap.save_capture(capture, dr.work / "capture")
+        if dr.last_capture is not None and opts.keep_dir:
+            cap.save_capture(dr.last_capture, dr.work / "capture")
     finally:
         dr.cleanup()
     return DrillResult(sc.name, ok, opts.plant, sc.expect, found, sc.runbook, sc.fix, verdict,

@@ -164,12 +164,14 @@ def line_plot(
     series: dict[str, tuple[Sequence[float], Sequence[float]]],
     hlines: dict[str, float] | None = None,
     xticks: Sequence[str] | None = None,
-) -> None:
-    """Save a simple line/marker chart to ``path`` (PNG) with optional reference lines."""
+) -> list[float]:
+    """Save a simple line/marker chart to ``path`` (PNG) with optional reference lines; returns the x ticks
+    drawn. An x axis of counts (every x an integer: instances, clients, engines) gets integer ticks only."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     for label, (xs, ys) in series.items():
@@ -180,6 +182,8 @@ def line_plot(
     if xticks is not None:
         first = next(iter(series.values()))[0] if series else []
         ax.set_xticks(list(first), list(xticks))
+    elif all(float(x).is_integer() for xs, _ in series.values() for x in xs):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -187,7 +191,10 @@ def line_plot(
     ax.legend()
     fig.tight_layout()
     fig.savefig(path)
+    lo, hi = ax.get_xlim()
+    ticks = [float(t) for t in ax.get_xticks() if lo <= t <= hi]
     plt.close(fig)
+    return ticks
 
 
 def text_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None) -> None:

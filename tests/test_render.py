@@ -100,3 +100,12 @@ def test_plots_are_png_files(tmp_path):
     paths = render.report_plots(str(tmp_path / "plots"), runs)
     assert [Path(p).name for p in paths] == ["latency_over_time.png", "latency_cdf.png", "cache_token_share.png"]
     assert all(Path(p).read_bytes()[:4] == b"\x89PNG" and Path(p).stat().st_size > 5000 for p in paths)
+
+
+def test_a_count_axis_has_integer_ticks_only(tmp_path):
+    """Issue 22: bench's scaling chart had x ticks like 1.2 instances. Counts get integer ticks; other x not."""
+    ticks = render.line_plot(str(tmp_path / "n.png"), "t", "instances", "GB/s", {"a": ([1, 2], [1.0, 1.9])})
+    assert ticks and all(t.is_integer() for t in ticks) and {1.0, 2.0} <= set(ticks)
+    ticks = render.line_plot(str(tmp_path / "x.png"), "t", "s", "GB/s", {"a": ([0.1, 0.35], [1.0, 1.9])})
+    assert not all(t.is_integer() for t in ticks)  # a continuous axis keeps matplotlib's own ticks
+

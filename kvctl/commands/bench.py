@@ -174,6 +174,7 @@ def bench_cmd(
             raise InvalidInput(f"cannot write --save {save}: {e.strerror or e}") from e
     if plot:
         plot_report(report, plot)
+        render.message(f"plot: wrote {plot}", stderr=True)
     if as_json:
         render.emit_json(data)
     else:

@@ -66,10 +66,11 @@ def test_json_schema_and_server_counters_match_client(valkey_server):
 
 def test_two_instance_sweep_with_verdict_plot_and_save(tmp_path):
     png, saved = tmp_path / "scaling.png", tmp_path / "bench.json"
-    data, _ = _bench([
+    data, res = _bench([
         "--embedded", "2", "--embedded-maxmemory", "128mb", "--sweep", *SMALL, "--duration", "1",
         "--prefill-rate", "52200", "--bytes-per-token", "48437.5", "--plot", str(png), "--save", str(saved),
     ])
+    assert f"plot: wrote {png}" in " ".join(res.stderr.split())  # issue 22: it did not say where
     grid = [(r["instances"], r["clients"]) for r in data["runs"]]
     assert grid == [(1, 1), (1, 2), (2, 1)]
     assert data["runs"][0]["scaling_vs_1x1"] == 1.0  # the 1 × 1 run against itself (the ratio: test_results.py)

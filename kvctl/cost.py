@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from kvctl.errors import InvalidInput
-from kvctl.thresholds import CHUNK_TOKENS, PAPER_CHUNK_BYTES, RHO_TARGET, RHO_UNSTABLE
+from kvctl.thresholds import CHUNK_TOKENS, PAPER_CHUNK_BYTES, PAPER_T0_S, RHO_TARGET, RHO_UNSTABLE
 
 GB = 1e9
 MB = 1e6
@@ -171,7 +171,7 @@ PAPER_PAIRING = {
     "name": "GLM-5.3 FP8 (MLA) on B300 — paper §4",
     "bytes_per_token": PAPER_CHUNK_BYTES / CHUNK_TOKENS,  # 12.4e6 / 256 = 48437.5
     "prefill_rate": 52200.0,
-    "t0_s": 0.33,
+    "t0_s": PAPER_T0_S,
     "bandwidths_gbps": (0.85, 1.71, 10.76),
 }
 DEFAULT_REPORT_TOKENS = (2048, 4096, 8192, 16384, 32768, 65536, 131072)

@@ -35,7 +35,7 @@ import numpy as np
 
 from kvctl.cost import GB, require_positive
 from kvctl.errors import InvalidInput
-from kvctl.thresholds import RHO_UNSTABLE
+from kvctl.thresholds import ASYNC_TIMEOUT_S, PAPER_T0_S, RHO_UNSTABLE
 
 LOADINGS = ("sync", "async")
 PROMPT_DISTS = ("fixed", "exponential")
@@ -56,11 +56,11 @@ class Workload:
 class SimConfig:
     bytes_per_token: float
     prefill_rate: float
-    t0_s: float = 0.33
+    t0_s: float = PAPER_T0_S
     instances: int = 1
     instance_gbps: float | None = None
     loading: str = "sync"
-    async_timeout_s: float = 3.0  # the paper's asynchronous-lookup timeout
+    async_timeout_s: float = ASYNC_TIMEOUT_S  # the paper's asynchronous-lookup timeout
     hit_fraction: float = 1.0
     seed: int = 0
     hits_from_trace: bool = False  # hit tokens from the workload instead of --hit-fraction

@@ -40,6 +40,9 @@ GPU_NOT_COMPUTE_BOUND_PCT = 30.0
 CHUNK_TOKENS = 256
 #: bytes of one CHUNK_TOKENS chunk of GLM-5.3 FP8 MLA, all layers (12.4 MB, s ≈ 48.4 KB/token).
 PAPER_CHUNK_BYTES = 12.4e6
+#: the fixed per-hit engine cost T0 (seconds) the paper fitted (§4: 0.40 − 0.79/10.76 ≈ 0.33): the
+#: default --t0 of every command (fit yours with `kvctl cost fit-t0`).
+PAPER_T0_S = 0.33
 
 # --- bounds on what kvctl reads and keeps (docs/reliability.md) ----------------------------
 
@@ -84,3 +87,8 @@ FRAGMENTATION_MIN_WASTE_BYTES = 64 * 2**20
 
 #: port of rank 0 of a local or systemd tier; rank r listens on BASE_PORT + r (env KVCTL_BASE_PORT).
 BASE_PORT = 17400
+#: seconds between the two samples of a diagnosis: `kvctl diagnose --window` and the exporter's sliding window.
+DIAGNOSIS_WINDOW_S = 60.0
+#: the paper's asynchronous-lookup timeout (§6.3): a load not done within it is recomputed
+#: (`kvctl simulate`/`kvctl plan` --async-timeout).
+ASYNC_TIMEOUT_S = 3.0

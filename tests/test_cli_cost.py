@@ -206,3 +206,16 @@ def test_rho_tp8_single_instance_and_one_instance_per_rank():
     assert d["instances_for_target"] == 9
     assert d["bytes_per_token"] == 131072 and d["bytes_per_token_per_rank"] == 16384 and d["tp"] == 8
     assert d["rho_one_instance_per_rank"] == pytest.approx(0.536870912)
+
+
+def test_report_takes_tokens_as_predict_does_and_predict_defaults_t0():
+    """Issue 22: `cost report --tokens 4096 8192` failed where `cost predict` takes it, and `cost predict`
+    required --t0 while every other command defaults it to the paper's."""
+    from kvctl.thresholds import PAPER_T0_S
+
+    rep = run_json(["cost", "report", "--tokens", "4096", "8192", "--json"])
+    assert [p["tokens"] for p in rep["pairings"][0]["bandwidths"][0]["predictions"]] == [4096, 8192]
+    pred = run_json(["cost", "predict", "--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--bandwidth-gbps", "10.76",
+                     "--tokens", "16384", "--json"])
+    (p,) = pred["predictions"]
+    assert p["load_s"] == pytest.approx(PAPER_T0_S + 16384 * 48437.5 / 10.76e9)

@@ -122,3 +122,67 @@ def test_no_read_ignores_the_timeout(path):
     """Each timeout follows the command's --timeout, or is a named constant whose comment says why it is not a per-source read."""
     found = timeout_literals(ast.parse(path.read_text(), str(path)))
     assert not found, f"{path.relative_to(ROOT)}: " + "; ".join(f"line {n}: {w}" for n, w in found)
+
+
+# --- click defaults: an option whose default is a shared fact reads its constant (issue 22) -------------------
+
+#: option -> the kvctl.thresholds constant its default is, wherever a command takes it
+SHARED_DEFAULTS = {
+    "--t0": "PAPER_T0_S", "--target-rho": "RHO_TARGET", "--base-port": "BASE_PORT",
+    "--window": "DIAGNOSIS_WINDOW_S", "--async-timeout": "ASYNC_TIMEOUT_S",
+}
+#: options whose equal literal defaults in several commands are different facts, and why
+UNRELATED_DEFAULTS = {"--timeout": "bench's per-call deadline and diagnose's per-source read: both 5 s, not one setting"}
+CLI_SOURCES = sorted((ROOT / "kvctl" / "commands").rglob("*.py"))
+
+
+def option_defaults(tree: ast.AST) -> list[tuple[int, str, ast.expr]]:
+    """(line, first flag, default expression) of every ``click.option("--x", ..., default=...)``."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "option":
+            flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--")]
+            for k in node.keywords:
+                if k.arg == "default" and flags:
+                    out.append((node.lineno, flags[0].split("/")[0], k.value))
+    return out
+
+
+def _literal(expr: ast.expr) -> float | None:
+    value = _number(expr)
+    return value if value not in (None, 0.0, 1.0) else None  # 0 and 1 are no facts
+
+
+def test_the_default_check_finds_literals():
+    src = 'click.option("--t0", default=0.33)\nclick.option("--t0", default=thresholds.PAPER_T0_S)\nclick.option("--seed", default=0)\n'
+    found = [(n, f) for n, f, d in option_defaults(ast.parse(src)) if _literal(d) is not None]
+    assert found == [(1, "--t0")]
+
+
+def test_shared_option_defaults_read_their_constant():
+    literal = [f"{p.relative_to(ROOT)}:{n} {flag}" for p in CLI_SOURCES for n, flag, d in option_defaults(ast.parse(p.read_text()))
+               if flag in SHARED_DEFAULTS and _literal(d) is not None]
+    assert not literal, f"default= restates a kvctl.thresholds constant: {literal}"
+    from tests.test_docs import _commands
+
+    from kvctl.cli import cli
+
+    seen = set()
+    for name, cmd in _commands(cli):
+        for param in cmd.params:
+            const = next((SHARED_DEFAULTS[o] for o in param.opts if o in SHARED_DEFAULTS), None)
+            if const and isinstance(param.default, (int, float)):  # no default: None or click's UNSET
+                assert param.default == getattr(thresholds, const), f"{name} {param.opts[0]}: {param.default} != {const}"
+                seen.add(const)
+    assert seen == set(SHARED_DEFAULTS.values())  # every shared default is in use, so the check checks something
+
+
+def test_no_literal_default_is_repeated_across_commands():
+    """The same option with the same literal default in two places is one fact written twice: a constant."""
+    where: dict[tuple[str, float], list[str]] = {}
+    for p in CLI_SOURCES:
+        for n, flag, d in option_defaults(ast.parse(p.read_text())):
+            if _literal(d) is not None and flag not in UNRELATED_DEFAULTS:
+                where.setdefault((flag, _literal(d)), []).append(f"{p.relative_to(ROOT)}:{n}")
+    repeated = {k: v for k, v in where.items() if len(v) > 1}
+    assert not repeated, f"put these in kvctl/thresholds.py: {repeated}"

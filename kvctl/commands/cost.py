@@ -154,7 +154,7 @@ def _prompt_bytes(prompt_gb: float | None, tokens: int | None, bytes_per_token: 
 @cost_group.command("predict")
 @bytes_per_token_options(pass_tp=True)
 @click.option("--prefill-rate", type=PREFILL_RATE, required=True, help="Prefill throughput R in tokens/s.")
-@click.option("--t0", type=T0_S, required=True, help="Fixed per-hit cost T0 in seconds.")
+@click.option("--t0", type=T0_S, default=thresholds.PAPER_T0_S, show_default=True, help="Fixed per-hit cost T0 in seconds (the paper's by default; fit yours with `kvctl cost fit-t0`).")
 @click.option("--bandwidth-gbps", type=BANDWIDTH_GBPS, required=True, help="Bandwidth B of the whole tier in GB/s (all instances together).")
 @click.option("--tokens", "tokens_opt", type=TOKENS, multiple=True, required=True, help="Prompt lengths: --tokens 4096 16384 65536.")
 @click.argument("more_tokens", nargs=-1, type=TOKENS, metavar="")
@@ -179,7 +179,7 @@ def predict_cmd(bytes_per_token: float, tp: int, prefill_rate: float, t0: float,
 @click.option("--tokens", type=TOKENS, help="Hit tokens per request (with --bytes-per-token).")
 @bytes_per_token_options(required=False, pass_tp=True)
 @click.option("--bandwidth-gbps", type=BANDWIDTH_GBPS, required=True, help="Bandwidth of ONE instance, GB/s.")
-@click.option("--target-rho", type=FiniteFloat(min=0.01, max=1, max_open=True), default=0.5, show_default=True, help="Utilisation to size the tier for.")
+@click.option("--target-rho", type=FiniteFloat(min=0.01, max=1, max_open=True), default=thresholds.RHO_TARGET, show_default=True, help="Utilisation to size the tier for.")
 @output_options
 def rho_cmd(arrival_rate: float, prompt_gb: float | None, tokens: int | None, bytes_per_token: float | None, tp: int, bandwidth_gbps: float, target_rho: float, as_json: bool) -> None:
     """Utilisation of synchronous loading, ρ = λ·n·s / B, and instances for the target ρ.
@@ -256,11 +256,12 @@ def kv_size_cmd(config_path: str, dtype: str | None, chunk_tokens: int, tp: int,
 @click.option("--tp", type=TP, default=1, show_default=True, help=TP_HELP)
 @click.option("--name", help="Label for this model/GPU pairing.")
 @click.option("--prefill-rate", type=PREFILL_RATE, help="Prefill tokens/s on this GPU (required with a model).")
-@click.option("--t0", type=T0_S, help="Fixed per-hit cost T0 in seconds (default 0.33, the paper's).")
+@click.option("--t0", type=T0_S, default=thresholds.PAPER_T0_S, show_default=True, help="Fixed per-hit cost T0 in seconds (the paper's by default).")
 @click.option("--bandwidth-gbps", "bandwidths", type=BANDWIDTH_GBPS, multiple=True, help="Whole-tier bandwidths to compare (repeatable; default 0.85, 1.71, 10.76).")
-@click.option("--tokens", "tokens", type=TOKENS, multiple=True, help="Prompt lengths (repeatable).")
+@click.option("--tokens", "tokens", type=TOKENS, multiple=True, help="Prompt lengths: --tokens 4096 16384 (or repeated).")
+@click.argument("more_tokens", nargs=-1, type=TOKENS, metavar="")
 @output_options
-def report_cmd(model_config: str | None, bytes_per_token: float | None, dtype: str | None, tp: int, name: str | None, prefill_rate: float | None, t0: float | None, bandwidths: tuple[float, ...], tokens: tuple[int, ...], as_json: bool) -> None:
+def report_cmd(model_config: str | None, bytes_per_token: float | None, dtype: str | None, tp: int, name: str | None, prefill_rate: float | None, t0: float, bandwidths: tuple[float, ...], tokens: tuple[int, ...], more_tokens: tuple[int, ...], as_json: bool) -> None:
     """One table per model/GPU pairing: B*, n*, and load vs recompute over prompt lengths.
 
     With no model, reproduces the paper's GLM-5.3 FP8 / B300 setup.
@@ -282,9 +283,9 @@ def report_cmd(model_config: str | None, bytes_per_token: float | None, dtype: s
         name,
         bytes_per_token,
         prefill_rate,
-        paper["t0_s"] if t0 is None else t0,
+        t0,
         bandwidths or paper["bandwidths_gbps"],
-        tokens or cost.DEFAULT_REPORT_TOKENS,
+        _tokens(tokens, more_tokens) or cost.DEFAULT_REPORT_TOKENS,
         tp,
     )
     if as_json:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import click
 from click.core import ParameterSource
 
-from kvctl import __version__, render
+from kvctl import __version__, render, thresholds
 from kvctl.commands.cost import bytes_per_token_options
 from kvctl.commands.diagnose_stalls import JsonErrorCommand, JsonErrorGroup, stalls_cmd
 from kvctl.commands.options import FiniteFloat, count, engine_http, engine_http_options, non_negative, output_options, positive, valkey_options, valkey_targets
@@ -47,7 +47,7 @@ def source_options(func: Callable) -> Callable:
     @click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable; a repeat is read once), e.g. http://HOST:8000.")
     @engine_http_options
     @valkey_options
-    @click.option("--window", type=WINDOW_S, default=60.0, show_default=True, help="Seconds between the two samples (at most one day).")
+    @click.option("--window", type=WINDOW_S, default=thresholds.DIAGNOSIS_WINDOW_S, show_default=True, help="Seconds between the two samples (at most one day).")
     @click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=5.0, show_default=True, help="Per-source read timeout in seconds; a source that does not answer is reported, the rest analysed.")
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -61,7 +61,7 @@ def model_options(func: Callable) -> Callable:
 
     @bytes_per_token_options(required=False)
     @click.option("--prefill-rate", type=PREFILL_RATE, help="Prefill tokens/s R (default: derived from vllm:request_prefill_time_seconds).")
-    @click.option("--t0", type=T0_S, help="Fixed per-hit cost T0 in seconds for n* (default 0.33, the paper's; fit yours with `kvctl cost fit-t0`).")
+    @click.option("--t0", type=T0_S, help=f"Fixed per-hit cost T0 in seconds for n* (default {thresholds.PAPER_T0_S:g}, the paper's; fit yours with `kvctl cost fit-t0`).")
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         bpt = kwargs.get("bytes_per_token")

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from kvctl import render
+from kvctl import render, thresholds
 from kvctl.commands.cost import PREFILL_RATE, T0_S, bytes_per_token_options
 from kvctl.commands.fleet_options import fleet_options, render_fleet
 from kvctl.commands.options import FiniteFloat, count, non_negative, output_options, positive
@@ -54,12 +54,12 @@ def _check_sweep(grid: dict[str, list[Any]]) -> None:
 @click.option("--block-tokens", type=count(1 << 20), default=512, show_default=True, help="Tokens per Mooncake hash_id block (with --hits-from-trace).")
 @bytes_per_token_options()
 @click.option("--prefill-rate", type=PREFILL_RATE, required=True, help="Prefill throughput R, tokens/s (misses cost n/R).")
-@click.option("--t0", type=T0_S, default=0.33, show_default=True, help="Fixed per-hit cost T0, seconds (the paper's 0.33).")
+@click.option("--t0", type=T0_S, default=thresholds.PAPER_T0_S, show_default=True, help="Fixed per-hit cost T0, seconds (the paper's 0.33).")
 @click.option("--instances", type=count(4096), default=1, show_default=True, help="Tier instances (one per rank); B_eff scales with them.")
 @click.option("--instance-gbps", type=INSTANCE_GBPS, help="GET bandwidth of one instance, GB/s (B_eff = instances × this).")
 @click.option("--bench", "bench_path", type=click.Path(dir_okay=False), help="`kvctl bench --save` file: B_eff = its measured aggregate at --instances.")
 @click.option("--loading", type=click.Choice(["sync", "async"]), default="sync", show_default=True, help="sync: the transfer holds the engine (one FIFO queue); async: loads overlap compute.")
-@click.option("--async-timeout", "async_timeout_s", type=non_negative(86400), default=3.0, show_default=True, help="async: a load not done this many seconds after arrival is recomputed instead.")
+@click.option("--async-timeout", "async_timeout_s", type=non_negative(86400), default=thresholds.ASYNC_TIMEOUT_S, show_default=True, help="async: a load not done this many seconds after arrival is recomputed instead.")
 @click.option("--seed", type=count(2**32 - 1, min=0), default=0, show_default=True, help="Seed of arrivals, lengths and hits (the same for every sweep point).")
 @click.option("--sweep", "sweep_specs", multiple=True, help="What-if grid, e.g. --sweep 'instances=1,2,4,8 loading=sync,async'.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="With --sweep: draw p50/p99 against the swept values to FILE.png.")

@@ -121,6 +121,19 @@ def chunk_fmt(spec: Any, num_layers: int, world_size: int, mla: bool, cache_dtyp
     return f"gqa{spec.num_kv_heads * world_size}x{spec.head_size}-L{num_layers}-{tag}"
 
 
+def _widest_word(cells: list[torch.Tensor]) -> torch.dtype | None:
+    """The widest integer type that tiles every cell's contiguous C run (same bytes, fewer elements to move)."""
+    e = cells[0].element_size()
+    for word in (torch.int64, torch.int32, torch.int16):
+        w = torch.empty((), dtype=word).element_size()
+        if w <= e or w % e:
+            continue
+        if all((c.shape[-1] * e) % w == 0 and (c.storage_offset() * e) % w == 0
+               and all((st * e) % w == 0 for st in c.stride()[:-1]) for c in cells):
+            return word
+    return None
+
+
 def _stacked(views: list[torch.Tensor]) -> torch.Tensor | None:
     """One ``[L, *view]`` view when the layers sit a constant stride apart in one storage, else None."""
     v0 = views[0]
@@ -158,10 +171,20 @@ class KVLayout:
         self.row = v0.shape[3]  # MLA: the latent row
         self._kv = kv
         self._tag = _dtype_tag(self.dtype, cache_dtype)
+        # what one index picks: MLA a latent row of [B, N, row]; "split" every head's [K | V] cell of
+        # [B, N, H, 2D] (two indices, as for MLA); "rows" a D-row of the (block, head) plane read as
+        # (2N, D), as CPU_ATTN does
         if mla:
-            cells = [v[:, 0] for v in views]  # [B, N, row]
+            cells, self._tail = [v[:, 0] for v in views], (self.row,)
+        elif kv == "split":
+            cells, self._tail = [v.transpose(1, 2) for v in views], (self.heads, 2 * head_size)
         else:
-            cells = [v.unflatten(-1, (2, head_size)) for v in views]  # [B, H, N, 2, D]: half 0/1 of each cell
+            cells = [v.view(v.shape[0], self.heads, 2 * self.kernel_block_size, head_size) for v in views]
+            self._tail = (self.heads, 2, head_size)
+        # copies move whole words of a cell's C run: a cell's bytes are the same, read in wider pieces
+        self._word = _widest_word(cells)
+        if self._word is not None:
+            cells = [c.view(self._word) for c in cells]
         self._views = cells
         self._all = _stacked(cells)
         self.fused = self._all is not None  # one gather/scatter for all layers (else one per layer)
@@ -188,22 +211,22 @@ class KVLayout:
         s = torch.as_tensor(slots).to(device=self.device, dtype=torch.long)
         n_tok = self.kernel_block_size
         b, n = s // n_tok, s % n_tok
-        if self.mla:
-            return b, n
-        # r: the D-wide row of the (block, head) plane read as (2N, D); row r is cell r // 2, half r % 2
-        if self._kv == "rows":
-            r = torch.stack([n, n + n_tok], dim=-1)  # K rows 0..N-1, then V rows N..2N-1
-        else:
-            r = torch.stack([2 * n, 2 * n + 1], dim=-1)  # per token [K | V]
+        if self.mla or self._kv == "split":
+            return b, n  # (T,) rows / (T, H) cells of [K | V]
         h = torch.arange(self.heads, device=self.device)
-        return b[:, None, None], h[None, :, None], (r // 2)[:, None, :], (r % 2)[:, None, :]
+        r = torch.stack([n, n + n_tok], dim=-1)  # K rows 0..N-1, then V rows N..2N-1
+        return b[:, None, None], h[None, :, None], r[:, None, :]  # (T, H, 2) rows of D
 
     def extract(self, slots: torch.Tensor) -> torch.Tensor:
         """A new ``chunk_shape(len(slots))`` tensor (this rank's heads) on the caches' device."""
         idx = self._index(slots)
         if self._all is not None:
-            return self._all[(slice(None), *idx)]
-        return torch.stack([v[idx] for v in self._views])
+            out = self._all[(slice(None), *idx)]
+        else:
+            out = torch.stack([v[idx] for v in self._views])
+        if self._word is not None:
+            out = out.view(self.dtype)
+        return out.view(self.chunk_shape(out.shape[1]))
 
     def insert(self, slots: torch.Tensor, chunk: torch.Tensor, rank: int = 0) -> None:
         """Write ``chunk`` (token i into ``slots[i]``): this rank's heads, or a full-heads chunk sliced at ``rank``."""
@@ -214,7 +237,12 @@ class KVLayout:
         want = self.chunk_shape(int(torch.as_tensor(slots).numel()))
         if tuple(chunk.shape) != want:
             raise ValueError(f"chunk of shape {tuple(chunk.shape)} for {want}")
-        data = chunk.to(self.device, non_blocking=True)
+        data = chunk.to(self.device, non_blocking=True).reshape(*want[:2], *self._tail)
+        if self._word is not None:
+            try:
+                data = data.view(self._word)
+            except RuntimeError:  # a sliced chunk whose strides do not tile the word
+                data = data.contiguous().view(self._word)
         idx = self._index(slots)
         if self._all is not None:
             self._all[(slice(None), *idx)] = data
@@ -293,8 +321,8 @@ def layout_for(caches: Sequence[torch.Tensor], spec: Any, layout: Any, backend: 
             raise refuse(f"head_size_v {hv} != head_size {head_size} (chunks hold K and V of one size)")
         if heads != spec.num_kv_heads or content != 2 * head_size:
             raise refuse(f"views of shape {tuple(v0.shape)}, expected [B, {spec.num_kv_heads}, N, {2 * head_size}]")
-        if info.kv == "rows" and n_tok % 2:
-            raise refuse(f"{n_tok}-token blocks: {bname} reads K and V rows in pairs of tokens")
+        if info.kv == "rows" and any(v.stride(2) != content or v.stride(1) != n_tok * content for v in views):
+            raise refuse(f"{bname} reads each (block, head) plane as (2N, D) rows: the planes are not contiguous")
     return KVLayout(views, mla=info.mla, kv=info.kv, head_size=head_size, block_size=block_size,
                     cache_dtype=cdt, backend=bname, layout=lname)
 

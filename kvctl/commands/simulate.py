@@ -35,7 +35,9 @@ def _check_sweep(grid: dict[str, list[Any]]) -> None:
     ctx = click.get_current_context()
     params = {p.name: p for p in ctx.command.params}
     for key, values in grid.items():
-        param = params[key]
+        param = params.get(key)
+        if param is None:  # a sweep key that is not an option of its own: parse_sweep checked it
+            continue
         for v in values:
             try:
                 param.type.convert(v, param, ctx)

@@ -135,7 +135,7 @@ def host_cores() -> int:
 def is_local(host: str) -> bool:
     """True when ``host`` is this machine: loopback, this host's name, or an address of one of its interfaces."""
     h = host.strip("[]")
-    if is_loopback(h) or h in (socket.gethostname(), socket.getfqdn()):
+    if is_loopback(h) or h == socket.gethostname():  # no DNS lookup: a broken resolver must not stall doctor
         return True
     try:
         import psutil  # noqa: PLC0415

@@ -46,7 +46,7 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario(
             "healthy", "8 instances, one per rank, ρ ≈ 0.1: the tier keeps up", 8, 0.1,
-            "no warning or critical finding, ρ below 0.7", None,
+            "ρ below 0.7, no rho_* or critical finding", None,
             "nothing to fix: this is what a healthy tier looks like",
         ),
         Scenario(

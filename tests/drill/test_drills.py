@@ -51,7 +51,8 @@ def test_healthy_has_no_findings():
     code, data = _drill("healthy", "--duration", DURATION)
     assert code == 0, data
     last = data["diagnoses"][-1]
-    assert last["rho"] < 0.7 and last["findings"] == []
+    assert last["rho"] < 0.7 and not [f for f in last["findings"] if f.startswith("rho_")]
+    assert last["exit_code"] in (0, 3)  # no critical finding, nothing unreachable
 
 
 @pytest.mark.parametrize("scenario", ["overload", "dead-instance"])

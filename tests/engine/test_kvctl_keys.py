@@ -16,9 +16,10 @@ Slow: two engine starts, one after the other, sharing the tier:
    registered".
 
 Multimodal inputs are tested at the scheduler level only
-(tests/plugins/test_vllm_keys.py): a multimodal model needs an image
-processor and vision tower that cannot be built offline here as a tiny
-random model within this suite's time.
+(tests/plugins/test_vllm_keys.py, vLLM's own Request objects with
+mm_features): an engine test was not attempted, as it needs a tiny random
+multimodal checkpoint (vision tower, image processor config, a tokenizer
+with an image token) built offline, which this repository does not have yet.
 """
 
 from __future__ import annotations

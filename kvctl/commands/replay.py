@@ -33,7 +33,7 @@ def _max_tokens(value: str) -> int | None:
 
 @click.command("replay")
 @click.argument("trace", type=click.Path(dir_okay=False))
-@click.option("--url", envvar="KVCTL_ENGINE_URL", help="Engine's OpenAI server, e.g. http://engine:8000 (env KVCTL_ENGINE_URL).")
+@click.option("--engine-url", "--url", "url", envvar="KVCTL_ENGINE_URL", help="Engine's OpenAI server, e.g. http://engine:8000 (env KVCTL_ENGINE_URL; --url is an alias).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Run file to write (JSONL, one row per finished request).")
 @click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
 @click.option("--speed", type=positive(1e6), default=1.0, show_default=True, help="Time scale: 2 sends twice as fast (offsets ÷ 2).")
@@ -93,7 +93,7 @@ def replay_cmd(ctx: click.Context, trace: str, url: str | None, out: str | None,
         )
         return
     if not url:
-        raise click.UsageError("give --url (or KVCTL_ENGINE_URL), or --dry-run")
+        raise click.UsageError("give --engine-url (or KVCTL_ENGINE_URL), or --dry-run")
     if not out:
         raise click.UsageError("give --out RUN.jsonl")
     opts = ReplayOptions(url=url, model=model, speed=speed, max_in_flight=max_in_flight, timeout_s=timeout_s,

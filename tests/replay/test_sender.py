@@ -78,7 +78,8 @@ def test_open_loop_a_slow_server_does_not_delay_later_sends(standin_factory, tmp
     n = 20
     trace = write_trace(tmp_path / "t.jsonl", [{"offset_s": i * 0.02, "prompt_tokens": 8} for i in range(n)])
     out = tmp_path / "run.jsonl"
-    code, output = replay(str(trace), "--url", server.url, "--out", str(out), "--json")
+    # --engine-url, as diagnose and doctor name the engine (issue 22); --url stays an alias (the other tests use it)
+    code, output = replay(str(trace), "--engine-url", server.url, "--out", str(out), "--json")
     assert code == 0, output
     arrivals = sorted(a["t"] for a in server.arrivals())
     # closed loop would need 20 × 2 s = 40 s to send them all (waiting for even one answer: ≥ 2 s);

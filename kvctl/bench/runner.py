@@ -147,7 +147,10 @@ def auto_keys(info: ServerInfo, spec: BenchSpec) -> int:
     if fit < spec.batch:
         raise InvalidInput(
             f"maxmemory {limit / 1e6:.0f} MB leaves room for {max(fit, 0)} values of {spec.chunk_bytes / 1e6:g} MB, "
-            f"fewer than one batch of {spec.batch}: raise maxmemory or lower --batch/--chunk-bytes/--clients"
+            f"fewer than one batch of {spec.batch}: of the {(limit - info.used_memory_bytes) / 1e6:.0f} MB free "
+            f"({info.used_memory_bytes / 1e6:.0f} MB already used), the keys may fill {MAXMEMORY_FILL:.0%} and "
+            f"{inflight / 1e6:.0f} MB is reserved for the replies in flight (2 × {spec.clients} client(s) × {spec.batch} "
+            f"× {spec.chunk_bytes / 1e6:g} MB): raise maxmemory or lower --batch/--chunk-bytes/--clients"
         )
     return min(want, fit)
 

@@ -150,7 +150,10 @@ def test_maxmemory_too_small_for_a_batch_exits_2(valkey_factory):
     srv = valkey_factory(settings={"maxmemory": "8mb"})
     result = CliRunner().invoke(cli, ["bench", "--url", srv.url, "--chunk-bytes", "4e6", "--batch", "4", "--duration", "0.5"])
     assert result.exit_code == 2, result.output
-    assert "maxmemory" in result.output
+    msg = " ".join(result.output.split())
+    assert "maxmemory" in msg
+    # issue 22: the message says where the memory went (the reserve for replies in flight: 2 × 1 × 4 × 4 MB)
+    assert "32 MB is reserved for the replies in flight (2 × 1 client(s) × 4 × 4 MB)" in msg and "may fill 80%" in msg
 
 
 def _fault_run(args, act, at_s, port):

@@ -60,12 +60,13 @@ def clear_screen() -> None:
         _console().clear()
 
 
-def _console(stderr: bool = False):
+def _console(stderr: bool = False, width: int | None = None):
     from rich.console import Console  # noqa: PLC0415 - keep `--help` light
 
     stream = sys.stderr if stderr else sys.stdout
     # rich assumes 80 columns when output is piped (CI logs, `| tee`): use a width that fits our tables
-    width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
+    if width is None:
+        width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
@@ -84,6 +85,10 @@ def fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+#: how many columns a table may grow past the width its longest words need, one at a time, until it is whole
+MAX_WIDEN_STEPS = 64
+
+
 def table(
     title: str | None,
     columns: Sequence[str],
@@ -91,16 +96,35 @@ def table(
     caption: str | None = None,
     styles: Sequence[str | None] | None = None,
 ) -> None:
-    """Print one rich table to stdout; cells are formatted with :func:`fmt`."""
-    from rich.table import Table  # noqa: PLC0415
+    """Print one rich table to stdout; cells are formatted with :func:`fmt`.
 
+    A narrow terminal wraps a cell or a heading between words, never inside one: no number is cut to
+    ``1.0…`` (each column is at least as wide as its longest word); a table wider than the terminal
+    than that runs past its edge rather than lose a figure.
+    """
+    from rich.table import Table  # noqa: PLC0415
+    from rich.text import Text  # noqa: PLC0415
+
+    cells = [[c if isinstance(c, str) else fmt(c) for c in row] for row in rows]
     t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    widths = []
     for i, col in enumerate(columns):
-        justify = "left" if i == 0 else "right"
-        t.add_column(col, justify=justify, style=(styles[i] if styles else None))
-    for row in rows:
-        t.add_row(*[c if isinstance(c, str) else fmt(c) for c in row])
-    _console().print(t)
+        words = [w for text in [col, *(r[i] for r in cells if i < len(r))] for w in Text.from_markup(text).plain.split()]
+        widths.append(max(map(len, words), default=1))
+        t.add_column(col, justify="left" if i == 0 else "right", style=(styles[i] if styles else None), min_width=widths[-1], overflow="fold")
+    for row in cells:
+        t.add_row(*row)
+    console = _console()
+    width = max(console.width, sum(w + 3 for w in widths) + 1)  # each column: its words, a space either side, a rule
+    for _ in range(MAX_WIDEN_STEPS):  # rich's column collapse is not exact: widen until the right edge is drawn
+        lines = console.render_lines(t, console.options.update(width=width), pad=False)
+        top = next(("".join(seg.text for seg in ln).rstrip() for ln in lines if "".join(seg.text for seg in ln).startswith("┏")), "┓")
+        if top.endswith("┓"):
+            break
+        width += 1
+    if width != console.width:
+        console = _console(width=width)
+    console.print(t)
 
 
 def key_values(title: str | None, pairs: Iterable[tuple[str, Any]], caption: str | None = None) -> None:

@@ -109,3 +109,19 @@ def test_a_count_axis_has_integer_ticks_only(tmp_path):
     ticks = render.line_plot(str(tmp_path / "x.png"), "t", "s", "GB/s", {"a": ([0.1, 0.35], [1.0, 1.9])})
     assert not all(t.is_integer() for t in ticks)  # a continuous axis keeps matplotlib's own ticks
 
+
+
+def test_tables_never_cut_a_number_at_80_columns(capsys, monkeypatch):
+    """Issue 22: at 80 columns bench's `vs 1×1` became `1.0…` and simulate's figures were cut. Labels wrap
+    between words; every figure is printed whole, and the table keeps its right edge."""
+    monkeypatch.setenv("COLUMNS", "80")
+    cols = ["instances", "B_eff GB/s", "ρ", "tier ρ", "p50 s", "p90 s", "p99 s", "max s", "p50 by third (s)", "max queue", "stable"]
+    rows = [[2, "7.2*", 0.478123, 0.478, 0.725, 1.27, 1.759, 2.3, "0.725 / 0.725 / 0.73", 4, True],
+            [8, "1.00×", 0.119, 0.119, 0.429, 0.453, 0.526, 0.596, "0.429 / 0.429 / 0.429", 123456, False]]
+    render.table("What if", cols, rows)
+    out = capsys.readouterr().out
+    assert "…" not in out
+    for figure in ["7.2*", "0.478", "1.759", "0.596", "0.725", "1.00×", "123,456"]:
+        assert figure in out, figure
+    table = [ln.rstrip() for ln in out.splitlines() if ln[:1] in "┏┃┡│└"]
+    assert table and all(ln[-1] in "┓┃┩│┘" for ln in table)  # no column lost past the edge

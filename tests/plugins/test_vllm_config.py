@@ -12,15 +12,18 @@ def test_urls_list_and_defaults():
     assert s.urls == ("resp://127.0.0.1:7000", "resp://127.0.0.1:7001")
     assert s.chunk_tokens == 128
     assert s.async_loading is False and s.load_policy is None and s.host_budget_bytes == 0
+    assert s.pinned_pool_bytes == 256 * 2**20
 
 
 def test_url_template_expands_per_rank_and_password_file(tmp_path):
     pw = tmp_path / "pw"
     pw.write_text("s3cret\n")
     s = parse_settings({"url": "resp://valkey-{rank}:6379", "chunk_tokens": 256, "password_file": str(pw),
-                        "async_loading": True, "timeout_s": 0.5, "host_budget_bytes": 1 << 20}, 3)
+                        "async_loading": True, "timeout_s": 0.5, "host_budget_bytes": 1 << 20,
+                        "pinned_pool_bytes": 1 << 30}, 3)
     assert s.urls == tuple(f"resp://:s3cret@valkey-{r}:6379" for r in range(3))
     assert s.async_loading and s.timeout_s == 0.5 and s.host_budget_bytes == 1 << 20
+    assert s.pinned_pool_bytes == 1 << 30
 
 
 def test_load_policy_parsed():
@@ -42,6 +45,8 @@ def test_load_policy_parsed():
     ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "timeout_s": -1}, "timeout_s"),
     ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "async_loading": "yes"}, "async_loading"),
     ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "host_budget_bytes": -5}, "host_budget_bytes"),
+    ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "pinned_pool_bytes": 0}, "pinned_pool_bytes"),
+    ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "pinned_pool_bytes": 1.5e8}, "pinned_pool_bytes"),
     ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "password_file": "/nonexistent/pw"}, "password_file"),
     ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "load_policy": {"t0_s": 1}}, "load_policy.prefill_tokens_per_s"),
     ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "load_policy": {"prefill_tokens_per_s": 1, "x": 1}}, "load_policy.x"),

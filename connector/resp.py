@@ -39,14 +39,13 @@ No click, no rich: this module runs inside engine processes.
 
 from __future__ import annotations
 
-import select
 import socket
 import ssl
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from .resp_errors import (
     RespAuthError,
@@ -57,7 +56,17 @@ from .resp_errors import (
     RespServerError,
     RespTimeout,
 )
-from .urls import InvalidUrl, RespUrl, parse_resp_url
+from .resp_conn import (
+    _CRLF,
+    _REARM_FRACTION,
+    _SMALL_WRITE,
+    MAX_BULK_BYTES,
+    _Connection,
+    _encode_command,
+    _key_bytes,
+    make_ssl_context,
+)
+from .urls import parse_resp_url
 
 __all__ = [
     "RespAuthError",
@@ -71,329 +80,10 @@ __all__ = [
     "make_ssl_context",
 ]
 
-_CRLF = b"\r\n"
-_READ_CHUNK = 256 * 1024  # internal buffer for headers; payloads bypass it
-_MAX_LINE = 64 * 1024  # a header/status line longer than this is malformed
-_DISCARD_CHUNK = 1024 * 1024
-_SMALL_WRITE = 64 * 1024  # values smaller than this are copied into the command buffer
-MAX_BULK_BYTES = 512 * 1024 * 1024  # Valkey's default proto-max-bulk-len: no real server sends more
-# The socket timeout is re-armed to the time left before a blocking call once it
-# exceeds that by more than this fraction of the call's budget: a call overruns
-# its deadline by at most 2 %, without a settimeout() per recv of a large value.
-_REARM_FRACTION = 0.02
 # batched_get splits a batch over several connections only from these sizes on
 _PARALLEL_MIN_BYTES = 4 * 1024 * 1024
 _PARALLEL_MIN_PART_BYTES = 2 * 1024 * 1024  # no sub-batch smaller than this (a split costs a thread handoff)
 _PARALLEL_MAX = 8
-
-
-def make_ssl_context(url: RespUrl) -> ssl.SSLContext:
-    """The stdlib TLS context for a ``rediss://`` URL (verification on unless ``ssl_cert_reqs=none``)."""
-    try:
-        ctx = ssl.create_default_context(cafile=url.ssl_ca_certs)
-    except (OSError, ssl.SSLError) as e:
-        raise InvalidUrl(f"cannot load the TLS CA file {url.ssl_ca_certs!r} of {url.redacted()}: {e}") from e
-    if not url.ssl_verify:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    return ctx
-
-
-def _encode_command(out: bytearray, *args: bytes) -> None:
-    """Append one RESP2 array-of-bulk-strings command to ``out``."""
-    out += b"*%d\r\n" % len(args)
-    for a in args:
-        out += b"$%d\r\n" % len(a)
-        out += a
-        out += _CRLF
-
-
-def _key_bytes(key: str | bytes) -> bytes:
-    return key.encode() if isinstance(key, str) else bytes(key)
-
-
-def _open_socket(host: str, port: int, deadline: float) -> socket.socket:
-    """TCP connect to the first address of ``host:port`` that answers, all attempts within ``deadline``.
-
-    Name resolution (``getaddrinfo``) is the OS resolver's and is not bounded
-    here; URLs for the tier are IP addresses or names resolved from local files.
-    """
-    err: OSError | None = None
-    for family, kind, proto, _, addr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise socket.timeout("connect deadline passed")
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.settimeout(left)
-            sock.connect(addr)
-            return sock
-        except OSError as exc:
-            sock.close()
-            err = exc
-            if isinstance(exc, socket.timeout):
-                raise
-    raise err if err is not None else OSError(f"no address for {host}")
-
-
-class _Connection:
-    """One socket plus a small read buffer. Not thread-safe; the pool hands it to one caller.
-
-    Every blocking operation is bounded by ``deadline`` (``time.monotonic()``
-    seconds), which :meth:`begin` sets for each call; ``budget_s`` is the
-    call's whole budget, for messages. ``replied`` turns True at the first
-    reply byte of the call (a call that failed before it may be retried).
-    """
-
-    def __init__(
-        self,
-        url: RespUrl,
-        timeout_s: float,
-        ssl_context: ssl.SSLContext | None,
-        deadline: float | None = None,
-        max_bulk_bytes: int = MAX_BULK_BYTES,
-    ) -> None:
-        self.url = url
-        self.timeout_s = timeout_s
-        self.max_bulk_bytes = max_bulk_bytes
-        self._rbuf = bytearray(_READ_CHUNK)
-        self._rview = memoryview(self._rbuf)
-        self._rpos = 0
-        self._rend = 0
-        self.broken = False
-        self.replied = False
-        self.last_error = b""
-        self.deadline = time.monotonic() + timeout_s if deadline is None else deadline
-        self._sock_timeout = 0.0
-        where = f"{url.host}:{url.port}"
-        try:
-            sock = _open_socket(url.host, url.port, self.deadline)
-        except socket.timeout:
-            raise RespTimeout(f"connect to {where} timed out after {timeout_s:g}s") from None
-        except OSError as exc:
-            raise RespConnectionError(f"cannot connect to {where}: {exc.strerror or exc}") from None
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if url.tls:
-                sock.settimeout(max(1e-3, self.deadline - time.monotonic()))
-                ctx = ssl_context or make_ssl_context(url)
-                sock = ctx.wrap_socket(sock, server_hostname=url.host)
-        except ssl.SSLError as exc:
-            sock.close()
-            raise RespConnectionError(f"TLS handshake with {where} failed: {exc}") from None
-        except socket.timeout:
-            sock.close()
-            raise RespTimeout(f"TLS handshake with {where} timed out after {timeout_s:g}s") from None
-        except OSError as exc:
-            sock.close()
-            raise RespConnectionError(f"cannot set up connection to {where}: {exc}") from None
-        self.sock = sock
-        try:
-            self.begin(self.deadline, timeout_s)
-            self._handshake()
-            self.replied = False  # AUTH/SELECT replies are not the call's reply
-        except BaseException:
-            self.close()
-            raise
-
-    # -- setup -----------------------------------------------------------------
-    def _handshake(self) -> None:
-        out = bytearray()
-        n = 0
-        if self.url.password is not None:
-            if self.url.username:
-                _encode_command(out, b"AUTH", self.url.username.encode(), self.url.password.encode())
-            else:
-                _encode_command(out, b"AUTH", self.url.password.encode())
-            n += 1
-        if self.url.db:
-            _encode_command(out, b"SELECT", str(self.url.db).encode())
-            n += 1
-        if not n:
-            return
-        self.send([out])
-        errors = []
-        for _ in range(n):
-            kind, value = self.read_simple()
-            if kind == b"-":
-                errors.append(value)
-        if errors:
-            msg = errors[0].decode(errors="replace")
-            if any(e.startswith((b"WRONGPASS", b"NOAUTH", b"ERR AUTH", b"NOPERM")) or b"password" in e for e in errors):
-                raise RespAuthError(f"authentication to {self.url.host}:{self.url.port} refused: {msg}")
-            raise RespServerError(f"connection setup on {self.url.host}:{self.url.port} failed: {msg}")
-
-    def close(self) -> None:
-        self.broken = True
-        try:
-            self.sock.close()
-        except (OSError, AttributeError):
-            pass
-
-    # -- one call ----------------------------------------------------------------
-    def begin(self, deadline: float, budget_s: float) -> None:
-        """Start a call that must end by ``deadline`` (its whole budget is ``budget_s``)."""
-        self.deadline = deadline
-        self.timeout_s = budget_s
-        self.replied = False
-        self._slack = budget_s * _REARM_FRACTION
-        self._arm(fresh=True)
-
-    def _arm(self, fresh: bool = False) -> None:
-        """Before a blocking operation: fail if the deadline passed, else bound the socket by the time left.
-
-        Within a call the time left only shrinks, so the socket timeout is
-        lowered once it exceeds it by the slack. At a call's start (``fresh``)
-        it is also raised when it is shorter by more than the slack; a reused
-        connection whose last call was short keeps its timeout (no syscall).
-        """
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise RespTimeout(f"call to {self._where()} exceeded its {self.timeout_s:g}s deadline")
-        if self._sock_timeout - left > self._slack or (fresh and left - self._sock_timeout > self._slack):
-            self.sock.settimeout(left)
-            self._sock_timeout = left
-
-    def in_sync(self) -> bool:
-        """No reply bytes left in the read buffer after the call (else they would be the next call's reply)."""
-        return not self.broken and self._rpos == self._rend
-
-    def reusable(self) -> bool:
-        """Whether this idle connection may serve another call.
-
-        Not when bytes of a reply are still buffered (they would become the
-        next call's reply) or waiting in the socket, nor when the server closed
-        it. One ``poll(0)``; a TLS record without application data (a
-        session ticket) leaves the connection usable.
-        """
-        if not self.in_sync():
-            return False
-        try:
-            poller = select.poll()
-            poller.register(self.sock.fileno(), select.POLLIN)
-            if not poller.poll(0):
-                return not (self.url.tls and self.sock.pending())
-            if not self.url.tls:
-                return False  # readable while idle: unsolicited bytes, or the server closed it
-            self.sock.settimeout(0.0)
-            self._sock_timeout = 0.0
-            self.sock.recv_into(self._rview[self._rend :], 1)
-            return False  # application data (or EOF) while idle
-        except ssl.SSLWantReadError:
-            return True  # only a TLS record without data (a session ticket): idle and open
-        except (OSError, ValueError):
-            return False
-
-    # -- low-level I/O -----------------------------------------------------------
-    def _where(self) -> str:
-        return f"{self.url.host}:{self.url.port}"
-
-    def send(self, parts: Iterable[Any]) -> None:
-        """Write every buffer in ``parts``, in order, within the call's deadline."""
-        try:
-            for part in parts:
-                self._arm()
-                self.sock.sendall(part)  # sendall's timeout bounds the whole buffer (Python >= 3.5)
-        except socket.timeout:
-            raise RespTimeout(f"send to {self._where()} timed out after {self.timeout_s:g}s") from None
-        except OSError as exc:
-            raise RespConnectionError(f"send to {self._where()} failed: {exc}") from None
-
-    def _recv_into(self, view: memoryview) -> int:
-        self._arm()
-        try:
-            n = self.sock.recv_into(view)
-        except socket.timeout:
-            raise RespTimeout(f"no reply from {self._where()} within {self.timeout_s:g}s") from None
-        except OSError as exc:
-            raise RespConnectionError(f"receive from {self._where()} failed: {exc}") from None
-        if n == 0:
-            raise RespConnectionError(f"{self._where()} closed the connection mid-reply")
-        self.replied = True
-        return n
-
-    def _fill(self) -> None:
-        """Read more bytes into the internal buffer (compacting it first)."""
-        if self._rpos == self._rend:
-            self._rpos = self._rend = 0
-        elif self._rend == len(self._rbuf):
-            if self._rpos == 0:
-                raise RespProtocolError(f"reply line from {self._where()} longer than {_MAX_LINE} bytes")
-            live = self._rend - self._rpos
-            self._rbuf[:live] = self._rbuf[self._rpos : self._rend]
-            self._rpos, self._rend = 0, live
-        self._rend += self._recv_into(self._rview[self._rend :])
-
-    def read_line(self) -> bytes:
-        """One reply line without its CRLF (the header is parsed up to CRLF: bug 2)."""
-        while True:
-            idx = self._rbuf.find(_CRLF, self._rpos, self._rend)
-            if idx >= 0:
-                line = bytes(self._rview[self._rpos : idx])
-                self._rpos = idx + 2
-                return line
-            if self._rend - self._rpos > _MAX_LINE:
-                raise RespProtocolError(f"reply line from {self._where()} longer than {_MAX_LINE} bytes")
-            self._fill()
-
-    def read_exact_into(self, dest: memoryview) -> None:
-        """Fill ``dest`` completely: buffered bytes first, then ``recv_into`` straight into it."""
-        need = len(dest)
-        have = min(need, self._rend - self._rpos)
-        if have:
-            dest[:have] = self._rview[self._rpos : self._rpos + have]
-            self._rpos += have
-        pos = have
-        while pos < need:
-            pos += self._recv_into(dest[pos:])
-
-    def discard(self, n: int) -> None:
-        """Consume and drop ``n`` bytes of reply."""
-        have = min(n, self._rend - self._rpos)
-        self._rpos += have
-        n -= have
-        if n:
-            scratch = memoryview(bytearray(min(n, _DISCARD_CHUNK)))
-            while n:
-                n -= self._recv_into(scratch[: min(n, len(scratch))])
-
-    def expect_crlf(self) -> None:
-        while self._rend - self._rpos < 2:
-            self._fill()
-        if self._rbuf[self._rpos : self._rpos + 2] != _CRLF:
-            raise RespProtocolError(f"bulk reply from {self._where()} not terminated by CRLF")
-        self._rpos += 2
-
-    def read_simple(self) -> tuple[bytes, bytes]:
-        """A one-line reply: (type byte, rest of the line). Bulk/array replies are protocol errors here."""
-        line = self.read_line()
-        if not line:
-            raise RespProtocolError(f"empty reply line from {self._where()}")
-        kind = line[:1]
-        if kind not in (b"+", b"-", b":"):
-            raise RespProtocolError(f"unexpected reply type {kind!r} from {self._where()}: {line[:40]!r}")
-        return kind, line[1:]
-
-    def read_bulk_header(self) -> tuple[bytes, int]:
-        """Header of a bulk reply: ('$', length) with -1 for null, or ('-', 0) after an error line."""
-        line = self.read_line()
-        kind = line[:1]
-        if kind == b"$":
-            try:
-                length = int(line[1:])
-            except ValueError:
-                raise RespProtocolError(f"bad bulk length from {self._where()}: {line[:40]!r}") from None
-            if length < -1:
-                raise RespProtocolError(f"bad bulk length from {self._where()}: {line[:40]!r}")
-            if length > self.max_bulk_bytes:
-                raise RespProtocolError(
-                    f"bulk of {length} bytes from {self._where()} exceeds the {self.max_bulk_bytes}-byte cap (proto-max-bulk-len)"
-                )
-            return b"$", length
-        if kind == b"-":
-            self.last_error = line[1:]
-            return b"-", 0
-        raise RespProtocolError(f"unexpected reply type {kind!r} to GET from {self._where()}: {line[:40]!r}")
 
 
 class _Fanout:

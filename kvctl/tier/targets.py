@@ -12,12 +12,11 @@ from :func:`kvctl.commands.options.valkey_options`):
 from __future__ import annotations
 
 import json
-import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from kvctl.connector.urls import RANK_PLACEHOLDER, expand_url, parse_resp_url
+from kvctl.connector.urls import RANK_PLACEHOLDER, expand_url, parse_resp_url, read_password_file  # noqa: F401 - the one reader, re-exported
 from kvctl.errors import InvalidInput
 from kvctl.files import write_atomic
 
@@ -88,21 +87,6 @@ def load_tier(tier_dir: Path | str) -> TierState:
         raise InvalidInput(f"{tier_dir} holds no kvctl tier ({STATE_FILE} missing); start one with `kvctl deploy-valkey up --dir {tier_dir}`") from e
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InvalidInput(f"cannot read tier state {path}: {e}") from e
-
-
-def read_password_file(path: Path | str) -> str:
-    """The password in ``path``; the file must be mode 0600 (owner-only)."""
-    p = Path(path)
-    try:
-        mode = stat.S_IMODE(p.stat().st_mode)
-        text = p.read_text().strip()
-    except OSError as e:
-        raise InvalidInput(f"cannot read password file {p}: {e.strerror or e}") from e
-    if mode & 0o077:
-        raise InvalidInput(f"password file {p} must be mode 0600 (is {mode:04o}); run `chmod 600 {p}`")
-    if not text:
-        raise InvalidInput(f"password file {p} is empty")
-    return text
 
 
 def resolve_targets(

@@ -55,3 +55,42 @@ def test_with_credentials_rules():
     assert (u.username, u.password, u.db, u.ssl_verify) == ("b", "p@:/", 2, False)
     assert with_credentials("resp://valkey-{rank}:6379", user="kvctl-engine") == "resp://kvctl-engine@valkey-{rank}:6379"
     assert with_credentials("resp://u:p@h:1") == "resp://u:p@h:1"
+
+
+def test_one_password_file_reader_one_answer(tmp_path):
+    """Issue 22: three readers, only one checking the mode. The one reader: owner-only or group-readable
+    (a Kubernetes secret with an fsGroup) is read; open to every user, empty, oversized or not a regular
+    file is refused, naming the file and never its content."""
+    import os
+
+    from kvctl.connector.urls import PASSWORD_FILE_MAX_BYTES, read_password_file
+    from kvctl.errors import InvalidInput
+
+    p = tmp_path / "pw"
+    p.write_text("s3cret\n")
+    for mode in (0o600, 0o400, 0o640, 0o440):
+        p.chmod(mode)
+        assert read_password_file(p) == "s3cret"
+    link = tmp_path / "link"
+    link.symlink_to(p)  # how Kubernetes mounts a secret
+    assert read_password_file(link) == "s3cret"
+    for mode in (0o644, 0o604, 0o606):
+        p.chmod(mode)
+        with pytest.raises(InvalidInput, match=r"open to every user .*chmod 600") as e:
+            read_password_file(p)
+        assert "s3cret" not in str(e.value)
+    p.chmod(0o600)
+    p.write_text("x" * (PASSWORD_FILE_MAX_BYTES + 1))
+    with pytest.raises(InvalidInput, match="larger than"):
+        read_password_file(p)
+    p.write_text("  \n")
+    with pytest.raises(InvalidInput, match="empty"):
+        read_password_file(p)
+    with pytest.raises(InvalidInput, match="not a regular file"):
+        read_password_file(tmp_path)
+    with pytest.raises(InvalidInput, match="cannot read"):
+        read_password_file(tmp_path / "missing")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)  # no writer: a blocking open would never return
+    with pytest.raises(InvalidInput, match="not a regular file"):
+        read_password_file(fifo)

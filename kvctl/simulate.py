@@ -35,7 +35,9 @@ import numpy as np
 
 from kvctl.cost import GB, require_positive
 from kvctl.errors import InvalidInput
-from kvctl.thresholds import ASYNC_TIMEOUT_S, PAPER_T0_S, RHO_UNSTABLE
+from kvctl.thresholds import (
+    ASYNC_TIMEOUT_S, PAPER_T0_S, RHO_UNSTABLE, SIMULATE_BYTES_PER_REQUEST, SIMULATE_FLEET_BYTES_PER_REQUEST, SIMULATE_MEMORY_FRACTION,
+)
 
 LOADINGS = ("sync", "async")
 PROMPT_DISTS = ("fixed", "exponential")
@@ -95,6 +97,38 @@ class SweepPoint:
 
 
 # --- workloads ---------------------------------------------------------------
+
+
+def available_memory() -> tuple[int, str]:
+    """(bytes this process may still allocate, what bounds it): the host's available memory, or the
+    address-space limit (``ulimit -v``) less what is already mapped, whichever is smaller."""
+    import resource  # noqa: PLC0415
+
+    import psutil  # noqa: PLC0415
+
+    avail, what = int(psutil.virtual_memory().available), "the host's available memory"
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        left = max(0, soft - psutil.Process().memory_info().vms)
+        if left < avail:
+            avail, what = left, "the address-space limit (ulimit -v) left"
+    return avail, what
+
+
+def check_memory(requests: int | None, fleet: bool = False) -> None:
+    """InvalidInput, with the figures, when ``requests`` simulated requests would not fit in memory
+    (SIMULATE_*BYTES_PER_REQUEST each against SIMULATE_MEMORY_FRACTION of :func:`available_memory`)."""
+    if not requests:
+        return
+    per = SIMULATE_FLEET_BYTES_PER_REQUEST if fleet else SIMULATE_BYTES_PER_REQUEST
+    need = requests * per
+    avail, what = available_memory()
+    if need > SIMULATE_MEMORY_FRACTION * avail:
+        fits = int(SIMULATE_MEMORY_FRACTION * avail // per)
+        raise InvalidInput(
+            f"--requests {requests:,} needs about {need / GB:.1f} GB ({per} bytes a request{' with several engines' if fleet else ''}), "
+            f"more than {SIMULATE_MEMORY_FRACTION:.0%} of {what} ({avail / GB:.1f} GB): use at most about {fits:,} requests"
+        )
 
 
 def poisson_workload(rate: float, requests: int, prompt_tokens: float, dist: str = "fixed", seed: int = 0) -> Workload:

@@ -61,6 +61,12 @@ EXPORTER_MIN_INTERVAL_S = 0.1
 EXPORTER_STOP_S = 1.5
 #: Samples ``kvctl exporter`` keeps for its sliding window, evenly spaced (its memory bound).
 EXPORTER_WINDOW_SAMPLES = 64
+#: Peak bytes ``kvctl simulate`` holds per simulated request (measured: about 110 for one engine, about
+#: 420 with --engines/variability, at 10^6-3·10^6 requests; rounded up). A run whose estimate passes
+#: SIMULATE_MEMORY_FRACTION of the memory available is refused with the figures, before it allocates.
+SIMULATE_BYTES_PER_REQUEST = 160
+SIMULATE_FLEET_BYTES_PER_REQUEST = 512
+SIMULATE_MEMORY_FRACTION = 0.8
 
 # --- the tier's own settings (kvctl doctor's Valkey lines, docs/runbooks/tier_settings.md) --
 

@@ -334,12 +334,22 @@ def tier_config_options(func: Callable) -> Callable:
 
 
 def _tier_urls(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None) -> tuple[Any, str | None, str | None, str]:
-    """(per-rank URL list or {rank} template, engine user, engine password file, a title) of the tier."""
+    """(per-rank URL list or {rank} template, engine user, engine password file, a title) of the tier.
+
+    Names that go into a config file are refused when they hold a control character (a newline would start
+    a YAML line of its own)."""
+    from kvctl.tier.lmcache_config import check_name  # noqa: PLC0415 - yaml
+
+    for value, what in ((str(tier_dir), "--dir"), (host, "--host"), (name, "--name"), (service, "--service"), (namespace, "--namespace"),
+                        (image, "--image"), (engine_password_file, "--engine-password-file")):
+        check_name(value, what)
     if target == "local":
         from kvctl.tier import local  # noqa: PLC0415
 
         state = load_tier(tier_dir)
         urls = [i.url for i in sorted(state.instances, key=lambda i: i.rank)]
+        check_name(state.dir, "the tier's directory")
+        check_name(state.engine_password_file, "the tier's engine password file")
         stopped = local.not_running(state.instances)
         if stopped:
             render.warn(

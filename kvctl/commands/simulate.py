@@ -48,7 +48,7 @@ def _check_sweep(grid: dict[str, list[Any]]) -> None:
 @click.command("simulate")
 @click.option("--rate", type=SIM_RATE, help="Poisson arrival rate λ, requests/s (or --trace).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Arrivals and prompt lengths from a trace (any `kvctl replay` format).")
-@click.option("--requests", type=count(10**8), help="Requests to simulate (Poisson: default 10000; trace: the first N).")
+@click.option("--requests", type=count(10**8), help="Requests to simulate (Poisson: default 10000; trace: the first N); refused with the figures when it would not fit in memory.")
 @click.option("--prompt-tokens", type=positive(1e9), help="Prompt tokens per request in Poisson mode (the mean with --prompt-dist exponential).")
 @click.option("--prompt-dist", type=click.Choice(["fixed", "exponential"]), default="fixed", show_default=True, help="Prompt lengths in Poisson mode.")
 @click.option("--hit-fraction", type=FiniteFloat(min=0, max=1), default=1.0, show_default=True, help="Share of requests that hit the remote tier (each for its whole prompt).")
@@ -110,6 +110,7 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
                             bytes_per_token=bytes_per_token, prefill_rate=prefill_rate,
                             fit_gbps=sim.effective_gbps(instances, instance_gbps, bench), instances=instances)
     is_fleet = engines > 1 or var.active
+    sim.check_memory(requests or (None if trace_path else 10000), fleet=is_fleet)  # refused with the figures, before any allocation
     cache: dict[Any, Any] = {}
 
     def workload_for(r: float | None = None, n: float | None = None) -> Any:

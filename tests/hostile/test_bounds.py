@@ -98,3 +98,24 @@ def test_a_few_honest_aliases_still_work(tmp_path):
     res = kvctl(["loading", "async", "--config", str(f)], tmp_path / "home", timeout_s=30)
     assert res.returncode == 0, res.output
     assert "enable_async_loading: true" in f.read_text()
+
+
+# ----------------------------------------------------------------------------- item 9: simulate sized against memory
+
+SIM = ["simulate", "--rate", "1000", "--prompt-tokens", "1000", "--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--instance-gbps", "1", "--json"]
+
+
+@pytest.mark.parametrize("extra", [["--requests", "100000000"], ["--requests", "100000000", "--sweep", "instances=1,2,4"],
+                                   ["--requests", "20000000", "--engines", "4"]])
+def test_simulate_refuses_what_does_not_fit_with_the_figure(tmp_path, extra):
+    """Under a 3 GB address-space limit (``ulimit -v``), 10^8 requests (about 11.5 GB before) or a fleet of
+    2·10^7 are refused at once with exit 2 and the figures, not after gigabytes and a MemoryError."""
+    res = kvctl([*SIM, *extra], tmp_path / "home", timeout_s=30)
+    assert res.returncode == 2, (res.returncode, res.output[-600:])
+    assert "GB" in res.output and "--requests" in res.output and "at most about" in res.output
+    assert res.maxrss_mb < 400, res.maxrss_mb
+
+
+def test_simulate_that_fits_still_runs(tmp_path):
+    res = kvctl([*SIM, "--requests", "20000"], tmp_path / "home", timeout_s=60)
+    assert res.returncode == 0, res.output[-600:]

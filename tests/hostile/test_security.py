@@ -8,6 +8,8 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
+
 from tests.hostile.helpers import kvctl, limits
 
 SECRET = "s3cr3t-PW-4c1d"
@@ -180,3 +182,41 @@ def test_replay_run_file_masks_the_engine_url_and_is_0600(tmp_path):
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
     md = json.loads(text.splitlines()[0])["metadata"]
     assert md["engine_url"] == f"http://127.0.0.1:{server.port}" and md["options"]["url"] == f"http://admin:***@127.0.0.1:{server.port}"
+
+
+# ----------------------------------------------------------------------------- item 5: YAML injection
+
+
+import yaml  # noqa: E402
+
+
+def _tier_state(d: Path) -> None:
+    d.mkdir()
+    inst = {"rank": 0, "host": "127.0.0.1", "port": 17400, "pid": 1, "url": "resp://127.0.0.1:17400", "config": "", "logfile": "", "pidfile": ""}
+    (d / "kvctl-tier.json").write_text(json.dumps({"dir": str(d), "instances": [inst]}))
+
+
+@pytest.mark.parametrize("where", ["dir", "name"])
+def test_a_newline_in_a_name_cannot_add_a_yaml_line(tmp_path, where):
+    """Item 5: a tier directory (or --name) with a newline and a YAML line after it: refused (exit 2), and
+    never a config whose parsed mapping holds the injected key."""
+    evil = "x\nevil_key: [injected]"
+    if where == "dir":
+        d = tmp_path / evil
+        _tier_state(d)
+        args = ["deploy-valkey", "lmcache-config", "--dir", str(d)]
+    else:
+        args = ["deploy-valkey", "lmcache-config", "--target", "k8s", "--ranks", "2", "--name", evil]
+    res = kvctl(args, tmp_path / "home")
+    if res.returncode == 0:
+        assert "evil_key" not in (yaml.safe_load(res.stdout) or {}), res.stdout
+    assert res.returncode == 2 and "control character" in res.output, (res.returncode, res.output)
+
+
+def test_lmcache_yaml_comments_escape_control_characters():
+    """The renderer itself: whatever a title or note holds, the YAML parses to exactly the mapping given."""
+    from kvctl.tier.lmcache_config import render_lmcache_yaml
+
+    cfg = {"chunk_size": 256, "remote_url": "resp://h:1\nevil: 1", "extra_config": {"k": "a\r\nb: 2"}}
+    text = render_lmcache_yaml(cfg, "tier in /tmp/x\nevil_key: 1\r\n", ["note\u2028other: 3"])
+    assert yaml.safe_load(text) == cfg

@@ -9,7 +9,6 @@ machine down with it.
 from __future__ import annotations
 
 import os
-import resource
 import signal
 import socket
 import subprocess
@@ -31,20 +30,31 @@ def kvctl_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def limits(as_bytes: int | None = 3 << 30, fsize: int | None = None, umask: int | None = None) -> Callable[[], None]:
-    """A preexec_fn: an address-space cap (a runaway read fails with MemoryError instead of eating the host),
-    optionally a file-size cap (writes past it fail with EFBIG, SIGXFSZ ignored) and a umask."""
+@dataclass(frozen=True)
+class Limits:
+    """What the child sets on itself before importing kvctl: an address-space cap (a runaway read fails
+    with MemoryError instead of eating the host), optionally a file-size cap (writes past it fail with
+    EFBIG, SIGXFSZ ignored) and a umask. Set in the child, not in a preexec_fn: without one the child
+    is spawned with vfork, so its peak RSS (wait4's ru_maxrss) is its own, not the forked test
+    process's."""
 
-    def apply() -> None:
-        if as_bytes is not None:
-            resource.setrlimit(resource.RLIMIT_AS, (as_bytes, as_bytes))
-        if fsize is not None:
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        if umask is not None:
-            os.umask(umask)
+    as_bytes: int | None = 3 << 30
+    fsize: int | None = None
+    umask: int | None = None
 
-    return apply
+    def code(self) -> str:
+        lines = ["import os, resource, signal"]
+        if self.as_bytes is not None:
+            lines.append(f"resource.setrlimit(resource.RLIMIT_AS, ({self.as_bytes}, {self.as_bytes}))")
+        if self.fsize is not None:
+            lines += ["signal.signal(signal.SIGXFSZ, signal.SIG_IGN)", f"resource.setrlimit(resource.RLIMIT_FSIZE, ({self.fsize}, {self.fsize}))"]
+        if self.umask is not None:
+            lines.append(f"os.umask({self.umask})")
+        return "; ".join(lines) + "; " + KVCTL
+
+
+def limits(as_bytes: int | None = 3 << 30, fsize: int | None = None, umask: int | None = None) -> Limits:
+    return Limits(as_bytes, fsize, umask)
 
 
 @dataclass
@@ -59,35 +69,35 @@ class Ran:
         return self.stdout + self.stderr
 
 
-def kvctl(args: list[str], home: Path, timeout_s: float = 20.0, preexec: Callable[[], None] | None = None, env: dict[str, str] | None = None) -> Ran:
-    """Run ``kvctl ARGS`` as a child; kill it at ``timeout_s`` (returncode None). Its peak RSS comes from
-    ``wait4``'s rusage of that very child (not a sampled guess)."""
-    proc = subprocess.Popen([sys.executable, "-c", KVCTL, *args], env=env or kvctl_env(home), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, preexec_fn=preexec or limits())
-    out: list[bytes] = []
-    err: list[bytes] = []
-    readers = [threading.Thread(target=lambda f=f, b=b: b.append(f.read()), daemon=True) for f, b in ((proc.stdout, out), (proc.stderr, err))]
-    for t in readers:
-        t.start()
-    deadline = time.monotonic() + timeout_s
+TIME = "/usr/bin/time"  # GNU time: forks, execs, reports the child's own peak RSS (%M, KB)
+
+
+def kvctl(args: list[str], home: Path, timeout_s: float = 20.0, preexec: Limits | None = None, env: dict[str, str] | None = None) -> Ran:
+    """Run ``kvctl ARGS`` as a child; kill it at ``timeout_s`` (returncode None).
+
+    Its peak RSS comes from GNU time, which forks it from a small process: ``wait4`` from this (large)
+    test process would report this process's own high-water mark, which Linux carries across the
+    fork and exec into the child's ``ru_maxrss``. Without /usr/bin/time the figure is NaN."""
+    rss_file = home.parent / f".maxrss-{os.getpid()}-{time.monotonic_ns()}"
+    home.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-c", (preexec or limits()).code(), *args]
+    if os.path.exists(TIME):
+        cmd = [TIME, "-f", "%M", "-o", str(rss_file), *cmd]
+    proc = subprocess.Popen(cmd, env=env or kvctl_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     timed_out = False
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.monotonic() > deadline:
-            timed_out = True
-            proc.kill()
-            pid, status, usage = os.wait4(proc.pid, 0)
-            break
-        time.sleep(0.02)
-    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
-    for t in readers:
-        t.join(timeout=10)
-    proc.stdout.close()
-    proc.stderr.close()
-    text = lambda b: b[0].decode(errors="replace") if b else ""  # noqa: E731
-    return Ran(None if timed_out else proc.returncode, text(out), text(err), usage.ru_maxrss / 1024)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)  # the session this call started: time and kvctl under it
+        out, err = proc.communicate(timeout=10)
+    try:
+        rss_mb = int(rss_file.read_text().split()[-1]) / 1024
+        rss_file.unlink()
+    except (OSError, ValueError, IndexError):
+        rss_mb = float("nan")
+    rc = proc.returncode
+    return Ran(None if timed_out else rc, out.decode(errors="replace"), err.decode(errors="replace"), rss_mb)
 
 
 class HostileHTTP:

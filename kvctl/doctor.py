@@ -31,6 +31,7 @@ from kvctl.tier.checks import FAIL, OK, SKIPPED, WARNING, Check
 from kvctl.tier.server import PASSWORD_HINT, is_auth_error, redis_for_url
 from kvctl.thresholds import RHO_HIGH, RHO_UNSTABLE
 from kvctl.tier.targets import Target
+from kvctl.connector import metric_names
 
 ORDER = (SKIPPED, OK, WARNING, FAIL)
 #: LMCache releases whose native resp:// client has §5.4's bugs 1 and 2 and whose MLA store writes from rank 0 only
@@ -166,7 +167,7 @@ def _engine(raw_url: str, timeout_s: float, kvt: dict[str, Any] | None, out: lis
         out.append(Check("engine", "vllm_version", OK, f"vLLM {version}", evidence={"url": url, "version": version}))
     else:
         out.append(Check("engine", "vllm_version", WARNING, f"{url}/version did not answer: vLLM version unknown", "check the engine is vLLM's OpenAI API server", {"url": url}))
-    in_metrics = "kvctl" if any(n.startswith("kvctl:") for n in names) else "lmcache" if any(n.startswith("lmcache:") for n in names) else None
+    in_metrics = "kvctl" if any(n.startswith(metric_names.PREFIX) for n in names) else "lmcache" if any(n.startswith("lmcache:") for n in names) else None
     connector = in_metrics or connector_of(kvt)
     label = {"kvctl": "kvctl (kvctl.plugins.vllm)", "lmcache": "LMCache"}.get(connector or "", connector or "none")
     if connector:
@@ -178,7 +179,7 @@ def _engine(raw_url: str, timeout_s: float, kvt: dict[str, Any] | None, out: lis
         ))
     info = M.labels(text, "vllm:cache_config_info")
     block = int(info["block_size"]) if info.get("block_size", "").isdigit() else None
-    ranks = scrape.gauge("kvctl:ranks")  # as diagnose reads W
+    ranks = scrape.gauge(metric_names.RANKS)  # as diagnose reads W
     return {"block_size": block, "ranks": int(ranks) if ranks and ranks >= 1 else None, "connector": connector}
 
 

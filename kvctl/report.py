@@ -22,9 +22,10 @@ from kvctl.bench.stats import mean, percentile
 from kvctl.diagnose.metrics import delta
 from kvctl.errors import InvalidInput
 from kvctl.replay.runfile import INTERRUPTED, Run, read_run
+from kvctl.connector.metric_names import REMOTE_HIT_TOKENS
 
 #: kvctl connector counter of prompt tokens loaded from the remote tier (tokens).
-CONNECTOR_L2_TOKENS = "kvctl:remote_hit_tokens"
+CONNECTOR_L2_TOKENS = REMOTE_HIT_TOKENS
 #: LMCache counter of bytes read from the remote backend.
 LMCACHE_L2_BYTES = "lmcache:num_remote_read_bytes"
 

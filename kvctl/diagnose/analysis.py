@@ -45,6 +45,7 @@ from kvctl.diagnose.observations import (  # noqa: F401 - EngineObs/InstanceObs/
 )
 from kvctl.errors import ExitStatus, InvalidInput
 from kvctl.thresholds import GPU_NOT_COMPUTE_BOUND_PCT, RHO_HIGH, RHO_TARGET
+from kvctl.connector import metric_names as N
 DEFAULT_T0_S = cost.PAPER_PAIRING["t0_s"]
 
 #: where B came from (``Diagnosis.bandwidth_source``)
@@ -257,13 +258,13 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         ))
 
     # --- L2 bytes and bandwidth B ---------------------------------------------------------
-    k_bytes_rate, k_secs = D.rate("kvctl:l2_get_bytes"), D.total("kvctl:l2_get_seconds")
-    k_bytes = D.total("kvctl:l2_get_bytes")
+    k_bytes_rate, k_secs = D.rate(N.L2_GET_BYTES), D.total(N.L2_GET_SECONDS)
+    k_bytes = D.total(N.L2_GET_BYTES)
     lm_bytes_rate, lm_bytes = D.rate("lmcache:num_remote_read_bytes"), D.total("lmcache:num_remote_read_bytes")
     lm_get_ms = D.total("lmcache:remote_time_to_get", "sum")
     valkey_rate = sum(i.bytes_out_per_s for i in ok_inst) if ok_inst else None
     if k_bytes_rate is not None:
-        l2_rate, l2_src = k_bytes_rate, "kvctl:l2_get_bytes_total (engine side)"
+        l2_rate, l2_src = k_bytes_rate, f"{N.L2_GET_BYTES}_total (engine side)"
     elif lm_bytes_rate is not None:
         l2_rate, l2_src = lm_bytes_rate, "lmcache:num_remote_read_bytes (engine side)"
     elif valkey_rate is not None:
@@ -379,9 +380,9 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         instances=ok_inst, l2_per_req=l2_per_req, resets=resets, r=r, r_implausible=r_implausible,
         blocking=D.total("lmcache:get_blocking_failed_count"),
         slow_lookups=M.count_above(D.buckets("lmcache:time_to_lookup"), params.slow_lookup_s),
-        kvctl_timeouts=D.total("kvctl:lookup_timeouts"), kvctl_load_errors=D.total("kvctl:load_errors"),
-        kvctl_shortfall=D.total("kvctl:agreed_prefix_shortfall_chunks"),
-        chunks_hit=D.total("kvctl:chunks_hit"), chunks_missed=D.total("kvctl:chunks_missed"),
+        kvctl_timeouts=D.total(N.LOOKUP_TIMEOUTS), kvctl_load_errors=D.total(N.LOAD_ERRORS),
+        kvctl_shortfall=D.total(N.AGREED_PREFIX_SHORTFALL_CHUNKS),
+        chunks_hit=D.total(N.CHUNKS_HIT), chunks_missed=D.total(N.CHUNKS_MISSED),
         ext_queries=D.total("vllm:external_prefix_cache_queries"), ext_hits=D.total("vllm:external_prefix_cache_hits"),
         lm_requested=D.total("lmcache:num_requested_tokens"), lm_hits=D.total("lmcache:num_hit_tokens"),
         mean_prefill_s=mean_prefill_s, bw_implausible=bw_implausible,
@@ -424,9 +425,9 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
 
 def _engine_ranks(engines: list[_Engine], capture: Capture) -> tuple[int, str | None]:
     """W, the ranks whose GET seconds the connector sums: its ``kvctl:ranks`` gauge, else one per Valkey instance."""
-    exported = [v for e in engines if (v := e.b.gauge("kvctl:ranks")) is not None and v >= 1]
+    exported = [v for e in engines if (v := e.b.gauge(N.RANKS)) is not None and v >= 1]
     if exported:
-        return int(max(exported)), "kvctl:ranks"
+        return int(max(exported)), N.RANKS
     if capture.valkey_urls:
         return len(capture.valkey_urls), f"{len(capture.valkey_urls)} Valkey instance(s), one per rank"
     return 1, None

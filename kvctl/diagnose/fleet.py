@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from kvctl import cost
 from kvctl.diagnose.observations import EngineObs, InstanceObs, _Deltas, _div, _Engine
+from kvctl.connector import metric_names as N
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,11 @@ class InstanceLoad:
 
 
 def _engine_load(e: _Engine, o: EngineObs, n_inst: int, s_bpt: float | None) -> EngineLoad:
-    gauge = e.b.gauge("kvctl:ranks")
-    ranks, src = (int(gauge), "kvctl:ranks") if gauge is not None and gauge >= 1 else (n_inst, "every instance")
+    gauge = e.b.gauge(N.RANKS)
+    ranks, src = (int(gauge), N.RANKS) if gauge is not None and gauge >= 1 else (n_inst, "every instance")
     ranks = max(1, min(ranks, n_inst)) if n_inst else max(1, ranks)
     one = _Deltas([e])
-    k_bytes, k_secs = one.total("kvctl:l2_get_bytes"), one.total("kvctl:l2_get_seconds")
+    k_bytes, k_secs = one.total(N.L2_GET_BYTES), one.total(N.L2_GET_SECONDS)
     lm_bytes, lm_ms = one.total("lmcache:num_remote_read_bytes"), one.total("lmcache:remote_time_to_get", "sum")
     hits = one.total("vllm:external_prefix_cache_hits")
     bw = None

@@ -48,3 +48,16 @@ def test_bundled_model_config_is_the_repository_one():
     assert bundled.read_bytes() == (ROOT / "configs" / "models" / "deepseek-v3.json").read_bytes()
     assert model_config_path() == ROOT / "configs" / "models" / "deepseek-v3.json"
     assert sizes().chunk_bytes == int(sizes(bundled).chunk_bytes)
+
+
+def test_package_data_globs_cover_every_sample_file():
+    """`pip install .` (not editable) copies what setup.cfg's package_data names: every file under kvctl/samples/."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    globs = [g.strip() for g in cfg["options.package_data"]["kvctl"].splitlines() if g.strip()]
+    covered = {p for g in globs for p in (ROOT / "kvctl").glob(g) if p.is_file()}
+    files = {p for p in (ROOT / "kvctl" / "samples").rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    assert files and files <= covered, sorted(str(p) for p in files - covered)
+    assert "kvctl.drill" in cfg["options"]["packages"].split()

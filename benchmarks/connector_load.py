@@ -73,7 +73,7 @@ def _bench(rank, args, urls):
     from kvctl.connector.resp import RespClient
     from kvctl.plugins.vllm import KvctlConnector, LoadSpec, SaveSpec
     from kvctl.plugins.vllm_kv import slots_for
-    from kvctl.plugins.vllm_lookup import TierLookup
+    from kvctl.connector.lookup import TierLookup
 
     W, ct, n = args.world, args.chunk_tokens, args.chunks
     n_tokens = n * ct + 1  # the last token is always computed: n chunks loadable

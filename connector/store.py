@@ -38,39 +38,15 @@ import torch
 from .ownership import KeyExtra, chunk_keys, chunk_start_token, cumulative_lengths, lookup_answer, num_chunks, owned_chunks
 from .urls import expand_url
 from .pinned import PinnedPool, get_into_device, set_from_device
+from .policy import LoadPolicy, ewma  # LoadPolicy re-exported: part of the store's API
 from .prefetch import LRUCache, PrefetchRequest
 from .protocol import DEFAULT_MODE, LoadResult, load_agreed_prefix
 from .resp import RespClient, RespError
 
-from kvctl.cost import load_s as _load_s, recompute_s as _recompute_s  # a pure helper connector/ may use (ARCHITECTURE.md)
 from kvctl.thresholds import CHUNK_TOKENS  # pure constants
 
 
 __all__ = ["LoadPolicy", "ShardedStore", "StoreResult"]
-
-
-@dataclass(frozen=True)
-class LoadPolicy:
-    """Load-or-recompute (paper §4 cost model, §7's suggestion).
-
-    ``bandwidth_gbps``: the tier bandwidth one prompt sees (all ranks together,
-    1e9 bytes/s); None = this rank's measured L2 GET bandwidth x W, and no
-    veto until something has been measured.
-    """
-
-    bytes_per_token: float
-    prefill_tokens_per_s: float
-    t0_s: float
-    bandwidth_gbps: float | None = None
-
-    def load_wins(self, tokens: int, bandwidth_gbps: float | None) -> bool:
-        """True when loading ``tokens`` is predicted no slower than recomputing them."""
-        bw = self.bandwidth_gbps if self.bandwidth_gbps is not None else bandwidth_gbps
-        if tokens <= 0 or bw is None:
-            return True
-        if bw <= 0:
-            return False
-        return _load_s(tokens, self.bytes_per_token, bw, self.t0_s) <= _recompute_s(tokens, self.prefill_tokens_per_s)
 
 
 @dataclass(frozen=True)
@@ -177,7 +153,7 @@ class ShardedStore:
             self.l2_get_seconds += dt
             if got and dt > 0:
                 gbps = got / dt / 1e9
-                self._get_gbps = gbps if self._get_gbps is None else 0.7 * self._get_gbps + 0.3 * gbps
+                self._get_gbps = ewma(self._get_gbps, gbps)
 
     @property
     def measured_gbps(self) -> float | None:

@@ -60,7 +60,8 @@ from .vllm_config import ConnectorConfigError, parse_settings
 from .vllm_keys import request_key_extra
 from .vllm_kv import KVLayoutError, chunk_fmt, layout_for
 from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec, _ReqState, shard_group, shard_group_kind
-from .vllm_lookup import LookupCache, PolicyState, TierLookup, loadable_chunks
+from kvctl.connector.lookup import LookupCache, TierLookup, loadable_chunks
+from kvctl.connector.policy import PolicyState
 from .vllm_stats import KvctlConnectorStats, KvctlPromMetrics, StatsCollector
 
 if TYPE_CHECKING:

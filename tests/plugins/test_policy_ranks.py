@@ -5,7 +5,7 @@ in parallel (each its own chunks from its own instance), so Σbytes / Σseconds 
 one rank's bandwidth; the whole model's s must be compared with W times that.
 """
 
-from kvctl.plugins.vllm_lookup import PolicyState
+from kvctl.connector.policy import PolicyState
 
 
 def test_llama_tp8_policy_uses_w_times_the_per_rank_bandwidth():
@@ -32,3 +32,30 @@ def test_one_rank_is_the_default():
     p.observe(get_bytes=3e9, get_seconds=1.5)  # 2 GB/s, one rank
     assert abs(p.measured_gbps - 2.0) < 1e-9
 
+
+
+def test_one_smoothing_rule_for_the_store_and_the_scheduler():
+    """Issue 22: the store's per-rank GET bandwidth and the scheduler's estimate are smoothed by one rule.
+
+    Worked by hand with the newest measurement weighted 0.3: 10 GB/s, then 20 GB/s -> 0.7 × 10 + 0.3 × 20 = 13.
+    """
+    from kvctl.connector.policy import BANDWIDTH_EWMA_NEW, ewma
+
+    assert BANDWIDTH_EWMA_NEW == 0.3
+    p = PolicyState(bytes_per_token=1.0, prefill_tokens_per_s=1.0, ranks=1)
+    p.observe(get_bytes=10e9, get_seconds=1.0)
+    p.observe(get_bytes=20e9, get_seconds=1.0)
+    assert abs(p.measured_gbps - 13.0) < 1e-9
+    assert abs(ewma(ewma(None, 10.0), 20.0) - 13.0) < 1e-9
+
+
+def test_lookup_and_policy_import_without_torch():
+    """The scheduler-side modules stay torch-free (issue 22: they could not be imported without torch)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import kvctl.connector.lookup, kvctl.connector.policy\n"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

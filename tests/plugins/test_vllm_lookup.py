@@ -10,7 +10,8 @@ import pytest
 
 from kvctl.connector.ownership import chunk_keys
 from kvctl.connector.resp import RespClient
-from kvctl.plugins.vllm_lookup import PolicyState, TierLookup, loadable_chunks
+from kvctl.connector.lookup import TierLookup, loadable_chunks
+from kvctl.connector.policy import PolicyState
 
 CT = 4
 MODEL, FMT = "m", "f"

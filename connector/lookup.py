@@ -1,4 +1,4 @@
-"""Scheduler-side lookup of the vLLM connector, and the load-or-recompute policy (no vLLM import).
+"""Scheduler-side lookup of the sharded tier (no vLLM, no torch import).
 
 The scheduler process is none of the W ranks, so it asks every rank's own
 Valkey instance about that rank's owned chunks (EXISTS only) and takes the
@@ -14,13 +14,12 @@ so a dead or stopped instance does not stall every new request's lookup.
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Sequence
 
-from kvctl.connector.ownership import (
+from .ownership import (
     KeyExtra,
     chunk_keys,
     contiguous_hit_tokens,
@@ -28,10 +27,9 @@ from kvctl.connector.ownership import (
     lookup_answer,
     owned_chunks,
 )
-from kvctl.connector.resp import RespClient
-from kvctl.connector.store import LoadPolicy
+from .resp import RespClient
 
-__all__ = ["LookupCache", "LookupResult", "PolicyState", "TierLookup", "loadable_chunks"]
+__all__ = ["LookupCache", "LookupResult", "TierLookup", "loadable_chunks"]
 
 
 def loadable_chunks(num_tokens: int, chunk_tokens: int) -> int:
@@ -154,51 +152,3 @@ class LookupCache:
 
     def __len__(self) -> int:
         return len(self._answers)
-
-
-class PolicyState:
-    """Load-or-recompute with one bandwidth estimate for all ranks that cannot lock itself out.
-
-    The estimate is the engine-wide GET bandwidth the workers report (bytes
-    and seconds summed over ranks, so every rank's load is judged by the
-    same number, and the scheduler's one decision holds for all ranks). The
-    ``ranks`` load in parallel, each its own share from its own instance, so
-    Σbytes / Σseconds is one rank's bandwidth and the tier's is ``ranks`` times
-    it: that is what the whole model's ``bytes_per_token`` is judged against. A
-    veto lets no loads through, so no new measurement would ever raise a low
-    estimate: after ``reprobe_after_s`` without a measurement one load is let
-    through (a re-probe) and the estimate it produces replaces the old one.
-    """
-
-    def __init__(self, bytes_per_token: float, prefill_tokens_per_s: float, t0_s: float = 0.0,
-                 bandwidth_gbps: float | None = None, reprobe_after_s: float = 30.0, clock=time.monotonic,
-                 ranks: int = 1) -> None:
-        self.bytes_per_token, self.rate, self.t0_s, self.ranks = bytes_per_token, prefill_tokens_per_s, t0_s, max(1, ranks)
-        self._cost = LoadPolicy(bytes_per_token, prefill_tokens_per_s, t0_s, bandwidth_gbps)  # the one cost test
-        self.fixed_gbps, self.reprobe_after_s, self.clock = bandwidth_gbps, reprobe_after_s, clock
-        self.measured_gbps: float | None = None
-        self._last_measured = clock()
-        self._lock = threading.Lock()
-        self.vetoes = 0
-        self.probes = 0
-
-    def observe(self, get_bytes: float, get_seconds: float) -> None:
-        """Fold in one interval's GET bytes and seconds, each summed over the ranks (tier GB/s = ranks × Σbytes/Σseconds)."""
-        if get_bytes <= 0 or get_seconds <= 0:
-            return
-        gbps = self.ranks * get_bytes / get_seconds / 1e9
-        with self._lock:
-            self.measured_gbps = gbps if self.measured_gbps is None else 0.5 * self.measured_gbps + 0.5 * gbps
-            self._last_measured = self.clock()
-
-    def allow(self, tokens: int) -> bool:
-        """True when loading ``tokens`` should go ahead (predicted faster, unknown yet, or a re-probe)."""
-        if self._cost.load_wins(tokens, self.measured_gbps):  # also True with no estimate yet
-            return True
-        with self._lock:
-            if self.fixed_gbps is None and self.clock() - self._last_measured >= self.reprobe_after_s:
-                self._last_measured = self.clock()  # one probe per period
-                self.probes += 1
-                return True
-            self.vetoes += 1
-            return False

@@ -13,8 +13,6 @@ from kvctl.errors import InvalidInput
 from kvctl.hooks import hookimpl
 from kvctl.kvsize import DTYPE_BYTES, kv_size_from_file
 
-POS = click.FloatRange(min=0, min_open=True)  # unbounded: kept for callers not yet on the bounded types below
-NONNEG = click.FloatRange(min=0)
 
 # The cost model's quantities with the bounds past which a value is a typo (and the
 # arithmetic would overflow into inf/NaN). Divisors have a floor above zero.

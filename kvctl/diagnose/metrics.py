@@ -71,17 +71,6 @@ class Scrape:
     def hist_count(self, name: str) -> float | None:
         return self.values.get(f"{name}_count")
 
-    def merged(self, other: "Scrape") -> "Scrape":
-        """The sum of two scrapes (e.g. two engines)."""
-        out = Scrape(dict(self.values), {k: dict(v) for k, v in self.buckets.items()})
-        for k, v in other.values.items():
-            out.values[k] = out.values.get(k, 0.0) + v
-        for fam, bks in other.buckets.items():
-            mine = out.buckets.setdefault(fam, {})
-            for le, c in bks.items():
-                mine[le] = mine.get(le, 0.0) + c
-        return out
-
 
 def parse(text: str, source: str = "<metrics>") -> Scrape:
     """Parse Prometheus exposition text; InvalidInput naming ``source`` when it is not."""
@@ -125,13 +114,6 @@ def labels(text: str, name: str, source: str = "<metrics>") -> dict[str, str]:
     except (ValueError, TypeError, IndexError) as e:
         raise InvalidInput(f"{source} is not Prometheus text: {e}") from e
     return {}
-
-
-def merge(scrapes: list[Scrape]) -> Scrape:
-    total = Scrape()
-    for s in scrapes:
-        total = total.merged(s)
-    return total
 
 
 def delta(a: float | None, b: float | None) -> float | None:

@@ -48,6 +48,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from kvctl.connector import metric_names as MN
 from kvctl.connector.metric_names import COUNTERS, RANKS, RANKS_HELP
 from kvctl.connector.ownership import chunk_keys, owner
 from kvctl.drill.config import EngineConfig, EngineSettings, read_config
@@ -149,14 +150,14 @@ class Tier:
             res = self._per_rank(lambda r, cs: self.clients[r].batched_exists([keys[c] for c in cs]), range(len(keys)))
             for r, got in enumerate(res):
                 if isinstance(got, BaseException):
-                    self.m.kvctl["kvctl:lookup_timeouts"].inc()
+                    self.m.kvctl[MN.LOOKUP_TIMEOUTS].inc()
                     continue
                 if got is not None:
                     for c, ok in zip([c for c in range(len(keys)) if owner(c, self.W) == r], got):
                         present[c] = bool(ok)
         hit = next((i for i, p in enumerate(present) if not p), len(present))
-        self.m.kvctl["kvctl:chunks_hit"].inc(hit)
-        self.m.kvctl["kvctl:chunks_missed"].inc(len(keys) - hit)
+        self.m.kvctl[MN.CHUNKS_HIT].inc(hit)
+        self.m.kvctl[MN.CHUNKS_MISSED].inc(len(keys) - hit)
         return hit
 
     def _busy(self, rank: int, start: bool) -> None:
@@ -169,7 +170,7 @@ class Tier:
             else:
                 self._in_flight[rank] -= 1
                 if self._in_flight[rank] == 0:
-                    self.m.kvctl["kvctl:l2_get_seconds"].inc(now - self._busy_since[rank])
+                    self.m.kvctl[MN.L2_GET_SECONDS].inc(now - self._busy_since[rank])
 
     def _load_rank(self, rank: int, chunks: list[int], keys: list[str], pipelined: bool) -> bool:
         """GET one rank's chunks: one pipelined batch (async) or chunk by chunk, a round trip each (sync); paced."""
@@ -189,7 +190,7 @@ class Tier:
         finally:
             self._busy(rank, False)
         if all(ok):
-            self.m.kvctl["kvctl:l2_get_bytes"].inc(s.chunk_bytes * len(chunks))
+            self.m.kvctl[MN.L2_GET_BYTES].inc(s.chunk_bytes * len(chunks))
         return all(ok)
 
     def load(self, keys: list[str], hit: int, pipelined: bool) -> bool:
@@ -197,7 +198,7 @@ class Tier:
         res = self._per_rank(lambda r, cs: self._load_rank(r, cs, keys, pipelined), range(hit))
         ok = all(x is None or x is True for x in res)
         if not ok:
-            self.m.kvctl["kvctl:load_errors"].inc()
+            self.m.kvctl[MN.LOAD_ERRORS].inc()
         return ok
 
     def store(self, keys: list[str], start: int) -> None:
@@ -274,7 +275,7 @@ class DrillEngine:
         self.m.req_prompt.observe(n)
         self.m.ext_queries.inc(n)
         self.m.ext_hits.inc(hit_tokens)
-        self.m.kvctl["kvctl:remote_hit_tokens"].inc(hit_tokens)
+        self.m.kvctl[MN.REMOTE_HIT_TOKENS].inc(hit_tokens)
         self.m.success.inc()
         return hit_tokens, ttft
 

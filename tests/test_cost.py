@@ -33,10 +33,6 @@ def test_rho_matches_paper():
     assert cost.rho(1.21, 0.79e9, 0.85 * r.instances_for_target) <= 0.5
 
 
-def test_chunk_of_glm_is_12_4_mb():
-    assert S * 256 == pytest.approx(12.4e6)
-
-
 @given(
     s=st.floats(1e3, 1e6), r=st.floats(1e2, 1e6), b=st.floats(0.01, 100), t0=st.floats(0, 2), n=st.integers(1, 10**6)
 )

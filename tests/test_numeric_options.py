@@ -146,6 +146,49 @@ def test_cost_json_is_finite_for_every_accepted_value(data):
         assert "Error:" in result.output and "Traceback" not in result.output
 
 
+def _finite_json(text: str) -> None:
+    numbers: list[float] = []
+
+    def walk(x):
+        if isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+        elif isinstance(x, float):
+            numbers.append(x)
+
+    walk(_strict(text))
+    assert all(math.isfinite(x) for x in numbers)
+
+
+@pytest.mark.parametrize("path", [p for p, _ in COST], ids=" ".join)
+def test_cost_options_at_their_bounds_are_accepted_and_finite(path):
+    """The property above lets a value be refused (exit 2): alone, a model that refused everything would pass
+    it. Here every numeric option of each cost command, at its lowest and highest accepted value, on top of
+    the base invocation, is checked: most are accepted, and every accepted one prints finite JSON."""
+    cmd = dict(COST)[path]
+    ran = accepted = 0
+    for opt in _numeric(cmd):
+        t = opt.type
+        lo = t.min if t.min is not None else 0
+        values = [lo if not t.min_open else (lo + 1 if isinstance(t, click.types.IntParamType) else lo * 2 + 1e-3),
+                  t.max if not getattr(t, "max_open", False) else t.max * 0.999]
+        for v in values:
+            result = CliRunner().invoke(cli, [*path, *BASE[path], opt.opts[0], repr(v) if isinstance(v, float) else str(v), "--json"])
+            ran += 1
+            if result.exit_code == 0:
+                accepted += 1
+                _finite_json(result.stdout)
+            else:
+                assert result.exit_code == 2 and "Error:" in result.output, (path, opt.opts[0], v, result.output)
+    assert ran == 0 or accepted * 2 >= ran, f"{' '.join(path)}: only {accepted} of {ran} boundary values accepted"
+    result = CliRunner().invoke(cli, [*path, *BASE[path], "--json"])
+    assert result.exit_code == 0, result.output  # the base invocation itself is accepted
+    _finite_json(result.stdout)
+
+
 @pytest.mark.parametrize(
     "args, flag",
     [

@@ -82,14 +82,38 @@ def test_tables_format_cells_and_escape_markup(capsys, monkeypatch):
     assert "[red]not markup[/red]" in out
 
 
-def test_progress_is_a_no_op_off_a_tty(capsys):
+def test_progress_is_a_no_op_off_a_tty_and_draws_on_one(capsys, monkeypatch):
     with render.progress("work", total=3) as advance:  # pytest's stderr is not a TTY
         for _ in range(3):
             advance()
         advance(1, description="renamed")
     with render.replay_progress(5) as update:
         update(object())  # never inspected when disabled
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr() == ("", "")  # nothing on stdout or stderr
+    # the same calls on a real terminal (a pty) draw the bar there: the check above can tell the two apart
+    import io
+    import os
+    import pty
+    import select
+    import sys
+
+    master, slave = pty.openpty()
+    tty = io.TextIOWrapper(os.fdopen(slave, "wb", buffering=0), encoding="utf-8", write_through=True)
+    try:
+        monkeypatch.setattr(sys, "stderr", tty)
+        with render.progress("work-on-a-tty", total=3) as advance:
+            advance(3, description="done-on-a-tty")
+        tty.flush()
+        drawn = b""
+        for _ in range(100):  # bounded in count, and each wait in time: the bar is written before this
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if not ready:
+                break
+            drawn += os.read(master, 65536)
+    finally:
+        tty.close()
+        os.close(master)
+    assert b"tty" in drawn
 
 
 def test_plots_are_png_files(tmp_path):

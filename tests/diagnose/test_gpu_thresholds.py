@@ -14,7 +14,7 @@ from kvctl.diagnose import stalls
 from kvctl.diagnose.analysis import Params, analyse
 from kvctl.diagnose.capture import Capture, Sample
 from kvctl.diagnose.sources import GpuSample
-from kvctl.thresholds import GPU_IDLE_PCT, GPU_NOT_COMPUTE_BOUND_PCT
+from kvctl.thresholds import GPU_NOT_COMPUTE_BOUND_PCT
 from tests.diagnose.engine_text import EngineState
 
 BASE = EngineState(engines=1)
@@ -30,7 +30,6 @@ def queue_finding(utils: list[float]):
 
 
 def test_the_two_thresholds_are_the_two_facts():
-    assert (GPU_IDLE_PCT, GPU_NOT_COMPUTE_BOUND_PCT) == (5.0, 30.0)
     assert Params().gpu_idle_pct == GPU_NOT_COMPUTE_BOUND_PCT  # diagnose's Params: the mean-utilisation threshold
 
 

@@ -56,6 +56,8 @@ MAX_INTERVAL_S = 3600.0
 #: Seconds :meth:`stop` waits for the HTTP thread and the sampler: the reads in flight are cut first,
 #: so both only finish what they are doing (an HTTP answer, one analysis).
 STOP_GRACE_S = EXPORTER_STOP_S
+#: The longest the main thread sleeps before it looks at signals again (see :meth:`Server.wait`).
+WAIT_SLICE_S = 0.1
 
 #: name -> (help, label names). The metric names are part of kvctl's interface (alerts, dashboards).
 METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -455,8 +457,18 @@ class Server:
         return f"http://{host}:{self.port}/metrics"
 
     def wait(self, timeout_s: float | None) -> bool:
-        """Block until :meth:`stop` or ``timeout_s``; True when stopped."""
-        return self._stop.wait(timeout_s)
+        """Block until :meth:`stop` or ``timeout_s``; True when stopped.
+
+        Waits in short slices: a signal the kernel hands to another thread (it does so when the main
+        thread already has one pending) only runs its Python handler once the main thread wakes, so one
+        unbounded wait could sleep through SIGTERM for good."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.monotonic())
+            if left <= 0:
+                return self._stop.is_set()
+            if self._stop.wait(left):
+                return True
 
     def request_stop(self) -> None:
         """Ask :meth:`wait` to return (safe from a signal handler)."""

@@ -220,3 +220,25 @@ def test_exporter_serves_the_finding_for_an_endless_engine(tmp_path):
     assert 'id="metrics_too_large"' in body, body[-2000:]
     assert any(ln.startswith("kvctl_engine_up{") and ln.endswith(" 0.0") for ln in body.splitlines())
     assert rss_mb < 400, rss_mb
+
+
+def test_a_second_signal_cuts_the_stop_short(tmp_path):
+    """SIGTERM then Ctrl-C at once: the second one exits right away (128 + its number, no orderly summary),
+    as an operator who presses Ctrl-C twice expects; before, it was swallowed and the stop ran on."""
+    with HostileHTTP(lambda server, h: (send_head(h, len(METRICS)), h.wfile.write(METRICS.encode()))) as eng:
+        proc = subprocess.Popen([sys.executable, "-m", "kvctl.cli", "exporter", "--listen", "127.0.0.1:0", "--engine-url", eng.url,
+                                 "--interval", "0.2", "--window", "0.4", "--json"], env=kvctl_env(tmp_path / "home"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            start = json.loads(proc.stdout.readline() or "{}")
+            assert start.get("event") == "listening", start
+            assert eng.connected.wait(10)
+            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=5)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate(timeout=10)
+    assert proc.returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM), (proc.returncode, err[-500:])
+    assert '"stopped"' not in out

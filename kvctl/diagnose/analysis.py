@@ -30,8 +30,9 @@ from typing import Any
 from kvctl import cost
 from kvctl.diagnose import metrics as M
 from kvctl.diagnose.capture import Capture
-from kvctl.diagnose.findings import worst_severity
+from kvctl.diagnose.findings import Finding, Params, worst_severity  # noqa: F401 - Params/Finding are part of this API
 from kvctl.diagnose.fleet import fleet_loads
+from kvctl.diagnose.rules import findings_for
 from kvctl.diagnose.observations import (  # noqa: F401 - EngineObs/InstanceObs/GET_COMMANDS are part of this API
     GET_COMMANDS,
     EngineObs,
@@ -44,7 +45,6 @@ from kvctl.diagnose.observations import (  # noqa: F401 - EngineObs/InstanceObs/
     _instances,
 )
 from kvctl.errors import ExitStatus, InvalidInput
-from kvctl.thresholds import GPU_NOT_COMPUTE_BOUND_PCT, RHO_HIGH, RHO_TARGET
 from kvctl.connector import metric_names as N
 DEFAULT_T0_S = cost.PAPER_PAIRING["t0_s"]
 
@@ -63,23 +63,6 @@ BANDWIDTH_SOURCES = {
 
 
 @dataclass(frozen=True)
-class Params:
-    """What the user told us (flags), plus thresholds for the findings."""
-
-    bytes_per_token: float | None = None
-    prefill_rate: float | None = None
-    t0_s: float | None = None  # None: the capture's, else the paper's 0.33 s
-    target_rho: float = RHO_TARGET
-    warn_rho: float = RHO_HIGH  # rho_high from here, rho_unstable from RHO_UNSTABLE (kvctl.thresholds)
-    slow_lookup_s: float = 1.0
-    gpu_idle_pct: float = GPU_NOT_COMPUTE_BOUND_PCT  # not stalls' "idle": the MEAN utilisation below which a growing queue is not compute-bound
-    hot_ratio: float = 2.0
-    hot_min_gets: int = 100
-    min_prefill_rate: float = 100.0  # tok/s: a derived R below this is a symptom, not a rate
-    max_bandwidth_gbps: float = 1000.0  # a B above this (per engine) is a counter mix-up, not a bandwidth
-
-
-@dataclass(frozen=True)
 class Quantity:
     """One derived number with how it was computed (for ``--explain``)."""
 
@@ -87,15 +70,6 @@ class Quantity:
     value: float | None
     formula: str
     source: str
-
-
-@dataclass(frozen=True)
-class Finding:
-    id: str
-    severity: str  # "info", "warning" or "critical"
-    message: str
-    recommendation: str
-    evidence: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -171,7 +145,6 @@ def _g(x: float | None) -> str:
 
 def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
     """Observations and findings from the first and last sample of ``capture``."""
-    from kvctl.diagnose.rules import findings_for  # noqa: PLC0415 - rules imports this module's types
 
     params = params or Params()
     if len(capture.samples) < 2:

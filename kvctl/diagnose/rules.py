@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from kvctl.diagnose.analysis import Finding, Params
+from kvctl.diagnose.findings import Finding, Params
 from kvctl.engine_http import TOO_LARGE
 from kvctl.thresholds import RHO_UNSTABLE
 

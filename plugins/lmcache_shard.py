@@ -37,6 +37,7 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from kvctl.connector.ownership import chunk_start_token, cumulative_lengths, lookup_answer, num_chunks, owner
 from kvctl.connector.protocol import load_agreed_prefix
 
 __all__ = ["PINNED_LMCACHE_VERSION", "ShardLMCacheEngine", "ShardModeError", "check_lmcache_version", "prepare_config"]
@@ -102,7 +103,7 @@ class _OwnedChunks:
         return getattr(self._inner, name)
 
     def owns(self, start: int) -> bool:
-        return (start // self._chunk) % self._world == self._rank
+        return owner(start // self._chunk, self._world) == self._rank
 
     def process_tokens(self, *args: Any, **kwargs: Any) -> Iterable:
         """LMCache's chunks with keys under worker 0's name (the same on every rank); owned ones only while storing."""
@@ -201,14 +202,16 @@ class _ShardMethods:
             if not chunks:
                 return 0
             owned = [c for c in chunks if self.token_database.owns(c[0])]
-            res = chunks[-1][1]
+            present = [True] * num_chunks(chunks[-1][1], self._kvctl_chunk)  # only this rank's entries are read
             if owned:
                 hit, block_mapping = self.storage_manager.batched_contains(
                     [key for _, _, key in owned], search_range or self.retrieve_locations, pin)
                 if pin and block_mapping:
                     self.lookup_pins[lookup_id] = block_mapping
-                if hit < len(owned):
-                    res = owned[hit][0]
+                for start, _, _ in owned[hit:]:
+                    present[start // self._kvctl_chunk] = False
+            a_r = lookup_answer(present, self._kvctl_rank, self._kvctl_world)
+            res = chunk_start_token(a_r, self._kvctl_chunk, chunks[-1][1])
             return res
         finally:
             self.stats_monitor.on_lookup_finished(stats, res)
@@ -226,7 +229,8 @@ class _ShardMethods:
         chunks = list(self.token_database.process_tokens(tokens=tokens, hashes=hashes, offsets=offsets,
                                                          request_configs=request_configs))
         owned = [c for c in chunks if self.token_database.owns(c[0])]
-        cum = [start for start, _, _ in owned] + [chunks[-1][1] if chunks else 0]
+        # entry k: the start of the k-th owned chunk, then the prompt's end (chunks start at token 0 here)
+        cum = cumulative_lengths(chunks[-1][1] if chunks else 0, self._kvctl_rank, self._kvctl_world, self._kvctl_chunk)
         sm = self.storage_manager
         if not isinstance(sm.async_lookup_server, _NoHitAnswer):
             sm.async_lookup_server = _NoHitAnswer(sm.async_lookup_server)

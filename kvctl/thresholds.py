@@ -20,6 +20,8 @@ RHO_HIGH = 0.7
 RHO_UNSTABLE = 1.0
 #: the ρ that "instances for target ρ" sizes a tier for (headroom below RHO_HIGH).
 RHO_TARGET = 0.5
+#: a calm tier, far below RHO_HIGH: the paper's eight instances (ρ ≈ 0.09); the drill's healthy scenario
+CALM_RHO = 0.1
 
 # --- GPU utilisation: two different facts, two values ------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvctl.runbooks import runbook_for
+from kvctl.thresholds import CALM_RHO
 
 #: the simulated GPU: R (tokens/s) and T0 (s) of the drill engine
 PREFILL_RATE = 40960.0
@@ -34,7 +35,7 @@ class Scenario:
     expect: str  # what diagnose must report
     finding: str | None  # the finding id that shows it (None: no finding, a healthy diagnosis)
     fix: str
-    calm_rho: float = 0.1  # the arrival rate's ρ when --plant-nothing takes the fault away
+    calm_rho: float = CALM_RHO  # the arrival rate's ρ when --plant-nothing takes the fault away
 
     @property
     def runbook(self) -> str | None:
@@ -45,7 +46,7 @@ SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
         Scenario(
-            "healthy", "8 instances, one per rank, ρ ≈ 0.1: the tier keeps up", 8, 0.1,
+            "healthy", "8 instances, one per rank, ρ ≈ 0.1: the tier keeps up", 8, CALM_RHO,
             "ρ below 0.7, no rho_* or critical finding", None,
             "nothing to fix: this is what a healthy tier looks like",
         ),

@@ -334,39 +334,16 @@ def tier_config_options(func: Callable) -> Callable:
 
 
 def _tier_urls(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None) -> tuple[Any, str | None, str | None, str]:
-    """(per-rank URL list or {rank} template, engine user, engine password file, a title) of the tier.
+    """The tier's URLs (kvctl.tier.engine_urls.tier_urls), with a warning when a local tier is not running."""
+    from kvctl.tier.engine_urls import tier_urls  # noqa: PLC0415 - yaml
 
-    Names that go into a config file are refused when they hold a control character (a newline would start
-    a YAML line of its own)."""
-    from kvctl.tier.lmcache_config import check_name  # noqa: PLC0415 - yaml
-
-    for value, what in ((str(tier_dir), "--dir"), (host, "--host"), (name, "--name"), (service, "--service"), (namespace, "--namespace"),
-                        (image, "--image"), (engine_password_file, "--engine-password-file")):
-        check_name(value, what)
-    if target == "local":
-        from kvctl.tier import local  # noqa: PLC0415
-
-        state = load_tier(tier_dir)
-        urls = [i.url for i in sorted(state.instances, key=lambda i: i.rank)]
-        check_name(state.dir, "the tier's directory")
-        check_name(state.engine_password_file, "the tier's engine password file")
-        stopped = local.not_running(state.instances)
-        if stopped:
-            render.warn(
-                f"the tier in {state.dir} is not running (no valkey-server for rank(s) {', '.join(str(i.rank) for i in stopped)}): "
-                f"engines given these URLs will find nothing there; start it with `kvctl deploy-valkey up`"
-            )
-        return urls, state.engine_user, state.engine_password_file, f"the local tier in {state.dir} ({len(urls)} ranks)"
-    from kvctl.tier import render_targets  # noqa: PLC0415
-
-    if not ranks or ranks < 1:
-        raise InvalidInput(f"--target {target} needs --ranks N (N ≥ 1)")
-    fleet = render_targets.FleetSpec.build(
-        target=target, ranks=ranks, maxmemory=f"{ranks}mb", io_threads=1, base_port=base_port, host=host, k8s_port=k8s_port,
-        password_file=None, insecure_no_auth=True, name=name, service=service, namespace=namespace, image=image,
-    )  # fmt: skip
-    user = spec.ENGINE_USER if engine_password_file else None
-    return render_targets.remote_urls(fleet), user, engine_password_file, f"the {target} tier {name} ({ranks} ranks)"
+    t = tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file)
+    if t.not_running:
+        render.warn(
+            f"the tier in {tier_dir} is not running (no valkey-server for rank(s) {', '.join(map(str, t.not_running))}): "
+            f"engines given these URLs will find nothing there; start it with `kvctl deploy-valkey up`"
+        )
+    return t.urls, t.user, t.password_file, t.title
 
 
 def _write_or_echo(text: str, out_file: Path | None) -> None:

@@ -18,12 +18,13 @@ from typing import Any, Callable
 import click
 from click.core import ParameterSource
 
-from kvctl import __version__, render, thresholds
+from kvctl import render, thresholds
 from kvctl.commands.cost import bytes_per_token_options
 from kvctl.commands.diagnose_stalls import JsonErrorCommand, JsonErrorGroup, stalls_cmd
 from kvctl.commands.options import FiniteFloat, count, engine_http, engine_http_options, non_negative, output_options, positive, valkey_options, valkey_targets
 from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
+from kvctl.diagnose.jsonform import diagnosis_json
 from kvctl.engine_http import masked
 from kvctl.errors import ExitStatus
 from kvctl.hooks import hookimpl
@@ -101,31 +102,6 @@ def _engine_urls(engine_urls: tuple[str, ...], as_json: bool) -> list[str]:
 def _collect(engine_urls, targets, window, parameters, timeout_s, show_progress: bool, http: Any = None) -> cap.Capture:
     with render.progress(f"sampling for {window:g} s", total=window, enabled=show_progress) as advance:
         return cap.collect(engine_urls, targets, window, parameters, tick=advance, timeout_s=timeout_s, http=http)
-
-
-def _finite(obj: Any, path: str, reasons: dict[str, str]) -> Any:
-    """JSON-safe: NaN/±inf become null, with the reason recorded under its path."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        reasons[path] = f"not a finite number ({obj!r})"
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v, f"{path}.{k}" if path else str(k), reasons) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v, f"{path}[{i}]", reasons) for i, v in enumerate(obj)]
-    return obj
-
-
-def diagnosis_json(diag: Diagnosis, explain: bool = False) -> dict[str, Any]:
-    """The ``--json`` object: never NaN or Infinity (null, with the reason in ``null_reasons``)."""
-    data = {"kvctl_version": __version__, **render.to_jsonable(diag), "exit_code": int(diag.exit_status)}
-    for f in data.get("findings") or []:
-        f["runbook"] = runbook_for(f["id"])
-    if not explain:
-        data.pop("explain")
-    reasons: dict[str, str] = {}
-    data = _finite(data, "", reasons)
-    data["null_reasons"] = {**(data.get("null_reasons") or {}), **reasons}
-    return data
 
 
 # --- the group and option carrying ------------------------------------------------------

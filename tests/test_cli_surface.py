@@ -60,7 +60,7 @@ def test_every_subcommand_accepts_verbose(tmp_path):
     from click.testing import CliRunner  # noqa: PLC0415
 
     from kvctl.cli import cli  # noqa: PLC0415
-    from tests.test_docs import _commands  # noqa: PLC0415
+    from tests.cli_helpers import _commands  # noqa: PLC0415
 
     for name, _ in _commands(cli):
         res = CliRunner().invoke(cli, [*name.split()[1:], "-v", "--help"])

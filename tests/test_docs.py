@@ -15,12 +15,7 @@ REFERENCE = (ROOT / "docs" / "reference.md").read_text()
 README_MAX_LINES = 300
 
 
-def _commands(group: click.Group, prefix: str = "kvctl"):
-    for name, cmd in group.commands.items():
-        full = f"{prefix} {name}"
-        yield full, cmd
-        if isinstance(cmd, click.Group):
-            yield from _commands(cmd, full)
+from tests.cli_helpers import _commands  # noqa: E402 - shared with test_cli_surface and test_thresholds
 
 
 def test_every_command_in_readme_table():

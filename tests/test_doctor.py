@@ -366,7 +366,7 @@ def test_bare_doctor_says_nothing_was_checked_and_does_not_pass(tmp_path, monkey
 def test_doctor_checks_the_tier_in_kv_tier_by_default(tmp_path, monkeypatch):
     """Like `deploy-valkey status`, a bare doctor reads the tier in ./kv-tier when one is there."""
     from kvctl.tier import local
-    from tests.tier.test_deploy_local import free_base_port
+    from tests.tier.helpers import free_base_port
 
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(cli, ["deploy-valkey", "up", "--ranks", "2", "--base-port", str(free_base_port(2)),

@@ -163,7 +163,7 @@ def test_shared_option_defaults_read_their_constant():
     literal = [f"{p.relative_to(ROOT)}:{n} {flag}" for p in CLI_SOURCES for n, flag, d in option_defaults(ast.parse(p.read_text()))
                if flag in SHARED_DEFAULTS and _literal(d) is not None]
     assert not literal, f"default= restates a kvctl.thresholds constant: {literal}"
-    from tests.test_docs import _commands
+    from tests.cli_helpers import _commands
 
     from kvctl.cli import cli
 

@@ -22,7 +22,7 @@ from kvctl.cli import cli
 from kvctl.tier import local
 from kvctl.tier.server import port_in_use
 from kvctl.tier.targets import state_path
-from tests.tier.test_deploy_local import free_base_port, invoke, valkey_pids_on
+from tests.tier.helpers import free_base_port, invoke, valkey_pids_on
 
 KVCTL = str(Path(sys.executable).with_name("kvctl"))
 

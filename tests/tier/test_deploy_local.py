@@ -13,38 +13,14 @@ import psutil
 import pytest
 import redis
 import yaml
-from click.testing import CliRunner
 
-from kvctl.cli import cli
 from kvctl.errors import KvctlError
 from kvctl.tier import local
-from kvctl.tier.server import free_port, ping, port_in_use
+from kvctl.tier.server import ping, port_in_use
 from kvctl.tier.targets import TierState, load_tier, resolve_targets, state_path
+from tests.tier.helpers import free_base_port, invoke, valkey_pids_on
 
 MB12 = 12 * 1000 * 1000
-
-
-def free_base_port(n: int) -> int:
-    """A port p with p..p+n-1 all free on loopback (checked, not guaranteed)."""
-    for _ in range(100):
-        base = free_port()
-        if base + n <= 65535 and not any(port_in_use(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no run of free ports")
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(cli, ["deploy-valkey", *args])
-
-
-def valkey_pids_on(ports) -> list[int]:
-    """pids of valkey-server processes whose title names one of ``ports``."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "valkey-server" in cmd and any(f":{port}" in cmd for port in ports):
-            found.append(p.pid)
-    return found
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from kvctl.tier import local
 from kvctl.tier.targets import state_path
 from kvctl.tier.vllm_config import ConnectorSettings, kv_transfer_config, render_shell, with_user
 from tests import vllm_loaders
-from tests.tier.test_deploy_local import free_base_port
+from tests.tier.helpers import free_base_port
 
 
 def invoke(*args: str):

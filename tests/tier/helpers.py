@@ -1,0 +1,32 @@
+"""Helpers the tier tests share (and the doctor, LMCache and vLLM-config tests): ports, the CLI, processes."""
+
+from __future__ import annotations
+
+import psutil
+from click.testing import CliRunner
+
+from kvctl.cli import cli
+from kvctl.tier.server import free_port, port_in_use
+
+
+def free_base_port(n: int) -> int:
+    """A port p with p..p+n-1 all free on loopback (checked, not guaranteed)."""
+    for _ in range(100):
+        base = free_port()
+        if base + n <= 65535 and not any(port_in_use(base + i) for i in range(n)):
+            return base
+    raise RuntimeError("no run of free ports")
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, ["deploy-valkey", *args])
+
+
+def valkey_pids_on(ports) -> list[int]:
+    """pids of valkey-server processes whose title names one of ``ports``."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "valkey-server" in cmd and any(f":{port}" in cmd for port in ports):
+            found.append(p.pid)
+    return found

@@ -17,7 +17,7 @@ from kvctl.commands.options import ByteSize, count, output_options, positive, va
 from kvctl.errors import ExitStatus, InvalidInput
 from kvctl.files import write_atomic
 from kvctl.hooks import hookimpl
-from kvctl.kvsize import DTYPE_BYTES, kv_size_from_file
+from kvctl.kvsize import DTYPE_BYTES
 from kvctl.tier.targets import NAMING
 
 if TYPE_CHECKING:
@@ -112,18 +112,10 @@ def bench_cmd(
         raise InvalidInput(f"name the Valkey instances to bench with {NAMING}, or start some with --embedded N")
     if engines and (sweep or clients):
         raise click.UsageError("--engines runs its own grid (one client per engine per instance): drop --sweep and --clients")
-    if model_config:
-        size = kv_size_from_file(model_config, dtype=dtype, chunk_tokens=chunk_tokens, tp=tp)
-        if chunk_bytes is None:
-            chunk_bytes = size.chunk_bytes
-        if bytes_per_token is None:
-            bytes_per_token = size.bytes_per_token
-    chunk = int(round(chunk_bytes if chunk_bytes is not None else thresholds.PAPER_CHUNK_BYTES))
-    if prefill_rate is not None and bytes_per_token is None:
-        raise click.UsageError("--prefill-rate needs --bytes-per-token or --model-config for the verdict")
-    params: dict[str, Any] = {"model_config": model_config, "chunk_tokens": chunk_tokens if model_config else None,
-                              "prefill_rate": prefill_rate, "bytes_per_token": bytes_per_token, "tp": tp,
-                              "bytes_per_token_per_rank": bytes_per_token / tp if bytes_per_token else None}
+    from kvctl.bench.sizing import bench_sizes  # noqa: PLC0415
+
+    sizes = bench_sizes(chunk_bytes, model_config, dtype, chunk_tokens, tp, bytes_per_token, prefill_rate)
+    chunk, bytes_per_token, params = sizes.chunk_bytes, sizes.bytes_per_token, dict(sizes.parameters)
 
     def make_spec(instances: int, n_keys: int | None, warn: bool = True) -> BenchSpec:
         spec = BenchSpec(chunk_bytes=chunk, batch=batch, clients=clients or (instances if sweep else 1), duration_s=duration,

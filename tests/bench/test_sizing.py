@@ -79,3 +79,20 @@ def test_bad_numbers_exit_2_before_anything_runs(args, message, monkeypatch):
     result = CliRunner().invoke(cli, ["bench", "--url", "resp://127.0.0.1:1", "--chunk-bytes", "1e6", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_bench_sizes_from_a_model_or_the_paper():
+    """kvctl.bench.sizing (moved out of the bench command): one chunk of the model, else the paper's 12.4 MB."""
+    from pathlib import Path
+
+    from kvctl.bench.sizing import bench_sizes
+    from kvctl.errors import InvalidInput
+
+    model = str(Path(__file__).resolve().parents[2] / "configs" / "models" / "deepseek-v3.json")
+    s = bench_sizes(None, model, "fp8", 256, 8, None, 52200.0)
+    assert s.chunk_bytes == 61 * 576 * 256 and s.bytes_per_token == 61 * 576  # MLA: a chunk is the whole latent
+    assert s.parameters["bytes_per_token_per_rank"] == 61 * 576 / 8 and s.parameters["chunk_tokens"] == 256
+    assert bench_sizes(None, None, None, 256, 1, None, None).chunk_bytes == 12_400_000
+    assert bench_sizes(4e6, model, "fp8", 256, 1, 1000.0, None).chunk_bytes == 4_000_000  # given sizes win
+    with pytest.raises(InvalidInput, match="--prefill-rate needs"):
+        bench_sizes(None, None, None, 256, 1, None, 52200.0)

@@ -10,25 +10,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
 from kvctl import loading
-from kvctl.cli import cli
 from kvctl.diagnose.capture import save_last_diagnosis
 
-CONFIG = """\
-# LMCache config for the prefill engines (kept by ops; do not reformat)
-chunk_size: 256
-local_cpu: true   # L1 in host memory
-max_local_cpu_size: 40.0
-
-# L2: one Valkey per rank
-remote_url: "resp://valkey-{rank}:6379"
-remote_serde: "naive"
-enable_async_loading: false  # flipped by kvctl loading
-extra_config:
-  lookup_timeout_ms: 3000
-"""
+from tests.loading_helpers import CONFIG, backups, run  # noqa: F401 - shared with the other loading tests
 
 
 @pytest.fixture(autouse=True)
@@ -43,16 +29,6 @@ def config(tmp_path) -> Path:
     p.write_text(CONFIG)
     p.chmod(0o640)
     return p
-
-
-def run(args, code=0):
-    result = CliRunner().invoke(cli, args)
-    assert result.exit_code == code, (result.output, result.exception)
-    return result
-
-
-def backups(p: Path) -> list[Path]:
-    return sorted(p.parent.glob(p.name + ".*.bak"))
 
 
 def test_async_flips_one_line_and_keeps_everything_else(config):

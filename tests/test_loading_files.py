@@ -28,7 +28,7 @@ from click.testing import CliRunner
 
 from kvctl import loading
 from kvctl.cli import cli
-from tests.test_loading import CONFIG, backups, run
+from tests.loading_helpers import CONFIG, backups, run
 
 ROOT = Path(__file__).resolve().parent.parent
 OTHER_UID, OTHER_GID = 12345, 23456  # no such user needs to exist: ownership is numbers

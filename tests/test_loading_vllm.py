@@ -13,7 +13,7 @@ import pytest
 
 from kvctl import loading_vllm
 from tests import vllm_loaders
-from tests.test_loading import backups, run
+from tests.loading_helpers import backups, run
 
 pytest.importorskip("vllm")
 

@@ -51,7 +51,6 @@ from kvctl.tier.targets import Target
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LISTEN = "127.0.0.1:9808"
 MAX_INTERVAL_S = 3600.0
 #: Seconds :meth:`stop` waits for the HTTP thread and the sampler: the reads in flight are cut first,
 #: so both only finish what they are doing (an HTTP answer, one analysis).

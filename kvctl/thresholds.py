@@ -59,6 +59,10 @@ YAML_MAX_ALIASES = 100
 YAML_MAX_NODES = 100_000
 #: The shortest ``kvctl exporter --interval`` (seconds): one round reads every engine and instance.
 EXPORTER_MIN_INTERVAL_S = 0.1
+#: the engine plugins' deadline for one tier call (lookup, GET batch, SET batch): past it a chunk is a miss
+CONNECTOR_TIMEOUT_S = 2.0
+#: where `kvctl exporter` serves /metrics unless --listen says otherwise (loopback: nothing leaves the host)
+EXPORTER_LISTEN = "127.0.0.1:9808"
 #: Seconds ``kvctl exporter`` takes at most to stop on SIGTERM/Ctrl-C, whatever read is in flight.
 EXPORTER_STOP_S = 1.5
 #: Samples ``kvctl exporter`` keeps for its sliding window, evenly spaced (its memory bound).

@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
-from kvctl.connector.urls import InvalidUrl, expand_url, parse_resp_url
-from kvctl.plugins.vllm_config import _with_password
+from kvctl.connector.urls import InvalidUrl, expand_url, parse_resp_url, read_password_file, with_credentials
+from kvctl.errors import InvalidInput
+from kvctl.thresholds import CONNECTOR_TIMEOUT_S
 from kvctl.tier.lmcache_config import PASSWORD_FILE_KEY, PLUGIN_NAME, URL_LIST_KEY, USERNAME_KEY, plugin_key
-from kvctl.tier.vllm_config import with_user
 
 __all__ = ["PLUGIN_TYPE", "PluginConfigError", "PluginSettings", "plugin_settings"]
 
 PLUGIN_TYPE = PLUGIN_NAME  # remote_storage_plugins entry: "kvctl" or "kvctl.<instance>"
-DEFAULT_TIMEOUT_S = 2.0
+DEFAULT_TIMEOUT_S = CONNECTOR_TIMEOUT_S
 DEFAULT_POOL_SIZE = 4
 
 
@@ -109,19 +108,14 @@ def plugin_settings(
         if not isinstance(pw_file, str) or not pw_file:
             raise PluginConfigError(f"extra_config.{PASSWORD_FILE_KEY}: expected a file path, got {pw_file!r}")
         try:
-            password = Path(pw_file).read_text().strip()
-        except OSError as exc:
-            raise PluginConfigError(f"extra_config.{PASSWORD_FILE_KEY}: cannot read {pw_file}: {exc.strerror or exc}") from None
-        if not password:
-            raise PluginConfigError(f"extra_config.{PASSWORD_FILE_KEY}: {pw_file} is empty")
+            password = read_password_file(pw_file)  # the one reader: regular, bounded, not open to every user
+        except InvalidInput as exc:
+            raise PluginConfigError(f"extra_config.{PASSWORD_FILE_KEY}: {exc}") from None
     elif username is not None:
         raise PluginConfigError(f"extra_config.{USERNAME_KEY} needs extra_config.{PASSWORD_FILE_KEY} (the user's password)")
     try:
         url = expand_url(list(raw) if key == URL_LIST_KEY else raw, rank)
-        if username is not None:
-            url = with_user(url, username)
-        if password is not None:
-            url = _with_password(url, password)
+        url = with_credentials(url, username, password)
         parsed = parse_resp_url(url)
     except InvalidUrl as exc:
         raise PluginConfigError(f"extra_config.{key}: {exc}") from None

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
-from kvctl.connector.urls import InvalidUrl, expand_url, parse_resp_url, with_credentials
+from kvctl.connector.urls import InvalidUrl, expand_url, parse_resp_url, read_password_file, with_credentials
+from kvctl.errors import InvalidInput
+from kvctl.thresholds import CONNECTOR_TIMEOUT_S
 
 __all__ = ["ConnectorConfigError", "ConnectorSettings", "LoadPolicySettings", "parse_settings"]
 
@@ -54,7 +55,7 @@ class LoadPolicySettings:
 class ConnectorSettings:
     urls: tuple[str, ...]  # one per rank of the shard group, after expansion
     chunk_tokens: int
-    timeout_s: float = 2.0
+    timeout_s: float = CONNECTOR_TIMEOUT_S
     host_budget_bytes: int = 0
     async_loading: bool = False
     load_policy: LoadPolicySettings | None = None
@@ -77,8 +78,6 @@ def _number(cfg: Mapping[str, Any], key: str, default, *, integer: bool = False,
     return v
 
 
-def _with_password(url: str, password: str) -> str:
-    return with_credentials(url, password=password)
 
 
 def _policy(raw: Any) -> LoadPolicySettings | None:
@@ -128,17 +127,15 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
         if not isinstance(pw_file, str) or not pw_file:
             raise _err("password_file", f"expected a file path, got {pw_file!r}")
         try:
-            password = Path(pw_file).read_text().strip()
-        except OSError as exc:
-            raise _err("password_file", f"cannot read {pw_file}: {exc.strerror or exc}") from None
-        if not password:
-            raise _err("password_file", f"{pw_file} is empty")
+            password = read_password_file(pw_file)  # the one reader: regular, bounded, not open to every user
+        except InvalidInput as exc:
+            raise _err("password_file", str(exc)) from None
     urls = []
     for rank in range(world_size):
         try:
             url = expand_url(template, rank)
             if password is not None:
-                url = _with_password(url, password)
+                url = with_credentials(url, password=password)
             parse_resp_url(url)
         except InvalidUrl as exc:
             raise _err(key, str(exc)) from None
@@ -151,7 +148,7 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
     return ConnectorSettings(
         urls=tuple(urls),
         chunk_tokens=chunk_tokens,
-        timeout_s=float(_number(cfg, "timeout_s", 2.0)),
+        timeout_s=float(_number(cfg, "timeout_s", CONNECTOR_TIMEOUT_S)),
         host_budget_bytes=budget,
         async_loading=async_loading,
         load_policy=_policy(cfg.get("load_policy")),

@@ -30,7 +30,7 @@ def register_commands(cli: click.Group) -> None:
 
 
 @click.command("exporter")
-@click.option("--listen", default="127.0.0.1:9808", show_default=True, envvar="KVCTL_EXPORTER_LISTEN", help="HOST:PORT to serve /metrics on (port 0: a free one). A non-loopback HOST is allowed and printed.")
+@click.option("--listen", default=thresholds.EXPORTER_LISTEN, show_default=True, envvar="KVCTL_EXPORTER_LISTEN", help="HOST:PORT to serve /metrics on (port 0: a free one). A non-loopback HOST is allowed and printed.")
 @click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable), e.g. http://HOST:8000.")
 @engine_http_options
 @valkey_options

@@ -29,6 +29,7 @@ def test_list_indexed_by_rank_and_plugin_instance_name():
 def test_acl_user_and_password_file(tmp_path):
     pw = tmp_path / "engine.pw"
     pw.write_text("p@ss/word\n")
+    pw.chmod(0o600)
     s = plugin_settings({URL: "resp://10.0.0.{rank}:6379", "kvctl_username": "kvctl-engine",
                          "kvctl_password_file": str(pw)}, "kvctl", 2)
     # '@' -> %40 and '/' -> %2F in the userinfo; the trailing newline of the file is not part of the password
@@ -44,7 +45,7 @@ def test_acl_user_and_password_file(tmp_path):
     ({URL: "http://a:1"}, {}, "unsupported scheme"),
     ({URL: ""}, {}, "expected a URL string"),
     ({URL: "resp://a:1", "kvctl_username": "u"}, {}, "needs extra_config.kvctl_password_file"),
-    ({URL: "resp://a:1", "kvctl_password_file": "/nonexistent/pw"}, {}, "cannot read /nonexistent/pw"),
+    ({URL: "resp://a:1", "kvctl_password_file": "/nonexistent/pw"}, {}, "cannot read password file /nonexistent/pw"),
     ({URL: "resp://a:1", "remote_storage_plugin.kvctl.timeout_s": 0}, {}, "must be > 0"),
     ({URL: "resp://a:1", "remote_storage_plugin.kvctl.timeout_s": "soon"}, {}, "expected a number"),
     ({URL: "resp://a:1", "remote_storage_plugin.kvctl.pool_size": 1.5}, {}, "expected an integer"),
@@ -59,5 +60,16 @@ def test_bad_settings_name_the_key(extra, kw, needle):
 def test_empty_password_file_refused(tmp_path):
     pw = tmp_path / "pw"
     pw.write_text("\n")
+    pw.chmod(0o600)
     with pytest.raises(PluginConfigError, match="is empty"):
         plugin_settings({URL: "resp://a:1", "kvctl_password_file": str(pw)}, "kvctl", 0)
+
+
+def test_password_file_open_to_every_user_refused_like_everywhere_else(tmp_path):
+    """Issue 22: one reader for every password file; the plugin used to read a 0644 file that the CLI refuses."""
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    pw.chmod(0o644)
+    with pytest.raises(PluginConfigError, match=r"kvctl_password_file: .*open to every user") as e:
+        plugin_settings({URL: "resp://a:1", "kvctl_password_file": str(pw)}, "kvctl", 0)
+    assert "s3cret" not in str(e.value)

@@ -18,6 +18,7 @@ def test_urls_list_and_defaults():
 def test_url_template_expands_per_rank_and_password_file(tmp_path):
     pw = tmp_path / "pw"
     pw.write_text("s3cret\n")
+    pw.chmod(0o600)
     s = parse_settings({"url": "resp://valkey-{rank}:6379", "chunk_tokens": 256, "password_file": str(pw),
                         "async_loading": True, "timeout_s": 0.5, "host_budget_bytes": 1 << 20,
                         "pinned_pool_bytes": 1 << 30}, 3)
@@ -72,5 +73,16 @@ def test_shipped_launch_examples_parse(tmp_path):
     k8s = json.loads((root / "kv-transfer-async-k8s.json").read_text())["kv_connector_extra_config"]
     pw = tmp_path / "engine-password"
     pw.write_text("pw")
+    pw.chmod(0o640)  # a Kubernetes secret mounted with an fsGroup
     s = parse_settings(dict(k8s, password_file=str(pw)), 2)
     assert s.urls[1] == "resp://kvctl-engine:pw@valkey-kv-1.valkey-kv:6379" and s.async_loading
+
+
+def test_password_file_open_to_every_user_refused(tmp_path):
+    """Issue 22: the connector reads password files through the one reader the CLI uses (a 0644 file was read)."""
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    pw.chmod(0o644)
+    with pytest.raises(ConnectorConfigError, match=r"password_file: .*open to every user") as e:
+        parse_settings({"url": "resp://h-{rank}:1", "chunk_tokens": 64, "password_file": str(pw)}, 1)
+    assert "s3cret" not in str(e.value)

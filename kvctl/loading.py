@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from kvctl import files, safeyaml
 from kvctl.errors import InvalidInput, KvctlError
+from kvctl.loading_types import SourceState  # re-exported: part of this module's API
 from kvctl.thresholds import RHO_HIGH
 
 log = logging.getLogger(__name__)
@@ -55,17 +56,6 @@ _ENV_LINE = re.compile(rf"^(?P<head>[ \t]*(?:export[ \t]+)?{ENV_VAR}[ \t]*=[ \t]
 
 class Refused(KvctlError):
     """A flip that the safety check does not allow (use --force to override)."""
-
-
-@dataclass(frozen=True)
-class SourceState:
-    """What one file says about async loading."""
-
-    path: str
-    kind: str  # "yaml" or "env" (LMCache), "vllm-yaml" or "vllm-args" (kvctl's vLLM connector, kvctl.loading_vllm)
-    async_loading: bool | None  # None: not set (LMCache's and the connector's default is synchronous)
-    line: int | None  # 1-based line of the setting, when set
-    found: str | None = None  # what kind of file was detected, for vLLM files
 
 
 @dataclass(frozen=True)

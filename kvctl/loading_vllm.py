@@ -26,6 +26,7 @@ from typing import Any
 
 from kvctl import safeyaml
 from kvctl.errors import InvalidInput, KvctlError
+from kvctl.loading_types import SourceState
 from kvctl.tier.vllm_config import ASYNC_KEY, EXTRA
 
 VLLM_YAML = "vllm-yaml"
@@ -332,9 +333,7 @@ def _async_value(cfg: dict[str, Any]) -> bool | None:
 
 
 def state(path: Path | str, text: str, kind: str):
-    """What one vLLM file says about async loading (a ``loading.SourceState``)."""
-    from kvctl.loading import SourceState  # noqa: PLC0415
-
+    """What one vLLM file says about async loading (a :class:`~kvctl.loading_types.SourceState`)."""
     path = str(path)
     found = locate(path, text, kind)
     cfg, _ = read_config(text, kind, path)

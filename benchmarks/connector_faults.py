@@ -390,7 +390,8 @@ def run_close_race(tmp: Path, d: float, total: int) -> Tally:
 # the load protocol
 # ---------------------------------------------------------------------------------------------
 def run_protocol(tmp: Path, total: int) -> list[Tally]:
-    from tests.connector.test_protocol import INJECTIONS, protocol_worker, spawn_ranks  # noqa: PLC0415
+    from tests.connector.ranks import spawn_ranks  # noqa: PLC0415
+    from tests.connector.test_protocol import INJECTIONS, protocol_worker  # noqa: PLC0415
 
     out = []
     per_world = math.ceil(total / 3)

@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.connector.test_protocol import spawn_ranks  # noqa: E402
+from tests.connector.ranks import spawn_ranks  # noqa: E402
 
 pytestmark = pytest.mark.engine
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import pytest
 
 from tests.lmcache.lmcache_env import run_scenario
-from tests.lmcache.test_plugin import lmc_python  # noqa: F401 - fixture
 
 SLOTS = [48 + i for i in range(16)] + [16 + i for i in range(8)]
 

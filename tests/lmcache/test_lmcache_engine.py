@@ -42,7 +42,6 @@ from kvctl.cli import cli
 from tests.engine.test_kvctl_connector import Tier, ask, prompt, start_tp2, stop_running, token_ids
 from tests.engine.vllm_server import build_tiny_model
 from tests.lmcache.lmcache_env import run_scenario
-from tests.lmcache.test_plugin import lmc_python  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
 

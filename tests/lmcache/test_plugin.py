@@ -11,20 +11,12 @@ from __future__ import annotations
 import pytest
 import redis
 
-from tests.lmcache.lmcache_env import lmcache_available, lmcache_python, run_scenario, run_scenario_until_stalled
+from tests.lmcache.lmcache_env import run_scenario, run_scenario_until_stalled
 
 PLUGIN = {
     "remote_storage_plugin.kvctl.module_path": "kvctl.plugins.lmcache",
     "remote_storage_plugin.kvctl.class_name": "KvctlConnectorAdapter",
 }
-
-
-@pytest.fixture(scope="module")
-def lmc_python() -> str:
-    ok, reason = lmcache_available()
-    if not ok:
-        pytest.skip(reason)
-    return lmcache_python()
 
 
 def _plugin_config(**extra) -> dict:

@@ -20,7 +20,6 @@ from kvctl.tier import local
 from kvctl.tier.lmcache_config import LMCacheSettings, lmcache_config, render_lmcache_yaml
 from kvctl.tier.targets import state_path
 from tests.lmcache.lmcache_env import run_scenario
-from tests.lmcache.test_plugin import lmc_python  # noqa: F401 - fixture
 from tests.tier.helpers import free_base_port
 
 MODULE = "remote_storage_plugin.kvctl.module_path"

@@ -8,7 +8,6 @@ import pytest
 
 from kvctl.plugins.lmcache_shard import PINNED_LMCACHE_VERSION, ShardModeError, check_lmcache_version
 from tests.lmcache.lmcache_env import REPO, run_scenario
-from tests.lmcache.test_plugin import lmc_python  # noqa: F401 - fixture
 
 CHECK = "from kvctl.plugins.lmcache_shard import check_lmcache_version; print(check_lmcache_version())"
 

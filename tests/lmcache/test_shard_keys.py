@@ -13,7 +13,6 @@ from __future__ import annotations
 import pytest
 
 from tests.lmcache.lmcache_env import run_scenario
-from tests.lmcache.test_plugin import lmc_python  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.engine
 

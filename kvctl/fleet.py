@@ -34,7 +34,7 @@ import numpy as np
 
 from kvctl.cost import GB, require_positive
 from kvctl.errors import InvalidInput
-from kvctl.simulate import LOADINGS, SimConfig, Workload, _in_system_ahead, fifo
+from kvctl.simulate import LOADINGS, SimConfig, Workload, _in_system_ahead, fifo, hit_tokens_of
 from kvctl.thresholds import RHO_UNSTABLE
 from kvctl.variability import Variability, gain_for
 
@@ -334,12 +334,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
         raise InvalidInput(f"--loading must be sync or async, got {cfg.loading!r}")
     n = len(w.arrival_s)
     arrival, tokens = w.arrival_s, w.tokens
-    if cfg.hits_from_trace:
-        if w.hit_tokens is None:
-            raise InvalidInput("--hits-from-trace needs a trace whose requests say what was cached")
-        hit_tokens = np.minimum(w.hit_tokens, tokens)
-    else:
-        hit_tokens = np.where(np.random.default_rng([cfg.seed, 3]).random(n) < cfg.hit_fraction, tokens, 0.0)
+    hit_tokens = hit_tokens_of(w, cfg)
     hit = hit_tokens > 0
     if engine_of is not None:
         eng = np.asarray(engine_of, dtype=np.int64)

@@ -293,15 +293,20 @@ def simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
         return _simulate(w, cfg, bandwidth_gbps)
 
 
-def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
-    n = len(w.arrival_s)
-    arrival, tokens = w.arrival_s, w.tokens
+def hit_tokens_of(w: Workload, cfg: SimConfig) -> np.ndarray:
+    """Tokens each request loads from the tier: the trace's cached tokens, or its whole prompt with probability
+    ``hit_fraction`` (seeded: the same requests hit in every run and in the fleet simulation)."""
     if cfg.hits_from_trace:
         if w.hit_tokens is None:
             raise InvalidInput("--hits-from-trace needs a trace whose requests say what was cached")
-        hit_tokens = np.minimum(w.hit_tokens, tokens)
-    else:
-        hit_tokens = np.where(np.random.default_rng([cfg.seed, 3]).random(n) < cfg.hit_fraction, tokens, 0.0)
+        return np.minimum(w.hit_tokens, w.tokens)
+    return np.where(np.random.default_rng([cfg.seed, 3]).random(len(w.arrival_s)) < cfg.hit_fraction, w.tokens, 0.0)
+
+
+def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
+    n = len(w.arrival_s)
+    arrival, tokens = w.arrival_s, w.tokens
+    hit_tokens = hit_tokens_of(w, cfg)
     hit = hit_tokens > 0
     transfer = hit_tokens * cfg.bytes_per_token / (bandwidth_gbps * GB)
     prefill = tokens / cfg.prefill_rate

@@ -127,21 +127,7 @@ def test_cost_json_is_finite_for_every_accepted_value(data):
     result = CliRunner().invoke(cli, [*path, *args, "--json"])
     assert result.exit_code in (0, 2), (path, args, result.output)  # 2: a combination the model refuses, with a message
     if result.exit_code == 0:
-        out = _strict(result.stdout)
-        numbers = []
-
-        def walk(x):
-            if isinstance(x, dict):
-                for v in x.values():
-                    walk(v)
-            elif isinstance(x, list):
-                for v in x:
-                    walk(v)
-            elif isinstance(x, float):
-                numbers.append(x)
-
-        walk(out)
-        assert all(math.isfinite(x) for x in numbers)
+        _finite_json(result.stdout)
     else:
         assert "Error:" in result.output and "Traceback" not in result.output
 

@@ -23,7 +23,7 @@ MODULE = ROOT / "connector" / "metric_names.py"
 EVERYWHERE = sorted(p for d in ("kvctl", "connector", "plugins") for p in (ROOT / d).rglob("*.py") if p != MODULE)
 #: the readers that must import the names (the engine-side writers in plugins/ and the drill engine are
 #: held to the weaker rule: every literal they use is a defined name)
-READERS = ["kvctl/diagnose/analysis.py", "kvctl/diagnose/fleet.py", "kvctl/report.py", "kvctl/doctor.py"]
+READERS = ["kvctl/diagnose/analysis.py", "kvctl/diagnose/quantities.py", "kvctl/diagnose/fleet.py", "kvctl/report.py", "kvctl/doctor.py"]
 
 
 def name_literals(tree: ast.AST) -> list[tuple[int, str]]:

@@ -1,0 +1,404 @@
+"""The named steps of :func:`kvctl.diagnose.analysis.analyse`: from counter deltas to λ, B, B*, n* and ρ.
+
+Pure (no I/O). Each step derives a few quantities and writes into one :class:`Notebook`
+how it computed them (a :class:`Quantity` each, for ``--explain``), why a value stayed
+unknown (``why``, the Diagnosis' ``null_reasons``), what it noticed (``notes``) and what
+kept it from a verdict (``insufficient``, ``unreachable``). analyse calls the steps in
+one order, so these lists keep the order in which the quantities depend on each other.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from kvctl import cost
+from kvctl.connector import metric_names as N
+from kvctl.diagnose import metrics as M
+from kvctl.diagnose.capture import Capture, Sample
+from kvctl.diagnose.findings import Params
+from kvctl.diagnose.observations import EngineObs, InstanceObs, _Deltas, _div, _Engine, _engine_obs, _engines, _instances
+
+#: where B came from (``Diagnosis.bandwidth_source``)
+BW_KVCTL = "kvctl_connector"
+BW_LMCACHE = "lmcache_client"
+BW_VALKEY = "valkey_server_upper_bound"
+BANDWIDTH_SOURCES = {
+    BW_KVCTL: "engine side, kvctl connector: W × Δkvctl:l2_get_bytes_total / Δkvctl:l2_get_seconds_total (both summed over W ranks loading in parallel)",
+    BW_LMCACHE: "engine side, LMCache: Δlmcache:num_remote_read_bytes / Δlmcache:remote_time_to_get_sum (ms)",
+    BW_VALKEY: (
+        "Valkey server side: Σ bytes out / time in GETs — an UPPER bound on the bandwidth the engine sees "
+        "(socket writes done by io-threads fall outside the GET's time), so ρ is a LOWER bound"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """One derived number with how it was computed (for ``--explain``)."""
+
+    name: str
+    value: float | None
+    formula: str
+    source: str
+
+
+@dataclass
+class Notebook:
+    """What the steps write down, in the order they find it."""
+
+    explain: list[Quantity] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    why: dict[str, str] = field(default_factory=dict)  # field name -> why it is None
+    insufficient: list[str] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)
+
+
+def _g(x: float | None) -> str:
+    """A number for a formula string: 4 significant digits, "?" when unknown."""
+    return "?" if x is None else f"{x:.4g}"
+
+
+# --- engines: λ, prompts, hits ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Engines:
+    obs: list[EngineObs]  # every engine URL, in --engine-url order
+    ok: list[_Engine]  # those read in both samples
+    deltas: _Deltas  # their counters, each over its own window
+    per_engine: dict[int, EngineObs]  # the ok ones' observations by index
+
+
+def read_engines(a: Sample, b: Sample, urls: list[str], nb: Notebook) -> Engines:
+    """Each engine's deltas over its own window; the ones that could not be read go to unreachable/insufficient."""
+    failed, ok = _engines(a, b, list(urls), nb.notes)
+    per_engine = {e.index: _engine_obs(e) for e in ok}
+    obs = sorted(list(failed) + list(per_engine.values()), key=lambda o: o.index)
+    nb.unreachable += [f"engine {o.url}: {o.error}" for o in obs if o.status == "unreachable"]
+    for o in obs:
+        if o.status == "no_vllm_metrics":
+            nb.insufficient.append(f"engine {o.url} served no vllm: metrics ({o.error}): point --engine-url at the vLLM API server (the port serving /v1/completions)")
+    if not ok and not nb.insufficient and not nb.unreachable:
+        nb.insufficient.append("no engine could be read in both samples: nothing to analyse; check --engine-url and that the engines are up")
+    return Engines(obs=obs, ok=ok, deltas=_Deltas(ok), per_engine=per_engine)
+
+
+@dataclass(frozen=True)
+class Rates:
+    requests: float | None  # finished in the window, all engines
+    completion: float | None  # req/s
+    offered: float | None  # λ, req/s: completions plus queue growth
+    queue_growth: float | None
+    resets: list[str]  # "url: counter, ..." per engine whose counters went backwards
+
+
+def gather_rates(engines: Engines, window_s: float, nb: Notebook) -> Rates:
+    """The offered arrival rate λ and the completion rate, summed over the engines."""
+    per = list(engines.per_engine.values())
+    finished_list = [o.finished for o in per if o.finished is not None]
+    requests = sum(finished_list) if finished_list else None
+    completion = sum(o.completion_rate_per_s for o in per if o.completion_rate_per_s is not None) if finished_list else None
+    offered_list = [o.offered_rate_per_s for o in per if o.offered_rate_per_s is not None]
+    lam = sum(offered_list) if offered_list else None
+    growths = [o.queue_end - o.queue_start for o in per if o.queue_start is not None and o.queue_end is not None]
+    growth = sum(growths) if growths else None
+    if engines.ok and requests is None:
+        nb.why["arrival_rate_per_s"] = "no vllm:request_success or vllm:request_prompt_tokens in the engine metrics"
+    elif engines.ok and not growths:
+        nb.notes.append("no vllm:num_requests_waiting/_running gauges: λ is the completion rate, a lower bound on the offered rate")
+    nb.explain.append(Quantity(
+        "offered arrival rate λ (req/s)", lam,
+        "Σ_engines (Δvllm:request_success + Δ(waiting + running)) / Δt_engine = "
+        + " + ".join(f"({_g(o.finished)} + {_g(None if o.queue_start is None else o.queue_end - o.queue_start)}) / {o.window_s:.2f} s" for o in per),
+        "vllm:request_success (all finished_reason), vllm:num_requests_waiting/_running",
+    ))
+    nb.explain.append(Quantity("completions (req/s)", completion, "Σ_engines Δvllm:request_success / Δt_engine", "vllm:request_success"))
+    resets = [f"{o.url}: {', '.join(o.counter_resets)}" for o in per if o.counter_resets]
+    if engines.ok and requests == 0 and not growth:
+        nb.insufficient.append(f"no request finished or queued on the engines in the {window_s:.1f} s window: send traffic or lengthen --window")
+    return Rates(requests=requests, completion=completion, offered=lam, queue_growth=growth, resets=resets)
+
+
+@dataclass(frozen=True)
+class Prompts:
+    mean_tokens: float | None
+    typical_tokens: float | None  # median, else the mean
+    prompt_tokens: float | None  # Δ prompt tokens in the window
+    hit_fraction: float | None
+    hits_per_request: float | None
+
+
+def prompts_and_hits(D: _Deltas, requests: float | None, nb: Notebook) -> Prompts:
+    """Prompt lengths, and the share of prompt tokens the external cache (L2) served."""
+    p_sum, p_cnt = D.total("vllm:request_prompt_tokens", "sum"), D.total("vllm:request_prompt_tokens", "count")
+    prompt_tokens = D.total("vllm:prompt_tokens")
+    if p_cnt:
+        mean_prompt, mp_src = _div(p_sum, p_cnt), f"Δvllm:request_prompt_tokens_sum / Δ_count = {_g(p_sum)} / {p_cnt:g}"
+    else:
+        mean_prompt, mp_src = _div(prompt_tokens, requests), f"Δvllm:prompt_tokens / Δrequests = {_g(prompt_tokens)} / {_g(requests)}"
+    if prompt_tokens is None:
+        prompt_tokens = p_sum
+    nb.explain.append(Quantity("mean prompt tokens", mean_prompt, mp_src, "vllm:request_prompt_tokens"))
+    typical = M.quantile(D.buckets("vllm:request_prompt_tokens"), 0.5) or mean_prompt
+    nb.explain.append(Quantity("typical (median) prompt tokens", typical, "p50 of the Δ request_prompt_tokens buckets (mean if none)", "vllm:request_prompt_tokens_bucket"))
+    hit_tokens, hit_src = D.total("vllm:external_prefix_cache_hits"), "vllm:external_prefix_cache_hits"
+    if hit_tokens is None:
+        hit_tokens, hit_src = D.total("lmcache:num_hit_tokens"), "lmcache:num_hit_tokens"
+    hit_frac = _div(hit_tokens, prompt_tokens)
+    nb.explain.append(Quantity("hit-token fraction", hit_frac, f"Δ{hit_src} / Δvllm:prompt_tokens = {_g(hit_tokens)} / {_g(prompt_tokens)}", hit_src))
+    return Prompts(mean_prompt, typical, prompt_tokens, hit_frac, _div(hit_tokens, requests))
+
+
+# --- the tier: L2 bytes and the bandwidth B -----------------------------------------------
+
+
+def read_instances(a: Sample, b: Sample, urls: list[str], nb: Notebook) -> list[InstanceObs]:
+    """Each Valkey instance's GET traffic; the unreachable and the restarted are written down."""
+    instances = _instances(a, b, list(urls))
+    nb.unreachable += [f"Valkey rank {i.rank} ({i.url}): {i.error}" for i in instances if i.status == "unreachable"]
+    restarted = [f"Valkey rank {i.rank} ({i.url})" for i in instances if i.restarted]
+    if restarted:
+        nb.notes.append(f"restarted inside the window (INFO counters went backwards), counted from the restart: {', '.join(restarted)}")
+    for inst in instances:
+        if inst.status == "ok":
+            nb.explain.append(Quantity(
+                f"rank {inst.rank} GET busy fraction", inst.get_busy_fraction,
+                f"Δcmdstat_get usec / Δt = {inst.get_busy_fraction * inst.window_s * 1e6:.0f} µs / {inst.window_s:.2f} s",
+                "valkey INFO commandstats",
+            ))
+    return instances
+
+
+@dataclass(frozen=True)
+class L2Load:
+    bytes_per_s: float | None  # served by L2, from the best source below
+    source: str | None
+    tokens_per_s: float | None
+    kvctl_bytes: float | None  # the kvctl connector's counters
+    kvctl_bytes_per_s: float | None
+    kvctl_seconds: float | None
+    lmcache_bytes: float | None  # LMCache's
+    lmcache_get_ms: float | None
+
+
+def l2_load(D: _Deltas, ok_inst: list[InstanceObs], s_bpt: float | None, nb: Notebook) -> L2Load:
+    """The bytes L2 served per second: the kvctl connector's count, else LMCache's, else Valkey's GET replies."""
+    k_bytes_rate, k_secs, k_bytes = D.rate(N.L2_GET_BYTES), D.total(N.L2_GET_SECONDS), D.total(N.L2_GET_BYTES)
+    lm_bytes_rate, lm_bytes = D.rate("lmcache:num_remote_read_bytes"), D.total("lmcache:num_remote_read_bytes")
+    valkey_rate = sum(i.bytes_out_per_s for i in ok_inst) if ok_inst else None
+    if k_bytes_rate is not None:
+        l2_rate, l2_src = k_bytes_rate, f"{N.L2_GET_BYTES}_total (engine side)"
+    elif lm_bytes_rate is not None:
+        l2_rate, l2_src = lm_bytes_rate, "lmcache:num_remote_read_bytes (engine side)"
+    elif valkey_rate is not None:
+        l2_rate, l2_src = valkey_rate, "valkey INFO: bytes out to GETs (server side)"
+    else:
+        l2_rate, l2_src = None, None
+        nb.why["l2_bytes_per_request"] = "no L2 byte counter: neither kvctl:l2_get_bytes_total, lmcache:num_remote_read_bytes nor a --valkey instance"
+    tokens_per_s = _div(l2_rate, s_bpt)
+    nb.explain.append(Quantity("L2-served tokens/s", tokens_per_s, f"Σ Δ{l2_src or 'L2 bytes'} / Δt / s = {_g(l2_rate)} B/s / {_g(s_bpt)} B/token", l2_src or "—"))
+    return L2Load(
+        bytes_per_s=l2_rate, source=l2_src, tokens_per_s=tokens_per_s, kvctl_bytes=k_bytes, kvctl_bytes_per_s=k_bytes_rate,
+        kvctl_seconds=k_secs, lmcache_bytes=lm_bytes, lmcache_get_ms=D.total("lmcache:remote_time_to_get", "sum"),
+    )
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    gbps: float | None  # B, None when unknown or implausible
+    source: str | None  # BW_KVCTL, BW_LMCACHE or BW_VALKEY
+    ranks: int | None  # W, when B came from the kvctl connector
+    implausible_gbps: float | None  # a B the counters gave that cannot be
+
+
+def tier_bandwidth(l2: L2Load, ok_engines: list[_Engine], ok_inst: list[InstanceObs], capture: Capture, params: Params, nb: Notebook) -> Bandwidth:
+    """B, the bandwidth the engine sees: the kvctl connector's, else LMCache's, else Valkey's (an upper bound)."""
+    k_bytes, k_secs, lm_bytes, lm_get_ms = l2.kvctl_bytes, l2.kvctl_seconds, l2.lmcache_bytes, l2.lmcache_get_ms
+    bw = bw_src = None
+    ranks = None
+    if k_bytes and k_secs:
+        # the connector sums bytes and GET seconds over the engine's ranks, which load in parallel
+        # (each its own chunks from its own instance): B = W × Σbytes / Σseconds
+        ranks, ranks_src = engine_ranks(ok_engines, capture)
+        if ranks_src is None:
+            nb.notes.append(
+                "kvctl:l2_get_seconds_total is summed over the engine's ranks: with W ranks loading in parallel B is W× "
+                "what is shown and ρ W× smaller; give the tier (--valkey per rank, --ranks or --dir) so W is known"
+            )
+        bw, bw_src = ranks * k_bytes / k_secs / cost.GB, BW_KVCTL
+        nb.explain.append(Quantity(
+            "bandwidth the engine sees B (GB/s)", bw, f"W × Σbytes / Σseconds = {ranks} × {k_bytes:g} B / {k_secs:.4g} s (W: {ranks_src or 'unknown, 1 assumed'})",
+            BANDWIDTH_SOURCES[BW_KVCTL],
+        ))
+    elif lm_bytes and lm_get_ms:
+        bw, bw_src = lm_bytes / (lm_get_ms / 1e3) / cost.GB, BW_LMCACHE
+        nb.explain.append(Quantity("bandwidth the engine sees B (GB/s)", bw, f"{lm_bytes:g} B / {lm_get_ms / 1e3:.4g} s", BANDWIDTH_SOURCES[BW_LMCACHE]))
+    elif any(i.bandwidth_gbps for i in ok_inst):
+        busy = [i for i in ok_inst if i.bandwidth_gbps]
+        bw, bw_src = sum(i.bandwidth_gbps for i in busy), BW_VALKEY
+        nb.explain.append(Quantity("B, upper bound (GB/s)", bw, f"Σ_i GET bytes out_i / Δcmdstat_get usec_i over {len(busy)} instance(s)", BANDWIDTH_SOURCES[BW_VALKEY]))
+    else:
+        nb.why["bandwidth_gbps"] = "no GET timing in the window: no kvctl:l2_get_seconds_total, lmcache:remote_time_to_get, or Valkey GETs"
+    bw_implausible = None
+    if bw is not None and not (math.isfinite(bw) and bw <= params.max_bandwidth_gbps):
+        bw_implausible, bw, bw_src = bw, None, None
+        nb.why["bandwidth_gbps"] = (
+            f"B = {bw_implausible:.3g} GB/s from these counters is implausible (> {params.max_bandwidth_gbps:g} GB/s): "
+            "bytes and GET time do not belong together; not used for ρ"
+        )
+    return Bandwidth(gbps=bw, source=bw_src, ranks=ranks, implausible_gbps=bw_implausible)
+
+
+def check_gets_reached_tier(l2: L2Load, ok_inst: list[InstanceObs], nb: Notebook) -> None:
+    """Instances given but no GET reached them and no engine loaded from L2: the engines point elsewhere."""
+    if ok_inst and not any(i.get_calls for i in ok_inst) and not (l2.kvctl_bytes or l2.lmcache_bytes):
+        nb.insufficient.append(
+            f"0 GETs on these {len(ok_inst)} Valkey instance(s) in the window and no engine-side L2 bytes: "
+            "check that the engines' remote URL (LMCache remote_url, --kv-transfer-config) points at these instances"
+        )
+
+
+# --- the cost model: R, B*, n* --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BreakEven:
+    prefill_rate: float | None  # R, tok/s
+    prefill_rate_source: str | None
+    implausible_prefill_rate: float | None  # a derived R too low to be a compute rate
+    breakeven_gbps: float | None  # B* = s·R
+    min_hit_tokens: float | None  # n* = R·T0
+    bytes_per_token_per_rank: float | None  # s / W
+
+
+def break_even(
+    engines: Engines, prompt_tokens: float | None, s_bpt: float | None, r_flag: float | None, t0: float,
+    capture: Capture, params: Params, nb: Notebook,
+) -> BreakEven:
+    """R (given, else derived from the engines' prefill time), B* = s·R and n* = R·T0 (paper §4)."""
+    why = nb.why
+    r, r_src, r_implausible = r_flag, ("--prefill-rate" if r_flag is not None else None), None
+    if r is None:
+        r, r_src, r_implausible = derived_prefill_rate(engines.ok, prompt_tokens, params, nb)
+    else:
+        nb.explain.append(Quantity("prefill rate R (tok/s)", r, "given", r_src))
+    if s_bpt is None:
+        why["breakeven_gbps"] = "bytes per token unknown: give --bytes-per-token or --model-config"
+    b_star = cost.breakeven_gbps(s_bpt, r) if s_bpt and r else None  # s: the whole model's, B: the whole tier's
+    w_ranks, w_src = engine_ranks(engines.ok, capture)
+    s_rank = s_bpt / w_ranks if s_bpt and w_src else None
+    if s_bpt and not w_src:
+        why["bytes_per_token_per_rank"] = "W unknown: give the tier (--valkey per rank, --ranks or --dir)"
+    nb.explain.append(Quantity("bytes per token per rank s/W", s_rank, f"{_g(s_bpt)} B/token / W = {w_ranks if w_src else '?'}", w_src or "—"))
+    n_star = cost.min_hit_tokens(r, t0) if r else None
+    if r is None and "breakeven_gbps" not in why:
+        why["breakeven_gbps"] = why.get("prefill_rate_tok_s", "prefill rate unknown: give --prefill-rate")
+    if r is None:
+        why["min_hit_tokens"] = why.get("prefill_rate_tok_s", "prefill rate unknown: give --prefill-rate")
+    nb.explain.append(Quantity("break-even bandwidth B* (GB/s)", b_star, f"s·R = {_g(s_bpt)} B/token × {_g(r)} tok/s", "cost model §4"))
+    nb.explain.append(Quantity("min hit tokens n*", n_star, f"R·T0 = {_g(r)} tok/s × {t0:g} s", "cost model §4 (T0: --t0)"))
+    return BreakEven(r, r_src, r_implausible, b_star, n_star, s_rank)
+
+
+def engine_ranks(engines: list[_Engine], capture: Capture) -> tuple[int, str | None]:
+    """W, the ranks whose GET seconds the connector sums: its ``kvctl:ranks`` gauge, else one per Valkey instance."""
+    exported = [v for e in engines if (v := e.b.gauge(N.RANKS)) is not None and v >= 1]
+    if exported:
+        return int(max(exported)), N.RANKS
+    if capture.valkey_urls:
+        return len(capture.valkey_urls), f"{len(capture.valkey_urls)} Valkey instance(s), one per rank"
+    return 1, None
+
+
+def derived_prefill_rate(
+    engines: list[_Engine], prompt_tokens: float | None, params: Params, nb: Notebook
+) -> tuple[float | None, str | None, float | None]:
+    """R from the engines' prefill time, batched prefills counted once: (R, source, implausible R).
+
+    A batch of k requests prefilled together reports its time in each of the k
+    requests' ``request_prefill_time_seconds``; the engine cannot have spent more
+    than its window prefilling, so per engine the busy time is min(Σ prefill time,
+    window). The result is a lower bound on R whenever prefills overlapped.
+    """
+    computed_total, busy_total, overlapped = 0.0, 0.0, False
+    for e in engines:
+        one = _Deltas([e])
+        pf = one.total("vllm:request_prefill_time_seconds", "sum")
+        pt = one.total("vllm:prompt_tokens")
+        if pt is None:
+            pt = one.total("vllm:request_prompt_tokens", "sum")
+        if not pf or pt is None:
+            continue
+        cached = (one.total("vllm:prefix_cache_hits") or 0.0) + (one.total("vllm:external_prefix_cache_hits") or 0.0)
+        computed_total += max(0.0, pt - cached)
+        busy = min(pf, e.window_s)
+        overlapped = overlapped or pf > e.window_s
+        busy_total += busy
+    if not busy_total or not computed_total:
+        nb.why["prefill_rate_tok_s"] = "no prefill time or computed tokens in the window: give --prefill-rate for B* and n*"
+        return None, None, None
+    r = computed_total / busy_total
+    src = "derived: computed prompt tokens / min(Σ request_prefill_time, window) per engine" + (
+        " (prefills overlapped: a lower bound on R)" if overlapped else ""
+    )
+    nb.explain.append(Quantity("prefill rate R (tok/s)", r, f"{computed_total:g} tok / {busy_total:.3f} s busy", src))
+    if r < params.min_prefill_rate:
+        nb.why["prefill_rate_tok_s"] = (
+            f"derived R = {r:.3g} tok/s is implausibly low (< {params.min_prefill_rate:g}): prefill time is spent waiting, "
+            "not computing; give --prefill-rate"
+        )
+        return None, None, r
+    return r, src, None
+
+
+# --- ρ --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rho:
+    rho: float | None
+    bound: str | None  # "estimate", "lower_bound" or None
+    l2_bytes_per_request: float | None
+    busy_fraction: float | None  # served L2 bytes/s over B: capped at 1, NOT ρ
+    n_instances: int
+    instances_for_target: int | None
+
+
+def rho_of(
+    rates: Rates, prompts: Prompts, l2: L2Load, bw: Bandwidth, s_bpt: float | None, n_ok_inst: int,
+    have_engines: bool, params: Params, nb: Notebook,
+) -> Rho:
+    """ρ = λ_offered · (L2 bytes per request) / B, and the instances that would bring it to the target."""
+    lam, bw_gbps = rates.offered, bw.gbps
+    l2_per_req = _div(l2.bytes_per_s, rates.completion)
+    if l2_per_req is None and prompts.hits_per_request is not None and s_bpt:
+        l2_per_req = prompts.hits_per_request * s_bpt
+    engine_side_zero = (l2.kvctl_bytes == 0 and l2.kvctl_bytes_per_s is not None) or (l2.kvctl_bytes is None and l2.lmcache_bytes == 0)
+    rho = rho_bound = None
+    if lam is not None and l2_per_req == 0 and engine_side_zero:
+        rho, rho_bound = 0.0, "estimate"
+        nb.notes.append("no L2 bytes loaded by the engines in the window: no load queue (ρ = 0)")
+    elif lam is not None and l2_per_req is not None and bw_gbps:
+        rho = _div(lam * l2_per_req, bw_gbps * cost.GB)
+        rho_bound = "lower_bound" if bw.source == BW_VALKEY else "estimate"
+    else:
+        nb.why["rho"] = (
+            "λ unknown" if lam is None else nb.why.get("l2_bytes_per_request") or nb.why.get("bandwidth_gbps") or "L2 bytes per request unknown"
+        )
+    if rho is None and "rho" not in nb.why:
+        nb.why["rho"] = "λ·(L2 bytes/request)/B is not a finite number with these counters"
+        rho_bound = None
+    busy_frac = _div(l2.bytes_per_s, bw_gbps * cost.GB) if bw_gbps else None
+    n_inst = max(1, n_ok_inst)
+    k = cost.instances_for_rho(rho, params.target_rho, n_inst) if rho else None
+    nb.explain.append(Quantity(
+        "ρ = λ·(L2 bytes/request) / B" + (" (lower bound)" if rho_bound == "lower_bound" else ""), rho,
+        f"{_g(lam)} req/s × {_g(l2_per_req)} B / {_g(bw_gbps)} GB/s", "synchronous-load queue §4; λ offered, not completed",
+    ))
+    nb.explain.append(Quantity("load-path busy fraction (served bytes/s over B; ≤ 1, not ρ)", busy_frac, f"{_g(l2.bytes_per_s)} B/s / {_g(bw_gbps)} GB/s", l2.source or "—"))
+    if rho is None and not nb.insufficient and have_engines:
+        nb.insufficient.append(f"ρ unknown: {nb.why['rho']}")
+    if rho_bound == "lower_bound":
+        nb.notes.append(f"B is Valkey's server-side time per GET, an upper bound: ρ ≥ {rho:.2f} (a lower bound). Engine-side metrics (kvctl connector or LMCache) give ρ itself.")
+    return Rho(rho, rho_bound, l2_per_req, busy_frac, n_inst, k)

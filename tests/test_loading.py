@@ -258,3 +258,22 @@ def test_the_words_match_the_real_lmcache(tmp_path):
         (tmp_path / "q.yaml").write_text(f'enable_async_loading: "{w}"\n')
         assert loading.env_state(tmp_path / "e.env").async_loading is from_env
         assert loading.yaml_state(tmp_path / "q.yaml").async_loading is from_env
+
+
+def test_the_flip_workflow_is_a_library_call(config, tmp_path):
+    """kvctl.loading_flip.flip: check → plan → apply → restart, with no click; the command only renders its result."""
+    from kvctl import loading_flip  # noqa: PLC0415
+
+    dry = loading_flip.flip(True, [(str(config), "yaml")], dry_run=True, restart_cmd="exit 3")
+    assert dry.mode == "async" and dry.changes[0].changed and dry.restart is None
+    assert config.read_text() == CONFIG  # a dry run writes nothing and restarts nothing
+
+    done = loading_flip.flip(True, [(str(config), "yaml")], restart_cmd="exit 3", backup=False)
+    assert yaml.safe_load(config.read_text())["enable_async_loading"] is True and not backups(config)
+    assert done.restart is not None and done.restart.returncode == 3 and not done.restart.ok
+    with pytest.raises(loading.KvctlError, match="restart command failed \\(exit 3\\)"):
+        done.raise_if_restart_failed()
+
+    with pytest.raises(loading.Refused, match="no diagnosis found"):  # back to sync: refused without a diagnosis
+        loading_flip.flip(False, [(str(config), "yaml")], diagnosis_default=tmp_path / "none.json")
+    assert yaml.safe_load(config.read_text())["enable_async_loading"] is True

@@ -10,7 +10,7 @@ import click
 
 from kvctl import render, thresholds
 from kvctl.commands.options import ByteSize, FiniteFloat, count, non_negative, output_options, positive, valkey_options, valkey_targets
-from kvctl.commands.signals import Signalled, signals_raise
+from kvctl.signals import Signalled, signals_raise
 from kvctl.errors import InvalidInput, Unreachable
 from kvctl.files import write_atomic
 from kvctl.hooks import hookimpl
@@ -157,7 +157,7 @@ def up_cmd(target: str, ranks: int, base_port: int, maxmemory: int, host: str, i
             state = local.up(req, on_progress=lambda rank, port: advance(1, f"rank {rank} on :{port} answers PING"))
     except Signalled as e:
         render.error_line(f"interrupted by {e.signal.name}: stopped the instance(s) already started; nothing of this `up` is left running")
-        raise e.exit() from None
+        raise click.exceptions.Exit(e.exit_code) from None
     if as_json:
         render.emit_json(
             {

@@ -6,7 +6,7 @@ import click
 
 from kvctl import __version__, render
 from kvctl.commands.options import count, output_options, positive
-from kvctl.commands.signals import Signalled, signals_raise
+from kvctl.signals import Signalled, signals_raise
 from kvctl.drill import scenarios as S
 from kvctl.errors import ExitStatus
 from kvctl.hooks import hookimpl
@@ -68,7 +68,7 @@ def drill_cmd(ctx: click.Context, scenario: str | None, run_all: bool, duration:
                 results.append(run_drill(name, DrillOptions(**{**opts.__dict__, "keep_dir": keep}), say))
     except Signalled as e:
         render.error_line(f"interrupted by {e.signal.name}: stopped everything the drill had started")
-        raise e.exit() from None
+        raise click.exceptions.Exit(e.exit_code) from None
     passed = all(r.passed for r in results)
     code = ExitStatus.OK if passed else ExitStatus.DRILL_MISSED
     if as_json:

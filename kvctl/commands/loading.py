@@ -9,10 +9,8 @@ from typing import Any, Callable
 
 import click
 
-from kvctl import loading, loading_vllm, render
+from kvctl import loading, loading_flip, loading_vllm, render
 from kvctl.commands.options import output_options, positive
-from kvctl.commands.signals import Signalled, signals_raise
-from kvctl.diagnose.capture import last_diagnosis_path
 from kvctl.errors import KvctlError
 from kvctl.hooks import hookimpl
 from kvctl.thresholds import RHO_HIGH
@@ -83,65 +81,62 @@ def show_cmd(sources: list[tuple[str, str]], as_json: bool) -> None:
 
 
 def _flip(value: bool, sources: list[tuple[str, str]], dry_run: bool, force: bool, diagnosis: str | None, restart_cmd: str | None, restart_timeout: float, no_backup: bool, as_json: bool, max_age_s: float = loading.DEFAULT_MAX_AGE_S) -> None:
-    # every option and file is checked before anything is written: all files change, or none
-    safety = None
-    if not value:
-        diag, src = loading.load_diagnosis(diagnosis, last_diagnosis_path())
-        safety = loading.check_sync(diag, src, force, max_age_s=max_age_s)
-    changes = [loading.plan(p, kind, value) for p, kind in sources]
-    if not dry_run:
-        changes = loading.apply_all(changes, backup=not no_backup, force=force)
-    any_changed = any(c.changed for c in changes)
-    restart = None
-    if restart_cmd and any_changed and not dry_run:
-        try:
-            with signals_raise():  # the restart runs in its own process group: a signal to kvctl must stop it too
-                restart = loading.run_restart(restart_cmd, restart_timeout)
-        except Signalled as e:
-            written = ", ".join(str(loading.real_path(c.path)) for c in changes if c.changed)
-            render.error_line(f"interrupted by {e.signal.name} during the restart command: stopped it and everything it "
-                              f"started; the change to {written} stays written, restart the engines yourself")
-            raise e.exit() from None
-    mode = "async" if value else "sync"
-    if as_json:
-        render.emit_json(
-            {
-                "mode": mode,
-                "dry_run": dry_run,
-                "changes": [{k: v for k, v in render.to_jsonable(c).items() if k != "new_text"} for c in changes],
-                "env_var": loading.env_form(value),
-                "safety": safety,
-                "restart": None if restart is None else {**render.to_jsonable(restart), "ok": restart.ok},
-            }
+    try:
+        result = loading_flip.flip(
+            value, sources, dry_run=dry_run, force=force, diagnosis=diagnosis, max_age_s=max_age_s, backup=not no_backup,
+            restart_cmd=restart_cmd, restart_timeout_s=restart_timeout,
         )
+    except loading_flip.RestartInterrupted as e:
+        render.error_line(str(e))
+        raise click.exceptions.Exit(e.exit_code) from None
+    if as_json:
+        _render_flip_json(result)
     else:
-        if safety is not None:
-            forced = safety.note.startswith("forced")
-            render.literal(("warning: " if forced else "") + safety.note, style="yellow" if forced else None, stderr=forced)
-        for c in changes:  # paths and diffs printed as they are: no markup, no wrapping
-            if c.kind in loading_vllm.KINDS:
-                render.literal(f"{c.path}: {loading_vllm.DESCRIPTIONS[c.kind]} found; editing {loading_vllm.SETTING}")
-            if not c.changed:
-                render.literal(f"{c.path}: already {_mode(c.after)}; nothing to change")
-                continue
-            render.literal(c.diff.rstrip("\n"))
-            if dry_run:
-                render.literal(f"{c.path}: dry run, not written")
-            else:
-                real = loading.real_path(c.path)
-                via = f" (via the symlink {c.path})" if Path(c.path).is_symlink() else ""
-                render.literal(f"{real}: now {_mode(c.after)}{via}" + (f" (backup: {c.backup})" if c.backup else ""), style="green")
-        if any(c.kind in ("yaml", "env") for c in changes):
-            render.message(f"env-var form: {loading.env_form(value)}")
-        if restart_cmd and restart is None:
-            render.message("restart command not run (nothing changed)" if not dry_run else "restart command not run (dry run)")
-        elif restart is not None:
-            status = "ok" if restart.ok else ("timed out" if restart.timed_out else f"exit {restart.returncode}")
-            render.literal(f"restart `{restart.command}`: {status} in {restart.duration_s:.1f} s", style="green" if restart.ok else "red")
-            if restart.output_tail.strip():
-                render.literal(restart.output_tail.rstrip())
-    if restart is not None and not restart.ok:
-        raise KvctlError(f"the config was written but the restart command failed ({'timed out' if restart.timed_out else f'exit {restart.returncode}'})")
+        _render_flip(result)
+    result.raise_if_restart_failed()
+
+
+def _render_flip_json(result: loading_flip.FlipResult) -> None:
+    restart = result.restart
+    render.emit_json(
+        {
+            "mode": result.mode,
+            "dry_run": result.dry_run,
+            "changes": [{k: v for k, v in render.to_jsonable(c).items() if k != "new_text"} for c in result.changes],
+            "env_var": loading.env_form(result.value),
+            "safety": result.safety,
+            "restart": None if restart is None else {**render.to_jsonable(restart), "ok": restart.ok},
+        }
+    )
+
+
+def _render_flip(result: loading_flip.FlipResult) -> None:
+    safety, restart = result.safety, result.restart
+    if safety is not None:
+        forced = safety.note.startswith("forced")
+        render.literal(("warning: " if forced else "") + safety.note, style="yellow" if forced else None, stderr=forced)
+    for c in result.changes:  # paths and diffs printed as they are: no markup, no wrapping
+        if c.kind in loading_vllm.KINDS:
+            render.literal(f"{c.path}: {loading_vllm.DESCRIPTIONS[c.kind]} found; editing {loading_vllm.SETTING}")
+        if not c.changed:
+            render.literal(f"{c.path}: already {_mode(c.after)}; nothing to change")
+            continue
+        render.literal(c.diff.rstrip("\n"))
+        if result.dry_run:
+            render.literal(f"{c.path}: dry run, not written")
+        else:
+            real = loading.real_path(c.path)
+            via = f" (via the symlink {c.path})" if Path(c.path).is_symlink() else ""
+            render.literal(f"{real}: now {_mode(c.after)}{via}" + (f" (backup: {c.backup})" if c.backup else ""), style="green")
+    if any(c.kind in ("yaml", "env") for c in result.changes):
+        render.message(f"env-var form: {loading.env_form(result.value)}")
+    if result.restart_cmd and restart is None:
+        render.message("restart command not run (nothing changed)" if not result.dry_run else "restart command not run (dry run)")
+    elif restart is not None:
+        status = "ok" if restart.ok else ("timed out" if restart.timed_out else f"exit {restart.returncode}")
+        render.literal(f"restart `{restart.command}`: {status} in {restart.duration_s:.1f} s", style="green" if restart.ok else "red")
+        if restart.output_tail.strip():
+            render.literal(restart.output_tail.rstrip())
 
 
 RESTART_TIMEOUT_MAX_S = 86400.0

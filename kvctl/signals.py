@@ -1,4 +1,7 @@
-"""SIGINT, SIGTERM and SIGHUP as an exception, for commands that must unwind (stop what they started) first."""
+"""SIGINT, SIGTERM and SIGHUP as an exception, for workflows that must unwind (stop what they started) first.
+
+No click: the commands turn :class:`Signalled` into the exit code ``exit_code`` (128 + the signal's number).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +10,6 @@ import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
-
-import click
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -23,9 +24,6 @@ class Signalled(BaseException):
     @property
     def exit_code(self) -> int:
         return 128 + int(self.signal)
-
-    def exit(self) -> click.exceptions.Exit:
-        return click.exceptions.Exit(self.exit_code)
 
 
 @contextlib.contextmanager

@@ -37,7 +37,7 @@ def test_glm5_is_the_papers_mla_shape_and_the_readme_says_how_it_relates_to_s():
 def test_tp_past_the_kv_heads_counts_every_copy_and_the_docs_say_so():
     """Issue 22: the docs said `--tp` never changes s, while `kv-size --tp 16` on Qwen3-32B (8 KV heads) doubles
     it (each head on 2 ranks, kv_head_copies 2). Code and text now agree."""
-    from kvctl.commands.cost import TP_HELP
+    from kvctl.commands.options import TP_HELP
 
     k8, k16 = (kv_size_from_file(MODELS / "qwen3-32b.json", tp=t) for t in (8, 16))
     assert (k8.kv_head_copies, k16.kv_head_copies) == (1, 2)

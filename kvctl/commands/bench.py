@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import click
 
 from kvctl import cost, render, thresholds
-from kvctl.commands.cost import BYTES_PER_TOKEN, CHUNK_TOKENS, PREFILL_RATE, TP
-from kvctl.commands.options import ByteSize, count, output_options, positive, valkey_options, valkey_targets
+from kvctl.commands.options import BYTES_PER_TOKEN, CHUNK_TOKENS, PREFILL_RATE, TP, ByteSize, count, output_options, positive, valkey_options, valkey_targets
 from kvctl.errors import ExitStatus, InvalidInput
 from kvctl.files import write_atomic
 from kvctl.hooks import hookimpl

@@ -2,72 +2,23 @@
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable
+from typing import Any
 
 import click
 
 from kvctl import cost, render, thresholds
-from kvctl.commands.options import FiniteFloat, count, non_negative, output_options, positive
+from kvctl.commands.options import (
+    ARRIVAL_RATE, BANDWIDTH_GBPS, BYTES_PER_TOKEN, BYTES_PER_TOKEN_HELP, CHUNK_TOKENS, LATENCY_S, PREFILL_RATE, PROMPT_GB, T0_S, TOKENS, TP,
+    TP_HELP, FiniteFloat, bytes_per_token_options, output_options,
+)
 from kvctl.errors import InvalidInput
 from kvctl.hooks import hookimpl
 from kvctl.kvsize import DTYPE_BYTES, kv_size_from_file
 
 
-# The cost model's quantities with the bounds past which a value is a typo (and the
-# arithmetic would overflow into inf/NaN). Divisors have a floor above zero.
-BYTES_PER_TOKEN = FiniteFloat(min=1, max=1e9)  # 1 B to 1 GB per token; the largest real models are ~20 MB
-PREFILL_RATE = FiniteFloat(min=1e-3, max=1e9)  # tokens/s
-T0_S = non_negative(3600.0)
-LATENCY_S = positive(86400.0)
-PROMPT_GB = positive(1e6)
-BANDWIDTH_GBPS = FiniteFloat(min=1e-6, max=1e6)
-ARRIVAL_RATE = positive(1e6)  # requests/s
-TOKENS = count(10**9)
-TP = count(4096)
-CHUNK_TOKENS = count(1 << 20)
-
-
 @hookimpl
 def register_commands(cli: click.Group) -> None:
     cli.add_command(cost_group)
-
-
-BYTES_PER_TOKEN_HELP = "KV bytes per prompt token of the WHOLE model (s), all ranks' shares together."
-TP_HELP = ("Tensor-parallel ranks, one tier instance each: --model-config splits the KV heads over them; s is the whole model's, "
-           "and counts each KV head once per copy when --tp exceeds the KV heads (kv_head_copies).")
-
-
-def bytes_per_token_options(required: bool = True, pass_tp: bool = False) -> Callable:
-    """``--bytes-per-token`` or ``--model-config`` (+ ``--dtype``/``--tp``); passes ``bytes_per_token``.
-
-    ``bytes_per_token`` is always the whole model's s (kvctl.kvsize), whatever
-    ``--tp``; with ``pass_tp`` the command also gets ``tp`` and reports each
-    rank's share s/tp (``bytes_per_token_per_rank``).
-    """
-
-    def decorate(func: Callable) -> Callable:
-        @click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help=BYTES_PER_TOKEN_HELP)
-        @click.option(
-            "--model-config",
-            type=click.Path(dir_okay=False),
-            help="Hugging Face config.json to derive bytes per token from (instead of --bytes-per-token).",
-        )
-        @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config.")
-        @click.option("--tp", type=TP, default=1, show_default=True, help=TP_HELP)
-        @functools.wraps(func)
-        def wrapper(*args: Any, bytes_per_token: float | None, model_config: str | None, dtype: str | None, tp: int, **kwargs: Any) -> Any:
-            if bytes_per_token is None and model_config:
-                bytes_per_token = kv_size_from_file(model_config, dtype=dtype, tp=tp).bytes_per_token
-            if bytes_per_token is None and required:
-                raise click.UsageError("give --bytes-per-token or --model-config")
-            if pass_tp:
-                kwargs["tp"] = tp
-            return func(*args, bytes_per_token=bytes_per_token, **kwargs)
-
-        return wrapper
-
-    return decorate
 
 
 def _tokens(first: tuple[int, ...], rest: tuple[int, ...]) -> list[int]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
 from kvctl import render, thresholds
-from kvctl.commands.options import ByteSize, FiniteFloat, count, non_negative, output_options, positive, valkey_options, valkey_targets
+from kvctl.commands.options import ByteSize, FiniteFloat, count, non_negative, options, output_options, positive, valkey_options, valkey_targets
 from kvctl.signals import Signalled, signals_raise
 from kvctl.errors import InvalidInput, Unreachable
 from kvctl.files import write_atomic
@@ -76,34 +75,24 @@ def dir_option(func: Callable) -> Callable:
     )(func)
 
 
-def password_options(func: Callable) -> Callable:
-    @click.option(
+password_options = options(
+    click.option(
         "--password-file",
         type=click.Path(dir_okay=False),
         envvar="KVCTL_PASSWORD_FILE",
         help="File (mode 0600) holding the tier password; required to bind a non-loopback address.",
-    )
-    @click.option("--insecure-no-auth", is_flag=True, help="Allow a non-loopback bind address without a password (test rigs only).")
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs)
+    ),
+    click.option("--insecure-no-auth", is_flag=True, help="Allow a non-loopback bind address without a password (test rigs only)."),
+)
 
-    return wrapper
-
-
-def fleet_options(func: Callable) -> Callable:
-    """Options of the systemd and k8s targets."""
-
-    @click.option("--name", default="valkey-kv", show_default=True, help="Name of the unit template / StatefulSet (pods are NAME-<rank>).")
-    @click.option("--service", help="Headless Service name for k8s (default: --name).")
-    @click.option("--namespace", help="k8s namespace (also used in the per-rank host names).")
-    @click.option("--image", default="valkey/valkey:8.1", show_default=True, help="Container image for k8s.")
-    @click.option("--k8s-port", type=click.IntRange(1, 65535), default=6379, show_default=True, help="Port every k8s pod listens on.")
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs)
-
-    return wrapper
+#: Options of the systemd and k8s targets.
+fleet_options = options(
+    click.option("--name", default="valkey-kv", show_default=True, help="Name of the unit template / StatefulSet (pods are NAME-<rank>)."),
+    click.option("--service", help="Headless Service name for k8s (default: --name)."),
+    click.option("--namespace", help="k8s namespace (also used in the per-rank host names)."),
+    click.option("--image", default="valkey/valkey:8.1", show_default=True, help="Container image for k8s."),
+    click.option("--k8s-port", type=click.IntRange(1, 65535), default=6379, show_default=True, help="Port every k8s pod listens on."),
+)
 
 
 @click.group("deploy-valkey")
@@ -316,21 +305,16 @@ def down_cmd(tier_dir: Path, purge: bool, timeout_s: float, as_json: bool) -> No
             render.warn(f"rank {r.rank}: pid {r.pid} did not exit within --timeout {timeout_s:g}s of SIGTERM; sent SIGKILL")
 
 
-def tier_config_options(func: Callable) -> Callable:
-    """Options that name the tier an engine config points at (lmcache-config, vllm-config)."""
-
-    @click.option("--target", type=TargetChoice(), default="local", show_default=True, help="Tier kind: local reads --dir; systemd/k8s (or a plugin's target) take the same options as `up`.")
-    @dir_option
-    @click.option("--ranks", type=RANKS, help="Number of ranks (systemd, k8s).")
-    @click.option("--base-port", type=click.IntRange(1, 65535), default=thresholds.BASE_PORT, show_default=True, envvar="KVCTL_BASE_PORT", help="Port of rank 0 (systemd; env KVCTL_BASE_PORT, as for `up`).")
-    @click.option("--host", default="127.0.0.1", show_default=True, help="Host the systemd instances run on, as engines reach it.")
-    @fleet_options
-    @click.option("--engine-password-file", type=click.Path(dir_okay=False), help="Engine password file for systemd/k8s tiers with auth (names user kvctl-engine).")
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs)
-
-    return wrapper
+#: Options that name the tier an engine config points at (lmcache-config, vllm-config).
+tier_config_options = options(
+    click.option("--target", type=TargetChoice(), default="local", show_default=True, help="Tier kind: local reads --dir; systemd/k8s (or a plugin's target) take the same options as `up`."),
+    dir_option,
+    click.option("--ranks", type=RANKS, help="Number of ranks (systemd, k8s)."),
+    click.option("--base-port", type=click.IntRange(1, 65535), default=thresholds.BASE_PORT, show_default=True, envvar="KVCTL_BASE_PORT", help="Port of rank 0 (systemd; env KVCTL_BASE_PORT, as for `up`)."),
+    click.option("--host", default="127.0.0.1", show_default=True, help="Host the systemd instances run on, as engines reach it."),
+    fleet_options,
+    click.option("--engine-password-file", type=click.Path(dir_okay=False), help="Engine password file for systemd/k8s tiers with auth (names user kvctl-engine)."),
+)
 
 
 def _tier_urls(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None) -> tuple[Any, str | None, str | None, str]:

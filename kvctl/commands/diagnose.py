@@ -19,9 +19,11 @@ import click
 from click.core import ParameterSource
 
 from kvctl import render, thresholds
-from kvctl.commands.cost import bytes_per_token_options
 from kvctl.commands.diagnose_stalls import JsonErrorCommand, JsonErrorGroup, stalls_cmd
-from kvctl.commands.options import FiniteFloat, count, engine_http, engine_http_options, non_negative, output_options, positive, valkey_options, valkey_targets
+from kvctl.commands.options import (
+    BYTES_PER_TOKEN, PREFILL_RATE, T0_S, bytes_per_token_options, count, engine_http, engine_http_options, options, output_options, positive,
+    valkey_options, valkey_targets,
+)
 from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.diagnose.jsonform import diagnosis_json
@@ -32,9 +34,7 @@ from kvctl.runbooks import runbook_for
 
 WINDOW_S = positive(cap.MAX_WINDOW_S)
 TIMEOUT_S = positive(600.0)
-PREFILL_RATE = FiniteFloat(min=1e-3, max=1e9)
-T0_S = non_negative(3600.0)
-MAX_BYTES_PER_TOKEN = 1e9
+MAX_BYTES_PER_TOKEN = BYTES_PER_TOKEN.max  # also for s derived from --model-config
 
 
 @hookimpl
@@ -42,27 +42,25 @@ def register_commands(cli: click.Group) -> None:
     cli.add_command(diagnose_group)
 
 
-def source_options(func: Callable) -> Callable:
-    """Where to sample: engine URLs, the Valkey instances, the window."""
+#: Where to sample: engine URLs, the Valkey instances, the window.
+source_options = options(
+    click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable; a repeat is read once), e.g. http://HOST:8000."),
+    engine_http_options,
+    valkey_options,
+    click.option("--window", type=WINDOW_S, default=thresholds.DIAGNOSIS_WINDOW_S, show_default=True, help="Seconds between the two samples (at most one day)."),
+    click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=5.0, show_default=True, help="Per-source read timeout in seconds; a source that does not answer is reported, the rest analysed."),
+)
 
-    @click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable; a repeat is read once), e.g. http://HOST:8000.")
-    @engine_http_options
-    @valkey_options
-    @click.option("--window", type=WINDOW_S, default=thresholds.DIAGNOSIS_WINDOW_S, show_default=True, help="Seconds between the two samples (at most one day).")
-    @click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=5.0, show_default=True, help="Per-source read timeout in seconds; a source that does not answer is reported, the rest analysed.")
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs)
-
-    return wrapper
+_model_bundle = options(
+    bytes_per_token_options(required=False),
+    click.option("--prefill-rate", type=PREFILL_RATE, help="Prefill tokens/s R (default: derived from vllm:request_prefill_time_seconds)."),
+    click.option("--t0", type=T0_S, help=f"Fixed per-hit cost T0 in seconds for n* (default {thresholds.PAPER_T0_S:g}, the paper's; fit yours with `kvctl cost fit-t0`)."),
+)
 
 
 def model_options(func: Callable) -> Callable:
     """s, R and T0 for B*, n* and ρ."""
 
-    @bytes_per_token_options(required=False)
-    @click.option("--prefill-rate", type=PREFILL_RATE, help="Prefill tokens/s R (default: derived from vllm:request_prefill_time_seconds).")
-    @click.option("--t0", type=T0_S, help=f"Fixed per-hit cost T0 in seconds for n* (default {thresholds.PAPER_T0_S:g}, the paper's; fit yours with `kvctl cost fit-t0`).")
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         bpt = kwargs.get("bytes_per_token")
@@ -70,22 +68,17 @@ def model_options(func: Callable) -> Callable:
             raise click.BadParameter(f"{bpt!r} is not a number of bytes in (0, {MAX_BYTES_PER_TOKEN:g}].", param_hint="'--bytes-per-token'")
         return func(*args, **kwargs)
 
-    return wrapper
+    return _model_bundle(wrapper)
 
 
-def run_options(func: Callable) -> Callable:
-    """What the analysing run adds: a saved capture in, a capture out, formulas, refreshes."""
-
-    @click.option("--from", "from_dir", type=click.Path(file_okay=False), help="Analyse a capture directory instead of sampling live.")
-    @click.option("--save", "save_dir", type=click.Path(file_okay=False), help="Also save the samples analysed to this directory (replay with --from).")
-    @click.option("--explain", is_flag=True, help="Show the formula and source of every number.")
-    @click.option("--watch", is_flag=True, help="Keep sampling and refresh the table every --window seconds.")
-    @click.option("--count", type=count(10**6), help="With --watch: stop after this many refreshes (default: until Ctrl-C).")
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs)
-
-    return wrapper
+#: What the analysing run adds: a saved capture in, a capture out, formulas, refreshes.
+run_options = options(
+    click.option("--from", "from_dir", type=click.Path(file_okay=False), help="Analyse a capture directory instead of sampling live."),
+    click.option("--save", "save_dir", type=click.Path(file_okay=False), help="Also save the samples analysed to this directory (replay with --from)."),
+    click.option("--explain", is_flag=True, help="Show the formula and source of every number."),
+    click.option("--watch", is_flag=True, help="Keep sampling and refresh the table every --window seconds."),
+    click.option("--count", type=count(10**6), help="With --watch: stop after this many refreshes (default: until Ctrl-C)."),
+)
 
 
 def _parameters(bytes_per_token: float | None, prefill_rate: float | None, t0: float | None) -> dict[str, Any]:

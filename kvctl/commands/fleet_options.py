@@ -2,36 +2,26 @@
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable
+from typing import Any
 
 import click
 
 from kvctl import render
-from kvctl.commands.options import count, non_negative, positive
+from kvctl.commands.options import count, non_negative, options, positive
 
 ENGINES = count(1024)
 
 
-def fleet_options(func: Callable) -> Callable:
-    """``--engines`` and the variability sources (see kvctl.variability)."""
-    opts = [
-        click.option("--engines", type=ENGINES, default=1, show_default=True,
-                     help="Engines sharing the tier, each with its own queue; --rate is per engine, a --trace is the whole fleet's arrivals (dealt to engines at random)."),
-        click.option("--fit-from", type=click.Path(dir_okay=False), help="`kvctl replay --out` run file: T0 as the distribution its hits show (a low-load run fits best)."),
-        click.option("--get-times-from", type=click.Path(dir_okay=False), help="`kvctl bench --save` file: GET time spread from its p50/p99 per batch (lognormal, mean kept)."),
-        click.option("--readers-from", type=click.Path(dir_okay=False), help="`kvctl bench --sweep --save` file: an instance's throughput against concurrent readers."),
-        click.option("--async-instance-gbps", type=positive(1e6), help="async: per-instance bandwidth of prefetches (the rank-0 store reads with one client), if not the sync one."),
-        click.option("--async-overhead", "async_overhead_s", type=non_negative(3600), default=0.0, show_default=True, help="async: seconds of latency every request pays for the asynchronous lookup."),
-    ]
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs)
-
-    for opt in reversed(opts):
-        wrapper = opt(wrapper)
-    return wrapper
+#: ``--engines`` and the variability sources (see kvctl.variability).
+fleet_options = options(
+    click.option("--engines", type=ENGINES, default=1, show_default=True,
+                 help="Engines sharing the tier, each with its own queue; --rate is per engine, a --trace is the whole fleet's arrivals (dealt to engines at random)."),
+    click.option("--fit-from", type=click.Path(dir_okay=False), help="`kvctl replay --out` run file: T0 as the distribution its hits show (a low-load run fits best)."),
+    click.option("--get-times-from", type=click.Path(dir_okay=False), help="`kvctl bench --save` file: GET time spread from its p50/p99 per batch (lognormal, mean kept)."),
+    click.option("--readers-from", type=click.Path(dir_okay=False), help="`kvctl bench --sweep --save` file: an instance's throughput against concurrent readers."),
+    click.option("--async-instance-gbps", type=positive(1e6), help="async: per-instance bandwidth of prefetches (the rank-0 store reads with one client), if not the sync one."),
+    click.option("--async-overhead", "async_overhead_s", type=non_negative(3600), default=0.0, show_default=True, help="async: seconds of latency every request pays for the asynchronous lookup."),
+)
 
 
 FLEET_COLS = ["engine", "requests", "hits", "timeouts", "ρ", "GPU busy", "p50 s", "p90 s", "p99 s", "max s", "max queue"]

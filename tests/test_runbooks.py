@@ -17,7 +17,7 @@ from kvctl.cli import cli
 from kvctl.runbooks import ALERT_PAGES, DIAGNOSE_FINDINGS, RUNBOOK_DIR, STALL_FINDINGS, all_pages, runbook_for
 from tests.diagnose.engine_text import EngineState
 from tests.diagnose.metrics_server import MetricsServer
-from tests.diagnose.test_stalls import pyspy_attach, run_stalls, spawn, wait_ready  # noqa: F401 - pyspy_attach is a fixture
+from tests.diagnose.stall_helpers import run_stalls, spawn, wait_ready
 from tests.finding_ids import diagnose_finding_ids, stall_finding_ids
 
 ROOT = Path(__file__).resolve().parents[1]

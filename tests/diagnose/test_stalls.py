@@ -7,10 +7,8 @@ children it started, by pid, in a ``finally``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import select
 import shutil
 import socket
 import subprocess
@@ -25,69 +23,7 @@ from click.testing import CliRunner
 from kvctl.diagnose import pyspy, stalls
 from kvctl.errors import BinaryNotFound, ExitStatus
 from kvctl.tier.server import free_port
-
-PROGRAMS = Path(__file__).resolve().parent / "stall_programs"
-LIFETIME_S = 60
-INTERVAL_S = 0.4
-
-
-@contextlib.contextmanager
-def spawn(program: str, *args: str):
-    """Start a stall program and wait for its READY line; always kill it (by pid) afterwards."""
-    cmd = [sys.executable, str(PROGRAMS / program), "--lifetime", str(LIFETIME_S), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, 9)
-        proc.wait(timeout=10)
-        proc.stdout.close()
-        proc.stderr.close()
-
-
-def wait_ready(*procs: subprocess.Popen, timeout_s: float = 45.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    for p in procs:
-        left = deadline - time.monotonic()
-        ready, _, _ = select.select([p.stdout], [], [], max(left, 0))
-        line = p.stdout.readline() if ready else ""
-        if not line.startswith("READY"):
-            err = p.stderr.read() if p.poll() is not None else "(still running)"
-            raise AssertionError(f"{p.args[1]} did not get ready: {line!r} {err[-2000:]}")
-
-
-@pytest.fixture(scope="module")
-def pyspy_attach():
-    """Skip (with the exact reason) when py-spy cannot attach in this sandbox."""
-    try:
-        pyspy.find_py_spy()
-    except BinaryNotFound as e:
-        pytest.skip(str(e))
-    proc = subprocess.Popen([sys.executable, "-c", "import time; print('READY', flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
-    try:
-        proc.stdout.readline()
-        pyspy.dump_threads(proc.pid)
-    except pyspy.PtraceNotPermitted as e:
-        pytest.skip(str(e))
-    finally:
-        os.kill(proc.pid, 9)
-        proc.wait()
-        proc.stdout.close()
-
-
-def run_stalls(*args: str):
-    from kvctl.commands.diagnose_stalls import stalls_cmd  # noqa: PLC0415 - imports kvctl.cli
-
-    return CliRunner().invoke(stalls_cmd, [*args, "--interval", str(INTERVAL_S)], env={"COLUMNS": "400"})
-
-
-def by_id(report: stalls.StallReport) -> dict[str, list[stalls.StallFinding]]:
-    out: dict[str, list[stalls.StallFinding]] = {}
-    for f in report.findings:
-        out.setdefault(f.id, []).append(f)
-    return out
-
+from tests.diagnose.stall_helpers import INTERVAL_S, by_id, run_stalls, spawn, wait_ready
 
 # --- the three signatures ---------------------------------------------------
 

@@ -21,7 +21,7 @@ import pytest
 from kvctl.diagnose import clients, stalls
 from kvctl.diagnose.procnet import ProcSockets, TcpConn
 from kvctl.diagnose.pyspy import Frame, ThreadStack
-from tests.diagnose.test_stalls import INTERVAL_S, LIFETIME_S, PROGRAMS, by_id, pyspy_attach, wait_ready  # noqa: F401
+from tests.diagnose.stall_helpers import INTERVAL_S, LIFETIME_S, PROGRAMS, by_id, wait_ready
 
 
 @contextlib.contextmanager

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.diagnose.captures import from_dir, info, write_capture
 from tests.diagnose.engine_text import EngineState
-from tests.diagnose.test_paper_captures import from_dir, info, write_capture
 
 LLAMA = "configs/models/llama-3.1-8b.json"
 

@@ -28,7 +28,7 @@ from kvctl.cli import cli
 from kvctl.tier.server import free_port
 from tests.diagnose.engine_text import EngineState
 from tests.diagnose.metrics_server import MetricsServer
-from tests.exporter.test_exporter import ExporterProcess, one, scrape
+from tests.exporter.helpers import ExporterProcess, one, scrape
 
 PASSWORD = "inst-opts-pw"
 SMALL_BENCH = ["--chunk-bytes", "1e5", "--batch", "2", "--keys", "8", "--duration", "0.3"]

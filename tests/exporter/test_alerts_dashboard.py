@@ -24,24 +24,14 @@ from kvctl.exporter import METRICS, Exporter, ExporterConfig
 from kvctl.thresholds import GPU_NOT_COMPUTE_BOUND_PCT, RHO_HIGH, RHO_UNSTABLE
 from kvctl.tier.targets import resolve_targets
 from tests.diagnose.metrics_server import MetricsServer
-from tests.exporter.test_exporter import AFTER, BASE, PARAMS
+from tests.exporter.helpers import AFTER, BASE, PARAMS, RULES, load_rules, rules_by_name
 from tests.finding_ids import diagnose_finding_ids
 
 ROOT = Path(__file__).resolve().parents[2]
-RULES = ROOT / "configs" / "prometheus" / "kvctl-alerts.yaml"
 DASHBOARD = ROOT / "configs" / "grafana" / "kvctl-dashboard.json"
 TARGET_LABELS = {"instance", "job"}  # added by Prometheus to every scraped series
 RULE_KEYS = {"alert", "expr", "for", "labels", "annotations", "keep_firing_for"}
 DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
-
-
-def load_rules() -> list[dict]:
-    doc = yaml.safe_load(RULES.read_text())
-    return [r for g in doc["groups"] for r in g["rules"]]
-
-
-def rules_by_name() -> dict[str, dict]:
-    return {r["alert"]: r for r in load_rules()}
 
 
 def expr_metrics(expr: str) -> set[str]:

@@ -25,8 +25,7 @@ from kvctl.exporter import Exporter, ExporterConfig, Server, parse_listen
 from kvctl.tier.server import free_port
 from tests.diagnose.engine_text import EngineState
 from tests.diagnose.metrics_server import MetricsServer
-from tests.exporter.test_alerts_dashboard import RULES, rules_by_name
-from tests.exporter.test_exporter import PARAMS
+from tests.exporter.helpers import PARAMS, RULES, rules_by_name
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -39,7 +39,7 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvctl.cli import cli
-from tests.engine.test_kvctl_connector import Tier, ask, prompt, start_tp2, stop_running, token_ids
+from tests.engine.tp2 import Tier, ask, prompt, start_tp2, stop_running, token_ids
 from tests.engine.vllm_server import build_tiny_model
 from tests.lmcache.lmcache_env import run_scenario
 

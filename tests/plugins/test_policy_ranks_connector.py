@@ -11,7 +11,7 @@ pytestmark = pytest.mark.engine
 def test_connector_judges_w_times_the_summed_bandwidth(valkey_factory):
     """KvctlConnector's scheduler (real, on two real Valkey instances, W = 2) builds the policy with W.
 
-    The scheduler set-up of tests/plugins/test_vllm_scheduler.py: MLA, 2 layers × head_size 6 × 4 B
+    The scheduler set-up of tests/plugins/scheduler_helpers.py: MLA, 2 layers × head_size 6 × 4 B
     (float32) = 48 B/token, 4-token chunks, 16 loadable tokens; R = 1000 tok/s: recomputing 16 tokens is 16 ms.
     The workers report 30000 B in 1.0 s summed over the 2 ranks: 30 kB/s per rank, the tier 2 × 30 = 60 kB/s.
     Loading 16 × 48 = 768 B at 60 kB/s: 12.8 ms < 16 ms, load (at 30 kB/s it would read 25.6 ms: a wrong veto).
@@ -21,7 +21,7 @@ def test_connector_judges_w_times_the_summed_bandwidth(valkey_factory):
     from types import SimpleNamespace  # noqa: PLC0415
 
     from kvctl.plugins.vllm_stats import KvctlConnectorStats  # noqa: PLC0415
-    from tests.plugins.test_vllm_scheduler import req, scheduler, store_all  # noqa: PLC0415
+    from tests.plugins.scheduler_helpers import req, scheduler, store_all  # noqa: PLC0415
 
     tier = [valkey_factory(), valkey_factory()]
     conn = scheduler([s.url for s in tier], load_policy={"prefill_tokens_per_s": 1000, "reprobe_after_s": 1e6})

@@ -93,3 +93,52 @@ def test_no_import_circles():
     found = circles(graph)
     assert found - PENDING == set(), f"import circles: {[sorted(c) for c in found - PENDING]}"
     assert PENDING - found == set(), f"gone (take them off PENDING): {[sorted(c) for c in PENDING - found]}"
+
+
+
+
+# --- a test module imports helpers from helper modules and fixtures from conftest.py, never from another test module
+
+TESTS = ROOT / "tests"
+
+
+def _absolute(module: str | None, level: int, package: str) -> str:
+    """The dotted name an import statement in ``package`` refers to (``from ..x import y`` resolved)."""
+    if not level:
+        return module or ""
+    base = package.split(".")[: len(package.split(".")) - (level - 1)]
+    return ".".join(base + ([module] if module else []))
+
+
+def imports_of_test_modules(tree: ast.AST, package: str) -> list[tuple[int, str]]:
+    """(line, module) of every import, anywhere in ``tree``, of a module named ``test_*`` (or of a name inside one)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node.module, node.level, package)
+            names = [base] + [f"{base}.{a.name}" for a in node.names if a.name.startswith("test_")]  # from pkg import test_x
+        else:
+            continue
+        found += [(node.lineno, n) for n in names if any(part.startswith("test_") for part in n.split("."))]
+    return found
+
+
+def test_the_scan_finds_every_form_of_importing_a_test_module():
+    src = ("import tests.a.test_b\nfrom tests.a.test_b import x\nfrom tests.a import test_b\nfrom .test_b import x\n"
+           "from . import test_b\nfrom tests.a.helpers import x\nfrom .helpers import x\nimport pytest_timeout\n"
+           "def f():\n    from tests.test_c import y\n")
+    found = imports_of_test_modules(ast.parse(src), "tests.a")
+    assert [line for line, _ in found] == [1, 2, 3, 4, 5, 10]
+    assert dict(found)[4] == "tests.a.test_b" and dict(found)[5] == "tests.a.test_b"
+
+
+def test_no_test_module_imports_from_another():
+    found = {}
+    for path in sorted(TESTS.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        package = ".".join(rel.parent.parts)
+        if hits := imports_of_test_modules(ast.parse(path.read_text(), str(path)), package):
+            found[str(rel)] = hits
+    assert not found, f"imports from test modules (move shared helpers to a helper module, fixtures to a conftest.py): {found}"

@@ -103,7 +103,8 @@ def bench_cmd(
     # multiprocessing, the RESP client and the workers load only when a bench runs, not for `kvctl --help`
     import psutil  # noqa: PLC0415
 
-    from kvctl.bench.runner import BenchSpec, check_host, embedded_tier, grid, run_bench, size_embedded  # noqa: PLC0415
+    from kvctl.bench.runner import embedded_tier, run_bench  # noqa: PLC0415
+    from kvctl.bench.spec import BenchSpec, check_host, grid, size_embedded  # noqa: PLC0415
 
     if embedded and (valkey_urls or tier_dir or ranks):
         raise InvalidInput("--embedded starts its own instances; do not combine it with --valkey/--url, --ranks or --dir")

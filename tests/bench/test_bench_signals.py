@@ -165,6 +165,7 @@ def test_a_client_that_cannot_import_kvctl_reports_its_exception(valkey_server, 
     import multiprocessing as mp
 
     from kvctl.bench import runner
+    from kvctl.bench.spec import BenchSpec
     from kvctl.tier.targets import Target
 
     stale = tmp_path / "stale" / "kvctl" / "bench"
@@ -173,7 +174,7 @@ def test_a_client_that_cannot_import_kvctl_reports_its_exception(valkey_server, 
         f.write_text("")
     monkeypatch.setattr(runner, "_mp_context", lambda: mp.get_context("spawn"))
     monkeypatch.syspath_prepend(str(tmp_path / "stale"))
-    spec = runner.BenchSpec(chunk_bytes=1000, batch=2, keys=4, duration_s=0.5, timeout_s=1)
+    spec = BenchSpec(chunk_bytes=1000, batch=2, keys=4, duration_s=0.5, timeout_s=1)
     t0 = time.monotonic()
     run = runner.run_once([Target(0, "127.0.0.1", valkey_server.port, valkey_server.url)], 1, "get", "kvctl-bench:t:", 4, spec)
     assert time.monotonic() - t0 < 5  # not the 31 s start wait plus the run: the dead client is noticed at once

@@ -4,7 +4,7 @@ import pytest
 
 from kvctl.bench.info import ServerDelta, ServerInfo
 from kvctl.bench.results import summarize_run, summarize_verdict, with_scaling
-from kvctl.bench.runner import BenchSpec, auto_keys, grid
+from kvctl.bench.spec import BenchSpec, auto_keys, grid
 from kvctl.bench.worker import WorkerResult
 from kvctl.errors import InvalidInput
 

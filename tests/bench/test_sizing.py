@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from kvctl.bench.info import ServerInfo
-from kvctl.bench.runner import BenchSpec, auto_keys, check_host, describe_exit, key_ttl_s, size_embedded
+from kvctl.bench.runner import describe_exit, key_ttl_s
+from kvctl.bench.spec import BenchSpec, auto_keys, check_host, size_embedded
 from kvctl.cli import cli
 from kvctl.errors import InvalidInput
 

@@ -32,13 +32,15 @@ class Tier:
     def __init__(self, root: Path) -> None:
         self.dir = root / "tier"
         base = free_port()
-        while True:  # two consecutive free ports
+        for _ in range(100):  # two consecutive free ports (bounded: a loop in a test stops by itself)
             try:
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", base + 1))
                 break
             except OSError:
                 base = free_port()
+        else:
+            raise RuntimeError("no two consecutive free loopback ports in 100 tries")
         r = CliRunner().invoke(cli, ["deploy-valkey", "up", "--ranks", "2", "--base-port", str(base),
                                      "--dir", str(self.dir), "--maxmemory", "200mb", "--json"])
         assert r.exit_code == 0, r.output

@@ -28,7 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvctl.bench.runner import BenchSpec, run_bench
+from kvctl.bench.runner import run_bench
+from kvctl.bench.spec import BenchSpec
 from kvctl.connector.resp import RespClient
 from kvctl.connector.urls import parse_resp_url
 from kvctl.tier.server import find_valkey_server, start_valkey

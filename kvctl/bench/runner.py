@@ -37,7 +37,7 @@ from kvctl import __version__
 from kvctl.bench.engines import summarize_engines
 from kvctl.bench.info import ServerInfo, delta, server_info, snapshot_all
 from kvctl.bench.results import BenchMetadata, BenchReport, RunResult, summarize_run, summarize_verdict, with_scaling
-from kvctl.bench.spec import BenchSpec, auto_keys, grid  # BenchSpec: benchmarks/ imports it from here too
+from kvctl.bench.spec import BenchSpec, auto_keys, grid
 from kvctl.bench.worker import WorkerConfig, WorkerResult, key_names
 from kvctl.connector.resp import RespClient
 from kvctl.connector.urls import parse_resp_url, with_credentials

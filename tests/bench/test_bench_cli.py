@@ -228,7 +228,8 @@ def test_library_from_a_main_without_file(valkey_server):
     import sys
 
     code = (
-        "from kvctl.bench.runner import BenchSpec, run_bench\n"
+        "from kvctl.bench.runner import run_bench\n"
+        "from kvctl.bench.spec import BenchSpec\n"
         "from kvctl.tier.targets import Target\n"
         f"t = Target(0, '127.0.0.1', {valkey_server.port}, '{valkey_server.url}')\n"
         "r = run_bench([t], BenchSpec(chunk_bytes=1_000_000, batch=2, keys=4, duration_s=0.5)).runs[0]\n"

@@ -174,8 +174,14 @@ async def pool_from_engine(session: Any, base: str, model: str) -> TokenPool | N
         return None
 
 
-async def scrape_metrics(session: Any, base: str, max_bytes: int = METRICS_MAX_BYTES) -> dict[str, float] | None:
-    """Counters and gauges of vLLM, LMCache and kvctl from ``/metrics``, or None when unavailable or over ``max_bytes``."""
+#: a /metrics scrape before or after a run is tried this many times, SCRAPE_PAUSE_S apart: an engine
+#: that just started, or is busy finishing the run, can miss one
+SCRAPE_TRIES = 3
+SCRAPE_PAUSE_S = 1.0
+
+
+async def _scrape_once(session: Any, base: str, max_bytes: int) -> tuple[dict[str, float] | None, str | None, bool]:
+    """(values, why not, worth retrying)."""
     import aiohttp  # noqa: PLC0415
 
     from kvctl.diagnose.metrics import parse  # noqa: PLC0415
@@ -183,14 +189,33 @@ async def scrape_metrics(session: Any, base: str, max_bytes: int = METRICS_MAX_B
     try:
         async with session.get(base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
             if r.status != 200:
-                return None
+                return None, f"/metrics answered HTTP {r.status}", True
             body = await r.content.read(max_bytes + 1)
             if len(body) > max_bytes:
-                return None
+                return None, f"/metrics is larger than --max-metrics-bytes {max_bytes}", False
         scrape = parse(body.decode("utf-8", errors="replace"), f"{masked(base)}/metrics")
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, InvalidInput):
-        return None
-    return {k: v for k, v in sorted(scrape.values.items()) if k.startswith(METRIC_PREFIXES)}
+    except asyncio.TimeoutError:  # not retried: a hung engine would hold the run's end for 10 s a try
+        return None, "/metrics did not answer within 10 s", False
+    except (aiohttp.ClientError, OSError) as e:
+        return None, f"/metrics: {type(e).__name__}", True
+    except InvalidInput as e:
+        return None, str(e), True
+    return {k: v for k, v in sorted(scrape.values.items()) if k.startswith(METRIC_PREFIXES)}, None, False
+
+
+async def scrape_metrics(session: Any, base: str, max_bytes: int = METRICS_MAX_BYTES) -> tuple[dict[str, float] | None, str | None]:
+    """(counters and gauges of vLLM, LMCache and kvctl from ``/metrics``, None) or (None, why not), after
+    up to :data:`SCRAPE_TRIES` tries (an answer over ``max_bytes`` or none within 10 s is not retried)."""
+    why = None
+    for attempt in range(SCRAPE_TRIES):
+        if attempt:
+            await asyncio.sleep(SCRAPE_PAUSE_S)
+        values, why, retry = await _scrape_once(session, base, max_bytes)
+        if values is not None:
+            return values, None
+        if not retry:
+            return None, why
+    return None, f"{why} ({SCRAPE_TRIES} tries)"
 
 
 def _count(v: Any, what: str) -> int | None:
@@ -381,7 +406,7 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
                     "pass --tokenizer PATH (a local Hugging Face tokenizer directory)"
                 )
             builder = PromptBuilder(pool, opts.block_tokens, opts.seed)
-        metrics_before = await scrape_metrics(session, base, http.max_bytes)
+        metrics_before, before_error = await scrape_metrics(session, base, http.max_bytes)
         now = datetime.now(timezone.utc)
         metadata = {
             "trace": trace.path,
@@ -397,6 +422,7 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
             "options": {**options_meta, **asdict(opts), "url": masked(opts.url)},
             "token_pool": pool.source if pool else None,
             "metrics_before": metrics_before,
+            **({"metrics_before_error": before_error} if before_error else {}),
         }
         writer = RunWriter(out, metadata, overwrite=overwrite)
         state = ReplayState(total=len(plan))
@@ -433,11 +459,11 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
             await asyncio.gather(*list(rep.tasks), return_exceptions=True)
         finally:
             duration = loop.time() - rep.t0 if rep.t0 else 0.0
-            metrics_after = None
+            metrics_after, after_error = None, None
             if not interrupted:  # still under the handlers: a signal now skips the scrape, the summary is written
                 closing.append(asyncio.create_task(scrape_metrics(session, base, http.max_bytes)))
                 try:
-                    metrics_after = await closing[0]
+                    metrics_after, after_error = await closing[0]
                 except asyncio.CancelledError:
                     if not interrupted:
                         raise
@@ -455,6 +481,7 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
                 "signal": rep.stopped_by,
                 "unfinished": rep.unfinished,
                 "metrics_after": metrics_after,
+                **({"metrics_after_error": after_error} if after_error else {}),
             })
     return ReplayResult(out, model, len(plan), state.finished, rep.ok, state.errors, state.max_in_flight,
                         state.cap_hits, duration, interrupted, pool.source if pool else None, rep.stopped_by, rep.unfinished)

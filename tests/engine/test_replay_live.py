@@ -57,6 +57,8 @@ def test_replay_20_requests_sees_cached_tokens_on_repeated_prefixes(replay_serve
     assert sum(1 for c in cached[1:] if c > 0) >= N // 2, cached  # repeated prefixes hit vLLM's prefix cache
     # vLLM's own counter agrees that prompt tokens moved by 20 × 256
     before, after = run.metadata["metrics_before"], run.summary["metrics_after"]
+    assert before is not None, run.metadata.get("metrics_before_error")
+    assert after is not None, run.summary.get("metrics_after_error")
     assert after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"] == N * 4 * BLOCK
 
     rep = CliRunner().invoke(cli, ["report", str(out), "--json"])

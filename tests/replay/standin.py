@@ -12,7 +12,8 @@ API does not allow: an SSE ``data: [1,2]`` or ``data: null`` line (a ``[1,2]`` b
 or ``"usage": [1]`` (tests/hostile). ``GET /_arrivals`` returns the records; ``/tokenize`` (absent with
 ``--no-tokenize``), ``/v1/models`` (with ``max_model_len`` when ``--max-model-len`` is given) and
 ``/metrics`` answer as vLLM's do (the subset kvctl reads); ``--metrics-delay-s`` holds every
-``/metrics`` answer after the first (a scrape after the run that hangs).
+``/metrics`` answer after the first (a scrape after the run that hangs); ``--metrics-fail-first N``
+answers the first N with HTTP 503.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Standin:
         self.delay_s, self.slow_after, self.slow_delay_s = delay_s, slow_after, slow_delay_s
         self.max_model_len = max_model_len
         self.metrics_delay_s = 0.0
+        self.metrics_fail_first = 0
         self.metrics_reads = 0
         self.arrivals: list[dict] = []
         self.blocks: set[int] = set()
@@ -117,6 +119,8 @@ class Standin:
 
     async def metrics(self, request: web.Request) -> web.Response:
         self.metrics_reads += 1
+        if self.metrics_reads <= self.metrics_fail_first:  # an engine that just started and is not ready to answer
+            return web.Response(status=503, text="not ready")
         if self.metrics_delay_s and self.metrics_reads > 1:  # the scrape after a run hangs; the one before does not
             await asyncio.sleep(self.metrics_delay_s)
         text = (
@@ -139,9 +143,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-tokenize", action="store_true", help="no /tokenize endpoint (404), like a non-vLLM server")
     ap.add_argument("--max-model-len", type=int, default=None, help="max_model_len in /v1/models, as vLLM lists it")
     ap.add_argument("--metrics-delay-s", type=float, default=0.0, help="hold every /metrics answer after the first this long")
+    ap.add_argument("--metrics-fail-first", type=int, default=0, help="answer the first N /metrics reads with HTTP 503")
     args = ap.parse_args(argv)
     s = Standin(args.delay_s, args.slow_after, args.slow_delay_s, args.max_model_len)
     s.metrics_delay_s = args.metrics_delay_s
+    s.metrics_fail_first = args.metrics_fail_first
     app = web.Application()
     app.router.add_post("/v1/completions", s.completions)
     if not args.no_tokenize:

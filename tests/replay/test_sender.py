@@ -138,6 +138,27 @@ def test_run_file_records_usage_cached_tokens_errors_and_metadata(standin_factor
     assert [a["max_tokens"] for a in server.arrivals()] == [1, 1, 1, 1]
 
 
+@pytest.mark.parametrize("fail_first, before_ok", [(2, True), (50, False)])
+def test_metrics_scrapes_are_retried_and_a_failure_is_said(standin_factory, tmp_path, fail_first, before_ok):
+    """An engine whose /metrics is not ready yet (HTTP 503): the scrape before the run is tried 3 times
+    (CI saw a just-started vLLM miss one, and the run lost its counters silently); when every try
+    fails, the run file says why instead of only leaving the counters out."""
+    server = standin_factory("--metrics-fail-first", str(fail_first))
+    trace = write_trace(tmp_path / "t.jsonl", [{"offset_s": 0, "prompt": "one"}])
+    out = tmp_path / "run.jsonl"
+    code, output = replay(str(trace), "--url", server.url, "--out", str(out))
+    assert code == 0, output
+    run = read_run(out)
+    if before_ok:  # two 503s, then an answer: the third try before the run, the after-scrape at once
+        assert run.metadata["metrics_before"]["vllm:prompt_tokens_total"] == 0.0
+        assert "metrics_before_error" not in run.metadata
+        assert run.summary["metrics_after"] is not None and "metrics_after_error" not in run.summary
+    else:
+        assert run.metadata["metrics_before"] is None and run.summary["metrics_after"] is None
+        assert run.metadata["metrics_before_error"] == "/metrics answered HTTP 503 (3 tries)"
+        assert run.summary["metrics_after_error"] == "/metrics answered HTTP 503 (3 tries)"
+
+
 def test_a_run_file_replays_as_a_trace(standin_factory, tmp_path):
     server = standin_factory()
     trace = write_trace(tmp_path / "t.jsonl", [

@@ -26,7 +26,8 @@ Fitting (only from bench and one calibration replay: low load, then a short burs
   ``simulate`` holds the engine n/R and pays nothing else);
 * T0: ``simulate --fit-from`` the calibration run (each hit alone in flight: its time less transfer and tail);
 * θ, the share of T0 that holds the engine: ``--t0-engine-share fit`` (the calibration run simulated for
-  θ = 0 … 1; its burst is where θ shows).
+  θ = 0 … 1; its burst is where θ shows);
+* not fitted but read from the engine's own settings: ``--max-batch 4``, vLLM's ``--max-num-seqs``.
 
 Then ``simulate --trace T --hits-from-trace`` predicts each measured run (a load below ρ = 1 and
 one above) and the table compares p50/p90/p99 and the hit share with ``kvctl report``'s numbers.
@@ -65,6 +66,7 @@ BLOCK_TOKENS = 256  # Mooncake hash-id block; a multiple of the chunk
 CHUNK_TOKENS = 64
 BYTES_PER_TOKEN = 2 * (512 + 64) * 2  # layers x latent x bf16: the tiny MLA model's s
 TARGET = 0.25  # |predicted / measured - 1|
+MAX_NUM_SEQS = 4  # tests/engine/vllm_server.py starts vLLM with --max-num-seqs 4: simulate's --max-batch
 
 
 def kvctl(*args: str, check: bool = True, timeout: float = 1200) -> subprocess.CompletedProcess:
@@ -187,23 +189,23 @@ def fit_prefill_rate(calib: Path) -> tuple[float, int]:
     return statistics.median(rates), len(rates)
 
 
-def predict(trace: Path, bench: Path, calib: Path, prefill_rate: float, engine_share: str) -> dict:
+def predict(trace: Path, bench: Path, calib: Path, prefill_rate: float, engine_share: str, max_batch: int) -> dict:
     r = json.loads(kvctl(
         "simulate", "--trace", str(trace), "--hits-from-trace", "--block-tokens", str(BLOCK_TOKENS),
         "--bytes-per-token", str(BYTES_PER_TOKEN), "--prefill-rate", f"{prefill_rate:.3f}", "--instances", "2",
         "--bench", str(bench), "--fit-from", str(calib), "--get-times-from", str(bench),
-        "--t0-engine-share", engine_share, "--json").stdout)
+        "--t0-engine-share", engine_share, "--max-batch", str(max_batch), "--json").stdout)
     return {"p50_s": r["p50_s"], "p90_s": r["p90_s"], "p99_s": r["p99_s"], "hit_share": r["hits"] / r["requests"],
             "rho": r.get("tier_rho"), "engine_rho": r.get("rho"), "notes": r.get("notes")}
 
 
-def compare(work: Path, runs: dict[str, tuple[Path, Path]], engine_share: str = "fit") -> dict:
+def compare(work: Path, runs: dict[str, tuple[Path, Path]], engine_share: str = "fit", max_batch: int = MAX_NUM_SEQS) -> dict:
     bench = work / "bench.json"
     calib = work / "calibration.jsonl"
     rate, n_miss = fit_prefill_rate(calib)
     table, notes = [], []
     for name, (trace, run) in runs.items():
-        p, m = predict(trace, bench, calib, rate, engine_share), measured(run)
+        p, m = predict(trace, bench, calib, rate, engine_share, max_batch), measured(run)
         notes = p["notes"]
         for metric in ("p50_s", "p90_s", "p99_s", "hit_share"):
             ratio = p[metric] / m[metric] if m[metric] else None
@@ -211,13 +213,15 @@ def compare(work: Path, runs: dict[str, tuple[Path, Path]], engine_share: str = 
                           "within": ratio is not None and abs(ratio - 1) <= TARGET})
         for metric, key in (("tier ρ (predicted)", "rho"), ("engine ρ (predicted)", "engine_rho")):
             table.append({"load": name, "metric": metric, "predicted": p[key], "measured": None, "ratio": None, "within": None})
-    return {"prefill_rate": rate, "prefill_rate_from_misses": n_miss, "engine_share": engine_share, "inputs": notes,
+    return {"prefill_rate": rate, "prefill_rate_from_misses": n_miss, "engine_share": engine_share, "max_batch": max_batch,
+            "inputs": notes,
             "table": table}
 
 
 def render(result: dict) -> str:
     lines = [f"R fitted from {result['prefill_rate_from_misses']} calibration misses: {result['prefill_rate']:.0f} tokens/s"]
     lines += [f"input: {n}" for n in result.get("inputs") or ()]
+    lines.append(f"input: --max-batch {result.get('max_batch', 1)} (the engine's --max-num-seqs)")
     lines += [
              f"{'load':<6} {'metric':<22} {'predicted':>10} {'measured':>10} {'ratio':>7}  within 25 %"]
     for r in result["table"]:
@@ -241,6 +245,7 @@ def parse_args(argv=None):
     ap.add_argument("--burst-rate", type=float, default=5.0, help="... then a burst at this rate (T0's engine share shows there)")
     ap.add_argument("--burst-requests", type=int, default=14)
     ap.add_argument("--engine-share", default="fit", help="--t0-engine-share for simulate (default: fitted on the calibration)")
+    ap.add_argument("--max-batch", type=int, default=MAX_NUM_SEQS, help="--max-batch for simulate (default: the engine's --max-num-seqs)")
     ap.add_argument("--low-rate", type=float, default=0.8, help="requests/s of the run below ρ = 1")
     ap.add_argument("--low-requests", type=int, default=100)
     ap.add_argument("--high-rate", type=float, default=4.5, help="requests/s of the run above ρ = 1")
@@ -254,7 +259,7 @@ def main(argv=None) -> int:
     if args.refit:
         work = args.refit
         result = compare(work, {"low": (work / "low.trace.jsonl", work / "low.jsonl"),
-                                "high": (work / "high.trace.jsonl", work / "high.jsonl")}, args.engine_share)
+                                "high": (work / "high.trace.jsonl", work / "high.jsonl")}, args.engine_share, args.max_batch)
         print(render(result))
         if args.json_path:
             args.json_path.write_text(json.dumps(result, indent=2))
@@ -287,7 +292,7 @@ def main(argv=None) -> int:
     finally:
         stack.close()
     result = compare(work, {"low": (work / "low.trace.jsonl", work / "low.jsonl"),
-                            "high": (work / "high.trace.jsonl", work / "high.jsonl")}, args.engine_share)
+                            "high": (work / "high.trace.jsonl", work / "high.jsonl")}, args.engine_share, args.max_batch)
     result.update(link_mbps=args.link_mbps, workdir=str(work), seconds=round(time.monotonic() - t_start))
     print(render(result))
     if args.json_path:

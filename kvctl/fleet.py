@@ -21,6 +21,8 @@ The model extends :func:`kvctl.simulate.simulate` (whose module docstring gives 
   from ``arrival + timeout``; every async request pays ``async_overhead_s`` of latency;
 * ``t0_engine_share`` θ: θ·T0 of every served hit holds its engine after the load (with the
   tail), the rest only adds latency (see :mod:`kvctl.simulate`);
+* ``max_batch`` M > 1: an engine admits up to M waiting requests into one step; their loads go to
+  the tier in order, then the step computes, and all of them finish when it ends (the event loop);
 * GPU busy fraction: the compute an engine does (prefill of misses and timeouts, tails of hits)
   over the run's span. A synchronous load holds the engine but not its GPU.
 """
@@ -36,7 +38,9 @@ import numpy as np
 
 from kvctl.cost import GB, require_positive
 from kvctl.errors import InvalidInput
-from kvctl.simulate import LOADINGS, SimConfig, Workload, _in_system_ahead, check_engine_share, fifo, hit_tokens_of
+from kvctl.simulate import (
+    LOADINGS, SimConfig, Workload, _in_system_ahead, batch_fifo, check_engine_share, check_max_batch, fifo, hit_tokens_of,
+)
 from kvctl.thresholds import RHO_UNSTABLE
 from kvctl.variability import Variability, gain_for
 
@@ -135,21 +139,27 @@ def _tier(arrival: np.ndarray, transfer: np.ndarray, gtab: np.ndarray | None) ->
     return start, finish, k
 
 
-def _engine_fifo(ready: np.ndarray, hold: np.ndarray, groups: list[np.ndarray], in_order: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def _engine_fifo(ready: np.ndarray, hold: np.ndarray, groups: list[np.ndarray], in_order: bool = False,
+                 max_batch: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Each engine a FIFO queue over its requests ``groups[e]``, served in order of ``ready``
-    (``in_order``: ``ready`` is already sorted within each group)."""
+    (``in_order``: ``ready`` is already sorted within each group), ``max_batch`` per step."""
     start = np.empty(len(ready))
     finish = np.empty(len(ready))
     for idx in groups:
         order = idx if in_order else idx[np.argsort(ready[idx], kind="stable")]
-        s, f = fifo(ready[order], hold[order])
+        s, f = batch_fifo(ready[order], hold[order], max_batch)
         start[order] = s
         finish[order] = f
     return start, finish
 
 
-def _sync_event_loop(arrival, hit, transfer, tail, prefill, gtab, groups):  # noqa: ANN001, ANN202
-    """Sync fleet, one request at a time in the order engines issue them (the reference answer)."""
+def _sync_event_loop(arrival, hit, transfer, tail, prefill, gtab, groups, max_batch=1):  # noqa: ANN001, ANN202
+    """Sync fleet, one engine step at a time in the order engines start them (the reference answer).
+
+    A step of engine e starts at t (e free, its next request arrived) and admits its requests arrived
+    by t, at most ``max_batch``: their loads go to the tier in order at t, then the step computes
+    (tails of hits, prefills of misses) and all of them finish when it ends. One request per step is
+    the FIFO engine of the module docstring."""
     n = len(arrival)
     arr, tr, tl, pf, ht = arrival.tolist(), transfer.tolist(), tail.tolist(), prefill.tolist(), hit.tolist()
     gl = gtab.tolist() if gtab is not None else None
@@ -162,25 +172,33 @@ def _sync_event_loop(arrival, hit, transfer, tail, prefill, gtab, groups):  # no
     inflight: deque[float] = deque()
     while heap:
         t, e = heapq.heappop(heap)
-        i = queues[e][pos[e]]
-        if ht[i]:
-            while inflight and inflight[0] <= t + TIE_S:
-                inflight.popleft()
-            h = tr[i]
-            if gl is not None:
-                ks[i] = k = len(inflight) + 1
-                h /= gl[min(k, len(gl) - 1)]
-            ts = t if t > tier_free else tier_free
-            tier_free = ts + h
-            inflight.append(tier_free)
-            twait[i] = ts - t
-            done = tier_free + tl[i]
-        else:
-            done = t + pf[i]
-        start[i], finish[i] = t, done
-        pos[e] += 1
-        if pos[e] < len(queues[e]):
-            j = queues[e][pos[e]]
+        q, p0 = queues[e], pos[e]
+        p1 = p0 + 1
+        while p1 < len(q) and p1 - p0 < max_batch and arr[q[p1]] <= t:
+            p1 += 1
+        loaded, compute = t, 0.0
+        for i in q[p0:p1]:
+            if ht[i]:
+                while inflight and inflight[0] <= t + TIE_S:
+                    inflight.popleft()
+                h = tr[i]
+                if gl is not None:
+                    ks[i] = k = len(inflight) + 1
+                    h /= gl[min(k, len(gl) - 1)]
+                ts = t if t > tier_free else tier_free
+                tier_free = ts + h
+                inflight.append(tier_free)
+                twait[i] = ts - t
+                loaded = tier_free
+                compute += tl[i]
+            else:
+                compute += pf[i]
+        done = loaded + compute
+        for i in q[p0:p1]:
+            start[i], finish[i] = t, done
+        pos[e] = p1
+        if p1 < len(q):
+            j = q[p1]
             heapq.heappush(heap, (arr[j] if arr[j] > done else done, e))
     k_hits = np.array(ks)[hit] if gl is not None else None
     return np.array(start), np.array(finish), np.array(twait), k_hits
@@ -265,7 +283,7 @@ def _sync_block(idx: np.ndarray, arrival, eng, hit, transfer, tail, prefill, gta
     return None
 
 
-def _sync(arrival, eng, hit, transfer, tail, prefill, gtab, engines):  # noqa: ANN001, ANN202
+def _sync(arrival, eng, hit, transfer, tail, prefill, gtab, engines, max_batch=1):  # noqa: ANN001, ANN202
     """(start, finish, tier wait, k per hit or None, solver) of a synchronous fleet.
 
     Blocks of :data:`BLOCK` arrivals in time order: each block's fixed point is exact for the requests
@@ -276,8 +294,11 @@ def _sync(arrival, eng, hit, transfer, tail, prefill, gtab, engines):  # noqa: A
     groups = [np.flatnonzero(eng == g) for g in range(engines)]
     if engines == 1 and gtab is None:
         hold = np.where(hit, transfer + tail, prefill)
-        start, finish = fifo(arrival, hold)
-        return start, finish, np.zeros(n), None, "closed form"
+        start, finish = batch_fifo(arrival, hold, max_batch)
+        return start, finish, np.zeros(n), None, "closed form" if max_batch == 1 else "steps of one engine"
+    if max_batch > 1:  # steps of several requests: the event loop (the fixed point solves FIFO engines)
+        start, finish, twait, k = _sync_event_loop(arrival, hit, transfer, tail, prefill, gtab, groups, max_batch)
+        return start, finish, twait, k, "event loop"
     start, finish, twait = np.empty(n), np.empty(n), np.zeros(n)
     kk = np.ones(n, dtype=np.int64)
     st = _State(np.full(engines, -np.inf), -np.inf, np.empty(0))
@@ -335,6 +356,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
     if cfg.loading not in LOADINGS:
         raise InvalidInput(f"--loading must be sync or async, got {cfg.loading!r}")
     check_engine_share(cfg.t0_engine_share)
+    check_max_batch(cfg.max_batch)
     n = len(w.arrival_s)
     arrival, tokens = w.arrival_s, w.tokens
     hit_tokens = hit_tokens_of(w, cfg)
@@ -366,7 +388,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
     gtab = _gain_table(var.readers_gain, engines if not async_ else max(engines, max(var.readers_gain) + 1)) if var.readers_gain else None
     timed_out = np.zeros(n, dtype=bool)
     if not async_:
-        start, finish, wait_tier, k, solver = _sync(arrival, eng, hit, transfer, tail + held_t0, prefill, gtab, engines)
+        start, finish, wait_tier, k, solver = _sync(arrival, eng, hit, transfer, tail + held_t0, prefill, gtab, engines, cfg.max_batch)
         compute = np.where(hit, tail, prefill)
         offered_hold = np.where(hit, transfer + tail + held_t0, prefill)
         latency = finish - arrival + np.where(hit, late_t0, 0.0)
@@ -382,7 +404,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
         served = hit & ~timed_out
         compute = np.where(served, tail, prefill)
         offered_hold = compute + np.where(served, held_t0, 0.0)
-        start, finish = _engine_fifo(ready, offered_hold, groups)
+        start, finish = _engine_fifo(ready, offered_hold, groups, max_batch=cfg.max_batch)
         latency = finish - arrival + np.where(served, late_t0, 0.0) + var.async_overhead_s
         wait = start - ready
         wait[hidx[in_time]] += (t_start - arrival[hidx])[in_time]

@@ -70,6 +70,7 @@ class SimConfig:
     seed: int = 0
     hits_from_trace: bool = False  # hit tokens from the workload instead of --hit-fraction
     t0_engine_share: float = 0.0  # θ: the share of a hit's T0 that holds the engine (0: the paper's model)
+    max_batch: int = 1  # requests an engine admits into one step (vLLM's max_num_seqs); 1: one at a time
 
 
 @dataclass(frozen=True)
@@ -276,6 +277,33 @@ def fifo(arrival: np.ndarray, hold: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return start, start + hold
 
 
+def batch_fifo(arrival: np.ndarray, hold: np.ndarray, max_batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start, finish) of a server that admits up to ``max_batch`` waiting requests into one step
+    (``arrival`` non-decreasing): a step starts when the server is free and a request has arrived,
+    takes every request arrived by then (at most ``max_batch``, in order), lasts the sum of their
+    holds, and all of them finish when it ends. ``max_batch`` 1 is :func:`fifo`."""
+    if max_batch <= 1:
+        return fifo(arrival, hold)
+    n = len(arrival)
+    start, finish = np.empty(n), np.empty(n)
+    arr, hl = arrival.tolist(), hold.tolist()
+    free, i = -math.inf, 0
+    while i < n:
+        t = arr[i] if arr[i] > free else free
+        j = i + 1
+        while j < n and j - i < max_batch and arr[j] <= t:
+            j += 1
+        end = t + math.fsum(hl[i:j])
+        start[i:j], finish[i:j] = t, end
+        free, i = end, j
+    return start, finish
+
+
+def check_max_batch(m: int) -> None:
+    if not (isinstance(m, int) and not isinstance(m, bool) and m >= 1):
+        raise InvalidInput(f"--max-batch must be a whole number of at least 1, got {m!r}")
+
+
 def _in_system_ahead(arrival: np.ndarray, finish: np.ndarray) -> int:
     """Most earlier requests not yet finished at any arrival."""
     done = np.searchsorted(np.sort(finish), arrival, side="right")
@@ -294,6 +322,7 @@ def simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
     if cfg.loading not in LOADINGS:
         raise InvalidInput(f"--loading must be sync or async, got {cfg.loading!r}")
     check_engine_share(cfg.t0_engine_share)
+    check_max_batch(cfg.max_batch)
     with np.errstate(over="ignore", invalid="ignore"):  # checked below: an overflow is an InvalidInput, not a warning
         return _simulate(w, cfg, bandwidth_gbps)
 
@@ -326,7 +355,7 @@ def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
     if cfg.loading == "sync":
         hold = np.where(hit, transfer + tail + held_t0, prefill)
         extra = np.where(hit, late_t0, 0.0)
-        start, finish = fifo(arrival, hold)
+        start, finish = batch_fifo(arrival, hold, cfg.max_batch)
         wait = start - arrival
     else:
         require_positive("--async-timeout", cfg.async_timeout_s, allow_zero=True)
@@ -341,7 +370,7 @@ def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
         extra = np.zeros(n)
         extra[idx[in_time]] = late_t0
         order = np.argsort(ready, kind="stable")
-        e_start, e_finish = fifo(ready[order], hold[order])
+        e_start, e_finish = batch_fifo(ready[order], hold[order], cfg.max_batch)
         finish = np.empty(n)
         finish[order] = e_finish
         start = np.empty(n)

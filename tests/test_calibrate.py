@@ -121,3 +121,61 @@ def test_cli_fit_and_refusals(tmp_path):
     r = CliRunner().invoke(cli, [*base, "--t0-engine-share", "1", "--json"])  # given, not fitted: the same burst
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["max_s"] == pytest.approx(14 * 1.5 - 13 * 0.1)
+
+
+# --- --max-batch: an engine admits several waiting requests into one step ------------------------------------
+
+
+def test_batch_fifo_by_hand():
+    from kvctl.simulate import batch_fifo, fifo
+
+    # holds 1 s; arrivals 0, 0.1, 0.2, 0.3, 5. M = 2: step 1 is request 0 alone (0–1: nothing else had
+    # arrived at 0); at 1, requests 1 and 2 wait: one step 1–3; request 3 then alone 3–4; request 4 at 5–6.
+    a, h = np.array([0.0, 0.1, 0.2, 0.3, 5.0]), np.ones(5)
+    start, finish = batch_fifo(a, h, 2)
+    assert start.tolist() == [0.0, 1.0, 1.0, 3.0, 5.0]
+    assert finish.tolist() == [1.0, 3.0, 3.0, 4.0, 6.0]
+    # M = 4: 1, 2, 3 in one step 1–4
+    assert batch_fifo(a, h, 4)[1].tolist() == [1.0, 4.0, 4.0, 4.0, 6.0]
+    # M = 1 is the FIFO queue
+    rng = np.random.default_rng(3)
+    a = np.cumsum(rng.exponential(1.0, 500))
+    h = rng.exponential(0.8, 500)
+    for x, y in zip(batch_fifo(a, h, 1), fifo(a, h)):
+        assert np.allclose(x, y)
+
+
+def test_batches_in_the_fleet_solver_match_the_one_engine_queue_and_a_hand_worked_pair():
+    # one engine: the event loop (readers curve on, so the fleet path is taken) and batch_fifo agree
+    w = poisson_workload(0.8, 3000, 1000.0, "exponential", 5)
+    cfg = SimConfig(1e6, 2000.0, 0.3, hit_fraction=0.7, t0_engine_share=0.5, max_batch=4)
+    plain = simulate(w, cfg, 1.0)
+    flat_gain = Variability(readers_gain={1: 1.0, 2: 1.0})  # g(k) = 1: the same tier, solved by the event loop
+    fleet = simulate_fleet(w, cfg, 1.0, var=flat_gain)
+    assert fleet.solver == "event loop"
+    assert fleet.mean_s == pytest.approx(plain.mean_s) and fleet.p99_s == pytest.approx(plain.p99_s)
+    assert fleet.max_queue == plain.max_queue
+    # two engines share the tier, M = 2, 1 GB hits on 1 GB/s, T0 0: e0 gets requests at 0 and 0.1, e1 at 0.05.
+    # e0 step 0: request 0 alone, tier 0–1, done 1. e1 step at 0.05: its load waits for the tier, 1–2, done 2.
+    # e0 step at 1: request 1 (arrived 0.1), tier 2–3, done 3: latency 2.9
+    w2 = Workload(np.array([0.0, 0.05, 0.1]), np.full(3, 1000.0), None, "hand")
+    res = simulate_fleet(w2, SimConfig(1e6, 1e9, 0.0, max_batch=2), 1.0, engines=2, engine_of=np.array([0, 1, 0]))
+    assert [e.max_s for e in res.per_engine] == pytest.approx([2.9, 1.95])
+    # e0's two requests arriving together: one step, loads 0–1 and 1–2, both done at 2; e1's load waits, 2–3
+    w3 = Workload(np.array([0.0, 0.0, 0.05]), np.full(3, 1000.0), None, "hand")
+    res = simulate_fleet(w3, SimConfig(1e6, 1e9, 0.0, max_batch=2), 1.0, engines=2, engine_of=np.array([0, 0, 1]))
+    assert [e.max_s for e in res.per_engine] == pytest.approx([2.0, 2.95])
+    assert [e.mean_s for e in res.per_engine] == pytest.approx([2.0, 2.95])  # both of e0's finish at its step's end
+
+
+def test_cli_max_batch():
+    args = ["simulate", "--rate", "0.9", "--prompt-tokens", "1000", "--bytes-per-token", "1e6", "--prefill-rate", "1e9", "--t0", "0",
+            "--instance-gbps", "1", "--requests", "5000", "--json"]
+    one = json.loads(CliRunner().invoke(cli, args).output)
+    four = CliRunner().invoke(cli, [*args, "--max-batch", "4"])
+    assert four.exit_code == 0, four.output
+    four = json.loads(four.output)
+    # ρ 0.9: queues form; steps of several requests finish together, so the mean latency grows
+    assert four["mean_s"] > one["mean_s"] and four["rho"] == pytest.approx(one["rho"])
+    bad = CliRunner().invoke(cli, [*args, "--max-batch", "0"])
+    assert bad.exit_code == 2 and "--max-batch" in bad.output

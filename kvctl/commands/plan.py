@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from kvctl import render, thresholds
-from kvctl.commands.fleet_options import fitted_engine_share, fleet_options
+from kvctl.commands.fleet_options import engine_model, fleet_options
 from kvctl.commands.options import ARRIVAL_RATE, PREFILL_RATE, T0_S, FiniteFloat, bytes_per_token_options, count, non_negative, output_options, positive
 from kvctl.hooks import hookimpl
 
@@ -46,7 +46,7 @@ def plan_cmd(rate: float | None, trace_path: str | None, requests: int | None, p
              hit_fraction: float, bytes_per_token: float, prefill_rate: float, t0: float, slo_p99_s: float, rho_target: float,
              max_instances: int, instance_gbps: float | None, bench_path: str | None, loading: str, async_timeout_s: float, seed: int,
              plot: str | None, engines: int, fit_from: str | None, get_times_from: str | None, readers_from: str | None,
-             async_instance_gbps: float | None, async_overhead_s: float, t0_engine_share: float, as_json: bool) -> None:
+             async_instance_gbps: float | None, async_overhead_s: float, t0_engine_share: float, max_batch: int, as_json: bool) -> None:
     """Fewest tier instances and the loading mode (sync/async) that meet p99 ≤ --slo-p99 at ρ ≤ --rho-target.
 
     \b
@@ -78,7 +78,7 @@ def plan_cmd(rate: float | None, trace_path: str | None, requests: int | None, p
                             async_instance_gbps=async_instance_gbps, async_overhead_s=async_overhead_s,
                             bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, fit_gbps=fit_gbps, instances=None)
     cfg = sim.SimConfig(bytes_per_token, prefill_rate, t0, 1, instance_gbps, "sync", async_timeout_s, hit_fraction, seed)
-    cfg, var = fitted_engine_share(t0_engine_share, fit_from, replace(cfg, instances=fit_instances), fit_gbps, var)
+    cfg, var = engine_model(t0_engine_share, fit_from, replace(cfg, instances=fit_instances), fit_gbps, var, max_batch=max_batch)
     cfg = replace(cfg, instances=1)
     res = planner.plan(w, cfg, engines=engines, slo_p99_s=slo_p99_s, rho_target=rho_target, max_instances=max_instances,
                        instance_gbps=instance_gbps, bench=bench, var=var,

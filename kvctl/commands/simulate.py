@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from kvctl import render, thresholds
-from kvctl.commands.fleet_options import fitted_engine_share, fleet_options, render_fleet
+from kvctl.commands.fleet_options import engine_model, fleet_options, render_fleet
 from kvctl.commands.options import PREFILL_RATE, T0_S, FiniteFloat, bytes_per_token_options, count, non_negative, output_options, positive
 from kvctl.hooks import hookimpl
 
@@ -69,7 +69,7 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
                  hit_fraction: float, hits_from_trace: bool, block_tokens: int, bytes_per_token: float, prefill_rate: float, t0: float, instances: int,
                  instance_gbps: float | None, bench_path: str | None, loading: str, async_timeout_s: float, seed: int,
                  sweep_specs: tuple[str, ...], plot: str | None, engines: int, fit_from: str | None, get_times_from: str | None,
-                 readers_from: str | None, async_instance_gbps: float | None, async_overhead_s: float, t0_engine_share: float, as_json: bool) -> None:
+                 readers_from: str | None, async_instance_gbps: float | None, async_overhead_s: float, t0_engine_share: float, max_batch: int, as_json: bool) -> None:
     """Simulate one prefill engine with a remote KV tier: latency percentiles, ρ, stability.
 
     \b
@@ -108,7 +108,7 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
     var = variability.build(fit_from=fit_from, get_times_from=get_times_from, readers_from=readers_from,
                             async_instance_gbps=async_instance_gbps, async_overhead_s=async_overhead_s,
                             bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, fit_gbps=fit_gbps, instances=instances)
-    base, var = fitted_engine_share(t0_engine_share, fit_from, base, fit_gbps, var, block_tokens)
+    base, var = engine_model(t0_engine_share, fit_from, base, fit_gbps, var, block_tokens, max_batch)
     is_fleet = engines > 1 or var.active or base.t0_engine_share > 0
     sim.check_memory(requests or (None if trace_path else 10000), fleet=is_fleet)  # refused with the figures, before any allocation
     cache: dict[Any, Any] = {}

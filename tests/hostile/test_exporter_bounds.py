@@ -9,7 +9,6 @@ import json
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -21,6 +20,7 @@ from kvctl.diagnose.analysis import Params
 from kvctl.exporter import Exporter, ExporterConfig
 from kvctl.thresholds import EXPORTER_WINDOW_SAMPLES
 from tests.diagnose.engine_text import EngineState
+from tests.exporter.helpers import ExporterProcess
 from tests.hostile.helpers import HostileHTTP, endless, hang, kvctl, kvctl_env, send_head
 
 METRICS = EngineState(requests=3, prompt_lengths=(100.0, 100.0, 100.0)).text()
@@ -172,27 +172,21 @@ def silent_valkey():
 def test_exporter_stops_within_2_s_whatever_is_in_flight(tmp_path, engine):
     """SIGTERM while the engine read and the Valkey INFO are both blocked (--timeout 20): the process is
     gone within 2 s, exit 0 with its summary (before: 17.7 s at --timeout 20)."""
-    with HostileHTTP(hang if engine == "hung" else endless) as eng, silent_valkey() as vport:
-        proc = subprocess.Popen([sys.executable, "-m", "kvctl.cli", "exporter", "--listen", "127.0.0.1:0", "--engine-url", eng.url,
-                                 "--valkey", f"resp://127.0.0.1:{vport}", "--interval", "30", "--window", "60", "--timeout", "20", "--json"],
-                                env=kvctl_env(tmp_path / "home"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with HostileHTTP(hang if engine == "hung" else endless) as eng, silent_valkey() as vport, \
+            ExporterProcess(["--engine-url", eng.url, "--valkey", f"resp://127.0.0.1:{vport}", "--interval", "30", "--window", "60",
+                             "--timeout", "20"], env=kvctl_env(tmp_path / "home")) as ex:
+        proc = ex.proc
+        assert eng.connected.wait(10), "the exporter never read the engine"
+        time.sleep(0.3)  # the reads are under way
+        assert proc.poll() is None
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
         try:
-            start = json.loads(proc.stdout.readline() or "{}")
-            assert start.get("event") == "listening", proc.stderr.read() if proc.poll() is not None else start
-            assert eng.connected.wait(10), "the exporter never read the engine"
-            time.sleep(0.3)  # the reads are under way
-            assert proc.poll() is None
-            t0 = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=2.0)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"still running 2 s after SIGTERM with a {engine} engine")
-            took = time.monotonic() - t0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            out, err = proc.communicate(timeout=10)
+            proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 2 s after SIGTERM with a {engine} engine")
+        took = time.monotonic() - t0
+    out, err = ex.out, ex.err
     assert proc.returncode == 0, err
     assert json.loads(out.strip().splitlines()[-1])["event"] == "stopped", out
     assert took < 2.0
@@ -201,22 +195,14 @@ def test_exporter_stops_within_2_s_whatever_is_in_flight(tmp_path, engine):
 def test_exporter_serves_the_finding_for_an_endless_engine(tmp_path):
     """The exporter keeps going on an endless engine: engine_up 0, kvctl_finding{id="metrics_too_large"} 1,
     its memory bounded."""
-    with HostileHTTP(endless) as eng:
-        proc = subprocess.Popen([sys.executable, "-m", "kvctl.cli", "exporter", "--listen", "127.0.0.1:0", "--engine-url", eng.url,
-                                 "--interval", "0.5", "--window", "1", "--json"], env=kvctl_env(tmp_path / "home"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            start = json.loads(proc.stdout.readline() or "{}")
-            assert start.get("event") == "listening", start
-            body, deadline = "", time.monotonic() + 10
-            while 'id="metrics_too_large"' not in body and time.monotonic() < deadline:
-                time.sleep(0.3)
-                with urllib.request.urlopen(start["metrics_url"], timeout=5) as r:
-                    body = r.read().decode()
-            rss_mb = int(next(ln for ln in open(f"/proc/{proc.pid}/status") if ln.startswith("VmHWM")).split()[1]) / 1024
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.communicate(timeout=10)
+    with HostileHTTP(endless) as eng, \
+            ExporterProcess(["--engine-url", eng.url, "--interval", "0.5", "--window", "1"], env=kvctl_env(tmp_path / "home")) as ex:
+        body, deadline = "", time.monotonic() + 10
+        while 'id="metrics_too_large"' not in body and time.monotonic() < deadline:
+            time.sleep(0.3)
+            with urllib.request.urlopen(ex.start["metrics_url"], timeout=5) as r:
+                body = r.read().decode()
+        rss_mb = int(next(ln for ln in open(f"/proc/{ex.proc.pid}/status") if ln.startswith("VmHWM")).split()[1]) / 1024
     assert 'id="metrics_too_large"' in body, body[-2000:]
     assert any(ln.startswith("kvctl_engine_up{") and ln.endswith(" 0.0") for ln in body.splitlines())
     assert rss_mb < 400, rss_mb
@@ -225,20 +211,16 @@ def test_exporter_serves_the_finding_for_an_endless_engine(tmp_path):
 def test_a_second_signal_cuts_the_stop_short(tmp_path):
     """SIGTERM then Ctrl-C at once: the second one exits right away (128 + its number, no orderly summary),
     as an operator who presses Ctrl-C twice expects; before, it was swallowed and the stop ran on."""
-    with HostileHTTP(lambda server, h: (send_head(h, len(METRICS)), h.wfile.write(METRICS.encode()))) as eng:
-        proc = subprocess.Popen([sys.executable, "-m", "kvctl.cli", "exporter", "--listen", "127.0.0.1:0", "--engine-url", eng.url,
-                                 "--interval", "0.2", "--window", "0.4", "--json"], env=kvctl_env(tmp_path / "home"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with HostileHTTP(lambda server, h: (send_head(h, len(METRICS)), h.wfile.write(METRICS.encode()))) as eng, \
+            ExporterProcess(["--engine-url", eng.url, "--interval", "0.2", "--window", "0.4"], env=kvctl_env(tmp_path / "home")) as ex:
+        proc = ex.proc
+        assert eng.connected.wait(10)
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGINT)
         try:
-            start = json.loads(proc.stdout.readline() or "{}")
-            assert start.get("event") == "listening", start
-            assert eng.connected.wait(10)
-            proc.send_signal(signal.SIGTERM)
-            proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=5)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate(timeout=10)
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pytest.fail("still running 5 s after SIGTERM and SIGINT")
+    out, err = ex.out, ex.err
     assert proc.returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM), (proc.returncode, err[-500:])
     assert '"stopped"' not in out

@@ -4,7 +4,6 @@ and in URLs (issue 21, "Security"). Real kvctl processes, real files, links, FIF
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import stat
 from pathlib import Path
 
@@ -74,13 +73,13 @@ def test_env_file_errors_never_quote_the_file(tmp_path):
 
 import base64  # noqa: E402
 import json  # noqa: E402
-import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import urllib.request  # noqa: E402
 
 from tests.diagnose.engine_text import EngineState  # noqa: E402
+from tests.exporter.helpers import ExporterProcess  # noqa: E402
 from tests.hostile.helpers import HostileHTTP, kvctl_env, send_head  # noqa: E402
 
 TOKEN, QTOKEN, KEY = "t0k3n-IN-URL-91f", "qs-T0KEN-77ab", "api-K3Y-from-file-5e"
@@ -116,20 +115,13 @@ def test_exporter_sends_url_credentials_as_basic_auth_and_masks_them(tmp_path):
     gets them as an Authorization header (before: "Name or service not known", and the token in the label)."""
     with HostileHTTP(guarded(basic("admin", TOKEN))) as eng:
         url = f"http://admin:{TOKEN}@127.0.0.1:{eng.port}/metrics?access_token={QTOKEN}"
-        proc = subprocess.Popen([sys.executable, "-m", "kvctl.cli", "-v", "exporter", "--listen", "127.0.0.1:0", "--engine-url", url,
-                                 "--interval", "0.2", "--window", "0.4", "--json"], env=kvctl_env(tmp_path / "home"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            start = json.loads(proc.stdout.readline() or "{}")
-            assert start.get("event") == "listening", start
+        with ExporterProcess(["-v", "--engine-url", url, "--interval", "0.2", "--window", "0.4"], env=kvctl_env(tmp_path / "home")) as ex:
             body, deadline = "", time.monotonic() + 10
             while "kvctl_engine_up{" not in body and time.monotonic() < deadline:
                 time.sleep(0.2)
-                with urllib.request.urlopen(start["metrics_url"], timeout=5) as r:
+                with urllib.request.urlopen(ex.start["metrics_url"], timeout=5) as r:
                     body = r.read().decode()
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=15)
+    start, out, err = ex.start, ex.out, ex.err
     up = [ln for ln in body.splitlines() if ln.startswith("kvctl_engine_up{")]
     assert len(up) == 1 and up[0].endswith(" 1.0"), up  # the credentials worked
     for text in (json.dumps(start), body, out, err):

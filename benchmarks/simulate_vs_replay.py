@@ -44,9 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,6 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.engine.vllm_server import build_tiny_model, engine_python, start_vllm  # noqa: E402
+from tests.tier.helpers import free_base_port  # noqa: E402
 
 KVCTL = [sys.executable, "-m", "kvctl.cli"]
 BLOCK_TOKENS = 256  # Mooncake hash-id block; a multiple of the chunk
@@ -76,25 +75,6 @@ def kvctl(*args: str, check: bool = True, timeout: float = 1200) -> subprocess.C
     return r
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_pair() -> int:
-    """A port p with p + 1 free too (deploy-valkey puts rank r on base + r)."""
-    for _ in range(50):
-        p = free_port()
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no two consecutive free ports")
-
-
 # -- the stack ------------------------------------------------------------------------------------
 class Stack:
     """deploy-valkey's two instances, a link shaper in front of each, and later the engine."""
@@ -104,7 +84,7 @@ class Stack:
         self.tier_dir = work / "tier"
         self.shapers: list[subprocess.Popen] = []
         self.engine = None
-        kvctl("deploy-valkey", "up", "--ranks", "2", "--base-port", str(free_pair()), "--dir", str(self.tier_dir),
+        kvctl("deploy-valkey", "up", "--ranks", "2", "--base-port", str(free_base_port(2)), "--dir", str(self.tier_dir),
               "--maxmemory", "1gb", "--json")
         state = json.loads((self.tier_dir / "kvctl-tier.json").read_text())
         self.urls = []

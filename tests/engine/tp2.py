@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -17,7 +16,8 @@ import redis
 from click.testing import CliRunner
 
 from kvctl.cli import cli
-from tests.engine.vllm_server import SHARED_PREFIX, free_port, start_vllm
+from tests.engine.vllm_server import SHARED_PREFIX, start_vllm
+from tests.tier.helpers import free_base_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,17 +31,7 @@ class Tier:
 
     def __init__(self, root: Path) -> None:
         self.dir = root / "tier"
-        base = free_port()
-        for _ in range(100):  # two consecutive free ports (bounded: a loop in a test stops by itself)
-            try:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", base + 1))
-                break
-            except OSError:
-                base = free_port()
-        else:
-            raise RuntimeError("no two consecutive free loopback ports in 100 tries")
-        r = CliRunner().invoke(cli, ["deploy-valkey", "up", "--ranks", "2", "--base-port", str(base),
+        r = CliRunner().invoke(cli, ["deploy-valkey", "up", "--ranks", "2", "--base-port", str(free_base_port(2)),
                                      "--dir", str(self.dir), "--maxmemory", "200mb", "--json"])
         assert r.exit_code == 0, r.output
         state = json.loads((self.dir / "kvctl-tier.json").read_text())

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from kvctl.cli import cli
 from kvctl.tier import checks
-from kvctl.tier.server import free_port, port_in_use
+from tests.tier.helpers import free_base_port
 
 ROOT = Path(__file__).resolve().parents[2]
 MB = 2**20
@@ -193,21 +193,13 @@ def test_value_size(valkey_factory):
     assert line(doctor("--valkey", right.url, "--chunk-bytes", "48mb")[1], "value_size")["status"] == "warning"
 
 
-def _free_base_port(n: int) -> int:
-    for _ in range(100):
-        base = free_port()
-        if base + n <= 65535 and not any(port_in_use(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no run of free ports")
-
-
 def test_deploy_valkey_up_defaults_pass_every_tier_check(tmp_path, monkeypatch):
     """`kvctl deploy-valkey up` with only --ranks (and a free port, and its directory): doctor's tier lines all ok,
     with a 12.4 MB chunk (the paper's) and 4 engines, read from the real /sys THP setting of this host.
     (Without $KVCTL_LMCACHE_PYTHON: LMCache 0.5.6's known bugs would make doctor warn about the engine side.)"""
     monkeypatch.delenv("KVCTL_LMCACHE_PYTHON", raising=False)
     d = tmp_path / "tier"
-    res = CliRunner().invoke(cli, ["deploy-valkey", "up", "--ranks", "2", "--base-port", str(_free_base_port(2)), "--dir", str(d), "--json"])
+    res = CliRunner().invoke(cli, ["deploy-valkey", "up", "--ranks", "2", "--base-port", str(free_base_port(2)), "--dir", str(d), "--json"])
     assert res.exit_code == 0, res.output
     try:
         code, data = doctor("--dir", str(d), "--chunk-bytes", "12.4mb", "--engines", "4")

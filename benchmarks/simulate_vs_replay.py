@@ -57,6 +57,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from kvctl.replay.runfile import read_run  # noqa: E402
 from tests.engine.vllm_server import build_tiny_model, engine_python, start_vllm  # noqa: E402
 from tests.tier.helpers import free_base_port  # noqa: E402
 
@@ -145,25 +146,15 @@ def replay(stack: Stack, trace: Path, out: Path, seed: int) -> None:
 
 
 # -- fit, predict, compare --------------------------------------------------------------------------
-def rows(run: Path) -> list[dict]:
-    out = []
-    for line in run.read_text().splitlines():
-        d = json.loads(line)
-        if "index" in d and d.get("status") == "ok":
-            out.append(d)
-    return out
-
-
 def measured(run: Path) -> dict:
     rep = json.loads(kvctl("report", str(run), "--hit-tokens", str(CHUNK_TOKENS), "--json").stdout)
-    r = rep["runs"][0] if isinstance(rep, dict) and "runs" in rep else rep[0]
-    return {"p50_s": r["p50_s"], "p90_s": r["p90_s"], "p99_s": r["p99_s"], "hit_share": r["hit_rate"],
-            "requests": r.get("requests") or r.get("ok")}
+    r = rep["runs"][0]
+    return {"p50_s": r["p50_s"], "p90_s": r["p90_s"], "p99_s": r["p99_s"], "hit_share": r["hit_rate"]}
 
 
 def fit_prefill_rate(calib: Path) -> tuple[float, int]:
     """R from the calibration run's misses: n / (time to first token), median over the misses alone in flight."""
-    miss = [r for r in rows(calib) if (r.get("cached_tokens") or 0) == 0]
+    miss = [r for r in read_run(calib).rows if r["status"] == "ok" and (r.get("cached_tokens") or 0) == 0]
     alone = [r for r in miss if r.get("in_flight") == 1] or miss
     rates = [r["prompt_tokens"] / (r["first_token_s"] - r["sent_s"]) for r in alone]
     return statistics.median(rates), len(rates)

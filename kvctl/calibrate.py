@@ -37,14 +37,15 @@ class EngineShareFit:
 
 
 def measured_percentiles(run_path: str) -> tuple[np.ndarray, int]:
-    """p50/p90/p99 of the successful rows' latency_s of a run file, and how many rows."""
+    """p50/p90/p99 of a run file's successful requests, as ``kvctl report`` gives them, and how many there were."""
     from kvctl.replay.runfile import read_run  # noqa: PLC0415
+    from kvctl.report import summarize_run  # noqa: PLC0415
 
-    lat = np.array([float(r["latency_s"]) for r in read_run(run_path).rows
-                    if r.get("status") == "ok" and isinstance(r.get("latency_s"), (int, float))])
-    if len(lat) < MIN_ROWS:
-        raise InvalidInput(f"{run_path} has {len(lat)} successful requests; fitting --t0-engine-share needs at least {MIN_ROWS}")
-    return np.percentile(lat, [50, 90, 99]), len(lat)
+    summary = summarize_run(read_run(run_path))
+    ok = summary.requests - summary.errors - summary.unfinished
+    if ok < MIN_ROWS:
+        raise InvalidInput(f"{run_path} has {ok} successful requests; fitting --t0-engine-share needs at least {MIN_ROWS}")
+    return np.array([summary.p50_s, summary.p90_s, summary.p99_s]), ok
 
 
 def fit_engine_share(run_path: str, cfg: SimConfig, bandwidth_gbps: float, var: Variability,

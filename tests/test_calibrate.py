@@ -103,6 +103,12 @@ def test_fit_on_a_run_without_queueing_says_so(tmp_path):
     assert "barely queued" in fit.note
 
 
+def test_fit_on_too_few_requests_is_refused(tmp_path):
+    path = run_file(tmp_path / "run.jsonl", 1.0, burst=5)
+    with pytest.raises(InvalidInput, match="5 successful requests; fitting --t0-engine-share needs at least 10"):
+        fit_engine_share(path, SimConfig(1e6, 1e9, 0.5), 1.0, Variability(t0_samples_s=(0.5,)))
+
+
 def test_cli_fit_and_refusals(tmp_path):
     # 12 hits alone and the burst's first (T0 = 0.5 is fitted on these 13), then the burst that shows θ
     run = run_file(tmp_path / "run.jsonl", 1.0, alone=12)

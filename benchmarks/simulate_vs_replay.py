@@ -227,6 +227,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: Stack.close() stops the engine, the link shapers and the tier it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if args.refit:
         work = args.refit
         result = compare(work, {"low": (work / "low.trace.jsonl", work / "low.jsonl"),

@@ -25,6 +25,7 @@ call these same functions.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,7 +34,7 @@ import torch
 from .ownership import KeyExtra
 from .store import ShardedStore, StoreResult
 
-__all__ = ["KVDataPath", "LoadOutcome", "SaveBatch", "slots_for"]
+__all__ = ["KVDataPath", "LoadOutcome", "LoadTiming", "SaveBatch", "slots_for"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,29 @@ def slots_for(block_ids: Sequence[int], block_size: int, start: int, end: int) -
     tok = torch.arange(start, end, dtype=torch.long)
     blocks = torch.as_tensor(list(block_ids), dtype=torch.long)
     return blocks[tok // block_size] * block_size + tok % block_size
+
+
+@dataclass(frozen=True)
+class LoadTiming:
+    """Where one load's wall time went on this rank (seconds); the phases add up to ``total_s``.
+
+    ``get_s``: from the start until the last GET ended (the device path's
+    lanes also copy to the device meanwhile); ``copy_tail_s``: the copies
+    still running after it; ``exchange_s``: the agreed-prefix message and the
+    move of the chunks between ranks (0 at W = 1: no collective); ``insert_s``:
+    building the slots and queueing the scatter into the paged cache;
+    ``insert_events``: CUDA events around that scatter, for its device time
+    once it has run (None on CPU).
+    """
+
+    chunks: int
+    get_bytes: int
+    get_s: float
+    copy_tail_s: float
+    exchange_s: float
+    insert_s: float
+    total_s: float
+    insert_events: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +85,7 @@ class LoadOutcome:
     agreed: int
     written: int
     interrupted: BaseException | None = None
+    timing: LoadTiming | None = None
 
 
 @dataclass
@@ -77,6 +102,20 @@ class SaveBatch:
     first: int
     ready: object = None
     extra: KeyExtra | None = None  # the request's extra key material (LoRA, cache_salt, images)
+
+
+def _timing(parts: dict, agreed: int, t0: float, t_ins: float | None, t_end: float, events) -> LoadTiming:
+    """The phases of one load from what the store reported (``parts``) and the datapath's own clocks."""
+    fetch = parts.get("fetch")
+    protocol_s = parts.get("protocol_s", (t_ins or t_end) - t0)
+    get_s = fetch.get_s if fetch is not None else 0.0
+    tail_s = fetch.copy_tail_s if fetch is not None else 0.0
+    if fetch is None:  # the host path: the protocol's fetch is its GETs and staging copies
+        get_s = protocol_s
+    return LoadTiming(chunks=agreed, get_bytes=fetch.got_bytes if fetch is not None else 0, get_s=get_s,
+                      copy_tail_s=tail_s, exchange_s=max(0.0, protocol_s - get_s - tail_s),
+                      insert_s=t_end - t_ins if t_ins is not None else 0.0, total_s=t_end - t0,
+                      insert_events=events)
 
 
 class KVDataPath:
@@ -97,7 +136,7 @@ class KVDataPath:
 
     # -- load -----------------------------------------------------------------
     def load(self, token_ids: Sequence[int], block_ids: Sequence[int], first_chunk: int, end_chunk: int,
-             skip_tokens: int = 0, *, group=None, extra: KeyExtra | None = None) -> LoadOutcome:
+             skip_tokens: int = 0, *, group=None, extra: KeyExtra | None = None, meta_group=None) -> LoadOutcome:
         """Agreed-prefix load of chunks ``first_chunk..end_chunk-1`` into the request's blocks.
 
         Collective over ``group`` (None: this path's group): every rank calls
@@ -109,25 +148,34 @@ class KVDataPath:
         ct = self.chunk_tokens
         agreed = written = 0
         interrupted = None
+        timing: dict = {}
+        t0 = time.perf_counter()
+        t_ins = t_end = None
+        events = None
         try:
             result = self.store.load(token_ids, end_chunk * ct, first_chunk, group=self.group if group is None else group,
-                                     extra=extra)
+                                     extra=extra, meta_group=meta_group, timing=timing)
             agreed = result.prefix
+            t_ins = time.perf_counter()
             if agreed:
-                slots, data = [], []
-                for i, chunk in enumerate(result.chunks):
-                    c = first_chunk + i
-                    start = max(c * ct, skip_tokens)
-                    slots.append(slots_for(block_ids, self.block_size, start, (c + 1) * ct))
-                    data.append(self.layout.to_local(chunk, self.rank)[:, start - c * ct :])
-                # one insert for the whole prefix: a few large copies instead of one set per chunk
-                self.layout.insert(torch.cat(slots), data[0] if len(data) == 1 else torch.cat(data, dim=1))
+                # the slots of the whole prefix at once, and the chunks as they lie: one scatter over all layers
+                start = max(first_chunk * ct, skip_tokens)
+                slots = slots_for(block_ids, self.block_size, start, (first_chunk + agreed) * ct)
+                data = [self.layout.to_local(chunk, self.rank) for chunk in result.chunks]
+                data[0] = data[0][:, start - first_chunk * ct :]
+                if self.on_cuda:
+                    events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                    events[0].record()
+                self.layout.insert(slots, data[0] if len(data) == 1 else torch.cat(data, dim=1))
+                if events is not None:
+                    events[1].record()
                 written = agreed
         except Exception:  # noqa: BLE001 - a failed write is a load error: the engine recomputes
             log.exception("kvctl: load of %d chunk(s) from chunk %d failed", end_chunk - first_chunk, first_chunk)
         except BaseException as exc:  # noqa: BLE001 - handed back: the caller marks its blocks, then re-raises
             interrupted = exc
-        return LoadOutcome(agreed, written, interrupted)
+        t_end = time.perf_counter()
+        return LoadOutcome(agreed, written, interrupted, _timing(timing, agreed, t0, t_ins, t_end, events))
 
     # -- save -----------------------------------------------------------------
     def extract(self, token_ids: Sequence[int], block_ids: Sequence[int], first: int, *, group=None,

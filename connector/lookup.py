@@ -1,5 +1,8 @@
 """Scheduler-side lookup of the sharded tier (no vLLM, no torch import).
 
+A rank with K instances (``instances_per_rank``) is asked on all of them at
+once, each about the owned chunks it holds (:class:`~kvctl.connector.striped.RankTier`).
+
 The scheduler process is none of the W ranks, so it asks every rank's own
 Valkey instance about that rank's owned chunks (EXISTS only) and takes the
 minimum of the W answers ``a_r`` -- the longest prefix every owner holds
@@ -28,6 +31,7 @@ from .ownership import (
     owned_chunks,
 )
 from .resp import RespClient
+from .striped import RankTier
 
 __all__ = ["LookupCache", "LookupResult", "TierLookup", "loadable_chunks"]
 
@@ -48,16 +52,23 @@ class LookupResult:
 class TierLookup:
     """EXISTS-only lookups against the W per-rank instances (one client each)."""
 
-    def __init__(self, urls: Sequence[str], chunk_tokens: int, model_name: str, fmt: str, timeout_s: float,
+    def __init__(self, urls: Sequence[str | Sequence[str]], chunk_tokens: int, model_name: str, fmt: str, timeout_s: float,
                  down_for_s: float | None = None) -> None:
-        self.urls = list(urls)
+        # urls[r]: rank r's instance, or its K instances (chunk c on instance (c // W) mod K)
+        self.rank_urls = [[u] if isinstance(u, str) else list(u) for u in urls]
+        self.urls = [u for rank in self.rank_urls for u in rank]
         self.down_for_s = max(5.0, 5 * timeout_s) if down_for_s is None else down_for_s
-        self._down_until = [0.0] * len(self.urls)
-        self.world_size = len(self.urls)
+        self.world_size = len(self.rank_urls)
+        self._down_until = [0.0] * self.world_size
         self.chunk_tokens, self.model_name, self.fmt = chunk_tokens, model_name, fmt
         self.timeout_s = timeout_s
-        self.clients = [RespClient(u, timeout_s=timeout_s, pool_size=2) for u in self.urls]
+        self.tiers = [RankTier(r, self.world_size, timeout_s=timeout_s, connections=1) for r in self.rank_urls]
         self._pool = ThreadPoolExecutor(max_workers=max(2, 2 * self.world_size), thread_name_prefix="kvctl-lookup")
+
+    @property
+    def clients(self) -> list[RespClient]:
+        """Every instance's client, rank-major (one a rank when K = 1)."""
+        return [c for t in self.tiers for c in t.clients]
 
     def keys(self, token_ids: Sequence[int], n_chunks: int, extra: KeyExtra | None = None) -> list[str]:
         """The same keys the workers load and store under (``extra``: the request's LoRA/salt/mm material)."""
@@ -69,7 +80,7 @@ class TierLookup:
         mine = [c for c in owned_chunks(len(keys), rank, self.world_size) if c >= first]
         if not mine:
             return []
-        found = self.clients[rank].batched_exists([keys[c] for c in mine])
+        found = self.tiers[rank].exists(mine, [keys[c] for c in mine])
         if stop_at_first_miss and False in found:
             found = found[: found.index(False) + 1]
         return found
@@ -114,8 +125,8 @@ class TierLookup:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        for c in self.clients:
-            c.close()
+        for t in self.tiers:
+            t.close()
 
 
 class LookupCache:

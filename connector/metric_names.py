@@ -17,6 +17,19 @@ REMOTE_HIT_TOKENS = "kvctl:remote_hit_tokens"
 AGREED_PREFIX_SHORTFALL_CHUNKS = "kvctl:agreed_prefix_shortfall_chunks"
 LOAD_ERRORS = "kvctl:load_errors"
 LOOKUP_TIMEOUTS = "kvctl:lookup_timeouts"
+# where a hit's time goes (docs/gpu.md): summed over ranks and loads; divide by kvctl:loads for a mean
+LOADS = "kvctl:loads"
+LOAD_SECONDS = "kvctl:load_seconds"
+LOAD_GET_SECONDS = "kvctl:load_get_seconds"
+LOAD_COPY_SECONDS = "kvctl:load_copy_seconds"
+LOAD_EXCHANGE_SECONDS = "kvctl:load_exchange_seconds"
+LOAD_INSERT_SECONDS = "kvctl:load_insert_seconds"
+LOAD_WAIT_SECONDS = "kvctl:load_wait_seconds"
+LOOKUPS = "kvctl:lookups"
+LOOKUP_SECONDS = "kvctl:lookup_seconds"
+CHUNKS_STORED = "kvctl:chunks_stored"
+SAVE_ERRORS = "kvctl:save_errors"
+SAVES_ABANDONED = "kvctl:saves_abandoned"
 
 # name -> help text: what the engine registers
 COUNTERS = {
@@ -28,6 +41,18 @@ COUNTERS = {
     AGREED_PREFIX_SHORTFALL_CHUNKS: "Chunks the lookup promised but the agreed-prefix load could not provide.",
     LOAD_ERRORS: "Loads that came up short; their blocks were handed back to vLLM to recompute.",
     LOOKUP_TIMEOUTS: "Lookups in which an instance erred or did not answer within timeout_s.",
+    LOADS: "Loads of a hit from the tier, counted on every rank (a load at W ranks counts W).",
+    LOAD_SECONDS: "Wall seconds of loads, from fetch to the queued insert, summed over ranks.",
+    LOAD_GET_SECONDS: "Of kvctl:load_seconds: until the last GET of the load ended (copies to the device overlap it).",
+    LOAD_COPY_SECONDS: "Of kvctl:load_seconds: copies to the device still running after the last GET.",
+    LOAD_EXCHANGE_SECONDS: "Of kvctl:load_seconds: the agreed-prefix message and the chunks' move between ranks.",
+    LOAD_INSERT_SECONDS: "Of kvctl:load_seconds: building slots and queueing the scatter into the paged cache.",
+    LOAD_WAIT_SECONDS: "Seconds requests waited for their loads (sync: the step's load; async: queued until done), rank 0.",
+    LOOKUPS: "Scheduler lookups sent to the tier (EXISTS on every owner's instances).",
+    LOOKUP_SECONDS: "Wall seconds of the scheduler's lookups.",
+    CHUNKS_STORED: "Chunks written to the tier (SET), summed over ranks.",
+    SAVE_ERRORS: "Saves that failed (the tier erred or timed out); their chunks are future misses.",
+    SAVES_ABANDONED: "Saves still queued or running when a worker shut down and its save_drain_s ran out.",
 }
 #: the gauge W: the ranks whose GET seconds ``kvctl:l2_get_seconds`` sums (``kvctl diagnose`` multiplies by it)
 RANKS = "kvctl:ranks"

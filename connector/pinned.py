@@ -81,15 +81,21 @@ class PinnedPool:
 
         Waits while too few are free; raises TimeoutError after ``timeout_s``.
         """
-        want = max(1, min(int(n), self.n_slots))
+        return self.acquire_up_to(n, n, timeout_s)
+
+    def acquire_up_to(self, least: int, most: int, timeout_s: float | None = None) -> list[int]:
+        """Every free slot up to ``most``, waiting only until ``least`` are free (a load next to a save)."""
+        least = max(1, min(int(least), self.n_slots))
+        most = max(least, min(int(most), self.n_slots))
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
-            while len(self._free) < want:
+            while len(self._free) < least:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise TimeoutError(f"pinned pool: {want} slot(s) not free within {timeout_s} s")
+                    raise TimeoutError(f"pinned pool: {least} slot(s) not free within {timeout_s} s")
                 self._cond.wait(left)
-            taken, self._free = self._free[:want], self._free[want:]
+            n = min(most, len(self._free))
+            taken, self._free = self._free[:n], self._free[n:]
             return taken
 
     def release(self, slots: list[int]) -> None:
@@ -110,67 +116,14 @@ def _halves(pool: PinnedPool, batch: int, timeout_s: float | None) -> tuple[list
     return held, [held[:per], held[per : 2 * per]], per
 
 
-def get_into_device(client, pool: PinnedPool, keys: list, slot, stream, *, batch: int = 4, l1=None,
-                    timeout_s: float | None = None, errors: tuple = ()) -> tuple[int, int, float]:
-    """GET ``keys[j]`` and copy it into the device tensor ``slot(j)``, in order, stopping at the first miss.
-
-    Replies land in pinned slots (no other host copy) and are copied to the
-    device on ``stream`` while the next batch is read into the other half of
-    the slots. A key already in ``l1`` (chunks an async prefetch brought into
-    host memory) is copied from there instead. A reply error in ``errors``
-    ends the run like a miss. Returns (chunks staged, bytes GET, seconds in
-    GETs); every copy is complete when it returns.
-    """
-    n = len(keys)
-    if n == 0:
-        return 0, 0, 0.0
-    held, halves, per = _halves(pool, batch, timeout_s)
-    events: list = [None, None]
-    staged = got = 0
-    get_s = 0.0
-    stream.wait_stream(torch.cuda.current_stream(stream.device))  # the staging buffer was made on the caller's stream
-    try:
-        for g, i in enumerate(range(0, n, per)):
-            half = halves[g % 2]
-            if events[g % 2] is not None:
-                events[g % 2].synchronize()  # its slots' last copies are done: refill them
-            part = keys[i : i + per]
-            host = [l1.get(k) if l1 is not None else None for k in part]
-            need = [j for j, t in enumerate(host) if t is None]
-            ok = [True] * len(part)
-            if need:
-                t0 = time.perf_counter()
-                try:
-                    hits = client.batched_get([part[j] for j in need], [pool.view(half[j]) for j in need])
-                except errors:
-                    hits = [False] * len(need)
-                get_s += time.perf_counter() - t0
-                for j, hit in zip(need, hits):
-                    ok[j] = bool(hit)
-                    got += pool.slot_nbytes if hit else 0
-            with torch.cuda.stream(stream):
-                for j in range(len(part)):
-                    if not ok[j]:
-                        break
-                    src = host[j].reshape(-1).view(torch.uint8) if host[j] is not None else pool.tensor(half[j])
-                    slot(i + j).copy_(src, non_blocking=True)
-                    staged += 1
-                events[g % 2] = stream.record_event()
-            if staged < i + len(part):
-                break
-    finally:
-        stream.synchronize()  # no slot goes back to the pool with a copy still reading it
-        pool.release(held)
-    return staged, got, get_s
-
-
-def set_from_device(client, pool: PinnedPool, keys: list, chunks: list, stream, *, batch: int = 4,
+def set_from_device(tier, pool: PinnedPool, chunk_ids: list, keys: list, chunks: list, stream, *, batch: int = 4,
                     ready=None, ttl_s: int | None = None, timeout_s: float | None = None) -> None:
-    """SET ``keys[j]`` to the bytes of device tensor ``chunks[j]``, through pinned slots.
+    """SET ``keys[j]`` (chunk ``chunk_ids[j]``) to the bytes of device tensor ``chunks[j]``, through pinned slots.
 
-    The copy of the next batch to the host runs while the current one is
-    SET. ``ready``: a CUDA event recorded after the chunks were written
-    (e.g. after the extracting gathers on the engine's stream).
+    ``tier``: a :class:`~kvctl.connector.striped.RankTier` (each chunk goes to
+    its instance). The copy of the next batch to the host runs while the
+    current one is SET. ``ready``: a CUDA event recorded after the chunks were
+    written (e.g. after the extracting gathers on the engine's stream).
     """
     n = len(keys)
     if n == 0:
@@ -192,7 +145,7 @@ def set_from_device(client, pool: PinnedPool, keys: list, chunks: list, stream, 
             pending.synchronize()
             nxt = to_host(i + per, halves[(g + 1) % 2]) if i + per < n else None
             k = min(per, n - i)
-            client.batched_set(keys[i : i + k], [pool.view(s) for s in halves[g % 2][:k]], ttl_s=ttl_s)
+            tier.set(chunk_ids[i : i + k], keys[i : i + k], [pool.view(s) for s in halves[g % 2][:k]], ttl_s=ttl_s)
             pending = nxt
     finally:
         stream.synchronize()

@@ -358,6 +358,7 @@ def load_agreed_prefix_detailed(
     mode: str = DEFAULT_MODE,
     first_chunk: int = 0,
     stage_owned: StageOwned | None = None,
+    meta_group=None,
 ) -> tuple[LoadResult, Agreement]:
     """:func:`load_agreed_prefix` plus the :class:`Agreement` (for logs, tests, metrics)."""
     mode = resolve_mode(group, mode)
@@ -394,15 +395,29 @@ def load_agreed_prefix_detailed(
         else:
             first_fail, staged, deferred = _fetch_and_stage(fetch_owned, owned, staging, shape, dtype, nbytes, n_chunks)
 
-    # step 2: one fixed-size message per rank
+    if world == 1:
+        # one rank: nobody to agree with and nothing to move; the agreed prefix is what this rank staged
+        # (no collective, so no device sync and no NCCL call inside the engine step)
+        if bad_input is not None:
+            _reraise_deferred(deferred, 0)
+            raise bad_input
+        prefix = max(0, min(first_fail, n_chunks))
+        agreement = Agreement(prefix=prefix, mismatch=False, first_failures=(first_fail,), local_failure=first_fail)
+        chunks = [_chunk_view(staging, c, nbytes, dtype, shape) for c in range(prefix)]
+        _reraise_deferred(deferred, prefix)
+        return LoadResult(prefix, chunks), agreement
+
+    # step 2: one fixed-size message per rank (over meta_group when given: a CPU/gloo group, so the
+    # exchange of 64 bytes needs no device copy and no wait for the device's queued work)
     fp_hi, fp_lo = fingerprint(chunk_keys, shape, dtype, first_chunk)
+    meta_device = torch.device("cpu") if meta_group is not None else device
     msg = torch.tensor(
         [PROTOCOL_VERSION, fp_hi, fp_lo, n_chunks, first_fail, mode_code, nbytes, staged],
         dtype=torch.int64,
-        device=device,
+        device=meta_device,
     )
-    gathered = torch.empty(world * MSG_LEN, dtype=torch.int64, device=device)
-    _all_gather_single(gathered, msg, group=group)
+    gathered = torch.empty(world * MSG_LEN, dtype=torch.int64, device=meta_device)
+    _all_gather_single(gathered, msg, group=meta_group if meta_group is not None else group)
     gathered = gathered.view(world, MSG_LEN).cpu()
 
     # step 3: the agreed prefix, identical on every rank
@@ -435,6 +450,7 @@ def load_agreed_prefix(
     mode: str = DEFAULT_MODE,
     first_chunk: int = 0,
     stage_owned: StageOwned | None = None,
+    meta_group=None,
 ) -> LoadResult:
     """Load the longest prefix of ``chunk_keys`` that every owner could provide.
 
@@ -451,6 +467,9 @@ def load_agreed_prefix(
     "per_owner", "all_gather" or "per_chunk".
     ``first_chunk``: absolute index of ``chunk_keys[0]`` (see the module
     docstring); ``fetch_owned`` still gets indexes into ``chunk_keys``.
+    ``meta_group``: a group of the same ranks for step 2's small message
+    (a gloo group next to an NCCL ``group``: no device round trip); None =
+    ``group``. With one rank there are no collectives at all.
     ``stage_owned``: instead of ``fetch_owned`` (pass None there), a callback
     that writes owned chunks straight into this rank's staging slots on
     ``device`` (see :data:`StageOwned`): the device path reads replies into
@@ -461,5 +480,5 @@ def load_agreed_prefix(
     propagate.
     """
     result, _ = load_agreed_prefix_detailed(group, chunk_keys, fetch_owned, chunk_shape, dtype, device, mode, first_chunk,
-                                            stage_owned)
+                                            stage_owned, meta_group)
     return result

@@ -35,9 +35,11 @@ from typing import Sequence
 
 import torch
 
+from .fetch import fetch_to_device, lanes_for
 from .ownership import KeyExtra, chunk_keys, chunk_start_token, cumulative_lengths, lookup_answer, num_chunks, owned_chunks
-from .urls import expand_url
-from .pinned import PinnedPool, get_into_device, set_from_device
+from .urls import expand_rank_urls
+from .pinned import PinnedPool, set_from_device
+from .striped import RankTier
 from .policy import LoadPolicy, ewma  # LoadPolicy re-exported: part of the store's API
 from .prefetch import LRUCache, PrefetchRequest
 from .protocol import DEFAULT_MODE, LoadResult, load_agreed_prefix
@@ -63,7 +65,11 @@ class ShardedStore:
     """Rank ``rank``'s shard of the KV store (see the module docstring).
 
     ``remote_url``: ``resp://host-{rank}:6379``-style template or a per-rank
-    list (None = L1 only). ``chunk_shape``/``dtype``: one full chunk's KV.
+    list (None = L1 only); with ``instances_per_rank`` K > 1, a template with
+    ``{instance}`` too, or per-rank lists of K URLs (chunk ``c`` on instance
+    ``(c // W) mod K``, :class:`~kvctl.connector.striped.RankTier`).
+    ``connections``: GETs kept in flight per instance during a device load.
+    ``chunk_shape``/``dtype``: one full chunk's KV.
     ``group``: the torch.distributed group of the W ranks (None = default
     group), used only by :meth:`load` when its caller names no other.
     """
@@ -89,6 +95,8 @@ class ShardedStore:
         policy: LoadPolicy | None = None,
         load_mode: str = DEFAULT_MODE,
         pool: PinnedPool | None = None,
+        instances_per_rank: int = 1,
+        connections: int = 2,
     ) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
@@ -105,8 +113,12 @@ class ShardedStore:
         self.policy = policy
         self.prefetch_batch = max(1, prefetch_batch)
         self.l1 = LRUCache(host_budget_bytes // world_size)
-        self.url = expand_url(remote_url, rank) if remote_url is not None else None
-        self.client = RespClient(self.url, timeout_s=timeout_s, pool_size=pool_size) if self.url else None
+        self.tier: RankTier | None = None
+        self.url = None
+        if remote_url is not None:
+            urls = expand_rank_urls(remote_url, rank, instances_per_rank)
+            self.tier = RankTier(urls, world_size, timeout_s=timeout_s, connections=connections)
+            self.url = self.tier.url
         self._executor = ThreadPoolExecutor(max_workers=max(1, prefetch_workers), thread_name_prefix=f"kv-prefetch-r{rank}")
         self._bw_lock = threading.Lock()
         self._get_gbps: float | None = None  # EWMA of this rank's L2 GET bandwidth
@@ -118,6 +130,23 @@ class ShardedStore:
         if self.pool is not None and self.pool.slot_nbytes != self.chunk_nbytes:
             raise ValueError(f"pinned pool slots of {self.pool.slot_nbytes} bytes for chunks of {self.chunk_nbytes}")
         self._streams = (torch.cuda.Stream(self.device), torch.cuda.Stream(self.device)) if self.pool is not None else None
+        # the device load's lanes: K instances x connections each, a thread and a copy stream per lane
+        self._lanes: ThreadPoolExecutor | None = None
+        self._lane_streams = None
+        if self.pool is not None and self.tier is not None:
+            self.lanes_per_instance = lanes_for(self.pool, self.tier.k, self.tier.connections)
+            n_lanes = self.tier.k * self.lanes_per_instance
+            self._lanes = ThreadPoolExecutor(max_workers=n_lanes, thread_name_prefix=f"kvctl-get-r{rank}")
+            self._lane_streams = [torch.cuda.Stream(self.device) for _ in range(n_lanes)]
+
+    @property
+    def client(self) -> RespClient | None:
+        """The one instance's client (K = 1); None without a tier. With K > 1 use :attr:`tier`."""
+        if self.tier is None:
+            return None
+        if self.tier.k != 1:
+            raise AttributeError(f"this rank has {self.tier.k} instances: use store.tier, not store.client")
+        return self.tier.clients[0]
 
     # -- keys and ownership ---------------------------------------------------
     def keys(self, token_ids: Sequence[int], extra: KeyExtra | None = None) -> list[str]:
@@ -138,11 +167,11 @@ class ShardedStore:
         buf = bytearray(self.chunk_nbytes)
         return buf, torch.frombuffer(buf, dtype=torch.uint8).view(self.dtype).view(self.chunk_shape)
 
-    def _l2_get(self, keys: list[str]) -> list[tuple[bytearray, torch.Tensor] | None]:
-        """GET into fresh buffers; a miss is None. Raises RespError on a broken tier."""
+    def _l2_get(self, chunks: list[int], keys: list[str]) -> list[tuple[bytearray, torch.Tensor] | None]:
+        """GET chunks ``chunks`` (their ``keys``) into fresh buffers; a miss is None. Raises RespError on a broken tier."""
         items = [self._new_chunk() for _ in keys]
         t0 = time.perf_counter()
-        ok = self.client.batched_get(keys, [b for b, _ in items])
+        ok = self.tier.get(chunks, keys, [b for b, _ in items])
         self._note_get(sum(ok) * self.chunk_nbytes, time.perf_counter() - t0)
         return [item if hit else None for item, hit in zip(items, ok)]
 
@@ -190,21 +219,22 @@ class ShardedStore:
             bufs.append((buf, view))
         l1 = sum(self.l1.put(keys[c], buf, view) for c, (buf, view) in zip(mine, bufs))
         l2, err = 0, None
-        if self.client is not None and mine:
+        if self.tier is not None and mine:
             try:
-                self.client.batched_set([keys[c] for c in mine], [buf for buf, _ in bufs])
+                self.tier.set(mine, [keys[c] for c in mine], [buf for buf, _ in bufs])
                 l2 = len(mine)
             except RespError as exc:
                 err = str(exc)
         return StoreResult(len(mine), l1, l2, err)
 
     def _store_from_device(self, keys: list[str], chunks: list[torch.Tensor], mine: list[int], ready) -> StoreResult:
-        if self.client is None:
+        if self.tier is None:
             return StoreResult(len(mine), 0, 0, None)
         try:
-            # SETs pipeline well: half the pool a batch (fewer round trips), the other half copying meanwhile
-            set_from_device(self.client, self.pool, [keys[c] for c in mine], chunks, self._streams[1],
-                            batch=self.pool.n_slots // 2, ready=ready, timeout_s=self.timeout_s)
+            # a save holds at most a quarter of the pool (batches of up to 4, double-buffered), so a load
+            # that arrives meanwhile still finds slots for its lanes
+            set_from_device(self.tier, self.pool, mine, [keys[c] for c in mine], chunks, self._streams[1],
+                            batch=max(1, min(4, self.pool.n_slots // 4)), ready=ready, timeout_s=self.timeout_s)
         except (RespError, TimeoutError) as exc:
             return StoreResult(len(mine), 0, 0, str(exc))
         return StoreResult(len(mine), 0, len(mine), None)
@@ -233,9 +263,9 @@ class ShardedStore:
             elif keys[c] not in self.l1:
                 present[c] = False
                 ask.append(c)
-        if ask and self.client is not None:
+        if ask and self.tier is not None:
             try:
-                found = self.client.batched_exists([keys[c] for c in ask])
+                found = self.tier.exists(ask, [keys[c] for c in ask])
             except RespError:
                 found = [False] * len(ask)
             for c, hit in zip(ask, found):
@@ -252,12 +282,14 @@ class ShardedStore:
             out.append(t)
             if t is None:
                 missing.append(len(out) - 1)
-        if missing and self.client is not None:
+        if missing and self.tier is not None:
             # nothing after the first chunk we fail to get can be used: fetch in order, stop early
-            for i in range(0, len(missing), self.prefetch_batch):
-                batch = missing[i : i + self.prefetch_batch]
+            # (batches of prefetch_batch chunks a rank instance, split over its instances)
+            step = self.prefetch_batch * self.tier.k
+            for i in range(0, len(missing), step):
+                batch = missing[i : i + step]
                 try:
-                    got = self._l2_get([keys[indexes[j]] for j in batch])
+                    got = self._l2_get([indexes[j] for j in batch], [keys[indexes[j]] for j in batch])
                 except RespError:
                     break
                 stop = False
@@ -272,7 +304,7 @@ class ShardedStore:
         return out
 
     def load(self, token_ids: Sequence[int], max_tokens: int | None = None, first_chunk: int = 0, *,
-             group=None, extra: KeyExtra | None = None) -> LoadResult:
+             group=None, extra: KeyExtra | None = None, meta_group=None, timing: dict | None = None) -> LoadResult:
         """Load the agreed prefix of the prompt's chunks onto ``device`` on every rank.
 
         ``max_tokens`` caps the chunks asked for (e.g. the scheduler's agreed
@@ -284,21 +316,30 @@ class ShardedStore:
         ``group``: the process group of this load's collectives (None = the
         store's ``group``); loads on different threads (a background load next
         to the engine's own) each pass their own and leave the store as it is.
+        ``meta_group``: a CPU group of the same ranks for the protocol's small
+        message (see :func:`~kvctl.connector.protocol.load_agreed_prefix`).
+        ``timing``: a dict this call fills with ``fetch`` (the device path's
+        :class:`~kvctl.connector.fetch.FetchStats`) and ``protocol_s`` (the
+        whole agreed-prefix load, fetch included), for metrics and traces.
         """
         keys = self.keys(token_ids, extra)
         if max_tokens is not None:
             keys = keys[: max(0, max_tokens) // self.chunk_tokens]
         keys = keys[first_chunk:]
-        pinned = self.pool is not None and self.client is not None
+        pinned = self.pool is not None and self.tier is not None
 
-        def stage(owned: list[int], slot) -> int:  # the device path: replies into pinned slots, then to the GPU
-            staged, got, dt = get_into_device(
-                self.client, self.pool, [keys[c] for c in owned], slot, self._streams[0],
-                batch=self.prefetch_batch, l1=self.l1, timeout_s=self.timeout_s, errors=(RespError,))
-            self._note_get(got, dt)
-            return staged
+        def stage(owned: list[int], slot) -> int:  # the device path: lanes GET into pinned slots, then to the GPU
+            # owned[j] indexes `keys`, i.e. absolute chunk first_chunk + owned[j] (its instance follows that)
+            stats = fetch_to_device(
+                self.tier, self.pool, [first_chunk + c for c in owned], [keys[c] for c in owned], slot, self._lanes,
+                streams=self._lane_streams, l1=self.l1, errors=(RespError,))
+            if timing is not None:
+                timing["fetch"] = stats
+            self._note_get(stats.got_bytes, stats.get_s)
+            return stats.staged
 
-        return load_agreed_prefix(
+        t0 = time.perf_counter()
+        result = load_agreed_prefix(
             self.group if group is None else group,
             keys,
             None if pinned else (lambda idx: self._fetch_owned(keys, idx)),
@@ -308,7 +349,11 @@ class ShardedStore:
             self.load_mode,
             first_chunk,
             stage_owned=stage if pinned else None,
+            meta_group=meta_group,
         )
+        if timing is not None:
+            timing["protocol_s"] = time.perf_counter() - t0
+        return result
 
     # -- async prefetch (§5.3) --------------------------------------------------------
     def prefetch(self, token_ids: Sequence[int], extra: KeyExtra | None = None) -> PrefetchRequest:
@@ -325,7 +370,7 @@ class ShardedStore:
         while lead < len(mine) and mine[lead] in self.l1:
             lead += 1
         req.add_hits([True] * lead)
-        if lead == len(mine) or self.client is None:
+        if lead == len(mine) or self.tier is None:
             if lead < len(mine):
                 req.add_hits([False])
             req.finish()
@@ -341,10 +386,13 @@ class ShardedStore:
     def _prefetch_job(self, req: PrefetchRequest, start: int) -> None:
         try:
             pos = start
+            owned = [self.rank + i * self.world_size for i in range(len(req.keys))]  # req.keys[i] is this chunk
+            step = self.prefetch_batch * self.tier.k
             while pos < len(req.keys):
-                batch = req.keys[pos : pos + self.prefetch_batch]
-                need = [k for k in batch if k not in self.l1]
-                fetched = dict(zip(need, self._l2_get(need))) if need else {}
+                batch = req.keys[pos : pos + step]
+                need = [(owned[pos + i], k) for i, k in enumerate(batch) if k not in self.l1]
+                got = self._l2_get([c for c, _ in need], [k for _, k in need]) if need else []
+                fetched = {k: item for (_, k), item in zip(need, got)}
                 hits = []
                 for k in batch:
                     item = fetched.get(k)
@@ -369,8 +417,10 @@ class ShardedStore:
     def close(self) -> None:
         """Cancel queued prefetches (their requests finish with no more hits) and close the L2 client."""
         self._executor.shutdown(wait=False, cancel_futures=True)
-        if self.client is not None:
-            self.client.close()
+        if self._lanes is not None:
+            self._lanes.shutdown(wait=False, cancel_futures=True)
+        if self.tier is not None:
+            self.tier.close()
 
     def __enter__(self) -> "ShardedStore":
         return self

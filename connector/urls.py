@@ -1,4 +1,4 @@
-"""Remote-tier URLs: per-rank expansion and RESP URL parsing (pure, no I/O).
+"""Remote-tier URLs: per-rank expansion, instances per rank and RESP URL parsing (pure, no I/O).
 
 Two forms name one Valkey instance per rank (paper §5.2):
 
@@ -7,6 +7,17 @@ Two forms name one Valkey instance per rank (paper §5.2):
 * an explicit list, one URL per rank, index = rank.
 
 A plain URL without ``{rank}`` is the same instance for every rank.
+
+Several instances per rank (beyond the paper; its §7 calls this a
+second-level partition within each rank's share): rank ``r`` has ``K``
+instances, and its owned chunk ``c`` (``c mod W == r``) lives on instance
+:func:`instance_of` ``= (c // W) mod K``. A rank still talks only to its own
+instances, the partition depends only on the chunk index, W and K (engines of
+the same W and K share every key), and the chunks of one prompt spread evenly.
+Named either by a template with ``{rank}`` and ``{instance}``
+(``resp://valkey-{rank}-{instance}:6379``) or by a per-rank list whose entries
+are lists of K URLs. Instance ``i`` of rank ``r`` is number ``r*K + i`` of the
+tier (:func:`flat_instance`): ports and unit names count that way.
 """
 
 from __future__ import annotations
@@ -20,6 +31,9 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit, urlunsplit
 from kvctl.errors import InvalidInput
 
 RANK_PLACEHOLDER = "{rank}"
+INSTANCE_PLACEHOLDER = "{instance}"
+#: the most instances one rank may stripe its chunks over (a sanity bound: each is a socket pool and threads)
+MAX_INSTANCES_PER_RANK = 64
 #: A password file is a line of text; anything larger is not one.
 PASSWORD_FILE_MAX_BYTES = 4096
 RESP_SCHEMES = ("resp", "redis", "rediss", "resps")
@@ -51,6 +65,78 @@ def expand_url(template_or_list: str | Sequence[str], rank: int) -> str:
     if RANK_PLACEHOLDER in url:
         raise InvalidUrl(f"per-rank URL for rank {rank} still contains {RANK_PLACEHOLDER}: {url}")
     return url
+
+
+def instance_of(chunk: int, world_size: int, instances_per_rank: int) -> int:
+    """Which of its owner's ``instances_per_rank`` instances holds chunk ``chunk``: ``(chunk // W) mod K``.
+
+    The owner's k-th owned chunk (``chunk = owner + k*W``) goes to instance ``k mod K``, so one prompt's
+    chunks spread evenly and the answer depends on nothing but the chunk index, W and K.
+    """
+    if world_size < 1 or instances_per_rank < 1:
+        raise ValueError(f"world_size and instances_per_rank must be >= 1, got {world_size}, {instances_per_rank}")
+    if chunk < 0:
+        raise ValueError(f"chunk index must be >= 0, got {chunk}")
+    return (chunk // world_size) % instances_per_rank
+
+
+def flat_instance(rank: int, instance: int, instances_per_rank: int) -> int:
+    """The tier-wide number of rank ``rank``'s instance ``instance``: ``rank*K + instance`` (ports, unit names)."""
+    return rank * instances_per_rank + instance
+
+
+def expand_rank_urls(template_or_list: str | Sequence, rank: int, instances_per_rank: int = 1) -> list[str]:
+    """The URLs of rank ``rank``'s ``instances_per_rank`` instances, in instance order.
+
+    ``template_or_list``: a template (``{rank}`` and, when K > 1, ``{instance}``), or a per-rank list
+    whose entry ``rank`` is one URL (K = 1) or a list of K URLs.
+    """
+    if isinstance(instances_per_rank, bool) or not isinstance(instances_per_rank, int) or not (
+            1 <= instances_per_rank <= MAX_INSTANCES_PER_RANK):
+        raise InvalidUrl(f"instances per rank must be a whole number in 1..{MAX_INSTANCES_PER_RANK}, "
+                         f"got {instances_per_rank!r}")
+    k = instances_per_rank
+    if isinstance(template_or_list, str):
+        if INSTANCE_PLACEHOLDER in template_or_list:
+            base = expand_url(template_or_list, rank)
+            return [base.replace(INSTANCE_PLACEHOLDER, str(i)) for i in range(k)]
+        if k > 1:
+            raise InvalidUrl(f"{k} instances per rank need {INSTANCE_PLACEHOLDER} in the URL template "
+                             f"(e.g. resp://valkey-{{rank}}-{{instance}}:6379) or a list of {k} URLs per rank: "
+                             f"{template_or_list}")
+        return [expand_url(template_or_list, rank)]
+    entries = list(template_or_list)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise InvalidUrl(f"rank must be a non-negative integer, got {rank!r}")
+    if rank >= len(entries):
+        raise InvalidUrl(f"per-rank URL list has {len(entries)} entries, no URL for rank {rank}")
+    entry = entries[rank]
+    if isinstance(entry, str):
+        entry = [entry]
+    if not isinstance(entry, (list, tuple)):
+        raise InvalidUrl(f"per-rank entry for rank {rank} is neither a URL nor a list of URLs: {entry!r}")
+    if len(entry) != k:
+        raise InvalidUrl(f"rank {rank} has {len(entry)} URL(s), expected {k} (one per instance of the rank)")
+    out = []
+    for i, url in enumerate(entry):
+        if not isinstance(url, str) or not url:
+            raise InvalidUrl(f"URL of rank {rank} instance {i} is not a non-empty string: {url!r}")
+        if RANK_PLACEHOLDER in url or INSTANCE_PLACEHOLDER in url:
+            raise InvalidUrl(f"URL of rank {rank} instance {i} still contains a placeholder: {url}")
+        out.append(url)
+    return out
+
+
+def instances_in(template_or_list: str | Sequence) -> int | None:
+    """K as a per-rank list of lists spells it (every entry the same length), 1 for a list of URLs, None for a template."""
+    if isinstance(template_or_list, str):
+        return None
+    sizes = {1 if isinstance(e, str) else len(e) if isinstance(e, (list, tuple)) else -1 for e in template_or_list}
+    if not sizes:
+        return 1
+    if len(sizes) != 1 or -1 in sizes:
+        raise InvalidUrl("every rank's entry must be one URL or a list of the same number of URLs")
+    return sizes.pop()
 
 
 @dataclass(frozen=True)
@@ -138,8 +224,9 @@ def parse_resp_url(url: str) -> RespUrl:
     """
     if not isinstance(url, str) or not url:
         raise InvalidUrl(f"empty RESP URL: {url!r}")
-    if RANK_PLACEHOLDER in url:
-        raise InvalidUrl(f"URL still contains {RANK_PLACEHOLDER}; expand it first: {url}")
+    for placeholder in (RANK_PLACEHOLDER, INSTANCE_PLACEHOLDER):
+        if placeholder in url:
+            raise InvalidUrl(f"URL still contains {placeholder}; expand it first: {url}")
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in RESP_SCHEMES:

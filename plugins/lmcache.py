@@ -22,6 +22,13 @@ builds a :class:`KvctlRemoteConnector` for the worker's rank
 * a server that fails or times out is a miss (lookups, gets) or a dropped
   store (puts), logged, never an exception into LMCache's event loop.
 
+Several instances per rank (``remote_storage_plugin.<name>.instances_per_rank``
+K, with ``{instance}`` in the URL or per-rank lists of K URLs): LMCache's
+remote connector sees keys, never chunk indexes, so a key goes to instance
+``blake2b(key) mod K`` of the rank -- deterministic, the same in every engine
+(they share keys), near-even over one prompt's chunks (the vLLM connector,
+which knows chunk indexes, stripes exactly: ``(c // W) mod K``).
+
 Values are whole chunks (LMCache's ``save_unfull_chunk: false``, its default)
 of LMCache's own layout, the same bytes its native ``resp://`` connector
 writes. Settings: :mod:`kvctl.plugins.lmcache_settings`.
@@ -30,6 +37,7 @@ writes. Settings: :mod:`kvctl.plugins.lmcache_settings`.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +48,7 @@ from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorCont
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from kvctl.connector.resp import RespClient, RespError
+from kvctl.connector.striped import RankTier
 from kvctl.plugins.lmcache_settings import PLUGIN_TYPE, PluginConfigError, PluginSettings, plugin_settings
 
 __all__ = ["KvctlConnectorAdapter", "KvctlRemoteConnector", "PluginConfigError"]
@@ -62,7 +71,8 @@ class KvctlRemoteConnector(RemoteConnector):
         self.settings = settings
         self.loop = loop
         self.local_cpu_backend = local_cpu_backend
-        self.client = RespClient(settings.url, timeout_s=settings.timeout_s, pool_size=settings.pool_size)
+        # the rank's K instances; keys are routed by a stable hash of the key (see the module docstring)
+        self.tier = RankTier(settings.urls, 1, timeout_s=settings.timeout_s, connections=max(1, settings.pool_size - 1))
         self._pool = ThreadPoolExecutor(max_workers=settings.pool_size, thread_name_prefix=f"kvctl-lmcache-r{settings.rank}")
         self._warned_at: dict[str, float] = {}
         self.errors = 0  # calls that failed on the network/server side (each counted once)
@@ -82,9 +92,15 @@ class KvctlRemoteConnector(RemoteConnector):
     async def _off_loop(self, fn: Callable, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
+    @property
+    def client(self) -> RespClient:
+        """The first instance's client (the only one when K = 1)."""
+        return self.tier.clients[0]
+
     def _exists_many(self, keys: Sequence[Any]) -> list[bool]:
         try:
-            return self.client.batched_exists([k.to_string() for k in keys])
+            names = [k.to_string() for k in keys]
+            return self.tier.exists(_routes(names), names)
         except RespError as exc:
             self._failed("EXISTS", exc)
             return [False] * len(keys)
@@ -113,7 +129,8 @@ class KvctlRemoteConnector(RemoteConnector):
         hits = [False] * n
         if n:
             try:
-                hits = self.client.batched_get([k.to_string() for k in keys[:n]], [_view(o) for o in objs])
+                names = [k.to_string() for k in keys[:n]]
+                hits = self.tier.get(_routes(names), names, [_view(o) for o in objs])
             except RespError as exc:
                 self._failed("GET", exc)
         out: list[Optional[MemoryObj]] = []
@@ -128,7 +145,8 @@ class KvctlRemoteConnector(RemoteConnector):
     def _set_many(self, keys: Sequence[Any], objs: Sequence[MemoryObj]) -> None:
         # LMCache's InstrumentedRemoteConnector drops the reference after put (instrumented_connector.py): not here
         try:
-            self.client.batched_set([k.to_string() for k in keys], [_view(o) for o in objs])
+            names = [k.to_string() for k in keys]
+            self.tier.set(_routes(names), names, [_view(o) for o in objs])
         except RespError as exc:
             self._failed("SET", exc)
 
@@ -150,14 +168,14 @@ class KvctlRemoteConnector(RemoteConnector):
 
     async def close(self) -> None:
         self._pool.shutdown(wait=True)
-        self.client.close()
+        self.tier.close()
 
     def support_ping(self) -> bool:
         return True
 
     async def ping(self) -> int:
         try:
-            return 0 if await self._off_loop(self.client.ping) else 1
+            return 0 if await self._off_loop(lambda: all(c.ping() for c in self.tier.clients)) else 1
         except RespError as exc:
             self._failed("PING", exc)
             return 1
@@ -200,10 +218,16 @@ class KvctlRemoteConnector(RemoteConnector):
 
     def remove_sync(self, key: Any) -> bool:
         try:
-            return self.client.delete([key.to_string()]) == 1
+            name = key.to_string()
+            return self.tier.delete(_routes([name]), [name]) == 1
         except RespError as exc:
             self._failed("DEL", exc)
             return False
+
+
+def _routes(names: Sequence[str]) -> list[int]:
+    """A stable routing number per key: RankTier (W = 1) sends key j to instance ``routes[j] mod K``."""
+    return [int.from_bytes(hashlib.blake2b(n.encode(), digest_size=8).digest(), "little") for n in names]
 
 
 def _view(obj: MemoryObj) -> memoryview:

@@ -6,6 +6,7 @@
       remote_storage_plugin.kvctl.class_name: KvctlConnectorAdapter
       remote_storage_plugin.kvctl.url: resp://valkey-{rank}:6379   # or kvctl_remote_urls: [per-rank list]
       remote_storage_plugin.kvctl.timeout_s: 2                     # optional, whole-call deadline
+      remote_storage_plugin.kvctl.instances_per_rank: 4            # optional: url with {instance}, or lists of K URLs
       kvctl_username: kvctl-engine                                 # optional ACL user
       kvctl_password_file: /run/secrets/valkey                     # optional, never inlined
 
@@ -22,7 +23,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from kvctl.connector.urls import InvalidUrl, expand_url, parse_resp_url, read_password_file, with_credentials
+from kvctl.connector.urls import (MAX_INSTANCES_PER_RANK, InvalidUrl, expand_rank_urls, instances_in, parse_resp_url,
+                                  read_password_file, with_credentials)
 from kvctl.errors import InvalidInput
 from kvctl.thresholds import CONNECTOR_TIMEOUT_S
 from kvctl.tier.lmcache_config import PASSWORD_FILE_KEY, PLUGIN_NAME, URL_LIST_KEY, USERNAME_KEY, plugin_key
@@ -40,16 +42,30 @@ class PluginConfigError(ValueError):
 
 @dataclass(frozen=True)
 class PluginSettings:
-    """What one rank's connector needs: its own instance and the call bounds."""
+    """What one rank's connector needs: its own instance(s) and the call bounds."""
 
-    url: str = field(repr=False)  # this rank's URL, credentials included
-    redacted_url: str
+    urls: tuple[str, ...] = field(repr=False)  # this rank's K instance URLs, credentials included
+    redacted_urls: tuple[str, ...]
     rank: int
     timeout_s: float = DEFAULT_TIMEOUT_S
     pool_size: int = DEFAULT_POOL_SIZE
 
+    @property
+    def url(self) -> str:
+        """The rank's first instance (its only one when K = 1)."""
+        return self.urls[0]
 
-def _positive(extra: Mapping[str, Any], key: str, default, integer: bool = False):
+    @property
+    def redacted_url(self) -> str:
+        k = len(self.redacted_urls)
+        return self.redacted_urls[0] if k == 1 else f"{self.redacted_urls[0]} (+{k - 1} more instances of this rank)"
+
+
+#: each numeric setting's range, checked at engine start (the same bounds as the vLLM connector's timeout_s)
+RANGES = {"timeout_s": (0.01, 3600.0), "pool_size": (1, 1024), "instances_per_rank": (1, MAX_INSTANCES_PER_RANK)}
+
+
+def _positive(extra: Mapping[str, Any], key: str, default, integer: bool = False, kind: str | None = None):
     v = extra.get(key, default)
     if isinstance(v, str):  # LMCache's env converter and --config strings
         try:
@@ -58,8 +74,12 @@ def _positive(extra: Mapping[str, Any], key: str, default, integer: bool = False
             raise PluginConfigError(f"extra_config.{key}: expected a number, got {v!r}") from None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
         raise PluginConfigError(f"extra_config.{key}: expected {'an integer' if integer else 'a number'}, got {v!r}")
-    if not math.isfinite(v) or v <= 0:
-        raise PluginConfigError(f"extra_config.{key}: must be > 0, got {v!r}")
+    lo, hi = RANGES[kind or key.rsplit(".", 1)[-1]]
+    if isinstance(v, float) and not math.isfinite(v):
+        raise PluginConfigError(f"extra_config.{key}: must be a finite number in [{lo:g}, {hi:g}], got {v!r}")
+    if not lo <= v <= hi:  # exact for ints of any size (no float overflow)
+        shown = v if not isinstance(v, int) or abs(v) < 10**30 else f"an integer of {len(str(abs(v)))} digits"
+        raise PluginConfigError(f"extra_config.{key}: must be in [{lo:g}, {hi:g}], got {shown}")
     return v
 
 
@@ -95,8 +115,11 @@ def plugin_settings(
     key = url_key if url_key in extra else URL_LIST_KEY
     raw = extra[key]
     if key == URL_LIST_KEY:
-        if not isinstance(raw, (list, tuple)) or not all(isinstance(u, str) and u for u in raw):
-            raise PluginConfigError(f"extra_config.{key}: expected a list of URL strings, got {raw!r}")
+        if not isinstance(raw, (list, tuple)) or not all(
+                (isinstance(u, str) and u) or (isinstance(u, (list, tuple)) and u and all(isinstance(x, str) and x for x in u))
+                for u in raw):
+            raise PluginConfigError(f"extra_config.{key}: expected a list of URL strings (or of lists of URL strings, "
+                                    f"one per instance of the rank), got {raw!r}")
     elif not isinstance(raw, str) or not raw:
         raise PluginConfigError(f"extra_config.{key}: expected a URL string such as resp://valkey-{{rank}}:6379, got {raw!r}")
     username = extra.get(USERNAME_KEY)
@@ -113,15 +136,23 @@ def plugin_settings(
             raise PluginConfigError(f"extra_config.{PASSWORD_FILE_KEY}: {exc}") from None
     elif username is not None:
         raise PluginConfigError(f"extra_config.{USERNAME_KEY} needs extra_config.{PASSWORD_FILE_KEY} (the user's password)")
+    k_key = plugin_key("instances_per_rank", plugin_name)
     try:
-        url = expand_url(list(raw) if key == URL_LIST_KEY else raw, rank)
-        url = with_credentials(url, username, password)
-        parsed = parse_resp_url(url)
+        if key == URL_LIST_KEY:
+            listed = instances_in(raw)
+            k = int(_positive(extra, k_key, listed, integer=True, kind="instances_per_rank"))
+            if k != listed:
+                raise PluginConfigError(f"extra_config.{k_key}: {k}, but every entry of {URL_LIST_KEY} lists {listed} URL(s)")
+        else:
+            k = int(_positive(extra, k_key, 1, integer=True, kind="instances_per_rank"))
+        urls = [with_credentials(u, username, password)
+                for u in expand_rank_urls(list(raw) if key == URL_LIST_KEY else raw, rank, k)]
+        parsed = [parse_resp_url(u) for u in urls]
     except InvalidUrl as exc:
         raise PluginConfigError(f"extra_config.{key}: {exc}") from None
     return PluginSettings(
-        url=url,
-        redacted_url=parsed.redacted(),
+        urls=tuple(urls),
+        redacted_urls=tuple(p.redacted() for p in parsed),
         rank=rank,
         timeout_s=float(_positive(extra, plugin_key("timeout_s", plugin_name), DEFAULT_TIMEOUT_S)),
         pool_size=int(_positive(extra, plugin_key("pool_size", plugin_name), DEFAULT_POOL_SIZE, integer=True)),

@@ -51,10 +51,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
-from kvctl.connector.datapath import KVDataPath
+from kvctl.connector import metric_names as M
+from kvctl.connector.datapath import KVDataPath, LoadOutcome
 from kvctl.connector.pinned import PinnedPool
 from kvctl.connector.protocol import member_group
+from kvctl.connector.saver import Saver
 from kvctl.connector.store import ShardedStore
+from kvctl.connector.trace import Trace
 
 from .vllm_config import ConnectorConfigError, parse_settings
 from .vllm_keys import request_key_extra
@@ -146,6 +149,7 @@ class KvctlConnector(KVConnectorBase_V1):
         self.chunk_tokens = ct
         self.model_name = model_name
         self.stats = StatsCollector()
+        self.trace = Trace()
         spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
         self._spec = spec
         self.use_mla = use_mla
@@ -170,7 +174,7 @@ class KvctlConnector(KVConnectorBase_V1):
     # ======================================================================
     def _init_scheduler(self) -> None:
         st = self.settings
-        self.lookup = TierLookup(st.urls, self.chunk_tokens, self.model_name, self.fmt, st.timeout_s)
+        self.lookup = TierLookup(st.rank_urls, self.chunk_tokens, self.model_name, self.fmt, st.timeout_s)
         self._reqs: dict[str, _ReqState] = {}
         self._pending_loads: list[LoadSpec] = []
         self._local_hit: dict[str, int] = {}  # req -> local computed tokens seen by the last lookup
@@ -201,6 +205,17 @@ class KvctlConnector(KVConnectorBase_V1):
             return 0
         return ext
 
+    def _timed_lookup(self, rid: str, prompt: list[int], first: int, vector: bool, extra):
+        """One lookup of the tier, counted (kvctl:lookups, kvctl:lookup_seconds) and traced."""
+        t0 = time.perf_counter()
+        result = self.lookup.lookup(prompt, first, vector, extra)
+        dt = time.perf_counter() - t0
+        self.stats.add(M.LOOKUPS, 1)
+        self.stats.add(M.LOOKUP_SECONDS, dt)
+        self.trace.event("lookup", req=rid, s=dt, first_chunk=first, hit_chunks=result.hit_chunks,
+                         failed=list(result.failed_ranks), tokens=len(prompt))
+        return result
+
     def _key_extra(self, request: "Request"):
         """The request's :class:`~kvctl.connector.ownership.KeyExtra` (None: tokens only), built once."""
         rid = request.request_id
@@ -220,12 +235,12 @@ class KvctlConnector(KVConnectorBase_V1):
             n_tokens = getattr(request, "num_tokens", len(prompt))
             result = self._sync_answers.get(rid, n_tokens, first)
             if result is None:
-                result = self.lookup.lookup(prompt, first, extra=extra)
+                result = self._timed_lookup(rid, prompt, first, False, extra)
                 self._sync_answers.put(rid, n_tokens, result)
             return self._hit_tokens(request, num_computed_tokens, result), False
         entry = self._async_lookups.get(rid)
         if entry is None or entry[2] != first:
-            fut = self._async_pool.submit(self.lookup.lookup, prompt, first, True, extra)
+            fut = self._async_pool.submit(self._timed_lookup, rid, prompt, first, True, extra)
             entry = (fut, time.monotonic(), first)
             self._async_lookups[rid] = entry
         fut, started, _ = entry
@@ -282,6 +297,9 @@ class KvctlConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         meta = KvctlConnectorMetadata(loads=self._pending_loads)
+        for spec in self._pending_loads:
+            self.trace.event("scheduled_load", req=spec.req_id, chunks=spec.end_chunk - spec.first_chunk,
+                             asynchronous=spec.is_async)
         self._pending_loads = []
         scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
@@ -345,7 +363,8 @@ class KvctlConnector(KVConnectorBase_V1):
         self._async_pending = 0  # async loads queued or running
         self._lock = threading.Lock()
         self._load_done = threading.Condition(self._lock)
-        self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvctl-save")
+        self._saver = Saver(self._store_chunks, name="kvctl-save")
+        self._insert_events: list = []  # (start, end, req) of queued inserts, timed once they ran (trace only)
         self._async_q: queue.SimpleQueue | None = None
         self._async_thread: threading.Thread | None = None
         self._async_group = None
@@ -391,38 +410,87 @@ class KvctlConnector(KVConnectorBase_V1):
             raise RuntimeError(f"KvctlConnector: shard group has {group.world_size} ranks, expected {self.world_size}")
         device = caches[0].device
         on_cuda = device.type == "cuda"
+        st = self.settings
+        k = st.instances_per_rank
         # CPU engines exchange host chunks over gloo; CUDA engines exchange device chunks over the
-        # group's device (NCCL) group, with replies and saves going through one pinned pool
+        # group's device (NCCL) group, with replies and saves going through one pinned pool, and the
+        # protocol's 64-byte message over the group's gloo group (no device round trip)
         self.group = group.device_group if on_cuda else group.cpu_group
+        self._meta_group = group.cpu_group if on_cuda and self.world_size > 1 else None
         chunk_shape = self.layout.chunk_shape(self.chunk_tokens, self.world_size)
         pool = None
         if on_cuda:
             nbytes = torch.empty((), dtype=self.layout.dtype).element_size() * int(torch.Size(chunk_shape).numel())
             try:
-                pool = PinnedPool(self.settings.pinned_pool_bytes, nbytes)
+                pool = PinnedPool(st.pinned_pool_bytes, nbytes)
             except ValueError as exc:
                 raise ConnectorConfigError(f"kv_connector_extra_config.pinned_pool_bytes: {exc}") from None
+            if pool.n_slots < 2 * k:
+                raise ConnectorConfigError(
+                    f"kv_connector_extra_config.pinned_pool_bytes: {st.pinned_pool_bytes} bytes hold {pool.n_slots} "
+                    f"chunk(s) of {nbytes} bytes; {k} instance(s) per rank need at least {2 * k} "
+                    f"(give at least {2 * k * nbytes})")
             logger.info("KvctlConnector rank %d: pinned pool %d bytes (%d chunks, %s) in %.3f s", self.rank,
                         pool.nbytes, pool.n_slots, "pinned" if pool.pinned else "pageable", pool.setup_s)
         self.store = ShardedStore(
-            self.rank, self.world_size, list(self.settings.urls), self.settings.host_budget_bytes,
+            self.rank, self.world_size, [list(r) for r in st.rank_urls], st.host_budget_bytes,
             chunk_shape, self.layout.dtype,
             chunk_tokens=self.chunk_tokens, model_name=self.model_name, fmt=self.fmt,
-            group=self.group, device=device, timeout_s=self.settings.timeout_s, pool=pool,
+            group=self.group, device=device, timeout_s=st.timeout_s, pool=pool,
+            instances_per_rank=k, connections=st.connections_per_instance,
         )
         self.datapath = KVDataPath(self.store, self.layout, chunk_tokens=self.chunk_tokens,
                                    block_size=self.block_size, group=self.group, device=device)
         self._get_seen = (0, 0.0)
-        if self.settings.async_loading:
-            # background loads run their collectives on a group of their own, never on vLLM's; only
-            # this TP/PCP group's ranks create it (under DP the world holds several such groups)
+        self._async_meta_group = None
+        if st.async_loading:
+            # background loads run their collectives on groups of their own, never on vLLM's; only
+            # this TP/PCP group's ranks create them (under DP the world holds several such groups)
+            t0 = time.perf_counter()
             self._async_group = member_group(group.ranks, backend="nccl" if on_cuda else "gloo")
+            if self._meta_group is not None:
+                self._async_meta_group = member_group(group.ranks, backend="gloo")
+            logger.info("KvctlConnector rank %d: async load group(s) of %d rank(s) in %.3f s", self.rank,
+                        self.world_size, time.perf_counter() - t0)
             self._async_q = queue.SimpleQueue()
             self._async_thread = threading.Thread(target=self._async_loop, name="kvctl-async-load", daemon=True)
             self._async_thread.start()
-        logger.info("KvctlConnector rank %d/%d: %s, chunk %d tokens (%d bytes), %s loading",
+        self._warm_up(on_cuda)
+        lanes = getattr(self.store, "lanes_per_instance", None)
+        logger.info("KvctlConnector rank %d/%d: %s, chunk %d tokens (%d bytes), %s loading%s",
                     self.rank, self.world_size, self.store.url, self.chunk_tokens, self.store.chunk_nbytes,
-                    "async" if self.settings.async_loading else "sync")
+                    "async" if st.async_loading else "sync",
+                    f", {k} instance(s) x {lanes} GET lane(s)" if lanes else "")
+
+    def _warm_up(self, on_cuda: bool) -> None:
+        """Pay once at start what the first hit would pay (every wait bounded by timeout_s, and logged).
+
+        * the tier: one PING a rank instance, so a dead or misnamed instance is in the log at start
+          (not fatal: the engine serves by recomputing);
+        * W > 1 on CUDA: one small collective on each group a load uses (NCCL builds its communicator
+          on the first call, which otherwise lands inside the first hit's step).
+        """
+        t0 = time.perf_counter()
+        down = []
+        for i, client in enumerate(self.store.tier.clients if self.store.tier is not None else []):
+            try:
+                if not client.ping():
+                    down.append(i)
+            except Exception as exc:  # noqa: BLE001 - a down tier is a miss later, not an engine error
+                down.append(i)
+                logger.warning("KvctlConnector rank %d: instance %s not reachable at start (%s): its chunks "
+                               "will be recomputed until it is", self.rank, self.store.tier.redacted[i], exc)
+        if self.world_size > 1 and on_cuda:
+            for g in (self.group, self._meta_group, self._async_group, self._async_meta_group):
+                if g is None:
+                    continue
+                dev = self.store.device if torch.distributed.get_backend(g) == "nccl" else torch.device("cpu")
+                t = torch.zeros(self.world_size, dtype=torch.int64, device=dev)
+                torch.distributed.all_gather_into_tensor(t, torch.zeros(1, dtype=torch.int64, device=dev), group=g)
+            torch.cuda.synchronize(self.store.device)
+        n = self.store.tier.k if self.store.tier is not None else 0
+        logger.info("KvctlConnector rank %d: warm-up in %.3f s (%d of %d instance(s) answered)", self.rank,
+                    time.perf_counter() - t0, n - len(down), n)
 
     # -- load ----------------------------------------------------------------
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
@@ -432,17 +500,22 @@ class KvctlConnector(KVConnectorBase_V1):
             if spec.is_async and self._async_q is not None:
                 with self._lock:
                     self._async_pending += 1
-                self._async_q.put(spec)
+                self._async_q.put((spec, time.perf_counter()))
             else:
-                self._load(spec, self.group)
+                out = self._load(spec, self.group, self._meta_group)
+                if self.rank == 0 and out is not None and out.timing is not None:
+                    self.stats.add(M.LOAD_WAIT_SECONDS, out.timing.total_s)
 
     def _async_loop(self) -> None:
         while True:
-            spec = self._async_q.get()
-            if spec is None:
+            item = self._async_q.get()
+            if item is None:
                 return
+            spec, queued = item
             try:
-                self._load(spec, self._async_group)
+                self._load(spec, self._async_group, self._async_meta_group)
+                if self.rank == 0:
+                    self.stats.add(M.LOAD_WAIT_SECONDS, time.perf_counter() - queued)
             except BaseException:  # noqa: BLE001 - its blocks are marked bad; a dead loader would strand every later load
                 logger.exception("KvctlConnector: async load of %s interrupted", spec.req_id)
             finally:
@@ -451,7 +524,7 @@ class KvctlConnector(KVConnectorBase_V1):
                     self._async_pending -= 1
                     self._load_done.notify_all()
 
-    def _load(self, spec: LoadSpec, group) -> None:
+    def _load(self, spec: LoadSpec, group, meta_group=None) -> LoadOutcome:
         """Agreed-prefix load of one request's hit into the paged cache (collective over ``group``)."""
         ct, store = self.chunk_tokens, self.store
         planned = spec.end_chunk - spec.first_chunk
@@ -462,8 +535,9 @@ class KvctlConnector(KVConnectorBase_V1):
                 logger.exception("KvctlConnector before-load hook failed")
         # agreed: the same on every rank; prefix: chunks written into this rank's cache
         out = self.datapath.load(spec.token_ids, spec.block_ids, spec.first_chunk, spec.end_chunk, spec.skip_tokens,
-                                 group=group, extra=spec.key_extra)
+                                 group=group, extra=spec.key_extra, meta_group=meta_group)
         agreed, prefix, interrupted = out.agreed, out.written, out.interrupted
+        self._count_load(spec, out)
         # the agreed chunks are in the tier whatever this rank could write: every rank keeps the same
         # mark, so the request's next save runs its collectives on every rank or on none
         self._loaded_end[spec.req_id] = spec.first_chunk + agreed
@@ -478,6 +552,34 @@ class KvctlConnector(KVConnectorBase_V1):
                 self.stats.add("kvctl:load_errors", 1)
         if interrupted is not None:
             raise interrupted
+        return out
+
+    def _count_load(self, spec: LoadSpec, out: LoadOutcome) -> None:
+        """One load's phases into the kvctl:load_* counters and the trace."""
+        t = out.timing
+        if t is None:
+            return
+        for name, value in ((M.LOADS, 1), (M.LOAD_SECONDS, t.total_s), (M.LOAD_GET_SECONDS, t.get_s),
+                            (M.LOAD_COPY_SECONDS, t.copy_tail_s), (M.LOAD_EXCHANGE_SECONDS, t.exchange_s),
+                            (M.LOAD_INSERT_SECONDS, t.insert_s)):
+            self.stats.add(name, value)
+        if self.trace.on:
+            self.trace.event("load", req=spec.req_id, rank=self.rank, planned=spec.end_chunk - spec.first_chunk,
+                             agreed=out.agreed, written=out.written, bytes=t.get_bytes, total_s=t.total_s,
+                             get_s=t.get_s, copy_tail_s=t.copy_tail_s, exchange_s=t.exchange_s, insert_s=t.insert_s,
+                             asynchronous=spec.is_async)
+            if t.insert_events is not None:
+                self._insert_events.append((*t.insert_events, spec.req_id))
+
+    def _trace_inserts(self) -> None:
+        """The device time of inserts that have run (trace only; no sync: unfinished ones wait)."""
+        left = []
+        for start, end, rid in self._insert_events:
+            if end.query():
+                self.trace.event("insert_gpu", req=rid, rank=self.rank, s=start.elapsed_time(end) / 1e3)
+            else:
+                left.append((start, end, rid))
+        self._insert_events = left[-256:]
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -519,19 +621,28 @@ class KvctlConnector(KVConnectorBase_V1):
         # copied out on this thread, before vLLM can reuse the blocks (GQA: a collective on every rank);
         # written to the tier in the background
         batch = self.datapath.extract(spec.token_ids, spec.block_ids, first, extra=spec.key_extra)
-        if batch is not None:
-            self._saver.submit(self._store_chunks, batch)
+        if batch is not None and not self._saver.submit(batch):
+            self.stats.add(M.SAVES_ABANDONED, 1)  # shutting down: no more saves
 
     def _store_chunks(self, batch) -> None:
+        t0 = time.perf_counter()
         try:
             res = self.datapath.store_batch(batch)
             if res.l2_error:
+                self.stats.add(M.SAVE_ERRORS, 1)
                 logger.warning("KvctlConnector rank %d: store failed: %s", self.rank, res.l2_error)
+            else:
+                self.stats.add(M.CHUNKS_STORED, res.l2_chunks)
+            self.trace.event("save", rank=self.rank, chunks=res.l2_chunks, s=time.perf_counter() - t0,
+                             error=res.l2_error)
         except Exception:  # noqa: BLE001 - a failed save is a future miss, never an engine error
+            self.stats.add(M.SAVE_ERRORS, 1)
             logger.exception("KvctlConnector: store failed")
 
     # -- stats and shutdown ----------------------------------------------------
     def get_kv_connector_stats(self) -> KvctlConnectorStats | None:
+        if self._role == KVConnectorRole.WORKER and self._insert_events:
+            self._trace_inserts()
         if self._role == KVConnectorRole.WORKER and self.store is not None:
             b, s = self.store.l2_get_bytes, self.store.l2_get_seconds
             self.stats.add("kvctl:l2_get_bytes", b - self._get_seen[0])
@@ -555,9 +666,20 @@ class KvctlConnector(KVConnectorBase_V1):
             return
         if self._async_q is not None:
             self._async_q.put(None)
-        self._saver.shutdown(wait=True, cancel_futures=False)
+        pending = self._saver.pending
+        res = self._saver.drain(self.settings.save_drain_s)
+        if res.abandoned:
+            self.stats.add(M.SAVES_ABANDONED, res.abandoned)
+            logger.warning("KvctlConnector rank %d: shutdown: %d save(s) written in %.2f s, %d abandoned after "
+                           "save_drain_s=%g (their chunks will be misses)", self.rank, res.written, res.waited_s,
+                           res.abandoned, self.settings.save_drain_s)
+        elif pending:
+            logger.info("KvctlConnector rank %d: shutdown: %d pending save(s) written in %.2f s", self.rank,
+                        res.written, res.waited_s)
+        self.trace.event("shutdown", rank=self.rank, pending=pending, written=res.written, abandoned=res.abandoned)
         if self.store is not None:
             self.store.close()
+        self.trace.close()
 
 
 def register_with_vllm() -> bool:

@@ -4,11 +4,15 @@
     {"url": "resp://valkey-{rank}:6379", "chunk_tokens": 256, "timeout_s": 2,
      "password_file": "/run/secrets/valkey", "host_budget_bytes": 0,
      "async_loading": true, "load_policy": {...}, "pinned_pool_bytes": 268435456}
+    {"url": "resp://valkey-{rank}-{instance}:6379", "instances_per_rank": 4, ...}
+    {"urls": [["resp://h:7000", "resp://h:7001"], ["resp://h:7002", "resp://h:7003"]], ...}
 
-Exactly one of ``urls`` (one URL per rank of the shard group) or ``url`` (a
-template with ``{rank}``, or one URL for every rank) names the tier. Every
-problem is one :class:`ConnectorConfigError` whose message names the key, so
-a bad setting fails the engine start with one clear line.
+Exactly one of ``urls`` (per rank of the shard group: one URL, or a list of
+K URLs) or ``url`` (a template with ``{rank}`` and, for K > 1 instances per
+rank, ``{instance}``; or one URL for every rank) names the tier. Every key
+has a range (:data:`RANGES`). Every problem is one
+:class:`ConnectorConfigError` whose message names the key, so a bad setting
+fails the engine start with one clear line.
 """
 
 from __future__ import annotations
@@ -17,19 +21,39 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from kvctl.connector.urls import InvalidUrl, expand_url, parse_resp_url, read_password_file, with_credentials
+from kvctl.connector.urls import (INSTANCE_PLACEHOLDER, MAX_INSTANCES_PER_RANK, InvalidUrl, expand_rank_urls, instances_in,
+                                  parse_resp_url, read_password_file, with_credentials)
 from kvctl.errors import InvalidInput
 from kvctl.thresholds import CONNECTOR_TIMEOUT_S
 
 __all__ = ["ConnectorConfigError", "ConnectorSettings", "LoadPolicySettings", "parse_settings"]
 
+#: the keys and the range each takes (checked at engine start; docs/connector.md lists them)
+RANGES: dict[str, tuple[float, float]] = {
+    "chunk_tokens": (1, 1 << 20),
+    "timeout_s": (0.01, 3600.0),
+    "host_budget_bytes": (0, 1 << 44),  # 16 TiB of host memory
+    "pinned_pool_bytes": (1, 1 << 40),  # 1 TiB page-locked: far above any host, below an overflow
+    "instances_per_rank": (1, MAX_INSTANCES_PER_RANK),
+    "connections_per_instance": (1, 16),
+    "save_drain_s": (0.0, 3600.0),
+    "load_policy.prefill_tokens_per_s": (1e-3, 1e9),
+    "load_policy.t0_s": (0.0, 3600.0),
+    "load_policy.bandwidth_gbps": (1e-6, 1e5),
+    "load_policy.reprobe_after_s": (1e-3, 86400.0 * 30),
+}
 KNOWN_KEYS = frozenset({
     "urls", "url", "chunk_tokens", "password_file", "timeout_s", "host_budget_bytes",
-    "async_loading", "load_policy", "pinned_pool_bytes",
+    "async_loading", "load_policy", "pinned_pool_bytes", "instances_per_rank", "connections_per_instance",
+    "save_drain_s",
 })
 #: page-locked host memory for chunk copies on CUDA engines (one pool a worker, reused across requests):
 #: two batches of the store's 4 chunks of the paper's 12.4 MB fit with room to spare
 DEFAULT_PINNED_POOL_BYTES = 256 * 2**20
+#: GETs a device load keeps in flight on each instance (one lane a connection: fetch.py)
+DEFAULT_CONNECTIONS = 2
+#: how long a worker's shutdown waits for saves still queued or running before it abandons them
+DEFAULT_SAVE_DRAIN_S = 10.0
 POLICY_KEYS = frozenset({"prefill_tokens_per_s", "t0_s", "bandwidth_gbps", "reprobe_after_s"})
 
 
@@ -53,7 +77,9 @@ class LoadPolicySettings:
 
 @dataclass(frozen=True)
 class ConnectorSettings:
-    urls: tuple[str, ...]  # one per rank of the shard group, after expansion
+    """The connector's settings once checked. ``rank_urls[r]``: rank r's K instance URLs (credentials in)."""
+
+    rank_urls: tuple[tuple[str, ...], ...]
     chunk_tokens: int
     timeout_s: float = CONNECTOR_TIMEOUT_S
     host_budget_bytes: int = 0
@@ -61,23 +87,42 @@ class ConnectorSettings:
     load_policy: LoadPolicySettings | None = None
     password_file: str | None = field(default=None, repr=False)
     pinned_pool_bytes: int = DEFAULT_PINNED_POOL_BYTES
+    connections_per_instance: int = DEFAULT_CONNECTIONS
+    save_drain_s: float = DEFAULT_SAVE_DRAIN_S
+
+    @property
+    def instances_per_rank(self) -> int:
+        return len(self.rank_urls[0])
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every instance, rank-major (instance i of rank r at ``r*K + i``); one a rank when K = 1."""
+        return tuple(u for rank in self.rank_urls for u in rank)
 
 
 def _err(key: str, why: str) -> ConnectorConfigError:
     return ConnectorConfigError(f"kv_connector_extra_config.{key}: {why}")
 
 
-def _number(cfg: Mapping[str, Any], key: str, default, *, integer: bool = False, positive: bool = True):
+def _number(cfg: Mapping[str, Any], key: str, default, *, integer: bool = False, name: str | None = None):
+    """``cfg[key]`` checked against its documented range (:data:`RANGES`, by ``name`` or ``key``).
+
+    The lower bound is exclusive for seconds and rates whose 0 means nothing (``timeout_s``, rates) only
+    where RANGES says so by a positive minimum; integers are compared as integers (no float overflow).
+    """
+    name = name or key
     if key not in cfg or cfg[key] is None:
         return default
     v = cfg[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
-        raise _err(key, f"expected {'an integer' if integer else 'a number'}, got {v!r}")
-    if not math.isfinite(v) or (v <= 0 if positive else v < 0):
-        raise _err(key, f"must be {'> 0' if positive else '>= 0'}, got {v!r}")
+        raise _err(name, f"expected {'an integer' if integer else 'a number'}, got {v!r}")
+    lo, hi = RANGES[name]
+    if isinstance(v, float) and not math.isfinite(v):
+        raise _err(name, f"must be a finite number in [{lo:g}, {hi:g}], got {v!r}")
+    if not lo <= v <= hi:  # int vs float compares exactly, whatever the int's size
+        shown = v if not isinstance(v, int) or abs(v) < 10**30 else f"an integer of {len(str(abs(v)))} digits"
+        raise _err(name, f"must be in [{lo:g}, {hi:g}], got {shown}")
     return v
-
-
 
 
 def _policy(raw: Any) -> LoadPolicySettings | None:
@@ -90,11 +135,12 @@ def _policy(raw: Any) -> LoadPolicySettings | None:
         raise _err(f"load_policy.{sorted(unknown)[0]}", f"unknown key (known: {', '.join(sorted(POLICY_KEYS))})")
     if "prefill_tokens_per_s" not in raw:
         raise _err("load_policy.prefill_tokens_per_s", "missing (the engine's prefill rate R, tokens/s)")
+    bw = _number(raw, "bandwidth_gbps", None, name="load_policy.bandwidth_gbps")
     return LoadPolicySettings(
-        prefill_tokens_per_s=float(_number(raw, "prefill_tokens_per_s", None)),
-        t0_s=float(_number(raw, "t0_s", 0.0, positive=False)),
-        bandwidth_gbps=_number(raw, "bandwidth_gbps", None),
-        reprobe_after_s=float(_number(raw, "reprobe_after_s", 30.0)),
+        prefill_tokens_per_s=float(_number(raw, "prefill_tokens_per_s", None, name="load_policy.prefill_tokens_per_s")),
+        t0_s=float(_number(raw, "t0_s", 0.0, name="load_policy.t0_s")),
+        bandwidth_gbps=None if bw is None else float(bw),
+        reprobe_after_s=float(_number(raw, "reprobe_after_s", 30.0, name="load_policy.reprobe_after_s")),
     )
 
 
@@ -105,19 +151,34 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
     if unknown:
         raise _err(sorted(unknown)[0], f"unknown key (known: {', '.join(sorted(KNOWN_KEYS))})")
     if ("urls" in cfg) == ("url" in cfg):
-        raise _err("urls", "give exactly one of 'urls' (one URL per rank) or 'url' (a template with {rank})")
+        raise _err("urls", "give exactly one of 'urls' (one URL, or a list of K URLs, per rank) or 'url' "
+                           "(a template with {rank}, and {instance} for several instances per rank)")
+    k = _number(cfg, "instances_per_rank", None, integer=True)
     if "urls" in cfg:
         raw = cfg["urls"]
-        if not isinstance(raw, (list, tuple)) or not all(isinstance(u, str) and u for u in raw):
-            raise _err("urls", f"expected a list of URL strings, got {raw!r}")
+        if not isinstance(raw, (list, tuple)) or not all(
+                (isinstance(u, str) and u) or (isinstance(u, (list, tuple)) and u and all(isinstance(x, str) and x for x in u))
+                for u in raw):
+            raise _err("urls", f"expected a list of URL strings (or of lists of URL strings, one per instance), got {raw!r}")
         if len(raw) != world_size:
-            raise _err("urls", f"{len(raw)} URL(s) for {world_size} rank(s): give one URL per rank")
-        key, template = "urls", list(raw)
+            raise _err("urls", f"{len(raw)} entries for {world_size} rank(s): give one entry per rank")
+        try:
+            listed = instances_in(raw)
+        except InvalidUrl as exc:
+            raise _err("urls", str(exc)) from None
+        if k is not None and k != listed:
+            raise _err("instances_per_rank", f"{k}, but every entry of urls lists {listed} URL(s)")
+        key, template, k = "urls", list(raw), listed
     else:
         raw = cfg["url"]
         if not isinstance(raw, str) or not raw:
             raise _err("url", f"expected a URL string such as resp://valkey-{{rank}}:6379, got {raw!r}")
         key, template = "url", raw
+        if k is None:
+            k = 1
+            if INSTANCE_PLACEHOLDER in raw:
+                raise _err("instances_per_rank", f"missing: url {raw} has {INSTANCE_PLACEHOLDER}, so say how many "
+                                                 "instances each rank has")
     if "chunk_tokens" not in cfg:
         raise _err("chunk_tokens", "missing (tokens per stored chunk, a multiple of vLLM's block size)")
     chunk_tokens = _number(cfg, "chunk_tokens", None, integer=True)
@@ -130,23 +191,28 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
             password = read_password_file(pw_file)  # the one reader: regular, bounded, not open to every user
         except InvalidInput as exc:
             raise _err("password_file", str(exc)) from None
-    urls = []
+    rank_urls = []
     for rank in range(world_size):
         try:
-            url = expand_url(template, rank)
+            urls = expand_rank_urls(template, rank, k)
             if password is not None:
-                url = with_credentials(url, password=password)
-            parse_resp_url(url)
+                urls = [with_credentials(u, password=password) for u in urls]
+            for u in urls:
+                parse_resp_url(u)
         except InvalidUrl as exc:
             raise _err(key, str(exc)) from None
-        urls.append(url)
+        rank_urls.append(tuple(urls))
+    flat = [u for r in rank_urls for u in r]
+    if k > 1 and len(set(flat)) != len(flat):
+        raise _err(key, f"{len(flat)} instance URLs but only {len(set(flat))} distinct: each instance of each rank "
+                        "needs its own server")
     async_loading = cfg.get("async_loading", False)
     if not isinstance(async_loading, bool):
         raise _err("async_loading", f"expected true or false, got {async_loading!r}")
-    budget = _number(cfg, "host_budget_bytes", 0, integer=True, positive=False)
+    budget = _number(cfg, "host_budget_bytes", 0, integer=True)
     pinned = _number(cfg, "pinned_pool_bytes", DEFAULT_PINNED_POOL_BYTES, integer=True)
     return ConnectorSettings(
-        urls=tuple(urls),
+        rank_urls=tuple(rank_urls),
         chunk_tokens=chunk_tokens,
         timeout_s=float(_number(cfg, "timeout_s", CONNECTOR_TIMEOUT_S)),
         host_budget_bytes=budget,
@@ -154,4 +220,6 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
         load_policy=_policy(cfg.get("load_policy")),
         password_file=pw_file,
         pinned_pool_bytes=pinned,
+        connections_per_instance=_number(cfg, "connections_per_instance", DEFAULT_CONNECTIONS, integer=True),
+        save_drain_s=float(_number(cfg, "save_drain_s", DEFAULT_SAVE_DRAIN_S)),
     )

@@ -473,3 +473,27 @@ def test_negative_chunk_offset_on_one_rank_fails_after_the_exchange():
     r0, r1 = spawn_ranks(bad_offset_worker, 2, (), timeout_s=60)
     assert "first_chunk" in r0["raised"] and r0["sum"] == 3, r0
     assert r1 == {"prefix": 0, "sum": 3}, r1
+
+
+def test_one_rank_runs_no_collective(tmp_path, monkeypatch):
+    """W = 1 (a TP=1 GPU engine): the agreed prefix is what this rank staged, with no collective at all
+    (no NCCL call and no device round trip inside the engine step)."""
+    import torch.distributed as dist
+
+    from kvctl.connector import protocol
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        calls = []
+        monkeypatch.setattr(protocol, "_all_gather_single", lambda *a, **k: calls.append(a))
+        monkeypatch.setattr(protocol.dist, "broadcast", lambda *a, **k: calls.append(a))
+        chunks = [torch.full((2, 3), float(i)) for i in range(4)]
+        for fail_at, want in ((None, 4), (2, 2)):
+            def fetch(idx):
+                return [None if i == fail_at else chunks[i] for i in idx]
+
+            res = protocol.load_agreed_prefix(None, ["a", "b", "c", "d"], fetch, (2, 3), torch.float32, mode="all_gather")
+            assert res.prefix == want and [float(c[0, 0]) for c in res.chunks] == [float(i) for i in range(want)]
+        assert calls == []
+    finally:
+        dist.destroy_process_group()

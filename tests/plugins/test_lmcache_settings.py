@@ -46,7 +46,7 @@ def test_acl_user_and_password_file(tmp_path):
     ({URL: ""}, {}, "expected a URL string"),
     ({URL: "resp://a:1", "kvctl_username": "u"}, {}, "needs extra_config.kvctl_password_file"),
     ({URL: "resp://a:1", "kvctl_password_file": "/nonexistent/pw"}, {}, "cannot read password file /nonexistent/pw"),
-    ({URL: "resp://a:1", "remote_storage_plugin.kvctl.timeout_s": 0}, {}, "must be > 0"),
+    ({URL: "resp://a:1", "remote_storage_plugin.kvctl.timeout_s": 0}, {}, r"must be in \[0.01, 3600\], got 0"),
     ({URL: "resp://a:1", "remote_storage_plugin.kvctl.timeout_s": "soon"}, {}, "expected a number"),
     ({URL: "resp://a:1", "remote_storage_plugin.kvctl.pool_size": 1.5}, {}, "expected an integer"),
     ({URL: "resp://a:1"}, {"remote_url": "resp://a:1"}, "write every chunk twice"),
@@ -73,3 +73,32 @@ def test_password_file_open_to_every_user_refused_like_everywhere_else(tmp_path)
     with pytest.raises(PluginConfigError, match=r"kvctl_password_file: .*open to every user") as e:
         plugin_settings({URL: "resp://a:1", "kvctl_password_file": str(pw)}, "kvctl", 0)
     assert "s3cret" not in str(e.value)
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    # issue 30 item 8: an integer beyond float range raised OverflowError; no upper bound let 1e20 through
+    ("remote_storage_plugin.kvctl.timeout_s", 10**400, "an integer of 401 digits"),
+    ("remote_storage_plugin.kvctl.timeout_s", 1e18, r"\[0.01, 3600\]"),
+    ("remote_storage_plugin.kvctl.timeout_s", 1e-300, r"\[0.01, 3600\]"),
+    ("remote_storage_plugin.kvctl.timeout_s", float("nan"), "finite"),
+    ("remote_storage_plugin.kvctl.pool_size", 10**20, r"\[1, 1024\]"),
+    ("remote_storage_plugin.kvctl.instances_per_rank", 65, r"\[1, 64\]"),
+])
+def test_every_number_has_a_range_and_a_clear_error(key, value, needle):
+    with pytest.raises(PluginConfigError, match=needle) as e:
+        plugin_settings({URL: "resp://a-{rank}-{instance}:1", key: value}, "kvctl", 0)
+    assert str(e.value).startswith(f"extra_config.{key}: ")
+
+
+def test_several_instances_per_rank_by_template_and_by_list():
+    s = plugin_settings({URL: "resp://v-{rank}-{instance}:6379", "remote_storage_plugin.kvctl.instances_per_rank": 3},
+                        "kvctl", 1)
+    assert s.urls == ("resp://v-1-0:6379", "resp://v-1-1:6379", "resp://v-1-2:6379")
+    assert "+2 more instances" in s.redacted_url
+    s = plugin_settings({"kvctl_remote_urls": [["resp://a:1", "resp://a:2"], ["resp://b:1", "resp://b:2"]]}, "kvctl", 1)
+    assert s.urls == ("resp://b:1", "resp://b:2")
+    with pytest.raises(PluginConfigError, match="instances_per_rank: 3, but every entry"):
+        plugin_settings({"kvctl_remote_urls": [["resp://a:1", "resp://a:2"]],
+                         "remote_storage_plugin.kvctl.instances_per_rank": 3}, "kvctl", 0)
+    with pytest.raises(PluginConfigError, match=r"need \{instance\}"):
+        plugin_settings({URL: "resp://v-{rank}:1", "remote_storage_plugin.kvctl.instances_per_rank": 2}, "kvctl", 0)

@@ -86,3 +86,52 @@ def test_password_file_open_to_every_user_refused(tmp_path):
     with pytest.raises(ConnectorConfigError, match=r"password_file: .*open to every user") as e:
         parse_settings({"url": "resp://h-{rank}:1", "chunk_tokens": 64, "password_file": str(pw)}, 1)
     assert "s3cret" not in str(e.value)
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    # issue 30 item 8: ints beyond float range raised OverflowError; 1e18 / 1e-300 timeouts were taken
+    ("timeout_s", 10**400, "an integer of 401 digits"),
+    ("timeout_s", 1e18, r"\[0.01, 3600\]"),
+    ("timeout_s", 1e-300, r"\[0.01, 3600\]"),
+    ("chunk_tokens", 10**18, r"\[1, 1.04858e\+06\]"),
+    ("chunk_tokens", 10**400, "401 digits"),
+    ("pinned_pool_bytes", 10**30, r"\[1, 1.09951e\+12\]"),
+    ("host_budget_bytes", 10**400, "401 digits"),
+    ("instances_per_rank", 0, r"\[1, 64\]"),
+    ("connections_per_instance", 17, r"\[1, 16\]"),
+    ("save_drain_s", -1, r"\[0, 3600\]"),
+    ("save_drain_s", float("inf"), "finite"),
+])
+def test_every_key_has_a_range_checked_with_its_name(key, value, needle):
+    cfg = {"url": "resp://x-{rank}:1", "chunk_tokens": 64, key: value}
+    with pytest.raises(ConnectorConfigError, match=needle) as e:
+        parse_settings(cfg, 2)
+    assert str(e.value).startswith(f"kv_connector_extra_config.{key}: ")
+
+
+@pytest.mark.parametrize("policy_key,value", [("prefill_tokens_per_s", 10**400), ("t0_s", 1e18),
+                                               ("bandwidth_gbps", 10**400), ("reprobe_after_s", 0)])
+def test_load_policy_values_have_ranges(policy_key, value):
+    policy = {"prefill_tokens_per_s": 5000, policy_key: value}
+    with pytest.raises(ConnectorConfigError) as e:
+        parse_settings({"url": "resp://h:1", "chunk_tokens": 64, "load_policy": policy}, 1)
+    assert str(e.value).startswith(f"kv_connector_extra_config.load_policy.{policy_key}: ")
+
+
+def test_several_instances_per_rank():
+    s = parse_settings({"url": "resp://v-{rank}-{instance}:6379", "instances_per_rank": 2, "chunk_tokens": 64}, 2)
+    assert s.rank_urls == (("resp://v-0-0:6379", "resp://v-0-1:6379"), ("resp://v-1-0:6379", "resp://v-1-1:6379"))
+    assert s.instances_per_rank == 2 and len(s.urls) == 4
+    s = parse_settings({"urls": [["resp://h:1", "resp://h:2"], ["resp://h:3", "resp://h:4"]], "chunk_tokens": 64}, 2)
+    assert s.instances_per_rank == 2 and s.rank_urls[1] == ("resp://h:3", "resp://h:4")
+    for cfg, key in [
+        ({"url": "resp://v-{rank}-{instance}:1"}, "instances_per_rank"),  # {instance} without K
+        ({"url": "resp://v-{rank}:1", "instances_per_rank": 2}, "url"),  # K without {instance}
+        ({"urls": [["resp://h:1"], ["resp://h:3", "resp://h:4"]]}, "urls"),  # ragged
+        ({"urls": [["resp://h:1", "resp://h:2"], ["resp://h:3", "resp://h:4"]], "instances_per_rank": 3}, "instances_per_rank"),
+        ({"url": "resp://v-0:1", "instances_per_rank": 2}, "url"),
+        ({"url": "resp://same-{instance}:1", "instances_per_rank": 2}, "url"),  # both ranks on the same two servers
+    ]:
+        with pytest.raises(ConnectorConfigError) as e:
+            parse_settings(dict(cfg, chunk_tokens=64), 2)
+        assert str(e.value).startswith(f"kv_connector_extra_config.{key}: "), (cfg, str(e.value))

@@ -114,8 +114,10 @@ def test_alloc_plans_an_offset_load_and_prefill_completion_plans_the_save(tier):
     (save,) = meta.saves  # 16 + 1 scheduled = the whole prompt: store its 4 full chunks (8 blocks)
     assert save.token_ids == TOKENS[:16] and save.block_ids == blocks[:8]
     stats = conn.get_kv_connector_stats().data
-    # 10 tokens = 2 chunks of the 3 past chunk 0
-    assert stats == {"kvctl:chunks_hit": 2, "kvctl:chunks_missed": 1, "kvctl:remote_hit_tokens": 10}
+    # 10 tokens = 2 chunks of the 3 past chunk 0; one lookup of the tier, timed
+    lookup_s = stats.pop("kvctl:lookup_seconds")
+    assert stats == {"kvctl:chunks_hit": 2, "kvctl:chunks_missed": 1, "kvctl:remote_hit_tokens": 10, "kvctl:lookups": 1}
+    assert 0 < lookup_s < 5
     assert conn.build_connector_meta(sched_out()).loads == []  # planned once
     conn.shutdown()
 

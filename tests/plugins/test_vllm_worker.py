@@ -29,7 +29,7 @@ def token_value(t: int, layer: int, col: int) -> float:
     return float(t * 100 + layer * 10 + col)
 
 
-def make_worker(rank, world, urls, kind, mla=True, heads=1):
+def make_worker(rank, world, urls, kind, mla=True, heads=1, **extra):
     import torch.distributed as dist
     from vllm.distributed import parallel_state as ps
 
@@ -42,7 +42,7 @@ def make_worker(rank, world, urls, kind, mla=True, heads=1):
     else:
         caches = {n: torch.zeros(N_BLOCKS, heads, BS, 2 * ROW) for n in ("l0", "l1")}
     conn = KvctlConnector.without_engine(
-        {"urls": urls, "chunk_tokens": CT, "timeout_s": 2.0}, world_size=world, layer_names=["l0", "l1"],
+        {"urls": urls, "chunk_tokens": CT, "timeout_s": 2.0, **extra}, world_size=world, layer_names=["l0", "l1"],
         spec=SimpleNamespace(head_size=ROW, num_kv_heads=heads, dtype=torch.float32), block_size=BS,
         use_mla=mla, kv_caches=caches, model_name="m", group_kind=kind)
     return conn, caches
@@ -73,7 +73,7 @@ def worker(rank, world, urls, kind, mla):
     blocks_a = [15, 3, 8, 1, 12, 6, 9, 0, 4]  # 9 blocks of 2 = 18 tokens
     fill(conn, blocks_a, rank)
     conn._save(SaveSpec("a", tokens[:16], blocks_a[:8]))
-    conn._saver.submit(lambda: None).result(timeout=20)  # saves are queued in order: wait for ours
+    assert conn._saver.wait_idle(20)  # saves are queued in order: wait for ours
     keys = chunk_keys(tokens[:16], CT, "m", conn.fmt)
     with RespClient(urls[rank]) as cl:
         held = cl.batched_exists(keys)
@@ -174,7 +174,7 @@ def insert_fails_worker(rank, world, urls, exc_name="RuntimeError"):
     blocks = [15, 3, 8, 1, 12, 6, 9, 0, 4]
     fill(conn, blocks, rank)
     conn._save(SaveSpec("s", tokens[:16], blocks[:8]))
-    conn._saver.submit(lambda: None).result(timeout=20)
+    assert conn._saver.wait_idle(20)
     torch.distributed.barrier()
     exc_type = {"RuntimeError": RuntimeError, "KeyboardInterrupt": KeyboardInterrupt}[exc_name]
     if rank == 1:
@@ -189,7 +189,7 @@ def insert_fails_worker(rank, world, urls, exc_name="RuntimeError"):
     errors = sorted(conn.get_block_ids_with_load_errors())
     loaded_end = conn._loaded_end["d"]
     conn._save(SaveSpec("d", tokens[:16], blocks[:8]))  # nothing left to store: must not enter a collective alone
-    conn._saver.submit(lambda: None).result(timeout=20)
+    assert conn._saver.wait_idle(20)
     total = torch.tensor([rank + 1])
     torch.distributed.all_reduce(total)  # both ranks reach this: 1 + 2 = 3
     conn.shutdown()
@@ -207,3 +207,90 @@ def test_a_cache_write_failing_on_one_rank_keeps_the_ranks_in_step(exc_name, val
     assert r0["errors"] == [] and r0["sum"] == r1["sum"] == 3
     # rank 1 recomputes from chunk 1, token 4 (skip_tokens) = block 2 of 2-token blocks, up to token 16 = block 8
     assert r1["errors"] == sorted([8, 1, 12, 6, 9, 0]), r1["errors"]
+
+
+def striped_worker(rank, world, rank_urls):
+    """W ranks, K = 2 instances a rank: a save lands by (c // W) mod K, a load reads it back, phases counted."""
+    from kvctl.connector.ownership import chunk_keys
+    from kvctl.connector.resp import RespClient
+    from kvctl.plugins.vllm import LoadSpec, SaveSpec
+    from kvctl.plugins.vllm_kv import slots_for
+
+    conn, caches = make_worker(rank, world, rank_urls, "tp", mla=True)
+    assert conn.settings.instances_per_rank == 2
+    tokens = list(range(900, 900 + N_TOKENS))
+    blocks = [15, 3, 8, 1, 12, 6, 9, 0, 4]
+    fill(conn, blocks, rank)
+    conn._save(SaveSpec("a", tokens[:16], blocks[:8]))
+    assert conn._saver.wait_idle(20)
+    keys = chunk_keys(tokens[:16], CT, "m", conn.fmt)
+    held = []
+    for url in rank_urls[rank]:
+        with RespClient(url) as cl:
+            held.append(cl.batched_exists(keys))
+    torch.distributed.barrier()
+    for t in caches.values():
+        t.zero_()
+    conn._load(LoadSpec("b", tokens[:16], first_chunk=0, end_chunk=4, skip_tokens=0, block_ids=blocks), conn.group)
+    got = conn.layout.extract(slots_for(blocks, BS, 0, 16))
+    stats = conn.get_kv_connector_stats()
+    conn.shutdown()
+    return {"held": held, "got": got.tolist(), "errors": sorted(conn.get_block_ids_with_load_errors()),
+            "stats": dict(stats.data) if stats else {}}
+
+
+def test_two_instances_per_rank_hold_the_partition_and_load_back(valkey_factory):
+    world = 2
+    servers = [valkey_factory() for _ in range(2 * world)]
+    rank_urls = [[servers[2 * r].url, servers[2 * r + 1].url] for r in range(world)]
+    out = spawn_ranks(striped_worker, world, (rank_urls,), timeout_s=120)
+    for r, res in enumerate(out):
+        for i in range(2):
+            # instance i of rank r holds exactly the chunks c with c % W == r and (c // W) % 2 == i
+            assert res["held"][i] == [c % world == r and (c // world) % 2 == i for c in range(4)], (r, i, res["held"])
+        got = torch.tensor(res["got"])
+        assert all(got[layer, t, 0].item() == expected_token(t, layer, r, True) for t in range(16) for layer in range(2))
+        assert res["errors"] == []
+        st = res["stats"]
+        assert st["kvctl:loads"] == 1 and st["kvctl:chunks_stored"] == 2
+        assert st["kvctl:load_seconds"] >= st["kvctl:load_get_seconds"] > 0
+
+
+def drain_worker(rank, world, url, pid):
+    """Saves queued behind a stopped instance: shutdown abandons them after save_drain_s and says so."""
+    import logging
+    import os
+    import signal
+    import time
+
+    from kvctl.plugins.vllm import SaveSpec
+
+    records = []
+
+    class Grab(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logging.getLogger("vllm").addHandler(Grab())
+    conn, caches = make_worker(rank, world, [url], "tp", mla=True, save_drain_s=0.5, timeout_s=5.0)
+    blocks = [15, 3, 8, 1, 12, 6, 9, 0, 4]
+    fill(conn, blocks, rank)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for i in range(3):  # three prompts' saves: the first blocks in its SET, two wait behind it
+            conn._save(SaveSpec(f"r{i}", list(range(100 * i, 100 * i + 16)), blocks[:8]))
+        t0 = time.monotonic()
+        conn.shutdown()
+        took = time.monotonic() - t0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    stats = conn.stats.take()
+    return {"took": took, "logs": records, "abandoned": (stats.data if stats else {}).get("kvctl:saves_abandoned")}
+
+
+def test_shutdown_abandons_pending_saves_within_its_bound_and_says_how_many(valkey_factory):
+    server = valkey_factory()
+    (res,) = spawn_ranks(drain_worker, 1, (server.url, server.pid), timeout_s=60)
+    assert res["took"] < 2.0, res
+    assert res["abandoned"] == 3
+    assert any("3 abandoned after save_drain_s=0.5" in m for m in res["logs"]), res["logs"]

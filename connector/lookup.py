@@ -18,7 +18,7 @@ so a dead or stopped instance does not stall every new request's lookup.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -97,8 +97,13 @@ class TierLookup:
             return LookupResult(first_chunk, first_chunk, n)
         keys = self.keys(token_ids, n, extra)
         now = time.monotonic()
-        futures = [None if now < self._down_until[r] else self._pool.submit(self._rank_present, r, keys, first_chunk, vector)
-                   for r in range(self.world_size)]
+        if self.world_size == 1:
+            # one rank: ask on this thread (its client's deadline bounds the call); a hop to the pool's
+            # thread and back costs two GIL handoffs, each up to the switch interval in a busy engine
+            futures = [None if now < self._down_until[0] else _run_inline(self._rank_present, 0, keys, first_chunk, vector)]
+        else:
+            futures = [None if now < self._down_until[r] else self._pool.submit(self._rank_present, r, keys, first_chunk, vector)
+                       for r in range(self.world_size)]
         done, _ = wait([f for f in futures if f is not None], timeout=self.timeout_s * 1.5)
         answers, failed = [], []
         for r, fut in enumerate(futures):
@@ -127,6 +132,16 @@ class TierLookup:
         self._pool.shutdown(wait=False, cancel_futures=True)
         for t in self.tiers:
             t.close()
+
+
+def _run_inline(fn, *args) -> Future:
+    """``fn(*args)`` run now, on this thread, as a finished Future (its result or its exception)."""
+    fut: Future = Future()
+    try:
+        fut.set_result(fn(*args))
+    except Exception as exc:  # noqa: BLE001 - delivered through the future, as the pool would
+        fut.set_exception(exc)
+    return fut
 
 
 class LookupCache:

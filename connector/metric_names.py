@@ -54,6 +54,10 @@ COUNTERS = {
     SAVE_ERRORS: "Saves that failed (the tier erred or timed out); their chunks are future misses.",
     SAVES_ABANDONED: "Saves still queued or running when a worker shut down and its save_drain_s ran out.",
 }
+#: gauges the workers report each step (the largest rank's value): the saves queued or running right now
+SAVES_PENDING = "kvctl:saves_pending"
+GAUGES = {SAVES_PENDING: "Saves queued or running on a worker's background saver, the largest rank's (a backlog grows when the tier "
+                         "is slower than the prompts: at shutdown what is left after save_drain_s is abandoned)."}
 #: the gauge W: the ranks whose GET seconds ``kvctl:l2_get_seconds`` sums (``kvctl diagnose`` multiplies by it)
 RANKS = "kvctl:ranks"
 RANKS_HELP = "Ranks of the shard group (W): instance r holds rank r's chunks."

@@ -37,6 +37,7 @@ class RankTier:
         if connections < 1:
             raise ValueError(f"connections must be >= 1, got {connections}")
         self.world_size = world_size
+        self.urls = urls  # credentials included: never log these (use url / redacted)
         self.k = len(urls)
         self.connections = connections
         self.timeout_s = timeout_s

@@ -82,7 +82,8 @@ logger = init_logger("vllm." + __name__)  # under vLLM's logger, so its handlers
 
 _POLL_S = 0.005  # how long one scheduler/worker step waits for background lookups and loads
 # test hook: "module:function", called on every rank as fn(rank, keys, first_chunk, url) just
-# before a load fetches its chunks (tests delete a chunk there, between lookup and load)
+# before a load fetches its chunks (tests delete a chunk there, between lookup and load); url: the
+# rank's first instance, credentials included
 BEFORE_LOAD_HOOK_ENV = "KVCTL_CONNECTOR_BEFORE_LOAD_HOOK"
 
 
@@ -100,6 +101,13 @@ class KvctlConnector(KVConnectorBase_V1):
         self._cache_dtype = str(vllm_config.cache_config.cache_dtype)
         self._setup(kind, world_size, self._kv_transfer_config.kv_connector_extra_config, vllm_config.cache_config.block_size,
                     bool(vllm_config.model_config.use_mla), _model_name(vllm_config))
+        grace = getattr(vllm_config, "shutdown_timeout", None)
+        if role == KVConnectorRole.SCHEDULER and grace is not None and grace < self.settings.save_drain_s + 1:
+            # vLLM's process manager kills the engine core `shutdown_timeout` s after SIGTERM (0: at once),
+            # and the workers with it: the connector's drain of pending saves never runs
+            logger.warning("KvctlConnector: vLLM's --shutdown-timeout is %s s: on SIGTERM the workers are killed before "
+                           "saves still pending are written (save_drain_s=%g); start vLLM with --shutdown-timeout %d "
+                           "to let them finish", grace, self.settings.save_drain_s, int(self.settings.save_drain_s) + 1)
 
     @classmethod
     def without_engine(cls, extra_config: dict, *, world_size: int, layer_names, spec, block_size: int,
@@ -365,6 +373,7 @@ class KvctlConnector(KVConnectorBase_V1):
         self._load_done = threading.Condition(self._lock)
         self._saver = Saver(self._store_chunks, name="kvctl-save")
         self._insert_events: list = []  # (start, end, req) of queued inserts, timed once they ran (trace only)
+        self._pending_reported = False
         self._async_q: queue.SimpleQueue | None = None
         self._async_thread: threading.Thread | None = None
         self._async_group = None
@@ -444,21 +453,25 @@ class KvctlConnector(KVConnectorBase_V1):
         self._get_seen = (0, 0.0)
         self._async_meta_group = None
         if st.async_loading:
-            # background loads run their collectives on groups of their own, never on vLLM's; only
-            # this TP/PCP group's ranks create them (under DP the world holds several such groups)
-            t0 = time.perf_counter()
-            self._async_group = member_group(group.ranks, backend="nccl" if on_cuda else "gloo")
-            if self._meta_group is not None:
-                self._async_meta_group = member_group(group.ranks, backend="gloo")
-            logger.info("KvctlConnector rank %d: async load group(s) of %d rank(s) in %.3f s", self.rank,
-                        self.world_size, time.perf_counter() - t0)
+            if self.world_size > 1:
+                # background loads run their collectives on groups of their own, never on vLLM's; only
+                # this TP/PCP group's ranks create them (under DP the world holds several such groups)
+                t0 = time.perf_counter()
+                self._async_group = member_group(group.ranks, backend="nccl" if on_cuda else "gloo")
+                if self._meta_group is not None:
+                    self._async_meta_group = member_group(group.ranks, backend="gloo")
+                logger.info("KvctlConnector rank %d: async load group(s) of %d rank(s) in %.3f s", self.rank,
+                            self.world_size, time.perf_counter() - t0)
+            else:
+                self._async_group = self.group  # one rank runs no collective: no group of its own needed
             self._async_q = queue.SimpleQueue()
             self._async_thread = threading.Thread(target=self._async_loop, name="kvctl-async-load", daemon=True)
             self._async_thread.start()
         self._warm_up(on_cuda)
         lanes = getattr(self.store, "lanes_per_instance", None)
-        logger.info("KvctlConnector rank %d/%d: %s, chunk %d tokens (%d bytes), %s loading%s",
-                    self.rank, self.world_size, self.store.url, self.chunk_tokens, self.store.chunk_nbytes,
+        logger.info("KvctlConnector rank %d/%d: %s, model %s, fmt %s, chunk %d tokens (%d bytes), %s loading%s",
+                    self.rank, self.world_size, self.store.url, self.model_name, self.fmt, self.chunk_tokens,
+                    self.store.chunk_nbytes,
                     "async" if st.async_loading else "sync",
                     f", {k} instance(s) x {lanes} GET lane(s)" if lanes else "")
 
@@ -530,7 +543,8 @@ class KvctlConnector(KVConnectorBase_V1):
         planned = spec.end_chunk - spec.first_chunk
         if self._hook is not None:
             try:
-                self._hook(self.rank, store.keys(spec.token_ids, spec.key_extra), spec.first_chunk, store.url)
+                self._hook(self.rank, store.keys(spec.token_ids, spec.key_extra), spec.first_chunk,
+                           store.tier.urls[0] if store.tier is not None else None)
             except Exception:  # noqa: BLE001 - a test hook must not break the engine
                 logger.exception("KvctlConnector before-load hook failed")
         # agreed: the same on every rank; prefix: chunks written into this rank's cache
@@ -644,6 +658,10 @@ class KvctlConnector(KVConnectorBase_V1):
         if self._role == KVConnectorRole.WORKER and self._insert_events:
             self._trace_inserts()
         if self._role == KVConnectorRole.WORKER and self.store is not None:
+            pending = self._saver.pending
+            if pending or self._pending_reported:
+                self.stats.set(M.SAVES_PENDING, pending)  # a backlog shows; once it clears, one 0 says so
+                self._pending_reported = pending > 0
             b, s = self.store.l2_get_bytes, self.store.l2_get_seconds
             self.stats.add("kvctl:l2_get_bytes", b - self._get_seen[0])
             self.stats.add("kvctl:l2_get_seconds", s - self._get_seen[1])

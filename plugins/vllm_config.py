@@ -52,8 +52,9 @@ KNOWN_KEYS = frozenset({
 DEFAULT_PINNED_POOL_BYTES = 256 * 2**20
 #: GETs a device load keeps in flight on each instance (one lane a connection: fetch.py)
 DEFAULT_CONNECTIONS = 2
-#: how long a worker's shutdown waits for saves still queued or running before it abandons them
-DEFAULT_SAVE_DRAIN_S = 10.0
+#: how long a worker's shutdown waits for saves still queued or running before it abandons them; inside
+#: a vLLM ``--shutdown-timeout 5`` (vLLM's default 0 kills the workers at once on SIGTERM: docs/gpu.md)
+DEFAULT_SAVE_DRAIN_S = 4.0
 POLICY_KEYS = frozenset({"prefill_tokens_per_s", "t0_s", "bandwidth_gbps", "reprobe_after_s"})
 
 

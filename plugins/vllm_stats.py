@@ -17,7 +17,7 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
-from kvctl.connector.metric_names import COUNTERS, RANKS, RANKS_HELP
+from kvctl.connector.metric_names import COUNTERS, GAUGES, RANKS, RANKS_HELP
 
 __all__ = ["COUNTERS", "KvctlConnectorStats", "KvctlPromMetrics", "StatsCollector"]
 
@@ -32,7 +32,9 @@ class KvctlConnectorStats(KVConnectorStats):
 
     def aggregate(self, other: KVConnectorStats) -> "KvctlConnectorStats":
         for k, v in (other.data or {}).items():
-            self.data[k] = self.data.get(k, 0) + v
+            # counters add up; a gauge keeps the largest value (vLLM may fold several steps of one
+            # worker into one object, where a sum would count one backlog twice)
+            self.data[k] = max(self.data.get(k, 0), v) if k in GAUGES else self.data.get(k, 0) + v
         return self
 
     def reduce(self) -> dict[str, int | float]:
@@ -56,6 +58,13 @@ class StatsCollector:
             with self._lock:
                 self._data[name] = self._data.get(name, 0) + value
 
+    def set(self, name: str, value: float) -> None:
+        """A gauge's current value (:data:`GAUGES`), sent with the interval's counters; ranks' values add up."""
+        if name not in GAUGES:
+            raise KeyError(name)
+        with self._lock:
+            self._data[name] = value
+
     def take(self) -> KvctlConnectorStats | None:
         with self._lock:
             data, self._data = self._data, {}
@@ -78,12 +87,20 @@ class KvctlPromMetrics(KVConnectorPromMetrics):
             name: self._counter_cls(name=name + "_total", documentation=doc, labelnames=labelnames)
             for name, doc in COUNTERS.items()
         }
-        for name, counter in self._counters.items():
+        self._gauges = {
+            name: self._gauge_cls(name=name, documentation=doc, labelnames=labelnames, multiprocess_mode="mostrecent")
+            for name, doc in GAUGES.items()
+        }
+        for name, metric in (*self._counters.items(), *self._gauges.items()):
             for idx, values in per_engine_labelvalues.items():
-                self._children[(name, idx)] = counter.labels(*values)
+                self._children[(name, idx)] = metric.labels(*values)
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for name, value in (transfer_stats_data or {}).items():
             child = self._children.get((name, engine_idx))
-            if child is not None and value > 0:
+            if child is None:
+                continue
+            if name in GAUGES:
+                child.set(value)
+            elif value > 0:
                 child.inc(value)

@@ -18,7 +18,7 @@ from kvctl.connector import metric_names as N
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = re.compile(r"kvctl:[a-z][a-z0-9_]*")
-DEFINED = set(N.COUNTERS) | {N.RANKS}
+DEFINED = set(N.COUNTERS) | set(N.GAUGES) | {N.RANKS}
 MODULE = ROOT / "connector" / "metric_names.py"
 EVERYWHERE = sorted(p for d in ("kvctl", "connector", "plugins") for p in (ROOT / d).rglob("*.py") if p != MODULE)
 #: the readers that must import the names (the engine-side writers in plugins/ and the drill engine are

@@ -119,6 +119,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_base_port(n: int, tries: int = 100) -> int:
+    """A port p with p..p+n-1 all free on loopback (checked, not guaranteed); a bounded search."""
+    for _ in range(tries):
+        base = free_port()
+        if base + n <= 65535 and not any(port_in_use(base + i) for i in range(n)):
+            return base
+    raise RuntimeError(f"no run of {n} free loopback ports in {tries} tries")
+
+
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     """True when something already listens on (or holds) ``host:port``; other bind failures raise InvalidInput."""
     err = _bind_probe(host, port)

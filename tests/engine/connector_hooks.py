@@ -25,3 +25,31 @@ def delete_marked_chunk(rank: int, keys: list[str], first_chunk: int, url: str, 
     with RespClient(url, timeout_s=2.0) as client:
         client.delete([keys[chunk]])
     Path(marker).unlink()
+
+
+def fault_plan(rank: int, keys: list[str], first_chunk: int, url: str, world_size: int = 1) -> None:
+    """Faults for the lab's engine tests (tests/engine/lab_chains.py), keyed by the load's first chunk key.
+
+    ``KVCTL_TEST_FAULT_PLAN`` names a JSON file ``{"delete": {key0: chunk}, "kill": {key0: pid}}``:
+    a load whose prompt's chunk-0 key is in ``delete`` loses that chunk's key on its owner (a real
+    DEL) just before it fetches; one in ``kill`` SIGKILLs the Valkey process ``pid`` (one the test
+    started) just before it fetches. Each entry fires once (it is removed from the file).
+    """
+    import json
+    import signal
+
+    plan_path = os.environ.get("KVCTL_TEST_FAULT_PLAN")
+    if not plan_path or not Path(plan_path).exists() or not keys:
+        return
+    plan = json.loads(Path(plan_path).read_text())
+    key0 = keys[0]
+    chunk = plan.get("delete", {}).pop(key0, None)
+    pid = plan.get("kill", {}).pop(key0, None)
+    if chunk is None and pid is None:
+        return
+    Path(plan_path).write_text(json.dumps(plan))
+    if chunk is not None and chunk % world_size == rank and chunk < len(keys):
+        with RespClient(url, timeout_s=2.0) as client:
+            client.delete([keys[chunk]])
+    if pid is not None:
+        os.kill(int(pid), signal.SIGKILL)

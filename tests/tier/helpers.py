@@ -6,16 +6,7 @@ import psutil
 from click.testing import CliRunner
 
 from kvctl.cli import cli
-from kvctl.tier.server import free_port, port_in_use
-
-
-def free_base_port(n: int) -> int:
-    """A port p with p..p+n-1 all free on loopback (checked, not guaranteed)."""
-    for _ in range(100):
-        base = free_port()
-        if base + n <= 65535 and not any(port_in_use(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no run of free ports")
+from kvctl.tier.server import free_base_port, free_port, port_in_use  # noqa: F401 - free_base_port re-exported for the tests
 
 
 def invoke(*args: str):

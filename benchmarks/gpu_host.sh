@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The GPU engine tests and the engine benchmark on the GPU host, after shared/gpu-host/install.sh has put vLLM's
+# CUDA build and this working tree's kvctl into /tmp/site (shared/gpu-host/README.md says how).
+#
+#   bash benchmarks/gpu_host.sh bench [OUT_DIR]    benchmarks/engine_gpu.py (Lite-shaped model, K = 1 and 4, sync + async)
+#   bash benchmarks/gpu_host.sh tests [OUT_DIR]    python -m pytest -m gpu tests/gpu (engine chains, faults, shutdown)
+#
+# Everything it prints also goes to OUT_DIR (default $OUT, else /tmp/gpu-out): logs survive a killed call.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:?bench or tests}
+out=${2:-${OUT:-/tmp/gpu-out}}
+mkdir -p "$out"
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+export VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# the tree's kvctl/ is a package whose connector/ and plugins/ live beside it (setup.cfg's package_dir): with the
+# tree first on sys.path (pytest's rootdir, the hooks' PYTHONPATH) it must be whole
+[ -e kvctl/connector ] || ln -s ../connector kvctl/connector
+[ -e kvctl/plugins ] || ln -s ../plugins kvctl/plugins
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv; nproc; free -g | head -2; } > "$out/host.txt" 2>&1
+case "$what" in
+  bench)
+    timeout "${BENCH_TIMEOUT_S:-540}" python3 benchmarks/engine_gpu.py --json "$out/engine_gpu.json" \
+      --logs "$out/engine_logs.tar.gz" --async --profile ${BENCH_ARGS:-} 2>&1 | tee "$out/engine_gpu.txt"
+    ;;
+  tests)
+    KVCTL_GPU_TEST_OUT="$out/gpu-tests" timeout "${TESTS_TIMEOUT_S:-540}" python3 -m pytest -m gpu tests/gpu \
+      -p no:cacheprovider -q -rs --timeout 1500 ${TEST_ARGS:-} 2>&1 | tee "$out/pytest.txt"
+    tar czf "$out/gpu-tests.tar.gz" -C "$out" gpu-tests 2>/dev/null && rm -rf "$out/gpu-tests"
+    ;;
+  *) echo "usage: $0 bench|tests [OUT_DIR]" >&2; exit 2 ;;
+esac

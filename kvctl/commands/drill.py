@@ -45,7 +45,7 @@ def drill_cmd(ctx: click.Context, scenario: str | None, run_all: bool, duration:
     kvctl drill samples            paths of the bundled samples and the commands that read them
     Everything runs on this machine on free loopback ports and is stopped at the end (also on
     Ctrl-C or SIGTERM). Exit code: 0 when diagnose reported what the drill planted, 7 when it
-    did not, 1 when the drill could not run.
+    did not, 8 when the drill could not run (a child died, the tier or engine did not start).
     """
     if scenario == "samples":
         _samples(as_json)

@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -26,7 +25,8 @@ from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.drill import scenarios as S
 from kvctl.drill.config import EngineSettings, write_config
 from kvctl.drill.workload import Sizes, Workload, sizes, write_trace
-from kvctl.errors import KvctlError
+from kvctl.errors import ExitStatus, InvalidInput, KvctlError
+from kvctl.procs import child_env, python_argv
 from kvctl.runbooks import runbook_for
 from kvctl.thresholds import RHO_HIGH, RHO_UNSTABLE
 from kvctl.tier import local
@@ -68,17 +68,42 @@ class DrillFailed(KvctlError):
     """Diagnose did not report what the drill planted."""
 
 
+class DrillNotRun(KvctlError):
+    """The drill could not run (a child died, the tier or the engine did not start): nothing was judged."""
+
+    exit_status = ExitStatus.DRILL_NOT_RUN
+
+
+def describe_exit(code: int) -> str:
+    """``exit code 1`` / ``SIGKILL``, for a child that ended."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return signal.Signals(-code).name
+    return f"exit code {code}"
+
+
 class _Procs:
-    """Child processes this drill started, by pid; stopped newest first."""
+    """Python child processes this drill started (``python -P``: never a ``./kvctl`` of the working
+    directory), by pid; stopped newest first."""
 
     def __init__(self) -> None:
         self.procs: list[tuple[str, subprocess.Popen]] = []
 
-    def start(self, name: str, argv: list[str], log: Path) -> subprocess.Popen:
+    def start(self, name: str, args: list[str], log: Path) -> subprocess.Popen:
+        """``python -P ARGS`` with its output in ``log``."""
         with open(log, "ab") as out:
-            p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            p = subprocess.Popen(python_argv(*args), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env())
         self.procs.append((name, p))
         return p
+
+    def ended(self) -> tuple[str, subprocess.Popen] | None:
+        """The first child that should still run and has ended: the engine whatever its code, another one
+        that failed."""
+        for name, p in self.procs:
+            code = p.poll()
+            if code is not None and (name == "engine" or code != 0):
+                return name, p
+        return None
 
     def stop(self, p: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
         if p.poll() is not None:
@@ -155,8 +180,8 @@ class Drill:
     def start_engine(self, settings: EngineSettings) -> Path:
         cfg = write_config(self.work / "engine.yaml", settings, async_loading=False)
         self.engine_port = free_port()
-        argv = [sys.executable, "-m", "kvctl.drill.engine", "--config", str(cfg), "--port", str(self.engine_port)]
-        self.engine = self.procs.start("engine", argv, self.work / "engine.log")
+        args = ["-m", "kvctl.drill.engine", "--config", str(cfg), "--port", str(self.engine_port)]
+        self.engine = self.procs.start("engine", args, self.work / "engine.log")
         self.wait_engine()
         self.say("start", f"drill engine pid {self.engine.pid} on http://127.0.0.1:{self.engine_port} ({settings.ranks} rank(s), "
                           f"synchronous loading, chunks of {self.sizes.chunk_bytes / 1e3:.1f} kB = {self.sizes.model}'s "
@@ -183,16 +208,25 @@ class Drill:
 
     def start_replay(self, workload: Workload) -> None:
         trace = write_trace(self.work / "trace.jsonl", workload)
-        argv = [sys.executable, "-m", "kvctl.cli", "replay", str(trace), "--url", self.url, "--out", str(self.work / "run.jsonl"),
+        args = ["-m", "kvctl.cli", "replay", str(trace), "--url", self.url, "--out", str(self.work / "run.jsonl"),
                 "--json", "--timeout", str(int(self.opts.duration_s * 2 + 30))]
-        self.replay = self.procs.start("replay", argv, self.work / "replay.log")
+        self.replay = self.procs.start("replay", args, self.work / "replay.log")
         self.say("start", f"replay: {len(trace.read_text().splitlines())} requests of {workload.prompt_tokens} tokens at "
                           f"λ = {workload.rate_per_s:.2f} req/s over {workload.duration_s:.0f} s, {workload.docs} shared documents "
                           f"(`kvctl replay trace.jsonl --url {self.url}`)")
 
     # --- watching ----------------------------------------------------------------------
 
+    def check_children(self) -> None:
+        """DrillNotRun when the engine or the replay has ended before the drill did (a drill without its
+        traffic or its engine has nothing to judge: that is not "diagnose missed")."""
+        ended = self.procs.ended()
+        if ended is not None:
+            name, p = ended
+            raise DrillNotRun(f"the drill could not run: its {name} (pid {p.pid}) ended with {describe_exit(p.returncode)} before the drill did")
+
     def sample(self, targets: list[Target]) -> cap.Sample:
+        self.check_children()
         return cap.take_sample([self.url], targets, SAMPLE_TIMEOUT_S)
 
     def analyse(self, a: cap.Sample, b: cap.Sample, targets: list[Target]) -> tuple[cap.Capture, Diagnosis]:
@@ -236,6 +270,7 @@ class Drill:
     def wait_for(self, what: str, cond: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            self.check_children()
             if cond():
                 return True
             time.sleep(0.25)
@@ -305,9 +340,9 @@ def _load_phase(dr: Drill, sc: S.Scenario, rho: float, async_after: bool) -> tup
     cfg = dr.work / "engine.yaml"
     assert dr.engine is not None
     restart = f"kill -HUP {dr.engine.pid}"
-    argv = [sys.executable, "-m", "kvctl.cli", "loading", "async", "--config", str(cfg), "--restart-cmd", restart, "--no-backup"]
+    argv = python_argv("-m", "kvctl.cli", "loading", "async", "--config", str(cfg), "--restart-cmd", restart, "--no-backup")
     dr.say("action", f"fix: kvctl loading async --config {cfg.name} --restart-cmd '{restart}'")
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=child_env())
     if r.returncode != 0:
         return False, f"`kvctl loading async` failed ({r.returncode}): {(r.stderr or r.stdout).strip()[-300:]}", found
     dr.wait_engine()
@@ -398,12 +433,18 @@ def run_drill(name: str, opts: DrillOptions, say: Say) -> DrillResult:
             ok, verdict, found = _stall(dr, sc)
         else:
             ok, verdict, found = _dead(dr, sc)
+        dr.check_children()
         if ok:
             dr.say("verdict", f"PASS: {verdict}. Fix: {sc.fix}" + (f"; runbook {sc.runbook}" if sc.runbook else ""))
         else:
             dr.say("verdict", f"FAIL: {verdict} (expected {sc.expect})")
         if dr.last_capture is not None and opts.keep_dir:
             cap.save_capture(dr.last_capture, dr.work / "capture")
+    except (InvalidInput, DrillNotRun):
+        raise
+    except KvctlError as e:
+        dr.check_children()  # a child that died is the cause: say that one
+        raise DrillNotRun(f"the drill could not run: {e}") from e
     finally:
         dr.cleanup()
     return DrillResult(sc.name, ok, opts.plant, sc.expect, found, sc.runbook, sc.fix, verdict,

@@ -3,7 +3,10 @@
 Every process it starts is recorded by pid the moment it exists (valkey-servers in the tier's state
 file by ``deploy-valkey up``'s own code) and stopped in ``finally``: a drill that ends, fails, or is
 interrupted (the command turns SIGINT/SIGTERM into an exception) leaves no process and no port
-behind. Only pids it started are signalled. Library code: no click; the narration goes to ``say``.
+behind. Only pids it started are signalled. Every child is this process's own (the valkey-servers
+too: their handles are held, so they are stopped and reaped even when the work dir is gone) and dies
+with it (PR_SET_PDEATHSIG): a SIGKILLed drill leaves no process, and the next drill removes its work
+dir (:mod:`kvctl.drill.workdir`). Library code: no click; the narration goes to ``say``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -26,11 +28,12 @@ from kvctl.drill import scenarios as S
 from kvctl.drill.config import EngineSettings, write_config
 from kvctl.drill.workload import Sizes, Workload, sizes, write_trace
 from kvctl.errors import ExitStatus, InvalidInput, KvctlError
-from kvctl.procs import child_env, python_argv
+from kvctl.drill.workdir import WorkDir, remove_stale
+from kvctl.procs import child_env, die_with_parent, python_argv
 from kvctl.runbooks import runbook_for
 from kvctl.thresholds import RHO_HIGH, RHO_UNSTABLE
 from kvctl.tier import local
-from kvctl.tier.server import free_port, port_in_use
+from kvctl.tier.server import ValkeyProcess, free_port, port_in_use
 from kvctl.tier.targets import Target, resolve_targets
 
 Say = Callable[[str], None]
@@ -92,7 +95,8 @@ class _Procs:
     def start(self, name: str, args: list[str], log: Path) -> subprocess.Popen:
         """``python -P ARGS`` with its output in ``log``."""
         with open(log, "ab") as out:
-            p = subprocess.Popen(python_argv(*args), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env())
+            p = subprocess.Popen(python_argv(*args), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(),
+                                 preexec_fn=die_with_parent())
         self.procs.append((name, p))
         return p
 
@@ -132,9 +136,12 @@ class Drill:
         self.diagnoses: list[dict[str, Any]] = []
         self.procs = _Procs()
         self.sizes: Sizes = sizes(opts.model_config)
-        self.work = Path(tempfile.mkdtemp(prefix=f"kvctl-drill-{scenario.name}-"))
+        remove_stale(lambda text: self.say("note", text), _stop_stale_tier)
+        self._dir = WorkDir(scenario.name)
+        self.work = self._dir.path
         self.tier_dir = self.work / "tier"
         self.tier_up = False
+        self.servers: list[ValkeyProcess] = []  # handles of the valkey-servers it started (stopped and reaped at cleanup)
         self.stopped: list[int] = []  # pids this drill SIGSTOPped (continued before the tier goes down)
         self.engine: subprocess.Popen | None = None
         self.engine_port = 0
@@ -158,7 +165,7 @@ class Drill:
             if any(port_in_use(base + r) for r in range(1, ranks)):
                 continue
             try:
-                local.up(local.UpRequest(dir=self.tier_dir, ranks=ranks, base_port=base, maxmemory=f"{32 * ranks}mb"))
+                local.up(local.UpRequest(dir=self.tier_dir, ranks=ranks, base_port=base, maxmemory=f"{32 * ranks}mb"), held=self.servers)
                 break
             except KvctlError as e:
                 last = e
@@ -289,12 +296,19 @@ class Drill:
         if self.tier_up:
             with contextlib.suppress(KvctlError, OSError):
                 local.down(self.tier_dir, purge=True)
+        for server in self.servers:  # also when the state file is gone; reaps what `down` stopped
+            server.stop()
         if self.opts.keep_dir:
             dest = Path(self.opts.keep_dir)
             if dest.exists():
                 shutil.rmtree(dest)
             shutil.copytree(self.work, dest, ignore=shutil.ignore_patterns("*.lock", ".kvctl-tier.lock"))
-        shutil.rmtree(self.work, ignore_errors=True)
+        self._dir.remove()
+
+
+def _stop_stale_tier(tier_dir: Path) -> int:
+    """Stop what the tier of a dead drill left running (through its state file); how many servers."""
+    return sum(r.result in ("stopped", "killed") for r in local.down(tier_dir, purge=True))
 
 
 # --- the scenarios ----------------------------------------------------------------------

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ import psutil
 from kvctl.drill import scenarios as S
 from kvctl.drill.run import Drill, DrillOptions
 from kvctl.errors import ExitStatus
+from kvctl.tier import local
 
 
 def _gone(pid: int) -> bool:
@@ -121,3 +124,63 @@ def test_a_child_that_dies_mid_drill_is_could_not_run_not_missed(tmp_path):
     assert p.returncode == ExitStatus.DRILL_NOT_RUN, (p.returncode, out[-2000:], err[-2000:])
     assert "replay" in err and "could not run" in err, err
     assert "Traceback" not in err
+# ----------------------------------------------------------------------------- item 7: lifetimes, reaping, stale dirs
+
+
+def test_a_sigkilled_drill_leaves_no_process_and_the_next_drill_removes_its_work_dir(tmp_path):
+    """SIGKILL cannot be caught: the valkey-server, engine and replay die with the drill (PR_SET_PDEATHSIG),
+    and the next drill reports the dead drill's work directory and removes it."""
+    p = _drill_cli(["overload", "--duration", "30"], tmp_path)
+    deadline = time.monotonic() + 60
+    for line in p.stdout:
+        if "replay:" in line or time.monotonic() > deadline:
+            break
+    children = psutil.Process(p.pid).children(recursive=True)
+    pids = [c.pid for c in children]
+    work = {m.group(1) for c in children for a in c.cmdline() if (m := re.search(r"(.*/kvctl-drill-overload-[^/]+)/", a))}
+    assert len(pids) >= 3 and len(work) == 1, ([c.cmdline() for c in children], work)
+    p.kill()
+    p.communicate(timeout=10)
+    try:
+        left = _wait_gone(pids, 10)
+        assert not left, [psutil.Process(x).cmdline() for x in left]
+    finally:
+        _kill(pids)
+    stale = Path(work.pop())
+    assert stale.is_dir()
+    said: list[str] = []
+    dr = Drill(S.SCENARIOS["overload"], DrillOptions(duration_s=8), said.append)
+    dr.cleanup()
+    assert not stale.exists()
+    assert any(str(stale) in s and "removed" in s for s in said), said
+
+
+def test_the_drill_reaps_the_valkey_servers_it_stops(tmp_path):
+    """After the drill stops its tier (as on SIGINT/SIGTERM), no valkey-server of it is left a zombie."""
+    dr = Drill(S.SCENARIOS["dead-instance"], DrillOptions(duration_s=8), lambda line: None)
+    try:
+        dr.start_tier(2)
+        pids = [i.pid for i in local.load_tier(dr.tier_dir).instances]
+    finally:
+        dr.cleanup()
+    try:
+        mine = {c.pid: c.status() for c in psutil.Process().children()}
+        assert not [pid for pid in pids if pid in mine], mine
+    finally:
+        _kill(pids)
+
+
+def test_a_work_dir_deleted_under_the_drill_still_has_its_servers_stopped(tmp_path):
+    """Another process deletes the drill's work dir (its tier state file with it): the drill stops the
+    valkey-servers it started through the handles it holds, not through the state file."""
+    dr = Drill(S.SCENARIOS["overload"], DrillOptions(duration_s=8), lambda line: None)
+    try:
+        dr.start_tier(1)
+        pids = [i.pid for i in local.load_tier(dr.tier_dir).instances]
+        shutil.rmtree(dr.work)
+    finally:
+        dr.cleanup()
+    try:
+        assert _wait_gone(pids, 5) == [], "a valkey-server of the drill is still running"
+    finally:
+        _kill(pids)

@@ -28,6 +28,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from kvctl.errors import InvalidInput, KvctlError
 from kvctl.thresholds import CONFIG_MAX_BYTES
@@ -90,13 +91,94 @@ def read_regular(path: Path | str, what: str, max_bytes: int = MAX_CONFIG_BYTES,
     return text if newline == "" else text.replace("\r\n", "\n").replace("\r", "\n")
 
 
+def read_tail(path: Path | str, max_bytes: int = 4096) -> str:
+    """The last ``max_bytes`` of a regular file kvctl wrote (a child's log), as text; "" when unreadable.
+
+    Never follows a link, never blocks on a FIFO; a partial first line is dropped."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return ""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return ""
+        start = max(0, st.st_size - max_bytes)
+        data = os.pread(fd, max_bytes, start)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    text = data.decode("utf-8", errors="replace")
+    return text.split("\n", 1)[-1] if start and "\n" in text else text
+
+
 # --- creating ---------------------------------------------------------------------------
+
+
+def probe_writable(directory: Path | str) -> None:
+    """OSError unless a file can be created in ``directory`` (tried, then removed: the mode bits do not
+    tell, for root or on a read-only mount)."""
+    fd, name = tempfile.mkstemp(prefix=TMP_MARK, dir=directory)
+    os.close(fd)
+    os.unlink(name)
+
+
+def copy_file_new(src: Path | str, dest: Path | str) -> None:
+    """Copy the regular file ``src`` to the new file ``dest`` (never an existing one, never through a link:
+    :func:`create_private`), with ``src``'s permission bits, fsynced. A failed copy leaves no ``dest``."""
+    with open(src, "rb") as inp, _filling(dest, create_private(dest)) as fd:
+        while block := inp.read(1 << 20):
+            write_all(fd, block)
+        os.fchmod(fd, stat.S_IMODE(os.fstat(inp.fileno()).st_mode))
+        os.fsync(fd)
+
+
+def copy_tree_new(src: Path | str, dest: Path | str, skip: tuple[str, ...] = ()) -> None:
+    """Copy the tree ``src`` into ``dest``, which must be missing (it is created, parents too) or an empty
+    directory (not a link): nothing that exists is ever overwritten or removed. Links and special files in
+    ``src`` and names in ``skip`` are left out. OSError when something is in the way."""
+    dest = Path(dest)
+    try:
+        os.makedirs(dest)
+    except FileExistsError:
+        st = os.lstat(dest)
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory (or a symbolic link)", str(dest)) from None
+        if os.listdir(dest):
+            raise OSError(errno.ENOTEMPTY, "not empty", str(dest)) from None
+    for root, dirs, names in os.walk(src):
+        out = dest / os.path.relpath(root, src)
+        for d in list(dirs):
+            st = os.lstat(Path(root) / d)
+            if stat.S_ISDIR(st.st_mode):
+                os.mkdir(out / d, stat.S_IMODE(st.st_mode) | 0o700)
+            else:  # a link to a directory: left out, not descended into
+                dirs.remove(d)
+        for n in names:
+            path = Path(root) / n
+            if n in skip or not stat.S_ISREG(os.lstat(path).st_mode):
+                continue
+            copy_file_new(path, out / n)
 
 
 def create_private(path: Path | str) -> int:
     """A new file at ``path``, mode 0600 from the start, opened for writing: never an existing file, never
     through a symlink (``O_CREAT|O_EXCL|O_NOFOLLOW``). FileExistsError when the name is taken."""
     return os.open(path, _PRIVATE_FLAGS, 0o600)
+
+
+@contextlib.contextmanager
+def _filling(path: Path | str, fd: int) -> Iterator[int]:
+    """``fd``, a file just created at ``path``, closed at the end; ``path`` removed when the body fails."""
+    try:
+        yield fd
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -156,16 +238,10 @@ def write_backup(real: Path, attempts: int = 5) -> Path:
             fd = create_private(bak)
         except FileExistsError:
             continue
-        try:
+        with _filling(bak, fd):
             write_all(fd, data)
             copy_owner_and_mode(fd, st, real)
             os.fsync(fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(bak)
-            raise
-        finally:
-            os.close(fd)
         return bak
     raise KvctlError(f"cannot create a backup next to {real}: {attempts} random names were taken")
 

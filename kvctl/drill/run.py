@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -28,7 +27,7 @@ from kvctl.drill import scenarios as S
 from kvctl.drill.config import EngineSettings, write_config
 from kvctl.drill.workload import Sizes, Workload, sizes, write_trace
 from kvctl.errors import ExitStatus, InvalidInput, KvctlError
-from kvctl.drill.workdir import WorkDir, remove_stale
+from kvctl.drill.workdir import WorkDir, check_keep, keep, quote_log, remove_stale
 from kvctl.procs import child_env, die_with_parent, python_argv
 from kvctl.runbooks import runbook_for
 from kvctl.thresholds import RHO_HIGH, RHO_UNSTABLE
@@ -142,6 +141,7 @@ class Drill:
         self.tier_dir = self.work / "tier"
         self.tier_up = False
         self.servers: list[ValkeyProcess] = []  # handles of the valkey-servers it started (stopped and reaped at cleanup)
+        self.keep_error: str | None = None  # why --keep could not be written at cleanup
         self.stopped: list[int] = []  # pids this drill SIGSTOPped (continued before the tier goes down)
         self.engine: subprocess.Popen | None = None
         self.engine_port = 0
@@ -200,14 +200,14 @@ class Drill:
         deadline = time.monotonic() + ENGINE_START_S
         while time.monotonic() < deadline:
             if self.engine.poll() is not None:
-                raise KvctlError(f"the drill engine exited with {self.engine.returncode}; see {self.work / 'engine.log'}")
+                raise KvctlError(f"the drill engine ended with {describe_exit(self.engine.returncode)}; {self.quote_log('engine')}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=1.0) as r:  # noqa: S310 - loopback
                     if r.status == 200:
                         return
             except OSError:
                 time.sleep(0.1)
-        raise KvctlError(f"the drill engine did not answer within {ENGINE_START_S:g} s; see {self.work / 'engine.log'}")
+        raise KvctlError(f"the drill engine did not answer within {ENGINE_START_S:g} s; {self.quote_log('engine')}")
 
     @property
     def url(self) -> str:
@@ -230,7 +230,13 @@ class Drill:
         ended = self.procs.ended()
         if ended is not None:
             name, p = ended
-            raise DrillNotRun(f"the drill could not run: its {name} (pid {p.pid}) ended with {describe_exit(p.returncode)} before the drill did")
+            raise DrillNotRun(f"the drill could not run: its {name} (pid {p.pid}) ended with {describe_exit(p.returncode)} "
+                              f"before the drill did; {self.quote_log(name)}")
+
+    def quote_log(self, name: str) -> str:
+        """The end of child ``name``'s log, for an error (the work dir is removed before it is shown)."""
+        kept = Path(self.opts.keep_dir) / f"{name}.log" if self.opts.keep_dir else None
+        return quote_log(self.work / f"{name}.log", kept)
 
     def sample(self, targets: list[Target]) -> cap.Sample:
         self.check_children()
@@ -287,23 +293,23 @@ class Drill:
     # --- stopping ----------------------------------------------------------------------
 
     def cleanup(self) -> None:
-        for pid in self.stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-        if self.replay is not None:
-            self.procs.stop(self.replay, signal.SIGINT)  # the replay closes its run file on SIGINT
-        self.procs.stop_all()
-        if self.tier_up:
-            with contextlib.suppress(KvctlError, OSError):
-                local.down(self.tier_dir, purge=True)
-        for server in self.servers:  # also when the state file is gone; reaps what `down` stopped
-            server.stop()
-        if self.opts.keep_dir:
-            dest = Path(self.opts.keep_dir)
-            if dest.exists():
-                shutil.rmtree(dest)
-            shutil.copytree(self.work, dest, ignore=shutil.ignore_patterns("*.lock", ".kvctl-tier.lock"))
-        self._dir.remove()
+        """Stop everything, copy the work dir to --keep (``keep_error`` says why not), always remove the work dir."""
+        try:
+            for pid in self.stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            if self.replay is not None:
+                self.procs.stop(self.replay, signal.SIGINT)  # the replay closes its run file on SIGINT
+            self.procs.stop_all()
+            if self.tier_up:
+                with contextlib.suppress(KvctlError, OSError):
+                    local.down(self.tier_dir, purge=True)
+            for server in self.servers:  # also when the state file is gone; reaps what `down` stopped
+                server.stop()
+            if self.opts.keep_dir:
+                self.keep_error = keep(self.work, self.opts.keep_dir)
+        finally:
+            self._dir.remove()
 
 
 def _stop_stale_tier(tier_dir: Path) -> int:
@@ -437,6 +443,8 @@ def _dead(dr: Drill, sc: S.Scenario) -> tuple[bool, str, list[str]]:
 def run_drill(name: str, opts: DrillOptions, say: Say) -> DrillResult:
     """Run scenario ``name``; the result says whether diagnose found what the drill planted."""
     sc = S.SCENARIOS[name]
+    if opts.keep_dir:
+        check_keep(opts.keep_dir)
     dr = Drill(sc, opts, say)
     dr.say("start", f"drill {sc.name}: {sc.summary}" + ("" if opts.plant else " (--plant-nothing: the fault is left out)"))
     try:
@@ -461,5 +469,7 @@ def run_drill(name: str, opts: DrillOptions, say: Say) -> DrillResult:
         raise DrillNotRun(f"the drill could not run: {e}") from e
     finally:
         dr.cleanup()
+    if dr.keep_error:
+        raise KvctlError(dr.keep_error)
     return DrillResult(sc.name, ok, opts.plant, sc.expect, found, sc.runbook, sc.fix, verdict,
                        round(time.monotonic() - dr.t0, 2), dr.steps, dr.diagnoses, opts.keep_dir)

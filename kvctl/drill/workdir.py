@@ -1,5 +1,5 @@
-"""The drill's work directory: created private under the temp dir, held by a lock for the drill's life,
-and cleared by the next drill when the drill that made it died.
+"""The drill's directories: its work dir (created under the temp dir, held by a lock for the drill's life,
+cleared by the next drill when the drill that made it died) and the ``--keep`` copy of it.
 
 A work dir is ``$TMPDIR/kvctl-drill-<scenario>-<random>/`` holding ``.kvctl-drill.lock``, which its
 drill holds (``flock``) as long as it lives; the kernel lets go of the lock when the drill dies, even by
@@ -7,7 +7,11 @@ SIGKILL. The lock file appears under its name only once locked (it is locked und
 renamed), so a lock that can be taken belongs to a drill that is gone. :func:`remove_stale` stops what
 such a drill's tier left (through its state file; its children die with it anyway, PR_SET_PDEATHSIG) and
 removes the directory. Only directories of this user, named so, holding that lock file are touched: never
-anything kvctl did not create. Library code: no click.
+anything kvctl did not create.
+
+``--keep DIR`` (:func:`check_keep`, before anything starts): DIR is new, or an empty directory that is
+not a link, and a file can really be created there; the copy (:func:`kvctl.files.copy_tree_new`) never
+overwrites or removes anything. Library code: no click.
 """
 
 from __future__ import annotations
@@ -22,12 +26,16 @@ from pathlib import Path
 from typing import Callable
 
 from kvctl import files
-from kvctl.errors import KvctlError
+from kvctl.errors import InvalidInput, KvctlError
+from kvctl.tier.local import LOCK_FILE as TIER_LOCK
 
 PREFIX = "kvctl-drill-"
 LOCK = ".kvctl-drill.lock"
 #: what a kept copy of the work dir leaves out (locks of the drill and of its tier)
-NOT_KEPT = (LOCK, ".kvctl-tier.lock")
+NOT_KEPT = (LOCK, TIER_LOCK)
+#: how much of a child's log an error quotes
+LOG_TAIL_LINES = 6
+LOG_TAIL_CHARS = 800
 
 
 class WorkDir:
@@ -78,3 +86,57 @@ def remove_stale(say: Callable[[str], None], stop_tier: Callable[[Path], int]) -
         finally:
             os.close(fd)
     return removed
+
+
+def check_keep(path: str) -> None:
+    """InvalidInput unless ``--keep PATH`` can take the drill's files without losing anything: PATH is
+    new (under a directory where it can be created) or an empty directory, not a link, and writable."""
+    p = Path(path)
+    try:
+        st: os.stat_result | None = os.lstat(p)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise InvalidInput(f"--keep {path}: {e.strerror or e}; nothing was started") from e
+    if st is None:
+        where = next(a for a in p.absolute().parents if os.path.lexists(a))
+        if not where.is_dir():
+            raise InvalidInput(f"--keep {path} cannot be created: {where} is not a directory; nothing was started")
+    elif stat.S_ISLNK(st.st_mode):
+        raise InvalidInput(f"--keep {path} is a symbolic link: refused (give the directory itself, or a new one); nothing was started")
+    elif not stat.S_ISDIR(st.st_mode):
+        raise InvalidInput(f"--keep {path} exists and is not a directory: refused; nothing was started")
+    else:
+        where = p
+        try:
+            full = bool(os.listdir(p))
+        except OSError as e:
+            raise InvalidInput(f"--keep {path} cannot be read ({e.strerror}): refused; nothing was started") from e
+        if full:
+            raise InvalidInput(f"--keep {path} is not empty: refused, nothing was started (kvctl never deletes what it did not "
+                               "create: give a new or an empty directory)")
+    try:
+        files.probe_writable(where)
+    except OSError as e:
+        what = f"{path} cannot be written" if st is not None else f"{path} cannot be created ({where} cannot be written)"
+        raise InvalidInput(f"--keep {what}: {e.strerror or e}; nothing was started") from e
+
+
+def keep(work: Path, dest: str) -> str | None:
+    """Copy the work dir ``work`` to ``--keep dest``; the one-line reason when that failed, else None."""
+    try:
+        files.copy_tree_new(work, dest, skip=NOT_KEPT)
+    except OSError as e:
+        where = f" at {e.filename}" if e.filename and str(e.filename) != dest else ""
+        return f"--keep {dest}: the drill's files could not be copied there ({e.strerror or e}{where}); its work dir was removed"
+    return None
+
+
+def quote_log(log: Path, kept_as: Path | None = None) -> str:
+    """The last lines of a child's log in one line (it goes into an error; the log itself is removed with
+    the work dir), and where the kept copy is, if any."""
+    lines = [ln.strip() for ln in files.read_tail(log).splitlines() if ln.strip()][-LOG_TAIL_LINES:]
+    text = " | ".join(lines)
+    text = text if len(text) <= LOG_TAIL_CHARS else "..." + text[-LOG_TAIL_CHARS:]
+    where = f" (kept as {kept_as})" if kept_as is not None else ""
+    return f"its log{where} ends: {text}" if text else f"its log{where} is empty"

@@ -347,23 +347,27 @@ def stage(real: Path, text: str) -> TempFile:
     return tmp
 
 
-def write_atomic(path: Path | str, text: str, mode: int | None = None) -> Path:
-    """Replace ``path`` with ``text`` in one rename.
+def write_atomic(path: Path | str, text: str | bytes, mode: int | None = None) -> Path:
+    """Replace ``path`` with ``text`` (str, written as UTF-8, or bytes) in one rename.
 
     ``mode``: the file's permission bits (default: an existing file's, else 0666
     less the umask, as ``open()`` would give). A secret passes 0o600: the temp
-    file is created owner-only, so the text is never readable by others.
+    file is created owner-only, so the text is never readable by others. A link
+    at ``path`` is replaced, never written through (nor its target's mode taken).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if mode is None:
         try:
-            mode = path.stat().st_mode & 0o7777
+            st = os.lstat(path)
+            mode = st.st_mode & 0o7777 if not stat.S_ISLNK(st.st_mode) else None
         except FileNotFoundError:
-            mode = 0o666 & ~_umask()
+            pass
+    if mode is None:
+        mode = 0o666 & ~_umask()
     tmp = open_temp(path)
     try:
-        write_all(tmp.fd, text.encode("utf-8"))
+        write_all(tmp.fd, text.encode("utf-8") if isinstance(text, str) else text)
         os.fsync(tmp.fd)
         os.fchmod(tmp.fd, mode)
         tmp.commit()

@@ -8,7 +8,8 @@ One place for the three things every reader of an engine URL needs (``diagnose``
   from ``--engine-api-key-file`` or ``$KVCTL_ENGINE_API_KEY`` becomes ``Authorization: Bearer``.
   Credentials in the URL win for that URL.
 * **masking** — :func:`masked` hides the password and the values of secret-looking query
-  parameters (``access_token``, ``api_key``, ``token``, ...) in every URL kvctl prints, labels or saves.
+  parameters (:data:`SECRET_NAME_PARTS`: ``access_token``, ``jwt``, ``bearer``, ``api_key``, ...) in every
+  URL kvctl prints, labels or saves.
 * **a bounded read** — :func:`get` reads at most ``max_bytes`` (``--max-metrics-bytes``,
   16 MiB by default) within one deadline for the whole answer; an :class:`Inflight` registry
   lets a stopping exporter cut every open read at once.
@@ -33,8 +34,12 @@ from kvctl.thresholds import METRICS_MAX_BYTES
 
 API_KEY_ENV = "KVCTL_ENGINE_API_KEY"
 MASK = "***"
-#: query parameters whose values are masked in printed and saved URLs
-_SECRET_PARAM = re.compile(r"token|key|secret|pass|auth|sig|cred|session", re.I)
+#: A query parameter whose name holds one of these (any case, anywhere in the name: ``access_token``,
+#: ``X-Amz-Signature``, ``id_jwt``, ``client_secret``, ``passwd``) has its value masked in every URL
+#: kvctl prints, labels or saves (docs/reliability.md lists them).
+SECRET_NAME_PARTS = ("token", "jwt", "bearer", "key", "secret", "pass", "pwd", "auth", "sig", "cred", "session", "cookie",
+                     "otp", "code", "ticket", "nonce", "hmac", "private")
+_SECRET_PARAM = re.compile("|".join(SECRET_NAME_PARTS), re.I)
 #: what :class:`TooLarge` errors say, so an analysis can tell "over the cap" from "down"
 TOO_LARGE = "over the /metrics size cap"
 MAX_REDIRECTS = 3

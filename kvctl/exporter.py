@@ -219,7 +219,7 @@ class Exporter:
         clock: Callable[[], float] = time.time,
     ) -> None:
         check_config(cfg)
-        urls, _ = cap.unique_engine_urls(cfg.engine_urls)
+        urls, self.merged = cap.unique_engine_urls(cfg.engine_urls)  # (dropped, kept): one engine spelled twice
         self.cfg = cfg
         self.engine_urls = urls  # as given, credentials included: only for connecting
         self.engine_labels = [masked(u) for u in urls]  # what is labelled, printed and analysed

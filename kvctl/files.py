@@ -21,17 +21,19 @@ import contextlib
 import datetime as _dt
 import errno
 import fcntl
+import json
 import logging
 import os
+import re
 import secrets
 import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from kvctl.errors import InvalidInput, KvctlError
-from kvctl.thresholds import CONFIG_MAX_BYTES
+from kvctl.thresholds import CONFIG_MAX_BYTES, JSON_MAX_DEPTH
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +53,16 @@ def _umask() -> int:
 # --- reading ----------------------------------------------------------------------------
 
 
-def read_regular(path: Path | str, what: str, max_bytes: int = MAX_CONFIG_BYTES, *, newline: str | None = "") -> str:
+def read_regular(path: Path | str, what: str, max_bytes: int = MAX_CONFIG_BYTES, *, newline: str | None = "",
+                 kind: str = "a config file") -> str:
     """The UTF-8 text of ``path``, refused (InvalidInput naming ``what``, never quoting the file) unless it
-    is a regular file of at most ``max_bytes``.
+    is a regular file of at most ``max_bytes`` (the cap for ``kind`` of file, as the message says).
 
     Opened ``O_NONBLOCK`` so a FIFO cannot hang the open; the type and size come from ``fstat`` of that
     open file (no race with a swap of the name); at most ``max_bytes + 1`` bytes are ever read.
     ``newline=""`` keeps CRLF as it is (kvctl edits line by line); None translates it like ``open()``.
     """
+    unchanged = "; the file was not changed" if kind == "a config file" else ""  # kvctl edits config files
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
@@ -66,9 +70,9 @@ def read_regular(path: Path | str, what: str, max_bytes: int = MAX_CONFIG_BYTES,
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise InvalidInput(f"{what} {path} is not a regular file (a FIFO, device or directory): refused; the file was not changed")
+            raise InvalidInput(f"{what} {path} is not a regular file (a FIFO, device or directory): refused{unchanged}")
         if st.st_size > max_bytes:
-            raise InvalidInput(f"{what} {path} is {st.st_size:,} bytes, over the {max_bytes:,}-byte cap for a config file: refused")
+            raise InvalidInput(f"{what} {path} is {st.st_size:,} bytes, over the {max_bytes:,}-byte cap for {kind}: refused")
         os.set_blocking(fd, True)
         chunks, total = [], 0
         while total <= max_bytes:
@@ -78,7 +82,7 @@ def read_regular(path: Path | str, what: str, max_bytes: int = MAX_CONFIG_BYTES,
             chunks.append(block)
             total += len(block)
         if total > max_bytes:
-            raise InvalidInput(f"{what} {path} grew past the {max_bytes:,}-byte cap for a config file while read: refused")
+            raise InvalidInput(f"{what} {path} grew past the {max_bytes:,}-byte cap for {kind} while read: refused")
     except OSError as e:
         raise InvalidInput(f"cannot read {what} {path}: {e.strerror or e}") from e
     finally:
@@ -87,8 +91,40 @@ def read_regular(path: Path | str, what: str, max_bytes: int = MAX_CONFIG_BYTES,
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise InvalidInput(f"{what} {path} is not UTF-8 text ({e.reason} at byte {e.start}); the file was not changed") from e
+        raise InvalidInput(f"{what} {path} is not UTF-8 text ({e.reason} at byte {e.start}){unchanged}") from e
     return text if newline == "" else text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included (linear: no nested repeats)
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def json_too_deep(text: str, max_depth: int = JSON_MAX_DEPTH) -> bool:
+    """Whether the JSON ``text`` nests arrays/objects deeper than ``max_depth`` (checked before parsing: the
+    parser's own limit is a RecursionError, and a deep enough document can take the stack)."""
+    if text.count("[") + text.count("{") <= max_depth:
+        return False
+    depth = 0
+    for m in _JSON_BRACKET.finditer(_JSON_STRING.sub('""', text)):
+        if m.group() in "[{":
+            depth += 1
+            if depth > max_depth:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def read_json(path: Path | str, what: str, max_bytes: int, kind: str) -> Any:
+    """The JSON value in ``path``: read by :func:`read_regular` (``max_bytes``, named ``kind``), nested at most
+    JSON_MAX_DEPTH levels; InvalidInput, one line, otherwise."""
+    text = read_regular(path, what, max_bytes, kind=kind)
+    if json_too_deep(text):
+        raise InvalidInput(f"{what} {path} is nested too deeply (more than {JSON_MAX_DEPTH} levels): refused, not {kind}")
+    try:
+        return json.loads(text)
+    except ValueError as e:  # a JSONDecodeError, or an integer past Python's digit limit
+        raise InvalidInput(f"{what} {path} is not {kind}: {str(e).split(';')[0]}") from e
 
 
 def read_tail(path: Path | str, max_bytes: int = 4096) -> str:

@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from kvctl import files
 from kvctl.errors import InvalidInput
 from kvctl.replay.trace import json_lines, malformed
+from kvctl.thresholds import TRACE_MAX_BYTES
 
 #: How replay's rows for requests still open at a stop signal begin their status (not errors of the engine).
 INTERRUPTED = "interrupted"
@@ -160,10 +162,7 @@ def _torn_last_line(text: str, errors: list[str]) -> str | None:
 def read_run(path: str | Path) -> Run:
     """Read a run file; InvalidInput names the file and line of anything malformed."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise InvalidInput(f"cannot read run file {p}: {getattr(e, 'strerror', None) or e}") from e
+    text = files.read_regular(p, "run file", TRACE_MAX_BYTES, kind="a run file")
     metadata: dict[str, Any] | None = None
     summary = None
     rows: list[dict[str, Any]] = []

@@ -29,7 +29,7 @@ from typing import IO, Any
 
 from kvctl import files
 from kvctl.errors import InvalidInput
-from kvctl.replay.trace import json_lines, malformed
+from kvctl.replay.trace import MAX_TOKENS, json_lines, malformed
 from kvctl.thresholds import TRACE_MAX_BYTES
 
 #: How replay's rows for requests still open at a stop signal begin their status (not errors of the engine).
@@ -95,6 +95,11 @@ def _is_count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
+def _is_tokens(v: Any) -> bool:
+    """A token count within the one stated cap on prompts (replay's MAX_TOKENS)."""
+    return _is_count(v) and v <= MAX_TOKENS
+
+
 def _shown(v: Any) -> str:
     text = repr(v)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -103,7 +108,8 @@ def _shown(v: Any) -> str:
 #: Optional row fields and what each must be when present and not null.
 _ROW_TYPES = (
     ("sent_s", _is_number, "a number"), ("first_token_s", _is_number, "a number"), ("finished_s", _is_number, "a number"),
-    ("prompt_tokens", _is_count, "a non-negative integer"), ("cached_tokens", _is_count, "a non-negative integer"),
+    ("prompt_tokens", _is_tokens, f"a non-negative integer up to {MAX_TOKENS:,}"),
+    ("cached_tokens", _is_tokens, f"a non-negative integer up to {MAX_TOKENS:,}"),
     ("in_flight", _is_count, "a non-negative integer"), ("index", _is_count, "a non-negative integer"),
     ("capped", lambda v: isinstance(v, bool), "true or false"),
 )

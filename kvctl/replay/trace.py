@@ -34,7 +34,8 @@ DEFAULT_BLOCK_TOKENS = 512
 #: How many malformed lines one error message lists.
 MAX_LISTED_ERRORS = 5
 #: The stated caps on a trace line. Prompt and output tokens: 10 million, past the longest context any
-#: model declares (``kvctl replay`` also holds prompts to the engine's own ``max_model_len``).
+#: model declares (``kvctl replay`` also holds prompts to the engine's own ``max_model_len``). The one bound
+#: on a prompt's tokens: a run file's ``prompt_tokens``/``cached_tokens`` (report, ``--fit-from``) obey it too.
 MAX_TOKENS = 10_000_000
 #: An offset (``timestamp`` ms / 1000, or ``offset_s``) as written: up to 10^12 s, room for Unix-epoch
 #: times, refused past it (a number past a float's range never reaches arithmetic).

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
-from tests.hostile.helpers import kvctl, limits, run_row
+from kvctl.replay.trace import MAX_TOKENS
+from tests.hostile.helpers import kvctl, limits, run_row, write_run_file
 
 MODEL = ["--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--t0", "0.33"]
 POISSON = ["--rate", "1.21", "--prompt-tokens", "16310", "--requests", "200"]
@@ -87,3 +87,23 @@ def test_simulate_reads_its_files_with_the_same_caps(tmp_path):
     _refused(res, "not a regular file")
     res = kvctl(["simulate", *POISSON, *MODEL, "--bench", "/dev/zero"], tmp_path / "home", timeout_s=20)
     _refused(res, "not a regular file")
+
+
+# ----------------------------------------------------------------------------- item 12: one bound on prompt tokens
+
+
+@pytest.mark.parametrize("field", ["prompt_tokens", "cached_tokens"])
+def test_fit_from_refuses_token_counts_past_replays_cap(tmp_path, field):
+    """A run-file row with prompt_tokens 1e18 still gave a PLAN; replay caps prompts at 10M tokens (MAX_TOKENS)."""
+    rows = [run_row(i) for i in range(12)]
+    rows[3][field] = 10**18
+    run = write_run_file(tmp_path / "run.jsonl", rows)
+    res = kvctl(plan_args("--fit-from", str(run)), tmp_path / "home", timeout_s=20)
+    _refused(res, f"line 5: {field}")
+    assert f"{MAX_TOKENS:,}" in res.output
+
+
+def test_fit_from_at_the_cap_is_still_read(tmp_path):
+    rows = [run_row(i, prompt_tokens=MAX_TOKENS, cached_tokens=MAX_TOKENS) for i in range(12)]
+    res = kvctl([*plan_args("--fit-from", str(write_run_file(tmp_path / "run.jsonl", rows))), "--json"], tmp_path / "home", timeout_s=30)
+    assert res.returncode == 0, res.output[-1500:]

@@ -81,6 +81,9 @@ EXPORTER_WINDOW_SAMPLES = 64
 SIMULATE_BYTES_PER_REQUEST = 160
 SIMULATE_FLEET_BYTES_PER_REQUEST = 512
 SIMULATE_MEMORY_FRACTION = 0.8
+#: Seconds ``kvctl plan`` may spend simulating: past it, or once the points simulated so far say the rest
+#: would take longer, the search is refused with what was asked (instance counts × loadings, requests, engines).
+PLAN_MAX_SECONDS = 60.0
 
 # --- the tier's own settings (kvctl doctor's Valkey lines, docs/runbooks/tier_settings.md) --
 

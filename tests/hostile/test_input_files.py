@@ -107,3 +107,22 @@ def test_fit_from_at_the_cap_is_still_read(tmp_path):
     rows = [run_row(i, prompt_tokens=MAX_TOKENS, cached_tokens=MAX_TOKENS) for i in range(12)]
     res = kvctl([*plan_args("--fit-from", str(write_run_file(tmp_path / "run.jsonl", rows))), "--json"], tmp_path / "home", timeout_s=30)
     assert res.returncode == 0, res.output[-1500:]
+
+
+# ----------------------------------------------------------------------------- item 6: plan's budget
+
+
+def test_plan_refuses_a_search_past_its_time_budget_saying_how_much_was_asked(tmp_path):
+    """``--max-instances 4096 --engines 1024`` still ran after 90 s; now it stops within seconds with the figures."""
+    res = kvctl(["plan", "--rate", "1.21", "--prompt-tokens", "16310", *MODEL, "--instance-gbps", "1", "--slo-p99", "0.8",
+                 "--max-instances", "4096", "--engines", "1024"], tmp_path / "home", timeout_s=40)
+    _refused(res, "budget")
+    flat = " ".join(res.output.split())
+    assert "4,096" in flat and "1,024" in flat and "20,000" in flat, flat
+
+
+def test_plan_refuses_requests_that_do_not_fit_in_memory(tmp_path):
+    """simulate refused what did not fit; plan went on and died of a MemoryError."""
+    res = kvctl(["plan", "--rate", "1.21", "--prompt-tokens", "16310", *MODEL, "--instance-gbps", "1", "--slo-p99", "5",
+                 "--requests", "10000000", "--engines", "8"], tmp_path / "home", timeout_s=40, preexec=limits(as_bytes=2 << 30))
+    _refused(res, "--requests 10,000,000 needs about")

@@ -8,7 +8,8 @@ One place for the three things every reader of an engine URL needs (``diagnose``
   from ``--engine-api-key-file`` or ``$KVCTL_ENGINE_API_KEY`` becomes ``Authorization: Bearer``.
   Credentials in the URL win for that URL.
 * **masking** — :func:`masked` hides the password and the values of secret-looking query
-  parameters (``access_token``, ``api_key``, ``token``, ...) in every URL kvctl prints, labels or saves.
+  parameters (:data:`SECRET_NAME_PARTS`: ``access_token``, ``jwt``, ``bearer``, ``api_key``, ...) in every
+  URL kvctl prints, labels or saves.
 * **a bounded read** — :func:`get` reads at most ``max_bytes`` (``--max-metrics-bytes``,
   16 MiB by default) within one deadline for the whole answer; an :class:`Inflight` registry
   lets a stopping exporter cut every open read at once.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import http.client
+import io
 import os
 import re
 import socket
@@ -32,8 +34,12 @@ from kvctl.thresholds import METRICS_MAX_BYTES
 
 API_KEY_ENV = "KVCTL_ENGINE_API_KEY"
 MASK = "***"
-#: query parameters whose values are masked in printed and saved URLs
-_SECRET_PARAM = re.compile(r"token|key|secret|pass|auth|sig|cred|session", re.I)
+#: A query parameter whose name holds one of these (any case, anywhere in the name: ``access_token``,
+#: ``X-Amz-Signature``, ``id_jwt``, ``client_secret``, ``passwd``) has its value masked in every URL
+#: kvctl prints, labels or saves (docs/reliability.md lists them).
+SECRET_NAME_PARTS = ("token", "jwt", "bearer", "key", "secret", "pass", "pwd", "auth", "sig", "cred", "session", "cookie",
+                     "otp", "code", "ticket", "nonce", "hmac", "private")
+_SECRET_PARAM = re.compile("|".join(SECRET_NAME_PARTS), re.I)
 #: what :class:`TooLarge` errors say, so an analysis can tell "over the cap" from "down"
 TOO_LARGE = "over the /metrics size cap"
 MAX_REDIRECTS = 3
@@ -82,6 +88,45 @@ def read_api_key(path: str | None) -> str | None:
             raise InvalidInput(f"--engine-api-key-file {path} must hold one line, the key")
         return key
     return os.environ.get(API_KEY_ENV) or None
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket read for http.client under one deadline: every read gets only what is left of it, so an
+    answer that drips (a byte of its status line every few hundred ms) cannot outlast it."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._sock, self._deadline = sock, deadline
+        self._raw = sock.makefile("rb", buffering=0)  # holds the socket open after http.client lets go of it
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int | None:  # noqa: ANN001 - a writable buffer
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the deadline for the whole answer passed")
+        self._sock.settimeout(left)
+        return self._raw.readinto(b)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+        super().close()
+
+
+class _DeadlineSocket:
+    """The connection's socket as :class:`http.client.HTTPResponse` sees it: reads through a
+    :class:`_DeadlineReader` (status line, headers and body alike); everything else is the socket's."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock, self._deadline = sock, deadline
+
+    def makefile(self, mode: str = "rb", *args: object, **kwargs: object) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._sock, name)
 
 
 class Inflight:
@@ -177,7 +222,7 @@ class EngineHttp:
             if reg is not None:
                 reg.add(sock)
             conn.request("GET", target, headers={"Accept": accept, "User-Agent": "kvctl", **headers})
-            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            conn.sock = _DeadlineSocket(sock, deadline)  # the status line and headers are read under the deadline too
             resp = conn.getresponse()
             if resp.status in (301, 302, 303, 307, 308) and resp.getheader("Location"):
                 return resp.status, resp.getheader("Location"), b""
@@ -189,7 +234,6 @@ class EngineHttp:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise Unreachable(f"engine {shown} timed out: the answer was not read within {timeout_s:g} s ({total:,} bytes so far)")
-                sock.settimeout(left)
                 block = resp.read1(1 << 16)
                 if not block:
                     return resp.status, None, b"".join(chunks)

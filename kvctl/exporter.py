@@ -18,7 +18,9 @@ slow or dead component never blocks a scrape:
 
 * ``kvctl_engine_up`` / ``kvctl_valkey_up`` come from the newest sample and
   drop to 0 when a source did not answer, or when the sampler itself has not
-  finished a round for ``stale_after_s``;
+  finished a round for ``stale_after_s``. Each engine is published on its own: a
+  slow one costs the round at most ``timeout_s`` (one deadline for its whole
+  answer), and its going ``up 0`` is logged with the reason;
 * every other series keeps its last good value while a component is missing,
   and disappears once that value is older than ``stale_after_s`` (an analysis
   with every component answering replaces the series outright).
@@ -217,7 +219,7 @@ class Exporter:
         clock: Callable[[], float] = time.time,
     ) -> None:
         check_config(cfg)
-        urls, _ = cap.unique_engine_urls(cfg.engine_urls)
+        urls, self.merged = cap.unique_engine_urls(cfg.engine_urls)  # (dropped, kept): one engine spelled twice
         self.cfg = cfg
         self.engine_urls = urls  # as given, credentials included: only for connecting
         self.engine_labels = [masked(u) for u in urls]  # what is labelled, printed and analysed
@@ -235,6 +237,7 @@ class Exporter:
         self._window: deque[cap.Sample] = deque()
         self._series: dict[Key, tuple[float, float]] = {}  # key -> (value, time it was last measured)
         self._last_round_t: float | None = None
+        self._engine_down: dict[str, str] = {}  # engine label -> why it went up 0 (logged once, when it did)
         self._lock = threading.Lock()
         self.rounds = 0
 
@@ -246,6 +249,7 @@ class Exporter:
         sample = self._take(self.engine_urls, list(self.cfg.targets), self.cfg.timeout_s)
         sample.engines = [None if t is None else relevant_metrics(t) for t in sample.engines]
         duration = self._clock() - start
+        self._log_engines(sample)
         self._keep(sample)
         diag, err = None, None
         if len(self._window) < 2:
@@ -268,6 +272,16 @@ class Exporter:
             self._last_round_t = now
             self.rounds += 1
         return Round(sample.t_s, duration, len(self._window), diag, err)
+
+    def _log_engines(self, sample: cap.Sample) -> None:
+        """A warning with the reason when an engine goes ``up 0``, and one when it answers again."""
+        for i, (url, text) in enumerate(zip(self.engine_labels, sample.engines)):
+            if text is None:
+                if url not in self._engine_down:
+                    self._engine_down[url] = why = sample.engine_error(i) or "no answer"
+                    log.warning("kvctl_engine_up{engine=%s} 0: %s", url, why)
+            elif self._engine_down.pop(url, None) is not None:
+                log.warning("kvctl_engine_up{engine=%s} 1: it answers again", url)
 
     def _keep(self, sample: cap.Sample) -> None:
         """Slide the window to ``sample``, keeping at most about EXPORTER_WINDOW_SAMPLES samples.

@@ -21,16 +21,19 @@ import contextlib
 import datetime as _dt
 import errno
 import fcntl
+import json
 import logging
 import os
+import re
 import secrets
 import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
 from kvctl.errors import InvalidInput, KvctlError
-from kvctl.thresholds import CONFIG_MAX_BYTES
+from kvctl.thresholds import CONFIG_MAX_BYTES, JSON_MAX_DEPTH
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +53,16 @@ def _umask() -> int:
 # --- reading ----------------------------------------------------------------------------
 
 
-def read_regular(path: Path | str, what: str, max_bytes: int = MAX_CONFIG_BYTES, *, newline: str | None = "") -> str:
+def read_regular(path: Path | str, what: str, max_bytes: int = MAX_CONFIG_BYTES, *, newline: str | None = "",
+                 kind: str = "a config file") -> str:
     """The UTF-8 text of ``path``, refused (InvalidInput naming ``what``, never quoting the file) unless it
-    is a regular file of at most ``max_bytes``.
+    is a regular file of at most ``max_bytes`` (the cap for ``kind`` of file, as the message says).
 
     Opened ``O_NONBLOCK`` so a FIFO cannot hang the open; the type and size come from ``fstat`` of that
     open file (no race with a swap of the name); at most ``max_bytes + 1`` bytes are ever read.
     ``newline=""`` keeps CRLF as it is (kvctl edits line by line); None translates it like ``open()``.
     """
+    unchanged = "; the file was not changed" if kind == "a config file" else ""  # kvctl edits config files
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
@@ -65,9 +70,9 @@ def read_regular(path: Path | str, what: str, max_bytes: int = MAX_CONFIG_BYTES,
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise InvalidInput(f"{what} {path} is not a regular file (a FIFO, device or directory): refused; the file was not changed")
+            raise InvalidInput(f"{what} {path} is not a regular file (a FIFO, device or directory): refused{unchanged}")
         if st.st_size > max_bytes:
-            raise InvalidInput(f"{what} {path} is {st.st_size:,} bytes, over the {max_bytes:,}-byte cap for a config file: refused")
+            raise InvalidInput(f"{what} {path} is {st.st_size:,} bytes, over the {max_bytes:,}-byte cap for {kind}: refused")
         os.set_blocking(fd, True)
         chunks, total = [], 0
         while total <= max_bytes:
@@ -77,7 +82,7 @@ def read_regular(path: Path | str, what: str, max_bytes: int = MAX_CONFIG_BYTES,
             chunks.append(block)
             total += len(block)
         if total > max_bytes:
-            raise InvalidInput(f"{what} {path} grew past the {max_bytes:,}-byte cap for a config file while read: refused")
+            raise InvalidInput(f"{what} {path} grew past the {max_bytes:,}-byte cap for {kind} while read: refused")
     except OSError as e:
         raise InvalidInput(f"cannot read {what} {path}: {e.strerror or e}") from e
     finally:
@@ -86,17 +91,130 @@ def read_regular(path: Path | str, what: str, max_bytes: int = MAX_CONFIG_BYTES,
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise InvalidInput(f"{what} {path} is not UTF-8 text ({e.reason} at byte {e.start}); the file was not changed") from e
+        raise InvalidInput(f"{what} {path} is not UTF-8 text ({e.reason} at byte {e.start}){unchanged}") from e
     return text if newline == "" else text.replace("\r\n", "\n").replace("\r", "\n")
 
 
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included (linear: no nested repeats)
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def json_too_deep(text: str, max_depth: int = JSON_MAX_DEPTH) -> bool:
+    """Whether the JSON ``text`` nests arrays/objects deeper than ``max_depth`` (checked before parsing: the
+    parser's own limit is a RecursionError, and a deep enough document can take the stack)."""
+    if text.count("[") + text.count("{") <= max_depth:
+        return False
+    depth = 0
+    for m in _JSON_BRACKET.finditer(_JSON_STRING.sub('""', text)):
+        if m.group() in "[{":
+            depth += 1
+            if depth > max_depth:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def read_json(path: Path | str, what: str, max_bytes: int, kind: str) -> Any:
+    """The JSON value in ``path``: read by :func:`read_regular` (``max_bytes``, named ``kind``), nested at most
+    JSON_MAX_DEPTH levels; InvalidInput, one line, otherwise."""
+    text = read_regular(path, what, max_bytes, kind=kind)
+    if json_too_deep(text):
+        raise InvalidInput(f"{what} {path} is nested too deeply (more than {JSON_MAX_DEPTH} levels): refused, not {kind}")
+    try:
+        return json.loads(text)
+    except ValueError as e:  # a JSONDecodeError, or an integer past Python's digit limit
+        raise InvalidInput(f"{what} {path} is not {kind}: {str(e).split(';')[0]}") from e
+
+
+def read_tail(path: Path | str, max_bytes: int = 4096) -> str:
+    """The last ``max_bytes`` of a regular file kvctl wrote (a child's log), as text; "" when unreadable.
+
+    Never follows a link, never blocks on a FIFO; a partial first line is dropped."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return ""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return ""
+        start = max(0, st.st_size - max_bytes)
+        data = os.pread(fd, max_bytes, start)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    text = data.decode("utf-8", errors="replace")
+    return text.split("\n", 1)[-1] if start and "\n" in text else text
+
+
 # --- creating ---------------------------------------------------------------------------
+
+
+def probe_writable(directory: Path | str) -> None:
+    """OSError unless a file can be created in ``directory`` (tried, then removed: the mode bits do not
+    tell, for root or on a read-only mount)."""
+    fd, name = tempfile.mkstemp(prefix=TMP_MARK, dir=directory)
+    os.close(fd)
+    os.unlink(name)
+
+
+def copy_file_new(src: Path | str, dest: Path | str) -> None:
+    """Copy the regular file ``src`` to the new file ``dest`` (never an existing one, never through a link:
+    :func:`create_private`), with ``src``'s permission bits, fsynced. A failed copy leaves no ``dest``."""
+    with open(src, "rb") as inp, _filling(dest, create_private(dest)) as fd:
+        while block := inp.read(1 << 20):
+            write_all(fd, block)
+        os.fchmod(fd, stat.S_IMODE(os.fstat(inp.fileno()).st_mode))
+        os.fsync(fd)
+
+
+def copy_tree_new(src: Path | str, dest: Path | str, skip: tuple[str, ...] = ()) -> None:
+    """Copy the tree ``src`` into ``dest``, which must be missing (it is created, parents too) or an empty
+    directory (not a link): nothing that exists is ever overwritten or removed. Links and special files in
+    ``src`` and names in ``skip`` are left out. OSError when something is in the way."""
+    dest = Path(dest)
+    try:
+        os.makedirs(dest)
+    except FileExistsError:
+        st = os.lstat(dest)
+        if not stat.S_ISDIR(st.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory (or a symbolic link)", str(dest)) from None
+        if os.listdir(dest):
+            raise OSError(errno.ENOTEMPTY, "not empty", str(dest)) from None
+    for root, dirs, names in os.walk(src):
+        out = dest / os.path.relpath(root, src)
+        for d in list(dirs):
+            st = os.lstat(Path(root) / d)
+            if stat.S_ISDIR(st.st_mode):
+                os.mkdir(out / d, stat.S_IMODE(st.st_mode) | 0o700)
+            else:  # a link to a directory: left out, not descended into
+                dirs.remove(d)
+        for n in names:
+            path = Path(root) / n
+            if n in skip or not stat.S_ISREG(os.lstat(path).st_mode):
+                continue
+            copy_file_new(path, out / n)
 
 
 def create_private(path: Path | str) -> int:
     """A new file at ``path``, mode 0600 from the start, opened for writing: never an existing file, never
     through a symlink (``O_CREAT|O_EXCL|O_NOFOLLOW``). FileExistsError when the name is taken."""
     return os.open(path, _PRIVATE_FLAGS, 0o600)
+
+
+@contextlib.contextmanager
+def _filling(path: Path | str, fd: int) -> Iterator[int]:
+    """``fd``, a file just created at ``path``, closed at the end; ``path`` removed when the body fails."""
+    try:
+        yield fd
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -156,16 +274,10 @@ def write_backup(real: Path, attempts: int = 5) -> Path:
             fd = create_private(bak)
         except FileExistsError:
             continue
-        try:
+        with _filling(bak, fd):
             write_all(fd, data)
             copy_owner_and_mode(fd, st, real)
             os.fsync(fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(bak)
-            raise
-        finally:
-            os.close(fd)
         return bak
     raise KvctlError(f"cannot create a backup next to {real}: {attempts} random names were taken")
 
@@ -271,23 +383,27 @@ def stage(real: Path, text: str) -> TempFile:
     return tmp
 
 
-def write_atomic(path: Path | str, text: str, mode: int | None = None) -> Path:
-    """Replace ``path`` with ``text`` in one rename.
+def write_atomic(path: Path | str, text: str | bytes, mode: int | None = None) -> Path:
+    """Replace ``path`` with ``text`` (str, written as UTF-8, or bytes) in one rename.
 
     ``mode``: the file's permission bits (default: an existing file's, else 0666
     less the umask, as ``open()`` would give). A secret passes 0o600: the temp
-    file is created owner-only, so the text is never readable by others.
+    file is created owner-only, so the text is never readable by others. A link
+    at ``path`` is replaced, never written through (nor its target's mode taken).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if mode is None:
         try:
-            mode = path.stat().st_mode & 0o7777
+            st = os.lstat(path)
+            mode = st.st_mode & 0o7777 if not stat.S_ISLNK(st.st_mode) else None
         except FileNotFoundError:
-            mode = 0o666 & ~_umask()
+            pass
+    if mode is None:
+        mode = 0o666 & ~_umask()
     tmp = open_temp(path)
     try:
-        write_all(tmp.fd, text.encode("utf-8"))
+        write_all(tmp.fd, text.encode("utf-8") if isinstance(text, str) else text)
         os.fsync(tmp.fd)
         os.fchmod(tmp.fd, mode)
         tmp.commit()

@@ -9,6 +9,10 @@ simulating when arithmetic already rules it out:
   longer than its prefill would;
 * the tier's ρ per instance (summed over the engines) above the target.
 
+The search has a budget: the memory of one simulation (:func:`kvctl.simulate.check_memory`, as ``simulate``)
+and PLAN_MAX_SECONDS of simulating; a search that would pass either is refused up front or as soon as the
+points simulated so far show it, saying how much work was asked for.
+
 The answer is "no instance count can help" when even ``max_instances`` × the per-instance bandwidth is
 at most B* (B per instance below B*/W), or when the prompts are below ``n* = R·T0`` (a hit is slower
 than recomputing on an idle engine) and recomputing alone already meets the SLO. Prompts below n*
@@ -18,7 +22,8 @@ prefill off a busy engine (the paper's case: 16 310 tokens against n* ≈ 17 200
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -26,8 +31,8 @@ import numpy as np
 from kvctl.cost import GB, breakeven_gbps, min_hit_tokens
 from kvctl.errors import InvalidInput
 from kvctl.fleet import FleetResult, simulate_fleet
-from kvctl.simulate import SimConfig, Workload, effective_gbps
-from kvctl.thresholds import RHO_UNSTABLE
+from kvctl.simulate import SimConfig, Workload, check_memory, effective_gbps
+from kvctl.thresholds import PLAN_MAX_SECONDS, RHO_UNSTABLE
 from kvctl.variability import Variability
 
 @dataclass(frozen=True)
@@ -61,6 +66,24 @@ class PlanResult:
     engines: int
 
 
+@dataclass
+class _Budget:
+    """The search's time budget: InvalidInput, saying what was asked, once PLAN_MAX_SECONDS has passed or the
+    points simulated so far say that those left would pass it."""
+
+    asked: str
+    limit_s: float = PLAN_MAX_SECONDS
+    started: float = field(default_factory=time.monotonic)
+
+    def check(self, done: int, left: int) -> None:
+        elapsed = time.monotonic() - self.started
+        need = elapsed / done * (done + left) if done else elapsed
+        if need > self.limit_s:
+            raise InvalidInput(f"plan asked for {self.asked}: {done} simulated in {elapsed:.1f} s, so the {done + left:,} would take "
+                               f"about {need:,.0f} s, past the {self.limit_s:g}-s budget (PLAN_MAX_SECONDS): lower --max-instances, "
+                               "--engines or --requests")
+
+
 def _point(res: FleetResult, instances: int, loading: str, slo: float, rho_target: float) -> PlanPoint:
     ok_rho = res.tier_rho is None or res.tier_rho <= rho_target
     meets = bool(res.stable) and res.p99_s <= slo and ok_rho
@@ -80,6 +103,9 @@ def plan(w: Workload, cfg: SimConfig, *, engines: int, slo_p99_s: float, rho_tar
         raise InvalidInput("--slo-p99 must be positive and --rho-target in (0, 1]")
     if max_instances < 1:
         raise InvalidInput(f"--max-instances must be at least 1, got {max_instances}")
+    check_memory(len(w.arrival_s), fleet=True)
+    budget = _Budget(f"{max_instances:,} instance count(s) × {len(loadings)} loading mode(s) and the recompute baseline, each "
+                     f"{len(w.arrival_s):,} requests over {engines:,} engine(s)")
     s, r = cfg.bytes_per_token, cfg.prefill_rate
     b_star = breakeven_gbps(s, r)
     n_star = min_hit_tokens(r, cfg.t0_s)
@@ -102,19 +128,27 @@ def plan(w: Workload, cfg: SimConfig, *, engines: int, slo_p99_s: float, rho_tar
         else:
             notes.append(f"{gap}; loading helps only by taking prefill off the engines (recompute p99 {base.p99_s:.3f} s misses the SLO)")
     if cannot is None:
-        for loading in loadings:
-            for inst in range(1, max_instances + 1):
-                bw = effective_gbps(inst, instance_gbps, bench)
-                tier_bw = (var.async_instance_gbps * inst) if loading == "async" and var.async_instance_gbps else bw
-                rho = (w.offered_rate or 0.0) * hit_bytes / (tier_bw * GB)
-                ruled_out = ([f"B_eff {bw:.3f} ≤ B* {b_star:.3f} GB/s"] if bw <= b_star else []) + \
-                    ([f"ρ {rho:.2f} > {rho_target:g}"] if rho > rho_target else [])
-                if ruled_out:
-                    points.append(PlanPoint(inst, loading, bw, rho, False, None, None, None, None, False,
-                                            "; ".join(ruled_out) + " (not simulated)"))
-                    continue
-                c = replace(cfg, instances=inst, loading=loading)
-                points.append(_point(simulate_fleet(w, c, bw, engines, var), inst, loading, slo_p99_s, rho_target))
+
+        def screen(loading: str, inst: int) -> tuple[str, int, float, float, list[str]]:
+            bw = effective_gbps(inst, instance_gbps, bench)
+            tier_bw = (var.async_instance_gbps * inst) if loading == "async" and var.async_instance_gbps else bw
+            rho = (w.offered_rate or 0.0) * hit_bytes / (tier_bw * GB)
+            ruled_out = ([f"B_eff {bw:.3f} ≤ B* {b_star:.3f} GB/s"] if bw <= b_star else []) + \
+                ([f"ρ {rho:.2f} > {rho_target:g}"] if rho > rho_target else [])
+            return loading, inst, bw, rho, ruled_out
+
+        screened = [screen(loading, inst) for loading in loadings for inst in range(1, max_instances + 1)]
+        left = sum(1 for *_, ruled_out in screened if not ruled_out)
+        budget.check(1, left)  # the recompute baseline took this long
+        for loading, inst, bw, rho, ruled_out in screened:
+            if ruled_out:
+                points.append(PlanPoint(inst, loading, bw, rho, False, None, None, None, None, False,
+                                        "; ".join(ruled_out) + " (not simulated)"))
+                continue
+            c = replace(cfg, instances=inst, loading=loading)
+            points.append(_point(simulate_fleet(w, c, bw, engines, var), inst, loading, slo_p99_s, rho_target))
+            left -= 1
+            budget.check(sum(p.simulated for p in points), left)
     winners = [p for p in points if p.meets and p.instances > 0]
     best = min(winners, key=lambda p: (p.instances, p.p99_s or 0.0)) if winners else None
     if cannot:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
 import sys
 from typing import Any, Iterable, Iterator, Sequence
+
+from kvctl.files import write_atomic
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -214,7 +217,7 @@ def line_plot(
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    _save_figure(fig, path)
     lo, hi = ax.get_xlim()
     ticks = [float(t) for t in ax.get_xticks() if lo <= t <= hi]
     plt.close(fig)
@@ -271,6 +274,14 @@ def replay_progress(total: int, enabled: bool = True) -> Iterator[Any]:
         yield update
 
 
+def _save_figure(fig: Any, path: str) -> None:
+    """The figure as a PNG at ``path`` through :func:`kvctl.files.write_atomic`: whole or not at all, and a
+    link planted at ``path`` is replaced, never written through."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    write_atomic(path, buf.getvalue())
+
+
 def _pyplot():
     import matplotlib  # noqa: PLC0415
 
@@ -287,7 +298,7 @@ def _save_chart(fig: Any, ax: Any, path: str, title: str, xlabel: str | None, yl
     ax.set_ylabel(ylabel)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    _save_figure(fig, path)
     _pyplot().close(fig)
     return path
 

@@ -28,10 +28,8 @@ requests take well under a second. Percentiles are numpy's ``linear`` method, th
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -41,6 +39,7 @@ from kvctl.errors import InvalidInput
 from kvctl.thresholds import (
     ASYNC_TIMEOUT_S, PAPER_T0_S, RHO_UNSTABLE, SIMULATE_BYTES_PER_REQUEST, SIMULATE_FLEET_BYTES_PER_REQUEST, SIMULATE_MEMORY_FRACTION,
 )
+from kvctl.variability import read_bench_file
 
 LOADINGS = ("sync", "async")
 PROMPT_DISTS = ("fixed", "exponential")
@@ -202,10 +201,10 @@ def trace_workload(path: str, requests: int | None = None, block_tokens: int = 5
 
 def bench_bandwidths(path: str) -> dict[int, float]:
     """Best aggregate GET GB/s per instance count from a ``kvctl bench --save`` file."""
+    data = read_bench_file(path, "--bench")
     try:
-        data = json.loads(Path(path).read_text())
         runs = data["runs"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (KeyError, TypeError) as e:
         raise InvalidInput(f"--bench {path} is not a `kvctl bench --save` file: {e}") from e
     out: dict[int, float] = {}
     for r in runs:

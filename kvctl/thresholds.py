@@ -53,6 +53,14 @@ PAPER_T0_S = 0.33
 METRICS_MAX_BYTES = 16 * 2**20
 #: The largest config file read (LMCache YAML, vLLM config/unit, env file, kv-transfer-config JSON).
 CONFIG_MAX_BYTES = 2**20
+#: The largest ``kvctl bench --save`` file read (plan/simulate ``--bench``, ``--get-times-from``, ``--readers-from``):
+#: a sweep's is a few KB.
+BENCH_FILE_MAX_BYTES = 64 * 2**20
+#: The largest trace or run file read (``replay``, ``simulate``/``plan`` ``--trace``, ``--fit-from``, ``report``):
+#: a million-request trace is about 200 MB.
+TRACE_MAX_BYTES = 256 * 2**20
+#: Nesting of JSON kvctl parses from a file (a bench file, each line of a trace or run file): theirs is 5 or less.
+JSON_MAX_DEPTH = 64
 #: YAML aliases (``*name``) allowed in one config file, and the nodes its aliases may expand to:
 #: a few-line "billion laughs" expands to 10^9 nodes when compared or copied.
 YAML_MAX_ALIASES = 100
@@ -73,6 +81,9 @@ EXPORTER_WINDOW_SAMPLES = 64
 SIMULATE_BYTES_PER_REQUEST = 160
 SIMULATE_FLEET_BYTES_PER_REQUEST = 512
 SIMULATE_MEMORY_FRACTION = 0.8
+#: Seconds ``kvctl plan`` may spend simulating: past it, or once the points simulated so far say the rest
+#: would take longer, the search is refused with what was asked (instance counts × loadings, requests, engines).
+PLAN_MAX_SECONDS = 60.0
 
 # --- the tier's own settings (kvctl doctor's Valkey lines, docs/runbooks/tier_settings.md) --
 

@@ -17,21 +17,19 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from kvctl import files
 from kvctl.cost import GB
 from kvctl.errors import InvalidInput
+from kvctl.thresholds import BENCH_FILE_MAX_BYTES
 
 #: the standard normal's 99th percentile: p99/p50 of a lognormal is exp(σ·Z99)
 Z99 = 2.3263478740408408
-#: a bench/run file larger than this is not one kvctl wrote
-MAX_FILE_BYTES = 512 * 2**20
 #: fewest in-flight-alone hit rows of a run file to fit T0 from them only
 MIN_ALONE_ROWS = 10
 
@@ -53,14 +51,10 @@ class Variability:
         return bool(self.t0_samples_s or self.get_sigma or self.readers_gain or self.async_instance_gbps or self.async_overhead_s)
 
 
-def _load_json(path: str, what: str) -> Any:
-    p = Path(path)
-    try:
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise InvalidInput(f"{what} {path} is larger than {MAX_FILE_BYTES >> 20} MiB")
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InvalidInput(f"{what} {path} is not a `kvctl bench --save` file: {getattr(e, 'strerror', None) or e}") from e
+def read_bench_file(path: str, what: str) -> Any:
+    """The JSON of a ``kvctl bench --save`` file: a regular file of at most BENCH_FILE_MAX_BYTES, nested at most
+    JSON_MAX_DEPTH levels (:func:`kvctl.files.read_json`)."""
+    return files.read_json(path, what, BENCH_FILE_MAX_BYTES, "a `kvctl bench --save` file")
 
 
 def _get_runs(data: Any, path: str, what: str) -> list[dict[str, Any]]:
@@ -82,7 +76,7 @@ def lognormal_sigma(p50: float, p99: float) -> float:
 def get_sigma_from_bench(path: str, instances: int | None = None) -> tuple[float, str]:
     """Lognormal σ of batch GET time from a ``bench --save`` file: the GET run at ``instances`` with one
     client (else the one-instance one-client run, else the first GET run with percentiles)."""
-    runs = [r for r in _get_runs(_load_json(path, "--get-times-from"), path, "--get-times-from")
+    runs = [r for r in _get_runs(read_bench_file(path, "--get-times-from"), path, "--get-times-from")
             if _num(r.get("p50_batch_ms")) and _num(r.get("p99_batch_ms"))]
     if not runs:
         raise InvalidInput(f"--get-times-from {path} has no GET run with p50_batch_ms and p99_batch_ms")
@@ -99,7 +93,7 @@ def get_sigma_from_bench(path: str, instances: int | None = None) -> tuple[float
 def readers_gain_from_bench(path: str) -> tuple[dict[int, float], str]:
     """``g(k)`` from the one-instance runs of a ``bench --sweep`` file (needs the 1-client run)."""
     curve: dict[int, float] = {}
-    for r in _get_runs(_load_json(path, "--readers-from"), path, "--readers-from"):
+    for r in _get_runs(read_bench_file(path, "--readers-from"), path, "--readers-from"):
         gbps, k = _num(r.get("aggregate_gbps")), r.get("clients")
         if r.get("instances") == 1 and gbps and isinstance(k, int) and k >= 1:
             curve[k] = max(curve.get(k, 0.0), gbps)
@@ -112,7 +106,7 @@ def readers_gain_from_bench(path: str) -> tuple[dict[int, float], str]:
 
 def async_gbps_from_bench(path: str) -> tuple[float, str]:
     """The 1 instance × 1 client GET bandwidth of a bench file: one rank-0 store client's prefetch."""
-    for r in _get_runs(_load_json(path, "--bench"), path, "--bench"):
+    for r in _get_runs(read_bench_file(path, "--bench"), path, "--bench"):
         gbps = _num(r.get("aggregate_gbps"))
         if r.get("instances") == 1 and r.get("clients") == 1 and gbps:
             return gbps, f"async per-instance bandwidth {gbps:.3f} GB/s: the 1 × 1 run of {path}"

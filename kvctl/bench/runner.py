@@ -42,6 +42,7 @@ from kvctl.bench.worker import WorkerConfig, WorkerResult, key_names
 from kvctl.connector.resp import RespClient
 from kvctl.connector.urls import parse_resp_url, with_credentials
 from kvctl.errors import InvalidInput, KvctlError, Unreachable
+from kvctl.procs import SAFE_PATH_ENV
 from kvctl.tier.targets import Target
 
 #: Seconds the parent waits past ``duration + timeout`` before killing a silent client.
@@ -99,9 +100,9 @@ def _clean_child_start() -> Iterator[None]:
     """
     main = sys.modules.get("__main__")
     saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
-    safe_path = os.environ.get("PYTHONSAFEPATH")
+    safe_path = os.environ.get(SAFE_PATH_ENV)
     try:
-        os.environ["PYTHONSAFEPATH"] = "1"
+        os.environ[SAFE_PATH_ENV] = "1"
         if main is not None:
             main.__dict__.pop("__file__", None)
             if "__spec__" in saved:
@@ -109,9 +110,9 @@ def _clean_child_start() -> Iterator[None]:
         yield
     finally:
         if safe_path is None:
-            os.environ.pop("PYTHONSAFEPATH", None)
+            os.environ.pop(SAFE_PATH_ENV, None)
         else:
-            os.environ["PYTHONSAFEPATH"] = safe_path
+            os.environ[SAFE_PATH_ENV] = safe_path
         if main is not None:
             main.__dict__.update(saved)
 

@@ -80,6 +80,12 @@ def grid(instances: int, spec: BenchSpec) -> list[tuple[int, int]]:
     return [(1, c) for c in steps(spec.clients)] + [(w, 1) for w in steps(instances) if w > 1]
 
 
+def clients_option(spec: BenchSpec) -> str:
+    """The option that sets the clients per instance, for advice: ``--engines`` for an --engines bench (it
+    refuses ``--clients``), else ``--clients``."""
+    return "--engines" if spec.engines else "--clients"
+
+
 def auto_keys(info: ServerInfo, spec: BenchSpec) -> int:
     """Distinct keys per instance: about 1 GB of values, at least 4 batches per client, within maxmemory."""
     want = max(4 * spec.batch * spec.clients, math.ceil(AUTO_WORKING_SET_BYTES / spec.chunk_bytes))
@@ -95,7 +101,7 @@ def auto_keys(info: ServerInfo, spec: BenchSpec) -> int:
             f"fewer than one batch of {spec.batch}: of the {(limit - info.used_memory_bytes) / 1e6:.0f} MB free "
             f"({info.used_memory_bytes / 1e6:.0f} MB already used), the keys may fill {MAXMEMORY_FILL:.0%} and "
             f"{inflight / 1e6:.0f} MB is reserved for the replies in flight (2 × {spec.clients} client(s) × {spec.batch} "
-            f"× {spec.chunk_bytes / 1e6:g} MB): raise maxmemory or lower --batch/--chunk-bytes/--clients"
+            f"× {spec.chunk_bytes / 1e6:g} MB): raise maxmemory or lower --batch/--chunk-bytes/{clients_option(spec)}"
         )
     return min(want, fit)
 
@@ -119,13 +125,13 @@ def check_host(instances: int, spec: BenchSpec, cores: int, available_bytes: int
     if procs > cap:
         raise InvalidInput(
             f"{procs} client processes on {cores} core(s): the bench would measure this host's scheduler, not the tier; "
-            f"at most {cap} here ({MAX_CLIENTS_PER_CORE} per core): lower --clients or run from a larger host"
+            f"at most {cap} here ({MAX_CLIENTS_PER_CORE} per core): lower {clients_option(spec)} or run from a larger host"
         )
     buffers = procs * spec.batch * spec.chunk_bytes
     if available_bytes and buffers > EMBEDDED_HOST_FRACTION * available_bytes:
         raise InvalidInput(
             f"{procs} clients × --batch {spec.batch} × {spec.chunk_bytes / 1e6:g} MB buffers need {buffers / 1e9:.1f} GB, "
-            f"more than half of the {available_bytes / 1e9:.1f} GB this host has available: lower --clients, --batch or --chunk-bytes"
+            f"more than half of the {available_bytes / 1e9:.1f} GB this host has available: lower {clients_option(spec)}, --batch or --chunk-bytes"
         )
     if procs > cores:
         return [f"{procs} client processes on {cores} core(s): clients share cores, so the bench may report this host's limit rather than the tier's"]
@@ -164,7 +170,7 @@ def size_embedded(instances: int, spec: BenchSpec, available_bytes: int) -> Embe
         raise InvalidInput(
             f"--embedded {instances} with {clients_one} client(s) × --batch {spec.batch} × {spec.chunk_bytes / 1e6:g} MB values "
             f"needs {need / 1e9:.1f} GB, more than half of the {available_bytes / 1e9:.1f} GB this host has available: "
-            "lower --embedded, --clients, --batch, --chunk-bytes or --keys"
+            f"lower --embedded, {clients_option(spec)}, --batch, --chunk-bytes or --keys"
         )
     maxmemory = math.ceil((keys * chunk + inflight_one) / MAXMEMORY_FILL) + EMBEDDED_BASE_BYTES
     footprint = instances * (keys * chunk + EMBEDDED_BASE_BYTES) + peak_buffers

@@ -44,7 +44,7 @@ def register_commands(cli: click.Group) -> None:
 
 #: Where to sample: engine URLs, the Valkey instances, the window.
 source_options = options(
-    click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable; a repeat is read once), e.g. http://HOST:8000."),
+    click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable; a repeat, or another spelling of the same host and port, is read once), e.g. http://HOST:8000."),
     engine_http_options,
     valkey_options,
     click.option("--window", type=WINDOW_S, default=thresholds.DIAGNOSIS_WINDOW_S, show_default=True, help="Seconds between the two samples (at most one day)."),
@@ -88,7 +88,7 @@ def _parameters(bytes_per_token: float | None, prefill_rate: float | None, t0: f
 def _engine_urls(engine_urls: tuple[str, ...], as_json: bool) -> list[str]:
     urls, dropped = cap.unique_engine_urls(engine_urls)
     if dropped and not as_json:
-        render.warn(f"--engine-url given more than once for {', '.join(masked(u) for u in dropped)}: read once (a repeat would double λ)")
+        render.warn(cap.merged_warning(dropped))
     return urls
 
 

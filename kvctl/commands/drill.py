@@ -28,7 +28,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: float) -> float
 @click.option("--all", "run_all", is_flag=True, help="Run every scenario in turn (a self-test for a new host); exit 0 only when all pass.")
 @click.option("--duration", type=positive(S.MAX_DURATION_S), default=S.DEFAULT_DURATION_S, show_default=True, callback=_duration,
               help="Seconds of traffic per drill (async-fix splits it before and after the flip); at least 8.")
-@click.option("--keep", "keep_dir", type=click.Path(file_okay=False), help="Copy the drill's files (engine config and log, trace, run file, tier logs, capture) to this directory.")
+@click.option("--keep", "keep_dir", type=click.Path(file_okay=False), help="Copy the drill's files (engine config and log, trace, run file, tier logs, capture) to this directory: a new or empty one, never a link.")
 @click.option("--model-config", type=click.Path(dir_okay=False, exists=True), help="Model config.json whose chunk size the drill uses (default: configs/models/deepseek-v3.json, FP8).")
 @click.option("--seed", type=count(2**32 - 1, min=0), default=0, show_default=True, help="Seed of the trace's arrival jitter.")
 @click.option("--plant-nothing", is_flag=True, hidden=True, help="Leave the scenario's fault out (tests: the drill must then fail).")
@@ -45,7 +45,7 @@ def drill_cmd(ctx: click.Context, scenario: str | None, run_all: bool, duration:
     kvctl drill samples            paths of the bundled samples and the commands that read them
     Everything runs on this machine on free loopback ports and is stopped at the end (also on
     Ctrl-C or SIGTERM). Exit code: 0 when diagnose reported what the drill planted, 7 when it
-    did not, 1 when the drill could not run.
+    did not, 8 when the drill could not run (a child died, the tier or engine did not start).
     """
     if scenario == "samples":
         _samples(as_json)
@@ -56,16 +56,20 @@ def drill_cmd(ctx: click.Context, scenario: str | None, run_all: bool, duration:
         _list(as_json)
         return
     from kvctl.drill.run import DrillOptions, run_drill  # noqa: PLC0415 - keep `kvctl --help` light
+    from kvctl.drill.workdir import check_keep  # noqa: PLC0415
 
     names = list(S.ORDER) if run_all else [scenario]
     opts = DrillOptions(duration_s=duration, plant=not plant_nothing, model_config=model_config, seed=seed)
     say = (lambda text: None) if as_json else (lambda text: render.literal(text))
+    keeps = {name: f"{keep_dir}/{name}" if keep_dir and run_all else keep_dir for name in names}
+    for keep in keeps.values():  # every one before the first drill starts
+        if keep:
+            check_keep(keep)
     results = []
     try:
         with signals_raise():
             for name in names:
-                keep = f"{keep_dir}/{name}" if keep_dir and run_all else keep_dir
-                results.append(run_drill(name, DrillOptions(**{**opts.__dict__, "keep_dir": keep}), say))
+                results.append(run_drill(name, DrillOptions(**{**opts.__dict__, "keep_dir": keeps[name]}), say))
     except Signalled as e:
         render.error_line(f"interrupted by {e.signal.name}: stopped everything the drill had started")
         raise click.exceptions.Exit(e.exit_code) from None

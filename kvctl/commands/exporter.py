@@ -15,6 +15,7 @@ from kvctl import render, thresholds
 from kvctl.commands.diagnose import TIMEOUT_S, model_options
 from kvctl.commands.options import FiniteFloat, engine_http, engine_http_options, output_options, positive, valkey_options, valkey_targets
 from kvctl.diagnose.analysis import Params
+from kvctl.diagnose.capture import merged_warning
 from kvctl.hooks import hookimpl
 from kvctl.thresholds import EXPORTER_MIN_INTERVAL_S
 
@@ -31,7 +32,7 @@ def register_commands(cli: click.Group) -> None:
 
 @click.command("exporter")
 @click.option("--listen", default=thresholds.EXPORTER_LISTEN, show_default=True, envvar="KVCTL_EXPORTER_LISTEN", help="HOST:PORT to serve /metrics on (port 0: a free one). A non-loopback HOST is allowed and printed.")
-@click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable), e.g. http://HOST:8000.")
+@click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable; another spelling of the same host and port is read once), e.g. http://HOST:8000.")
 @engine_http_options
 @valkey_options
 @model_options
@@ -79,6 +80,8 @@ def exporter_cmd(
         log.info("round took %.3f s, %d sample(s) in the window: %s", rnd.duration_s, rnd.samples_in_window, what)
 
     server = Server(Exporter(cfg), where, on_round=logged)
+    if server.exporter.merged:  # before the listening line: a caller that reads it and stops us has seen it
+        render.warn(merged_warning(server.exporter.merged))
     started = time.time()
     info: dict[str, Any] = {
         "metrics_url": server.url, "loopback_only": server.loopback, "engines": list(server.exporter.engine_labels),

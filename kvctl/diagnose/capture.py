@@ -143,17 +143,27 @@ def take_sample(
     )
 
 
-def unique_engine_urls(engine_urls: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The engine URLs with repeats removed (same /metrics URL), and the repeats dropped."""
-    seen: dict[str, str] = {}
-    dropped = []
+def unique_engine_urls(engine_urls: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """The engine URLs with every engine once, and the (dropped, kept) pairs of URLs that reach an engine
+    already listed: the same /metrics URL, or another spelling of its host and port (``localhost`` and
+    ``127.0.0.1``; :func:`sources.engine_address`). Counting one engine twice doubles λ and every ρ."""
+    resolve = len(engine_urls) > 1
+    kept: list[tuple[str, tuple[tuple[str, int | None, str, str], frozenset[str]]]] = []
+    dropped: list[tuple[str, str]] = []
     for u in engine_urls:
-        key = sources.metrics_url(u)
-        if key in seen:
-            dropped.append(u)
+        key, addrs = sources.engine_address(u, resolve)
+        same = next((k for k, (key2, addrs2) in kept if key2 == key and addrs2 & addrs), None)
+        if same is None:
+            kept.append((u, (key, addrs)))
         else:
-            seen[key] = u
-    return list(seen.values()), dropped
+            dropped.append((u, same))
+    return [u for u, _ in kept], dropped
+
+
+def merged_warning(dropped: Sequence[tuple[str, str]]) -> str:
+    """One line saying which --engine-url were read once, for the commands to warn with."""
+    pairs = "; ".join(f"{masked(d)} and {masked(k)}" for d, k in dropped)
+    return f"--engine-url {pairs} reach the same engine: read once (counting it twice would double λ and ρ)"
 
 
 def collect(

@@ -9,6 +9,7 @@ Each is one small function that tests point at a real local server.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -26,6 +27,28 @@ def metrics_url(url: str) -> str:
         raise InvalidInput(f"--engine-url must be an http(s) URL, got {masked(url)!r}")
     path = parts.path if parts.path not in ("", "/") else "/metrics"
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def engine_address(url: str, resolve: bool = True) -> tuple[tuple[str, int | None, str, str], frozenset[str]]:
+    """What tells one engine from another: (scheme, port, /metrics path, query) and the addresses its host
+    stands for. Two URLs are the same engine when the first parts are equal and the addresses meet.
+
+    ``resolve``: the host's addresses from the resolver (``localhost`` and ``127.0.0.1`` meet), else (or when
+    it does not resolve) its lower-cased name. The port is the scheme's default when none is given.
+    """
+    parts = urlsplit(metrics_url(url))
+    host = (parts.hostname or "").lower()
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:  # not a port: the URL fails when read; told apart by its text
+        port = None
+    addrs = frozenset({host})
+    if resolve and port is not None:
+        try:
+            addrs = frozenset(ai[4][0] for ai in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except (OSError, UnicodeError):
+            pass
+    return (parts.scheme, port, parts.path, parts.query), addrs
 
 
 def fetch_metrics(url: str, timeout_s: float = 5.0, http: EngineHttp | None = None) -> str:

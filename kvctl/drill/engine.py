@@ -52,6 +52,7 @@ from kvctl.connector import metric_names as MN
 from kvctl.connector.metric_names import COUNTERS, RANKS, RANKS_HELP
 from kvctl.connector.ownership import chunk_keys, owner
 from kvctl.drill.config import EngineConfig, EngineSettings, read_config
+from kvctl.procs import python_argv
 
 KEY_FORMAT = "drill"
 MAX_BODY_BYTES = 64 << 20
@@ -371,7 +372,8 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout.flush()
     if what == "restart":
         port = ["--port", str(args.port)] if args.port else []
-        os.execv(sys.executable, [sys.executable, "-m", "kvctl.drill.engine", "--config", args.config, *port])
+        argv = python_argv("-m", "kvctl.drill.engine", "--config", args.config, *port)
+        os.execv(argv[0], argv)
     os._exit(0)  # a tier thread blocked in a socket read (the missing-key drill) must not hold the exit
 
 

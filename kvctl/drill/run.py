@@ -3,18 +3,18 @@
 Every process it starts is recorded by pid the moment it exists (valkey-servers in the tier's state
 file by ``deploy-valkey up``'s own code) and stopped in ``finally``: a drill that ends, fails, or is
 interrupted (the command turns SIGINT/SIGTERM into an exception) leaves no process and no port
-behind. Only pids it started are signalled. Library code: no click; the narration goes to ``say``.
+behind. Only pids it started are signalled. Every child is this process's own (the valkey-servers
+too: their handles are held, so they are stopped and reaped even when the work dir is gone) and dies
+with it (PR_SET_PDEATHSIG): a SIGKILLed drill leaves no process, and the next drill removes its work
+dir (:mod:`kvctl.drill.workdir`). Library code: no click; the narration goes to ``say``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -26,11 +26,13 @@ from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.drill import scenarios as S
 from kvctl.drill.config import EngineSettings, write_config
 from kvctl.drill.workload import Sizes, Workload, sizes, write_trace
-from kvctl.errors import KvctlError
+from kvctl.errors import ExitStatus, InvalidInput, KvctlError
+from kvctl.drill.workdir import WorkDir, check_keep, keep, quote_log, remove_stale
+from kvctl.procs import child_env, die_with_parent, python_argv
 from kvctl.runbooks import runbook_for
 from kvctl.thresholds import RHO_HIGH, RHO_UNSTABLE
 from kvctl.tier import local
-from kvctl.tier.server import free_port, port_in_use
+from kvctl.tier.server import ValkeyProcess, free_port, port_in_use
 from kvctl.tier.targets import Target, resolve_targets
 
 Say = Callable[[str], None]
@@ -68,17 +70,43 @@ class DrillFailed(KvctlError):
     """Diagnose did not report what the drill planted."""
 
 
+class DrillNotRun(KvctlError):
+    """The drill could not run (a child died, the tier or the engine did not start): nothing was judged."""
+
+    exit_status = ExitStatus.DRILL_NOT_RUN
+
+
+def describe_exit(code: int) -> str:
+    """``exit code 1`` / ``SIGKILL``, for a child that ended."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return signal.Signals(-code).name
+    return f"exit code {code}"
+
+
 class _Procs:
-    """Child processes this drill started, by pid; stopped newest first."""
+    """Python child processes this drill started (``python -P``: never a ``./kvctl`` of the working
+    directory), by pid; stopped newest first."""
 
     def __init__(self) -> None:
         self.procs: list[tuple[str, subprocess.Popen]] = []
 
-    def start(self, name: str, argv: list[str], log: Path) -> subprocess.Popen:
+    def start(self, name: str, args: list[str], log: Path) -> subprocess.Popen:
+        """``python -P ARGS`` with its output in ``log``."""
         with open(log, "ab") as out:
-            p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            p = subprocess.Popen(python_argv(*args), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(),
+                                 preexec_fn=die_with_parent())
         self.procs.append((name, p))
         return p
+
+    def ended(self) -> tuple[str, subprocess.Popen] | None:
+        """The first child that should still run and has ended: the engine whatever its code, another one
+        that failed."""
+        for name, p in self.procs:
+            code = p.poll()
+            if code is not None and (name == "engine" or code != 0):
+                return name, p
+        return None
 
     def stop(self, p: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
         if p.poll() is not None:
@@ -107,9 +135,13 @@ class Drill:
         self.diagnoses: list[dict[str, Any]] = []
         self.procs = _Procs()
         self.sizes: Sizes = sizes(opts.model_config)
-        self.work = Path(tempfile.mkdtemp(prefix=f"kvctl-drill-{scenario.name}-"))
+        remove_stale(lambda text: self.say("note", text), _stop_stale_tier)
+        self._dir = WorkDir(scenario.name)
+        self.work = self._dir.path
         self.tier_dir = self.work / "tier"
         self.tier_up = False
+        self.servers: list[ValkeyProcess] = []  # handles of the valkey-servers it started (stopped and reaped at cleanup)
+        self.keep_error: str | None = None  # why --keep could not be written at cleanup
         self.stopped: list[int] = []  # pids this drill SIGSTOPped (continued before the tier goes down)
         self.engine: subprocess.Popen | None = None
         self.engine_port = 0
@@ -133,7 +165,7 @@ class Drill:
             if any(port_in_use(base + r) for r in range(1, ranks)):
                 continue
             try:
-                local.up(local.UpRequest(dir=self.tier_dir, ranks=ranks, base_port=base, maxmemory=f"{32 * ranks}mb"))
+                local.up(local.UpRequest(dir=self.tier_dir, ranks=ranks, base_port=base, maxmemory=f"{32 * ranks}mb"), held=self.servers)
                 break
             except KvctlError as e:
                 last = e
@@ -155,8 +187,8 @@ class Drill:
     def start_engine(self, settings: EngineSettings) -> Path:
         cfg = write_config(self.work / "engine.yaml", settings, async_loading=False)
         self.engine_port = free_port()
-        argv = [sys.executable, "-m", "kvctl.drill.engine", "--config", str(cfg), "--port", str(self.engine_port)]
-        self.engine = self.procs.start("engine", argv, self.work / "engine.log")
+        args = ["-m", "kvctl.drill.engine", "--config", str(cfg), "--port", str(self.engine_port)]
+        self.engine = self.procs.start("engine", args, self.work / "engine.log")
         self.wait_engine()
         self.say("start", f"drill engine pid {self.engine.pid} on http://127.0.0.1:{self.engine_port} ({settings.ranks} rank(s), "
                           f"synchronous loading, chunks of {self.sizes.chunk_bytes / 1e3:.1f} kB = {self.sizes.model}'s "
@@ -168,14 +200,14 @@ class Drill:
         deadline = time.monotonic() + ENGINE_START_S
         while time.monotonic() < deadline:
             if self.engine.poll() is not None:
-                raise KvctlError(f"the drill engine exited with {self.engine.returncode}; see {self.work / 'engine.log'}")
+                raise KvctlError(f"the drill engine ended with {describe_exit(self.engine.returncode)}; {self.quote_log('engine')}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=1.0) as r:  # noqa: S310 - loopback
                     if r.status == 200:
                         return
             except OSError:
                 time.sleep(0.1)
-        raise KvctlError(f"the drill engine did not answer within {ENGINE_START_S:g} s; see {self.work / 'engine.log'}")
+        raise KvctlError(f"the drill engine did not answer within {ENGINE_START_S:g} s; {self.quote_log('engine')}")
 
     @property
     def url(self) -> str:
@@ -183,16 +215,31 @@ class Drill:
 
     def start_replay(self, workload: Workload) -> None:
         trace = write_trace(self.work / "trace.jsonl", workload)
-        argv = [sys.executable, "-m", "kvctl.cli", "replay", str(trace), "--url", self.url, "--out", str(self.work / "run.jsonl"),
+        args = ["-m", "kvctl.cli", "replay", str(trace), "--url", self.url, "--out", str(self.work / "run.jsonl"),
                 "--json", "--timeout", str(int(self.opts.duration_s * 2 + 30))]
-        self.replay = self.procs.start("replay", argv, self.work / "replay.log")
+        self.replay = self.procs.start("replay", args, self.work / "replay.log")
         self.say("start", f"replay: {len(trace.read_text().splitlines())} requests of {workload.prompt_tokens} tokens at "
                           f"λ = {workload.rate_per_s:.2f} req/s over {workload.duration_s:.0f} s, {workload.docs} shared documents "
                           f"(`kvctl replay trace.jsonl --url {self.url}`)")
 
     # --- watching ----------------------------------------------------------------------
 
+    def check_children(self) -> None:
+        """DrillNotRun when the engine or the replay has ended before the drill did (a drill without its
+        traffic or its engine has nothing to judge: that is not "diagnose missed")."""
+        ended = self.procs.ended()
+        if ended is not None:
+            name, p = ended
+            raise DrillNotRun(f"the drill could not run: its {name} (pid {p.pid}) ended with {describe_exit(p.returncode)} "
+                              f"before the drill did; {self.quote_log(name)}")
+
+    def quote_log(self, name: str) -> str:
+        """The end of child ``name``'s log, for an error (the work dir is removed before it is shown)."""
+        kept = Path(self.opts.keep_dir) / f"{name}.log" if self.opts.keep_dir else None
+        return quote_log(self.work / f"{name}.log", kept)
+
     def sample(self, targets: list[Target]) -> cap.Sample:
+        self.check_children()
         return cap.take_sample([self.url], targets, SAMPLE_TIMEOUT_S)
 
     def analyse(self, a: cap.Sample, b: cap.Sample, targets: list[Target]) -> tuple[cap.Capture, Diagnosis]:
@@ -236,6 +283,7 @@ class Drill:
     def wait_for(self, what: str, cond: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            self.check_children()
             if cond():
                 return True
             time.sleep(0.25)
@@ -245,21 +293,28 @@ class Drill:
     # --- stopping ----------------------------------------------------------------------
 
     def cleanup(self) -> None:
-        for pid in self.stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-        if self.replay is not None:
-            self.procs.stop(self.replay, signal.SIGINT)  # the replay closes its run file on SIGINT
-        self.procs.stop_all()
-        if self.tier_up:
-            with contextlib.suppress(KvctlError, OSError):
-                local.down(self.tier_dir, purge=True)
-        if self.opts.keep_dir:
-            dest = Path(self.opts.keep_dir)
-            if dest.exists():
-                shutil.rmtree(dest)
-            shutil.copytree(self.work, dest, ignore=shutil.ignore_patterns("*.lock", ".kvctl-tier.lock"))
-        shutil.rmtree(self.work, ignore_errors=True)
+        """Stop everything, copy the work dir to --keep (``keep_error`` says why not), always remove the work dir."""
+        try:
+            for pid in self.stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            if self.replay is not None:
+                self.procs.stop(self.replay, signal.SIGINT)  # the replay closes its run file on SIGINT
+            self.procs.stop_all()
+            if self.tier_up:
+                with contextlib.suppress(KvctlError, OSError):
+                    local.down(self.tier_dir, purge=True)
+            for server in self.servers:  # also when the state file is gone; reaps what `down` stopped
+                server.stop()
+            if self.opts.keep_dir:
+                self.keep_error = keep(self.work, self.opts.keep_dir)
+        finally:
+            self._dir.remove()
+
+
+def _stop_stale_tier(tier_dir: Path) -> int:
+    """Stop what the tier of a dead drill left running (through its state file); how many servers."""
+    return sum(r.result in ("stopped", "killed") for r in local.down(tier_dir, purge=True))
 
 
 # --- the scenarios ----------------------------------------------------------------------
@@ -305,9 +360,9 @@ def _load_phase(dr: Drill, sc: S.Scenario, rho: float, async_after: bool) -> tup
     cfg = dr.work / "engine.yaml"
     assert dr.engine is not None
     restart = f"kill -HUP {dr.engine.pid}"
-    argv = [sys.executable, "-m", "kvctl.cli", "loading", "async", "--config", str(cfg), "--restart-cmd", restart, "--no-backup"]
+    argv = python_argv("-m", "kvctl.cli", "loading", "async", "--config", str(cfg), "--restart-cmd", restart, "--no-backup")
     dr.say("action", f"fix: kvctl loading async --config {cfg.name} --restart-cmd '{restart}'")
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=child_env())
     if r.returncode != 0:
         return False, f"`kvctl loading async` failed ({r.returncode}): {(r.stderr or r.stdout).strip()[-300:]}", found
     dr.wait_engine()
@@ -388,6 +443,8 @@ def _dead(dr: Drill, sc: S.Scenario) -> tuple[bool, str, list[str]]:
 def run_drill(name: str, opts: DrillOptions, say: Say) -> DrillResult:
     """Run scenario ``name``; the result says whether diagnose found what the drill planted."""
     sc = S.SCENARIOS[name]
+    if opts.keep_dir:
+        check_keep(opts.keep_dir)
     dr = Drill(sc, opts, say)
     dr.say("start", f"drill {sc.name}: {sc.summary}" + ("" if opts.plant else " (--plant-nothing: the fault is left out)"))
     try:
@@ -398,13 +455,21 @@ def run_drill(name: str, opts: DrillOptions, say: Say) -> DrillResult:
             ok, verdict, found = _stall(dr, sc)
         else:
             ok, verdict, found = _dead(dr, sc)
+        dr.check_children()
         if ok:
             dr.say("verdict", f"PASS: {verdict}. Fix: {sc.fix}" + (f"; runbook {sc.runbook}" if sc.runbook else ""))
         else:
             dr.say("verdict", f"FAIL: {verdict} (expected {sc.expect})")
         if dr.last_capture is not None and opts.keep_dir:
             cap.save_capture(dr.last_capture, dr.work / "capture")
+    except (InvalidInput, DrillNotRun):
+        raise
+    except KvctlError as e:
+        dr.check_children()  # a child that died is the cause: say that one
+        raise DrillNotRun(f"the drill could not run: {e}") from e
     finally:
         dr.cleanup()
+    if dr.keep_error:
+        raise KvctlError(dr.keep_error)
     return DrillResult(sc.name, ok, opts.plant, sc.expect, found, sc.runbook, sc.fix, verdict,
                        round(time.monotonic() - dr.t0, 2), dr.steps, dr.diagnoses, opts.keep_dir)

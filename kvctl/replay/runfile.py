@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from kvctl import files
 from kvctl.errors import InvalidInput
-from kvctl.replay.trace import json_lines, malformed
+from kvctl.replay.trace import MAX_TOKENS, json_lines, malformed
+from kvctl.thresholds import TRACE_MAX_BYTES
 
 #: How replay's rows for requests still open at a stop signal begin their status (not errors of the engine).
 INTERRUPTED = "interrupted"
@@ -93,6 +95,11 @@ def _is_count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
+def _is_tokens(v: Any) -> bool:
+    """A token count within the one stated cap on prompts (replay's MAX_TOKENS)."""
+    return _is_count(v) and v <= MAX_TOKENS
+
+
 def _shown(v: Any) -> str:
     text = repr(v)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -101,7 +108,8 @@ def _shown(v: Any) -> str:
 #: Optional row fields and what each must be when present and not null.
 _ROW_TYPES = (
     ("sent_s", _is_number, "a number"), ("first_token_s", _is_number, "a number"), ("finished_s", _is_number, "a number"),
-    ("prompt_tokens", _is_count, "a non-negative integer"), ("cached_tokens", _is_count, "a non-negative integer"),
+    ("prompt_tokens", _is_tokens, f"a non-negative integer up to {MAX_TOKENS:,}"),
+    ("cached_tokens", _is_tokens, f"a non-negative integer up to {MAX_TOKENS:,}"),
     ("in_flight", _is_count, "a non-negative integer"), ("index", _is_count, "a non-negative integer"),
     ("capped", lambda v: isinstance(v, bool), "true or false"),
 )
@@ -160,10 +168,7 @@ def _torn_last_line(text: str, errors: list[str]) -> str | None:
 def read_run(path: str | Path) -> Run:
     """Read a run file; InvalidInput names the file and line of anything malformed."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise InvalidInput(f"cannot read run file {p}: {getattr(e, 'strerror', None) or e}") from e
+    text = files.read_regular(p, "run file", TRACE_MAX_BYTES, kind="a run file")
     metadata: dict[str, Any] | None = None
     summary = None
     rows: list[dict[str, Any]] = []

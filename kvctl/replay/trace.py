@@ -12,7 +12,9 @@ One reader for all three; the format is recognised line by line from its keys:
 
 Offsets are taken relative to the trace's first request. Malformed lines are rejected together,
 each named by its line number. Every number has a stated cap (:data:`MAX_TOKENS`, :data:`MAX_SPAN_S`,
-64-bit ids); a 400-digit number, a 5,000-digit one or 100,000-deep nesting is a malformed line, never a crash.
+64-bit ids); a 400-digit number, a 5,000-digit one or nesting past JSON_MAX_DEPTH is a malformed line, never a crash.
+The file itself is read by :func:`kvctl.files.read_regular`: a regular file (never a FIFO or a device) of at
+most TRACE_MAX_BYTES.
 """
 
 from __future__ import annotations
@@ -24,13 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from kvctl import files
 from kvctl.errors import InvalidInput
+from kvctl.thresholds import JSON_MAX_DEPTH, TRACE_MAX_BYTES
 
 DEFAULT_BLOCK_TOKENS = 512
 #: How many malformed lines one error message lists.
 MAX_LISTED_ERRORS = 5
 #: The stated caps on a trace line. Prompt and output tokens: 10 million, past the longest context any
-#: model declares (``kvctl replay`` also holds prompts to the engine's own ``max_model_len``).
+#: model declares (``kvctl replay`` also holds prompts to the engine's own ``max_model_len``). The one bound
+#: on a prompt's tokens: a run file's ``prompt_tokens``/``cached_tokens`` (report, ``--fit-from``) obey it too.
 MAX_TOKENS = 10_000_000
 #: An offset (``timestamp`` ms / 1000, or ``offset_s``) as written: up to 10^12 s, room for Unix-epoch
 #: times, refused past it (a number past a float's range never reaches arithmetic).
@@ -152,9 +157,13 @@ def parse_line(obj: Any, line: int) -> tuple[str, dict[str, Any]]:
 
 
 def json_lines(text: str, errors: list[str]) -> Iterator[tuple[int, Any]]:
-    """(line number, decoded value) of each non-blank JSONL line; undecodable lines are added to ``errors``."""
+    """(line number, decoded value) of each non-blank JSONL line; undecodable lines (and lines nested deeper
+    than JSON_MAX_DEPTH) are added to ``errors``."""
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
+            continue
+        if files.json_too_deep(line):
+            errors.append(f"line {lineno}: not usable JSON (nested too deeply: more than {JSON_MAX_DEPTH} levels)")
             continue
         try:
             value = json.loads(line)
@@ -177,17 +186,10 @@ def malformed(path: Path, errors: list[str]) -> InvalidInput:
 
 
 def read_trace(path: str | Path) -> Trace:
-    """Read a trace or run file; InvalidInput lists malformed lines by number."""
+    """Read a trace or run file (a regular file of at most TRACE_MAX_BYTES); InvalidInput lists malformed lines by number."""
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise InvalidInput(f"cannot read trace {p}: {e.strerror or e}") from e
-    digest = hashlib.sha256(raw).hexdigest()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InvalidInput(f"{p} is not UTF-8 text: {e}") from e
+    text = files.read_regular(p, "trace", TRACE_MAX_BYTES, kind="a trace")
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     requests: list[TraceRequest] = []
     errors: list[str] = []
     formats: set[str] = set()

@@ -151,12 +151,16 @@ def _live_instances(tier_dir: Path) -> list[InstanceState]:
     return [i for i in state.instances if is_our_server(i)]
 
 
-def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: bool = True) -> TierState:
+def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: bool = True,
+       held: list[ValkeyProcess] | None = None) -> TierState:
     """Start ``req.ranks`` instances on consecutive ports; all answer PING, or none is left running.
 
     ``check_ports_first`` (default) refuses before starting anything when a
     port is taken; without it a taken port is found while starting, and the
-    instances already started are stopped again.
+    instances already started are stopped again. ``held``: the servers stay this
+    process's children (they die with it, PR_SET_PDEATHSIG) and their handles are
+    appended here, for the caller to stop and reap even when the state file is gone
+    (``kvctl drill``); without it they outlive this process (``deploy-valkey up``).
     """
     _check_request(req)
     per_instance = spec.split_maxmemory(req.maxmemory, req.ranks)
@@ -171,7 +175,7 @@ def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: b
     created = not tier_dir.exists()
     try:
         with tier_lock(tier_dir, "deploy-valkey up"):
-            return _up_locked(req, tier_dir, per_instance, io_threads, auth, binary, version, on_progress, check_ports_first)
+            return _up_locked(req, tier_dir, per_instance, io_threads, auth, binary, version, on_progress, check_ports_first, held)
     except BaseException:
         if created:  # leave no trace of a refused or failed `up` in a directory it made
             (tier_dir / LOCK_FILE).unlink(missing_ok=True)
@@ -190,6 +194,7 @@ def _up_locked(
     version: str,
     on_progress: Progress | None,
     check_ports_first: bool,
+    held: list[ValkeyProcess] | None = None,
 ) -> TierState:
     live = _live_instances(tier_dir)
     if live:
@@ -261,6 +266,7 @@ def _up_locked(
                     config_path=tier_dir / f"valkey-{rank}.conf",
                     detach=True,
                     on_spawn=record,
+                    die_with_parent=held is not None,
                 )
             except KvctlError as e:
                 if started and started[-1].port == port:
@@ -282,7 +288,10 @@ def _up_locked(
             raise KvctlError(f"{e} (stopped the {len(started)} instance(s) already started)") from e
         raise
     for proc in started:
-        proc._popen = None  # the servers outlive this process; `down` stops them by pid
+        if held is None:
+            proc._popen = None  # the servers outlive this process; `down` stops them by pid
+        else:
+            held.append(proc)
     return state
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
+from kvctl import procs
 from kvctl.errors import BinaryNotFound, InvalidInput, KvctlError
 
 INSTALL_HINT = (
@@ -292,6 +293,7 @@ def start_valkey(
     config_path: Path | str | None = None,
     detach: bool = False,
     on_spawn: Callable[[ValkeyProcess], None] | None = None,
+    die_with_parent: bool = False,
 ) -> ValkeyProcess:
     """Start a valkey-server on ``host:port`` (a free port when None) and wait for PING.
 
@@ -301,7 +303,9 @@ def start_valkey(
     file (default ``workdir/valkey-<port>.conf``); ``detach`` sends the
     server's stderr to its log file instead of a pipe, for servers that
     outlive this process (``kvctl deploy-valkey up``). ``on_spawn`` is called
-    right after the process exists, before waiting for PING (to record it).
+    right after the process exists, before waiting for PING (to record it). ``die_with_parent``: the
+    server gets SIGKILL when this process dies (:func:`kvctl.procs.die_with_parent`), for servers that
+    must not outlive it (``kvctl drill``).
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -319,10 +323,12 @@ def start_valkey(
         config_path.chmod(0o600)  # secrets in it: owner-only before writing
     config_path.write_text(render_config(conf))
     log_path = Path(str(conf["logfile"]))
+    preexec = procs.die_with_parent() if die_with_parent else None
     if detach:
         with open(log_path, "ab") as err:
             popen = subprocess.Popen(
-                [binary, str(config_path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+                [binary, str(config_path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                preexec_fn=preexec,
             )
     else:
         popen = subprocess.Popen(
@@ -331,6 +337,7 @@ def start_valkey(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            preexec_fn=preexec,
         )
     proc = ValkeyProcess(host, port, popen.pid, config_path, log_path, password, popen)
     if on_spawn is not None:

@@ -8,6 +8,7 @@ machine down with it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -181,3 +182,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_row(i: int, prompt_tokens: int = 16310, cached_tokens: int = 16310, latency_s: float = 0.4) -> dict:
+    """One row of a ``kvctl replay --out`` run file: a request alone in flight that hit the tier."""
+    return {"index": i, "scheduled_s": float(i), "sent_s": float(i), "first_token_s": i + latency_s, "finished_s": i + latency_s,
+            "latency_s": latency_s, "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens, "status": "ok", "in_flight": 1}
+
+
+def write_run_file(path: Path, rows: list[dict]) -> Path:
+    """A run file: its metadata line, ``rows``, its summary line."""
+    lines = [{"metadata": {"engine_url": "http://127.0.0.1:1"}}, *rows, {"summary": {"interrupted": False}}]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path

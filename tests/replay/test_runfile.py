@@ -96,5 +96,5 @@ def test_unreadable_run_file(tmp_path):
     with pytest.raises(InvalidInput, match="cannot read run file"):
         read_run(tmp_path / "missing.jsonl")
     (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00")
-    with pytest.raises(InvalidInput, match="cannot read run file"):
+    with pytest.raises(InvalidInput, match="run file .* is not UTF-8 text"):
         read_run(tmp_path / "bin.jsonl")

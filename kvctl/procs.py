@@ -1,0 +1,60 @@
+"""Child processes kvctl starts for itself: Python children that import only the installed kvctl, and
+children that die with the process that started them.
+
+* :func:`python_argv` / :func:`child_env`: ``python -P`` with ``PYTHONSAFEPATH=1`` (Python ≥ 3.11), so
+  the working directory is never on the child's ``sys.path``: a ``./kvctl/`` folder there (a planted
+  ``kvctl/__init__.py``, or the parent of a checkout) is never imported instead of the installed package.
+  The variable is inherited, so a child's own ``python -m`` children (an engine re-exec'd on SIGHUP)
+  are started the same way.
+* :func:`die_with_parent`: a ``preexec_fn`` that asks the kernel (``prctl(PR_SET_PDEATHSIG)``) to
+  signal the child when the thread that started it dies, whatever kills it (SIGKILL included); it
+  survives the child's ``exec``. Start such children from the main thread: the signal follows the
+  starting *thread*.
+
+Library code: no click.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from typing import Callable, Mapping
+
+#: Python ≥ 3.11: the working directory (or the script's directory) is not put on sys.path
+SAFE_PATH_ENV = "PYTHONSAFEPATH"
+_PR_SET_PDEATHSIG = 1
+
+
+def python_argv(*args: str) -> list[str]:
+    """``[this python, -P, *args]``: a Python child that never imports from the working directory."""
+    return [sys.executable, "-P", *args]
+
+
+def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this environment) with ``PYTHONSAFEPATH=1``, passed on to the child's children."""
+    return {**(os.environ if base is None else base), SAFE_PATH_ENV: "1"}
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child gets ``sig`` when this process dies (Linux).
+
+    libc is looked up here, before the fork; the child only calls it. A parent that died between the
+    fork and the ``prctl`` is caught too (the child's parent is then no longer this process: it signals
+    itself). None where there is no ``prctl`` (not Linux): the caller stops its children itself.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return preexec

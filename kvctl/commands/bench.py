@@ -60,6 +60,7 @@ def bench_cmd(
     ctx: click.Context,
     valkey_urls: tuple[str, ...],
     ranks: int | None,
+    instances_per_rank: int | None,
     tier_dir: str | None,
     embedded: int | None,
     embedded_maxmemory: int | None,
@@ -154,7 +155,7 @@ def bench_cmd(
             with embedded_tier(embedded, embedded_maxmemory) as targets:
                 report = go(targets, n_keys)
         else:
-            report = go(valkey_targets(valkey_urls, ranks, tier_dir, password_file))
+            report = go(valkey_targets(valkey_urls, ranks, tier_dir, password_file, instances_per_rank=instances_per_rank))
 
     data = render.to_jsonable(report)
     data["errors"] = report.errors

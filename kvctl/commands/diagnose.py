@@ -180,6 +180,7 @@ def _run(
     engine_urls: tuple[str, ...],
     valkey_urls: tuple[str, ...],
     ranks: int | None,
+    instances_per_rank: int | None,
     tier_dir: str | None,
     password_file: str | None,
     engine_api_key_file: str | None,
@@ -207,7 +208,7 @@ def _run(
         raise click.UsageError("give --engine-url (repeatable), or --from DIR")
     urls = _engine_urls(engine_urls, as_json)
     http = engine_http(engine_api_key_file, max_metrics_bytes)
-    targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False)
+    targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False, instances_per_rank=instances_per_rank)
     parameters = _parameters(bytes_per_token, prefill_rate, t0)
     if watch:
         if save_dir:
@@ -359,7 +360,7 @@ def capture_cmd(ctx: click.Context, **kwargs: Any) -> None:
     if not kw["engine_urls"]:
         raise click.UsageError("give --engine-url (repeatable), before or after `capture`")
     urls = _engine_urls(kw["engine_urls"], kw["as_json"])
-    targets = valkey_targets(kw["valkey_urls"], kw["ranks"], kw["tier_dir"], kw["password_file"], required=False)
+    targets = valkey_targets(kw["valkey_urls"], kw["ranks"], kw["tier_dir"], kw["password_file"], required=False, instances_per_rank=kw["instances_per_rank"])
     params = _parameters(kw["bytes_per_token"], kw["prefill_rate"], kw["t0"])
     http = engine_http(kw["engine_api_key_file"], kw["max_metrics_bytes"])
     capture = _collect(urls, targets, kw["window"], params, kw["timeout_s"], show_progress=not kw["as_json"], http=http)

@@ -191,7 +191,7 @@ def _valkey(inp: DoctorInput, world: int | None, out: list[Check]) -> None:
     import redis  # noqa: PLC0415
 
     reads: list[tier_checks.InstanceRead] = []
-    up: dict[tuple[int, int], Check] = {}
+    up: dict[int, Check] = {}  # by tier number r*K + i
     k = max((t.instances_per_rank for t in inp.targets), default=1)
     for t in inp.targets:
         where = f"{t.name} ({t.host}:{t.port})"

@@ -43,6 +43,7 @@ from kvctl.thresholds import (
     REPLY_BATCH_CHUNKS,
 )
 from kvctl.tier.server import base_settings
+from kvctl.connector.urls import flat_instance
 from kvctl.tier.spec import format_size, is_loopback
 from kvctl.tier.targets import instance_name
 
@@ -93,9 +94,9 @@ class InstanceRead:
         return f"{instance_name(self.rank, self.instance, self.instances_per_rank)} ({self.host}:{self.port})"
 
     @property
-    def key(self) -> tuple[int, int]:
-        """What the per-instance results are keyed by: (rank, instance)."""
-        return self.rank, self.instance
+    def key(self) -> int:
+        """What the per-instance results are keyed by: the tier number r*K + i (the rank with one instance per rank)."""
+        return flat_instance(self.rank, self.instance, self.instances_per_rank)
 
     @property
     def ident(self) -> dict[str, int]:
@@ -376,7 +377,7 @@ def _value_size(x: InstanceRead, ctx: TierContext) -> Check:
 # --- the tier ------------------------------------------------------------------------------
 
 
-def _io_threads(reads: Sequence[InstanceRead], locality: dict[tuple[int, int], bool], ctx: TierContext) -> dict[tuple[int, int], Check]:
+def _io_threads(reads: Sequence[InstanceRead], locality: dict[int, bool], ctx: TierContext) -> dict[int, Check]:
     """One io_threads line per instance; the instances on this host are judged together against its cores."""
     local = [x for x in reads if locality[x.key]]
     threads = {x.key: _int(x.config, "io-threads") or 1 for x in reads}
@@ -399,11 +400,11 @@ def _io_threads(reads: Sequence[InstanceRead], locality: dict[tuple[int, int], b
     return out
 
 
-def tier_checks(reads: Sequence[InstanceRead], ctx: TierContext) -> dict[tuple[int, int], list[Check]]:
-    """Every setting check of every instance read, by (rank, instance) (the order doctor prints them in)."""
+def tier_checks(reads: Sequence[InstanceRead], ctx: TierContext) -> dict[int, list[Check]]:
+    """Every setting check of every instance read, by tier number r*K + i (the rank with one instance per rank; the order doctor prints them in)."""
     locality = {x.key: is_local(x.host) for x in reads}
     io = _io_threads(reads, locality, ctx)
-    out: dict[tuple[int, int], list[Check]] = {}
+    out: dict[int, list[Check]] = {}
     for x in reads:
         out[x.key] = [
             *_memory(x), _persistence(x), io[x.key], _bulk_len(x, ctx), _output_buffer(x, ctx), _maxclients(x, ctx),

@@ -127,15 +127,15 @@ def test_instance_naming_refused_with_one_line(args, message):
     assert message in res.output and "Traceback" not in res.output
 
 
-@pytest.mark.parametrize("args", [
-    ("up", "--ranks", "2", "--instances-per-rank", "0"),
-    ("up", "--ranks", "2", "--instances-per-rank", "65"),
-    ("up", "--ranks", "2", "--instances-per-rank", "2", "--maxmemory", "3mb"),
+@pytest.mark.parametrize("args, message", [
+    (("--instances-per-rank", "0"), "is not in the range 1<=x<=64"),
+    (("--instances-per-rank", "65"), "is not in the range 1<=x<=64"),
+    (("--instances-per-rank", "2", "--maxmemory", "3mb"), "over 2 ranks × 2 instances leaves 786432 bytes per instance"),
 ])
-def test_bad_instances_per_rank_is_a_usage_error(args, tmp_path):
-    res = invoke(*args, "--dir", str(tmp_path / "t"))
+def test_bad_instances_per_rank_is_a_usage_error(args, message, tmp_path):
+    res = invoke("up", "--ranks", "2", *args, "--dir", str(tmp_path / "t"))
     assert res.exit_code == 2, res.output
-    assert not (tmp_path / "t").exists()
+    assert message in res.output and not (tmp_path / "t").exists()
 
 
 def test_native_lmcache_refuses_several_instances_per_rank():

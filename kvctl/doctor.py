@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvctl import files, loading, safeyaml
-from kvctl.connector.urls import RANK_PLACEHOLDER
+from kvctl.connector.urls import INSTANCE_PLACEHOLDER, RANK_PLACEHOLDER, instances_in
 from kvctl.diagnose import metrics as M
 from kvctl.diagnose import sources
 from kvctl.engine_http import EngineHttp, masked
@@ -187,27 +187,29 @@ def _engine(raw_url: str, timeout_s: float, kvt: dict[str, Any] | None, out: lis
 
 
 def _valkey(inp: DoctorInput, world: int | None, out: list[Check]) -> None:
-    """Each instance up (or auth), then its settings (kvctl.tier.checks), then one instance per rank."""
+    """Each instance up (or auth), then its settings (kvctl.tier.checks), then one instance per rank (or K per rank)."""
     import redis  # noqa: PLC0415
 
     reads: list[tier_checks.InstanceRead] = []
-    up: dict[int, Check] = {}
+    up: dict[int, Check] = {}  # by tier number r*K + i
+    k = max((t.instances_per_rank for t in inp.targets), default=1)
     for t in inp.targets:
-        where = f"rank {t.rank} ({t.host}:{t.port})"
+        where = f"{t.name} ({t.host}:{t.port})"
+        ident = {"rank": t.rank} if k == 1 else {"rank": t.rank, "instance": t.instance}
         try:
             with redis_for_url(t.url, inp.timeout_s, password=t.password) as r:
-                x = tier_checks.read_instance(r, t.rank, t.host, t.port)
+                x = tier_checks.read_instance(r, t.rank, t.host, t.port, t.instance, k)
         except (redis.RedisError, OSError) as e:
             if is_auth_error(e):
-                out.append(Check("valkey", "auth", FAIL, f"{where} refused the login: {e}", PASSWORD_HINT, {"rank": t.rank}))
+                out.append(Check("valkey", "auth", FAIL, f"{where} refused the login: {e}", PASSWORD_HINT, ident))
             elif isinstance(e, redis.exceptions.NoPermissionError):  # logged in, as a user that may not read the settings
                 out.append(Check("valkey", "auth", FAIL, f"{where} up, but this user may not run INFO/CONFIG GET: {e}",
-                                 "give doctor the tier's admin password (--password-file, or --dir of the tier), not the engines' user", {"rank": t.rank}))
+                                 "give doctor the tier's admin password (--password-file, or --dir of the tier), not the engines' user", ident))
             else:
-                out.append(Check("valkey", "up", FAIL, f"{where} unreachable: {e}", "start it (kvctl deploy-valkey up) or fix the URL; kvctl deploy-valkey status shows every rank", {"rank": t.rank}))
+                out.append(Check("valkey", "up", FAIL, f"{where} unreachable: {e}", "start it (kvctl deploy-valkey up) or fix the URL; kvctl deploy-valkey status shows every rank", ident))
             continue
         reads.append(x)
-        up[t.rank] = Check("valkey", "up", OK, f"{where} up, Valkey {x.info.get('valkey_version') or x.info.get('redis_version')}", evidence={"rank": t.rank})
+        up[x.key] = Check("valkey", "up", OK, f"{where} up, Valkey {x.info.get('valkey_version') or x.info.get('redis_version')}", evidence=ident)
     chunk, source = tier_checks.chunk_size(reads, inp.chunk_bytes)
     engines = inp.engines or max(1, len(inp.engine_urls))
     ctx = tier_checks.TierContext(
@@ -215,20 +217,32 @@ def _valkey(inp: DoctorInput, world: int | None, out: list[Check]) -> None:
         world, max(1, len(inp.targets)), tier_checks.host_cores(),
     )
     settings = tier_checks.tier_checks(reads, ctx)
-    run_ids: dict[str, list[int]] = {}
+    run_ids: dict[str, list[tier_checks.InstanceRead]] = {}
     for x in reads:
-        run_ids.setdefault(str(x.info.get("run_id")), []).append(x.rank)
-        out.append(up[x.rank])
-        out.extend(settings[x.rank])
+        run_ids.setdefault(str(x.info.get("run_id")), []).append(x)
+        out.append(up[x.key])
+        out.extend(settings[x.key])
     targets = inp.targets
-    shared = {rid: ranks for rid, ranks in run_ids.items() if len(ranks) > 1}
+    shared = {rid: xs for rid, xs in run_ids.items() if len(xs) > 1}
     if shared:
-        for ranks in shared.values():
-            out.append(Check("valkey", "one_per_rank", FAIL, f"ranks {', '.join(map(str, ranks))} reach the same Valkey server (same run_id): one instance serves several ranks", "give every rank its own instance (kvctl deploy-valkey up --ranks W), paper §5.2", {"ranks": ranks}))
-    elif targets and world and len(targets) != world:
-        out.append(Check("valkey", "one_per_rank", FAIL, f"{len(targets)} Valkey instance(s) for {world} ranks", f"kvctl deploy-valkey up --ranks {world}: one instance per rank", {"instances": len(targets), "world_size": world}))
+        for xs in shared.values():
+            if k == 1:
+                ranks = [x.rank for x in xs]
+                out.append(Check("valkey", "one_per_rank", FAIL, f"ranks {', '.join(map(str, ranks))} reach the same Valkey server (same run_id): one instance serves several ranks", "give every rank its own instance (kvctl deploy-valkey up --ranks W), paper §5.2", {"ranks": ranks}))
+            else:
+                names = [x.where for x in xs]
+                out.append(Check("valkey", "one_per_rank", FAIL, f"{', '.join(names)} reach the same Valkey server (same run_id): one server stands for several instances",
+                                 f"give every instance its own server (kvctl deploy-valkey up --ranks W --instances-per-rank {k})",
+                                 {"instances": [[x.rank, x.instance] for x in xs]}))
+    elif targets and world and len(targets) != world * k:
+        want = f"{world} ranks" if k == 1 else f"{world} ranks × {k} instances per rank"
+        fix = f"kvctl deploy-valkey up --ranks {world}: one instance per rank" if k == 1 else f"kvctl deploy-valkey up --ranks {world} --instances-per-rank {k}"
+        out.append(Check("valkey", "one_per_rank", FAIL, f"{len(targets)} Valkey instance(s) for {want}", fix,
+                         {"instances": len(targets), "world_size": world, **({"instances_per_rank": k} if k > 1 else {})}))
     elif targets and run_ids:
-        out.append(Check("valkey", "one_per_rank", OK, f"{len(targets)} distinct instance(s), one per rank" + (f" ({world} ranks)" if world else ""), evidence={"instances": len(targets)}))
+        per = "one per rank" if k == 1 else f"{k} per rank"
+        out.append(Check("valkey", "one_per_rank", OK, f"{len(targets)} distinct instance(s), {per}" + (f" ({world} ranks)" if world else ""),
+                         evidence={"instances": len(targets), **({"instances_per_rank": k} if k > 1 else {})}))
 
 
 # --- LMCache -------------------------------------------------------------------------------
@@ -309,23 +323,68 @@ def _configs(
         else:
             out.append(Check("config", "chunk_vs_block", FAIL, f"{chunk_key} {chunk} is not a multiple of vLLM's block size {block}: chunks straddle blocks and partial chunks are never stored", f"set {chunk_key} to a multiple of {block} (e.g. {block * max(1, round((chunk if isinstance(chunk, int) else block) / block))})", {"chunk": chunk, "block_size": block}))
     urls = extra_kvt.get("urls") or extra_lmc.get(URL_LIST_KEY)
-    templates = [u for u in (extra_kvt.get("url"), extra_lmc.get(plugin_key("kvctl", "url")), (lmc or {}).get("remote_url")) if isinstance(u, str) and RANK_PLACEHOLDER in u]
+    k_kvt, k_lmc = extra_kvt.get("instances_per_rank"), extra_lmc.get(plugin_key("instances_per_rank"))
+    urls_k = k_kvt if extra_kvt.get("urls") else k_lmc
+    # (template, the instances per rank its config declares): the connector's url, the plugin's, LMCache's own remote_url
+    templates = list(dict.fromkeys(
+        (u, k) for u, k in ((extra_kvt.get("url"), k_kvt), (extra_lmc.get(plugin_key("url")), k_lmc), ((lmc or {}).get("remote_url"), None))
+        if isinstance(u, str) and (RANK_PLACEHOLDER in u or INSTANCE_PLACEHOLDER in u)))
+    if isinstance(urls, list):
+        _instances_listed(urls, urls_k, out)
     if isinstance(urls, list) and world:
         if len(urls) == world:
-            out.append(Check("config", "urls_vs_world_size", OK, f"{len(urls)} per-rank URLs for {world} ranks"))
+            listed = _listed_k(urls)
+            out.append(Check("config", "urls_vs_world_size", OK, f"{len(urls)} per-rank URLs for {world} ranks"
+                             + (f", {listed} instances each" if listed and listed > 1 else "")))
         else:
             out.append(Check("config", "urls_vs_world_size", FAIL, f"{len(urls)} per-rank URLs for {world} ranks: ranks past the list have no instance, or instances sit idle", f"list exactly {world} URLs (kvctl deploy-valkey vllm-config --dir TIER prints them)", {"urls": len(urls), "world_size": world}))
     if isinstance(urls, list) and not world:
         out.append(Check("config", "urls_vs_world_size", WARNING, f"{len(urls)} per-rank URLs, but the number of ranks is unknown: cannot check one URL per rank", "give --world-size (or --engine-url of an engine exporting kvctl:ranks)", {"urls": len(urls)}))
-    for t in templates:
+    for t, k in templates:
         native = lmc is not None and t == lmc.get("remote_url") and not _uses_plugin(lmc) and connector_of(kvt) != "kvctl"
+        k = k if isinstance(k, int) and not isinstance(k, bool) else 1
         if native:
-            out.append(Check("config", "rank_template", FAIL, f"remote_url {t} has {RANK_PLACEHOLDER} but nothing replaces it: stock LMCache connects to the literal host", f"use kvctl's plugin (remote_storage_plugins: [kvctl], extra_config {plugin_key('kvctl', 'url')}: {t}) or extra_config.{URL_LIST_KEY}", {"url": t}))
+            out.append(Check("config", "rank_template", FAIL, f"remote_url {t} has {RANK_PLACEHOLDER} but nothing replaces it: stock LMCache connects to the literal host", f"use kvctl's plugin (remote_storage_plugins: [kvctl], extra_config {plugin_key('url')}: {t}) or extra_config.{URL_LIST_KEY}", {"url": t}))
+        elif (INSTANCE_PLACEHOLDER in t) != (k > 1):
+            why = (f"has {INSTANCE_PLACEHOLDER} but says no instances_per_rank above 1: kvctl's connector refuses it, its LMCache plugin puts every chunk on instance 0"
+                   if k == 1 else f"says {k} instances per rank but has no {INSTANCE_PLACEHOLDER}: every instance of a rank would be the same URL (both readers refuse it)")
+            fix = (f"give instances_per_rank K next to it (kv_connector_extra_config.instances_per_rank, extra_config.{plugin_key('instances_per_rank')}), "
+                   f"or print the config with `kvctl deploy-valkey vllm-config|lmcache-config --instances-per-rank K`")
+            out.append(Check("config", "rank_template", FAIL, f"{t} {why}", fix, {"url": t, "instances_per_rank": k}))
+        elif RANK_PLACEHOLDER not in t:
+            out.append(Check("config", "rank_template", WARNING, f"{t} has {INSTANCE_PLACEHOLDER} but no {RANK_PLACEHOLDER}: every rank uses the same {k} instances",
+                             f"add {RANK_PLACEHOLDER} (resp://valkey-{{rank}}-{{instance}}:6379): a rank's chunks belong on its own instances", {"url": t}))
         elif world is None:
             out.append(Check("config", "rank_template", WARNING, f"{t} is a {RANK_PLACEHOLDER} template but the number of ranks is unknown: cannot check that instances 0..W-1 exist", "give --world-size (or --engine-url of an engine exporting kvctl:ranks)", {"url": t}))
+        elif k > 1:
+            out.append(Check("config", "rank_template", OK, f"{t} expands to {world} ranks × {k} instances = {world * k} URLs",
+                             evidence={"url": t, "instances_per_rank": k}))
         else:
             out.append(Check("config", "rank_template", OK, f"{t} expands to {world} per-rank URLs"))
     _loading_vs_rho(lmc_path, lmc, extra_kvt, last, out)
+
+
+def _listed_k(urls: list[Any]) -> int | None:
+    """K as a per-rank URL list spells it (every entry one URL, or a list of the same length), None when it does not."""
+    try:
+        return instances_in(urls)
+    except InvalidInput:
+        return None
+
+
+def _instances_listed(urls: list[Any], declared: Any, out: list[Check]) -> None:
+    """A per-rank list of lists: every rank the same number of URLs, the number its config declares (no line for plain lists)."""
+    listed = _listed_k(urls)
+    if listed == 1 and declared in (None, 1):
+        return
+    if listed is None:
+        out.append(Check("config", "instances_per_rank", FAIL, "the per-rank URL list gives its ranks different numbers of instances: both readers refuse it",
+                         "list K URLs for every rank (kvctl deploy-valkey vllm-config|lmcache-config prints them)", {}))
+    elif declared is not None and declared != listed:
+        out.append(Check("config", "instances_per_rank", FAIL, f"instances_per_rank {declared}, but every rank lists {listed} URL(s): the engine refuses to start",
+                         f"set instances_per_rank {listed}, or list {declared} URLs per rank", {"declared": declared, "listed": listed}))
+    else:
+        out.append(Check("config", "instances_per_rank", OK, f"{listed} instances per rank, each with its own URL", evidence={"instances_per_rank": listed}))
 
 
 def _loading_mode(lmc_path: str | None, lmc: dict[str, Any] | None, extra_kvt: dict[str, Any], out: list[Check]) -> str | None:

@@ -25,6 +25,10 @@ slow or dead component never blocks a scrape:
   and disappears once that value is older than ``stale_after_s`` (an analysis
   with every component answering replaces the series outright).
 
+A tier of K > 1 instances per rank labels its per-instance series ``rank`` and ``instance_index``
+(:data:`INSTANCE_LABEL`; ``instance`` is Prometheus' own target label), one series per instance; with
+one instance per rank they carry ``rank`` alone, as before.
+
 No click, no rich: the command lives in :mod:`kvctl.commands.exporter`.
 """
 
@@ -81,6 +85,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "kvctl_window_seconds": ("Seconds between the oldest and newest sample analysed", ()),
     "kvctl_last_sample_timestamp_seconds": ("Unix time of the newest sample", ()),
 }
+#: Which of its rank's instances a per-instance series is about, on tiers of K > 1 instances per rank (beside ``rank``).
+INSTANCE_LABEL = "instance_index"
 #: series that always describe the newest sample (never kept past it)
 FRESH = ("kvctl_valkey_up", "kvctl_engine_up", "kvctl_scrape_duration_seconds", "kvctl_data_sufficient", "kvctl_window_seconds", "kvctl_last_sample_timestamp_seconds")
 UP = ("kvctl_valkey_up", "kvctl_engine_up")
@@ -176,26 +182,27 @@ class KeptOpen:
 
     def __init__(self, sources: int) -> None:
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=sources + 1, thread_name_prefix="kvctl-exporter-read")
-        self._clients: dict[int, Any] = {}
-        self._auth_warned: set[int] = set()  # ranks whose refused login was logged (once until it logs in)
+        self._clients: dict[tuple[int, int], Any] = {}  # by (rank, instance)
+        self._auth_warned: set[tuple[int, int]] = set()  # instances whose refused login was logged (once until it logs in)
 
     def valkey_info(self, t: Target, timeout_s: float) -> dict[str, Any]:
         import redis  # noqa: PLC0415
 
-        client = self._clients.get(t.rank)
+        key = (t.rank, t.instance)
+        client = self._clients.get(key)
         if client is None:
-            client = self._clients[t.rank] = redis_for_url(t.url, timeout_s, password=t.password)
+            client = self._clients[key] = redis_for_url(t.url, timeout_s, password=t.password)
         try:
             info = dict(client.info("all"))
         except (redis.RedisError, OSError) as e:
-            self._clients.pop(t.rank, None)
+            self._clients.pop(key, None)
             client.close()
             err = valkey_read_error(t, e)
-            if isinstance(err, AuthFailed) and t.rank not in self._auth_warned:  # up, refusing our password: said once
-                self._auth_warned.add(t.rank)
+            if isinstance(err, AuthFailed) and key not in self._auth_warned:  # up, refusing our password: said once
+                self._auth_warned.add(key)
                 log.warning("%s", err)
             raise err from e
-        self._auth_warned.discard(t.rank)
+        self._auth_warned.discard(key)
         return info
 
     def close(self) -> None:
@@ -302,7 +309,8 @@ class Exporter:
 
     def window_capture(self) -> cap.Capture:
         """The samples the next analysis reads (oldest and newest of the window), as a capture."""
-        return cap.Capture(list(self.engine_labels), [t.url for t in self.cfg.targets], [self._window[0], self._window[-1]], {}, cap.now_iso())
+        return cap.Capture(list(self.engine_labels), [t.url for t in self.cfg.targets], [self._window[0], self._window[-1]], {}, cap.now_iso(),
+                           instances_per_rank=cap.instances_per_rank_of(self.cfg.targets))
 
     def _fresh_series(self, sample: cap.Sample, duration: float, diag: Diagnosis | None) -> dict[Key, float]:
         out: dict[Key, float] = {}
@@ -313,8 +321,14 @@ class Exporter:
 
         for url, text in zip(self.engine_labels, sample.engines):
             put("kvctl_engine_up", 0.0 if text is None else 1.0, engine=url)
+        k = cap.instances_per_rank_of(self.cfg.targets)
+
+        def where(rank: int, instance: int) -> dict[str, str]:
+            """The labels of one instance: rank, and instance_index when ranks have several."""
+            return {"rank": str(rank)} if k == 1 else {"rank": str(rank), INSTANCE_LABEL: str(instance)}
+
         for t, info in zip(self.cfg.targets, sample.valkey):
-            put("kvctl_valkey_up", 0.0 if info is None else 1.0, rank=str(t.rank))
+            put("kvctl_valkey_up", 0.0 if info is None else 1.0, **where(t.rank, t.instance))
         put("kvctl_scrape_duration_seconds", duration)
         put("kvctl_last_sample_timestamp_seconds", sample.t_s)
         put("kvctl_data_sufficient", 1.0 if sufficient(diag) else 0.0)
@@ -333,9 +347,9 @@ class Exporter:
         put("kvctl_hit_token_ratio", diag.hit_token_fraction)
         for inst in diag.instances:
             if inst.status == "ok":
-                put("kvctl_valkey_get_busy_ratio", inst.get_busy_fraction, rank=str(inst.rank))
+                put("kvctl_valkey_get_busy_ratio", inst.get_busy_fraction, **where(inst.rank, inst.instance))
         for il in diag.instance_loads:
-            put("kvctl_instance_rho", il.rho, rank=str(il.rank))
+            put("kvctl_instance_rho", il.rho, **where(il.rank, il.instance))
         for el in diag.engine_loads:
             put("kvctl_engine_rho", el.rho, engine=el.url)
         for f in diag.findings:
@@ -398,10 +412,12 @@ class Exporter:
         for (name, labels), value in sorted(self.values().items()):
             by_name.setdefault(name, []).append((labels, value))
         for name, (help_, label_names) in METRICS.items():
-            fam = GaugeMetricFamily(name, help_, labels=list(label_names))
-            for labels, value in by_name.get(name, []):
+            series = by_name.get(name, [])
+            names = list(label_names) + ([INSTANCE_LABEL] if any(INSTANCE_LABEL in dict(labels) for labels, _ in series) else [])
+            fam = GaugeMetricFamily(name, help_, labels=names)
+            for labels, value in series:
                 d = dict(labels)
-                fam.add_metric([d[n] for n in label_names], value)
+                fam.add_metric([d.get(n, "") for n in names], value)
             yield fam
 
 

@@ -18,6 +18,10 @@ at most B* (B per instance below B*/W), or when the prompts are below ``n* = R·
 than recomputing on an idle engine) and recomputing alone already meets the SLO. Prompts below n*
 with a recompute baseline that misses the SLO are said, and searched: loading then helps only by taking
 prefill off a busy engine (the paper's case: 16 310 tokens against n* ≈ 17 200).
+
+With the engines' ranks W given (``ranks``), the counts searched are W × K for K = 1, 2, … instances per
+rank (``kvctl deploy-valkey up --instances-per-rank K``: rank r's chunk c on its instance (c // W) mod K),
+up to ``max_instances``, and the plan says N instances as W ranks × K instances per rank.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class PlanPoint:
     meets: bool
     why: str
     extrapolated: tuple[str, ...] = ()
+    instances_per_rank: int | None = None  # K = instances / W, when the ranks W were given
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,8 @@ class PlanResult:
     slo_p99_s: float
     rho_target: float
     engines: int
+    ranks: int | None = None  # W, when given: instances were searched as W × K
+    instances_per_rank: int | None = None  # K of the plan, when W was given
 
 
 @dataclass
@@ -96,13 +103,18 @@ def _point(res: FleetResult, instances: int, loading: str, slo: float, rho_targe
 
 def plan(w: Workload, cfg: SimConfig, *, engines: int, slo_p99_s: float, rho_target: float, max_instances: int,
          instance_gbps: float | None = None, bench: dict[int, float] | None = None, var: Variability | None = None,
-         loadings: Sequence[str] = ("sync", "async")) -> PlanResult:
-    """Search instance counts × ``loadings`` for the fewest instances meeting ``p99 ≤ slo_p99_s`` at ``ρ ≤ rho_target``."""
+         loadings: Sequence[str] = ("sync", "async"), ranks: int | None = None) -> PlanResult:
+    """Search instance counts × ``loadings`` for the fewest instances meeting ``p99 ≤ slo_p99_s`` at ``ρ ≤ rho_target``.
+
+    ``ranks`` W: only W × K instances (K per rank) are searched, and the result says K."""
     var = var or Variability()
     if slo_p99_s <= 0 or not 0 < rho_target <= RHO_UNSTABLE:
         raise InvalidInput("--slo-p99 must be positive and --rho-target in (0, 1]")
     if max_instances < 1:
         raise InvalidInput(f"--max-instances must be at least 1, got {max_instances}")
+    if ranks is not None and not 1 <= ranks <= max_instances:
+        raise InvalidInput(f"--ranks {ranks} is more than --max-instances {max_instances}: every rank needs at least one instance; "
+                           f"give --max-instances {ranks} or more (W × K instances for K per rank)")
     check_memory(len(w.arrival_s), fleet=True)
     budget = _Budget(f"{max_instances:,} instance count(s) × {len(loadings)} loading mode(s) and the recompute baseline, each "
                      f"{len(w.arrival_s):,} requests over {engines:,} engine(s)")
@@ -137,7 +149,7 @@ def plan(w: Workload, cfg: SimConfig, *, engines: int, slo_p99_s: float, rho_tar
                 ([f"ρ {rho:.2f} > {rho_target:g}"] if rho > rho_target else [])
             return loading, inst, bw, rho, ruled_out
 
-        screened = [screen(loading, inst) for loading in loadings for inst in range(1, max_instances + 1)]
+        screened = [screen(loading, inst) for loading in loadings for inst in candidates(max_instances, ranks)]
         left = sum(1 for *_, ruled_out in screened if not ruled_out)
         budget.check(1, left)  # the recompute baseline took this long
         for loading, inst, bw, rho, ruled_out in screened:
@@ -162,6 +174,27 @@ def plan(w: Workload, cfg: SimConfig, *, engines: int, slo_p99_s: float, rho_tar
                       verdict, cannot, tuple(notes), n_star, b_star, slo_p99_s, rho_target, engines)
 
 
+def candidates(max_instances: int, ranks: int | None) -> range:
+    """The instance counts searched: 1 … max_instances, or W, 2W, … ≤ max_instances with the ranks W given."""
+    return range(1, max_instances + 1) if not ranks else range(ranks, max_instances + 1, ranks)
+
+
+def with_layout(res: PlanResult, ranks: int | None) -> PlanResult:
+    """``res`` with its points' and its plan's K = instances / W, and the verdict saying W ranks × K instances per rank."""
+    if not ranks:
+        return res
+    points = tuple(replace(p, instances_per_rank=p.instances // ranks) if p.instances else p for p in res.points)
+    k = res.instances // ranks if res.instances else None
+    verdict = res.verdict
+    if k == 1:  # nothing below W was tried: fewer instances than ranks is no tier of this kind
+        verdict = verdict.replace(" (fewer fail: none tried)", f" (fewer cannot give each of the {ranks} ranks an instance)")
+    if k:
+        verdict += f"; that is {ranks} rank(s) × {k} instance(s) per rank: kvctl deploy-valkey up --ranks {ranks} --instances-per-rank {k}"
+    return replace(res, points=points, verdict=verdict, ranks=ranks, instances_per_rank=k)
+
+
 def _fewer(points: Sequence[PlanPoint], best: PlanPoint) -> str:
-    p = next((q for q in points if q.loading == best.loading and q.instances == best.instances - 1), None)
+    """The largest count tried below the plan's, with the same loading (W below with the ranks W given)."""
+    tried = [q for q in points if q.loading == best.loading and 0 < q.instances < best.instances]
+    p = max(tried, key=lambda q: q.instances, default=None)
     return f"{p.instances} {p.loading}: {p.why}" if p else "none tried"

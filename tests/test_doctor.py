@@ -379,3 +379,74 @@ def test_doctor_checks_the_tier_in_kv_tier_by_default(tmp_path, monkeypatch):
         assert status(d, "maxmemory") == {"ok"}
     finally:
         local.down(tmp_path / "kv-tier")
+
+
+# --- K instances per rank: every instance read and judged on its own, the configs' {instance} and lists -----------
+
+
+def test_every_instance_of_every_rank_is_checked(valkey_factory):
+    """W = 1, K = 2 from --instances-per-rank: two real servers, each with its own line per setting."""
+    v0, v1 = valkey_factory(), valkey_factory()
+    data = doctor(["--valkey", v0.url, "--valkey", v1.url, "--instances-per-rank", "2", "--world-size", "1", "--no-host-checks"], code=0)
+    checks = by_name(data)
+    assert [c["message"].split(" (")[0] for c in checks["up"]] == ["rank 0 instance 0", "rank 0 instance 1"]
+    assert [c["evidence"] for c in checks["maxmemory"]] == [
+        {"rank": 0, "instance": 0, "maxmemory": 256 * 2**20}, {"rank": 0, "instance": 1, "maxmemory": 256 * 2**20}]
+    for name in ("eviction_policy", "persistence", "io_threads", "maxclients", "fragmentation"):
+        assert len(checks[name]) == 2, name  # one per instance, none lost to a shared rank
+    (one,) = checks["one_per_rank"]
+    assert one["status"] == "ok" and one["message"] == "2 distinct instance(s), 2 per rank (1 ranks)"
+    # as one instance per rank the same two servers are 2 ranks, not the engine's 1
+    short = doctor(["--valkey", v0.url, "--valkey", v1.url, "--world-size", "1", "--no-host-checks"], code=4)
+    assert by_name(short)["one_per_rank"][0]["message"] == "2 Valkey instance(s) for 1 ranks"
+
+
+def test_one_server_standing_for_two_instances_fails(valkey_factory):
+    v0 = valkey_factory()
+    same = doctor(["--valkey", v0.url, "--valkey", v0.url, "--instances-per-rank", "2", "--no-host-checks"], code=4)
+    (c,) = by_name(same)["one_per_rank"]
+    assert c["status"] == "fail" and c["evidence"]["instances"] == [[0, 0], [0, 1]]
+    assert "--instances-per-rank 2" in c["fix"]
+    few = doctor(["--valkey", v0.url, "--valkey", valkey_factory().url, "--instances-per-rank", "2", "--world-size", "2", "--no-host-checks"], code=4)
+    assert by_name(few)["one_per_rank"][0]["message"] == "2 Valkey instance(s) for 2 ranks × 2 instances per rank"
+
+
+def _kvt(tmp_path, extra: dict, name: str = "kv.json") -> str:
+    p = tmp_path / name
+    p.write_text(json.dumps({"kv_connector": "KvctlConnector", "kv_connector_module_path": "kvctl.plugins.vllm", "kv_role": "kv_both",
+                             "kv_connector_extra_config": {"chunk_tokens": 256, "async_loading": True, **extra}}))
+    return f"@{p}"
+
+
+def test_rank_template_knows_instance(tmp_path):
+    ok = doctor(["--kv-transfer-config", _kvt(tmp_path, {"url": "resp://kv-{rank}-{instance}:6379", "instances_per_rank": 4}),
+                 "--world-size", "2", "--no-host-checks"])
+    (c,) = by_name(ok)["rank_template"]
+    assert c["status"] == "ok" and c["message"].endswith("expands to 2 ranks × 4 instances = 8 URLs")
+    no_k = doctor(["--kv-transfer-config", _kvt(tmp_path, {"url": "resp://kv-{rank}-{instance}:6379"}), "--world-size", "2", "--no-host-checks"], code=4)
+    (c,) = by_name(no_k)["rank_template"]
+    assert c["status"] == "fail" and "instances_per_rank" in c["fix"]
+    no_placeholder = doctor(["--kv-transfer-config", _kvt(tmp_path, {"url": "resp://kv-{rank}:6379", "instances_per_rank": 2}),
+                             "--world-size", "2", "--no-host-checks"], code=4)
+    assert status(no_placeholder, "rank_template") == {"fail"}
+    # the LMCache plugin's own template (extra_config.remote_storage_plugin.kvctl.url) is checked too
+    lmc = tmp_path / "lmc.yaml"
+    lmc.write_text("chunk_size: 256\nremote_storage_plugins: [kvctl]\nenable_async_loading: true\nextra_config:\n"
+                   "  remote_storage_plugin.kvctl.url: resp://kv-{rank}-{instance}:6379\n")
+    d = doctor(["--config", str(lmc), "--world-size", "2", "--no-host-checks"], code=4)
+    (c,) = by_name(d)["rank_template"]
+    assert c["status"] == "fail" and "instance 0" in c["message"]
+
+
+def test_per_rank_lists_of_instances(tmp_path):
+    urls = [["resp://h:1", "resp://h:2"], ["resp://h:3", "resp://h:4"]]
+    ok = doctor(["--kv-transfer-config", _kvt(tmp_path, {"urls": urls, "instances_per_rank": 2}), "--world-size", "2", "--no-host-checks"])
+    assert status(ok, "instances_per_rank") == {"ok"} and status(ok, "urls_vs_world_size") == {"ok"}
+    assert by_name(ok)["urls_vs_world_size"][0]["message"] == "2 per-rank URLs for 2 ranks, 2 instances each"
+    wrong = doctor(["--kv-transfer-config", _kvt(tmp_path, {"urls": urls, "instances_per_rank": 3}), "--world-size", "2", "--no-host-checks"], code=4)
+    (c,) = by_name(wrong)["instances_per_rank"]
+    assert c["status"] == "fail" and c["evidence"] == {"declared": 3, "listed": 2}
+    ragged = doctor(["--kv-transfer-config", _kvt(tmp_path, {"urls": [["resp://h:1", "resp://h:2"], ["resp://h:3"]]}), "--no-host-checks"], code=4)
+    assert status(ragged, "instances_per_rank") == {"fail"}
+    plain = doctor(["--kv-transfer-config", _kvt(tmp_path, {"urls": ["resp://h:1", "resp://h:2"]}), "--world-size", "2", "--no-host-checks"])
+    assert "instances_per_rank" not in by_name(plain)  # K = 1: as before

@@ -91,3 +91,21 @@ def test_bad_input(args, message):
     code, out = run_plan(*PAPER, *args)
     assert code == 2, out
     assert message in out
+
+
+def test_with_the_ranks_given_the_plan_is_w_ranks_times_k_instances():
+    """W = 2 ranks, 1.3 GB/s per instance, the paper's load: only 2, 4, 6 … instances are tried (K = 1, 2, 3 … per
+    rank). 2 instances (2.6 GB/s, just above B* = 2.528) miss p99 ≤ 0.8 s; 4 meet it: 2 ranks × 2 instances per rank."""
+    code, out = run_plan(*PAPER, "--instance-gbps", "1.3", "--slo-p99", "0.8", "--loading", "sync", "--ranks", "2", "--max-instances", "8", "--json")
+    assert code == 0, out
+    d = json.loads(out)
+    tried = [(p["instances"], p["instances_per_rank"]) for p in d["points"] if p["instances"] > 0]
+    assert tried == [(2, 1), (4, 2), (6, 3), (8, 4)]
+    assert d["instances"] == 4 and d["ranks"] == 2 and d["instances_per_rank"] == 2
+    assert d["verdict"].endswith("that is 2 rank(s) × 2 instance(s) per rank: kvctl deploy-valkey up --ranks 2 --instances-per-rank 2")
+    assert "(fewer fail: 2 sync:" in d["verdict"]
+    code, out = run_plan(*PAPER, "--instance-gbps", "1.3", "--slo-p99", "0.8", "--ranks", "4", "--max-instances", "2")
+    assert code == 2 and "--ranks 4 is more than --max-instances 2" in out
+    code, out = run_plan(*PAPER, "--instance-gbps", "1.3", "--slo-p99", "0.8", "--loading", "sync", "--max-instances", "4", "--json")
+    d = json.loads(out)  # without --ranks: every count, as before
+    assert [p["instances"] for p in d["points"] if p["instances"] > 0] == [1, 2, 3, 4] and d["ranks"] is None

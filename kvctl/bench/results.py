@@ -3,6 +3,9 @@
 Units are in field names: ``_gbps`` is 10^9 bytes/s, ``_ms`` milliseconds,
 ``_usec`` microseconds, ``_frac`` a fraction in [0, 1]. ``summarize_*``
 functions are pure: they take raw worker results and server deltas.
+
+An instance is instance ``instance`` of rank ``rank``; with K instances per rank a rank's
+bandwidth is the sum over its K instances (``per_rank_gbps``: it loads from all of them at once).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from kvctl import cost
 from kvctl.bench.info import ServerDelta
 from kvctl.bench.stats import mean, percentile
 from kvctl.bench.worker import WorkerResult
+from kvctl.tier.targets import instance_name
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,8 @@ class InstanceRun:
     server_net_bytes: int | None
     errors: int
     first_error: str | None
+    instance: int = 0  # which of its rank's instances
+    name: str = ""  # "rank 2", or "rank 2 instance 1" (kvctl.tier.targets.instance_name)
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,8 @@ class RunResult:
     scaling_vs_1x1: float | None = None  # aggregate_gbps / the 1 instance × 1 client run of the same op
     engines: int | None = None  # bench --engines: engines sharing the instances (= clients per instance)
     per_engine: tuple[Any, ...] = ()  # kvctl.bench.engines.EngineRun, one per engine
+    ranks: int = 0  # distinct ranks among the instances (= instances with one instance per rank)
+    per_rank_gbps: tuple[float, ...] = ()  # per rank, the sum of its instances' client GB/s
 
 
 @dataclass(frozen=True)
@@ -80,15 +88,16 @@ class Verdict:
     bytes_per_token: float  # whole model (s)
     prefill_rate_tok_s: float
     breakeven_gbps: float  # s·R: the whole tier
-    ranks: int  # instances of the run judged (one per rank)
-    per_rank_gbps: float  # mean per-instance GET bandwidth of that run
+    ranks: int  # ranks of the run judged (its instances, with one instance per rank)
+    per_rank_gbps: float  # mean per-rank GET bandwidth of that run (a rank's: the sum over its instances)
     tier_gbps: float  # what one prompt sees when every rank loads its share at once
     per_rank_needed_gbps: float  # B* / ranks = (s / ranks)·R
     loading_wins: bool  # tier_gbps > B*, i.e. load_us_per_token < recompute_us_per_token
     text: str
-    bytes_per_token_per_rank: float = 0.0  # s / ranks: one instance's share of every token
+    bytes_per_token_per_rank: float = 0.0  # s / ranks: one rank's share of every token
     load_us_per_token: float = 0.0  # s / tier bandwidth, µs
     recompute_us_per_token: float = 0.0  # 1 / R, µs
+    instances: int = 0  # instances of the run judged (ranks × instances per rank)
 
 
 @dataclass(frozen=True)
@@ -126,12 +135,15 @@ def summarize_run(
     workers: Sequence[WorkerResult],
     deltas: Sequence[ServerDelta | str],
     extra_errors: Sequence[Sequence[str]] = (),
+    instances: Sequence[int] = (),
+    instances_per_rank: int = 1,
 ) -> RunResult:
     """Combine the workers' raw results and each instance's server delta into a :class:`RunResult`.
 
     ``deltas[i]`` is instance i's counter delta, or the message saying why none
     could be read. ``extra_errors[i]`` lists failures the parent saw for
-    instance i (a worker that never reported, ...).
+    instance i (a worker that never reported, ...). ``instances[i]``: which of
+    rank ``ranks[i]``'s ``instances_per_rank`` instances it is (0 when not given).
     """
     n = len(ranks)
     per: list[InstanceRun] = []
@@ -150,8 +162,11 @@ def summarize_run(
             s_calls = s_usec_per = s_busy = s_gbps = s_bytes = None
         else:
             s_calls, s_usec_per, s_busy, s_gbps, s_bytes = d.calls, d.usec_per_call, d.busy_frac, d.gbps, d.net_bytes
+        inst = instances[i] if i < len(instances) else 0
         per.append(
             InstanceRun(
+                instance=inst,
+                name=instance_name(ranks[i], inst, instances_per_rank),
                 rank=ranks[i],
                 url=urls[i],
                 clients=clients,
@@ -174,7 +189,11 @@ def summarize_run(
     calls = sum(d.calls for _, d in good)
     usec = sum(d.usec for _, d in good)
     usec_per = usec / calls if calls else None
+    rank_ids = sorted(set(ranks))
+    per_rank = tuple(sum(p.client_gbps for p in per if p.rank == r) for r in rank_ids)
     return RunResult(
+        ranks=len(rank_ids),
+        per_rank_gbps=per_rank,
         op=op,
         instances=n,
         clients=clients,
@@ -222,29 +241,33 @@ def summarize_verdict(runs: Sequence[RunResult], bytes_per_token: float, prefill
     most = max(r.instances for r in gets)
     run = max((r for r in gets if r.instances == most), key=lambda r: r.aggregate_gbps)
     b_star = cost.breakeven_gbps(bytes_per_token, prefill_rate)
-    per_rank = sum(run.per_instance_gbps) / len(run.per_instance_gbps)
+    ranks = run.ranks or run.instances
+    per_rank = sum(run.per_instance_gbps) / ranks
     tier = run.aggregate_gbps
     wins = tier > b_star
-    s_rank = bytes_per_token / run.instances
+    s_rank = bytes_per_token / ranks
     load_us, recompute_us = bytes_per_token / (tier * cost.GB) * 1e6, 1e6 / prefill_rate
+    who = f"{run.instances} instance(s)" if ranks == run.instances else f"{ranks} rank(s) × {run.instances // ranks} instances"
     text = (
-        f"{run.instances} instance(s) deliver {tier:.3f} GB/s per prompt ({per_rank:.3f} GB/s per rank); "
+        f"{who} deliver {tier:.3f} GB/s per prompt ({per_rank:.3f} GB/s per rank); "
         f"B* = s·R = {bytes_per_token:,.0f} B × {prefill_rate:,.0f} tok/s = {b_star:.3f} GB/s for the tier, "
-        f"i.e. {s_rank:,.0f} B/token × R = {b_star / run.instances:.3f} GB/s per rank; "
+        f"i.e. {s_rank:,.0f} B/token × R = {b_star / ranks:.3f} GB/s per rank; "
         f"loading costs {load_us:.1f} µs/token against {recompute_us:.1f} µs to recompute: "
-        + ("loading from the tier beats recompute for prompts above n* = R·T0." if wins else "recompute wins — every hit is slower than recomputing; add instances (one per rank) or stop loading.")
+        + ("loading from the tier beats recompute for prompts above n* = R·T0." if wins else "recompute wins — every hit is slower than recomputing; add instances (one per rank, then several per rank: "
+              "kvctl deploy-valkey up --instances-per-rank K) or stop loading.")
     )
     return Verdict(
         bytes_per_token=bytes_per_token,
         prefill_rate_tok_s=prefill_rate,
         breakeven_gbps=b_star,
-        ranks=run.instances,
+        ranks=ranks,
         per_rank_gbps=per_rank,
         tier_gbps=tier,
-        per_rank_needed_gbps=b_star / run.instances,
+        per_rank_needed_gbps=b_star / ranks,
         loading_wins=wins,
         text=text,
         bytes_per_token_per_rank=s_rank,
         load_us_per_token=load_us,
         recompute_us_per_token=recompute_us,
+        instances=run.instances,
     )

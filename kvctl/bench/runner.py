@@ -350,6 +350,8 @@ def run_once(
         list(results.values()),
         deltas,
         extra,
+        instances=[t.instance for t in targets],
+        instances_per_rank=max((t.instances_per_rank for t in targets), default=1),
     )
     if engines:
         run = replace(run, engines=clients, per_engine=summarize_engines(list(results.values()), clients, len(targets)))
@@ -411,14 +413,15 @@ def run_bench(
         was_interrupted = True
     finally:
         if not keep_keys:  # skip instances that failed: a dead or stalled server would only add timeouts
-            failed = {p.rank for r in runs for p in r.per_instance if p.errors}
-            cleanup([t for t in targets if t.rank not in failed], prefix, n_keys, spec.timeout_s)
+            failed = {(p.rank, p.instance) for r in runs for p in r.per_instance if p.errors}
+            cleanup([t for t in targets if (t.rank, t.instance) not in failed], prefix, n_keys, spec.timeout_s)
     runs_t = with_scaling(runs)
     params = dict(parameters or {})
     params.update(
         chunk_bytes=spec.chunk_bytes, batch=spec.batch, clients=spec.clients, duration_s=spec.duration_s,
         keys_per_instance=n_keys, write=spec.write, sweep=spec.sweep, timeout_s=spec.timeout_s, seed=spec.seed, engines=spec.engines,
         instances=len(targets), urls=[redacted(t) for t in targets], key_ttl_s=ttl,
+        instances_per_rank=max(t.instances_per_rank for t in targets),
     )
     meta = BenchMetadata(
         date_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -60,6 +60,7 @@ def bench_cmd(
     ctx: click.Context,
     valkey_urls: tuple[str, ...],
     ranks: int | None,
+    instances_per_rank: int | None,
     tier_dir: str | None,
     embedded: int | None,
     embedded_maxmemory: int | None,
@@ -84,13 +85,16 @@ def bench_cmd(
     plot: str | None,
     as_json: bool,
 ) -> None:
-    """GET bandwidth of the remote tier: per instance, over clients, and one instance per rank.
+    """GET bandwidth of the remote tier: per instance, over clients, and one instance per rank (or K).
 
     \b
     Each client is its own process fetching --batch chunks per pipelined request
     into preallocated buffers (the engine's RESP client). Server-side numbers come
     from INFO commandstats/stats deltas of every instance. Exit 5 when any instance
-    failed during the run (killed, stalled, refusing).
+    failed during the run (killed, stalled, refusing). A tier of K instances per
+    rank (--dir, or --instances-per-rank K with --valkey) is measured per
+    instance (rank r instance i) and per rank (the sum over its K instances);
+    --batch is then one instance's share.
     \b
     SIGINT (Ctrl-C) or SIGTERM stops the clients, deletes the bench keys, stops
     --embedded servers, prints what was measured and exits 130 or 143 (a second
@@ -154,7 +158,7 @@ def bench_cmd(
             with embedded_tier(embedded, embedded_maxmemory) as targets:
                 report = go(targets, n_keys)
         else:
-            report = go(valkey_targets(valkey_urls, ranks, tier_dir, password_file))
+            report = go(valkey_targets(valkey_urls, ranks, tier_dir, password_file, instances_per_rank=instances_per_rank))
 
     data = render.to_jsonable(report)
     data["errors"] = report.errors
@@ -172,7 +176,9 @@ def bench_cmd(
     else:
         render_report(report)
         if report.verdict and tp > 1 and report.verdict.ranks != tp:
-            render.warn(f"--tp {tp}, but the verdict's run had {report.verdict.ranks} instance(s): it judges the tier measured; "
+            had = f"{report.verdict.ranks} instance(s)" if report.verdict.instances in (0, report.verdict.ranks) else (
+                f"{report.verdict.ranks} rank(s) ({report.verdict.instances} instances)")
+            render.warn(f"--tp {tp}, but the verdict's run had {had}: it judges the tier measured; "
                         f"bench {tp} instances (one per rank) for the engine's tier")
     if caught:
         sig = caught[0]
@@ -187,7 +193,7 @@ def bench_cmd(
             for inst in run.per_instance:
                 if inst.errors:
                     render.error_line(
-                        f"{run.op.upper()} {run.instances}×{run.clients}: rank {inst.rank} ({inst.url}): "
+                        f"{run.op.upper()} {run.instances}×{run.clients}: {inst.name or f'rank {inst.rank}'} ({inst.url}): "
                         f"{inst.errors} error(s), first: {inst.first_error}"
                     )
         ctx.exit(int(ExitStatus.UNREACHABLE))
@@ -230,12 +236,18 @@ def _pct(x: float | None) -> str:
 def render_report(report: BenchReport) -> None:
     """The runs table, then misses/verdict notes."""
     p = report.metadata.parameters
+    k = p.get("instances_per_rank", 1)
     rows = []
     for r in report.runs:
         usec = r.server_usec_per_get if r.op == "get" else r.server_usec_per_set
+        per_inst = " ".join(f"{g:.2f}" for g in r.per_instance_gbps)
+        if k > 1:  # grouped by rank: "r0 1.20+1.31 = 2.51"
+            per_inst = "  ".join(
+                f"r{rank} " + "+".join(f"{q.client_gbps:.2f}" for q in r.per_instance if q.rank == rank) + f" = {g:.2f}"
+                for rank, g in zip(sorted({q.rank for q in r.per_instance}), r.per_rank_gbps))
         rows.append((
             r.op.upper(), f"{r.instances}×{r.clients}", _f(r.aggregate_gbps, 2),
-            " ".join(f"{g:.2f}" for g in r.per_instance_gbps),
+            per_inst,
             "—" if r.scaling_vs_1x1 is None else f"{r.scaling_vs_1x1:.2f}×",
             _f(r.p50_batch_ms, 1), _f(r.p99_batch_ms, 1), _f(usec, 0), _pct(r.server_busy_frac), _f(r.server_gbps, 2),
             f"[red]{r.errors}[/]" if r.errors else "0",
@@ -245,6 +257,7 @@ def render_report(report: BenchReport) -> None:
         + (f" (INTERRUPTED: {len(report.runs)} of {report.runs_planned} runs, the last ran {report.runs[-1].duration_s:.1f} s), " if report.interrupted and report.runs else ", ")
         + f"{p['keys_per_instance']} keys per instance · valkey {', '.join(sorted(set(report.metadata.server_versions)))} (io-threads {', '.join(sorted({str(n) if n else '?' for n in report.metadata.server_io_threads})) or '?'}) · "
         f"{report.metadata.host_cores} cores\ninst×cl = instances × clients each · ms per batch · GB = 1e9 bytes\nµs/op, busy (busiest main thread), srv GB/s: INFO deltas"
+        + (f"\n{k} instances per rank: per inst grouped by rank, rN a+b = rank N's instances and their sum (what rank N loads at once)" if k > 1 else "")
     )
     render.table(
         "kvctl bench",

@@ -1,4 +1,4 @@
-"""``kvctl deploy-valkey``: one Valkey instance per rank (paper §5.2), locally, as systemd units, or on k8s."""
+"""``kvctl deploy-valkey``: one Valkey instance per rank (paper §5.2), or K per rank, locally, as systemd units, or on k8s."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any, Callable
 import click
 
 from kvctl import render, thresholds
-from kvctl.commands.options import ByteSize, FiniteFloat, count, non_negative, options, output_options, positive, valkey_options, valkey_targets
+from kvctl.commands.options import (
+    INSTANCES_PER_RANK, ByteSize, FiniteFloat, count, non_negative, options, output_options, positive, valkey_options, valkey_targets,
+)
 from kvctl.signals import Signalled, signals_raise
 from kvctl.errors import InvalidInput, Unreachable
 from kvctl.files import write_atomic
@@ -85,6 +87,13 @@ password_options = options(
     click.option("--insecure-no-auth", is_flag=True, help="Allow a non-loopback bind address without a password (test rigs only)."),
 )
 
+#: --instances-per-rank of `up`, lmcache-config and vllm-config (the tools that read a tier take kvctl.commands.options').
+instances_per_rank_option = click.option(
+    "--instances-per-rank", type=INSTANCES_PER_RANK, default=1, show_default=True,
+    help="Valkey instances K per rank: rank r's owned chunk c lives on its instance (c // W) mod K, more GET bandwidth per rank. "
+    "Instance i of rank r is number n = r*K + i: port base-port + n (local, systemd), unit NAME@<r>-<i> (systemd), pod NAME-<n> (k8s).",
+)
+
 #: Options of the systemd and k8s targets.
 fleet_options = options(
     click.option("--name", default="valkey-kv", show_default=True, help="Name of the unit template / StatefulSet (pods are NAME-<rank>)."),
@@ -97,7 +106,10 @@ fleet_options = options(
 
 @click.group("deploy-valkey")
 def deploy_group() -> None:
-    """Stand up one Valkey instance per rank (instance r holds exactly rank r's chunks).
+    """Stand up one Valkey instance per rank (instance r holds exactly rank r's chunks), or K per rank.
+
+    With --instances-per-rank K, rank r's owned chunk c lives on its instance
+    (c // W) mod K; engines of the same W and K share every key.
 
     \b
     kvctl deploy-valkey up --ranks 4 --base-port 17400 --maxmemory 400mb --dir ./kv-tier
@@ -106,44 +118,53 @@ def deploy_group() -> None:
     kvctl deploy-valkey vllm-config --dir ./kv-tier --shell
     kvctl deploy-valkey down --dir ./kv-tier
     kvctl deploy-valkey up --target k8s --ranks 8 --maxmemory 64gb --password-file pw --out k8s/
+    kvctl deploy-valkey up --ranks 1 --instances-per-rank 4 --maxmemory 8gb --dir ./kv-tier
     """
 
 
 @deploy_group.command("up")
 @click.option("--target", type=TargetChoice(), default="local", show_default=True, help="Start local processes, or render systemd units / k8s manifests (or a plugin's registered target).")
-@click.option("--ranks", type=RANKS, required=True, help="Number of ranks = instances (rank r on instance r).")
-@click.option("--base-port", type=click.IntRange(1, 65535), default=thresholds.BASE_PORT, show_default=True, envvar="KVCTL_BASE_PORT", help="Port of rank 0; rank r listens on base-port + r (local, systemd; env KVCTL_BASE_PORT).")
-@click.option("--maxmemory", type=MAXMEMORY, default="400mb", show_default=True, help="TOTAL memory of the tier, split evenly across instances (Valkey units: mb = MiB, m = 10^6).")
+@click.option("--ranks", type=RANKS, required=True, help="Number of ranks W (rank r on instance r, or on its K instances with --instances-per-rank).")
+@instances_per_rank_option
+@click.option("--base-port", type=click.IntRange(1, 65535), default=thresholds.BASE_PORT, show_default=True, envvar="KVCTL_BASE_PORT", help="Port of rank 0; rank r listens on base-port + r, instance i of rank r on base-port + r*K + i (local, systemd; env KVCTL_BASE_PORT).")
+@click.option("--maxmemory", type=MAXMEMORY, default="400mb", show_default=True, help="TOTAL memory of the tier, split evenly across all W × K instances (Valkey units: mb = MiB, m = 10^6).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (local, systemd). Non-loopback needs --password-file or --insecure-no-auth.")
-@click.option("--io-threads", type=count(256), help=f"Valkey io-threads per instance, main thread included (default: min(4, cores/2/ranks), here {spec.default_io_threads()} for one rank; 4 for fleets).")
+@click.option("--io-threads", type=count(256), help=f"Valkey io-threads per instance, main thread included (default: min(4, cores/2/instances), here {spec.default_io_threads()} for one instance; 4 for fleets).")
 @dir_option
 @password_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Output directory for --target systemd/k8s.")
 @click.option("--apply", "apply_", is_flag=True, help="systemd: install and enable the units (needs root); k8s: kubectl apply -f OUT.")
 @fleet_options
 @output_options
-def up_cmd(target: str, ranks: int, base_port: int, maxmemory: int, host: str, io_threads: int | None, tier_dir: Path, password_file: str | None, insecure_no_auth: bool, out: Path | None, apply_: bool, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, as_json: bool) -> None:
-    """Start (local) or render (systemd, k8s) one Valkey instance per rank.
+def up_cmd(target: str, ranks: int, instances_per_rank: int, base_port: int, maxmemory: int, host: str, io_threads: int | None, tier_dir: Path, password_file: str | None, insecure_no_auth: bool, out: Path | None, apply_: bool, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, as_json: bool) -> None:
+    """Start (local) or render (systemd, k8s) one Valkey instance per rank, or K per rank.
 
     Local: all instances answer PING or none is left running; the state file
     in --dir lists each instance as soon as it starts (bench and diagnose read
     it via --dir), so `down` can clean up after an `up` that was killed.
     SIGINT/SIGTERM stop what was started and exit 130/143. A second `up`
     into a --dir another kvctl is working on is refused.
+
+    \b
+    --instances-per-rank K: W × K instances; instance i of rank r is number
+    n = r*K + i (port base-port + n; systemd unit NAME@<r>-<i>; k8s: one
+    StatefulSet of W × K pods, pod NAME-<n>). Rank r's owned chunk c lives on
+    its instance (c // W) mod K; vllm-config / lmcache-config name them.
     """
     if ranks < 1:
         raise InvalidInput(f"--ranks must be at least 1, got {ranks}")
     if target != "local":
-        _render_fleet(target, ranks, base_port, maxmemory, host, io_threads, password_file, insecure_no_auth, out, apply_, name, service, namespace, image, k8s_port, as_json)
+        _render_fleet(target, ranks, base_port, maxmemory, host, io_threads, password_file, insecure_no_auth, out, apply_, name, service, namespace, image, k8s_port, as_json,
+                      instances_per_rank)
         return
     if out or apply_:
         raise InvalidInput("--out and --apply are for --target systemd or k8s")
     from kvctl.tier import local  # noqa: PLC0415 - psutil only when a command runs, not for `kvctl --help`
 
-    req = local.UpRequest(tier_dir, ranks, base_port, maxmemory, host, io_threads, password_file, insecure_no_auth)
+    req = local.UpRequest(tier_dir, ranks, base_port, maxmemory, host, io_threads, password_file, insecure_no_auth, instances_per_rank)
     try:
-        with signals_raise(), render.progress(f"starting {ranks} valkey-server(s)", total=ranks, enabled=not as_json) as advance:
-            state = local.up(req, on_progress=lambda rank, port: advance(1, f"rank {rank} on :{port} answers PING"))
+        with signals_raise(), render.progress(f"starting {req.instances} valkey-server(s)", total=req.instances, enabled=not as_json) as advance:
+            state = local.up(req, on_progress=lambda name, port: advance(1, f"{name} on :{port} answers PING"))
     except Signalled as e:
         render.error_line(f"interrupted by {e.signal.name}: stopped the instance(s) already started; nothing of this `up` is left running")
         raise click.exceptions.Exit(e.exit_code) from None
@@ -156,14 +177,16 @@ def up_cmd(target: str, ranks: int, base_port: int, maxmemory: int, host: str, i
                 "io_threads": state.io_threads,
                 "auth": state.password_file is not None,
                 "engine_user": state.engine_user,
-                "instances": [{"rank": i.rank, "host": i.host, "port": i.port, "pid": i.pid, "url": i.url} for i in state.instances],
+                "instances_per_rank": state.instances_per_rank,
+                "instances": [{"rank": i.rank, "instance": i.instance, "host": i.host, "port": i.port, "pid": i.pid, "url": i.url} for i in state.instances],
             }
         )
         return
+    k = state.instances_per_rank
     render.table(
-        f"Valkey tier in {state.dir} (valkey {state.server_version})",
-        ["rank", "host", "port", "pid", "url"],
-        [(i.rank, i.host, str(i.port), str(i.pid), i.url) for i in state.instances],
+        f"Valkey tier in {state.dir} (valkey {state.server_version})" + (f": {state.ranks} ranks × {k} instances" if k > 1 else ""),
+        ["rank", *(["inst"] if k > 1 else []), "host", "port", "pid", "url"],
+        [(i.rank, *([i.instance] if k > 1 else []), i.host, str(i.port), str(i.pid), i.url) for i in state.instances],
         caption=(
             f"maxmemory {spec.format_size(state.maxmemory_per_instance)} per instance (allkeys-lru, no persistence) · io-threads {state.io_threads}"
             + (f" · auth on, engine user {state.engine_user}" if state.engine_user else "")
@@ -172,7 +195,8 @@ def up_cmd(target: str, ranks: int, base_port: int, maxmemory: int, host: str, i
     )
 
 
-def _render_fleet(target: str, ranks: int, base_port: int, maxmemory: int, host: str, io_threads: int | None, password_file: str | None, insecure_no_auth: bool, out: Path | None, apply_: bool, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, as_json: bool) -> None:
+def _render_fleet(target: str, ranks: int, base_port: int, maxmemory: int, host: str, io_threads: int | None, password_file: str | None, insecure_no_auth: bool, out: Path | None, apply_: bool, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, as_json: bool,
+                  instances_per_rank: int = 1) -> None:
     from kvctl.tier import render_targets  # noqa: PLC0415
 
     renderers = fleet_renderers()
@@ -196,13 +220,15 @@ def _render_fleet(target: str, ranks: int, base_port: int, maxmemory: int, host:
         service=service,
         namespace=namespace,
         image=image,
+        instances_per_rank=instances_per_rank,
     )
     files = render_targets.write_files(out, renderers[target](fleet))
     applied = render_targets.apply(target, out, fleet) if apply_ else None
     if as_json:
         render.emit_json({"target": target, "out": str(out), "files": [str(f) for f in files], "applied": applied, "remote_url": render_targets.remote_urls(fleet)})
         return
-    render.table(f"{target}: {ranks} rank(s) rendered to {out}", ["file"], [(str(f),) for f in files])
+    layout = f"{ranks} rank(s)" + (f" × {instances_per_rank} instances" if instances_per_rank > 1 else "")
+    render.table(f"{target}: {layout} rendered to {out}", ["file"], [(str(f),) for f in files])
     if applied:
         render.message(f"applied: {applied}")
     else:
@@ -213,8 +239,8 @@ def _render_fleet(target: str, ranks: int, base_port: int, maxmemory: int, host:
 @valkey_options(dir_default=DEFAULT_DIR, dir_envvar="KVCTL_TIER_DIR")
 @output_options
 @click.pass_context
-def status_cmd(ctx: click.Context, valkey_urls: tuple[str, ...], ranks: int | None, tier_dir: str, password_file: str | None, as_json: bool) -> None:
-    """Per rank: up, memory, keys, evictions, clients, GET calls and µs per GET (INFO).
+def status_cmd(ctx: click.Context, valkey_urls: tuple[str, ...], ranks: int | None, instances_per_rank: int | None, tier_dir: str, password_file: str | None, as_json: bool) -> None:
+    """Per instance: up, memory, keys, evictions, clients, GET calls and µs per GET (INFO).
 
     
     kvctl deploy-valkey status --dir ./kv-tier
@@ -233,18 +259,23 @@ def status_cmd(ctx: click.Context, valkey_urls: tuple[str, ...], ranks: int | No
 
     if valkey_urls or ranks:  # --dir only when given here: its default and env var name the tier when no URL is
         explicit_dir = tier_dir if ctx.get_parameter_source("tier_dir") == ParameterSource.COMMANDLINE else None
-        st = local.targets_status(valkey_targets(valkey_urls, ranks, explicit_dir, password_file))
+        st = local.targets_status(valkey_targets(valkey_urls, ranks, explicit_dir, password_file, instances_per_rank=instances_per_rank))
     else:
+        recorded = load_tier(tier_dir).instances_per_rank
+        if instances_per_rank and instances_per_rank != recorded:
+            raise InvalidInput(f"--instances-per-rank {instances_per_rank}, but the tier in {tier_dir} has {recorded} per rank; drop the option")
         st = local.status(tier_dir, password_file)
+    k = st.instances_per_rank
     if as_json:
         render.emit_json(st)
     else:
         render.table(
             f"Valkey tier in {st.dir}" if st.dir else "Valkey instances",
-            ["rank", "port", "up", "used/max MiB", "keys", "evict", "conns", "GETs", "µs/GET"],
+            ["rank", *(["inst"] if k > 1 else []), "port", "up", "used/max MiB", "keys", "evict", "conns", "GETs", "µs/GET"],
             [
                 (
                     i.rank,
+                    *([i.instance] if k > 1 else []),
                     str(i.port),
                     "[green]up[/]" if i.up else f"[red]{i.state}[/]",
                     f"{i.used_memory / 2**20:.1f}/{i.maxmemory / 2**20:.0f}" if i.up else "—",
@@ -260,13 +291,13 @@ def status_cmd(ctx: click.Context, valkey_urls: tuple[str, ...], ranks: int | No
         )
     down = [i for i in st.instances if not i.up]
     for i in down:
-        render.warn(f"rank {i.rank} ({i.host}:{i.port}): {i.state}: {i.hint}")
+        render.warn(f"{i.name} ({i.host}:{i.port}): {i.state}: {i.hint}")
     refused = [i for i in down if i.state == "auth refused"]
     if refused:
         raise AuthFailed(f"{len(refused)} of {len(st.instances)} instance(s) refused the login: {refused[0].hint}")
     if down:
         raise Unreachable(
-            f"{len(down)} of {len(st.instances)} instance(s) not answering: " + ", ".join(f"rank {i.rank} ({i.host}:{i.port}) {i.state}" for i in down)
+            f"{len(down)} of {len(st.instances)} instance(s) not answering: " + ", ".join(f"{i.name} ({i.host}:{i.port}) {i.state}" for i in down)
         )
 
 
@@ -285,24 +316,25 @@ def down_cmd(tier_dir: Path, purge: bool, timeout_s: float, as_json: bool) -> No
 
     state = load_tier(tier_dir)
     with render.progress("stopping valkey-server(s)", total=len(state.instances), enabled=not as_json) as advance:
-        results = local.down(tier_dir, purge=purge, timeout_s=timeout_s, on_progress=lambda rank, port: advance(1, f"rank {rank} on :{port}"))
+        results = local.down(tier_dir, purge=purge, timeout_s=timeout_s, on_progress=lambda name, port: advance(1, f"{name} on :{port}"))
     if as_json:
         render.emit_json({"dir": state.dir, "purged": purge, "instances": results})
     else:
         styles = {"stopped": "green", "killed": "yellow", "not running": "yellow", "not ours": "red"}
+        k = state.instances_per_rank
         render.table(
             f"Stopped tier in {state.dir}",
-            ["rank", "port", "pid", "result", "port free"],
-            [(r.rank, str(r.port), str(r.pid), f"[{styles[r.result]}]{r.result}[/]", r.port_free) for r in results],
+            ["rank", *(["inst"] if k > 1 else []), "port", "pid", "result", "port free"],
+            [(r.rank, *([r.instance] if k > 1 else []), str(r.port), str(r.pid), f"[{styles[r.result]}]{r.result}[/]", r.port_free) for r in results],
             caption=None if purge else "config files kept; --purge removes them",
         )
     for r in results:
         if r.result == "not ours":
-            render.warn(f"rank {r.rank}: pid {r.pid} now belongs to another process; left it alone")
+            render.warn(f"{r.name}: pid {r.pid} now belongs to another process; left it alone")
         elif r.result == "not running":
-            render.warn(f"rank {r.rank}: no valkey-server of this tier was running (pid {r.pid})")
+            render.warn(f"{r.name}: no valkey-server of this tier was running (pid {r.pid})")
         elif r.result == "killed":
-            render.warn(f"rank {r.rank}: pid {r.pid} did not exit within --timeout {timeout_s:g}s of SIGTERM; sent SIGKILL")
+            render.warn(f"{r.name}: pid {r.pid} did not exit within --timeout {timeout_s:g}s of SIGTERM; sent SIGKILL")
 
 
 #: Options that name the tier an engine config points at (lmcache-config, vllm-config).
@@ -310,6 +342,7 @@ tier_config_options = options(
     click.option("--target", type=TargetChoice(), default="local", show_default=True, help="Tier kind: local reads --dir; systemd/k8s (or a plugin's target) take the same options as `up`."),
     dir_option,
     click.option("--ranks", type=RANKS, help="Number of ranks (systemd, k8s)."),
+    click.option("--instances-per-rank", type=INSTANCES_PER_RANK, help="Instances K per rank (systemd, k8s; default 1, as given to `up`); a local tier knows its own."),
     click.option("--base-port", type=click.IntRange(1, 65535), default=thresholds.BASE_PORT, show_default=True, envvar="KVCTL_BASE_PORT", help="Port of rank 0 (systemd; env KVCTL_BASE_PORT, as for `up`)."),
     click.option("--host", default="127.0.0.1", show_default=True, help="Host the systemd instances run on, as engines reach it."),
     fleet_options,
@@ -317,17 +350,18 @@ tier_config_options = options(
 )
 
 
-def _tier_urls(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None) -> tuple[Any, str | None, str | None, str]:
+def _tier_urls(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, instances_per_rank: int | None) -> Any:
     """The tier's URLs (kvctl.tier.engine_urls.tier_urls), with a warning when a local tier is not running."""
     from kvctl.tier.engine_urls import tier_urls  # noqa: PLC0415 - yaml
 
-    t = tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file)
+    t = tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file, instances_per_rank)
     if t.not_running:
+        which = f"rank(s) {', '.join(n.removeprefix('rank ') for n in t.not_running)}" if t.instances_per_rank == 1 else ", ".join(t.not_running)
         render.warn(
-            f"the tier in {tier_dir} is not running (no valkey-server for rank(s) {', '.join(map(str, t.not_running))}): "
+            f"the tier in {tier_dir} is not running (no valkey-server for {which}): "
             f"engines given these URLs will find nothing there; start it with `kvctl deploy-valkey up`"
         )
-    return t.urls, t.user, t.password_file, t.title
+    return t
 
 
 def _write_or_echo(text: str, out_file: Path | None) -> None:
@@ -348,11 +382,13 @@ def _write_or_echo(text: str, out_file: Path | None) -> None:
 @click.option("--plugin/--native", default=True, show_default=True, help="--plugin (the default): kvctl's RESP client as LMCache's remote-storage plugin (remote_storage_plugins: [kvctl], no remote_url). --native: LMCache's own resp:// client in remote_url, with a warning (it hangs on a missing key; kvctl doctor fails it).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the YAML to this file instead of stdout.")
 @output_options
-def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_size: int, local_cpu: bool, max_local_cpu_size: float, async_loading: bool, plugin: bool, out_file: Path | None, as_json: bool) -> None:
+def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances_per_rank: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_size: int, local_cpu: bool, max_local_cpu_size: float, async_loading: bool, plugin: bool, out_file: Path | None, as_json: bool) -> None:
     """Print the LMCache YAML for this tier: chunk size, L1 settings, per-rank remote URL.
 
     Local tiers get the per-rank list form (ports differ); k8s gets the
-    {rank} template form (hosts differ). The default form loads kvctl's RESP
+    {rank} template form (hosts differ). With K instances per rank the list
+    holds, per rank, its K URLs, and remote_storage_plugin.kvctl.instances_per_rank
+    says K (the plugin spreads a rank's keys over them). The default form loads kvctl's RESP
     client into LMCache (kvctl.plugins.lmcache): a missing key is a miss
     within the deadline, never a hang. --native writes LMCache's own resp://
     client instead, which LMCache <= 0.5.6 cannot run safely (warned).
@@ -360,8 +396,9 @@ def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port
     from kvctl.tier.lmcache_config import LMCacheSettings, lmcache_config, render_lmcache_yaml  # noqa: PLC0415 - yaml
 
     settings = LMCacheSettings(chunk_size, local_cpu, max_local_cpu_size, "naive", async_loading)
-    urls, user, password_file, tier = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file)
-    cfg = lmcache_config(urls, settings, user, password_file, plugin=plugin)
+    t = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file, instances_per_rank)
+    cfg = lmcache_config(t.urls, settings, t.user, t.password_file, plugin=plugin, instances_per_rank=t.instances_per_rank)
+    password_file, tier = t.password_file, t.title
     notes = [] if target == "local" or password_file else [no_credentials_note(target, name)]
     if not plugin:
         notes.append(NATIVE_CLIENT_NOTE)
@@ -401,13 +438,15 @@ def no_credentials_note(target: str, name: str) -> str:
 @click.option("--shell", "as_shell", is_flag=True, help="Print the whole quoted argument, --kv-transfer-config '...', for a shell or a systemd ExecStart line.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the output to this file instead of stdout.")
 @output_options
-def vllm_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_tokens: int, async_loading: bool, timeout_s: float | None, as_shell: bool, out_file: Path | None, as_json: bool) -> None:
+def vllm_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances_per_rank: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_tokens: int, async_loading: bool, timeout_s: float | None, as_shell: bool, out_file: Path | None, as_json: bool) -> None:
     """Print vLLM's --kv-transfer-config JSON that loads kvctl's connector over this tier.
 
     One compact JSON line (the argument's value); --shell prints the quoted
     argument, --json the same mapping indented. Local and systemd tiers get a
     per-rank "urls" list (ports differ); k8s gets a "url" {rank} template
-    (hosts differ). With a password, the tier's engine user is in the URLs
+    (hosts differ). With K instances per rank, "urls" holds per rank the
+    list of its K URLs (k8s too: pod r*K + i is no template) and
+    "instances_per_rank" says K. With a password, the tier's engine user is in the URLs
     and only the password file's path is written.
 
     \b
@@ -418,8 +457,8 @@ def vllm_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port: i
 
     if as_shell and as_json:
         raise InvalidInput("--shell and --json are two output forms; pick one")
-    urls, user, password_file, _ = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file)
-    cfg = kv_transfer_config(urls, ConnectorSettings(chunk_tokens, async_loading, timeout_s), user, password_file)
+    t = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file, instances_per_rank)
+    cfg = kv_transfer_config(t.urls, ConnectorSettings(chunk_tokens, async_loading, timeout_s), t.user, t.password_file, t.instances_per_rank)
     if as_json:
         render.emit_json(cfg)
         return

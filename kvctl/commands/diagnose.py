@@ -180,6 +180,7 @@ def _run(
     engine_urls: tuple[str, ...],
     valkey_urls: tuple[str, ...],
     ranks: int | None,
+    instances_per_rank: int | None,
     tier_dir: str | None,
     password_file: str | None,
     engine_api_key_file: str | None,
@@ -207,7 +208,7 @@ def _run(
         raise click.UsageError("give --engine-url (repeatable), or --from DIR")
     urls = _engine_urls(engine_urls, as_json)
     http = engine_http(engine_api_key_file, max_metrics_bytes)
-    targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False)
+    targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False, instances_per_rank=instances_per_rank)
     parameters = _parameters(bytes_per_token, prefill_rate, t0)
     if watch:
         if save_dir:
@@ -235,7 +236,8 @@ def _watch(ctx, engine_urls, targets, window, parameters, params, timeout_s, exp
             cap.wait_until(prev.t_s + window)
             new = cap.take_sample(engine_urls, targets, timeout_s, http=http)
             shown = [cap.masked_valkey_url(t.url) for t in targets]  # shown and saved: no password
-            diag = analyse(cap.Capture([masked(u) for u in engine_urls], shown, [prev, new], parameters, cap.now_iso()), params)
+            diag = analyse(cap.Capture([masked(u) for u in engine_urls], shown, [prev, new], parameters, cap.now_iso(),
+                                       instances_per_rank=cap.instances_per_rank_of(targets)), params)
             cap.save_last_diagnosis({"saved_at": cap.now_iso(), **diagnosis_json(diag)})
             code = diag.exit_status
             if as_json:
@@ -297,12 +299,13 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
                 for e in diag.engines
             ],
         )
+    k = max([i.instance + 1 for i in diag.instances] or [1])
     if diag.instances:
         render.table(
             "Valkey instances",
-            ["rank", "status", "GET/s", "MB out/s", "µs per GET", "GET busy", "GB/s in GETs", "evicted"],
+            ["rank", *(["inst"] if k > 1 else []), "status", "GET/s", "MB out/s", "µs per GET", "GET busy", "GB/s in GETs", "evicted"],
             [
-                (i.rank, i.status if not i.error else f"{i.status}: {i.error}", i.get_rate_per_s,
+                (i.rank, *([i.instance] if k > 1 else []), i.status if not i.error else f"{i.status}: {i.error}", i.get_rate_per_s,
                  None if i.bytes_out_per_s is None else i.bytes_out_per_s / 1e6, i.usec_per_get, pct(i.get_busy_fraction), i.bandwidth_gbps, i.evicted_keys)
                 for i in diag.instances
             ],
@@ -318,13 +321,15 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
         )
         render.table(
             "Instances shared by engines",
-            ["rank", "engines", "offered MB/s", "B_i (GB/s)", "ρ (all engines)", "per engine"],
-            [(i.rank, ", ".join(str(e) for e in i.engines), i.offered_bytes_per_s / 1e6, i.bandwidth_gbps,
+            ["rank", *(["inst"] if k > 1 else []), "engines", "offered MB/s", "B_i (GB/s)", "ρ (all engines)", "per engine"],
+            [(i.rank, *([i.instance] if k > 1 else []), ", ".join(str(e) for e in i.engines), i.offered_bytes_per_s / 1e6, i.bandwidth_gbps,
               None if i.rho is None else f"{i.rho:.3f}" + (" (lower bound)" if i.rho_bound == "lower_bound" else ""),
               " ".join(f"{e}: {v:.2f}" for e, v in i.shares))
              for i in diag.instance_loads],
             caption="ρ_i = Σ_e λ_e·(bytes_e / W_e) / B_i over the engines using instance i; B_i: the best B_e/W_e they saw "
-                    "(else Valkey's server side, an upper bound)",
+                    "(else Valkey's server side, an upper bound)"
+                    + (f"\n{k} instances per rank: a rank's bytes and its B_e/W_e are split over its {k} instances "
+                       "(chunk c on instance (c // W) mod K)" if k > 1 else ""),
         )
     if diag.findings:
         render.text_table("Findings", ["severity", "id", "finding", "recommendation"], [(f.severity, f.id, f.message, f"{f.recommendation}\nrunbook: {runbook_for(f.id)}") for f in diag.findings])
@@ -359,7 +364,7 @@ def capture_cmd(ctx: click.Context, **kwargs: Any) -> None:
     if not kw["engine_urls"]:
         raise click.UsageError("give --engine-url (repeatable), before or after `capture`")
     urls = _engine_urls(kw["engine_urls"], kw["as_json"])
-    targets = valkey_targets(kw["valkey_urls"], kw["ranks"], kw["tier_dir"], kw["password_file"], required=False)
+    targets = valkey_targets(kw["valkey_urls"], kw["ranks"], kw["tier_dir"], kw["password_file"], required=False, instances_per_rank=kw["instances_per_rank"])
     params = _parameters(kw["bytes_per_token"], kw["prefill_rate"], kw["t0"])
     http = engine_http(kw["engine_api_key_file"], kw["max_metrics_bytes"])
     capture = _collect(urls, targets, kw["window"], params, kw["timeout_s"], show_progress=not kw["as_json"], http=http)

@@ -36,7 +36,7 @@ def register_commands(cli: click.Group) -> None:
 @output_options
 @click.pass_context
 def doctor_cmd(
-    ctx: click.Context, engine_urls: tuple[str, ...], engine_api_key_file: str | None, max_metrics_bytes: int, valkey_urls: tuple[str, ...], ranks: int | None, tier_dir: str | None, password_file: str | None,
+    ctx: click.Context, engine_urls: tuple[str, ...], engine_api_key_file: str | None, max_metrics_bytes: int, valkey_urls: tuple[str, ...], ranks: int | None, instances_per_rank: int | None, tier_dir: str | None, password_file: str | None,
     lmcache_config: str | None, kv_transfer_config: str | None, world_size: int | None, diagnosis_path: str | None, timeout_s: float,
     chunk_bytes: int | None, engines: int | None, no_host_checks: bool, as_json: bool,
 ) -> None:
@@ -66,7 +66,7 @@ def doctor_cmd(
         valkey_urls or ranks or not state_path(tier_dir).is_file()
     ):
         tier_dir = None  # the default ./kv-tier only when a tier is there and no URL was given, as `deploy-valkey status`
-    targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False)
+    targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False, instances_per_rank=instances_per_rank)
     report = run(DoctorInput(
         tuple(engine_urls), tuple(targets), lmcache_config, kv_transfer_config, world_size,
         diagnosis_path or str(last_diagnosis_path()), timeout_s, host_checks=not no_host_checks, chunk_bytes=chunk_bytes, engines=engines,

@@ -45,7 +45,7 @@ def register_commands(cli: click.Group) -> None:
 @click.pass_context
 def exporter_cmd(
     ctx: click.Context, listen: str, engine_urls: tuple[str, ...], engine_api_key_file: str | None, max_metrics_bytes: int,
-    valkey_urls: tuple[str, ...], ranks: int | None, tier_dir: str | None, password_file: str | None, bytes_per_token: float | None, prefill_rate: float | None, t0: float | None, interval_s: float,
+    valkey_urls: tuple[str, ...], ranks: int | None, instances_per_rank: int | None, tier_dir: str | None, password_file: str | None, bytes_per_token: float | None, prefill_rate: float | None, t0: float | None, interval_s: float,
     window_s: float, timeout_s: float | None, stale_after_s: float | None, duration_s: float | None, as_json: bool,
 ) -> None:
     """Serve kvctl diagnose's analysis as Prometheus metrics, over a sliding window of samples.
@@ -67,7 +67,7 @@ def exporter_cmd(
 
     if not engine_urls:
         raise click.UsageError("give --engine-url (repeatable)")
-    targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False)
+    targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False, instances_per_rank=instances_per_rank)
     timeout_s = timeout_s if timeout_s is not None else min(5.0, interval_s)
     params = Params(bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, t0_s=t0)
     http = engine_http(engine_api_key_file, max_metrics_bytes)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 import click
 
+from kvctl.connector.urls import MAX_INSTANCES_PER_RANK
 from kvctl.errors import ExitStatus, InvalidInput
 from kvctl.kvsize import DTYPE_BYTES, kv_size_from_file
 from kvctl.thresholds import METRICS_MAX_BYTES
@@ -146,12 +147,17 @@ VALKEY_URL_HELP = "Valkey instance per rank, resp://[USER@]HOST:PORT (repeatable
 RANKS_HELP = "Number of ranks to expand a {rank} --valkey template to."
 TIER_DIR_HELP = "Directory of a tier started by `kvctl deploy-valkey up` (instead of --valkey)."
 PASSWORD_FILE_HELP = "File (mode 0600) holding the Valkey password (default with --dir: the one `up` recorded)."
+INSTANCES_PER_RANK_HELP = ("Valkey instances per rank K (default 1; a --dir tier knows its own): rank r holds its chunk c on instance "
+                           "(c // W) mod K; --valkey URLs are then rank by rank (instance i of rank r is URL r*K + i), a template takes {instance}.")
+#: --instances-per-rank K: the one option type, bounded as the connector bounds it
+INSTANCES_PER_RANK = count(MAX_INSTANCES_PER_RANK)
 
 
 def valkey_options(func: Callable | None = None, *, dir_default: str | None = None, dir_envvar: str | None = None) -> Callable:
-    """The Valkey instances a command talks to: ``--valkey``/``--url``, ``--ranks``, ``--dir``, ``--password-file``.
+    """The Valkey instances a command talks to: ``--valkey``/``--url``, ``--ranks``, ``--instances-per-rank``, ``--dir``,
+    ``--password-file``.
 
-    Every command that reads Valkey takes these four, with the same spellings,
+    Every command that reads Valkey takes these five, with the same spellings,
     help and env var (``KVCTL_PASSWORD_FILE``); :func:`valkey_targets` turns
     them into targets. ``dir_default``/``dir_envvar`` give ``--dir`` a default
     (``deploy-valkey status``: its tier directory).
@@ -159,23 +165,28 @@ def valkey_options(func: Callable | None = None, *, dir_default: str | None = No
     bundle = options(
         click.option("--valkey", "--url", "valkey_urls", multiple=True, help=VALKEY_URL_HELP),
         click.option("--ranks", type=count(4096), help=RANKS_HELP),
+        click.option("--instances-per-rank", type=INSTANCES_PER_RANK, help=INSTANCES_PER_RANK_HELP),
         click.option("--dir", "tier_dir", type=click.Path(file_okay=False), default=dir_default, show_default=dir_default is not None, envvar=dir_envvar, help=TIER_DIR_HELP),
         click.option("--password-file", type=click.Path(dir_okay=False), envvar="KVCTL_PASSWORD_FILE", help=PASSWORD_FILE_HELP),
     )
     return bundle(func) if func is not None else bundle
 
 
-def valkey_targets(valkey_urls: Sequence[str], ranks: int | None, tier_dir: str | Path | None, password_file: str | None, *, required: bool = True) -> list[Target]:
-    """The per-rank instances :func:`valkey_options` named; ``[]`` when none is named and ``required`` is False.
+def valkey_targets(valkey_urls: Sequence[str], ranks: int | None, tier_dir: str | Path | None, password_file: str | None, *,
+                   required: bool = True, instances_per_rank: int | None = None) -> list[Target]:
+    """The instances :func:`valkey_options` named, in tier order; ``[]`` when none is named and ``required`` is False.
 
     Errors (both or neither of URLs and ``--dir``, ``--ranks`` without a
-    ``{rank}`` template, an unreadable password file) are ``InvalidInput``, exit 2.
+    ``{rank}`` template, URLs that are not K per rank, an unreadable password
+    file) are ``InvalidInput``, exit 2.
     """
     from kvctl.tier.targets import resolve_targets  # noqa: PLC0415 - keep `kvctl --help` light
 
     if not required and not (valkey_urls or ranks or tier_dir):
+        if instances_per_rank:
+            raise InvalidInput("--instances-per-rank goes with --valkey URLs (or a template and --ranks)")
         return []
-    return resolve_targets(valkey_urls, ranks, tier_dir, password_file)
+    return resolve_targets(valkey_urls, ranks, tier_dir, password_file, instances_per_rank)
 
 
 #: ``--json``: plain JSON on stdout instead of tables.

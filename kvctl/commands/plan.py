@@ -33,7 +33,8 @@ COLS = ["instances", "loading", "B_eff GB/s", "tier ρ", "engine ρ", "p50 s", "
 @click.option("--t0", type=T0_S, default=thresholds.PAPER_T0_S, show_default=True, help="Fixed per-hit cost T0, seconds (or its distribution with --fit-from).")
 @click.option("--slo-p99", "slo_p99_s", type=positive(86400), required=True, help="The SLO: p99 latency at most this many seconds.")
 @click.option("--rho-target", type=FiniteFloat(min=0, max=1, min_open=True), default=thresholds.RHO_TARGET, show_default=True, help="Highest tier ρ per instance (all engines) a plan may run at.")
-@click.option("--max-instances", type=count(4096), default=8, show_default=True, help="Most instances to try: the ranks W (one instance per rank).")
+@click.option("--max-instances", type=count(4096), default=8, show_default=True, help="Most instances to try: the ranks W (one instance per rank), or W × K with --ranks.")
+@click.option("--ranks", type=count(4096), help="Ranks W of each engine's shard group (TP × PCP): search W × K instances, K = 1, 2, … per rank (`kvctl deploy-valkey up --instances-per-rank K`), and say the plan as W ranks × K instances per rank.")
 @click.option("--instance-gbps", type=positive(1e6), help="GET bandwidth of one instance, GB/s (or --bench).")
 @click.option("--bench", "bench_path", type=click.Path(dir_okay=False), help="`kvctl bench --save` file: the measured aggregate at each instance count.")
 @click.option("--loading", type=click.Choice(["sync", "async", "both"]), default="both", show_default=True, help="Loading modes to search.")
@@ -46,7 +47,8 @@ def plan_cmd(rate: float | None, trace_path: str | None, requests: int | None, p
              hit_fraction: float, bytes_per_token: float, prefill_rate: float, t0: float, slo_p99_s: float, rho_target: float,
              max_instances: int, instance_gbps: float | None, bench_path: str | None, loading: str, async_timeout_s: float, seed: int,
              plot: str | None, engines: int, fit_from: str | None, get_times_from: str | None, readers_from: str | None,
-             async_instance_gbps: float | None, async_overhead_s: float, t0_engine_share: float, max_batch: int, as_json: bool) -> None:
+             async_instance_gbps: float | None, async_overhead_s: float, t0_engine_share: float, max_batch: int, as_json: bool,
+             ranks: int | None = None) -> None:
     """Fewest tier instances and the loading mode (sync/async) that meet p99 ≤ --slo-p99 at ρ ≤ --rho-target.
 
     \b
@@ -82,7 +84,8 @@ def plan_cmd(rate: float | None, trace_path: str | None, requests: int | None, p
     cfg = replace(cfg, instances=1)
     res = planner.plan(w, cfg, engines=engines, slo_p99_s=slo_p99_s, rho_target=rho_target, max_instances=max_instances,
                        instance_gbps=instance_gbps, bench=bench, var=var,
-                       loadings=("sync", "async") if loading == "both" else (loading,))
+                       loadings=("sync", "async") if loading == "both" else (loading,), ranks=ranks)
+    res = planner.with_layout(res, ranks)
     if plot:
         _plot(plot, res)
     if as_json:

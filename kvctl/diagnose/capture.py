@@ -15,8 +15,11 @@ Directory layout (format 2; format 1 captures still load)::
 
     DIR/capture.json               metadata, parameters, per-sample and per-source times, errors, GPU
     DIR/sample-000/engine-0.txt    engine 0's /metrics text, first sample (absent when it did not answer)
-    DIR/sample-000/valkey-0.json   rank 0's INFO, first sample
+    DIR/sample-000/valkey-0.json   rank 0's INFO, first sample (instance n = r*K + i with K instances per rank)
     DIR/sample-001/...
+
+With K instances per rank ``capture.json`` says ``instances_per_rank: K`` (absent: 1), and
+``valkey_urls`` and the ``valkey-<n>.json`` files are in tier order: instance i of rank r at n = r*K + i.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ class Capture:
     parameters: dict[str, Any] = field(default_factory=dict)
     created_at: str = ""
     kvctl_version: str = __version__
+    instances_per_rank: int = 1  # K: valkey_urls[r*K + i] is instance i of rank r
 
 
 def now_iso() -> str:
@@ -188,7 +192,13 @@ def collect(
     wait_until(first.t_s + window_s, tick)
     second = take_sample(engine_urls, targets, timeout_s, http=http)
     # the targets keep their passwords for connecting; the capture (shown, saved) only masked URLs
-    return Capture([masked(u) for u in engine_urls], [masked_valkey_url(t.url) for t in targets], [first, second], dict(parameters or {}), now_iso())
+    return Capture([masked(u) for u in engine_urls], [masked_valkey_url(t.url) for t in targets], [first, second], dict(parameters or {}), now_iso(),
+                   instances_per_rank=instances_per_rank_of(targets))
+
+
+def instances_per_rank_of(targets: Sequence[Target]) -> int:
+    """K of the tier the targets name (1 when none is named)."""
+    return max((t.instances_per_rank for t in targets), default=1)
 
 
 MAX_WINDOW_S = 86400.0
@@ -265,6 +275,8 @@ def save_capture(capture: Capture, out_dir: Path | str) -> Path:
         "parameters": capture.parameters,
         "samples": meta_samples,
     }
+    if capture.instances_per_rank > 1:
+        meta["instances_per_rank"] = capture.instances_per_rank
     write_atomic(out / CAPTURE_FILE, json.dumps(meta, indent=2) + "\n")  # last: its presence means a whole capture
     return out
 
@@ -328,12 +340,23 @@ def load_capture(in_dir: Path | str) -> Capture:
             dict(meta.get("parameters") or {}),
             str(meta.get("created_at", "")),
             str(meta.get("kvctl_version", "")),
+            _instances_per_rank(meta.get("instances_per_rank", 1), len(meta["valkey_urls"]), d),
         )
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InvalidInput(f"capture {d} is incomplete or corrupt: {e}") from e
     if len(cap.samples) < 2:
         raise InvalidInput(f"capture {d} has {len(cap.samples)} sample(s); a diagnosis needs two")
     return cap
+
+
+def _instances_per_rank(k: Any, n_urls: int, d: Path) -> int:
+    """The capture's K: a whole number in 1..64 that divides its instances, else InvalidInput."""
+    from kvctl.connector.urls import MAX_INSTANCES_PER_RANK  # noqa: PLC0415
+
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_INSTANCES_PER_RANK or n_urls % k:
+        raise InvalidInput(f"capture {d}: instances_per_rank is {k!r}, not a whole number in 1..{MAX_INSTANCES_PER_RANK} "
+                           f"dividing its {n_urls} Valkey instance(s)")
+    return k
 
 
 def kvctl_home() -> Path:

@@ -11,6 +11,13 @@ loads 1/W_e of its L2 bytes.
   instance delivers: the best per-rank bandwidth any of its engines saw (B_e / W_e, the least contended
   view), else Valkey's server-side bytes per GET second (an UPPER bound on B_i, so ρ_i is then a lower
   bound). λ_e is the OFFERED rate (finished + queue growth), as everywhere in diagnose.
+
+K instances per rank: rank r of every engine loads from rank r's K instances at once, chunk c from its
+instance (c // W) mod K, so each gets 1/K of the rank's bytes, and a rank's bandwidth is the sum over
+its K instances. Per instance: offered_i = Σ_e λ_e·bytes_e / (W_e·K) and, engine side, B_i = best
+B_e / (W_e·K) (the rank's share of B_e, split over its instances), else the instance's own server-side
+bandwidth: ρ_i is then the same for a rank's K instances when they are equally fast, and it is what
+ρ_rank = Σ_e λ_e·bytes_e / W_e over Σ_i B_i would be.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ class InstanceLoad:
     rho: float | None
     rho_bound: str | None  # "estimate" or "lower_bound"
     shares: tuple[tuple[int, float], ...]  # (engine, its ρ contribution on this instance)
+    instance: int = 0  # which of its rank's instances
+    name: str = ""  # "rank 2", or "rank 2 instance 1"
 
 
 def _engine_load(e: _Engine, o: EngineObs, n_inst: int, s_bpt: float | None) -> EngineLoad:
@@ -73,29 +82,32 @@ def _engine_load(e: _Engine, o: EngineObs, n_inst: int, s_bpt: float | None) -> 
 
 
 def fleet_loads(engines: list[_Engine], obs: dict[int, EngineObs], instances: list[InstanceObs],
-                s_bpt: float | None) -> tuple[list[EngineLoad], list[InstanceLoad]]:
-    """Per-engine and per-instance loads; empty unless at least two engines were read."""
+                s_bpt: float | None, instances_per_rank: int = 1) -> tuple[list[EngineLoad], list[InstanceLoad]]:
+    """Per-engine and per-instance loads; empty unless at least two engines were read.
+
+    ``instances`` in tier order, ``instances_per_rank`` K of them per rank (see the module's docstring)."""
     if len(engines) < 2:
         return [], []
-    by_rank = {i.rank: i for i in instances}
-    n_inst = len(instances)
+    k = max(1, instances_per_rank)
+    n_inst = len({i.rank for i in instances})  # the tier's ranks: an engine's W_e is at most these
     loads = [_engine_load(e, obs[e.index], n_inst, s_bpt) for e in engines if e.index in obs]
     out = []
-    for rank in sorted(by_rank) or []:
-        inst = by_rank[rank]
+    for inst in sorted(instances, key=lambda i: (i.rank, i.instance)):
+        rank = inst.rank
         users = [ld for ld in loads if rank in ld.instances]
         offered = [(ld.index, ld.offered_rate_per_s * ld.l2_bytes_per_request / ld.ranks) for ld in users
                    if ld.offered_rate_per_s is not None and ld.l2_bytes_per_request is not None]
         per_rank_bw = [ld.bandwidth_gbps / ld.ranks for ld in users if ld.bandwidth_gbps]
         if per_rank_bw:
-            b_i, b_src, bound = max(per_rank_bw), "engine side (best B_e / W_e)", "estimate"
+            b_i, b_src, bound = max(per_rank_bw) / k, "engine side (best B_e / W_e)" + (f" / {k} instances" if k > 1 else ""), "estimate"
         elif inst.status == "ok" and inst.bandwidth_gbps:
             b_i, b_src, bound = inst.bandwidth_gbps, "Valkey server side (upper bound)", "lower_bound"
         else:
             b_i = b_src = bound = None
+        offered = [(e, v / k) for e, v in offered]  # a rank's bytes spread over its K instances
         total = sum(v for _, v in offered)
         rho = _div(total, b_i * cost.GB) if b_i and offered else None
         shares = tuple((e, v / (b_i * cost.GB)) for e, v in offered) if b_i else ()
         out.append(InstanceLoad(rank, inst.url, tuple(ld.index for ld in users), total, b_i, b_src, rho,
-                                bound if rho is not None else None, shares))
+                                bound if rho is not None else None, shares, inst.instance, inst.name))
     return loads, out

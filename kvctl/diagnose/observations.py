@@ -16,6 +16,7 @@ from kvctl.diagnose import metrics as M
 from kvctl.diagnose.capture import Sample
 from kvctl.diagnose.sources import metrics_url
 from kvctl.errors import InvalidInput
+from kvctl.tier.targets import instance_name
 
 GET_COMMANDS = ("cmdstat_get", "cmdstat_mget", "cmdstat_getex")
 #: INFO section headers ("# Commandstats\r\n" and the blank line before it), generously: ~15 sections.
@@ -80,6 +81,8 @@ class InstanceObs:
     bandwidth_gbps: float | None = None
     evicted_keys: float | None = None
     restarted: bool = False  # its counters went backwards: the server restarted inside the window
+    instance: int = 0  # which of its rank's instances (K per rank: sample index n = rank*K + instance)
+    name: str = ""  # "rank 2", or "rank 2 instance 1" (kvctl.tier.targets.instance_name)
 
 
 def _div(a: float | None, b: float | None) -> float | None:
@@ -211,19 +214,22 @@ def _cmd(info: dict[str, Any], field_name: str) -> float:
     return float(sum(float((info.get(c) or {}).get(field_name, 0)) for c in GET_COMMANDS))
 
 
-def _instances(a: Sample, b: Sample, urls: list[str]) -> list[InstanceObs]:
+def _instances(a: Sample, b: Sample, urls: list[str], instances_per_rank: int = 1) -> list[InstanceObs]:
+    """Each sampled instance; sample index n is instance n mod K of rank n // K (K = ``instances_per_rank``)."""
     if len(a.valkey) != len(b.valkey):
         raise InvalidInput(f"the samples hold {len(a.valkey)} and {len(b.valkey)} Valkey instances; they must match")
+    k = max(1, instances_per_rank)
     out = []
-    for rank, (ia, ib) in enumerate(zip(a.valkey, b.valkey)):
-        url = urls[rank] if rank < len(urls) else f"rank {rank}"
+    for n, (ia, ib) in enumerate(zip(a.valkey, b.valkey)):
+        rank, who = n // k, {"instance": n % k, "name": instance_name(n // k, n % k, k)}
+        url = urls[n] if n < len(urls) else who["name"]
         if ia is None or ib is None:
-            err = a.valkey_error(rank) if ia is None else b.valkey_error(rank)
-            out.append(InstanceObs(rank, url, "unreachable", f"{'first' if ia is None else 'second'} sample: {err or 'no data'}"))
+            err = a.valkey_error(n) if ia is None else b.valkey_error(n)
+            out.append(InstanceObs(rank, url, "unreachable", f"{'first' if ia is None else 'second'} sample: {err or 'no data'}", **who))
             continue
-        window = b.valkey_time(rank) - a.valkey_time(rank)
+        window = b.valkey_time(n) - a.valkey_time(n)
         if not window > 0:
-            raise InvalidInput(f"Valkey rank {rank}: its samples are not in time order (Δt = {window:.3f} s)")
+            raise InvalidInput(f"Valkey {who['name']}: its samples are not in time order (Δt = {window:.3f} s)")
         restarted = _cmd(ib, "calls") < _cmd(ia, "calls") or float(ib.get("total_net_output_bytes", 0)) < float(ia.get("total_net_output_bytes", 0))
         calls = M.delta(_cmd(ia, "calls"), _cmd(ib, "calls")) or 0.0
         usec = M.delta(_cmd(ia, "usec"), _cmd(ib, "usec")) or 0.0
@@ -235,7 +241,7 @@ def _instances(a: Sample, b: Sample, urls: list[str]) -> list[InstanceObs]:
                 bytes_out=out_bytes, bytes_out_per_s=out_bytes / window, usec_per_get=_div(usec, calls),
                 get_busy_fraction=usec / (window * 1e6),
                 bandwidth_gbps=(out_bytes / (usec / 1e6) / cost.GB) if usec > 0 and out_bytes > 0 else None,
-                evicted_keys=evicted, restarted=restarted,
+                evicted_keys=evicted, restarted=restarted, **who,
             )
         )
     return out

@@ -153,17 +153,17 @@ def prompts_and_hits(D: _Deltas, requests: float | None, nb: Notebook) -> Prompt
 # --- the tier: L2 bytes and the bandwidth B -----------------------------------------------
 
 
-def read_instances(a: Sample, b: Sample, urls: list[str], nb: Notebook) -> list[InstanceObs]:
-    """Each Valkey instance's GET traffic; the unreachable and the restarted are written down."""
-    instances = _instances(a, b, list(urls))
-    nb.unreachable += [f"Valkey rank {i.rank} ({i.url}): {i.error}" for i in instances if i.status == "unreachable"]
-    restarted = [f"Valkey rank {i.rank} ({i.url})" for i in instances if i.restarted]
+def read_instances(a: Sample, b: Sample, urls: list[str], nb: Notebook, instances_per_rank: int = 1) -> list[InstanceObs]:
+    """Each Valkey instance's GET traffic (instance n mod K of rank n // K); the unreachable and the restarted are written down."""
+    instances = _instances(a, b, list(urls), instances_per_rank)
+    nb.unreachable += [f"Valkey {i.name} ({i.url}): {i.error}" for i in instances if i.status == "unreachable"]
+    restarted = [f"Valkey {i.name} ({i.url})" for i in instances if i.restarted]
     if restarted:
         nb.notes.append(f"restarted inside the window (INFO counters went backwards), counted from the restart: {', '.join(restarted)}")
     for inst in instances:
         if inst.status == "ok":
             nb.explain.append(Quantity(
-                f"rank {inst.rank} GET busy fraction", inst.get_busy_fraction,
+                f"{inst.name} GET busy fraction", inst.get_busy_fraction,
                 f"Δcmdstat_get usec / Δt = {inst.get_busy_fraction * inst.window_s * 1e6:.0f} µs / {inst.window_s:.2f} s",
                 "valkey INFO commandstats",
             ))
@@ -302,12 +302,17 @@ def break_even(
 
 
 def engine_ranks(engines: list[_Engine], capture: Capture) -> tuple[int, str | None]:
-    """W, the ranks whose GET seconds the connector sums: its ``kvctl:ranks`` gauge, else one per Valkey instance."""
+    """W, the ranks whose GET seconds the connector sums: its ``kvctl:ranks`` gauge, else the tier's ranks
+    (one per Valkey instance, or one per K of them with K instances per rank: a rank's GET seconds are its
+    own wall time, its K instances loading at once)."""
     exported = [v for e in engines if (v := e.b.gauge(N.RANKS)) is not None and v >= 1]
     if exported:
         return int(max(exported)), N.RANKS
-    if capture.valkey_urls:
-        return len(capture.valkey_urls), f"{len(capture.valkey_urls)} Valkey instance(s), one per rank"
+    n, k = len(capture.valkey_urls), capture.instances_per_rank
+    if n and k > 1:
+        return max(1, n // k), f"{n} Valkey instances, {k} per rank: {max(1, n // k)} rank(s)"
+    if n:
+        return n, f"{n} Valkey instance(s), one per rank"
     return 1, None
 
 
@@ -367,9 +372,10 @@ class Rho:
 
 def rho_of(
     rates: Rates, prompts: Prompts, l2: L2Load, bw: Bandwidth, s_bpt: float | None, n_ok_inst: int,
-    have_engines: bool, params: Params, nb: Notebook,
+    have_engines: bool, params: Params, nb: Notebook, ranks: int | None = None,
 ) -> Rho:
-    """ρ = λ_offered · (L2 bytes per request) / B, and the instances that would bring it to the target."""
+    """ρ = λ_offered · (L2 bytes per request) / B, and the instances that would bring it to the target
+    (said as ``ranks`` × K instances per rank, too, when the engine's W is known and one per rank is too few)."""
     lam, bw_gbps = rates.offered, bw.gbps
     l2_per_req = _div(l2.bytes_per_s, rates.completion)
     if l2_per_req is None and prompts.hits_per_request is not None and s_bpt:
@@ -401,4 +407,17 @@ def rho_of(
         nb.insufficient.append(f"ρ unknown: {nb.why['rho']}")
     if rho_bound == "lower_bound":
         nb.notes.append(f"B is Valkey's server-side time per GET, an upper bound: ρ ≥ {rho:.2f} (a lower bound). Engine-side metrics (kvctl connector or LMCache) give ρ itself.")
+    layout = instances_layout(k, ranks) if k and k > n_inst else None  # only when more instances are needed
+    if layout:
+        nb.notes.append(f"{k} instances of this bandwidth for the target ρ: {layout} (kvctl deploy-valkey up --ranks {ranks} "
+                        f"--instances-per-rank {-(-k // ranks)}; rank r keeps its chunk c on its instance (c // W) mod K)")
     return Rho(rho, rho_bound, l2_per_req, busy_frac, n_inst, k)
+
+
+def instances_layout(instances: int, ranks: int | None) -> str | None:
+    """N instances said as W ranks × K instances per rank (K rounded up to a whole number), when W is known and
+    N is more than W (one per rank cannot reach it); None otherwise."""
+    if not ranks or instances <= ranks:
+        return None
+    per = -(-instances // ranks)
+    return f"{ranks} rank(s) × {per} instances per rank = {ranks * per} instances"

@@ -95,7 +95,7 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
                 Finding(
                     "hot_instance",
                     "warning",
-                    f"Valkey rank {hot.rank} ({hot.url}) spends {hot.get_busy_fraction:.1%} of the window in GETs, "
+                    f"Valkey {hot.name or f'rank {hot.rank}'} ({hot.url}) spends {hot.get_busy_fraction:.1%} of the window in GETs, "
                     f"{'∞' if r_busy == float('inf') else f'{r_busy:.1f}'}× the median of the others, "
                     f"and sends {'∞' if r_bytes == float('inf') else f'{r_bytes:.1f}'}× their bytes",
                     "keys are not spread by rank: use the {rank} URL so each rank's chunks live on its own instance (sharded store, paper §5.2)",
@@ -254,7 +254,7 @@ def _shared_instances(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
         Finding(
             "instance_saturated",
             "critical" if hot.rho >= RHO_UNSTABLE else "warning",
-            f"Valkey rank {hot.rank} ({hot.url}) is at ρ = {hot.rho:.2f}{bound} from {len(hot.engines)} engines sharing it: {parts}; "
+            f"Valkey {hot.name or f'rank {hot.rank}'} ({hot.url}) is at ρ = {hot.rho:.2f}{bound} from {len(hot.engines)} engines sharing it: {parts}; "
             "each engine may look fine on its own while together they saturate the instance",
             "add instances (one per rank) for the engines that share this tier, or give the busiest engine its own tier; "
             "size it with `kvctl plan --engines E` (docs/fleets.md)",

@@ -79,7 +79,7 @@ def valkey_info(target: Target, timeout_s: float = 3.0) -> dict[str, Any]:
 
 def valkey_read_error(target: Target, exc: BaseException) -> KvctlError:
     """What a failed read of an instance is: ``auth`` (up, refusing the password, as doctor says), else unreachable."""
-    where = f"Valkey rank {target.rank} at {target.host}:{target.port}"
+    where = f"Valkey {target.name} at {target.host}:{target.port}"
     if is_auth_error(exc):
         return AuthFailed(f"{where} auth: refused the login ({exc}); {PASSWORD_HINT}")
     return Unreachable(f"{where} unreachable: {exc}")

@@ -43,7 +43,9 @@ from kvctl.thresholds import (
     REPLY_BATCH_CHUNKS,
 )
 from kvctl.tier.server import base_settings
+from kvctl.connector.urls import flat_instance
 from kvctl.tier.spec import format_size, is_loopback
+from kvctl.tier.targets import instance_name
 
 OK, WARNING, FAIL, SKIPPED = "ok", "warning", "fail", "skipped"
 RUNBOOK = f"{RUNBOOK_DIR}/{DOCTOR_PAGES[0]}.md"
@@ -84,10 +86,22 @@ class InstanceRead:
     keys: int
     keys_with_ttl: int
     largest_value: int | None  # bytes of the largest sampled string value, None when no key was sampled
+    instance: int = 0  # which of its rank's instances
+    instances_per_rank: int = 1
 
     @property
     def where(self) -> str:
-        return f"rank {self.rank} ({self.host}:{self.port})"
+        return f"{instance_name(self.rank, self.instance, self.instances_per_rank)} ({self.host}:{self.port})"
+
+    @property
+    def key(self) -> int:
+        """What the per-instance results are keyed by: the tier number r*K + i (the rank with one instance per rank)."""
+        return flat_instance(self.rank, self.instance, self.instances_per_rank)
+
+    @property
+    def ident(self) -> dict[str, int]:
+        """The evidence naming this instance: its rank, and its instance index when ranks have several."""
+        return {"rank": self.rank} if self.instances_per_rank == 1 else {"rank": self.rank, "instance": self.instance}
 
 
 @dataclass(frozen=True)
@@ -104,7 +118,7 @@ class TierContext:
     thp_path: str = THP_PATH
 
 
-def read_instance(client: Any, rank: int, host: str, port: int) -> InstanceRead:
+def read_instance(client: Any, rank: int, host: str, port: int, instance: int = 0, instances_per_rank: int = 1) -> InstanceRead:
     """One instance's facts through a redis-py client (raises redis/OS errors as the client does)."""
     info = dict(client.info("all"))
     config = {str(k): str(v) for k, v in client.config_get("*").items()}
@@ -124,7 +138,7 @@ def read_instance(client: Any, rank: int, host: str, port: int) -> InstanceRead:
             pipe.strlen(k)
         lengths = [n for n in pipe.execute(raise_on_error=False) if isinstance(n, int)]
         largest = max(lengths) if lengths else None
-    return InstanceRead(rank, host, port, info, config, keys, expires, largest)
+    return InstanceRead(rank, host, port, info, config, keys, expires, largest, instance, instances_per_rank)
 
 
 def host_cores() -> int:
@@ -166,7 +180,7 @@ def _int(conf: dict[str, str], name: str) -> int | None:
 
 
 def _memory(x: InstanceRead) -> list[Check]:
-    ev = {"rank": x.rank}
+    ev = x.ident
     out = []
     maxmem = _int(x.config, "maxmemory") or 0
     if maxmem == 0:
@@ -189,7 +203,7 @@ def _memory(x: InstanceRead) -> list[Check]:
 
 
 def _policy_vs_ttl(x: InstanceRead, policy: str) -> Check:
-    ev = {"rank": x.rank, "policy": policy, "keys": x.keys, "keys_with_ttl": x.keys_with_ttl}
+    ev = {**x.ident, "policy": policy, "keys": x.keys, "keys_with_ttl": x.keys_with_ttl}
     fix = f"CONFIG SET maxmemory-policy {RECOMMENDED_POLICY} (evicts keys with or without a TTL)"
     if not policy.startswith("volatile-"):
         return Check("valkey", "policy_vs_ttl", OK, f"{x.where} {policy or 'no policy'} does not depend on key TTLs", evidence=ev, runbook=runbook("policy-vs-ttl"))
@@ -211,13 +225,13 @@ def _persistence(x: InstanceRead) -> Check:
     persisting = ([f"save {conf['save']!r}"] if conf.get("save") else []) + (["appendonly yes"] if conf.get("appendonly") == "yes" else [])
     if persisting:
         return Check("valkey", "persistence", WARNING, f"{x.where} persists a cache ({', '.join(persisting)}): forks and disk writes stall GETs",
-                     'CONFIG SET save "" and CONFIG SET appendonly no (kvctl deploy-valkey writes both)', {"rank": x.rank}, runbook("persistence"))
-    return Check("valkey", "persistence", OK, f"{x.where} no persistence (a cache)", evidence={"rank": x.rank}, runbook=runbook("persistence"))
+                     'CONFIG SET save "" and CONFIG SET appendonly no (kvctl deploy-valkey writes both)', x.ident, runbook("persistence"))
+    return Check("valkey", "persistence", OK, f"{x.where} no persistence (a cache)", evidence=x.ident, runbook=runbook("persistence"))
 
 
 def _bulk_len(x: InstanceRead, ctx: TierContext) -> Check:
     limit = _int(x.config, "proto-max-bulk-len")
-    ev = {"rank": x.rank, "proto_max_bulk_len": limit, "chunk_bytes": ctx.chunk_bytes}
+    ev = {**x.ident, "proto_max_bulk_len": limit, "chunk_bytes": ctx.chunk_bytes}
     if limit is None:
         return Check("valkey", "proto_max_bulk_len", SKIPPED, f"{x.where} did not report proto-max-bulk-len", evidence=ev, runbook=runbook("proto-max-bulk-len"))
     if ctx.chunk_bytes is None:
@@ -246,7 +260,7 @@ def output_buffer_limit(value: str) -> tuple[int, int, int] | None:
 def _output_buffer(x: InstanceRead, ctx: TierContext) -> Check:
     raw = x.config.get("client-output-buffer-limit", "")
     normal = output_buffer_limit(raw)
-    ev = {"rank": x.rank, "normal": normal, "chunk_bytes": ctx.chunk_bytes, "batch_chunks": REPLY_BATCH_CHUNKS}
+    ev = {**x.ident, "normal": normal, "chunk_bytes": ctx.chunk_bytes, "batch_chunks": REPLY_BATCH_CHUNKS}
     anchor = runbook("client-output-buffer-limit")
     fix = "CONFIG SET client-output-buffer-limit 'normal 0 0 0' (no limit for normal clients, Valkey's default)"
     if normal is None:
@@ -281,7 +295,7 @@ def _maxclients(x: InstanceRead, ctx: TierContext) -> Check:
     limit = _int(x.config, "maxclients")
     connected = int(x.info.get("connected_clients", 0))
     engines, needed = clients_needed(ctx)
-    ev = {"rank": x.rank, "maxclients": limit, "needed": needed, "connected": connected, "engines": ctx.engines}
+    ev = {**x.ident, "maxclients": limit, "needed": needed, "connected": connected, "engines": ctx.engines}
     anchor = runbook("maxclients")
     how = (f"{ctx.engines} engine(s) ({ctx.engines_source}) × {max(1, -(-(ctx.world_size or ctx.instances) // max(1, ctx.instances)))} rank(s) per instance "
            f"× {CONNECTIONS_PER_RANK} connections = {engines}, + {MAXCLIENTS_HEADROOM} for kvctl's tools")
@@ -299,7 +313,7 @@ def _maxclients(x: InstanceRead, ctx: TierContext) -> Check:
 def _fragmentation(x: InstanceRead) -> Check:
     used, rss = int(x.info.get("used_memory", 0)), int(x.info.get("used_memory_rss", 0))
     ratio = rss / used if used else None
-    ev = {"rank": x.rank, "used_memory": used, "used_memory_rss": rss, "ratio": None if ratio is None else round(ratio, 2)}
+    ev = {**x.ident, "used_memory": used, "used_memory_rss": rss, "ratio": None if ratio is None else round(ratio, 2)}
     anchor = runbook("fragmentation")
     if ratio is not None and ratio >= FRAGMENTATION_RATIO_HIGH and rss - used >= FRAGMENTATION_MIN_WASTE_BYTES:
         return Check("valkey", "fragmentation", WARNING,
@@ -310,7 +324,7 @@ def _fragmentation(x: InstanceRead) -> Check:
 
 def _evictions(x: InstanceRead) -> Check:
     evicted, hits = int(x.info.get("evicted_keys", 0)), int(x.info.get("keyspace_hits", 0))
-    ev = {"rank": x.rank, "evicted_keys": evicted, "keyspace_hits": hits}
+    ev = {**x.ident, "evicted_keys": evicted, "keyspace_hits": hits}
     anchor = runbook("evictions-vs-hits")
     if evicted > 0 and evicted > hits:
         return Check("valkey", "evictions_vs_hits", WARNING,
@@ -334,9 +348,9 @@ def _thp(x: InstanceRead, ctx: TierContext, local: bool) -> Check:
     anchor = runbook("transparent-huge-pages")
     disable = x.config.get("disable-thp", "")
     if not local:
-        return Check("valkey", "transparent_huge_pages", SKIPPED, f"{x.where} is on another host: transparent huge pages not checked", evidence={"rank": x.rank}, runbook=anchor)
+        return Check("valkey", "transparent_huge_pages", SKIPPED, f"{x.where} is on another host: transparent huge pages not checked", evidence=x.ident, runbook=anchor)
     mode = read_thp(ctx.thp_path)
-    ev = {"rank": x.rank, "thp": mode, "disable_thp": disable, "path": ctx.thp_path}
+    ev = {**x.ident, "thp": mode, "disable_thp": disable, "path": ctx.thp_path}
     if mode is None:
         return Check("valkey", "transparent_huge_pages", SKIPPED, f"{ctx.thp_path} unreadable: transparent huge pages not checked", evidence=ev, runbook=anchor)
     if mode == "always" and disable != "yes":
@@ -350,7 +364,7 @@ def _thp(x: InstanceRead, ctx: TierContext, local: bool) -> Check:
 
 def _value_size(x: InstanceRead, ctx: TierContext) -> Check:
     anchor = runbook("value-size")
-    ev = {"rank": x.rank, "chunk_bytes": ctx.chunk_bytes}
+    ev = {**x.ident, "chunk_bytes": ctx.chunk_bytes}
     if ctx.chunk_bytes is None:
         return Check("valkey", "value_size", SKIPPED, f"{x.where}: chunk size unknown (no key stored, no --chunk-bytes)", evidence=ev, runbook=anchor)
     if ctx.chunk_bytes > LARGE_VALUE_BYTES:
@@ -365,35 +379,35 @@ def _value_size(x: InstanceRead, ctx: TierContext) -> Check:
 
 def _io_threads(reads: Sequence[InstanceRead], locality: dict[int, bool], ctx: TierContext) -> dict[int, Check]:
     """One io_threads line per instance; the instances on this host are judged together against its cores."""
-    local = [x for x in reads if locality[x.rank]]
-    threads = {x.rank: _int(x.config, "io-threads") or 1 for x in reads}
-    total = sum(threads[x.rank] for x in local)  # main threads included: io-threads counts the main thread
-    extra = any(threads[x.rank] > 1 for x in local)
+    local = [x for x in reads if locality[x.key]]
+    threads = {x.key: _int(x.config, "io-threads") or 1 for x in reads}
+    total = sum(threads[x.key] for x in local)  # main threads included: io-threads counts the main thread
+    extra = any(threads[x.key] > 1 for x in local)
     anchor = runbook("io-threads")
     out = {}
     for x in reads:
-        n = threads[x.rank]
-        ev = {"rank": x.rank, "io_threads": n, "host_cores": ctx.cores if locality[x.rank] else None, "local_threads": total if locality[x.rank] else None}
-        if not locality[x.rank]:
-            out[x.rank] = Check("valkey", "io_threads", OK, f"{x.where} io-threads {n} (another host: its cores are not checked)", evidence=ev, runbook=anchor)
+        n = threads[x.key]
+        ev = {**x.ident, "io_threads": n, "host_cores": ctx.cores if locality[x.key] else None, "local_threads": total if locality[x.key] else None}
+        if not locality[x.key]:
+            out[x.key] = Check("valkey", "io_threads", OK, f"{x.where} io-threads {n} (another host: its cores are not checked)", evidence=ev, runbook=anchor)
         elif extra and total > ctx.cores:
-            out[x.rank] = Check("valkey", "io_threads", WARNING,
+            out[x.key] = Check("valkey", "io_threads", WARNING,
                                 f"{x.where} io-threads {n}: the {len(local)} instance(s) on this host run {total} threads on {ctx.cores} core(s), "
                                 "so I/O threads take cores from each other and from the main threads",
                                 f"io-threads {max(1, ctx.cores // max(1, len(local)))} per instance (kvctl deploy-valkey up divides the cores among the ranks)", ev, anchor)
         else:
-            out[x.rank] = Check("valkey", "io_threads", OK, f"{x.where} io-threads {n} ({total} thread(s) of this host's instances on {ctx.cores} core(s))", evidence=ev, runbook=anchor)
+            out[x.key] = Check("valkey", "io_threads", OK, f"{x.where} io-threads {n} ({total} thread(s) of this host's instances on {ctx.cores} core(s))", evidence=ev, runbook=anchor)
     return out
 
 
 def tier_checks(reads: Sequence[InstanceRead], ctx: TierContext) -> dict[int, list[Check]]:
-    """Every setting check of every instance read, by rank (the order doctor prints them in)."""
-    locality = {x.rank: is_local(x.host) for x in reads}
+    """Every setting check of every instance read, by tier number r*K + i (the rank with one instance per rank; the order doctor prints them in)."""
+    locality = {x.key: is_local(x.host) for x in reads}
     io = _io_threads(reads, locality, ctx)
     out: dict[int, list[Check]] = {}
     for x in reads:
-        out[x.rank] = [
-            *_memory(x), _persistence(x), io[x.rank], _bulk_len(x, ctx), _output_buffer(x, ctx), _maxclients(x, ctx),
-            _fragmentation(x), _evictions(x), _thp(x, ctx, locality[x.rank]), _value_size(x, ctx),
+        out[x.key] = [
+            *_memory(x), _persistence(x), io[x.key], _bulk_len(x, ctx), _output_buffer(x, ctx), _maxclients(x, ctx),
+            _fragmentation(x), _evictions(x), _thp(x, ctx, locality[x.key]), _value_size(x, ctx),
         ]
     return out

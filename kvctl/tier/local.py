@@ -1,4 +1,10 @@
-"""A local per-rank tier: start N ``valkey-server`` processes, report on them, stop them.
+"""A local per-rank tier: start W × K ``valkey-server`` processes, report on them, stop them.
+
+K instances per rank (``UpRequest.instances_per_rank``, default 1): instance ``i`` of rank ``r`` is
+number ``n = r*K + i`` of the tier (:func:`kvctl.connector.urls.flat_instance`), listens on
+``base_port + n`` and writes ``valkey-<r>-<i>.{conf,log,pid}`` (``valkey-<r>.*`` when K is 1); the
+total ``maxmemory`` is split over all W × K instances and the io-threads default divides the cores
+among them. The state file records each instance's rank and instance index.
 
 ``up`` is all or nothing; ``down`` signals only processes whose pid, command
 line and start time match what ``up`` recorded in the tier's state file
@@ -27,6 +33,7 @@ from typing import Callable, Iterator, Sequence
 
 import psutil
 
+from kvctl.connector.urls import MAX_INSTANCES_PER_RANK, flat_instance
 from kvctl.errors import InvalidInput, KvctlError
 from kvctl.tier import spec
 from kvctl.tier.server import (
@@ -41,7 +48,7 @@ from kvctl.tier.server import (
     server_version,
     start_valkey,
 )
-from kvctl.tier.targets import STATE_FILE, InstanceState, Target, TierState, load_tier, read_password_file, state_path
+from kvctl.tier.targets import STATE_FILE, InstanceState, Target, TierState, instance_name, load_tier, read_password_file, state_path
 
 ENGINE_PASSWORD_FILE = "engine.password"
 LOCK_FILE = ".kvctl-tier.lock"
@@ -52,8 +59,9 @@ MAX_IO_THREADS = 256
 STATUS_TIMEOUT_S = 3.0
 STATUS_CONNECT_TIMEOUT_S = 2.0
 
-#: Called as ``on_progress(rank, port)`` after each instance answers PING.
-Progress = Callable[[int, int], None]
+#: Called as ``on_progress(name, port)`` after each instance answers PING (or stops); name: ``rank 2`` or
+#: ``rank 2 instance 1`` (:func:`kvctl.tier.targets.instance_name`).
+Progress = Callable[[str, int], None]
 
 
 @dataclass(frozen=True)
@@ -68,14 +76,21 @@ class UpRequest:
     io_threads: int | None = None
     password_file: str | None = None
     insecure_no_auth: bool = False
+    instances_per_rank: int = 1
+
+    @property
+    def instances(self) -> int:
+        return self.ranks * self.instances_per_rank
 
 
 def _check_request(req: UpRequest) -> None:
     """Everything that can be refused before anything is written or started."""
     if req.ranks < 1:
         raise InvalidInput(f"--ranks must be at least 1, got {req.ranks}")
-    if not 1 <= req.base_port or req.base_port + req.ranks - 1 > 65535:
-        raise InvalidInput(f"ports {req.base_port}..{req.base_port + req.ranks - 1} are outside 1..65535")
+    if not 1 <= req.instances_per_rank <= MAX_INSTANCES_PER_RANK:
+        raise InvalidInput(f"--instances-per-rank must be in 1..{MAX_INSTANCES_PER_RANK}, got {req.instances_per_rank}")
+    if not 1 <= req.base_port or req.base_port + req.instances - 1 > 65535:
+        raise InvalidInput(f"ports {req.base_port}..{req.base_port + req.instances - 1} are outside 1..65535")
     if req.io_threads is not None and not 1 <= req.io_threads <= MAX_IO_THREADS:
         raise InvalidInput(f"--io-threads must be between 1 and {MAX_IO_THREADS} (Valkey's limit), got {req.io_threads}")
     total = spec.parse_size(req.maxmemory)
@@ -153,7 +168,7 @@ def _live_instances(tier_dir: Path) -> list[InstanceState]:
 
 def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: bool = True,
        held: list[ValkeyProcess] | None = None) -> TierState:
-    """Start ``req.ranks`` instances on consecutive ports; all answer PING, or none is left running.
+    """Start ``req.ranks`` × ``req.instances_per_rank`` instances on consecutive ports; all answer PING, or none is left running.
 
     ``check_ports_first`` (default) refuses before starting anything when a
     port is taken; without it a taken port is found while starting, and the
@@ -163,8 +178,8 @@ def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: b
     (``kvctl drill``); without it they outlive this process (``deploy-valkey up``).
     """
     _check_request(req)
-    per_instance = spec.split_maxmemory(req.maxmemory, req.ranks)
-    io_threads = req.io_threads if req.io_threads is not None else spec.default_io_threads(ranks=req.ranks)
+    per_instance = spec.split_maxmemory(req.maxmemory, req.ranks, req.instances_per_rank)
+    io_threads = req.io_threads if req.io_threads is not None else spec.default_io_threads(ranks=req.instances)
     auth = spec.resolve_auth(req.host, req.password_file, req.insecure_no_auth)
     check_bind_address(req.host)
     binary = find_valkey_server()
@@ -200,11 +215,12 @@ def _up_locked(
     if live:
         ports = ", ".join(str(i.port) for i in live)
         raise KvctlError(f"{req.dir} already runs a tier (ports {ports}); stop it with `kvctl deploy-valkey down --dir {req.dir}` or use another --dir")
-    ports = [req.base_port + r for r in range(req.ranks)]
+    k = req.instances_per_rank
+    layout = [(r, i, req.base_port + flat_instance(r, i, k)) for r in range(req.ranks) for i in range(k)]
     if check_ports_first:
-        for rank, port in enumerate(ports):
+        for rank, inst, port in layout:
             if port_in_use(port, req.host):
-                raise KvctlError(f"rank {rank}: port {req.host}:{port} is already in use; nothing was started (pick another --base-port)")
+                raise KvctlError(f"{instance_name(rank, inst, k)}: port {req.host}:{port} is already in use; nothing was started (pick another --base-port)")
     engine_password = None
     engine_password_file = None
     if auth.enabled:
@@ -217,7 +233,7 @@ def _up_locked(
         instances=[],
         binary=binary,
         server_version=version,
-        maxmemory_total=per_instance * req.ranks,
+        maxmemory_total=per_instance * req.instances,
         password_file=auth.password_file,
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         maxmemory_per_instance=per_instance,
@@ -225,20 +241,23 @@ def _up_locked(
         engine_user=spec.ENGINE_USER if auth.enabled else None,
         engine_password_file=str(engine_password_file) if engine_password_file else None,
         complete=False,
+        instances_per_rank=k,
     )
     try:
-        for rank, port in enumerate(ports):
+        for rank, inst, port in layout:
+            name = instance_name(rank, inst, k)
+            stem = f"valkey-{rank}" if k == 1 else f"valkey-{rank}-{inst}"
             settings = spec.cache_settings(per_instance, io_threads, auth, engine_password)
-            settings["pidfile"] = str(tier_dir / f"valkey-{rank}.pid")
-            settings["logfile"] = str(tier_dir / f"valkey-{rank}.log")
+            settings["pidfile"] = str(tier_dir / f"{stem}.pid")
+            settings["logfile"] = str(tier_dir / f"{stem}.log")
 
-            def record(proc: ValkeyProcess, rank: int = rank, settings: dict = settings) -> None:
+            def record(proc: ValkeyProcess, rank: int = rank, inst: int = inst, name: str = name, settings: dict = settings) -> None:
                 """Into the state file before waiting for PING: a killed `up` leaves nothing `down` cannot find."""
                 started.append(proc)
                 try:
                     cmdline, created = _identity(psutil.Process(proc.pid))
                 except psutil.NoSuchProcess as e:
-                    raise KvctlError(f"rank {rank} ({req.host}:{proc.port}) exited right after start; see {settings['logfile']}") from e
+                    raise KvctlError(f"{name} ({req.host}:{proc.port}) exited right after start; see {settings['logfile']}") from e
                 state.instances.append(
                     InstanceState(
                         rank=rank,
@@ -251,6 +270,7 @@ def _up_locked(
                         pidfile=str(settings["pidfile"]),
                         cmdline=[c for c in cmdline if c],
                         create_time=created,
+                        instance=inst,
                     )
                 )
                 state.write()
@@ -263,7 +283,7 @@ def _up_locked(
                     settings=settings,
                     binary=binary,
                     password=auth.password,
-                    config_path=tier_dir / f"valkey-{rank}.conf",
+                    config_path=tier_dir / f"{stem}.conf",
                     detach=True,
                     on_spawn=record,
                     die_with_parent=held is not None,
@@ -273,9 +293,9 @@ def _up_locked(
                     started.pop()  # start_valkey already stopped it
                 if state.instances and state.instances[-1].port == port:
                     state.instances.pop()
-                raise KvctlError(f"rank {rank} ({req.host}:{port}) failed to start: {e}") from e
+                raise KvctlError(f"{name} ({req.host}:{port}) failed to start: {e}") from e
             if on_progress:
-                on_progress(rank, port)
+                on_progress(name, port)
         state.complete = True
         state.write()
     except BaseException as e:
@@ -316,15 +336,18 @@ class InstanceStatus:
     get_calls: int | None = None
     get_usec_per_call: float | None = None  # None before the first GET (not 0 µs)
     error: str | None = None
+    instance: int = 0  # which of its rank's instances
+    name: str = ""  # "rank 2", or "rank 2 instance 1" when ranks have several instances
 
 
 @dataclass(frozen=True)
 class TierStatus:
     dir: str
     instances: list[InstanceStatus] = field(default_factory=list)
+    instances_per_rank: int = 1
 
 
-def instance_status(inst: InstanceState, password: str | None) -> InstanceStatus:
+def instance_status(inst: InstanceState, password: str | None, instances_per_rank: int = 1) -> InstanceStatus:
     """INFO of one instance: memory, keys, evictions, clients, GET commandstats.
 
     ``inst.pid`` 0: an instance named by URL (``status --valkey``), with no
@@ -332,7 +355,8 @@ def instance_status(inst: InstanceState, password: str | None) -> InstanceStatus
     """
     import redis  # noqa: PLC0415
 
-    base = dict(rank=inst.rank, host=inst.host, port=inst.port, pid=inst.pid, url=inst.url)
+    base = dict(rank=inst.rank, host=inst.host, port=inst.port, pid=inst.pid, url=inst.url, instance=inst.instance,
+                name=instance_name(inst.rank, inst.instance, instances_per_rank))
     by_url = inst.pid <= 0
     try:
         client = (
@@ -393,16 +417,18 @@ def status(tier_dir: Path | str, password_file: str | None = None) -> TierStatus
     state = load_tier(tier_dir)
     pw_file = password_file or state.password_file
     password = read_password_file(pw_file) if pw_file else None
-    insts = sorted(state.instances, key=lambda i: i.rank)
+    insts = state.in_tier_order()
+    k = state.instances_per_rank
     with ThreadPoolExecutor(max_workers=max(1, len(insts))) as pool:
-        return TierStatus(state.dir, list(pool.map(lambda i: instance_status(i, password), insts)))
+        return TierStatus(state.dir, list(pool.map(lambda i: instance_status(i, password, k), insts)), k)
 
 
 def targets_status(targets: list[Target]) -> TierStatus:
     """:func:`status` of instances named by URL rather than a tier directory (``dir`` is empty)."""
-    insts = [(InstanceState(t.rank, t.host, t.port, 0, t.url, "", "", ""), t.password) for t in targets]
+    k = targets[0].instances_per_rank if targets else 1
+    insts = [(InstanceState(t.rank, t.host, t.port, 0, t.url, "", "", "", instance=t.instance), t.password) for t in targets]
     with ThreadPoolExecutor(max_workers=max(1, len(insts))) as pool:
-        return TierStatus("", list(pool.map(lambda ip: instance_status(*ip), insts)))
+        return TierStatus("", list(pool.map(lambda ip: instance_status(*ip, k), insts)), k)
 
 
 # ----------------------------------------------------------------------------- down
@@ -415,6 +441,8 @@ class StopResult:
     pid: int
     result: str  # stopped | killed | not running | not ours
     port_free: bool
+    instance: int = 0
+    name: str = ""  # "rank 2", or "rank 2 instance 1"
 
 
 def _exited(proc: psutil.Process, timeout_s: float) -> bool:
@@ -472,16 +500,18 @@ def down(tier_dir: Path | str, purge: bool = False, timeout_s: float = 10.0, on_
 
 def _down_locked(state: TierState, purge: bool, timeout_s: float, on_progress: Progress | None) -> list[StopResult]:
     results = []
-    for inst in sorted(state.instances, key=lambda i: i.rank):
+    k = state.instances_per_rank
+    for inst in state.in_tier_order():
         proc = is_our_server(inst)
         if proc is None:
             outcome = "not ours" if inst.pid > 0 and _pid_not_zombie(inst.pid) else "not running"
         else:
             outcome = _stop(proc, timeout_s)
         free = _wait_port_free(inst.host, inst.port, 2.0 if outcome != "not ours" else 0.0)
-        results.append(StopResult(inst.rank, inst.port, inst.pid, outcome, free))
+        name = instance_name(inst.rank, inst.instance, k)
+        results.append(StopResult(inst.rank, inst.port, inst.pid, outcome, free, inst.instance, name))
         if on_progress:
-            on_progress(inst.rank, inst.port)
+            on_progress(name, inst.port)
     if purge:
         _purge(Path(state.dir), state)
     return results

@@ -1,4 +1,11 @@
-"""Fleet targets: one Valkey per rank as a systemd template unit, or a k8s StatefulSet.
+"""Fleet targets: one Valkey per rank (or K per rank) as a systemd template unit, or a k8s StatefulSet.
+
+K instances per rank: instance ``i`` of rank ``r`` is number ``n = r*K + i`` of the tier
+(:func:`kvctl.connector.urls.flat_instance`). systemd: the same template unit, instance name
+``<r>-<i>`` (``NAME@0-1``, config ``NAME-0-1.conf``, port ``base_port + n``); with K = 1 the
+instance name is the rank, as before. k8s: one StatefulSet of W × K replicas, pod ordinal ``n``
+(``NAME-<n>.SERVICE``): a StatefulSet numbers its pods 0 … replicas-1 and nothing else, so the engine
+configs list the hosts (a ``{rank}``/``{instance}`` template cannot spell ``r*K + i``).
 
 Rendering is pure (returns :class:`RenderedFile` objects); :func:`write_files`
 writes them (secrets mode 0600) and :func:`apply` is the only step that
@@ -16,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from kvctl.connector.urls import MAX_INSTANCES_PER_RANK, flat_instance
 from kvctl.errors import BinaryNotFound, InvalidInput, KvctlError
 from kvctl.files import write_atomic
 from kvctl.tier import spec
@@ -67,6 +75,16 @@ class FleetSpec:
     service: str
     namespace: str | None
     image: str
+    instances_per_rank: int = 1
+
+    @property
+    def instances(self) -> int:
+        return self.ranks * self.instances_per_rank
+
+    def unit_instances(self) -> list[tuple[int, int, str]]:
+        """(rank, instance, systemd instance name) of every instance in tier order: ``<r>`` when K is 1, else ``<r>-<i>``."""
+        k = self.instances_per_rank
+        return [(r, i, str(r) if k == 1 else f"{r}-{i}") for r in range(self.ranks) for i in range(k)]
 
     @classmethod
     def build(
@@ -84,17 +102,21 @@ class FleetSpec:
         service: str | None,
         namespace: str | None,
         image: str,
+        instances_per_rank: int = 1,
     ) -> "FleetSpec":
         """Validate the options of a fleet target (names, ports, sizes, the password rule)."""
         if ranks < 1:
             raise InvalidInput(f"--ranks must be at least 1, got {ranks}")
+        if not 1 <= instances_per_rank <= MAX_INSTANCES_PER_RANK:
+            raise InvalidInput(f"--instances-per-rank must be in 1..{MAX_INSTANCES_PER_RANK}, got {instances_per_rank}")
+        n = ranks * instances_per_rank
         service = service or name
         for label, value in (("--name", name), ("--service", service), ("--namespace", namespace)):
             if value is not None and (not _DNS_LABEL.match(value) or len(value) > 50):
                 raise InvalidInput(f"{label} {value!r} must be a DNS label: lowercase letters, digits and '-', at most 50 characters")
-        if target == "systemd" and base_port + ranks - 1 > 65535:
-            raise InvalidInput(f"ports {base_port}..{base_port + ranks - 1} are outside 1..65535")
-        per = spec.split_maxmemory(maxmemory, ranks)
+        if target == "systemd" and base_port + n - 1 > 65535:
+            raise InvalidInput(f"ports {base_port}..{base_port + n - 1} are outside 1..65535")
+        per = spec.split_maxmemory(maxmemory, ranks, instances_per_rank)
         # pods listen on all interfaces; systemd instances on --host
         auth = spec.resolve_auth("0.0.0.0" if target == "k8s" else host, password_file, insecure_no_auth)
         return cls(
@@ -111,15 +133,25 @@ class FleetSpec:
             service=service,
             namespace=namespace,
             image=image,
+            instances_per_rank=instances_per_rank,
         )
 
 
-def remote_urls(fleet: FleetSpec) -> str | list[str]:
-    """k8s: the ``{rank}`` template over the headless Service; systemd: one URL per port."""
+def remote_urls(fleet: FleetSpec) -> str | list[str] | list[list[str]]:
+    """k8s: the ``{rank}`` template over the headless Service; systemd: one URL per port.
+
+    K > 1 instances per rank: per rank, the list of its K URLs (``[[r0i0, r0i1, …], [r1i0, …], …]``),
+    instance i of rank r on port ``base_port + r*K + i`` (systemd) or pod ``NAME-<r*K + i>`` (k8s).
+    """
+    k = fleet.instances_per_rank
     if fleet.target == "k8s":
         domain = f"{fleet.service}.{fleet.namespace}.svc" if fleet.namespace else fleet.service
-        return f"resp://{fleet.name}-{{rank}}.{domain}:{fleet.k8s_port}"
-    return [f"resp://{fleet.host}:{fleet.base_port + r}" for r in range(fleet.ranks)]
+        if k == 1:
+            return f"resp://{fleet.name}-{{rank}}.{domain}:{fleet.k8s_port}"
+        return [[f"resp://{fleet.name}-{flat_instance(r, i, k)}.{domain}:{fleet.k8s_port}" for i in range(k)] for r in range(fleet.ranks)]
+    if k == 1:
+        return [f"resp://{fleet.host}:{fleet.base_port + r}" for r in range(fleet.ranks)]
+    return [[f"resp://{fleet.host}:{fleet.base_port + flat_instance(r, i, k)}" for i in range(k)] for r in range(fleet.ranks)]
 
 
 def memory_limit_bytes(maxmemory: int) -> int:
@@ -131,10 +163,12 @@ def memory_limit_bytes(maxmemory: int) -> int:
 
 
 def render_systemd(fleet: FleetSpec) -> list[RenderedFile]:
-    """``NAME@.service`` (instance = rank) and ``NAME-<rank>.conf`` per rank, for /etc/NAME/."""
+    """``NAME@.service`` (instance = rank, or ``<rank>-<instance>``) and ``NAME-<instance>.conf`` per instance, for /etc/NAME/."""
     n = fleet.name
+    k = fleet.instances_per_rank
+    what = "rank %i" if k == 1 else "rank-instance %i"
     unit = f"""[Unit]
-Description=Valkey KV-cache tier {n}, rank %i (kvctl deploy-valkey)
+Description=Valkey KV-cache tier {n}, {what} (kvctl deploy-valkey)
 Documentation=https://valkey.io/topics/
 After=network-online.target
 Wants=network-online.target
@@ -159,18 +193,22 @@ PrivateTmp=yes
 WantedBy=multi-user.target
 """
     files = [RenderedFile(f"{n}@.service", unit)]
-    for r in range(fleet.ranks):
+    for r, i, unit_instance in fleet.unit_instances():
         conf: dict[str, object] = {
-            "port": fleet.base_port + r,
+            "port": fleet.base_port + flat_instance(r, i, k),
             "bind": fleet.host,
             "daemonize": "no",
-            "dir": f"/var/lib/{n}/{r}",
-            "pidfile": f"/run/{n}-{r}/valkey.pid",
+            "dir": f"/var/lib/{n}/{unit_instance}",
+            "pidfile": f"/run/{n}-{unit_instance}/valkey.pid",
             "logfile": "",  # stdout: journald
         }
         conf.update(spec.cache_settings(fleet.maxmemory_per_instance, fleet.io_threads, fleet.auth, fleet.engine_password))
-        header = f"# {n} rank {r}: instance r holds exactly rank r's chunks (kvctl deploy-valkey --target systemd)\n"
-        files.append(RenderedFile(f"{n}-{r}.conf", header + render_config(conf), secret=fleet.auth.enabled))
+        if k == 1:
+            header = f"# {n} rank {r}: instance r holds exactly rank r's chunks (kvctl deploy-valkey --target systemd)\n"
+        else:
+            header = (f"# {n} rank {r} instance {i} (unit {n}@{unit_instance}): rank {r}'s chunks c with (c // W) mod {k} == {i} "
+                      "(kvctl deploy-valkey --target systemd)\n")
+        files.append(RenderedFile(f"{n}-{unit_instance}.conf", header + render_config(conf), secret=fleet.auth.enabled))
     if fleet.engine_password:
         files.append(RenderedFile("engine.password", fleet.engine_password + "\n", secret=True))
     return files
@@ -187,7 +225,7 @@ def _meta(fleet: FleetSpec, name: str) -> dict:
 
 
 def k8s_objects(fleet: FleetSpec) -> list[dict]:
-    """ConfigMap, (Secret), headless Service and StatefulSet with replicas = ranks."""
+    """ConfigMap, (Secret), headless Service and StatefulSet with replicas = ranks × instances per rank."""
     labels = {"app.kubernetes.io/name": fleet.name}
     conf: dict[str, object] = {"port": fleet.k8s_port, "bind": "0.0.0.0", "daemonize": "no", "dir": "/data", "logfile": ""}
     no_secret_auth = spec.Auth(insecure_no_auth=fleet.auth.insecure_no_auth)
@@ -214,7 +252,7 @@ def k8s_objects(fleet: FleetSpec) -> list[dict]:
             "kind": "Service",
             "metadata": _meta(fleet, fleet.service),
             "spec": {
-                "clusterIP": "None",  # headless: rank r is NAME-r.SERVICE
+                "clusterIP": "None",  # headless: rank r is NAME-r.SERVICE (instance i of rank r: NAME-<r*K+i>)
                 "selector": dict(labels),
                 "ports": [{"name": "resp", "port": fleet.k8s_port, "targetPort": "resp"}],
             },
@@ -248,7 +286,7 @@ def k8s_objects(fleet: FleetSpec) -> list[dict]:
             "metadata": _meta(fleet, fleet.name),
             "spec": {
                 "serviceName": fleet.service,
-                "replicas": fleet.ranks,
+                "replicas": fleet.instances,
                 "podManagementPolicy": "Parallel",
                 "selector": {"matchLabels": dict(labels)},
                 "template": {
@@ -270,7 +308,9 @@ def render_k8s(fleet: FleetSpec) -> list[RenderedFile]:
     files = []
     for obj in k8s_objects(fleet):
         kind = obj["kind"].lower()
-        header = f"# {obj['kind']} {obj['metadata']['name']}: {fleet.ranks} rank(s), rendered by kvctl deploy-valkey --target k8s\n"
+        layout = f"{fleet.ranks} rank(s)" if fleet.instances_per_rank == 1 else (
+            f"{fleet.ranks} rank(s) × {fleet.instances_per_rank} instances, pod NAME-<r*{fleet.instances_per_rank}+i> = rank r instance i")
+        header = f"# {obj['kind']} {obj['metadata']['name']}: {layout}, rendered by kvctl deploy-valkey --target k8s\n"
         files.append(RenderedFile(f"{kind}.yaml", header + yaml.dump(obj, Dumper=_Dumper, sort_keys=False), secret=obj["kind"] == "Secret"))
     return files
 
@@ -316,8 +356,9 @@ def apply(target: str, out: Path, fleet: FleetSpec) -> str:
             raise BinaryNotFound(f"--apply needs `{tool}` on PATH")
     _run(["install", "-m", "0644", str(out / f"{n}@.service"), f"/etc/systemd/system/{n}@.service"])
     _run(["install", "-d", "-m", "0755", f"/etc/{n}"])
-    for r in range(fleet.ranks):
-        _run(["install", "-m", "0640", "-g", "valkey", str(out / f"{n}-{r}.conf"), f"/etc/{n}/{n}-{r}.conf"])
+    units = fleet.unit_instances()
+    for _, _, u in units:
+        _run(["install", "-m", "0640", "-g", "valkey", str(out / f"{n}-{u}.conf"), f"/etc/{n}/{n}-{u}.conf"])
     _run(["systemctl", "daemon-reload"])
-    _run(["systemctl", "enable", "--now"] + [f"{n}@{r}" for r in range(fleet.ranks)])
-    return f"enabled {n}@0..{fleet.ranks - 1}"
+    _run(["systemctl", "enable", "--now"] + [f"{n}@{u}" for _, _, u in units])
+    return f"enabled {n}@{units[0][2]}..{units[-1][2]}"

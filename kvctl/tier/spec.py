@@ -64,13 +64,15 @@ def format_size(n: int) -> str:
     return f"{n} B"
 
 
-def split_maxmemory(total: str | int, ranks: int) -> int:
-    """Per-instance maxmemory (bytes) when ``total`` is split evenly across ``ranks``."""
+def split_maxmemory(total: str | int, ranks: int, instances_per_rank: int = 1) -> int:
+    """Per-instance maxmemory (bytes) when ``total`` is split evenly across ``ranks`` × ``instances_per_rank`` instances."""
     if ranks < 1:
         raise InvalidInput(f"--ranks must be at least 1, got {ranks}")
-    per = parse_size(total) // ranks
+    n = ranks * instances_per_rank
+    per = parse_size(total) // n
     if per < MIN_INSTANCE_BYTES:
-        raise InvalidInput(f"--maxmemory {total} over {ranks} ranks leaves {per} bytes per instance; give at least 1mb per rank")
+        over = f"{ranks} ranks" if instances_per_rank == 1 else f"{ranks} ranks × {instances_per_rank} instances"
+        raise InvalidInput(f"--maxmemory {total} over {over} leaves {per} bytes per instance; give at least 1mb per {'rank' if instances_per_rank == 1 else 'instance'}")
     return per
 
 

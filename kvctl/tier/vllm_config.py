@@ -10,6 +10,10 @@ recomputed instead of failing the request (vLLM's default is ``fail``).
 
 * ``urls``: one URL per rank, index = rank (a local or systemd tier, ports differ), or
 * ``url``: a ``{rank}`` template (a k8s tier, hosts differ);
+* with K > 1 instances per rank: ``urls`` holds per rank the list of its K URLs (instance i
+  of rank r at ``urls[r][i]``), or ``url`` is a template with ``{rank}`` and ``{instance}``;
+  either way ``instances_per_rank`` is K (the connector puts chunk c of rank r on instance
+  ``(c // W) mod K``);
 * ``chunk_tokens``, ``async_loading``, optionally ``timeout_s`` and ``password_file``.
 
 With a password the tier's ACL user goes into the URLs (``resp://kvctl-engine@host:port``)
@@ -23,8 +27,9 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from kvctl.connector.urls import RANK_PLACEHOLDER, with_credentials
+from kvctl.connector.urls import with_credentials
 from kvctl.errors import InvalidInput
+from kvctl.tier.targets import check_instances
 from kvctl.thresholds import CHUNK_TOKENS
 
 CONNECTOR = "KvctlConnector"
@@ -49,26 +54,28 @@ def with_user(url: str, username: str | None) -> str:
 
 
 def kv_transfer_config(
-    urls: str | Sequence[str],
+    urls: str | Sequence[str] | Sequence[Sequence[str]],
     settings: ConnectorSettings = ConnectorSettings(),
     username: str | None = None,
     password_file: str | None = None,
+    instances_per_rank: int = 1,
 ) -> dict[str, Any]:
-    """The ``--kv-transfer-config`` mapping: ``urls`` is a ``{rank}`` template or one URL per rank."""
+    """The ``--kv-transfer-config`` mapping: ``urls`` is a ``{rank}`` template, one URL per rank, or
+    (``instances_per_rank`` K > 1) per rank the list of its K URLs or a ``{rank}``/``{instance}`` template."""
     if settings.chunk_tokens < 1:
         raise InvalidInput(f"chunk tokens must be at least 1, got {settings.chunk_tokens}")
     if settings.timeout_s is not None and not settings.timeout_s > 0:
         raise InvalidInput(f"timeout must be > 0 s, got {settings.timeout_s}")
+    check_instances(urls, instances_per_rank)
     extra: dict[str, Any] = {}
     if isinstance(urls, str):
-        if RANK_PLACEHOLDER not in urls:
-            raise InvalidInput(f"a per-rank URL template must contain {RANK_PLACEHOLDER}: {urls}")
         extra["url"] = with_user(urls, username)
-    else:
-        urls = list(urls)
-        if not urls:
-            raise InvalidInput("no instances to point the connector at")
+    elif instances_per_rank == 1:
         extra["urls"] = [with_user(u, username) for u in urls]
+    else:
+        extra["urls"] = [[with_user(u, username) for u in rank] for rank in urls]
+    if instances_per_rank > 1:
+        extra["instances_per_rank"] = instances_per_rank
     extra["chunk_tokens"] = settings.chunk_tokens
     extra[ASYNC_KEY] = settings.async_loading
     if settings.timeout_s is not None:

@@ -382,3 +382,28 @@ def test_instance_rho_sums_the_engines_sharing_it(valkey_factory):
     assert one(values, "kvctl_engine_rho", engine=sa.url) == pytest.approx(8 / w_a, rel=1e-9)
     assert one(values, "kvctl_engine_rho", engine=sb.url) == pytest.approx(8 / w_b, rel=1e-9)
     assert one(values, "kvctl_finding", id="instance_saturated", severity="critical") == 1
+
+
+def test_instances_of_one_rank_are_labelled_and_read_each_on_its_own(valkey_factory):
+    """K = 2 instances of rank 0 (two real servers): each has its own kept-open connection and its own series,
+    labelled rank and instance_index, in a real scrape. GETs reach instance 1 only, so only its busy ratio moves."""
+    v0, v1 = valkey_factory(), valkey_factory()
+    targets = resolve_targets([v0.url, v1.url], instances_per_rank=2)
+    stop = threading.Event()
+    with MetricsServer([BASE.text(), AFTER.text()]) as srv:
+        exp = Exporter(ExporterConfig((srv.url,), tuple(targets), PARAMS, interval_s=1.0, window_s=60.0, timeout_s=1.0))
+        server = Server(exp, parse_listen("127.0.0.1:0"), sample=False)
+        loader = gets_in_background(v1.port, stop)
+        try:
+            exp.step()
+            time.sleep(0.3)
+            exp.step()
+            values = scrape(server.url)
+        finally:
+            stop.set()
+            loader.join()
+            server.stop()
+    assert one(values, "kvctl_valkey_up", rank=0, instance_index=0) == 1 and one(values, "kvctl_valkey_up", rank=0, instance_index=1) == 1
+    assert one(values, "kvctl_valkey_get_busy_ratio", rank=0, instance_index=0) == 0
+    assert one(values, "kvctl_valkey_get_busy_ratio", rank=0, instance_index=1) > 0
+    assert not any(k[0] == "kvctl_valkey_up" and "instance_index" not in dict(k[1]) for k in values)

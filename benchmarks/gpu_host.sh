@@ -24,7 +24,7 @@ case "$what" in
       --logs "$out/engine_logs.tar.gz" --async --profile ${BENCH_ARGS:-} 2>&1 | tee "$out/engine_gpu.txt"
     ;;
   tests)
-    KVCTL_GPU_TEST_OUT="$out/gpu-tests" timeout "${TESTS_TIMEOUT_S:-540}" python3 -m pytest -m gpu tests/gpu \
+    KVCTL_GPU_TEST_OUT="$out/gpu-tests" timeout "${TESTS_TIMEOUT_S:-520}" python3 -m pytest -m gpu tests/gpu/test_engine_gpu.py tests/gpu \
       -p no:cacheprovider -q -rs --timeout 1500 ${TEST_ARGS:-} 2>&1 | tee "$out/pytest.txt"
     tar czf "$out/gpu-tests.tar.gz" -C "$out" gpu-tests 2>/dev/null && rm -rf "$out/gpu-tests"
     ;;

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from kvctl.connector.urls import (MAX_INSTANCES_PER_RANK, InvalidUrl, expand_rank_urls, instances_in, parse_resp_url,
+from kvctl.connector.urls import (INSTANCE_PLACEHOLDER, MAX_INSTANCES_PER_RANK, InvalidUrl, expand_rank_urls, instances_in, parse_resp_url,
                                   read_password_file, with_credentials)
 from kvctl.errors import InvalidInput
 from kvctl.thresholds import CONNECTOR_TIMEOUT_S
@@ -144,6 +144,9 @@ def plugin_settings(
             if k != listed:
                 raise PluginConfigError(f"extra_config.{k_key}: {k}, but every entry of {URL_LIST_KEY} lists {listed} URL(s)")
         else:
+            if INSTANCE_PLACEHOLDER in raw and k_key not in extra:
+                raise PluginConfigError(f"extra_config.{k_key}: missing: {key} {raw} has {INSTANCE_PLACEHOLDER}, so say how "
+                                        "many instances each rank has")
             k = int(_positive(extra, k_key, 1, integer=True, kind="instances_per_rank"))
         urls = [with_credentials(u, username, password)
                 for u in expand_rank_urls(list(raw) if key == URL_LIST_KEY else raw, rank, k)]

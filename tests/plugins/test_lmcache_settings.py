@@ -86,7 +86,8 @@ def test_password_file_open_to_every_user_refused_like_everywhere_else(tmp_path)
 ])
 def test_every_number_has_a_range_and_a_clear_error(key, value, needle):
     with pytest.raises(PluginConfigError, match=needle) as e:
-        plugin_settings({URL: "resp://a-{rank}-{instance}:1", key: value}, "kvctl", 0)
+        plugin_settings({URL: "resp://a-{rank}-{instance}:1" if "instances" in key else "resp://a-{rank}:1", key: value},
+                        "kvctl", 0)
     assert str(e.value).startswith(f"extra_config.{key}: ")
 
 
@@ -100,5 +101,7 @@ def test_several_instances_per_rank_by_template_and_by_list():
     with pytest.raises(PluginConfigError, match="instances_per_rank: 3, but every entry"):
         plugin_settings({"kvctl_remote_urls": [["resp://a:1", "resp://a:2"]],
                          "remote_storage_plugin.kvctl.instances_per_rank": 3}, "kvctl", 0)
+    with pytest.raises(PluginConfigError, match=r"instances_per_rank: missing"):  # {instance} but no K: not instance 0
+        plugin_settings({URL: "resp://v-{rank}-{instance}:1"}, "kvctl", 0)
     with pytest.raises(PluginConfigError, match=r"need \{instance\}"):
         plugin_settings({URL: "resp://v-{rank}:1", "remote_storage_plugin.kvctl.instances_per_rank": 2}, "kvctl", 0)

@@ -21,7 +21,7 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_M
 case "$what" in
   bench)
     timeout "${BENCH_TIMEOUT_S:-540}" python3 benchmarks/engine_gpu.py --json "$out/engine_gpu.json" \
-      --logs "$out/engine_logs.tar.gz" --async --profile ${BENCH_ARGS:-} 2>&1 | tee "$out/engine_gpu.txt"
+      --logs "$out/engine_logs.tar.gz" ${BENCH_FLAGS:---async --profile} ${BENCH_ARGS:-} 2>&1 | tee "$out/engine_gpu.txt"
     ;;
   tests)
     KVCTL_GPU_TEST_OUT="$out/gpu-tests" timeout "${TESTS_TIMEOUT_S:-520}" python3 -m pytest -m gpu tests/gpu/test_engine_gpu.py tests/gpu \

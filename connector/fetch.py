@@ -109,10 +109,18 @@ def fetch_to_device(tier: RankTier, pool: PinnedPool, chunks: Sequence[int], key
     slots_per_lane = len(held) // len(lanes)
     prog = _Progress(n, deadline if deadline is not None else float("inf"))
     caller = torch.cuda.current_stream(streams[0].device) if streams is not None else None
+    # the caller's autograd mode goes with the lanes: vLLM runs a sync load inside its step's
+    # torch.inference_mode(), so `dst` is an inference tensor, which a thread outside that mode may not
+    # write ("Inplace update to inference tensor outside InferenceMode"): every sync load failed so on GPU
+    inference = torch.is_inference_mode_enabled()
     qlock = threading.Lock()
     failures: list[BaseException] = []
 
     def lane(li: int, inst: int, q: deque) -> None:
+        with torch.inference_mode(inference):
+            _lane(li, inst, q)
+
+    def _lane(li: int, inst: int, q: deque) -> None:
         client = tier.clients[inst]
         stream = streams[li] if streams is not None else None
         ring = deque((s, None) for s in held[li * slots_per_lane : (li + 1) * slots_per_lane])

@@ -27,6 +27,7 @@ the ranks never disagree into a partial load.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
@@ -49,6 +50,8 @@ from kvctl.thresholds import CHUNK_TOKENS  # pure constants
 
 
 __all__ = ["LoadPolicy", "ShardedStore", "StoreResult"]
+
+log = logging.getLogger("vllm.kvctl.connector.store")  # under vLLM's logger in an engine, so its handlers print it
 
 
 @dataclass(frozen=True)
@@ -330,9 +333,14 @@ class ShardedStore:
 
         def stage(owned: list[int], slot) -> int:  # the device path: lanes GET into pinned slots, then to the GPU
             # owned[j] indexes `keys`, i.e. absolute chunk first_chunk + owned[j] (its instance follows that)
-            stats = fetch_to_device(
-                self.tier, self.pool, [first_chunk + c for c in owned], [keys[c] for c in owned], slot, self._lanes,
-                streams=self._lane_streams, l1=self.l1, errors=(RespError,))
+            try:
+                stats = fetch_to_device(
+                    self.tier, self.pool, [first_chunk + c for c in owned], [keys[c] for c in owned], slot, self._lanes,
+                    streams=self._lane_streams, l1=self.l1, errors=(RespError,))
+            except Exception as exc:  # the protocol counts it as a local failure; say why, once in a while
+                _warn_every(f"kvctl rank {self.rank}: staging a load failed ({type(exc).__name__}: {exc}); the agreed "
+                            "prefix stops at this rank's first chunk and the engine recomputes")
+                raise
             if timing is not None:
                 timing["fetch"] = stats
             self._note_get(stats.got_bytes, stats.get_s)
@@ -427,6 +435,18 @@ class ShardedStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_WARN_EVERY_S = 30.0
+_warned: dict[str, float] = {}
+
+
+def _warn_every(message: str) -> None:
+    """``message`` as a warning, at most once per ``_WARN_EVERY_S`` per distinct text (a broken path must not flood)."""
+    now = time.monotonic()
+    if now - _warned.get(message, -_WARN_EVERY_S) >= _WARN_EVERY_S:
+        _warned[message] = now
+        log.warning(message)
 
 
 def _finish_if_cancelled(req: PrefetchRequest, job: Future) -> None:

@@ -527,6 +527,10 @@ class KvctlConnector(KVConnectorBase_V1):
             spec, queued = item
             try:
                 self._load(spec, self._async_group, self._async_meta_group)
+                if self.store is not None and self.store.device.type == "cuda":
+                    # the insert was queued on this thread's stream, not the engine's: it must be done before
+                    # the request is reported loaded and vLLM schedules its forward
+                    torch.cuda.current_stream(self.store.device).synchronize()
                 if self.rank == 0:
                     self.stats.add(M.LOAD_WAIT_SECONDS, time.perf_counter() - queued)
             except BaseException:  # noqa: BLE001 - its blocks are marked bad; a dead loader would strand every later load
@@ -557,6 +561,8 @@ class KvctlConnector(KVConnectorBase_V1):
         self._loaded_end[spec.req_id] = spec.first_chunk + agreed
         loaded_end = spec.first_chunk + prefix
         if prefix < planned:
+            logger.warning("KvctlConnector rank %d: load of %s: %d of %d chunk(s) agreed, %d written: the rest is "
+                           "recomputed", self.rank, spec.req_id, agreed, planned, prefix)
             first_bad = max(loaded_end * ct, spec.skip_tokens) // self.block_size
             bad = set(spec.block_ids[first_bad : spec.end_chunk * ct // self.block_size])
             with self._lock:

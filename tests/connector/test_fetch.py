@@ -138,3 +138,18 @@ def test_a_broken_destination_is_raised_after_every_lane_ended(valkey_factory):
         fetch_to_device(tier, pool, chunks, keys, dst, ex)
     assert pool.free_slots == pool.n_slots
     tier.close()
+
+
+def test_lanes_write_a_staging_tensor_made_in_inference_mode(valkey_factory):
+    """vLLM runs a sync load inside its step's torch.inference_mode(): the staging tensor is an inference
+    tensor, and the lanes (other threads) must write it in the caller's mode. On the GPU host every sync load
+    failed with "Inplace update to inference tensor outside InferenceMode" (the agreed prefix was 0)."""
+    from kvctl.connector.fetch import fetch_to_device
+
+    procs, tier, chunks, keys, data, pool = _setup(valkey_factory, 2, n=6)
+    with torch.inference_mode():
+        staging = torch.zeros((6, NB), dtype=torch.uint8)
+        with ThreadPoolExecutor(4) as ex:
+            stats = fetch_to_device(tier, pool, chunks, keys, lambda j: staging[j], ex)
+    assert stats.staged == 6 and all(torch.equal(staging[j], data[j]) for j in range(6))
+    tier.close()

@@ -49,8 +49,8 @@ BACKENDS = {
 EAGER = [("eager", "sync"), ("eager", "async"), ("eager", "sync")]
 COMPILED = [("compiled", "async"), ("compiled", "sync"), ("compiled", "async")]
 COMPILED_BACKENDS = ("FLASH_ATTN", "FLASHMLA", "FLASHMLA-fp8", "TRITON_MLA")
-# greedy tokens must be identical; logprobs: bf16 loads are the same bytes (a hit and a local prefix hit run the
-# same kernels), fp8 caches round differently on the cold path (issue 29: within 0.004 seen)
+# greedy tokens must equal the cold run's; logprobs are compared with vLLM's own prefix-cache hit of the prompt
+# (the same KV bytes through the same kernels): bit-equal is expected, a little slack for fp8's rounding
 LOGPROB_TOL = {"FLASHMLA-fp8": 0.02}
 
 
@@ -117,8 +117,9 @@ def lab(models, tmp_path_factory, out_dir):
     jobs = [(f"{n}-compiled", chain_job, (n, "compiled", COMPILED)) for n in COMPILED_BACKENDS]
     jobs += [("faults", faults_job, ()), ("shutdown", shutdown_job, ())]
     jobs += [(f"{n}-eager", chain_job, (n, "eager", EAGER)) for n in BACKENDS]
+    only = [j for j in os.environ.get("KVCTL_GPU_JOBS", "").split(",") if j]  # a subset (a short GPU lease)
     pool = ThreadPoolExecutor(MAX_PARALLEL)
-    futures = {name: pool.submit(fn, *a) for name, fn, a in jobs}
+    futures = {name: pool.submit(fn, *a) for name, fn, a in jobs if not only or name in only}
     yield futures
     pool.shutdown(wait=True)
 
@@ -132,7 +133,8 @@ def test_restart_hits_give_the_cold_tokens(lab, name, mode):
 
     key = f"{name}-{mode}"
     if key not in lab:
-        pytest.skip(f"{name} runs only in eager mode here (compiled: {', '.join(COMPILED_BACKENDS)})")
+        pytest.skip(f"{key} not run: {name} runs only in eager mode here (compiled: {', '.join(COMPILED_BACKENDS)}), "
+                    "or KVCTL_GPU_JOBS left it out")
     chain = lab[key].result()
     why = BACKENDS[name][2]
     if chain.error is not None:
@@ -156,19 +158,27 @@ def test_faults_end_in_the_cold_tokens_within_bounds_and_are_counted(lab):
     timeouts are counted; the engine serves on."""
     from tests.engine.lab_chains import fault_problems
 
+    if "faults" not in lab:
+        pytest.skip("KVCTL_GPU_JOBS left the faults out")
     out, prompts = lab["faults"].result()
     assert fault_problems(out, prompts, timeout_s=FAULT_TIMEOUT_S, chunk_tokens=CT) == [], json.dumps(
         {k: v for k, v in out.items() if k != "cold"}, indent=1, default=str)[:6000]
 
 
 # -- graceful shutdown ------------------------------------------------------------------------------------------
+def _shutdown(lab) -> dict:
+    if "shutdown" not in lab:
+        pytest.skip("KVCTL_GPU_JOBS left the shutdowns out")
+    return lab["shutdown"].result()
+
+
 def test_sigterm_writes_the_pending_saves(lab):
-    res = lab["shutdown"].result()["healthy"]
+    res = _shutdown(lab)["healthy"]
     assert not res["killed"], res
     assert res["keys"] == res["expected_keys"] == 3 * (1290 // CT), res  # three prompts' full chunks, all in the tier
 
 
 def test_sigterm_with_a_stopped_tier_abandons_saves_within_the_bound_and_says_so(lab):
-    res = lab["shutdown"].result()["stopped"]
+    res = _shutdown(lab)["stopped"]
     assert not res["killed"] and res["stop_s"] < 30, res
     assert any("abandoned after save_drain_s=1" in ln for ln in res["log"]), res["log"]

@@ -69,7 +69,7 @@ def cli(verbose: int) -> None:
     Every command takes --json; exit codes: 0 ok, 1 error, 2 usage,
     3 warning finding, 4 critical finding, 5 unreachable,
     6 insufficient data (diagnose; doctor given nothing to check),
-    7 a drill whose fault diagnose missed.
+    7 a drill whose fault diagnose missed, 8 nothing plan tried meets the SLO.
     -v/-vv work before or after the subcommand. Shell completion:
     eval "$(_KVCTL_COMPLETE=bash_source kvctl)" (zsh_source, fish_source).
     """

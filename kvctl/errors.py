@@ -20,6 +20,7 @@ class ExitStatus(IntEnum):
     UNREACHABLE = 5
     INSUFFICIENT_DATA = 6  # kvctl diagnose: the samples cannot answer the question (with the next step)
     DRILL_MISSED = 7  # kvctl drill: diagnose did not report what the drill planted
+    SLO_UNMET = 8  # kvctl plan: nothing tried (no instance count, no loading mode, not recompute) meets the SLO
 
 
 class KvctlError(Exception):

@@ -10,6 +10,7 @@ import click
 from kvctl import render, thresholds
 from kvctl.commands.fleet_options import engine_model, fleet_options
 from kvctl.commands.options import ARRIVAL_RATE, PREFILL_RATE, T0_S, FiniteFloat, bytes_per_token_options, count, non_negative, output_options, positive
+from kvctl.errors import ExitStatus
 from kvctl.hooks import hookimpl
 
 
@@ -42,7 +43,8 @@ COLS = ["instances", "loading", "B_eff GB/s", "tier ρ", "engine ρ", "p50 s", "
 @click.option("--plot", type=click.Path(dir_okay=False), help="Draw p99 against instances (one line per loading, the SLO dashed) to FILE.png.")
 @fleet_options
 @output_options
-def plan_cmd(rate: float | None, trace_path: str | None, requests: int | None, prompt_tokens: float | None, prompt_dist: str,
+@click.pass_context
+def plan_cmd(ctx: click.Context, rate: float | None, trace_path: str | None, requests: int | None, prompt_tokens: float | None, prompt_dist: str,
              hit_fraction: float, bytes_per_token: float, prefill_rate: float, t0: float, slo_p99_s: float, rho_target: float,
              max_instances: int, instance_gbps: float | None, bench_path: str | None, loading: str, async_timeout_s: float, seed: int,
              plot: str | None, engines: int, fit_from: str | None, get_times_from: str | None, readers_from: str | None,
@@ -55,7 +57,10 @@ def plan_cmd(rate: float | None, trace_path: str | None, requests: int | None, p
     each loading mode; prints the table of what it tried, skips points that
     arithmetic rules out (B_eff ≤ B* = s·R, or tier ρ above the target), and
     says when no instance count can help (B per instance below B*/W, or prompts
-    below n* = R·T0 while recomputing already meets the SLO).
+    below n* = R·T0 while recomputing already meets the SLO). Recomputing is a
+    candidate: when it meets the SLO the plan is "no tier", and a tier slower
+    than recompute is never recommended. Exit 0 with a plan, 8 when nothing
+    tried meets the SLO.
     """
     from kvctl import plan as planner  # noqa: PLC0415 - numpy only when used
     from kvctl import simulate as sim  # noqa: PLC0415
@@ -85,19 +90,22 @@ def plan_cmd(rate: float | None, trace_path: str | None, requests: int | None, p
                        loadings=("sync", "async") if loading == "both" else (loading,))
     if plot:
         _plot(plot, res)
+    code = ExitStatus.OK if res.instances is not None else ExitStatus.SLO_UNMET
     if as_json:
         d: dict[str, Any] = dict(res.__dict__)
         d["points"] = [dict(p.__dict__, extrapolated=list(p.extrapolated)) for p in res.points]
         d["notes"] = list(res.notes) + list(var.notes)
+        d["exit_code"] = int(code)
         render.emit_json(d)
-        return
+        ctx.exit(int(code))
     rows = [["—" if p.instances == 0 else p.instances, p.loading, p.bandwidth_gbps, p.tier_rho, p.engine_rho, p.p50_s, p.p99_s,
              p.timeouts, "yes" if p.meets else "no", p.why] for p in res.points]
     caption = [f"{engines} engine(s) · {w.source} · n* = R·T0 = {res.n_star_tokens:,.0f} tokens · B* = s·R = {res.breakeven_gbps:.3f} GB/s"]
     caption += [f"note: {n}" for n in (*res.notes, *var.notes)]
     caption += sorted({f"EXTRAPOLATED: {x}" for p in res.points for x in p.extrapolated})
-    caption.append(("PLAN: " if res.instances else "") + res.verdict + (f" · plot: {plot}" if plot else ""))
+    caption.append(("PLAN: " if res.instances is not None else "NO PLAN: ") + res.verdict + (f" · plot: {plot}" if plot else ""))
     render.table(f"Plan — p99 ≤ {slo_p99_s:g} s at ρ ≤ {rho_target:g}", COLS, rows, caption="\n".join(caption))
+    ctx.exit(int(code))
 
 
 def _plot(path: str, res: Any) -> None:

@@ -263,6 +263,13 @@ def _rho_text(diag: Diagnosis) -> Any:
     return f"≥ {diag.rho:.3g} (lower bound: B from Valkey server side)" if diag.rho_bound == "lower_bound" else diag.rho
 
 
+def _median_label(diag: Diagnosis) -> str:
+    """The typical prompt's row says whether it is exact (one histogram bucket: sum/count) or an estimate."""
+    from kvctl.diagnose.quantities import MEDIAN_BASIS  # noqa: PLC0415
+
+    return f"typical (median) prompt tokens, {MEDIAN_BASIS.get(diag.typical_prompt_tokens_basis, 'estimate')}"
+
+
 def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
     """Summary, per-component tables, findings, insufficient data, and (with --explain) the formulas."""
     pct = lambda x: None if x is None else f"{x:.1%}"  # noqa: E731
@@ -274,7 +281,7 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
             ("completions (req/s)", diag.completion_rate_per_s),
             ("waiting + running growth", diag.queue_growth),
             ("mean prompt tokens", diag.mean_prompt_tokens),
-            ("typical (median) prompt tokens", diag.typical_prompt_tokens),
+            (_median_label(diag), diag.typical_prompt_tokens),
             ("hit-token fraction", pct(diag.hit_token_fraction)),
             ("L2-served tokens/s", diag.l2_tokens_per_s),
             (bw_label, diag.bandwidth_gbps),

@@ -52,7 +52,8 @@ class Diagnosis:
     completion_rate_per_s: float | None
     queue_growth: float | None
     mean_prompt_tokens: float | None
-    typical_prompt_tokens: float | None
+    typical_prompt_tokens: float | None  # the median prompt, as typical_prompt_tokens_basis says it was found
+    typical_prompt_tokens_basis: str  # one_bucket_mean (exact: sum/count), bucket_estimate, bucket_interpolation, mean
     hit_token_fraction: float | None
     hit_tokens_per_request: float | None
     l2_bytes_per_request: float | None
@@ -137,7 +138,8 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         created_at=capture.created_at, window_s=window, engine_urls=list(capture.engine_urls),
         outcome=_outcome(worst, findings, nb), requests=rates.requests, arrival_rate_per_s=rates.offered,
         completion_rate_per_s=rates.completion, queue_growth=rates.queue_growth, mean_prompt_tokens=prompts.mean_tokens,
-        typical_prompt_tokens=prompts.typical_tokens, hit_token_fraction=prompts.hit_fraction,
+        typical_prompt_tokens=prompts.typical_tokens, typical_prompt_tokens_basis=prompts.typical_basis,
+        hit_token_fraction=prompts.hit_fraction,
         hit_tokens_per_request=prompts.hits_per_request, l2_bytes_per_request=rho.l2_bytes_per_request, l2_tokens_per_s=l2.tokens_per_s,
         bandwidth_gbps=bw.gbps, bandwidth_source=bw.source, bandwidth_source_detail=BANDWIDTH_SOURCES.get(bw.source or ""),
         engine_ranks=bw.ranks if bw.source == BW_KVCTL else None, bytes_per_token=s_bpt, prefill_rate_tok_s=be.prefill_rate,

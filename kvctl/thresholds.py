@@ -101,6 +101,9 @@ FRAGMENTATION_MIN_WASTE_BYTES = 64 * 2**20
 BASE_PORT = 17400
 #: seconds between the two samples of a diagnosis: `kvctl diagnose --window` and the exporter's sliding window.
 DIAGNOSIS_WINDOW_S = 60.0
+#: seconds between two progress lines when stderr is not a terminal (diagnose --window, bench, replay in a pipe):
+#: a line when the work starts, at each step (a bench run), every this many seconds, and when it is done
+PROGRESS_LINE_S = 5.0
 #: the paper's asynchronous-lookup timeout (§6.3): a load not done within it is recomputed
 #: (`kvctl simulate`/`kvctl plan` --async-timeout).
 ASYNC_TIMEOUT_S = 3.0

@@ -131,7 +131,7 @@ def bench_cmd(
     def go(targets, n_keys: int | None = keys) -> BenchReport:
         spec = make_spec(len(targets), n_keys)
         n_runs = len(grid(len(targets), spec)) * (2 if write else 1)
-        with render.progress("bench", total=n_runs * duration, enabled=not as_json) as advance:
+        with render.progress("bench", total=n_runs * duration, enabled=not as_json, what="bench", unit=" s") as advance:
             state = {"label": None, "elapsed": 0.0}
 
             def on_progress(label: str, elapsed: float, dur: float, live_gbps: float) -> None:
@@ -139,7 +139,7 @@ def bench_cmd(
                     if state["label"] is not None:
                         advance(max(0.0, dur - state["elapsed"]))
                     state.update(label=label, elapsed=0.0)
-                advance(max(0.0, elapsed - state["elapsed"]), description=f"{label}: {live_gbps:.2f} GB/s")
+                advance(max(0.0, elapsed - state["elapsed"]), description=f"{label}: {live_gbps:.2f} GB/s", step=label)
                 state["elapsed"] = max(state["elapsed"], elapsed)
 
             return run_bench(targets, spec, on_progress, bytes_per_token, prefill_rate, params, stop_requested=stop_requested)

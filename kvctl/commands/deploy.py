@@ -142,7 +142,7 @@ def up_cmd(target: str, ranks: int, base_port: int, maxmemory: int, host: str, i
 
     req = local.UpRequest(tier_dir, ranks, base_port, maxmemory, host, io_threads, password_file, insecure_no_auth)
     try:
-        with signals_raise(), render.progress(f"starting {ranks} valkey-server(s)", total=ranks, enabled=not as_json) as advance:
+        with signals_raise(), render.progress(f"starting {ranks} valkey-server(s)", total=ranks, enabled=not as_json, lines=False) as advance:
             state = local.up(req, on_progress=lambda rank, port: advance(1, f"rank {rank} on :{port} answers PING"))
     except Signalled as e:
         render.error_line(f"interrupted by {e.signal.name}: stopped the instance(s) already started; nothing of this `up` is left running")
@@ -284,7 +284,7 @@ def down_cmd(tier_dir: Path, purge: bool, timeout_s: float, as_json: bool) -> No
     from kvctl.tier import local  # noqa: PLC0415
 
     state = load_tier(tier_dir)
-    with render.progress("stopping valkey-server(s)", total=len(state.instances), enabled=not as_json) as advance:
+    with render.progress("stopping valkey-server(s)", total=len(state.instances), enabled=not as_json, lines=False) as advance:
         results = local.down(tier_dir, purge=purge, timeout_s=timeout_s, on_progress=lambda rank, port: advance(1, f"rank {rank} on :{port}"))
     if as_json:
         render.emit_json({"dir": state.dir, "purged": purge, "instances": results})

@@ -93,7 +93,7 @@ def _engine_urls(engine_urls: tuple[str, ...], as_json: bool) -> list[str]:
 
 
 def _collect(engine_urls, targets, window, parameters, timeout_s, show_progress: bool, http: Any = None) -> cap.Capture:
-    with render.progress(f"sampling for {window:g} s", total=window, enabled=show_progress) as advance:
+    with render.progress(f"sampling for {window:g} s", total=window, enabled=show_progress, what="diagnose", unit=" s") as advance:
         return cap.collect(engine_urls, targets, window, parameters, tick=advance, timeout_s=timeout_s, http=http)
 
 

@@ -48,7 +48,7 @@ def main() -> None:
         bench, run = files(Path(tmp))
         kvctl = str(Path(sys.executable).with_name("kvctl"))
         cmd = [kvctl if os.path.exists(kvctl) else sys.executable, *([] if os.path.exists(kvctl) else ["-m", "kvctl.cli"]),
-               "plan", "--rate", "0.2", "--prompt-tokens", "16310", "--prompt-dist", "exponential", "--hit-fraction", "0.8",
+               "plan", "--arrival-rate", "0.2", "--prompt-tokens", "16310", "--prompt-dist", "exponential", "--hit-fraction", "0.8",
                "--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--engines", "8", "--slo-p99", "0.001",
                "--rho-target", "1", "--max-instances", "10", "--instance-gbps", "3", "--get-times-from", bench,
                "--readers-from", bench, "--fit-from", run, "--requests", str(args.requests), "--json"]

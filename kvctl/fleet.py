@@ -23,7 +23,7 @@ The model extends :func:`kvctl.simulate.simulate` (whose module docstring gives 
   tail), the rest only adds latency (see :mod:`kvctl.simulate`);
 * ``max_batch`` M > 1: an engine admits up to M waiting requests into one step; their loads go to
   the tier in order, then the step computes, and all of them finish when it ends (the event loop);
-* GPU busy fraction: the compute an engine does (prefill of misses and timeouts, tails of hits)
+* GPU utilisation (%): the compute an engine does (prefill of misses and timeouts, tails of hits)
   over the run's span. A synchronous load holds the engine but not its GPU.
 """
 
@@ -69,7 +69,7 @@ class EngineStats:
     mean_s: float
     mean_wait_s: float
     rho: float | None  # offered: λ_e·E[engine hold without waiting for the tier]
-    gpu_busy_frac: float
+    gpu_utilization_pct: float  # the compute it does over the run's span, % (a synchronous load holds the engine, not its GPU)
     max_queue: int
 
 
@@ -88,13 +88,13 @@ class FleetResult:
     hits: int
     timeouts: int
     mean_wait_s: float
-    offered_rate: float | None  # the fleet's λ (all engines)
+    arrival_rate_per_s: float | None  # the fleet's λ (all engines)
     bandwidth_gbps: float
     tier_rho: float | None  # per instance, summed over the engines that use it
     loading: str
     instances: int
     engines: int
-    gpu_busy_frac: float  # mean over engines
+    gpu_utilization_pct: float  # mean over engines
     per_engine: tuple[EngineStats, ...]
     extrapolated: tuple[str, ...]
     notes: tuple[str, ...]
@@ -430,7 +430,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
             p50_s=p50, p90_s=p90, p99_s=p99, max_s=float(lat.max()), mean_s=float(lat.mean()),
             mean_wait_s=float(wait[idx].mean()),
             rho=float(lam_e * offered_hold[idx].mean()) if lam_e else None,
-            gpu_busy_frac=float(compute[idx].sum() / span) if span > 0 else 0.0,
+            gpu_utilization_pct=100.0 * float(compute[idx].sum() / span) if span > 0 else 0.0,
             max_queue=_in_system_ahead(arrival[idx], finish[idx]),
         ))
     tier_rho = float(rate * (transfer[hit].sum() / n)) if rate else None
@@ -444,8 +444,8 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
         max_queue=max(p.max_queue for p in per),
         stable=None if rho is None else rho < RHO_UNSTABLE and (tier_rho or 0.0) < RHO_UNSTABLE,
         requests=n, hits=int(hit.sum()), timeouts=int(timed_out.sum()), mean_wait_s=float(wait.mean()),
-        offered_rate=rate, bandwidth_gbps=bw, tier_rho=tier_rho, loading=cfg.loading, instances=cfg.instances,
-        engines=engines, gpu_busy_frac=float(np.mean([p.gpu_busy_frac for p in per])), per_engine=tuple(per),
+        arrival_rate_per_s=rate, bandwidth_gbps=bw, tier_rho=tier_rho, loading=cfg.loading, instances=cfg.instances,
+        engines=engines, gpu_utilization_pct=float(np.mean([p.gpu_utilization_pct for p in per])), per_engine=tuple(per),
         extrapolated=tuple(extrapolated), notes=var.notes, solver=solver,
     )
 

@@ -59,7 +59,7 @@ class PlanResult:
     verdict: str
     cannot_help: str | None  # why no instance count can help, when that is the answer
     notes: tuple[str, ...]
-    n_star_tokens: float
+    min_hit_tokens: float  # n* = R·T0
     breakeven_gbps: float
     slo_p99_s: float
     rho_target: float

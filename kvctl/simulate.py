@@ -88,7 +88,7 @@ class SimResult:
     hits: int
     timeouts: int  # async hits recomputed after --async-timeout
     mean_wait_s: float  # queueing before the engine (and, async, the tier) serves it
-    offered_rate: float | None
+    arrival_rate_per_s: float | None  # λ offered
     bandwidth_gbps: float
     tier_rho: float | None  # λ_hits·E[n·s/B]: the tier's own utilisation
     loading: str
@@ -138,7 +138,7 @@ def check_memory(requests: int | None, fleet: bool = False) -> None:
 
 def poisson_workload(rate: float, requests: int, prompt_tokens: float, dist: str = "fixed", seed: int = 0) -> Workload:
     """Poisson arrivals at ``rate``; prompts of ``prompt_tokens`` tokens (fixed, or exponential with that mean)."""
-    require_positive("--rate", rate)
+    require_positive("--arrival-rate", rate)
     require_positive("--prompt-tokens", prompt_tokens)
     if requests < 1:
         raise InvalidInput(f"--requests must be at least 1, got {requests}")
@@ -380,7 +380,7 @@ def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
     latency = finish - arrival + extra
     if not np.isfinite(latency).all():  # only past the options' bounds; never NaN or inf in a result
         raise InvalidInput(f"the simulated times leave a float's range (a request holds the engine up to {float(np.nanmax(hold)):.3g} s): "
-                           "check --instance-gbps, --bytes-per-token, --prefill-rate and --rate")
+                           "check --instance-gbps, --bytes-per-token, --prefill-rate and --arrival-rate")
     rho = float(w.offered_rate * hold.mean()) if w.offered_rate else None
     tier_rho = float(w.offered_rate * transfer[hit].sum() / n) if w.offered_rate else None
     p50, p90, p99 = np.percentile(latency, [50, 90, 99])
@@ -399,7 +399,7 @@ def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
         hits=int(hit.sum()),
         timeouts=timeouts,
         mean_wait_s=float(wait.mean()),
-        offered_rate=w.offered_rate,
+        arrival_rate_per_s=w.offered_rate,
         bandwidth_gbps=bandwidth_gbps,
         tier_rho=tier_rho,
         loading=cfg.loading,
@@ -416,11 +416,12 @@ SWEEP_KEYS = {
     "hit_fraction": float,
     "instance_gbps": float,
     "async_timeout_s": float,
-    "rate": float,
+    "arrival_rate": float,
     "prompt_tokens": float,
 }
+#: other spellings of the keys: the options' (hyphens) and the old ``rate`` (``--rate`` is now ``--arrival-rate``)
 _ALIASES = {"hit-fraction": "hit_fraction", "instance-gbps": "instance_gbps", "async-timeout": "async_timeout_s",
-            "async_timeout": "async_timeout_s", "prompt-tokens": "prompt_tokens"}
+            "async_timeout": "async_timeout_s", "prompt-tokens": "prompt_tokens", "arrival-rate": "arrival_rate", "rate": "arrival_rate"}
 
 
 def parse_sweep(specs: Sequence[str]) -> dict[str, list[Any]]:
@@ -458,14 +459,14 @@ def sweep(
 ) -> list[SweepPoint]:
     """Simulate every point of ``grid`` (same seed: common random numbers across points).
 
-    ``workload_for(rate, prompt_tokens)`` returns the workload (``None`` values: the base ones);
+    ``workload_for(arrival_rate, prompt_tokens)`` returns the workload (``None`` values: the base ones);
     ``runner(workload, cfg, bandwidth)`` simulates one point (default :func:`simulate`).
     """
     runner = runner or simulate
     out = []
     for point in grid_points(grid):
         cfg = replace(base, **{k: v for k, v in point.items() if k in SimConfig.__dataclass_fields__})
-        w = workload_for(point.get("rate"), point.get("prompt_tokens"))
+        w = workload_for(point.get("arrival_rate"), point.get("prompt_tokens"))
         bw = effective_gbps(cfg.instances, cfg.instance_gbps, bench)
         out.append(SweepPoint(point, runner(w, cfg, bw)))
     return out

@@ -11,7 +11,7 @@ from kvctl.cli import cli
 
 # The paper (§4, §6): λ 1.21/s, 16 310 tokens × 48 437.5 B = 0.79 GB, R 52 200 tok/s, T0 0.33 s;
 # one instance 0.85 GB/s, eight 10.76 GB/s (the bench below). B* = s·R = 2.528 GB/s; n* = R·T0 = 17 226 tokens.
-PAPER = ["--rate", "1.21", "--prompt-tokens", "16310", "--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--t0", "0.33",
+PAPER = ["--arrival-rate", "1.21", "--prompt-tokens", "16310", "--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--t0", "0.33",
          "--requests", "5000"]
 
 
@@ -101,7 +101,7 @@ def test_recompute_that_meets_the_slo_beats_any_slower_tier():
     """Issue 31: plan printed "PLAN: 1 instance(s), async loading: p99 0.578 s" while recompute met the SLO at
     p99 0.218 s. Here 20 000-token prompts (above n* = 17 226) recompute in 0.383 s at λ 0.1/s; a hit on one
     3 GB/s instance costs 0.33 + 0.969/3 = 0.653 s. Both meet p99 ≤ 1 s: the plan is recompute, no tier."""
-    args = ["--rate", "0.1", "--prompt-tokens", "20000", "--bytes-per-token", "48437.5", "--prefill-rate", "52200",
+    args = ["--arrival-rate", "0.1", "--prompt-tokens", "20000", "--bytes-per-token", "48437.5", "--prefill-rate", "52200",
             "--t0", "0.33", "--requests", "2000", "--instance-gbps", "3", "--slo-p99", "1.0"]
     code, out = run_plan(*args, "--json")
     assert code == 0, out
@@ -118,7 +118,7 @@ def test_recompute_that_meets_the_slo_beats_any_slower_tier():
 
 def test_a_tier_is_planned_only_where_it_is_no_slower_than_recompute():
     """Recompute misses p99 ≤ 0.6 s (40 000 tokens: 0.766 s); one 30 GB/s instance hits in 0.33 + 1.94/30 = 0.395 s."""
-    args = ["--rate", "0.01", "--prompt-tokens", "40000", "--bytes-per-token", "48437.5", "--prefill-rate", "52200",
+    args = ["--arrival-rate", "0.01", "--prompt-tokens", "40000", "--bytes-per-token", "48437.5", "--prefill-rate", "52200",
             "--t0", "0.33", "--requests", "2000", "--instance-gbps", "30", "--slo-p99", "0.6", "--loading", "sync"]
     code, out = run_plan(*args, "--json")
     assert code == 0, out

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from kvctl.bench.results import BenchReport, RunResult
 
 #: A value beyond 4 GiB is not a KV chunk (Valkey's own limit is 512 MB per string by default).
-CHUNK_BYTES = positive(4 * 2**30)
+CHUNK_BYTES = ByteSize(4 * 2**30)
 SECONDS = positive(86400.0)
 
 
@@ -36,7 +36,7 @@ def register_commands(cli: click.Group) -> None:
 @valkey_options
 @click.option("--embedded", type=count(256), help="Start N local valkey-servers for the run and stop them after.")
 @click.option("--embedded-maxmemory", type=ByteSize(2**50), help="maxmemory of each --embedded instance (default: sized for instances × clients × batch × chunk, within half the host's available memory).")
-@click.option("--chunk-bytes", type=CHUNK_BYTES, help="Bytes per value (default 12.4e6: one 256-token GLM-5.3 FP8 chunk).")
+@click.option("--chunk-bytes", type=CHUNK_BYTES, help="Bytes per value, a size (12.4e6, 12MiB, 400kb; default 12.4e6: one 256-token GLM-5.3 FP8 chunk).")
 @click.option("--model-config", type=click.Path(dir_okay=False), help="config.json to derive the chunk size (and bytes per token) from.")
 @click.option("--chunk-tokens", type=CHUNK_TOKENS, default=thresholds.CHUNK_TOKENS, show_default=True, help="Tokens per chunk with --model-config.")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config.")
@@ -107,7 +107,7 @@ def bench_cmd(
     from kvctl.bench.spec import BenchSpec, check_host, grid, size_embedded  # noqa: PLC0415
 
     if embedded and (valkey_urls or tier_dir or ranks):
-        raise InvalidInput("--embedded starts its own instances; do not combine it with --valkey/--url, --ranks or --dir")
+        raise InvalidInput("--embedded starts its own instances; do not combine it with --valkey, --ranks or --dir")
     if not embedded and not (valkey_urls or tier_dir or ranks):
         raise InvalidInput(f"name the Valkey instances to bench with {NAMING}, or start some with --embedded N")
     if engines and (sweep or clients):

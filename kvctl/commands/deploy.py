@@ -8,7 +8,7 @@ from typing import Any, Callable
 import click
 
 from kvctl import render, thresholds
-from kvctl.commands.options import ByteSize, FiniteFloat, count, non_negative, options, output_options, positive, valkey_options, valkey_targets
+from kvctl.commands.options import ByteSize, FiniteFloat, RenamedOption, count, non_negative, options, output_options, positive, valkey_options, valkey_targets
 from kvctl.signals import Signalled, signals_raise
 from kvctl.errors import InvalidInput, Unreachable
 from kvctl.files import write_atomic
@@ -341,14 +341,16 @@ def _write_or_echo(text: str, out_file: Path | None) -> None:
 
 @deploy_group.command("lmcache-config")
 @tier_config_options
-@click.option("--chunk-size", type=count(1 << 20), default=thresholds.CHUNK_TOKENS, show_default=True, help="LMCache chunk_size in tokens.")
+@click.option("--chunk-tokens", "chunk_size", type=count(1 << 20), default=thresholds.CHUNK_TOKENS, show_default=True, cls=RenamedOption, old=["--chunk-size"],
+              help="Tokens per chunk: LMCache's chunk_size.")
 @click.option("--local-cpu/--no-local-cpu", default=True, show_default=True, help="LMCache L1 in host memory.")
 @click.option("--max-local-cpu-size", type=non_negative(1e5), default=5.0, show_default=True, help="LMCache L1 size in GB per engine worker.")
-@click.option("--async-loading/--sync-loading", default=False, show_default=True, help="LMCache enable_async_loading.")
+@click.option("--loading", type=click.Choice(["sync", "async"]), default="sync", show_default=True, cls=RenamedOption,
+              old_flags={"--async-loading": "async", "--sync-loading": "sync"}, help="Loading mode: LMCache's enable_async_loading.")
 @click.option("--plugin/--native", default=True, show_default=True, help="--plugin (the default): kvctl's RESP client as LMCache's remote-storage plugin (remote_storage_plugins: [kvctl], no remote_url). --native: LMCache's own resp:// client in remote_url, with a warning (it hangs on a missing key; kvctl doctor fails it).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the YAML to this file instead of stdout.")
 @output_options
-def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_size: int, local_cpu: bool, max_local_cpu_size: float, async_loading: bool, plugin: bool, out_file: Path | None, as_json: bool) -> None:
+def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_size: int, local_cpu: bool, max_local_cpu_size: float, loading: str, plugin: bool, out_file: Path | None, as_json: bool) -> None:
     """Print the LMCache YAML for this tier: chunk size, L1 settings, per-rank remote URL.
 
     Local tiers get the per-rank list form (ports differ); k8s gets the
@@ -359,7 +361,7 @@ def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port
     """
     from kvctl.tier.lmcache_config import LMCacheSettings, lmcache_config, render_lmcache_yaml  # noqa: PLC0415 - yaml
 
-    settings = LMCacheSettings(chunk_size, local_cpu, max_local_cpu_size, "naive", async_loading)
+    settings = LMCacheSettings(chunk_size, local_cpu, max_local_cpu_size, "naive", loading == "async")
     urls, user, password_file, tier = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file)
     cfg = lmcache_config(urls, settings, user, password_file, plugin=plugin)
     notes = [] if target == "local" or password_file else [no_credentials_note(target, name)]
@@ -396,12 +398,14 @@ def no_credentials_note(target: str, name: str) -> str:
 @deploy_group.command("vllm-config")
 @tier_config_options
 @click.option("--chunk-tokens", type=count(max=1 << 20), default=thresholds.CHUNK_TOKENS, show_default=True, help="Tokens per chunk of the kvctl connector (a multiple of vLLM's block size).")
-@click.option("--async-loading/--sync-loading", default=False, show_default=True, help="The connector's async_loading (paper §5.3): load in the background while the request waits.")
+@click.option("--loading", type=click.Choice(["sync", "async"]), default="sync", show_default=True, cls=RenamedOption,
+              old_flags={"--async-loading": "async", "--sync-loading": "sync"},
+              help="Loading mode: the connector's async_loading (paper §5.3: async loads in the background while the request waits).")
 @click.option("--timeout-s", type=positive(max=3600), help="Seconds a lookup or load may take before the engine recomputes (default: the connector's).")
 @click.option("--shell", "as_shell", is_flag=True, help="Print the whole quoted argument, --kv-transfer-config '...', for a shell or a systemd ExecStart line.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the output to this file instead of stdout.")
 @output_options
-def vllm_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_tokens: int, async_loading: bool, timeout_s: float | None, as_shell: bool, out_file: Path | None, as_json: bool) -> None:
+def vllm_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_tokens: int, loading: str, timeout_s: float | None, as_shell: bool, out_file: Path | None, as_json: bool) -> None:
     """Print vLLM's --kv-transfer-config JSON that loads kvctl's connector over this tier.
 
     One compact JSON line (the argument's value); --shell prints the quoted
@@ -419,7 +423,7 @@ def vllm_config_cmd(target: str, tier_dir: Path, ranks: int | None, base_port: i
     if as_shell and as_json:
         raise InvalidInput("--shell and --json are two output forms; pick one")
     urls, user, password_file, _ = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file)
-    cfg = kv_transfer_config(urls, ConnectorSettings(chunk_tokens, async_loading, timeout_s), user, password_file)
+    cfg = kv_transfer_config(urls, ConnectorSettings(chunk_tokens, loading == "async", timeout_s), user, password_file)
     if as_json:
         render.emit_json(cfg)
         return

@@ -199,7 +199,7 @@ def _run(
     params = Params(bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, t0_s=t0)
     if from_dir:
         if engine_urls or valkey_urls or tier_dir or watch or save_dir:
-            raise click.UsageError("--from analyses a saved capture; it takes no --engine-url/--valkey/--url/--dir/--watch/--save")
+            raise click.UsageError("--from analyses a saved capture; it takes no --engine-url/--valkey/--dir/--watch/--save")
         diag = analyse(cap.load_capture(from_dir), params)
         _show(diag, explain, as_json)
         ctx.exit(int(diag.exit_status))
@@ -299,7 +299,7 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
             "Engines",
             ["engine", "status", "window (s)", "finished", "queue start → end", "offered λ (req/s)", "note"],
             [
-                (e.url, e.status, e.window_s, e.finished, f"{render.fmt(e.queue_start)} → {render.fmt(e.queue_end)}", e.offered_rate_per_s,
+                (e.url, e.status, e.window_s, e.finished, f"{render.fmt(e.queue_start)} → {render.fmt(e.queue_end)}", e.arrival_rate_per_s,
                  e.error or (f"restarted: {', '.join(e.counter_resets)}" if e.counter_resets else ""))
                 for e in diag.engines
             ],
@@ -318,7 +318,7 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
         render.table(
             "Engines sharing the tier",
             ["engine", "W (ranks)", "instances", "offered λ (req/s)", "L2 MB/request", "B it gets (GB/s)", "ρ"],
-            [(e.url, f"{e.ranks} ({e.ranks_source})", f"0–{e.ranks - 1}", e.offered_rate_per_s,
+            [(e.url, f"{e.ranks} ({e.ranks_source})", f"0–{e.ranks - 1}", e.arrival_rate_per_s,
               None if e.l2_bytes_per_request is None else e.l2_bytes_per_request / 1e6, e.bandwidth_gbps, e.rho)
              for e in diag.engine_loads],
             caption="ρ_e = λ_e·(L2 bytes per request)/B_e, against what engine e gets; rank r of every engine uses instance r",

@@ -9,7 +9,7 @@ import click
 
 from kvctl import render, thresholds
 from kvctl.commands.fleet_options import engine_model, fleet_options
-from kvctl.commands.options import ARRIVAL_RATE, PREFILL_RATE, T0_S, FiniteFloat, bytes_per_token_options, count, non_negative, output_options, positive
+from kvctl.commands.options import ARRIVAL_RATE, PREFILL_RATE, T0_S, FiniteFloat, RenamedOption, bytes_per_token_options, count, non_negative, output_options, positive
 from kvctl.errors import ExitStatus
 from kvctl.hooks import hookimpl
 
@@ -23,11 +23,11 @@ COLS = ["instances", "loading", "B_eff GB/s", "tier ρ", "engine ρ", "p50 s", "
 
 
 @click.command("plan")
-@click.option("--rate", type=ARRIVAL_RATE, help="Poisson arrival rate λ of EACH engine, requests/s (or --trace).")
+@click.option("--arrival-rate", "rate", type=ARRIVAL_RATE, cls=RenamedOption, old=["--rate"], help="Arrival rate λ of EACH engine, requests/s (Poisson arrivals; or --trace).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="The whole fleet's arrivals and prompt lengths from a trace (any `kvctl replay` format).")
 @click.option("--requests", type=count(10**7), help="Requests simulated per point (Poisson: default 20000; trace: the first N).")
-@click.option("--prompt-tokens", type=positive(1e9), help="Prompt tokens per request with --rate (the mean with --prompt-dist exponential).")
-@click.option("--prompt-dist", type=click.Choice(["fixed", "exponential"]), default="fixed", show_default=True, help="Prompt lengths with --rate.")
+@click.option("--prompt-tokens", type=positive(1e9), help="Prompt tokens per request with --arrival-rate (the mean with --prompt-dist exponential).")
+@click.option("--prompt-dist", type=click.Choice(["fixed", "exponential"]), default="fixed", show_default=True, help="Prompt lengths with --arrival-rate.")
 @click.option("--hit-fraction", type=FiniteFloat(min=0, max=1), default=1.0, show_default=True, help="Share of requests that hit the tier.")
 @bytes_per_token_options()
 @click.option("--prefill-rate", type=PREFILL_RATE, required=True, help="Prefill throughput R, tokens/s.")
@@ -52,7 +52,7 @@ def plan_cmd(ctx: click.Context, rate: float | None, trace_path: str | None, req
     """Fewest tier instances and the loading mode (sync/async) that meet p99 ≤ --slo-p99 at ρ ≤ --rho-target.
 
     \b
-    Searches `kvctl simulate` (E --engines at --rate each, with the variability
+    Searches `kvctl simulate` (E --engines at --arrival-rate each, with the variability
     of --fit-from/--get-times-from/--readers-from) over 1 … --max-instances for
     each loading mode; prints the table of what it tried, skips points that
     arithmetic rules out (B_eff ≤ B* = s·R, or tier ρ above the target), and
@@ -67,9 +67,9 @@ def plan_cmd(ctx: click.Context, rate: float | None, trace_path: str | None, req
     from kvctl import variability  # noqa: PLC0415
 
     if (rate is None) == (trace_path is None):
-        raise click.UsageError("give exactly one of --rate (Poisson, per engine) or --trace FILE")
+        raise click.UsageError("give exactly one of --arrival-rate (per engine) or --trace FILE")
     if rate is not None and prompt_tokens is None:
-        raise click.UsageError("--rate needs --prompt-tokens")
+        raise click.UsageError("--arrival-rate needs --prompt-tokens")
     if (instance_gbps is None) == (bench_path is None):
         raise click.UsageError("give exactly one of --instance-gbps or --bench FILE")
     bench = sim.bench_bandwidths(bench_path) if bench_path else None
@@ -100,7 +100,7 @@ def plan_cmd(ctx: click.Context, rate: float | None, trace_path: str | None, req
         ctx.exit(int(code))
     rows = [["—" if p.instances == 0 else p.instances, p.loading, p.bandwidth_gbps, p.tier_rho, p.engine_rho, p.p50_s, p.p99_s,
              p.timeouts, "yes" if p.meets else "no", p.why] for p in res.points]
-    caption = [f"{engines} engine(s) · {w.source} · n* = R·T0 = {res.n_star_tokens:,.0f} tokens · B* = s·R = {res.breakeven_gbps:.3f} GB/s"]
+    caption = [f"{engines} engine(s) · {w.source} · n* = R·T0 = {res.min_hit_tokens:,.0f} tokens · B* = s·R = {res.breakeven_gbps:.3f} GB/s"]
     caption += [f"note: {n}" for n in (*res.notes, *var.notes)]
     caption += sorted({f"EXTRAPOLATED: {x}" for p in res.points for x in p.extrapolated})
     caption.append(("PLAN: " if res.instances is not None else "NO PLAN: ") + res.verdict + (f" · plot: {plot}" if plot else ""))

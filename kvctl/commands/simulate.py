@@ -8,7 +8,7 @@ import click
 
 from kvctl import render, thresholds
 from kvctl.commands.fleet_options import engine_model, fleet_options, render_fleet
-from kvctl.commands.options import PREFILL_RATE, T0_S, FiniteFloat, bytes_per_token_options, count, non_negative, output_options, positive
+from kvctl.commands.options import PREFILL_RATE, T0_S, FiniteFloat, RenamedOption, bytes_per_token_options, count, non_negative, output_options, positive
 from kvctl.hooks import hookimpl
 
 
@@ -28,12 +28,16 @@ SIM_RATE = FiniteFloat(min=1e-6, max=1e6)  # requests/s
 INSTANCE_GBPS = FiniteFloat(min=1e-6, max=1e6)  # GB/s
 
 
+#: --sweep keys whose option's parameter has another name
+SWEEP_PARAMS = {"arrival_rate": "rate"}
+
+
 def _check_sweep(grid: dict[str, list[Any]]) -> None:
     """Every --sweep value through its option's own type: the same bounds, the same message (exit 2)."""
     ctx = click.get_current_context()
     params = {p.name: p for p in ctx.command.params}
     for key, values in grid.items():
-        param = params.get(key)
+        param = params.get(SWEEP_PARAMS.get(key, key))
         if param is None:  # a sweep key that is not an option of its own: parse_sweep checked it
             continue
         for v in values:
@@ -44,7 +48,7 @@ def _check_sweep(grid: dict[str, list[Any]]) -> None:
 
 
 @click.command("simulate")
-@click.option("--rate", type=SIM_RATE, help="Poisson arrival rate λ, requests/s (or --trace).")
+@click.option("--arrival-rate", "rate", type=SIM_RATE, cls=RenamedOption, old=["--rate"], help="Arrival rate λ, requests/s (Poisson arrivals; or --trace).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Arrivals and prompt lengths from a trace (any `kvctl replay` format).")
 @click.option("--requests", type=count(10**8), help="Requests to simulate (Poisson: default 10000; trace: the first N); refused with the figures when it would not fit in memory.")
 @click.option("--prompt-tokens", type=positive(1e9), help="Prompt tokens per request in Poisson mode (the mean with --prompt-dist exponential).")
@@ -92,9 +96,9 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
     from kvctl import simulate as sim  # noqa: PLC0415 - numpy only when used
 
     if (rate is None) == (trace_path is None):
-        raise click.UsageError("give exactly one of --rate (Poisson) or --trace FILE")
+        raise click.UsageError("give exactly one of --arrival-rate (Poisson) or --trace FILE")
     if rate is not None and prompt_tokens is None:
-        raise click.UsageError("--rate needs --prompt-tokens")
+        raise click.UsageError("--arrival-rate needs --prompt-tokens")
     if (instance_gbps is None) == (bench_path is None):
         raise click.UsageError("give exactly one of --instance-gbps or --bench FILE")
     if plot and not sweep_specs:
@@ -125,8 +129,8 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
     if sweep_specs:
         grid = sim.parse_sweep(sweep_specs)
         _check_sweep(grid)
-        if trace_path and ("rate" in grid or "prompt_tokens" in grid):
-            raise click.UsageError("--sweep rate/prompt_tokens need Poisson mode (--rate)")
+        if trace_path and ("arrival_rate" in grid or "prompt_tokens" in grid):
+            raise click.UsageError("--sweep arrival_rate/prompt_tokens need Poisson mode (--arrival-rate)")
         points = sim.sweep(base, grid, workload_for, bench,
                            runner=(lambda w, c, bw: fleet.simulate_fleet(w, c, bw, engines, var)) if is_fleet else None)
         if plot:

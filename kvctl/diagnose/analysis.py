@@ -71,7 +71,7 @@ class Diagnosis:
     rho: float | None
     rho_bound: str | None  # "estimate", "lower_bound" (B from Valkey server side) or None
     load_busy_fraction: float | None  # served L2 bytes/s over B: capped at 1, NOT ρ
-    instances_for_target_rho: int | None
+    instances_for_rho_target: int | None
     requests_waiting_start: float | None
     requests_waiting_end: float | None
     gpu_utilization_pct: list[float]
@@ -144,7 +144,7 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         bandwidth_gbps=bw.gbps, bandwidth_source=bw.source, bandwidth_source_detail=BANDWIDTH_SOURCES.get(bw.source or ""),
         engine_ranks=bw.ranks if bw.source == BW_KVCTL else None, bytes_per_token=s_bpt, prefill_rate_tok_s=be.prefill_rate,
         prefill_rate_source=be.prefill_rate_source, t0_s=t0, breakeven_gbps=be.breakeven_gbps, min_hit_tokens=be.min_hit_tokens,
-        rho=rho.rho, rho_bound=rho.bound, load_busy_fraction=rho.busy_fraction, instances_for_target_rho=rho.instances_for_target,
+        rho=rho.rho, rho_bound=rho.bound, load_busy_fraction=rho.busy_fraction, instances_for_rho_target=rho.instances_for_target,
         requests_waiting_start=waiting[0], requests_waiting_end=waiting[1], gpu_utilization_pct=list(b.gpu.utilization_pct),
         gpu_note=b.gpu.note or a.gpu.note, engines=engines.obs, instances=instances, unreachable=nb.unreachable,
         insufficient_data=nb.insufficient, findings=findings, worst_severity=worst, notes=nb.notes + resets_note,

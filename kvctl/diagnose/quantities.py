@@ -99,7 +99,7 @@ def gather_rates(engines: Engines, window_s: float, nb: Notebook) -> Rates:
     finished_list = [o.finished for o in per if o.finished is not None]
     requests = sum(finished_list) if finished_list else None
     completion = sum(o.completion_rate_per_s for o in per if o.completion_rate_per_s is not None) if finished_list else None
-    offered_list = [o.offered_rate_per_s for o in per if o.offered_rate_per_s is not None]
+    offered_list = [o.arrival_rate_per_s for o in per if o.arrival_rate_per_s is not None]
     lam = sum(offered_list) if offered_list else None
     growths = [o.queue_end - o.queue_start for o in per if o.queue_start is not None and o.queue_end is not None]
     growth = sum(growths) if growths else None
@@ -412,7 +412,7 @@ def rho_of(
         rho_bound = None
     busy_frac = _div(l2.bytes_per_s, bw_gbps * cost.GB) if bw_gbps else None
     n_inst = max(1, n_ok_inst)
-    k = cost.instances_for_rho(rho, params.target_rho, n_inst) if rho else None
+    k = cost.instances_for_rho(rho, params.rho_target, n_inst) if rho else None
     nb.explain.append(Quantity(
         "ρ = λ·(L2 bytes/request) / B" + (" (lower bound)" if rho_bound == "lower_bound" else ""), rho,
         f"{_g(lam)} req/s × {_g(l2_per_req)} B / {_g(bw_gbps)} GB/s", "synchronous-load queue §4; λ offered, not completed",

@@ -183,12 +183,12 @@ class Drill:
 
     def start_replay(self, workload: Workload) -> None:
         trace = write_trace(self.work / "trace.jsonl", workload)
-        argv = [sys.executable, "-m", "kvctl.cli", "replay", str(trace), "--url", self.url, "--out", str(self.work / "run.jsonl"),
+        argv = [sys.executable, "-m", "kvctl.cli", "replay", str(trace), "--engine-url", self.url, "--out", str(self.work / "run.jsonl"),
                 "--json", "--timeout", str(int(self.opts.duration_s * 2 + 30))]
         self.replay = self.procs.start("replay", argv, self.work / "replay.log")
         self.say("start", f"replay: {len(trace.read_text().splitlines())} requests of {workload.prompt_tokens} tokens at "
                           f"λ = {workload.rate_per_s:.2f} req/s over {workload.duration_s:.0f} s, {workload.docs} shared documents "
-                          f"(`kvctl replay trace.jsonl --url {self.url}`)")
+                          f"(`kvctl replay trace.jsonl --engine-url {self.url}`)")
 
     # --- watching ----------------------------------------------------------------------
 

@@ -106,7 +106,7 @@ def test_rho_unstable_fires_with_instances_for_half():
     assert d.bandwidth_gbps == pytest.approx(1 / 3)  # 1e9 B / 3 s
     assert d.rho == pytest.approx(3.0)  # 10 req/s × 1e8 B / (1e9 / 3 B/s)
     assert f.severity == "critical" and d.worst_severity == "critical"
-    assert f.evidence["instances_for_target_rho"] == 6  # ceil(3.0 × 1 instance / 0.5)
+    assert f.evidence["instances_for_rho_target"] == 6  # ceil(3.0 × 1 instance / 0.5)
     assert "6 Valkey instance" in f.recommendation and "async" in f.recommendation
 
 
@@ -279,7 +279,7 @@ def test_server_side_rho_is_a_lower_bound_from_get_time(growth, rho, finding):
         (f,) = rho_findings
         assert f.id == finding and "lower bound" in f.message and f.evidence["rho_bound"] == "lower_bound"
     if finding == "rho_unstable":
-        assert f.evidence["instances_for_target_rho"] == 6
+        assert f.evidence["instances_for_rho_target"] == 6
     assert "bandwidth_below_breakeven" in ids(d)  # 2.000024 < B* 2.5284375 GB/s
 
 
@@ -371,7 +371,7 @@ def test_real_gets_server_side_bandwidth_and_rho(valkey_server):
     (f,) = [f for f in d.findings if f.id.startswith("rho_")]
     assert f.id == "rho_unstable" and "lower bound" in f.message
     # instances for ρ ≤ 0.5: ceil(ρ / 0.5), bracketed by the bounds on ρ
-    assert math.ceil(2000 * g_s / w_max - 1e-9) <= f.evidence["instances_for_target_rho"] <= math.ceil(2000 * g_s / w_min)
+    assert math.ceil(2000 * g_s / w_max - 1e-9) <= f.evidence["instances_for_rho_target"] <= math.ceil(2000 * g_s / w_min)
 
 
 def test_real_gets_counted_exactly_with_no_queue_rho_is_the_busy_fraction(valkey_server):

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from kvctl import render, thresholds
-from kvctl.commands.fleet_options import engine_model, fleet_options
+from kvctl.commands.fleet_options import arrival_process, engine_model, fleet_options, gpu_cell
 from kvctl.commands.options import ARRIVAL_RATE, PREFILL_RATE, T0_S, FiniteFloat, RenamedOption, bytes_per_token_options, count, non_negative, output_options, positive
 from kvctl.errors import ExitStatus
 from kvctl.hooks import hookimpl
@@ -19,7 +19,7 @@ def register_commands(cli: click.Group) -> None:
     cli.add_command(plan_cmd)
 
 
-COLS = ["instances", "loading", "B_eff GB/s", "tier ρ", "engine ρ", "p50 s", "p99 s", "timeouts", "meets", "why"]
+COLS = ["instances", "loading", "B_eff GB/s", "tier ρ", "engine ρ", "GPU util %", "p50 s", "p99 s", "timeouts", "meets", "why"]
 
 
 @click.command("plan")
@@ -48,7 +48,9 @@ def plan_cmd(ctx: click.Context, rate: float | None, trace_path: str | None, req
              hit_fraction: float, bytes_per_token: float, prefill_rate: float, t0: float, slo_p99_s: float, rho_target: float,
              max_instances: int, instance_gbps: float | None, bench_path: str | None, loading: str, async_timeout_s: float, seed: int,
              plot: str | None, engines: int, fit_from: str | None, get_times_from: str | None, readers_from: str | None,
-             async_instance_gbps: float | None, async_overhead_s: float, t0_engine_share: float, max_batch: int, as_json: bool) -> None:
+             async_instance_gbps: float | None, async_overhead_s: float, t0_engine_share: float, max_batch: int, max_batched_tokens: int,
+             hit_gpu_s: float | str, fit_gpu_util: float | None, arrivals: str, arrival_cv: float | None, arrivals_from: str | None,
+             as_json: bool) -> None:
     """Fewest tier instances and the loading mode (sync/async) that meet p99 ≤ --slo-p99 at ρ ≤ --rho-target.
 
     \b
@@ -73,17 +75,21 @@ def plan_cmd(ctx: click.Context, rate: float | None, trace_path: str | None, req
     if (instance_gbps is None) == (bench_path is None):
         raise click.UsageError("give exactly one of --instance-gbps or --bench FILE")
     bench = sim.bench_bandwidths(bench_path) if bench_path else None
+    process, cv, cv_note = arrival_process(trace_path, arrivals, arrival_cv, arrivals_from)
     if trace_path:
         w = sim.trace_workload(trace_path, requests)
     else:
-        w = sim.poisson_workload(rate * engines, requests or 20000, prompt_tokens, prompt_dist, seed)
+        w = sim.poisson_workload(rate * engines, requests or 20000, prompt_tokens, prompt_dist, seed, process, cv)
     fit_instances = max(bench) if bench else 1
     fit_gbps = sim.effective_gbps(fit_instances, instance_gbps, bench)
     var = variability.build(fit_from=fit_from, get_times_from=get_times_from, readers_from=readers_from,
                             async_instance_gbps=async_instance_gbps, async_overhead_s=async_overhead_s,
                             bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, fit_gbps=fit_gbps, instances=None)
     cfg = sim.SimConfig(bytes_per_token, prefill_rate, t0, 1, instance_gbps, "sync", async_timeout_s, hit_fraction, seed)
-    cfg, var = engine_model(t0_engine_share, fit_from, replace(cfg, instances=fit_instances), fit_gbps, var, max_batch=max_batch)
+    cfg, var = engine_model(t0_engine_share, fit_from, replace(cfg, instances=fit_instances), fit_gbps, var, max_batch=max_batch,
+                            max_batched_tokens=max_batched_tokens, hit_gpu_s=hit_gpu_s, fit_gpu_util=fit_gpu_util)
+    if cv_note:
+        var = replace(var, notes=(*var.notes, cv_note))
     cfg = replace(cfg, instances=1)
     res = planner.plan(w, cfg, engines=engines, slo_p99_s=slo_p99_s, rho_target=rho_target, max_instances=max_instances,
                        instance_gbps=instance_gbps, bench=bench, var=var,
@@ -98,7 +104,7 @@ def plan_cmd(ctx: click.Context, rate: float | None, trace_path: str | None, req
         d["exit_code"] = int(code)
         render.emit_json(d)
         ctx.exit(int(code))
-    rows = [["—" if p.instances == 0 else p.instances, p.loading, p.bandwidth_gbps, p.tier_rho, p.engine_rho, p.p50_s, p.p99_s,
+    rows = [["—" if p.instances == 0 else p.instances, p.loading, p.bandwidth_gbps, p.tier_rho, p.engine_rho, gpu_cell(p.gpu_utilization_pct), p.p50_s, p.p99_s,
              p.timeouts, "yes" if p.meets else "no", p.why] for p in res.points]
     caption = [f"{engines} engine(s) · {w.source} · n* = R·T0 = {res.min_hit_tokens:,.0f} tokens · B* = s·R = {res.breakeven_gbps:.3f} GB/s"]
     caption += [f"note: {n}" for n in (*res.notes, *var.notes)]

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 from tests.progress_helpers import progress_lines, run_piped
-from tests.replay.test_sender import write_trace
 
 
 def test_replay_prints_progress_lines_on_stderr_without_a_tty(standin_factory, tmp_path):
     server = standin_factory("--delay-s", "0.05")
-    trace = write_trace(tmp_path / "t.jsonl", [{"offset_s": i * 0.5, "prompt": f"hello {i}"} for i in range(14)])
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"offset_s": i * 0.5, "prompt": f"hello {i}"}) + "\n" for i in range(14)))
     res = run_piped(["replay", str(trace), "--engine-url", server.url, "--out", str(tmp_path / "run.jsonl")], tmp_path)
     assert res.returncode == 0, res.stderr
     lines = progress_lines(res.stderr)

@@ -122,6 +122,18 @@ def gpu_cell(pct: float | None) -> str | None:
     return None if pct is None else f"{pct:.1f}"
 
 
+def stability_footer(res: Any) -> str | None:
+    """What an unstable result's footer says, naming the ρ that is ≥ 1: the engine's (its queue grows) or, with
+    async loading, the tier's (prefetches arrive faster than it serves them: its backlog grows, and loads past
+    --async-timeout are recomputed)."""
+    if res.stable is not False:
+        return None
+    if res.rho is not None and res.rho >= 1:
+        return f"engine ρ {res.rho:.3g} ≥ 1: its queue grows for as long as requests keep arriving"
+    return (f"tier ρ {res.tier_rho:.3g} ≥ 1 (the engine's ρ is {render.fmt(res.rho)}): prefetches arrive faster than the tier serves "
+            f"them, so its backlog grows and loads past --async-timeout are recomputed ({res.timeouts:,} timeouts)")
+
+
 def render_fleet(res: Any, title: str) -> None:
     """The fleet's line, one line per engine, then where the inputs came from and what was extrapolated."""
     rows = [[e.engine, e.requests, e.hits, e.timeouts, e.rho, gpu_cell(e.gpu_utilization_pct), e.p50_s, e.p90_s, e.p99_s, e.max_s, e.max_queue]
@@ -131,6 +143,7 @@ def render_fleet(res: Any, title: str) -> None:
     lines = [f"tier ρ per instance (all engines) {render.fmt(res.tier_rho)} · stable {render.fmt(res.stable)} · B_eff {res.bandwidth_gbps:g} GB/s · solver: {res.solver}"]
     lines += [f"input: {n}" for n in res.notes]
     lines += [f"EXTRAPOLATED: {x}" for x in res.extrapolated]
-    if res.stable is False:
-        lines.append("ρ ≥ 1: a queue grows for as long as requests keep arriving")
+    footer = stability_footer(res)
+    if footer:
+        lines.append(footer)
     render.table(title, FLEET_COLS, rows, caption="\n".join(lines))

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from kvctl import render, thresholds
-from kvctl.commands.fleet_options import arrival_process, engine_model, fleet_options, gpu_cell, render_fleet
+from kvctl.commands.fleet_options import arrival_process, engine_model, fleet_options, gpu_cell, render_fleet, stability_footer
 from kvctl.commands.options import PREFILL_RATE, T0_S, FiniteFloat, RenamedOption, bytes_per_token_options, count, non_negative, output_options, positive
 from kvctl.hooks import hookimpl
 
@@ -185,7 +185,7 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
         caption=(f"mean {res.mean_s:.3f} s · mean wait {res.mean_wait_s:.3f} s · hits {res.hits:,} of {res.requests:,}"
                  + (f" · timeouts {res.timeouts:,}" if loading == "async" else "")
                  + "".join(f"\ninput: {n}" for n in var.notes)
-                 + ("" if res.stable is not False else "\nρ ≥ 1: a queue grows for as long as requests keep arriving")
+                 + (f"\n{stability_footer(res)}" if res.stable is False else "")
                  + (f"\n* B_eff {bw.note}" if bw.basis == sim.BASIS_EXTRAPOLATED else "")),
     )
 

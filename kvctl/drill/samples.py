@@ -19,6 +19,21 @@ SAMPLES = {
 }
 
 
+def loader_gbps(model_config: str | None = None) -> tuple[float, float]:
+    """(synchronous, asynchronous) GB/s of the drill engine's loaders on one instance, as `kvctl simulate`'s
+    --instance-gbps and --async-instance-gbps: the sync loader GETs chunk by chunk, a round trip each
+    (STREAM_CHUNKS_PER_S); the async one a prompt's chunks in one pipelined batch, one round trip and then the
+    link (LINK_CHUNKS_PER_S). docs/drill.md: the time model."""
+    from kvctl.cost import GB  # noqa: PLC0415
+    from kvctl.drill import scenarios as S  # noqa: PLC0415
+    from kvctl.drill.workload import Workload, sizes  # noqa: PLC0415
+
+    chunk = sizes(model_config).chunk_bytes
+    chunks = Workload(rate_per_s=1.0, duration_s=1.0).hit_chunks
+    batch_s = chunks / S.LINK_CHUNKS_PER_S + S.CHUNK_RTT_S
+    return S.STREAM_CHUNKS_PER_S * chunk / GB, chunks * chunk / batch_s / GB
+
+
 def sample_paths() -> dict[str, Path]:
     """Each bundled sample's absolute path; KvctlError when the package was installed without them."""
     out = {k: SAMPLES_DIR / name for k, (name, _) in SAMPLES.items()}

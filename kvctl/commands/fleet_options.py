@@ -128,7 +128,7 @@ def stability_footer(res: Any) -> str | None:
     --async-timeout are recomputed)."""
     if res.stable is not False:
         return None
-    if res.rho is not None and res.rho >= 1:
+    if res.rho is not None and res.rho >= thresholds.RHO_UNSTABLE:
         return f"engine ρ {res.rho:.3g} ≥ 1: its queue grows for as long as requests keep arriving"
     return (f"tier ρ {res.tier_rho:.3g} ≥ 1 (the engine's ρ is {render.fmt(res.rho)}): prefetches arrive faster than the tier serves "
             f"them, so its backlog grows and loads past --async-timeout are recomputed ({res.timeouts:,} timeouts)")

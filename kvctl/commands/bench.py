@@ -114,12 +114,25 @@ def bench_cmd(
         raise click.UsageError("--engines runs its own grid (one client per engine per instance): drop --sweep and --clients")
     from kvctl.bench.sizing import bench_sizes  # noqa: PLC0415
 
+    named = [] if embedded else valkey_targets(valkey_urls, ranks, tier_dir, password_file)
+    chunk_source = None
+    if named and chunk_bytes is None and not model_config:  # the tier's own chunks, when its engines stored some
+        from kvctl.bench.info import tier_chunk_bytes  # noqa: PLC0415
+        from kvctl.bench.runner import url_with_password  # noqa: PLC0415
+
+        with contextlib.suppress(Exception):  # an instance that does not answer is the bench's to report
+            chunk_bytes = tier_chunk_bytes([url_with_password(t) for t in named], timeout_s)
+        chunk_source = "the largest of a few random keys per instance (the chunks the tier holds)" if chunk_bytes else None
     sizes = bench_sizes(chunk_bytes, model_config, dtype, chunk_tokens, tp, bytes_per_token, prefill_rate)
     chunk, bytes_per_token, params = sizes.chunk_bytes, sizes.bytes_per_token, dict(sizes.parameters)
+    if chunk_source:
+        params["chunk_source"] = chunk_source
+    fit_batch = ctx.get_parameter_source("batch") != click.core.ParameterSource.COMMANDLINE
 
     def make_spec(instances: int, n_keys: int | None, warn: bool = True) -> BenchSpec:
         spec = BenchSpec(chunk_bytes=chunk, batch=batch, clients=clients or (instances if sweep else 1), duration_s=duration,
-                         keys=n_keys, write=write, sweep=sweep, timeout_s=timeout_s, seed=seed, engines=engines or 0)  # fmt: skip
+                         keys=n_keys, write=write, sweep=sweep, timeout_s=timeout_s, seed=seed, engines=engines or 0,
+                         fit_batch=fit_batch)  # fmt: skip
         spec.check()
         for w in check_host(instances, spec, os.cpu_count() or 1, psutil.virtual_memory().available):
             if warn:
@@ -154,8 +167,13 @@ def bench_cmd(
             with embedded_tier(embedded, embedded_maxmemory) as targets:
                 report = go(targets, n_keys)
         else:
-            report = go(valkey_targets(valkey_urls, ranks, tier_dir, password_file))
+            report = go(named)
 
+    note = report.metadata.parameters.get("sizing_note")
+    if note and not as_json:
+        render.warn(note)
+    if chunk_source and not as_json:
+        render.message(f"values of {chunk / 1e6:g} MB: {chunk_source}", stderr=True)
     data = render.to_jsonable(report)
     data["errors"] = report.errors
     data["interrupted"] = caught[0].name if caught else None

@@ -25,6 +25,7 @@ from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.drill import scenarios as S
 from kvctl.drill.config import EngineSettings, write_config
+from kvctl.drill.standalone import settings_for
 from kvctl.drill.workload import Sizes, Workload, sizes, write_trace
 from kvctl.errors import KvctlError
 from kvctl.runbooks import runbook_for
@@ -145,12 +146,7 @@ class Drill:
         return targets
 
     def engine_settings(self, targets: list[Target], **kw: Any) -> EngineSettings:
-        return EngineSettings(
-            remote_urls=[f"resp://{t.host}:{t.port}" for t in targets], chunk_bytes=self.sizes.chunk_bytes,
-            prefill_tokens_per_s=S.PREFILL_RATE, t0_s=S.T0_S, stream_bytes_per_s=S.LINK_CHUNKS_PER_S * self.sizes.chunk_bytes,
-            chunk_rtt_s=S.CHUNK_RTT_S,
-            model=self.sizes.model.replace("@", "-") or "drill", **kw,
-        )
+        return settings_for([f"resp://{t.host}:{t.port}" for t in targets], self.opts.model_config, **kw)
 
     def start_engine(self, settings: EngineSettings) -> Path:
         cfg = write_config(self.work / "engine.yaml", settings, async_loading=False)

@@ -2,7 +2,9 @@
 
 * ``overload-capture/``: a ``kvctl diagnose capture`` of the overload drill, for ``kvctl diagnose --from``;
 * ``overload-run.jsonl``: the drill's ``kvctl replay`` run file, for ``kvctl report``;
-* ``overload-trace.jsonl``: the drill's Mooncake-format trace, for ``kvctl replay`` and ``kvctl simulate --trace``.
+* ``overload-trace.jsonl``: the drill's Mooncake-format trace, for ``kvctl replay`` and ``kvctl simulate --trace``;
+* ``calib-trace.jsonl``: a calibration trace for the drill engine (low load, then a burst), to replay for the
+  ``--fit-from`` run of ``kvctl simulate`` and ``kvctl plan`` (README, "Sizing a shared tier").
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ SAMPLES = {
     "capture": ("overload-capture", "kvctl diagnose --from {path}"),
     "run": ("overload-run.jsonl", "kvctl report {path}"),
     "trace": ("overload-trace.jsonl", "kvctl simulate --trace {path} --prefill-rate 40960 --bytes-per-token 274.5 --t0 0.05 --instance-gbps 0.004 --hits-from-trace"),
+    # low load, then a burst (kvctl.drill.workload.calibration_lines): a calibration replay for simulate/plan --fit-from
+    "calib": ("calib-trace.jsonl", "kvctl replay {path} --engine-url \"$(kvctl drill engine --dir ./kv-tier)\" --out calib.jsonl"),
 }
 
 

@@ -56,7 +56,7 @@ demo: $(VENV)/.installed
 	@$(KVCTL) cost report
 	@echo "== bytes per token of DeepSeek-V3 FP8 (MLA) from its config.json, and its break-even"
 	@$(KVCTL) cost report --model-config configs/models/deepseek-v3.json --dtype fp8 \
-		--prefill-rate 52200 --name "DeepSeek-V3 FP8 (MLA), assuming the paper's B300 prefill rate"
+		--prefill-rate 52200 --label "DeepSeek-V3 FP8 (MLA), assuming the paper's B300 prefill rate"
 	@echo "== drill healthy: 8 Valkey instances, the drill engine and a replay; diagnose must find rho ~ 0.1, nothing critical"
 	@$(KVCTL) drill healthy --duration 20
 	@echo "== drill async-fix: one instance at rho ~ 1.2 (diagnose must say rho_unstable), then kvctl loading async and a restart"

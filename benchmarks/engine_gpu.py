@@ -297,7 +297,7 @@ def run(args) -> dict:
         plan = [(k, "sync") for k in ks] + ([(kmax, "async")] if args.async_ else [])
         for k, loading in plan:
             name = f"k{k}-{loading}"
-            cfg = tiers[k].vllm_config(*extra, "--async-loading" if loading == "async" else "--sync-loading")
+            cfg = tiers[k].vllm_config(*extra, "--loading", loading)
             if args.connections:
                 cfg["kv_connector_extra_config"]["connections_per_instance"] = args.connections
             conns = cfg["kv_connector_extra_config"].get("connections_per_instance", 2)

@@ -33,7 +33,7 @@ from kvctl.variability import Variability
 
 TARGET_S = 5.0
 # The paper's setup: λ 1.21/s, 16 310 tokens × 48 437.5 B = 0.79 GB, 8 instances × 1.345 GB/s = 10.76 GB/s.
-ARGS = ["--rate", "1.21", "--prompt-tokens", "16310", "--bytes-per-token", "48437.5", "--prefill-rate", "52200",
+ARGS = ["--arrival-rate", "1.21", "--prompt-tokens", "16310", "--bytes-per-token", "48437.5", "--prefill-rate", "52200",
         "--t0", "0.33", "--instances", "8", "--instance-gbps", "1.345", "--loading", "sync"]
 
 

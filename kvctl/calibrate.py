@@ -1,4 +1,4 @@
-"""Fit what a replay run file shows and no single number gives: how much of T0 holds the engine.
+"""Fit what a replay run file shows and no single number gives: how much of T0 holds the engine, and its GPU time.
 
 ``simulate``'s hit costs ``T0 + h·s/B + (n − h)/R``; in the paper's model T0 only adds latency, so
 the engine saturates at ``ρ = λ·n·s/B = 1``. An engine whose fixed per-request work (scheduling,
@@ -8,6 +8,11 @@ latency is the same for every θ) and shows in the ones that queued: :func:`fit_
 simulates the run itself, arrivals and cached tokens as they were, for θ = 0, 0.1, … 1 and keeps
 the θ whose p50/p90/p99 come closest (sum of |log(simulated / measured)|) to what the run measured.
 A run with some queueing (a burst, or a moderate load) fits it best.
+
+The GPU time of a hit (``--hit-gpu-s``, its forward step, exchange and broadcast: the part of T0 that
+computes) is what a run's measured GPU utilisation U leaves after the prefills the run did:
+:func:`fit_hit_gpu_s` solves ``U·span = Σ misses' n/R + Σ hits' (n − h)/R + hits·g`` for g (the paper:
+22 % over H5b's 372 s and 450 hits gives 0.18 s, about half of T0).
 """
 
 from __future__ import annotations
@@ -26,6 +31,37 @@ from kvctl.variability import Variability
 GRID_STEPS = 11
 #: fewest successful rows a run needs to fit θ on
 MIN_ROWS = 10
+
+
+@dataclass(frozen=True)
+class HitGpuFit:
+    seconds: float  # GPU time of one served hit
+    note: str
+
+
+def fit_hit_gpu_s(run_path: str, gpu_util_pct: float, cfg: SimConfig) -> HitGpuFit:
+    """The GPU seconds of a hit that give ``run_path`` its measured GPU utilisation (see the module docstring),
+    at most T0: a hit's GPU time is part of it."""
+    from kvctl.replay.runfile import read_run  # noqa: PLC0415
+
+    rows = [r for r in read_run(run_path).rows if r.get("status") == "ok" and isinstance(r.get("prompt_tokens"), (int, float))]
+    if len(rows) < MIN_ROWS:
+        raise InvalidInput(f"{run_path} has {len(rows)} successful requests; fitting --hit-gpu-s needs at least {MIN_ROWS}")
+    starts = [float(r["scheduled_s"]) for r in rows if isinstance(r.get("scheduled_s"), (int, float))]
+    ends = [float(r["finished_s"]) for r in rows if isinstance(r.get("finished_s"), (int, float))]
+    span = (max(ends) - min(starts)) if starts and ends else 0.0
+    hits = [r for r in rows if (r.get("cached_tokens") or 0) > 0]
+    if span <= 0 or not hits:
+        raise InvalidInput(f"{run_path}: fitting --hit-gpu-s needs a run with hits that spans some time")
+    prefill = sum(float(r["prompt_tokens"]) - min(float(r.get("cached_tokens") or 0), float(r["prompt_tokens"])) for r in rows) / cfg.prefill_rate
+    g = (gpu_util_pct / 100.0 * span - prefill) / len(hits)
+    note = (f"hit GPU time {max(g, 0.0):.3g} s: {gpu_util_pct:g} % GPU over {run_path}'s {span:.1f} s, less {prefill:.1f} s of prefill, "
+            f"over its {len(hits):,} hits")
+    if g < 0:
+        note += " (its prefill alone is more than that GPU time: 0)"
+    elif g > cfg.t0_s:
+        note += f" (more than T0 = {cfg.t0_s:g} s: a hit's GPU time is part of T0, so T0 it is)"
+    return HitGpuFit(min(max(g, 0.0), cfg.t0_s), note)
 
 
 @dataclass(frozen=True)

@@ -63,13 +63,13 @@ def cli(verbose: int) -> None:
 
     \b
     Start here:
-      kvctl cost report              is the remote tier worth it? (B*, n*, verdicts)
-      kvctl cost kv-size --config    bytes per token from a model's config.json
-      kvctl drill overload           rehearse here: a real tier and engine, diagnose finds ρ > 1
+      kvctl cost report                   is the remote tier worth it? (B*, n*, verdicts)
+      kvctl cost kv-size --model-config   bytes per token from a model's config.json
+      kvctl drill overload                rehearse here: a real tier and engine, diagnose finds ρ > 1
     Every command takes --json; exit codes: 0 ok, 1 error, 2 usage,
     3 warning finding, 4 critical finding, 5 unreachable,
     6 insufficient data (diagnose; doctor given nothing to check),
-    7 a drill whose fault diagnose missed, 8 a drill that could not run.
+    7 a drill whose fault diagnose missed, 8 a drill that could not run, 9 nothing plan tried meets the SLO.
     -v/-vv work before or after the subcommand. Shell completion:
     eval "$(_KVCTL_COMPLETE=bash_source kvctl)" (zsh_source, fish_source).
     """

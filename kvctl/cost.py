@@ -105,11 +105,11 @@ class Prediction:
 class RhoResult:
     arrival_rate_per_s: float
     prompt_gb: float  # the whole model's KV of one request (all ranks)
-    bandwidth_gbps: float  # one instance
+    instance_gbps: float  # one instance
     rho: float  # one instance serving every rank's share
     stable: bool
-    instances_for_target: int
-    target_rho: float
+    instances_for_rho_target: int
+    rho_target: float
     tp: int = 1
     rho_one_instance_per_rank: float | None = None  # tp instances, each moving prompt / tp: ρ / tp
 
@@ -139,12 +139,12 @@ def predict(
     """Per-length verdicts: load when predicted strictly faster than recompute."""
     require_positive("--bytes-per-token", bytes_per_token)
     require_positive("--prefill-rate", prefill_rate)
-    require_positive("--bandwidth-gbps", bandwidth_gbps)
+    require_positive("--tier-gbps", bandwidth_gbps)
     require_positive("--t0", t0_s, allow_zero=True)
     out = []
     for n in tokens:
         if n is None or n <= 0:
-            raise InvalidInput(f"--tokens must be positive integers, got {n}")
+            raise InvalidInput(f"--prompt-tokens must be positive integers, got {n}")
         rec = recompute_s(n, prefill_rate)
         lod = load_s(n, bytes_per_token, bandwidth_gbps, t0_s)
         out.append(Prediction(int(n), rec, lod, "load" if lod < rec else "recompute", rec / lod))
@@ -155,8 +155,8 @@ def summarize_rho(arrival_rate: float, prompt_bytes: float, bandwidth_gbps: floa
     """ρ of one instance of ``bandwidth_gbps`` serving the whole prompt; with tp > 1 also ρ of tp such instances, one per rank."""
     require_positive("--arrival-rate", arrival_rate)
     require_positive("prompt size", prompt_bytes)
-    require_positive("--bandwidth-gbps", bandwidth_gbps)
-    require_positive("--target-rho", target)
+    require_positive("--instance-gbps", bandwidth_gbps)
+    require_positive("--rho-target", target)
     _check_tp(tp)
     r = rho(arrival_rate, prompt_bytes, bandwidth_gbps)
     per_rank = rho(arrival_rate, prompt_bytes / tp, bandwidth_gbps) if tp > 1 else None
@@ -214,5 +214,5 @@ def summarize_pairing(
         for b in bandwidths_gbps
     ]
     if not rows:
-        raise InvalidInput("give at least one --bandwidth-gbps")
+        raise InvalidInput("give at least one --tier-gbps")
     return PairingReport(name, bytes_per_token, prefill_rate, t0_s, be.breakeven_gbps, be.min_hit_tokens, rows, tp, be.bytes_per_token_per_rank)

@@ -21,6 +21,7 @@ class ExitStatus(IntEnum):
     INSUFFICIENT_DATA = 6  # kvctl diagnose: the samples cannot answer the question (with the next step)
     DRILL_MISSED = 7  # kvctl drill: diagnose did not report what the drill planted
     DRILL_NOT_RUN = 8  # kvctl drill: the drill could not run (a child died, the tier or engine did not start): nothing was judged
+    SLO_UNMET = 9  # kvctl plan: nothing tried (no instance count, no loading mode, not recompute) meets the SLO
 
 
 class KvctlError(Exception):

@@ -23,7 +23,12 @@ The model extends :func:`kvctl.simulate.simulate` (whose module docstring gives 
   tail), the rest only adds latency (see :mod:`kvctl.simulate`);
 * ``max_batch`` M > 1: an engine admits up to M waiting requests into one step; their loads go to
   the tier in order, then the step computes, and all of them finish when it ends (the event loop);
-* GPU busy fraction: the compute an engine does (prefill of misses and timeouts, tails of hits)
+  ``max_batched_tokens`` bounds the prefill tokens of a step: running requests continue first, a
+  longer prompt is chunked over steps and finishes with the step of its last token (vLLM's chunked
+  prefill, :func:`kvctl.simulate.engine_steps`);
+* ``hit_gpu_s``: the GPU time of a served hit, part of its T0: it holds the engine (with θ of the rest
+  of T0) and counts as GPU busy;
+* GPU utilisation (%): the compute an engine does (prefill of misses and timeouts, tails of hits)
   over the run's span. A synchronous load holds the engine but not its GPU.
 """
 
@@ -39,7 +44,8 @@ import numpy as np
 from kvctl.cost import GB, require_positive
 from kvctl.errors import InvalidInput
 from kvctl.simulate import (
-    LOADINGS, SimConfig, Workload, _in_system_ahead, batch_fifo, check_engine_share, check_max_batch, fifo, hit_tokens_of,
+    LOADINGS, SimConfig, Workload, _in_system_ahead, check_engine_share, check_max_batch, check_step_model, engine_steps, fifo,
+    hit_tokens_of, plan_step, split_t0,
 )
 from kvctl.thresholds import RHO_UNSTABLE
 from kvctl.variability import Variability, gain_for
@@ -69,7 +75,7 @@ class EngineStats:
     mean_s: float
     mean_wait_s: float
     rho: float | None  # offered: λ_e·E[engine hold without waiting for the tier]
-    gpu_busy_frac: float
+    gpu_utilization_pct: float  # the compute it does over the run's span, % (a synchronous load holds the engine, not its GPU)
     max_queue: int
 
 
@@ -88,13 +94,13 @@ class FleetResult:
     hits: int
     timeouts: int
     mean_wait_s: float
-    offered_rate: float | None  # the fleet's λ (all engines)
+    arrival_rate_per_s: float | None  # the fleet's λ (all engines)
     bandwidth_gbps: float
     tier_rho: float | None  # per instance, summed over the engines that use it
     loading: str
     instances: int
     engines: int
-    gpu_busy_frac: float  # mean over engines
+    gpu_utilization_pct: float  # mean over engines
     per_engine: tuple[EngineStats, ...]
     extrapolated: tuple[str, ...]
     notes: tuple[str, ...]
@@ -139,45 +145,52 @@ def _tier(arrival: np.ndarray, transfer: np.ndarray, gtab: np.ndarray | None) ->
     return start, finish, k
 
 
-def _engine_fifo(ready: np.ndarray, hold: np.ndarray, groups: list[np.ndarray], in_order: bool = False,
-                 max_batch: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Each engine a FIFO queue over its requests ``groups[e]``, served in order of ``ready``
-    (``in_order``: ``ready`` is already sorted within each group), ``max_batch`` per step."""
+def _engine_fifo(ready: np.ndarray, fixed: np.ndarray, tokens: np.ndarray, prefill_rate: float, groups: list[np.ndarray],
+                 max_batch: int = 1, max_tokens: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each engine a queue over its requests ``groups[e]``, served in order of ``ready`` in steps of up to
+    ``max_batch`` requests and ``max_tokens`` tokens (:func:`kvctl.simulate.engine_steps`)."""
     start = np.empty(len(ready))
     finish = np.empty(len(ready))
     for idx in groups:
-        order = idx if in_order else idx[np.argsort(ready[idx], kind="stable")]
-        s, f = batch_fifo(ready[order], hold[order], max_batch)
+        order = idx[np.argsort(ready[idx], kind="stable")]
+        s, f = engine_steps(ready[order], fixed[order], tokens[order], prefill_rate, max_batch, max_tokens)
         start[order] = s
         finish[order] = f
     return start, finish
 
 
-def _sync_event_loop(arrival, hit, transfer, tail, prefill, gtab, groups, max_batch=1):  # noqa: ANN001, ANN202
+def _sync_event_loop(arrival, hit, transfer, tail, prefill, gtab, groups, max_batch=1, budget=None):  # noqa: ANN001, ANN202
     """Sync fleet, one engine step at a time in the order engines start them (the reference answer).
 
-    A step of engine e starts at t (e free, its next request arrived) and admits its requests arrived
-    by t, at most ``max_batch``: their loads go to the tier in order at t, then the step computes
-    (tails of hits, prefills of misses) and all of them finish when it ends. One request per step is
-    the FIFO engine of the module docstring."""
+    A step of engine e starts at t (e free, a request of its running or arrived) and first continues its
+    running requests, then admits its requests arrived by t while fewer than ``max_batch`` run: their
+    loads go to the tier in order at t, then the step computes (tails of hits, prefills of misses) and
+    the requests it finished end with it. ``budget`` (the engine hold of each request besides its tokens,
+    the tokens, R, the step's token budget) chunks long prefills over steps; without it every request
+    computes whole (``tail``/``prefill``). One request per step is the FIFO engine of the module docstring."""
     n = len(arrival)
-    arr, tr, tl, pf, ht = arrival.tolist(), transfer.tolist(), tail.tolist(), prefill.tolist(), hit.tolist()
+    arr, tr, ht = arrival.tolist(), transfer.tolist(), hit.tolist()
+    if budget is None:
+        fx, tk, rate, max_tokens = np.where(hit, tail, prefill).tolist(), [0.0] * n, 1.0, None
+    else:
+        fixed, tokens, rate, max_tokens = budget
+        fx, tk = fixed.tolist(), tokens.tolist()
     gl = gtab.tolist() if gtab is not None else None
     start, finish, twait, ks = [0.0] * n, [0.0] * n, [0.0] * n, [1] * n
     queues = [g.tolist() for g in groups]
     pos = [0] * len(queues)
+    running: list[list[list[float]]] = [[] for _ in queues]  # per engine: [index, tokens left] of partly computed requests
     heap = [(arr[q[0]], e) for e, q in enumerate(queues) if q]
     heapq.heapify(heap)
     tier_free: float = 0.0
     inflight: deque[float] = deque()
     while heap:
         t, e = heapq.heappop(heap)
-        q, p0 = queues[e], pos[e]
-        p1 = p0 + 1
-        while p1 < len(q) and p1 - p0 < max_batch and arr[q[p1]] <= t:
-            p1 += 1
-        loaded, compute = t, 0.0
-        for i in q[p0:p1]:
+        step = plan_step(running[e], queues[e], pos[e], arr, t, tk, fx, rate, max_batch, max_tokens)
+        admitted, done, compute, q, p1, still = step.admitted, step.done, step.seconds, queues[e], step.pos, step.running
+        loaded = t
+        for i in admitted:
+            start[i] = t
             if ht[i]:
                 while inflight and inflight[0] <= t + TIE_S:
                     inflight.popleft()
@@ -190,16 +203,15 @@ def _sync_event_loop(arrival, hit, transfer, tail, prefill, gtab, groups, max_ba
                 inflight.append(tier_free)
                 twait[i] = ts - t
                 loaded = tier_free
-                compute += tl[i]
-            else:
-                compute += pf[i]
-        done = loaded + compute
-        for i in q[p0:p1]:
-            start[i], finish[i] = t, done
-        pos[e] = p1
-        if p1 < len(q):
+        end = loaded + compute
+        for i in done:
+            finish[i] = end
+        pos[e], running[e] = p1, still
+        if still:
+            heapq.heappush(heap, (end, e))
+        elif p1 < len(q):
             j = q[p1]
-            heapq.heappush(heap, (arr[j] if arr[j] > done else done, e))
+            heapq.heappush(heap, (arr[j] if arr[j] > end else end, e))
     k_hits = np.array(ks)[hit] if gl is not None else None
     return np.array(start), np.array(finish), np.array(twait), k_hits
 
@@ -283,8 +295,9 @@ def _sync_block(idx: np.ndarray, arrival, eng, hit, transfer, tail, prefill, gta
     return None
 
 
-def _sync(arrival, eng, hit, transfer, tail, prefill, gtab, engines, max_batch=1):  # noqa: ANN001, ANN202
-    """(start, finish, tier wait, k per hit or None, solver) of a synchronous fleet.
+def _sync(arrival, eng, hit, transfer, tail, prefill, gtab, engines, max_batch=1, budget=None):  # noqa: ANN001, ANN202
+    """(start, finish, tier wait, k per hit or None, solver) of a synchronous fleet (``budget``: see
+    :func:`_sync_event_loop`; it changes nothing while one request is served at a time).
 
     Blocks of :data:`BLOCK` arrivals in time order: each block's fixed point is exact for the requests
     it issues before the next block's first arrival (nothing later can reach back); those issued later
@@ -293,11 +306,15 @@ def _sync(arrival, eng, hit, transfer, tail, prefill, gtab, engines, max_batch=1
     n = len(arrival)
     groups = [np.flatnonzero(eng == g) for g in range(engines)]
     if engines == 1 and gtab is None:
-        hold = np.where(hit, transfer + tail, prefill)
-        start, finish = batch_fifo(arrival, hold, max_batch)
+        if budget is None or max_batch == 1:
+            fixed, tokens, rate, max_tokens = np.where(hit, transfer + tail, prefill), np.zeros(n), 1.0, None
+        else:
+            held, tokens, rate, max_tokens = budget
+            fixed = np.where(hit, transfer, 0.0) + held
+        start, finish = engine_steps(arrival, fixed, tokens, rate, max_batch, max_tokens)
         return start, finish, np.zeros(n), None, "closed form" if max_batch == 1 else "steps of one engine"
     if max_batch > 1:  # steps of several requests: the event loop (the fixed point solves FIFO engines)
-        start, finish, twait, k = _sync_event_loop(arrival, hit, transfer, tail, prefill, gtab, groups, max_batch)
+        start, finish, twait, k = _sync_event_loop(arrival, hit, transfer, tail, prefill, gtab, groups, max_batch, budget)
         return start, finish, twait, k, "event loop"
     start, finish, twait = np.empty(n), np.empty(n), np.zeros(n)
     kk = np.ones(n, dtype=np.int64)
@@ -357,6 +374,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
         raise InvalidInput(f"--loading must be sync or async, got {cfg.loading!r}")
     check_engine_share(cfg.t0_engine_share)
     check_max_batch(cfg.max_batch)
+    check_step_model(cfg.max_batched_tokens, cfg.hit_gpu_s)
     n = len(w.arrival_s)
     arrival, tokens = w.arrival_s, w.tokens
     hit_tokens = hit_tokens_of(w, cfg)
@@ -381,15 +399,16 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
           else np.full(n, cfg.t0_s))
     prefill = tokens / cfg.prefill_rate
     tail = (tokens - hit_tokens) / cfg.prefill_rate
-    theta = cfg.t0_engine_share
-    held_t0, late_t0 = theta * t0, (1.0 - theta) * t0  # on the engine after the load / latency only
+    gpu_t0, held_t0, late_t0 = split_t0(t0, cfg.t0_engine_share, cfg.hit_gpu_s)  # GPU part; on the engine after the load; latency only
+    todo = np.where(hit, tokens - hit_tokens, tokens)  # prefill tokens each request computes (a served hit: its tail)
     extrapolated: list[str] = []
     # g(k) for every k up to the most loads the tier can hold at once (sync: one per engine)
     gtab = _gain_table(var.readers_gain, engines if not async_ else max(engines, max(var.readers_gain) + 1)) if var.readers_gain else None
     timed_out = np.zeros(n, dtype=bool)
     if not async_:
-        start, finish, wait_tier, k, solver = _sync(arrival, eng, hit, transfer, tail + held_t0, prefill, gtab, engines, cfg.max_batch)
-        compute = np.where(hit, tail, prefill)
+        budget = (np.where(hit, held_t0, 0.0), todo, cfg.prefill_rate, cfg.max_batched_tokens)
+        start, finish, wait_tier, k, solver = _sync(arrival, eng, hit, transfer, tail + held_t0, prefill, gtab, engines, cfg.max_batch, budget)
+        compute = np.where(hit, tail + gpu_t0, prefill)
         offered_hold = np.where(hit, transfer + tail + held_t0, prefill)
         latency = finish - arrival + np.where(hit, late_t0, 0.0)
         wait = start - arrival + wait_tier
@@ -402,9 +421,10 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
         ready = arrival.copy()
         ready[hidx] = np.where(in_time, loaded, arrival[hidx] + cfg.async_timeout_s)
         served = hit & ~timed_out
-        compute = np.where(served, tail, prefill)
-        offered_hold = compute + np.where(served, held_t0, 0.0)
-        start, finish = _engine_fifo(ready, offered_hold, groups, max_batch=cfg.max_batch)
+        compute = np.where(served, tail + gpu_t0, prefill)
+        offered_hold = np.where(served, tail + held_t0, prefill)
+        start, finish = _engine_fifo(ready, np.where(served, held_t0, 0.0), np.where(served, todo, tokens), cfg.prefill_rate, groups,
+                                     cfg.max_batch, cfg.max_batched_tokens)
         latency = finish - arrival + np.where(served, late_t0, 0.0) + var.async_overhead_s
         wait = start - ready
         wait[hidx[in_time]] += (t_start - arrival[hidx])[in_time]
@@ -430,7 +450,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
             p50_s=p50, p90_s=p90, p99_s=p99, max_s=float(lat.max()), mean_s=float(lat.mean()),
             mean_wait_s=float(wait[idx].mean()),
             rho=float(lam_e * offered_hold[idx].mean()) if lam_e else None,
-            gpu_busy_frac=float(compute[idx].sum() / span) if span > 0 else 0.0,
+            gpu_utilization_pct=100.0 * float(compute[idx].sum() / span) if span > 0 else 0.0,
             max_queue=_in_system_ahead(arrival[idx], finish[idx]),
         ))
     tier_rho = float(rate * (transfer[hit].sum() / n)) if rate else None
@@ -444,8 +464,8 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
         max_queue=max(p.max_queue for p in per),
         stable=None if rho is None else rho < RHO_UNSTABLE and (tier_rho or 0.0) < RHO_UNSTABLE,
         requests=n, hits=int(hit.sum()), timeouts=int(timed_out.sum()), mean_wait_s=float(wait.mean()),
-        offered_rate=rate, bandwidth_gbps=bw, tier_rho=tier_rho, loading=cfg.loading, instances=cfg.instances,
-        engines=engines, gpu_busy_frac=float(np.mean([p.gpu_busy_frac for p in per])), per_engine=tuple(per),
+        arrival_rate_per_s=rate, bandwidth_gbps=bw, tier_rho=tier_rho, loading=cfg.loading, instances=cfg.instances,
+        engines=engines, gpu_utilization_pct=float(np.mean([p.gpu_utilization_pct for p in per])), per_engine=tuple(per),
         extrapolated=tuple(extrapolated), notes=var.notes, solver=solver,
     )
 

@@ -13,10 +13,15 @@ The search has a budget: the memory of one simulation (:func:`kvctl.simulate.che
 and PLAN_MAX_SECONDS of simulating; a search that would pass either is refused up front or as soon as the
 points simulated so far show it, saying how much work was asked for.
 
-The answer is "no instance count can help" when even ``max_instances`` × the per-instance bandwidth is
-at most B* (B per instance below B*/W), or when the prompts are below ``n* = R·T0`` (a hit is slower
-than recomputing on an idle engine) and recomputing alone already meets the SLO. Prompts below n*
-with a recompute baseline that misses the SLO are said, and searched: loading then helps only by taking
+Recomputing (no tier, 0 instances) is a candidate like any other: the plan is the fewest instances that
+meet the SLO, so when recomputing meets it the plan is "no tier", and a tier point that meets the SLO
+with a p99 above recompute's is marked as slower, never recommended. When nothing tried meets the SLO
+the result has no plan (``instances`` None; ``kvctl plan`` exits with ``ExitStatus.SLO_UNMET``).
+
+No instance count can help when even ``max_instances`` × the per-instance bandwidth is at most B*
+(B per instance below B*/W), or when the prompts are below ``n* = R·T0`` (a hit is slower than
+recomputing on an idle engine) and recomputing alone already meets the SLO. Prompts below n* with a
+recompute baseline that misses the SLO are said, and searched: loading then helps only by taking
 prefill off a busy engine (the paper's case: 16 310 tokens against n* ≈ 17 200).
 
 With the engines' ranks W given (``ranks``), the counts searched are W × K for K = 1, 2, … instances per
@@ -54,17 +59,18 @@ class PlanPoint:
     why: str
     extrapolated: tuple[str, ...] = ()
     instances_per_rank: int | None = None  # K = instances / W, when the ranks W were given
+    gpu_utilization_pct: float | None = None  # the engines' mean (simulated points)
 
 
 @dataclass(frozen=True)
 class PlanResult:
-    instances: int | None  # None: nothing tried meets the SLO
-    loading: str | None
+    instances: int | None  # None: nothing tried meets the SLO; 0: recompute (no tier)
+    loading: str | None  # "sync", "async", "recompute" or None
     points: tuple[PlanPoint, ...]
     verdict: str
     cannot_help: str | None  # why no instance count can help, when that is the answer
     notes: tuple[str, ...]
-    n_star_tokens: float
+    min_hit_tokens: float  # n* = R·T0
     breakeven_gbps: float
     slo_p99_s: float
     rho_target: float
@@ -96,9 +102,9 @@ def _point(res: FleetResult, instances: int, loading: str, slo: float, rho_targe
     meets = bool(res.stable) and res.p99_s <= slo and ok_rho
     why = ("meets the SLO" if meets else
            f"p99 {res.p99_s:.3f} s > {slo:g} s" if res.p99_s > slo else
-           "unstable" if not res.stable else f"ρ {res.tier_rho:.2f} > {rho_target:g}")
+           "unstable" if not res.stable else f"ρ {res.tier_rho:.3g} > {rho_target:g}")
     return PlanPoint(instances, loading, res.bandwidth_gbps if instances else None, res.tier_rho if instances else None, True,
-                     res.p50_s, res.p99_s, res.rho, res.timeouts, meets, why, res.extrapolated)
+                     res.p50_s, res.p99_s, res.rho, res.timeouts, meets, why, res.extrapolated, res.gpu_utilization_pct)
 
 
 def plan(w: Workload, cfg: SimConfig, *, engines: int, slo_p99_s: float, rho_target: float, max_instances: int,
@@ -136,7 +142,7 @@ def plan(w: Workload, cfg: SimConfig, *, engines: int, slo_p99_s: float, rho_tar
     elif median_tokens < n_star:
         gap = f"prompts (median {median_tokens:,.0f} tokens) are below n* = R·T0 = {n_star:,.0f}: a hit is slower than recomputing on an idle engine"
         if points[0].meets:
-            cannot = f"no instance count can help: {gap}, and recomputing alone meets p99 ≤ {slo_p99_s:g} s (p99 {base.p99_s:.3f} s)"
+            cannot = f"no instance count can help: {gap}"
         else:
             notes.append(f"{gap}; loading helps only by taking prefill off the engines (recompute p99 {base.p99_s:.3f} s misses the SLO)")
     if cannot is None:
@@ -146,7 +152,7 @@ def plan(w: Workload, cfg: SimConfig, *, engines: int, slo_p99_s: float, rho_tar
             tier_bw = (var.async_instance_gbps * inst) if loading == "async" and var.async_instance_gbps else bw
             rho = (w.offered_rate or 0.0) * hit_bytes / (tier_bw * GB)
             ruled_out = ([f"B_eff {bw:.3f} ≤ B* {b_star:.3f} GB/s"] if bw <= b_star else []) + \
-                ([f"ρ {rho:.2f} > {rho_target:g}"] if rho > rho_target else [])
+                ([f"ρ {rho:.3g} > {rho_target:g}"] if rho > rho_target else [])
             return loading, inst, bw, rho, ruled_out
 
         screened = [screen(loading, inst) for loading in loadings for inst in candidates(max_instances, ranks)]
@@ -161,16 +167,23 @@ def plan(w: Workload, cfg: SimConfig, *, engines: int, slo_p99_s: float, rho_tar
             points.append(_point(simulate_fleet(w, c, bw, engines, var), inst, loading, slo_p99_s, rho_target))
             left -= 1
             budget.check(sum(p.simulated for p in points), left)
-    winners = [p for p in points if p.meets and p.instances > 0]
+    points = _mark_slower_than_recompute(points)
+    winners = [p for p in points if p.meets]
     best = min(winners, key=lambda p: (p.instances, p.p99_s or 0.0)) if winners else None
-    if cannot:
-        verdict = cannot
-    elif best:
+    if best is not None and best.instances == 0:
+        faster = [p for p in winners if p.instances > 0]
+        verdict = (f"no tier: recompute meets p99 ≤ {slo_p99_s:g} s (p99 {best.p99_s:.3f} s)"
+                   + (f"; {cannot}" if cannot else "")
+                   + (f"; a tier lowers p99 to {min(faster, key=lambda p: (p.p99_s, p.instances)).p99_s:.3f} s with "
+                      f"{_fastest(faster)}" if faster else ""))
+    elif best is not None:
         verdict = (f"{best.instances} instance(s), {best.loading} loading: p99 {best.p99_s:.3f} s ≤ {slo_p99_s:g} s at ρ per instance "
-                   f"{best.tier_rho:.2f} ≤ {rho_target:g}" + (f" (fewer fail: {_fewer(points, best)})" if best.instances > 1 else ""))
+                   f"{best.tier_rho:.3g} ≤ {rho_target:g}" + (f" (fewer fail: {_fewer(points, best)})" if best.instances > 1 else ""))
+    elif cannot:
+        verdict = f"{cannot}; recompute misses p99 ≤ {slo_p99_s:g} s (p99 {base.p99_s:.3f} s)"
     else:
-        verdict = f"no instance count up to {max_instances} meets p99 ≤ {slo_p99_s:g} s at ρ ≤ {rho_target:g}"
-    return PlanResult(best.instances if best and not cannot else None, best.loading if best and not cannot else None, tuple(points),
+        verdict = f"no instance count up to {max_instances} meets p99 ≤ {slo_p99_s:g} s at ρ ≤ {rho_target:g}, nor does recompute (p99 {base.p99_s:.3f} s)"
+    return PlanResult(best.instances if best else None, best.loading if best else None, tuple(points),
                       verdict, cannot, tuple(notes), n_star, b_star, slo_p99_s, rho_target, engines)
 
 
@@ -191,6 +204,21 @@ def with_layout(res: PlanResult, ranks: int | None) -> PlanResult:
     if k:
         verdict += f"; that is {ranks} rank(s) × {k} instance(s) per rank: kvctl deploy-valkey up --ranks {ranks} --instances-per-rank {k}"
     return replace(res, points=points, verdict=verdict, ranks=ranks, instances_per_rank=k)
+
+
+def _mark_slower_than_recompute(points: list[PlanPoint]) -> list[PlanPoint]:
+    """When recomputing meets the SLO, a tier point whose p99 is above recompute's does not meet the plan:
+    loading would make the tail slower than not having a tier."""
+    base = points[0]
+    if not base.meets or base.p99_s is None:
+        return points
+    return [replace(p, meets=False, why=f"meets the SLO, but p99 {p.p99_s:.3f} s > recompute's {base.p99_s:.3f} s")
+            if p.meets and p.instances > 0 and p.p99_s is not None and p.p99_s > base.p99_s else p for p in points]
+
+
+def _fastest(points: Sequence[PlanPoint]) -> str:
+    p = min(points, key=lambda q: (q.p99_s or 0.0, q.instances))
+    return f"{p.instances} instance(s), {p.loading} loading"
 
 
 def _fewer(points: Sequence[PlanPoint], best: PlanPoint) -> str:

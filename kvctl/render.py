@@ -153,15 +153,61 @@ def error_line(text: str) -> None:
     sys.stderr.write(f"Error: {text}\n")
 
 
-@contextlib.contextmanager
-def progress(description: str, total: float | None, enabled: bool = True) -> Iterator[Any]:
-    """A rich progress bar on stderr; yields ``advance(n=1, description=None)``.
+class ProgressLines:
+    """Progress for a stderr that is not a terminal (a pipe, a file, a CI log): plain lines, never a bar.
 
-    Disabled (a no-op) when ``enabled`` is False, e.g. under ``--json`` or when
-    stderr is not a TTY.
+    A line when the work starts, one whenever its step changes (a bench run, a drill phase), one every
+    :data:`kvctl.thresholds.PROGRESS_LINE_S` seconds in between, and one when it is done; each starts
+    ``kvctl WHAT: `` so a log can be grepped for them. Only stderr: stdout stays the command's output.
     """
-    if not enabled or not sys.stderr.isatty():
-        yield lambda n=1, description=None: None
+
+    def __init__(self, what: str, every_s: float | None = None) -> None:
+        import time  # noqa: PLC0415
+
+        from kvctl.thresholds import PROGRESS_LINE_S  # noqa: PLC0415
+
+        self.what, self.every_s, self._clock = what, PROGRESS_LINE_S if every_s is None else every_s, time.monotonic
+        self.started = self._clock()
+        self._last = -math.inf
+        self._step: str | None = None
+
+    def line(self, text: str, step: str | None = None, force: bool = False) -> None:
+        """Print ``text`` when forced, when ``step`` changed, or when the last line is ``every_s`` old."""
+        now = self._clock()
+        changed = step is not None and step != self._step
+        if force or changed or now - self._last >= self.every_s:
+            sys.stderr.write(f"kvctl {self.what}: {text} [{now - self.started:.0f} s]\n")
+            sys.stderr.flush()
+            self._last = now
+            if step is not None:
+                self._step = step
+
+
+@contextlib.contextmanager
+def progress(description: str, total: float | None, enabled: bool = True, what: str | None = None, unit: str = "",
+             lines: bool = True) -> Iterator[Any]:
+    """Progress on stderr; yields ``advance(n=1, description=None, step=None)``.
+
+    A rich bar when stderr is a terminal; :class:`ProgressLines` when it is not (``what`` names the command,
+    ``step`` the part of the work a line is printed for when it changes; ``lines`` False: nothing, for work
+    of a second or two). A no-op when ``enabled`` is False (``--json``: nothing but the JSON).
+    """
+    if not enabled or (not lines and not sys.stderr.isatty()):
+        yield lambda n=1, description=None, step=None: None
+        return
+    if not sys.stderr.isatty():
+        lines = ProgressLines(what or description)
+        state = {"done": 0.0, "text": description}
+
+        def advance_line(n: float = 1, description: str | None = None, step: str | None = None) -> None:
+            state["done"] += n
+            if description:
+                state["text"] = description
+            lines.line(f"{state['text']} · {_of(state['done'], total, unit)}", step)
+
+        lines.line(f"{description} · {_of(0.0, total, unit)}", force=True)
+        yield advance_line
+        lines.line(f"{state['text']} · done", force=True)
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn  # noqa: PLC0415
 
@@ -176,11 +222,19 @@ def progress(description: str, total: float | None, enabled: bool = True) -> Ite
     ) as prog:
         task = prog.add_task(description, total=total)
 
-        def advance(n: float = 1, description: str | None = None) -> None:
+        def advance(n: float = 1, description: str | None = None, step: str | None = None) -> None:
             kwargs = {"description": description} if description else {}
             prog.update(task, advance=n, **kwargs)
 
         yield advance
+
+
+def _of(done: float, total: float | None, unit: str = "") -> str:
+    """``3 of 60 s (5%)`` for a progress line (a decimal below 10)."""
+    if not total:
+        return f"{done:g}{unit}"
+    shown = f"{done:.1f} of {total:g}" if total < 10 else f"{done:.0f} of {total:.0f}"
+    return f"{shown}{unit} ({min(done / total, 1.0):.0%})"
 
 
 def line_plot(
@@ -245,12 +299,32 @@ def replay_progress(total: int, enabled: bool = True) -> Iterator[Any]:
     """Progress of an open-loop replay on stderr; yields ``update(state)`` for a sender state.
 
     ``state`` has ``finished``, ``sent``, ``errors``, ``in_flight``, ``cap_hits`` and ``started``
-    (a ``time.monotonic()`` value). A no-op when disabled or stderr is not a TTY.
+    (a ``time.monotonic()`` value). A bar on a terminal, :class:`ProgressLines` otherwise; a no-op when
+    disabled (``--json``).
     """
-    if not enabled or not sys.stderr.isatty():
+    import time  # noqa: PLC0415
+
+    def stats(state: Any) -> str:
+        elapsed = max(time.monotonic() - state.started, 1e-9)
+        return (f"{state.finished / elapsed:.1f} req/s · in flight {state.in_flight} · sent {state.sent}"
+                f" · errors {state.errors}" + (f" · capped {state.cap_hits}" if state.cap_hits else ""))
+
+    if not enabled:
         yield lambda state: None
         return
-    import time  # noqa: PLC0415
+    if not sys.stderr.isatty():
+        lines = ProgressLines("replay")
+        last: list[Any] = []
+
+        def update_line(state: Any) -> None:
+            last[:] = [state]
+            lines.line(f"{state.finished}/{total} finished · {stats(state)}")
+
+        lines.line(f"0/{total} finished · sending", force=True)
+        yield update_line
+        if last:
+            lines.line(f"{last[0].finished}/{total} finished · {stats(last[0])} · done", force=True)
+        return
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
@@ -266,10 +340,7 @@ def replay_progress(total: int, enabled: bool = True) -> Iterator[Any]:
         task = prog.add_task("replay", total=total, stats="")
 
         def update(state: Any) -> None:
-            elapsed = max(time.monotonic() - state.started, 1e-9)
-            stats = (f"{state.finished / elapsed:.1f} req/s · in flight {state.in_flight} · sent {state.sent}"
-                     f" · errors {state.errors}" + (f" · capped {state.cap_hits}" if state.cap_hits else ""))
-            prog.update(task, completed=state.finished, stats=stats)
+            prog.update(task, completed=state.finished, stats=stats(state))
 
         yield update
 

@@ -38,11 +38,18 @@ from kvctl.cost import GB, require_positive
 from kvctl.errors import InvalidInput
 from kvctl.thresholds import (
     ASYNC_TIMEOUT_S, PAPER_T0_S, RHO_UNSTABLE, SIMULATE_BYTES_PER_REQUEST, SIMULATE_FLEET_BYTES_PER_REQUEST, SIMULATE_MEMORY_FRACTION,
+    VLLM_MAX_NUM_BATCHED_TOKENS,
 )
 from kvctl.variability import read_bench_file
 
 LOADINGS = ("sync", "async")
 PROMPT_DISTS = ("fixed", "exponential")
+#: arrival processes of a rate-driven workload: the gaps between arrivals are exponential (Poisson, CV 1),
+#: all equal (deterministic, CV 0), or gamma with a chosen coefficient of variation (< 1 smoother than
+#: Poisson, > 1 burstier)
+ARRIVALS = ("poisson", "deterministic", "gamma")
+#: the largest arrival CV accepted (a gamma shape of 1/CV² = 1e-4: bursts of thousands at once)
+MAX_ARRIVAL_CV = 100.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,10 @@ class SimConfig:
     hits_from_trace: bool = False  # hit tokens from the workload instead of --hit-fraction
     t0_engine_share: float = 0.0  # θ: the share of a hit's T0 that holds the engine (0: the paper's model)
     max_batch: int = 1  # requests an engine admits into one step (vLLM's max_num_seqs); 1: one at a time
+    #: prefill tokens one step computes at most (vLLM's max_num_batched_tokens); a longer prompt is chunked
+    #: over steps. None: no budget (a step takes its requests whole)
+    max_batched_tokens: int | None = VLLM_MAX_NUM_BATCHED_TOKENS
+    hit_gpu_s: float = 0.0  # GPU time of a served hit, part of its T0: holds the engine and counts as GPU busy
 
 
 @dataclass(frozen=True)
@@ -87,11 +98,12 @@ class SimResult:
     hits: int
     timeouts: int  # async hits recomputed after --async-timeout
     mean_wait_s: float  # queueing before the engine (and, async, the tier) serves it
-    offered_rate: float | None
+    arrival_rate_per_s: float | None  # λ offered
     bandwidth_gbps: float
     tier_rho: float | None  # λ_hits·E[n·s/B]: the tier's own utilisation
     loading: str
     instances: int
+    gpu_utilization_pct: float = 0.0  # the GPU's compute (prefills, tails, hits' GPU time) over the run's span, %
 
 
 @dataclass(frozen=True)
@@ -135,22 +147,52 @@ def check_memory(requests: int | None, fleet: bool = False) -> None:
         )
 
 
-def poisson_workload(rate: float, requests: int, prompt_tokens: float, dist: str = "fixed", seed: int = 0) -> Workload:
-    """Poisson arrivals at ``rate``; prompts of ``prompt_tokens`` tokens (fixed, or exponential with that mean)."""
-    require_positive("--rate", rate)
+def arrival_gaps(rate: float, requests: int, process: str = "poisson", cv: float | None = None, seed: int = 0) -> np.ndarray:
+    """Gaps between ``requests`` arrivals at mean ``rate``: exponential (Poisson), equal (deterministic) or
+    gamma with coefficient of variation ``cv`` (shape 1/cv², scale cv²/rate; cv 1 is Poisson's)."""
+    if process not in ARRIVALS:
+        raise InvalidInput(f"--arrivals must be one of {', '.join(ARRIVALS)}, got {process!r}")
+    rng = np.random.default_rng([seed, 1])
+    if process == "poisson":
+        return rng.exponential(1.0 / rate, size=requests)
+    if process == "deterministic":
+        return np.full(requests, 1.0 / rate)
+    if cv is None or not 0 <= cv <= MAX_ARRIVAL_CV:
+        raise InvalidInput(f"--arrivals gamma needs --arrival-cv in [0, {MAX_ARRIVAL_CV:g}], got {cv!r}")
+    if cv == 0:
+        return np.full(requests, 1.0 / rate)
+    return rng.gamma(1.0 / cv**2, cv**2 / rate, size=requests)
+
+
+def poisson_workload(rate: float, requests: int, prompt_tokens: float, dist: str = "fixed", seed: int = 0,
+                     arrivals: str = "poisson", cv: float | None = None) -> Workload:
+    """Arrivals at mean ``rate`` (Poisson by default; see :func:`arrival_gaps`); prompts of ``prompt_tokens``
+    tokens (fixed, or exponential with that mean)."""
+    require_positive("--arrival-rate", rate)
     require_positive("--prompt-tokens", prompt_tokens)
     if requests < 1:
         raise InvalidInput(f"--requests must be at least 1, got {requests}")
     if dist not in PROMPT_DISTS:
         raise InvalidInput(f"--prompt-dist must be one of {', '.join(PROMPT_DISTS)}, got {dist!r}")
-    rng = np.random.default_rng([seed, 1])
-    arrival = np.cumsum(rng.exponential(1.0 / rate, size=requests))
+    arrival = np.cumsum(arrival_gaps(rate, requests, arrivals, cv, seed))
     arrival -= arrival[0]
     if dist == "fixed":
         tokens = np.full(requests, float(prompt_tokens))
     else:
         tokens = np.random.default_rng([seed, 2]).exponential(prompt_tokens, size=requests)
-    return Workload(arrival, tokens, rate, f"Poisson λ={rate:g}/s, {requests} requests, {dist} {prompt_tokens:g} tokens")
+    process = {"poisson": "Poisson", "deterministic": "deterministic"}.get(arrivals) or f"gamma CV {cv:g}"
+    return Workload(arrival, tokens, rate, f"{process} λ={rate:g}/s, {requests} requests, {dist} {prompt_tokens:g} tokens")
+
+
+def arrival_cv_of(path: str) -> tuple[float, str]:
+    """The coefficient of variation of a trace's inter-arrival gaps (std / mean), for gamma arrivals of the same
+    burstiness at any rate; and a note of where it came from."""
+    w = trace_workload(path)
+    gaps = np.diff(np.sort(w.arrival_s))
+    if len(gaps) < 2 or gaps.mean() <= 0:
+        raise InvalidInput(f"--arrivals-from {path}: fitting an arrival CV needs at least three requests at different times")
+    cv = float(gaps.std() / gaps.mean())
+    return min(cv, MAX_ARRIVAL_CV), f"arrivals: gamma CV {cv:.3g} fitted on the {len(gaps):,} inter-arrival gaps of {path}"
 
 
 def trace_hit_tokens(reqs: Sequence[Any], block_tokens: int) -> np.ndarray | None:
@@ -298,9 +340,101 @@ def batch_fifo(arrival: np.ndarray, hold: np.ndarray, max_batch: int) -> tuple[n
     return start, finish
 
 
+def engine_steps(arrival: np.ndarray, fixed: np.ndarray, tokens: np.ndarray, prefill_rate: float, max_batch: int,
+                 max_tokens: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(start, finish) of one engine that runs steps as vLLM's scheduler does (``arrival`` non-decreasing).
+
+    A step starts when the engine is free and a request is running or has arrived. It first continues the
+    running requests (partly prefilled, in order), then admits arrived ones in order while fewer than
+    ``max_batch`` run and tokens are left of ``max_tokens`` (vLLM's max_num_batched_tokens): each request
+    computes what is left of the budget of its ``tokens``, a longer prompt the rest in later steps (chunked
+    prefill). A step lasts ``fixed`` of the requests it admitted (a synchronous load, T0's share on the
+    engine, a hit's GPU time) plus its tokens / ``prefill_rate``; a request finishes when the step that
+    computes its last token ends. ``max_batch`` 1 is the FIFO queue; no budget is :func:`batch_fifo`.
+    """
+    if max_batch <= 1:  # one request at a time: chunking it over steps changes nothing
+        return fifo(arrival, fixed + tokens / prefill_rate)
+    if max_tokens is None:
+        return batch_fifo(arrival, fixed + tokens / prefill_rate, max_batch)
+    n = len(arrival)
+    start, finish = np.empty(n), np.empty(n)
+    arr, fx, tk, order = arrival.tolist(), fixed.tolist(), tokens.tolist(), list(range(n))
+    running: list[list[float]] = []
+    free, pos = -math.inf, 0
+    while pos < n or running:
+        t = free if running else max(free, arr[pos])
+        step = plan_step(running, order, pos, arr, t, tk, fx, prefill_rate, max_batch, max_tokens)
+        for k in step.admitted:
+            start[k] = t
+        end = t + step.seconds
+        for k in step.done:
+            finish[k] = end
+        running, pos, free = step.running, step.pos, end
+    return start, finish
+
+
+@dataclass
+class Step:
+    """One engine step as :func:`plan_step` schedules it."""
+
+    running: list[list[float]]  # [index, tokens left] still running after it, in order
+    done: list[int]  # requests whose last token it computes
+    admitted: list[int]  # waiting requests it starts (their loads go to the tier at its start)
+    pos: int  # the next waiting request's position in the queue
+    seconds: float  # its compute: the admitted requests' fixed seconds and every token it computes / R
+
+
+def plan_step(running: list[list[float]], queue: list[int], pos: int, arrival: list[float], t: float, tokens: list[float],
+              fixed: list[float], prefill_rate: float, max_batch: int, max_tokens: float | None) -> Step:
+    """vLLM's scheduling of one step at ``t`` (see :func:`engine_steps`): the running requests continue first, in
+    order, then waiting ones (``queue[pos:]``, arrived by ``t``) are admitted first come, first served while fewer
+    than ``max_batch`` run and ``max_tokens`` (None: no budget) is not spent; each computes what the budget leaves."""
+    left = math.inf if max_tokens is None else float(max_tokens)
+    seconds = 0.0
+    still: list[list[float]] = []
+    done: list[int] = []
+    for r in running:
+        take = min(r[1], left)
+        left -= take
+        seconds += take / prefill_rate
+        r[1] -= take
+        if r[1] > 0:
+            still.append(r)
+        else:
+            done.append(int(r[0]))
+    admitted: list[int] = []
+    while pos < len(queue) and len(running) + len(admitted) < max_batch and arrival[queue[pos]] <= t and (left > 0 or tokens[queue[pos]] <= 0):
+        i = queue[pos]
+        take = min(tokens[i], left)
+        left -= take
+        seconds += fixed[i] + take / prefill_rate
+        admitted.append(i)
+        if tokens[i] - take > 0:
+            still.append([i, tokens[i] - take])
+        else:
+            done.append(i)
+        pos += 1
+    return Step(still, done, admitted, pos, seconds)
+
+
 def check_max_batch(m: int) -> None:
     if not (isinstance(m, int) and not isinstance(m, bool) and m >= 1):
         raise InvalidInput(f"--max-batch must be a whole number of at least 1, got {m!r}")
+
+
+def check_step_model(max_tokens: int | None, hit_gpu_s: float) -> None:
+    if max_tokens is not None and not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 1):
+        raise InvalidInput(f"--max-batched-tokens must be a whole number of at least 1, got {max_tokens!r}")
+    if not (isinstance(hit_gpu_s, (int, float)) and math.isfinite(hit_gpu_s) and hit_gpu_s >= 0):
+        raise InvalidInput(f"--hit-gpu-s must be a finite number of seconds ≥ 0, got {hit_gpu_s!r}")
+
+
+def split_t0(t0: np.ndarray | float, theta: float, hit_gpu_s: float) -> tuple[Any, Any, Any]:
+    """(GPU time, engine hold, latency only) of a hit's T0: ``hit_gpu_s`` of it computes on the GPU (at most T0),
+    θ of the rest holds the engine too, the remainder only adds latency."""
+    gpu = np.minimum(hit_gpu_s, t0)
+    rest = t0 - gpu
+    return gpu, gpu + theta * rest, (1.0 - theta) * rest
 
 
 def _in_system_ahead(arrival: np.ndarray, finish: np.ndarray) -> int:
@@ -322,6 +456,7 @@ def simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
         raise InvalidInput(f"--loading must be sync or async, got {cfg.loading!r}")
     check_engine_share(cfg.t0_engine_share)
     check_max_batch(cfg.max_batch)
+    check_step_model(cfg.max_batched_tokens, cfg.hit_gpu_s)
     with np.errstate(over="ignore", invalid="ignore"):  # checked below: an overflow is an InvalidInput, not a warning
         return _simulate(w, cfg, bandwidth_gbps)
 
@@ -350,12 +485,14 @@ def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
     prefill = tokens / cfg.prefill_rate
     tail = (tokens - hit_tokens) / cfg.prefill_rate  # the uncached rest of a hit
     timeouts = 0
-    held_t0, late_t0 = cfg.t0_engine_share * cfg.t0_s, (1.0 - cfg.t0_engine_share) * cfg.t0_s
+    gpu_t0, held_t0, late_t0 = split_t0(cfg.t0_s, cfg.t0_engine_share, cfg.hit_gpu_s)
+    steps = lambda a, fixed, tok: engine_steps(a, fixed, tok, cfg.prefill_rate, cfg.max_batch, cfg.max_batched_tokens)  # noqa: E731
     if cfg.loading == "sync":
         hold = np.where(hit, transfer + tail + held_t0, prefill)
         extra = np.where(hit, late_t0, 0.0)
-        start, finish = batch_fifo(arrival, hold, cfg.max_batch)
+        start, finish = steps(arrival, np.where(hit, transfer + held_t0, 0.0), tokens - hit_tokens)
         wait = start - arrival
+        compute = np.where(hit, tail + gpu_t0, prefill)
     else:
         require_positive("--async-timeout", cfg.async_timeout_s, allow_zero=True)
         idx = np.flatnonzero(hit)
@@ -366,10 +503,15 @@ def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
         ready[idx] = np.where(in_time, loaded, arrival[idx] + cfg.async_timeout_s)
         hold = prefill.copy()
         hold[idx[in_time]] = tail[idx[in_time]] + held_t0
+        fixed, todo = np.zeros(n), tokens.copy()
+        fixed[idx[in_time]] = held_t0
+        todo[idx[in_time]] = (tokens - hit_tokens)[idx[in_time]]
+        compute = prefill.copy()
+        compute[idx[in_time]] = tail[idx[in_time]] + gpu_t0
         extra = np.zeros(n)
         extra[idx[in_time]] = late_t0
         order = np.argsort(ready, kind="stable")
-        e_start, e_finish = batch_fifo(ready[order], hold[order], cfg.max_batch)
+        e_start, e_finish = steps(ready[order], fixed[order], todo[order])
         finish = np.empty(n)
         finish[order] = e_finish
         start = np.empty(n)
@@ -379,11 +521,12 @@ def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
     latency = finish - arrival + extra
     if not np.isfinite(latency).all():  # only past the options' bounds; never NaN or inf in a result
         raise InvalidInput(f"the simulated times leave a float's range (a request holds the engine up to {float(np.nanmax(hold)):.3g} s): "
-                           "check --instance-gbps, --bytes-per-token, --prefill-rate and --rate")
+                           "check --instance-gbps, --bytes-per-token, --prefill-rate and --arrival-rate")
     rho = float(w.offered_rate * hold.mean()) if w.offered_rate else None
     tier_rho = float(w.offered_rate * transfer[hit].sum() / n) if w.offered_rate else None
     p50, p90, p99 = np.percentile(latency, [50, 90, 99])
     thirds = [float(np.percentile(part, 50)) if len(part) else None for part in np.array_split(latency, 3)]
+    span = float(max(finish.max(), arrival[-1]) - arrival[0]) if n else 0.0
     return SimResult(
         p50_s=float(p50),
         p90_s=float(p90),
@@ -398,11 +541,12 @@ def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
         hits=int(hit.sum()),
         timeouts=timeouts,
         mean_wait_s=float(wait.mean()),
-        offered_rate=w.offered_rate,
+        arrival_rate_per_s=w.offered_rate,
         bandwidth_gbps=bandwidth_gbps,
         tier_rho=tier_rho,
         loading=cfg.loading,
         instances=cfg.instances,
+        gpu_utilization_pct=100.0 * float(compute.sum() / span) if span > 0 else 0.0,
     )
 
 
@@ -415,11 +559,12 @@ SWEEP_KEYS = {
     "hit_fraction": float,
     "instance_gbps": float,
     "async_timeout_s": float,
-    "rate": float,
+    "arrival_rate": float,
     "prompt_tokens": float,
 }
+#: other spellings of the keys: the options' (hyphens) and the old ``rate`` (``--rate`` is now ``--arrival-rate``)
 _ALIASES = {"hit-fraction": "hit_fraction", "instance-gbps": "instance_gbps", "async-timeout": "async_timeout_s",
-            "async_timeout": "async_timeout_s", "prompt-tokens": "prompt_tokens"}
+            "async_timeout": "async_timeout_s", "prompt-tokens": "prompt_tokens", "arrival-rate": "arrival_rate", "rate": "arrival_rate"}
 
 
 def parse_sweep(specs: Sequence[str]) -> dict[str, list[Any]]:
@@ -457,14 +602,14 @@ def sweep(
 ) -> list[SweepPoint]:
     """Simulate every point of ``grid`` (same seed: common random numbers across points).
 
-    ``workload_for(rate, prompt_tokens)`` returns the workload (``None`` values: the base ones);
+    ``workload_for(arrival_rate, prompt_tokens)`` returns the workload (``None`` values: the base ones);
     ``runner(workload, cfg, bandwidth)`` simulates one point (default :func:`simulate`).
     """
     runner = runner or simulate
     out = []
     for point in grid_points(grid):
         cfg = replace(base, **{k: v for k, v in point.items() if k in SimConfig.__dataclass_fields__})
-        w = workload_for(point.get("rate"), point.get("prompt_tokens"))
+        w = workload_for(point.get("arrival_rate"), point.get("prompt_tokens"))
         bw = effective_gbps(cfg.instances, cfg.instance_gbps, bench)
         out.append(SweepPoint(point, runner(w, cfg, bw)))
     return out

@@ -112,6 +112,17 @@ FRAGMENTATION_MIN_WASTE_BYTES = 64 * 2**20
 BASE_PORT = 17400
 #: seconds between the two samples of a diagnosis: `kvctl diagnose --window` and the exporter's sliding window.
 DIAGNOSIS_WINDOW_S = 60.0
+#: seconds between two progress lines when stderr is not a terminal (diagnose --window, bench, replay in a pipe):
+#: a line when the work starts, at each step (a bench run), every this many seconds, and when it is done
+PROGRESS_LINE_S = 5.0
+#: vLLM's token budget of one engine step, ``--max-num-batched-tokens`` (`kvctl simulate`/`plan`
+#: --max-batched-tokens): vLLM 0.32's default for online serving (UsageContext.OPENAI_API_SERVER in
+#: vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults) on GPUs of 70 GiB or more but under 160 GiB (H100,
+#: H200; A100s excepted). The same table gives 16384 from 160 GiB (B200, B300: the paper's GPUs), 2048 on
+#: smaller GPUs and 2048 × world size on CPU; vllm/config/scheduler.py's fallback
+#: (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS) is 2048. A prompt longer than the budget is prefilled
+#: in chunks over several steps (chunked prefill).
+VLLM_MAX_NUM_BATCHED_TOKENS = 8192
 #: the paper's asynchronous-lookup timeout (§6.3): a load not done within it is recomputed
 #: (`kvctl simulate`/`kvctl plan` --async-timeout).
 ASYNC_TIMEOUT_S = 3.0

@@ -35,14 +35,14 @@ def test_breakeven_json():
 
 
 def test_fit_t0_json():
-    d = run_json("cost fit-t0 --latency-s 0.40 --prompt-gb 0.79 --bandwidth-gbps 10.76 --json".split())
+    d = run_json("cost fit-t0 --latency-s 0.40 --prompt-gb 0.79 --tier-gbps 10.76 --json".split())
     assert d["t0_s"] == pytest.approx(0.3266, abs=1e-4)
 
 
 def test_predict_json():
     d = run_json(
-        "cost predict --bytes-per-token 48437.5 --prefill-rate 52200 --t0 0.3266 --bandwidth-gbps 1.71 "
-        "--tokens 4096 16384 65536 --json".split()
+        "cost predict --bytes-per-token 48437.5 --prefill-rate 52200 --t0 0.3266 --tier-gbps 1.71 "
+        "--prompt-tokens 4096 16384 65536 --json".split()
     )
     preds = {p["tokens"]: p for p in d["predictions"]}
     assert sorted(preds) == [4096, 16384, 65536]
@@ -52,19 +52,19 @@ def test_predict_json():
 
 
 def test_rho_json_and_token_form():
-    d = run_json("cost rho --arrival-rate 1.21 --prompt-gb 0.79 --bandwidth-gbps 0.85 --json".split())
+    d = run_json("cost rho --arrival-rate 1.21 --prompt-gb 0.79 --instance-gbps 0.85 --json".split())
     assert d["rho"] == pytest.approx(1.12, abs=0.01) and d["stable"] is False
-    assert d["instances_for_target"] == 3
-    d2 = run_json("cost rho --arrival-rate 1.21 --tokens 16310 --bytes-per-token 48437.5 --bandwidth-gbps 0.85 --json".split())
+    assert d["instances_for_rho_target"] == 3
+    d2 = run_json("cost rho --arrival-rate 1.21 --prompt-tokens 16310 --bytes-per-token 48437.5 --instance-gbps 0.85 --json".split())
     assert d2["rho"] == pytest.approx(d["rho"], rel=1e-3)
-    text = run("cost rho --arrival-rate 1.21 --prompt-gb 0.79 --bandwidth-gbps 0.85".split()).output
+    text = run("cost rho --arrival-rate 1.21 --prompt-gb 0.79 --instance-gbps 0.85".split()).output
     assert "instances for ρ ≤ 0.5" in text
 
 
 def test_kv_size_json():
-    d = run_json(["cost", "kv-size", "--config", str(MODELS / "deepseek-v3.json"), "--dtype", "fp8", "--json"])
+    d = run_json(["cost", "kv-size", "--model-config", str(MODELS / "deepseek-v3.json"), "--dtype", "fp8", "--json"])
     assert d["attention"] == "mla" and d["bytes_per_token"] == 35136 and d["chunk_bytes"] == 35136 * 256
-    d = run_json(["cost", "kv-size", "--config", str(MODELS / "llama-3.1-8b.json"), "--tp", "2", "--chunk-tokens", "128", "--json"])
+    d = run_json(["cost", "kv-size", "--model-config", str(MODELS / "llama-3.1-8b.json"), "--tp", "2", "--chunk-tokens", "128", "--json"])
     assert d["attention"] == "gqa" and d["chunk_bytes"] == 65536 * 128
 
 
@@ -93,13 +93,13 @@ def test_report_with_model():
         ("cost breakeven --bytes-per-token 0 --prefill-rate 52200", "--bytes-per-token"),
         ("cost breakeven --bytes-per-token 48437.5 --prefill-rate -5", "--prefill-rate"),
         ("cost breakeven --prefill-rate 5", "--bytes-per-token or --model-config"),
-        ("cost rho --arrival-rate 0 --prompt-gb 0.79 --bandwidth-gbps 0.85", "--arrival-rate"),
-        ("cost rho --arrival-rate 1 --bandwidth-gbps 0.85", "--prompt-gb"),
-        ("cost kv-size --config /nonexistent/config.json", "cannot read model config"),
-        ("cost kv-size --config {models}/deepseek-v3.json --dtype int4", "--dtype"),
-        ("cost predict --bytes-per-token 1 --prefill-rate 1 --t0 0 --bandwidth-gbps 1 --tokens 0", "--tokens"),
+        ("cost rho --arrival-rate 0 --prompt-gb 0.79 --instance-gbps 0.85", "--arrival-rate"),
+        ("cost rho --arrival-rate 1 --instance-gbps 0.85", "--prompt-gb"),
+        ("cost kv-size --model-config /nonexistent/config.json", "cannot read model config"),
+        ("cost kv-size --model-config {models}/deepseek-v3.json --dtype int4", "--dtype"),
+        ("cost predict --bytes-per-token 1 --prefill-rate 1 --t0 0 --tier-gbps 1 --prompt-tokens 0", "--prompt-tokens"),
         ("cost report --model-config {models}/deepseek-v3.json", "--prefill-rate is required"),
-        ("cost fit-t0 --latency-s 0.01 --prompt-gb 0.79 --bandwidth-gbps 1", "below the pure transfer time"),
+        ("cost fit-t0 --latency-s 0.01 --prompt-gb 0.79 --tier-gbps 1", "below the pure transfer time"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, needle):
@@ -112,7 +112,7 @@ def test_bad_input_exits_2_with_one_line(args, needle):
 def test_missing_config_field_exits_2(tmp_path):
     p = tmp_path / "config.json"
     p.write_text(json.dumps({"num_hidden_layers": 4, "kv_lora_rank": 512}))
-    result = CliRunner().invoke(cli, ["cost", "kv-size", "--config", str(p)])
+    result = CliRunner().invoke(cli, ["cost", "kv-size", "--model-config", str(p)])
     assert result.exit_code == 2 and "qk_rope_head_dim" in result.output
 
 
@@ -148,12 +148,12 @@ LLAMA = str(MODELS / "llama-3.1-8b.json")
 
 
 def test_kv_size_tp8_gives_whole_model_and_per_rank_bytes():
-    d = run_json(["cost", "kv-size", "--config", LLAMA, "--tp", "8", "--json"])
+    d = run_json(["cost", "kv-size", "--model-config", LLAMA, "--tp", "8", "--json"])
     assert d["bytes_per_token"] == 131072
     assert d["bytes_per_token_per_rank"] == 16384
     assert d["tp"] == 8
     assert d["chunk_bytes"] == 16384 * 256  # one rank's stored chunk value: 4194304 B
-    out = run(["cost", "kv-size", "--config", LLAMA, "--tp", "8"]).output
+    out = run(["cost", "kv-size", "--model-config", LLAMA, "--tp", "8"]).output
     assert "131,072" in out and "16,384" in out and "per rank" in out
 
 
@@ -176,7 +176,7 @@ def test_breakeven_bytes_per_token_is_whole_model_with_tp():
 
 def test_predict_tp8_at_8_gbps_says_recompute():
     d = run_json(["cost", "predict", "--model-config", LLAMA, "--tp", "8", "--prefill-rate", "100000", "--t0", "0",
-                  "--bandwidth-gbps", "8", "--tokens", "1000", "--json"])
+                  "--tier-gbps", "8", "--prompt-tokens", "1000", "--json"])
     (p,) = d["predictions"]
     assert p["recompute_s"] == pytest.approx(0.01)  # 1000 / 1e5
     assert p["load_s"] == pytest.approx(0.016384)  # 1000 × 131072 / 8e9
@@ -186,7 +186,7 @@ def test_predict_tp8_at_8_gbps_says_recompute():
 
 def test_report_tp8_at_8_gbps_never_loads():
     d = run_json(["cost", "report", "--model-config", LLAMA, "--tp", "8", "--prefill-rate", "100000", "--t0", "0",
-                  "--bandwidth-gbps", "8", "--bandwidth-gbps", "16", "--tokens", "1000", "--json"])
+                  "--tier-gbps", "8", "--tier-gbps", "16", "--prompt-tokens", "1000", "--json"])
     (p,) = d["pairings"]
     assert p["bytes_per_token"] == 131072 and p["bytes_per_token_per_rank"] == 16384
     at8, at16 = p["bandwidths"]
@@ -199,23 +199,23 @@ def test_rho_tp8_single_instance_and_one_instance_per_rank():
     # 16384 tokens × 131072 B = 2147483648 B = 2.147483648 GB per prompt; λ = 2/s; one instance of 1 GB/s:
     #   ρ = 2 × 2.147483648 / 1 = 4.294967296; for ρ ≤ 0.5: ceil(4.294967296 / 0.5) = ceil(8.59) = 9 instances.
     # One instance per rank (8): each moves 16384 × 16384 B = 0.268435456 GB per prompt: ρ = 2 × 0.268435456 = 0.536870912
-    d = run_json(["cost", "rho", "--arrival-rate", "2", "--tokens", "16384", "--model-config", LLAMA, "--tp", "8",
-                  "--bandwidth-gbps", "1", "--json"])
+    d = run_json(["cost", "rho", "--arrival-rate", "2", "--prompt-tokens", "16384", "--model-config", LLAMA, "--tp", "8",
+                  "--instance-gbps", "1", "--json"])
     assert d["prompt_gb"] == pytest.approx(2.147483648)
     assert d["rho"] == pytest.approx(4.294967296)
-    assert d["instances_for_target"] == 9
+    assert d["instances_for_rho_target"] == 9
     assert d["bytes_per_token"] == 131072 and d["bytes_per_token_per_rank"] == 16384 and d["tp"] == 8
     assert d["rho_one_instance_per_rank"] == pytest.approx(0.536870912)
 
 
 def test_report_takes_tokens_as_predict_does_and_predict_defaults_t0():
-    """Issue 22: `cost report --tokens 4096 8192` failed where `cost predict` takes it, and `cost predict`
+    """Issue 22: `cost report --prompt-tokens 4096 8192` failed where `cost predict` takes it, and `cost predict`
     required --t0 while every other command defaults it to the paper's."""
     from kvctl.thresholds import PAPER_T0_S
 
-    rep = run_json(["cost", "report", "--tokens", "4096", "8192", "--json"])
+    rep = run_json(["cost", "report", "--prompt-tokens", "4096", "8192", "--json"])
     assert [p["tokens"] for p in rep["pairings"][0]["bandwidths"][0]["predictions"]] == [4096, 8192]
-    pred = run_json(["cost", "predict", "--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--bandwidth-gbps", "10.76",
-                     "--tokens", "16384", "--json"])
+    pred = run_json(["cost", "predict", "--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--tier-gbps", "10.76",
+                     "--prompt-tokens", "16384", "--json"])
     (p,) = pred["predictions"]
     assert p["load_s"] == pytest.approx(PAPER_T0_S + 16384 * 48437.5 / 10.76e9)

@@ -29,8 +29,8 @@ def test_rho_matches_paper():
     assert cost.rho(1.21, 0.79e9, 0.85) == pytest.approx(1.12, abs=0.01)
     assert cost.rho(1.21, 0.79e9, 10.76) == pytest.approx(0.09, abs=0.005)
     r = cost.summarize_rho(1.21, 0.79e9, 0.85)
-    assert not r.stable and r.instances_for_target == 3
-    assert cost.rho(1.21, 0.79e9, 0.85 * r.instances_for_target) <= 0.5
+    assert not r.stable and r.instances_for_rho_target == 3
+    assert cost.rho(1.21, 0.79e9, 0.85 * r.instances_for_rho_target) <= 0.5
 
 
 @given(

@@ -125,8 +125,8 @@ def test_abandoned_load_keeps_the_tier_busy_and_recomputes_on_its_engine():
     assert res.per_engine[0].max_s == pytest.approx(1.55)
     assert res.per_engine[1].max_s == pytest.approx(0.95)
     # GPU busy: engine 0 computed r1's 0.5 s over the run's span 0 → 2.1 s (r2 finishes at 2.1)
-    assert res.per_engine[0].gpu_busy_frac == pytest.approx(0.5 / 2.1)
-    assert res.per_engine[1].gpu_busy_frac == 0.0
+    assert res.per_engine[0].gpu_utilization_pct == pytest.approx(100 * 0.5 / 2.1)
+    assert res.per_engine[1].gpu_utilization_pct == 0.0
 
 
 def test_sync_load_holds_the_engine_but_not_its_gpu():
@@ -134,9 +134,9 @@ def test_sync_load_holds_the_engine_but_not_its_gpu():
     # each; span 0 → 31 s: GPU busy 4/31. Hits at 1 GB/s: the engine is held 1 s each, the GPU 0.
     w = Workload(np.array([0.0, 10, 20, 30]), np.full(4, 1000.0), 0.1, "hand")
     miss = simulate_fleet(w, SimConfig(1e6, 1000.0, 0.0, hit_fraction=0.0), 1.0, var=Variability(async_overhead_s=0.0))
-    assert miss.gpu_busy_frac == pytest.approx(4 / 31)
+    assert miss.gpu_utilization_pct == pytest.approx(100 * 4 / 31)
     hit = simulate_fleet(w, SimConfig(1e6, 1000.0, 0.0, hit_fraction=1.0), 1.0, engines=2)
-    assert hit.gpu_busy_frac == 0.0
+    assert hit.gpu_utilization_pct == 0.0
 
 
 @pytest.mark.parametrize("gain", [None, {1: 1.0, 2: 1.1, 4: 1.15}])
@@ -208,20 +208,20 @@ def test_t0_fitted_from_a_run_file(tmp_path):
 def test_cli_engines_json_has_fleet_and_engines(tmp_path):
     b = bench_file(tmp_path / "b.json", [{"instances": 1, "clients": 1, "aggregate_gbps": 1.0, "p50_batch_ms": 10.0, "p99_batch_ms": 20.0},
                                           {"instances": 1, "clients": 2, "aggregate_gbps": 1.2}])
-    r = CliRunner().invoke(cli, ["simulate", "--rate", "0.1", *GB_PROMPT, "--instances", "2", "--instance-gbps", "1", "--engines", "3",
+    r = CliRunner().invoke(cli, ["simulate", "--arrival-rate", "0.1", *GB_PROMPT, "--instances", "2", "--instance-gbps", "1", "--engines", "3",
                                  "--requests", "3000", "--get-times-from", b, "--readers-from", b, "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert len(d["per_engine"]) == 3 and d["engines"] == 3
     # λ 0.1/s per engine × 3 engines × 0.5 GB per instance / 1 GB/s = 0.15 per instance
     assert d["tier_rho"] == pytest.approx(0.15, rel=0.05)
-    assert "gpu_busy_frac" in d and d["stable"] is True
+    assert "gpu_utilization_pct" in d and d["stable"] is True
     assert any("lognormal" in n for n in d["notes"])
     assert d["extrapolated"]  # three engines read at once, two readers measured
 
 
 def test_cli_engines_table():
-    r = CliRunner().invoke(cli, ["simulate", "--rate", "0.1", *GB_PROMPT, "--instance-gbps", "1", "--engines", "2", "--requests", "500"])
+    r = CliRunner().invoke(cli, ["simulate", "--arrival-rate", "0.1", *GB_PROMPT, "--instance-gbps", "1", "--engines", "2", "--requests", "500"])
     assert r.exit_code == 0, r.output
     assert "fleet" in r.output and "tier ρ per instance" in r.output
 
@@ -232,6 +232,6 @@ def test_cli_engines_table():
     (["--async-overhead", "-1"], "--async-overhead"),
 ])
 def test_cli_fleet_bad_input(args, message):
-    r = CliRunner().invoke(cli, ["simulate", "--rate", "0.1", *GB_PROMPT, "--instance-gbps", "1", *args])
+    r = CliRunner().invoke(cli, ["simulate", "--arrival-rate", "0.1", *GB_PROMPT, "--instance-gbps", "1", *args])
     assert r.exit_code == 2, r.output
     assert message in r.output

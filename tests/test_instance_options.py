@@ -71,7 +71,8 @@ def test_every_command_has_the_same_instance_options(path):
     """Same spellings, env var, repeatability and help text as `kvctl bench` (drift is a failure)."""
     ref = {p.name: p for p in command(("bench",)).params}
     mine = {p.name: p for p in command(path).params}
-    assert sorted(mine["valkey_urls"].opts) == ["--url", "--valkey"] and mine["valkey_urls"].multiple
+    assert mine["valkey_urls"].opts == ["--valkey"] and mine["valkey_urls"].multiple
+    assert mine["valkey_urls"].old_names == ("--url",) and mine["valkey_urls"].hidden is False  # --url: old name, one release
     assert mine["ranks"].opts == ["--ranks"] and mine["tier_dir"].opts == ["--dir"] and mine["password_file"].opts == ["--password-file"]
     assert mine["password_file"].envvar == "KVCTL_PASSWORD_FILE"
     for name in SHARED:
@@ -82,13 +83,18 @@ def _capture_urls(out_dir) -> list[str]:
     return json.loads((out_dir / "capture.json").read_text())["valkey_urls"]
 
 
-def test_diagnose_takes_url_and_mixes_both_spellings_in_rank_order(tmp_path, valkey_factory):
+def test_diagnose_takes_the_old_url_in_rank_order_and_refuses_mixed_spellings(tmp_path, valkey_factory):
+    """--url is --valkey's old name (issue 31): kept for one release, with a warning on stderr. Mixed with
+    --valkey the order of the two (index = rank) would be lost: refused."""
     a, b = valkey_factory(), valkey_factory()
     with MetricsServer(ENGINE_TEXTS) as eng:
-        invoke(["diagnose", "capture", "--engine-url", eng.url, "--url", a.url, "--valkey", b.url, "--window", "0.2", "--out", str(tmp_path / "c1"), "--json"], code=0)
-        # given before the subcommand, the alias is carried to it like --valkey
+        res = invoke(["diagnose", "capture", "--engine-url", eng.url, "--url", a.url, "--url", b.url, "--window", "0.2", "--out", str(tmp_path / "c1"), "--json"], code=0)
+        assert "warning: --url is renamed --valkey; the old name works until the next release" in res.stderr
+        # given before the subcommand, the old name is carried to it like --valkey
         invoke(["diagnose", "--url", b.url, "capture", "--engine-url", eng.url, "--window", "0.2", "--out", str(tmp_path / "c2"), "--json"], code=0)
-    assert _capture_urls(tmp_path / "c1") == [a.url, b.url]  # rank 0 = first given, whatever its spelling
+        res = invoke(["diagnose", "capture", "--engine-url", eng.url, "--url", a.url, "--valkey", b.url, "--window", "0.2", "--out", str(tmp_path / "c3")], code=2)
+        assert "give every value as --valkey (--url is its old name; do not mix the two)" in res.output
+    assert _capture_urls(tmp_path / "c1") == [a.url, b.url]  # rank 0 = first given
     assert _capture_urls(tmp_path / "c2") == [b.url]
 
 
@@ -98,11 +104,11 @@ def test_bench_takes_valkey(valkey_server):
     assert [i["url"] for i in run["per_instance"]] == [f"{valkey_server.url}/0"] and run["errors"] == 0  # bench writes the db
 
 
-def test_doctor_and_exporter_take_url(valkey_server, monkeypatch):
+def test_doctor_and_exporter_take_valkey(valkey_server, monkeypatch):
     monkeypatch.delenv("KVCTL_LMCACHE_PYTHON", raising=False)  # `make test` sets it: LMCache 0.5.6's known-bugs warning
-    data = json.loads(invoke(["doctor", "--url", valkey_server.url, "--no-host-checks", "--json"], code=0).stdout)
+    data = json.loads(invoke(["doctor", "--valkey", valkey_server.url, "--no-host-checks", "--json"], code=0).stdout)
     assert [c["status"] for c in data["checks"] if c["name"] == "up"] == ["ok"]
-    assert exporter_valkey_up(["--url", valkey_server.url]) == 1
+    assert exporter_valkey_up(["--valkey", valkey_server.url]) == 1
 
 
 # --- KVCTL_PASSWORD_FILE is read by every command ------------------------------------------
@@ -175,11 +181,11 @@ BEFORE = {
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--valkey", "resp://127.0.0.1:1", "--dir", "some-tier"], "name the Valkey instances with --valkey/--url"),
-        (["--url", "resp://127.0.0.1:{rank}"], "a {rank} URL template needs --ranks N"),
-        (["--ranks", "2"], "--ranks goes with one {rank} --valkey/--url template"),
-        (["--ranks", "2", "--dir", "some-tier"], "--ranks goes with one {rank} --valkey/--url template"),
-        (["--url", "resp://127.0.0.1:1", "--url", "resp://127.0.0.1:2", "--ranks", "3"], "--ranks 3 does not match the 2 URLs given"),
+        (["--valkey", "resp://127.0.0.1:1", "--dir", "some-tier"], "name the Valkey instances with --valkey"),
+        (["--valkey", "resp://127.0.0.1:{rank}"], "a {rank} URL template needs --ranks N"),
+        (["--ranks", "2"], "--ranks goes with one {rank} --valkey template"),
+        (["--ranks", "2", "--dir", "some-tier"], "--ranks goes with one {rank} --valkey template"),
+        (["--valkey", "resp://127.0.0.1:1", "--valkey", "resp://127.0.0.1:2", "--ranks", "3"], "--ranks 3 does not match the 2 URLs given"),
     ],
 )
 def test_the_same_mistake_gets_the_same_message_everywhere(path, args, message, tmp_path, monkeypatch):
@@ -191,7 +197,7 @@ def test_the_same_mistake_gets_the_same_message_everywhere(path, args, message, 
 
 def test_bench_without_instances_names_every_way():
     res = invoke(["bench"], code=2)
-    assert "--valkey/--url" in res.output and "--dir" in res.output and "--embedded" in res.output
+    assert "--valkey" in res.output and "--dir" in res.output and "--embedded" in res.output
 
 
 # --- deploy-valkey status of any instance ---------------------------------------------------
@@ -201,7 +207,7 @@ def test_status_of_instances_named_by_url(valkey_factory):
     a, b = valkey_factory(), valkey_factory()
     with redis.Redis(port=b.port) as r:
         r.mset({"k1": b"x", "k2": b"y", "k3": b"z"})
-    data = json.loads(invoke(["deploy-valkey", "status", "--valkey", a.url, "--url", b.url, "--json"], code=0).stdout)
+    data = json.loads(invoke(["deploy-valkey", "status", "--valkey", a.url, "--valkey", b.url, "--json"], code=0).stdout)
     got = [(i["rank"], i["port"], i["up"], i["keys"]) for i in data["instances"]]
     assert got == [(0, a.port, True, 0), (1, b.port, True, 3)]
     assert data["instances"][1]["maxmemory"] == 256 * 2**20  # the fixture's maxmemory 256mb

@@ -169,11 +169,11 @@ def test_cli_says_which_dtype_was_used(tmp_path):
     from kvctl.cli import cli  # noqa: PLC0415
 
     p = _cfg(tmp_path, torch_dtype="float32")
-    res = CliRunner().invoke(cli, ["cost", "kv-size", "--config", str(p), "--json"])
+    res = CliRunner().invoke(cli, ["cost", "kv-size", "--model-config", str(p), "--json"])
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["dtype"] == "bf16" and "float32" in d["dtype_source"] and d["bytes_per_token"] == 131072
-    res = CliRunner().invoke(cli, ["cost", "kv-size", "--config", str(p)])
+    res = CliRunner().invoke(cli, ["cost", "kv-size", "--model-config", str(p)])
     assert "bf16" in res.stdout and "float32" in res.stdout
 
 
@@ -215,5 +215,5 @@ def test_cli_bad_tp_is_exit_2_one_line(tmp_path):
 
     from kvctl.cli import cli  # noqa: PLC0415
 
-    res = CliRunner().invoke(cli, ["cost", "kv-size", "--config", str(_cfg(tmp_path)), "--tp", "3"])
+    res = CliRunner().invoke(cli, ["cost", "kv-size", "--model-config", str(_cfg(tmp_path)), "--tp", "3"])
     assert res.exit_code == 2 and "does not divide the 32 attention heads" in res.output and "Traceback" not in res.output

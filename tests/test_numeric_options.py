@@ -25,21 +25,21 @@ TIER_DIR = "/nonexistent/kvctl-numeric-options-test"  # never created: every bad
 #: A valid invocation of each command; one numeric option at a time gets a bad value on top of it.
 BASE = {
     ("cost", "breakeven"): ["--bytes-per-token", "48437.5", "--prefill-rate", "52200"],
-    ("cost", "fit-t0"): ["--latency-s", "0.4", "--prompt-gb", "0.79", "--bandwidth-gbps", "10.76"],
-    ("cost", "predict"): ["--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--t0", "0.33", "--bandwidth-gbps", "10", "--tokens", "4096"],
-    ("cost", "rho"): ["--arrival-rate", "1.21", "--prompt-gb", "0.79", "--bandwidth-gbps", "0.85"],
+    ("cost", "fit-t0"): ["--latency-s", "0.4", "--prompt-gb", "0.79", "--tier-gbps", "10.76"],
+    ("cost", "predict"): ["--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--t0", "0.33", "--tier-gbps", "10", "--prompt-tokens", "4096"],
+    ("cost", "rho"): ["--arrival-rate", "1.21", "--prompt-gb", "0.79", "--instance-gbps", "0.85"],
     ("cost", "kv-size"): ["--config", MODEL],
     ("cost", "report"): [],
-    ("bench",): ["--url", "resp://127.0.0.1:1"],
+    ("bench",): ["--valkey", "resp://127.0.0.1:1"],
     ("deploy-valkey", "up"): ["--ranks", "1", "--dir", TIER_DIR],
     ("deploy-valkey", "status"): ["--dir", TIER_DIR],
     ("deploy-valkey", "down"): ["--dir", TIER_DIR],
     ("deploy-valkey", "lmcache-config"): ["--target", "k8s", "--ranks", "2"],
     ("deploy-valkey", "vllm-config"): ["--target", "k8s", "--ranks", "2"],
     # replay/report/simulate: every bad value fails while parsing, before a file is read or a request sent
-    ("replay",): ["/nonexistent/kvctl-trace.jsonl", "--url", "http://127.0.0.1:1", "--dry-run"],
+    ("replay",): ["/nonexistent/kvctl-trace.jsonl", "--engine-url", "http://127.0.0.1:1", "--dry-run"],
     ("report",): ["/nonexistent/kvctl-run.jsonl"],
-    ("simulate",): ["--rate", "1", "--prompt-tokens", "100", "--prefill-rate", "1000", "--bytes-per-token", "1000", "--instance-gbps", "1"],
+    ("simulate",): ["--arrival-rate", "1", "--prompt-tokens", "100", "--prefill-rate", "1000", "--bytes-per-token", "1000", "--instance-gbps", "1"],
 }
 SKIP: set = set()
 
@@ -80,7 +80,7 @@ def _bad_value(option: click.Option) -> st.SearchStrategy[str]:
     negative = st.one_of(st.integers(max_value=-1).map(str), st.floats(max_value=-1e-9, allow_infinity=False).map(repr))
     if isinstance(option.type, ByteSize):
         huge = st.integers(min_value=option.type.max_bytes + 1, max_value=10**30).map(str)
-        return st.one_of(special, negative, huge, st.sampled_from(["-1mb", "nanmb", "1e3mb", "999999999tb"]))
+        return st.one_of(special, negative, huge, st.sampled_from(["-1mb", "nanmb", "1e99mb", "999999999tb", "1e"]))  # 1e3mb is 1000 MiB
     huge = st.one_of(st.integers(min_value=10**13, max_value=10**40).map(str), st.floats(min_value=1e13, allow_infinity=False).map(repr))
     return st.one_of(special, negative, huge)
 
@@ -178,9 +178,9 @@ def test_cost_options_at_their_bounds_are_accepted_and_finite(path):
 @pytest.mark.parametrize(
     "args, flag",
     [
-        (["cost", "fit-t0", "--latency-s", "nan", "--prompt-gb", "0.79", "--bandwidth-gbps", "10.76"], "--latency-s"),
+        (["cost", "fit-t0", "--latency-s", "nan", "--prompt-gb", "0.79", "--tier-gbps", "10.76"], "--latency-s"),
         (["cost", "breakeven", "--bytes-per-token", "1e308", "--prefill-rate", "52200"], "--bytes-per-token"),
-        (["bench", "--url", "resp://127.0.0.1:1", "--chunk-bytes", "nan"], "--chunk-bytes"),
+        (["bench", "--valkey", "resp://127.0.0.1:1", "--chunk-bytes", "nan"], "--chunk-bytes"),
         (["deploy-valkey", "up", "--ranks", "1", "--io-threads", "1000"], "--io-threads"),
     ],
 )

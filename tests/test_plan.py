@@ -11,7 +11,7 @@ from kvctl.cli import cli
 
 # The paper (§4, §6): λ 1.21/s, 16 310 tokens × 48 437.5 B = 0.79 GB, R 52 200 tok/s, T0 0.33 s;
 # one instance 0.85 GB/s, eight 10.76 GB/s (the bench below). B* = s·R = 2.528 GB/s; n* = R·T0 = 17 226 tokens.
-PAPER = ["--rate", "1.21", "--prompt-tokens", "16310", "--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--t0", "0.33",
+PAPER = ["--arrival-rate", "1.21", "--prompt-tokens", "16310", "--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--t0", "0.33",
          "--requests", "5000"]
 
 
@@ -64,8 +64,9 @@ def test_no_instance_count_helps_below_b_star_per_rank():
     code, out = run_plan(*PAPER, "--instance-gbps", "0.3", "--slo-p99", "1.0", "--json")
     assert code == 0, out
     d = json.loads(out)
-    assert d["instances"] is None and "no instance count can help" in d["cannot_help"]
-    assert "B*/W = 0.316" in d["cannot_help"]
+    assert "no instance count can help" in d["cannot_help"] and "B*/W = 0.316" in d["cannot_help"]
+    # recomputing (ρ 0.378 on the engine) meets p99 ≤ 1 s: the plan is no tier at all
+    assert d["instances"] == 0 and d["loading"] == "recompute" and d["verdict"].startswith("no tier")
 
 
 def test_no_instance_count_helps_below_n_star_when_recompute_meets_the_slo():
@@ -109,3 +110,56 @@ def test_with_the_ranks_given_the_plan_is_w_ranks_times_k_instances():
     code, out = run_plan(*PAPER, "--instance-gbps", "1.3", "--slo-p99", "0.8", "--loading", "sync", "--max-instances", "4", "--json")
     d = json.loads(out)  # without --ranks: every count, as before
     assert [p["instances"] for p in d["points"] if p["instances"] > 0] == [1, 2, 3, 4] and d["ranks"] is None
+
+
+# --- issue 31, item 1: recompute is a candidate; nothing meeting the SLO is an exit code; small ρ keeps its digits
+
+
+def test_recompute_that_meets_the_slo_beats_any_slower_tier():
+    """Issue 31: plan printed "PLAN: 1 instance(s), async loading: p99 0.578 s" while recompute met the SLO at
+    p99 0.218 s. Here 20 000-token prompts (above n* = 17 226) recompute in 0.383 s at λ 0.1/s; a hit on one
+    3 GB/s instance costs 0.33 + 0.969/3 = 0.653 s. Both meet p99 ≤ 1 s: the plan is recompute, no tier."""
+    args = ["--arrival-rate", "0.1", "--prompt-tokens", "20000", "--bytes-per-token", "48437.5", "--prefill-rate", "52200",
+            "--t0", "0.33", "--requests", "2000", "--instance-gbps", "3", "--slo-p99", "1.0"]
+    code, out = run_plan(*args, "--json")
+    assert code == 0, out
+    d = json.loads(out)
+    base = next(p for p in d["points"] if p["loading"] == "recompute")
+    assert base["meets"] and base["p50_s"] == pytest.approx(20000 / 52200, rel=0.01)
+    assert d["instances"] == 0 and d["loading"] == "recompute", d["verdict"]
+    assert "recompute" in d["verdict"] and "no tier" in d["verdict"]
+    slower = [p for p in d["points"] if p["simulated"] and p["instances"] > 0 and base["p99_s"] < p["p99_s"] <= 1.0]
+    assert slower and all(not p["meets"] and p["why"].startswith("meets the SLO, but p99") for p in slower), slower
+    code, out = run_plan(*args)
+    assert code == 0 and "PLAN: no tier" in " ".join(out.split()), out
+
+
+def test_a_tier_is_planned_only_where_it_is_no_slower_than_recompute():
+    """Recompute misses p99 ≤ 0.6 s (40 000 tokens: 0.766 s); one 30 GB/s instance hits in 0.33 + 1.94/30 = 0.395 s."""
+    args = ["--arrival-rate", "0.01", "--prompt-tokens", "40000", "--bytes-per-token", "48437.5", "--prefill-rate", "52200",
+            "--t0", "0.33", "--requests", "2000", "--instance-gbps", "30", "--slo-p99", "0.6", "--loading", "sync"]
+    code, out = run_plan(*args, "--json")
+    assert code == 0, out
+    d = json.loads(out)
+    assert d["instances"] == 1 and d["loading"] == "sync"
+    # ρ per instance = 0.01 × 1.9375 GB / 30 GB/s = 0.000646: printed with its digits, not as 0.00
+    assert "ρ per instance 0.000646" in d["verdict"], d["verdict"]
+    assert "0.00 " not in d["verdict"]
+
+
+def test_nothing_meets_the_slo_is_exit_9_documented(paper_bench):
+    from kvctl.errors import ExitStatus
+
+    assert int(ExitStatus.SLO_UNMET) == 9
+    code, out = run_plan(*PAPER, "--bench", paper_bench, "--slo-p99", "0.1", "--json")
+    assert code == 9, out
+    d = json.loads(out)
+    assert d["instances"] is None and d["exit_code"] == 9
+    assert all(not p["meets"] for p in d["points"])
+    code, out = run_plan(*PAPER, "--bench", paper_bench, "--slo-p99", "0.1")
+    assert code == 9 and "no instance count up to 8 meets" in " ".join(out.split()), out
+    # no instance count can help (B per instance below B*/W) and recompute misses the SLO: also 9
+    code, out = run_plan(*PAPER, "--instance-gbps", "0.3", "--slo-p99", "0.2", "--json")
+    assert code == 9, out
+    readme = " ".join((__import__("pathlib").Path(__file__).parents[1] / "README.md").read_text().split())
+    assert "9 nothing `kvctl plan` tried meets the SLO" in readme

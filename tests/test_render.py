@@ -82,12 +82,22 @@ def test_tables_format_cells_and_escape_markup(capsys, monkeypatch):
     assert "[red]not markup[/red]" in out
 
 
-def test_progress_is_a_no_op_off_a_tty_and_draws_on_one(capsys, monkeypatch):
-    with render.progress("work", total=3) as advance:  # pytest's stderr is not a TTY
+def test_progress_off_a_tty_is_plain_lines_on_stderr_and_draws_a_bar_on_one(capsys, monkeypatch):
+    """Issue 31, item 6: off a terminal (a pipe, a file) progress is a line per step and every few seconds on
+    stderr, never on stdout; disabled (--json) it prints nothing at all."""
+    with render.progress("work", total=3, what="test") as advance:  # pytest's stderr is not a TTY
         for _ in range(3):
-            advance()
-        advance(1, description="renamed")
-    with render.replay_progress(5) as update:
+            advance(step="one")
+        advance(1, description="renamed", step="two")
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.splitlines()
+    # started, the first step, the second step (each step change is a line; the rest within 5 s is not), done
+    assert [ln.split(" [")[0] for ln in lines] == ["kvctl test: work · 0.0 of 3 (0%)", "kvctl test: work · 1.0 of 3 (33%)",
+                                                   "kvctl test: renamed · 4.0 of 3 (100%)", "kvctl test: renamed · done"], lines
+    with render.progress("work", total=3, enabled=False) as advance:
+        advance()
+    with render.replay_progress(5, enabled=False) as update:
         update(object())  # never inspected when disabled
     assert capsys.readouterr() == ("", "")  # nothing on stdout or stderr
     # the same calls on a real terminal (a pty) draw the bar there: the check above can tell the two apart

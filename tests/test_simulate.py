@@ -13,7 +13,7 @@ from kvctl.simulate import SimConfig, Workload, effective_gbps, fifo, poisson_wo
 
 # The paper's hit-heavy replay: λ = 1.21 req/s, a 16k-token prompt of 0.79 GB (16 310 tokens × 48 437.5 B =
 # 0.790016 GB), T0 = 0.33 s, R = 52 200 tok/s, one instance 0.85 GB/s; 8 instances 10.76 GB/s (1.345 each).
-PAPER = ["--rate", "1.21", "--prompt-tokens", "16310", "--bytes-per-token", "48437.5", "--prefill-rate", "52200",
+PAPER = ["--arrival-rate", "1.21", "--prompt-tokens", "16310", "--bytes-per-token", "48437.5", "--prefill-rate", "52200",
          "--t0", "0.33", "--requests", "450", "--json"]
 PROMPT_GB = 16310 * 48437.5 / 1e9  # 0.790015625
 
@@ -164,11 +164,11 @@ def test_trace_mode_reads_arrivals_and_lengths(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--bytes-per-token", "1", "--prefill-rate", "1", "--instance-gbps", "1"], "--rate"),
-    (["--rate", "1", "--trace", "x", "--bytes-per-token", "1", "--prefill-rate", "1", "--instance-gbps", "1"], "exactly one"),
-    (["--rate", "1", "--bytes-per-token", "1", "--prefill-rate", "1", "--instance-gbps", "1"], "--prompt-tokens"),
-    (["--rate", "1", "--prompt-tokens", "5", "--bytes-per-token", "1", "--prefill-rate", "1"], "--instance-gbps"),
-    (["--rate", "1", "--prompt-tokens", "5", "--bytes-per-token", "1", "--prefill-rate", "1", "--instance-gbps", "1",
+    (["--bytes-per-token", "1", "--prefill-rate", "1", "--instance-gbps", "1"], "--arrival-rate"),
+    (["--arrival-rate", "1", "--trace", "x", "--bytes-per-token", "1", "--prefill-rate", "1", "--instance-gbps", "1"], "exactly one"),
+    (["--arrival-rate", "1", "--bytes-per-token", "1", "--prefill-rate", "1", "--instance-gbps", "1"], "--prompt-tokens"),
+    (["--arrival-rate", "1", "--prompt-tokens", "5", "--bytes-per-token", "1", "--prefill-rate", "1"], "--instance-gbps"),
+    (["--arrival-rate", "1", "--prompt-tokens", "5", "--bytes-per-token", "1", "--prefill-rate", "1", "--instance-gbps", "1",
       "--sweep", "colour=red"], "--sweep"),
 ])
 def test_bad_input_is_a_usage_error(args, message):
@@ -207,6 +207,6 @@ def test_hits_from_a_mooncake_trace_and_from_a_run_file(tmp_path):
     res = json.loads(out)
     # 2.0, 1 + 300·0.01 = 4.0, 1.0, 2.0
     assert res["hits"] == 1 and res["mean_s"] == pytest.approx((2.0 + 4.0 + 1.0 + 2.0) / 4)
-    code, out = run("--rate", "1", "--prompt-tokens", "5", "--bytes-per-token", "1", "--prefill-rate", "1",
+    code, out = run("--arrival-rate", "1", "--prompt-tokens", "5", "--bytes-per-token", "1", "--prefill-rate", "1",
                     "--instance-gbps", "1", "--hits-from-trace")
     assert code == 2 and "--trace" in out

@@ -128,7 +128,7 @@ def test_no_read_ignores_the_timeout(path):
 
 #: option -> the kvctl.thresholds constant its default is, wherever a command takes it
 SHARED_DEFAULTS = {
-    "--t0": "PAPER_T0_S", "--target-rho": "RHO_TARGET", "--base-port": "BASE_PORT",
+    "--t0": "PAPER_T0_S", "--rho-target": "RHO_TARGET", "--base-port": "BASE_PORT",
     "--window": "DIAGNOSIS_WINDOW_S", "--async-timeout": "ASYNC_TIMEOUT_S",
 }
 #: options whose equal literal defaults in several commands are different facts, and why

@@ -81,6 +81,24 @@ def server_info(url: str, timeout_s: float) -> ServerInfo:
     )
 
 
+def tier_chunk_bytes(urls: Sequence[str], timeout_s: float) -> int | None:
+    """The chunk size the tier's engines stored: the largest of a few random keys per instance (kvctl's own
+    ``kvctl-bench:`` keys left out, as ``kvctl doctor`` samples them); None on an empty tier."""
+    from kvctl.tier.checks import largest_sampled_value  # noqa: PLC0415
+
+    found = []
+    for url in urls:
+        with redis_for_url(url, timeout_s) as r:
+            n = largest_sampled_value(r, skip_prefix=BENCH_KEY_PREFIX)
+        if n:
+            found.append(n)
+    return max(found) if found else None
+
+
+#: every bench key starts so (kvctl.bench.runner names them ``kvctl-bench:RUN:N``)
+BENCH_KEY_PREFIX = b"kvctl-bench:"
+
+
 def snapshot(url: str, timeout_s: float) -> ServerSnapshot:
     """One INFO stats + commandstats read; raises redis/OS errors (bounded by ``timeout_s``)."""
     with redis_for_url(url, timeout_s) as r:

@@ -37,7 +37,7 @@ from kvctl import __version__
 from kvctl.bench.engines import summarize_engines
 from kvctl.bench.info import ServerInfo, delta, server_info, snapshot_all
 from kvctl.bench.results import BenchMetadata, BenchReport, RunResult, summarize_run, summarize_verdict, with_scaling
-from kvctl.bench.spec import BenchSpec, auto_keys, grid
+from kvctl.bench.spec import BenchSpec, auto_keys, batch_that_fits, grid
 from kvctl.bench.worker import WorkerConfig, WorkerResult, key_names
 from kvctl.connector.resp import RespClient
 from kvctl.connector.urls import parse_resp_url, with_credentials
@@ -395,6 +395,13 @@ def run_bench(
     bad = [i[0] for i in infos if isinstance(i, tuple)]
     if bad:
         raise Unreachable("cannot reach " + "; ".join(bad))
+    sizing_note = None
+    if spec.fit_batch and not spec.keys:
+        fits = min(batch_that_fits(i, spec) for i in infos)  # type: ignore[arg-type]
+        if fits < spec.batch:
+            sizing_note = (f"--batch {fits} instead of {spec.batch}: the tier's maxmemory holds no more batches of "
+                           f"{spec.chunk_bytes / 1e6:g} MB values with {spec.clients} client(s) reading them (give --batch to insist)")
+            spec = replace(spec, batch=fits)
     n_keys = spec.keys or min(auto_keys(i, spec) for i in infos)
     prefix = f"kvctl-bench:{uuid.uuid4().hex[:8]}:"
     plan = [(w, c, op) for w, c in grid(len(targets), spec) for op in (("set", "get") if spec.write else ("get",))]
@@ -420,7 +427,7 @@ def run_bench(
     params.update(
         chunk_bytes=spec.chunk_bytes, batch=spec.batch, clients=spec.clients, duration_s=spec.duration_s,
         keys_per_instance=n_keys, write=spec.write, sweep=spec.sweep, timeout_s=spec.timeout_s, seed=spec.seed, engines=spec.engines,
-        instances=len(targets), urls=[redacted(t) for t in targets], key_ttl_s=ttl,
+        instances=len(targets), urls=[redacted(t) for t in targets], key_ttl_s=ttl, sizing_note=sizing_note,
         instances_per_rank=max(t.instances_per_rank for t in targets),
     )
     meta = BenchMetadata(

@@ -43,6 +43,7 @@ class BenchSpec:
     timeout_s: float = 5.0
     seed: int = 0
     engines: int = 0  # bench --engines E: runs of 1, 2, 4 … E engines, each one client per instance in lockstep
+    fit_batch: bool = False  # --batch not given: a tier too small for batches of ``batch`` gets the largest that fits
 
     def check(self) -> None:
         if not all(math.isfinite(x) for x in (self.chunk_bytes, self.duration_s, self.timeout_s)):
@@ -104,6 +105,16 @@ def auto_keys(info: ServerInfo, spec: BenchSpec) -> int:
             f"× {spec.chunk_bytes / 1e6:g} MB): raise maxmemory or lower --batch/--chunk-bytes/{clients_option(spec)}"
         )
     return min(want, fit)
+
+
+def batch_that_fits(info: ServerInfo, spec: BenchSpec) -> int:
+    """The largest batch (at most ``spec.batch``) whose keys and replies in flight fit the instance as
+    :func:`auto_keys` counts them: at least one batch of keys, and 2 × clients × batch values being sent."""
+    limit = info.maxmemory_bytes or (info.total_system_memory_bytes // 4)
+    if not limit:
+        return spec.batch
+    free = MAXMEMORY_FILL * (limit - info.used_memory_bytes)
+    return max(1, min(spec.batch, int(free // (spec.chunk_bytes + KEY_OVERHEAD_BYTES + 2 * spec.clients * spec.chunk_bytes))))
 
 
 def _peak_clients(instances: int, spec: BenchSpec) -> tuple[int, int]:

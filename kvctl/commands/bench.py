@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from kvctl.bench.results import BenchReport, RunResult
 
 #: A value beyond 4 GiB is not a KV chunk (Valkey's own limit is 512 MB per string by default).
-CHUNK_BYTES = positive(4 * 2**30)
+CHUNK_BYTES = ByteSize(4 * 2**30)
 SECONDS = positive(86400.0)
 
 
@@ -36,7 +36,7 @@ def register_commands(cli: click.Group) -> None:
 @valkey_options
 @click.option("--embedded", type=count(256), help="Start N local valkey-servers for the run and stop them after.")
 @click.option("--embedded-maxmemory", type=ByteSize(2**50), help="maxmemory of each --embedded instance (default: sized for instances × clients × batch × chunk, within half the host's available memory).")
-@click.option("--chunk-bytes", type=CHUNK_BYTES, help="Bytes per value (default 12.4e6: one 256-token GLM-5.3 FP8 chunk).")
+@click.option("--chunk-bytes", type=CHUNK_BYTES, help="Bytes per value, a size (12.4e6, 12MiB, 400kb; default 12.4e6: one 256-token GLM-5.3 FP8 chunk).")
 @click.option("--model-config", type=click.Path(dir_okay=False), help="config.json to derive the chunk size (and bytes per token) from.")
 @click.option("--chunk-tokens", type=CHUNK_TOKENS, default=thresholds.CHUNK_TOKENS, show_default=True, help="Tokens per chunk with --model-config.")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config.")
@@ -111,19 +111,32 @@ def bench_cmd(
     from kvctl.bench.spec import BenchSpec, check_host, grid, size_embedded  # noqa: PLC0415
 
     if embedded and (valkey_urls or tier_dir or ranks):
-        raise InvalidInput("--embedded starts its own instances; do not combine it with --valkey/--url, --ranks or --dir")
+        raise InvalidInput("--embedded starts its own instances; do not combine it with --valkey, --ranks or --dir")
     if not embedded and not (valkey_urls or tier_dir or ranks):
         raise InvalidInput(f"name the Valkey instances to bench with {NAMING}, or start some with --embedded N")
     if engines and (sweep or clients):
         raise click.UsageError("--engines runs its own grid (one client per engine per instance): drop --sweep and --clients")
     from kvctl.bench.sizing import bench_sizes  # noqa: PLC0415
 
+    named = [] if embedded else valkey_targets(valkey_urls, ranks, tier_dir, password_file, instances_per_rank=instances_per_rank)
+    chunk_source = None
+    if named and chunk_bytes is None and not model_config:  # the tier's own chunks, when its engines stored some
+        from kvctl.bench.info import tier_chunk_bytes  # noqa: PLC0415
+        from kvctl.bench.runner import url_with_password  # noqa: PLC0415
+
+        with contextlib.suppress(Exception):  # an instance that does not answer is the bench's to report
+            chunk_bytes = tier_chunk_bytes([url_with_password(t) for t in named], timeout_s)
+        chunk_source = "the largest of a few random keys per instance (the chunks the tier holds)" if chunk_bytes else None
     sizes = bench_sizes(chunk_bytes, model_config, dtype, chunk_tokens, tp, bytes_per_token, prefill_rate)
     chunk, bytes_per_token, params = sizes.chunk_bytes, sizes.bytes_per_token, dict(sizes.parameters)
+    if chunk_source:
+        params["chunk_source"] = chunk_source
+    fit_batch = ctx.get_parameter_source("batch") != click.core.ParameterSource.COMMANDLINE
 
     def make_spec(instances: int, n_keys: int | None, warn: bool = True) -> BenchSpec:
         spec = BenchSpec(chunk_bytes=chunk, batch=batch, clients=clients or (instances if sweep else 1), duration_s=duration,
-                         keys=n_keys, write=write, sweep=sweep, timeout_s=timeout_s, seed=seed, engines=engines or 0)  # fmt: skip
+                         keys=n_keys, write=write, sweep=sweep, timeout_s=timeout_s, seed=seed, engines=engines or 0,
+                         fit_batch=fit_batch)  # fmt: skip
         spec.check()
         for w in check_host(instances, spec, os.cpu_count() or 1, psutil.virtual_memory().available):
             if warn:
@@ -135,7 +148,7 @@ def bench_cmd(
     def go(targets, n_keys: int | None = keys) -> BenchReport:
         spec = make_spec(len(targets), n_keys)
         n_runs = len(grid(len(targets), spec)) * (2 if write else 1)
-        with render.progress("bench", total=n_runs * duration, enabled=not as_json) as advance:
+        with render.progress("bench", total=n_runs * duration, enabled=not as_json, what="bench", unit=" s") as advance:
             state = {"label": None, "elapsed": 0.0}
 
             def on_progress(label: str, elapsed: float, dur: float, live_gbps: float) -> None:
@@ -143,7 +156,7 @@ def bench_cmd(
                     if state["label"] is not None:
                         advance(max(0.0, dur - state["elapsed"]))
                     state.update(label=label, elapsed=0.0)
-                advance(max(0.0, elapsed - state["elapsed"]), description=f"{label}: {live_gbps:.2f} GB/s")
+                advance(max(0.0, elapsed - state["elapsed"]), description=f"{label}: {live_gbps:.2f} GB/s", step=label)
                 state["elapsed"] = max(state["elapsed"], elapsed)
 
             return run_bench(targets, spec, on_progress, bytes_per_token, prefill_rate, params, stop_requested=stop_requested)
@@ -158,8 +171,13 @@ def bench_cmd(
             with embedded_tier(embedded, embedded_maxmemory) as targets:
                 report = go(targets, n_keys)
         else:
-            report = go(valkey_targets(valkey_urls, ranks, tier_dir, password_file, instances_per_rank=instances_per_rank))
+            report = go(named)
 
+    note = report.metadata.parameters.get("sizing_note")
+    if note and not as_json:
+        render.warn(note)
+    if chunk_source and not as_json:
+        render.message(f"values of {chunk / 1e6:g} MB: {chunk_source}", stderr=True)
     data = render.to_jsonable(report)
     data["errors"] = report.errors
     data["interrupted"] = caught[0].name if caught else None

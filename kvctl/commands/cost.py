@@ -9,7 +9,7 @@ import click
 from kvctl import cost, render, thresholds
 from kvctl.commands.options import (
     ARRIVAL_RATE, BANDWIDTH_GBPS, BYTES_PER_TOKEN, BYTES_PER_TOKEN_HELP, CHUNK_TOKENS, LATENCY_S, PREFILL_RATE, PROMPT_GB, T0_S, TOKENS, TP,
-    TP_HELP, FiniteFloat, bytes_per_token_options, output_options,
+    TP_HELP, FiniteFloat, RenamedOption, bytes_per_token_options, output_options,
 )
 from kvctl.errors import InvalidInput
 from kvctl.hooks import hookimpl
@@ -22,7 +22,7 @@ def register_commands(cli: click.Group) -> None:
 
 
 def _tokens(first: tuple[int, ...], rest: tuple[int, ...]) -> list[int]:
-    """``--tokens 4096 16384`` parses as one option value plus extra positionals; join them."""
+    """``--prompt-tokens 4096 16384`` parses as one option value plus extra positionals; join them."""
     return list(first) + list(rest)
 
 
@@ -75,21 +75,22 @@ def breakeven_cmd(bytes_per_token: float, tp: int, prefill_rate: float, t0: floa
 
 @cost_group.command("fit-t0")
 @click.option("--latency-s", type=LATENCY_S, required=True, help="Measured time of one hit, seconds.")
-@click.option("--prompt-gb", type=PROMPT_GB, help="KV bytes of that prompt in GB (or --tokens with --bytes-per-token).")
-@click.option("--tokens", type=TOKENS, help="Prompt length in tokens (with --bytes-per-token).")
+@click.option("--prompt-gb", type=PROMPT_GB, help="KV bytes of that prompt in GB (or --prompt-tokens with --bytes-per-token).")
+@click.option("--prompt-tokens", type=TOKENS, cls=RenamedOption, old=["--tokens"], help="Prompt length in tokens (with --bytes-per-token).")
 @bytes_per_token_options(required=False)
-@click.option("--bandwidth-gbps", type=BANDWIDTH_GBPS, required=True, help="Tier bandwidth during the measurement, GB/s.")
+@click.option("--tier-gbps", type=BANDWIDTH_GBPS, required=True, cls=RenamedOption, old=["--bandwidth-gbps"],
+              help="Bandwidth B of the whole tier (all instances together) during the measurement, GB/s.")
 @output_options
-def fit_t0_cmd(latency_s: float, prompt_gb: float | None, tokens: int | None, bytes_per_token: float | None, bandwidth_gbps: float, as_json: bool) -> None:
+def fit_t0_cmd(latency_s: float, prompt_gb: float | None, prompt_tokens: int | None, bytes_per_token: float | None, tier_gbps: float, as_json: bool) -> None:
     """Fit the fixed per-hit cost: T0 = t_measured − n·s / B."""
-    prompt_bytes = _prompt_bytes(prompt_gb, tokens, bytes_per_token)
-    t0 = cost.fit_t0(latency_s, prompt_bytes, bandwidth_gbps)
+    prompt_bytes = _prompt_bytes(prompt_gb, prompt_tokens, bytes_per_token)
+    t0 = cost.fit_t0(latency_s, prompt_bytes, tier_gbps)
     if t0 < 0:
-        raise InvalidInput(f"the measured latency {latency_s}s is below the pure transfer time; check --bandwidth-gbps")
+        raise InvalidInput(f"the measured latency {latency_s}s is below the pure transfer time; check --tier-gbps")
     if as_json:
-        render.emit_json({"t0_s": t0, "latency_s": latency_s, "prompt_gb": prompt_bytes / cost.GB, "bandwidth_gbps": bandwidth_gbps})
+        render.emit_json({"t0_s": t0, "latency_s": latency_s, "prompt_gb": prompt_bytes / cost.GB, "bandwidth_gbps": tier_gbps})
         return
-    render.key_values("Fitted fixed cost", [("transfer n·s/B (s)", prompt_bytes / (bandwidth_gbps * cost.GB)), ("T0 (s)", t0)])
+    render.key_values("Fitted fixed cost", [("transfer n·s/B (s)", prompt_bytes / (tier_gbps * cost.GB)), ("T0 (s)", t0)])
 
 
 def _prompt_bytes(prompt_gb: float | None, tokens: int | None, bytes_per_token: float | None) -> float:
@@ -97,26 +98,28 @@ def _prompt_bytes(prompt_gb: float | None, tokens: int | None, bytes_per_token: 
         return prompt_gb * cost.GB
     if tokens is not None and bytes_per_token is not None:
         return tokens * bytes_per_token
-    raise click.UsageError("give --prompt-gb, or --tokens with --bytes-per-token / --model-config")
+    raise click.UsageError("give --prompt-gb, or --prompt-tokens with --bytes-per-token / --model-config")
 
 
 @cost_group.command("predict")
 @bytes_per_token_options(pass_tp=True)
 @click.option("--prefill-rate", type=PREFILL_RATE, required=True, help="Prefill throughput R in tokens/s.")
 @click.option("--t0", type=T0_S, default=thresholds.PAPER_T0_S, show_default=True, help="Fixed per-hit cost T0 in seconds (the paper's by default; fit yours with `kvctl cost fit-t0`).")
-@click.option("--bandwidth-gbps", type=BANDWIDTH_GBPS, required=True, help="Bandwidth B of the whole tier in GB/s (all instances together).")
-@click.option("--tokens", "tokens_opt", type=TOKENS, multiple=True, required=True, help="Prompt lengths: --tokens 4096 16384 65536.")
+@click.option("--tier-gbps", type=BANDWIDTH_GBPS, required=True, cls=RenamedOption, old=["--bandwidth-gbps"],
+              help="Bandwidth B of the whole tier in GB/s (all instances together).")
+@click.option("--prompt-tokens", "tokens_opt", type=TOKENS, multiple=True, required=True, cls=RenamedOption, old=["--tokens"],
+              help="Prompt lengths: --prompt-tokens 4096 16384 65536.")
 @click.argument("more_tokens", nargs=-1, type=TOKENS, metavar="")
 @output_options
-def predict_cmd(bytes_per_token: float, tp: int, prefill_rate: float, t0: float, bandwidth_gbps: float, tokens_opt: tuple[int, ...], more_tokens: tuple[int, ...], as_json: bool) -> None:
+def predict_cmd(bytes_per_token: float, tp: int, prefill_rate: float, t0: float, tier_gbps: float, tokens_opt: tuple[int, ...], more_tokens: tuple[int, ...], as_json: bool) -> None:
     """Per-length verdict: load from the tier, or recompute?"""
-    preds = cost.predict(_tokens(tokens_opt, more_tokens), bytes_per_token, prefill_rate, bandwidth_gbps, t0)
+    preds = cost.predict(_tokens(tokens_opt, more_tokens), bytes_per_token, prefill_rate, tier_gbps, t0)
     if as_json:
         render.emit_json({"bytes_per_token": bytes_per_token, "bytes_per_token_per_rank": bytes_per_token / tp, "tp": tp,
-                          "prefill_rate": prefill_rate, "t0_s": t0, "bandwidth_gbps": bandwidth_gbps, "predictions": preds})
+                          "prefill_rate_tok_s": prefill_rate, "t0_s": t0, "bandwidth_gbps": tier_gbps, "predictions": preds})
         return
     render.table(
-        f"Load vs recompute at {bandwidth_gbps:g} GB/s",
+        f"Load vs recompute at {tier_gbps:g} GB/s",
         ["tokens", "recompute s", "load s", "speedup", "verdict"],
         [(p.tokens, p.recompute_s, p.load_s, f"{p.speedup:.2f}×", p.verdict) for p in preds],
     )
@@ -124,19 +127,20 @@ def predict_cmd(bytes_per_token: float, tp: int, prefill_rate: float, t0: float,
 
 @cost_group.command("rho")
 @click.option("--arrival-rate", type=ARRIVAL_RATE, required=True, help="Hit arrival rate λ in requests/s.")
-@click.option("--prompt-gb", type=PROMPT_GB, help="KV bytes loaded per request in GB (or --tokens with --bytes-per-token).")
-@click.option("--tokens", type=TOKENS, help="Hit tokens per request (with --bytes-per-token).")
+@click.option("--prompt-gb", type=PROMPT_GB, help="KV bytes loaded per request in GB (or --prompt-tokens with --bytes-per-token).")
+@click.option("--prompt-tokens", type=TOKENS, cls=RenamedOption, old=["--tokens"], help="Hit tokens per request (with --bytes-per-token).")
 @bytes_per_token_options(required=False, pass_tp=True)
-@click.option("--bandwidth-gbps", type=BANDWIDTH_GBPS, required=True, help="Bandwidth of ONE instance, GB/s.")
-@click.option("--target-rho", type=FiniteFloat(min=0.01, max=1, max_open=True), default=thresholds.RHO_TARGET, show_default=True, help="Utilisation to size the tier for.")
+@click.option("--instance-gbps", type=BANDWIDTH_GBPS, required=True, cls=RenamedOption, old=["--bandwidth-gbps"], help="Bandwidth of ONE instance, GB/s.")
+@click.option("--rho-target", type=FiniteFloat(min=0.01, max=1, max_open=True), default=thresholds.RHO_TARGET, show_default=True,
+              cls=RenamedOption, old=["--target-rho"], help="Utilisation to size the tier for.")
 @output_options
-def rho_cmd(arrival_rate: float, prompt_gb: float | None, tokens: int | None, bytes_per_token: float | None, tp: int, bandwidth_gbps: float, target_rho: float, as_json: bool) -> None:
+def rho_cmd(arrival_rate: float, prompt_gb: float | None, prompt_tokens: int | None, bytes_per_token: float | None, tp: int, instance_gbps: float, rho_target: float, as_json: bool) -> None:
     """Utilisation of synchronous loading, ρ = λ·n·s / B, and instances for the target ρ.
 
     ρ is for one instance serving the whole request (s the whole model's bytes per
     token). With --tp N also ρ of N such instances, one per rank, each moving s/N.
     """
-    res = cost.summarize_rho(arrival_rate, _prompt_bytes(prompt_gb, tokens, bytes_per_token), bandwidth_gbps, target_rho, tp)
+    res = cost.summarize_rho(arrival_rate, _prompt_bytes(prompt_gb, prompt_tokens, bytes_per_token), instance_gbps, rho_target, tp)
     if as_json:
         data = render.to_jsonable(res)
         if bytes_per_token is not None and prompt_gb is None:
@@ -150,10 +154,10 @@ def rho_cmd(arrival_rate: float, prompt_gb: float | None, tokens: int | None, by
         [
             ("arrival rate λ (req/s)", res.arrival_rate_per_s),
             ("KV per request (GB)", res.prompt_gb),
-            ("bandwidth B (GB/s)", res.bandwidth_gbps),
+            ("bandwidth B of one instance (GB/s)", res.instance_gbps),
             ("ρ = λ·n·s/B (one instance)", res.rho),
             ("stable (ρ < 1)", res.stable),
-            (f"instances for ρ ≤ {res.target_rho:g}", res.instances_for_target),
+            (f"instances for ρ ≤ {res.rho_target:g}", res.instances_for_rho_target),
         ]
         + ([(f"ρ with {res.tp} instances, one per rank (each s/{res.tp})", res.rho_one_instance_per_rank)] if res.tp > 1 else []),
         caption=None if res.stable else "ρ ≥ 1: the queue grows without bound — add instances or switch to async loading.",
@@ -161,13 +165,13 @@ def rho_cmd(arrival_rate: float, prompt_gb: float | None, tokens: int | None, by
 
 
 @cost_group.command("kv-size")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True, help="Hugging Face config.json.")
+@click.option("--model-config", "config_path", type=click.Path(dir_okay=False), required=True, cls=RenamedOption, old=["--config"], help="Hugging Face config.json.")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype (default: what vLLM's --dtype auto serves the config's torch_dtype at: float32 -> bf16; the output says which).")
 @click.option("--chunk-tokens", type=CHUNK_TOKENS, default=thresholds.CHUNK_TOKENS, show_default=True, help="Tokens per LMCache chunk.")
 @click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks: adds each rank's share (GQA/MHA heads split, replicated past the KV heads: s then counts each copy, kv_head_copies; MLA: a rank loads every tp-th chunk).")
 @output_options
 def kv_size_cmd(config_path: str, dtype: str | None, chunk_tokens: int, tp: int, as_json: bool) -> None:
-    """KV bytes per token (whole model, and per rank with --tp) and per chunk from a model's config.json.
+    """KV bytes per token (whole model, and per rank with --tp) and per chunk from a model's config.json (--model-config).
 
     \b
     bytes_per_token           s: one token's KV over all ranks, what B* = s·R and
@@ -203,11 +207,12 @@ def kv_size_cmd(config_path: str, dtype: str | None, chunk_tokens: int, tp: int,
 @click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help=BYTES_PER_TOKEN_HELP + " Instead of --model-config.")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config.")
 @click.option("--tp", type=TP, default=1, show_default=True, help=TP_HELP)
-@click.option("--name", help="Label for this model/GPU pairing.")
+@click.option("--label", "name", cls=RenamedOption, old=["--name"], help="Label for this model/GPU pairing (the table's title).")
 @click.option("--prefill-rate", type=PREFILL_RATE, help="Prefill tokens/s on this GPU (required with a model).")
 @click.option("--t0", type=T0_S, default=thresholds.PAPER_T0_S, show_default=True, help="Fixed per-hit cost T0 in seconds (the paper's by default).")
-@click.option("--bandwidth-gbps", "bandwidths", type=BANDWIDTH_GBPS, multiple=True, help="Whole-tier bandwidths to compare (repeatable; default 0.85, 1.71, 10.76).")
-@click.option("--tokens", "tokens", type=TOKENS, multiple=True, help="Prompt lengths: --tokens 4096 16384 (or repeated).")
+@click.option("--tier-gbps", "bandwidths", type=BANDWIDTH_GBPS, multiple=True, cls=RenamedOption, old=["--bandwidth-gbps"],
+              help="Whole-tier bandwidths to compare (repeatable; default 0.85, 1.71, 10.76).")
+@click.option("--prompt-tokens", "tokens", type=TOKENS, multiple=True, cls=RenamedOption, old=["--tokens"], help="Prompt lengths: --prompt-tokens 4096 16384 (or repeated).")
 @click.argument("more_tokens", nargs=-1, type=TOKENS, metavar="")
 @output_options
 def report_cmd(model_config: str | None, bytes_per_token: float | None, dtype: str | None, tp: int, name: str | None, prefill_rate: float | None, t0: float, bandwidths: tuple[float, ...], tokens: tuple[int, ...], more_tokens: tuple[int, ...], as_json: bool) -> None:

@@ -9,7 +9,8 @@ import click
 
 from kvctl import render, thresholds
 from kvctl.commands.options import (
-    INSTANCES_PER_RANK, ByteSize, FiniteFloat, count, non_negative, options, output_options, positive, valkey_options, valkey_targets,
+    INSTANCES_PER_RANK, ByteSize, FiniteFloat, RenamedOption, count, non_negative, options, output_options, positive, valkey_options,
+    valkey_targets,
 )
 from kvctl.signals import Signalled, signals_raise
 from kvctl.errors import InvalidInput, Unreachable
@@ -163,7 +164,7 @@ def up_cmd(target: str, ranks: int, instances_per_rank: int, base_port: int, max
 
     req = local.UpRequest(tier_dir, ranks, base_port, maxmemory, host, io_threads, password_file, insecure_no_auth, instances_per_rank)
     try:
-        with signals_raise(), render.progress(f"starting {req.instances} valkey-server(s)", total=req.instances, enabled=not as_json) as advance:
+        with signals_raise(), render.progress(f"starting {req.instances} valkey-server(s)", total=req.instances, enabled=not as_json, lines=False) as advance:
             state = local.up(req, on_progress=lambda name, port: advance(1, f"{name} on :{port} answers PING"))
     except Signalled as e:
         render.error_line(f"interrupted by {e.signal.name}: stopped the instance(s) already started; nothing of this `up` is left running")
@@ -315,7 +316,7 @@ def down_cmd(tier_dir: Path, purge: bool, timeout_s: float, as_json: bool) -> No
     from kvctl.tier import local  # noqa: PLC0415
 
     state = load_tier(tier_dir)
-    with render.progress("stopping valkey-server(s)", total=len(state.instances), enabled=not as_json) as advance:
+    with render.progress("stopping valkey-server(s)", total=len(state.instances), enabled=not as_json, lines=False) as advance:
         results = local.down(tier_dir, purge=purge, timeout_s=timeout_s, on_progress=lambda name, port: advance(1, f"{name} on :{port}"))
     if as_json:
         render.emit_json({"dir": state.dir, "purged": purge, "instances": results})
@@ -375,14 +376,16 @@ def _write_or_echo(text: str, out_file: Path | None) -> None:
 
 @deploy_group.command("lmcache-config")
 @tier_config_options
-@click.option("--chunk-size", type=count(1 << 20), default=thresholds.CHUNK_TOKENS, show_default=True, help="LMCache chunk_size in tokens.")
+@click.option("--chunk-tokens", "chunk_size", type=count(1 << 20), default=thresholds.CHUNK_TOKENS, show_default=True, cls=RenamedOption, old=["--chunk-size"],
+              help="Tokens per chunk: LMCache's chunk_size.")
 @click.option("--local-cpu/--no-local-cpu", default=True, show_default=True, help="LMCache L1 in host memory.")
 @click.option("--max-local-cpu-size", type=non_negative(1e5), default=5.0, show_default=True, help="LMCache L1 size in GB per engine worker.")
-@click.option("--async-loading/--sync-loading", default=False, show_default=True, help="LMCache enable_async_loading.")
+@click.option("--loading", type=click.Choice(["sync", "async"]), default="sync", show_default=True, cls=RenamedOption,
+              old_flags={"--async-loading": "async", "--sync-loading": "sync"}, help="Loading mode: LMCache's enable_async_loading.")
 @click.option("--plugin/--native", default=True, show_default=True, help="--plugin (the default): kvctl's RESP client as LMCache's remote-storage plugin (remote_storage_plugins: [kvctl], no remote_url). --native: LMCache's own resp:// client in remote_url, with a warning (it hangs on a missing key; kvctl doctor fails it).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the YAML to this file instead of stdout.")
 @output_options
-def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances_per_rank: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_size: int, local_cpu: bool, max_local_cpu_size: float, async_loading: bool, plugin: bool, out_file: Path | None, as_json: bool) -> None:
+def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances_per_rank: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_size: int, local_cpu: bool, max_local_cpu_size: float, loading: str, plugin: bool, out_file: Path | None, as_json: bool) -> None:
     """Print the LMCache YAML for this tier: chunk size, L1 settings, per-rank remote URL.
 
     Local tiers get the per-rank list form (ports differ); k8s gets the
@@ -395,7 +398,7 @@ def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances
     """
     from kvctl.tier.lmcache_config import LMCacheSettings, lmcache_config, render_lmcache_yaml  # noqa: PLC0415 - yaml
 
-    settings = LMCacheSettings(chunk_size, local_cpu, max_local_cpu_size, "naive", async_loading)
+    settings = LMCacheSettings(chunk_size, local_cpu, max_local_cpu_size, "naive", loading == "async")
     t = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file, instances_per_rank)
     cfg = lmcache_config(t.urls, settings, t.user, t.password_file, plugin=plugin, instances_per_rank=t.instances_per_rank)
     password_file, tier = t.password_file, t.title
@@ -433,12 +436,14 @@ def no_credentials_note(target: str, name: str) -> str:
 @deploy_group.command("vllm-config")
 @tier_config_options
 @click.option("--chunk-tokens", type=count(max=1 << 20), default=thresholds.CHUNK_TOKENS, show_default=True, help="Tokens per chunk of the kvctl connector (a multiple of vLLM's block size).")
-@click.option("--async-loading/--sync-loading", default=False, show_default=True, help="The connector's async_loading (paper §5.3): load in the background while the request waits.")
+@click.option("--loading", type=click.Choice(["sync", "async"]), default="sync", show_default=True, cls=RenamedOption,
+              old_flags={"--async-loading": "async", "--sync-loading": "sync"},
+              help="Loading mode: the connector's async_loading (paper §5.3: async loads in the background while the request waits).")
 @click.option("--timeout-s", type=positive(max=3600), help="Seconds a lookup or load may take before the engine recomputes (default: the connector's).")
 @click.option("--shell", "as_shell", is_flag=True, help="Print the whole quoted argument, --kv-transfer-config '...', for a shell or a systemd ExecStart line.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the output to this file instead of stdout.")
 @output_options
-def vllm_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances_per_rank: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_tokens: int, async_loading: bool, timeout_s: float | None, as_shell: bool, out_file: Path | None, as_json: bool) -> None:
+def vllm_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances_per_rank: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_tokens: int, loading: str, timeout_s: float | None, as_shell: bool, out_file: Path | None, as_json: bool) -> None:
     """Print vLLM's --kv-transfer-config JSON that loads kvctl's connector over this tier.
 
     One compact JSON line (the argument's value); --shell prints the quoted
@@ -458,7 +463,7 @@ def vllm_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances_pe
     if as_shell and as_json:
         raise InvalidInput("--shell and --json are two output forms; pick one")
     t = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file, instances_per_rank)
-    cfg = kv_transfer_config(t.urls, ConnectorSettings(chunk_tokens, async_loading, timeout_s), t.user, t.password_file, t.instances_per_rank)
+    cfg = kv_transfer_config(t.urls, ConnectorSettings(chunk_tokens, loading == "async", timeout_s), t.user, t.password_file, t.instances_per_rank)
     if as_json:
         render.emit_json(cfg)
         return

@@ -93,7 +93,7 @@ def _engine_urls(engine_urls: tuple[str, ...], as_json: bool) -> list[str]:
 
 
 def _collect(engine_urls, targets, window, parameters, timeout_s, show_progress: bool, http: Any = None) -> cap.Capture:
-    with render.progress(f"sampling for {window:g} s", total=window, enabled=show_progress) as advance:
+    with render.progress(f"sampling for {window:g} s", total=window, enabled=show_progress, what="diagnose", unit=" s") as advance:
         return cap.collect(engine_urls, targets, window, parameters, tick=advance, timeout_s=timeout_s, http=http)
 
 
@@ -200,7 +200,7 @@ def _run(
     params = Params(bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, t0_s=t0)
     if from_dir:
         if engine_urls or valkey_urls or tier_dir or watch or save_dir:
-            raise click.UsageError("--from analyses a saved capture; it takes no --engine-url/--valkey/--url/--dir/--watch/--save")
+            raise click.UsageError("--from analyses a saved capture; it takes no --engine-url/--valkey/--dir/--watch/--save")
         diag = analyse(cap.load_capture(from_dir), params)
         _show(diag, explain, as_json)
         ctx.exit(int(diag.exit_status))
@@ -265,6 +265,13 @@ def _rho_text(diag: Diagnosis) -> Any:
     return f"≥ {diag.rho:.3g} (lower bound: B from Valkey server side)" if diag.rho_bound == "lower_bound" else diag.rho
 
 
+def _median_label(diag: Diagnosis) -> str:
+    """The typical prompt's row says whether it is exact (one histogram bucket: sum/count) or an estimate."""
+    from kvctl.diagnose.quantities import MEDIAN_BASIS  # noqa: PLC0415
+
+    return f"typical (median) prompt tokens, {MEDIAN_BASIS.get(diag.typical_prompt_tokens_basis, 'estimate')}"
+
+
 def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
     """Summary, per-component tables, findings, insufficient data, and (with --explain) the formulas."""
     pct = lambda x: None if x is None else f"{x:.1%}"  # noqa: E731
@@ -276,7 +283,7 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
             ("completions (req/s)", diag.completion_rate_per_s),
             ("waiting + running growth", diag.queue_growth),
             ("mean prompt tokens", diag.mean_prompt_tokens),
-            ("typical (median) prompt tokens", diag.typical_prompt_tokens),
+            (_median_label(diag), diag.typical_prompt_tokens),
             ("hit-token fraction", pct(diag.hit_token_fraction)),
             ("L2-served tokens/s", diag.l2_tokens_per_s),
             (bw_label, diag.bandwidth_gbps),
@@ -294,7 +301,7 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
             "Engines",
             ["engine", "status", "window (s)", "finished", "queue start → end", "offered λ (req/s)", "note"],
             [
-                (e.url, e.status, e.window_s, e.finished, f"{render.fmt(e.queue_start)} → {render.fmt(e.queue_end)}", e.offered_rate_per_s,
+                (e.url, e.status, e.window_s, e.finished, f"{render.fmt(e.queue_start)} → {render.fmt(e.queue_end)}", e.arrival_rate_per_s,
                  e.error or (f"restarted: {', '.join(e.counter_resets)}" if e.counter_resets else ""))
                 for e in diag.engines
             ],
@@ -314,7 +321,7 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
         render.table(
             "Engines sharing the tier",
             ["engine", "W (ranks)", "instances", "offered λ (req/s)", "L2 MB/request", "B it gets (GB/s)", "ρ"],
-            [(e.url, f"{e.ranks} ({e.ranks_source})", f"0–{e.ranks - 1}", e.offered_rate_per_s,
+            [(e.url, f"{e.ranks} ({e.ranks_source})", f"0–{e.ranks - 1}", e.arrival_rate_per_s,
               None if e.l2_bytes_per_request is None else e.l2_bytes_per_request / 1e6, e.bandwidth_gbps, e.rho)
              for e in diag.engine_loads],
             caption="ρ_e = λ_e·(L2 bytes per request)/B_e, against what engine e gets; rank r of every engine uses instance r",

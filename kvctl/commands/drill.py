@@ -24,7 +24,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: float) -> float
 
 
 @click.command("drill")
-@click.argument("scenario", required=False, type=click.Choice([*S.ORDER, "samples"]))
+@click.argument("scenario", required=False, type=click.Choice([*S.ORDER, "samples", "engine"]))
 @click.option("--all", "run_all", is_flag=True, help="Run every scenario in turn (a self-test for a new host); exit 0 only when all pass.")
 @click.option("--duration", type=positive(S.MAX_DURATION_S), default=S.DEFAULT_DURATION_S, show_default=True, callback=_duration,
               help="Seconds of traffic per drill (async-fix splits it before and after the flip); at least 8.")
@@ -32,10 +32,14 @@ def _duration(ctx: click.Context, param: click.Parameter, value: float) -> float
 @click.option("--model-config", type=click.Path(dir_okay=False, exists=True), help="Model config.json whose chunk size the drill uses (default: configs/models/deepseek-v3.json, FP8).")
 @click.option("--seed", type=count(2**32 - 1, min=0), default=0, show_default=True, help="Seed of the trace's arrival jitter.")
 @click.option("--plant-nothing", is_flag=True, hidden=True, help="Leave the scenario's fault out (tests: the drill must then fail).")
+@click.option("--path", "sample", type=click.Choice(["capture", "run", "trace", "calib"]), help="With `samples`: print this sample's path alone (for a shell: \"$(kvctl drill samples --path calib)\").")
+@click.option("--dir", "tier_dir", type=click.Path(file_okay=False), help="With `engine`: the `kvctl deploy-valkey up` tier the drill engine runs on (its instances are its ranks).")
+@click.option("--stop", is_flag=True, help="With `engine`: stop the drill engine `kvctl drill engine --dir` left running.")
 @output_options
 @click.pass_context
 def drill_cmd(ctx: click.Context, scenario: str | None, run_all: bool, duration: float, keep_dir: str | None,
-              model_config: str | None, seed: int, plant_nothing: bool, as_json: bool) -> None:
+              model_config: str | None, seed: int, plant_nothing: bool, sample: str | None, tier_dir: str | None, stop: bool,
+              as_json: bool) -> None:
     """Practise the on-call job: start a tier, an engine and traffic, plant a fault, and check diagnose finds it.
 
     \b
@@ -43,12 +47,19 @@ def drill_cmd(ctx: click.Context, scenario: str | None, run_all: bool, duration:
     kvctl drill overload           one instance at ρ ≈ 1.2: diagnose must say rho_unstable
     kvctl drill --all              every scenario (exit 0 only when diagnose finds every fault)
     kvctl drill samples            paths of the bundled samples and the commands that read them
+    kvctl drill engine --dir D     the drill engine on your tier D, left running (prints its
+                                   URL): a replay target; --stop stops it
     Everything runs on this machine on free loopback ports and is stopped at the end (also on
     Ctrl-C or SIGTERM). Exit code: 0 when diagnose reported what the drill planted, 7 when it
     did not, 8 when the drill could not run (a child died, the tier or engine did not start).
     """
+    if (sample and scenario != "samples") or ((tier_dir or stop) and scenario != "engine"):
+        raise click.UsageError("--path goes with `kvctl drill samples`, --dir and --stop with `kvctl drill engine`")
     if scenario == "samples":
-        _samples(as_json)
+        _samples(as_json, sample)
+        return
+    if scenario == "engine":
+        _engine(tier_dir, stop, model_config, as_json)
         return
     if run_all and scenario:
         raise click.UsageError("give a SCENARIO or --all, not both")
@@ -93,10 +104,39 @@ def _list(as_json: bool) -> None:
     render.text_table("Drills (kvctl drill SCENARIO)", ["scenario", "what it plants", "diagnose must report", "runbook"], rows)
 
 
-def _samples(as_json: bool) -> None:
+def _engine(tier_dir: str | None, stop: bool, model_config: str | None, as_json: bool) -> None:
+    """Start the drill engine on a tier and leave it running (print its URL), or stop it."""
+    from kvctl.drill import standalone  # noqa: PLC0415 - keep `kvctl --help` light
+
+    if not tier_dir:
+        raise click.UsageError("`kvctl drill engine` needs --dir, the tier it runs on (`kvctl deploy-valkey up --dir ...`)")
+    if stop:
+        state = standalone.stop(tier_dir)
+        if as_json:
+            render.emit_json({"stopped": state is not None, "pid": state.pid if state else None})
+        elif state is None:
+            render.message(f"no drill engine recorded in {tier_dir}", stderr=True)
+        else:
+            render.message(f"stopped the drill engine pid {state.pid} ({state.url})", stderr=True)
+        return
+    state = standalone.start(tier_dir, model_config)
+    if as_json:
+        render.emit_json(state)
+        return
+    click.echo(state.url)  # stdout is the URL alone: ENGINE=$(kvctl drill engine --dir ./kv-tier)
+    render.message(
+        f"drill engine pid {state.pid} on {state.ranks} rank(s), log {state.log}; model it with --prefill-rate {state.prefill_rate:g} "
+        f"--t0 {state.t0_s:g} --bytes-per-token {state.bytes_per_token:g} --instance-gbps {state.instance_gbps:.3g} "
+        f"(--async-instance-gbps {state.async_instance_gbps:.3g}); stop it: kvctl drill engine --stop --dir {tier_dir}", stderr=True)
+
+
+def _samples(as_json: bool, sample: str | None = None) -> None:
     from kvctl.drill.samples import sample_commands, sample_paths  # noqa: PLC0415
 
     paths, cmds = sample_paths(), sample_commands()
+    if sample:
+        click.echo(str(paths[sample]))
+        return
     if as_json:
         render.emit_json({k: {"path": str(paths[k]), "command": cmds[k]} for k in paths})
         return

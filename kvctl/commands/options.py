@@ -35,6 +35,53 @@ def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
     return apply
 
 
+class RenamedOption(click.Option):
+    """An option whose old names still work for one release, hidden from ``--help``, with a warning on stderr.
+
+    ``old`` are old spellings taking the same value (``--url`` of ``--valkey``); ``old_flags`` old flags that
+    stand for a value (``{"--async-loading": "async"}`` of ``--loading``). The old names are parsed into a
+    destination of their own, so the option keeps its type, bounds, ``required`` and env var; values given
+    under both names are a usage error (mixed, a repeatable option's order, rank order for ``--valkey``,
+    would be lost). docs/reference.md's "Names" table lists every old name (tests/test_names.py).
+    """
+
+    def __init__(self, *args: Any, old: Sequence[str] = (), old_flags: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.old_opts = tuple(old)
+        self.old_flags = dict(old_flags or {})
+
+    @property
+    def old_names(self) -> tuple[str, ...]:
+        return (*self.old_opts, *self.old_flags)
+
+    def _old_dest(self, opt: str) -> str:
+        return f"{self.name}__old{opt}"
+
+    def add_to_parser(self, parser: Any, ctx: click.Context) -> None:
+        super().add_to_parser(parser, ctx)
+        action = "append" if self.multiple else "store"
+        for opt in self.old_opts:
+            parser.add_option(obj=self, opts=[opt], dest=self._old_dest(opt), action=action, nargs=self.nargs)
+        for opt, value in self.old_flags.items():
+            parser.add_option(obj=self, opts=[opt], dest=self._old_dest(opt), action="store_const", const=value)
+
+    def consume_value(self, ctx: click.Context, opts: Any) -> Any:
+        given = {opt: opts[self._old_dest(opt)] for opt in self.old_names if self._old_dest(opt) in opts}
+        if given:
+            new = max(self.opts, key=len)
+            for opt in given:
+                from kvctl import render  # noqa: PLC0415 - warnings are drawn by render
+
+                to = f"{new} {self.old_flags[opt]}" if opt in self.old_flags else new
+                render.warn(f"{opt} is renamed {to}; the old name works until the next release")
+            opts = dict(opts)
+            values = list(given.values())
+            if self.name in opts or len(values) > 1:  # a repeatable one too: the order of its values (ranks) would be lost
+                raise click.UsageError(f"give every value as {new} ({', '.join(given)} is its old name; do not mix the two)", ctx=ctx)
+            opts[self.name] = values[0]
+        return super().consume_value(ctx, opts)
+
+
 class FiniteFloat(click.FloatRange):
     """A float option that rejects NaN, ±inf and values outside ``[min, max]`` (exit 2).
 
@@ -72,12 +119,13 @@ def count(max: int, min: int = 1) -> click.IntRange:
 
 
 class ByteSize(click.ParamType):
-    """A Valkey-style size (``400mb`` = MiB, ``2g`` = 10^9, a byte count) up to ``max_bytes``; converts to bytes."""
+    """The one parser of every byte-sized option: ``12.4e6`` (bytes), ``12MiB``/``12mb`` (2^20), ``2g`` (10^9),
+    Valkey's units (:func:`kvctl.tier.spec.parse_size`), from ``min_bytes`` up to ``max_bytes``; converts to bytes."""
 
     name = "size"
 
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
+    def __init__(self, max_bytes: int, min_bytes: int = 1) -> None:
+        self.max_bytes, self.min_bytes = max_bytes, min_bytes
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         from kvctl.tier.spec import format_size, parse_size  # noqa: PLC0415
@@ -90,6 +138,8 @@ class ByteSize(click.ParamType):
             self.fail(str(e), param, ctx)
         if n > self.max_bytes:
             self.fail(f"{value} is more than {format_size(self.max_bytes)}.", param, ctx)
+        if n < self.min_bytes:
+            self.fail(f"{value} is less than {self.min_bytes} bytes.", param, ctx)
         return n
 
 
@@ -143,7 +193,7 @@ def bytes_per_token_options(required: bool = True, pass_tp: bool = False) -> Cal
 
 
 #: Help of the options every command names its Valkey instances with (the messages: kvctl.tier.targets.NAMING).
-VALKEY_URL_HELP = "Valkey instance per rank, resp://[USER@]HOST:PORT (repeatable, index = rank), or one {rank} template with --ranks; --url is an alias."
+VALKEY_URL_HELP = "Valkey instance per rank, resp://[USER@]HOST:PORT (repeatable, index = rank), or one {rank} template with --ranks."
 RANKS_HELP = "Number of ranks to expand a {rank} --valkey template to."
 TIER_DIR_HELP = "Directory of a tier started by `kvctl deploy-valkey up` (instead of --valkey)."
 PASSWORD_FILE_HELP = "File (mode 0600) holding the Valkey password (default with --dir: the one `up` recorded)."
@@ -154,8 +204,8 @@ INSTANCES_PER_RANK = count(MAX_INSTANCES_PER_RANK)
 
 
 def valkey_options(func: Callable | None = None, *, dir_default: str | None = None, dir_envvar: str | None = None) -> Callable:
-    """The Valkey instances a command talks to: ``--valkey``/``--url``, ``--ranks``, ``--instances-per-rank``, ``--dir``,
-    ``--password-file``.
+    """The Valkey instances a command talks to: ``--valkey`` (old name ``--url``), ``--ranks``, ``--instances-per-rank``,
+    ``--dir``, ``--password-file``.
 
     Every command that reads Valkey takes these five, with the same spellings,
     help and env var (``KVCTL_PASSWORD_FILE``); :func:`valkey_targets` turns
@@ -163,7 +213,7 @@ def valkey_options(func: Callable | None = None, *, dir_default: str | None = No
     (``deploy-valkey status``: its tier directory).
     """
     bundle = options(
-        click.option("--valkey", "--url", "valkey_urls", multiple=True, help=VALKEY_URL_HELP),
+        click.option("--valkey", "valkey_urls", multiple=True, cls=RenamedOption, old=["--url"], help=VALKEY_URL_HELP),
         click.option("--ranks", type=count(4096), help=RANKS_HELP),
         click.option("--instances-per-rank", type=INSTANCES_PER_RANK, help=INSTANCES_PER_RANK_HELP),
         click.option("--dir", "tier_dir", type=click.Path(file_okay=False), default=dir_default, show_default=dir_default is not None, envvar=dir_envvar, help=TIER_DIR_HELP),
@@ -204,7 +254,7 @@ engine_http_options = options(
     click.option("--engine-api-key-file", type=click.Path(dir_okay=False), envvar="KVCTL_ENGINE_API_KEY_FILE",
                  help="File holding the engine's API key (vLLM's --api-key), sent as Authorization: Bearer (default: $KVCTL_ENGINE_API_KEY). "
                  "USER:PASS@ in --engine-url is sent as basic auth instead. Both are masked wherever a URL is shown or saved."),
-    click.option("--max-metrics-bytes", type=count(1 << 30, min=1024), default=METRICS_MAX_BYTES, show_default=True,
+    click.option("--max-metrics-bytes", type=ByteSize(1 << 30, min_bytes=1024), default=METRICS_MAX_BYTES, show_default=True,
                  help="Largest engine /metrics answer read; a larger one is refused and reported (the engine counts as not answering)."),
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from kvctl import render
-from kvctl.commands.options import count, engine_http, engine_http_options, output_options, positive
+from kvctl.commands.options import RenamedOption, count, engine_http, engine_http_options, output_options, positive
 from kvctl.errors import KvctlError
 from kvctl.hooks import hookimpl
 from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS, read_trace
@@ -33,7 +33,7 @@ def _max_tokens(value: str) -> int | None:
 
 @click.command("replay")
 @click.argument("trace", type=click.Path(dir_okay=False))
-@click.option("--engine-url", "--url", "url", envvar="KVCTL_ENGINE_URL", help="Engine's OpenAI server, e.g. http://engine:8000 (env KVCTL_ENGINE_URL; --url is an alias).")
+@click.option("--engine-url", "url", envvar="KVCTL_ENGINE_URL", cls=RenamedOption, old=["--url"], help="Engine's OpenAI server, e.g. http://engine:8000 (env KVCTL_ENGINE_URL).")
 @click.option("--out", type=click.Path(dir_okay=False), help="Run file to write (JSONL, one row per finished request).")
 @click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
 @click.option("--speed", type=positive(1e6), default=1.0, show_default=True, help="Time scale: 2 sends twice as fast (offsets ÷ 2).")

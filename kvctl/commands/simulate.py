@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import click
 
 from kvctl import render, thresholds
-from kvctl.commands.fleet_options import engine_model, fleet_options, render_fleet
-from kvctl.commands.options import PREFILL_RATE, T0_S, FiniteFloat, bytes_per_token_options, count, non_negative, output_options, positive
+from kvctl.commands.fleet_options import arrival_process, engine_model, fleet_options, gpu_cell, render_fleet, stability_footer
+from kvctl.commands.options import PREFILL_RATE, T0_S, FiniteFloat, RenamedOption, bytes_per_token_options, count, non_negative, output_options, positive
 from kvctl.hooks import hookimpl
 
 
@@ -18,14 +19,18 @@ def register_commands(cli: click.Group) -> None:
 
 
 def _row(res: Any) -> list[Any]:
-    return [res.rho, res.tier_rho, res.p50_s, res.p90_s, res.p99_s, res.max_s, " / ".join(render.fmt(v) for v in res.thirds_p50_s),
-            res.max_queue, res.stable]
+    return [res.rho, res.tier_rho, gpu_cell(res.gpu_utilization_pct), res.p50_s, res.p90_s, res.p99_s, res.max_s,
+            " / ".join(render.fmt(v) for v in res.thirds_p50_s), res.max_queue, res.stable]
 
 
-RESULT_COLS = ["ρ", "tier ρ", "p50 s", "p90 s", "p99 s", "max s", "p50 by third (s)", "max queue", "stable"]
+RESULT_COLS = ["ρ", "tier ρ", "GPU util %", "p50 s", "p90 s", "p99 s", "max s", "p50 by third (s)", "max queue", "stable"]
 #: λ and one instance's bandwidth, bounded below too: past these the model's times leave a float's range.
 SIM_RATE = FiniteFloat(min=1e-6, max=1e6)  # requests/s
 INSTANCE_GBPS = FiniteFloat(min=1e-6, max=1e6)  # GB/s
+
+
+#: --sweep keys whose option's parameter has another name
+SWEEP_PARAMS = {"arrival_rate": "rate"}
 
 
 def _check_sweep(grid: dict[str, list[Any]]) -> None:
@@ -33,7 +38,7 @@ def _check_sweep(grid: dict[str, list[Any]]) -> None:
     ctx = click.get_current_context()
     params = {p.name: p for p in ctx.command.params}
     for key, values in grid.items():
-        param = params.get(key)
+        param = params.get(SWEEP_PARAMS.get(key, key))
         if param is None:  # a sweep key that is not an option of its own: parse_sweep checked it
             continue
         for v in values:
@@ -44,7 +49,7 @@ def _check_sweep(grid: dict[str, list[Any]]) -> None:
 
 
 @click.command("simulate")
-@click.option("--rate", type=SIM_RATE, help="Poisson arrival rate λ, requests/s (or --trace).")
+@click.option("--arrival-rate", "rate", type=SIM_RATE, cls=RenamedOption, old=["--rate"], help="Arrival rate λ, requests/s (Poisson arrivals; or --trace).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Arrivals and prompt lengths from a trace (any `kvctl replay` format).")
 @click.option("--requests", type=count(10**8), help="Requests to simulate (Poisson: default 10000; trace: the first N); refused with the figures when it would not fit in memory.")
 @click.option("--prompt-tokens", type=positive(1e9), help="Prompt tokens per request in Poisson mode (the mean with --prompt-dist exponential).")
@@ -69,7 +74,9 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
                  hit_fraction: float, hits_from_trace: bool, block_tokens: int, bytes_per_token: float, prefill_rate: float, t0: float, instances: int,
                  instance_gbps: float | None, bench_path: str | None, loading: str, async_timeout_s: float, seed: int,
                  sweep_specs: tuple[str, ...], plot: str | None, engines: int, fit_from: str | None, get_times_from: str | None,
-                 readers_from: str | None, async_instance_gbps: float | None, async_overhead_s: float, t0_engine_share: float, max_batch: int, as_json: bool) -> None:
+                 readers_from: str | None, async_instance_gbps: float | None, async_overhead_s: float, t0_engine_share: float, max_batch: int,
+                 max_batched_tokens: int, hit_gpu_s: float | str, fit_gpu_util: float | None, arrivals: str, arrival_cv: float | None,
+                 arrivals_from: str | None, as_json: bool) -> None:
     """Simulate one prefill engine with a remote KV tier: latency percentiles, ρ, stability.
 
     \b
@@ -81,20 +88,25 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
     async  loads run on the tier while the engine computes; a load not done within
            --async-timeout of arrival is recomputed (its prefetch still uses the tier)
     B_eff = --instances × --instance-gbps, or the aggregate a --bench file measured.
-    Output: p50/p90/p99/max, p50 by third of the run (drift), ρ, max queue, stable.
+    Output: p50/p90/p99/max, p50 by third of the run (drift), ρ, max queue, stable,
+    GPU utilisation (prefills, tails and --hit-gpu-s of each hit over the run).
+    \b
+    The engine steps as vLLM's: up to --max-batch requests and --max-batched-tokens
+    prefill tokens a step, long prompts chunked over steps. Arrivals: Poisson, or
+    --arrivals deterministic|gamma (--arrival-cv, or the CV of --arrivals-from TRACE).
     \b
     Fleets (--engines E) and variability (--fit-from, --get-times-from,
     --readers-from, --async-*): E engines with their own queues share the W
     instances; per-engine and fleet percentiles, tier ρ per instance summed
-    over engines, GPU busy fraction; inputs past what was measured are flagged.
+    over engines, GPU utilisation; inputs past what was measured are flagged.
     """
     from kvctl import fleet, variability  # noqa: PLC0415
     from kvctl import simulate as sim  # noqa: PLC0415 - numpy only when used
 
     if (rate is None) == (trace_path is None):
-        raise click.UsageError("give exactly one of --rate (Poisson) or --trace FILE")
+        raise click.UsageError("give exactly one of --arrival-rate (Poisson) or --trace FILE")
     if rate is not None and prompt_tokens is None:
-        raise click.UsageError("--rate needs --prompt-tokens")
+        raise click.UsageError("--arrival-rate needs --prompt-tokens")
     if (instance_gbps is None) == (bench_path is None):
         raise click.UsageError("give exactly one of --instance-gbps or --bench FILE")
     if plot and not sweep_specs:
@@ -108,7 +120,10 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
     var = variability.build(fit_from=fit_from, get_times_from=get_times_from, readers_from=readers_from,
                             async_instance_gbps=async_instance_gbps, async_overhead_s=async_overhead_s,
                             bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, fit_gbps=fit_gbps, instances=instances)
-    base, var = engine_model(t0_engine_share, fit_from, base, fit_gbps, var, block_tokens, max_batch)
+    base, var = engine_model(t0_engine_share, fit_from, base, fit_gbps, var, block_tokens, max_batch, max_batched_tokens, hit_gpu_s, fit_gpu_util)
+    process, cv, cv_note = arrival_process(trace_path, arrivals, arrival_cv, arrivals_from)
+    if cv_note:
+        var = replace(var, notes=(*var.notes, cv_note))
     is_fleet = engines > 1 or var.active or base.t0_engine_share > 0
     sim.check_memory(requests or (None if trace_path else 10000), fleet=is_fleet)  # refused with the figures, before any allocation
     cache: dict[Any, Any] = {}
@@ -119,14 +134,14 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
             if trace_path:
                 cache[key] = sim.trace_workload(trace_path, requests, block_tokens)
             else:
-                cache[key] = sim.poisson_workload((r or rate) * engines, requests or 10000, n or prompt_tokens, prompt_dist, seed)
+                cache[key] = sim.poisson_workload((r or rate) * engines, requests or 10000, n or prompt_tokens, prompt_dist, seed, process, cv)
         return cache[key]
 
     if sweep_specs:
         grid = sim.parse_sweep(sweep_specs)
         _check_sweep(grid)
-        if trace_path and ("rate" in grid or "prompt_tokens" in grid):
-            raise click.UsageError("--sweep rate/prompt_tokens need Poisson mode (--rate)")
+        if trace_path and ("arrival_rate" in grid or "prompt_tokens" in grid):
+            raise click.UsageError("--sweep arrival_rate/prompt_tokens need Poisson mode (--arrival-rate)")
         points = sim.sweep(base, grid, workload_for, bench,
                            runner=(lambda w, c, bw: fleet.simulate_fleet(w, c, bw, engines, var)) if is_fleet else None)
         if plot:
@@ -161,7 +176,7 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
         return
     res = sim.simulate(w, base, bw.gbps)
     if as_json:
-        render.emit_json({**sim.result_dict(res), **_bandwidth_json(bw)})
+        render.emit_json({**sim.result_dict(res), **_bandwidth_json(bw), "notes": list(var.notes)})
         return
     render.table(
         f"{loading} loading, {instances} instance(s), B_eff {_bandwidth_cell(res.bandwidth_gbps, bw)} GB/s — {w.source}",
@@ -169,7 +184,8 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
         [_row(res)],
         caption=(f"mean {res.mean_s:.3f} s · mean wait {res.mean_wait_s:.3f} s · hits {res.hits:,} of {res.requests:,}"
                  + (f" · timeouts {res.timeouts:,}" if loading == "async" else "")
-                 + ("" if res.stable is not False else "\nρ ≥ 1: a queue grows for as long as requests keep arriving")
+                 + "".join(f"\ninput: {n}" for n in var.notes)
+                 + (f"\n{stability_footer(res)}" if res.stable is False else "")
                  + (f"\n* B_eff {bw.note}" if bw.basis == sim.BASIS_EXTRAPOLATED else "")),
     )
 

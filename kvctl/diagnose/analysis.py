@@ -52,7 +52,8 @@ class Diagnosis:
     completion_rate_per_s: float | None
     queue_growth: float | None
     mean_prompt_tokens: float | None
-    typical_prompt_tokens: float | None
+    typical_prompt_tokens: float | None  # the median prompt, as typical_prompt_tokens_basis says it was found
+    typical_prompt_tokens_basis: str  # one_bucket_mean (exact: sum/count), bucket_estimate, bucket_interpolation, mean
     hit_token_fraction: float | None
     hit_tokens_per_request: float | None
     l2_bytes_per_request: float | None
@@ -70,7 +71,7 @@ class Diagnosis:
     rho: float | None
     rho_bound: str | None  # "estimate", "lower_bound" (B from Valkey server side) or None
     load_busy_fraction: float | None  # served L2 bytes/s over B: capped at 1, NOT ρ
-    instances_for_target_rho: int | None
+    instances_for_rho_target: int | None
     requests_waiting_start: float | None
     requests_waiting_end: float | None
     gpu_utilization_pct: list[float]
@@ -138,12 +139,13 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         created_at=capture.created_at, window_s=window, engine_urls=list(capture.engine_urls),
         outcome=_outcome(worst, findings, nb), requests=rates.requests, arrival_rate_per_s=rates.offered,
         completion_rate_per_s=rates.completion, queue_growth=rates.queue_growth, mean_prompt_tokens=prompts.mean_tokens,
-        typical_prompt_tokens=prompts.typical_tokens, hit_token_fraction=prompts.hit_fraction,
+        typical_prompt_tokens=prompts.typical_tokens, typical_prompt_tokens_basis=prompts.typical_basis,
+        hit_token_fraction=prompts.hit_fraction,
         hit_tokens_per_request=prompts.hits_per_request, l2_bytes_per_request=rho.l2_bytes_per_request, l2_tokens_per_s=l2.tokens_per_s,
         bandwidth_gbps=bw.gbps, bandwidth_source=bw.source, bandwidth_source_detail=BANDWIDTH_SOURCES.get(bw.source or ""),
         engine_ranks=bw.ranks if bw.source == BW_KVCTL else None, bytes_per_token=s_bpt, prefill_rate_tok_s=be.prefill_rate,
         prefill_rate_source=be.prefill_rate_source, t0_s=t0, breakeven_gbps=be.breakeven_gbps, min_hit_tokens=be.min_hit_tokens,
-        rho=rho.rho, rho_bound=rho.bound, load_busy_fraction=rho.busy_fraction, instances_for_target_rho=rho.instances_for_target,
+        rho=rho.rho, rho_bound=rho.bound, load_busy_fraction=rho.busy_fraction, instances_for_rho_target=rho.instances_for_target,
         requests_waiting_start=waiting[0], requests_waiting_end=waiting[1], gpu_utilization_pct=list(b.gpu.utilization_pct),
         gpu_note=b.gpu.note or a.gpu.note, engines=engines.obs, instances=instances, unreachable=nb.unreachable,
         insufficient_data=nb.insufficient, findings=findings, worst_severity=worst, notes=nb.notes + resets_note,

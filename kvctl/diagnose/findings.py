@@ -41,7 +41,7 @@ class Params:
     bytes_per_token: float | None = None
     prefill_rate: float | None = None
     t0_s: float | None = None  # None: the capture's, else the paper's 0.33 s
-    target_rho: float = RHO_TARGET
+    rho_target: float = RHO_TARGET
     warn_rho: float = RHO_HIGH  # rho_high from here, rho_unstable from RHO_UNSTABLE (kvctl.thresholds)
     slow_lookup_s: float = 1.0
     gpu_idle_pct: float = GPU_NOT_COMPUTE_BOUND_PCT  # not stalls' "idle": the MEAN utilisation below which a growing queue is not compute-bound

@@ -35,7 +35,7 @@ class EngineLoad:
     url: str
     ranks: int  # W_e
     ranks_source: str  # "kvctl:ranks" or "every instance"
-    offered_rate_per_s: float | None
+    arrival_rate_per_s: float | None
     l2_bytes_per_request: float | None
     bandwidth_gbps: float | None  # B_e: what this engine gets
     rho: float | None  # λ_e·bytes_e / B_e
@@ -74,7 +74,7 @@ def _engine_load(e: _Engine, o: EngineObs, n_inst: int, s_bpt: float | None) -> 
     else:
         l2 = k_bytes if k_bytes is not None else lm_bytes if lm_bytes is not None else (hits * s_bpt if hits is not None and s_bpt else None)
     per_req = _div(l2, o.finished)
-    lam = o.offered_rate_per_s
+    lam = o.arrival_rate_per_s
     rho = _div(lam * per_req, bw * cost.GB) if lam is not None and per_req is not None and bw else None
     if rho is None and lam is not None and per_req == 0:
         rho = 0.0
@@ -95,8 +95,8 @@ def fleet_loads(engines: list[_Engine], obs: dict[int, EngineObs], instances: li
     for inst in sorted(instances, key=lambda i: (i.rank, i.instance)):
         rank = inst.rank
         users = [ld for ld in loads if rank in ld.instances]
-        offered = [(ld.index, ld.offered_rate_per_s * ld.l2_bytes_per_request / ld.ranks) for ld in users
-                   if ld.offered_rate_per_s is not None and ld.l2_bytes_per_request is not None]
+        offered = [(ld.index, ld.arrival_rate_per_s * ld.l2_bytes_per_request / ld.ranks) for ld in users
+                   if ld.arrival_rate_per_s is not None and ld.l2_bytes_per_request is not None]
         per_rank_bw = [ld.bandwidth_gbps / ld.ranks for ld in users if ld.bandwidth_gbps]
         if per_rank_bw:
             b_i, b_src, bound = max(per_rank_bw) / k, "engine side (best B_e / W_e)" + (f" / {k} instances" if k > 1 else ""), "estimate"

@@ -60,7 +60,7 @@ class EngineObs:
     finished: float | None = None
     queue_start: float | None = None  # waiting + running
     queue_end: float | None = None
-    offered_rate_per_s: float | None = None
+    arrival_rate_per_s: float | None = None
     completion_rate_per_s: float | None = None
     counter_resets: tuple[str, ...] = ()
 

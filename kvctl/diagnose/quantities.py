@@ -99,7 +99,7 @@ def gather_rates(engines: Engines, window_s: float, nb: Notebook) -> Rates:
     finished_list = [o.finished for o in per if o.finished is not None]
     requests = sum(finished_list) if finished_list else None
     completion = sum(o.completion_rate_per_s for o in per if o.completion_rate_per_s is not None) if finished_list else None
-    offered_list = [o.offered_rate_per_s for o in per if o.offered_rate_per_s is not None]
+    offered_list = [o.arrival_rate_per_s for o in per if o.arrival_rate_per_s is not None]
     lam = sum(offered_list) if offered_list else None
     growths = [o.queue_end - o.queue_start for o in per if o.queue_start is not None and o.queue_end is not None]
     growth = sum(growths) if growths else None
@@ -127,6 +127,7 @@ class Prompts:
     prompt_tokens: float | None  # Δ prompt tokens in the window
     hit_fraction: float | None
     hits_per_request: float | None
+    typical_basis: str = "mean"  # MEDIAN_BASIS key
 
 
 def prompts_and_hits(D: _Deltas, requests: float | None, nb: Notebook) -> Prompts:
@@ -140,14 +141,34 @@ def prompts_and_hits(D: _Deltas, requests: float | None, nb: Notebook) -> Prompt
     if prompt_tokens is None:
         prompt_tokens = p_sum
     nb.explain.append(Quantity("mean prompt tokens", mean_prompt, mp_src, "vllm:request_prompt_tokens"))
-    typical = M.quantile(D.buckets("vllm:request_prompt_tokens"), 0.5) or mean_prompt
-    nb.explain.append(Quantity("typical (median) prompt tokens", typical, "p50 of the Δ request_prompt_tokens buckets (mean if none)", "vllm:request_prompt_tokens_bucket"))
+    est = M.quantile_estimate(D.buckets("vllm:request_prompt_tokens"), 0.5, p_sum)
+    typical, basis = (est.value, est.basis) if est is not None and est.value else (mean_prompt, "mean")
+    nb.explain.append(Quantity(f"typical (median) prompt tokens, {MEDIAN_BASIS[basis]}", typical, _median_source(est, basis),
+                               "vllm:request_prompt_tokens_bucket"))
     hit_tokens, hit_src = D.total("vllm:external_prefix_cache_hits"), "vllm:external_prefix_cache_hits"
     if hit_tokens is None:
         hit_tokens, hit_src = D.total("lmcache:num_hit_tokens"), "lmcache:num_hit_tokens"
     hit_frac = _div(hit_tokens, prompt_tokens)
     nb.explain.append(Quantity("hit-token fraction", hit_frac, f"Δ{hit_src} / Δvllm:prompt_tokens = {_g(hit_tokens)} / {_g(prompt_tokens)}", hit_src))
-    return Prompts(mean_prompt, typical, prompt_tokens, hit_frac, _div(hit_tokens, requests))
+    return Prompts(mean_prompt, typical, prompt_tokens, hit_frac, _div(hit_tokens, requests), basis)
+
+
+#: How the typical (median) prompt was found, as the output says it (JSON ``typical_prompt_tokens_basis``).
+MEDIAN_BASIS = {
+    "one_bucket_mean": "exact mean: every prompt in one histogram bucket (sum/count)",
+    "bucket_estimate": "estimate inside one histogram bucket",
+    "bucket_interpolation": "estimate inside one histogram bucket",
+    "mean": "the mean (no prompt histogram)",
+}
+
+
+def _median_source(est: M.QuantileEstimate | None, basis: str) -> str:
+    if est is None or basis == "mean":
+        return "no Δ request_prompt_tokens buckets: the mean prompt instead"
+    if basis == "one_bucket_mean":
+        return f"every prompt in one bucket ({est.lo:g}, {est.hi:g}]: Δ request_prompt_tokens sum/count"
+    return (f"p50 of the Δ request_prompt_tokens buckets, interpolated in its bucket and kept within [{est.lo:,.0f}, {est.hi:,.0f}], "
+            "what the bucket's bounds and the histogram's sum allow")
 
 
 # --- the tier: L2 bytes and the bandwidth B -----------------------------------------------
@@ -397,7 +418,7 @@ def rho_of(
         rho_bound = None
     busy_frac = _div(l2.bytes_per_s, bw_gbps * cost.GB) if bw_gbps else None
     n_inst = max(1, n_ok_inst)
-    k = cost.instances_for_rho(rho, params.target_rho, n_inst) if rho else None
+    k = cost.instances_for_rho(rho, params.rho_target, n_inst) if rho else None
     nb.explain.append(Quantity(
         "ρ = λ·(L2 bytes/request) / B" + (" (lower bound)" if rho_bound == "lower_bound" else ""), rho,
         f"{_g(lam)} req/s × {_g(l2_per_req)} B / {_g(bw_gbps)} GB/s", "synchronous-load queue §4; λ offered, not completed",

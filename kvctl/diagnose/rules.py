@@ -165,11 +165,11 @@ def _rho(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
             fid,
             sev,
             f"{shown} at the offered λ = {o['lam']:.3g} req/s (completions {o['completion'] if o['completion'] is None else round(o['completion'], 3)} req/s): {what}",
-            f"run {k} Valkey instance(s) of this bandwidth (one per rank, `kvctl deploy-valkey`) to bring ρ to ≤ {p.target_rho:g}, "
+            f"run {k} Valkey instance(s) of this bandwidth (one per rank, `kvctl deploy-valkey`) to bring ρ to ≤ {p.rho_target:g}, "
             "or switch to asynchronous loading (`kvctl loading async`)",
             {
                 "rho": rho, "rho_bound": o["rho_bound"], "bandwidth_gbps": bw, "bandwidth_source": o["bw_src"],
-                "instances_now": o["n_inst"], "instances_for_target_rho": k, "target_rho": p.target_rho,
+                "instances_now": o["n_inst"], "instances_for_rho_target": k, "rho_target": p.rho_target,
                 "l2_bytes_per_request": o["l2_per_req"], "arrival_rate_per_s": o["lam"], "completion_rate_per_s": o["completion"],
             },
         )

@@ -25,6 +25,7 @@ from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.drill import scenarios as S
 from kvctl.drill.config import EngineSettings, write_config
+from kvctl.drill.standalone import settings_for
 from kvctl.drill.workload import Sizes, Workload, sizes, write_trace
 from kvctl.errors import ExitStatus, InvalidInput, KvctlError
 from kvctl.drill.workdir import WorkDir, check_keep, keep, quote_log, remove_stale
@@ -177,12 +178,7 @@ class Drill:
         return targets
 
     def engine_settings(self, targets: list[Target], **kw: Any) -> EngineSettings:
-        return EngineSettings(
-            remote_urls=[f"resp://{t.host}:{t.port}" for t in targets], chunk_bytes=self.sizes.chunk_bytes,
-            prefill_tokens_per_s=S.PREFILL_RATE, t0_s=S.T0_S, stream_bytes_per_s=S.LINK_CHUNKS_PER_S * self.sizes.chunk_bytes,
-            chunk_rtt_s=S.CHUNK_RTT_S,
-            model=self.sizes.model.replace("@", "-") or "drill", **kw,
-        )
+        return settings_for([f"resp://{t.host}:{t.port}" for t in targets], self.opts.model_config, **kw)
 
     def start_engine(self, settings: EngineSettings) -> Path:
         cfg = write_config(self.work / "engine.yaml", settings, async_loading=False)
@@ -215,12 +211,12 @@ class Drill:
 
     def start_replay(self, workload: Workload) -> None:
         trace = write_trace(self.work / "trace.jsonl", workload)
-        args = ["-m", "kvctl.cli", "replay", str(trace), "--url", self.url, "--out", str(self.work / "run.jsonl"),
+        args = ["-m", "kvctl.cli", "replay", str(trace), "--engine-url", self.url, "--out", str(self.work / "run.jsonl"),
                 "--json", "--timeout", str(int(self.opts.duration_s * 2 + 30))]
         self.replay = self.procs.start("replay", args, self.work / "replay.log")
         self.say("start", f"replay: {len(trace.read_text().splitlines())} requests of {workload.prompt_tokens} tokens at "
                           f"λ = {workload.rate_per_s:.2f} req/s over {workload.duration_s:.0f} s, {workload.docs} shared documents "
-                          f"(`kvctl replay trace.jsonl --url {self.url}`)")
+                          f"(`kvctl replay trace.jsonl --engine-url {self.url}`)")
 
     # --- watching ----------------------------------------------------------------------
 

@@ -89,5 +89,27 @@ def trace_lines(w: Workload) -> list[dict]:
     return sorted(out, key=lambda r: r["timestamp"])
 
 
+#: the calibration trace shipped as kvctl/samples/calib-trace.jsonl: requests this far apart (low load: each alone
+#: in flight, for T0), then a burst of this many this close together (a few times faster than the drill engine
+#: serves them: where the share of T0 that holds the engine shows)
+CALIB_LOW_GAP_S = 0.5
+CALIB_LOW_REQUESTS = 15
+CALIB_BURST_REQUESTS = 10
+CALIB_BURST_GAP_S = 0.05
+
+
+def calibration_lines(w: Workload | None = None) -> list[dict]:
+    """The calibration trace (see the constants above): the drill's documents, the first of each a miss."""
+    w = w or Workload(rate_per_s=1.0, duration_s=1.0)
+    offsets = [i * CALIB_LOW_GAP_S for i in range(CALIB_LOW_REQUESTS)]
+    offsets += [offsets[-1] + CALIB_LOW_GAP_S + i * CALIB_BURST_GAP_S for i in range(CALIB_BURST_REQUESTS)]
+    return [{"timestamp": round(t * 1000.0, 3), "input_length": w.prompt_tokens, "output_length": 1,
+             "hash_ids": [(i % w.docs) * 1000 + b for b in range(w.blocks)]} for i, t in enumerate(offsets)]
+
+
+def calibration_text() -> str:
+    return "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in calibration_lines())
+
+
 def write_trace(path: Path | str, w: Workload) -> Path:
     return write_atomic(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in trace_lines(w)))

@@ -106,7 +106,7 @@ def schedule(trace: Trace, speed: float) -> list[tuple[TraceRequest, float]]:
 
 def _base(url: str) -> str:
     if not url.startswith(("http://", "https://")):
-        raise InvalidInput(f"--url must start with http:// or https://, got {url!r}")
+        raise InvalidInput(f"--engine-url must start with http:// or https://, got {url!r}")
     return url.rstrip("/").removesuffix("/v1")
 
 

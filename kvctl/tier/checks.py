@@ -127,18 +127,24 @@ def read_instance(client: Any, rank: int, host: str, port: int, instance: int = 
         if name.startswith("db") and name[2:].isdigit() and isinstance(value, dict):
             keys += int(value.get("keys", 0))
             expires += int(value.get("expires", 0))
-    largest = None
-    if keys:
-        pipe = client.pipeline(transaction=False)
-        for _ in range(SAMPLED_KEYS):
-            pipe.randomkey()
-        names = [k for k in pipe.execute() if k is not None]
-        pipe = client.pipeline(transaction=False)
-        for k in names:
-            pipe.strlen(k)
-        lengths = [n for n in pipe.execute(raise_on_error=False) if isinstance(n, int)]
-        largest = max(lengths) if lengths else None
+    largest = largest_sampled_value(client) if keys else None
     return InstanceRead(rank, host, port, info, config, keys, expires, largest, instance, instances_per_rank)
+
+
+def largest_sampled_value(client: Any, samples: int = SAMPLED_KEYS, skip_prefix: bytes | None = None) -> int | None:
+    """Bytes of the largest string value among ``samples`` random keys (those starting ``skip_prefix`` left out):
+    the tier's chunk size as its engines stored it; None when no key was sampled."""
+    pipe = client.pipeline(transaction=False)
+    for _ in range(samples):
+        pipe.randomkey()
+    names = [k for k in pipe.execute() if k is not None and not (skip_prefix and bytes(k).startswith(skip_prefix))]
+    if not names:
+        return None
+    pipe = client.pipeline(transaction=False)
+    for k in names:
+        pipe.strlen(k)
+    lengths = [n for n in pipe.execute(raise_on_error=False) if isinstance(n, int) and n > 0]
+    return max(lengths) if lengths else None
 
 
 def host_cores() -> int:

@@ -30,7 +30,9 @@ ENGINE_COMMANDS = (
 #: Per-instance memory below this is certainly a typo (LRU thrashes on one 12 MB chunk).
 MIN_INSTANCE_BYTES = 1 << 20
 
-# Valkey's own units: k/m/g are powers of 1000, kb/mb/gb powers of 1024.
+# kvctl's one size syntax (every byte-sized option, through commands.options.ByteSize), in Valkey's own units:
+# k/m/g/t are powers of 1000, kb/mb/gb/tb (and kib/mib/gib/tib) powers of 1024; a bare number, exponent
+# included (12.4e6), is bytes.
 _UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1024, "kib": 1024,
@@ -38,19 +40,22 @@ _UNITS = {
     "g": 1000**3, "gb": 1024**3, "gib": 1024**3,
     "t": 1000**4, "tb": 1024**4, "tib": 1024**4,
 }  # fmt: skip
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.I)
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*([a-z]*)\s*$", re.I)
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes in a Valkey-style size: ``400mb`` (MiB), ``1.5gb``, ``2g`` (10^9), ``1048576``."""
+    """Bytes in kvctl's size syntax (Valkey's units): ``400mb`` (MiB), ``12MiB``, ``1.5gb``, ``2g`` (10^9), ``12.4e6``, ``1048576``."""
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
         m = _SIZE_RE.match(str(text))
         unit = m.group(2).lower() if m else None
         if not m or unit not in _UNITS:
-            raise InvalidInput(f"cannot parse size {text!r}: use e.g. 400mb, 2gb or a byte count")
-        value = int(float(m.group(1)) * _UNITS[unit])
+            raise InvalidInput(f"cannot parse size {text!r}: use e.g. 12.4e6 (bytes), 400mb or 12MiB (2^20), 2g (10^9)")
+        exact = float(m.group(1)) * _UNITS[unit]
+        if not exact < 2**63:  # 1e999 is inf: no size
+            raise InvalidInput(f"size {text!r} is beyond any memory (at most 2^63 bytes)")
+        value = int(exact)
     if value <= 0:
         raise InvalidInput(f"size must be positive, got {text!r}")
     return value

@@ -4,7 +4,7 @@ Three ways to name the per-rank instances, shared by ``bench``, ``diagnose``,
 ``exporter``, ``doctor`` and ``deploy-valkey status`` (their options come
 from :func:`kvctl.commands.options.valkey_options`):
 
-* explicit URLs (``--valkey``, alias ``--url``, repeatable; index = rank);
+* explicit URLs (``--valkey``, repeatable; index = rank);
 * a ``{rank}`` template plus ``--ranks N``;
 * ``--dir`` of a tier that ``kvctl deploy-valkey up`` started (its state file).
 
@@ -38,7 +38,7 @@ from kvctl.files import write_atomic
 
 STATE_FILE = "kvctl-tier.json"
 #: The options that name instances (kvctl.commands.options.valkey_options), for messages.
-NAMING = f"--valkey/--url URL (repeatable, index = rank, or one {RANK_PLACEHOLDER} template with --ranks N) or --dir"
+NAMING = f"--valkey URL (repeatable, index = rank, or one {RANK_PLACEHOLDER} template with --ranks N) or --dir"
 
 
 def instance_name(rank: int, instance: int = 0, instances_per_rank: int = 1) -> str:
@@ -164,7 +164,7 @@ def resolve_targets(
     if instances_per_rank is not None and not 1 <= instances_per_rank <= MAX_INSTANCES_PER_RANK:
         raise InvalidInput(f"--instances-per-rank must be in 1..{MAX_INSTANCES_PER_RANK}, got {instances_per_rank}")
     if ranks and not urls:
-        raise InvalidInput(f"--ranks goes with one {RANK_PLACEHOLDER} --valkey/--url template; a --dir tier knows its own ranks")
+        raise InvalidInput(f"--ranks goes with one {RANK_PLACEHOLDER} --valkey template; a --dir tier knows its own ranks")
     if urls and tier_dir:
         raise InvalidInput(f"name the Valkey instances with {NAMING}, not both")
     if not urls and not tier_dir:

@@ -35,7 +35,7 @@ def _bench(args, expect=0):
 
 
 def test_json_schema_and_server_counters_match_client(valkey_server):
-    data, _ = _bench(["--url", valkey_server.url, *SMALL, "--duration", "1", "--write"])
+    data, _ = _bench(["--valkey", valkey_server.url, *SMALL, "--duration", "1", "--write"])
     meta = data["metadata"]
     assert meta["server_versions"][0].count(".") >= 1 and meta["host_cores"] >= 1 and meta["kvctl_version"]
     assert meta["parameters"]["chunk_bytes"] == 2_000_000 and meta["parameters"]["keys_per_instance"] == 16
@@ -94,7 +94,7 @@ def test_model_config_sets_chunk_and_table_output(valkey_server):
     × 61 layers × 1 B (fp8) = 35 136 B per token; a 16-token chunk is 562 176 B = 0.562176 MB.
     B* = 35 136 B × 52 200 tok/s = 1 834 099 200 B/s = 1.834 GB/s."""
     result = CliRunner().invoke(cli, [
-        "bench", "--url", valkey_server.url, "--model-config", "configs/models/deepseek-v3.json", "--dtype", "fp8",
+        "bench", "--valkey", valkey_server.url, "--model-config", "configs/models/deepseek-v3.json", "--dtype", "fp8",
         "--chunk-tokens", "16", "--batch", "2", "--keys", "8", "--duration", "0.5", "--prefill-rate", "52200",
     ], env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
@@ -113,7 +113,7 @@ def test_model_config_sets_chunk_and_table_output(valkey_server):
     ],
 )
 def test_verdict_follows_breakeven(valkey_server, prefill_rate, wins, b_star, recompute_us):
-    data, _ = _bench(["--url", valkey_server.url, *SMALL, "--duration", "0.5", "--bytes-per-token", "48437.5", "--prefill-rate", prefill_rate])
+    data, _ = _bench(["--valkey", valkey_server.url, *SMALL, "--duration", "0.5", "--bytes-per-token", "48437.5", "--prefill-rate", prefill_rate])
     v = data["verdict"]
     assert v["breakeven_gbps"] == pytest.approx(b_star)
     assert v["recompute_us_per_token"] == pytest.approx(recompute_us)  # 1e6 µs / R
@@ -125,11 +125,11 @@ def test_verdict_follows_breakeven(valkey_server, prefill_rate, wins, b_star, re
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--embedded", "1", "--url", "resp://127.0.0.1:1"], "--embedded"),
-        ([], "--url"),
-        (["--url", "resp://127.0.0.1:1", "--prefill-rate", "100"], "--bytes-per-token"),
-        (["--url", "resp://127.0.0.1:1", "--batch", "8", "--keys", "4"], "fewer than one batch"),
-        (["--url", "http://127.0.0.1:1"], "scheme"),
+        (["--embedded", "1", "--valkey", "resp://127.0.0.1:1"], "--embedded"),
+        ([], "--valkey"),
+        (["--valkey", "resp://127.0.0.1:1", "--prefill-rate", "100"], "--bytes-per-token"),
+        (["--valkey", "resp://127.0.0.1:1", "--batch", "8", "--keys", "4"], "fewer than one batch"),
+        (["--valkey", "http://127.0.0.1:1"], "scheme"),
     ],
 )
 def test_bad_input_exits_2(args, message):
@@ -141,14 +141,14 @@ def test_bad_input_exits_2(args, message):
 def test_unreachable_exits_5():
     from kvctl.tier.server import free_port
 
-    result = CliRunner().invoke(cli, ["bench", "--url", f"resp://127.0.0.1:{free_port()}", *SMALL, "--duration", "0.5"])
+    result = CliRunner().invoke(cli, ["bench", "--valkey", f"resp://127.0.0.1:{free_port()}", *SMALL, "--duration", "0.5"])
     assert result.exit_code == 5, result.output
     assert "cannot reach" in result.output
 
 
 def test_maxmemory_too_small_for_a_batch_exits_2(valkey_factory):
     srv = valkey_factory(settings={"maxmemory": "8mb"})
-    result = CliRunner().invoke(cli, ["bench", "--url", srv.url, "--chunk-bytes", "4e6", "--batch", "4", "--duration", "0.5"])
+    result = CliRunner().invoke(cli, ["bench", "--valkey", srv.url, "--chunk-bytes", "4e6", "--batch", "4", "--duration", "0.5"])
     assert result.exit_code == 2, result.output
     msg = " ".join(result.output.split())
     assert "maxmemory" in msg
@@ -190,7 +190,7 @@ def test_killed_server_mid_run(valkey_factory):
     healthy, doomed = valkey_factory(), valkey_factory()
     duration, timeout = 2.0, 1.0
     data, result, wall = _fault_run(
-        ["--url", healthy.url, "--url", doomed.url, *SMALL, "--duration", str(duration), "--timeout", str(timeout)],
+        ["--valkey", healthy.url, "--valkey", doomed.url, *SMALL, "--duration", str(duration), "--timeout", str(timeout)],
         lambda: os.kill(doomed.pid, signal.SIGKILL),
         at_s=0.3,
         port=doomed.port,
@@ -209,7 +209,7 @@ def test_stalled_server_mid_run(valkey_server):
     duration, timeout = 1.5, 1.0
     try:
         data, _, wall = _fault_run(
-            ["--url", valkey_server.url, *SMALL, "--duration", str(duration), "--timeout", str(timeout)],
+            ["--valkey", valkey_server.url, *SMALL, "--duration", str(duration), "--timeout", str(timeout)],
             lambda: os.kill(valkey_server.pid, signal.SIGSTOP),
             at_s=0.3,
             port=valkey_server.port,
@@ -248,7 +248,7 @@ def test_save_over_an_existing_file_replaces_it_in_one_rename(valkey_server, tmp
     saved.write_text('{"old": true}\n')
     saved.chmod(0o640)
     ino = saved.stat().st_ino
-    data, _ = _bench(["--url", valkey_server.url, *SMALL, "--duration", "0.5", "--save", str(saved)])
+    data, _ = _bench(["--valkey", valkey_server.url, *SMALL, "--duration", "0.5", "--save", str(saved)])
     assert saved.stat().st_ino != ino and stat.S_IMODE(saved.stat().st_mode) == 0o640
     assert json.loads(saved.read_text()) == data
     assert [p.name for p in tmp_path.iterdir() if p.name != "valkey"] == ["bench.json"]

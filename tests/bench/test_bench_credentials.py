@@ -26,7 +26,7 @@ def test_bench_logs_in_as_the_urls_acl_user(valkey_factory, tmp_path):
     """Before: resp://engine@h + the engine's password file became resp://:pw@h, the default user: WRONGPASS."""
     srv = valkey_factory(password="admin-secret", settings={"maxmemory": "64mb", "user": ["engine on >engine-secret ~* +@all"]})
     pw = _pw_file(tmp_path, "engine.pw", "engine-secret")
-    result = CliRunner().invoke(cli, ["bench", "--url", f"resp://engine@127.0.0.1:{srv.port}", "--password-file", pw, *SMALL])
+    result = CliRunner().invoke(cli, ["bench", "--valkey", f"resp://engine@127.0.0.1:{srv.port}", "--password-file", pw, *SMALL])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["runs"][0]["ops"] > 0
 
@@ -35,6 +35,6 @@ def test_password_file_wins_over_the_urls_password(valkey_factory, tmp_path):
     """As in every other command (tier/targets.py): before, the URL's (wrong) password was used."""
     srv = valkey_factory(password="right", settings={"maxmemory": "64mb"})
     pw = _pw_file(tmp_path, "pw", "right")
-    result = CliRunner().invoke(cli, ["bench", "--url", f"resp://:wrong@127.0.0.1:{srv.port}", "--password-file", pw, *SMALL])
+    result = CliRunner().invoke(cli, ["bench", "--valkey", f"resp://:wrong@127.0.0.1:{srv.port}", "--password-file", pw, *SMALL])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["runs"][0]["ops"] > 0

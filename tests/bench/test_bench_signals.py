@@ -67,7 +67,7 @@ def finish(bench: subprocess.Popen, limit_s: float = 30.0) -> tuple[int, str, st
 
 
 def test_sigterm_stops_clients_deletes_keys_and_reports_partial_run(valkey_server, tmp_path):
-    bench = start_bench(["--url", valkey_server.url, *SMALL, "--duration", "30", "--timeout", "1", "--json"], tmp_path)
+    bench = start_bench(["--valkey", valkey_server.url, *SMALL, "--duration", "30", "--timeout", "1", "--json"], tmp_path)
     wait_for_gets(bench, valkey_server.port)
     r = redis.Redis(port=valkey_server.port)
     keys = list(r.scan_iter("kvctl-bench:*"))
@@ -116,7 +116,7 @@ def test_ctrl_c_stops_embedded_servers_and_removes_their_dir(tmp_path):
 
 
 def test_sigkilled_bench_leaves_keys_that_expire_and_clients_that_stop(valkey_server, tmp_path):
-    bench = start_bench(["--url", valkey_server.url, *SMALL, "--duration", "30", "--timeout", "1"], tmp_path)
+    bench = start_bench(["--valkey", valkey_server.url, *SMALL, "--duration", "30", "--timeout", "1"], tmp_path)
     wait_for_gets(bench, valkey_server.port)
     workers = workers_of(bench)
     assert workers
@@ -132,7 +132,7 @@ def test_sigkilled_bench_leaves_keys_that_expire_and_clients_that_stop(valkey_se
 
 
 def test_a_killed_client_is_reported_with_its_signal(valkey_server, tmp_path):
-    bench = start_bench(["--url", valkey_server.url, *SMALL, "--clients", "2", "--duration", "4", "--timeout", "1", "--json"], tmp_path)
+    bench = start_bench(["--valkey", valkey_server.url, *SMALL, "--clients", "2", "--duration", "4", "--timeout", "1", "--json"], tmp_path)
     wait_for_gets(bench, valkey_server.port)
     victim = workers_of(bench)[0]
     victim.kill()
@@ -150,7 +150,7 @@ def test_a_kvctl_folder_in_the_working_directory_is_not_imported_by_clients(valk
     for f in (tmp_path / "kvctl" / "__init__.py", stale / "__init__.py"):
         f.write_text("")
     (stale / "worker.py").write_text("# an older kvctl: nothing the clients need is here\n")
-    bench = start_bench(["--url", valkey_server.url, *SMALL, "--duration", "0.5", "--json"], tmp_path)
+    bench = start_bench(["--valkey", valkey_server.url, *SMALL, "--duration", "0.5", "--json"], tmp_path)
     rc, out, err, _ = finish(bench, limit_s=60)
     assert rc == 0, err
     run = json.loads(out)["runs"][0]
@@ -194,7 +194,7 @@ def test_keys_rewritten_by_a_sigkilled_write_run_keep_their_ttl(valkey_server, t
     Before, the SET run used plain SETs (which drop a key's TTL) and gave the TTL back
     only after the run, so a killed run left its rewritten keys on the tier for good.
     """
-    bench = start_bench(["--url", valkey_server.url, *SMALL, "--write", "--duration", "20", "--timeout", "1"], tmp_path)
+    bench = start_bench(["--valkey", valkey_server.url, *SMALL, "--write", "--duration", "20", "--timeout", "1"], tmp_path)
     deadline = time.monotonic() + 30
     while set_calls(valkey_server.port) < 16 + 40:  # 16 populate SETs, then the SET run's clients
         assert bench.poll() is None, bench.communicate()

@@ -21,7 +21,7 @@ def test_bench_tp8_verdict_uses_the_whole_models_bytes_per_token(valkey_server):
     with the one instance here every token's 131072 B come from it (bytes_per_token_per_rank of the run = 131072).
     """
     res = CliRunner().invoke(cli, [
-        "bench", "--url", valkey_server.url, "--model-config", LLAMA, "--tp", "8", "--chunk-tokens", "16",
+        "bench", "--valkey", valkey_server.url, "--model-config", LLAMA, "--tp", "8", "--chunk-tokens", "16",
         "--batch", "2", "--keys", "8", "--duration", "0.5", "--prefill-rate", "100000", "--json",
     ])
     assert res.exit_code == 0, res.output
@@ -42,7 +42,7 @@ def test_bench_tp8_verdict_uses_the_whole_models_bytes_per_token(valkey_server):
 def test_bench_tp_with_other_instance_count_warns(valkey_server):
     """--tp 8 but the run has one instance: the verdict is for the tier measured, and the output says so."""
     res = CliRunner().invoke(cli, [
-        "bench", "--url", valkey_server.url, "--model-config", LLAMA, "--tp", "8", "--chunk-tokens", "16",
+        "bench", "--valkey", valkey_server.url, "--model-config", LLAMA, "--tp", "8", "--chunk-tokens", "16",
         "--batch", "2", "--keys", "8", "--duration", "0.5", "--prefill-rate", "100000",
     ])
     assert res.exit_code == 0, res.output

@@ -5,6 +5,8 @@ Expectations are worked out by hand from the inputs (the arithmetic is in the co
 
 from __future__ import annotations
 
+import json
+
 import signal
 
 import pytest
@@ -68,8 +70,8 @@ def test_describe_exit():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--chunk-bytes", "nan"], "'nan' is not a finite number"),
-        (["--chunk-bytes", "inf"], "'inf' is not a finite number"),
+        (["--chunk-bytes", "nan"], "cannot parse size 'nan'"),  # a size (issue 31: one parser for every byte-sized option)
+        (["--chunk-bytes", "inf"], "cannot parse size 'inf'"),
         (["--duration", "-inf"], "'-inf' is not a finite number"),
         (["--clients", "500"], "500 client processes on"),
         (["--embedded-maxmemory", "nan"], "cannot parse size"),
@@ -77,7 +79,7 @@ def test_describe_exit():
 )
 def test_bad_numbers_exit_2_before_anything_runs(args, message, monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 2)
-    result = CliRunner().invoke(cli, ["bench", "--url", "resp://127.0.0.1:1", "--chunk-bytes", "1e6", *args])
+    result = CliRunner().invoke(cli, ["bench", "--valkey", "resp://127.0.0.1:1", "--chunk-bytes", "1e6", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
 
@@ -97,3 +99,37 @@ def test_bench_sizes_from_a_model_or_the_paper():
     assert bench_sizes(4e6, model, "fp8", 256, 1, 1000.0, None).chunk_bytes == 4_000_000  # given sizes win
     with pytest.raises(InvalidInput, match="--prefill-rate needs"):
         bench_sizes(None, None, None, 256, 1, None, 52200.0)
+
+
+def test_bench_dir_sizes_itself_to_the_readmes_two_rank_400mb_tier(tmp_path):
+    """Issue 31: `kvctl bench --dir` with its defaults failed on the README's own tier (2 ranks, 400mb: 210 MB each)
+    with "leaves room for 0 values of 12.4 MB". The sweep's 2 clients × 2 replies in flight × 8 values of 12.4 MB
+    are 397 MB: it now runs batches that fit, (0.8 × 210 MB) / (12.4 MB × 5) = 2 values, and says so; a tier that
+    holds chunks is benched at their size."""
+    import redis
+
+    from kvctl.tier.targets import resolve_targets
+    from tests.tier.helpers import free_base_port
+
+    tier = tmp_path / "kv-tier"
+    up = CliRunner().invoke(cli, ["deploy-valkey", "up", "--ranks", "2", "--base-port", str(free_base_port(2)), "--maxmemory", "400mb",
+                                  "--dir", str(tier), "--json"])
+    assert up.exit_code == 0, up.output
+    try:
+        res = CliRunner().invoke(cli, ["bench", "--dir", str(tier), "--sweep", "--duration", "0.3", "--json"])
+        assert res.exit_code == 0, res.output
+        p = json.loads(res.stdout)["metadata"]["parameters"]
+        assert p["chunk_bytes"] == 12_400_000 and p["batch"] == 2 and "--batch 2 instead of 8" in p["sizing_note"]
+        # an explicit --batch is what the user asked for: refused as before, with the figures
+        res = CliRunner().invoke(cli, ["bench", "--dir", str(tier), "--sweep", "--duration", "0.3", "--batch", "8"])
+        assert res.exit_code == 2 and "leaves room for 0 values" in res.output
+        # the engines stored 70 272-byte chunks: the bench measures values of that size
+        for t in resolve_targets(tier_dir=tier):
+            with redis.Redis(host=t.host, port=t.port) as r:
+                r.mset({f"chunk-{i}": b"x" * 70_272 for i in range(4)})
+        res = CliRunner().invoke(cli, ["bench", "--dir", str(tier), "--duration", "0.3", "--json"])
+        assert res.exit_code == 0, res.output
+        p = json.loads(res.stdout)["metadata"]["parameters"]
+        assert p["chunk_bytes"] == 70_272 and p["batch"] == 8 and "random keys" in p["chunk_source"]
+    finally:
+        CliRunner().invoke(cli, ["deploy-valkey", "down", "--dir", str(tier)])

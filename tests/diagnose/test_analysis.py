@@ -106,7 +106,7 @@ def test_rho_unstable_fires_with_instances_for_half():
     assert d.bandwidth_gbps == pytest.approx(1 / 3)  # 1e9 B / 3 s
     assert d.rho == pytest.approx(3.0)  # 10 req/s × 1e8 B / (1e9 / 3 B/s)
     assert f.severity == "critical" and d.worst_severity == "critical"
-    assert f.evidence["instances_for_target_rho"] == 6  # ceil(3.0 × 1 instance / 0.5)
+    assert f.evidence["instances_for_rho_target"] == 6  # ceil(3.0 × 1 instance / 0.5)
     assert "6 Valkey instance" in f.recommendation and "async" in f.recommendation
 
 
@@ -279,7 +279,7 @@ def test_server_side_rho_is_a_lower_bound_from_get_time(growth, rho, finding):
         (f,) = rho_findings
         assert f.id == finding and "lower bound" in f.message and f.evidence["rho_bound"] == "lower_bound"
     if finding == "rho_unstable":
-        assert f.evidence["instances_for_target_rho"] == 6
+        assert f.evidence["instances_for_rho_target"] == 6
     assert "bandwidth_below_breakeven" in ids(d)  # 2.000024 < B* 2.5284375 GB/s
 
 
@@ -371,7 +371,7 @@ def test_real_gets_server_side_bandwidth_and_rho(valkey_server):
     (f,) = [f for f in d.findings if f.id.startswith("rho_")]
     assert f.id == "rho_unstable" and "lower bound" in f.message
     # instances for ρ ≤ 0.5: ceil(ρ / 0.5), bracketed by the bounds on ρ
-    assert math.ceil(2000 * g_s / w_max - 1e-9) <= f.evidence["instances_for_target_rho"] <= math.ceil(2000 * g_s / w_min)
+    assert math.ceil(2000 * g_s / w_max - 1e-9) <= f.evidence["instances_for_rho_target"] <= math.ceil(2000 * g_s / w_min)
 
 
 def test_real_gets_counted_exactly_with_no_queue_rho_is_the_busy_fraction(valkey_server):
@@ -556,3 +556,31 @@ def test_diagnose_prints_the_shared_instances(tmp_path):
     assert r.exit_code == 4, r.output  # critical: instance 0 at ρ 1.6
     assert "Instances shared by engines" in r.output and "instance_saturated" in r.output
     assert "docs/runbooks/instance_saturated.md" in r.output
+
+
+# --- issue 31, item 5: a median from a histogram never lies outside what was observed, and says it is an estimate
+
+
+def test_median_of_prompts_all_in_one_bucket_is_their_sum_over_count():
+    """Every prompt 4,160 tokens, all in the bucket (2000, 5000]: interpolating inside it gave 3,500, below every
+    prompt (the drill engine's (4096, 8192] gave 6,144, above every one). One bucket holds them all, so the
+    histogram's sum/count is their mean, 4,160, and the output says that is where it came from."""
+    d = analyse(cap_of(BASE, healthy(prompt_lengths=[4160] * 10)), P)
+    assert d.typical_prompt_tokens == pytest.approx(4160)
+    assert d.typical_prompt_tokens_basis == "one_bucket_mean"
+    q = next(q for q in d.explain if q.name.startswith("typical (median) prompt tokens"))
+    assert "sum/count" in q.formula and "one bucket" in q.formula
+
+
+def test_median_inside_a_bucket_is_clamped_by_the_buckets_sum_and_called_an_estimate():
+    """99 prompts of 4,160 in (4096, 8192] and one of 100 in (64, 128]: interpolation puts the median at
+    4096 + 4096 × 49/99 = 6,123, above every prompt. The sum bounds the bucket's 49th value: its 51 values
+    from the 49th up are at least that value and the 48 below it more than 4096, so it is at most
+    (Σ_bucket − 48 × 4096) / 51 ≤ (411 940 − 64 − 196 608) / 51 = 4,221."""
+    buckets = {64.0: 0.0, 128.0: 1.0, 4096.0: 1.0, 8192.0: 100.0, float("inf"): 100.0}
+    est = M.quantile_estimate(buckets, 0.5, total_sum=99 * 4160 + 100)
+    assert 4096 <= est.value <= 4221.1 and est.basis == "bucket_estimate"
+    assert est.lo == 4096 and est.hi == pytest.approx(215268 / 51)  # (411 940 − 64 − 48 × 4096) / 51 = 4,220.9
+    one = M.quantile_estimate({4096.0: 0.0, 8192.0: 10.0, float("inf"): 10.0}, 0.5, total_sum=41600)
+    assert one.value == 4160 and one.basis == "one_bucket_mean"
+    assert M.quantile_estimate(buckets, 0.5).basis == "bucket_interpolation"  # no sum: interpolated, and said so

@@ -53,7 +53,7 @@ def test_h1b_overload_offered_rho_is_1_13_critical_and_3_instances(tmp_path):
     assert d["load_busy_fraction"] == pytest.approx(0.991, abs=1e-3)
     (f,) = [f for f in d["findings"] if f["id"].startswith("rho_")]
     assert f["id"] == "rho_unstable" and f["severity"] == "critical"
-    assert f["evidence"]["instances_for_target_rho"] == 3 and "run 3 Valkey instance" in f["recommendation"]
+    assert f["evidence"]["instances_for_rho_target"] == 3 and "run 3 Valkey instance" in f["recommendation"]
     assert d["outcome"] == "findings" and d["worst_severity"] == "critical"
 
 

@@ -82,7 +82,7 @@ def run_chain(name: str, model: Path, workdir: Path, steps: list[tuple[str, str]
     try:
         for i, step in enumerate(chain.steps):
             cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens),
-                                   "--async-loading" if step.loading == "async" else "--sync-loading")
+                                   "--loading", step.loading)
             env = engine_env(device=device, trace=workdir / "trace.jsonl", extra=extra_env)
             try:
                 eng = LLMProcess.start(model, workdir, llm_kwargs=llm_kwargs(base_kwargs, step.mode), kv_transfer_config=cfg,
@@ -210,7 +210,7 @@ def run_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_toke
             plan = root / f"plan-{loading}.json"
             pid = tier.instances[0]["pid"]
             cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens), "--timeout-s", str(timeout_s),
-                                   "--async-loading" if loading == "async" else "--sync-loading")
+                                   "--loading", loading)
             env = engine_env(device=device, trace=root / f"trace-{loading}.jsonl",
                              extra=dict(hook_env, KVCTL_TEST_FAULT_PLAN=str(plan)))
             r = LLMProcess.start(model, root, llm_kwargs=kwargs, kv_transfer_config=cfg, env=env,

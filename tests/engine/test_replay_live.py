@@ -41,7 +41,7 @@ def test_replay_20_requests_sees_cached_tokens_on_repeated_prefixes(replay_serve
         for i in range(N)
     ))
     out = tmp_path / "run.jsonl"
-    r = CliRunner().invoke(cli, ["replay", str(trace), "--url", replay_server.url, "--out", str(out),
+    r = CliRunner().invoke(cli, ["replay", str(trace), "--engine-url", replay_server.url, "--out", str(out),
                                  "--block-tokens", str(BLOCK), "--timeout", "120", "--json"])
     assert r.exit_code == 0, r.output + replay_server.log_tail()
     run = read_run(out)

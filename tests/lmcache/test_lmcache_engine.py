@@ -86,7 +86,7 @@ def tier(tmp_path_factory):
 @pytest.fixture(scope="module")
 def lmcache_yaml(tier, tmp_path_factory):
     path = tmp_path_factory.mktemp("lmcache-config") / "lmcache.yaml"
-    r = CliRunner().invoke(cli, ["deploy-valkey", "lmcache-config", "--plugin", "--chunk-size", str(CHUNK),
+    r = CliRunner().invoke(cli, ["deploy-valkey", "lmcache-config", "--plugin", "--chunk-tokens", str(CHUNK),
                                  "--max-local-cpu-size", "0.2", "--dir", str(tier.dir), "--out", str(path)])
     assert r.exit_code == 0, r.output
     return path
@@ -257,7 +257,7 @@ def test_shard_chunk_deleted_between_lookup_and_load_shortens_prefix_on_both_ran
 @pytest.fixture(scope="module")
 def shard_async_life(lmc_python, mla_model, tier, tmp_path_factory):  # noqa: F811
     path = tmp_path_factory.mktemp("lmcache-async-config") / "lmcache.yaml"
-    r = CliRunner().invoke(cli, ["deploy-valkey", "lmcache-config", "--plugin", "--async-loading", "--chunk-size",
+    r = CliRunner().invoke(cli, ["deploy-valkey", "lmcache-config", "--plugin", "--loading", "async", "--chunk-tokens",
                                  str(CHUNK), "--max-local-cpu-size", "0.2", "--dir", str(tier.dir), "--out", str(path)])
     assert r.exit_code == 0, r.output
     server = start(lmc_python, mla_model, tmp_path_factory.mktemp("lmc-shard-async"), path, SHARD_CONFIG)

@@ -61,7 +61,7 @@ def tier(tmp_path):
 def test_plugin_config_loaded_by_lmcache_and_used_on_the_tier(lmc_python, tier, tmp_path):  # noqa: F811
     d, insts = tier
     out_file = tmp_path / "lmcache.yaml"
-    res = CliRunner().invoke(cli, ["deploy-valkey", "lmcache-config", "--plugin", "--chunk-size", "16",
+    res = CliRunner().invoke(cli, ["deploy-valkey", "lmcache-config", "--plugin", "--chunk-tokens", "16",
                                    "--dir", str(d), "--out", str(out_file)])
     assert res.exit_code == 0, res.output
     urls = [i["url"] for i in insts]

@@ -39,7 +39,7 @@ def rows_of(path: Path) -> list[dict]:
 def _offset_errors(server, trace: Path, out: Path, n: int, gap: float) -> tuple[float, float]:
     """(worst server-side, worst client-side) offset error of one replay of ``trace``, in seconds."""
     seen = len(server.arrivals())
-    code, output = replay(str(trace), "--url", server.url, "--out", str(out), "--force")
+    code, output = replay(str(trace), "--engine-url", server.url, "--out", str(out), "--force")
     assert code == 0, output
     arrivals = sorted(a["t"] for a in server.arrivals()[seen:])
     assert len(arrivals) == n
@@ -78,7 +78,7 @@ def test_open_loop_a_slow_server_does_not_delay_later_sends(standin_factory, tmp
     n = 20
     trace = write_trace(tmp_path / "t.jsonl", [{"offset_s": i * 0.02, "prompt_tokens": 8} for i in range(n)])
     out = tmp_path / "run.jsonl"
-    # --engine-url, as diagnose and doctor name the engine (issue 22); --url stays an alias (the other tests use it)
+    # --engine-url, as diagnose and doctor name the engine (issue 22; --url is its old name, issue 31)
     code, output = replay(str(trace), "--engine-url", server.url, "--out", str(out), "--json")
     assert code == 0, output
     arrivals = sorted(a["t"] for a in server.arrivals())
@@ -96,7 +96,7 @@ def test_hitting_the_in_flight_cap_is_recorded(standin_factory, tmp_path):
     server = standin_factory("--delay-s", "0.5")
     trace = write_trace(tmp_path / "t.jsonl", [{"offset_s": i * 0.01, "prompt": f"r {i}"} for i in range(10)])
     out = tmp_path / "run.jsonl"
-    code, output = replay(str(trace), "--url", server.url, "--out", str(out), "--max-in-flight", "4")
+    code, output = replay(str(trace), "--engine-url", server.url, "--out", str(out), "--max-in-flight", "4")
     assert code == 0, output
     rows = rows_of(out)
     assert max(r["in_flight"] for r in rows) == 4
@@ -115,7 +115,7 @@ def test_run_file_records_usage_cached_tokens_errors_and_metadata(standin_factor
         {"offset_s": 0.3, "prompt": "this one will FAIL"},
     ])
     out = tmp_path / "run.jsonl"
-    code, output = replay(str(trace), "--url", server.url, "--out", str(out), "--block-tokens", "16")
+    code, output = replay(str(trace), "--engine-url", server.url, "--out", str(out), "--block-tokens", "16")
     assert code == 0, output
     run = read_run(out)
     rows = sorted(run.rows, key=lambda r: r["index"])
@@ -146,7 +146,7 @@ def test_metrics_scrapes_are_retried_and_a_failure_is_said(standin_factory, tmp_
     server = standin_factory("--metrics-fail-first", str(fail_first))
     trace = write_trace(tmp_path / "t.jsonl", [{"offset_s": 0, "prompt": "one"}])
     out = tmp_path / "run.jsonl"
-    code, output = replay(str(trace), "--url", server.url, "--out", str(out))
+    code, output = replay(str(trace), "--engine-url", server.url, "--out", str(out))
     assert code == 0, output
     run = read_run(out)
     if before_ok:  # two 503s, then an answer: the third try before the run, the after-scrape at once
@@ -166,8 +166,8 @@ def test_a_run_file_replays_as_a_trace(standin_factory, tmp_path):
         {"offset_s": 0.05, "prompt_tokens": 20},
     ])
     first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    assert replay(str(trace), "--url", server.url, "--out", str(first), "--block-tokens", "16", "--max-tokens", "trace")[0] == 0
-    code, output = replay(str(first), "--url", server.url, "--out", str(second), "--block-tokens", "16")
+    assert replay(str(trace), "--engine-url", server.url, "--out", str(first), "--block-tokens", "16", "--max-tokens", "trace")[0] == 0
+    code, output = replay(str(first), "--engine-url", server.url, "--out", str(second), "--block-tokens", "16")
     assert code == 0, output
     run = read_run(second)
     assert run.metadata["trace_format"] == "run"
@@ -182,7 +182,7 @@ def test_existing_out_is_not_overwritten_without_force(standin_factory, tmp_path
     trace = write_trace(tmp_path / "t.jsonl", [{"offset_s": 0, "prompt": "x"}])
     out = tmp_path / "run.jsonl"
     out.write_text("precious\n")
-    code, output = replay(str(trace), "--url", server.url, "--out", str(out))
+    code, output = replay(str(trace), "--engine-url", server.url, "--out", str(out))
     assert code == 2 and "--force" in output
     assert out.read_text() == "precious\n"
 
@@ -191,7 +191,7 @@ def test_unreachable_engine_exits_5(tmp_path):
     from tests.engine.vllm_server import free_port
 
     trace = write_trace(tmp_path / "t.jsonl", [{"offset_s": 0, "prompt": "x"}])
-    code, output = replay(str(trace), "--url", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "r.jsonl"))
+    code, output = replay(str(trace), "--engine-url", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "r.jsonl"))
     assert code == 5, output
     assert "/v1/models" in output
 
@@ -201,7 +201,7 @@ def test_ctrl_c_keeps_what_finished_and_exits_130(standin_factory, tmp_path):
     trace = write_trace(tmp_path / "t.jsonl", [{"offset_s": i * 0.05, "prompt": f"r {i}"} for i in range(10)])
     out = tmp_path / "run.jsonl"
     env = dict(os.environ, KVCTL_TESTING="1")
-    proc = subprocess.Popen([sys.executable, "-m", "kvctl.cli", "replay", str(trace), "--url", server.url, "--out", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "kvctl.cli", "replay", str(trace), "--engine-url", server.url, "--out", str(out)],
                             cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
@@ -235,13 +235,13 @@ def test_length_prompts_need_tokenize_or_a_local_tokenizer(standin_factory, tmp_
     server = standin_factory("--no-tokenize")
     trace = write_trace(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 16, "hash_ids": [1]}])
     out = tmp_path / "run.jsonl"
-    code, output = replay(str(trace), "--url", server.url, "--out", str(out))
+    code, output = replay(str(trace), "--engine-url", server.url, "--out", str(out))
     assert code == 2, output
     assert "/tokenize did not answer" in output and "--tokenizer" in output
     assert not out.exists()  # refused before the run started
     # text prompts need no tokenizer
     text = write_trace(tmp_path / "text.jsonl", [{"offset_s": 0, "prompt": "a b c"}])
-    code, output = replay(str(text), "--url", server.url, "--out", str(out))
+    code, output = replay(str(text), "--engine-url", server.url, "--out", str(out))
     assert code == 0, output
     assert read_run(out).metadata["token_pool"] is None
 
@@ -251,7 +251,7 @@ def test_no_stream_reads_usage_from_the_whole_answer(standin_factory, tmp_path):
     trace = write_trace(tmp_path / "t.jsonl", [{"offset_s": 0.0, "prompt_tokens": [1] * 32},
                                                {"offset_s": 0.05, "prompt_tokens": [1] * 40}])
     out = tmp_path / "run.jsonl"
-    code, output = replay(str(trace), "--url", server.url, "--out", str(out), "--no-stream", "--max-tokens", "2")
+    code, output = replay(str(trace), "--engine-url", server.url, "--out", str(out), "--no-stream", "--max-tokens", "2")
     assert code == 0, output
     rows = rows_of(out)
     assert [r["prompt_tokens"] for r in rows] == [32, 40]

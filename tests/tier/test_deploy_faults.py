@@ -195,10 +195,10 @@ def test_auth_failures_name_the_password_file(tmp_path, cleanup_ports, valkey_fa
         assert "refused the login: the password was refused: give the tier's password with --password-file" in res.output
         # bench: no password at all, then the wrong one
         url = f"resp://127.0.0.1:{base}"
-        res = CliRunner().invoke(cli, ["bench", "--url", url, "--chunk-bytes", "1e6", "--keys", "8", "--duration", "0.5"])
+        res = CliRunner().invoke(cli, ["bench", "--valkey", url, "--chunk-bytes", "1e6", "--keys", "8", "--duration", "0.5"])
         assert res.exit_code == 1 and "no password given" in res.output and "--password-file" in res.output, res.output
         assert "cannot reach" not in res.output
-        res = CliRunner().invoke(cli, ["bench", "--url", url, "--password-file", str(wrong), "--chunk-bytes", "1e6", "--keys", "8", "--duration", "0.5"])
+        res = CliRunner().invoke(cli, ["bench", "--valkey", url, "--password-file", str(wrong), "--chunk-bytes", "1e6", "--keys", "8", "--duration", "0.5"])
         assert res.exit_code == 1 and "the password was refused" in res.output, res.output
     finally:
         local.down(d)

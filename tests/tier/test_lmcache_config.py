@@ -77,13 +77,15 @@ def test_valkey_template_runs_on_a_real_server(tmp_path):
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("400mb", 400 * 1024**2), ("400MB", 400 * 1024**2), ("2g", 2 * 10**9), ("1.5gb", int(1.5 * 1024**3)), ("1048576", 1048576), (4096, 4096)],
+    [("400mb", 400 * 1024**2), ("400MB", 400 * 1024**2), ("2g", 2 * 10**9), ("1.5gb", int(1.5 * 1024**3)), ("1048576", 1048576), (4096, 4096),
+     # one parser for every byte-sized option (issue 31): an exponent is bytes, MiB spelled out is 2^20
+     ("1e9", 10**9), ("12.4e6", 12_400_000), ("12MiB", 12 * 2**20), ("12.4mb", int(12.4 * 2**20))],
 )
 def test_parse_size(text, expected):
     assert spec.parse_size(text) == expected
 
 
-@pytest.mark.parametrize("bad", ["", "abc", "10 parsecs", "-5mb", "0", "1e9"])
+@pytest.mark.parametrize("bad", ["", "abc", "10 parsecs", "-5mb", "0", "1e", "nan", "inf"])
 def test_parse_size_rejects(bad):
     with pytest.raises(InvalidInput):
         spec.parse_size(bad)

@@ -215,7 +215,7 @@ def test_deploy_valkey_up_defaults_pass_every_tier_check(tmp_path, monkeypatch):
 
 def test_bench_json_reports_io_threads_and_version(valkey_factory):
     v = valkey_factory(settings={"maxmemory": "128mb", "io-threads": 2})
-    res = CliRunner().invoke(cli, ["bench", "--url", v.url, "--chunk-bytes", "1e6", "--batch", "2", "--keys", "8", "--duration", "0.5", "--json"])
+    res = CliRunner().invoke(cli, ["bench", "--valkey", v.url, "--chunk-bytes", "1e6", "--batch", "2", "--keys", "8", "--duration", "0.5", "--json"])
     assert res.exit_code == 0, res.output
     meta = json.loads(res.stdout)["metadata"]
     assert meta["server_io_threads"] == [2] and meta["server_versions"][0].count(".") >= 1

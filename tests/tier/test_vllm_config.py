@@ -48,7 +48,7 @@ def test_k8s_template_form_is_accepted_by_vllm():
 
 def test_shell_form_goes_through_vllms_parser_with_auth_async_and_timeout():
     pytest.importorskip("vllm")
-    res = invoke("--target", "k8s", "--ranks", "2", "--namespace", "serving", "--async-loading", "--timeout-s", "2.5",
+    res = invoke("--target", "k8s", "--ranks", "2", "--namespace", "serving", "--loading", "async", "--timeout-s", "2.5",
                  "--engine-password-file", "/run/secrets/valkey-kv/engine-password", "--shell")  # fmt: skip
     assert res.exit_code == 0, res.output
     line = res.stdout.strip()
@@ -98,7 +98,7 @@ def test_local_tier_with_auth_reaches_every_instance(tmp_path):
     up = CliRunner().invoke(cli, ["deploy-valkey", "up", "--ranks", "2", "--base-port", str(base), "--maxmemory", "64mb", "--dir", str(d), "--password-file", str(pw)])
     assert up.exit_code == 0, up.output
     try:
-        res = invoke("--dir", str(d), "--sync-loading")
+        res = invoke("--dir", str(d), "--loading", "sync")
         assert res.exit_code == 0, res.output
         assert "tier-admin-pw" not in res.output
         extra = json.loads(res.stdout)["kv_connector_extra_config"]

@@ -60,7 +60,7 @@ def exec_start(unit: Path) -> str:
     "name, args, extra",
     [
         ("kv-transfer-sync.json", ["--target", "systemd", "--ranks", "2"], SYNC_LIST),
-        ("kv-transfer-async-k8s.json", ["--target", "k8s", "--ranks", "8", "--async-loading", "--timeout-s", "2", "--engine-password-file", PW], ASYNC_TEMPLATE),
+        ("kv-transfer-async-k8s.json", ["--target", "k8s", "--ranks", "8", "--loading", "async", "--timeout-s", "2", "--engine-password-file", PW], ASYNC_TEMPLATE),
     ],
 )
 def test_json_samples(name, args, extra):

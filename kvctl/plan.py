@@ -104,7 +104,8 @@ def _point(res: FleetResult, instances: int, loading: str, slo: float, rho_targe
            f"p99 {res.p99_s:.3f} s > {slo:g} s" if res.p99_s > slo else
            "unstable" if not res.stable else f"ρ {res.tier_rho:.3g} > {rho_target:g}")
     return PlanPoint(instances, loading, res.bandwidth_gbps if instances else None, res.tier_rho if instances else None, True,
-                     res.p50_s, res.p99_s, res.rho, res.timeouts, meets, why, res.extrapolated, res.gpu_utilization_pct)
+                     res.p50_s, res.p99_s, res.rho, res.timeouts, meets, why, res.extrapolated,
+                     gpu_utilization_pct=res.gpu_utilization_pct)
 
 
 def plan(w: Workload, cfg: SimConfig, *, engines: int, slo_p99_s: float, rho_target: float, max_instances: int,

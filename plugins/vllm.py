@@ -101,6 +101,12 @@ class KvctlConnector(KVConnectorBase_V1):
         self._cache_dtype = str(vllm_config.cache_config.cache_dtype)
         self._setup(kind, world_size, self._kv_transfer_config.kv_connector_extra_config, vllm_config.cache_config.block_size,
                     bool(vllm_config.model_config.use_mla), _model_name(vllm_config))
+        sched = getattr(vllm_config, "scheduler_config", None)
+        if (role == KVConnectorRole.SCHEDULER and not self.settings.async_loading
+                and getattr(sched, "async_scheduling", False) is True and vllm_config.device_config.device_type == "cuda"):
+            logger.warning("KvctlConnector: vLLM's async scheduling is on with sync loading: a load that comes up short "
+                           "(an evicted chunk, a dead instance) ended vLLM 0.32's engine core on an H200 (docs/gpu.md, "
+                           "Async scheduling); start vLLM with --no-async-scheduling, or use async_loading")
         grace = getattr(vllm_config, "shutdown_timeout", None)
         if role == KVConnectorRole.SCHEDULER and grace is not None and grace < self.settings.save_drain_s + 1:
             # vLLM's process manager kills the engine core `shutdown_timeout` s after SIGTERM (0: at once),

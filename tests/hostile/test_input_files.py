@@ -17,7 +17,7 @@ from kvctl.replay.trace import MAX_TOKENS
 from tests.hostile.helpers import kvctl, limits, run_row, write_run_file
 
 MODEL = ["--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--t0", "0.33"]
-POISSON = ["--rate", "1.21", "--prompt-tokens", "16310", "--requests", "200"]
+POISSON = ["--arrival-rate", "1.21", "--prompt-tokens", "16310", "--requests", "200"]
 FILE_OPTIONS = ["--bench", "--get-times-from", "--readers-from", "--fit-from", "--trace"]
 DEEP = 100_000
 
@@ -114,7 +114,7 @@ def test_fit_from_at_the_cap_is_still_read(tmp_path):
 
 def test_plan_refuses_a_search_past_its_time_budget_saying_how_much_was_asked(tmp_path):
     """``--max-instances 4096 --engines 1024`` still ran after 90 s; now it stops within seconds with the figures."""
-    res = kvctl(["plan", "--rate", "1.21", "--prompt-tokens", "16310", *MODEL, "--instance-gbps", "1", "--slo-p99", "0.8",
+    res = kvctl(["plan", "--arrival-rate", "1.21", "--prompt-tokens", "16310", *MODEL, "--instance-gbps", "1", "--slo-p99", "0.8",
                  "--max-instances", "4096", "--engines", "1024"], tmp_path / "home", timeout_s=40)
     _refused(res, "budget")
     flat = " ".join(res.output.split())
@@ -123,6 +123,6 @@ def test_plan_refuses_a_search_past_its_time_budget_saying_how_much_was_asked(tm
 
 def test_plan_refuses_requests_that_do_not_fit_in_memory(tmp_path):
     """simulate refused what did not fit; plan went on and died of a MemoryError."""
-    res = kvctl(["plan", "--rate", "1.21", "--prompt-tokens", "16310", *MODEL, "--instance-gbps", "1", "--slo-p99", "5",
+    res = kvctl(["plan", "--arrival-rate", "1.21", "--prompt-tokens", "16310", *MODEL, "--instance-gbps", "1", "--slo-p99", "5",
                  "--requests", "10000000", "--engines", "8"], tmp_path / "home", timeout_s=40, preexec=limits(as_bytes=2 << 30))
     _refused(res, "--requests 10,000,000 needs about")

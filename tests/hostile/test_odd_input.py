@@ -136,7 +136,7 @@ def test_non_object_answers_fail_that_request_and_the_run_goes_on(standin, tmp_p
     prompts = ["first ok", "ODD_LIST", "ODD_NULL", "ODD_USAGE", "last ok"]
     trace = write_lines(tmp_path / "t.jsonl", [{"offset_s": i * 0.02, "prompt": p} for i, p in enumerate(prompts)])
     out = tmp_path / "run.jsonl"
-    code, output = invoke(["replay", str(trace), "--url", server.url, "--out", str(out)])
+    code, output = invoke(["replay", str(trace), "--engine-url", server.url, "--out", str(out)])
     assert code == 0, output
     rows = {r["index"]: r for r in read_run(out).rows}
     assert [rows[i]["status"] for i in (0, 4)] == ["ok", "ok"]
@@ -150,7 +150,7 @@ def test_a_list_body_without_streaming_fails_that_request(standin, tmp_path):
     server = standin()
     trace = write_lines(tmp_path / "t.jsonl", [{"offset_s": 0, "prompt": "fine"}, {"offset_s": 0.01, "prompt": "ODD_LIST"}])
     out = tmp_path / "run.jsonl"
-    code, output = invoke(["replay", str(trace), "--url", server.url, "--out", str(out), "--no-stream"])
+    code, output = invoke(["replay", str(trace), "--engine-url", server.url, "--out", str(out), "--no-stream"])
     assert code == 0, output
     statuses = sorted(r["status"] for r in read_run(out).rows)
     assert statuses[1] == "ok" and "not an object" in statuses[0]
@@ -163,7 +163,7 @@ def test_sigterm_and_sighup_stop_replay_like_ctrl_c(standin, tmp_path, sig):
     server = standin("--slow-after", "3", "--slow-delay-s", "120")
     trace = write_lines(tmp_path / "t.jsonl", [{"offset_s": i * 0.05, "prompt": f"r {i}"} for i in range(6)])
     out = tmp_path / "run.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "kvctl.cli", "replay", str(trace), "--url", server.url, "--out", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "kvctl.cli", "replay", str(trace), "--engine-url", server.url, "--out", str(out)],
                             cwd=str(ROOT), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
@@ -199,7 +199,7 @@ def test_sigterm_while_replay_reads_the_metrics_after_the_run_still_writes_the_s
     server = standin("--metrics-delay-s", "30")
     trace = write_lines(tmp_path / "t.jsonl", [{"offset_s": i * 0.01, "prompt": f"r {i}"} for i in range(3)])
     out = tmp_path / "run.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "kvctl.cli", "replay", str(trace), "--url", server.url, "--out", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "kvctl.cli", "replay", str(trace), "--engine-url", server.url, "--out", str(out)],
                             cwd=str(ROOT), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
@@ -242,7 +242,7 @@ def test_prompts_longer_than_the_engines_max_model_len_are_refused_before_sendin
     server = standin("--max-model-len", "100")
     trace = write_lines(tmp_path / "t.jsonl", [{"offset_s": 0, "prompt_tokens": 50}, {"offset_s": 0.1, "prompt_tokens": 5000}])
     out = tmp_path / "run.jsonl"
-    code, output = invoke(["replay", str(trace), "--url", server.url, "--out", str(out)])
+    code, output = invoke(["replay", str(trace), "--engine-url", server.url, "--out", str(out)])
     assert code == 2, output
     assert "line 2" in output and "max_model_len 100" in output and "line 1" not in output
     assert not out.exists() and server.arrivals() == []
@@ -258,7 +258,7 @@ def run_text(tmp_path_factory) -> str:
     server = start_standin()
     try:
         trace = write_lines(tmp / "t.jsonl", [{"offset_s": i * 0.01, "prompt": f"req {i}"} for i in range(3)])
-        r = CliRunner().invoke(cli, ["replay", str(trace), "--url", server.url, "--out", str(tmp / "run.jsonl")])
+        r = CliRunner().invoke(cli, ["replay", str(trace), "--engine-url", server.url, "--out", str(tmp / "run.jsonl")])
         assert r.exit_code == 0, r.output
     finally:
         server.stop()
@@ -311,7 +311,7 @@ def test_report_names_the_line_of_a_wrong_type(run_text, tmp_path, line, change,
 
 # --- 18. simulate ------------------------------------------------------------------------------
 
-SIM = ["simulate", "--rate", "1", "--prompt-tokens", "1000", "--bytes-per-token", "1000", "--prefill-rate", "1000", "--requests", "50"]
+SIM = ["simulate", "--arrival-rate", "1", "--prompt-tokens", "1000", "--bytes-per-token", "1000", "--prefill-rate", "1000", "--requests", "50"]
 
 
 def test_json_never_holds_nan_or_infinity(capsys):
@@ -331,7 +331,7 @@ def test_simulate_refuses_what_overflows_instead_of_printing_nan(tmp_path):
     assert "leave a float's range" in out and "NaN" not in out and "Infinity" not in out
 
 
-@pytest.mark.parametrize("args", [["--instance-gbps", "1e-300"], ["--instance-gbps", "1", "--rate", "1e-300"]])
+@pytest.mark.parametrize("args", [["--instance-gbps", "1e-300"], ["--instance-gbps", "1", "--arrival-rate", "1e-300"]])
 def test_simulate_options_bound_what_would_overflow(args):
     code, out = invoke([*SIM, *args, "--json"])
     assert code == 2 and "is not in the range" in out, out

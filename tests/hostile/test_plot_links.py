@@ -33,10 +33,10 @@ def _plant(tmp_path: Path, name: str, dangling: bool) -> tuple[Path, Path]:
 
 def _args(kind: str, tmp_path: Path, plot: Path) -> list[str]:
     if kind == "simulate":
-        return ["simulate", "--rate", "1.21", "--prompt-tokens", "16310", *MODEL, "--requests", "200", "--sweep", "instances=1,8",
+        return ["simulate", "--arrival-rate", "1.21", "--prompt-tokens", "16310", *MODEL, "--requests", "200", "--sweep", "instances=1,8",
                 "--plot", str(plot)]
     if kind == "plan":
-        return ["plan", "--rate", "1.21", "--prompt-tokens", "16310", *MODEL, "--requests", "200", "--max-instances", "2",
+        return ["plan", "--arrival-rate", "1.21", "--prompt-tokens", "16310", *MODEL, "--requests", "200", "--max-instances", "2",
                 "--slo-p99", "5", "--plot", str(plot)]
     if kind == "report":
         return ["report", str(write_run_file(tmp_path / "a.jsonl", [run_row(i) for i in range(5)])), "--plot", str(plot.parent)]

@@ -164,7 +164,7 @@ def test_replay_run_file_masks_the_engine_url_and_is_0600(tmp_path):
         trace.write_text(json.dumps({"offset_s": 0, "prompt": "hello there"}) + "\n")
         out = tmp_path / "run.jsonl"
         url = f"http://admin:{TOKEN}@127.0.0.1:{server.port}"
-        res = subprocess.run([sys.executable, "-m", "kvctl.cli", "replay", str(trace), "--url", url, "--out", str(out), "--json"],
+        res = subprocess.run([sys.executable, "-m", "kvctl.cli", "replay", str(trace), "--engine-url", url, "--out", str(out), "--json"],
                              env=kvctl_env(tmp_path / "home"), capture_output=True, text=True, timeout=60)
     finally:
         server.stop()

@@ -3,7 +3,7 @@
 
 Drives :class:`kvctl.connector.datapath.KVDataPath` -- the function the vLLM
 plugin calls -- on paged CUDA caches built the way vLLM 0.32 builds them
-(``kvctl.plugins.vllm_kv_views.build_caches``; the GPU host has no vLLM) and
+(``kvctl.connector.kv_views.build_caches``; the GPU host has no vLLM) and
 real valkey-servers on loopback. One prompt of ``--chunks`` MLA chunks of
 ``--layers`` x ``--chunk-tokens`` x 576 (12.4 MB at the defaults, the
 paper's chunk). Every figure is the median of ``--repeats`` runs, and each
@@ -74,8 +74,8 @@ def _cuda_time(fn, sync):
 def _make_caches(args, layout, device, n_prompts=2):
     import torch
 
-    from kvctl.plugins.vllm_kv import layout_for
-    from kvctl.plugins.vllm_kv_views import CacheSpec, build_caches
+    from kvctl.connector.layouts import layout_for
+    from kvctl.connector.kv_views import CacheSpec, build_caches
 
     spec = CacheSpec(block_size=args.block_size, num_kv_heads=1, head_size=ROW, dtype=torch.bfloat16, head_size_v=0)
     blocks_per_prompt = -(-args.chunks * args.chunk_tokens // args.block_size)

@@ -72,7 +72,7 @@ def _bench(rank, args, urls):
 
     from kvctl.connector.resp import RespClient
     from kvctl.plugins.vllm import KvctlConnector, LoadSpec, SaveSpec
-    from kvctl.plugins.vllm_kv import slots_for
+    from kvctl.connector.layouts import slots_for
     from kvctl.connector.lookup import TierLookup
 
     W, ct, n = args.world, args.chunk_tokens, args.chunks

@@ -3,7 +3,7 @@
     python benchmarks/layout_copy.py --device cuda            # the paper's chunk: 42 layers x 256 tokens x 576 bf16
     python benchmarks/layout_copy.py --device cpu --layers 8 --chunks 4 --json
 
-Caches come from kvctl.plugins.vllm_kv_views (no vLLM needed). For each layout
+Caches come from kvctl.connector.kv_views (no vLLM needed). For each layout
 it times, alternating in one run: extract (a new tensor on the caches' device)
 against a device-to-device copy of the same bytes, and insert against the same
 copy; on CUDA also extract + copy into a pinned host buffer against a raw D2H
@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvctl.plugins.vllm_kv import layout_for, slots_for  # noqa: E402
-from kvctl.plugins.vllm_kv_views import CacheSpec, build_caches  # noqa: E402
+from kvctl.connector.layouts import layout_for, slots_for  # noqa: E402
+from kvctl.connector.kv_views import CacheSpec, build_caches  # noqa: E402
 
 LAYOUTS = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
 

@@ -3,7 +3,7 @@
     load:  fetch owned chunks -> stage -> exchange over the shard group -> insert into the cache
     save:  extract from the cache (GQA: all-gather the heads) -> store owned chunks
 
-The cache is reached only through a *layout* object (``kvctl.plugins.vllm_kv.layout_for``
+The cache is reached only through a *layout* object (``kvctl.connector.layouts.layout_for``
 builds one from vLLM's views; tests and benchmarks may pass their own) with
 ``extract(slots)`` -> a new tensor on the cache's device in the canonical
 chunk format, ``insert(slots, chunk, rank=0)``, ``to_local(chunk, rank)``

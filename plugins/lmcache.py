@@ -31,7 +31,7 @@ which knows chunk indexes, stripes exactly: ``(c // W) mod K``).
 
 Values are whole chunks (LMCache's ``save_unfull_chunk: false``, its default)
 of LMCache's own layout, the same bytes its native ``resp://`` connector
-writes. Settings: :mod:`kvctl.plugins.lmcache_settings`.
+writes. Settings: :mod:`kvctl.connector.lmcache_settings`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from kvctl.connector.resp import RespClient, RespError
 from kvctl.connector.striped import RankTier
-from kvctl.plugins.lmcache_settings import PLUGIN_TYPE, PluginConfigError, PluginSettings, plugin_settings
+from kvctl.connector.lmcache_settings import PLUGIN_TYPE, PluginConfigError, PluginSettings, plugin_settings
 
 __all__ = ["KvctlConnectorAdapter", "KvctlRemoteConnector", "PluginConfigError"]
 

@@ -6,7 +6,7 @@ factory ``CreateGPUConnector`` has CUDA, XPU, MUSA and HPU branches only and
 raises "No supported cpu connector found" on a CPU engine
 (lmcache/v1/gpu_connector/__init__.py:247). :class:`CpuKVConnector` is that
 missing connector, in torch, for both layouts vLLM's CPU backend uses (the
-layout code is :mod:`kvctl.plugins.vllm_kv`, shared with kvctl's own vLLM
+layout code is :mod:`kvctl.connector.layouts`, shared with kvctl's own vLLM
 connector):
 
 * MLA: memory object ``[1, layers, tokens, 576]`` (LMCache's ``KV_MLA_FMT``),
@@ -42,7 +42,7 @@ from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCacheConnectorV1
 
-from kvctl.plugins.vllm_kv import GQALayout, MLALayout
+from kvctl.connector.layouts import GQALayout, MLALayout
 
 __all__ = ["CpuKVConnector", "KvctlLMCacheConnector", "install_cpu_connector"]
 

@@ -8,7 +8,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 from kvctl.connector.ownership import KeyExtra
 
-from .vllm_config import ConnectorConfigError
+from kvctl.connector.settings import ConnectorConfigError
 
 __all__ = ["KvctlConnectorMetadata", "LoadSpec", "SaveSpec", "shard_group", "shard_group_kind"]
 

@@ -458,12 +458,12 @@ def vllm_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances_pe
     python -m vllm.entrypoints.openai.api_server ... \\
         --kv-transfer-config "$(kvctl deploy-valkey vllm-config --dir ./kv-tier)"
     """
-    from kvctl.tier.vllm_config import ConnectorSettings, kv_transfer_config, render_json, render_shell  # noqa: PLC0415
+    from kvctl.tier.vllm_config import ConnectorOptions, kv_transfer_config, render_json, render_shell  # noqa: PLC0415
 
     if as_shell and as_json:
         raise InvalidInput("--shell and --json are two output forms; pick one")
     t = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file, instances_per_rank)
-    cfg = kv_transfer_config(t.urls, ConnectorSettings(chunk_tokens, loading == "async", timeout_s), t.user, t.password_file, t.instances_per_rank)
+    cfg = kv_transfer_config(t.urls, ConnectorOptions(chunk_tokens, loading == "async", timeout_s), t.user, t.password_file, t.instances_per_rank)
     if as_json:
         render.emit_json(cfg)
         return

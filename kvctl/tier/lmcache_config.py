@@ -31,24 +31,14 @@ from typing import Any, Sequence
 
 import yaml
 
+# the plugin's keys and names have one home, shared with the reader (kvctl.connector.lmcache_settings)
+from kvctl.connector.config_keys import (  # noqa: F401 - re-exported for the tier's callers
+    PASSWORD_FILE_KEY, PLUGIN_CLASS, PLUGIN_MODULE, PLUGIN_NAME, URL_LIST_KEY, USERNAME_KEY, plugin_key,
+)
 from kvctl.connector.urls import RANK_PLACEHOLDER
 from kvctl.errors import InvalidInput
 from kvctl.tier.targets import check_instances
 from kvctl.thresholds import CHUNK_TOKENS
-
-URL_LIST_KEY = "kvctl_remote_urls"
-USERNAME_KEY = "kvctl_username"
-PASSWORD_FILE_KEY = "kvctl_password_file"
-# --plugin: LMCache loads kvctl's RESP client (kvctl.plugins.lmcache) as remote-storage plugin "kvctl"
-PLUGIN_NAME = "kvctl"
-PLUGIN_MODULE = "kvctl.plugins.lmcache"
-PLUGIN_CLASS = "KvctlConnectorAdapter"
-
-
-def plugin_key(name: str, plugin_name: str = PLUGIN_NAME) -> str:
-    """An ``extra_config`` key of one remote-storage plugin, e.g. ``remote_storage_plugin.kvctl.url``."""
-    return f"remote_storage_plugin.{plugin_name}.{name}"
-
 
 @dataclass(frozen=True)
 class LMCacheSettings:

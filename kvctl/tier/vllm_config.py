@@ -27,21 +27,21 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from kvctl.connector import config_keys as K  # the keys' one home, shared with the connector's reader
+from kvctl.connector.config_keys import CONNECTOR, EXTRA, MODULE_PATH  # noqa: F401 - re-exported
 from kvctl.connector.urls import with_credentials
 from kvctl.errors import InvalidInput
 from kvctl.tier.targets import check_instances
 from kvctl.thresholds import CHUNK_TOKENS
 
-CONNECTOR = "KvctlConnector"
-MODULE_PATH = "kvctl.plugins.vllm"
 ARG = "--kv-transfer-config"
-EXTRA = "kv_connector_extra_config"
-ASYNC_KEY = "async_loading"
+ASYNC_KEY = K.ASYNC_LOADING
 
 
 @dataclass(frozen=True)
-class ConnectorSettings:
-    """The connector's engine-side knobs that go with a tier."""
+class ConnectorOptions:
+    """What ``vllm-config`` writes besides the tier's URLs (the connector's reader parses the whole setting
+    into :class:`kvctl.connector.settings.ConnectorSettings`)."""
 
     chunk_tokens: int = CHUNK_TOKENS
     async_loading: bool = False
@@ -55,7 +55,7 @@ def with_user(url: str, username: str | None) -> str:
 
 def kv_transfer_config(
     urls: str | Sequence[str] | Sequence[Sequence[str]],
-    settings: ConnectorSettings = ConnectorSettings(),
+    settings: ConnectorOptions = ConnectorOptions(),
     username: str | None = None,
     password_file: str | None = None,
     instances_per_rank: int = 1,
@@ -69,19 +69,19 @@ def kv_transfer_config(
     check_instances(urls, instances_per_rank)
     extra: dict[str, Any] = {}
     if isinstance(urls, str):
-        extra["url"] = with_user(urls, username)
+        extra[K.URL] = with_user(urls, username)
     elif instances_per_rank == 1:
-        extra["urls"] = [with_user(u, username) for u in urls]
+        extra[K.URLS] = [with_user(u, username) for u in urls]
     else:
-        extra["urls"] = [[with_user(u, username) for u in rank] for rank in urls]
+        extra[K.URLS] = [[with_user(u, username) for u in rank] for rank in urls]
     if instances_per_rank > 1:
-        extra["instances_per_rank"] = instances_per_rank
-    extra["chunk_tokens"] = settings.chunk_tokens
-    extra[ASYNC_KEY] = settings.async_loading
+        extra[K.INSTANCES_PER_RANK] = instances_per_rank
+    extra[K.CHUNK_TOKENS] = settings.chunk_tokens
+    extra[K.ASYNC_LOADING] = settings.async_loading
     if settings.timeout_s is not None:
-        extra["timeout_s"] = settings.timeout_s
+        extra[K.TIMEOUT_S] = settings.timeout_s
     if password_file:
-        extra["password_file"] = password_file
+        extra[K.PASSWORD_FILE] = password_file
     return {
         "kv_connector": CONNECTOR,
         "kv_connector_module_path": MODULE_PATH,

@@ -33,8 +33,8 @@ def world1(tmp_path):
 
 
 def _mla(layout, n_blocks=24):
-    from kvctl.plugins.vllm_kv import layout_for
-    from kvctl.plugins.vllm_kv_views import CacheSpec, build_caches
+    from kvctl.connector.layouts import layout_for
+    from kvctl.connector.kv_views import CacheSpec, build_caches
 
     spec = CacheSpec(block_size=BS, num_kv_heads=1, head_size=ROW, dtype=torch.bfloat16, head_size_v=0)
     _, views = build_caches(spec, layout, LAYERS, n_blocks)
@@ -42,8 +42,8 @@ def _mla(layout, n_blocks=24):
 
 
 def _gqa(layout, backend, heads=2, head=8, n_blocks=24):
-    from kvctl.plugins.vllm_kv import layout_for
-    from kvctl.plugins.vllm_kv_views import CacheSpec, build_caches
+    from kvctl.connector.layouts import layout_for
+    from kvctl.connector.kv_views import CacheSpec, build_caches
 
     spec = CacheSpec(block_size=BS, num_kv_heads=heads, head_size=head, dtype=torch.float16)
     _, views = build_caches(spec, layout, LAYERS, n_blocks)

@@ -2,7 +2,7 @@
 
 Runs only where CUDA is visible (skipped on CI's CPU machines):
 ``python -m pytest -m gpu tests/gpu``. The GPU host has no vLLM, so caches
-are built by ``kvctl.plugins.vllm_kv_views.build_caches`` (checked against
+are built by ``kvctl.connector.kv_views.build_caches`` (checked against
 vLLM's own ``create_kv_cache_views`` on CPU in tests/plugins) and driven
 through :class:`kvctl.connector.datapath.KVDataPath`, the same calls the vLLM
 plugin makes, against real valkey-servers on loopback.
@@ -31,8 +31,8 @@ def _need_gpus(n: int) -> None:
 
 
 def _layout(kind: str, layout: str, device, n_blocks: int = 64):
-    from kvctl.plugins.vllm_kv import layout_for
-    from kvctl.plugins.vllm_kv_views import CacheSpec, build_caches
+    from kvctl.connector.layouts import layout_for
+    from kvctl.connector.kv_views import CacheSpec, build_caches
 
     if kind == "mla":
         spec = CacheSpec(block_size=BS, num_kv_heads=1, head_size=576, dtype=torch.bfloat16, head_size_v=0)

@@ -1,6 +1,6 @@
 """layout_for() on CUDA caches: every layout x backend, fp8 padded pages, kernel blocks, round trips.
 
-The GPU host has no vLLM: the caches come from kvctl.plugins.vllm_kv_views
+The GPU host has no vLLM: the caches come from kvctl.connector.kv_views
 (the torch-only twin of vLLM's placement and create_kv_cache_views, checked
 against vLLM's own functions on CPU in tests/plugins/test_layouts.py), and
 this module imports nothing from vllm. The fill and the backends' readings
@@ -14,8 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvctl.plugins.vllm_kv import BACKENDS, KVLayoutError, layout_for, slots_for  # noqa: E402
-from kvctl.plugins.vllm_kv_views import CacheSpec, build_caches  # noqa: E402
+from kvctl.connector.layouts import BACKENDS, KVLayoutError, layout_for, slots_for  # noqa: E402
+from kvctl.connector.kv_views import CacheSpec, build_caches  # noqa: E402
 from tests.plugins.kv_fill import (  # noqa: E402
     GQA_BACKENDS,
     LAYOUTS,

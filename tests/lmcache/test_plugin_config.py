@@ -15,7 +15,7 @@ import yaml
 from click.testing import CliRunner
 
 from kvctl.cli import cli
-from kvctl.plugins.lmcache_settings import plugin_settings
+from kvctl.connector.lmcache_settings import plugin_settings
 from kvctl.tier import local
 from kvctl.tier.lmcache_config import LMCacheSettings, lmcache_config, render_lmcache_yaml
 from kvctl.tier.targets import state_path

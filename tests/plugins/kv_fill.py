@@ -2,8 +2,8 @@
 
 Shared by tests/plugins/test_layouts.py (caches from vLLM's own
 create_kv_cache_views) and tests/gpu/test_layouts_gpu.py (CUDA caches from
-kvctl.plugins.vllm_kv_views, no vLLM). The readings below are written from
-each backend's source in vLLM 0.32, independently of kvctl.plugins.vllm_kv:
+kvctl.connector.kv_views, no vLLM). The readings below are written from
+each backend's source in vLLM 0.32, independently of kvctl.connector.layouts:
 
 * CPU_ATTN (cpu_attn.py forward): ``cache.view(B, H, 2*N, D).chunk(2, dim=2)``
 * FLASH_ATTN / TRITON_ATTN (``kv_cache.transpose(1, 2).split(head_size, -1)``)
@@ -111,7 +111,7 @@ def read_back(caches: list[torch.Tensor], backend: str, head_size: int, slots: t
 def check_extract_insert(raw: torch.Tensor, caches: list[torch.Tensor], spec, layout: str, backend: str,
                          slots: torch.Tensor, cache_dtype: str | None = None) -> None:
     """Byte-exact extract on the caches' device, then an insert into zeroed caches writes exactly those cells."""
-    from kvctl.plugins.vllm_kv import layout_for
+    from kvctl.connector.layouts import layout_for
 
     mla = backend in MLA_BACKENDS
     fill(caches, backend, spec.head_size)

@@ -5,7 +5,7 @@ views (create_kv_cache_views) on CPU tensors, filled so each element encodes
 (layer, block, head, token, K/V, channel) as the backend reads it
 (tests/plugins/kv_fill.py). Checks: byte-exact extract, insert writes exactly
 those cells, the cross-backend/layout round trip, refusals, and the torch-only
-builder (kvctl.plugins.vllm_kv_views, used by the GPU tests) against vLLM.
+builder (kvctl.connector.kv_views, used by the GPU tests) against vLLM.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
 )
 from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 
-from kvctl.plugins.vllm_kv import BACKENDS, GQALayout, KVLayoutError, layout_for, slots_for  # noqa: E402
-from kvctl.plugins.vllm_kv_views import CacheSpec, build_caches  # noqa: E402
+from kvctl.connector.layouts import BACKENDS, GQALayout, KVLayoutError, layout_for, slots_for  # noqa: E402
+from kvctl.connector.kv_views import CacheSpec, build_caches  # noqa: E402
 from tests.plugins.kv_fill import (  # noqa: E402
     GQA_BACKENDS,
     LAYOUTS,

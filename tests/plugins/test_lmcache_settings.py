@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvctl.plugins.lmcache_settings import PluginConfigError, plugin_settings
+from kvctl.connector.lmcache_settings import PluginConfigError, plugin_settings
 
 URL = "remote_storage_plugin.kvctl.url"
 

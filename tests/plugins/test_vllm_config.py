@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvctl.plugins.vllm_config import ConnectorConfigError, parse_settings
+from kvctl.connector.settings import ConnectorConfigError, parse_settings
 
 
 def test_urls_list_and_defaults():

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvctl.plugins.vllm_kv import GQALayout, MLALayout, slots_for  # noqa: E402
+from kvctl.connector.layouts import GQALayout, MLALayout, slots_for  # noqa: E402
 
 pytestmark = pytest.mark.engine
 

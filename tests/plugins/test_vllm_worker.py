@@ -50,7 +50,7 @@ def make_worker(rank, world, urls, kind, mla=True, heads=1, **extra):
 
 def fill(conn, block_ids, rank):
     """Write token t's KV into the request's slots (MLA: same on every rank; GQA: rank's own heads)."""
-    from kvctl.plugins.vllm_kv import slots_for
+    from kvctl.connector.layouts import slots_for
 
     slots = slots_for(block_ids, BS, 0, N_TOKENS)
     lay = conn.layout
@@ -66,7 +66,7 @@ def worker(rank, world, urls, kind, mla):
     from kvctl.connector.ownership import chunk_keys
     from kvctl.connector.resp import RespClient
     from kvctl.plugins.vllm import LoadSpec, SaveSpec
-    from kvctl.plugins.vllm_kv import slots_for
+    from kvctl.connector.layouts import slots_for
 
     conn, caches = make_worker(rank, world, urls, kind, mla)
     tokens = list(range(500, 500 + N_TOKENS))
@@ -136,7 +136,7 @@ def test_worker_store_owner_pattern_offset_load_and_load_errors(kind, world, mla
 
 def test_shard_group_kind():
     from kvctl.plugins.vllm import shard_group_kind
-    from kvctl.plugins.vllm_config import ConnectorConfigError
+    from kvctl.connector.settings import ConnectorConfigError
 
     assert shard_group_kind(2, 1, 1) == "tp" and shard_group_kind(1, 4, 1) == "pcp" and shard_group_kind(1, 1, 1) == "tp"
     with pytest.raises(ConnectorConfigError, match="not both"):
@@ -214,7 +214,7 @@ def striped_worker(rank, world, rank_urls):
     from kvctl.connector.ownership import chunk_keys
     from kvctl.connector.resp import RespClient
     from kvctl.plugins.vllm import LoadSpec, SaveSpec
-    from kvctl.plugins.vllm_kv import slots_for
+    from kvctl.connector.layouts import slots_for
 
     conn, caches = make_worker(rank, world, rank_urls, "tp", mla=True)
     assert conn.settings.instances_per_rank == 2

@@ -15,8 +15,8 @@ import redis
 import yaml
 
 from kvctl.connector.urls import instance_of, parse_resp_url
-from kvctl.plugins.lmcache_settings import plugin_settings
-from kvctl.plugins.vllm_config import parse_settings
+from kvctl.connector.lmcache_settings import plugin_settings
+from kvctl.connector.settings import parse_settings
 from kvctl.tier import spec
 from kvctl.tier.server import find_valkey_server
 from kvctl.tier.targets import load_tier, resolve_targets

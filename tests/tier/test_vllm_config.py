@@ -14,10 +14,10 @@ from kvctl.cli import cli
 from kvctl.connector.resp import RespClient
 from kvctl.connector.urls import expand_url, parse_resp_url
 from kvctl.errors import InvalidInput
-from kvctl.plugins.vllm_config import parse_settings
+from kvctl.connector.settings import parse_settings
 from kvctl.tier import local
 from kvctl.tier.targets import state_path
-from kvctl.tier.vllm_config import ConnectorSettings, kv_transfer_config, render_shell, with_user
+from kvctl.tier.vllm_config import ConnectorOptions, kv_transfer_config, render_shell, with_user
 from tests import vllm_loaders
 from tests.tier.helpers import free_base_port
 
@@ -145,9 +145,9 @@ def test_library_rules():
     with pytest.raises(InvalidInput, match="no instances"):
         kv_transfer_config([])
     with pytest.raises(InvalidInput, match="timeout"):
-        kv_transfer_config(["resp://h:1"], ConnectorSettings(timeout_s=-1))
+        kv_transfer_config(["resp://h:1"], ConnectorOptions(timeout_s=-1))
     # the configured user wins over one in the URL (with_credentials' rule); it goes before the host, never a password
     assert with_user("resp://a@h:1", "b") == "resp://b@h:1"
     assert with_user("rediss://h:1/2?ssl_cert_reqs=none", "kvctl-engine") == "rediss://kvctl-engine@h:1/2?ssl_cert_reqs=none"
-    cfg = kv_transfer_config(["resp://h:1"], ConnectorSettings(chunk_tokens=64, async_loading=True))
+    cfg = kv_transfer_config(["resp://h:1"], ConnectorOptions(chunk_tokens=64, async_loading=True))
     assert shlex.split(render_shell(cfg)) == ["--kv-transfer-config", json.dumps(cfg, separators=(",", ":"))]

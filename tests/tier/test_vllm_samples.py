@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from kvctl.cli import cli
 from kvctl.connector.urls import parse_resp_url
-from kvctl.plugins.vllm_config import parse_settings
+from kvctl.connector.settings import parse_settings
 from tests import vllm_loaders
 
 pytest.importorskip("vllm")

@@ -24,6 +24,8 @@ from typing import Any, Mapping
 from kvctl.connector.urls import (INSTANCE_PLACEHOLDER, MAX_INSTANCES_PER_RANK, InvalidUrl, expand_rank_urls, instances_in,
                                   parse_resp_url, read_password_file, with_credentials)
 from kvctl.errors import InvalidInput
+
+from .config_keys import POLICY_KEYS, VLLM_KEYS
 from kvctl.thresholds import CONNECTOR_TIMEOUT_S
 
 __all__ = ["ConnectorConfigError", "ConnectorSettings", "LoadPolicySettings", "parse_settings"]
@@ -42,11 +44,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "load_policy.bandwidth_gbps": (1e-6, 1e5),
     "load_policy.reprobe_after_s": (1e-3, 86400.0 * 30),
 }
-KNOWN_KEYS = frozenset({
-    "urls", "url", "chunk_tokens", "password_file", "timeout_s", "host_budget_bytes",
-    "async_loading", "load_policy", "pinned_pool_bytes", "instances_per_rank", "connections_per_instance",
-    "save_drain_s",
-})
+KNOWN_KEYS = VLLM_KEYS  # the one list (connector/config_keys.py), which the writer in kvctl.tier uses too
 #: page-locked host memory for chunk copies on CUDA engines (one pool a worker, reused across requests):
 #: two batches of the store's 4 chunks of the paper's 12.4 MB fit with room to spare
 DEFAULT_PINNED_POOL_BYTES = 256 * 2**20
@@ -55,7 +53,6 @@ DEFAULT_CONNECTIONS = 2
 #: how long a worker's shutdown waits for saves still queued or running before it abandons them; inside
 #: a vLLM ``--shutdown-timeout 5`` (vLLM's default 0 kills the workers at once on SIGTERM: docs/gpu.md)
 DEFAULT_SAVE_DRAIN_S = 4.0
-POLICY_KEYS = frozenset({"prefill_tokens_per_s", "t0_s", "bandwidth_gbps", "reprobe_after_s"})
 
 
 class ConnectorConfigError(ValueError):

@@ -45,7 +45,7 @@ import torch
 
 from kvctl.connector.datapath import slots_for  # the one definition; re-exported here for the plugins
 
-from .vllm_config import ConnectorConfigError
+from .settings import ConnectorConfigError
 
 __all__ = ["BACKENDS", "GQALayout", "KVLayout", "KVLayoutError", "LAYOUTS", "MLALayout", "chunk_fmt",
            "layout_for", "slots_for"]

@@ -27,7 +27,7 @@ from kvctl.connector.urls import (INSTANCE_PLACEHOLDER, MAX_INSTANCES_PER_RANK, 
                                   read_password_file, with_credentials)
 from kvctl.errors import InvalidInput
 from kvctl.thresholds import CONNECTOR_TIMEOUT_S
-from kvctl.tier.lmcache_config import PASSWORD_FILE_KEY, PLUGIN_NAME, URL_LIST_KEY, USERNAME_KEY, plugin_key
+from .config_keys import PASSWORD_FILE_KEY, PLUGIN_NAME, URL_LIST_KEY, USERNAME_KEY, plugin_key
 
 __all__ = ["PLUGIN_TYPE", "PluginConfigError", "PluginSettings", "plugin_settings"]
 

@@ -1,0 +1,221 @@
+"""KvctlConnector's scheduler side: lookups of the tier, load and save planning (see :mod:`kvctl.plugins.vllm`).
+
+A mixin of :class:`kvctl.plugins.vllm.KvctlConnector` (the facade vLLM loads): the methods vLLM calls on a
+connector built with the scheduler role. It shares the facade's settings (``settings``, ``chunk_tokens``,
+``fmt``, ``stats``, ``trace``) and adds the scheduler's state: the tier lookup, the requests it follows and
+the loads it has planned. Nothing here touches a KV cache; the workers load and save (:mod:`kvctl.plugins.vllm_worker`).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.logger import init_logger
+
+from kvctl.connector import metric_names as M
+from kvctl.connector.lookup import LookupCache, TierLookup, loadable_chunks
+from kvctl.connector.policy import PolicyState
+
+from .vllm_keys import request_key_extra
+from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec, _ReqState
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+__all__ = ["SchedulerSide"]
+
+logger = init_logger("vllm.kvctl.plugins.vllm")  # the facade's logger: one name in the engine's log
+
+_POLL_S = 0.005  # how long one scheduler step waits for a background lookup
+
+
+class SchedulerSide:
+    """The scheduler role of KvctlConnector (a mixin: ``self`` is the connector)."""
+
+    def _init_scheduler(self) -> None:
+        st = self.settings
+        self.lookup = TierLookup(st.rank_urls, self.chunk_tokens, self.model_name, self.fmt, st.timeout_s)
+        self._reqs: dict[str, _ReqState] = {}
+        self._pending_loads: list[LoadSpec] = []
+        self._local_hit: dict[str, int] = {}  # req -> local computed tokens seen by the last lookup
+        self._sync_answers = LookupCache(st.timeout_s)  # a waiting request's answer, reused step after step
+        self._async_lookups: dict[str, tuple[Future, float, int]] = {}
+        # req -> its extra key material (LoRA, cache_salt, mm inputs: plugins/vllm_keys.py), built once from
+        # vLLM's Request; a request never seen with its Request (so its cache_salt is unknown) is not saved
+        self._extras: dict[str, Any] = {}
+        # outer async lookups get their own threads: they wait on the lookup pool's per-rank EXISTS tasks
+        self._async_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvctl-async-lookup")
+        self.policy = None
+        if st.load_policy is not None:
+            p = st.load_policy
+            # s: the whole model's bytes per token (_chunk_bytes counts every rank's heads), judged against
+            # the tier: W ranks load in parallel, so W × the summed bytes / summed seconds
+            self.policy = PolicyState(self._chunk_bytes() / self.chunk_tokens, p.prefill_tokens_per_s, p.t0_s,
+                                      p.bandwidth_gbps, p.reprobe_after_s, ranks=self.world_size)
+
+    def _hit_tokens(self, request: "Request", num_computed_tokens: int, result) -> int:
+        if result.failed_ranks:
+            self.stats.add("kvctl:lookup_timeouts", 1)
+            logger.warning("KvctlConnector: lookup of %s: rank(s) %s erred or timed out: recompute",
+                           request.request_id, list(result.failed_ranks))
+            return 0
+        hit_end = result.hit_chunks * self.chunk_tokens
+        ext = max(0, hit_end - num_computed_tokens)
+        if ext and self.policy is not None and not self.policy.allow(ext):
+            return 0
+        return ext
+
+    def _timed_lookup(self, rid: str, prompt: list[int], first: int, vector: bool, extra):
+        """One lookup of the tier, counted (kvctl:lookups, kvctl:lookup_seconds) and traced."""
+        t0 = time.perf_counter()
+        result = self.lookup.lookup(prompt, first, vector, extra)
+        dt = time.perf_counter() - t0
+        self.stats.add(M.LOOKUPS, 1)
+        self.stats.add(M.LOOKUP_SECONDS, dt)
+        self.trace.event("lookup", req=rid, s=dt, first_chunk=first, hit_chunks=result.hit_chunks,
+                         failed=list(result.failed_ranks), tokens=len(prompt))
+        return result
+
+    def _key_extra(self, request: "Request"):
+        """The request's :class:`~kvctl.connector.ownership.KeyExtra` (None: tokens only), built once."""
+        rid = request.request_id
+        if rid not in self._extras:
+            self._extras[rid] = request_key_extra(request, self.chunk_tokens)
+        return self._extras[rid]
+
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
+        prompt = list(request.prompt_token_ids or [])
+        first = num_computed_tokens // self.chunk_tokens
+        if loadable_chunks(len(prompt), self.chunk_tokens) <= first:
+            return 0, False
+        extra = self._key_extra(request)
+        self._local_hit[request.request_id] = num_computed_tokens
+        rid = request.request_id
+        if not self.settings.async_loading:
+            n_tokens = getattr(request, "num_tokens", len(prompt))
+            result = self._sync_answers.get(rid, n_tokens, first)
+            if result is None:
+                result = self._timed_lookup(rid, prompt, first, False, extra)
+                self._sync_answers.put(rid, n_tokens, result)
+            return self._hit_tokens(request, num_computed_tokens, result), False
+        entry = self._async_lookups.get(rid)
+        if entry is None or entry[2] != first:
+            fut = self._async_pool.submit(self._timed_lookup, rid, prompt, first, True, extra)
+            entry = (fut, time.monotonic(), first)
+            self._async_lookups[rid] = entry
+        fut, started, _ = entry
+        if not fut.done():
+            # a short blocking wait: lets the lookup threads run instead of a scheduler loop that
+            # spins on this request (on 2 cores a spinning loop starves them of the GIL)
+            try:
+                fut.exception(timeout=_POLL_S)
+            except Exception:  # noqa: BLE001 - TimeoutError (still running) or CancelledError
+                pass
+        if not fut.done():
+            if time.monotonic() - started < self.settings.timeout_s * 2:
+                return None, False  # ask again next step
+            self._async_lookups.pop(rid, None)
+            self.stats.add("kvctl:lookup_timeouts", 1)
+            logger.warning("KvctlConnector: async lookup of %s not done after %.1fs: recompute", rid,
+                           time.monotonic() - started)
+            return 0, False
+        try:
+            ext = self._hit_tokens(request, num_computed_tokens, fut.result())
+        except Exception:  # noqa: BLE001 - a failed lookup is a miss
+            logger.exception("KvctlConnector: async lookup of %s failed: recompute", rid)
+            ext = 0
+        return ext, ext > 0
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int) -> None:
+        rid = request.request_id
+        self._async_lookups.pop(rid, None)
+        self._sync_answers.drop(rid)
+        extra = self._key_extra(request)  # recorded for its save, whether or not it was looked up
+        local = self._local_hit.pop(rid, None)
+        if local is None:
+            return
+        prompt = list(request.prompt_token_ids or [])
+        loadable = loadable_chunks(len(prompt), self.chunk_tokens) - local // self.chunk_tokens
+        hit = num_external_tokens // self.chunk_tokens if num_external_tokens else 0
+        if request.num_preemptions == 0:
+            self.stats.add("kvctl:chunks_hit", hit)
+            self.stats.add("kvctl:chunks_missed", max(0, loadable - hit))
+            self.stats.add("kvctl:remote_hit_tokens", num_external_tokens)
+        if num_external_tokens <= 0:
+            return
+        end = local + num_external_tokens
+        self._pending_loads.append(LoadSpec(
+            req_id=rid,
+            token_ids=prompt[:end],
+            first_chunk=local // self.chunk_tokens,
+            end_chunk=end // self.chunk_tokens,
+            skip_tokens=local,
+            block_ids=list(blocks.get_block_ids()[0]),
+            is_async=self.settings.async_loading,
+            key_extra=extra,
+        ))
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        meta = KvctlConnectorMetadata(loads=self._pending_loads)
+        for spec in self._pending_loads:
+            self.trace.event("scheduled_load", req=spec.req_id, chunks=spec.end_chunk - spec.first_chunk,
+                             asynchronous=spec.is_async)
+        self._pending_loads = []
+        scheduled = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            st = _ReqState(list(new.prompt_token_ids or []), list(new.block_ids[0]),
+                           key_extra=self._extras.get(new.req_id))
+            if new.req_id not in self._extras:
+                st.saved = True  # its Request (cache_salt) never reached this side: storing it could mix tenants
+            self._reqs[new.req_id] = st
+            self._maybe_save(meta, new.req_id, st, new.num_computed_tokens + scheduled.get(new.req_id, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            st = self._reqs.get(rid)
+            if st is None:
+                continue
+            new_blocks = cached.new_block_ids[i]
+            if rid in cached.resumed_req_ids:
+                st.block_ids = list(new_blocks[0]) if new_blocks is not None else []
+            elif new_blocks is not None:
+                st.block_ids.extend(new_blocks[0])
+            self._maybe_save(meta, rid, st, cached.num_computed_tokens[i] + scheduled.get(rid, 0))
+        for rid in scheduler_output.finished_req_ids:
+            self._forget(rid)
+        return meta
+
+    def _maybe_save(self, meta: KvctlConnectorMetadata, rid: str, st: _ReqState, computed_after_step: int) -> None:
+        n_full = len(st.prompt) // self.chunk_tokens
+        if st.saved or n_full == 0 or computed_after_step < len(st.prompt):
+            return
+        st.saved = True
+        meta.saves.append(SaveSpec(rid, st.prompt[: n_full * self.chunk_tokens],
+                                   st.block_ids[: -(-n_full * self.chunk_tokens // self.block_size)],
+                                   key_extra=st.key_extra))
+
+    def _forget(self, rid: str) -> None:
+        self._reqs.pop(rid, None)
+        self._local_hit.pop(rid, None)
+        self._extras.pop(rid, None)
+        self._sync_answers.drop(rid)
+        entry = self._async_lookups.pop(rid, None)
+        if entry is not None:
+            entry[0].cancel()
+
+    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._forget(request.request_id)
+        return False, None
+
+    def update_connector_output(self, connector_output) -> None:
+        stats = getattr(connector_output, "kv_connector_stats", None)
+        if self.policy is not None and stats is not None and stats.data:
+            self.policy.observe(stats.data.get("kvctl:l2_get_bytes", 0), stats.data.get("kvctl:l2_get_seconds", 0))
+
+    def _shutdown_scheduler(self) -> None:
+        self._async_pool.shutdown(wait=False, cancel_futures=True)
+        self.lookup.close()

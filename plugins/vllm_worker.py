@@ -1,0 +1,380 @@
+"""KvctlConnector's worker side: the paged caches, loads and saves on one rank (see :mod:`kvctl.plugins.vllm`).
+
+A mixin of :class:`kvctl.plugins.vllm.KvctlConnector` (the facade vLLM loads): the methods vLLM calls on a
+connector built with the worker role. It reads the engine's caches and groups, builds the rank's
+:class:`~kvctl.connector.store.ShardedStore` and :class:`~kvctl.connector.datapath.KVDataPath`, runs the
+agreed-prefix loads the scheduler planned (on the step's thread, or the async loader's) and hands saves to
+the background saver. The transfers themselves are kvctl.connector's; this adapts vLLM's calls to them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vllm.logger import init_logger
+
+from kvctl.connector import metric_names as M
+from kvctl.connector.datapath import KVDataPath, LoadOutcome
+from kvctl.connector.layouts import KVLayoutError, layout_for
+from kvctl.connector.pinned import PinnedPool
+from kvctl.connector.protocol import member_group
+from kvctl.connector.saver import Saver
+from kvctl.connector.settings import ConnectorConfigError
+from kvctl.connector.store import ShardedStore
+
+from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec
+
+if TYPE_CHECKING:
+    from vllm.forward_context import ForwardContext
+
+__all__ = ["BEFORE_LOAD_HOOK_ENV", "WorkerSide"]
+
+logger = init_logger("vllm.kvctl.plugins.vllm")  # the facade's logger: one name in the engine's log
+
+_POLL_S = 0.005  # how long one worker step waits for a background load
+# test hook: "module:function", called on every rank as fn(rank, keys, first_chunk, url) just
+# before a load fetches its chunks (tests delete a chunk there, between lookup and load); url: the
+# rank's first instance, credentials included
+BEFORE_LOAD_HOOK_ENV = "KVCTL_CONNECTOR_BEFORE_LOAD_HOOK"
+
+
+class WorkerSide:
+    """The worker role of KvctlConnector (a mixin: ``self`` is the connector)."""
+
+    def _init_worker(self) -> None:
+        self.store: ShardedStore | None = None
+        self.layout = None
+        self._load_errors: set[int] = set()
+        self._loaded_end: dict[str, int] = {}  # req -> agreed end chunk of its load (identical on every rank)
+        self._finished_recving: set[str] = set()
+        self._async_pending = 0  # async loads queued or running
+        self._lock = threading.Lock()
+        self._load_done = threading.Condition(self._lock)
+        self._saver = Saver(self._store_chunks, name="kvctl-save")
+        self._insert_events: list = []  # (start, end, req) of queued inserts, timed once they ran (trace only)
+        self._pending_reported = False
+        self._async_q: queue.SimpleQueue | None = None
+        self._async_thread: threading.Thread | None = None
+        self._async_group = None
+        hook = os.environ.get(BEFORE_LOAD_HOOK_ENV)
+        self._hook = None
+        if hook:
+            mod, _, fn = hook.partition(":")
+            self._hook = getattr(importlib.import_module(mod), fn)
+
+    def _shard_group(self):
+        if getattr(self, "_coordinator", None) is not None:
+            return self._coordinator
+        from vllm.distributed import parallel_state as ps
+
+        return ps.get_pcp_group() if self._group_kind == "pcp" else ps.get_tp_group()
+
+    def _kv_cache_reading(self, layer_names: list[str]) -> tuple[str, str]:
+        """(resolved KVCacheLayout name, attention backend name) of the group, from the engine."""
+        if self._vllm_config is None:
+            return self._kv_read_as
+        from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+
+        layout = self._vllm_config.cache_config.get_resolved_kv_cache_layout().name
+        names = sorted({b.get_name() for b in get_current_attn_backends(self._vllm_config, layer_names)})
+        if len(names) != 1:
+            raise KVLayoutError(f"KvctlConnector: the KV cache group's layers use {len(names)} attention backends "
+                                f"({', '.join(names)}), layout {layout}, spec {self._spec}: one is supported")
+        return layout, names[0]
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        names = self._kv_cache_config.kv_cache_groups[0].layer_names
+        caches = [kv_caches[n] for n in names if n in kv_caches]
+        if len(caches) != len(names):
+            raise RuntimeError(f"KvctlConnector: {len(names)} attention layers but {len(caches)} KV caches registered")
+        layout, backend = self._kv_cache_reading(names)
+        self.layout = layout_for(caches, self._spec, layout, backend, cache_dtype=self._cache_dtype)
+        if self.layout.mla != self.use_mla or self.layout.fmt(self.world_size) != self.fmt:
+            raise KVLayoutError(f"KvctlConnector: backend {backend}, layout {layout}: chunks of "
+                                f"{self.layout.fmt(self.world_size)}, the scheduler keys {self.fmt} (use_mla={self.use_mla})")
+        group = self._shard_group()
+        self.rank = group.rank_in_group
+        if group.world_size != self.world_size:
+            raise RuntimeError(f"KvctlConnector: shard group has {group.world_size} ranks, expected {self.world_size}")
+        device = caches[0].device
+        on_cuda = device.type == "cuda"
+        st = self.settings
+        k = st.instances_per_rank
+        # CPU engines exchange host chunks over gloo; CUDA engines exchange device chunks over the
+        # group's device (NCCL) group, with replies and saves going through one pinned pool, and the
+        # protocol's 64-byte message over the group's gloo group (no device round trip)
+        self.group = group.device_group if on_cuda else group.cpu_group
+        self._meta_group = group.cpu_group if on_cuda and self.world_size > 1 else None
+        chunk_shape = self.layout.chunk_shape(self.chunk_tokens, self.world_size)
+        pool = None
+        if on_cuda:
+            nbytes = torch.empty((), dtype=self.layout.dtype).element_size() * int(torch.Size(chunk_shape).numel())
+            try:
+                pool = PinnedPool(st.pinned_pool_bytes, nbytes)
+            except ValueError as exc:
+                raise ConnectorConfigError(f"kv_connector_extra_config.pinned_pool_bytes: {exc}") from None
+            if pool.n_slots < 2 * k:
+                raise ConnectorConfigError(
+                    f"kv_connector_extra_config.pinned_pool_bytes: {st.pinned_pool_bytes} bytes hold {pool.n_slots} "
+                    f"chunk(s) of {nbytes} bytes; {k} instance(s) per rank need at least {2 * k} "
+                    f"(give at least {2 * k * nbytes})")
+            logger.info("KvctlConnector rank %d: pinned pool %d bytes (%d chunks, %s) in %.3f s", self.rank,
+                        pool.nbytes, pool.n_slots, "pinned" if pool.pinned else "pageable", pool.setup_s)
+        self.store = ShardedStore(
+            self.rank, self.world_size, [list(r) for r in st.rank_urls], st.host_budget_bytes,
+            chunk_shape, self.layout.dtype,
+            chunk_tokens=self.chunk_tokens, model_name=self.model_name, fmt=self.fmt,
+            group=self.group, device=device, timeout_s=st.timeout_s, pool=pool,
+            instances_per_rank=k, connections=st.connections_per_instance,
+        )
+        self.datapath = KVDataPath(self.store, self.layout, chunk_tokens=self.chunk_tokens,
+                                   block_size=self.block_size, group=self.group, device=device)
+        self._get_seen = (0, 0.0)
+        self._async_meta_group = None
+        if st.async_loading:
+            if self.world_size > 1:
+                # background loads run their collectives on groups of their own, never on vLLM's; only
+                # this TP/PCP group's ranks create them (under DP the world holds several such groups)
+                t0 = time.perf_counter()
+                self._async_group = member_group(group.ranks, backend="nccl" if on_cuda else "gloo")
+                if self._meta_group is not None:
+                    self._async_meta_group = member_group(group.ranks, backend="gloo")
+                logger.info("KvctlConnector rank %d: async load group(s) of %d rank(s) in %.3f s", self.rank,
+                            self.world_size, time.perf_counter() - t0)
+            else:
+                self._async_group = self.group  # one rank runs no collective: no group of its own needed
+            self._async_q = queue.SimpleQueue()
+            self._async_thread = threading.Thread(target=self._async_loop, name="kvctl-async-load", daemon=True)
+            self._async_thread.start()
+        self._warm_up(on_cuda)
+        lanes = getattr(self.store, "lanes_per_instance", None)
+        logger.info("KvctlConnector rank %d/%d: %s, model %s, fmt %s, chunk %d tokens (%d bytes), %s loading%s",
+                    self.rank, self.world_size, self.store.url, self.model_name, self.fmt, self.chunk_tokens,
+                    self.store.chunk_nbytes,
+                    "async" if st.async_loading else "sync",
+                    f", {k} instance(s) x {lanes} GET lane(s)" if lanes else "")
+
+    def _warm_up(self, on_cuda: bool) -> None:
+        """Pay once at start what the first hit would pay (every wait bounded by timeout_s, and logged).
+
+        * the tier: one PING a rank instance, so a dead or misnamed instance is in the log at start
+          (not fatal: the engine serves by recomputing);
+        * W > 1 on CUDA: one small collective on each group a load uses (NCCL builds its communicator
+          on the first call, which otherwise lands inside the first hit's step).
+        """
+        t0 = time.perf_counter()
+        down = []
+        for i, client in enumerate(self.store.tier.clients if self.store.tier is not None else []):
+            try:
+                if not client.ping():
+                    down.append(i)
+            except Exception as exc:  # noqa: BLE001 - a down tier is a miss later, not an engine error
+                down.append(i)
+                logger.warning("KvctlConnector rank %d: instance %s not reachable at start (%s): its chunks "
+                               "will be recomputed until it is", self.rank, self.store.tier.redacted[i], exc)
+        if self.world_size > 1 and on_cuda:
+            for g in (self.group, self._meta_group, self._async_group, self._async_meta_group):
+                if g is None:
+                    continue
+                dev = self.store.device if torch.distributed.get_backend(g) == "nccl" else torch.device("cpu")
+                t = torch.zeros(self.world_size, dtype=torch.int64, device=dev)
+                torch.distributed.all_gather_into_tensor(t, torch.zeros(1, dtype=torch.int64, device=dev), group=g)
+            torch.cuda.synchronize(self.store.device)
+        n = self.store.tier.k if self.store.tier is not None else 0
+        logger.info("KvctlConnector rank %d: warm-up in %.3f s (%d of %d instance(s) answered)", self.rank,
+                    time.perf_counter() - t0, n - len(down), n)
+
+    # -- load ----------------------------------------------------------------
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvctlConnectorMetadata)
+        for spec in meta.loads:
+            if spec.is_async and self._async_q is not None:
+                with self._lock:
+                    self._async_pending += 1
+                self._async_q.put((spec, time.perf_counter()))
+            else:
+                out = self._load(spec, self.group, self._meta_group)
+                if self.rank == 0 and out is not None and out.timing is not None:
+                    self.stats.add(M.LOAD_WAIT_SECONDS, out.timing.total_s)
+
+    def _async_loop(self) -> None:
+        while True:
+            item = self._async_q.get()
+            if item is None:
+                return
+            spec, queued = item
+            try:
+                self._load(spec, self._async_group, self._async_meta_group)
+                if self.store is not None and self.store.device.type == "cuda":
+                    # the insert was queued on this thread's stream, not the engine's: it must be done before
+                    # the request is reported loaded and vLLM schedules its forward
+                    torch.cuda.current_stream(self.store.device).synchronize()
+                if self.rank == 0:
+                    self.stats.add(M.LOAD_WAIT_SECONDS, time.perf_counter() - queued)
+            except BaseException:  # noqa: BLE001 - its blocks are marked bad; a dead loader would strand every later load
+                logger.exception("KvctlConnector: async load of %s interrupted", spec.req_id)
+            finally:
+                with self._lock:
+                    self._finished_recving.add(spec.req_id)
+                    self._async_pending -= 1
+                    self._load_done.notify_all()
+
+    def _load(self, spec: LoadSpec, group, meta_group=None) -> LoadOutcome:
+        """Agreed-prefix load of one request's hit into the paged cache (collective over ``group``)."""
+        ct, store = self.chunk_tokens, self.store
+        planned = spec.end_chunk - spec.first_chunk
+        if self._hook is not None:
+            try:
+                self._hook(self.rank, store.keys(spec.token_ids, spec.key_extra), spec.first_chunk,
+                           store.tier.urls[0] if store.tier is not None else None)
+            except Exception:  # noqa: BLE001 - a test hook must not break the engine
+                logger.exception("KvctlConnector before-load hook failed")
+        # agreed: the same on every rank; prefix: chunks written into this rank's cache
+        out = self.datapath.load(spec.token_ids, spec.block_ids, spec.first_chunk, spec.end_chunk, spec.skip_tokens,
+                                 group=group, extra=spec.key_extra, meta_group=meta_group)
+        agreed, prefix, interrupted = out.agreed, out.written, out.interrupted
+        self._count_load(spec, out)
+        # the agreed chunks are in the tier whatever this rank could write: every rank keeps the same
+        # mark, so the request's next save runs its collectives on every rank or on none
+        self._loaded_end[spec.req_id] = spec.first_chunk + agreed
+        loaded_end = spec.first_chunk + prefix
+        if prefix < planned:
+            logger.warning("KvctlConnector rank %d: load of %s: %d of %d chunk(s) agreed, %d written: the rest is "
+                           "recomputed", self.rank, spec.req_id, agreed, planned, prefix)
+            first_bad = max(loaded_end * ct, spec.skip_tokens) // self.block_size
+            bad = set(spec.block_ids[first_bad : spec.end_chunk * ct // self.block_size])
+            with self._lock:
+                self._load_errors |= bad
+            if self.rank == 0:
+                self.stats.add("kvctl:agreed_prefix_shortfall_chunks", planned - prefix)
+                self.stats.add("kvctl:load_errors", 1)
+        if interrupted is not None:
+            raise interrupted
+        return out
+
+    def _count_load(self, spec: LoadSpec, out: LoadOutcome) -> None:
+        """One load's phases into the kvctl:load_* counters and the trace."""
+        t = out.timing
+        if t is None:
+            return
+        for name, value in ((M.LOADS, 1), (M.LOAD_SECONDS, t.total_s), (M.LOAD_GET_SECONDS, t.get_s),
+                            (M.LOAD_COPY_SECONDS, t.copy_tail_s), (M.LOAD_EXCHANGE_SECONDS, t.exchange_s),
+                            (M.LOAD_INSERT_SECONDS, t.insert_s)):
+            self.stats.add(name, value)
+        if self.trace.on:
+            self.trace.event("load", req=spec.req_id, rank=self.rank, planned=spec.end_chunk - spec.first_chunk,
+                             agreed=out.agreed, written=out.written, bytes=t.get_bytes, total_s=t.total_s,
+                             get_s=t.get_s, copy_tail_s=t.copy_tail_s, exchange_s=t.exchange_s, insert_s=t.insert_s,
+                             asynchronous=spec.is_async)
+            if t.insert_events is not None:
+                self._insert_events.append((*t.insert_events, spec.req_id))
+
+    def _trace_inserts(self) -> None:
+        """The device time of inserts that have run (trace only; no sync: unfinished ones wait)."""
+        left = []
+        for start, end, rid in self._insert_events:
+            if end.query():
+                self.trace.event("insert_gpu", req=rid, rank=self.rank, s=start.elapsed_time(end) / 1e3)
+            else:
+                left.append((start, end, rid))
+        self._insert_events = left[-256:]
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        with self._lock:
+            bad, self._load_errors = self._load_errors, set()
+        return bad
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        for rid in finished_req_ids:
+            self._loaded_end.pop(rid, None)
+        with self._lock:
+            if self._async_pending and not self._finished_recving:
+                # vLLM steps again at once while a request waits for its load: a short wait here
+                # keeps that loop from starving the load thread of the GIL
+                self._load_done.wait(timeout=_POLL_S)
+            done, self._finished_recving = self._finished_recving, set()
+        return None, (done or None)
+
+    # -- save ----------------------------------------------------------------
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs: Any) -> None:
+        return  # the whole prompt is saved in wait_for_save, once its prefill is done
+
+    def wait_for_save(self) -> None:
+        if not self.has_connector_metadata():
+            return
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, KvctlConnectorMetadata):
+            return
+        for spec in meta.saves:
+            self._save(spec)
+
+    def _save(self, spec: SaveSpec) -> None:
+        n_full = len(spec.token_ids) // self.chunk_tokens
+        first = self._loaded_end.get(spec.req_id, 0)  # loaded chunks are in the tier already
+        if first >= n_full:
+            return
+        # copied out on this thread, before vLLM can reuse the blocks (GQA: a collective on every rank);
+        # written to the tier in the background
+        batch = self.datapath.extract(spec.token_ids, spec.block_ids, first, extra=spec.key_extra)
+        if batch is not None and not self._saver.submit(batch):
+            self.stats.add(M.SAVES_ABANDONED, 1)  # shutting down: no more saves
+
+    def _store_chunks(self, batch) -> None:
+        t0 = time.perf_counter()
+        try:
+            res = self.datapath.store_batch(batch)
+            if res.l2_error:
+                self.stats.add(M.SAVE_ERRORS, 1)
+                logger.warning("KvctlConnector rank %d: store failed: %s", self.rank, res.l2_error)
+            else:
+                self.stats.add(M.CHUNKS_STORED, res.l2_chunks)
+            self.trace.event("save", rank=self.rank, chunks=res.l2_chunks, s=time.perf_counter() - t0,
+                             error=res.l2_error)
+        except Exception:  # noqa: BLE001 - a failed save is a future miss, never an engine error
+            self.stats.add(M.SAVE_ERRORS, 1)
+            logger.exception("KvctlConnector: store failed")
+
+    def _worker_stats(self) -> None:
+        """This step's worker counters into ``stats`` (the facade's ``get_kv_connector_stats`` takes them)."""
+        if self._insert_events:
+            self._trace_inserts()
+        if self.store is not None:
+            pending = self._saver.pending
+            if pending or self._pending_reported:
+                self.stats.set(M.SAVES_PENDING, pending)  # a backlog shows; once it clears, one 0 says so
+                self._pending_reported = pending > 0
+            b, s = self.store.l2_get_bytes, self.store.l2_get_seconds
+            self.stats.add("kvctl:l2_get_bytes", b - self._get_seen[0])
+            self.stats.add("kvctl:l2_get_seconds", s - self._get_seen[1])
+            self._get_seen = (b, s)
+
+    def _shutdown_worker(self) -> None:
+        if self._async_q is not None:
+            self._async_q.put(None)
+        pending = self._saver.pending
+        res = self._saver.drain(self.settings.save_drain_s)
+        if res.abandoned:
+            self.stats.add(M.SAVES_ABANDONED, res.abandoned)
+            logger.warning("KvctlConnector rank %d: shutdown: %d save(s) written in %.2f s, %d abandoned after "
+                           "save_drain_s=%g (their chunks will be misses)", self.rank, res.written, res.waited_s,
+                           res.abandoned, self.settings.save_drain_s)
+        elif pending:
+            logger.info("KvctlConnector rank %d: shutdown: %d pending save(s) written in %.2f s", self.rank,
+                        res.written, res.waited_s)
+        self.trace.event("shutdown", rank=self.rank, pending=pending, written=res.written, abandoned=res.abandoned)
+        if self.store is not None:
+            self.store.close()
+        self.trace.close()
+
+

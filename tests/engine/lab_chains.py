@@ -187,7 +187,8 @@ FAULTS = ("clean", "deleted", "stopped", "killed")
 
 
 def run_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_tokens: int, timeout_s: float,
-               length: int = 1290, start_timeout_s: float = 420) -> tuple[dict, list[list[int]]]:
+               length: int = 1290, start_timeout_s: float = 420,
+               loadings: tuple[str, ...] = ("sync", "async")) -> tuple[dict, list[list[int]]]:
     """A writer computes 8 prompts; a sync reader (prompts 0-3) and an async reader (4-7, on its own tier, a
     copy) each load: a clean hit; one whose chunk 1 is deleted between lookup and load; one with the instance
     SIGSTOPped; one whose instance is SIGKILLed as the load starts; then one more prompt (the engine serves on).
@@ -212,6 +213,8 @@ def run_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_toke
         for k in src.scan_iter(count=1000):  # the async reader's tier holds the same chunks
             dst.set(k, src.get(k))
         for loading, tier in tiers.items():
+            if loading not in loadings:
+                continue
             plan = root / f"plan-{loading}.json"
             pid = tier.instances[0]["pid"]
             cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens), "--timeout-s", str(timeout_s),
@@ -245,10 +248,13 @@ def run_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_toke
     return out, prompts
 
 
-def fault_problems(out: dict, prompts: list, *, timeout_s: float, chunk_tokens: int) -> list[str]:
+def fault_problems(out: dict, prompts: list, *, timeout_s: float, chunk_tokens: int,
+                   loadings: tuple[str, ...] = ("sync", "async")) -> list[str]:
     """Every fault must end in the cold tokens, within the connector's bounds, and be counted."""
     problems = []
     for loading, base in (("sync", 0), ("async", 4)):
+        if loading not in loadings:
+            continue
         for i, fault in enumerate(FAULTS):
             got, cold = out[loading].get(fault), out["cold"][base + i]
             if got is None:

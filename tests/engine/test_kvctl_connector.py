@@ -33,6 +33,9 @@ from tests.engine.vllm_server import build_tiny_model, start_vllm
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(900)]
 
 MLA_CT = 64  # chunk tokens; CPU MLA blocks are 16 tokens
+# the reference CPU MLA backend, on every CPU: with AMX vLLM would pick AMX_MLA (128-token blocks, prefix caching
+# on: vllm/platforms/cpu.py:152-176), and the numbers below are for 16-token blocks and no local prefix cache
+MLA_ARGS = ["--attention-backend", "CPU_MLA"]
 GQA_CT = 128  # CPU attention blocks are 128 tokens
 TIMEOUT_S = 2.0
 MLA_FMT = "mla576-L2-bfloat16"  # 576 = kv_lora_rank 512 + rope 64, 2 layers
@@ -85,7 +88,8 @@ def results():
 
 @pytest.fixture(scope="module")
 def mla_life1(vllm_python, mla_model, tier, tmp_path_factory):
-    server = start_tp2(mla_model, tmp_path_factory.mktemp("mla1"), vllm_python, kv_config(tier.urls, MLA_CT))
+    server = start_tp2(mla_model, tmp_path_factory.mktemp("mla1"), vllm_python, kv_config(tier.urls, MLA_CT),
+                       extra_args=MLA_ARGS)
     try:
         yield server
     finally:
@@ -165,7 +169,7 @@ def mla_life2(vllm_python, mla_model, tier, tmp_path_factory):
     work = tmp_path_factory.mktemp("mla2")
     env = {"KVCTL_CONNECTOR_BEFORE_LOAD_HOOK": "tests.engine.connector_hooks:delete_marked_chunk",
            "KVCTL_TEST_DELETE_CHUNK_FILE": str(work / "delete-chunk")}
-    server = start_tp2(mla_model, work, vllm_python, kv_config(tier.urls, MLA_CT), env)
+    server = start_tp2(mla_model, work, vllm_python, kv_config(tier.urls, MLA_CT), env, extra_args=MLA_ARGS)
     server.delete_marker = work / "delete-chunk"
     try:
         yield server
@@ -209,7 +213,7 @@ def test_mla_chunk_deleted_between_lookup_and_load(mla_life2, tier):
 @pytest.fixture(scope="module")
 def mla_async(vllm_python, mla_model, tier, tmp_path_factory):
     server = start_tp2(mla_model, tmp_path_factory.mktemp("mla-async"), vllm_python,
-                       kv_config(tier.urls, MLA_CT, async_loading=True))
+                       kv_config(tier.urls, MLA_CT, async_loading=True), extra_args=MLA_ARGS)
     try:
         yield server
     finally:

@@ -11,27 +11,27 @@ What vLLM 0.32 does with these models (its CUDA and CPU builds share this Python
   ``head_size`` 132 bytes, uint8, ``cache_role`` INDEXER; which layers run
   one: ``models/deepseek_v32/attention.py:165-200``). Both are MLA specs of
   one block size, so ``get_kv_cache_groups``
-  (``v1/core/kv_cache_utils.py:2186-2191``) puts them in one group, a
+  (``v1/core/kv_cache_utils.py:2184-2193``) puts them in one group, a
   ``UniformTypeKVCacheSpecs`` (``v1/kv_cache_interface.py:1225-1306``):
   **one block table** for both, one KVCacheTensor of layers per spec in one
   allocation (``get_kv_cache_config_from_groups``,
-  ``kv_cache_utils.py:1620-1676``), each spec's views made with its own spec
-  (``v1/worker/utils.py:563-624``). Only HiSparse splits them into groups
+  ``kv_cache_utils.py:1642-1678``), each spec's views made with its own spec
+  (``allocate_kv_cache``, ``v1/worker/utils.py:600-624``). Only HiSparse splits them into groups
   (``v1/hisparse/layout.py:95-150``); kvctl refuses that (several groups).
 * **The latent row** (FLASHMLA_SPARSE): kv-cache dtype auto/bfloat16: 576
   bf16 (512 ``kv_c`` + 64 ``k_pe``) a token; fp8 (any fp8 name) is served as
-  ``fp8_ds_mla`` (``mla_attention.py:357-374``,
+  ``fp8_ds_mla`` (``mla_attention.py:358-374``,
   ``_canonicalize_sparse_mla_kv_cache_dtype``): 656 bytes a token, 512 fp8
   NoPE, 4 fp32 scales, 64 bf16 RoPE
-  (``v1/attention/backends/mla/flashmla_sparse.py:76-84``), the spec's
+  (``v1/attention/backends/mla/flashmla_sparse.py:80-88``), the spec's
   ``state_content_bytes`` (``mla_attention.py:1362-1367``). Rows are read
   per token (``flat_kv_row_view``, ``v1/attention/backends/mla/sparse_utils.py:50-70``).
 * **The indexer's page** (one kernel block of N tokens, N the view's): the N
   tokens' 128 fp8 values first (token t at byte ``t * 128``), then their N
   fp32 scales (token t at ``N * 128 + t * 4``):
-  ``_fp8_quant_and_cache_write`` (``models/deepseek_v32/common/kernels.py:76-114``,
+  ``_fp8_quant_and_cache_write`` (``models/deepseek_v32/common/kernels.py:77-114``,
   unshuffled on CUDA: ``DeepseekV32IndexerCache.uses_shuffled_layout``,
-  ``deepseek_v2.py:671-674``) and ``indexer_k_quant_and_cache_triton``
+  ``deepseek_v2.py:671-673``) and ``indexer_k_quant_and_cache_triton``
   (``v1/attention/ops/rocm_aiter_mla_sparse.py:176-191``: "the first portion
   as kv cache value and second portion as kv cache scale"). The indexer's
   backend is DEEPSEEK_V32_INDEXER (``v1/attention/backends/mla/indexer.py:279-285``),
@@ -58,7 +58,7 @@ from .layouts import LAYOUTS, KVLayout, KVLayoutError, _dtype_tag, _spec_text, _
 from .ownership import ChunkParts
 
 __all__ = ["INDEXER_BACKENDS", "INDEXER_PART", "LATENT_PART", "SPARSE_BACKENDS", "IndexerLayout", "SparseGroup",
-           "SparseKV", "SparseMLALayout", "sparse_format", "sparse_group", "sparse_layout_for"]
+           "SparseKV", "SparseMLALayout", "format_parts", "sparse_format", "sparse_group", "sparse_layout_for"]
 
 SPARSE_BACKENDS = ("FLASHMLA_SPARSE",)  # the sparse MLA backends whose latent rows kvctl reads
 INDEXER_BACKENDS = ("DEEPSEEK_V32_INDEXER",)
@@ -67,7 +67,7 @@ LATENT_HEAD_SIZE = 576  # kv_lora_rank 512 + qk_rope_head_dim 64 (FlashMLASparse
 INDEXER_QUANT_BLOCK = 128  # one fp32 scale per 128 fp8 values (deepseek_v32/attention.py:90-97)
 _INDEXER_BLOCK_BYTES = INDEXER_QUANT_BLOCK + 4  # 128 fp8 values and their fp32 scale
 _LATENT_CACHE_DTYPES = {"auto": None, "bfloat16": "bfloat16", "fp8_ds_mla": "fp8_ds_mla"}
-_DS_MLA_ROW = 656  # fp8_ds_mla: 512 fp8 + 4 fp32 + 64 bf16 (flashmla_sparse.py:76-84)
+_DS_MLA_ROW = 656  # fp8_ds_mla: 512 fp8 + 4 fp32 + 64 bf16 (flashmla_sparse.py:80-88)
 # other sparse backends and why kvctl does not store them (each is refused at start, by name)
 _NOT_STORED = {
     "FLASHINFER_MLA_SPARSE": "it runs on SM100 (Blackwell) only (flashinfer_mla_sparse.py:107-108), not on an H200, "
@@ -174,6 +174,26 @@ def sparse_format(group: SparseGroup, chunk_tokens: int, cache_dtype: str | None
     fmt = f"mla{row}-L{n_lat}-{tag}+idx{idx_row}-L{n_idx}-fp8_e4m3"
     lat_bytes = n_lat * chunk_tokens * row * _elem(group.latent_spec.dtype)
     return fmt, ChunkParts((LATENT_PART, INDEXER_PART), (lat_bytes, n_idx * chunk_tokens * idx_row))
+
+
+_TAG_BYTES = {"bfloat16": 2, "float16": 2, "fp8_ds_mla": 1}
+
+
+def format_parts(fmt: str, chunk_tokens: int) -> ChunkParts | None:
+    """The parts of a chunk of format ``fmt`` (what :func:`sparse_format` wrote), None for a one-part format.
+
+    For tools outside the engine that hold only the format the connector logs (benchmarks, test hooks)."""
+    if "+idx" not in fmt:
+        return None
+    latent, indexer = fmt.split("+", 1)
+    try:
+        row, n_lat, tag = latent.removeprefix("mla").split("-", 2)
+        idx_row, n_idx, _ = indexer.removeprefix("idx").split("-", 2)
+        lat_bytes = int(row) * int(n_lat.removeprefix("L")) * _TAG_BYTES[tag] * chunk_tokens
+        idx_bytes = int(idx_row) * int(n_idx.removeprefix("L")) * chunk_tokens
+    except (KeyError, ValueError):
+        raise ValueError(f"not a sparse-MLA chunk format: {fmt!r}") from None
+    return ChunkParts((LATENT_PART, INDEXER_PART), (lat_bytes, idx_bytes))
 
 
 class IndexerLayout:

@@ -203,3 +203,15 @@ def test_the_agreed_prefix_stops_on_every_rank_at_a_chunk_one_owner_has_half_of(
     servers = [valkey_factory(), valkey_factory()]
     out = spawn_ranks(two_rank_worker, 2, ([s.url for s in servers],), timeout_s=120)
     assert out == [{"agreed": 3, "written": 3, "same": True}] * 2
+
+
+def test_the_parts_of_a_logged_format_are_the_layouts():
+    """Tools outside the engine (the GPU benchmark, the fault hooks) rebuild the parts from the format it logs."""
+    from kvctl.connector.sparse_mla import format_parts
+
+    for fp8 in (False, True):
+        lay, _, _ = caches("LBHNC", fp8)
+        assert format_parts(lay.fmt(1), CT) == lay.parts(CT) == sparse_format(group(fp8), CT)[1]
+    assert format_parts("mla576-L3-bfloat16", CT) is None
+    with pytest.raises(ValueError, match="not a sparse-MLA chunk format"):
+        format_parts("mla576-L3-int4+idx132-L2-fp8_e4m3", CT)

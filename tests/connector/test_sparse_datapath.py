@@ -16,7 +16,6 @@ torch = pytest.importorskip("torch")
 from kvctl.connector.kv_views import CacheSpec, build_group_caches  # noqa: E402
 from kvctl.connector.ownership import part_key  # noqa: E402
 from kvctl.connector.sparse_mla import INDEXER_PART, LATENT_PART, SparseGroup, sparse_format, sparse_layout_for  # noqa: E402
-from tests.connector.test_datapath import world1  # noqa: E402,F401 - the one-rank gloo group fixture
 from tests.plugins.kv_fill import fill_sparse, read_back_sparse  # noqa: E402
 
 pytestmark = pytest.mark.engine
@@ -68,7 +67,7 @@ def saved(valkey_url, fp8=False, n_chunks=3, extra_tokens=5, layout="BLHNC"):
 
 
 @pytest.mark.parametrize("fp8", [False, True])
-def test_save_stores_two_parts_a_chunk_and_a_load_into_another_layout_moves_the_exact_bytes(world1, valkey_server, fp8):
+def test_save_stores_two_parts_a_chunk_and_a_load_into_another_layout_moves_the_exact_bytes(gloo_world1, valkey_server, fp8):
     import redis
 
     from kvctl.connector.datapath import slots_for
@@ -97,7 +96,7 @@ def test_save_stores_two_parts_a_chunk_and_a_load_into_another_layout_moves_the_
     load.store.close()
 
 
-def test_a_chunk_whose_indexer_part_was_deleted_is_a_miss_and_the_load_stops_there(world1, valkey_server):
+def test_a_chunk_whose_indexer_part_was_deleted_is_a_miss_and_the_load_stops_there(gloo_world1, valkey_server):
     from kvctl.connector.datapath import slots_for
     from kvctl.connector.resp import RespClient
 
@@ -153,7 +152,7 @@ def test_the_schedulers_lookup_counts_a_chunk_only_when_both_parts_are_there(val
         plain.close()
 
 
-def test_an_fp8_ds_mla_chunk_never_loads_into_a_bf16_cache(world1, valkey_server):
+def test_an_fp8_ds_mla_chunk_never_loads_into_a_bf16_cache(gloo_world1, valkey_server):
     tokens, _, _, save = saved(valkey_server.url, fp8=True, n_chunks=2)
     dst, _, _ = caches("BLHNC", fp8=False)
     fmt, _ = sparse_format(group(False), CT)

@@ -22,9 +22,8 @@ from kvctl.connector.layouts import slots_for  # noqa: E402
 from kvctl.connector.ownership import part_key  # noqa: E402
 from kvctl.connector.resp import RespClient  # noqa: E402
 from kvctl.connector.sparse_mla import INDEXER_PART  # noqa: E402
-from tests.connector.test_datapath import world1  # noqa: E402,F401 - the one-rank gloo group fixture
 from tests.plugins.kv_fill import fill_sparse, read_back_sparse  # noqa: E402
-from tests.plugins.test_sparse_layouts import IDX_NAMES, LAT_NAMES, vllm_caches  # noqa: E402
+from tests.plugins.sparse_groups import IDX_NAMES, LAT_NAMES, vllm_caches  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
@@ -53,7 +52,7 @@ def _latent_and_indexer(views):
 
 
 @pytest.mark.parametrize("fp8", [False, True])
-def test_save_lookup_and_load_through_the_connector(world1, valkey_server, fp8):
+def test_save_lookup_and_load_through_the_connector(gloo_world1, valkey_server, fp8):
     from kvctl.plugins.vllm import LoadSpec, SaveSpec
 
     sched, _ = connector(valkey_server.url, KVConnectorRole.SCHEDULER, fp8)

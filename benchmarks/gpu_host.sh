@@ -3,6 +3,9 @@
 # CUDA build and this working tree's kvctl into /tmp/site (shared/gpu-host/README.md says how).
 #
 #   bash benchmarks/gpu_host.sh bench [OUT_DIR]    benchmarks/engine_gpu.py (Lite-shaped model, K = 1 and 4, sync + async)
+#   bash benchmarks/gpu_host.sh bench-glm5 [OUT_DIR]  the same for GLM-5 (MLA + sparse-attention indexer, issue 34):
+#                                                  78 layers of GLM-5's attention, 8 experts, FLASHMLA_SPARSE, fp8_ds_mla,
+#                                                  8k/16k/32k, K = 4 (GLM5_LAYERS=N to shrink it if it does not fit)
 #   bash benchmarks/gpu_host.sh tests [OUT_DIR]    python -m pytest -m gpu tests/gpu (engine chains, faults, shutdown)
 #
 # Everything it prints also goes to OUT_DIR (default $OUT, else /tmp/gpu-out): logs survive a killed call.
@@ -23,10 +26,17 @@ case "$what" in
     timeout "${BENCH_TIMEOUT_S:-540}" python3 benchmarks/engine_gpu.py --json "$out/engine_gpu.json" \
       --logs "$out/engine_logs.tar.gz" ${BENCH_FLAGS:---async --profile} ${BENCH_ARGS:-} 2>&1 | tee "$out/engine_gpu.txt"
     ;;
+  bench-glm5)
+    timeout "${BENCH_TIMEOUT_S:-580}" python3 benchmarks/engine_gpu.py --json "$out/engine_gpu_glm5.json" \
+      --logs "$out/engine_logs_glm5.tar.gz" --shape configs/models/glm-5-shrunk-shape.json \
+      --set num_hidden_layers="${GLM5_LAYERS:-78}" --backend FLASHMLA_SPARSE --kv-cache-dtype fp8 \
+      --lengths 8192,16384,32000 --instances 4 --kv-cache-gb 16 --tier-gb 20 ${BENCH_FLAGS:---async} ${BENCH_ARGS:-} \
+      2>&1 | tee "$out/engine_gpu_glm5.txt"
+    ;;
   tests)
     KVCTL_GPU_TEST_OUT="$out/gpu-tests" timeout "${TESTS_TIMEOUT_S:-520}" python3 -m pytest -m gpu tests/gpu/test_engine_gpu.py tests/gpu \
       -p no:cacheprovider -q -rs --timeout 1500 ${TEST_ARGS:-} 2>&1 | tee "$out/pytest.txt"
     tar czf "$out/gpu-tests.tar.gz" -C "$out" gpu-tests 2>/dev/null && rm -rf "$out/gpu-tests"
     ;;
-  *) echo "usage: $0 bench|tests [OUT_DIR]" >&2; exit 2 ;;
+  *) echo "usage: $0 bench|bench-glm5|tests [OUT_DIR]" >&2; exit 2 ;;
 esac

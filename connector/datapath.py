@@ -4,10 +4,11 @@
     save:  extract from the cache (GQA: all-gather the heads) -> store owned chunks
 
 The cache is reached only through a *layout* object (``kvctl.connector.layouts.layout_for``
-builds one from vLLM's views; tests and benchmarks may pass their own) with
-``extract(slots)`` -> a new tensor on the cache's device in the canonical
-chunk format, ``insert(slots, chunk, rank=0)``, ``to_local(chunk, rank)``
-and ``mla``.
+builds one from vLLM's views, ``kvctl.connector.sparse_mla.sparse_layout_for`` one of a
+sparse-MLA group's two kinds of caches) with ``extract(slots)`` -> the KV of
+those tokens on the cache's device, ``chunks_of(kv, chunk_tokens)`` -> new
+tensors in the canonical chunk format, ``join_chunks(chunks, skip, rank)`` and
+``insert(slots, kv, rank=0)`` back, ``to_local(chunk, rank)`` and ``mla``.
 
 Two paths, chosen by where the cache lives:
 
@@ -161,12 +162,11 @@ class KVDataPath:
                 # the slots of the whole prefix at once, and the chunks as they lie: one scatter over all layers
                 start = max(first_chunk * ct, skip_tokens)
                 slots = slots_for(block_ids, self.block_size, start, (first_chunk + agreed) * ct)
-                data = [self.layout.to_local(chunk, self.rank) for chunk in result.chunks]
-                data[0] = data[0][:, start - first_chunk * ct :]
+                data = self.layout.join_chunks(result.chunks, start - first_chunk * ct, self.rank)
                 if self.on_cuda:
                     events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                     events[0].record()
-                self.layout.insert(slots, data[0] if len(data) == 1 else torch.cat(data, dim=1))
+                self.layout.insert(slots, data)
                 if events is not None:
                     events[1].record()
                 written = agreed
@@ -198,8 +198,8 @@ class KVDataPath:
             if mine:
                 slots = torch.cat([slots_for(block_ids, self.block_size, c * ct, (c + 1) * ct) for c in mine])
                 allkv = self.layout.extract(slots)  # (layers, len(mine) * ct, row): one gather per layer
-                for i, c in enumerate(mine):
-                    chunks[c] = allkv[:, i * ct : (i + 1) * ct].contiguous()
+                for c, chunk in zip(mine, self.layout.chunks_of(allkv, ct)):
+                    chunks[c] = chunk
         else:
             local = self.layout.extract(slots_for(block_ids, self.block_size, first * ct, n_full * ct)).contiguous()
             parts = [torch.empty_like(local) for _ in range(W)]

@@ -147,7 +147,7 @@ def fetch_to_device(tier: RankTier, pool: PinnedPool, chunks: Sequence[int], key
                 if ev is not None:
                     ev.synchronize()  # the copy out of this slot is done: refill it
                 try:
-                    hit = client.batched_get([keys[j]], [pool.view(slot)])[0]
+                    hit = tier.get_one(client, keys[j], pool.view(slot))  # every part of the chunk, or a miss
                 except errors:
                     hit = False
                 finally:

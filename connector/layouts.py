@@ -73,6 +73,8 @@ BACKENDS: dict[str, _Backend] = {
 _PLAIN_CACHE_DTYPES = {"auto": None, "float16": "float16", "half": "float16", "bfloat16": "bfloat16",
                        "float": "float32", "float32": "float32"}
 _FP8_CACHE_DTYPES = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+# packed rows kvctl stores only through their backend's own reading (kvctl.connector.sparse_mla: FLASHMLA_SPARSE)
+_PACKED_ROWS = ("fp8_ds_mla",)
 _ELEMENT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.uint8, torch.float8_e4m3fn,
                    torch.float8_e5m2)
 
@@ -109,7 +111,9 @@ def _cache_dtype_name(spec: Any, cache_dtype: str | None) -> str:
 
 
 def _dtype_tag(dtype: torch.dtype, cache_dtype: str) -> str:
-    """The dtype part of a chunk format: the element dtype, or the fp8 encoding for fp8 caches."""
+    """The dtype part of a chunk format: the element dtype, the fp8 encoding for fp8 caches, or the packed row's name."""
+    if cache_dtype in _PACKED_ROWS:
+        return cache_dtype
     return _FP8_CACHE_DTYPES.get(cache_dtype) or str(dtype).removeprefix("torch.")
 
 
@@ -206,6 +210,17 @@ class KVLayout:
             return chunk
         return chunk[:, :, rank * self.heads : (rank + 1) * self.heads]
 
+    def chunks_of(self, kv: torch.Tensor, chunk_tokens: int) -> list[torch.Tensor]:
+        """``kv`` (an :meth:`extract` of whole chunks) as one new tensor per chunk of ``chunk_tokens`` tokens."""
+        return [kv[:, i * chunk_tokens : (i + 1) * chunk_tokens].contiguous() for i in range(kv.shape[1] // chunk_tokens)]
+
+    def join_chunks(self, chunks: Sequence[torch.Tensor], skip: int = 0, rank: int = 0) -> torch.Tensor:
+        """Consecutive chunks (this rank's heads of full-heads chunks) as one :meth:`insert`-able tensor, without
+        their first ``skip`` tokens."""
+        data = [self.to_local(chunk, rank) for chunk in chunks]
+        data[0] = data[0][:, skip:]
+        return data[0] if len(data) == 1 else torch.cat(data, dim=1)
+
     # -- addressing --------------------------------------------------------------
     def _index(self, slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
         s = torch.as_tensor(slots).to(device=self.device, dtype=torch.long)
@@ -274,7 +289,9 @@ def layout_for(caches: Sequence[torch.Tensor], spec: Any, layout: Any, backend: 
         return _refuse(bname, lname, spec, why)
 
     if bname not in BACKENDS:
-        raise refuse(f"unknown attention backend (supported: {', '.join(BACKENDS)})")
+        hint = ("; a sparse MLA backend's cache is stored only with its indexer's, through "
+                "kvctl.connector.sparse_mla (FLASHMLA_SPARSE)") if "SPARSE" in bname.upper() else ""
+        raise refuse(f"unknown attention backend (supported: {', '.join(BACKENDS)}){hint}")
     info = BACKENDS[bname]
     if lname not in LAYOUTS:
         raise refuse(f"unknown KV cache layout (supported: {', '.join(LAYOUTS)})")

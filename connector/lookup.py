@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .ownership import (
+    ChunkParts,
     KeyExtra,
     chunk_keys,
     contiguous_hit_tokens,
@@ -53,7 +54,7 @@ class TierLookup:
     """EXISTS-only lookups against the W per-rank instances (one client each)."""
 
     def __init__(self, urls: Sequence[str | Sequence[str]], chunk_tokens: int, model_name: str, fmt: str, timeout_s: float,
-                 down_for_s: float | None = None) -> None:
+                 down_for_s: float | None = None, parts: ChunkParts | None = None) -> None:
         # urls[r]: rank r's instance, or its K instances (chunk c on instance (c // W) mod K)
         self.rank_urls = [[u] if isinstance(u, str) else list(u) for u in urls]
         self.urls = [u for rank in self.rank_urls for u in rank]
@@ -62,7 +63,9 @@ class TierLookup:
         self._down_until = [0.0] * self.world_size
         self.chunk_tokens, self.model_name, self.fmt = chunk_tokens, model_name, fmt
         self.timeout_s = timeout_s
-        self.tiers = [RankTier(r, self.world_size, timeout_s=timeout_s, connections=1) for r in self.rank_urls]
+        # parts: a chunk stored as several values is present only when every part is (RankTier)
+        self.tiers = [RankTier(r, self.world_size, timeout_s=timeout_s, connections=1, parts=parts)
+                      for r in self.rank_urls]
         self._pool = ThreadPoolExecutor(max_workers=max(2, 2 * self.world_size), thread_name_prefix="kvctl-lookup")
 
     @property

@@ -15,6 +15,10 @@ chunks.
 * Keys: :func:`chunk_keys` is the one key builder for lookup, get and put,
   sync and async; keys always carry the worker-0 name, so a key never
   depends on the rank that wrote it (bug 3 of §5.4 cannot happen).
+* Parts: a chunk of a model whose KV cache holds two kinds of layers (MLA
+  with a sparse-attention indexer) is stored as one value per part, under
+  :func:`part_key` of the chunk's key (:class:`ChunkParts`); a chunk is
+  present only when every part is.
 * What a key covers: the model name, the KV format, every token up to the end
   of its chunk, and a request's :class:`KeyExtra` -- whatever else vLLM's own
   block hash covers (LoRA adapter, ``cache_salt``, multimodal inputs, prompt
@@ -36,6 +40,7 @@ from .urls import expand_url  # re-exported: part of this module's public API
 
 __all__ = [
     "KEY_WORKER_ID",
+    "ChunkParts",
     "KeyExtra",
     "chunk_keys",
     "chunk_start_token",
@@ -48,6 +53,7 @@ __all__ = [
     "num_chunks",
     "owned_chunks",
     "owner",
+    "part_key",
 ]
 
 KEY_WORKER_ID = 0  # every rank writes under worker 0's name (§5.1 "Remote keys")
@@ -259,3 +265,62 @@ def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, model_name: str, fmt
         prev = h.digest()
         keys.append(prefix + prev.hex())
     return keys
+
+
+def part_key(key: str, part: str) -> str:
+    """The key of part ``part`` of the chunk keyed ``key``: ``{model}@{fmt}/{part}@w0@{digest}``.
+
+    The part's name goes into the format field, so a part is never read as
+    another part, nor as a chunk of one part; the digest (which covers the
+    chunk's format, every part named in it) is the chunk's.
+    """
+    if not part or "@" in part or "/" in part:
+        raise ValueError(f"a part name is a non-empty word without '@' or '/', got {part!r}")
+    fields = key.split("@")
+    if len(fields) != 4:
+        raise ValueError(f"not a chunk key: {key!r}")
+    model, fmt, worker, digest = fields
+    return f"{model}@{fmt}/{part}@{worker}@{digest}"
+
+
+@dataclass(frozen=True)
+class ChunkParts:
+    """A chunk stored as ``len(names)`` values: part ``i`` is bytes ``offset(i) .. offset(i) + sizes[i]``.
+
+    The chunk's bytes are the parts' in order (one buffer, one pinned slot,
+    one L1 entry); the tier holds each part under its own :func:`part_key`.
+    A lookup, a GET and the agreed-prefix load count a chunk as present only
+    when every part is: a chunk whose part was evicted or deleted is a miss.
+    """
+
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.names) != len(self.sizes) or len(self.names) < 2:
+            raise ValueError(f"parts {self.names} of sizes {self.sizes}: two or more, one size each")
+        if len(set(self.names)) != len(self.names) or any(s <= 0 for s in self.sizes):
+            raise ValueError(f"parts {self.names} of sizes {self.sizes}: distinct names, positive sizes")
+        for n in self.names:
+            part_key("m@f@w0@0", n)  # the same rule for a name
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.sizes)
+
+    def keys(self, key: str) -> list[str]:
+        """The parts' keys of the chunk keyed ``key``, in part order."""
+        return [part_key(key, n) for n in self.names]
+
+    def views(self, buffer: Any) -> list[memoryview]:
+        """The parts' byte ranges of one chunk's buffer (bytes-like, ``nbytes`` long), in part order."""
+        mv = memoryview(buffer)
+        if mv.format != "B" or mv.ndim != 1:
+            mv = mv.cast("B")
+        if len(mv) != self.nbytes:
+            raise ValueError(f"a buffer of {len(mv)} bytes for a chunk of {self.nbytes}")
+        out, off = [], 0
+        for size in self.sizes:
+            out.append(mv[off : off + size])
+            off += size
+        return out

@@ -37,7 +37,7 @@ from typing import Sequence
 import torch
 
 from .fetch import fetch_to_device, lanes_for
-from .ownership import KeyExtra, chunk_keys, chunk_start_token, cumulative_lengths, lookup_answer, num_chunks, owned_chunks
+from .ownership import ChunkParts, KeyExtra, chunk_keys, chunk_start_token, cumulative_lengths, lookup_answer, num_chunks, owned_chunks
 from .urls import expand_rank_urls
 from .pinned import PinnedPool, set_from_device
 from .striped import RankTier
@@ -75,6 +75,9 @@ class ShardedStore:
     ``chunk_shape``/``dtype``: one full chunk's KV.
     ``group``: the torch.distributed group of the W ranks (None = default
     group), used only by :meth:`load` when its caller names no other.
+    ``parts``: each chunk is stored as these parts, one value and key each
+    (:class:`~kvctl.connector.ownership.ChunkParts`: a chunk is present only
+    when every part is); their sizes add up to the chunk's bytes.
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class ShardedStore:
         pool: PinnedPool | None = None,
         instances_per_rank: int = 1,
         connections: int = 2,
+        parts: ChunkParts | None = None,
     ) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
@@ -109,6 +113,9 @@ class ShardedStore:
         self.chunk_nbytes = torch.empty((), dtype=dtype).element_size() * int(torch.Size(self.chunk_shape).numel())
         if self.chunk_nbytes <= 0:
             raise ValueError("chunk_shape must describe a non-empty chunk")
+        if parts is not None and parts.nbytes != self.chunk_nbytes:
+            raise ValueError(f"chunk parts of {parts.nbytes} bytes for chunks of {self.chunk_nbytes}")
+        self.parts = parts
         self.chunk_tokens = chunk_tokens
         self.model_name, self.fmt = model_name, fmt
         self.group, self.device, self.load_mode = group, torch.device(device), load_mode
@@ -120,7 +127,7 @@ class ShardedStore:
         self.url = None
         if remote_url is not None:
             urls = expand_rank_urls(remote_url, rank, instances_per_rank)
-            self.tier = RankTier(urls, world_size, timeout_s=timeout_s, connections=connections)
+            self.tier = RankTier(urls, world_size, timeout_s=timeout_s, connections=connections, parts=parts)
             self.url = self.tier.url
         self._executor = ThreadPoolExecutor(max_workers=max(1, prefetch_workers), thread_name_prefix=f"kv-prefetch-r{rank}")
         self._bw_lock = threading.Lock()

@@ -12,6 +12,12 @@ the same W and K share keys, and one prompt's chunks spread evenly.
 ``connections`` is how many connections a device load keeps busy on each
 instance at once (:mod:`kvctl.connector.fetch`); each client's socket pool
 holds that many plus one for lookups and saves.
+
+``parts`` (a :class:`~kvctl.connector.ownership.ChunkParts`): each chunk is
+stored as one value per part, under the part's key, on the chunk's
+instance; EXISTS and GET of a chunk are true only when every part's are, SET
+and DEL write and remove every part. The callers keep passing the chunk's
+key and one buffer of the whole chunk.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
+from .ownership import ChunkParts
 from .resp import RespClient, RespError
 from .urls import instance_of, parse_resp_url
 
@@ -30,7 +37,7 @@ class RankTier:
     """Rank ``rank``'s instances ``urls`` (index = instance) in a shard group of ``world_size`` ranks."""
 
     def __init__(self, urls: Sequence[str], world_size: int, *, timeout_s: float, connections: int = 2,
-                 client_factory: Callable[..., Any] = RespClient) -> None:
+                 client_factory: Callable[..., Any] = RespClient, parts: ChunkParts | None = None) -> None:
         urls = list(urls)
         if not urls:
             raise ValueError("a rank needs at least one instance URL")
@@ -41,6 +48,7 @@ class RankTier:
         self.k = len(urls)
         self.connections = connections
         self.timeout_s = timeout_s
+        self.parts = parts
         # the device load's lanes use `connections` sockets per instance; +1 for a lookup or save meanwhile
         self.clients = [client_factory(u, timeout_s=timeout_s, pool_size=connections + 1) for u in urls]
         self.redacted = [parse_resp_url(u).redacted() for u in urls]
@@ -89,30 +97,56 @@ class RankTier:
             raise error
         return out
 
+    def _expand(self, chunks: Sequence[int], keys: Sequence[str], buffers: Sequence[Any] | None = None):
+        """Chunks, keys and buffers one entry per part (the chunk's own when there are no parts)."""
+        if self.parts is None:
+            return chunks, keys, buffers
+        p = len(self.parts.names)
+        xc = [c for c in chunks for _ in range(p)]
+        xk = [pk for k in keys for pk in self.parts.keys(k)]
+        xb = None if buffers is None else [v for b in buffers for v in self.parts.views(b)]
+        return xc, xk, xb
+
+    def _all_parts(self, found: list[bool]) -> list[bool]:
+        if self.parts is None:
+            return found
+        p = len(self.parts.names)
+        return [all(found[i : i + p]) for i in range(0, len(found), p)]
+
     def exists(self, chunks: Sequence[int], keys: Sequence[str]) -> list[bool]:
         """EXISTS of ``keys[j]`` (chunk ``chunks[j]``) on its instance, one pipeline per instance."""
-        return [bool(x) for x in self._each(chunks, lambda cl, pos: cl.batched_exists([keys[p] for p in pos]))]
+        xc, xk, _ = self._expand(chunks, keys)
+        return self._all_parts([bool(x) for x in self._each(xc, lambda cl, pos: cl.batched_exists([xk[p] for p in pos]))])
 
     def get(self, chunks: Sequence[int], keys: Sequence[str], buffers: Sequence[Any]) -> list[bool]:
         """GET ``keys[j]`` into ``buffers[j]`` from its instance; True = filled (see RespClient.batched_get)."""
-        return [bool(x) for x in self._each(
-            chunks, lambda cl, pos: cl.batched_get([keys[p] for p in pos], [buffers[p] for p in pos]))]
+        xc, xk, xb = self._expand(chunks, keys, buffers)
+        return self._all_parts([bool(x) for x in self._each(
+            xc, lambda cl, pos: cl.batched_get([xk[p] for p in pos], [xb[p] for p in pos]))])
+
+    def get_one(self, client: RespClient, key: str, buffer: Any) -> bool:
+        """One chunk into ``buffer`` from ``client`` (its instance's), every part: the device load's lanes."""
+        if self.parts is None:
+            return bool(client.batched_get([key], [buffer])[0])
+        return all(client.batched_get(self.parts.keys(key), self.parts.views(buffer)))
 
     def set(self, chunks: Sequence[int], keys: Sequence[str], values: Sequence[Any], ttl_s: int | None = None) -> None:
         """SET ``keys[j]`` to ``values[j]`` on its instance (one pipeline per instance)."""
-        self._each(chunks, lambda cl, pos: cl.batched_set([keys[p] for p in pos], [values[p] for p in pos], ttl_s=ttl_s))
+        xc, xk, xv = self._expand(chunks, keys, values)
+        self._each(xc, lambda cl, pos: cl.batched_set([xk[p] for p in pos], [xv[p] for p in pos], ttl_s=ttl_s))
 
     def delete(self, chunks: Sequence[int], keys: Sequence[str]) -> int:
-        """DEL each key on its instance; how many were removed."""
+        """DEL each key on its instance (every part of it); how many keys were removed."""
+        xc, xk, _ = self._expand(chunks, keys)
         removed = [0]
         lock = threading.Lock()
 
         def op(cl: RespClient, pos: list[int]) -> None:
-            n = cl.delete([keys[p] for p in pos])
+            n = cl.delete([xk[p] for p in pos])
             with lock:
                 removed[0] += n
 
-        self._each(chunks, op)
+        self._each(xc, op)
         return removed[0]
 
     def close(self) -> None:

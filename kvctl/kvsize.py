@@ -3,6 +3,16 @@
 * MLA (DeepSeek-V2/V3 style, ``kv_lora_rank`` present): one latent of
   ``kv_lora_rank + qk_rope_head_dim`` elements per layer, replicated on every
   rank, so tensor parallelism does not divide it.
+* MLA with a sparse-attention indexer (DeepSeek-V3.2, GLM-5: ``index_head_dim``
+  beside ``kv_lora_rank``): the latent row of vLLM's sparse MLA backend
+  (FLASHMLA_SPARSE) in every layer -- ``--dtype fp8`` is its ``fp8_ds_mla``
+  row, 656 bytes (512 fp8 NoPE, 4 fp32 scales, 64 bf16 RoPE), bf16/fp16 the
+  576-element latent -- plus, in every layer whose indexer runs, the
+  indexer's keys: ``index_head_dim`` fp8 bytes and one fp32 scale per 128
+  (132 bytes for 128), whatever ``--dtype`` (vLLM: ``DeepseekV32IndexerCache``,
+  uint8). s is what vLLM's page arithmetic gives for the two specs of the
+  model's KV cache group (``tests/test_kvsize.py`` computes it with vLLM's
+  own spec classes). Replicated on every rank, like MLA.
 * GQA/MHA: ``2 × num_key_value_heads × head_dim`` elements per layer (K and V);
   KV heads are split across TP ranks (replicated when there are fewer heads
   than ranks). ``head_dim`` defaults to ``hidden_size / num_attention_heads``.
@@ -51,7 +61,7 @@ FP16_UNSUPPORTED_MODEL_TYPES = ("gemma2", "gemma3", "gemma3_text", "glm4")
 @dataclass(frozen=True)
 class KvSize:
     model: str
-    attention: str  # "mla", "gqa" or "mha"
+    attention: str  # "mla", "mla+indexer" (a sparse-attention indexer beside MLA), "gqa" or "mha"
     layers: int
     elements_per_token_per_layer: int
     dtype: str
@@ -62,6 +72,10 @@ class KvSize:
     chunk_bytes: float  # one stored chunk value: a rank's heads (GQA/MHA) or the whole latent (MLA)
     dtype_source: str = "--dtype"  # how the dtype was chosen: --dtype, or vLLM's --dtype auto rule and why
     kv_head_copies: int = 1  # ranks holding each KV head (tp / KV heads when tp exceeds them); s counts every copy
+    latent_row_bytes: int | None = None  # MLA: one token's latent row in one layer (fp8_ds_mla: 656)
+    indexer_layers: int = 0  # MLA with a sparse-attention indexer: the layers whose indexer keeps keys
+    indexer_row_bytes: int = 0  # one token's indexer keys in one layer (fp8 values + fp32 scales)
+    indexer_bytes_per_token: float = 0.0  # the indexer's share of bytes_per_token (every indexer layer)
 
 
 def load_config(path: Path | str) -> dict[str, Any]:
@@ -108,6 +122,8 @@ def kv_size(
     layers = _field(cfg, "num_hidden_layers", source)
     name = str(cfg.get("_name_or_path") or Path(source).stem)
     copies = 1
+    if cfg.get("kv_lora_rank") and ("index_head_dim" in cfg or "index_topk" in cfg):
+        return _sparse_mla_size(cfg, dtype, dtype_source, chunk_tokens, tp, layers, name, source)
     if cfg.get("kv_lora_rank"):
         attention = "mla"
         elems = _field(cfg, "kv_lora_rank", source) + _field(cfg, "qk_rope_head_dim", source)
@@ -128,7 +144,59 @@ def kv_size(
         elems = 2 * kv_heads_per_rank * tp * head_dim  # all ranks' heads, each replicated copy counted
         per_rank = float(layers * 2 * kv_heads_per_rank * head_dim * DTYPE_BYTES[dtype])
         bpt, chunk = per_rank * tp, per_rank * chunk_tokens
-    return KvSize(name, attention, layers, elems, dtype, tp, bpt, per_rank, chunk_tokens, chunk, dtype_source, copies)
+    row = elems * DTYPE_BYTES[dtype] if attention == "mla" else None
+    return KvSize(name, attention, layers, elems, dtype, tp, bpt, per_rank, chunk_tokens, chunk, dtype_source, copies,
+                  row)
+
+
+INDEXER_QUANT_BLOCK = 128  # the indexer's keys: one fp32 scale per 128 fp8 values (vLLM deepseek_v32/attention.py:90-97)
+DS_MLA_ROW_BYTES = 656  # fp8_ds_mla: 512 fp8 NoPE + 4 fp32 scales + 64 bf16 RoPE (vLLM flashmla_sparse.py:80-88)
+
+
+def indexer_layers(cfg: Mapping[str, Any], layers: int) -> int:
+    """How many of ``layers`` keep an indexer K cache: vLLM's rule (models/deepseek_v32/attention.py:165-190).
+
+    A layer skips its top-k (and has no indexer) when ``index_topk_pattern[i]`` is "S", else, without a
+    pattern, when ``max(i - index_skip_topk_offset + 1, 0) % index_topk_freq != 0`` (freq 1: none skips).
+    """
+    pattern = cfg.get("index_topk_pattern")
+    freq = int(cfg.get("index_topk_freq", 1) or 1)
+    offset = int(cfg.get("index_skip_topk_offset", 2))
+    n = 0
+    for i in range(layers):
+        if pattern is None:
+            skip = max(i - offset + 1, 0) % freq != 0
+        else:
+            skip = i < len(pattern) and pattern[i] == "S"
+        n += not skip
+    return n
+
+
+def _sparse_mla_size(cfg: Mapping[str, Any], dtype: str, dtype_source: str, chunk_tokens: int, tp: int, layers: int,
+                     name: str, source: str) -> KvSize:
+    """KvSize of MLA with a sparse-attention indexer (see the module docstring)."""
+    latent = _field(cfg, "kv_lora_rank", source) + _field(cfg, "qk_rope_head_dim", source)
+    if "num_attention_heads" in cfg:
+        _check_tp(_field(cfg, "num_attention_heads", source), None, tp, name)
+    if dtype == "fp32":
+        raise InvalidInput(f"{name}: vLLM's sparse MLA backends keep a bf16/fp16 or fp8 (fp8_ds_mla) latent, not fp32")
+    if dtype == "fp8":
+        if (cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]) != (512, 64):
+            raise InvalidInput(f"{name}: fp8_ds_mla is the row of a 512 + 64 latent, not {cfg['kv_lora_rank']} + "
+                               f"{cfg['qk_rope_head_dim']}")
+        row = DS_MLA_ROW_BYTES
+        dtype_source += "; fp8 is FLASHMLA_SPARSE's fp8_ds_mla row (656 B: 512 fp8, 4 fp32 scales, 64 bf16)"
+    else:
+        row = latent * DTYPE_BYTES[dtype]
+    head = _field(cfg, "index_head_dim", source)
+    if head % INDEXER_QUANT_BLOCK:
+        raise InvalidInput(f"model config {source}: index_head_dim {head} is not a multiple of {INDEXER_QUANT_BLOCK}")
+    idx_row = head + head // INDEXER_QUANT_BLOCK * 4
+    n_idx = indexer_layers(cfg, layers)
+    idx_bpt = float(n_idx * idx_row)
+    bpt = float(layers * row) + idx_bpt  # one latent and one indexer key set, shared: tp does not multiply them
+    return KvSize(name, "mla+indexer", layers, latent, dtype, tp, bpt, bpt / tp, chunk_tokens, bpt * chunk_tokens,
+                  dtype_source, 1, row, n_idx, idx_row, idx_bpt)
 
 
 def auto_dtype(cfg: Mapping[str, Any]) -> tuple[str, str]:

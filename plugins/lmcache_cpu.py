@@ -196,8 +196,10 @@ class KvctlLMCacheConnector(LMCacheConnectorV1):
 
             lmcache_shard.check_lmcache_version()
             parallel = vllm_config.parallel_config
+            text_config = getattr(vllm_config.model_config, "hf_text_config", None)
             lmcache_shard.prepare_config(lmcache_get_or_create_config(), parallel.world_size,
-                                         parallel.pipeline_parallel_size, vllm_config.model_config.use_mla)
+                                         parallel.pipeline_parallel_size, vllm_config.model_config.use_mla,
+                                         sparse_indexer=getattr(text_config, "index_topk", None) is not None)
         install_cpu_connector(vllm_config.cache_config.block_size)
         super().__init__(vllm_config, role, kv_cache_config)
         engine = getattr(self._lmcache_engine, "lmcache_engine", None)  # None on the scheduler

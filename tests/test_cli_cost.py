@@ -68,6 +68,19 @@ def test_kv_size_json():
     assert d["attention"] == "gqa" and d["chunk_bytes"] == 65536 * 128
 
 
+def test_kv_size_counts_the_sparse_attention_indexer():
+    """Issue 34: GLM-5 (MLA with a sparse-attention indexer) moves the latent rows and the indexer's keys."""
+    d = run_json(["cost", "kv-size", "--model-config", str(MODELS / "glm-5.json"), "--dtype", "fp8", "--json"])
+    assert d["attention"] == "mla+indexer" and d["bytes_per_token"] == 61464 and d["chunk_bytes"] == 61464 * 256
+    assert (d["latent_row_bytes"], d["indexer_layers"], d["indexer_row_bytes"], d["indexer_bytes_per_token"]) == (
+        656, 78, 132, 10296)
+    out = run(["cost", "kv-size", "--model-config", str(MODELS / "glm-5.json"), "--dtype", "fp8"]).output
+    assert "indexer keys (78 layers x 132 B)" in out and "fp8_ds_mla" in out and "two stored values" in out
+    d = run_json(["cost", "breakeven", "--model-config", str(MODELS / "glm-5.json"), "--dtype", "fp8", "--prefill-rate",
+                  "52200", "--json"])
+    assert d["breakeven_gbps"] == pytest.approx(61464 * 52200 / 1e9)  # B* from the true s
+
+
 def test_model_config_replaces_bytes_per_token():
     d = run_json(["cost", "breakeven", "--model-config", str(MODELS / "deepseek-v3.json"), "--dtype", "fp8", "--prefill-rate", "1e5", "--json"])
     assert d["breakeven_gbps"] == pytest.approx(35136 * 1e5 / 1e9)

@@ -23,15 +23,81 @@ def test_deepseek_v3_mla_fp8():
     assert k8.chunk_bytes == 8994816
 
 
-def test_glm5_is_the_papers_mla_shape_and_the_readme_says_how_it_relates_to_s():
-    """configs/models/glm-5.json is the public GLM-5 (the paper's GLM-5.3 is not public): 78 MLA layers of a
-    512-wide latent + 64 rope dims. The README names it next to the paper's measured s = 12.4e6 / 256."""
+def test_glm5_counts_the_indexer_and_the_readme_says_how_it_relates_to_the_papers_s():
+    """Issue 34: configs/models/glm-5.json is the public GLM-5 (the paper's GLM-5.3 is not public), MLA with a
+    sparse-attention indexer: 78 layers of a 512 + 64 latent, and in every layer the indexer's 128-wide keys.
+    kv-size counted the latent by the plain MLA formula (78 x 576 at fp8 = 44 928 B/token) and no indexer; vLLM
+    stores FLASHMLA_SPARSE's 656-byte fp8_ds_mla row and 132 bytes of indexer keys a layer."""
     k = kv_size_from_file(MODELS / "glm-5.json", dtype="fp8")
-    assert k.attention == "mla" and k.layers == 78
-    assert k.bytes_per_token == 78 * (512 + 64) * 1
-    readme = (MODELS.parent.parent / "README.md").read_text()
+    assert (k.attention, k.layers, k.latent_row_bytes, k.indexer_layers, k.indexer_row_bytes) == ("mla+indexer", 78, 656, 78, 132)
+    assert k.bytes_per_token == 78 * 656 + 78 * 132 == 61464 and k.indexer_bytes_per_token == 10296
+    assert k.chunk_bytes == 61464 * 256 == 15734784
+    bf16 = kv_size_from_file(MODELS / "glm-5.json")  # the config's bfloat16: vLLM's kv-cache dtype auto
+    assert bf16.bytes_per_token == 78 * 1152 + 78 * 132 == 100152
+    assert kv_size_from_file(MODELS / "glm-5.json", dtype="fp8", tp=8).bytes_per_token == 61464  # replicated
+    readme = " ".join((MODELS.parent.parent / "README.md").read_text().split())
     assert "configs/models/glm-5.json" in readme and "48437.5" in readme
-    assert f"{int(k.bytes_per_token):,}".replace(",", " ") in readme  # the formula's figure, as the README gives it
+    assert "61 464 bytes per token" in readme and "15.7 MB" in readme and "12.49 MiB" in readme
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_glm5_s_is_vllms_own_page_arithmetic_for_the_groups_specs(dtype):
+    """s from kv-size = the page size vLLM 0.32 computes for GLM-5's KV cache group / its block size: the group's
+    specs built as vLLM's layers build them (mla_attention.py:1350-1381 with FLASHMLA_SPARSE's fp8_ds_mla or bf16
+    row; deepseek_v2.py:658-667 with the head size deepseek_v32/attention.py:96 gives the indexer), grouped by
+    vLLM's get_kv_cache_groups."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
+    from vllm.v1.kv_cache_interface import KVQuantMode, MLAAttentionSpec, SparseCacheRole, UniformTypeKVCacheSpecs
+
+    cfg = json.loads((MODELS / "glm-5.json").read_text())
+    bs = 64
+    if dtype == "fp8":
+        latent = MLAAttentionSpec(block_size=bs, num_kv_heads=1, head_size=cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"],
+                                  dtype=torch.uint8, cache_dtype_str="fp8_ds_mla", kv_quant_mode=KVQuantMode.FP8_PER_TENSOR,
+                                  state_content_bytes=656, is_index_group_leader=True)
+    else:
+        latent = MLAAttentionSpec(block_size=bs, num_kv_heads=1, head_size=cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"],
+                                  dtype=torch.bfloat16, cache_dtype_str="auto", is_index_group_leader=True)
+    head_dim, quant_block_size = cfg["index_head_dim"], 128
+    indexer = MLAAttentionSpec(block_size=bs, num_kv_heads=1, head_size=head_dim + head_dim // quant_block_size * 4,
+                               dtype=torch.uint8, cache_role=SparseCacheRole.INDEXER)
+    specs = {}
+    for i in range(cfg["num_hidden_layers"]):
+        specs[f"model.layers.{i}.self_attn.attn"] = latent
+        specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = indexer
+    vcfg = SimpleNamespace(scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=True),
+                           attention_config=SimpleNamespace(hisparse_config=None), speculative_config=None,
+                           model_config=None, parallel_config=SimpleNamespace(decode_context_parallel_size=1))
+    (group,) = get_kv_cache_groups(vcfg, specs)
+    assert isinstance(group.kv_cache_spec, UniformTypeKVCacheSpecs)
+    vllm_s = group.kv_cache_spec.page_size_bytes / bs
+    assert kv_size_from_file(MODELS / "glm-5.json", dtype=dtype).bytes_per_token == vllm_s
+    # and against the paper's 12.4 MB per 256-token chunk (s = 48437.5): the fp8 chunk is 27 % more; the latent
+    # rows alone, 13.1 MB, are 12.49 MiB
+    if dtype == "fp8":
+        assert vllm_s * 256 / 12.4e6 == pytest.approx(1.269, abs=1e-3)
+        assert 78 * 656 * 256 / 2**20 == pytest.approx(12.49, abs=0.005)
+
+
+def test_indexer_layers_follow_vllms_topk_rule():
+    """models/deepseek_v32/attention.py:165-190: a layer whose top-k is skipped has no indexer (no K cache)."""
+    from kvctl.kvsize import indexer_layers
+
+    assert indexer_layers({}, 6) == 6
+    # freq 2, offset 2: max(i - 1, 0) % 2 -> layers 0, 1, 3, 5 keep one; 2, 4 skip
+    assert indexer_layers({"index_topk_freq": 2}, 6) == 4
+    assert indexer_layers({"index_topk_pattern": "FFSFSS"}, 6) == 3
+    base = json.loads((MODELS / "glm-5.json").read_text())
+    k = kv_size({**base, "index_topk_freq": 2}, dtype="fp8")
+    assert k.indexer_layers == indexer_layers({"index_topk_freq": 2}, 78) and k.bytes_per_token == 78 * 656 + k.indexer_layers * 132
+    with pytest.raises(InvalidInput, match="fp32"):
+        kv_size(base, dtype="fp32")
+    with pytest.raises(InvalidInput, match="index_head_dim"):
+        kv_size({k: v for k, v in base.items() if k != "index_head_dim"} | {"index_topk": 2048})
 
 
 def test_tp_past_the_kv_heads_counts_every_copy_and_the_docs_say_so():
@@ -217,3 +283,17 @@ def test_cli_bad_tp_is_exit_2_one_line(tmp_path):
 
     res = CliRunner().invoke(cli, ["cost", "kv-size", "--model-config", str(_cfg(tmp_path)), "--tp", "3"])
     assert res.exit_code == 2 and "does not divide the 32 attention heads" in res.output and "Traceback" not in res.output
+
+
+def test_the_shrunk_glm5_of_the_gpu_tests_has_glm5s_attention_latent_and_indexer():
+    """configs/models/glm-5-shrunk-shape.json (the GPU tests' and benchmark's model, dummy weights): GLM-5's
+    attention, latent and indexer in 4 layers, so its s is GLM-5's per layer (and GLM-5's with 78 layers)."""
+    full = json.loads((MODELS / "glm-5.json").read_text())
+    small = json.loads((MODELS / "glm-5-shrunk-shape.json").read_text())
+    for key in ("hidden_size", "num_attention_heads", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+                "qk_nope_head_dim", "v_head_dim", "index_head_dim", "index_n_heads"):
+        assert small[key] == full[key], key
+    assert small["architectures"] == full["architectures"] and small["num_hidden_layers"] == 4
+    k = kv_size_from_file(MODELS / "glm-5-shrunk-shape.json", dtype="fp8")
+    assert k.bytes_per_token == 4 * (656 + 132)
+    assert kv_size({**small, "num_hidden_layers": 78}, dtype="fp8").bytes_per_token == 61464

@@ -178,7 +178,9 @@ def kv_size_cmd(config_path: str, dtype: str | None, chunk_tokens: int, tp: int,
                               ρ compare with the whole tier's bandwidth
     bytes_per_token_per_rank  s/tp: one rank's share, to compare with ONE
                               instance's bandwidth (one instance per rank)
-    chunk_bytes               one stored chunk value (a rank's heads; MLA: the latent)
+    chunk_bytes               one stored chunk value (a rank's heads; MLA: the latent;
+                              MLA with a sparse-attention indexer: the latent rows and
+                              the indexer's keys, two values in the tier)
     """
     res = kv_size_from_file(config_path, dtype=dtype, chunk_tokens=chunk_tokens, tp=tp)
     if as_json:
@@ -194,9 +196,13 @@ def kv_size_cmd(config_path: str, dtype: str | None, chunk_tokens: int, tp: int,
             ("tp ranks", res.tp if res.kv_head_copies == 1 else f"{res.tp} (each KV head on {res.kv_head_copies} ranks; s counts every copy)"),
             ("bytes per token (s, whole model)", res.bytes_per_token),
         ]
+        + ([(f"  latent rows ({res.layers} layers x {res.latent_row_bytes} B)", res.bytes_per_token - res.indexer_bytes_per_token),
+            (f"  indexer keys ({res.indexer_layers} layers x {res.indexer_row_bytes} B)", res.indexer_bytes_per_token)]
+           if res.indexer_layers else [])
         + ([(f"bytes per token per rank (s/{res.tp})", res.bytes_per_token_per_rank)] if res.tp > 1 else [])
         + [
-            (f"chunk bytes ({res.chunk_tokens} tokens, one stored value, MB)", res.chunk_bytes / cost.MB),
+            (f"chunk bytes ({res.chunk_tokens} tokens, {'two stored values' if res.indexer_layers else 'one stored value'}, MB)",
+             res.chunk_bytes / cost.MB),
         ],
         caption="B* = s·R against the whole tier's bandwidth; s/tp·R against one instance's (one per rank).",
     )

@@ -14,7 +14,9 @@ saved in the Hugging Face layout that vLLM loads.
   ``configs/models/deepseek-v2-lite-shape.json``: 27 layers of MLA, 64 experts)
   with the tiny tokenizer and no weights, for ``load_format="dummy"``: realistic
   prefill compute and KV sizes without a checkpoint. Token ids stay below 512,
-  inside any real vocabulary.
+  inside any real vocabulary. :data:`GLM5_SHRUNK_SHAPE` is GLM-5
+  (``GlmMoeDsaForCausalLM``: MLA with a sparse-attention indexer) in 4 layers
+  and 8 experts, its attention, latent and indexer unchanged.
 
 Used by the engine tests (tests/engine, tests/gpu) and benchmarks/engine_gpu.py;
 needs torch, safetensors and tokenizers (the engine extra).
@@ -34,9 +36,11 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-__all__ = ["HEAD_DIM", "HIDDEN", "KV_HEADS", "MLA_MODEL_NAME", "MODEL_NAME", "NUM_LAYERS", "VOCAB", "kv_bytes_per_token",
-           "make_shaped_model", "make_tiny_model"]
+__all__ = ["GLM5_SHRUNK_SHAPE", "HEAD_DIM", "HIDDEN", "KV_HEADS", "MLA_MODEL_NAME", "MODEL_NAME", "NUM_LAYERS", "VOCAB",
+           "kv_bytes_per_token", "make_shaped_model", "make_tiny_model"]
 
+#: GLM-5 in 4 layers and 8 experts (the checkout's configs/models/; the GPU tests and benchmarks/engine_gpu.py)
+GLM5_SHRUNK_SHAPE = Path(__file__).resolve().parents[2] / "configs" / "models" / "glm-5-shrunk-shape.json"
 NUM_LAYERS = 2
 HIDDEN = 128
 HEADS = 4
@@ -260,14 +264,22 @@ def make_tiny_model(out_dir: str | os.PathLike, mla: bool = False, mla_head_dims
 
 
 def make_shaped_model(out_dir: str | os.PathLike, shape: str | os.PathLike | dict, *,
-                      max_positions: int | None = None) -> Path:
+                      max_positions: int | None = None, overrides: dict | None = None) -> Path:
     """A model directory for ``load_format="dummy"``: ``shape`` (a config.json, or its dict) and the tiny tokenizer.
 
-    No weights are written: vLLM initialises them itself. bos/eos are the tokenizer's (0 and 1);
-    ``max_positions`` overrides ``max_position_embeddings``.
+    No weights are written: vLLM initialises them itself (the same seeded values in every engine, so a
+    restarted engine computes what the one before it did). bos/eos are the tokenizer's (0 and 1);
+    ``max_positions`` overrides ``max_position_embeddings``; ``overrides`` any other keys (e.g.
+    ``num_hidden_layers``: the per-layer lists ``layer_types``, ``indexer_types`` and ``mlp_layer_types``
+    are then left to the config class's defaults).
     """
     out = Path(out_dir)
     config = dict(shape) if isinstance(shape, dict) else json.loads(Path(shape).read_text())
+    if overrides:
+        if "num_hidden_layers" in overrides:
+            for key in ("layer_types", "indexer_types", "mlp_layer_types"):
+                config.pop(key, None)
+        config.update(overrides)
     config.update({"bos_token_id": 0, "eos_token_id": 1})
     if max_positions is not None:
         config["max_position_embeddings"] = int(max_positions)
@@ -275,6 +287,17 @@ def make_shaped_model(out_dir: str | os.PathLike, shape: str | os.PathLike | dic
     build_tokenizer(out, int(config.get("max_position_embeddings", MAX_POSITIONS)))
     _write_config(out, config)
     (out / ".complete").write_text(f"shaped-{config.get('model_type', 'model')}\n")
+    return out
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``["num_hidden_layers=78", ...]`` as a dict of integers (the shape overrides of the CLIs)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"a shape override is KEY=INT, got {item!r}")
+        out[key] = int(value)
     return out
 
 
@@ -287,9 +310,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--mla-head-dims", type=int, default=QK_NOPE_HEAD_DIM, help="qk_nope/v head dims (CUDA MLA: 128)")
     ap.add_argument("--max-positions", type=int, default=MAX_POSITIONS)
     ap.add_argument("--shape", help="a config.json to write with the tokenizer and no weights (load_format dummy)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=INT",
+                    help="with --shape: override a config key with an integer (e.g. num_hidden_layers=78)")
     args = ap.parse_args(argv[1:])
     if args.shape:
-        out = make_shaped_model(args.out_dir, args.shape)
+        out = make_shaped_model(args.out_dir, args.shape, overrides=parse_overrides(args.overrides))
         print(f"shaped model (no weights) in {out}")
         return 0
     out = make_tiny_model(args.out_dir, mla=args.mla, mla_head_dims=args.mla_head_dims, max_positions=args.max_positions)

@@ -22,14 +22,9 @@ CT, BS, LAYERS, ROW = 8, 4, 3, 24
 
 
 @pytest.fixture
-def world1(tmp_path):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+def world1(gloo_world1):
+    """One gloo rank (tests/conftest.py's ``gloo_world1``)."""
+    yield
 
 
 def _mla(layout, n_blocks=24):

@@ -170,3 +170,27 @@ def test_one_key_builder_has_no_rank_input():
 
     params = set(inspect.signature(chunk_keys).parameters)
     assert params == {"token_ids", "chunk_tokens", "model_name", "fmt", "extra"}  # extra: the request's, not the rank's
+
+
+def test_a_chunks_parts_have_keys_of_their_own_and_split_its_bytes():
+    from kvctl.connector.ownership import ChunkParts, part_key
+
+    (key,) = chunk_keys(list(range(4)), 4, "m", "mla656-L2-fp8_ds_mla+idx132-L2-fp8_e4m3")
+    model, fmt, worker, digest = key.split("@")
+    assert part_key(key, "idx") == f"{model}@{fmt}/idx@{worker}@{digest}"
+    parts = ChunkParts(("mla", "idx"), (6, 2))
+    assert parts.keys(key) == [part_key(key, "mla"), part_key(key, "idx")] and parts.nbytes == 8
+    buf = bytearray(range(8))
+    a, b = parts.views(buf)
+    assert (bytes(a), bytes(b)) == (bytes(range(6)), bytes([6, 7]))
+    b[0] = 99  # views of the chunk's own buffer, not copies
+    assert buf[6] == 99
+    for bad in ("", "a/b", "a@b"):
+        with pytest.raises(ValueError):
+            part_key(key, bad)
+    with pytest.raises(ValueError):
+        part_key("not-a-key", "idx")
+    with pytest.raises(ValueError):
+        parts.views(bytearray(7))
+    with pytest.raises(ValueError):
+        ChunkParts(("mla",), (8,))

@@ -30,10 +30,12 @@ def delete_marked_chunk(rank: int, keys: list[str], first_chunk: int, url: str, 
 def fault_plan(rank: int, keys: list[str], first_chunk: int, url: str, world_size: int = 1) -> None:
     """Faults for the lab's engine tests (tests/engine/lab_chains.py), keyed by the load's first chunk key.
 
-    ``KVCTL_TEST_FAULT_PLAN`` names a JSON file ``{"delete": {key0: chunk}, "kill": {key0: pid}}``:
-    a load whose prompt's chunk-0 key is in ``delete`` loses that chunk's key on its owner (a real
-    DEL) just before it fetches; one in ``kill`` SIGKILLs the Valkey process ``pid`` (one the test
-    started) just before it fetches. Each entry fires once (it is removed from the file).
+    ``KVCTL_TEST_FAULT_PLAN`` names a JSON file ``{"delete": {key0: chunk}, "kill": {key0: pid},
+    "delete_part": {key0: [chunk, part]}}``: a load whose prompt's chunk-0 key is in ``delete`` loses
+    that chunk's key on its owner (a real DEL) just before it fetches; one in ``delete_part`` loses one
+    part of a two-part chunk (``part_key``: a sparse-MLA chunk's indexer part, "idx"); one in ``kill``
+    SIGKILLs the Valkey process ``pid`` (one the test started) just before it fetches. Each entry fires
+    once (it is removed from the file).
     """
     import json
     import signal
@@ -45,11 +47,17 @@ def fault_plan(rank: int, keys: list[str], first_chunk: int, url: str, world_siz
     key0 = keys[0]
     chunk = plan.get("delete", {}).pop(key0, None)
     pid = plan.get("kill", {}).pop(key0, None)
-    if chunk is None and pid is None:
+    half = plan.get("delete_part", {}).pop(key0, None)
+    if chunk is None and pid is None and half is None:
         return
     Path(plan_path).write_text(json.dumps(plan))
     if chunk is not None and chunk % world_size == rank and chunk < len(keys):
         with RespClient(url, timeout_s=2.0) as client:
             client.delete([keys[chunk]])
+    if half is not None and half[0] % world_size == rank and half[0] < len(keys):
+        from kvctl.connector.ownership import part_key
+
+        with RespClient(url, timeout_s=2.0) as client:
+            client.delete([part_key(keys[half[0]], half[1])])
     if pid is not None:
         os.kill(int(pid), signal.SIGKILL)

@@ -186,6 +186,43 @@ def _timed(engine, prompt: list[int]) -> dict:
 FAULTS = ("clean", "deleted", "stopped", "killed")
 
 
+def _fault_tiers(root: Path) -> tuple[dict, dict]:
+    """The sync and async readers' tiers, and the environment that loads the fault hook into their workers."""
+    tiers = {"sync": LabTier(root / "tier-sync", maxmemory="1gb"), "async": LabTier(root / "tier-async", maxmemory="1gb")}
+    hook_env = {"KVCTL_CONNECTOR_BEFORE_LOAD_HOOK": "tests.engine.connector_hooks:fault_plan",
+                "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    return tiers, hook_env
+
+
+def _write(out: dict, model: Path, root: Path, tier: LabTier, kwargs: dict, prompts: list, *, device: str, name: str,
+           start_timeout_s: float, config_args: tuple) -> tuple[str, str]:
+    """A writer engine computes ``prompts`` cold into ``tier`` and stops (its saves drained): ``out["cold"]`` and
+    its shutdown time; returns the (model name, chunk format) it keyed the chunks with."""
+    w = LLMProcess.start(model, root, llm_kwargs=kwargs, kv_transfer_config=tier.vllm_config(*config_args),
+                         env=engine_env(device=device), name=name, timeout_s=start_timeout_s)
+    try:
+        out["cold"] = w.generate(prompts, max_tokens=4)
+        return w.connector_format()
+    finally:
+        out["writer_shutdown_s"] = w.stop()
+
+
+def _copy_tier(src: LabTier, dst: LabTier) -> int:
+    """Every key of ``src``'s first instance into ``dst``'s; how many keys ``src`` holds."""
+    import redis
+
+    a, b = (redis.Redis(host=t.instances[0]["host"], port=t.instances[0]["port"]) for t in (src, dst))
+    for k in a.scan_iter(count=1000):
+        b.set(k, a.get(k))
+    return a.dbsize()
+
+
+def _record_reader(res: dict, engine) -> None:
+    """A reader's counters and the connector's (and vLLM's load-failure) lines of its log, into ``res``."""
+    res["metrics"] = engine.metrics(("kvctl:",))
+    res["log"] = [ln for ln in engine.log_text().splitlines() if "KvctlConnector" in ln or "KV load failure" in ln][-40:]
+
+
 def run_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_tokens: int, timeout_s: float,
                length: int = 1290, start_timeout_s: float = 420,
                loadings: tuple[str, ...] = ("sync", "async")) -> tuple[dict, list[list[int]]]:
@@ -193,25 +230,14 @@ def run_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_toke
     copy) each load: a clean hit; one whose chunk 1 is deleted between lookup and load; one with the instance
     SIGSTOPped; one whose instance is SIGKILLed as the load starts; then one more prompt (the engine serves on).
     Returns ({"cold": [...], "sync": {fault: result}, "async": {...}}, prompts)."""
-    import redis
-
     root = Path(root)
     prompts = make_prompts(4242, [length] * 8)
-    tiers = {"sync": LabTier(root / "tier-sync", maxmemory="1gb"), "async": LabTier(root / "tier-async", maxmemory="1gb")}
+    tiers, hook_env = _fault_tiers(root)
     out: dict = {"cold": None, "sync": {}, "async": {}}
-    hook_env = {"KVCTL_CONNECTOR_BEFORE_LOAD_HOOK": "tests.engine.connector_hooks:fault_plan",
-                "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
     try:
-        cfg = tiers["sync"].vllm_config("--chunk-tokens", str(chunk_tokens), "--timeout-s", str(timeout_s))
-        w = LLMProcess.start(model, root, llm_kwargs=kwargs, kv_transfer_config=cfg, env=engine_env(device=device),
-                             name="writer", timeout_s=start_timeout_s)
-        try:
-            out["cold"] = w.generate(prompts, max_tokens=4)
-        finally:
-            out["writer_shutdown_s"] = w.stop()
-        src, dst = (redis.Redis(host=t.instances[0]["host"], port=t.instances[0]["port"]) for t in tiers.values())
-        for k in src.scan_iter(count=1000):  # the async reader's tier holds the same chunks
-            dst.set(k, src.get(k))
+        _write(out, model, root, tiers["sync"], kwargs, prompts, device=device, name="writer",
+               start_timeout_s=start_timeout_s, config_args=("--chunk-tokens", str(chunk_tokens), "--timeout-s", str(timeout_s)))
+        _copy_tier(tiers["sync"], tiers["async"])  # the async reader's tier holds the same chunks
         for loading, tier in tiers.items():
             if loading not in loadings:
                 continue
@@ -238,8 +264,7 @@ def run_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_toke
                 time.sleep(max(5.0, 5 * timeout_s) + 0.5)  # the scheduler's lookup leaves a failed instance alone this long
                 res["killed"] = _timed(r, prompts[base + 3])
                 res["after"] = _timed(r, make_prompts(77 + base, [length // 2])[0])
-                res["metrics"] = r.metrics(("kvctl:",))
-                res["log"] = [ln for ln in r.log_text().splitlines() if "KvctlConnector" in ln or "KV load failure" in ln][-40:]
+                _record_reader(res, r)
             finally:
                 r.stop()
     finally:
@@ -275,6 +300,86 @@ def fault_problems(out: dict, prompts: list, *, timeout_s: float, chunk_tokens: 
             problems.append(f"{loading}: no lookup timeout counted ({m})")
         if not (out[loading].get("after") or {}).get("tokens"):
             problems.append(f"{loading}: the engine did not serve after the faults")
+    return problems
+
+
+# -- MLA with a sparse-attention indexer: a chunk missing its indexer part (issue 34) ------------------------------
+SPARSE_FAULTS = ("clean", "offline", "between")
+
+
+def run_sparse_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_tokens: int, length: int = 1290,
+                      start_timeout_s: float = 420) -> tuple[dict, list[list[int]]]:
+    """A writer computes 6 prompts of a sparse-MLA model; a sync reader (prompts 0-2) and an async reader (3-5, on
+    its own copy of the tier) each get: a clean hit; a prompt whose chunk 1 lost its indexer part before the reader
+    started ("offline": the lookup must stop at chunk 1); one whose chunk 1 loses it between the lookup and the load
+    ("between": the agreed prefix stops there and vLLM recomputes the rest). The sync reader runs without vLLM's
+    async scheduling (docs/gpu.md). Returns ({"cold": [...], "sync": {case: result}, "async": {...}}, prompts)."""
+    import redis
+
+    from kvctl.connector.ownership import chunk_keys, part_key
+    from kvctl.connector.sparse_mla import INDEXER_PART
+
+    root = Path(root)
+    prompts = make_prompts(5151, [length] * 6)
+    tiers, hook_env = _fault_tiers(root)
+    out: dict = {"cold": None, "sync": {}, "async": {}}
+    try:
+        model_name, fmt = _write(out, model, root, tiers["sync"], kwargs, prompts, device=device, name="sparse-writer",
+                                 start_timeout_s=start_timeout_s, config_args=("--chunk-tokens", str(chunk_tokens)))
+        out["fmt"] = fmt
+        out["keys_in_tier"] = _copy_tier(tiers["sync"], tiers["async"])  # the same chunks, both parts of each
+        for loading, base in (("sync", 0), ("async", 3)):
+            tier = tiers[loading]
+            r = redis.Redis(host=tier.instances[0]["host"], port=tier.instances[0]["port"])
+            key1 = chunk_keys(prompts[base + 1][: 2 * chunk_tokens], chunk_tokens, model_name, fmt)[1]
+            out[loading]["offline_deleted"] = r.delete(part_key(key1, INDEXER_PART))
+            plan = root / f"sparse-plan-{loading}.json"
+            key0 = chunk_keys(prompts[base + 2][:chunk_tokens], chunk_tokens, model_name, fmt)[0]
+            plan.write_text(json.dumps({"delete_part": {key0: [1, INDEXER_PART]}}))
+            cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens), "--loading", loading)
+            env = engine_env(device=device, trace=root / f"sparse-trace-{loading}.jsonl",
+                             extra=dict(hook_env, KVCTL_TEST_FAULT_PLAN=str(plan)))
+            kw = dict(kwargs, async_scheduling=False) if loading == "sync" else kwargs
+            eng = LLMProcess.start(model, root, llm_kwargs=kw, kv_transfer_config=cfg, env=env,
+                                   name=f"sparse-reader-{loading}", timeout_s=start_timeout_s)
+            try:
+                res = out[loading]
+                for i, case in enumerate(SPARSE_FAULTS):
+                    res[case] = _timed(eng, prompts[base + i])
+                res["plan_left"] = json.loads(plan.read_text())
+                _record_reader(res, eng)
+            finally:
+                eng.stop()
+    finally:
+        for t in tiers.values():
+            t.down()
+    return out, prompts
+
+
+def sparse_fault_problems(out: dict, prompts: list, *, chunk_tokens: int) -> list[str]:
+    """A chunk without its indexer part is a miss, never a wrong answer: cold tokens, and the hit stops before it."""
+    problems = []
+    if "+idx" not in str(out.get("fmt")):
+        problems.append(f"the connector's chunk format {out.get('fmt')!r} has no indexer part")
+    for loading, base in (("sync", 0), ("async", 3)):
+        res = out[loading]
+        if res.get("offline_deleted") != 1:
+            problems.append(f"{loading}: the indexer part of prompt {base + 1}'s chunk 1 was not in the tier")
+        for i, case in enumerate(SPARSE_FAULTS):
+            got, cold = res.get(case), out["cold"][base + i]
+            if got is None:
+                problems.append(f"{loading} {case}: no result")
+                continue
+            if got["tokens"] != cold["tokens"]:
+                problems.append(f"{loading} {case}: tokens {got['tokens']} != cold {cold['tokens']}")
+        want = {"clean": expected_hit(len(prompts[base]), chunk_tokens), "offline": chunk_tokens}
+        for case, n in want.items():
+            if (res.get(case) or {}).get("cached") != n:
+                problems.append(f"{loading} {case}: {(res.get(case) or {}).get('cached')} tokens cached, expected {n}")
+        if res.get("plan_left", {}).get("delete_part"):
+            problems.append(f"{loading} between: the hook never fired (the lookup did not see the chunk)")
+        if res.get("metrics", {}).get("kvctl:load_errors_total", 0) < 1:
+            problems.append(f"{loading} between: no load error counted ({res.get('metrics')})")
     return problems
 
 

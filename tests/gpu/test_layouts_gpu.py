@@ -108,3 +108,49 @@ def test_mla_fp8_padded_round_trip_between_backends_on_cuda(cuda):
     for layer in range(L):
         assert torch.equal(dst[layer][dst_slots // BS, 0, dst_slots % BS],
                            src[layer][src_slots // BS, 0, src_slots % BS])
+
+
+# -- MLA with a sparse-attention indexer (FLASHMLA_SPARSE + the indexer's pages), one group, one block table ---------
+SPARSE_BS = 64  # the indexer's kernel blocks on CUDA are 64 tokens
+
+
+def sparse_caches(fp8: bool, layout: str, device, kernel_block_size=None, bs: int = SPARSE_BS):
+    from kvctl.connector.kv_views import build_group_caches
+
+    lat = (CacheSpec(bs, 1, 576, torch.uint8, head_size_v=0, cache_dtype_str="fp8_ds_mla", state_content_bytes=656)
+           if fp8 else CacheSpec(bs, 1, 576, torch.bfloat16, head_size_v=0, block_stride_alignment=1152,
+                                 cache_dtype_str="auto"))
+    idx = CacheSpec(bs, 1, 132, torch.uint8, head_size_v=0)
+    try:
+        raw, (lv, iv) = build_group_caches([(lat, L), (idx, L - 1)], layout, BLOCKS, device=device,
+                                           kernel_block_size=kernel_block_size)
+    except ValueError as exc:  # vLLM refuses mixed page sizes in this layout, or cannot split the blocks
+        pytest.skip(str(exc))
+    from kvctl.connector.sparse_mla import SparseGroup
+
+    group = SparseGroup(tuple(f"a{i}" for i in range(L)), tuple(f"i{i}" for i in range(L - 1)), lat, idx)
+    return raw, lv, iv, group
+
+
+@pytest.mark.parametrize("layout", ["LBHNC", "LBNHC", "BLHNC", "BLNHC"])
+@pytest.mark.parametrize("fp8,bs,kbs", [(False, 64, None), (True, 64, None), (True, 128, 64)])
+def test_sparse_mla_extract_insert_and_chunks_on_cuda(cuda, layout, fp8, bs, kbs):
+    from kvctl.connector.sparse_mla import sparse_layout_for
+    from tests.plugins.kv_fill import expected_sparse, fill_sparse, int_view, read_back_sparse
+
+    raw, lv, iv, group = sparse_caches(fp8, layout, cuda, kbs, bs)
+    fill_sparse(lv, iv)
+    lay = sparse_layout_for(group, lv, iv, layout, "FLASHMLA_SPARSE")
+    slots = slots_for([7, 2, 9, 0], bs, 3, 3 * bs + 5)
+    want_lat, want_idx = expected_sparse(slots, lv, iv)
+    kv = lay.extract(slots)
+    assert kv.latent.device == raw.device and torch.equal(int_view(kv.latent), want_lat) and torch.equal(kv.indexer, want_idx)
+    n = (len(slots) // bs) * bs
+    chunks = lay.chunks_of(lay.extract(slots[:n]), bs)  # flat uint8 chunks on the device, part mla then part idx
+    snapshot = raw.clone()
+    raw.zero_()
+    lay.insert(slots[:n], lay.join_chunks([c.cpu() for c in chunks]))  # host chunks go back to the device
+    got_lat, got_idx = read_back_sparse(lv, iv, slots[:n])
+    assert torch.equal(got_lat, want_lat[:, :n]) and torch.equal(got_idx, want_idx[:, :n])
+    written = raw != 0
+    assert torch.equal(raw[written], snapshot[written])

@@ -283,12 +283,13 @@ def shard_prepare(args: dict[str, Any]) -> dict[str, Any]:
         "unfull": ({"save_unfull_chunk": True}, (2, 1, True)),
         "gqa": ({}, (2, 1, False)),
         "pipeline": ({}, (4, 2, True)),
+        "sparse": ({}, (2, 1, True)),  # MLA with a sparse-attention indexer (GLM-5)
     }
     out: dict[str, Any] = {}
     for name, (settings, (world, pp, mla)) in cases.items():
         cfg = LMCacheEngineConfig.from_dict(dict({"chunk_size": 64, "extra_config": {"keep": 1}}, **settings))
         try:
-            prepare_config(cfg, world, pp, mla)
+            prepare_config(cfg, world, pp, mla, sparse_indexer=name == "sparse")
         except ShardModeError as exc:
             out[name] = str(exc)
         else:

@@ -49,3 +49,4 @@ def test_prepare_config_on_lmcache_config(lmc_python):  # noqa: F811
     assert "save_unfull_chunk" in out["unfull"]
     assert "for MLA models" in out["gqa"]
     assert "pipeline_parallel_size 2" in out["pipeline"]
+    assert "sparse-attention indexer" in out["sparse"] and "KvctlConnector" in out["sparse"]  # issue 34

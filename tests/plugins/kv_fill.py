@@ -129,3 +129,54 @@ def check_extract_insert(raw: torch.Tensor, caches: list[torch.Tensor], spec, la
     written = raw != 0
     assert torch.equal(raw[written], snapshot[written])  # no byte outside those cells (padding included)
     assert int(written.sum()) <= got.numel() * got.element_size()
+
+
+# -- MLA with a sparse-attention indexer (kvctl.connector.sparse_mla) ------------------------------------------
+# The latent rows are read as every MLA backend reads them (squeeze(1), FLASHMLA_SPARSE's flat_kv_row_view is the
+# same rows). The indexer's page, as vLLM 0.32 writes it (models/deepseek_v32/common/kernels.py
+# _fp8_quant_and_cache_write, unshuffled): a kernel block of N tokens is N*C contiguous bytes, token t's 128 fp8
+# values at byte t*128, its fp32 scale at byte N*128 + t*4.
+INDEXER_VALUES = 128
+_INDEXER_LAYER0 = 1000  # indexer layers' codes start here (never equal to a latent layer's)
+
+
+def indexer_pages(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values [B, N, 128], scales [B, N, C - 128])`` of one indexer layer's ``[B, 1, N, C]`` uint8 view."""
+    c = cache.squeeze(1)  # DeepseekV32IndexerCache.bind_kv_cache
+    b, n, width = c.shape
+    pages = torch.as_strided(c, (b, n * width), (c.stride(0), 1))  # block i's page: n * width bytes from c[i, 0, 0]
+    return pages[:, : n * INDEXER_VALUES].view(b, n, INDEXER_VALUES), pages[:, n * INDEXER_VALUES :].view(b, n, -1)
+
+
+def fill_sparse(latent: list[torch.Tensor], indexer: list[torch.Tensor]) -> None:
+    """Every latent element and every indexer byte encodes (layer, block, token, value/scale, byte)."""
+    fill(latent, "FLASHMLA", 0)
+    for layer, cache in enumerate(indexer):
+        for kind, run in enumerate(indexer_pages(cache)):
+            b, n, w = run.shape
+            dev = run.device
+            run.copy_(code(_INDEXER_LAYER0 + layer, torch.arange(b, device=dev)[:, None, None], 0,
+                           torch.arange(n, device=dev)[None, :, None], kind, torch.arange(w, device=dev), 1, dev))
+
+
+def expected_sparse(slots: torch.Tensor, latent: list[torch.Tensor], indexer: list[torch.Tensor]):
+    """``(latent (L, T, row) ints, indexer (L_idx, T, C) uint8)`` a correct extract returns after :func:`fill_sparse`."""
+    lat = expected_chunk(slots, latent, True, 0)
+    c0 = indexer[0]
+    dev, n_tok, width = c0.device, c0.shape[-2], c0.shape[-1]
+    s = slots.to(dev)
+    b, n = (s // n_tok)[None, :, None], (s % n_tok)[None, :, None]
+    layer = torch.arange(len(indexer), device=dev)[:, None, None] + _INDEXER_LAYER0
+    values = code(layer, b, 0, n, 0, torch.arange(INDEXER_VALUES, device=dev), 1, dev)
+    scales = code(layer, b, 0, n, 1, torch.arange(width - INDEXER_VALUES, device=dev), 1, dev)
+    return lat, torch.cat([values, scales], dim=-1)
+
+
+def read_back_sparse(latent: list[torch.Tensor], indexer: list[torch.Tensor], slots: torch.Tensor):
+    """What FLASHMLA_SPARSE and the indexer's kernels would read at ``slots``: ``(latent ints, indexer bytes)``."""
+    lat = read_back(latent, "FLASHMLA", 0, slots)
+    n_tok = indexer[0].shape[-2]
+    s = slots.to(indexer[0].device)
+    b, n = s // n_tok, s % n_tok
+    idx = torch.stack([torch.cat([run[b, n] for run in indexer_pages(cache)], dim=-1) for cache in indexer])
+    return lat, idx

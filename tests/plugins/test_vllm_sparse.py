@@ -1,0 +1,112 @@
+"""KvctlConnector on a sparse-MLA model's KV cache group: both roles, vLLM's own specs and views, a real tier.
+
+The group is the one vLLM 0.32 builds for GLM-5 / DeepSeek-V3.2 (tests/plugins/test_sparse_layouts.py:
+get_kv_cache_groups gives one UniformTypeKVCacheSpecs of latent and indexer layers). The scheduler keys and
+looks up two-part chunks from the specs alone; the worker saves and loads them through one block table; a
+chunk whose indexer part is gone is a miss for the lookup and stops the load, whose blocks after it are
+reported to vLLM as failed (it recomputes them).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+
+from kvctl.connector.layouts import slots_for  # noqa: E402
+from kvctl.connector.ownership import part_key  # noqa: E402
+from kvctl.connector.resp import RespClient  # noqa: E402
+from kvctl.connector.sparse_mla import INDEXER_PART  # noqa: E402
+from tests.plugins.kv_fill import fill_sparse, read_back_sparse  # noqa: E402
+from tests.plugins.sparse_groups import IDX_NAMES, LAT_NAMES, vllm_caches  # noqa: E402
+
+pytestmark = pytest.mark.engine
+
+BS = 64  # CUDA's: the indexer's kernel blocks are 64 tokens (indexer.py:284-285), FLASHMLA_SPARSE a multiple of 64
+CT = 64  # one block a chunk: the 5 blocks of the cache hold the 4 chunks of the prompt
+TOKENS = list(range(900, 900 + 4 * CT + 9))  # 4 full chunks, all loadable
+
+
+def connector(url, role, fp8=False, layout="BLHNC", backend="FLASHMLA_SPARSE"):
+    from kvctl.plugins.vllm import KvctlConnector
+
+    raw, views, group = vllm_caches(BS, fp8, layout)
+    kw = {}
+    if role == KVConnectorRole.WORKER:
+        kw = {"kv_caches": views, "coordinator": SimpleNamespace(rank_in_group=0, world_size=1, cpu_group=None,
+                                                                 ranks=[0])}
+    conn = KvctlConnector.without_engine(
+        {"urls": [url], "chunk_tokens": CT, "timeout_s": 2.0}, world_size=1, layer_names=group.layer_names,
+        spec=group.kv_cache_spec, block_size=BS, use_mla=True, model_name="glm", role=role, layout=layout,
+        backend=backend, cache_dtype="fp8" if fp8 else "auto", **kw)
+    return conn, views
+
+
+def _latent_and_indexer(views):
+    return [views[n] for n in LAT_NAMES], [views[n] for n in IDX_NAMES]
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_save_lookup_and_load_through_the_connector(gloo_world1, valkey_server, fp8):
+    from kvctl.plugins.vllm import LoadSpec, SaveSpec
+
+    sched, _ = connector(valkey_server.url, KVConnectorRole.SCHEDULER, fp8)
+    worker, views = connector(valkey_server.url, KVConnectorRole.WORKER, fp8)
+    try:
+        assert sched.fmt == worker.fmt == worker.layout.fmt(1)
+        assert sched.fmt.endswith("+idx132-L2-fp8_e4m3") and ("fp8_ds_mla" in sched.fmt) == fp8
+        assert sched._chunk_bytes() == sched.parts.nbytes == worker.store.chunk_nbytes  # s counts both parts
+        lat, idx = _latent_and_indexer(views)
+        fill_sparse(lat, idx)
+        blocks = [3, 0, 4, 1, 2]
+        worker._save(SaveSpec("a", TOKENS[: 4 * CT], blocks[: 4 * CT // BS]))
+        assert worker._saver.wait_idle(20)
+        request = SimpleNamespace(request_id="r", prompt_token_ids=TOKENS, num_preemptions=0)
+        assert sched.get_num_new_matched_tokens(request, 0) == (4 * CT, False)
+
+        want = read_back_sparse(lat, idx, slots_for(blocks, BS, 0, 4 * CT))
+        keys = worker.store.keys(TOKENS)
+        with RespClient(valkey_server.url) as cl:
+            cl.delete([part_key(keys[2], INDEXER_PART)])  # the indexer part of chunk 2 is gone; its latent part stays
+        sched._sync_answers.drop("r")
+        assert sched.get_num_new_matched_tokens(request, 0) == (2 * CT, False)  # a half chunk is a miss
+
+        for t in lat + idx:
+            t.zero_()
+        dst = [4, 2, 0, 3, 1]
+        # a load planned before the part went (the scheduler saw 4 chunks): it agrees on 2, the rest is recomputed
+        worker._load(LoadSpec("b", TOKENS[: 4 * CT], first_chunk=0, end_chunk=4, skip_tokens=0, block_ids=dst),
+                     worker.group)
+        got = read_back_sparse(lat, idx, slots_for(dst, BS, 0, 2 * CT))
+        assert all(torch.equal(a, b[:, : 2 * CT]) for a, b in zip(got, want))
+        assert sorted(worker.get_block_ids_with_load_errors()) == sorted(dst[2 * CT // BS : 4 * CT // BS])
+        rest = read_back_sparse(lat, idx, slots_for(dst, BS, 2 * CT, 4 * CT))
+        assert all(int(t.count_nonzero()) == 0 for t in rest)
+    finally:
+        sched.shutdown()
+        worker.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["FLASH_ATTN_MLA_SPARSE", "FLASHINFER_MLA_SPARSE"])
+def test_another_sparse_backend_is_refused_at_start_by_name(valkey_server, backend):
+    from kvctl.plugins.vllm import ConnectorConfigError
+
+    with pytest.raises(ConnectorConfigError, match=f"sparse MLA backend {backend} is not stored"):
+        connector(valkey_server.url, KVConnectorRole.WORKER, backend=backend)
+
+
+def test_a_group_of_mixed_specs_that_is_not_sparse_mla_is_refused(valkey_server):
+    from kvctl.plugins.vllm import ConnectorConfigError, KvctlConnector
+
+    _, _, group = vllm_caches(BS, False, "LBHNC")
+    specs = dict(group.kv_cache_spec.kv_cache_specs)
+    specs[IDX_NAMES[0]] = SimpleNamespace(head_size=8, cache_role=None)
+    with pytest.raises(ConnectorConfigError, match="only MLA with a sparse-attention indexer is stored"):
+        KvctlConnector.without_engine(
+            {"urls": [valkey_server.url], "chunk_tokens": CT}, world_size=1, layer_names=list(specs),
+            spec=SimpleNamespace(kv_cache_specs=specs), block_size=BS, use_mla=True, role=KVConnectorRole.SCHEDULER)

@@ -45,14 +45,27 @@ def finite_json(obj: Any) -> Any:
     return obj
 
 
+#: JSON documents written to stdout by this process (``kvctl.cli`` adds no error object after a command's own)
+_json_documents = 0
+
+
+def json_documents() -> int:
+    """How many JSON documents :func:`emit_json` and :func:`emit_json_line` wrote so far."""
+    return _json_documents
+
+
 def emit_json(obj: Any) -> None:
     """Plain JSON on stdout, no styling; never NaN or Infinity (null)."""
+    global _json_documents
+    _json_documents += 1
     sys.stdout.write(json.dumps(finite_json(to_jsonable(obj)), indent=2, sort_keys=False, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 
 def emit_json_line(obj: Any) -> None:
     """One compact JSON object per line on stdout (for streams such as ``--watch --json``); never NaN or Infinity."""
+    global _json_documents
+    _json_documents += 1
     sys.stdout.write(json.dumps(finite_json(to_jsonable(obj)), separators=(",", ":"), allow_nan=False) + "\n")
     sys.stdout.flush()
 

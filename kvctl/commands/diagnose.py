@@ -19,7 +19,7 @@ import click
 from click.core import ParameterSource
 
 from kvctl import render, thresholds
-from kvctl.commands.diagnose_stalls import JsonErrorCommand, JsonErrorGroup, stalls_cmd
+from kvctl.commands.diagnose_stalls import stalls_cmd
 from kvctl.commands.options import (
     BYTES_PER_TOKEN, PREFILL_RATE, T0_S, bytes_per_token_options, count, engine_http, engine_http_options, options, output_options, positive,
     valkey_options, valkey_targets,
@@ -129,7 +129,7 @@ def _carry(ctx: click.Context, kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@click.group("diagnose", cls=JsonErrorGroup, invoke_without_command=True)
+@click.group("diagnose", invoke_without_command=True)
 @source_options
 @model_options
 @run_options
@@ -164,7 +164,7 @@ def diagnose_group(ctx: click.Context, **kwargs: Any) -> None:
     ctx.obj = {"group_options": explicit}
 
 
-@diagnose_group.command("run", cls=JsonErrorCommand)
+@diagnose_group.command("run")
 @source_options
 @model_options
 @run_options
@@ -355,7 +355,7 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
         render.text_table("How each number was computed", ["quantity", "value", "formula", "source"], [(q.name, q.value, q.formula, q.source) for q in diag.explain])
 
 
-@diagnose_group.command("capture", cls=JsonErrorCommand)
+@diagnose_group.command("capture")
 @source_options
 @model_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Directory to write the capture to (must not hold one).")

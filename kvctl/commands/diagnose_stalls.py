@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import datetime
 import socket
-from typing import Any
-
 import click
 
 from kvctl import __version__, render
@@ -17,66 +15,8 @@ from kvctl.diagnose import stalls
 from kvctl.errors import KvctlError
 from kvctl.runbooks import runbook_for
 
-_EMITTED = "kvctl_json_error_emitted"
 
-
-def _emit_json_error(ctx: click.Context | None, message: str, code: int) -> None:
-    """One JSON object on stdout for an error under --json (once per invocation; stderr still gets the line)."""
-    root = ctx.find_root() if ctx is not None else None
-    if root is not None and root.meta.get(_EMITTED):
-        return
-    if root is not None:
-        root.meta[_EMITTED] = True
-    render.emit_json({"kvctl_version": __version__, "outcome": "error", "error": message, "exit_code": int(code)})
-
-
-class JsonErrorsMixin:
-    """With ``--json`` anywhere in its arguments, a command also reports its errors as one JSON object.
-
-    Usage errors (bad option values: exit 2) and library errors (``KvctlError``)
-    alike; the error line on stderr and the exit code stay what ``KvctlGroup`` makes them.
-    """
-
-    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any) -> click.Context:
-        wants_json = "--json" in args
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)  # type: ignore[misc]
-        except click.ClickException as e:
-            if wants_json:
-                _emit_json_error(parent, e.format_message(), e.exit_code)
-            raise
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)  # type: ignore[misc]
-        except click.ClickException as e:
-            if _wants_json(ctx):
-                _emit_json_error(ctx, e.format_message(), e.exit_code)
-            raise
-        except KvctlError as e:
-            if _wants_json(ctx):
-                _emit_json_error(ctx, str(e), e.exit_status)
-            raise
-
-
-def _wants_json(ctx: click.Context) -> bool:
-    c: click.Context | None = ctx
-    while c is not None:
-        if c.params.get("as_json") or "--json" in (c.args or []):
-            return True
-        c = c.parent
-    return False
-
-
-class JsonErrorCommand(JsonErrorsMixin, click.Command):
-    pass
-
-
-class JsonErrorGroup(JsonErrorsMixin, click.Group):
-    pass
-
-
-@click.command("stalls", cls=JsonErrorCommand)
+@click.command("stalls")
 @click.option("--pid", "pids", type=click.IntRange(min=1), multiple=True, help="Process to inspect (repeatable: one per rank).")
 @click.option(
     "--match",

@@ -7,7 +7,7 @@ import json
 import os
 import signal
 import threading
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING
 
 import click
 
@@ -17,6 +17,7 @@ from kvctl.errors import ExitStatus, InvalidInput
 from kvctl.files import write_atomic
 from kvctl.hooks import hookimpl
 from kvctl.kvsize import DTYPE_BYTES
+from kvctl.signals import exit_code, on_signals
 from kvctl.tier.targets import NAMING
 
 if TYPE_CHECKING:
@@ -25,6 +26,14 @@ if TYPE_CHECKING:
 #: A value beyond 4 GiB is not a KV chunk (Valkey's own limit is 512 MB per string by default).
 CHUNK_BYTES = ByteSize(4 * 2**30)
 SECONDS = positive(86400.0)
+
+
+#: SIGINT (Ctrl-C) and SIGTERM stop a bench, which then cleans up; a second one aborts at once
+BENCH_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _abort(sig: signal.Signals) -> None:
+    raise KeyboardInterrupt  # a second signal: no more cleanup
 
 
 @hookimpl
@@ -161,7 +170,7 @@ def bench_cmd(
 
             return run_bench(targets, spec, on_progress, bytes_per_token, prefill_rate, params, stop_requested=stop_requested)
 
-    with _signals_stop(stop_requested) as caught:
+    with on_signals(lambda sig: stop_requested.set(), again=_abort, signals=BENCH_SIGNALS) as caught:
         if embedded:
             n_keys = keys
             if embedded_maxmemory is None:
@@ -205,7 +214,7 @@ def bench_cmd(
             f"interrupted by {sig.name}: {len(report.runs)} of {report.runs_planned} run(s) measured{last}; "
             "bench keys deleted" + ("; embedded servers stopped" if embedded else "")
         )
-        ctx.exit(128 + int(sig))
+        ctx.exit(exit_code(sig))
     if report.errors:
         for run in report.runs:
             for inst in run.per_instance:
@@ -215,32 +224,6 @@ def bench_cmd(
                         f"{inst.errors} error(s), first: {inst.first_error}"
                     )
         ctx.exit(int(ExitStatus.UNREACHABLE))
-
-
-@contextlib.contextmanager
-def _signals_stop(stop_requested: threading.Event) -> Iterator[list[signal.Signals]]:
-    """SIGINT/SIGTERM set ``stop_requested`` (the bench winds down and cleans up); a second one aborts at once.
-
-    Yields the list the first caught signal is appended to. Outside the main
-    thread (signals cannot be caught there) it only yields.
-    """
-    caught: list[signal.Signals] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield caught
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        if caught:  # second signal: no more cleanup
-            raise KeyboardInterrupt
-        caught.append(signal.Signals(signum))
-        stop_requested.set()
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield caught
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def _f(x: float | None, digits: int) -> str:

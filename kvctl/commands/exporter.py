@@ -17,6 +17,7 @@ from kvctl.commands.options import FiniteFloat, engine_http, engine_http_options
 from kvctl.diagnose.analysis import Params
 from kvctl.diagnose.capture import merged_warning
 from kvctl.hooks import hookimpl
+from kvctl.signals import exit_code, on_signals
 from kvctl.thresholds import EXPORTER_MIN_INTERVAL_S
 
 INTERVAL_S = FiniteFloat(min=EXPORTER_MIN_INTERVAL_S, max=3600.0)
@@ -94,23 +95,14 @@ def exporter_cmd(
     if not server.loopback:
         render.warn(f"listening on {server.host}, which is not loopback: anyone who can reach this host reads the tier's metrics")
 
-    stopping = []
+    def exit_now(sig: signal.Signals) -> None:  # a second SIGTERM/Ctrl-C: out now, without the orderly stop
+        os._exit(exit_code(sig))
 
-    def _stop(signum: int, frame: Any) -> None:
-        if stopping:  # a second SIGTERM/Ctrl-C: out now, without the orderly stop
-            os._exit(128 + signum)
-        stopping.append(signum)
-        server.request_stop()
-
-    old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        server.wait(duration_s)
-    finally:
+    with on_signals(lambda sig: server.request_stop(), again=exit_now, signals=(signal.SIGTERM, signal.SIGINT)):
         try:
-            server.stop()  # the handlers stay: a second SIGTERM/Ctrl-C during the stop exits at once
+            server.wait(duration_s)
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+            server.stop()  # the handlers stay: a second SIGTERM/Ctrl-C during the stop exits at once
     summary = {"event": "stopped", "rounds": server.exporter.rounds, "ran_s": round(time.time() - started, 3)}
     if as_json:
         render.emit_json_line(summary)

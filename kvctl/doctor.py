@@ -158,7 +158,7 @@ def _engine(raw_url: str, timeout_s: float, kvt: dict[str, Any] | None, out: lis
         out.append(Check("engine", "metrics", FAIL, str(e), "point --engine-url at the vLLM API server, not a sidecar", {"url": url}))
         return {}
     names = set(scrape.values) | set(scrape.buckets)
-    if not any(n.startswith("vllm:") for n in names):
+    if not any(n.startswith(metric_names.VLLM_PREFIX) for n in names):
         out.append(Check("engine", "metrics", FAIL, f"{url} serves /metrics without vllm: series", "point --engine-url at the vLLM API server, not a sidecar", {"url": url}))
         return {}
     out.append(Check("engine", "metrics", OK, f"{sources.metrics_url(url)} answers with vLLM metrics", evidence={"url": url}))
@@ -167,7 +167,7 @@ def _engine(raw_url: str, timeout_s: float, kvt: dict[str, Any] | None, out: lis
         out.append(Check("engine", "vllm_version", OK, f"vLLM {version}", evidence={"url": url, "version": version}))
     else:
         out.append(Check("engine", "vllm_version", WARNING, f"{url}/version did not answer: vLLM version unknown", "check the engine is vLLM's OpenAI API server", {"url": url}))
-    in_metrics = "kvctl" if any(n.startswith(metric_names.PREFIX) for n in names) else "lmcache" if any(n.startswith("lmcache:") for n in names) else None
+    in_metrics = "kvctl" if any(n.startswith(metric_names.PREFIX) for n in names) else "lmcache" if any(n.startswith(metric_names.LMCACHE_PREFIX) for n in names) else None
     connector = in_metrics or connector_of(kvt)
     label = {"kvctl": "kvctl (kvctl.plugins.vllm)", "lmcache": "LMCache"}.get(connector or "", connector or "none")
     if connector:
@@ -177,7 +177,7 @@ def _engine(raw_url: str, timeout_s: float, kvt: dict[str, Any] | None, out: lis
             "engine", "kv_connector", WARNING, "no KV connector: the engine exports no kvctl: or lmcache: metrics and no --kv-transfer-config names one",
             "start vLLM with --kv-transfer-config (kvctl deploy-valkey vllm-config prints one) to use the remote tier", {"url": url},
         ))
-    info = M.labels(text, "vllm:cache_config_info")
+    info = M.labels(text, metric_names.VLLM_CACHE_CONFIG_INFO)
     block = int(info["block_size"]) if info.get("block_size", "").isdigit() else None
     ranks = scrape.gauge(metric_names.RANKS)  # as diagnose reads W
     return {"block_size": block, "ranks": int(ranks) if ranks and ranks >= 1 else None, "connector": connector}

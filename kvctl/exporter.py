@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
 from kvctl import cost
+from kvctl.connector import metric_names as N
 from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.diagnose.sources import valkey_read_error
@@ -98,11 +99,11 @@ Key = tuple[str, tuple[tuple[str, str], ...]]
 #: the text: it never reads them, and parsing them was most of the exporter's CPU. A test checks that every
 #: vllm: name in kvctl/diagnose is listed here and that the analysis of filtered text equals the unfiltered one.
 VLLM_FAMILIES_READ = frozenset({
-    "vllm:request_success", "vllm:request_prompt_tokens", "vllm:prompt_tokens", "vllm:num_requests_waiting",
-    "vllm:num_requests_running", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_hits",
-    "vllm:external_prefix_cache_queries", "vllm:request_prefill_time_seconds",
+    N.VLLM_REQUEST_SUCCESS, N.VLLM_REQUEST_PROMPT_TOKENS, N.VLLM_PROMPT_TOKENS, N.VLLM_NUM_REQUESTS_WAITING,
+    N.VLLM_NUM_REQUESTS_RUNNING, N.VLLM_PREFIX_CACHE_HITS, N.VLLM_EXTERNAL_PREFIX_CACHE_HITS,
+    N.VLLM_EXTERNAL_PREFIX_CACHE_QUERIES, N.VLLM_REQUEST_PREFILL_TIME_SECONDS,
 })
-KEPT_PREFIXES = ("lmcache:", "kvctl:")
+KEPT_PREFIXES = (N.LMCACHE_PREFIX, N.PREFIX)
 _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 
 

@@ -52,8 +52,8 @@ from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.diagnose.sources import valkey_read_error
 from kvctl.engine_http import EngineHttp, Inflight, masked
 from kvctl.errors import InvalidInput, KvctlError
-from kvctl.thresholds import EXPORTER_MIN_INTERVAL_S, EXPORTER_STOP_S, EXPORTER_WINDOW_SAMPLES
-from kvctl.tier.server import AuthFailed, redis_for_url
+from kvctl.thresholds import EXPORTER_MIN_INTERVAL_S, EXPORTER_STOP_S, EXPORTER_WINDOW_SAMPLES, READ_TIMEOUT_S
+from kvctl.tier.server import AuthFailed, info_all, redis_for_url
 from kvctl.tier.targets import Target
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class ExporterConfig:
     params: Params = field(default_factory=Params)
     interval_s: float = 15.0
     window_s: float = 60.0
-    timeout_s: float = 5.0
+    timeout_s: float = READ_TIMEOUT_S
     stale_after_s: float | None = None  # None: max(window, 3 intervals)
     http: EngineHttp = field(default_factory=EngineHttp)  # engine credentials and the /metrics size cap
 
@@ -194,7 +194,7 @@ class KeptOpen:
         if client is None:
             client = self._clients[key] = redis_for_url(t.url, timeout_s, password=t.password)
         try:
-            info = dict(client.info("all"))
+            info = info_all(client)
         except (redis.RedisError, OSError) as e:
             self._clients.pop(key, None)
             client.close()

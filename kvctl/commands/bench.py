@@ -57,7 +57,7 @@ def register_commands(cli: click.Group) -> None:
 @click.option("--write", is_flag=True, help="Also measure SET bandwidth (a write run before each GET run).")
 @click.option("--sweep", is_flag=True, help="Figure 3 grid: 1 instance with 1, 2, 4… clients, then 2, 4… instances with one client each.")
 @click.option("--engines", type=count(256), help="Contention curve: 1, 2, 4 … E engines sharing every instance, each one client per instance whose ranks load their shares of a prompt together.")
-@click.option("--timeout", "timeout_s", type=positive(3600.0), default=5.0, show_default=True, help="Seconds any socket operation may take before it counts as an error.")
+@click.option("--timeout", "timeout_s", type=positive(3600.0), default=thresholds.BENCH_TIMEOUT_S, show_default=True, help="Seconds any socket operation may take before it counts as an error.")
 @click.option("--seed", type=count(2**32 - 1, min=0), default=0, show_default=True, help="Seed of the key order of every client.")
 @click.option("--prefill-rate", type=PREFILL_RATE, help="Prefill tokens/s R; with bytes per token, ends with the verdict against B* = s·R.")
 @click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help="KV bytes per token s of the WHOLE model (all ranks) for the verdict (or --model-config).")

@@ -19,7 +19,6 @@ from kvctl.hooks import hookimpl
 from kvctl.tier import spec
 from kvctl.tier.targets import load_tier, state_path
 
-DEFAULT_DIR = "./kv-tier"
 RANKS = count(4096)
 #: The tier's total memory: beyond 1 PiB is a typo whatever the target (local tiers are also checked against the host).
 MAXMEMORY = ByteSize(2**50)
@@ -71,7 +70,7 @@ def dir_option(func: Callable) -> Callable:
         "--dir",
         "tier_dir",
         type=click.Path(file_okay=False, path_type=Path),
-        default=DEFAULT_DIR,
+        default=thresholds.TIER_DIR,
         show_default=True,
         envvar="KVCTL_TIER_DIR",
         help="Directory of the local tier: configs, logs, pidfiles and the state file.",
@@ -128,7 +127,7 @@ def deploy_group() -> None:
 @click.option("--ranks", type=RANKS, required=True, help="Number of ranks W (rank r on instance r, or on its K instances with --instances-per-rank).")
 @instances_per_rank_option
 @click.option("--base-port", type=click.IntRange(1, 65535), default=thresholds.BASE_PORT, show_default=True, envvar="KVCTL_BASE_PORT", help="Port of rank 0; rank r listens on base-port + r, instance i of rank r on base-port + r*K + i (local, systemd; env KVCTL_BASE_PORT).")
-@click.option("--maxmemory", type=MAXMEMORY, default="400mb", show_default=True, help="TOTAL memory of the tier, split evenly across all W × K instances (Valkey units: mb = MiB, m = 10^6).")
+@click.option("--maxmemory", type=MAXMEMORY, default=thresholds.TIER_MAXMEMORY, show_default=True, help="TOTAL memory of the tier, split evenly across all W × K instances (Valkey units: mb = MiB, m = 10^6).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (local, systemd). Non-loopback needs --password-file or --insecure-no-auth.")
 @click.option("--io-threads", type=count(256), help=f"Valkey io-threads per instance, main thread included (default: min(4, cores/2/instances), here {spec.default_io_threads()} for one instance; 4 for fleets).")
 @dir_option
@@ -237,7 +236,7 @@ def _render_fleet(target: str, ranks: int, base_port: int, maxmemory: int, host:
 
 
 @deploy_group.command("status")
-@valkey_options(dir_default=DEFAULT_DIR, dir_envvar="KVCTL_TIER_DIR")
+@valkey_options(dir_default=thresholds.TIER_DIR, dir_envvar="KVCTL_TIER_DIR")
 @output_options
 @click.pass_context
 def status_cmd(ctx: click.Context, valkey_urls: tuple[str, ...], ranks: int | None, instances_per_rank: int | None, tier_dir: str, password_file: str | None, as_json: bool) -> None:

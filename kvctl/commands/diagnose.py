@@ -48,7 +48,7 @@ source_options = options(
     engine_http_options,
     valkey_options,
     click.option("--window", type=WINDOW_S, default=thresholds.DIAGNOSIS_WINDOW_S, show_default=True, help="Seconds between the two samples (at most one day)."),
-    click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=5.0, show_default=True, help="Per-source read timeout in seconds; a source that does not answer is reported, the rest analysed."),
+    click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=thresholds.READ_TIMEOUT_S, show_default=True, help="Per-source read timeout in seconds; a source that does not answer is reported, the rest analysed."),
 )
 
 _model_bundle = options(

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import click
 
-from kvctl import render
-from kvctl.commands.deploy import DEFAULT_DIR
+from kvctl import render, thresholds
 from kvctl.commands.diagnose import TIMEOUT_S
 from kvctl.commands.options import ByteSize, count, engine_http, engine_http_options, output_options, valkey_options, valkey_targets
 from kvctl.hooks import hookimpl
@@ -24,12 +23,12 @@ def register_commands(cli: click.Group) -> None:
 @click.command("doctor")
 @click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable), e.g. http://HOST:8000.")
 @engine_http_options
-@valkey_options(dir_default=DEFAULT_DIR, dir_envvar="KVCTL_TIER_DIR")
+@valkey_options(dir_default=thresholds.TIER_DIR, dir_envvar="KVCTL_TIER_DIR")
 @click.option("--config", "lmcache_config", type=click.Path(dir_okay=False), envvar="LMCACHE_CONFIG_FILE", help="LMCache YAML config the engines use (default: $LMCACHE_CONFIG_FILE).")
 @click.option("--kv-transfer-config", help="vLLM's --kv-transfer-config JSON, inline or @FILE.")
 @click.option("--world-size", type=count(4096), help="Ranks of the engine's shard group (TP x PCP); default: the engine's kvctl:ranks gauge.")
 @click.option("--diagnosis", "diagnosis_path", type=click.Path(dir_okay=False), help="kvctl diagnose --json output to compare the loading mode with (default: the last saved diagnosis).")
-@click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=3.0, show_default=True, help="Seconds each engine or Valkey read may take.")
+@click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=thresholds.CHECK_TIMEOUT_S, show_default=True, help="Seconds each engine or Valkey read may take.")
 @click.option("--chunk-bytes", type=ByteSize(MAX_CHUNK_BYTES), help="Bytes of one stored chunk (12.4mb, or `kvctl cost kv-size`'s chunk_bytes) for the proto-max-bulk-len, output-buffer and value-size checks; default: the largest of a few values sampled from the tier.")
 @click.option("--engines", type=count(100_000), help="Engines sharing the tier, for the maxclients check (default: the number of --engine-url, at least 1).")
 @click.option("--no-host-checks", is_flag=True, help="Skip the py-spy (ptrace) and NVML checks of this host.")

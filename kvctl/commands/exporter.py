@@ -39,7 +39,7 @@ def register_commands(cli: click.Group) -> None:
 @model_options
 @click.option("--interval", "interval_s", type=INTERVAL_S, default=15.0, show_default=True, help=f"Seconds between samples (one /metrics read per engine, one INFO per instance); at least {EXPORTER_MIN_INTERVAL_S:g}.")
 @click.option("--window", "window_s", type=WINDOW_S, default=thresholds.DIAGNOSIS_WINDOW_S, show_default=True, help="Sliding window in seconds: every value is the diagnosis of its oldest and newest sample.")
-@click.option("--timeout", "timeout_s", type=TIMEOUT_S, help="Per-source read timeout in seconds (default: --interval, at most 5); a source that does not answer drops its *_up to 0.")
+@click.option("--timeout", "timeout_s", type=TIMEOUT_S, help=f"Per-source read timeout in seconds (default: --interval, at most {thresholds.READ_TIMEOUT_S:g}); a source that does not answer drops its *_up to 0.")
 @click.option("--stale-after", "stale_after_s", type=WINDOW_S, help="Seconds a last good value is kept while a component is missing (default: max(--window, 3 x --interval)).")
 @click.option("--duration", "duration_s", type=DURATION_S, help="Stop after this many seconds (default: run until Ctrl-C or SIGTERM).")
 @output_options
@@ -69,7 +69,7 @@ def exporter_cmd(
     if not engine_urls:
         raise click.UsageError("give --engine-url (repeatable)")
     targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False, instances_per_rank=instances_per_rank)
-    timeout_s = timeout_s if timeout_s is not None else min(5.0, interval_s)
+    timeout_s = timeout_s if timeout_s is not None else min(thresholds.READ_TIMEOUT_S, interval_s)
     params = Params(bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, t0_s=t0)
     http = engine_http(engine_api_key_file, max_metrics_bytes)
     cfg = ExporterConfig(tuple(engine_urls), tuple(targets), params, interval_s, window_s, timeout_s, stale_after_s, http)

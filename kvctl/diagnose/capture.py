@@ -40,6 +40,7 @@ from kvctl.diagnose.sources import GpuSample
 from kvctl.engine_http import EngineHttp, masked
 from kvctl.errors import InvalidInput, KvctlError
 from kvctl.files import write_atomic
+from kvctl.thresholds import READ_TIMEOUT_S
 from kvctl.tier.targets import Target
 
 CAPTURE_FILE = "capture.json"
@@ -106,7 +107,7 @@ def _timed(read: Callable[[], Any]) -> tuple[Any, float, str | None]:
 def take_sample(
     engine_urls: Sequence[str],
     targets: Sequence[Target],
-    timeout_s: float = 5.0,
+    timeout_s: float = READ_TIMEOUT_S,
     *,
     valkey_read: Callable[[Target, float], dict[str, Any]] | None = None,
     pool: concurrent.futures.Executor | None = None,
@@ -176,7 +177,7 @@ def collect(
     window_s: float,
     parameters: dict[str, Any] | None = None,
     tick: Callable[[float], None] | None = None,
-    timeout_s: float = 5.0,
+    timeout_s: float = READ_TIMEOUT_S,
     http: EngineHttp | None = None,
 ) -> Capture:
     """Two samples ``window_s`` apart; ``tick(seconds)`` is called while waiting (progress).

@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import sys
+import textwrap
 import time
 from typing import Any
 
@@ -18,7 +19,8 @@ from kvctl.diagnose.analysis import Params
 from kvctl.diagnose.capture import merged_warning
 from kvctl.hooks import hookimpl
 from kvctl.signals import exit_code, on_signals
-from kvctl.thresholds import EXPORTER_MIN_INTERVAL_S
+from kvctl.exporter import INSTANCE_LABEL, METRICS
+from kvctl.thresholds import EXPORTER_MIN_INTERVAL_S, EXPORTER_STOP_S
 
 INTERVAL_S = FiniteFloat(min=EXPORTER_MIN_INTERVAL_S, max=3600.0)
 WINDOW_S = positive(86400.0)
@@ -26,12 +28,33 @@ DURATION_S = positive(10 * 365 * 86400.0)
 log = logging.getLogger("kvctl.exporter")
 
 
+def _metric_lines(width: int = 95) -> list[str]:
+    """Every series the exporter serves (kvctl.exporter.METRICS), with its labels, wrapped for --help."""
+    names = [n + ("{" + ",".join(labels) + "}" if labels else "") for n, (_, labels) in METRICS.items()]
+    return textwrap.wrap("Metrics: " + ", ".join(names) + ".", width, break_on_hyphens=False, break_long_words=False)
+
+
+HELP = "\n".join([
+    "Serve kvctl diagnose's analysis as Prometheus metrics, over a sliding window of samples.",
+    "",
+    "\b",
+    "kvctl exporter --engine-url http://HOST:8000 --dir ./kv-tier --bytes-per-token 48437.5 \\",
+    "               --prefill-rate 52200 --interval 15 --window 60",
+    *_metric_lines(),
+    f"On tiers of K > 1 instances per rank, per-instance series also carry {INSTANCE_LABEL}.",
+    "/metrics never waits on a component: a slow or dead one drops its *_up to 0 and the",
+    "last good values age out after --stale-after. Alert rules and a Grafana dashboard:",
+    "configs/prometheus/kvctl-alerts.yaml, configs/grafana/kvctl-dashboard.json.",
+    f"SIGTERM or Ctrl-C stops it within {EXPORTER_STOP_S:g} s (EXPORTER_STOP_S: reads in flight are cut); a second one at once.",
+])
+
+
 @hookimpl
 def register_commands(cli: click.Group) -> None:
     cli.add_command(exporter_cmd)
 
 
-@click.command("exporter")
+@click.command("exporter", help=HELP)
 @click.option("--listen", default=thresholds.EXPORTER_LISTEN, show_default=True, envvar="KVCTL_EXPORTER_LISTEN", help="HOST:PORT to serve /metrics on (port 0: a free one). A non-loopback HOST is allowed and printed.")
 @click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable; another spelling of the same host and port is read once), e.g. http://HOST:8000.")
 @engine_http_options
@@ -49,21 +72,6 @@ def exporter_cmd(
     valkey_urls: tuple[str, ...], ranks: int | None, instances_per_rank: int | None, tier_dir: str | None, password_file: str | None, bytes_per_token: float | None, prefill_rate: float | None, t0: float | None, interval_s: float,
     window_s: float, timeout_s: float | None, stale_after_s: float | None, duration_s: float | None, as_json: bool,
 ) -> None:
-    """Serve kvctl diagnose's analysis as Prometheus metrics, over a sliding window of samples.
-
-    \b
-    kvctl exporter --engine-url http://HOST:8000 --dir ./kv-tier --bytes-per-token 48437.5 \\
-                   --prefill-rate 52200 --interval 15 --window 60
-    Metrics: kvctl_rho, kvctl_arrival_rate_per_second (offered), kvctl_completion_rate_per_second,
-    kvctl_delivered_bandwidth_bytes_per_second{source}, kvctl_breakeven_bandwidth_bytes_per_second,
-    kvctl_min_hit_tokens, kvctl_hit_token_ratio, kvctl_valkey_get_busy_ratio{rank},
-    kvctl_valkey_up{rank}, kvctl_engine_up{engine}, kvctl_finding{id,severity},
-    kvctl_scrape_duration_seconds, kvctl_data_sufficient.
-    /metrics never waits on a component: a slow or dead one drops its *_up to 0 and the
-    last good values age out after --stale-after. Alert rules and a Grafana dashboard:
-    configs/prometheus/kvctl-alerts.yaml, configs/grafana/kvctl-dashboard.json.
-    SIGTERM or Ctrl-C stops it within 2 s (reads in flight are cut); a second one at once.
-    """
     from kvctl.exporter import Exporter, ExporterConfig, Server, check_config, parse_listen  # noqa: PLC0415
 
     if not engine_urls:

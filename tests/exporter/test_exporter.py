@@ -412,3 +412,14 @@ def test_instances_of_one_rank_are_labelled_and_read_each_on_its_own(valkey_fact
     assert one(values, "kvctl_valkey_get_busy_ratio", rank=0, instance_index=0) == 0
     assert one(values, "kvctl_valkey_get_busy_ratio", rank=0, instance_index=1) > 0
     assert not any(k[0] == "kvctl_valkey_up" and "instance_index" not in dict(k[1]) for k in values)
+
+
+def test_the_help_lists_every_metric_and_the_stop_bound():
+    """Issue 32 item 5: `kvctl exporter --help` listed 13 of its series and said 2 s where EXPORTER_STOP_S holds 1.5."""
+    from kvctl.cli import cli  # noqa: PLC0415
+    from kvctl.thresholds import EXPORTER_STOP_S  # noqa: PLC0415
+
+    text = CliRunner().invoke(cli, ["exporter", "--help"], terminal_width=200).output
+    missing = [n for n in METRICS if n not in text]
+    assert not missing, missing
+    assert f"within {EXPORTER_STOP_S:g} s" in text and "within 2 s" not in text

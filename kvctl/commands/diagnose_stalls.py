@@ -5,15 +5,12 @@ Attached to the ``kvctl diagnose`` group as ``stalls_cmd``.
 
 from __future__ import annotations
 
-import datetime
-import socket
 import click
 
-from kvctl import __version__, render
 from kvctl.commands.options import FiniteFloat, output_options, severity_exit
 from kvctl.diagnose import stalls
 from kvctl.errors import KvctlError
-from kvctl.runbooks import runbook_for
+from kvctl.views.diagnose import show_stalls
 
 
 @click.command("stalls")
@@ -52,48 +49,7 @@ def stalls_cmd(ctx: click.Context, pids: tuple[int, ...], match: str | None, sam
     if not targets:
         raise click.UsageError("give --pid PID (repeatable) or --match TEXT")
     report = stalls.diagnose_stalls(targets, samples=samples, interval_s=interval)
-    for p in report.processes:
-        if p.error:
-            render.warn(f"pid {p.pid} skipped: {p.error}")
-    if as_json:
-        data = {
-            "kvctl_version": __version__,
-            "host": socket.gethostname(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "worst_severity": report.worst_severity.value if report.worst_severity else None,
-        }
-        data.update(render.to_jsonable(report))
-        for f in data["findings"]:
-            f["runbook"] = runbook_for(f["id"])
-        render.emit_json(data)
-    else:
-        render_stalls(report)
+    show_stalls(report, as_json)
     code = severity_exit(report.worst_severity)
     if code:
         click.get_current_context().exit(int(code))
-
-
-def render_stalls(report: stalls.StallReport) -> None:
-    """Processes, then one block per finding: frames, evidence, fix."""
-    gpu = report.gpu_note or ", ".join(f"{n}: {u:g}%" for n, u in zip(report.gpu_names, report.gpu_utilization_pct))
-    render.text_table(
-        f"Stalled threads ({report.samples} samples, {report.interval_s:g}s apart, {report.window_s:.1f}s window)",
-        ["pid", "process", "threads", "stayed put", "status"],
-        [
-            (str(p.pid), p.name, p.threads, p.stable_threads, p.error or f"{sum(f.pid == p.pid for f in report.findings)} finding(s)")
-            for p in report.processes
-        ],
-        caption=f"GPU: {gpu}" + ("" if report.findings else "\nno stalled lookup, GET or collective found"),
-    )
-    for f in report.findings:
-        render.text_table(
-            f"{f.severity.value.upper()} {f.id}: pid {f.pid} ({f.process_name}), thread {f.thread_name}",
-            ["", ""],
-            [
-                ("what", f.message),
-                ("frames", "\n".join(f.frames)),
-                ("evidence", f.evidence),
-                ("fix", f.recommendation),
-                ("runbook", runbook_for(f.id)),
-            ],
-        )

@@ -197,6 +197,19 @@ def collect(
                    instances_per_rank=instances_per_rank_of(targets))
 
 
+def failures(capture: Capture, engine_names: Sequence[str], valkey_names: Sequence[str]) -> list[str]:
+    """Each source that did not answer, once, ``"engine NAME: error"`` / ``"Valkey NAME: error"``, with the number of
+    samples it failed in when not every one (``engine_names`` masked: they are shown)."""
+    seen: dict[str, int] = {}
+    for s in capture.samples:
+        for kind, names, errs in (("engine", engine_names, s.engine_errors), ("Valkey", valkey_names, s.valkey_errors)):
+            for name, err in zip(names, errs):
+                if err:
+                    seen[f"{kind} {name}: {err}"] = seen.get(f"{kind} {name}: {err}", 0) + 1
+    n = len(capture.samples)
+    return [m if k == 1 else f"{m} (in {k} of {n} samples)" for m, k in seen.items()]
+
+
 def instances_per_rank_of(targets: Sequence[Target]) -> int:
     """K of the tier the targets name (1 when none is named)."""
     return max((t.instances_per_rank for t in targets), default=1)

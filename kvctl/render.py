@@ -157,6 +157,13 @@ def literal(text: str, style: str | None = None, stderr: bool = False) -> None:
     _console(stderr=stderr).print(text, style=style, markup=False, highlight=False, soft_wrap=True)
 
 
+def plain(text: str, end: str = "\n") -> None:
+    """``text`` on stdout byte for byte, no console at all: a value a shell reads with ``$(...)`` (a URL, a path,
+    a rendered config)."""
+    sys.stdout.write(text + end)
+    sys.stdout.flush()
+
+
 def warn(text: str) -> None:
     message(f"warning: {text}", style="yellow", stderr=True)
 

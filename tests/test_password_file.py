@@ -8,8 +8,6 @@ import ast
 import os
 from pathlib import Path
 
-import pytest
-
 from kvctl import files
 from kvctl.connector import urls
 from kvctl.errors import InvalidInput

@@ -6,12 +6,11 @@ from pathlib import Path
 
 import click
 
-from kvctl import render, thresholds
+from kvctl import thresholds
 from kvctl.commands.diagnose import TIMEOUT_S
 from kvctl.commands.options import ByteSize, count, engine_http, engine_http_options, output_options, valkey_options, valkey_targets
 from kvctl.hooks import hookimpl
 
-STYLE = {"skipped": "dim", "ok": "green", "warning": "yellow", "fail": "red"}
 MAX_CHUNK_BYTES = 16 * 2**30
 
 
@@ -57,7 +56,8 @@ def doctor_cmd(
     from click.core import ParameterSource  # noqa: PLC0415
     from kvctl.tier.targets import state_path  # noqa: PLC0415
     from kvctl.diagnose.capture import last_diagnosis_path  # noqa: PLC0415
-    from kvctl.doctor import NOTHING_CHECKED, DoctorInput, run  # noqa: PLC0415
+    from kvctl.doctor import DoctorInput, run  # noqa: PLC0415
+    from kvctl.views.doctor import show_doctor  # noqa: PLC0415
 
     if diagnosis_path and not Path(diagnosis_path).is_file():
         raise click.BadParameter(f"{diagnosis_path} does not exist", param_hint="'--diagnosis'")
@@ -71,13 +71,5 @@ def doctor_cmd(
         diagnosis_path or str(last_diagnosis_path()), timeout_s, host_checks=not no_host_checks, chunk_bytes=chunk_bytes, engines=engines,
         http=engine_http(engine_api_key_file, max_metrics_bytes),
     ))
-    if as_json:
-        render.emit_json({"checks": report.checks, "worst": report.worst, "nothing_checked": report.nothing_checked,
-                          "exit_code": int(report.exit_status)})
-    else:
-        render.text_table("kvctl doctor", ["", "area", "check", "result", "fix"], [(c.status, c.area, c.name, c.message, " ".join(x for x in (c.fix, f"(runbook: {c.runbook})" if c.runbook else "") if x)) for c in report.checks])
-        counts = {s: sum(c.status == s for c in report.checks) for s in STYLE}
-        render.message(f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['fail']} failure(s), {counts['skipped']} skipped", style=STYLE[report.worst])
-        if report.nothing_checked:
-            render.warn(NOTHING_CHECKED)
+    show_doctor(report, as_json)
     ctx.exit(int(report.exit_status))

@@ -12,13 +12,13 @@ from typing import Any
 
 import click
 
-from kvctl import render, thresholds
+from kvctl import thresholds
 from kvctl.commands.diagnose import TIMEOUT_S, model_options
 from kvctl.commands.options import FiniteFloat, engine_http, engine_http_options, output_options, positive, valkey_options, valkey_targets
 from kvctl.diagnose.analysis import Params
-from kvctl.diagnose.capture import merged_warning
 from kvctl.hooks import hookimpl
 from kvctl.signals import exit_code, on_signals
+from kvctl.views.exporter import show_listening, show_stopped
 from kvctl.exporter import INSTANCE_LABEL, METRICS
 from kvctl.thresholds import EXPORTER_MIN_INTERVAL_S, EXPORTER_STOP_S
 
@@ -89,19 +89,8 @@ def exporter_cmd(
         log.info("round took %.3f s, %d sample(s) in the window: %s", rnd.duration_s, rnd.samples_in_window, what)
 
     server = Server(Exporter(cfg), where, on_round=logged)
-    if server.exporter.merged:  # before the listening line: a caller that reads it and stops us has seen it
-        render.warn(merged_warning(server.exporter.merged))
+    show_listening(server, len(targets), interval_s, window_s, cfg.stale_s, as_json)
     started = time.time()
-    info: dict[str, Any] = {
-        "metrics_url": server.url, "loopback_only": server.loopback, "engines": list(server.exporter.engine_labels),
-        "valkey_instances": len(targets), "interval_s": interval_s, "window_s": window_s, "stale_after_s": cfg.stale_s,
-    }
-    if as_json:
-        render.emit_json_line({"event": "listening", **info})
-    else:
-        render.message(f"serving {server.url} (sampling {len(info['engines'])} engine(s), {len(targets)} Valkey instance(s) every {interval_s:g} s, window {window_s:g} s); Ctrl-C stops")
-    if not server.loopback:
-        render.warn(f"listening on {server.host}, which is not loopback: anyone who can reach this host reads the tier's metrics")
 
     def exit_now(sig: signal.Signals) -> None:  # a second SIGTERM/Ctrl-C: out now, without the orderly stop
         os._exit(exit_code(sig))
@@ -111,11 +100,7 @@ def exporter_cmd(
             server.wait(duration_s)
         finally:
             server.stop()  # the handlers stay: a second SIGTERM/Ctrl-C during the stop exits at once
-    summary = {"event": "stopped", "rounds": server.exporter.rounds, "ran_s": round(time.time() - started, 3)}
-    if as_json:
-        render.emit_json_line(summary)
-    else:
-        render.message(f"stopped after {summary['ran_s']:g} s, {summary['rounds']} sampling round(s)")
+    show_stopped(server.exporter.rounds, time.time() - started, as_json)
     if server.stragglers():  # a read that ignored being cut would hold the interpreter's exit: do not wait for it
         log.info("leaving %d reader thread(s) behind", len(server.stragglers()))
         sys.stdout.flush()

@@ -2,7 +2,9 @@
 
 Torch-free and vLLM-free: :mod:`kvctl.plugins.vllm_stats` registers these with vLLM's metrics,
 :mod:`kvctl.drill.engine` exports the same names, ``kvctl diagnose``, ``report``, ``doctor`` and the
-exporter read them (tests/test_metric_names.py: no ``"kvctl:..."`` literal anywhere else).
+exporter read them (tests/test_metric_names.py: no ``"kvctl:..."`` literal anywhere else). The vLLM and
+LMCache names kvctl reads (``vllm:request_success``, ``lmcache:num_remote_read_bytes``, ...) are here too, at
+the end: no reader in kvctl/ writes one of its own.
 """
 
 from __future__ import annotations
@@ -61,3 +63,38 @@ GAUGES = {SAVES_PENDING: "Saves queued or running on a worker's background saver
 #: the gauge W: the ranks whose GET seconds ``kvctl:l2_get_seconds`` sums (``kvctl diagnose`` multiplies by it)
 RANKS = "kvctl:ranks"
 RANKS_HELP = "Ranks of the shard group (W): instance r holds rank r's chunks."
+
+# --- the names kvctl reads from vLLM and LMCache (their engines register these, not kvctl's connector) ----------
+# diagnose, the exporter's filter, doctor, report, the drill and its engine name them from here
+# (tests/test_metric_names.py: no "vllm:..." or "lmcache:..." literal anywhere else in kvctl/).
+VLLM_PREFIX = "vllm:"
+LMCACHE_PREFIX = "lmcache:"
+VLLM_REQUEST_SUCCESS = "vllm:request_success"
+VLLM_PROMPT_TOKENS = "vllm:prompt_tokens"
+VLLM_GENERATION_TOKENS = "vllm:generation_tokens"
+VLLM_REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
+VLLM_NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+VLLM_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
+VLLM_PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
+VLLM_EXTERNAL_PREFIX_CACHE_HITS = "vllm:external_prefix_cache_hits"
+VLLM_EXTERNAL_PREFIX_CACHE_QUERIES = "vllm:external_prefix_cache_queries"
+VLLM_REQUEST_PREFILL_TIME_SECONDS = "vllm:request_prefill_time_seconds"
+VLLM_TIME_TO_FIRST_TOKEN_SECONDS = "vllm:time_to_first_token_seconds"
+VLLM_E2E_REQUEST_LATENCY_SECONDS = "vllm:e2e_request_latency_seconds"
+VLLM_REQUEST_QUEUE_TIME_SECONDS = "vllm:request_queue_time_seconds"
+VLLM_CACHE_CONFIG_INFO = "vllm:cache_config_info"
+LMCACHE_NUM_REMOTE_READ_BYTES = "lmcache:num_remote_read_bytes"
+LMCACHE_REMOTE_TIME_TO_GET = "lmcache:remote_time_to_get"
+LMCACHE_NUM_HIT_TOKENS = "lmcache:num_hit_tokens"
+LMCACHE_NUM_REQUESTED_TOKENS = "lmcache:num_requested_tokens"
+LMCACHE_GET_BLOCKING_FAILED_COUNT = "lmcache:get_blocking_failed_count"
+LMCACHE_TIME_TO_LOOKUP = "lmcache:time_to_lookup"
+#: every vLLM and LMCache name above
+ENGINE_NAMES = frozenset({
+    VLLM_REQUEST_SUCCESS, VLLM_PROMPT_TOKENS, VLLM_GENERATION_TOKENS, VLLM_REQUEST_PROMPT_TOKENS, VLLM_NUM_REQUESTS_WAITING,
+    VLLM_NUM_REQUESTS_RUNNING, VLLM_PREFIX_CACHE_HITS, VLLM_EXTERNAL_PREFIX_CACHE_HITS, VLLM_EXTERNAL_PREFIX_CACHE_QUERIES,
+    VLLM_REQUEST_PREFILL_TIME_SECONDS, VLLM_TIME_TO_FIRST_TOKEN_SECONDS, VLLM_E2E_REQUEST_LATENCY_SECONDS,
+    VLLM_REQUEST_QUEUE_TIME_SECONDS, VLLM_CACHE_CONFIG_INFO,
+    LMCACHE_NUM_REMOTE_READ_BYTES, LMCACHE_REMOTE_TIME_TO_GET, LMCACHE_NUM_HIT_TOKENS, LMCACHE_NUM_REQUESTED_TOKENS,
+    LMCACHE_GET_BLOCKING_FAILED_COUNT, LMCACHE_TIME_TO_LOOKUP,
+})

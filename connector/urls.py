@@ -22,20 +22,18 @@ tier (:func:`flat_instance`): ports and unit names count that way.
 
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import dataclass, field
 from typing import Sequence
 from urllib.parse import parse_qs, quote, unquote, urlsplit, urlunsplit
 
 from kvctl.errors import InvalidInput
+from kvctl.files import read_password_file  # noqa: F401 - the one reader of password files (files.read_regular), re-exported
+from kvctl.thresholds import PASSWORD_FILE_MAX_BYTES  # noqa: F401 - re-exported
 
 RANK_PLACEHOLDER = "{rank}"
 INSTANCE_PLACEHOLDER = "{instance}"
 #: the most instances one rank may stripe its chunks over (a sanity bound: each is a socket pool and threads)
 MAX_INSTANCES_PER_RANK = 64
-#: A password file is a line of text; anything larger is not one.
-PASSWORD_FILE_MAX_BYTES = 4096
 RESP_SCHEMES = ("resp", "redis", "rediss", "resps")
 TLS_SCHEMES = ("rediss", "resps")
 DEFAULT_PORT = 6379
@@ -161,39 +159,6 @@ class RespUrl:
         elif self.username:
             auth = f"{self.username}@"
         return f"{scheme}://{auth}{self.host}:{self.port}/{self.db}"
-
-
-def read_password_file(path: str | os.PathLike[str], what: str = "password file") -> str:
-    """The password in ``path``: the one reader of every password file kvctl and its engine plugins take.
-
-    A regular file (symlinks followed: Kubernetes mounts secrets through them) of at most
-    :data:`PASSWORD_FILE_MAX_BYTES`, not empty, and not readable or writable by every user: mode 0600 or
-    0400, or group-readable (0640/0440, what a Kubernetes secret mounted with an ``fsGroup`` gets). A file
-    any user can read is refused everywhere alike (InvalidInput), naming the ``chmod`` that fixes it; the
-    password itself is never quoted.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # a FIFO must not block the open
-    except OSError as e:
-        raise InvalidInput(f"cannot read {what} {path}: {e.strerror or e}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise InvalidInput(f"{what} {path} is not a regular file")
-        mode = stat.S_IMODE(st.st_mode)
-        if mode & 0o007:
-            raise InvalidInput(f"{what} {path} is open to every user (mode {mode:04o}): run `chmod 600 {path}` (0600 or 0640)")
-        data = os.read(fd, PASSWORD_FILE_MAX_BYTES + 1)
-    except OSError as e:
-        raise InvalidInput(f"cannot read {what} {path}: {e.strerror or e}") from None
-    finally:
-        os.close(fd)
-    if len(data) > PASSWORD_FILE_MAX_BYTES:
-        raise InvalidInput(f"{what} {path} is larger than {PASSWORD_FILE_MAX_BYTES} bytes: not a password file")
-    text = data.decode("utf-8", errors="replace").strip()
-    if not text:
-        raise InvalidInput(f"{what} {path} is empty")
-    return text
 
 
 def with_credentials(url: str, user: str | None = None, password: str | None = None) -> str:

@@ -24,6 +24,7 @@ import numpy as np
 
 from kvctl.errors import InvalidInput
 from kvctl.fleet import simulate_fleet
+from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS
 from kvctl.simulate import SimConfig, trace_workload
 from kvctl.variability import Variability
 
@@ -85,7 +86,7 @@ def measured_percentiles(run_path: str) -> tuple[np.ndarray, int]:
 
 
 def fit_engine_share(run_path: str, cfg: SimConfig, bandwidth_gbps: float, var: Variability,
-                     block_tokens: int = 512) -> EngineShareFit:
+                     block_tokens: int = DEFAULT_BLOCK_TOKENS) -> EngineShareFit:
     """The θ in [0, 1] that best reproduces ``run_path``'s latency percentiles (see the module docstring).
 
     ``cfg`` and ``bandwidth_gbps`` describe the engine and tier the run saw; ``var`` its variability

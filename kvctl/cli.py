@@ -2,7 +2,9 @@
 
 The only module (with ``kvctl.commands``) that imports click. Library code
 raises ``KvctlError``; :class:`KvctlGroup` is the one place that turns those
-into a one-line message and an exit code (``ExitStatus``).
+into a one-line message and an exit code (``ExitStatus``), and, for a command
+given ``--json``, every error (a bad option value, a usage mistake, a library
+error) into one JSON object on stdout as well.
 """
 
 from __future__ import annotations
@@ -27,31 +29,64 @@ def _raise_errors() -> bool:
     return bool(os.environ.get("KVCTL_RAISE_ERRORS"))
 
 
+#: ``ctx.meta`` keys (shared by every context of one invocation): the root's arguments, and whether the JSON error was written
+_ARGS = "kvctl.args"
+_JSON_ERROR_WRITTEN = "kvctl.json_error_written"
+
+
+def _wants_json(ctx: click.Context) -> bool:
+    """``--json`` among the invocation's arguments (before a ``--``): checked on the words, since a usage error
+    comes before the options are parsed."""
+    args = list(ctx.meta.get(_ARGS, ()))
+    return "--json" in (args[: args.index("--")] if "--" in args else args)
+
+
 class KvctlGroup(click.Group):
-    """A click group that maps library errors to messages and exit codes."""
+    """A click group that maps library errors to messages and exit codes.
+
+    Under ``--json`` every error also prints one object on stdout,
+    ``{"kvctl_version", "outcome": "error", "error", "exit_code"}`` (the stderr line and the exit code
+    stay as they are), unless the command already wrote its own JSON (which then carries the state).
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta.setdefault(_ARGS, tuple(args))
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
+        from kvctl import render  # noqa: PLC0415
+
+        documents = render.json_documents()
+
+        def json_error(message: str, code: int) -> None:
+            if _wants_json(ctx) and not ctx.meta.get(_JSON_ERROR_WRITTEN) and render.json_documents() == documents:
+                ctx.meta[_JSON_ERROR_WRITTEN] = True
+                render.emit_json({"kvctl_version": __version__, "outcome": "error", "error": message, "exit_code": int(code)})
+
         try:
             return super().invoke(ctx)
         except InvalidInput as e:
+            json_error(str(e), e.exit_status)
             if _raise_errors():
                 raise
             raise click.UsageError(str(e), ctx=None) from e
         except KvctlError as e:
+            json_error(str(e), e.exit_status)
             if _raise_errors():
                 raise
-            from kvctl import render  # noqa: PLC0415
-
             render.error_line(str(e))
             ctx.exit(int(e.exit_status))
-        except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
+        except click.ClickException as e:
+            json_error(e.format_message(), e.exit_code)
+            raise
+        except (click.exceptions.Exit, click.Abort, KeyboardInterrupt):
             raise
         except Exception as e:  # noqa: BLE001 - last-resort one-liner for on-call users
             if _raise_errors() or os.environ.get("KVCTL_TESTING"):
                 raise
-            from kvctl import render  # noqa: PLC0415
-
-            render.error_line(f"unexpected {type(e).__name__}: {e} (set KVCTL_RAISE_ERRORS=1 for a traceback)")
+            message = f"unexpected {type(e).__name__}: {e} (set KVCTL_RAISE_ERRORS=1 for a traceback)"
+            json_error(message, ExitStatus.ERROR)
+            render.error_line(message)
             ctx.exit(int(ExitStatus.ERROR))
 
 

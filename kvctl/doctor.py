@@ -29,7 +29,7 @@ from kvctl.tier.lmcache_config import PLUGIN_MODULE, URL_LIST_KEY, plugin_key
 from kvctl.tier import checks as tier_checks
 from kvctl.tier.checks import FAIL, OK, SKIPPED, WARNING, Check
 from kvctl.tier.server import PASSWORD_HINT, is_auth_error, redis_for_url
-from kvctl.thresholds import RHO_HIGH, RHO_UNSTABLE
+from kvctl.thresholds import CHECK_TIMEOUT_S, RHO_HIGH, RHO_UNSTABLE, TIER_DIR
 from kvctl.tier.targets import Target
 from kvctl.connector import metric_names
 
@@ -44,7 +44,7 @@ LMCACHE_VERSION_TIMEOUT_S = 60.0
 
 #: What a doctor run that was given nothing of the deployment says (exit 6, never 0).
 NOTHING_CHECKED = (
-    "nothing of the deployment was checked: give --engine-url, the tier (--dir, a tier in ./kv-tier, or --valkey) "
+    f"nothing of the deployment was checked: give --engine-url, the tier (--dir, a tier in {TIER_DIR}, or --valkey) "
     "or the engine's config (--config, --kv-transfer-config)"
 )
 
@@ -71,7 +71,7 @@ class DoctorInput:
     kv_transfer_config: str | None = None  # JSON text, or @FILE
     world_size: int | None = None
     last_diagnosis: str | None = None  # path of kvctl diagnose's saved JSON
-    timeout_s: float = 3.0
+    timeout_s: float = CHECK_TIMEOUT_S
     host_checks: bool = True
     chunk_bytes: int | None = None  # one stored chunk; default: the largest of a few values sampled from the tier
     engines: int | None = None  # engines sharing the tier; default: the number of engine URLs, at least 1
@@ -86,7 +86,7 @@ def run(inp: DoctorInput) -> DoctorReport:
     if not inp.engine_urls:
         checks.append(Check("engine", "metrics", SKIPPED, "no --engine-url given: engine, vLLM version and connector not checked"))
     if not inp.targets:
-        checks.append(Check("valkey", "up", SKIPPED, "no --dir, no --valkey and no tier in ./kv-tier: the Valkey tier was not checked"))
+        checks.append(Check("valkey", "up", SKIPPED, f"no --dir, no --valkey and no tier in {TIER_DIR}: the Valkey tier was not checked"))
     world = inp.world_size or next((e["ranks"] for e in engines if e.get("ranks")), None)
     block = next((e["block_size"] for e in engines if e.get("block_size")), None)
     _valkey(inp, world, checks)
@@ -158,7 +158,7 @@ def _engine(raw_url: str, timeout_s: float, kvt: dict[str, Any] | None, out: lis
         out.append(Check("engine", "metrics", FAIL, str(e), "point --engine-url at the vLLM API server, not a sidecar", {"url": url}))
         return {}
     names = set(scrape.values) | set(scrape.buckets)
-    if not any(n.startswith("vllm:") for n in names):
+    if not any(n.startswith(metric_names.VLLM_PREFIX) for n in names):
         out.append(Check("engine", "metrics", FAIL, f"{url} serves /metrics without vllm: series", "point --engine-url at the vLLM API server, not a sidecar", {"url": url}))
         return {}
     out.append(Check("engine", "metrics", OK, f"{sources.metrics_url(url)} answers with vLLM metrics", evidence={"url": url}))
@@ -167,7 +167,7 @@ def _engine(raw_url: str, timeout_s: float, kvt: dict[str, Any] | None, out: lis
         out.append(Check("engine", "vllm_version", OK, f"vLLM {version}", evidence={"url": url, "version": version}))
     else:
         out.append(Check("engine", "vllm_version", WARNING, f"{url}/version did not answer: vLLM version unknown", "check the engine is vLLM's OpenAI API server", {"url": url}))
-    in_metrics = "kvctl" if any(n.startswith(metric_names.PREFIX) for n in names) else "lmcache" if any(n.startswith("lmcache:") for n in names) else None
+    in_metrics = "kvctl" if any(n.startswith(metric_names.PREFIX) for n in names) else "lmcache" if any(n.startswith(metric_names.LMCACHE_PREFIX) for n in names) else None
     connector = in_metrics or connector_of(kvt)
     label = {"kvctl": "kvctl (kvctl.plugins.vllm)", "lmcache": "LMCache"}.get(connector or "", connector or "none")
     if connector:
@@ -177,7 +177,7 @@ def _engine(raw_url: str, timeout_s: float, kvt: dict[str, Any] | None, out: lis
             "engine", "kv_connector", WARNING, "no KV connector: the engine exports no kvctl: or lmcache: metrics and no --kv-transfer-config names one",
             "start vLLM with --kv-transfer-config (kvctl deploy-valkey vllm-config prints one) to use the remote tier", {"url": url},
         ))
-    info = M.labels(text, "vllm:cache_config_info")
+    info = M.labels(text, metric_names.VLLM_CACHE_CONFIG_INFO)
     block = int(info["block_size"]) if info.get("block_size", "").isdigit() else None
     ranks = scrape.gauge(metric_names.RANKS)  # as diagnose reads W
     return {"block_size": block, "ranks": int(ranks) if ranks and ranks >= 1 else None, "connector": connector}

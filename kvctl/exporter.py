@@ -46,13 +46,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
 from kvctl import cost
+from kvctl.connector import metric_names as N
 from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.diagnose.sources import valkey_read_error
 from kvctl.engine_http import EngineHttp, Inflight, masked
 from kvctl.errors import InvalidInput, KvctlError
-from kvctl.thresholds import EXPORTER_MIN_INTERVAL_S, EXPORTER_STOP_S, EXPORTER_WINDOW_SAMPLES
-from kvctl.tier.server import AuthFailed, redis_for_url
+from kvctl.thresholds import EXPORTER_MIN_INTERVAL_S, EXPORTER_STOP_S, EXPORTER_WINDOW_SAMPLES, READ_TIMEOUT_S
+from kvctl.tier.server import AuthFailed, info_all, redis_for_url
 from kvctl.tier.targets import Target
 
 log = logging.getLogger(__name__)
@@ -98,11 +99,11 @@ Key = tuple[str, tuple[tuple[str, str], ...]]
 #: the text: it never reads them, and parsing them was most of the exporter's CPU. A test checks that every
 #: vllm: name in kvctl/diagnose is listed here and that the analysis of filtered text equals the unfiltered one.
 VLLM_FAMILIES_READ = frozenset({
-    "vllm:request_success", "vllm:request_prompt_tokens", "vllm:prompt_tokens", "vllm:num_requests_waiting",
-    "vllm:num_requests_running", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_hits",
-    "vllm:external_prefix_cache_queries", "vllm:request_prefill_time_seconds",
+    N.VLLM_REQUEST_SUCCESS, N.VLLM_REQUEST_PROMPT_TOKENS, N.VLLM_PROMPT_TOKENS, N.VLLM_NUM_REQUESTS_WAITING,
+    N.VLLM_NUM_REQUESTS_RUNNING, N.VLLM_PREFIX_CACHE_HITS, N.VLLM_EXTERNAL_PREFIX_CACHE_HITS,
+    N.VLLM_EXTERNAL_PREFIX_CACHE_QUERIES, N.VLLM_REQUEST_PREFILL_TIME_SECONDS,
 })
-KEPT_PREFIXES = ("lmcache:", "kvctl:")
+KEPT_PREFIXES = (N.LMCACHE_PREFIX, N.PREFIX)
 _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 
 
@@ -141,7 +142,7 @@ class ExporterConfig:
     params: Params = field(default_factory=Params)
     interval_s: float = 15.0
     window_s: float = 60.0
-    timeout_s: float = 5.0
+    timeout_s: float = READ_TIMEOUT_S
     stale_after_s: float | None = None  # None: max(window, 3 intervals)
     http: EngineHttp = field(default_factory=EngineHttp)  # engine credentials and the /metrics size cap
 
@@ -193,7 +194,7 @@ class KeptOpen:
         if client is None:
             client = self._clients[key] = redis_for_url(t.url, timeout_s, password=t.password)
         try:
-            info = dict(client.info("all"))
+            info = info_all(client)
         except (redis.RedisError, OSError) as e:
             self._clients.pop(key, None)
             client.close()

@@ -12,7 +12,9 @@ copied) and renames them together. Backups (:func:`write_backup`) are created 06
 a name nobody can guess, so a link planted beside the file is never followed.
 
 Reads: :func:`read_regular` opens without blocking, refuses anything but a regular file
-(FIFOs, devices such as ``/dev/zero``, directories) and anything over a size cap.
+(FIFOs, devices such as ``/dev/zero``, directories) and anything over a size cap;
+:func:`read_password_file`, the one reader of password files, is read_regular with the mode
+checked on the same open file.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from kvctl.errors import InvalidInput, KvctlError
-from kvctl.thresholds import CONFIG_MAX_BYTES, JSON_MAX_DEPTH
+from kvctl.thresholds import CONFIG_MAX_BYTES, JSON_MAX_DEPTH, PASSWORD_FILE_MAX_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +56,15 @@ def _umask() -> int:
 
 
 def read_regular(path: Path | str, what: str, max_bytes: int = MAX_CONFIG_BYTES, *, newline: str | None = "",
-                 kind: str = "a config file") -> str:
+                 kind: str = "a config file", private: bool = False, errors: str = "strict") -> str:
     """The UTF-8 text of ``path``, refused (InvalidInput naming ``what``, never quoting the file) unless it
     is a regular file of at most ``max_bytes`` (the cap for ``kind`` of file, as the message says).
 
     Opened ``O_NONBLOCK`` so a FIFO cannot hang the open; the type and size come from ``fstat`` of that
     open file (no race with a swap of the name); at most ``max_bytes + 1`` bytes are ever read.
     ``newline=""`` keeps CRLF as it is (kvctl edits line by line); None translates it like ``open()``.
+    ``private``: refused too when every user may read or write it (a secret), naming the ``chmod`` that fixes it.
+    ``errors``: how bytes that are not UTF-8 decode (``"strict"``: refused).
     """
     unchanged = "; the file was not changed" if kind == "a config file" else ""  # kvctl edits config files
     try:
@@ -71,6 +75,9 @@ def read_regular(path: Path | str, what: str, max_bytes: int = MAX_CONFIG_BYTES,
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise InvalidInput(f"{what} {path} is not a regular file (a FIFO, device or directory): refused{unchanged}")
+        mode = stat.S_IMODE(st.st_mode)
+        if private and mode & 0o007:
+            raise InvalidInput(f"{what} {path} is open to every user (mode {mode:04o}): run `chmod 600 {path}` (0600 or 0640)")
         if st.st_size > max_bytes:
             raise InvalidInput(f"{what} {path} is {st.st_size:,} bytes, over the {max_bytes:,}-byte cap for {kind}: refused")
         os.set_blocking(fd, True)
@@ -89,10 +96,24 @@ def read_regular(path: Path | str, what: str, max_bytes: int = MAX_CONFIG_BYTES,
         os.close(fd)
     data = b"".join(chunks)
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8", errors=errors)
     except UnicodeDecodeError as e:
         raise InvalidInput(f"{what} {path} is not UTF-8 text ({e.reason} at byte {e.start}){unchanged}") from e
     return text if newline == "" else text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def read_password_file(path: Path | str, what: str = "password file") -> str:
+    """The password in ``path``: the one reader of every password file kvctl takes (:func:`read_regular`).
+
+    A regular file (symlinks followed: Kubernetes mounts secrets through them) of at most
+    PASSWORD_FILE_MAX_BYTES, not empty, and not readable or writable by every user: mode 0600 or 0400, or
+    group-readable (0640/0440, what a Kubernetes secret mounted with an ``fsGroup`` gets). Anything else is
+    InvalidInput naming the file (and the ``chmod`` that fixes a mode); the password itself is never quoted.
+    """
+    text = read_regular(path, what, PASSWORD_FILE_MAX_BYTES, kind="a password file", private=True, errors="replace").strip()
+    if not text:
+        raise InvalidInput(f"{what} {path} is empty")
+    return text
 
 
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes included (linear: no nested repeats)

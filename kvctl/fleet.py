@@ -44,7 +44,7 @@ import numpy as np
 from kvctl.cost import GB, require_positive
 from kvctl.errors import InvalidInput
 from kvctl.simulate import (
-    LOADINGS, SimConfig, Workload, _in_system_ahead, check_engine_share, check_max_batch, check_step_model, engine_steps, fifo,
+    LOADINGS, SimConfig, SimResult, Workload, _in_system_ahead, check_engine_share, check_max_batch, check_step_model, engine_steps, fifo,
     hit_tokens_of, plan_step, split_t0,
 )
 from kvctl.thresholds import RHO_UNSTABLE
@@ -79,28 +79,13 @@ class EngineStats:
     max_queue: int
 
 
-@dataclass(frozen=True)
-class FleetResult:
-    p50_s: float
-    p90_s: float
-    p99_s: float
-    max_s: float
-    mean_s: float
-    thirds_p50_s: list[float | None]
-    rho: float | None  # the busiest engine's offered ρ
-    max_queue: int
-    stable: bool | None
-    requests: int
-    hits: int
-    timeouts: int
-    mean_wait_s: float
-    arrival_rate_per_s: float | None  # the fleet's λ (all engines)
-    bandwidth_gbps: float
-    tier_rho: float | None  # per instance, summed over the engines that use it
-    loading: str
-    instances: int
+@dataclass(frozen=True, kw_only=True)
+class FleetResult(SimResult):
+    """:class:`kvctl.simulate.SimResult`'s fields for the whole fleet, then the fleet's own. Of the shared ones,
+    ``rho`` is the busiest engine's offered ρ, ``arrival_rate_per_s`` the fleet's λ (all engines), ``tier_rho``
+    per instance summed over the engines that use it, ``gpu_utilization_pct`` the mean over engines."""
+
     engines: int
-    gpu_utilization_pct: float  # mean over engines
     per_engine: tuple[EngineStats, ...]
     extrapolated: tuple[str, ...]
     notes: tuple[str, ...]
@@ -474,7 +459,7 @@ def fleet_dict(res: FleetResult) -> dict[str, Any]:
     """JSON of a fleet result: ``simulate``'s keys first, then the fleet's, per engine last."""
     from kvctl.simulate import result_dict  # noqa: PLC0415
 
-    d = result_dict(res)  # type: ignore[arg-type]
+    d = result_dict(res)
     d["per_engine"] = [e.__dict__ for e in res.per_engine]
     d["extrapolated"] = list(res.extrapolated)
     d["notes"] = list(res.notes)

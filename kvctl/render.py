@@ -45,14 +45,27 @@ def finite_json(obj: Any) -> Any:
     return obj
 
 
+#: JSON documents written to stdout by this process (``kvctl.cli`` adds no error object after a command's own)
+_json_documents = 0
+
+
+def json_documents() -> int:
+    """How many JSON documents :func:`emit_json` and :func:`emit_json_line` wrote so far."""
+    return _json_documents
+
+
 def emit_json(obj: Any) -> None:
     """Plain JSON on stdout, no styling; never NaN or Infinity (null)."""
+    global _json_documents
+    _json_documents += 1
     sys.stdout.write(json.dumps(finite_json(to_jsonable(obj)), indent=2, sort_keys=False, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 
 def emit_json_line(obj: Any) -> None:
     """One compact JSON object per line on stdout (for streams such as ``--watch --json``); never NaN or Infinity."""
+    global _json_documents
+    _json_documents += 1
     sys.stdout.write(json.dumps(finite_json(to_jsonable(obj)), separators=(",", ":"), allow_nan=False) + "\n")
     sys.stdout.flush()
 
@@ -142,6 +155,13 @@ def message(text: str, style: str | None = None, stderr: bool = False) -> None:
 def literal(text: str, style: str | None = None, stderr: bool = False) -> None:
     """Text printed as it is: no markup (``[...]`` stays), no highlighting, long lines not wrapped (diffs, paths)."""
     _console(stderr=stderr).print(text, style=style, markup=False, highlight=False, soft_wrap=True)
+
+
+def plain(text: str, end: str = "\n") -> None:
+    """``text`` on stdout byte for byte, no console at all: a value a shell reads with ``$(...)`` (a URL, a path,
+    a rendered config)."""
+    sys.stdout.write(text + end)
+    sys.stdout.flush()
 
 
 def warn(text: str) -> None:

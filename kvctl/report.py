@@ -22,12 +22,13 @@ from kvctl.bench.stats import mean, percentile
 from kvctl.diagnose.metrics import delta
 from kvctl.errors import InvalidInput
 from kvctl.replay.runfile import INTERRUPTED, Run, read_run
+from kvctl.connector import metric_names as N
 from kvctl.connector.metric_names import REMOTE_HIT_TOKENS
 
 #: kvctl connector counter of prompt tokens loaded from the remote tier (tokens).
 CONNECTOR_L2_TOKENS = REMOTE_HIT_TOKENS
 #: LMCache counter of bytes read from the remote backend.
-LMCACHE_L2_BYTES = "lmcache:num_remote_read_bytes"
+LMCACHE_L2_BYTES = N.LMCACHE_NUM_REMOTE_READ_BYTES
 
 
 @dataclass(frozen=True)

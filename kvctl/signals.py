@@ -1,6 +1,11 @@
-"""SIGINT, SIGTERM and SIGHUP as an exception, for workflows that must unwind (stop what they started) first.
+"""The one handler of stop signals (SIGINT, SIGTERM, SIGHUP) kvctl installs, and their exit codes.
 
-No click: the commands turn :class:`Signalled` into the exit code ``exit_code`` (128 + the signal's number).
+:func:`on_signals` runs a callback on the first signal and another (or nothing: the signals are then
+ignored) on each later one: ``kvctl bench`` sets its stop event and aborts on a second signal, the
+exporter stops its server and exits at once on a second one. :func:`signals_raise` is its form for
+workflows that must unwind (stop what they started) first: the first signal raises :class:`Signalled`.
+
+No click: the commands turn a caught signal into the exit code :func:`exit_code` (128 + the signal's number).
 """
 
 from __future__ import annotations
@@ -8,10 +13,14 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def exit_code(sig: signal.Signals | int) -> int:
+    """The shell's exit code of a process a signal stopped: 128 + its number (130 for SIGINT, 143 for SIGTERM)."""
+    return 128 + int(sig)
 
 
 class Signalled(BaseException):
@@ -23,27 +32,50 @@ class Signalled(BaseException):
 
     @property
     def exit_code(self) -> int:
-        return 128 + int(self.signal)
+        return exit_code(self.signal)
 
 
 @contextlib.contextmanager
-def signals_raise(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[None]:
+def on_signals(first: Callable[[signal.Signals], None], again: Callable[[signal.Signals], None] | None = None,
+               signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[list[signal.Signals]]:
+    """While inside: the first of ``signals`` calls ``first(sig)``; each later one calls ``again(sig)``, or, without
+    ``again``, is ignored (all of ``signals`` are SIG_IGN from the first on, so the unwinding finishes).
+
+    Yields the list the first signal caught is appended to. The handlers in place before are restored on the way
+    out. Outside the main thread (where Python cannot install handlers) it installs nothing and only yields.
+    """
+    caught: list[signal.Signals] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        sig = signal.Signals(signum)
+        if caught:
+            if again is not None:
+                again(sig)
+            return
+        caught.append(sig)
+        if again is None:
+            for s in signals:
+                signal.signal(s, signal.SIG_IGN)
+        first(sig)
+
+    old = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield caught
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _raise(sig: signal.Signals) -> None:
+    raise Signalled(sig)
+
+
+def signals_raise(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> contextlib.AbstractContextManager[list[signal.Signals]]:
     """Turn the first of ``signals`` into :class:`Signalled`; later ones are ignored so the unwinding finishes.
 
     Outside the main thread (where Python cannot install handlers) this does nothing.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        for s in signals:
-            signal.signal(s, signal.SIG_IGN)
-        raise Signalled(signum)
-
-    old = {s: signal.signal(s, handler) for s in signals}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    return on_signals(_raise, signals=signals)

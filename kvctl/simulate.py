@@ -36,6 +36,7 @@ import numpy as np
 
 from kvctl.cost import GB, require_positive
 from kvctl.errors import InvalidInput
+from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS
 from kvctl.thresholds import (
     ASYNC_TIMEOUT_S, PAPER_T0_S, RHO_UNSTABLE, SIMULATE_BYTES_PER_REQUEST, SIMULATE_FLEET_BYTES_PER_REQUEST, SIMULATE_MEMORY_FRACTION,
     VLLM_MAX_NUM_BATCHED_TOKENS,
@@ -220,7 +221,7 @@ def trace_hit_tokens(reqs: Sequence[Any], block_tokens: int) -> np.ndarray | Non
     return np.array(out)
 
 
-def trace_workload(path: str, requests: int | None = None, block_tokens: int = 512) -> Workload:
+def trace_workload(path: str, requests: int | None = None, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> Workload:
     """Arrivals, prompt lengths and (when it tells) cached tokens from a trace in any ``kvctl replay`` format."""
     from kvctl.replay.trace import read_trace  # noqa: PLC0415
 

@@ -53,6 +53,8 @@ PAPER_T0_S = 0.33
 METRICS_MAX_BYTES = 16 * 2**20
 #: The largest config file read (LMCache YAML, vLLM config/unit, env file, kv-transfer-config JSON).
 CONFIG_MAX_BYTES = 2**20
+#: The largest password file read (``--password-file``, a tier's recorded one, the engine plugins'): a line of text.
+PASSWORD_FILE_MAX_BYTES = 4096
 #: The largest ``kvctl bench --save`` file read (plan/simulate ``--bench``, ``--get-times-from``, ``--readers-from``):
 #: a sweep's is a few KB.
 BENCH_FILE_MAX_BYTES = 64 * 2**20
@@ -110,6 +112,21 @@ FRAGMENTATION_MIN_WASTE_BYTES = 64 * 2**20
 
 #: port of rank 0 of a local or systemd tier; rank r listens on BASE_PORT + r (env KVCTL_BASE_PORT).
 BASE_PORT = 17400
+#: where `kvctl deploy-valkey` keeps a local tier (configs, logs, pidfiles, the state file) and where `status`
+#: and `doctor` look for one: `--dir` (env KVCTL_TIER_DIR).
+TIER_DIR = "./kv-tier"
+#: a tier's TOTAL memory, split evenly over its instances (`deploy-valkey up --maxmemory`, in Valkey's units).
+TIER_MAXMEMORY = "400mb"
+#: Seconds one read of a sampled source may take (an engine's /metrics, a Valkey INFO): `kvctl diagnose --timeout`
+#: and the most the exporter's may be (its default is --interval, at most this); a source slower than it is reported
+#: and the rest analysed.
+READ_TIMEOUT_S = 5.0
+#: Seconds each engine or Valkey read of a one-pass check may take: `kvctl doctor --timeout`, `deploy-valkey status`
+#: (one INFO per instance, no --timeout), and a lone INFO read (kvctl.diagnose.sources.valkey_info).
+CHECK_TIMEOUT_S = 3.0
+#: Seconds any socket operation of `kvctl bench` may take before it counts as an error (`--timeout`): the bench's own
+#: deadline per call, equal to READ_TIMEOUT_S but not the same setting.
+BENCH_TIMEOUT_S = 5.0
 #: seconds between the two samples of a diagnosis: `kvctl diagnose --window` and the exporter's sliding window.
 DIAGNOSIS_WINDOW_S = 60.0
 #: seconds between two progress lines when stderr is not a terminal (diagnose --window, bench, replay in a pipe):

@@ -1,12 +1,16 @@
 """Docs as tests: every command and subcommand is named in README.md's command table and in docs/reference.md,
 and every option of each under its command's section of docs/reference.md; the README stays the short front door."""
 
+import json
 import re
 from pathlib import Path
 
 import click
+import pytest
+from click.testing import CliRunner
 
 from kvctl.cli import cli
+from kvctl.errors import ExitStatus
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -64,6 +68,58 @@ def test_every_command_takes_json():
     assert not missing, f"commands without --json: {missing}"
 
 
+NX = "/nonexistent/kvctl-test"
+#: One failing invocation of each command that takes --json (bad input), and the exit code `kvctl --help` documents for it.
+FAILING = {
+    "kvctl bench": ([], ExitStatus.USAGE),  # no instances named
+    "kvctl cost breakeven": (["--bytes-per-token", "nan", "--prefill-rate", "1"], ExitStatus.USAGE),
+    "kvctl cost fit-t0": (["--latency-s", "0.001", "--prompt-gb", "10", "--tier-gbps", "1"], ExitStatus.USAGE),
+    "kvctl cost kv-size": (["--model-config", f"{NX}/config.json"], ExitStatus.USAGE),
+    "kvctl cost predict": (["--bytes-per-token", "1", "--prefill-rate", "0", "--tier-gbps", "1", "--prompt-tokens", "1"], ExitStatus.USAGE),
+    "kvctl cost report": (["--bytes-per-token", "1000"], ExitStatus.USAGE),
+    "kvctl cost rho": (["--arrival-rate", "1", "--instance-gbps", "1"], ExitStatus.USAGE),
+    "kvctl deploy-valkey down": (["--dir", NX], ExitStatus.USAGE),
+    "kvctl deploy-valkey lmcache-config": (["--max-local-cpu-size", "-1"], ExitStatus.USAGE),
+    "kvctl deploy-valkey status": (["--dir", NX], ExitStatus.USAGE),
+    "kvctl deploy-valkey up": (["--ranks", "0"], ExitStatus.USAGE),
+    "kvctl deploy-valkey vllm-config": (["--shell"], ExitStatus.USAGE),
+    "kvctl diagnose": (["--engine-url", "http://127.0.0.1:9", "--window", "nan"], ExitStatus.USAGE),
+    "kvctl diagnose capture": (["--engine-url", "http://127.0.0.1:9"], ExitStatus.USAGE),  # no --out
+    "kvctl diagnose run": ([], ExitStatus.USAGE),
+    "kvctl diagnose stalls": (["--match", "no-such-process-4242x"], ExitStatus.ERROR),
+    "kvctl doctor": (["--diagnosis", f"{NX}/diagnosis.json"], ExitStatus.USAGE),
+    "kvctl drill": (["overload", "--duration", "1"], ExitStatus.USAGE),
+    "kvctl exporter": ([], ExitStatus.USAGE),
+    "kvctl loading async": ([], ExitStatus.USAGE),
+    "kvctl loading show": (["--config", f"{NX}/lmcache.yaml"], ExitStatus.USAGE),
+    "kvctl loading sync": (["--env-file", f"{NX}/env"], ExitStatus.USAGE),
+    "kvctl plan": (["--arrival-rate", "1", "--bytes-per-token", "1", "--prefill-rate", "1", "--slo-p99", "1", "--instance-gbps", "1"], ExitStatus.USAGE),
+    "kvctl replay": ([f"{NX}/trace.jsonl", "--dry-run"], ExitStatus.USAGE),
+    "kvctl report": ([f"{NX}/run.jsonl"], ExitStatus.USAGE),
+    "kvctl simulate": (["--arrival-rate", "1", "--bytes-per-token", "1", "--prefill-rate", "1", "--instance-gbps", "1"], ExitStatus.USAGE),
+}
+
+
+def _takes_json() -> list[str]:
+    return [name for name, cmd in _commands(cli) if not (isinstance(cmd, click.Group) and not cmd.invoke_without_command)]
+
+
+def test_every_command_has_a_failing_json_invocation():
+    assert sorted(FAILING) == sorted(_takes_json())
+
+
+@pytest.mark.parametrize("name", sorted(FAILING))
+def test_a_failing_command_under_json_prints_one_json_error(name):
+    """Issue 32 item 3: one error point for every command. With --json, bad input is one JSON object on stdout
+    (the error line stays on stderr) and the exit code is the documented one."""
+    args, code = FAILING[name]
+    res = CliRunner().invoke(cli, [*name.split()[1:], *args, "--json"])
+    assert res.exit_code == code, res.output
+    err = json.loads(res.stdout)  # the whole of stdout: one object
+    assert err["outcome"] == "error" and err["exit_code"] == code and err["error"], err
+    assert err["error"] in res.stderr
+
+
 #: Options every command has, documented once under "## Every command" (`-v` is hidden on subcommands).
 GLOBAL_OPTIONS = {"--json", "--help", "--verbose"}
 
@@ -114,3 +170,15 @@ def test_the_gpu_extra_pins_no_torch_or_vllm_and_the_gpu_doc_names_it():
     assert gpu and not [r for r in gpu if r.lower().startswith(("torch", "vllm", "triton", "nvidia-nccl"))], gpu
     text = (ROOT / "docs" / "gpu.md").read_text()
     assert "pip install 'kvctl[gpu]'" in text and "--shutdown-timeout" in text and "memlock" in text
+
+
+def test_a_command_that_answered_in_json_gets_no_second_object():
+    """`deploy-valkey status --json` prints the status, then exits 5 for the instance that is down: stdout stays
+    that one object (the error point adds none after a command's own JSON)."""
+    from kvctl.tier.server import free_port  # noqa: PLC0415
+
+    res = CliRunner().invoke(cli, ["deploy-valkey", "status", "--valkey", f"resp://127.0.0.1:{free_port()}", "--json"])
+    assert res.exit_code == ExitStatus.UNREACHABLE, res.output
+    status = json.loads(res.stdout)
+    assert "outcome" not in status and status["instances"][0]["up"] is False
+    assert "not answering" in res.stderr

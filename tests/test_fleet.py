@@ -235,3 +235,16 @@ def test_cli_fleet_bad_input(args, message):
     r = CliRunner().invoke(cli, ["simulate", "--arrival-rate", "0.1", *GB_PROMPT, "--instance-gbps", "1", *args])
     assert r.exit_code == 2, r.output
     assert message in r.output
+
+
+def test_a_fleet_result_is_a_sim_result_with_the_fleets_fields():
+    """Issue 32 item 5: FleetResult reuses SimResult's fields (one definition of p50_s … gpu_utilization_pct)."""
+    import dataclasses  # noqa: PLC0415
+
+    from kvctl.fleet import FleetResult  # noqa: PLC0415
+    from kvctl.simulate import SimResult  # noqa: PLC0415
+
+    assert issubclass(FleetResult, SimResult)
+    own = [f.name for f in dataclasses.fields(FleetResult)][len(dataclasses.fields(SimResult)):]
+    assert own == ["engines", "per_engine", "extrapolated", "notes", "solver"]
+    assert FleetResult.__dataclass_params__.frozen

@@ -186,3 +186,57 @@ def test_no_literal_default_is_repeated_across_commands():
                 where.setdefault((flag, _literal(d)), []).append(f"{p.relative_to(ROOT)}:{n}")
     repeated = {k: v for k, v in where.items() if len(v) > 1}
     assert not repeated, f"put these in kvctl/thresholds.py: {repeated}"
+
+
+# --- the tier's directory and memory, the 5 s and 3 s read timeouts: one home each (issue 32 item 5) ------------------
+
+#: the constant, the literal it must not be written as, and the --timeout of the commands that default to it
+ONE_HOME = {
+    "TIER_DIR": ("./kv-tier", ()), "TIER_MAXMEMORY": ("400mb", ()),
+    "READ_TIMEOUT_S": (5.0, ("kvctl diagnose", "kvctl diagnose run", "kvctl diagnose capture")),
+    "CHECK_TIMEOUT_S": (3.0, ("kvctl doctor",)), "BENCH_TIMEOUT_S": (5.0, ("kvctl bench",)),
+}
+
+
+def home_literals(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) of every whole string "./kv-tier" or "400mb", and every 5.0 or 3.0 default of a timeout: a
+    parameter's, a field's or a click option's."""
+    found = [(n.lineno, repr(n.value)) for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in ("./kv-tier", "400mb")]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arguments):
+            named = node.posonlyargs + node.args
+            pairs = list(zip(named[len(named) - len(node.defaults):], node.defaults)) + list(zip(node.kwonlyargs, node.kw_defaults))
+            found += [(a.lineno, f"{a.arg}={ast.unparse(d)}") for a, d in pairs if d is not None and "timeout" in a.arg and _number(d) in (3.0, 5.0)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and "timeout" in node.target.id.lower() \
+                and node.value is not None and _number(node.value) in (3.0, 5.0):
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and any(isinstance(a, ast.Constant) and a.value == "--timeout" for a in node.args):
+            found += [(node.lineno, f"--timeout default={ast.unparse(k.value)}") for k in node.keywords if k.arg == "default" and _number(k.value) in (3.0, 5.0)]
+    return found
+
+
+def test_the_home_check_finds_literals():
+    bad = ('d = "./kv-tier"\nclick.option("--maxmemory", default="400mb")\ndef f(timeout_s: float = 5.0): pass\n'
+           'class C:\n    timeout_s: float = 3.0\nclick.option("--timeout", "t", default=5.0)\n')
+    good = '"""tiers live in ./kv-tier, 400mb by default"""\ndef f(timeout_s: float = READ_TIMEOUT_S, stop_s: float = 5.0): pass\n'
+    assert sorted(n for n, _ in home_literals(ast.parse(bad))) == [1, 2, 3, 5, 6]
+    assert home_literals(ast.parse(good)) == []
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if p.is_relative_to(ROOT / "kvctl")], ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_tier_defaults_and_read_timeouts_have_one_home(path):
+    found = home_literals(ast.parse(path.read_text(), str(path)))
+    assert not found, f"{path.relative_to(ROOT)}: use kvctl.thresholds ({', '.join(ONE_HOME)}): " + "; ".join(f"line {n}: {w}" for n, w in found)
+
+
+def test_the_commands_default_to_the_homes():
+    from tests.cli_helpers import _commands
+
+    from kvctl.cli import cli
+
+    commands = dict(_commands(cli))
+    for const, (value, names) in ONE_HOME.items():
+        assert getattr(thresholds, const) == value
+        for name in names:
+            (param,) = [p for p in commands[name].params if "--timeout" in getattr(p, "opts", ())]
+            assert param.default == getattr(thresholds, const), (name, const)

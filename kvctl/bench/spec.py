@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from kvctl.bench.info import ServerInfo
 from kvctl.errors import InvalidInput
+from kvctl.thresholds import BENCH_TIMEOUT_S
 
 #: Keys per instance aim at this many bytes (beyond any CPU cache), within maxmemory.
 AUTO_WORKING_SET_BYTES = 1_000_000_000
@@ -40,7 +41,7 @@ class BenchSpec:
     keys: int | None = None  # per instance; None = automatic within maxmemory
     write: bool = False
     sweep: bool = False
-    timeout_s: float = 5.0
+    timeout_s: float = BENCH_TIMEOUT_S
     seed: int = 0
     engines: int = 0  # bench --engines E: runs of 1, 2, 4 … E engines, each one client per instance in lockstep
     fit_batch: bool = False  # --batch not given: a tier too small for batches of ``batch`` gets the largest that fits

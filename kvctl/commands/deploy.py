@@ -14,12 +14,11 @@ from kvctl.commands.options import (
 )
 from kvctl.signals import Signalled, signals_raise
 from kvctl.errors import InvalidInput, Unreachable
-from kvctl.files import write_atomic
 from kvctl.hooks import hookimpl
 from kvctl.tier import spec
-from kvctl.tier.targets import load_tier, state_path
+from kvctl.tier.targets import load_tier
+from kvctl.views.deploy import show_down, show_engine_config, show_rendered, show_status, show_up
 
-DEFAULT_DIR = "./kv-tier"
 RANKS = count(4096)
 #: The tier's total memory: beyond 1 PiB is a typo whatever the target (local tiers are also checked against the host).
 MAXMEMORY = ByteSize(2**50)
@@ -71,7 +70,7 @@ def dir_option(func: Callable) -> Callable:
         "--dir",
         "tier_dir",
         type=click.Path(file_okay=False, path_type=Path),
-        default=DEFAULT_DIR,
+        default=thresholds.TIER_DIR,
         show_default=True,
         envvar="KVCTL_TIER_DIR",
         help="Directory of the local tier: configs, logs, pidfiles and the state file.",
@@ -128,7 +127,7 @@ def deploy_group() -> None:
 @click.option("--ranks", type=RANKS, required=True, help="Number of ranks W (rank r on instance r, or on its K instances with --instances-per-rank).")
 @instances_per_rank_option
 @click.option("--base-port", type=click.IntRange(1, 65535), default=thresholds.BASE_PORT, show_default=True, envvar="KVCTL_BASE_PORT", help="Port of rank 0; rank r listens on base-port + r, instance i of rank r on base-port + r*K + i (local, systemd; env KVCTL_BASE_PORT).")
-@click.option("--maxmemory", type=MAXMEMORY, default="400mb", show_default=True, help="TOTAL memory of the tier, split evenly across all W × K instances (Valkey units: mb = MiB, m = 10^6).")
+@click.option("--maxmemory", type=MAXMEMORY, default=thresholds.TIER_MAXMEMORY, show_default=True, help="TOTAL memory of the tier, split evenly across all W × K instances (Valkey units: mb = MiB, m = 10^6).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (local, systemd). Non-loopback needs --password-file or --insecure-no-auth.")
 @click.option("--io-threads", type=count(256), help=f"Valkey io-threads per instance, main thread included (default: min(4, cores/2/instances), here {spec.default_io_threads()} for one instance; 4 for fleets).")
 @dir_option
@@ -169,31 +168,7 @@ def up_cmd(target: str, ranks: int, instances_per_rank: int, base_port: int, max
     except Signalled as e:
         render.error_line(f"interrupted by {e.signal.name}: stopped the instance(s) already started; nothing of this `up` is left running")
         raise click.exceptions.Exit(e.exit_code) from None
-    if as_json:
-        render.emit_json(
-            {
-                "dir": state.dir,
-                "state_file": str(state_path(state.dir)),
-                "maxmemory_per_instance": state.maxmemory_per_instance,
-                "io_threads": state.io_threads,
-                "auth": state.password_file is not None,
-                "engine_user": state.engine_user,
-                "instances_per_rank": state.instances_per_rank,
-                "instances": [{"rank": i.rank, "instance": i.instance, "host": i.host, "port": i.port, "pid": i.pid, "url": i.url} for i in state.instances],
-            }
-        )
-        return
-    k = state.instances_per_rank
-    render.table(
-        f"Valkey tier in {state.dir} (valkey {state.server_version})" + (f": {state.ranks} ranks × {k} instances" if k > 1 else ""),
-        ["rank", *(["inst"] if k > 1 else []), "host", "port", "pid", "url"],
-        [(i.rank, *([i.instance] if k > 1 else []), i.host, str(i.port), str(i.pid), i.url) for i in state.instances],
-        caption=(
-            f"maxmemory {spec.format_size(state.maxmemory_per_instance)} per instance (allkeys-lru, no persistence) · io-threads {state.io_threads}"
-            + (f" · auth on, engine user {state.engine_user}" if state.engine_user else "")
-            + f"\nnext: kvctl deploy-valkey lmcache-config --dir {state.dir}  (LMCache) or vllm-config --dir {state.dir}  (kvctl's vLLM connector)"
-        ),
-    )
+    show_up(state, as_json)
 
 
 def _render_fleet(target: str, ranks: int, base_port: int, maxmemory: int, host: str, io_threads: int | None, password_file: str | None, insecure_no_auth: bool, out: Path | None, apply_: bool, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, as_json: bool,
@@ -225,19 +200,11 @@ def _render_fleet(target: str, ranks: int, base_port: int, maxmemory: int, host:
     )
     files = render_targets.write_files(out, renderers[target](fleet))
     applied = render_targets.apply(target, out, fleet) if apply_ else None
-    if as_json:
-        render.emit_json({"target": target, "out": str(out), "files": [str(f) for f in files], "applied": applied, "remote_url": render_targets.remote_urls(fleet)})
-        return
-    layout = f"{ranks} rank(s)" + (f" × {instances_per_rank} instances" if instances_per_rank > 1 else "")
-    render.table(f"{target}: {layout} rendered to {out}", ["file"], [(str(f),) for f in files])
-    if applied:
-        render.message(f"applied: {applied}")
-    else:
-        render.message(f"nothing installed or enabled; re-run with --apply to {'install and enable the units' if target == 'systemd' else 'kubectl apply'}")
+    show_rendered(target, out, files, applied, render_targets.remote_urls(fleet), ranks, instances_per_rank, as_json)
 
 
 @deploy_group.command("status")
-@valkey_options(dir_default=DEFAULT_DIR, dir_envvar="KVCTL_TIER_DIR")
+@valkey_options(dir_default=thresholds.TIER_DIR, dir_envvar="KVCTL_TIER_DIR")
 @output_options
 @click.pass_context
 def status_cmd(ctx: click.Context, valkey_urls: tuple[str, ...], ranks: int | None, instances_per_rank: int | None, tier_dir: str, password_file: str | None, as_json: bool) -> None:
@@ -266,33 +233,8 @@ def status_cmd(ctx: click.Context, valkey_urls: tuple[str, ...], ranks: int | No
         if instances_per_rank and instances_per_rank != recorded:
             raise InvalidInput(f"--instances-per-rank {instances_per_rank}, but the tier in {tier_dir} has {recorded} per rank; drop the option")
         st = local.status(tier_dir, password_file)
-    k = st.instances_per_rank
-    if as_json:
-        render.emit_json(st)
-    else:
-        render.table(
-            f"Valkey tier in {st.dir}" if st.dir else "Valkey instances",
-            ["rank", *(["inst"] if k > 1 else []), "port", "up", "used/max MiB", "keys", "evict", "conns", "GETs", "µs/GET"],
-            [
-                (
-                    i.rank,
-                    *([i.instance] if k > 1 else []),
-                    str(i.port),
-                    "[green]up[/]" if i.up else f"[red]{i.state}[/]",
-                    f"{i.used_memory / 2**20:.1f}/{i.maxmemory / 2**20:.0f}" if i.up else "—",
-                    i.keys,
-                    i.evicted_keys,
-                    i.connected_clients,
-                    i.get_calls,
-                    i.get_usec_per_call,
-                )
-                for i in st.instances
-            ],
-            caption="evict = evicted_keys, conns = other clients (not this status read), GETs/µs from INFO commandstats (— before the first GET)",
-        )
+    show_status(st, as_json)
     down = [i for i in st.instances if not i.up]
-    for i in down:
-        render.warn(f"{i.name} ({i.host}:{i.port}): {i.state}: {i.hint}")
     refused = [i for i in down if i.state == "auth refused"]
     if refused:
         raise AuthFailed(f"{len(refused)} of {len(st.instances)} instance(s) refused the login: {refused[0].hint}")
@@ -318,24 +260,7 @@ def down_cmd(tier_dir: Path, purge: bool, timeout_s: float, as_json: bool) -> No
     state = load_tier(tier_dir)
     with render.progress("stopping valkey-server(s)", total=len(state.instances), enabled=not as_json, lines=False) as advance:
         results = local.down(tier_dir, purge=purge, timeout_s=timeout_s, on_progress=lambda name, port: advance(1, f"{name} on :{port}"))
-    if as_json:
-        render.emit_json({"dir": state.dir, "purged": purge, "instances": results})
-    else:
-        styles = {"stopped": "green", "killed": "yellow", "not running": "yellow", "not ours": "red"}
-        k = state.instances_per_rank
-        render.table(
-            f"Stopped tier in {state.dir}",
-            ["rank", *(["inst"] if k > 1 else []), "port", "pid", "result", "port free"],
-            [(r.rank, *([r.instance] if k > 1 else []), str(r.port), str(r.pid), f"[{styles[r.result]}]{r.result}[/]", r.port_free) for r in results],
-            caption=None if purge else "config files kept; --purge removes them",
-        )
-    for r in results:
-        if r.result == "not ours":
-            render.warn(f"{r.name}: pid {r.pid} now belongs to another process; left it alone")
-        elif r.result == "not running":
-            render.warn(f"{r.name}: no valkey-server of this tier was running (pid {r.pid})")
-        elif r.result == "killed":
-            render.warn(f"{r.name}: pid {r.pid} did not exit within --timeout {timeout_s:g}s of SIGTERM; sent SIGKILL")
+    show_down(state, results, purge, timeout_s, as_json)
 
 
 #: Options that name the tier an engine config points at (lmcache-config, vllm-config).
@@ -363,15 +288,6 @@ def _tier_urls(target: str, tier_dir: Path, ranks: int | None, base_port: int, h
             f"engines given these URLs will find nothing there; start it with `kvctl deploy-valkey up`"
         )
     return t
-
-
-def _write_or_echo(text: str, out_file: Path | None) -> None:
-    if out_file:
-        out_file.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(out_file, text)
-        render.message(f"wrote {out_file}", stderr=True)
-    else:
-        click.echo(text, nl=False)
 
 
 @deploy_group.command("lmcache-config")
@@ -407,10 +323,7 @@ def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances
         notes.append(NATIVE_CLIENT_NOTE)
     for n in notes:
         render.warn(n)
-    if as_json:
-        render.emit_json(cfg)
-        return
-    _write_or_echo(render_lmcache_yaml(cfg, f"LMCache config for {tier}", notes), out_file)
+    show_engine_config(cfg, lambda: render_lmcache_yaml(cfg, f"LMCache config for {tier}", notes), out_file, as_json)
 
 
 #: What --native costs (paper §5.4); `kvctl doctor --config` fails this form for the same reason.
@@ -464,7 +377,4 @@ def vllm_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances_pe
         raise InvalidInput("--shell and --json are two output forms; pick one")
     t = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file, instances_per_rank)
     cfg = kv_transfer_config(t.urls, ConnectorOptions(chunk_tokens, loading == "async", timeout_s), t.user, t.password_file, t.instances_per_rank)
-    if as_json:
-        render.emit_json(cfg)
-        return
-    _write_or_echo((render_shell(cfg) if as_shell else render_json(cfg)) + "\n", out_file)
+    show_engine_config(cfg, lambda: (render_shell(cfg) if as_shell else render_json(cfg)) + "\n", out_file, as_json)

@@ -11,7 +11,6 @@ given on both sides with different values, is a usage error (never dropped).
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from typing import Any, Callable
 
@@ -19,18 +18,19 @@ import click
 from click.core import ParameterSource
 
 from kvctl import render, thresholds
-from kvctl.commands.diagnose_stalls import JsonErrorCommand, JsonErrorGroup, stalls_cmd
+from kvctl.commands.diagnose_stalls import stalls_cmd
 from kvctl.commands.options import (
     BYTES_PER_TOKEN, PREFILL_RATE, T0_S, bytes_per_token_options, count, engine_http, engine_http_options, options, output_options, positive,
     valkey_options, valkey_targets,
 )
 from kvctl.diagnose import capture as cap
-from kvctl.diagnose.analysis import Diagnosis, Params, analyse
+from kvctl.diagnose.analysis import Params, analyse
 from kvctl.diagnose.jsonform import diagnosis_json
+from kvctl.diagnose.watch import watch
 from kvctl.engine_http import masked
 from kvctl.errors import ExitStatus
 from kvctl.hooks import hookimpl
-from kvctl.runbooks import runbook_for
+from kvctl.views.diagnose import show_capture, show_diagnosis, show_refresh
 
 WINDOW_S = positive(cap.MAX_WINDOW_S)
 TIMEOUT_S = positive(600.0)
@@ -48,7 +48,7 @@ source_options = options(
     engine_http_options,
     valkey_options,
     click.option("--window", type=WINDOW_S, default=thresholds.DIAGNOSIS_WINDOW_S, show_default=True, help="Seconds between the two samples (at most one day)."),
-    click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=5.0, show_default=True, help="Per-source read timeout in seconds; a source that does not answer is reported, the rest analysed."),
+    click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=thresholds.READ_TIMEOUT_S, show_default=True, help="Per-source read timeout in seconds; a source that does not answer is reported, the rest analysed."),
 )
 
 _model_bundle = options(
@@ -129,7 +129,7 @@ def _carry(ctx: click.Context, kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@click.group("diagnose", cls=JsonErrorGroup, invoke_without_command=True)
+@click.group("diagnose", invoke_without_command=True)
 @source_options
 @model_options
 @run_options
@@ -164,7 +164,7 @@ def diagnose_group(ctx: click.Context, **kwargs: Any) -> None:
     ctx.obj = {"group_options": explicit}
 
 
-@diagnose_group.command("run", cls=JsonErrorCommand)
+@diagnose_group.command("run")
 @source_options
 @model_options
 @run_options
@@ -202,7 +202,7 @@ def _run(
         if engine_urls or valkey_urls or tier_dir or watch or save_dir:
             raise click.UsageError("--from analyses a saved capture; it takes no --engine-url/--valkey/--dir/--watch/--save")
         diag = analyse(cap.load_capture(from_dir), params)
-        _show(diag, explain, as_json)
+        show_diagnosis(diag, explain, as_json)
         ctx.exit(int(diag.exit_status))
     if not engine_urls:
         raise click.UsageError("give --engine-url (repeatable), or --from DIR")
@@ -220,142 +220,23 @@ def _run(
         cap.save_capture(capture, save_dir)
     diag = analyse(capture, params)
     cap.save_last_diagnosis({"saved_at": cap.now_iso(), **diagnosis_json(diag)})
-    _show(diag, explain, as_json)
-    if save_dir and not as_json:
-        render.message(f"samples saved to {save_dir} (replay: kvctl diagnose --from {save_dir})")
+    show_diagnosis(diag, explain, as_json, saved_to=save_dir)
     ctx.exit(int(diag.exit_status))
 
 
 def _watch(ctx, engine_urls, targets, window, parameters, params, timeout_s, explain, as_json, count, http) -> None:
-    prev = cap.take_sample(engine_urls, targets, timeout_s, http=http)
     code = ExitStatus.OK
+    refreshes = watch(engine_urls, targets, window, parameters, params, timeout_s, count, http)
     try:
-        for i in itertools.count():
-            if count is not None and i >= count:
-                break
-            cap.wait_until(prev.t_s + window)
-            new = cap.take_sample(engine_urls, targets, timeout_s, http=http)
-            shown = [cap.masked_valkey_url(t.url) for t in targets]  # shown and saved: no password
-            diag = analyse(cap.Capture([masked(u) for u in engine_urls], shown, [prev, new], parameters, cap.now_iso(),
-                                       instances_per_rank=cap.instances_per_rank_of(targets)), params)
-            cap.save_last_diagnosis({"saved_at": cap.now_iso(), **diagnosis_json(diag)})
+        for i, diag in enumerate(refreshes):
             code = diag.exit_status
-            if as_json:
-                render.emit_json_line(diagnosis_json(diag, explain))
-            else:
-                render.clear_screen()
-                render_diagnosis(diag, explain)
-                render.message(f"refresh {i + 1}{f'/{count}' if count else ''} · every {window:g} s · Ctrl-C to stop", style="dim")
-            prev = new
+            show_refresh(diag, explain, as_json, i, count, window)
     except KeyboardInterrupt:
         pass
     ctx.exit(int(code))
 
 
-def _show(diag: Diagnosis, explain: bool, as_json: bool) -> None:
-    if as_json:
-        render.emit_json(diagnosis_json(diag, explain))
-    else:
-        render_diagnosis(diag, explain)
-
-
-def _rho_text(diag: Diagnosis) -> Any:
-    if diag.rho is None:
-        return None
-    return f"≥ {diag.rho:.3g} (lower bound: B from Valkey server side)" if diag.rho_bound == "lower_bound" else diag.rho
-
-
-def _median_label(diag: Diagnosis) -> str:
-    """The typical prompt's row says whether it is exact (one histogram bucket: sum/count) or an estimate."""
-    from kvctl.diagnose.quantities import MEDIAN_BASIS  # noqa: PLC0415
-
-    return f"typical (median) prompt tokens, {MEDIAN_BASIS.get(diag.typical_prompt_tokens_basis, 'estimate')}"
-
-
-def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
-    """Summary, per-component tables, findings, insufficient data, and (with --explain) the formulas."""
-    pct = lambda x: None if x is None else f"{x:.1%}"  # noqa: E731
-    bw_label = "bandwidth B, upper bound (GB/s)" if diag.rho_bound == "lower_bound" else "bandwidth the engine sees B (GB/s)"
-    render.key_values(
-        f"Diagnosis over {diag.window_s:.1f} s ({len(diag.engine_urls)} engine(s), {len(diag.instances)} Valkey instance(s))",
-        [
-            ("offered arrival rate λ (req/s)", diag.arrival_rate_per_s),
-            ("completions (req/s)", diag.completion_rate_per_s),
-            ("waiting + running growth", diag.queue_growth),
-            ("mean prompt tokens", diag.mean_prompt_tokens),
-            (_median_label(diag), diag.typical_prompt_tokens),
-            ("hit-token fraction", pct(diag.hit_token_fraction)),
-            ("L2-served tokens/s", diag.l2_tokens_per_s),
-            (bw_label, diag.bandwidth_gbps),
-            ("break-even B* = s·R (GB/s)", diag.breakeven_gbps),
-            ("min hit tokens n* = R·T0", diag.min_hit_tokens),
-            ("prefill rate R (tok/s)", diag.prefill_rate_tok_s),
-            ("ρ = λ·n·s/B (sync loading)", _rho_text(diag)),
-            ("requests waiting (start → end)", f"{render.fmt(diag.requests_waiting_start)} → {render.fmt(diag.requests_waiting_end)}"),
-            ("GPU utilisation (%)", ", ".join(f"{u:.0f}" for u in diag.gpu_utilization_pct) if diag.gpu_utilization_pct else diag.gpu_note),
-        ],
-        caption=f"B from {diag.bandwidth_source_detail}" if diag.bandwidth_source_detail else None,
-    )
-    if len(diag.engines) > 1 or any(e.status != "ok" for e in diag.engines):
-        render.table(
-            "Engines",
-            ["engine", "status", "window (s)", "finished", "queue start → end", "offered λ (req/s)", "note"],
-            [
-                (e.url, e.status, e.window_s, e.finished, f"{render.fmt(e.queue_start)} → {render.fmt(e.queue_end)}", e.arrival_rate_per_s,
-                 e.error or (f"restarted: {', '.join(e.counter_resets)}" if e.counter_resets else ""))
-                for e in diag.engines
-            ],
-        )
-    k = max([i.instance + 1 for i in diag.instances] or [1])
-    if diag.instances:
-        render.table(
-            "Valkey instances",
-            ["rank", *(["inst"] if k > 1 else []), "status", "GET/s", "MB out/s", "µs per GET", "GET busy", "GB/s in GETs", "evicted"],
-            [
-                (i.rank, *([i.instance] if k > 1 else []), i.status if not i.error else f"{i.status}: {i.error}", i.get_rate_per_s,
-                 None if i.bytes_out_per_s is None else i.bytes_out_per_s / 1e6, i.usec_per_get, pct(i.get_busy_fraction), i.bandwidth_gbps, i.evicted_keys)
-                for i in diag.instances
-            ],
-        )
-    if diag.engine_loads:
-        render.table(
-            "Engines sharing the tier",
-            ["engine", "W (ranks)", "instances", "offered λ (req/s)", "L2 MB/request", "B it gets (GB/s)", "ρ"],
-            [(e.url, f"{e.ranks} ({e.ranks_source})", f"0–{e.ranks - 1}", e.arrival_rate_per_s,
-              None if e.l2_bytes_per_request is None else e.l2_bytes_per_request / 1e6, e.bandwidth_gbps, e.rho)
-             for e in diag.engine_loads],
-            caption="ρ_e = λ_e·(L2 bytes per request)/B_e, against what engine e gets; rank r of every engine uses instance r",
-        )
-        render.table(
-            "Instances shared by engines",
-            ["rank", *(["inst"] if k > 1 else []), "engines", "offered MB/s", "B_i (GB/s)", "ρ (all engines)", "per engine"],
-            [(i.rank, *([i.instance] if k > 1 else []), ", ".join(str(e) for e in i.engines), i.offered_bytes_per_s / 1e6, i.bandwidth_gbps,
-              None if i.rho is None else f"{i.rho:.3f}" + (" (lower bound)" if i.rho_bound == "lower_bound" else ""),
-              " ".join(f"{e}: {v:.2f}" for e, v in i.shares))
-             for i in diag.instance_loads],
-            caption="ρ_i = Σ_e λ_e·(bytes_e / W_e) / B_i over the engines using instance i; B_i: the best B_e/W_e they saw "
-                    "(else Valkey's server side, an upper bound)"
-                    + (f"\n{k} instances per rank: a rank's bytes and its B_e/W_e are split over its {k} instances "
-                       "(chunk c on instance (c // W) mod K)" if k > 1 else ""),
-        )
-    if diag.findings:
-        render.text_table("Findings", ["severity", "id", "finding", "recommendation"], [(f.severity, f.id, f.message, f"{f.recommendation}\nrunbook: {runbook_for(f.id)}") for f in diag.findings])
-    for reason in diag.insufficient_data:
-        render.warn(f"insufficient data: {reason}")
-    for u in diag.unreachable:
-        render.warn(f"unreachable: {u}")
-    if not diag.findings and not diag.insufficient_data and not diag.unreachable:
-        if diag.rho_bound == "estimate":
-            render.message(f"No findings: ρ = {diag.rho:.2f}, the tier keeps up with this load.", style="green")
-        else:
-            render.message("No findings from these samples (ρ is only a lower bound here: see the notes).")
-    for note in diag.notes:
-        render.warn(note)
-    if explain:
-        render.text_table("How each number was computed", ["quantity", "value", "formula", "source"], [(q.name, q.value, q.formula, q.source) for q in diag.explain])
-
-
-@diagnose_group.command("capture", cls=JsonErrorCommand)
+@diagnose_group.command("capture")
 @source_options
 @model_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Directory to write the capture to (must not hold one).")
@@ -376,24 +257,8 @@ def capture_cmd(ctx: click.Context, **kwargs: Any) -> None:
     http = engine_http(kw["engine_api_key_file"], kw["max_metrics_bytes"])
     capture = _collect(urls, targets, kw["window"], params, kw["timeout_s"], show_progress=not kw["as_json"], http=http)
     path = cap.save_capture(capture, kw["out_dir"])
-    seen: dict[str, int] = {}  # each failure once, with the number of samples it happened in
-    for s in capture.samples:
-        for kind, names, errs in (("engine", [masked(u) for u in urls], s.engine_errors), ("Valkey", [t.url for t in targets], s.valkey_errors)):
-            for name, err in zip(names, errs):
-                if err:
-                    seen[f"{kind} {name}: {err}"] = seen.get(f"{kind} {name}: {err}", 0) + 1
-    n = len(capture.samples)
-    missing = [m if k == 1 else f"{m} (in {k} of {n} samples)" for m, k in seen.items()]
-    if kw["as_json"]:
-        render.emit_json({
-            "out": str(path), "samples": len(capture.samples), "engines": len(urls), "valkey_instances": len(targets),
-            "window_s": capture.samples[-1].t_s - capture.samples[0].t_s, "unreachable": missing,
-            "exit_code": int(ExitStatus.UNREACHABLE if missing else ExitStatus.OK),
-        })
-    else:
-        for m in missing:
-            render.warn(f"unreachable: {m} (recorded in the capture)")
-        render.message(f"capture saved to {path} ({len(capture.samples)} samples, {len(urls)} engine(s), {len(targets)} Valkey instance(s)); analyse with: kvctl diagnose --from {path}")
+    missing = cap.failures(capture, [masked(u) for u in urls], [t.url for t in targets])
+    show_capture(path, capture, len(urls), len(targets), missing, kw["as_json"])
     if missing:
         ctx.exit(int(ExitStatus.UNREACHABLE))
 

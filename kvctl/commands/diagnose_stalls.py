@@ -5,78 +5,15 @@ Attached to the ``kvctl diagnose`` group as ``stalls_cmd``.
 
 from __future__ import annotations
 
-import datetime
-import socket
-from typing import Any
-
 import click
 
-from kvctl import __version__, render
 from kvctl.commands.options import FiniteFloat, output_options, severity_exit
 from kvctl.diagnose import stalls
 from kvctl.errors import KvctlError
-from kvctl.runbooks import runbook_for
-
-_EMITTED = "kvctl_json_error_emitted"
+from kvctl.views.diagnose import show_stalls
 
 
-def _emit_json_error(ctx: click.Context | None, message: str, code: int) -> None:
-    """One JSON object on stdout for an error under --json (once per invocation; stderr still gets the line)."""
-    root = ctx.find_root() if ctx is not None else None
-    if root is not None and root.meta.get(_EMITTED):
-        return
-    if root is not None:
-        root.meta[_EMITTED] = True
-    render.emit_json({"kvctl_version": __version__, "outcome": "error", "error": message, "exit_code": int(code)})
-
-
-class JsonErrorsMixin:
-    """With ``--json`` anywhere in its arguments, a command also reports its errors as one JSON object.
-
-    Usage errors (bad option values: exit 2) and library errors (``KvctlError``)
-    alike; the error line on stderr and the exit code stay what ``KvctlGroup`` makes them.
-    """
-
-    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any) -> click.Context:
-        wants_json = "--json" in args
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)  # type: ignore[misc]
-        except click.ClickException as e:
-            if wants_json:
-                _emit_json_error(parent, e.format_message(), e.exit_code)
-            raise
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)  # type: ignore[misc]
-        except click.ClickException as e:
-            if _wants_json(ctx):
-                _emit_json_error(ctx, e.format_message(), e.exit_code)
-            raise
-        except KvctlError as e:
-            if _wants_json(ctx):
-                _emit_json_error(ctx, str(e), e.exit_status)
-            raise
-
-
-def _wants_json(ctx: click.Context) -> bool:
-    c: click.Context | None = ctx
-    while c is not None:
-        if c.params.get("as_json") or "--json" in (c.args or []):
-            return True
-        c = c.parent
-    return False
-
-
-class JsonErrorCommand(JsonErrorsMixin, click.Command):
-    pass
-
-
-class JsonErrorGroup(JsonErrorsMixin, click.Group):
-    pass
-
-
-@click.command("stalls", cls=JsonErrorCommand)
+@click.command("stalls")
 @click.option("--pid", "pids", type=click.IntRange(min=1), multiple=True, help="Process to inspect (repeatable: one per rank).")
 @click.option(
     "--match",
@@ -112,48 +49,7 @@ def stalls_cmd(ctx: click.Context, pids: tuple[int, ...], match: str | None, sam
     if not targets:
         raise click.UsageError("give --pid PID (repeatable) or --match TEXT")
     report = stalls.diagnose_stalls(targets, samples=samples, interval_s=interval)
-    for p in report.processes:
-        if p.error:
-            render.warn(f"pid {p.pid} skipped: {p.error}")
-    if as_json:
-        data = {
-            "kvctl_version": __version__,
-            "host": socket.gethostname(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "worst_severity": report.worst_severity.value if report.worst_severity else None,
-        }
-        data.update(render.to_jsonable(report))
-        for f in data["findings"]:
-            f["runbook"] = runbook_for(f["id"])
-        render.emit_json(data)
-    else:
-        render_stalls(report)
+    show_stalls(report, as_json)
     code = severity_exit(report.worst_severity)
     if code:
         click.get_current_context().exit(int(code))
-
-
-def render_stalls(report: stalls.StallReport) -> None:
-    """Processes, then one block per finding: frames, evidence, fix."""
-    gpu = report.gpu_note or ", ".join(f"{n}: {u:g}%" for n, u in zip(report.gpu_names, report.gpu_utilization_pct))
-    render.text_table(
-        f"Stalled threads ({report.samples} samples, {report.interval_s:g}s apart, {report.window_s:.1f}s window)",
-        ["pid", "process", "threads", "stayed put", "status"],
-        [
-            (str(p.pid), p.name, p.threads, p.stable_threads, p.error or f"{sum(f.pid == p.pid for f in report.findings)} finding(s)")
-            for p in report.processes
-        ],
-        caption=f"GPU: {gpu}" + ("" if report.findings else "\nno stalled lookup, GET or collective found"),
-    )
-    for f in report.findings:
-        render.text_table(
-            f"{f.severity.value.upper()} {f.id}: pid {f.pid} ({f.process_name}), thread {f.thread_name}",
-            ["", ""],
-            [
-                ("what", f.message),
-                ("frames", "\n".join(f.frames)),
-                ("evidence", f.evidence),
-                ("fix", f.recommendation),
-                ("runbook", runbook_for(f.id)),
-            ],
-        )

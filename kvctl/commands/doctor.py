@@ -6,13 +6,11 @@ from pathlib import Path
 
 import click
 
-from kvctl import render
-from kvctl.commands.deploy import DEFAULT_DIR
+from kvctl import thresholds
 from kvctl.commands.diagnose import TIMEOUT_S
 from kvctl.commands.options import ByteSize, count, engine_http, engine_http_options, output_options, valkey_options, valkey_targets
 from kvctl.hooks import hookimpl
 
-STYLE = {"skipped": "dim", "ok": "green", "warning": "yellow", "fail": "red"}
 MAX_CHUNK_BYTES = 16 * 2**30
 
 
@@ -24,12 +22,12 @@ def register_commands(cli: click.Group) -> None:
 @click.command("doctor")
 @click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable), e.g. http://HOST:8000.")
 @engine_http_options
-@valkey_options(dir_default=DEFAULT_DIR, dir_envvar="KVCTL_TIER_DIR")
+@valkey_options(dir_default=thresholds.TIER_DIR, dir_envvar="KVCTL_TIER_DIR")
 @click.option("--config", "lmcache_config", type=click.Path(dir_okay=False), envvar="LMCACHE_CONFIG_FILE", help="LMCache YAML config the engines use (default: $LMCACHE_CONFIG_FILE).")
 @click.option("--kv-transfer-config", help="vLLM's --kv-transfer-config JSON, inline or @FILE.")
 @click.option("--world-size", type=count(4096), help="Ranks of the engine's shard group (TP x PCP); default: the engine's kvctl:ranks gauge.")
 @click.option("--diagnosis", "diagnosis_path", type=click.Path(dir_okay=False), help="kvctl diagnose --json output to compare the loading mode with (default: the last saved diagnosis).")
-@click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=3.0, show_default=True, help="Seconds each engine or Valkey read may take.")
+@click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=thresholds.CHECK_TIMEOUT_S, show_default=True, help="Seconds each engine or Valkey read may take.")
 @click.option("--chunk-bytes", type=ByteSize(MAX_CHUNK_BYTES), help="Bytes of one stored chunk (12.4mb, or `kvctl cost kv-size`'s chunk_bytes) for the proto-max-bulk-len, output-buffer and value-size checks; default: the largest of a few values sampled from the tier.")
 @click.option("--engines", type=count(100_000), help="Engines sharing the tier, for the maxclients check (default: the number of --engine-url, at least 1).")
 @click.option("--no-host-checks", is_flag=True, help="Skip the py-spy (ptrace) and NVML checks of this host.")
@@ -58,7 +56,8 @@ def doctor_cmd(
     from click.core import ParameterSource  # noqa: PLC0415
     from kvctl.tier.targets import state_path  # noqa: PLC0415
     from kvctl.diagnose.capture import last_diagnosis_path  # noqa: PLC0415
-    from kvctl.doctor import NOTHING_CHECKED, DoctorInput, run  # noqa: PLC0415
+    from kvctl.doctor import DoctorInput, run  # noqa: PLC0415
+    from kvctl.views.doctor import show_doctor  # noqa: PLC0415
 
     if diagnosis_path and not Path(diagnosis_path).is_file():
         raise click.BadParameter(f"{diagnosis_path} does not exist", param_hint="'--diagnosis'")
@@ -72,13 +71,5 @@ def doctor_cmd(
         diagnosis_path or str(last_diagnosis_path()), timeout_s, host_checks=not no_host_checks, chunk_bytes=chunk_bytes, engines=engines,
         http=engine_http(engine_api_key_file, max_metrics_bytes),
     ))
-    if as_json:
-        render.emit_json({"checks": report.checks, "worst": report.worst, "nothing_checked": report.nothing_checked,
-                          "exit_code": int(report.exit_status)})
-    else:
-        render.text_table("kvctl doctor", ["", "area", "check", "result", "fix"], [(c.status, c.area, c.name, c.message, " ".join(x for x in (c.fix, f"(runbook: {c.runbook})" if c.runbook else "") if x)) for c in report.checks])
-        counts = {s: sum(c.status == s for c in report.checks) for s in STYLE}
-        render.message(f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['fail']} failure(s), {counts['skipped']} skipped", style=STYLE[report.worst])
-        if report.nothing_checked:
-            render.warn(NOTHING_CHECKED)
+    show_doctor(report, as_json)
     ctx.exit(int(report.exit_status))

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import click
 
-from kvctl import __version__, render
+from kvctl import render
 from kvctl.commands.options import count, output_options, positive
 from kvctl.signals import Signalled, signals_raise
 from kvctl.drill import scenarios as S
 from kvctl.errors import ExitStatus
 from kvctl.hooks import hookimpl
+from kvctl.views.drill import show_engine, show_results, show_samples, show_scenarios, show_stopped
 
 
 @hookimpl
@@ -64,7 +65,7 @@ def drill_cmd(ctx: click.Context, scenario: str | None, run_all: bool, duration:
     if run_all and scenario:
         raise click.UsageError("give a SCENARIO or --all, not both")
     if not run_all and not scenario:
-        _list(as_json)
+        show_scenarios(as_json)
         return
     from kvctl.drill.run import DrillOptions, run_drill  # noqa: PLC0415 - keep `kvctl --help` light
     from kvctl.drill.workdir import check_keep  # noqa: PLC0415
@@ -86,22 +87,8 @@ def drill_cmd(ctx: click.Context, scenario: str | None, run_all: bool, duration:
         raise click.exceptions.Exit(e.exit_code) from None
     passed = all(r.passed for r in results)
     code = ExitStatus.OK if passed else ExitStatus.DRILL_MISSED
-    if as_json:
-        data = [{**render.to_jsonable(r)} for r in results]
-        render.emit_json({"kvctl_version": __version__, "passed": passed, "drills": data, "exit_code": int(code)} if run_all
-                         else {"kvctl_version": __version__, **data[0], "exit_code": int(code)})
-    elif run_all:
-        render.table("Drills", ["scenario", "result", "expected", "verdict", "seconds"],
-                     [(r.scenario, "PASS" if r.passed else "FAIL", r.expected, r.verdict, r.duration_s) for r in results])
+    show_results(results, run_all, code, as_json)
     ctx.exit(int(code))
-
-
-def _list(as_json: bool) -> None:
-    rows = [(s.name, s.summary, s.expect, s.runbook or "") for s in S.SCENARIOS.values()]
-    if as_json:
-        render.emit_json({"scenarios": [{"name": n, "summary": m, "expect": e, "runbook": r or None} for n, m, e, r in rows]})
-        return
-    render.text_table("Drills (kvctl drill SCENARIO)", ["scenario", "what it plants", "diagnose must report", "runbook"], rows)
 
 
 def _engine(tier_dir: str | None, stop: bool, model_config: str | None, as_json: bool) -> None:
@@ -111,23 +98,9 @@ def _engine(tier_dir: str | None, stop: bool, model_config: str | None, as_json:
     if not tier_dir:
         raise click.UsageError("`kvctl drill engine` needs --dir, the tier it runs on (`kvctl deploy-valkey up --dir ...`)")
     if stop:
-        state = standalone.stop(tier_dir)
-        if as_json:
-            render.emit_json({"stopped": state is not None, "pid": state.pid if state else None})
-        elif state is None:
-            render.message(f"no drill engine recorded in {tier_dir}", stderr=True)
-        else:
-            render.message(f"stopped the drill engine pid {state.pid} ({state.url})", stderr=True)
+        show_stopped(tier_dir, standalone.stop(tier_dir), as_json)
         return
-    state = standalone.start(tier_dir, model_config)
-    if as_json:
-        render.emit_json(state)
-        return
-    click.echo(state.url)  # stdout is the URL alone: ENGINE=$(kvctl drill engine --dir ./kv-tier)
-    render.message(
-        f"drill engine pid {state.pid} on {state.ranks} rank(s), log {state.log}; model it with --prefill-rate {state.prefill_rate:g} "
-        f"--t0 {state.t0_s:g} --bytes-per-token {state.bytes_per_token:g} --instance-gbps {state.instance_gbps:.3g} "
-        f"(--async-instance-gbps {state.async_instance_gbps:.3g}); stop it: kvctl drill engine --stop --dir {tier_dir}", stderr=True)
+    show_engine(tier_dir, standalone.start(tier_dir, model_config), as_json)
 
 
 def _samples(as_json: bool, sample: str | None = None) -> None:
@@ -135,9 +108,6 @@ def _samples(as_json: bool, sample: str | None = None) -> None:
 
     paths, cmds = sample_paths(), sample_commands()
     if sample:
-        click.echo(str(paths[sample]))
+        render.plain(str(paths[sample]))
         return
-    if as_json:
-        render.emit_json({k: {"path": str(paths[k]), "command": cmds[k]} for k in paths})
-        return
-    render.text_table("Bundled samples (from `kvctl drill overload`)", ["sample", "path", "try"], [(k, str(paths[k]), cmds[k]) for k in paths])
+    show_samples(paths, cmds, as_json)

@@ -6,18 +6,21 @@ import logging
 import os
 import signal
 import sys
+import textwrap
 import time
 from typing import Any
 
 import click
 
-from kvctl import render, thresholds
+from kvctl import thresholds
 from kvctl.commands.diagnose import TIMEOUT_S, model_options
 from kvctl.commands.options import FiniteFloat, engine_http, engine_http_options, output_options, positive, valkey_options, valkey_targets
 from kvctl.diagnose.analysis import Params
-from kvctl.diagnose.capture import merged_warning
 from kvctl.hooks import hookimpl
-from kvctl.thresholds import EXPORTER_MIN_INTERVAL_S
+from kvctl.signals import exit_code, on_signals
+from kvctl.views.exporter import show_listening, show_stopped
+from kvctl.exporter import INSTANCE_LABEL, METRICS
+from kvctl.thresholds import EXPORTER_MIN_INTERVAL_S, EXPORTER_STOP_S
 
 INTERVAL_S = FiniteFloat(min=EXPORTER_MIN_INTERVAL_S, max=3600.0)
 WINDOW_S = positive(86400.0)
@@ -25,12 +28,33 @@ DURATION_S = positive(10 * 365 * 86400.0)
 log = logging.getLogger("kvctl.exporter")
 
 
+def _metric_lines(width: int = 95) -> list[str]:
+    """Every series the exporter serves (kvctl.exporter.METRICS), with its labels, wrapped for --help."""
+    names = [n + ("{" + ",".join(labels) + "}" if labels else "") for n, (_, labels) in METRICS.items()]
+    return textwrap.wrap("Metrics: " + ", ".join(names) + ".", width, break_on_hyphens=False, break_long_words=False)
+
+
+HELP = "\n".join([
+    "Serve kvctl diagnose's analysis as Prometheus metrics, over a sliding window of samples.",
+    "",
+    "\b",
+    "kvctl exporter --engine-url http://HOST:8000 --dir ./kv-tier --bytes-per-token 48437.5 \\",
+    "               --prefill-rate 52200 --interval 15 --window 60",
+    *_metric_lines(),
+    f"On tiers of K > 1 instances per rank, per-instance series also carry {INSTANCE_LABEL}.",
+    "/metrics never waits on a component: a slow or dead one drops its *_up to 0 and the",
+    "last good values age out after --stale-after. Alert rules and a Grafana dashboard:",
+    "configs/prometheus/kvctl-alerts.yaml, configs/grafana/kvctl-dashboard.json.",
+    f"SIGTERM or Ctrl-C stops it within {EXPORTER_STOP_S:g} s (EXPORTER_STOP_S: reads in flight are cut); a second one at once.",
+])
+
+
 @hookimpl
 def register_commands(cli: click.Group) -> None:
     cli.add_command(exporter_cmd)
 
 
-@click.command("exporter")
+@click.command("exporter", help=HELP)
 @click.option("--listen", default=thresholds.EXPORTER_LISTEN, show_default=True, envvar="KVCTL_EXPORTER_LISTEN", help="HOST:PORT to serve /metrics on (port 0: a free one). A non-loopback HOST is allowed and printed.")
 @click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable; another spelling of the same host and port is read once), e.g. http://HOST:8000.")
 @engine_http_options
@@ -38,7 +62,7 @@ def register_commands(cli: click.Group) -> None:
 @model_options
 @click.option("--interval", "interval_s", type=INTERVAL_S, default=15.0, show_default=True, help=f"Seconds between samples (one /metrics read per engine, one INFO per instance); at least {EXPORTER_MIN_INTERVAL_S:g}.")
 @click.option("--window", "window_s", type=WINDOW_S, default=thresholds.DIAGNOSIS_WINDOW_S, show_default=True, help="Sliding window in seconds: every value is the diagnosis of its oldest and newest sample.")
-@click.option("--timeout", "timeout_s", type=TIMEOUT_S, help="Per-source read timeout in seconds (default: --interval, at most 5); a source that does not answer drops its *_up to 0.")
+@click.option("--timeout", "timeout_s", type=TIMEOUT_S, help=f"Per-source read timeout in seconds (default: --interval, at most {thresholds.READ_TIMEOUT_S:g}); a source that does not answer drops its *_up to 0.")
 @click.option("--stale-after", "stale_after_s", type=WINDOW_S, help="Seconds a last good value is kept while a component is missing (default: max(--window, 3 x --interval)).")
 @click.option("--duration", "duration_s", type=DURATION_S, help="Stop after this many seconds (default: run until Ctrl-C or SIGTERM).")
 @output_options
@@ -48,27 +72,12 @@ def exporter_cmd(
     valkey_urls: tuple[str, ...], ranks: int | None, instances_per_rank: int | None, tier_dir: str | None, password_file: str | None, bytes_per_token: float | None, prefill_rate: float | None, t0: float | None, interval_s: float,
     window_s: float, timeout_s: float | None, stale_after_s: float | None, duration_s: float | None, as_json: bool,
 ) -> None:
-    """Serve kvctl diagnose's analysis as Prometheus metrics, over a sliding window of samples.
-
-    \b
-    kvctl exporter --engine-url http://HOST:8000 --dir ./kv-tier --bytes-per-token 48437.5 \\
-                   --prefill-rate 52200 --interval 15 --window 60
-    Metrics: kvctl_rho, kvctl_arrival_rate_per_second (offered), kvctl_completion_rate_per_second,
-    kvctl_delivered_bandwidth_bytes_per_second{source}, kvctl_breakeven_bandwidth_bytes_per_second,
-    kvctl_min_hit_tokens, kvctl_hit_token_ratio, kvctl_valkey_get_busy_ratio{rank},
-    kvctl_valkey_up{rank}, kvctl_engine_up{engine}, kvctl_finding{id,severity},
-    kvctl_scrape_duration_seconds, kvctl_data_sufficient.
-    /metrics never waits on a component: a slow or dead one drops its *_up to 0 and the
-    last good values age out after --stale-after. Alert rules and a Grafana dashboard:
-    configs/prometheus/kvctl-alerts.yaml, configs/grafana/kvctl-dashboard.json.
-    SIGTERM or Ctrl-C stops it within 2 s (reads in flight are cut); a second one at once.
-    """
     from kvctl.exporter import Exporter, ExporterConfig, Server, check_config, parse_listen  # noqa: PLC0415
 
     if not engine_urls:
         raise click.UsageError("give --engine-url (repeatable)")
     targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False, instances_per_rank=instances_per_rank)
-    timeout_s = timeout_s if timeout_s is not None else min(5.0, interval_s)
+    timeout_s = timeout_s if timeout_s is not None else min(thresholds.READ_TIMEOUT_S, interval_s)
     params = Params(bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, t0_s=t0)
     http = engine_http(engine_api_key_file, max_metrics_bytes)
     cfg = ExporterConfig(tuple(engine_urls), tuple(targets), params, interval_s, window_s, timeout_s, stale_after_s, http)
@@ -80,42 +89,18 @@ def exporter_cmd(
         log.info("round took %.3f s, %d sample(s) in the window: %s", rnd.duration_s, rnd.samples_in_window, what)
 
     server = Server(Exporter(cfg), where, on_round=logged)
-    if server.exporter.merged:  # before the listening line: a caller that reads it and stops us has seen it
-        render.warn(merged_warning(server.exporter.merged))
+    show_listening(server, len(targets), interval_s, window_s, cfg.stale_s, as_json)
     started = time.time()
-    info: dict[str, Any] = {
-        "metrics_url": server.url, "loopback_only": server.loopback, "engines": list(server.exporter.engine_labels),
-        "valkey_instances": len(targets), "interval_s": interval_s, "window_s": window_s, "stale_after_s": cfg.stale_s,
-    }
-    if as_json:
-        render.emit_json_line({"event": "listening", **info})
-    else:
-        render.message(f"serving {server.url} (sampling {len(info['engines'])} engine(s), {len(targets)} Valkey instance(s) every {interval_s:g} s, window {window_s:g} s); Ctrl-C stops")
-    if not server.loopback:
-        render.warn(f"listening on {server.host}, which is not loopback: anyone who can reach this host reads the tier's metrics")
 
-    stopping = []
+    def exit_now(sig: signal.Signals) -> None:  # a second SIGTERM/Ctrl-C: out now, without the orderly stop
+        os._exit(exit_code(sig))
 
-    def _stop(signum: int, frame: Any) -> None:
-        if stopping:  # a second SIGTERM/Ctrl-C: out now, without the orderly stop
-            os._exit(128 + signum)
-        stopping.append(signum)
-        server.request_stop()
-
-    old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        server.wait(duration_s)
-    finally:
+    with on_signals(lambda sig: server.request_stop(), again=exit_now, signals=(signal.SIGTERM, signal.SIGINT)):
         try:
-            server.stop()  # the handlers stay: a second SIGTERM/Ctrl-C during the stop exits at once
+            server.wait(duration_s)
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-    summary = {"event": "stopped", "rounds": server.exporter.rounds, "ran_s": round(time.time() - started, 3)}
-    if as_json:
-        render.emit_json_line(summary)
-    else:
-        render.message(f"stopped after {summary['ran_s']:g} s, {summary['rounds']} sampling round(s)")
+            server.stop()  # the handlers stay: a second SIGTERM/Ctrl-C during the stop exits at once
+    show_stopped(server.exporter.rounds, time.time() - started, as_json)
     if server.stragglers():  # a read that ignored being cut would hold the interpreter's exit: do not wait for it
         log.info("leaving %d reader thread(s) behind", len(server.stragglers()))
         sys.stdout.flush()

@@ -9,9 +9,9 @@ from kvctl.commands.options import RenamedOption, count, engine_http, engine_htt
 from kvctl.errors import KvctlError
 from kvctl.hooks import hookimpl
 from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS, read_trace
+from kvctl.views.replay import show_replay, show_schedule
 
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT: what finished is in --out
-DRY_RUN_ROWS = 50
 
 
 @hookimpl
@@ -73,24 +73,7 @@ def replay_cmd(ctx: click.Context, trace: str, url: str | None, out: str | None,
     from kvctl.replay.sender import ReplayOptions, run_replay, schedule  # noqa: PLC0415 - aiohttp only when used
 
     if dry_run:
-        plan = schedule(tr, speed)
-        rows = [
-            {"index": r.index, "scheduled_s": round(at, 6), "prompt_tokens": r.token_count,
-             "hash_ids": len(r.hash_ids) if r.hash_ids is not None else None,
-             "max_tokens": max_tokens if max_tokens is not None else (r.max_tokens or 1), "line": r.line}
-            for r, at in plan
-        ]
-        if as_json:
-            render.emit_json({"trace": tr.path, "format": tr.format, "requests": len(rows), "schedule": rows})
-            return
-        span = plan[-1][1] if plan else 0.0
-        render.table(
-            f"Schedule of {tr.path} ({tr.format}, {len(rows)} requests)",
-            ["#", "scheduled s", "prompt tokens", "hash ids", "max tokens", "line"],
-            [(r["index"], r["scheduled_s"], r["prompt_tokens"], r["hash_ids"], r["max_tokens"], r["line"]) for r in rows[:DRY_RUN_ROWS]],
-            caption=(f"first {DRY_RUN_ROWS} of {len(rows)} · " if len(rows) > DRY_RUN_ROWS else "")
-            + f"span {span:.3f} s · mean rate {len(rows) / span if span > 0 else float('nan'):.3f} req/s",
-        )
+        show_schedule(tr, schedule(tr, speed), max_tokens, as_json)
         return
     if not url:
         raise click.UsageError("give --engine-url (or KVCTL_ENGINE_URL), or --dry-run")
@@ -101,17 +84,7 @@ def replay_cmd(ctx: click.Context, trace: str, url: str | None, out: str | None,
     with render.replay_progress(len(tr.requests), enabled=not as_json) as update:
         res = run_replay(tr, opts, out, overwrite=force, on_update=update, options_meta={"trace": trace},
                          http=engine_http(engine_api_key_file, max_metrics_bytes))
-    if as_json:
-        render.emit_json(res)
-    else:
-        render.key_values(
-            f"Replay of {tr.path} → {res.out}",
-            [("model", res.model), ("requests", res.requests), ("finished", res.finished), ("ok", res.ok),
-             ("errors", res.errors), ("max in flight", res.max_in_flight), ("capped sends", res.cap_hits),
-             ("duration (s)", res.duration_s), ("prompts from", res.token_pool or "the trace's text")],
-            caption=(f"interrupted by {res.signal or 'a stop'}: the run file holds the requests that finished"
-                     f" and the {res.unfinished} still open" if res.interrupted else f"kvctl report {res.out}"),
-        )
+    show_replay(tr, res, as_json)
     if res.interrupted:
         ctx.exit(res.exit_code or EXIT_INTERRUPTED)
     if res.finished and res.errors == res.finished:

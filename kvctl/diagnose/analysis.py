@@ -178,11 +178,11 @@ def _requests_waiting(ok_engines: list[_Engine]) -> tuple[float | None, float | 
     """Σ vllm:num_requests_waiting at the first and the last sample; None when no engine exports it."""
     if not ok_engines:
         return None, None
-    if all(e.a.gauge("vllm:num_requests_waiting") is None for e in ok_engines):
+    if all(e.a.gauge(N.VLLM_NUM_REQUESTS_WAITING) is None for e in ok_engines):
         return None, None
     return (
-        sum(v for e in ok_engines if (v := e.a.gauge("vllm:num_requests_waiting")) is not None),
-        sum(v for e in ok_engines if (v := e.b.gauge("vllm:num_requests_waiting")) is not None),
+        sum(v for e in ok_engines if (v := e.a.gauge(N.VLLM_NUM_REQUESTS_WAITING)) is not None),
+        sum(v for e in ok_engines if (v := e.b.gauge(N.VLLM_NUM_REQUESTS_WAITING)) is not None),
     )
 
 
@@ -198,14 +198,14 @@ def _rule_inputs(
         n_inst=rho.n_instances, waiting=waiting, gpu_utils=a.gpu.utilization_pct + b.gpu.utilization_pct,
         gpu_note=b.gpu.note or a.gpu.note, instances=ok_inst, l2_per_req=rho.l2_bytes_per_request, resets=rates.resets,
         r=be.prefill_rate, r_implausible=be.implausible_prefill_rate,
-        blocking=D.total("lmcache:get_blocking_failed_count"),
-        slow_lookups=M.count_above(D.buckets("lmcache:time_to_lookup"), params.slow_lookup_s),
+        blocking=D.total(N.LMCACHE_GET_BLOCKING_FAILED_COUNT),
+        slow_lookups=M.count_above(D.buckets(N.LMCACHE_TIME_TO_LOOKUP), params.slow_lookup_s),
         kvctl_timeouts=D.total(N.LOOKUP_TIMEOUTS), kvctl_load_errors=D.total(N.LOAD_ERRORS),
         kvctl_shortfall=D.total(N.AGREED_PREFIX_SHORTFALL_CHUNKS),
         chunks_hit=D.total(N.CHUNKS_HIT), chunks_missed=D.total(N.CHUNKS_MISSED),
-        ext_queries=D.total("vllm:external_prefix_cache_queries"), ext_hits=D.total("vllm:external_prefix_cache_hits"),
-        lm_requested=D.total("lmcache:num_requested_tokens"), lm_hits=D.total("lmcache:num_hit_tokens"),
-        mean_prefill_s=_div(D.total("vllm:request_prefill_time_seconds", "sum"), D.total("vllm:request_prefill_time_seconds", "count")),
+        ext_queries=D.total(N.VLLM_EXTERNAL_PREFIX_CACHE_QUERIES), ext_hits=D.total(N.VLLM_EXTERNAL_PREFIX_CACHE_HITS),
+        lm_requested=D.total(N.LMCACHE_NUM_REQUESTED_TOKENS), lm_hits=D.total(N.LMCACHE_NUM_HIT_TOKENS),
+        mean_prefill_s=_div(D.total(N.VLLM_REQUEST_PREFILL_TIME_SECONDS, "sum"), D.total(N.VLLM_REQUEST_PREFILL_TIME_SECONDS, "count")),
         bw_implausible=bw.implausible_gbps, engine_errors=[(o.url, o.error) for o in engines.obs if o.error],
     )
 

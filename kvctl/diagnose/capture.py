@@ -40,6 +40,7 @@ from kvctl.diagnose.sources import GpuSample
 from kvctl.engine_http import EngineHttp, masked
 from kvctl.errors import InvalidInput, KvctlError
 from kvctl.files import write_atomic
+from kvctl.thresholds import READ_TIMEOUT_S
 from kvctl.tier.targets import Target
 
 CAPTURE_FILE = "capture.json"
@@ -106,7 +107,7 @@ def _timed(read: Callable[[], Any]) -> tuple[Any, float, str | None]:
 def take_sample(
     engine_urls: Sequence[str],
     targets: Sequence[Target],
-    timeout_s: float = 5.0,
+    timeout_s: float = READ_TIMEOUT_S,
     *,
     valkey_read: Callable[[Target, float], dict[str, Any]] | None = None,
     pool: concurrent.futures.Executor | None = None,
@@ -176,7 +177,7 @@ def collect(
     window_s: float,
     parameters: dict[str, Any] | None = None,
     tick: Callable[[float], None] | None = None,
-    timeout_s: float = 5.0,
+    timeout_s: float = READ_TIMEOUT_S,
     http: EngineHttp | None = None,
 ) -> Capture:
     """Two samples ``window_s`` apart; ``tick(seconds)`` is called while waiting (progress).
@@ -194,6 +195,19 @@ def collect(
     # the targets keep their passwords for connecting; the capture (shown, saved) only masked URLs
     return Capture([masked(u) for u in engine_urls], [masked_valkey_url(t.url) for t in targets], [first, second], dict(parameters or {}), now_iso(),
                    instances_per_rank=instances_per_rank_of(targets))
+
+
+def failures(capture: Capture, engine_names: Sequence[str], valkey_names: Sequence[str]) -> list[str]:
+    """Each source that did not answer, once, ``"engine NAME: error"`` / ``"Valkey NAME: error"``, with the number of
+    samples it failed in when not every one (``engine_names`` masked: they are shown)."""
+    seen: dict[str, int] = {}
+    for s in capture.samples:
+        for kind, names, errs in (("engine", engine_names, s.engine_errors), ("Valkey", valkey_names, s.valkey_errors)):
+            for name, err in zip(names, errs):
+                if err:
+                    seen[f"{kind} {name}: {err}"] = seen.get(f"{kind} {name}: {err}", 0) + 1
+    n = len(capture.samples)
+    return [m if k == 1 else f"{m} (in {k} of {n} samples)" for m, k in seen.items()]
 
 
 def instances_per_rank_of(targets: Sequence[Target]) -> int:

@@ -63,8 +63,8 @@ def _engine_load(e: _Engine, o: EngineObs, n_inst: int, s_bpt: float | None) -> 
     ranks = max(1, min(ranks, n_inst)) if n_inst else max(1, ranks)
     one = _Deltas([e])
     k_bytes, k_secs = one.total(N.L2_GET_BYTES), one.total(N.L2_GET_SECONDS)
-    lm_bytes, lm_ms = one.total("lmcache:num_remote_read_bytes"), one.total("lmcache:remote_time_to_get", "sum")
-    hits = one.total("vllm:external_prefix_cache_hits")
+    lm_bytes, lm_ms = one.total(N.LMCACHE_NUM_REMOTE_READ_BYTES), one.total(N.LMCACHE_REMOTE_TIME_TO_GET, "sum")
+    hits = one.total(N.VLLM_EXTERNAL_PREFIX_CACHE_HITS)
     bw = None
     if k_bytes and k_secs:
         l2 = k_bytes

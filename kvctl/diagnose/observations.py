@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvctl import cost
+from kvctl.connector import metric_names as N
 from kvctl.diagnose import metrics as M
 from kvctl.diagnose.capture import Sample
 from kvctl.diagnose.sources import metrics_url
@@ -150,12 +151,12 @@ class _Deltas:
 
 
 def _queue(s: M.Scrape) -> float | None:
-    w, r = s.gauge("vllm:num_requests_waiting"), s.gauge("vllm:num_requests_running")
+    w, r = s.gauge(N.VLLM_NUM_REQUESTS_WAITING), s.gauge(N.VLLM_NUM_REQUESTS_RUNNING)
     return None if w is None and r is None else (w or 0.0) + (r or 0.0)
 
 
 def _has_vllm(s: M.Scrape) -> bool:
-    return any(k.startswith("vllm:") for k in s.values)
+    return any(k.startswith(N.VLLM_PREFIX) for k in s.values)
 
 
 def _engines(a: Sample, b: Sample, urls: list[str], notes: list[str]) -> tuple[list[EngineObs], list[_Engine]]:
@@ -195,9 +196,9 @@ def _engines(a: Sample, b: Sample, urls: list[str], notes: list[str]) -> tuple[l
 
 
 def _engine_obs(e: _Engine) -> EngineObs:
-    finished = e.delta(e.a.counter("vllm:request_success"), e.b.counter("vllm:request_success"), "vllm:request_success")
+    finished = e.delta(e.a.counter(N.VLLM_REQUEST_SUCCESS), e.b.counter(N.VLLM_REQUEST_SUCCESS), N.VLLM_REQUEST_SUCCESS)
     if finished is None:
-        finished = e.delta(e.a.hist_count("vllm:request_prompt_tokens"), e.b.hist_count("vllm:request_prompt_tokens"), "vllm:request_prompt_tokens_count")
+        finished = e.delta(e.a.hist_count(N.VLLM_REQUEST_PROMPT_TOKENS), e.b.hist_count(N.VLLM_REQUEST_PROMPT_TOKENS), f"{N.VLLM_REQUEST_PROMPT_TOKENS}_count")
     qa, qb = _queue(e.a), _queue(e.b)
     growth = None if qa is None or qb is None else qb - qa
     offered = None if finished is None else max(0.0, finished + (growth or 0.0)) / e.window_s

@@ -113,7 +113,7 @@ def gather_rates(engines: Engines, window_s: float, nb: Notebook) -> Rates:
         + " + ".join(f"({_g(o.finished)} + {_g(None if o.queue_start is None else o.queue_end - o.queue_start)}) / {o.window_s:.2f} s" for o in per),
         "vllm:request_success (all finished_reason), vllm:num_requests_waiting/_running",
     ))
-    nb.explain.append(Quantity("completions (req/s)", completion, "Σ_engines Δvllm:request_success / Δt_engine", "vllm:request_success"))
+    nb.explain.append(Quantity("completions (req/s)", completion, "Σ_engines Δvllm:request_success / Δt_engine", N.VLLM_REQUEST_SUCCESS))
     resets = [f"{o.url}: {', '.join(o.counter_resets)}" for o in per if o.counter_resets]
     if engines.ok and requests == 0 and not growth:
         nb.insufficient.append(f"no request finished or queued on the engines in the {window_s:.1f} s window: send traffic or lengthen --window")
@@ -132,22 +132,22 @@ class Prompts:
 
 def prompts_and_hits(D: _Deltas, requests: float | None, nb: Notebook) -> Prompts:
     """Prompt lengths, and the share of prompt tokens the external cache (L2) served."""
-    p_sum, p_cnt = D.total("vllm:request_prompt_tokens", "sum"), D.total("vllm:request_prompt_tokens", "count")
-    prompt_tokens = D.total("vllm:prompt_tokens")
+    p_sum, p_cnt = D.total(N.VLLM_REQUEST_PROMPT_TOKENS, "sum"), D.total(N.VLLM_REQUEST_PROMPT_TOKENS, "count")
+    prompt_tokens = D.total(N.VLLM_PROMPT_TOKENS)
     if p_cnt:
         mean_prompt, mp_src = _div(p_sum, p_cnt), f"Δvllm:request_prompt_tokens_sum / Δ_count = {_g(p_sum)} / {p_cnt:g}"
     else:
         mean_prompt, mp_src = _div(prompt_tokens, requests), f"Δvllm:prompt_tokens / Δrequests = {_g(prompt_tokens)} / {_g(requests)}"
     if prompt_tokens is None:
         prompt_tokens = p_sum
-    nb.explain.append(Quantity("mean prompt tokens", mean_prompt, mp_src, "vllm:request_prompt_tokens"))
-    est = M.quantile_estimate(D.buckets("vllm:request_prompt_tokens"), 0.5, p_sum)
+    nb.explain.append(Quantity("mean prompt tokens", mean_prompt, mp_src, N.VLLM_REQUEST_PROMPT_TOKENS))
+    est = M.quantile_estimate(D.buckets(N.VLLM_REQUEST_PROMPT_TOKENS), 0.5, p_sum)
     typical, basis = (est.value, est.basis) if est is not None and est.value else (mean_prompt, "mean")
     nb.explain.append(Quantity(f"typical (median) prompt tokens, {MEDIAN_BASIS[basis]}", typical, _median_source(est, basis),
-                               "vllm:request_prompt_tokens_bucket"))
-    hit_tokens, hit_src = D.total("vllm:external_prefix_cache_hits"), "vllm:external_prefix_cache_hits"
+                               f"{N.VLLM_REQUEST_PROMPT_TOKENS}_bucket"))
+    hit_tokens, hit_src = D.total(N.VLLM_EXTERNAL_PREFIX_CACHE_HITS), N.VLLM_EXTERNAL_PREFIX_CACHE_HITS
     if hit_tokens is None:
-        hit_tokens, hit_src = D.total("lmcache:num_hit_tokens"), "lmcache:num_hit_tokens"
+        hit_tokens, hit_src = D.total(N.LMCACHE_NUM_HIT_TOKENS), N.LMCACHE_NUM_HIT_TOKENS
     hit_frac = _div(hit_tokens, prompt_tokens)
     nb.explain.append(Quantity("hit-token fraction", hit_frac, f"Δ{hit_src} / Δvllm:prompt_tokens = {_g(hit_tokens)} / {_g(prompt_tokens)}", hit_src))
     return Prompts(mean_prompt, typical, prompt_tokens, hit_frac, _div(hit_tokens, requests), basis)
@@ -206,7 +206,7 @@ class L2Load:
 def l2_load(D: _Deltas, ok_inst: list[InstanceObs], s_bpt: float | None, nb: Notebook) -> L2Load:
     """The bytes L2 served per second: the kvctl connector's count, else LMCache's, else Valkey's GET replies."""
     k_bytes_rate, k_secs, k_bytes = D.rate(N.L2_GET_BYTES), D.total(N.L2_GET_SECONDS), D.total(N.L2_GET_BYTES)
-    lm_bytes_rate, lm_bytes = D.rate("lmcache:num_remote_read_bytes"), D.total("lmcache:num_remote_read_bytes")
+    lm_bytes_rate, lm_bytes = D.rate(N.LMCACHE_NUM_REMOTE_READ_BYTES), D.total(N.LMCACHE_NUM_REMOTE_READ_BYTES)
     valkey_rate = sum(i.bytes_out_per_s for i in ok_inst) if ok_inst else None
     if k_bytes_rate is not None:
         l2_rate, l2_src = k_bytes_rate, f"{N.L2_GET_BYTES}_total (engine side)"
@@ -221,7 +221,7 @@ def l2_load(D: _Deltas, ok_inst: list[InstanceObs], s_bpt: float | None, nb: Not
     nb.explain.append(Quantity("L2-served tokens/s", tokens_per_s, f"Σ Δ{l2_src or 'L2 bytes'} / Δt / s = {_g(l2_rate)} B/s / {_g(s_bpt)} B/token", l2_src or "—"))
     return L2Load(
         bytes_per_s=l2_rate, source=l2_src, tokens_per_s=tokens_per_s, kvctl_bytes=k_bytes, kvctl_bytes_per_s=k_bytes_rate,
-        kvctl_seconds=k_secs, lmcache_bytes=lm_bytes, lmcache_get_ms=D.total("lmcache:remote_time_to_get", "sum"),
+        kvctl_seconds=k_secs, lmcache_bytes=lm_bytes, lmcache_get_ms=D.total(N.LMCACHE_REMOTE_TIME_TO_GET, "sum"),
     )
 
 
@@ -350,13 +350,13 @@ def derived_prefill_rate(
     computed_total, busy_total, overlapped = 0.0, 0.0, False
     for e in engines:
         one = _Deltas([e])
-        pf = one.total("vllm:request_prefill_time_seconds", "sum")
-        pt = one.total("vllm:prompt_tokens")
+        pf = one.total(N.VLLM_REQUEST_PREFILL_TIME_SECONDS, "sum")
+        pt = one.total(N.VLLM_PROMPT_TOKENS)
         if pt is None:
-            pt = one.total("vllm:request_prompt_tokens", "sum")
+            pt = one.total(N.VLLM_REQUEST_PROMPT_TOKENS, "sum")
         if not pf or pt is None:
             continue
-        cached = (one.total("vllm:prefix_cache_hits") or 0.0) + (one.total("vllm:external_prefix_cache_hits") or 0.0)
+        cached = (one.total(N.VLLM_PREFIX_CACHE_HITS) or 0.0) + (one.total(N.VLLM_EXTERNAL_PREFIX_CACHE_HITS) or 0.0)
         computed_total += max(0.0, pt - cached)
         busy = min(pf, e.window_s)
         overlapped = overlapped or pf > e.window_s

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kvctl.engine_http import EngineHttp, masked
 from kvctl.errors import InvalidInput, KvctlError, Unreachable
-from kvctl.tier.server import PASSWORD_HINT, AuthFailed, is_auth_error, redis_for_url
+from kvctl.thresholds import CHECK_TIMEOUT_S, READ_TIMEOUT_S
+from kvctl.tier.server import PASSWORD_HINT, AuthFailed, info_all, is_auth_error, redis_for_url
 from kvctl.tier.targets import Target
 
 
@@ -51,7 +52,7 @@ def engine_address(url: str, resolve: bool = True) -> tuple[tuple[str, int | Non
     return (parts.scheme, port, parts.path, parts.query), addrs
 
 
-def fetch_metrics(url: str, timeout_s: float = 5.0, http: EngineHttp | None = None) -> str:
+def fetch_metrics(url: str, timeout_s: float = READ_TIMEOUT_S, http: EngineHttp | None = None) -> str:
     """GET the engine's ``/metrics`` text; Unreachable with the (masked) URL and reason on failure.
 
     ``timeout_s`` bounds the whole read (:meth:`EngineHttp.get`); the body is capped at
@@ -61,7 +62,7 @@ def fetch_metrics(url: str, timeout_s: float = 5.0, http: EngineHttp | None = No
     return (http or EngineHttp()).get(metrics_url(url), timeout_s).decode("utf-8", errors="replace")
 
 
-def valkey_info(target: Target, timeout_s: float = 3.0) -> dict[str, Any]:
+def valkey_info(target: Target, timeout_s: float = CHECK_TIMEOUT_S) -> dict[str, Any]:
     """``INFO all`` of one instance as a dict (redis-py parses ``cmdstat_*`` into dicts).
 
     One attempt: redis-py's default retries would make a silent instance cost
@@ -71,10 +72,9 @@ def valkey_info(target: Target, timeout_s: float = 3.0) -> dict[str, Any]:
 
     try:
         with redis_for_url(target.url, timeout_s, password=target.password) as r:
-            info = r.info("all")
+            return info_all(r)
     except (redis.RedisError, OSError) as e:
         raise valkey_read_error(target, e) from e
-    return dict(info)
 
 
 def valkey_read_error(target: Target, exc: BaseException) -> KvctlError:

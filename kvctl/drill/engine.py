@@ -72,19 +72,19 @@ class Metrics:
     def __init__(self, model: str, ranks: int) -> None:
         self.registry = r = CollectorRegistry()
         lab = ["model_name"]
-        self.success = Counter("vllm:request_success", "Finished requests.", lab + ["finished_reason"], registry=r).labels(model, "length")
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", lab, registry=r).labels(model)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Generation tokens processed.", lab, registry=r).labels(model)
-        self.ext_queries = Counter("vllm:external_prefix_cache_queries", "External prefix cache queries, in tokens.", lab, registry=r).labels(model)
-        self.ext_hits = Counter("vllm:external_prefix_cache_hits", "External prefix cache hits, in tokens.", lab, registry=r).labels(model)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be processed.", lab, registry=r).labels(model)
-        self.running = Gauge("vllm:num_requests_running", "Requests on the (simulated) GPU.", lab, registry=r).labels(model)
-        self.req_prompt = Histogram("vllm:request_prompt_tokens", "Prompt tokens per request.", lab, buckets=TOKEN_BUCKETS, registry=r).labels(model)
+        self.success = Counter(MN.VLLM_REQUEST_SUCCESS, "Finished requests.", lab + ["finished_reason"], registry=r).labels(model, "length")
+        self.prompt_tokens = Counter(MN.VLLM_PROMPT_TOKENS, "Prefill tokens processed.", lab, registry=r).labels(model)
+        self.generation_tokens = Counter(MN.VLLM_GENERATION_TOKENS, "Generation tokens processed.", lab, registry=r).labels(model)
+        self.ext_queries = Counter(MN.VLLM_EXTERNAL_PREFIX_CACHE_QUERIES, "External prefix cache queries, in tokens.", lab, registry=r).labels(model)
+        self.ext_hits = Counter(MN.VLLM_EXTERNAL_PREFIX_CACHE_HITS, "External prefix cache hits, in tokens.", lab, registry=r).labels(model)
+        self.waiting = Gauge(MN.VLLM_NUM_REQUESTS_WAITING, "Requests waiting to be processed.", lab, registry=r).labels(model)
+        self.running = Gauge(MN.VLLM_NUM_REQUESTS_RUNNING, "Requests on the (simulated) GPU.", lab, registry=r).labels(model)
+        self.req_prompt = Histogram(MN.VLLM_REQUEST_PROMPT_TOKENS, "Prompt tokens per request.", lab, buckets=TOKEN_BUCKETS, registry=r).labels(model)
         hist = {
-            "prefill": ("vllm:request_prefill_time_seconds", "Time the request held the GPU for its prefill."),
-            "ttft": ("vllm:time_to_first_token_seconds", "Time to the first token."),
-            "e2e": ("vllm:e2e_request_latency_seconds", "End-to-end request latency."),
-            "queue": ("vllm:request_queue_time_seconds", "Time waiting before the GPU."),
+            "prefill": (MN.VLLM_REQUEST_PREFILL_TIME_SECONDS, "Time the request held the GPU for its prefill."),
+            "ttft": (MN.VLLM_TIME_TO_FIRST_TOKEN_SECONDS, "Time to the first token."),
+            "e2e": (MN.VLLM_E2E_REQUEST_LATENCY_SECONDS, "End-to-end request latency."),
+            "queue": (MN.VLLM_REQUEST_QUEUE_TIME_SECONDS, "Time waiting before the GPU."),
         }
         self.hist = {k: Histogram(n, d, lab, buckets=TIME_BUCKETS, registry=r).labels(model) for k, (n, d) in hist.items()}
         Gauge(RANKS, RANKS_HELP, lab, registry=r).labels(model).set(ranks)

@@ -15,11 +15,15 @@ import threading
 from typing import Sequence
 from urllib.parse import urlsplit
 
+#: Seconds the drill engine waits to connect to its own loopback tier (a connect, not a read: reads have no
+#: deadline, on purpose)
+CONNECT_TIMEOUT_S = 5.0
+
 
 class FixedHeaderRespClient:
     """One socket, one call at a time; SET and EXISTS are read correctly, GET is not (on purpose)."""
 
-    def __init__(self, url: str, chunk_bytes: int, connect_timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, chunk_bytes: int, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         parts = urlsplit(url)
         self._sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), timeout=connect_timeout_s)
         self._sock.settimeout(None)  # like the native client: no deadline on a read

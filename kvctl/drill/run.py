@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from kvctl.connector import metric_names as N
 from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.drill import scenarios as S
@@ -274,7 +275,7 @@ class Drill:
         from kvctl.diagnose.sources import fetch_metrics  # noqa: PLC0415
 
         m = parse(fetch_metrics(self.url, 2.0))
-        return m.counter("vllm:request_success") or 0.0, m.gauge("vllm:num_requests_running") or 0.0
+        return m.counter(N.VLLM_REQUEST_SUCCESS) or 0.0, m.gauge(N.VLLM_NUM_REQUESTS_RUNNING) or 0.0
 
     def wait_for(self, what: str, cond: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -26,6 +26,8 @@ import sys
 import time
 import traceback
 
+from kvctl.connector import metric_names as N
+
 
 def _reply(fd: int, obj: dict) -> None:
     os.write(fd, (json.dumps(obj, separators=(",", ":"), default=str) + "\n").encode())
@@ -100,7 +102,7 @@ def main(argv: list[str]) -> int:
             elif op == "reset_prefix_cache":
                 _reply(reply_fd, {"op": op, "ok": bool(llm.reset_prefix_cache())})
             elif op == "metrics":
-                _reply(reply_fd, {"op": op, "ok": True, "metrics": _metrics(cmd.get("prefixes", ["kvctl:"]))})
+                _reply(reply_fd, {"op": op, "ok": True, "metrics": _metrics(cmd.get("prefixes", [N.PREFIX]))})
             elif op == "shutdown":
                 ts = time.monotonic()
                 llm.llm_engine.engine_core.shutdown()

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvctl.connector import metric_names as N
 from kvctl.tier.server import free_base_port, free_port
 
 __all__ = ["ApiServer", "EngineError", "LLMProcess", "LabTier", "connector_format", "engine_env", "kvctl", "pyspy_dump"]
@@ -192,7 +193,7 @@ class LLMProcess:
     def reset_prefix_cache(self) -> bool:
         return self.call("reset_prefix_cache", 60.0)["ok"]
 
-    def metrics(self, prefixes: tuple[str, ...] = ("kvctl:",)) -> dict:
+    def metrics(self, prefixes: tuple[str, ...] = (N.PREFIX,)) -> dict:
         return self.call("metrics", 60.0, prefixes=list(prefixes))["metrics"]
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> float | None:

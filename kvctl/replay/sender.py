@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from kvctl import __version__
+from kvctl.connector import metric_names as N
 from kvctl.engine_http import EngineHttp, masked
 from kvctl.errors import InvalidInput, Unreachable
 from kvctl.replay.prompts import SEED_TEXT, PromptBuilder, TokenPool, pool_from_ids, pool_from_tokenizer
@@ -38,7 +39,7 @@ from kvctl.replay.trace import Trace, TraceRequest
 from kvctl.thresholds import METRICS_MAX_BYTES
 
 #: Metric families kept from /metrics in the run file (counters and gauges, summed over labels).
-METRIC_PREFIXES = ("vllm:", "lmcache:", "kvctl:")
+METRIC_PREFIXES = (N.VLLM_PREFIX, N.LMCACHE_PREFIX, N.PREFIX)
 #: Signals that stop a replay the way Ctrl-C does (the exit code is 128 + the number).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

@@ -42,7 +42,7 @@ from kvctl.thresholds import (
     MAXCLIENTS_HEADROOM,
     REPLY_BATCH_CHUNKS,
 )
-from kvctl.tier.server import base_settings
+from kvctl.tier.server import base_settings, info_all
 from kvctl.connector.urls import flat_instance
 from kvctl.tier.spec import format_size, is_loopback
 from kvctl.tier.targets import instance_name
@@ -120,7 +120,7 @@ class TierContext:
 
 def read_instance(client: Any, rank: int, host: str, port: int, instance: int = 0, instances_per_rank: int = 1) -> InstanceRead:
     """One instance's facts through a redis-py client (raises redis/OS errors as the client does)."""
-    info = dict(client.info("all"))
+    info = info_all(client)
     config = {str(k): str(v) for k, v in client.config_get("*").items()}
     keys = expires = 0
     for name, value in info.items():

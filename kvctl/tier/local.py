@@ -41,6 +41,7 @@ from kvctl.tier.server import (
     ValkeyProcess,
     check_bind_address,
     find_valkey_server,
+    info_all,
     is_auth_error,
     port_in_use,
     redis_client,
@@ -48,7 +49,9 @@ from kvctl.tier.server import (
     server_version,
     start_valkey,
 )
-from kvctl.tier.targets import STATE_FILE, InstanceState, Target, TierState, instance_name, load_tier, read_password_file, state_path
+from kvctl.files import read_password_file
+from kvctl.thresholds import CHECK_TIMEOUT_S, TIER_MAXMEMORY
+from kvctl.tier.targets import STATE_FILE, InstanceState, Target, TierState, instance_name, load_tier, state_path
 
 ENGINE_PASSWORD_FILE = "engine.password"
 LOCK_FILE = ".kvctl-tier.lock"
@@ -56,7 +59,7 @@ LOCK_FILE = ".kvctl-tier.lock"
 MAX_IO_THREADS = 256
 #: ``deploy-valkey status`` has no --timeout: one INFO per instance, in parallel; a healthy instance answers in
 #: milliseconds, and a stopped (SIGSTOP) or hung one must cost these seconds, not hang the status.
-STATUS_TIMEOUT_S = 3.0
+STATUS_TIMEOUT_S = CHECK_TIMEOUT_S
 STATUS_CONNECT_TIMEOUT_S = 2.0
 
 #: Called as ``on_progress(name, port)`` after each instance answers PING (or stops); name: ``rank 2`` or
@@ -71,7 +74,7 @@ class UpRequest:
     dir: Path
     ranks: int
     base_port: int
-    maxmemory: str | int = "400mb"
+    maxmemory: str | int = TIER_MAXMEMORY
     host: str = "127.0.0.1"
     io_threads: int | None = None
     password_file: str | None = None
@@ -364,7 +367,7 @@ def instance_status(inst: InstanceState, password: str | None, instances_per_ran
             else redis_client(STATUS_TIMEOUT_S, connect_timeout_s=STATUS_CONNECT_TIMEOUT_S, host=inst.host, port=inst.port, password=password)
         )
         with client as r:
-            info = r.info("all")
+            info = info_all(r)
     except (redis.RedisError, OSError) as e:
         error = str(e).splitlines()[0] if str(e) else type(e).__name__
         if is_auth_error(e):

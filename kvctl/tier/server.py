@@ -16,7 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from kvctl import procs
 from kvctl.errors import BinaryNotFound, InvalidInput, KvctlError
@@ -192,6 +192,13 @@ def redis_for_url(url: str, timeout_s: float, password: str | None = None):
         ssl_ca_certs=u.ssl_ca_certs,
         ssl_cert_reqs="required" if u.ssl_verify else "none",
     )
+
+
+def info_all(client: Any) -> dict[str, Any]:
+    """``INFO all`` of one instance through a redis-py client, as a plain dict (redis-py parses ``cmdstat_*`` and
+    ``db0`` into dicts of their own): the one INFO read of diagnose's sources, the exporter, doctor's checks and
+    ``deploy-valkey status``. Raises what the client raises; each caller says what a failure means to it."""
+    return dict(client.info("all"))
 
 
 def server_pid(host: str, port: int, password: str | None = None) -> int | None:

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvctl.errors import InvalidInput
-from kvctl.files import write_atomic
-from kvctl.tier.targets import read_password_file
+from kvctl.files import read_password_file, write_atomic
 
 #: ACL user the engines log in as when the tier has a password.
 ENGINE_USER = "kvctl-engine"

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from kvctl.connector.urls import (  # noqa: F401 - read_password_file: the one reader, re-exported
+from kvctl.connector.urls import (
     INSTANCE_PLACEHOLDER,
     MAX_INSTANCES_PER_RANK,
     RANK_PLACEHOLDER,
@@ -31,10 +31,9 @@ from kvctl.connector.urls import (  # noqa: F401 - read_password_file: the one r
     expand_rank_urls,
     instances_in,
     parse_resp_url,
-    read_password_file,
 )
 from kvctl.errors import InvalidInput
-from kvctl.files import write_atomic
+from kvctl.files import read_password_file, write_atomic
 
 STATE_FILE = "kvctl-tier.json"
 #: The options that name instances (kvctl.commands.options.valkey_options), for messages.

@@ -81,7 +81,7 @@ def test_one_password_file_reader_one_answer(tmp_path):
         assert "s3cret" not in str(e.value)
     p.chmod(0o600)
     p.write_text("x" * (PASSWORD_FILE_MAX_BYTES + 1))
-    with pytest.raises(InvalidInput, match="larger than"):
+    with pytest.raises(InvalidInput, match="over the 4,096-byte cap"):
         read_password_file(p)
     p.write_text("  \n")
     with pytest.raises(InvalidInput, match="empty"):

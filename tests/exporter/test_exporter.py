@@ -270,9 +270,14 @@ METRICS_DATA = Path(__file__).resolve().parents[1] / "data" / "metrics"
 
 
 def test_every_vllm_family_the_analysis_reads_is_kept():
-    """Every vllm: name written in kvctl/diagnose is kept by the sampler's filter (a new one would be dropped)."""
-    read = {family(n) for p in DIAGNOSE.glob("*.py") for n in re.findall(r"vllm:[a-z_]+", p.read_text())}
-    read.discard("vllm:")  # prose: "no vllm: metrics"
+    """Every vllm: name kvctl/diagnose reads is kept by the sampler's filter (a new one would be dropped): written in
+    its prose, or named through kvctl.connector.metric_names' constants (issue 32: the code names no literal)."""
+    from kvctl.connector import metric_names as N  # noqa: PLC0415
+
+    texts = [p.read_text() for p in DIAGNOSE.glob("*.py")]
+    read = {family(n) for t in texts for n in re.findall(r"vllm:[a-z_]+", t)}
+    read |= {family(getattr(N, c)) for t in texts for c in re.findall(r"\bN\.(VLLM_[A-Z0-9_]+)", t)}
+    read.discard("vllm:")  # prose: "no vllm: metrics", and N.VLLM_PREFIX
     assert read <= VLLM_FAMILIES_READ, read - VLLM_FAMILIES_READ
     assert len(read) >= 8
 
@@ -407,3 +412,14 @@ def test_instances_of_one_rank_are_labelled_and_read_each_on_its_own(valkey_fact
     assert one(values, "kvctl_valkey_get_busy_ratio", rank=0, instance_index=0) == 0
     assert one(values, "kvctl_valkey_get_busy_ratio", rank=0, instance_index=1) > 0
     assert not any(k[0] == "kvctl_valkey_up" and "instance_index" not in dict(k[1]) for k in values)
+
+
+def test_the_help_lists_every_metric_and_the_stop_bound():
+    """Issue 32 item 5: `kvctl exporter --help` listed 13 of its series and said 2 s where EXPORTER_STOP_S holds 1.5."""
+    from kvctl.cli import cli  # noqa: PLC0415
+    from kvctl.thresholds import EXPORTER_STOP_S  # noqa: PLC0415
+
+    text = CliRunner().invoke(cli, ["exporter", "--help"], terminal_width=200).output
+    missing = [n for n in METRICS if n not in text]
+    assert not missing, missing
+    assert f"within {EXPORTER_STOP_S:g} s" in text and "within 2 s" not in text

@@ -120,3 +120,34 @@ def test_ping_is_false_never_raising_for_everything_but_a_pong(tmp_path):
             th.join(timeout=5)
             for c in conns:
                 c.close()
+
+
+def test_one_info_all_serves_every_info_reader():
+    """Issue 32 item 5: diagnose's sources, the exporter, doctor (tier/checks.py) and `deploy-valkey status`
+    (tier/local.py) read INFO through kvctl.tier.server.info_all; nothing else sends INFO all."""
+    import ast  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    root = Path(__file__).resolve().parents[2]
+    callers, others = set(), []
+    for path in sorted((root / "kvctl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "info_all":
+                callers.add(str(path.relative_to(root)))
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "info" and node.args and \
+                    isinstance(node.args[0], ast.Constant) and node.args[0].value == "all" and path.name != "server.py":
+                others.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert callers == {"kvctl/diagnose/sources.py", "kvctl/exporter.py", "kvctl/tier/checks.py", "kvctl/tier/local.py"}
+    assert not others, others
+
+
+def test_info_all_is_a_plain_dict_of_a_real_instance(valkey_server):
+    import redis  # noqa: PLC0415
+
+    from kvctl.tier.server import info_all  # noqa: PLC0415
+
+    r = redis.Redis(port=valkey_server.port)
+    r.set("k", b"v")
+    r.get("k")
+    info = info_all(r)
+    assert type(info) is dict and info["db0"]["keys"] == 1 and info["cmdstat_get"]["calls"] >= 1

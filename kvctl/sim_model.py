@@ -1,0 +1,224 @@
+"""The simulation model of ``kvctl simulate`` and ``kvctl plan``, built in one place from their inputs.
+
+:class:`Inputs` is what the two commands (with their fleet options) are given. :func:`build` turns it into a
+:class:`Model`: the bench's measured bandwidths, the variability (T0 fitted on a run, the GET-time spread, the
+readers curve), the engine's model (batching, its token budget, θ and a hit's GPU time, given or fitted on the
+--fit-from run), the arrival process and the workloads. :func:`whatif` runs ``kvctl simulate`` (one engine, a
+fleet, or a sweep) and :func:`size_tier` runs ``kvctl plan``'s search. The request defaults live here
+(:data:`SIMULATE_REQUESTS`, :data:`PLAN_REQUESTS`, :data:`BLOCK_TOKENS`), not in the commands.
+
+Inputs are the options as parsed: which of them go together is the commands' to check (usage errors,
+kvctl.commands.fleet_options). No click, and no numpy at import (``kvctl --help`` stays light): kvctl.simulate,
+kvctl.fleet, kvctl.variability and kvctl.calibrate load when a model is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Sequence
+
+from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS
+from kvctl.thresholds import ASYNC_TIMEOUT_S, PAPER_T0_S, VLLM_MAX_NUM_BATCHED_TOKENS
+
+if TYPE_CHECKING:
+    from kvctl.plan import PlanResult
+    from kvctl.simulate import Bandwidth, SimConfig, SimResult, SweepPoint, Workload
+    from kvctl.variability import Variability
+
+#: Requests `kvctl simulate` draws at --arrival-rate unless --requests says otherwise.
+SIMULATE_REQUESTS = 10_000
+#: Requests `kvctl plan` draws at --arrival-rate for every point it simulates unless --requests says otherwise.
+PLAN_REQUESTS = 20_000
+#: Tokens per Mooncake hash_id block of a trace (`simulate --block-tokens`; what `kvctl replay` sends).
+BLOCK_TOKENS = DEFAULT_BLOCK_TOKENS
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What ``kvctl simulate`` and ``kvctl plan`` are given, parsed (their options' names)."""
+
+    bytes_per_token: float
+    prefill_rate: float
+    rate: float | None = None  # λ of EACH engine, requests/s (Poisson, deterministic or gamma arrivals), or a trace
+    trace_path: str | None = None
+    requests: int | None = None  # None: SIMULATE_REQUESTS / PLAN_REQUESTS at --arrival-rate, a trace's all
+    prompt_tokens: float | None = None
+    prompt_dist: str = "fixed"
+    hit_fraction: float = 1.0
+    hits_from_trace: bool = False
+    block_tokens: int = BLOCK_TOKENS
+    t0_s: float = PAPER_T0_S
+    instances: int | None = 1  # None (plan): the model is fitted at the bench's largest count (or 1), then searched
+    instance_gbps: float | None = None
+    bench_path: str | None = None
+    loading: str = "sync"
+    async_timeout_s: float = ASYNC_TIMEOUT_S
+    seed: int = 0
+    engines: int = 1
+    fit_from: str | None = None
+    get_times_from: str | None = None
+    readers_from: str | None = None
+    async_instance_gbps: float | None = None
+    async_overhead_s: float = 0.0
+    t0_engine_share: float | str = 0.0  # θ, or "fit"
+    max_batch: int = 1
+    max_batched_tokens: int | None = VLLM_MAX_NUM_BATCHED_TOKENS
+    hit_gpu_s: float | str = 0.0  # seconds, or "fit" (with fit_gpu_util)
+    fit_gpu_util: float | None = None
+    arrivals: str = "poisson"
+    arrival_cv: float | None = None
+    arrivals_from: str | None = None
+
+
+@dataclass(frozen=True)
+class Model:
+    """The model :func:`build` made: what every simulated point shares."""
+
+    inputs: Inputs
+    cfg: SimConfig
+    var: Variability
+    bench: dict[int, float] | None  # instances -> measured aggregate GB/s (a --bench file)
+    process: str  # the arrival process of --arrival-rate
+    cv: float | None
+    default_requests: int
+    _workloads: dict[Any, Workload] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def fleet(self) -> bool:
+        """Whether the fleet simulator runs (several engines, variability, or θ > 0), not the single-engine one."""
+        return self.inputs.engines > 1 or self.var.active or self.cfg.t0_engine_share > 0
+
+    def workload(self, rate: float | None = None, prompt_tokens: float | None = None) -> Workload:
+        """The fleet's requests: the trace's, or drawn at ``rate`` (default the inputs' λ) × engines (kept per (rate, tokens))."""
+        from kvctl import simulate as sim  # noqa: PLC0415 - numpy only when used
+
+        i, key = self.inputs, (rate, prompt_tokens)
+        if key not in self._workloads:
+            if i.trace_path:
+                self._workloads[key] = sim.trace_workload(i.trace_path, i.requests, i.block_tokens)
+            else:
+                self._workloads[key] = sim.poisson_workload((rate or i.rate) * i.engines, i.requests or self.default_requests,
+                                                            prompt_tokens or i.prompt_tokens, i.prompt_dist, i.seed, self.process, self.cv)
+        return self._workloads[key]
+
+
+def engine_model(i: Inputs, cfg: SimConfig, fit_gbps: float, var: Variability) -> tuple[SimConfig, Variability]:
+    """(cfg, var) with the engine's model applied: --max-batch, --max-batched-tokens, --hit-gpu-s (the seconds
+    given, or fitted on the --fit-from run from its --fit-gpu-util) and --t0-engine-share (the number given, or θ
+    fitted on the --fit-from run as ``cfg`` and ``fit_gbps`` describe it). Each fit's note joins ``var``'s."""
+    cfg = replace(cfg, max_batch=i.max_batch, max_batched_tokens=i.max_batched_tokens)
+    if i.hit_gpu_s == "fit":
+        from kvctl import calibrate  # noqa: PLC0415 - numpy only when used
+
+        gpu = calibrate.fit_hit_gpu_s(i.fit_from, i.fit_gpu_util, cfg)
+        cfg, var = replace(cfg, hit_gpu_s=gpu.seconds), replace(var, notes=(*var.notes, gpu.note))
+    else:
+        cfg = replace(cfg, hit_gpu_s=float(i.hit_gpu_s))
+    if i.t0_engine_share != "fit":
+        return replace(cfg, t0_engine_share=float(i.t0_engine_share)), var
+    from kvctl import calibrate  # noqa: PLC0415 - numpy only when used
+
+    result = calibrate.fit_engine_share(i.fit_from, cfg, fit_gbps, var, i.block_tokens)
+    return replace(cfg, t0_engine_share=result.theta), replace(var, notes=(*var.notes, result.note))
+
+
+def arrival_process(i: Inputs) -> tuple[str, float | None, str | None]:
+    """(process, CV, note) of --arrival-rate's arrivals: --arrivals at --arrival-cv, or gamma at the CV of the gaps
+    of --arrivals-from (the note says so)."""
+    if i.arrivals_from:
+        from kvctl import simulate as sim  # noqa: PLC0415 - numpy only when used
+
+        cv, note = sim.arrival_cv_of(i.arrivals_from)
+        return "gamma", cv, note
+    return i.arrivals, i.arrival_cv, None
+
+
+def build(i: Inputs, default_requests: int = SIMULATE_REQUESTS) -> Model:
+    """The model of ``i``: the bench's bandwidths, the variability, the engine's model and the arrival process.
+
+    The fits (--fit-from, --get-times-from, --t0-engine-share fit, --hit-gpu-s fit) see the tier at
+    ``i.instances`` instances, or, when it is None (plan), at the bench's largest count (1 without a bench);
+    the model then starts at 1 instance for the search. Notes say where each input came from, in that order.
+    """
+    from kvctl import simulate as sim  # noqa: PLC0415 - numpy only when used
+    from kvctl import variability  # noqa: PLC0415
+
+    bench = sim.bench_bandwidths(i.bench_path) if i.bench_path else None
+    fit_instances = i.instances if i.instances is not None else (max(bench) if bench else 1)
+    fit_gbps = sim.effective_gbps(fit_instances, i.instance_gbps, bench)
+    var = variability.build(fit_from=i.fit_from, get_times_from=i.get_times_from, readers_from=i.readers_from,
+                            async_instance_gbps=i.async_instance_gbps, async_overhead_s=i.async_overhead_s,
+                            bytes_per_token=i.bytes_per_token, prefill_rate=i.prefill_rate, fit_gbps=fit_gbps, instances=i.instances)
+    cfg = sim.SimConfig(i.bytes_per_token, i.prefill_rate, i.t0_s, fit_instances, i.instance_gbps, i.loading, i.async_timeout_s,
+                        i.hit_fraction, i.seed, i.hits_from_trace)
+    cfg, var = engine_model(i, cfg, fit_gbps, var)
+    process, cv, cv_note = arrival_process(i)
+    if cv_note:
+        var = replace(var, notes=(*var.notes, cv_note))
+    if i.instances is None:
+        cfg = replace(cfg, instances=1)
+    return Model(i, cfg, var, bench, process, cv, default_requests)
+
+
+# --- kvctl simulate --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """What ``kvctl simulate`` found: one result (a FleetResult with ``fleet``), or one per point of a sweep."""
+
+    inputs: Inputs
+    source: str  # the workload's description
+    notes: tuple[str, ...]  # where the inputs came from (the variability's and the fits' notes)
+    fleet: bool
+    result: SimResult | None = None  # without a sweep
+    bandwidth: Bandwidth | None = None  # B_eff of that result and where it came from
+    grid: dict[str, list[Any]] | None = None
+    points: tuple[SweepPoint, ...] = ()
+    bandwidths: tuple[Bandwidth, ...] = ()  # B_eff of each point
+
+
+def whatif(i: Inputs, grid: dict[str, list[Any]] | None = None) -> WhatIf:
+    """``kvctl simulate``: the model of ``i`` run once, or at every point of ``grid`` (:func:`kvctl.simulate.parse_sweep`).
+
+    Refused (InvalidInput, with the figures) before any allocation when the requests would not fit in memory."""
+    from kvctl import fleet  # noqa: PLC0415 - numpy only when used
+    from kvctl import simulate as sim  # noqa: PLC0415
+
+    model = build(i, SIMULATE_REQUESTS)
+    sim.check_memory(i.requests or (None if i.trace_path else SIMULATE_REQUESTS), fleet=model.fleet)
+    if grid:
+        runner = (lambda w, c, bw: fleet.simulate_fleet(w, c, bw, i.engines, model.var)) if model.fleet else None
+        points = sim.sweep(model.cfg, grid, model.workload, model.bench, runner=runner)
+        bws = tuple(sim.bandwidth_for(p.parameters.get("instances", i.instances), p.parameters.get("instance_gbps", i.instance_gbps), model.bench)
+                    for p in points)
+        return WhatIf(i, model.workload().source, model.var.notes, model.fleet, grid=grid, points=tuple(points), bandwidths=bws)
+    w = model.workload()
+    bw = sim.bandwidth_for(i.instances, i.instance_gbps, model.bench)
+    res = fleet.simulate_fleet(w, model.cfg, bw.gbps, i.engines, model.var) if model.fleet else sim.simulate(w, model.cfg, bw.gbps)
+    return WhatIf(i, w.source, model.var.notes, model.fleet, result=res, bandwidth=bw)
+
+
+# --- kvctl plan --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sized:
+    """What ``kvctl plan`` found: the search (kvctl.plan), the notes of its inputs and the workload's description."""
+
+    plan: PlanResult
+    notes: tuple[str, ...]
+    source: str
+
+
+def size_tier(i: Inputs, *, slo_p99_s: float, rho_target: float, max_instances: int, loadings: Sequence[str],
+              ranks: int | None = None) -> Sized:
+    """``kvctl plan``: the fewest instances (W × K with ``ranks``) and the loading that meet ``p99 ≤ slo_p99_s`` at
+    ρ ≤ ``rho_target`` for the model of ``i`` (``i.instances`` None: fitted at the bench's largest count)."""
+    from kvctl import plan as planner  # noqa: PLC0415 - numpy only when used
+
+    model = build(i, PLAN_REQUESTS)
+    w = model.workload()
+    res = planner.plan(w, model.cfg, engines=i.engines, slo_p99_s=slo_p99_s, rho_target=rho_target, max_instances=max_instances,
+                       instance_gbps=i.instance_gbps, bench=model.bench, var=model.var, loadings=loadings, ranks=ranks)
+    return Sized(planner.with_layout(res, ranks), model.var.notes, w.source)

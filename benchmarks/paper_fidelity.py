@@ -65,7 +65,7 @@ def kvctl(args: list[str]) -> dict:
     return json.loads(out.stdout)
 
 
-#: H5b's GPU time per hit, --hit-gpu-s's fit (kvctl.calibrate.fit_hit_gpu_s) on the paper's figures: 22 % of its
+#: H5b's GPU time per hit, --hit-gpu-s's fit (kvctl.sim.calibrate.fit_hit_gpu_s) on the paper's figures: 22 % of its
 #: span (450 requests at 1.21/s: 372 s) less its prefill (the 1.5 % of tokens not from L2, at R), over 450 hits
 HIT_GPU_S = (0.22 * 450 / 1.21 - 0.015 * 450 * 16310 / 52200) / 450
 #: arrival CVs tried on the recompute run B1 (the one run without a tier): the fit keeps the closest

@@ -4,12 +4,12 @@ Four timings in one run:
 
 * the whole command, ``kvctl simulate ... --requests 1000000 --json``, as a subprocess (Python start-up,
   imports, workload generation, simulation, JSON output);
-* the library call alone (:func:`kvctl.simulate.simulate` on a prepared workload), median of rounds;
+* the library call alone (:func:`kvctl.sim.simulate.simulate` on a prepared workload), median of rounds;
 * for scale, the same FIFO queue solved by a plain per-request Python loop (Lindley's recursion,
   one iteration per request), on the same arrivals; both give the same waits;
 * a fleet with variability (issue 24's target): ``--engines 8`` at the paper's λ each, 80 % hits, GET time
   spread (σ 0.4), throughput against readers (1, 2, 4, 8 clients: 1, 1.08, 1.12, 1.13×) and a T0
-  distribution, sync and async, through :func:`kvctl.fleet.simulate_fleet` (workload generation included).
+  distribution, sync and async, through :func:`kvctl.sim.fleet.simulate_fleet` (workload generation included).
 
     .venv/bin/python benchmarks/simulate_speed.py [--requests 1000000] [--rounds 5] [--json]
 """
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvctl.fleet import simulate_fleet
-from kvctl.simulate import SimConfig, effective_gbps, fifo, poisson_workload, simulate
-from kvctl.variability import Variability
+from kvctl.sim.fleet import simulate_fleet
+from kvctl.sim.simulate import SimConfig, effective_gbps, fifo, poisson_workload, simulate
+from kvctl.sim.variability import Variability
 
 TARGET_S = 5.0
 # The paper's setup: λ 1.21/s, 16 310 tokens × 48 437.5 B = 0.79 GB, 8 instances × 1.345 GB/s = 10.76 GB/s.

@@ -25,8 +25,8 @@ from typing import Any, Mapping
 
 from kvctl.connector.urls import (INSTANCE_PLACEHOLDER, MAX_INSTANCES_PER_RANK, InvalidUrl, expand_rank_urls, instances_in, parse_resp_url,
                                   read_password_file, with_credentials)
-from kvctl.errors import InvalidInput
-from kvctl.thresholds import CONNECTOR_TIMEOUT_S
+from kvctl.core.errors import InvalidInput
+from kvctl.core.thresholds import CONNECTOR_TIMEOUT_S
 from .config_keys import PASSWORD_FILE_KEY, PLUGIN_NAME, URL_LIST_KEY, USERNAME_KEY, plugin_key
 
 __all__ = ["PLUGIN_TYPE", "PluginConfigError", "PluginSettings", "plugin_settings"]

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from kvctl.cost import load_s as _load_s, recompute_s as _recompute_s  # pure: connector/ may import the cost model
+from kvctl.core.cost import load_s as _load_s, recompute_s as _recompute_s  # pure: connector/ may import the cost model
 
 __all__ = ["BANDWIDTH_EWMA_NEW", "LoadPolicy", "PolicyState", "ewma"]
 

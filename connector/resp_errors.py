@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvctl.errors import KvctlError, Unreachable
+from kvctl.core.errors import KvctlError, Unreachable
 
 
 class RespError(KvctlError):

@@ -23,10 +23,10 @@ from typing import Any, Mapping
 
 from kvctl.connector.urls import (INSTANCE_PLACEHOLDER, MAX_INSTANCES_PER_RANK, InvalidUrl, expand_rank_urls, instances_in,
                                   parse_resp_url, read_password_file, with_credentials)
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 
 from .config_keys import POLICY_KEYS, VLLM_KEYS
-from kvctl.thresholds import CONNECTOR_TIMEOUT_S
+from kvctl.core.thresholds import CONNECTOR_TIMEOUT_S
 
 __all__ = ["ConnectorConfigError", "ConnectorSettings", "LoadPolicySettings", "parse_settings"]
 

@@ -46,7 +46,7 @@ from .prefetch import LRUCache, PrefetchRequest
 from .protocol import DEFAULT_MODE, LoadResult, load_agreed_prefix
 from .resp import RespClient, RespError
 
-from kvctl.thresholds import CHUNK_TOKENS  # pure constants
+from kvctl.core.thresholds import CHUNK_TOKENS  # pure constants
 
 
 __all__ = ["LoadPolicy", "ShardedStore", "StoreResult"]

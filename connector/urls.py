@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Sequence
 from urllib.parse import parse_qs, quote, unquote, urlsplit, urlunsplit
 
-from kvctl.errors import InvalidInput
-from kvctl.files import read_password_file  # noqa: F401 - the one reader of password files (files.read_regular), re-exported
-from kvctl.thresholds import PASSWORD_FILE_MAX_BYTES  # noqa: F401 - re-exported
+from kvctl.core.errors import InvalidInput
+from kvctl.core.files import read_password_file  # noqa: F401 - the one reader of password files (files.read_regular), re-exported
+from kvctl.core.thresholds import PASSWORD_FILE_MAX_BYTES  # noqa: F401 - re-exported
 
 RANK_PLACEHOLDER = "{rank}"
 INSTANCE_PLACEHOLDER = "{instance}"

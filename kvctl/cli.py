@@ -18,7 +18,7 @@ import click
 
 from kvctl import __version__
 from kvctl.commands.options import output_options  # noqa: F401 - re-exported for plugins
-from kvctl.errors import ExitStatus, InvalidInput, KvctlError
+from kvctl.core.errors import ExitStatus, InvalidInput, KvctlError
 
 __all__ = ["cli", "main", "output_options"]
 
@@ -54,7 +54,7 @@ class KvctlGroup(click.Group):
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        from kvctl import render  # noqa: PLC0415
+        from kvctl.core import render  # noqa: PLC0415
 
         documents = render.json_documents()
 

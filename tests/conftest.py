@@ -67,7 +67,7 @@ def gloo_world1(tmp_path):
 def pyspy_attach():
     """Skip (with the exact reason) when py-spy cannot attach in this sandbox (the stall tests, tests/diagnose and runbooks)."""
     from kvctl.diagnose import pyspy  # noqa: PLC0415
-    from kvctl.errors import BinaryNotFound  # noqa: PLC0415
+    from kvctl.core.errors import BinaryNotFound  # noqa: PLC0415
 
     try:
         pyspy.find_py_spy()

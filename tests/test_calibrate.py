@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from kvctl.calibrate import fit_engine_share
+from kvctl.sim.calibrate import fit_engine_share
 from kvctl.cli import cli
-from kvctl.errors import InvalidInput
-from kvctl.fleet import simulate_fleet
-from kvctl.simulate import SimConfig, Workload, poisson_workload, simulate
-from kvctl.variability import Variability
+from kvctl.core.errors import InvalidInput
+from kvctl.sim.fleet import simulate_fleet
+from kvctl.sim.simulate import SimConfig, Workload, poisson_workload, simulate
+from kvctl.sim.variability import Variability
 
 
 def two_hits() -> Workload:
@@ -133,7 +133,7 @@ def test_cli_fit_and_refusals(tmp_path):
 
 
 def test_batch_fifo_by_hand():
-    from kvctl.simulate import batch_fifo, fifo
+    from kvctl.sim.simulate import batch_fifo, fifo
 
     # holds 1 s; arrivals 0, 0.1, 0.2, 0.3, 5. M = 2: step 1 is request 0 alone (0–1: nothing else had
     # arrived at 0); at 1, requests 1 and 2 wait: one step 1–3; request 3 then alone 3–4; request 4 at 5–6.

@@ -224,7 +224,7 @@ def test_rho_tp8_single_instance_and_one_instance_per_rank():
 def test_report_takes_tokens_as_predict_does_and_predict_defaults_t0():
     """Issue 22: `cost report --prompt-tokens 4096 8192` failed where `cost predict` takes it, and `cost predict`
     required --t0 while every other command defaults it to the paper's."""
-    from kvctl.thresholds import PAPER_T0_S
+    from kvctl.core.thresholds import PAPER_T0_S
 
     rep = run_json(["cost", "report", "--prompt-tokens", "4096", "8192", "--json"])
     assert [p["tokens"] for p in rep["pairings"][0]["bandwidths"][0]["predictions"]] == [4096, 8192]

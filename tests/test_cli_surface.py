@@ -53,7 +53,7 @@ def test_without_verbose_nothing_is_logged(tmp_path, leftover):
 def test_vv_after_and_v_before_add_up_to_debug(tmp_path, leftover):
     res = kvctl(["-v", "loading", "async", "-v", "--no-backup", "--config", str(leftover)], tmp_path)
     assert res.returncode == 0, res
-    assert "kvctl.files DEBUG writing" in res.stderr and "INFO removed" in res.stderr
+    assert "kvctl.core.files DEBUG writing" in res.stderr and "INFO removed" in res.stderr
 
 
 def test_every_subcommand_accepts_verbose(tmp_path):
@@ -104,7 +104,7 @@ def test_help_lists_every_exit_code():
     from click.testing import CliRunner
 
     from kvctl.cli import cli
-    from kvctl.errors import ExitStatus
+    from kvctl.core.errors import ExitStatus
 
     text = " ".join(CliRunner().invoke(cli, ["--help"]).output.split())
     for status in ExitStatus:

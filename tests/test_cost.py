@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvctl import cost
-from kvctl.errors import InvalidInput
+from kvctl.core import cost
+from kvctl.core.errors import InvalidInput
 
 S, R = 48437.5, 52200.0  # GLM-5.3 FP8: 12.4 MB per 256-token chunk; B300 prefill rate
 

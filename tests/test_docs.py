@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvctl.cli import cli
-from kvctl.errors import ExitStatus
+from kvctl.core.errors import ExitStatus
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from kvctl import fleet
+from kvctl.sim import fleet
 from kvctl.cli import cli
-from kvctl.fleet import simulate_fleet
-from kvctl.simulate import SimConfig, Workload, poisson_workload, simulate
-from kvctl.variability import Variability, Z99, build, readers_gain_from_bench, t0_from_run
+from kvctl.sim.fleet import simulate_fleet
+from kvctl.sim.simulate import SimConfig, Workload, poisson_workload, simulate
+from kvctl.sim.variability import Variability, Z99, build, readers_gain_from_bench, t0_from_run
 
 GB_PROMPT = ["--prompt-tokens", "1000", "--bytes-per-token", "1e6", "--prefill-rate", "1e9", "--t0", "0"]
 
@@ -241,8 +241,8 @@ def test_a_fleet_result_is_a_sim_result_with_the_fleets_fields():
     """Issue 32 item 5: FleetResult reuses SimResult's fields (one definition of p50_s … gpu_utilization_pct)."""
     import dataclasses  # noqa: PLC0415
 
-    from kvctl.fleet import FleetResult  # noqa: PLC0415
-    from kvctl.simulate import SimResult  # noqa: PLC0415
+    from kvctl.sim.fleet import FleetResult  # noqa: PLC0415
+    from kvctl.sim.simulate import SimResult  # noqa: PLC0415
 
     assert issubclass(FleetResult, SimResult)
     own = [f.name for f in dataclasses.fields(FleetResult)][len(dataclasses.fields(SimResult)):]

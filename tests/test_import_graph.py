@@ -1,5 +1,6 @@
-"""No import circles in kvctl (ARCHITECTURE.md: "No import circle, not even inside a function: move the
-shared types down"). Read from the sources with ``ast``: every import, at the top or inside a function.
+"""No import circles in kvctl, and the packages' layers (ARCHITECTURE.md: imports point down; "No import circle,
+not even inside a function: move the shared types down"). Read from the sources with ``ast``: every import, at
+the top or inside a function.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"kvctl": ROOT / "kvctl", "kvctl.connector": ROOT / "connector", "kvctl.plugins": ROOT / "plugins"}
 #: circles still being untangled, each with its issue; a new one fails, and so does one of these once gone
-PENDING: set[frozenset[str]] = set()  # loading <-> loading_vllm ended: SourceState moved to kvctl/loading_types.py
+PENDING: set[frozenset[str]] = set()  # loading <-> loading_vllm ended: SourceState moved to kvctl/loading/types.py
 
 
 def modules() -> dict[str, Path]:
@@ -95,6 +96,75 @@ def test_no_import_circles():
     assert PENDING - found == set(), f"gone (take them off PENDING): {[sorted(c) for c in PENDING - found]}"
 
 
+
+
+# --- the packages' layers (ARCHITECTURE.md): a package imports only packages of lower layers
+
+#: package -> its layer; kvctl's loose modules count as packages of their own name
+LAYERS = {
+    "core": 0, "hooks": 0,
+    "connector": 1,
+    "tier": 2, "plugins": 2,
+    "bench": 3, "diagnose": 3,
+    "replay": 4,
+    "loading": 5, "lab": 5,
+    "ops": 6,
+    "sim": 7, "drill": 7,
+    "views": 8,
+    "commands": 9,
+    "cli": 10,
+}
+
+
+def package_of(module: str) -> str:
+    """The layer-holding package of a kvctl module: connector, plugins, or kvctl's first level (``kvctl.sim.plan`` -> sim)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_edges(mods: dict[str, Path]) -> dict[tuple[str, str], list[str]]:
+    """(from package, to package) -> the modules that make the edge, for every import between two packages."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for m, path in mods.items():
+        src = package_of(m)
+        for dep in imports(path, set(mods)):
+            dst = package_of(dep)
+            if dst != src and dep != "kvctl":
+                edges.setdefault((src, dst), []).append(f"{m} -> {dep}")
+    return edges
+
+
+def upward(edges: dict[tuple[str, str], list[str]]) -> dict[tuple[str, str], list[str]]:
+    """The edges that do not point down a layer (or touch a package LAYERS does not place)."""
+    return {e: why for e, why in edges.items()
+            if e[0] not in LAYERS or e[1] not in LAYERS or LAYERS[e[1]] >= LAYERS[e[0]]}
+
+
+def test_every_package_has_a_layer():
+    mods = modules()
+    assert {package_of(m) for m in mods} - {"kvctl"} <= set(LAYERS), sorted({package_of(m) for m in mods} - set(LAYERS))
+
+
+def test_imports_point_down_the_layers():
+    bad = upward(package_edges(modules()))
+    assert not bad, f"imports that do not point down (ARCHITECTURE.md): {bad}"
+    graph: dict[str, set[str]] = {}
+    for a, b in package_edges(modules()):
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    assert circles(graph) == set()
+
+
+def test_a_planted_upward_import_is_caught(tmp_path):
+    """The check can fail: a core module importing a command, and a sim module importing the views."""
+    core = tmp_path / "core_mod.py"
+    core.write_text("def f():\n    from kvctl.commands import plan\n")
+    sim = tmp_path / "sim_mod.py"
+    sim.write_text("from kvctl.views import sim\n")
+    mods = {**modules(), "kvctl.core.planted": core, "kvctl.sim.planted": sim}
+    bad = upward(package_edges(mods))
+    assert ("core", "commands") in bad and ("sim", "views") in bad
+    assert any("kvctl.core.planted" in why for why in bad[("core", "commands")])
 
 
 # --- a test module imports helpers from helper modules and fixtures from conftest.py, never from another test module

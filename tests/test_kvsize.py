@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from kvctl.errors import InvalidInput
-from kvctl.kvsize import kv_size, kv_size_from_file
+from kvctl.core.errors import InvalidInput
+from kvctl.core.kvsize import kv_size, kv_size_from_file
 
 MODELS = Path(__file__).resolve().parent.parent / "configs" / "models"
 
@@ -85,7 +85,7 @@ def test_glm5_s_is_vllms_own_page_arithmetic_for_the_groups_specs(dtype):
 
 def test_indexer_layers_follow_vllms_topk_rule():
     """models/deepseek_v32/attention.py:165-190: a layer whose top-k is skipped has no indexer (no K cache)."""
-    from kvctl.kvsize import indexer_layers
+    from kvctl.core.kvsize import indexer_layers
 
     assert indexer_layers({}, 6) == 6
     # freq 2, offset 2: max(i - 1, 0) % 2 -> layers 0, 1, 3, 5 keep one; 2, 4 skip

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvctl import loading
+from kvctl.loading import edit as loading
 from kvctl.diagnose.capture import save_last_diagnosis
 
 from tests.loading_helpers import CONFIG, backups, run  # noqa: F401 - shared with the other loading tests
@@ -261,8 +261,8 @@ def test_the_words_match_the_real_lmcache(tmp_path):
 
 
 def test_the_flip_workflow_is_a_library_call(config, tmp_path):
-    """kvctl.loading_flip.flip: check → plan → apply → restart, with no click; the command only renders its result."""
-    from kvctl import loading_flip  # noqa: PLC0415
+    """kvctl.loading.flip.flip: check → plan → apply → restart, with no click; the command only renders its result."""
+    from kvctl.loading import flip as loading_flip  # noqa: PLC0415
 
     dry = loading_flip.flip(True, [(str(config), "yaml")], dry_run=True, restart_cmd="exit 3")
     assert dry.mode == "async" and dry.changes[0].changed and dry.restart is None

@@ -26,7 +26,7 @@ import yaml
 
 from click.testing import CliRunner
 
-from kvctl import loading
+from kvctl.loading import edit as loading
 from kvctl.cli import cli
 from tests.loading_helpers import CONFIG, backups, run
 

@@ -7,7 +7,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvctl import loading
+from kvctl.loading import edit as loading
 
 NAMES = st.from_regex(r"[A-Z_][A-Z0-9_]{0,12}", fullmatch=True).filter(lambda n: n != loading.ENV_VAR)
 VALUES = st.from_regex(r"[a-zA-Z0-9/:._-]{0,16}", fullmatch=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvctl import loading_vllm
+from kvctl.loading import vllm as loading_vllm
 from tests import vllm_loaders
 from tests.loading_helpers import backups, run
 

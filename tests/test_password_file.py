@@ -1,4 +1,4 @@
-"""The one password-file reader on kvctl's side (issue 32 item 5): kvctl.files.read_password_file, files.read_regular
+"""The one password-file reader on kvctl's side (issue 32 item 5): kvctl.core.files.read_password_file, files.read_regular
 with the mode checked on the same open file. Every module of kvctl/ reads password files through it; it answers as
 the engine plugins' reader in kvctl.connector.urls does (same files read, same refusals, never the password quoted)."""
 
@@ -8,10 +8,10 @@ import ast
 import os
 from pathlib import Path
 
-from kvctl import files
+from kvctl.core import files
 from kvctl.connector import urls
-from kvctl.errors import InvalidInput
-from kvctl.thresholds import PASSWORD_FILE_MAX_BYTES
+from kvctl.core.errors import InvalidInput
+from kvctl.core.thresholds import PASSWORD_FILE_MAX_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,7 +78,7 @@ def test_kvctl_reads_password_files_through_kvctl_files_only():
     found = []
     for path in sorted((ROOT / "kvctl").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module != "kvctl.files" and any(a.name == "read_password_file" for a in node.names):
+            if isinstance(node, ast.ImportFrom) and node.module != "kvctl.core.files" and any(a.name == "read_password_file" for a in node.names):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} from {node.module}")
     assert not found, found
     assert "read_regular(" in Path(files.__file__).read_text().split("def read_password_file", 1)[1].split("\ndef ", 1)[0]

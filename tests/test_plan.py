@@ -148,7 +148,7 @@ def test_a_tier_is_planned_only_where_it_is_no_slower_than_recompute():
 
 
 def test_nothing_meets_the_slo_is_exit_9_documented(paper_bench):
-    from kvctl.errors import ExitStatus
+    from kvctl.core.errors import ExitStatus
 
     assert int(ExitStatus.SLO_UNMET) == 9
     code, out = run_plan(*PAPER, "--bench", paper_bench, "--slo-p99", "0.1", "--json")

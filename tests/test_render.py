@@ -1,4 +1,4 @@
-"""kvctl.render: cell formatting, JSON conversion, what reaches stdout/stderr, and the PNG files it writes."""
+"""kvctl.core.render: cell formatting, JSON conversion, what reaches stdout/stderr, and the PNG files it writes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvctl import render
+from kvctl.core import render
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import yaml
 from click.testing import CliRunner
 
 from kvctl.cli import cli
-from kvctl.runbooks import ALERT_PAGES, DIAGNOSE_FINDINGS, RUNBOOK_DIR, STALL_FINDINGS, all_pages, runbook_for
+from kvctl.core.runbooks import ALERT_PAGES, DIAGNOSE_FINDINGS, RUNBOOK_DIR, STALL_FINDINGS, all_pages, runbook_for
 from tests.diagnose.engine_text import EngineState
 from tests.diagnose.metrics_server import MetricsServer
 from tests.diagnose.stall_helpers import run_stalls, spawn, wait_ready
@@ -31,8 +31,8 @@ def alert_rules() -> list[dict]:
 
 
 def test_every_finding_id_has_a_page():
-    assert diagnose_finding_ids() == set(DIAGNOSE_FINDINGS), "kvctl/runbooks.py DIAGNOSE_FINDINGS differs from kvctl/diagnose/rules.py"
-    assert stall_finding_ids() == set(STALL_FINDINGS), "kvctl/runbooks.py STALL_FINDINGS differs from kvctl/diagnose/stalls.py"
+    assert diagnose_finding_ids() == set(DIAGNOSE_FINDINGS), "kvctl/core/runbooks.py DIAGNOSE_FINDINGS differs from kvctl/diagnose/rules.py"
+    assert stall_finding_ids() == set(STALL_FINDINGS), "kvctl/core/runbooks.py STALL_FINDINGS differs from kvctl/diagnose/stalls.py"
     for fid in diagnose_finding_ids() | stall_finding_ids():
         page = runbook_for(fid)
         assert page and (ROOT / page).is_file(), f"finding {fid} has no runbook page"

@@ -1,4 +1,4 @@
-"""One handler of stop signals (issue 32 item 3): kvctl.signals.on_signals, used by the workflows that unwind
+"""One handler of stop signals (issue 32 item 3): kvctl.core.signals.on_signals, used by the workflows that unwind
 (deploy-valkey up, drill, loading's restart), by bench (a stop event, abort on a second signal) and by the exporter
 (stop the server, exit at once on a second signal)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvctl.signals import Signalled, exit_code, on_signals, signals_raise
+from kvctl.core.signals import Signalled, exit_code, on_signals, signals_raise
 
 ROOT = Path(__file__).resolve().parents[1]
 #: a bench worker process ignores Ctrl-C (its parent stops it): no handler that maps a signal to an exit
@@ -41,13 +41,13 @@ def test_without_again_later_signals_are_ignored_while_unwinding():
 
 
 def test_no_other_module_installs_a_signal_handler():
-    """The bench and the exporter had handlers of their own (issue 32): every handler is kvctl.signals'."""
+    """The bench and the exporter had handlers of their own (issue 32): every handler is kvctl.core.signals'."""
     found = []
     for path in sorted((ROOT / "kvctl").rglob("*.py")):
         rel = str(path.relative_to(ROOT))
-        if rel == "kvctl/signals.py" or rel in CHILD_SETUP:
+        if rel == "kvctl/core/signals.py" or rel in CHILD_SETUP:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and ast.unparse(node.func) in ("signal.signal", "signal"):
                 found.append(f"{rel}:{node.lineno}")
-    assert not found, f"signal handlers outside kvctl/signals.py: {found}"
+    assert not found, f"signal handlers outside kvctl/core/signals.py: {found}"

@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from kvctl.cli import cli
-from kvctl.fleet import simulate_fleet
-from kvctl.simulate import SimConfig, Workload, engine_steps, poisson_workload, simulate
-from kvctl.thresholds import VLLM_MAX_NUM_BATCHED_TOKENS
-from kvctl.variability import Variability
+from kvctl.sim.fleet import simulate_fleet
+from kvctl.sim.simulate import SimConfig, engine_steps, poisson_workload, simulate
+from kvctl.core.thresholds import VLLM_MAX_NUM_BATCHED_TOKENS
+from kvctl.sim.variability import Variability
 
 PAPER = ["--arrival-rate", "1.21", "--prompt-tokens", "16310", "--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--t0", "0.33"]
 

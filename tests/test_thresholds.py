@@ -1,9 +1,9 @@
-"""One value per fact (kvctl.thresholds): nothing else in kvctl compares ρ, a GPU utilisation or a
+"""One value per fact (kvctl.core.thresholds): nothing else in kvctl compares ρ, a GPU utilisation or a
 chunk size default with a number of its own.
 
 Read from the sources with ``ast`` (not regexes): a comparison such as ``rho >= 0.7`` or
 ``max(utils) < 5``, a ``chunk_tokens: int = 256`` default or ``default=256`` on a --chunk-* option
-anywhere but kvctl/thresholds.py fails, naming the file and line.
+anywhere but kvctl/core/thresholds.py fails, naming the file and line.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvctl import thresholds
+from kvctl.core import thresholds
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for d in ("kvctl", "connector", "plugins") for p in (ROOT / d).rglob("*.py") if p.name != "thresholds.py")
@@ -85,12 +85,12 @@ def f(rho, n_inst, chunk_tokens: int = CHUNK_TOKENS, timeout_s: float = 256):
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_module_restates_a_threshold(path):
     found = threshold_literals(ast.parse(path.read_text(), str(path)))
-    assert not found, f"{path.relative_to(ROOT)}: use kvctl.thresholds instead of " + "; ".join(f"line {n}: {w}" for n, w in found)
+    assert not found, f"{path.relative_to(ROOT)}: use kvctl.core.thresholds instead of " + "; ".join(f"line {n}: {w}" for n, w in found)
 
 
 # --- timeouts: the command's --timeout, or a named constant that says why not --------------------------------
 
-TIMEOUT_SCOPE = ("kvctl/diagnose", "kvctl/doctor.py", "kvctl/exporter.py", "kvctl/tier", "kvctl/bench")
+TIMEOUT_SCOPE = ("kvctl/diagnose", "kvctl/ops/doctor.py", "kvctl/ops/exporter.py", "kvctl/tier", "kvctl/bench")
 TIMEOUT_SOURCES = sorted(p for s in TIMEOUT_SCOPE for p in ([ROOT / s] if s.endswith(".py") else (ROOT / s).rglob("*.py")))
 CLIENT_FACTORIES = ("redis_client", "redis_for_url")  # their first argument is the socket timeout
 
@@ -126,7 +126,7 @@ def test_no_read_ignores_the_timeout(path):
 
 # --- click defaults: an option whose default is a shared fact reads its constant (issue 22) -------------------
 
-#: option -> the kvctl.thresholds constant its default is, wherever a command takes it
+#: option -> the kvctl.core.thresholds constant its default is, wherever a command takes it
 SHARED_DEFAULTS = {
     "--t0": "PAPER_T0_S", "--rho-target": "RHO_TARGET", "--base-port": "BASE_PORT",
     "--window": "DIAGNOSIS_WINDOW_S", "--async-timeout": "ASYNC_TIMEOUT_S",
@@ -162,7 +162,7 @@ def test_the_default_check_finds_literals():
 def test_shared_option_defaults_read_their_constant():
     literal = [f"{p.relative_to(ROOT)}:{n} {flag}" for p in CLI_SOURCES for n, flag, d in option_defaults(ast.parse(p.read_text()))
                if flag in SHARED_DEFAULTS and _literal(d) is not None]
-    assert not literal, f"default= restates a kvctl.thresholds constant: {literal}"
+    assert not literal, f"default= restates a kvctl.core.thresholds constant: {literal}"
     from tests.cli_helpers import _commands
 
     from kvctl.cli import cli
@@ -185,7 +185,7 @@ def test_no_literal_default_is_repeated_across_commands():
             if _literal(d) is not None and flag not in UNRELATED_DEFAULTS:
                 where.setdefault((flag, _literal(d)), []).append(f"{p.relative_to(ROOT)}:{n}")
     repeated = {k: v for k, v in where.items() if len(v) > 1}
-    assert not repeated, f"put these in kvctl/thresholds.py: {repeated}"
+    assert not repeated, f"put these in kvctl/core/thresholds.py: {repeated}"
 
 
 # --- the tier's directory and memory, the 5 s and 3 s read timeouts: one home each (issue 32 item 5) ------------------
@@ -226,7 +226,7 @@ def test_the_home_check_finds_literals():
 @pytest.mark.parametrize("path", [p for p in SOURCES if p.is_relative_to(ROOT / "kvctl")], ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_tier_defaults_and_read_timeouts_have_one_home(path):
     found = home_literals(ast.parse(path.read_text(), str(path)))
-    assert not found, f"{path.relative_to(ROOT)}: use kvctl.thresholds ({', '.join(ONE_HOME)}): " + "; ".join(f"line {n}: {w}" for n, w in found)
+    assert not found, f"{path.relative_to(ROOT)}: use kvctl.core.thresholds ({', '.join(ONE_HOME)}): " + "; ".join(f"line {n}: {w}" for n, w in found)
 
 
 def test_the_commands_default_to_the_homes():

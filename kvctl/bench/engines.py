@@ -14,7 +14,7 @@ from typing import Sequence
 
 from kvctl.bench.stats import percentile
 from kvctl.bench.worker import WorkerResult
-from kvctl.cost import GB
+from kvctl.core.cost import GB
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from kvctl import cost
+from kvctl.core import cost
 from kvctl.bench.info import ServerDelta
 from kvctl.bench.stats import mean, percentile
 from kvctl.bench.worker import WorkerResult
@@ -230,7 +230,7 @@ def with_scaling(runs: Sequence[RunResult]) -> tuple[RunResult, ...]:
 def summarize_verdict(runs: Sequence[RunResult], bytes_per_token: float, prefill_rate: float) -> Verdict | None:
     """Judge the GET run with the most instances (best aggregate among those) against B* = s·R.
 
-    ``bytes_per_token`` is the WHOLE model's s (kvctl.kvsize ``bytes_per_token``,
+    ``bytes_per_token`` is the WHOLE model's s (kvctl.core.kvsize ``bytes_per_token``,
     never the per-rank share): it is compared with the run's aggregate bandwidth.
     """
     cost.require_positive("--bytes-per-token", bytes_per_token)

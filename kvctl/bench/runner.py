@@ -41,8 +41,8 @@ from kvctl.bench.spec import BenchSpec, auto_keys, batch_that_fits, grid
 from kvctl.bench.worker import WorkerConfig, WorkerResult, key_names
 from kvctl.connector.resp import RespClient
 from kvctl.connector.urls import parse_resp_url, with_credentials
-from kvctl.errors import InvalidInput, KvctlError, Unreachable
-from kvctl.procs import SAFE_PATH_ENV
+from kvctl.core.errors import InvalidInput, KvctlError, Unreachable
+from kvctl.core.procs import SAFE_PATH_ENV
 from kvctl.tier.targets import Target
 
 #: Seconds the parent waits past ``duration + timeout`` before killing a silent client.

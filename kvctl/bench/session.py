@@ -19,15 +19,15 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 
-from kvctl.errors import InvalidInput
-from kvctl.files import write_atomic
+from kvctl.core.errors import InvalidInput
+from kvctl.core.files import write_atomic
 
 if TYPE_CHECKING:
     from kvctl.bench.results import BenchReport
     from kvctl.bench.spec import BenchSpec
     from kvctl.tier.targets import Target
 
-#: ``advance(seconds, description=..., step=...)``: one step of a progress bar (kvctl.render.progress)
+#: ``advance(seconds, description=..., step=...)``: one step of a progress bar (kvctl.core.render.progress)
 Advance = Callable[..., None]
 #: where the tier's own chunks came from, when the bench measured values of their size
 TIER_CHUNKS = "the largest of a few random keys per instance (the chunks the tier holds)"
@@ -141,7 +141,7 @@ def bench(req: BenchRequest, *, progress: Callable[[float], ContextManager[Advan
 
 def report_data(report: BenchReport, interrupted_by: str | None = None) -> dict[str, Any]:
     """The report as JSON (``--json``, ``--save``): its fields, its errors, and the signal that stopped it, if one did."""
-    from kvctl.render import to_jsonable  # noqa: PLC0415
+    from kvctl.core.render import to_jsonable  # noqa: PLC0415
 
     data = to_jsonable(report)
     data["errors"] = report.errors
@@ -151,7 +151,7 @@ def report_data(report: BenchReport, interrupted_by: str | None = None) -> dict[
 
 def save(path: str, data: dict[str, Any]) -> None:
     """``--save``: the JSON written atomically (NaN and Infinity as null), InvalidInput when it cannot be."""
-    from kvctl.render import finite_json  # noqa: PLC0415
+    from kvctl.core.render import finite_json  # noqa: PLC0415
 
     try:
         write_atomic(path, json.dumps(finite_json(data), indent=2, allow_nan=False) + "\n")

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvctl import thresholds
-from kvctl.errors import InvalidInput
-from kvctl.kvsize import kv_size_from_file
+from kvctl.core import thresholds
+from kvctl.core.errors import InvalidInput
+from kvctl.core.kvsize import kv_size_from_file
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 
 from kvctl.bench.info import ServerInfo
-from kvctl.errors import InvalidInput
-from kvctl.thresholds import BENCH_TIMEOUT_S
+from kvctl.core.errors import InvalidInput
+from kvctl.core.thresholds import BENCH_TIMEOUT_S
 
 #: Keys per instance aim at this many bytes (beyond any CPU cache), within maxmemory.
 AUTO_WORKING_SET_BYTES = 1_000_000_000

@@ -7,12 +7,14 @@ import threading
 
 import click
 
-from kvctl import render, thresholds
+from kvctl.core import render
+
+from kvctl.core import thresholds
 from kvctl.commands.options import BYTES_PER_TOKEN, CHUNK_TOKENS, PREFILL_RATE, TP, ByteSize, count, output_options, positive, valkey_options, valkey_targets
-from kvctl.errors import ExitStatus, InvalidInput
+from kvctl.core.errors import ExitStatus, InvalidInput
 from kvctl.hooks import hookimpl
-from kvctl.kvsize import DTYPE_BYTES
-from kvctl.signals import exit_code, on_signals
+from kvctl.core.kvsize import DTYPE_BYTES
+from kvctl.core.signals import exit_code, on_signals
 from kvctl.tier.targets import NAMING
 
 #: A value beyond 4 GiB is not a KV chunk (Valkey's own limit is 512 MB per string by default).

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import click
 
-from kvctl import cost, thresholds
+from kvctl.core import cost
+
+from kvctl.core import thresholds
 from kvctl.commands.options import (
     ARRIVAL_RATE, BANDWIDTH_GBPS, BYTES_PER_TOKEN, BYTES_PER_TOKEN_HELP, CHUNK_TOKENS, LATENCY_S, PREFILL_RATE, PROMPT_GB, T0_S, TOKENS, TP,
     TP_HELP, FiniteFloat, RenamedOption, bytes_per_token_options, output_options,
 )
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 from kvctl.hooks import hookimpl
-from kvctl.kvsize import DTYPE_BYTES, kv_size_from_file
+from kvctl.core.kvsize import DTYPE_BYTES, kv_size_from_file
 from kvctl.views.cost import show_breakeven, show_fit_t0, show_kv_size, show_pairing, show_predict, show_rho
 
 

@@ -7,13 +7,15 @@ from typing import Any, Callable
 
 import click
 
-from kvctl import render, thresholds
+from kvctl.core import render
+
+from kvctl.core import thresholds
 from kvctl.commands.options import (
     INSTANCES_PER_RANK, ByteSize, FiniteFloat, RenamedOption, count, non_negative, options, output_options, positive, valkey_options,
     valkey_targets,
 )
-from kvctl.signals import Signalled, signals_raise
-from kvctl.errors import InvalidInput, Unreachable
+from kvctl.core.signals import Signalled, signals_raise
+from kvctl.core.errors import InvalidInput, Unreachable
 from kvctl.hooks import hookimpl
 from kvctl.tier import spec
 from kvctl.tier.targets import load_tier

@@ -17,7 +17,9 @@ from typing import Any, Callable
 import click
 from click.core import ParameterSource
 
-from kvctl import render, thresholds
+from kvctl.core import render
+
+from kvctl.core import thresholds
 from kvctl.commands.diagnose_stalls import stalls_cmd
 from kvctl.commands.options import (
     BYTES_PER_TOKEN, PREFILL_RATE, T0_S, bytes_per_token_options, count, engine_http, engine_http_options, options, output_options, positive,
@@ -27,8 +29,8 @@ from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Params, analyse
 from kvctl.diagnose.jsonform import diagnosis_json
 from kvctl.diagnose.watch import watch
-from kvctl.engine_http import masked
-from kvctl.errors import ExitStatus
+from kvctl.core.engine_http import masked
+from kvctl.core.errors import ExitStatus
 from kvctl.hooks import hookimpl
 from kvctl.views.diagnose import show_capture, show_diagnosis, show_refresh
 

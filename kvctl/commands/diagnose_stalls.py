@@ -9,7 +9,7 @@ import click
 
 from kvctl.commands.options import FiniteFloat, output_options, severity_exit
 from kvctl.diagnose import stalls
-from kvctl.errors import KvctlError
+from kvctl.core.errors import KvctlError
 from kvctl.views.diagnose import show_stalls
 
 

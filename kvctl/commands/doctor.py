@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kvctl import thresholds
+from kvctl.core import thresholds
 from kvctl.commands.diagnose import TIMEOUT_S
 from kvctl.commands.options import ByteSize, count, engine_http, engine_http_options, output_options, valkey_options, valkey_targets
 from kvctl.hooks import hookimpl
@@ -56,7 +56,7 @@ def doctor_cmd(
     from click.core import ParameterSource  # noqa: PLC0415
     from kvctl.tier.targets import state_path  # noqa: PLC0415
     from kvctl.diagnose.capture import last_diagnosis_path  # noqa: PLC0415
-    from kvctl.doctor import DoctorInput, run  # noqa: PLC0415
+    from kvctl.ops.doctor import DoctorInput, run  # noqa: PLC0415
     from kvctl.views.doctor import show_doctor  # noqa: PLC0415
 
     if diagnosis_path and not Path(diagnosis_path).is_file():

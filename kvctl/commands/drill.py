@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from kvctl import render
+from kvctl.core import render
 from kvctl.commands.options import count, output_options, positive
-from kvctl.signals import Signalled, signals_raise
+from kvctl.core.signals import Signalled, signals_raise
 from kvctl.drill import scenarios as S
-from kvctl.errors import ExitStatus
+from kvctl.core.errors import ExitStatus
 from kvctl.hooks import hookimpl
 from kvctl.views.drill import show_engine, show_results, show_samples, show_scenarios, show_stopped
 

@@ -12,24 +12,24 @@ from typing import Any
 
 import click
 
-from kvctl import thresholds
+from kvctl.core import thresholds
 from kvctl.commands.diagnose import TIMEOUT_S, model_options
 from kvctl.commands.options import FiniteFloat, engine_http, engine_http_options, output_options, positive, valkey_options, valkey_targets
 from kvctl.diagnose.analysis import Params
 from kvctl.hooks import hookimpl
-from kvctl.signals import exit_code, on_signals
+from kvctl.core.signals import exit_code, on_signals
 from kvctl.views.exporter import show_listening, show_stopped
-from kvctl.exporter import INSTANCE_LABEL, METRICS
-from kvctl.thresholds import EXPORTER_MIN_INTERVAL_S, EXPORTER_STOP_S
+from kvctl.ops.exporter import INSTANCE_LABEL, METRICS
+from kvctl.core.thresholds import EXPORTER_MIN_INTERVAL_S, EXPORTER_STOP_S
 
 INTERVAL_S = FiniteFloat(min=EXPORTER_MIN_INTERVAL_S, max=3600.0)
 WINDOW_S = positive(86400.0)
 DURATION_S = positive(10 * 365 * 86400.0)
-log = logging.getLogger("kvctl.exporter")
+log = logging.getLogger("kvctl.ops.exporter")
 
 
 def _metric_lines(width: int = 95) -> list[str]:
-    """Every series the exporter serves (kvctl.exporter.METRICS), with its labels, wrapped for --help."""
+    """Every series the exporter serves (kvctl.ops.exporter.METRICS), with its labels, wrapped for --help."""
     names = [n + ("{" + ",".join(labels) + "}" if labels else "") for n, (_, labels) in METRICS.items()]
     return textwrap.wrap("Metrics: " + ", ".join(names) + ".", width, break_on_hyphens=False, break_long_words=False)
 
@@ -72,7 +72,7 @@ def exporter_cmd(
     valkey_urls: tuple[str, ...], ranks: int | None, instances_per_rank: int | None, tier_dir: str | None, password_file: str | None, bytes_per_token: float | None, prefill_rate: float | None, t0: float | None, interval_s: float,
     window_s: float, timeout_s: float | None, stale_after_s: float | None, duration_s: float | None, as_json: bool,
 ) -> None:
-    from kvctl.exporter import Exporter, ExporterConfig, Server, check_config, parse_listen  # noqa: PLC0415
+    from kvctl.ops.exporter import Exporter, ExporterConfig, Server, check_config, parse_listen  # noqa: PLC0415
 
     if not engine_urls:
         raise click.UsageError("give --engine-url (repeatable)")

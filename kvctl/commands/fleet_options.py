@@ -1,6 +1,6 @@
 """Options shared by ``kvctl simulate`` and ``kvctl plan`` for fleets with variability, and which of them go together.
 
-The model they describe is built by :mod:`kvctl.sim_model`; their tables are :mod:`kvctl.views.sim`'s.
+The model they describe is built by :mod:`kvctl.sim.model`; their tables are :mod:`kvctl.views.sim`'s.
 """
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from typing import Any
 
 import click
 
-from kvctl import thresholds
+from kvctl.core import thresholds
 from kvctl.commands.options import FiniteFloat, count, non_negative, options, positive
 
 ENGINES = count(1024)
 
 
 class EngineShare(click.ParamType):
-    """A share in [0, 1], or ``fit``: fitted from the --fit-from run (kvctl.calibrate)."""
+    """A share in [0, 1], or ``fit``: fitted from the --fit-from run (kvctl.sim.calibrate)."""
 
     name = "θ|fit"
 
@@ -27,7 +27,7 @@ class EngineShare(click.ParamType):
 
 
 class SecondsOrFit(click.ParamType):
-    """Seconds in [0, max], or ``fit``: fitted from the --fit-from run (kvctl.calibrate)."""
+    """Seconds in [0, max], or ``fit``: fitted from the --fit-from run (kvctl.sim.calibrate)."""
 
     name = "seconds|fit"
 
@@ -77,7 +77,7 @@ def check_workload_options(rate: float | None, trace_path: str | None, prompt_to
         raise click.UsageError("give exactly one of --instance-gbps or --bench FILE")
 
 
-#: ``--engines`` and the variability sources (see kvctl.variability).
+#: ``--engines`` and the variability sources (see kvctl.sim.variability).
 fleet_options = options(
     click.option("--engines", type=ENGINES, default=1, show_default=True,
                  help="Engines sharing the tier, each with its own queue; --arrival-rate is per engine, a --trace is the whole fleet's arrivals (dealt to engines at random)."),

@@ -7,11 +7,15 @@ from typing import Any, Callable
 
 import click
 
-from kvctl import loading, loading_flip, render
+from kvctl.loading import edit as loading
+
+from kvctl.loading import flip as loading_flip
+
+from kvctl.core import render
 from kvctl.commands.options import options, output_options, positive
-from kvctl.errors import KvctlError
+from kvctl.core.errors import KvctlError
 from kvctl.hooks import hookimpl
-from kvctl.thresholds import RHO_HIGH
+from kvctl.core.thresholds import RHO_HIGH
 from kvctl.views.loading import show_flip, show_states
 
 

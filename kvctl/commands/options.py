@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 import click
 
 from kvctl.connector.urls import MAX_INSTANCES_PER_RANK
-from kvctl.errors import ExitStatus, InvalidInput
-from kvctl.kvsize import DTYPE_BYTES, kv_size_from_file
-from kvctl.thresholds import METRICS_MAX_BYTES
+from kvctl.core.errors import ExitStatus, InvalidInput
+from kvctl.core.kvsize import DTYPE_BYTES, kv_size_from_file
+from kvctl.core.thresholds import METRICS_MAX_BYTES
 
 if TYPE_CHECKING:
     from kvctl.tier.targets import Target
@@ -70,7 +70,7 @@ class RenamedOption(click.Option):
         if given:
             new = max(self.opts, key=len)
             for opt in given:
-                from kvctl import render  # noqa: PLC0415 - warnings are drawn by render
+                from kvctl.core import render  # noqa: PLC0415 - warnings are drawn by render
 
                 to = f"{new} {self.old_flags[opt]}" if opt in self.old_flags else new
                 render.warn(f"{opt} is renamed {to}; the old name works until the next release")
@@ -171,7 +171,7 @@ _bytes_per_token_bundle = options(
 def bytes_per_token_options(required: bool = True, pass_tp: bool = False) -> Callable:
     """``--bytes-per-token`` or ``--model-config`` (+ ``--dtype``/``--tp``); passes ``bytes_per_token``.
 
-    ``bytes_per_token`` is always the whole model's s (kvctl.kvsize), whatever
+    ``bytes_per_token`` is always the whole model's s (kvctl.core.kvsize), whatever
     ``--tp``; with ``pass_tp`` the command also gets ``tp`` and reports each
     rank's share s/tp (``bytes_per_token_per_rank``).
     """
@@ -249,7 +249,7 @@ def severity_exit(severity: str | None) -> ExitStatus:
     return {"warning": ExitStatus.FINDING_WARNING, "critical": ExitStatus.FINDING_CRITICAL}.get(value, ExitStatus.OK)
 
 
-#: How to read an engine over HTTP: its API key and the /metrics size cap (kvctl.engine_http).
+#: How to read an engine over HTTP: its API key and the /metrics size cap (kvctl.core.engine_http).
 engine_http_options = options(
     click.option("--engine-api-key-file", type=click.Path(dir_okay=False), envvar="KVCTL_ENGINE_API_KEY_FILE",
                  help="File holding the engine's API key (vLLM's --api-key), sent as Authorization: Bearer (default: $KVCTL_ENGINE_API_KEY). "
@@ -260,7 +260,7 @@ engine_http_options = options(
 
 
 def engine_http(api_key_file: str | None, max_metrics_bytes: int, inflight: Any = None) -> Any:
-    """The :class:`kvctl.engine_http.EngineHttp` the options above describe (the key file read here, never quoted)."""
-    from kvctl.engine_http import EngineHttp, read_api_key  # noqa: PLC0415
+    """The :class:`kvctl.core.engine_http.EngineHttp` the options above describe (the key file read here, never quoted)."""
+    from kvctl.core.engine_http import EngineHttp, read_api_key  # noqa: PLC0415
 
     return EngineHttp(read_api_key(api_key_file), max_metrics_bytes, inflight)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import click
 
-from kvctl import sim_model, thresholds
+from kvctl.sim import model as sim_model
+
+from kvctl.core import thresholds
 from kvctl.commands.fleet_options import check_fleet_options, check_workload_options, fleet_options
 from kvctl.commands.options import ARRIVAL_RATE, PREFILL_RATE, T0_S, FiniteFloat, RenamedOption, bytes_per_token_options, count, non_negative, output_options, positive
-from kvctl.errors import ExitStatus
+from kvctl.core.errors import ExitStatus
 from kvctl.hooks import hookimpl
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from kvctl import render
+from kvctl.core import render
 from kvctl.commands.options import RenamedOption, count, engine_http, engine_http_options, output_options, positive
-from kvctl.errors import KvctlError
+from kvctl.core.errors import KvctlError
 from kvctl.hooks import hookimpl
 from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS, read_trace
 from kvctl.views.replay import show_replay, show_schedule

@@ -29,7 +29,7 @@ def report_cmd(runs: tuple[str, ...], hit_tokens: int, bytes_per_token: float | 
     (cached_tokens ≥ --hit-tokens), share of prompt tokens from L2 (engine counters
     before/after the run) and the most requests in flight at once.
     """
-    from kvctl.report import load_runs, summarize_run  # noqa: PLC0415
+    from kvctl.ops.report import load_runs, summarize_run  # noqa: PLC0415
     from kvctl.views.report import show_runs  # noqa: PLC0415
 
     loaded = load_runs(runs)

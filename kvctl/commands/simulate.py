@@ -6,7 +6,9 @@ from typing import Any
 
 import click
 
-from kvctl import sim_model, thresholds
+from kvctl.sim import model as sim_model
+
+from kvctl.core import thresholds
 from kvctl.commands.fleet_options import check_fleet_options, check_workload_options, fleet_options
 from kvctl.commands.options import PREFILL_RATE, T0_S, FiniteFloat, RenamedOption, bytes_per_token_options, count, non_negative, output_options, positive
 from kvctl.hooks import hookimpl
@@ -93,7 +95,7 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
     instances; per-engine and fleet percentiles, tier ρ per instance summed
     over engines, GPU utilisation; inputs past what was measured are flagged.
     """
-    from kvctl import simulate as sim  # noqa: PLC0415 - numpy only when used
+    from kvctl.sim import simulate as sim  # noqa: PLC0415 - numpy only when used
     from kvctl.views.sim import plot_sweep, show_whatif  # noqa: PLC0415
 
     check_workload_options(rate, trace_path, prompt_tokens, instance_gbps, bench_path, "Poisson")

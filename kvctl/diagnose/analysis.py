@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvctl import cost
+from kvctl.core import cost
 from kvctl.diagnose.capture import Capture, Sample
 from kvctl.diagnose.findings import Finding, Params, worst_severity  # noqa: F401 - Params/Finding are part of this API
 from kvctl.diagnose.fleet import fleet_loads
@@ -36,7 +36,7 @@ from kvctl.diagnose import metrics as M
 from kvctl.diagnose import quantities as Q
 from kvctl.diagnose.observations import GET_COMMANDS, EngineObs, InstanceObs, _div, _Engine  # noqa: F401 - EngineObs/InstanceObs/GET_COMMANDS are part of this API
 from kvctl.diagnose.quantities import BANDWIDTH_SOURCES, BW_KVCTL, BW_LMCACHE, BW_VALKEY, Quantity  # noqa: F401 - part of this API
-from kvctl.errors import ExitStatus, InvalidInput
+from kvctl.core.errors import ExitStatus, InvalidInput
 from kvctl.connector import metric_names as N
 DEFAULT_T0_S = cost.PAPER_PAIRING["t0_s"]
 

@@ -37,10 +37,10 @@ from kvctl import __version__
 from kvctl.connector.urls import InvalidUrl, parse_resp_url
 from kvctl.diagnose import sources
 from kvctl.diagnose.sources import GpuSample
-from kvctl.engine_http import EngineHttp, masked
-from kvctl.errors import InvalidInput, KvctlError
-from kvctl.files import write_atomic
-from kvctl.thresholds import READ_TIMEOUT_S
+from kvctl.core.engine_http import EngineHttp, masked
+from kvctl.core.errors import InvalidInput, KvctlError
+from kvctl.core.files import write_atomic
+from kvctl.core.thresholds import READ_TIMEOUT_S
 from kvctl.tier.targets import Target
 
 CAPTURE_FILE = "capture.json"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable
 
-from kvctl.thresholds import GPU_NOT_COMPUTE_BOUND_PCT, RHO_HIGH, RHO_TARGET
+from kvctl.core.thresholds import GPU_NOT_COMPUTE_BOUND_PCT, RHO_HIGH, RHO_TARGET
 
 
 class Severity(str, Enum):
@@ -42,7 +42,7 @@ class Params:
     prefill_rate: float | None = None
     t0_s: float | None = None  # None: the capture's, else the paper's 0.33 s
     rho_target: float = RHO_TARGET
-    warn_rho: float = RHO_HIGH  # rho_high from here, rho_unstable from RHO_UNSTABLE (kvctl.thresholds)
+    warn_rho: float = RHO_HIGH  # rho_high from here, rho_unstable from RHO_UNSTABLE (kvctl.core.thresholds)
     slow_lookup_s: float = 1.0
     gpu_idle_pct: float = GPU_NOT_COMPUTE_BOUND_PCT  # not stalls' "idle": the MEAN utilisation below which a growing queue is not compute-bound
     hot_ratio: float = 2.0

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvctl import cost
+from kvctl.core import cost
 from kvctl.diagnose.observations import EngineObs, InstanceObs, _Deltas, _div, _Engine
 from kvctl.connector import metric_names as N
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kvctl import __version__, render
+from kvctl import __version__
+
+from kvctl.core import render
 from kvctl.diagnose.analysis import Diagnosis
-from kvctl.runbooks import runbook_for
+from kvctl.core.runbooks import runbook_for
 
 
 def _finite(obj: Any, path: str, reasons: dict[str, str]) -> Any:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 
 MAX_LISTED_DUPLICATES = 3
 

@@ -11,12 +11,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvctl import cost
+from kvctl.core import cost
 from kvctl.connector import metric_names as N
 from kvctl.diagnose import metrics as M
 from kvctl.diagnose.capture import Sample
 from kvctl.diagnose.sources import metrics_url
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 from kvctl.tier.targets import instance_name
 
 GET_COMMANDS = ("cmdstat_get", "cmdstat_mget", "cmdstat_getex")

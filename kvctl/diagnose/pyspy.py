@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvctl.errors import BinaryNotFound, KvctlError
+from kvctl.core.errors import BinaryNotFound, KvctlError
 
 #: ``py-spy dump --help``: a local binary printing its usage; not a read of the engine, so not a --timeout.
 HELP_TIMEOUT_S = 10.0

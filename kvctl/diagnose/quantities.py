@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kvctl import cost
+from kvctl.core import cost
 from kvctl.connector import metric_names as N
 from kvctl.diagnose import metrics as M
 from kvctl.diagnose.capture import Capture, Sample

@@ -10,8 +10,8 @@ import statistics
 from typing import Any
 
 from kvctl.diagnose.findings import Finding, Params
-from kvctl.engine_http import TOO_LARGE
-from kvctl.thresholds import RHO_UNSTABLE
+from kvctl.core.engine_http import TOO_LARGE
+from kvctl.core.thresholds import RHO_UNSTABLE
 
 
 def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
@@ -137,7 +137,7 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
 
 
 def _metrics_too_large(o: dict[str, Any], out: list[Finding]) -> None:
-    """An engine whose /metrics answer passed the size cap: refused (kvctl.engine_http), so it is not analysed."""
+    """An engine whose /metrics answer passed the size cap: refused (kvctl.core.engine_http), so it is not analysed."""
     big = [url for url, err in o.get("engine_errors", ()) if TOO_LARGE in err]
     if big:
         out.append(

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from kvctl.diagnose.procnet import ProcSockets, read_sockets
 from kvctl.diagnose.pyspy import ProcessGone, PtraceNotPermitted, ThreadStack, dump_threads
-from kvctl.errors import BinaryNotFound, InvalidInput, KvctlError
+from kvctl.core.errors import BinaryNotFound, InvalidInput, KvctlError
 
 @dataclass(frozen=True)
 class ProcessInfo:

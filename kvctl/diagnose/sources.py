@@ -1,6 +1,6 @@
 """The three things ``kvctl diagnose`` reads from the outside world.
 
-* an engine's Prometheus text over HTTP (:mod:`kvctl.engine_http`: credentials, a size cap, a deadline);
+* an engine's Prometheus text over HTTP (:mod:`kvctl.core.engine_http`: credentials, a size cap, a deadline);
 * a Valkey instance's ``INFO`` (all sections, including ``commandstats``) via redis-py;
 * GPU utilisation through NVML, or a clear "no GPU visible".
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from kvctl.engine_http import EngineHttp, masked
-from kvctl.errors import InvalidInput, KvctlError, Unreachable
-from kvctl.thresholds import CHECK_TIMEOUT_S, READ_TIMEOUT_S
+from kvctl.core.engine_http import EngineHttp, masked
+from kvctl.core.errors import InvalidInput, KvctlError, Unreachable
+from kvctl.core.thresholds import CHECK_TIMEOUT_S, READ_TIMEOUT_S
 from kvctl.tier.server import PASSWORD_HINT, AuthFailed, info_all, is_auth_error, redis_for_url
 from kvctl.tier.targets import Target
 

@@ -34,7 +34,7 @@ from kvctl.diagnose import clients as C
 from kvctl.diagnose.findings import Severity, worst_severity
 from kvctl.diagnose.procnet import ProcSockets
 from kvctl.diagnose.pyspy import Frame, ThreadStack, dump_threads
-from kvctl.thresholds import GPU_IDLE_PCT
+from kvctl.core.thresholds import GPU_IDLE_PCT
 from kvctl.diagnose.sampling import (  # noqa: F401 - re-exported: the stall API in one place
     ProcessInfo,
     StableThread,

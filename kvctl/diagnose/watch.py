@@ -8,7 +8,7 @@ from typing import Any, Iterator, Sequence
 from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.diagnose.jsonform import diagnosis_json
-from kvctl.engine_http import EngineHttp, masked
+from kvctl.core.engine_http import EngineHttp, masked
 from kvctl.tier.targets import Target
 
 

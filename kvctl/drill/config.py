@@ -1,9 +1,9 @@
 """The drill engine's config file: LMCache-style YAML, so ``kvctl loading`` edits it as it edits LMCache's.
 
-``enable_async_loading`` (top level, :data:`kvctl.loading.KEY`) picks synchronous or asynchronous
+``enable_async_loading`` (top level, :data:`kvctl.loading.edit.KEY`) picks synchronous or asynchronous
 loading; ``chunk_size`` is LMCache's chunk length in tokens. Everything only the drill engine reads
 sits under ``drill:``. The engine reads the file at start (and again on SIGHUP, its restart), through
-:func:`kvctl.loading.yaml_state` for the loading mode, exactly as ``kvctl loading show`` reads it.
+:func:`kvctl.loading.edit.yaml_state` for the loading mode, exactly as ``kvctl loading show`` reads it.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvctl import loading
-from kvctl.errors import InvalidInput
-from kvctl.files import write_atomic
-from kvctl.thresholds import CHUNK_TOKENS
+from kvctl.loading import edit as loading
+from kvctl.core.errors import InvalidInput
+from kvctl.core.files import write_atomic
+from kvctl.core.thresholds import CHUNK_TOKENS
 
 TIER_CLIENTS = ("kvctl", "fixed-header")
 LOOKUPS = ("exists", "index")
@@ -26,7 +26,7 @@ class EngineSettings:
     """What the drill engine simulates and where its tier is (the ``drill:`` mapping)."""
 
     remote_urls: list[str]  # one per rank: instance r holds rank r's chunks
-    chunk_bytes: int  # bytes of one stored chunk value (kvctl.kvsize on a model config, scaled by the drill)
+    chunk_bytes: int  # bytes of one stored chunk value (kvctl.core.kvsize on a model config, scaled by the drill)
     prefill_tokens_per_s: float  # R: a miss holds the simulated GPU n/R seconds
     t0_s: float  # T0: a hit holds it T0 plus the measured load time
     stream_bytes_per_s: float  # one rank's link: bytes/s while a GET's bytes flow

@@ -52,7 +52,7 @@ from kvctl.connector import metric_names as MN
 from kvctl.connector.metric_names import COUNTERS, RANKS, RANKS_HELP
 from kvctl.connector.ownership import chunk_keys, owner
 from kvctl.drill.config import EngineConfig, EngineSettings, read_config
-from kvctl.procs import python_argv
+from kvctl.core.procs import python_argv
 
 KEY_FORMAT = "drill"
 MAX_BODY_BYTES = 64 << 20

@@ -28,11 +28,11 @@ from kvctl.drill import scenarios as S
 from kvctl.drill.config import EngineSettings, write_config
 from kvctl.drill.standalone import settings_for
 from kvctl.drill.workload import Sizes, Workload, sizes, write_trace
-from kvctl.errors import ExitStatus, InvalidInput, KvctlError
+from kvctl.core.errors import ExitStatus, InvalidInput, KvctlError
 from kvctl.drill.workdir import WorkDir, check_keep, keep, quote_log, remove_stale
-from kvctl.procs import child_env, die_with_parent, python_argv
-from kvctl.runbooks import runbook_for
-from kvctl.thresholds import RHO_HIGH, RHO_UNSTABLE
+from kvctl.core.procs import child_env, die_with_parent, python_argv
+from kvctl.core.runbooks import runbook_for
+from kvctl.core.thresholds import RHO_HIGH, RHO_UNSTABLE
 from kvctl.tier import local
 from kvctl.tier.server import ValkeyProcess, free_port, port_in_use
 from kvctl.tier.targets import Target, resolve_targets

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvctl.errors import KvctlError
+from kvctl.core.errors import KvctlError
 
 SAMPLES_DIR = Path(__file__).resolve().parent.parent / "samples"
 SAMPLES = {
@@ -28,7 +28,7 @@ def loader_gbps(model_config: str | None = None) -> tuple[float, float]:
     --instance-gbps and --async-instance-gbps: the sync loader GETs chunk by chunk, a round trip each
     (STREAM_CHUNKS_PER_S); the async one a prompt's chunks in one pipelined batch, one round trip and then the
     link (LINK_CHUNKS_PER_S). docs/drill.md: the time model."""
-    from kvctl.cost import GB  # noqa: PLC0415
+    from kvctl.core.cost import GB  # noqa: PLC0415
     from kvctl.drill import scenarios as S  # noqa: PLC0415
     from kvctl.drill.workload import Workload, sizes  # noqa: PLC0415
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvctl.runbooks import runbook_for
-from kvctl.thresholds import CALM_RHO
+from kvctl.core.runbooks import runbook_for
+from kvctl.core.thresholds import CALM_RHO
 
 #: the simulated GPU: R (tokens/s) and T0 (s) of the drill engine
 PREFILL_RATE = 40960.0

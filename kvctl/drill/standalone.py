@@ -26,8 +26,8 @@ import psutil
 from kvctl.drill import scenarios as S
 from kvctl.drill.config import EngineSettings, write_config
 from kvctl.drill.workload import sizes
-from kvctl.errors import InvalidInput, KvctlError
-from kvctl.files import write_atomic
+from kvctl.core.errors import InvalidInput, KvctlError
+from kvctl.core.files import write_atomic
 from kvctl.tier.targets import resolve_targets
 
 STATE_FILE = "drill-engine.json"

@@ -10,7 +10,7 @@ removes the directory. Only directories of this user, named so, holding that loc
 anything kvctl did not create.
 
 ``--keep DIR`` (:func:`check_keep`, before anything starts): DIR is new, or an empty directory that is
-not a link, and a file can really be created there; the copy (:func:`kvctl.files.copy_tree_new`) never
+not a link, and a file can really be created there; the copy (:func:`kvctl.core.files.copy_tree_new`) never
 overwrites or removes anything. Library code: no click.
 """
 
@@ -25,8 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from kvctl import files
-from kvctl.errors import InvalidInput, KvctlError
+from kvctl.core import files
+from kvctl.core.errors import InvalidInput, KvctlError
 from kvctl.tier.local import LOCK_FILE as TIER_LOCK
 
 PREFIX = "kvctl-drill-"

@@ -1,6 +1,6 @@
 """The drill's workload: sizes from a model config, scaled down, and a Mooncake-format trace.
 
-Sizes: one chunk of the model's KV (:func:`kvctl.kvsize.kv_size_from_file`, e.g. DeepSeek-V3 FP8:
+Sizes: one chunk of the model's KV (:func:`kvctl.core.kvsize.kv_size_from_file`, e.g. DeepSeek-V3 FP8:
 9.0 MB per 256 tokens) times ``bytes_scale`` (1/128 by default), so a drill moves a few MB/s and
 fits next to other work on two cores. Every bandwidth of the drill is in the same scaled bytes, so
 the ratios diagnose computes (ρ, B against B*) are the ones of the unscaled deployment.
@@ -19,10 +19,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvctl.files import write_atomic
-from kvctl.kvsize import kv_size_from_file
+from kvctl.core.files import write_atomic
+from kvctl.core.kvsize import kv_size_from_file
 from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS
-from kvctl.thresholds import CHUNK_TOKENS
+from kvctl.core.thresholds import CHUNK_TOKENS
 
 #: the model whose chunk size the drills use (the paper's family: MLA, FP8)
 DEFAULT_MODEL_CONFIG = "deepseek-v3.json"
@@ -45,7 +45,7 @@ def model_config_path(name: str = DEFAULT_MODEL_CONFIG) -> Path:
     for d in (here.parent.parent / "configs" / "models", here.parent / "samples" / "models"):
         if (d / name).is_file():
             return d / name
-    from kvctl.errors import InvalidInput  # noqa: PLC0415
+    from kvctl.core.errors import InvalidInput  # noqa: PLC0415
 
     raise InvalidInput(f"model config {name} not found in configs/models/ or kvctl/samples/models/")
 

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 from kvctl.replay.trace import TraceRequest
 
 #: Ordinary text whose token ids make the pool (every tokenizer splits it into many distinct ids).

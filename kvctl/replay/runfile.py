@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from kvctl import files
-from kvctl.errors import InvalidInput
+from kvctl.core import files
+from kvctl.core.errors import InvalidInput
 from kvctl.replay.trace import MAX_TOKENS, json_lines, malformed
-from kvctl.thresholds import TRACE_MAX_BYTES
+from kvctl.core.thresholds import TRACE_MAX_BYTES
 
 #: How replay's rows for requests still open at a stop signal begin their status (not errors of the engine).
 INTERRUPTED = "interrupted"

@@ -31,12 +31,12 @@ from typing import Any, Callable
 
 from kvctl import __version__
 from kvctl.connector import metric_names as N
-from kvctl.engine_http import EngineHttp, masked
-from kvctl.errors import InvalidInput, Unreachable
+from kvctl.core.engine_http import EngineHttp, masked
+from kvctl.core.errors import InvalidInput, Unreachable
 from kvctl.replay.prompts import SEED_TEXT, PromptBuilder, TokenPool, pool_from_ids, pool_from_tokenizer
 from kvctl.replay.runfile import INTERRUPTED, RunWriter
 from kvctl.replay.trace import Trace, TraceRequest
-from kvctl.thresholds import METRICS_MAX_BYTES
+from kvctl.core.thresholds import METRICS_MAX_BYTES
 
 #: Metric families kept from /metrics in the run file (counters and gauges, summed over labels).
 METRIC_PREFIXES = (N.VLLM_PREFIX, N.LMCACHE_PREFIX, N.PREFIX)

@@ -13,7 +13,7 @@ One reader for all three; the format is recognised line by line from its keys:
 Offsets are taken relative to the trace's first request. Malformed lines are rejected together,
 each named by its line number. Every number has a stated cap (:data:`MAX_TOKENS`, :data:`MAX_SPAN_S`,
 64-bit ids); a 400-digit number, a 5,000-digit one or nesting past JSON_MAX_DEPTH is a malformed line, never a crash.
-The file itself is read by :func:`kvctl.files.read_regular`: a regular file (never a FIFO or a device) of at
+The file itself is read by :func:`kvctl.core.files.read_regular`: a regular file (never a FIFO or a device) of at
 most TRACE_MAX_BYTES.
 """
 
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from kvctl import files
-from kvctl.errors import InvalidInput
-from kvctl.thresholds import JSON_MAX_DEPTH, TRACE_MAX_BYTES
+from kvctl.core import files
+from kvctl.core.errors import InvalidInput
+from kvctl.core.thresholds import JSON_MAX_DEPTH, TRACE_MAX_BYTES
 
 DEFAULT_BLOCK_TOKENS = 512
 #: How many malformed lines one error message lists.

@@ -19,7 +19,7 @@ keyspace`` and a few random keys' lengths) and judged here, each line with its r
 * ``fragmentation``, ``evictions_vs_hits``: RSS against the data; keys evicted against hits;
 * ``transparent_huge_pages``: ``always`` (``/sys/kernel/mm/transparent_hugepage/enabled``) on the
   instance's own host, unless Valkey turns it off for itself (``disable-thp yes``); not checked remotely;
-* ``value_size``: chunks above :data:`~kvctl.thresholds.LARGE_VALUE_BYTES`.
+* ``value_size``: chunks above :data:`~kvctl.core.thresholds.LARGE_VALUE_BYTES`.
 
 The chunk size is ``--chunk-bytes`` when given, else the largest of a few values sampled from the tier.
 """
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from kvctl.runbooks import DOCTOR_PAGES, RUNBOOK_DIR
-from kvctl.thresholds import (
+from kvctl.core.runbooks import DOCTOR_PAGES, RUNBOOK_DIR
+from kvctl.core.thresholds import (
     CLIENTS_NEAR_MAXCLIENTS,
     CONNECTIONS_PER_RANK,
     FRAGMENTATION_MIN_WASTE_BYTES,

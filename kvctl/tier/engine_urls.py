@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 from kvctl.tier import spec
 from kvctl.tier.lmcache_config import check_name
 from kvctl.tier.targets import instance_name, load_tier

@@ -36,9 +36,9 @@ from kvctl.connector.config_keys import (  # noqa: F401 - re-exported for the ti
     PASSWORD_FILE_KEY, PLUGIN_CLASS, PLUGIN_MODULE, PLUGIN_NAME, URL_LIST_KEY, USERNAME_KEY, plugin_key,
 )
 from kvctl.connector.urls import RANK_PLACEHOLDER
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 from kvctl.tier.targets import check_instances
-from kvctl.thresholds import CHUNK_TOKENS
+from kvctl.core.thresholds import CHUNK_TOKENS
 
 @dataclass(frozen=True)
 class LMCacheSettings:

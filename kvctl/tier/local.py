@@ -34,7 +34,7 @@ from typing import Callable, Iterator, Sequence
 import psutil
 
 from kvctl.connector.urls import MAX_INSTANCES_PER_RANK, flat_instance
-from kvctl.errors import InvalidInput, KvctlError
+from kvctl.core.errors import InvalidInput, KvctlError
 from kvctl.tier import spec
 from kvctl.tier.server import (
     PASSWORD_HINT,
@@ -49,8 +49,8 @@ from kvctl.tier.server import (
     server_version,
     start_valkey,
 )
-from kvctl.files import read_password_file
-from kvctl.thresholds import CHECK_TIMEOUT_S, TIER_MAXMEMORY
+from kvctl.core.files import read_password_file
+from kvctl.core.thresholds import CHECK_TIMEOUT_S, TIER_MAXMEMORY
 from kvctl.tier.targets import STATE_FILE, InstanceState, Target, TierState, instance_name, load_tier, state_path
 
 ENGINE_PASSWORD_FILE = "engine.password"

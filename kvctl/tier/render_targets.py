@@ -24,8 +24,8 @@ from pathlib import Path
 import yaml
 
 from kvctl.connector.urls import MAX_INSTANCES_PER_RANK, flat_instance
-from kvctl.errors import BinaryNotFound, InvalidInput, KvctlError
-from kvctl.files import write_atomic
+from kvctl.core.errors import BinaryNotFound, InvalidInput, KvctlError
+from kvctl.core.files import write_atomic
 from kvctl.tier import spec
 from kvctl.tier.server import render_config
 

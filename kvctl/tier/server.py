@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from kvctl import procs
-from kvctl.errors import BinaryNotFound, InvalidInput, KvctlError
+from kvctl.core import procs
+from kvctl.core.errors import BinaryNotFound, InvalidInput, KvctlError
 
 INSTALL_HINT = (
     "install Valkey (e.g. `apt-get install valkey-server`) or "
@@ -311,7 +311,7 @@ def start_valkey(
     server's stderr to its log file instead of a pipe, for servers that
     outlive this process (``kvctl deploy-valkey up``). ``on_spawn`` is called
     right after the process exists, before waiting for PING (to record it). ``die_with_parent``: the
-    server gets SIGKILL when this process dies (:func:`kvctl.procs.die_with_parent`), for servers that
+    server gets SIGKILL when this process dies (:func:`kvctl.core.procs.die_with_parent`), for servers that
     must not outlive it (``kvctl drill``).
     """
     workdir = Path(workdir)

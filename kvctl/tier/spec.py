@@ -14,8 +14,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvctl.errors import InvalidInput
-from kvctl.files import read_password_file, write_atomic
+from kvctl.core.errors import InvalidInput
+from kvctl.core.files import read_password_file, write_atomic
 
 #: ACL user the engines log in as when the tier has a password.
 ENGINE_USER = "kvctl-engine"

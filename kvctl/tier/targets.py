@@ -32,8 +32,8 @@ from kvctl.connector.urls import (
     instances_in,
     parse_resp_url,
 )
-from kvctl.errors import InvalidInput
-from kvctl.files import read_password_file, write_atomic
+from kvctl.core.errors import InvalidInput
+from kvctl.core.files import read_password_file, write_atomic
 
 STATE_FILE = "kvctl-tier.json"
 #: The options that name instances (kvctl.commands.options.valkey_options), for messages.

@@ -30,9 +30,9 @@ from typing import Any, Sequence
 from kvctl.connector import config_keys as K  # the keys' one home, shared with the connector's reader
 from kvctl.connector.config_keys import CONNECTOR, EXTRA, MODULE_PATH  # noqa: F401 - re-exported
 from kvctl.connector.urls import with_credentials
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 from kvctl.tier.targets import check_instances
-from kvctl.thresholds import CHUNK_TOKENS
+from kvctl.core.thresholds import CHUNK_TOKENS
 
 ARG = "--kv-transfer-config"
 ASYNC_KEY = K.ASYNC_LOADING

@@ -1,7 +1,7 @@
 """Views: every table, key-value list, message and plot a command shows of its result, one module per command.
 
 A command (kvctl/commands/) parses its options, calls one library function and hands the result to its view
-here; a view only reads the result and draws it through :mod:`kvctl.render` (rich tables, progress, plots,
+here; a view only reads the result and draws it through :mod:`kvctl.core.render` (rich tables, progress, plots,
 JSON). Views compute nothing a result does not already hold, import no click and raise nothing of their own.
 
 * :mod:`kvctl.views.bench` - ``kvctl bench``: the runs table, the --engines contention table, the scaling plot

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvctl import cost, render
+from kvctl.core import cost
+
+from kvctl.core import render
 
 if TYPE_CHECKING:
     from kvctl.bench.results import BenchReport, RunResult

@@ -1,13 +1,15 @@
-"""``kvctl cost``: break-even, fit-t0, predict, rho, kv-size and the report's table (results from :mod:`kvctl.cost`)."""
+"""``kvctl cost``: break-even, fit-t0, predict, rho, kv-size and the report's table (results from :mod:`kvctl.core.cost`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvctl import cost, render
+from kvctl.core import cost
+
+from kvctl.core import render
 
 if TYPE_CHECKING:
-    from kvctl.kvsize import KvSize
+    from kvctl.core.kvsize import KvSize
 
 
 def show_breakeven(res: cost.Breakeven, as_json: bool) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from kvctl import render
-from kvctl.files import write_atomic
+from kvctl.core import render
+from kvctl.core.files import write_atomic
 from kvctl.tier import spec
 from kvctl.tier.targets import TierState, state_path
 

@@ -7,13 +7,15 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from kvctl import __version__, render
+from kvctl import __version__
+
+from kvctl.core import render
 from kvctl.diagnose import stalls
 from kvctl.diagnose.analysis import Diagnosis
 from kvctl.diagnose.capture import Capture
 from kvctl.diagnose.jsonform import diagnosis_json
-from kvctl.errors import ExitStatus
-from kvctl.runbooks import runbook_for
+from kvctl.core.errors import ExitStatus
+from kvctl.core.runbooks import runbook_for
 
 
 def show_diagnosis(diag: Diagnosis, explain: bool, as_json: bool, saved_to: str | None = None) -> None:

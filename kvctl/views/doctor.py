@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvctl import render
-from kvctl.doctor import NOTHING_CHECKED, DoctorReport
+from kvctl.core import render
+from kvctl.ops.doctor import NOTHING_CHECKED, DoctorReport
 
 STYLE = {"skipped": "dim", "ok": "green", "warning": "yellow", "fail": "red"}
 

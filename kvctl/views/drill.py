@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvctl import __version__, render
+from kvctl import __version__
+
+from kvctl.core import render
 from kvctl.drill import scenarios as S
 
 if TYPE_CHECKING:

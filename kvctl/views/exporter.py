@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvctl import render
+from kvctl.core import render
 from kvctl.diagnose.capture import merged_warning
 
 if TYPE_CHECKING:
-    from kvctl.exporter import Server
+    from kvctl.ops.exporter import Server
 
 
 def show_listening(server: Server, instances: int, interval_s: float, window_s: float, stale_after_s: float, as_json: bool) -> None:

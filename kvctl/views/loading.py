@@ -5,8 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvctl import loading, loading_flip, loading_vllm, render
-from kvctl.loading_types import SourceState
+from kvctl.loading import edit as loading
+
+from kvctl.loading import flip as loading_flip
+
+from kvctl.loading import vllm as loading_vllm
+
+from kvctl.core import render
+from kvctl.loading.types import SourceState
 
 
 def _mode(value: bool | None, kind: str = "yaml") -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvctl import render
+from kvctl.core import render
 
 if TYPE_CHECKING:
     from kvctl.replay.sender import ReplayResult

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvctl import render
+from kvctl.core import render
 
 if TYPE_CHECKING:
     from kvctl.replay.runfile import Run
-    from kvctl.report import RunSummary
+    from kvctl.ops.report import RunSummary
 
 
 def _thirds(values: list[float | None]) -> str:
@@ -17,7 +17,7 @@ def _thirds(values: list[float | None]) -> str:
 
 def show_runs(loaded: list[Run], sums: list[RunSummary], hit_tokens: int, plot_dir: str | None, as_json: bool) -> None:
     """Each run's warnings, the plots into ``plot_dir``, then the table (or the JSON) of the runs."""
-    from kvctl.report import series  # noqa: PLC0415 - numpy only when used
+    from kvctl.ops.report import series  # noqa: PLC0415 - numpy only when used
 
     if not as_json:
         for r in loaded:

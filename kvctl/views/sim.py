@@ -1,16 +1,18 @@
-"""``kvctl simulate`` and ``kvctl plan``: their tables, JSON and plots (results from :mod:`kvctl.sim_model`)."""
+"""``kvctl simulate`` and ``kvctl plan``: their tables, JSON and plots (results from :mod:`kvctl.sim.model`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvctl import render, thresholds
+from kvctl.core import render
+
+from kvctl.core import thresholds
 
 if TYPE_CHECKING:
-    from kvctl.fleet import FleetResult
-    from kvctl.plan import PlanResult
-    from kvctl.sim_model import Sized, WhatIf
-    from kvctl.simulate import Bandwidth, SimResult
+    from kvctl.sim.fleet import FleetResult
+    from kvctl.sim.plan import PlanResult
+    from kvctl.sim.model import Sized, WhatIf
+    from kvctl.sim.simulate import Bandwidth, SimResult
 
 RESULT_COLS = ["ρ", "tier ρ", "GPU util %", "p50 s", "p90 s", "p99 s", "max s", "p50 by third (s)", "max queue", "stable"]
 FLEET_COLS = ["engine", "requests", "hits", "timeouts", "ρ", "GPU util %", "p50 s", "p90 s", "p99 s", "max s", "max queue"]
@@ -55,7 +57,7 @@ def render_fleet(res: FleetResult, title: str) -> None:
 
 
 def _extrapolated(bw: Bandwidth) -> bool:
-    from kvctl.simulate import BASIS_EXTRAPOLATED  # noqa: PLC0415 - numpy only when used
+    from kvctl.sim.simulate import BASIS_EXTRAPOLATED  # noqa: PLC0415 - numpy only when used
 
     return bw.basis == BASIS_EXTRAPOLATED
 
@@ -89,8 +91,8 @@ def plot_sweep(path: str, w: WhatIf) -> None:
 
 def show_whatif(w: WhatIf, as_json: bool, plot: str | None = None) -> None:
     """``kvctl simulate``'s answer: the sweep's table, the fleet's, or the one run's (or their JSON)."""
-    from kvctl import fleet  # noqa: PLC0415 - numpy only when used
-    from kvctl import simulate as sim  # noqa: PLC0415
+    from kvctl.sim import fleet  # noqa: PLC0415 - numpy only when used
+    from kvctl.sim import simulate as sim  # noqa: PLC0415
 
     i = w.inputs
     if w.grid:

@@ -6,7 +6,7 @@ from kvctl.bench.info import ServerDelta, ServerInfo
 from kvctl.bench.results import summarize_run, summarize_verdict, with_scaling
 from kvctl.bench.spec import BenchSpec, auto_keys, grid
 from kvctl.bench.worker import WorkerResult
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 
 
 def _w(wid, inst, nbytes, elapsed, lat, errors=0):
@@ -65,7 +65,7 @@ def test_verdict_llama_tp8_on_8_instances_of_1_gbps_says_recompute():
     """
     from pathlib import Path  # noqa: PLC0415
 
-    from kvctl.kvsize import kv_size_from_file  # noqa: PLC0415
+    from kvctl.core.kvsize import kv_size_from_file  # noqa: PLC0415
 
     size = kv_size_from_file(Path(__file__).resolve().parents[2] / "configs" / "models" / "llama-3.1-8b.json", tp=8)
     workers = [_w(i, i, 1_000_000_000, 1.0, [0.1]) for i in range(8)]

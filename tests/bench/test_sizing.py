@@ -16,7 +16,7 @@ from kvctl.bench.info import ServerInfo
 from kvctl.bench.runner import describe_exit, key_ttl_s
 from kvctl.bench.spec import BenchSpec, auto_keys, check_host, size_embedded
 from kvctl.cli import cli
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 
 PAPER = BenchSpec(chunk_bytes=12_400_000, batch=8, clients=8, sweep=True)  # `--embedded 8 --sweep`: clients default = 8
 
@@ -89,7 +89,7 @@ def test_bench_sizes_from_a_model_or_the_paper():
     from pathlib import Path
 
     from kvctl.bench.sizing import bench_sizes
-    from kvctl.errors import InvalidInput
+    from kvctl.core.errors import InvalidInput
 
     model = str(Path(__file__).resolve().parents[2] / "configs" / "models" / "deepseek-v3.json")
     s = bench_sizes(None, model, "fp8", 256, 8, None, 52200.0)

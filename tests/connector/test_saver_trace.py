@@ -7,7 +7,6 @@ import os
 import threading
 import time
 
-import pytest
 
 from kvctl.connector.saver import Saver
 from kvctl.connector.trace import Trace

@@ -229,7 +229,7 @@ def test_failed_prefetch_of_one_request_does_not_touch_another(valkey_server):
 
 # ---------------------------------------------------------------- policy
 def test_policy_reports_zero_when_loading_is_slower(valkey_server):
-    from kvctl import cost
+    from kvctl.core import cost
     from kvctl.connector.store import LoadPolicy
 
     s, r, t0 = 48.4e3, 52.2e3, 0.33  # GLM-5.3 FP8 on B300 (paper §4)

@@ -64,7 +64,7 @@ def test_one_password_file_reader_one_answer(tmp_path):
     import os
 
     from kvctl.connector.urls import PASSWORD_FILE_MAX_BYTES, read_password_file
-    from kvctl.errors import InvalidInput
+    from kvctl.core.errors import InvalidInput
 
     p = tmp_path / "pw"
     p.write_text("s3cret\n")

@@ -19,7 +19,7 @@ from kvctl.diagnose import metrics as M
 from kvctl.diagnose.analysis import Params, analyse
 from kvctl.diagnose.capture import Capture, Sample, take_sample
 from kvctl.diagnose.sources import GpuSample
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 from kvctl.tier.targets import resolve_targets
 from tests.diagnose.engine_text import EngineState
 from tests.diagnose.metrics_server import MetricsServer

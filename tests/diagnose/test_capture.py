@@ -13,7 +13,7 @@ import pytest
 
 from kvctl.diagnose.capture import CAPTURE_FILE, Capture, Sample, load_capture, save_capture, wait_until
 from kvctl.diagnose.sources import GpuSample
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 
 INFO_A = {"cmdstat_get": {"calls": 10, "usec": 500}, "total_net_output_bytes": 1000}
 INFO_B = {"cmdstat_get": {"calls": 30, "usec": 1500}, "total_net_output_bytes": 5000}
@@ -131,7 +131,7 @@ def test_live_diagnosis_never_prints_or_keeps_a_password(tmp_path):
 def test_saves_never_share_a_fixed_temp_name(tmp_path, monkeypatch):
     """Two `diagnose --watch` runs used to write through the same `last-diagnosis.json.tmp` (and a capture
     through `capture.json.tmp`): one run's temp file in the way broke the other. Every write now goes
-    through kvctl.files.write_atomic (a unique temp name, fsync, rename), so the other run's temp name is
+    through kvctl.core.files.write_atomic (a unique temp name, fsync, rename), so the other run's temp name is
     no obstacle; here a directory stands where the old fixed temp names were."""
     from kvctl.diagnose.capture import LAST_DIAGNOSIS, save_last_diagnosis
 

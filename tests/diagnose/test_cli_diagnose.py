@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from kvctl.cli import cli
 from kvctl.diagnose.capture import last_diagnosis_path
-from kvctl.kvsize import kv_size_from_file
+from kvctl.core.kvsize import kv_size_from_file
 from kvctl.tier.server import free_port
 from tests.diagnose.engine_text import EngineState
 from tests.diagnose.metrics_server import MetricsServer

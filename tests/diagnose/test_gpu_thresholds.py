@@ -1,4 +1,4 @@
-""""GPU idle" is two facts with two thresholds (kvctl.thresholds), and the output says which one.
+""""GPU idle" is two facts with two thresholds (kvctl.core.thresholds), and the output says which one.
 
 * ``diagnose stalls``: the GPUs are IDLE when even the busiest is below GPU_IDLE_PCT (5 %) at the
   moment of the dump: a stalled lookup holds the engine step, nothing runs.
@@ -14,7 +14,7 @@ from kvctl.diagnose import stalls
 from kvctl.diagnose.analysis import Params, analyse
 from kvctl.diagnose.capture import Capture, Sample
 from kvctl.diagnose.sources import GpuSample
-from kvctl.thresholds import GPU_NOT_COMPUTE_BOUND_PCT
+from kvctl.core.thresholds import GPU_NOT_COMPUTE_BOUND_PCT
 from tests.diagnose.engine_text import EngineState
 
 BASE = EngineState(engines=1)

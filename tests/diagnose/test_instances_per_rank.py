@@ -16,7 +16,7 @@ from kvctl.cli import cli
 from kvctl.diagnose.analysis import Params, analyse
 from kvctl.diagnose.capture import Capture, Sample, load_capture, save_capture
 from kvctl.diagnose.sources import GpuSample
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 from tests.diagnose.engine_text import EngineState
 from tests.diagnose.metrics_server import MetricsServer
 

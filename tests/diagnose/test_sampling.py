@@ -27,7 +27,7 @@ from kvctl.diagnose.sampling import (
     stable_threads,
     thread_switches,
 )
-from kvctl.errors import InvalidInput, KvctlError
+from kvctl.core.errors import InvalidInput, KvctlError
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from kvctl.diagnose import sources
-from kvctl.errors import Unreachable
+from kvctl.core.errors import Unreachable
 from kvctl.tier.targets import Target
 
 

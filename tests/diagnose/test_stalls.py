@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvctl.diagnose import pyspy, stalls
-from kvctl.errors import BinaryNotFound, ExitStatus
+from kvctl.core.errors import BinaryNotFound, ExitStatus
 from kvctl.tier.server import free_port
 from tests.diagnose.stall_helpers import INTERVAL_S, by_id, run_stalls, spawn, wait_ready
 

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from kvctl.cli import cli
 from kvctl.diagnose.analysis import Params, analyse
 from kvctl.diagnose.capture import CAPTURE_FILE, Capture, Sample
-from kvctl.errors import ExitStatus
+from kvctl.core.errors import ExitStatus
 from kvctl.tier.server import free_port
 from tests.diagnose.engine_text import EngineState
 from tests.diagnose.metrics_server import MetricsServer
@@ -283,7 +283,7 @@ def test_group_options_are_carried_to_capture_and_run(tmp_path):
 
 def test_model_config_before_capture_is_carried_as_bytes_per_token(tmp_path):
     cfg = Path(__file__).resolve().parents[2] / "configs" / "models" / "llama-3.1-8b.json"
-    from kvctl.kvsize import kv_size_from_file  # noqa: PLC0415
+    from kvctl.core.kvsize import kv_size_from_file  # noqa: PLC0415
 
     with MetricsServer([BASE.text(), TRAFFIC.text()]) as srv:
         invoke(["diagnose", "--model-config", str(cfg), "capture", "--engine-url", srv.url, "--window", "0.1", "--out", str(tmp_path / "c")], 0)

@@ -21,7 +21,7 @@ import psutil
 
 from kvctl.drill import scenarios as S
 from kvctl.drill.run import Drill, DrillOptions
-from kvctl.errors import ExitStatus
+from kvctl.core.errors import ExitStatus
 from kvctl.tier import local
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from kvctl.drill import scenarios as S
 from kvctl.drill.run import Drill, DrillOptions
-from kvctl.errors import KvctlError
+from kvctl.core.errors import KvctlError
 
 
 def _drill(args: list[str], cwd: Path, tmp: Path, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvctl.cli import cli
-from kvctl.errors import ExitStatus
+from kvctl.core.errors import ExitStatus
 
 DURATION = "10"
 

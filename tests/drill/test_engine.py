@@ -9,11 +9,11 @@ import urllib.request
 
 import pytest
 
-from kvctl import loading
+from kvctl.loading import edit as loading
 from kvctl.connector.metric_names import COUNTERS
 from kvctl.diagnose.metrics import parse
 from kvctl.drill.config import EngineSettings, read_config, write_config
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 from kvctl.tier.server import redis_for_url
 
 

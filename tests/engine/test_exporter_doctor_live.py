@@ -15,8 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvctl.cli import cli
 from kvctl.diagnose.analysis import Params
-from kvctl.exporter import Exporter, ExporterConfig
-from kvctl.tier.targets import resolve_targets
+from kvctl.ops.exporter import Exporter, ExporterConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(420)]
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvctl.exporter import METRICS, Exporter, ExporterConfig
-from kvctl.thresholds import GPU_NOT_COMPUTE_BOUND_PCT, RHO_HIGH, RHO_UNSTABLE
+from kvctl.ops.exporter import METRICS, Exporter, ExporterConfig
+from kvctl.core.thresholds import GPU_NOT_COMPUTE_BOUND_PCT, RHO_HIGH, RHO_UNSTABLE
 from kvctl.tier.targets import resolve_targets
 from tests.diagnose.metrics_server import MetricsServer
 from tests.exporter.helpers import AFTER, BASE, PARAMS, RULES, load_rules, rules_by_name
@@ -95,7 +95,7 @@ def test_rules_file_has_prometheus_structure():
 @pytest.mark.parametrize(
     "alert, expr, for_, severity",
     [
-        ("KvctlRhoHigh", f"kvctl_rho >= {RHO_HIGH:g}", "5m", "warning"),  # kvctl.thresholds: the values diagnose, doctor and loading judge by
+        ("KvctlRhoHigh", f"kvctl_rho >= {RHO_HIGH:g}", "5m", "warning"),  # kvctl.core.thresholds: the values diagnose, doctor and loading judge by
         ("KvctlRhoUnstable", f"kvctl_rho >= {RHO_UNSTABLE:g}", "2m", "page"),
         # the others' expressions are not restated here (a copy of the YAML proves nothing): the metrics they use
         # are checked against what the exporter serves, and promtool's unit tests and a live Prometheus fire them
@@ -108,7 +108,7 @@ def test_rules_file_has_prometheus_structure():
 def test_the_alerts_the_issue_asks_for(alert, expr, for_, severity):
     r = rules_by_name()[alert]
     assert (r["for"], r["labels"]["severity"]) == (for_, severity)
-    if expr is not None:  # a threshold from kvctl.thresholds: the rule must state that value
+    if expr is not None:  # a threshold from kvctl.core.thresholds: the rule must state that value
         assert r["expr"] == expr
 
 
@@ -120,7 +120,7 @@ def rho_thresholds_stated(rule: dict) -> set[float]:
 
 
 def test_the_rho_alerts_state_the_thresholds_kvctl_judges_by():
-    """KvctlRhoHigh says 0.7 where kvctl.thresholds.RHO_HIGH is 0.7, in the expression and in its text; KvctlRhoUnstable 1."""
+    """KvctlRhoHigh says 0.7 where kvctl.core.thresholds.RHO_HIGH is 0.7, in the expression and in its text; KvctlRhoUnstable 1."""
     rules = rules_by_name()
     assert rho_thresholds_stated(rules["KvctlRhoHigh"]) == {RHO_HIGH}
     assert rho_thresholds_stated(rules["KvctlRhoUnstable"]) == {RHO_UNSTABLE}
@@ -170,7 +170,7 @@ def test_the_panels_the_issue_asks_for():
     exprs = {title: {t["expr"] for t in p["targets"]} for title, p in panels.items()}
     rho = next(p for p in d["panels"] if exprs[p["title"]] == {"kvctl_rho"})
     steps = [s["value"] for s in rho["fieldConfig"]["defaults"]["thresholds"]["steps"]]
-    assert steps == [None, RHO_HIGH, RHO_UNSTABLE]  # bands at 0.7 and 1 (kvctl.thresholds)
+    assert steps == [None, RHO_HIGH, RHO_UNSTABLE]  # bands at 0.7 and 1 (kvctl.core.thresholds)
     assert {"kvctl_delivered_bandwidth_bytes_per_second", "kvctl_breakeven_bandwidth_bytes_per_second"} in exprs.values()
     assert {"kvctl_arrival_rate_per_second", "kvctl_completion_rate_per_second"} in exprs.values()
     assert {"kvctl_valkey_get_busy_ratio"} in exprs.values()

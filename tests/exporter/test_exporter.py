@@ -18,12 +18,12 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from kvctl import render
+from kvctl.core import render
 from kvctl.cli import cli
 from kvctl.diagnose.analysis import analyse
 from kvctl.diagnose.capture import Capture, Sample, save_capture
-from kvctl.errors import InvalidInput
-from kvctl.exporter import METRICS, VLLM_FAMILIES_READ, Exporter, ExporterConfig, Server, family, parse_listen, relevant_metrics
+from kvctl.core.errors import InvalidInput
+from kvctl.ops.exporter import METRICS, VLLM_FAMILIES_READ, Exporter, ExporterConfig, Server, family, parse_listen, relevant_metrics
 from kvctl.tier.server import start_valkey
 from kvctl.tier.targets import resolve_targets
 from tests.diagnose.engine_text import EngineState
@@ -417,7 +417,7 @@ def test_instances_of_one_rank_are_labelled_and_read_each_on_its_own(valkey_fact
 def test_the_help_lists_every_metric_and_the_stop_bound():
     """Issue 32 item 5: `kvctl exporter --help` listed 13 of its series and said 2 s where EXPORTER_STOP_S holds 1.5."""
     from kvctl.cli import cli  # noqa: PLC0415
-    from kvctl.thresholds import EXPORTER_STOP_S  # noqa: PLC0415
+    from kvctl.core.thresholds import EXPORTER_STOP_S  # noqa: PLC0415
 
     text = CliRunner().invoke(cli, ["exporter", "--help"], terminal_width=200).output
     missing = [n for n in METRICS if n not in text]

@@ -6,7 +6,6 @@ instead of taking the host down) and a deadline; peak memory is the child's own 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 

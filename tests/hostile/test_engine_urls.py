@@ -39,7 +39,7 @@ def test_every_credential_looking_query_value_is_masked():
 
 
 def test_the_masked_names_are_the_ones_the_docs_list():
-    from kvctl.engine_http import SECRET_NAME_PARTS  # noqa: PLC0415
+    from kvctl.core.engine_http import SECRET_NAME_PARTS  # noqa: PLC0415
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text()
     assert all(f"`{p}`" in text for p in SECRET_NAME_PARTS), [p for p in SECRET_NAME_PARTS if f"`{p}`" not in text]

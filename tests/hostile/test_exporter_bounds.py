@@ -17,8 +17,8 @@ from contextlib import contextmanager
 import pytest
 
 from kvctl.diagnose.analysis import Params
-from kvctl.exporter import Exporter, ExporterConfig
-from kvctl.thresholds import EXPORTER_WINDOW_SAMPLES
+from kvctl.ops.exporter import Exporter, ExporterConfig
+from kvctl.core.thresholds import EXPORTER_WINDOW_SAMPLES
 from tests.diagnose.engine_text import EngineState
 from tests.exporter.helpers import ExporterProcess
 from tests.hostile.helpers import HostileHTTP, endless, hang, kvctl, kvctl_env, send_head

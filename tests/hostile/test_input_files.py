@@ -1,6 +1,6 @@
 """The files plan, simulate and fleets read, and the work they are asked for (issue 30, items 5, 6 and 12).
 
-Every input file goes through ``kvctl.files.read_regular`` with a cap and, for JSON, a depth bound: a FIFO
+Every input file goes through ``kvctl.core.files.read_regular`` with a cap and, for JSON, a depth bound: a FIFO
 never blocks (it used to hang forever), ``/dev/zero`` is refused at once (it grew to 7.5 GB and a
 MemoryError), 100,000 levels of nesting are a one-line error (a RecursionError), each exit 2. Real kvctl
 processes under an address-space cap and a deadline, real FIFOs and devices.

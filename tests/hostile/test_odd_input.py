@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvctl import render
+from kvctl.core import render
 from kvctl.cli import cli
 from kvctl.diagnose import metrics as M
 from kvctl.replay.runfile import read_run

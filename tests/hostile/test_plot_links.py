@@ -2,7 +2,7 @@
 
 A link planted at the plot's name points at a file that must not change (and at a name outside that must
 not appear). ``plan``, ``simulate``, ``report`` and ``bench`` (against a real embedded valkey-server) draw
-through :mod:`kvctl.files`: a temp file next to the target, renamed over the link.
+through :mod:`kvctl.core.files`: a temp file next to the target, renamed over the link.
 """
 
 from __future__ import annotations

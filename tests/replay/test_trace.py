@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvctl.cli import cli
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 from kvctl.replay.prompts import PromptBuilder, TokenPool
 from kvctl.replay.trace import read_trace
 

@@ -14,7 +14,7 @@ import pytest
 import redis
 import yaml
 
-from kvctl.errors import KvctlError
+from kvctl.core.errors import KvctlError
 from kvctl.tier import local
 from kvctl.tier.server import ping, port_in_use
 from kvctl.tier.targets import TierState, load_tier, resolve_targets, state_path

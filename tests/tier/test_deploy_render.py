@@ -192,7 +192,7 @@ def test_rerender_replaces_each_file_in_one_rename(tmp_path, pw_file):
 
 def test_atomic_write_leaves_the_old_file_when_the_text_cannot_be_written(tmp_path):
     """The temp file is removed and the target untouched when writing fails (here: text not encodable)."""
-    from kvctl.files import write_atomic
+    from kvctl.core.files import write_atomic
 
     target = tmp_path / "a.yaml"
     target.write_text("old\n")

@@ -10,7 +10,7 @@ import redis
 import yaml
 
 from kvctl.connector.urls import expand_url, parse_resp_url
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 from kvctl.tier import spec
 from kvctl.tier.lmcache_config import URL_LIST_KEY, LMCacheSettings, lmcache_config, plugin_key, render_lmcache_yaml
 from kvctl.tier.server import free_port, start_valkey

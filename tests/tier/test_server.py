@@ -2,7 +2,7 @@ import socket
 
 import pytest
 
-from kvctl.errors import KvctlError
+from kvctl.core.errors import KvctlError
 from kvctl.tier.server import find_valkey_server, ping, port_in_use, server_version, start_valkey
 
 
@@ -137,7 +137,7 @@ def test_one_info_all_serves_every_info_reader():
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "info" and node.args and \
                     isinstance(node.args[0], ast.Constant) and node.args[0].value == "all" and path.name != "server.py":
                 others.append(f"{path.relative_to(root)}:{node.lineno}")
-    assert callers == {"kvctl/diagnose/sources.py", "kvctl/exporter.py", "kvctl/tier/checks.py", "kvctl/tier/local.py"}
+    assert callers == {"kvctl/diagnose/sources.py", "kvctl/ops/exporter.py", "kvctl/tier/checks.py", "kvctl/tier/local.py"}
     assert not others, others
 
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from kvctl.cli import cli
 from kvctl.connector.resp import RespClient
 from kvctl.connector.urls import expand_url, parse_resp_url
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 from kvctl.connector.settings import parse_settings
 from kvctl.tier import local
 from kvctl.tier.targets import state_path

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from kvctl.errors import InvalidInput, KvctlError
-from kvctl.thresholds import CONFIG_MAX_BYTES, JSON_MAX_DEPTH, PASSWORD_FILE_MAX_BYTES
+from kvctl.core.errors import InvalidInput, KvctlError
+from kvctl.core.thresholds import CONFIG_MAX_BYTES, JSON_MAX_DEPTH, PASSWORD_FILE_MAX_BYTES
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
-from kvctl.errors import InvalidInput
-from kvctl.thresholds import CHUNK_TOKENS, PAPER_CHUNK_BYTES, PAPER_T0_S, RHO_TARGET, RHO_UNSTABLE
+from kvctl.core.errors import InvalidInput
+from kvctl.core.thresholds import CHUNK_TOKENS, PAPER_CHUNK_BYTES, PAPER_T0_S, RHO_TARGET, RHO_UNSTABLE
 
 GB = 1e9
 MB = 1e6

@@ -22,11 +22,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvctl.errors import InvalidInput
-from kvctl.fleet import simulate_fleet
+from kvctl.core.errors import InvalidInput
+from kvctl.sim.fleet import simulate_fleet
 from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS
-from kvctl.simulate import SimConfig, trace_workload
-from kvctl.variability import Variability
+from kvctl.sim.simulate import SimConfig, trace_workload
+from kvctl.sim.variability import Variability
 
 #: θ values tried: 0, 0.1, … 1
 GRID_STEPS = 11
@@ -76,7 +76,7 @@ class EngineShareFit:
 def measured_percentiles(run_path: str) -> tuple[np.ndarray, int]:
     """p50/p90/p99 of a run file's successful requests, as ``kvctl report`` gives them, and how many there were."""
     from kvctl.replay.runfile import read_run  # noqa: PLC0415
-    from kvctl.report import summarize_run  # noqa: PLC0415
+    from kvctl.ops.report import summarize_run  # noqa: PLC0415
 
     summary = summarize_run(read_run(run_path))
     ok = summary.requests - summary.errors - summary.unfinished

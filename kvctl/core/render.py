@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any, Iterable, Iterator, Sequence
 
-from kvctl.files import write_atomic
+from kvctl.core.files import write_atomic
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -177,14 +177,14 @@ class ProgressLines:
     """Progress for a stderr that is not a terminal (a pipe, a file, a CI log): plain lines, never a bar.
 
     A line when the work starts, one whenever its step changes (a bench run, a drill phase), one every
-    :data:`kvctl.thresholds.PROGRESS_LINE_S` seconds in between, and one when it is done; each starts
+    :data:`kvctl.core.thresholds.PROGRESS_LINE_S` seconds in between, and one when it is done; each starts
     ``kvctl WHAT: `` so a log can be grepped for them. Only stderr: stdout stays the command's output.
     """
 
     def __init__(self, what: str, every_s: float | None = None) -> None:
         import time  # noqa: PLC0415
 
-        from kvctl.thresholds import PROGRESS_LINE_S  # noqa: PLC0415
+        from kvctl.core.thresholds import PROGRESS_LINE_S  # noqa: PLC0415
 
         self.what, self.every_s, self._clock = what, PROGRESS_LINE_S if every_s is None else every_s, time.monotonic
         self.started = self._clock()
@@ -366,7 +366,7 @@ def replay_progress(total: int, enabled: bool = True) -> Iterator[Any]:
 
 
 def _save_figure(fig: Any, path: str) -> None:
-    """The figure as a PNG at ``path`` through :func:`kvctl.files.write_atomic`: whole or not at all, and a
+    """The figure as a PNG at ``path`` through :func:`kvctl.core.files.write_atomic`: whole or not at all, and a
     link planted at ``path`` is replaced, never written through."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png")

@@ -1,7 +1,7 @@
 """``kvctl loading sync|async`` as one workflow: check → plan → apply → restart.
 
 Every file and the sync-safety verdict are checked before anything is written, so all
-files change or none (:func:`kvctl.loading.apply_all`). The restart command runs only
+files change or none (:func:`kvctl.loading.edit.apply_all`). The restart command runs only
 after a real change; a stop signal during it stops it and all it started
 (:class:`RestartInterrupted`), and the files stay written.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvctl import loading
+from kvctl.loading import edit as loading
 from kvctl.diagnose.capture import last_diagnosis_path
-from kvctl.errors import KvctlError
-from kvctl.loading import Change, RestartResult, SafetyCheck
-from kvctl.signals import Signalled, signals_raise
+from kvctl.core.errors import KvctlError
+from kvctl.loading.edit import Change, RestartResult, SafetyCheck
+from kvctl.core.signals import Signalled, signals_raise
 
 
 class RestartInterrupted(Signalled):
@@ -66,7 +66,7 @@ def flip(
     """Set async loading to ``value`` in every (path, kind) of ``sources``, then run ``restart_cmd``.
 
     Switching to sync first asks the diagnosis (``diagnosis``, else the last one saved:
-    ``diagnosis_default`` or KVCTL_HOME's) and raises :class:`kvctl.loading.Refused` unless
+    ``diagnosis_default`` or KVCTL_HOME's) and raises :class:`kvctl.loading.edit.Refused` unless
     ``force`` when ρ is too high or cannot be told.
     """
     safety = None

@@ -1,4 +1,4 @@
-"""Types shared by ``kvctl.loading`` and ``kvctl.loading_vllm`` (kept below both, so neither imports the other back)."""
+"""Types shared by ``kvctl.loading.edit`` and ``kvctl.loading.vllm`` (kept below both, so neither imports the other back)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ class SourceState:
     """What one file says about async loading."""
 
     path: str
-    kind: str  # "yaml" or "env" (LMCache), "vllm-yaml" or "vllm-args" (kvctl's vLLM connector, kvctl.loading_vllm)
+    kind: str  # "yaml" or "env" (LMCache), "vllm-yaml" or "vllm-args" (kvctl's vLLM connector, kvctl.loading.vllm)
     async_loading: bool | None  # None: not set (LMCache's and the connector's default is synchronous)
     line: int | None  # 1-based line of the setting, when set
     found: str | None = None  # what kind of file was detected, for vLLM files

@@ -1,6 +1,6 @@
 """``kvctl plan``: the fewest tier instances and the loading mode that meet a p99 SLO at a target ρ.
 
-The search runs :func:`kvctl.fleet.simulate_fleet` (with the variability the operator fitted) at every
+The search runs :func:`kvctl.sim.fleet.simulate_fleet` (with the variability the operator fitted) at every
 instance count 1 … ``max_instances`` (one instance per rank at most: the rank-partitioned tier has no use
 for more) for each loading mode, on the same arrivals (common random numbers). A point is skipped without
 simulating when arithmetic already rules it out:
@@ -9,7 +9,7 @@ simulating when arithmetic already rules it out:
   longer than its prefill would;
 * the tier's ρ per instance (summed over the engines) above the target.
 
-The search has a budget: the memory of one simulation (:func:`kvctl.simulate.check_memory`, as ``simulate``)
+The search has a budget: the memory of one simulation (:func:`kvctl.sim.simulate.check_memory`, as ``simulate``)
 and PLAN_MAX_SECONDS of simulating; a search that would pass either is refused up front or as soon as the
 points simulated so far show it, saying how much work was asked for.
 
@@ -37,12 +37,12 @@ from typing import Sequence
 
 import numpy as np
 
-from kvctl.cost import GB, breakeven_gbps, min_hit_tokens
-from kvctl.errors import InvalidInput
-from kvctl.fleet import FleetResult, simulate_fleet
-from kvctl.simulate import SimConfig, Workload, check_memory, effective_gbps
-from kvctl.thresholds import PLAN_MAX_SECONDS, RHO_UNSTABLE
-from kvctl.variability import Variability
+from kvctl.core.cost import GB, breakeven_gbps, min_hit_tokens
+from kvctl.core.errors import InvalidInput
+from kvctl.sim.fleet import FleetResult, simulate_fleet
+from kvctl.sim.simulate import SimConfig, Workload, check_memory, effective_gbps
+from kvctl.core.thresholds import PLAN_MAX_SECONDS, RHO_UNSTABLE
+from kvctl.sim.variability import Variability
 
 @dataclass(frozen=True)
 class PlanPoint:

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from kvctl.bench.stats import mean, percentile
 from kvctl.diagnose.metrics import delta
-from kvctl.errors import InvalidInput
+from kvctl.core.errors import InvalidInput
 from kvctl.replay.runfile import INTERRUPTED, Run, read_run
 from kvctl.connector import metric_names as N
 from kvctl.connector.metric_names import REMOTE_HIT_TOKENS

@@ -28,9 +28,9 @@ import time
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urljoin, urlsplit, urlunsplit
 
-from kvctl import files
-from kvctl.errors import InvalidInput, Unreachable
-from kvctl.thresholds import METRICS_MAX_BYTES
+from kvctl.core import files
+from kvctl.core.errors import InvalidInput, Unreachable
+from kvctl.core.thresholds import METRICS_MAX_BYTES
 
 API_KEY_ENV = "KVCTL_ENGINE_API_KEY"
 MASK = "***"

@@ -8,8 +8,8 @@ fleet, or a sweep) and :func:`size_tier` runs ``kvctl plan``'s search. The reque
 (:data:`SIMULATE_REQUESTS`, :data:`PLAN_REQUESTS`, :data:`BLOCK_TOKENS`), not in the commands.
 
 Inputs are the options as parsed: which of them go together is the commands' to check (usage errors,
-kvctl.commands.fleet_options). No click, and no numpy at import (``kvctl --help`` stays light): kvctl.simulate,
-kvctl.fleet, kvctl.variability and kvctl.calibrate load when a model is built.
+kvctl.commands.fleet_options). No click, and no numpy at import (``kvctl --help`` stays light): kvctl.sim.simulate,
+kvctl.sim.fleet, kvctl.sim.variability and kvctl.sim.calibrate load when a model is built.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS
-from kvctl.thresholds import ASYNC_TIMEOUT_S, PAPER_T0_S, VLLM_MAX_NUM_BATCHED_TOKENS
+from kvctl.core.thresholds import ASYNC_TIMEOUT_S, PAPER_T0_S, VLLM_MAX_NUM_BATCHED_TOKENS
 
 if TYPE_CHECKING:
-    from kvctl.plan import PlanResult
-    from kvctl.simulate import Bandwidth, SimConfig, SimResult, SweepPoint, Workload
-    from kvctl.variability import Variability
+    from kvctl.sim.plan import PlanResult
+    from kvctl.sim.simulate import Bandwidth, SimConfig, SimResult, SweepPoint, Workload
+    from kvctl.sim.variability import Variability
 
 #: Requests `kvctl simulate` draws at --arrival-rate unless --requests says otherwise.
 SIMULATE_REQUESTS = 10_000
@@ -90,7 +90,7 @@ class Model:
 
     def workload(self, rate: float | None = None, prompt_tokens: float | None = None) -> Workload:
         """The fleet's requests: the trace's, or drawn at ``rate`` (default the inputs' λ) × engines (kept per (rate, tokens))."""
-        from kvctl import simulate as sim  # noqa: PLC0415 - numpy only when used
+        from kvctl.sim import simulate as sim  # noqa: PLC0415 - numpy only when used
 
         i, key = self.inputs, (rate, prompt_tokens)
         if key not in self._workloads:
@@ -108,7 +108,7 @@ def engine_model(i: Inputs, cfg: SimConfig, fit_gbps: float, var: Variability) -
     fitted on the --fit-from run as ``cfg`` and ``fit_gbps`` describe it). Each fit's note joins ``var``'s."""
     cfg = replace(cfg, max_batch=i.max_batch, max_batched_tokens=i.max_batched_tokens)
     if i.hit_gpu_s == "fit":
-        from kvctl import calibrate  # noqa: PLC0415 - numpy only when used
+        from kvctl.sim import calibrate  # noqa: PLC0415 - numpy only when used
 
         gpu = calibrate.fit_hit_gpu_s(i.fit_from, i.fit_gpu_util, cfg)
         cfg, var = replace(cfg, hit_gpu_s=gpu.seconds), replace(var, notes=(*var.notes, gpu.note))
@@ -116,7 +116,7 @@ def engine_model(i: Inputs, cfg: SimConfig, fit_gbps: float, var: Variability) -
         cfg = replace(cfg, hit_gpu_s=float(i.hit_gpu_s))
     if i.t0_engine_share != "fit":
         return replace(cfg, t0_engine_share=float(i.t0_engine_share)), var
-    from kvctl import calibrate  # noqa: PLC0415 - numpy only when used
+    from kvctl.sim import calibrate  # noqa: PLC0415 - numpy only when used
 
     result = calibrate.fit_engine_share(i.fit_from, cfg, fit_gbps, var, i.block_tokens)
     return replace(cfg, t0_engine_share=result.theta), replace(var, notes=(*var.notes, result.note))
@@ -126,7 +126,7 @@ def arrival_process(i: Inputs) -> tuple[str, float | None, str | None]:
     """(process, CV, note) of --arrival-rate's arrivals: --arrivals at --arrival-cv, or gamma at the CV of the gaps
     of --arrivals-from (the note says so)."""
     if i.arrivals_from:
-        from kvctl import simulate as sim  # noqa: PLC0415 - numpy only when used
+        from kvctl.sim import simulate as sim  # noqa: PLC0415 - numpy only when used
 
         cv, note = sim.arrival_cv_of(i.arrivals_from)
         return "gamma", cv, note
@@ -140,8 +140,8 @@ def build(i: Inputs, default_requests: int = SIMULATE_REQUESTS) -> Model:
     ``i.instances`` instances, or, when it is None (plan), at the bench's largest count (1 without a bench);
     the model then starts at 1 instance for the search. Notes say where each input came from, in that order.
     """
-    from kvctl import simulate as sim  # noqa: PLC0415 - numpy only when used
-    from kvctl import variability  # noqa: PLC0415
+    from kvctl.sim import simulate as sim  # noqa: PLC0415 - numpy only when used
+    from kvctl.sim import variability  # noqa: PLC0415
 
     bench = sim.bench_bandwidths(i.bench_path) if i.bench_path else None
     fit_instances = i.instances if i.instances is not None else (max(bench) if bench else 1)
@@ -179,11 +179,11 @@ class WhatIf:
 
 
 def whatif(i: Inputs, grid: dict[str, list[Any]] | None = None) -> WhatIf:
-    """``kvctl simulate``: the model of ``i`` run once, or at every point of ``grid`` (:func:`kvctl.simulate.parse_sweep`).
+    """``kvctl simulate``: the model of ``i`` run once, or at every point of ``grid`` (:func:`kvctl.sim.simulate.parse_sweep`).
 
     Refused (InvalidInput, with the figures) before any allocation when the requests would not fit in memory."""
-    from kvctl import fleet  # noqa: PLC0415 - numpy only when used
-    from kvctl import simulate as sim  # noqa: PLC0415
+    from kvctl.sim import fleet  # noqa: PLC0415 - numpy only when used
+    from kvctl.sim import simulate as sim  # noqa: PLC0415
 
     model = build(i, SIMULATE_REQUESTS)
     sim.check_memory(i.requests or (None if i.trace_path else SIMULATE_REQUESTS), fleet=model.fleet)
@@ -204,7 +204,7 @@ def whatif(i: Inputs, grid: dict[str, list[Any]] | None = None) -> WhatIf:
 
 @dataclass(frozen=True)
 class Sized:
-    """What ``kvctl plan`` found: the search (kvctl.plan), the notes of its inputs and the workload's description."""
+    """What ``kvctl plan`` found: the search (kvctl.sim.plan), the notes of its inputs and the workload's description."""
 
     plan: PlanResult
     notes: tuple[str, ...]
@@ -215,7 +215,7 @@ def size_tier(i: Inputs, *, slo_p99_s: float, rho_target: float, max_instances: 
               ranks: int | None = None) -> Sized:
     """``kvctl plan``: the fewest instances (W × K with ``ranks``) and the loading that meet ``p99 ≤ slo_p99_s`` at
     ρ ≤ ``rho_target`` for the model of ``i`` (``i.instances`` None: fitted at the bench's largest count)."""
-    from kvctl import plan as planner  # noqa: PLC0415 - numpy only when used
+    from kvctl.sim import plan as planner  # noqa: PLC0415 - numpy only when used
 
     model = build(i, PLAN_REQUESTS)
     w = model.workload()

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvctl import safeyaml
-from kvctl.errors import InvalidInput, KvctlError
-from kvctl.loading_types import SourceState
+from kvctl.core import safeyaml
+from kvctl.core.errors import InvalidInput, KvctlError
+from kvctl.loading.types import SourceState
 from kvctl.tier.vllm_config import ASYNC_KEY, EXTRA
 
 VLLM_YAML = "vllm-yaml"
@@ -308,7 +308,7 @@ def read_config(text: str, kind: str, path: str) -> tuple[dict[str, Any], dict[s
         start = _json_start(text, kind, path, root)
         try:
             cfg = json.loads(value)
-        except json.JSONDecodeError as e:
+        except json.JSONDecodeError:
             try:  # the position in the file, where the string is written as plain JSON
                 _DECODER.raw_decode(text, start)
             except json.JSONDecodeError as in_file:
@@ -333,7 +333,7 @@ def _async_value(cfg: dict[str, Any]) -> bool | None:
 
 
 def state(path: Path | str, text: str, kind: str):
-    """What one vLLM file says about async loading (a :class:`~kvctl.loading_types.SourceState`)."""
+    """What one vLLM file says about async loading (a :class:`~kvctl.loading.types.SourceState`)."""
     path = str(path)
     found = locate(path, text, kind)
     cfg, _ = read_config(text, kind, path)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvctl.errors import InvalidInput
-from kvctl.thresholds import YAML_MAX_ALIASES, YAML_MAX_NODES
+from kvctl.core.errors import InvalidInput
+from kvctl.core.thresholds import YAML_MAX_ALIASES, YAML_MAX_NODES
 
 
 def _where(e: Exception) -> str:

@@ -3,16 +3,16 @@
 The edit is line-based so every other line and comment of the config stays
 byte-for-byte; PyYAML only validates (the original must parse, and the result
 must parse to the same mapping with just ``enable_async_loading`` changed).
-Writes are atomic (``kvctl.files``: a 0600 temp file in the same directory + ``os.replace``) after a
+Writes are atomic (``kvctl.core.files``: a 0600 temp file in the same directory + ``os.replace``) after a
 backup (0600, unguessable name). Deployments that set ``LMCACHE_ENABLE_ASYNC_LOADING`` in
 an env file (``KEY=value`` lines, optionally ``export``) are edited the same way.
 kvctl's vLLM connector keeps the switch in vLLM's ``--kv-transfer-config``: those files
 (a ``--config`` YAML, an env/unit file with the argument) are detected, read and edited in
-``kvctl.loading_vllm``, then backed up and written here like the others.
+``kvctl.loading.vllm``, then backed up and written here like the others.
 
 Switching to synchronous loading turns every L2 hit into a single-server
 queue with ρ = λ·n·s/B (paper §4); it is refused unless forced when the
-latest diagnosis shows ρ ≥ 0.7 (``kvctl.thresholds.RHO_HIGH``), and also when it cannot decide: no diagnosis,
+latest diagnosis shows ρ ≥ 0.7 (``kvctl.core.thresholds.RHO_HIGH``), and also when it cannot decide: no diagnosis,
 ρ unknown, ρ only a lower bound (server-side B), or a diagnosis older than
 ``--max-age`` (1 h by default).
 """
@@ -35,16 +35,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from kvctl import files, safeyaml
-from kvctl.errors import InvalidInput, KvctlError
-from kvctl.loading_types import SourceState  # re-exported: part of this module's API
-from kvctl.thresholds import RHO_HIGH
+from kvctl.core import files
+
+from kvctl.core import safeyaml
+from kvctl.core.errors import InvalidInput, KvctlError
+from kvctl.loading.types import SourceState  # re-exported: part of this module's API
+from kvctl.core.thresholds import RHO_HIGH
 
 log = logging.getLogger(__name__)
 
 KEY = "enable_async_loading"
 ENV_VAR = "LMCACHE_ENABLE_ASYNC_LOADING"
-SYNC_REFUSE_RHO = RHO_HIGH  # kvctl.thresholds: the ρ at which diagnose warns
+SYNC_REFUSE_RHO = RHO_HIGH  # kvctl.core.thresholds: the ρ at which diagnose warns
 #: words LMCache reads as true (its _to_bool: ``str(value).strip().lower() in ["true", "1"]``, for env values
 #: and YAML strings alike); the others below it reads as false, "yes" and "on" included
 TRUTHY = ("true", "1")
@@ -175,7 +177,7 @@ def env_state(path: Path | str) -> SourceState:
 
 def detect_kind(path: Path | str, given: str) -> str:
     """The kind of one file named by option ``given`` ("yaml", "env" or "vllm"); vLLM files are recognised by content."""
-    from kvctl import loading_vllm  # noqa: PLC0415
+    from kvctl.loading import vllm as loading_vllm  # noqa: PLC0415
 
     return loading_vllm.detect(path, _read(path), given)
 
@@ -186,7 +188,7 @@ def state(path: Path | str, kind: str) -> SourceState:
         return yaml_state(path)
     if kind == "env":
         return env_state(path)
-    from kvctl import loading_vllm  # noqa: PLC0415
+    from kvctl.loading import vllm as loading_vllm  # noqa: PLC0415
 
     return loading_vllm.state(path, _read(path), kind)
 
@@ -255,7 +257,7 @@ def plan(path: Path | str, kind: str, value: bool) -> Change:
         before = env_state(path).async_loading
         new = set_env(text, value)
     else:
-        from kvctl import loading_vllm  # noqa: PLC0415
+        from kvctl.loading import vllm as loading_vllm  # noqa: PLC0415
 
         before, new = loading_vllm.flip(text, kind, value, str(path))
     diff = "".join(difflib.unified_diff(text.splitlines(keepends=True), new.splitlines(keepends=True), f"{path} (before)", f"{path} (after)"))
@@ -305,7 +307,7 @@ def check_writable(path: Path | str, force: bool = False) -> None:
         raise KvctlError(f"cannot write {shown}: its directory {real.parent} is not writable (kvctl writes a temp file next to it); no file was changed")
 
 
-# the staged write lives in kvctl.files (one implementation of every atomic write); these names stay importable
+# the staged write lives in kvctl.core.files (one implementation of every atomic write); these names stay importable
 TempFile, open_temp = files.TempFile, files.open_temp
 
 

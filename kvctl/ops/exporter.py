@@ -11,7 +11,7 @@ newest sample of the window and stores the resulting series.
 
 Stopping (SIGTERM, Ctrl-C) cuts every read in flight (engine sockets shut, Valkey connections
 closed): the exporter is gone within ``EXPORTER_STOP_S`` whatever a source is doing. Engine URLs
-are labelled, logged and printed masked (:func:`kvctl.engine_http.masked`).
+are labelled, logged and printed masked (:func:`kvctl.core.engine_http.masked`).
 
 ``/metrics`` only reads that store (a custom prometheus_client collector), so a
 slow or dead component never blocks a scrape:
@@ -45,14 +45,14 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
-from kvctl import cost
+from kvctl.core import cost
 from kvctl.connector import metric_names as N
 from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.diagnose.sources import valkey_read_error
-from kvctl.engine_http import EngineHttp, Inflight, masked
-from kvctl.errors import InvalidInput, KvctlError
-from kvctl.thresholds import EXPORTER_MIN_INTERVAL_S, EXPORTER_STOP_S, EXPORTER_WINDOW_SAMPLES, READ_TIMEOUT_S
+from kvctl.core.engine_http import EngineHttp, Inflight, masked
+from kvctl.core.errors import InvalidInput, KvctlError
+from kvctl.core.thresholds import EXPORTER_MIN_INTERVAL_S, EXPORTER_STOP_S, EXPORTER_WINDOW_SAMPLES, READ_TIMEOUT_S
 from kvctl.tier.server import AuthFailed, info_all, redis_for_url
 from kvctl.tier.targets import Target
 

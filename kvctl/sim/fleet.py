@@ -1,6 +1,6 @@
-"""E prefill engines sharing one remote KV tier, with the variability of :mod:`kvctl.variability`.
+"""E prefill engines sharing one remote KV tier, with the variability of :mod:`kvctl.sim.variability`.
 
-The model extends :func:`kvctl.simulate.simulate` (whose module docstring gives the per-request costs):
+The model extends :func:`kvctl.sim.simulate.simulate` (whose module docstring gives the per-request costs):
 
 * requests of the workload are dealt to the E engines at random (seeded), so a Poisson stream at
   ``E·λ`` gives each engine its own Poisson stream at ``λ``; each engine is a FIFO queue;
@@ -20,12 +20,12 @@ The model extends :func:`kvctl.simulate.simulate` (whose module docstring gives 
   timeout) still occupies the tier and the engine recomputes the request, queued on the same engine
   from ``arrival + timeout``; every async request pays ``async_overhead_s`` of latency;
 * ``t0_engine_share`` θ: θ·T0 of every served hit holds its engine after the load (with the
-  tail), the rest only adds latency (see :mod:`kvctl.simulate`);
+  tail), the rest only adds latency (see :mod:`kvctl.sim.simulate`);
 * ``max_batch`` M > 1: an engine admits up to M waiting requests into one step; their loads go to
   the tier in order, then the step computes, and all of them finish when it ends (the event loop);
   ``max_batched_tokens`` bounds the prefill tokens of a step: running requests continue first, a
   longer prompt is chunked over steps and finishes with the step of its last token (vLLM's chunked
-  prefill, :func:`kvctl.simulate.engine_steps`);
+  prefill, :func:`kvctl.sim.simulate.engine_steps`);
 * ``hit_gpu_s``: the GPU time of a served hit, part of its T0: it holds the engine (with θ of the rest
   of T0) and counts as GPU busy;
 * GPU utilisation (%): the compute an engine does (prefill of misses and timeouts, tails of hits)
@@ -41,14 +41,14 @@ from typing import Any
 
 import numpy as np
 
-from kvctl.cost import GB, require_positive
-from kvctl.errors import InvalidInput
-from kvctl.simulate import (
+from kvctl.core.cost import GB, require_positive
+from kvctl.core.errors import InvalidInput
+from kvctl.sim.simulate import (
     LOADINGS, SimConfig, SimResult, Workload, _in_system_ahead, check_engine_share, check_max_batch, check_step_model, engine_steps, fifo,
     hit_tokens_of, plan_step, split_t0,
 )
-from kvctl.thresholds import RHO_UNSTABLE
-from kvctl.variability import Variability, gain_for
+from kvctl.core.thresholds import RHO_UNSTABLE
+from kvctl.sim.variability import Variability, gain_for
 
 #: passes of the tier alone before its reader counts must have settled
 MAX_ITERATIONS = 200
@@ -81,7 +81,7 @@ class EngineStats:
 
 @dataclass(frozen=True, kw_only=True)
 class FleetResult(SimResult):
-    """:class:`kvctl.simulate.SimResult`'s fields for the whole fleet, then the fleet's own. Of the shared ones,
+    """:class:`kvctl.sim.simulate.SimResult`'s fields for the whole fleet, then the fleet's own. Of the shared ones,
     ``rho`` is the busiest engine's offered ρ, ``arrival_rate_per_s`` the fleet's λ (all engines), ``tier_rho``
     per instance summed over the engines that use it, ``gpu_utilization_pct`` the mean over engines."""
 
@@ -133,7 +133,7 @@ def _tier(arrival: np.ndarray, transfer: np.ndarray, gtab: np.ndarray | None) ->
 def _engine_fifo(ready: np.ndarray, fixed: np.ndarray, tokens: np.ndarray, prefill_rate: float, groups: list[np.ndarray],
                  max_batch: int = 1, max_tokens: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Each engine a queue over its requests ``groups[e]``, served in order of ``ready`` in steps of up to
-    ``max_batch`` requests and ``max_tokens`` tokens (:func:`kvctl.simulate.engine_steps`)."""
+    ``max_batch`` requests and ``max_tokens`` tokens (:func:`kvctl.sim.simulate.engine_steps`)."""
     start = np.empty(len(ready))
     finish = np.empty(len(ready))
     for idx in groups:
@@ -457,7 +457,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
 
 def fleet_dict(res: FleetResult) -> dict[str, Any]:
     """JSON of a fleet result: ``simulate``'s keys first, then the fleet's, per engine last."""
-    from kvctl.simulate import result_dict  # noqa: PLC0415
+    from kvctl.sim.simulate import result_dict  # noqa: PLC0415
 
     d = result_dict(res)
     d["per_engine"] = [e.__dict__ for e in res.per_engine]

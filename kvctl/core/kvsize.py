@@ -50,8 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from kvctl.errors import InvalidInput
-from kvctl.thresholds import CHUNK_TOKENS
+from kvctl.core.errors import InvalidInput
+from kvctl.core.thresholds import CHUNK_TOKENS
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 # model types vLLM refuses to run in float16 (numerical instability); --dtype auto gives them bfloat16

@@ -19,17 +19,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvctl import files, loading, safeyaml
+from kvctl.core import files
+
+from kvctl.loading import edit as loading
+
+from kvctl.core import safeyaml
 from kvctl.connector.urls import INSTANCE_PLACEHOLDER, RANK_PLACEHOLDER, instances_in
 from kvctl.diagnose import metrics as M
 from kvctl.diagnose import sources
-from kvctl.engine_http import EngineHttp, masked
-from kvctl.errors import BinaryNotFound, ExitStatus, InvalidInput, KvctlError
+from kvctl.core.engine_http import EngineHttp, masked
+from kvctl.core.errors import BinaryNotFound, ExitStatus, InvalidInput, KvctlError
 from kvctl.tier.lmcache_config import PLUGIN_MODULE, URL_LIST_KEY, plugin_key
 from kvctl.tier import checks as tier_checks
 from kvctl.tier.checks import FAIL, OK, SKIPPED, WARNING, Check
 from kvctl.tier.server import PASSWORD_HINT, is_auth_error, redis_for_url
-from kvctl.thresholds import CHECK_TIMEOUT_S, RHO_HIGH, RHO_UNSTABLE, TIER_DIR
+from kvctl.core.thresholds import CHECK_TIMEOUT_S, RHO_HIGH, RHO_UNSTABLE, TIER_DIR
 from kvctl.tier.targets import Target
 from kvctl.connector import metric_names
 
@@ -411,7 +415,7 @@ def _loading_mode(lmc_path: str | None, lmc: dict[str, Any] | None, extra_kvt: d
 
 
 def _loading_vs_rho(lmc_path: str | None, lmc: dict[str, Any] | None, extra_kvt: dict[str, Any], last: str | None, out: list[Check]) -> None:
-    """The loading mode against the saved diagnosis, judged as `kvctl loading sync` judges it (kvctl.loading.judge_sync)."""
+    """The loading mode against the saved diagnosis, judged as `kvctl loading sync` judges it (kvctl.loading.edit.judge_sync)."""
     mode = _loading_mode(lmc_path, lmc, extra_kvt, out)
     if not mode:
         return

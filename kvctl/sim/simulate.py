@@ -34,14 +34,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kvctl.cost import GB, require_positive
-from kvctl.errors import InvalidInput
+from kvctl.core.cost import GB, require_positive
+from kvctl.core.errors import InvalidInput
 from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS
-from kvctl.thresholds import (
+from kvctl.core.thresholds import (
     ASYNC_TIMEOUT_S, PAPER_T0_S, RHO_UNSTABLE, SIMULATE_BYTES_PER_REQUEST, SIMULATE_FLEET_BYTES_PER_REQUEST, SIMULATE_MEMORY_FRACTION,
     VLLM_MAX_NUM_BATCHED_TOKENS,
 )
-from kvctl.variability import read_bench_file
+from kvctl.sim.variability import read_bench_file
 
 LOADINGS = ("sync", "async")
 PROMPT_DISTS = ("fixed", "exponential")

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from kvctl import files
-from kvctl.cost import GB
-from kvctl.errors import InvalidInput
-from kvctl.thresholds import BENCH_FILE_MAX_BYTES
+from kvctl.core import files
+from kvctl.core.cost import GB
+from kvctl.core.errors import InvalidInput
+from kvctl.core.thresholds import BENCH_FILE_MAX_BYTES
 
 #: the standard normal's 99th percentile: p99/p50 of a lognormal is exp(σ·Z99)
 Z99 = 2.3263478740408408
@@ -53,7 +53,7 @@ class Variability:
 
 def read_bench_file(path: str, what: str) -> Any:
     """The JSON of a ``kvctl bench --save`` file: a regular file of at most BENCH_FILE_MAX_BYTES, nested at most
-    JSON_MAX_DEPTH levels (:func:`kvctl.files.read_json`)."""
+    JSON_MAX_DEPTH levels (:func:`kvctl.core.files.read_json`)."""
     return files.read_json(path, what, BENCH_FILE_MAX_BYTES, "a `kvctl bench --save` file")
 
 

@@ -41,7 +41,7 @@ def leftover(tmp_path):
 def test_verbose_anywhere_logs_info(tmp_path, leftover, where):
     res = kvctl([*where, "--no-backup", "--config", str(leftover)], tmp_path)
     assert res.returncode == 0, res
-    assert re.search(r"kvctl\.files INFO removed .*\.lmcache\.yaml\.kvctl-tmp-4242, a temp file left by a kvctl run that died", res.stderr), res.stderr
+    assert re.search(r"kvctl\.core\.files INFO removed .*\.lmcache\.yaml\.kvctl-tmp-4242, a temp file left by a kvctl run that died", res.stderr), res.stderr
     assert "DEBUG" not in res.stderr
 
 

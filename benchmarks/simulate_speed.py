@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from kvctl.sim.fleet import simulate_fleet
-from kvctl.sim.simulate import SimConfig, effective_gbps, fifo, poisson_workload, simulate
+from kvctl.sim.simulate import SimConfig, fifo, simulate
+from kvctl.sim.workload import effective_gbps, poisson_workload
 from kvctl.sim.variability import Variability
 
 TARGET_S = 5.0

@@ -15,7 +15,8 @@ from kvctl.sim.calibrate import fit_engine_share
 from kvctl.cli import cli
 from kvctl.core.errors import InvalidInput
 from kvctl.sim.fleet import simulate_fleet
-from kvctl.sim.simulate import SimConfig, Workload, poisson_workload, simulate
+from kvctl.sim.simulate import SimConfig, simulate
+from kvctl.sim.workload import Workload, poisson_workload
 from kvctl.sim.variability import Variability
 
 

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from kvctl.sim import fleet
 from kvctl.cli import cli
 from kvctl.sim.fleet import simulate_fleet
-from kvctl.sim.simulate import SimConfig, Workload, poisson_workload, simulate
+from kvctl.sim.simulate import SimConfig, simulate
+from kvctl.sim.workload import Workload, poisson_workload
 from kvctl.sim.variability import Variability, Z99, build, readers_gain_from_bench, t0_from_run
 
 GB_PROMPT = ["--prompt-tokens", "1000", "--bytes-per-token", "1e6", "--prefill-rate", "1e9", "--t0", "0"]

@@ -212,3 +212,12 @@ def test_no_test_module_imports_from_another():
         if hits := imports_of_test_modules(ast.parse(path.read_text(), str(path)), package):
             found[str(rel)] = hits
     assert not found, f"imports from test modules (move shared helpers to a helper module, fixtures to a conftest.py): {found}"
+
+
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_is_over_500_lines():
+    """ARCHITECTURE.md: a module that grows past 500 lines is split by what its parts do."""
+    long = {m: n for m, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"

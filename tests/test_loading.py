@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvctl.loading import edit as loading
 from kvctl.diagnose.capture import save_last_diagnosis
-
+from kvctl.loading import edit as loading
+from kvctl.loading import restart as loading_restart
 from tests.loading_helpers import CONFIG, backups, run  # noqa: F401 - shared with the other loading tests
 
 
@@ -200,7 +200,7 @@ def test_missing_key_appended_to_crlf_file_ends_in_crlf(tmp_path):
 
 def test_restart_timeout_stops_what_the_command_started(tmp_path):
     pidfile = tmp_path / "child.pid"
-    res = loading.run_restart(f"sleep 60 & echo $! > {pidfile}; wait", timeout_s=0.5)
+    res = loading_restart.run_restart(f"sleep 60 & echo $! > {pidfile}; wait", timeout_s=0.5)
     assert res.timed_out and not res.ok and res.returncode is None
     child = int(pidfile.read_text())
     deadline = time.monotonic() + 5

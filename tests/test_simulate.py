@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from kvctl.cli import cli
-from kvctl.sim.simulate import SimConfig, Workload, effective_gbps, fifo, poisson_workload, simulate
+from kvctl.sim.simulate import SimConfig, fifo, simulate
+from kvctl.sim.workload import Workload, effective_gbps, poisson_workload
 
 # The paper's hit-heavy replay: λ = 1.21 req/s, a 16k-token prompt of 0.79 GB (16 310 tokens × 48 437.5 B =
 # 0.790016 GB), T0 = 0.33 s, R = 52 200 tok/s, one instance 0.85 GB/s; 8 instances 10.76 GB/s (1.345 each).

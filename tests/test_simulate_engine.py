@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from kvctl.cli import cli
 from kvctl.sim.fleet import simulate_fleet
-from kvctl.sim.simulate import SimConfig, engine_steps, poisson_workload, simulate
+from kvctl.sim.simulate import SimConfig, engine_steps, simulate
+from kvctl.sim.workload import poisson_workload
 from kvctl.core.thresholds import VLLM_MAX_NUM_BATCHED_TOKENS
 from kvctl.sim.variability import Variability
 

@@ -90,7 +90,8 @@ def test_no_module_restates_a_threshold(path):
 
 # --- timeouts: the command's --timeout, or a named constant that says why not --------------------------------
 
-TIMEOUT_SCOPE = ("kvctl/diagnose", "kvctl/ops/doctor.py", "kvctl/ops/exporter.py", "kvctl/tier", "kvctl/bench")
+TIMEOUT_SCOPE = ("kvctl/diagnose", "kvctl/ops/doctor.py", "kvctl/ops/doctor_host.py", "kvctl/ops/exporter.py", "kvctl/ops/exporter_http.py",
+                 "kvctl/tier", "kvctl/bench")
 TIMEOUT_SOURCES = sorted(p for s in TIMEOUT_SCOPE for p in ([ROOT / s] if s.endswith(".py") else (ROOT / s).rglob("*.py")))
 CLIENT_FACTORIES = ("redis_client", "redis_for_url")  # their first argument is the socket timeout
 

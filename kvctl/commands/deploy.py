@@ -224,17 +224,17 @@ def status_cmd(ctx: click.Context, valkey_urls: tuple[str, ...], ranks: int | No
     --password-file).
     """
     from click.core import ParameterSource  # noqa: PLC0415
-    from kvctl.tier import local  # noqa: PLC0415
+    from kvctl.tier import status as tier_status  # noqa: PLC0415
     from kvctl.tier.server import AuthFailed  # noqa: PLC0415
 
     if valkey_urls or ranks:  # --dir only when given here: its default and env var name the tier when no URL is
         explicit_dir = tier_dir if ctx.get_parameter_source("tier_dir") == ParameterSource.COMMANDLINE else None
-        st = local.targets_status(valkey_targets(valkey_urls, ranks, explicit_dir, password_file, instances_per_rank=instances_per_rank))
+        st = tier_status.targets_status(valkey_targets(valkey_urls, ranks, explicit_dir, password_file, instances_per_rank=instances_per_rank))
     else:
         recorded = load_tier(tier_dir).instances_per_rank
         if instances_per_rank and instances_per_rank != recorded:
             raise InvalidInput(f"--instances-per-rank {instances_per_rank}, but the tier in {tier_dir} has {recorded} per rank; drop the option")
-        st = local.status(tier_dir, password_file)
+        st = tier_status.status(tier_dir, password_file)
     show_status(st, as_json)
     down = [i for i in st.instances if not i.up]
     refused = [i for i in down if i.state == "auth refused"]

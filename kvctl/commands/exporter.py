@@ -72,7 +72,8 @@ def exporter_cmd(
     valkey_urls: tuple[str, ...], ranks: int | None, instances_per_rank: int | None, tier_dir: str | None, password_file: str | None, bytes_per_token: float | None, prefill_rate: float | None, t0: float | None, interval_s: float,
     window_s: float, timeout_s: float | None, stale_after_s: float | None, duration_s: float | None, as_json: bool,
 ) -> None:
-    from kvctl.ops.exporter import Exporter, ExporterConfig, Server, check_config, parse_listen  # noqa: PLC0415
+    from kvctl.ops.exporter import Exporter, ExporterConfig, check_config  # noqa: PLC0415
+    from kvctl.ops.exporter_http import Server, parse_listen  # noqa: PLC0415
 
     if not engine_urls:
         raise click.UsageError("give --engine-url (repeatable)")

@@ -7,15 +7,14 @@ from typing import Any, Callable
 
 import click
 
-from kvctl.loading import edit as loading
-
-from kvctl.loading import flip as loading_flip
-
-from kvctl.core import render
 from kvctl.commands.options import options, output_options, positive
+from kvctl.core import render
 from kvctl.core.errors import KvctlError
-from kvctl.hooks import hookimpl
 from kvctl.core.thresholds import RHO_HIGH
+from kvctl.hooks import hookimpl
+from kvctl.loading import edit as loading
+from kvctl.loading import flip as loading_flip
+from kvctl.loading import safety as loading_safety
 from kvctl.views.loading import show_flip, show_states
 
 
@@ -66,7 +65,7 @@ def show_cmd(sources: list[tuple[str, str]], as_json: bool) -> None:
     show_states([loading.state(p, kind) for p, kind in sources], as_json)
 
 
-def _flip(value: bool, sources: list[tuple[str, str]], dry_run: bool, force: bool, diagnosis: str | None, restart_cmd: str | None, restart_timeout: float, no_backup: bool, as_json: bool, max_age_s: float = loading.DEFAULT_MAX_AGE_S) -> None:
+def _flip(value: bool, sources: list[tuple[str, str]], dry_run: bool, force: bool, diagnosis: str | None, restart_cmd: str | None, restart_timeout: float, no_backup: bool, as_json: bool, max_age_s: float = loading_safety.DEFAULT_MAX_AGE_S) -> None:
     try:
         result = loading_flip.flip(
             value, sources, dry_run=dry_run, force=force, diagnosis=diagnosis, max_age_s=max_age_s, backup=not no_backup,
@@ -118,7 +117,7 @@ def sync_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json,
     from Valkey's server side), or a diagnosis older than --max-age.
     """
     try:
-        max_age_s = loading.parse_duration(max_age)
+        max_age_s = loading_safety.parse_duration(max_age)
     except KvctlError as e:
         raise click.BadParameter(str(e), param_hint="'--max-age'") from e
     _flip(False, sources, dry_run, force, diagnosis, restart_cmd, restart_timeout, no_backup, as_json, max_age_s=max_age_s)

@@ -11,11 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvctl.loading import edit as loading
-from kvctl.diagnose.capture import last_diagnosis_path
 from kvctl.core.errors import KvctlError
-from kvctl.loading.edit import Change, RestartResult, SafetyCheck
 from kvctl.core.signals import Signalled, signals_raise
+from kvctl.diagnose.capture import last_diagnosis_path
+from kvctl.loading import edit as loading
+from kvctl.loading import restart as loading_restart
+from kvctl.loading import safety as loading_safety
+from kvctl.loading.edit import Change
+from kvctl.loading.restart import RestartResult
+from kvctl.loading.safety import SafetyCheck
 
 
 class RestartInterrupted(Signalled):
@@ -57,7 +61,7 @@ def flip(
     dry_run: bool = False,
     force: bool = False,
     diagnosis: str | None = None,
-    max_age_s: float = loading.DEFAULT_MAX_AGE_S,
+    max_age_s: float = loading_safety.DEFAULT_MAX_AGE_S,
     backup: bool = True,
     restart_cmd: str | None = None,
     restart_timeout_s: float = 300.0,
@@ -71,8 +75,8 @@ def flip(
     """
     safety = None
     if not value:
-        diag, src = loading.load_diagnosis(diagnosis, diagnosis_default or last_diagnosis_path())
-        safety = loading.check_sync(diag, src, force, max_age_s=max_age_s)
+        diag, src = loading_safety.load_diagnosis(diagnosis, diagnosis_default or last_diagnosis_path())
+        safety = loading_safety.check_sync(diag, src, force, max_age_s=max_age_s)
     changes = [loading.plan(p, kind, value) for p, kind in sources]
     if not dry_run:
         changes = loading.apply_all(changes, backup=backup, force=force)
@@ -86,7 +90,7 @@ def _restart(command: str, timeout_s: float, changes: list[Change]) -> RestartRe
     """The restart command, stoppable: it runs in its own process group, so a signal to kvctl must stop it too."""
     try:
         with signals_raise():
-            return loading.run_restart(command, timeout_s)
+            return loading_restart.run_restart(command, timeout_s)
     except Signalled as e:
         written = [str(loading.real_path(c.path)) for c in changes if c.changed]
         raise RestartInterrupted(int(e.signal), written) from None

@@ -13,29 +13,26 @@ import json
 import os
 import re
 import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvctl.core import files
-
-from kvctl.loading import edit as loading
-
-from kvctl.core import safeyaml
+from kvctl.connector import metric_names
 from kvctl.connector.urls import INSTANCE_PLACEHOLDER, RANK_PLACEHOLDER, instances_in
+from kvctl.core import files, safeyaml
+from kvctl.core.engine_http import EngineHttp, masked
+from kvctl.core.errors import ExitStatus, InvalidInput, KvctlError
+from kvctl.core.thresholds import CHECK_TIMEOUT_S, RHO_HIGH, RHO_UNSTABLE, TIER_DIR
 from kvctl.diagnose import metrics as M
 from kvctl.diagnose import sources
-from kvctl.core.engine_http import EngineHttp, masked
-from kvctl.core.errors import BinaryNotFound, ExitStatus, InvalidInput, KvctlError
-from kvctl.tier.lmcache_config import PLUGIN_MODULE, URL_LIST_KEY, plugin_key
+from kvctl.loading import edit as loading
+from kvctl.loading import safety as loading_safety
+from kvctl.ops.doctor_host import check_nvml, check_py_spy
 from kvctl.tier import checks as tier_checks
 from kvctl.tier.checks import FAIL, OK, SKIPPED, WARNING, Check
+from kvctl.tier.lmcache_config import PLUGIN_MODULE, URL_LIST_KEY, plugin_key
 from kvctl.tier.server import PASSWORD_HINT, is_auth_error, redis_for_url
-from kvctl.core.thresholds import CHECK_TIMEOUT_S, RHO_HIGH, RHO_UNSTABLE, TIER_DIR
 from kvctl.tier.targets import Target
-from kvctl.connector import metric_names
 
 ORDER = (SKIPPED, OK, WARNING, FAIL)
 #: LMCache releases whose native resp:// client has §5.4's bugs 1 and 2 and whose MLA store writes from rank 0 only
@@ -415,19 +412,19 @@ def _loading_mode(lmc_path: str | None, lmc: dict[str, Any] | None, extra_kvt: d
 
 
 def _loading_vs_rho(lmc_path: str | None, lmc: dict[str, Any] | None, extra_kvt: dict[str, Any], last: str | None, out: list[Check]) -> None:
-    """The loading mode against the saved diagnosis, judged as `kvctl loading sync` judges it (kvctl.loading.edit.judge_sync)."""
+    """The loading mode against the saved diagnosis, judged as `kvctl loading sync` judges it (kvctl.loading.safety.judge_sync)."""
     mode = _loading_mode(lmc_path, lmc, extra_kvt, out)
     if not mode:
         return
     try:
-        diagnosis, source = loading.load_diagnosis(None, Path(last)) if last else (None, None)
+        diagnosis, source = loading_safety.load_diagnosis(None, Path(last)) if last else (None, None)
     except KvctlError as e:
         out.append(Check("config", "loading_vs_rho", WARNING, f"{mode} loading; {e}", "run kvctl diagnose again", {}))
         return
     if diagnosis is None:
         out.append(Check("config", "loading_vs_rho", OK, f"{mode} loading; no saved diagnosis with ρ to compare (run kvctl diagnose)"))
         return
-    v = loading.judge_sync(diagnosis, source)
+    v = loading_safety.judge_sync(diagnosis, source)
     ev = {"rho": v.rho, "lower_bound": v.lower_bound, "diagnosis": source, "taken": v.saved_at}
     shown = "ρ unknown" if v.rho is None else f"ρ {'≥' if v.lower_bound else '='} {v.rho:.2f}"
     if mode == "async":
@@ -444,59 +441,3 @@ def _loading_vs_rho(lmc_path: str | None, lmc: dict[str, Any] | None, extra_kvt:
             "measure ρ now with engine-side metrics (kvctl diagnose --engine-url ENGINE), or switch with kvctl loading async", ev,
         ))
 
-
-# --- host ----------------------------------------------------------------------------------
-
-#: Not --timeout: a host check that starts a local sleeper and attaches py-spy to it; py-spy's first attach
-#: reads the target's symbols, seconds on a loaded host, and no deployment read is involved.
-PYSPY_HOST_CHECK_TIMEOUT_S = 15.0
-
-
-def check_py_spy(timeout_s: float = PYSPY_HOST_CHECK_TIMEOUT_S) -> Check:
-    """py-spy present and allowed to attach to a process that is not our descendant (as an engine is not)."""
-    from kvctl.diagnose.pyspy import PTRACE_HINT, PtraceNotPermitted, dump_threads, find_py_spy  # noqa: PLC0415
-
-    try:
-        binary = find_py_spy()
-    except KvctlError as e:
-        return Check("host", "py_spy", WARNING, str(e), "pip install py-spy (kvctl diagnose stalls needs it)")
-    # an orphaned sleeper: its parent exits at once, so it is no longer our descendant (Yama scope 1 refuses those)
-    starter = (  # the sleeper says "ready" once its interpreter runs; its parent passes that on with the pid and exits
-        "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(30)'], "
-        "stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True); "
-        "p.stdout.readline(); print(p.pid)"
-    )
-    try:
-        res = subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:  # one slow start must not abort the whole checklist
-        return Check("host", "py_spy", WARNING, f"could not start a test process for py-spy within {timeout_s:g} s")
-    try:
-        pid = int(res.stdout.strip())
-    except ValueError:
-        return Check("host", "py_spy", WARNING, f"could not start a test process for py-spy: {res.stderr.strip()[:200]}")
-    try:
-        for attempt in range(20):  # bounded: a dump taken while the sleeper's thread state changes can fail
-            try:
-                dump_threads(pid, binary=binary, timeout_s=timeout_s)
-                break
-            except (PtraceNotPermitted, BinaryNotFound):
-                raise
-            except KvctlError:
-                if attempt == 19:
-                    raise
-                time.sleep(0.1)
-    except KvctlError as e:
-        return Check("host", "py_spy", WARNING, f"py-spy cannot read another process's stacks: {e}", PTRACE_HINT, {"binary": binary})
-    finally:
-        try:
-            os.kill(pid, 9)
-        except OSError:
-            pass
-    return Check("host", "py_spy", OK, f"py-spy ({binary}) attaches to processes it did not start", evidence={"binary": binary})
-
-
-def check_nvml() -> Check:
-    gpu = sources.gpu_sample()
-    if gpu.visible:
-        return Check("host", "nvml", OK, f"NVML sees {len(gpu.utilization_pct)} GPU(s): {', '.join(gpu.names)}", evidence={"gpus": gpu.names})
-    return Check("host", "nvml", WARNING, gpu.note or "no GPU visible", "run kvctl on the engine's node (nvidia-ml-py installed) so diagnose can tell a compute-bound engine from one waiting on the tier")

@@ -30,16 +30,13 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from kvctl import __version__
-from kvctl.connector import metric_names as N
 from kvctl.core.engine_http import EngineHttp, masked
 from kvctl.core.errors import InvalidInput, Unreachable
-from kvctl.replay.prompts import SEED_TEXT, PromptBuilder, TokenPool, pool_from_ids, pool_from_tokenizer
+from kvctl.replay.engine_api import engine_base, check_lengths, discover_model, list_models, max_model_len, pool_from_engine, scrape_metrics
+from kvctl.replay.prompts import PromptBuilder, pool_from_tokenizer
 from kvctl.replay.runfile import INTERRUPTED, RunWriter
 from kvctl.replay.trace import Trace, TraceRequest
-from kvctl.core.thresholds import METRICS_MAX_BYTES
 
-#: Metric families kept from /metrics in the run file (counters and gauges, summed over labels).
-METRIC_PREFIXES = (N.VLLM_PREFIX, N.LMCACHE_PREFIX, N.PREFIX)
 #: Signals that stop a replay the way Ctrl-C does (the exit code is 128 + the number).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -103,120 +100,6 @@ def schedule(trace: Trace, speed: float) -> list[tuple[TraceRequest, float]]:
     if not speed > 0:
         raise InvalidInput(f"--speed must be positive, got {speed}")
     return [(r, r.offset_s / speed) for r in trace.requests]
-
-
-def _base(url: str) -> str:
-    if not url.startswith(("http://", "https://")):
-        raise InvalidInput(f"--engine-url must start with http:// or https://, got {url!r}")
-    return url.rstrip("/").removesuffix("/v1")
-
-
-async def _get_json(session: Any, url: str, timeout_s: float = 10.0) -> Any:
-    import aiohttp  # noqa: PLC0415
-
-    async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-        r.raise_for_status()
-        return await r.json(content_type=None)
-
-
-async def list_models(session: Any, base: str) -> list[dict[str, Any]]:
-    """The entries of ``/v1/models`` (objects only); Unreachable when it does not answer."""
-    import aiohttp  # noqa: PLC0415
-
-    try:
-        data = await _get_json(session, base + "/v1/models")
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-        raise Unreachable(f"{base} did not answer /v1/models: {type(e).__name__}: {e}") from e
-    except ValueError:
-        return []
-    entries = data.get("data") if isinstance(data, dict) else None
-    return [m for m in entries if isinstance(m, dict)] if isinstance(entries, list) else []
-
-
-async def discover_model(session: Any, base: str, models: list[dict[str, Any]] | None = None) -> str:
-    """The first model the engine serves (``/v1/models``, or ``models`` read from it); Unreachable when it does not answer."""
-    models = await list_models(session, base) if models is None else models
-    if not models or not isinstance(models[0].get("id"), str):
-        raise Unreachable(f"{base}/v1/models lists no model; pass --model")
-    return models[0]["id"]
-
-
-def max_model_len(models: list[dict[str, Any]], model: str) -> int | None:
-    """vLLM's ``max_model_len`` of ``model`` in ``/v1/models``, when the engine says."""
-    for m in models:
-        n = m.get("max_model_len")
-        if m.get("id") == model and isinstance(n, int) and not isinstance(n, bool) and n > 0:
-            return n
-    return None
-
-
-def check_lengths(trace: Trace, limit: int, model: str) -> None:
-    """InvalidInput naming every trace line whose prompt is longer than the engine's ``max_model_len``."""
-    from kvctl.replay.trace import malformed  # noqa: PLC0415
-
-    long = [r for r in trace.requests if r.token_count is not None and r.token_count > limit]
-    if long:
-        raise malformed(trace.path, [f"line {r.line}: {r.token_count:,} prompt tokens, past {model}'s max_model_len {limit:,}"
-                                     for r in sorted(long, key=lambda r: r.line)])
-
-
-async def pool_from_engine(session: Any, base: str, model: str) -> TokenPool | None:
-    """Token pool from the engine's ``/tokenize`` (vLLM), or None when it has none."""
-    import aiohttp  # noqa: PLC0415
-
-    body = {"model": model, "prompt": SEED_TEXT, "add_special_tokens": False}
-    try:
-        async with session.post(base + "/tokenize", json=body, timeout=aiohttp.ClientTimeout(total=30)) as r:
-            if r.status != 200:
-                return None
-            data = await r.json(content_type=None)
-        return pool_from_ids(data["tokens"], "engine /tokenize")
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError, TypeError, ValueError):
-        return None
-
-
-#: a /metrics scrape before or after a run is tried this many times, SCRAPE_PAUSE_S apart: an engine
-#: that just started, or is busy finishing the run, can miss one
-SCRAPE_TRIES = 3
-SCRAPE_PAUSE_S = 1.0
-
-
-async def _scrape_once(session: Any, base: str, max_bytes: int) -> tuple[dict[str, float] | None, str | None, bool]:
-    """(values, why not, worth retrying)."""
-    import aiohttp  # noqa: PLC0415
-
-    from kvctl.diagnose.metrics import parse  # noqa: PLC0415
-
-    try:
-        async with session.get(base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
-            if r.status != 200:
-                return None, f"/metrics answered HTTP {r.status}", True
-            body = await r.content.read(max_bytes + 1)
-            if len(body) > max_bytes:
-                return None, f"/metrics is larger than --max-metrics-bytes {max_bytes}", False
-        scrape = parse(body.decode("utf-8", errors="replace"), f"{masked(base)}/metrics")
-    except asyncio.TimeoutError:  # not retried: a hung engine would hold the run's end for 10 s a try
-        return None, "/metrics did not answer within 10 s", False
-    except (aiohttp.ClientError, OSError) as e:
-        return None, f"/metrics: {type(e).__name__}", True
-    except InvalidInput as e:
-        return None, str(e), True
-    return {k: v for k, v in sorted(scrape.values.items()) if k.startswith(METRIC_PREFIXES)}, None, False
-
-
-async def scrape_metrics(session: Any, base: str, max_bytes: int = METRICS_MAX_BYTES) -> tuple[dict[str, float] | None, str | None]:
-    """(counters and gauges of vLLM, LMCache and kvctl from ``/metrics``, None) or (None, why not), after
-    up to :data:`SCRAPE_TRIES` tries (an answer over ``max_bytes`` or none within 10 s is not retried)."""
-    why = None
-    for attempt in range(SCRAPE_TRIES):
-        if attempt:
-            await asyncio.sleep(SCRAPE_PAUSE_S)
-        values, why, retry = await _scrape_once(session, base, max_bytes)
-        if values is not None:
-            return values, None
-        if not retry:
-            return None, why
-    return None, f"{why} ({SCRAPE_TRIES} tries)"
 
 
 def _count(v: Any, what: str) -> int | None:
@@ -380,7 +263,7 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
                   options_meta: dict[str, Any], http: EngineHttp) -> ReplayResult:
     import aiohttp  # noqa: PLC0415
 
-    base, auth = http.auth_header(_base(opts.url))  # USER:PASS@ or the API key: a header, never in the URL sent or saved
+    base, auth = http.auth_header(engine_base(opts.url))  # USER:PASS@ or the API key: a header, never in the URL sent or saved
     plan = schedule(trace, opts.speed)
     connector = aiohttp.TCPConnector(limit=opts.max_in_flight)
     timeout = aiohttp.ClientTimeout(total=opts.timeout_s)
@@ -509,3 +392,4 @@ def run_replay(trace: Trace, opts: ReplayOptions, out: str, *, overwrite: bool =
         raise InvalidInput(f"--max-in-flight must be at least 1, got {opts.max_in_flight}")
     _allow_open_files(opts.max_in_flight + 256)
     return asyncio.run(_replay(trace, opts, out, overwrite, on_update or (lambda s: None), options_meta or {}, http or EngineHttp()))
+

@@ -25,7 +25,8 @@ import numpy as np
 from kvctl.core.errors import InvalidInput
 from kvctl.sim.fleet import simulate_fleet
 from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS
-from kvctl.sim.simulate import SimConfig, trace_workload
+from kvctl.sim.simulate import SimConfig
+from kvctl.sim.workload import trace_workload
 from kvctl.sim.variability import Variability
 
 #: θ values tried: 0, 0.1, … 1

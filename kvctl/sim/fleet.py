@@ -44,9 +44,10 @@ import numpy as np
 from kvctl.core.cost import GB, require_positive
 from kvctl.core.errors import InvalidInput
 from kvctl.sim.simulate import (
-    LOADINGS, SimConfig, SimResult, Workload, _in_system_ahead, check_engine_share, check_max_batch, check_step_model, engine_steps, fifo,
+    LOADINGS, SimConfig, SimResult, _in_system_ahead, check_engine_share, check_max_batch, check_step_model, engine_steps, fifo,
     hit_tokens_of, plan_step, split_t0,
 )
+from kvctl.sim.workload import Workload
 from kvctl.core.thresholds import RHO_UNSTABLE
 from kvctl.sim.variability import Variability, gain_for
 

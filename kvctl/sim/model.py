@@ -22,7 +22,8 @@ from kvctl.core.thresholds import ASYNC_TIMEOUT_S, PAPER_T0_S, VLLM_MAX_NUM_BATC
 
 if TYPE_CHECKING:
     from kvctl.sim.plan import PlanResult
-    from kvctl.sim.simulate import Bandwidth, SimConfig, SimResult, SweepPoint, Workload
+    from kvctl.sim.simulate import SimConfig, SimResult, SweepPoint
+    from kvctl.sim.workload import Bandwidth, Workload
     from kvctl.sim.variability import Variability
 
 #: Requests `kvctl simulate` draws at --arrival-rate unless --requests says otherwise.
@@ -90,14 +91,14 @@ class Model:
 
     def workload(self, rate: float | None = None, prompt_tokens: float | None = None) -> Workload:
         """The fleet's requests: the trace's, or drawn at ``rate`` (default the inputs' λ) × engines (kept per (rate, tokens))."""
-        from kvctl.sim import simulate as sim  # noqa: PLC0415 - numpy only when used
+        from kvctl.sim import workload as sim_workload  # noqa: PLC0415 - numpy only when used
 
         i, key = self.inputs, (rate, prompt_tokens)
         if key not in self._workloads:
             if i.trace_path:
-                self._workloads[key] = sim.trace_workload(i.trace_path, i.requests, i.block_tokens)
+                self._workloads[key] = sim_workload.trace_workload(i.trace_path, i.requests, i.block_tokens)
             else:
-                self._workloads[key] = sim.poisson_workload((rate or i.rate) * i.engines, i.requests or self.default_requests,
+                self._workloads[key] = sim_workload.poisson_workload((rate or i.rate) * i.engines, i.requests or self.default_requests,
                                                             prompt_tokens or i.prompt_tokens, i.prompt_dist, i.seed, self.process, self.cv)
         return self._workloads[key]
 
@@ -126,9 +127,9 @@ def arrival_process(i: Inputs) -> tuple[str, float | None, str | None]:
     """(process, CV, note) of --arrival-rate's arrivals: --arrivals at --arrival-cv, or gamma at the CV of the gaps
     of --arrivals-from (the note says so)."""
     if i.arrivals_from:
-        from kvctl.sim import simulate as sim  # noqa: PLC0415 - numpy only when used
+        from kvctl.sim import workload as sim_workload  # noqa: PLC0415 - numpy only when used
 
-        cv, note = sim.arrival_cv_of(i.arrivals_from)
+        cv, note = sim_workload.arrival_cv_of(i.arrivals_from)
         return "gamma", cv, note
     return i.arrivals, i.arrival_cv, None
 
@@ -141,11 +142,12 @@ def build(i: Inputs, default_requests: int = SIMULATE_REQUESTS) -> Model:
     the model then starts at 1 instance for the search. Notes say where each input came from, in that order.
     """
     from kvctl.sim import simulate as sim  # noqa: PLC0415 - numpy only when used
+    from kvctl.sim import workload as sim_workload  # noqa: PLC0415 - numpy only when used
     from kvctl.sim import variability  # noqa: PLC0415
 
-    bench = sim.bench_bandwidths(i.bench_path) if i.bench_path else None
+    bench = sim_workload.bench_bandwidths(i.bench_path) if i.bench_path else None
     fit_instances = i.instances if i.instances is not None else (max(bench) if bench else 1)
-    fit_gbps = sim.effective_gbps(fit_instances, i.instance_gbps, bench)
+    fit_gbps = sim_workload.effective_gbps(fit_instances, i.instance_gbps, bench)
     var = variability.build(fit_from=i.fit_from, get_times_from=i.get_times_from, readers_from=i.readers_from,
                             async_instance_gbps=i.async_instance_gbps, async_overhead_s=i.async_overhead_s,
                             bytes_per_token=i.bytes_per_token, prefill_rate=i.prefill_rate, fit_gbps=fit_gbps, instances=i.instances)
@@ -184,17 +186,18 @@ def whatif(i: Inputs, grid: dict[str, list[Any]] | None = None) -> WhatIf:
     Refused (InvalidInput, with the figures) before any allocation when the requests would not fit in memory."""
     from kvctl.sim import fleet  # noqa: PLC0415 - numpy only when used
     from kvctl.sim import simulate as sim  # noqa: PLC0415
+    from kvctl.sim import workload as sim_workload  # noqa: PLC0415
 
     model = build(i, SIMULATE_REQUESTS)
-    sim.check_memory(i.requests or (None if i.trace_path else SIMULATE_REQUESTS), fleet=model.fleet)
+    sim_workload.check_memory(i.requests or (None if i.trace_path else SIMULATE_REQUESTS), fleet=model.fleet)
     if grid:
         runner = (lambda w, c, bw: fleet.simulate_fleet(w, c, bw, i.engines, model.var)) if model.fleet else None
         points = sim.sweep(model.cfg, grid, model.workload, model.bench, runner=runner)
-        bws = tuple(sim.bandwidth_for(p.parameters.get("instances", i.instances), p.parameters.get("instance_gbps", i.instance_gbps), model.bench)
+        bws = tuple(sim_workload.bandwidth_for(p.parameters.get("instances", i.instances), p.parameters.get("instance_gbps", i.instance_gbps), model.bench)
                     for p in points)
         return WhatIf(i, model.workload().source, model.var.notes, model.fleet, grid=grid, points=tuple(points), bandwidths=bws)
     w = model.workload()
-    bw = sim.bandwidth_for(i.instances, i.instance_gbps, model.bench)
+    bw = sim_workload.bandwidth_for(i.instances, i.instance_gbps, model.bench)
     res = fleet.simulate_fleet(w, model.cfg, bw.gbps, i.engines, model.var) if model.fleet else sim.simulate(w, model.cfg, bw.gbps)
     return WhatIf(i, w.source, model.var.notes, model.fleet, result=res, bandwidth=bw)
 

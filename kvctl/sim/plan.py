@@ -9,7 +9,7 @@ simulating when arithmetic already rules it out:
   longer than its prefill would;
 * the tier's ρ per instance (summed over the engines) above the target.
 
-The search has a budget: the memory of one simulation (:func:`kvctl.sim.simulate.check_memory`, as ``simulate``)
+The search has a budget: the memory of one simulation (:func:`kvctl.sim.workload.check_memory`, as ``simulate``)
 and PLAN_MAX_SECONDS of simulating; a search that would pass either is refused up front or as soon as the
 points simulated so far show it, saying how much work was asked for.
 
@@ -40,7 +40,8 @@ import numpy as np
 from kvctl.core.cost import GB, breakeven_gbps, min_hit_tokens
 from kvctl.core.errors import InvalidInput
 from kvctl.sim.fleet import FleetResult, simulate_fleet
-from kvctl.sim.simulate import SimConfig, Workload, check_memory, effective_gbps
+from kvctl.sim.simulate import SimConfig
+from kvctl.sim.workload import Workload, check_memory, effective_gbps
 from kvctl.core.thresholds import PLAN_MAX_SECONDS, RHO_UNSTABLE
 from kvctl.sim.variability import Variability
 

@@ -25,8 +25,7 @@ import fcntl
 import os
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -37,30 +36,20 @@ from kvctl.connector.urls import MAX_INSTANCES_PER_RANK, flat_instance
 from kvctl.core.errors import InvalidInput, KvctlError
 from kvctl.tier import spec
 from kvctl.tier.server import (
-    PASSWORD_HINT,
     ValkeyProcess,
     check_bind_address,
     find_valkey_server,
-    info_all,
-    is_auth_error,
     port_in_use,
-    redis_client,
-    redis_for_url,
     server_version,
     start_valkey,
 )
-from kvctl.core.files import read_password_file
-from kvctl.core.thresholds import CHECK_TIMEOUT_S, TIER_MAXMEMORY
-from kvctl.tier.targets import STATE_FILE, InstanceState, Target, TierState, instance_name, load_tier, state_path
+from kvctl.core.thresholds import TIER_MAXMEMORY
+from kvctl.tier.targets import STATE_FILE, InstanceState, TierState, instance_name, load_tier, state_path
 
 ENGINE_PASSWORD_FILE = "engine.password"
 LOCK_FILE = ".kvctl-tier.lock"
 #: Valkey refuses more io-threads than this (Valkey 8: "between 1 and 256").
 MAX_IO_THREADS = 256
-#: ``deploy-valkey status`` has no --timeout: one INFO per instance, in parallel; a healthy instance answers in
-#: milliseconds, and a stopped (SIGSTOP) or hung one must cost these seconds, not hang the status.
-STATUS_TIMEOUT_S = CHECK_TIMEOUT_S
-STATUS_CONNECT_TIMEOUT_S = 2.0
 
 #: Called as ``on_progress(name, port)`` after each instance answers PING (or stops); name: ``rank 2`` or
 #: ``rank 2 instance 1`` (:func:`kvctl.tier.targets.instance_name`).
@@ -318,122 +307,6 @@ def _up_locked(
     return state
 
 
-# ----------------------------------------------------------------------------- status
-
-
-@dataclass(frozen=True)
-class InstanceStatus:
-    rank: int
-    host: str
-    port: int
-    pid: int
-    url: str
-    up: bool
-    state: str = "up"  # up | alive, not answering (state T) | auth refused | down
-    hint: str | None = None
-    used_memory: int | None = None
-    maxmemory: int | None = None
-    keys: int | None = None
-    evicted_keys: int | None = None
-    connected_clients: int | None = None  # other clients: this status read's own connection not counted
-    get_calls: int | None = None
-    get_usec_per_call: float | None = None  # None before the first GET (not 0 µs)
-    error: str | None = None
-    instance: int = 0  # which of its rank's instances
-    name: str = ""  # "rank 2", or "rank 2 instance 1" when ranks have several instances
-
-
-@dataclass(frozen=True)
-class TierStatus:
-    dir: str
-    instances: list[InstanceStatus] = field(default_factory=list)
-    instances_per_rank: int = 1
-
-
-def instance_status(inst: InstanceState, password: str | None, instances_per_rank: int = 1) -> InstanceStatus:
-    """INFO of one instance: memory, keys, evictions, clients, GET commandstats.
-
-    ``inst.pid`` 0: an instance named by URL (``status --valkey``), with no
-    process of a tier to look at; it is reached through its URL (TLS, user).
-    """
-    import redis  # noqa: PLC0415
-
-    base = dict(rank=inst.rank, host=inst.host, port=inst.port, pid=inst.pid, url=inst.url, instance=inst.instance,
-                name=instance_name(inst.rank, inst.instance, instances_per_rank))
-    by_url = inst.pid <= 0
-    try:
-        client = (
-            redis_for_url(inst.url, STATUS_TIMEOUT_S, password) if by_url
-            else redis_client(STATUS_TIMEOUT_S, connect_timeout_s=STATUS_CONNECT_TIMEOUT_S, host=inst.host, port=inst.port, password=password)
-        )
-        with client as r:
-            info = info_all(r)
-    except (redis.RedisError, OSError) as e:
-        error = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if is_auth_error(e):
-            why = "no password given" if password is None else "the password was refused"
-            return InstanceStatus(**base, up=False, state="auth refused", hint=f"{why}: {PASSWORD_HINT}", error=error)
-        if by_url:
-            silent = isinstance(e, redis.TimeoutError)
-            return InstanceStatus(
-                **base, up=False, state="not answering" if silent else "down", error=error,
-                hint=("it accepts connections but does not answer: stopped or hung? `kvctl diagnose stalls --pid PID` on its host"
-                      if silent else "nothing answers there: is the server running, and reachable from this host?"),
-            )
-        proc = is_our_server(inst)
-        if proc is None:
-            return InstanceStatus(**base, up=False, state="down", hint="no process: restart the tier (`kvctl deploy-valkey down`, then `up`)", error=error)
-        letter = _state_letter(proc)
-        return InstanceStatus(
-            **base,
-            up=False,
-            state=f"alive, not answering (state {letter})",
-            hint=f"pid {inst.pid} is {'stopped (SIGSTOP/ptrace)' if letter == 'T' else 'alive but silent'}: "
-            f"look at it with `kvctl diagnose stalls --pid {inst.pid}`, or restart it (down, then up)",
-            error=error,
-        )
-    keyspace = info.get("db0") or {}
-    get_stats = info.get("cmdstat_get") or {}
-    return InstanceStatus(
-        **base,
-        up=True,
-        used_memory=int(info.get("used_memory", 0)),
-        maxmemory=int(info.get("maxmemory", 0)),
-        keys=int(keyspace.get("keys", 0)) if isinstance(keyspace, dict) else 0,
-        evicted_keys=int(info.get("evicted_keys", 0)),
-        connected_clients=max(0, int(info.get("connected_clients", 0)) - 1),  # less the connection reading this INFO
-        get_calls=int(get_stats.get("calls", 0)),
-        get_usec_per_call=float(get_stats["usec_per_call"]) if get_stats.get("calls") else None,
-    )
-
-
-def _state_letter(proc: psutil.Process) -> str:
-    """The kernel's one-letter process state (R, S, D, T, t, Z, ...) from /proc, '?' when unreadable."""
-    try:
-        return Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return {psutil.STATUS_STOPPED: "T", psutil.STATUS_TRACING_STOP: "t", psutil.STATUS_RUNNING: "R"}.get(proc.status(), "?")
-
-
-def status(tier_dir: Path | str, password_file: str | None = None) -> TierStatus:
-    """INFO of every instance, in parallel: stalled instances cost one timeout together, not one each."""
-    state = load_tier(tier_dir)
-    pw_file = password_file or state.password_file
-    password = read_password_file(pw_file) if pw_file else None
-    insts = state.in_tier_order()
-    k = state.instances_per_rank
-    with ThreadPoolExecutor(max_workers=max(1, len(insts))) as pool:
-        return TierStatus(state.dir, list(pool.map(lambda i: instance_status(i, password, k), insts)), k)
-
-
-def targets_status(targets: list[Target]) -> TierStatus:
-    """:func:`status` of instances named by URL rather than a tier directory (``dir`` is empty)."""
-    k = targets[0].instances_per_rank if targets else 1
-    insts = [(InstanceState(t.rank, t.host, t.port, 0, t.url, "", "", "", instance=t.instance), t.password) for t in targets]
-    with ThreadPoolExecutor(max_workers=max(1, len(insts))) as pool:
-        return TierStatus("", list(pool.map(lambda ip: instance_status(*ip, k), insts)), k)
-
-
 # ----------------------------------------------------------------------------- down
 
 
@@ -542,3 +415,4 @@ def _purge(tier_dir: Path, state: TierState) -> None:
         tier_dir.rmdir()  # only when nothing else lives there
     except OSError:
         pass
+

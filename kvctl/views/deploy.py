@@ -11,7 +11,8 @@ from kvctl.tier import spec
 from kvctl.tier.targets import TierState, state_path
 
 if TYPE_CHECKING:
-    from kvctl.tier.local import StopResult, TierStatus
+    from kvctl.tier.local import StopResult
+    from kvctl.tier.status import TierStatus
 
 
 def show_up(state: TierState, as_json: bool) -> None:

@@ -8,7 +8,7 @@ from kvctl.core import render
 from kvctl.diagnose.capture import merged_warning
 
 if TYPE_CHECKING:
-    from kvctl.ops.exporter import Server
+    from kvctl.ops.exporter_http import Server
 
 
 def show_listening(server: Server, instances: int, interval_s: float, window_s: float, stale_after_s: float, as_json: bool) -> None:

@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     from kvctl.sim.fleet import FleetResult
     from kvctl.sim.plan import PlanResult
     from kvctl.sim.model import Sized, WhatIf
-    from kvctl.sim.simulate import Bandwidth, SimResult
+    from kvctl.sim.simulate import SimResult
+    from kvctl.sim.workload import Bandwidth
 
 RESULT_COLS = ["ρ", "tier ρ", "GPU util %", "p50 s", "p90 s", "p99 s", "max s", "p50 by third (s)", "max queue", "stable"]
 FLEET_COLS = ["engine", "requests", "hits", "timeouts", "ρ", "GPU util %", "p50 s", "p90 s", "p99 s", "max s", "max queue"]
@@ -57,7 +58,7 @@ def render_fleet(res: FleetResult, title: str) -> None:
 
 
 def _extrapolated(bw: Bandwidth) -> bool:
-    from kvctl.sim.simulate import BASIS_EXTRAPOLATED  # noqa: PLC0415 - numpy only when used
+    from kvctl.sim.workload import BASIS_EXTRAPOLATED  # noqa: PLC0415 - numpy only when used
 
     return bw.basis == BASIS_EXTRAPOLATED
 

@@ -75,7 +75,7 @@ def test_local_tokenizer_gives_the_engines_token_pool(replay_server, tiny_model)
     import aiohttp
 
     from kvctl.replay.prompts import pool_from_tokenizer
-    from kvctl.replay.sender import pool_from_engine
+    from kvctl.replay.engine_api import pool_from_engine
 
     async def engine_pool():
         async with aiohttp.ClientSession() as session:

@@ -23,7 +23,8 @@ from kvctl.cli import cli
 from kvctl.diagnose.analysis import analyse
 from kvctl.diagnose.capture import Capture, Sample, save_capture
 from kvctl.core.errors import InvalidInput
-from kvctl.ops.exporter import METRICS, VLLM_FAMILIES_READ, Exporter, ExporterConfig, Server, family, parse_listen, relevant_metrics
+from kvctl.ops.exporter import METRICS, VLLM_FAMILIES_READ, Exporter, ExporterConfig, family, relevant_metrics
+from kvctl.ops.exporter_http import Server, parse_listen
 from kvctl.tier.server import start_valkey
 from kvctl.tier.targets import resolve_targets
 from tests.diagnose.engine_text import EngineState

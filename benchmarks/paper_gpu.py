@@ -40,6 +40,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -92,9 +93,9 @@ def parse_args(argv=None):
     ap.add_argument("--chunk-tokens", type=int, default=None, help="the connector's chunk (default 256; cpu 64)")
     ap.add_argument("--requests", type=int, default=None, help="requests per run (default 120; cpu 60)")
     ap.add_argument("--hit-share", type=float, default=0.8, help="share of the requests whose document is primed")
-    ap.add_argument("--rate", type=float, default=None, help="requests/s (default 3.2: ρ > 1 on one instance; cpu 0.8)")
-    ap.add_argument("--calib-rate", type=float, default=None, help="calibration requests/s (default rate / 4)")
-    ap.add_argument("--calib-requests", type=int, default=40)
+    ap.add_argument("--rate", type=float, default=None, help="requests/s (default 3.2: ρ > 1 on one instance; cpu 2.2)")
+    ap.add_argument("--calib-rate", type=float, default=None, help="calibration requests/s (default rate / 5)")
+    ap.add_argument("--calib-requests", type=int, default=None, help="calibration requests (default 40; cpu 20)")
     ap.add_argument("--instances", type=int, default=4, help="K of R4 and R5")
     ap.add_argument("--link-mbps", type=float, default=None,
                     help="put each instance behind benchmarks/linkshaper.py at this MB/s (default: none; cpu 2)")
@@ -110,13 +111,13 @@ def parse_args(argv=None):
     a = ap.parse_args(argv)
     cpu = a.device == "cpu"
     for key, gpu_v, cpu_v in (("prompt_tokens", 16384, 1024), ("block_tokens", 512, 256), ("chunk_tokens", 256, 64),
-                              ("requests", 120, 60), ("rate", 3.2, 0.8), ("max_batched_tokens", 16384, 2048),
+                              ("requests", 120, 60), ("rate", 3.2, 2.2), ("calib_requests", 40, 20), ("max_batched_tokens", 16384, 2048),
                               ("link_mbps", 0.0, 2.0)):
         if getattr(a, key) is None:
             setattr(a, key, cpu_v if cpu else gpu_v)
     if cpu:
         a.tier_gb = min(a.tier_gb, 0.5)
-    a.calib_rate = a.calib_rate or a.rate / 4
+    a.calib_rate = a.calib_rate or a.rate / 5
     bad = [s for s in a.only.split(",") if s and s not in STEPS]
     if bad:
         ap.error(f"--only: unknown step(s) {bad}; the steps are {','.join(STEPS)}")
@@ -323,14 +324,16 @@ def run_step(lab: Lab, name: str) -> dict:
                                       env=lab.env, name=f"{name}-restart", timeout_s=a.start_timeout)
                 info["prefix_cache"] = "engine restarted"
         span = json.loads((work / "meta.json").read_text())["traces"][trace_name]["span_s"]
-        if name in ("R2", "R4"):
-            window = max(5.0, round(span * 0.6, 1))
+        if name in ("R2", "R4"):  # from a quarter of the run (a queue has had time to show) over half of it
+            delay, window = round(span / 4, 1), max(5.0, round(span / 2, 1))
             t_dir = lab.tier(k)[0].dir
             out = work / f"{name}.diagnose.json"
-            side.append(("diagnose", subprocess.Popen(
-                KVCTL + ["diagnose", "--engine-url", srv.url, "--dir", str(t_dir), "--window", str(window),
-                         "--bytes-per-token", str(lab_bytes_per_token(lab)), "--json"],
-                stdout=out.open("w"), stderr=(work / f"{name}.diagnose.err").open("w"), cwd=str(REPO)), out))
+            cmd = " ".join(["sleep", str(delay), ";", "exec", *map(shlex.quote, KVCTL), "diagnose", "--engine-url", srv.url,
+                            "--dir", shlex.quote(str(t_dir)), "--window", str(window),
+                            "--bytes-per-token", str(lab_bytes_per_token(lab)), "--json"])
+            side.append(("diagnose", subprocess.Popen(["/bin/sh", "-c", cmd], stdout=out.open("w"),
+                                                      stderr=(work / f"{name}.diagnose.err").open("w"), cwd=str(REPO)), out))
+            info["diagnose_window"] = {"from_s": delay, "window_s": window}
         if name == "R2":
             side.append(("exporter", *start_exporter(lab, srv.url, k, work / f"{name}.exporter.jsonl")))
         t0 = time.monotonic()
@@ -463,7 +466,7 @@ def analyse(a) -> dict:
                 continue
             res = kvctl("simulate", "--trace", str(work / "main.planned.jsonl"), "--hits-from-trace", "--block-tokens", str(bt),
                         "--bytes-per-token", str(s), "--prefill-rate", f"{R:.1f}", "--instances", str(k), "--bench", str(bench),
-                        "--get-times-from", str(bench), "--fit-from", str(calib), "--loading", loading,
+                        "--get-times-from", str(bench), "--fit-from", str(calib), "--fit-instances", "1", "--loading", loading,
                         "--t0-engine-share", "fit", "--max-batched-tokens", str(meta["max_batched_tokens"]), "--json",
                         check=False, log=work / f"{r}.simulate.txt")
             if res.returncode not in (0, 3, 4):
@@ -487,7 +490,7 @@ def analyse(a) -> dict:
             for e in (1, 4):
                 res = kvctl("plan", "--arrival-rate", str(tr["rate"]), "--prompt-tokens", str(meta["prompt_tokens"]),
                             "--hit-fraction", f"{tr['primed'] / tr['requests']:.3f}", "--bytes-per-token", str(s),
-                            "--prefill-rate", f"{R:.1f}", "--fit-from", str(calib), "--bench", str(work / "bench-k1.json"),
+                            "--prefill-rate", f"{R:.1f}", "--fit-from", str(calib), "--fit-instances", "1", "--bench", str(work / "bench-k1.json"),
                             "--slo-p99", str(slo), "--engines", str(e), "--max-instances", "16", "--json",
                             check=False, log=work / f"plan-e{e}.txt")
                 try:

@@ -186,3 +186,21 @@ def test_cli_max_batch():
     assert four["mean_s"] > one["mean_s"] and four["rho"] == pytest.approx(one["rho"])
     bad = CliRunner().invoke(cli, [*args, "--max-batch", "0"])
     assert bad.exit_code == 2 and "--max-batch" in bad.output
+
+
+def test_fit_instances_takes_the_calibration_runs_transfers_out_at_its_own_tier(tmp_path):
+    """A calibration run on 1 instance (1 GB hits at 1 GB/s, T0 0.5 s: 1.5 s each), predicting 4 instances. With
+    --fit-instances 1 the fit sees the run's own B (T0 = 1.5 − 1.0) and a lone hit at 4 GB/s takes 0.5 + 0.25 s;
+    fitted at the predicted tier instead, T0 swallows 0.75 s of the calibration's transfer (1.25 + 0.25 s)."""
+    run = run_file(tmp_path / "run.jsonl", 0.0, alone=12, burst=0)
+    base = ["simulate", "--trace", run, "--hits-from-trace", "--bytes-per-token", "1e6", "--prefill-rate", "1e9",
+            "--instance-gbps", "1", "--instances", "4", "--fit-from", run, "--json"]
+    own = CliRunner().invoke(cli, [*base, "--fit-instances", "1"])
+    assert own.exit_code == 0, own.output
+    assert json.loads(own.output)["p50_s"] == pytest.approx(0.75)
+    assert any("p50 0.500 s" in n for n in json.loads(own.output)["notes"])
+    same = CliRunner().invoke(cli, base)
+    assert same.exit_code == 0, same.output
+    assert json.loads(same.output)["p50_s"] == pytest.approx(1.5)
+    r = CliRunner().invoke(cli, [*base[:-3], "--fit-instances", "1"])  # without --fit-from
+    assert r.exit_code == 2 and "--fit-instances says what tier the --fit-from run had" in r.output

@@ -57,6 +57,7 @@ class Inputs:
     seed: int = 0
     engines: int = 1
     fit_from: str | None = None
+    fit_instances: int | None = None  # the --fit-from run's tier; None: as ``instances`` (plan: the bench's largest, or 1)
     get_times_from: str | None = None
     readers_from: str | None = None
     async_instance_gbps: float | None = None
@@ -138,7 +139,7 @@ def build(i: Inputs, default_requests: int = SIMULATE_REQUESTS) -> Model:
     """The model of ``i``: the bench's bandwidths, the variability, the engine's model and the arrival process.
 
     The fits (--fit-from, --get-times-from, --t0-engine-share fit, --hit-gpu-s fit) see the tier at
-    ``i.instances`` instances, or, when it is None (plan), at the bench's largest count (1 without a bench);
+    ``i.fit_instances`` instances, else ``i.instances``, or, when that is None (plan), at the bench's largest count (1 without a bench);
     the model then starts at 1 instance for the search. Notes say where each input came from, in that order.
     """
     from kvctl.sim import simulate as sim  # noqa: PLC0415 - numpy only when used
@@ -146,7 +147,7 @@ def build(i: Inputs, default_requests: int = SIMULATE_REQUESTS) -> Model:
     from kvctl.sim import variability  # noqa: PLC0415
 
     bench = sim_workload.bench_bandwidths(i.bench_path) if i.bench_path else None
-    fit_instances = i.instances if i.instances is not None else (max(bench) if bench else 1)
+    fit_instances = i.fit_instances or (i.instances if i.instances is not None else (max(bench) if bench else 1))
     fit_gbps = sim_workload.effective_gbps(fit_instances, i.instance_gbps, bench)
     var = variability.build(fit_from=i.fit_from, get_times_from=i.get_times_from, readers_from=i.readers_from,
                             async_instance_gbps=i.async_instance_gbps, async_overhead_s=i.async_overhead_s,
@@ -159,6 +160,8 @@ def build(i: Inputs, default_requests: int = SIMULATE_REQUESTS) -> Model:
         var = replace(var, notes=(*var.notes, cv_note))
     if i.instances is None:
         cfg = replace(cfg, instances=1)
+    elif cfg.instances != i.instances:  # fitted at --fit-instances, simulated at --instances
+        cfg = replace(cfg, instances=i.instances)
     return Model(i, cfg, var, bench, process, cv, default_requests)
 
 

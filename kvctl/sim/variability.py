@@ -149,8 +149,8 @@ def t0_fit(path: str, bytes_per_token: float, bandwidth_gbps: float,
         out.append(max(0.0, t - h * bytes_per_token / (bandwidth_gbps * GB) - (n - h) / prefill_rate))
     arr = np.array(out)
     which = "alone in flight" if use is alone else "all hits (fewer than 10 alone in flight: queueing may be in it)"
-    return tuple(out), (f"T0 from {len(out)} hits of {path} ({which}): p50 {np.percentile(arr, 50):.3f} s, "
-                        f"p99 {np.percentile(arr, 99):.3f} s"), (min(hit_tokens), max(hit_tokens))
+    return tuple(out), (f"T0 from {len(out)} hits of {path} ({which}, transfers at {bandwidth_gbps:.4g} GB/s): "
+                        f"p50 {np.percentile(arr, 50):.3f} s, p99 {np.percentile(arr, 99):.3f} s"), (min(hit_tokens), max(hit_tokens))
 
 
 def build(*, fit_from: str | None = None, get_times_from: str | None = None, readers_from: str | None = None,

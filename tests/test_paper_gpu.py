@@ -86,7 +86,11 @@ def _promtool_or_skip():
         pytest.skip("promtool not found (make promtool)")
 
 
-@pytest.mark.parametrize("values, fired", [([0.4, 1.2, 1.3, 1.25, 1.4, 1.3], True), ([0.4, 1.2, 0.6, 1.25, 0.5, 1.3], False)])
+@pytest.mark.parametrize("values, fired", [
+    ([0.4, 1.2, 1.3, 1.25, 1.4, 1.3], True),
+    ([0.4, 1.2, 0.6, 1.25, 0.5, 1.3], False),  # never 2 minutes at ρ ≥ 1
+    ([0.4, 1.2, 1.3, 1.4, 0.3, 0.0], True),  # the run drains at the end: evaluated where ρ ≥ 1 lasted longest
+])
 def test_the_alert_check_runs_promtool_on_the_recorded_rho(paper, tmp_path, values, fired):
     _promtool_or_skip()
     (tmp_path / "R2.exporter.jsonl").write_text("".join(json.dumps({"t": i, "kvctl_rho": [v]}) + "\n" for i, v in enumerate(values)))

@@ -514,7 +514,8 @@ def analyse(a) -> dict:
                 doc = json.loads(d.read_text())
             except ValueError:
                 continue
-            info = json.loads((work / f"{r}.info.json").read_text())
+            info_path = work / f"{r}.info.json"
+            info = json.loads(info_path.read_text()) if info_path.exists() else {}
             out.setdefault("diagnose", {})[r] = {"exit": info.get("diagnose_exit"), "rho": doc.get("rho"),
                                                   "rho_bound": doc.get("rho_bound"), "bandwidth_gbps": doc.get("bandwidth_gbps"),
                                                   "bandwidth_source": doc.get("bandwidth_source"),

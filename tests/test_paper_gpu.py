@@ -96,3 +96,19 @@ def test_the_alert_check_runs_promtool_on_the_recorded_rho(paper, tmp_path, valu
     (tmp_path / "R2.exporter.jsonl").write_text("".join(json.dumps({"t": i, "kvctl_rho": [v]}) + "\n" for i, v in enumerate(values)))
     res = paper.alert_check(tmp_path)
     assert res["ran"] and res["fired"] is fired, res
+
+
+def test_the_shipped_rehearsal_analyses_to_what_benchmarks_readme_says(paper, tmp_path):
+    """--analyse over the CPU rehearsal's raw runs (benchmarks/results/paper_gpu-cpu-rehearsal-2026-12-01): kvctl
+    report, simulate fitted on the calibration only, and plan, run again here, give the README's figures."""
+    import shutil
+
+    work = tmp_path / "w"
+    shutil.copytree(ROOT / "benchmarks" / "results" / "paper_gpu-cpu-rehearsal-2026-12-01", work)
+    out = paper.analyse(paper.parse_args(["--device", "cpu", "--workdir", str(work), "--analyse"]))
+    assert out["report"]["R2"]["p99_s"] == pytest.approx(30.344, abs=1e-3) and out["report"]["R1"]["hit_rate"] == 0
+    ratios = {(r, k): v["ratio"] for r, row in out["simulate"].items() for k, v in row.items() if isinstance(v, dict)}
+    assert len(ratios) == 16 and all(abs(x - 1) <= paper.TARGET for x in ratios.values()), ratios
+    assert ratios[("R3", "p99_s")] == pytest.approx(1.00, abs=0.01)  # async without an age timeout
+    assert out["diagnose"]["R2"]["exit"] == 4 and out["diagnose"]["R2"]["rho"] >= 1 and out["diagnose"]["R4"]["exit"] == 0
+    assert out["plan"]["agrees_for_E1"]["agrees"] is True

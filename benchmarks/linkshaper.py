@@ -102,5 +102,32 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def spawn(upstream_host: str, upstream_port: int, down_mbps: float):
+    """(process, port): a shaper in front of ``upstream_host:upstream_port`` in a session of its own, once it is
+    listening on a free loopback port (the helper the benchmarks start their links with)."""
+    import subprocess  # noqa: PLC0415
+
+    p = subprocess.Popen([sys.executable, __file__, "--listen", "127.0.0.1:0", "--upstream", f"{upstream_host}:{upstream_port}",
+                          "--down-mbps", str(down_mbps)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    line = p.stdout.readline().split()
+    if not line or line[0] != "ready":
+        p.kill()
+        raise RuntimeError("linkshaper did not start")
+    return p, int(line[1])
+
+
+def stop(procs, grace_s: float = 5.0) -> None:
+    """SIGTERM each shaper that :func:`spawn` started (by its pid, nothing else), then kill what is left after ``grace_s``."""
+    import subprocess  # noqa: PLC0415
+
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -56,6 +56,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import linkshaper  # noqa: E402
 from kvctl.lab.engine import ApiServer, LabTier, engine_env  # noqa: E402
 
 KVCTL = [sys.executable, "-P", "-c", "from kvctl.cli import main; main()"]
@@ -165,14 +166,9 @@ class Shapers:
         self.procs: list[subprocess.Popen] = []
         self.urls: dict[str, str] = {}
         for inst in tier.instances:
-            p = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "linkshaper.py"), "--listen", "127.0.0.1:0",
-                                  "--upstream", f"{inst['host']}:{inst['port']}", "--down-mbps", str(mbps)],
-                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
+            p, port = linkshaper.spawn(inst["host"], inst["port"], mbps)
             self.procs.append(p)
-            line = p.stdout.readline().split()
-            if not line or line[0] != "ready":
-                raise RuntimeError("linkshaper did not start")
-            self.urls[f"{inst['host']}:{inst['port']}"] = f"127.0.0.1:{line[1]}"
+            self.urls[f"{inst['host']}:{inst['port']}"] = f"127.0.0.1:{port}"
 
     def rewrite(self, obj):
         if isinstance(obj, str):
@@ -186,13 +182,7 @@ class Shapers:
         return obj
 
     def close(self) -> None:
-        for p in self.procs:  # only what this script started, by pid
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        linkshaper.stop(self.procs)
 
 
 class Lab:
@@ -353,13 +343,7 @@ def run_step(lab: Lab, name: str) -> dict:
                 info["diagnose_exit"] = proc.returncode
         say(f"{name}: replayed in {info['replay_s']} s")
     finally:
-        for what, proc, _ in side:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        linkshaper.stop([proc for _, proc, _ in side], grace_s=15)  # diagnose and the exporter: SIGTERM, then kill
         info["engine_stop_s"] = srv.stop()
     (work / f"{name}.info.json").write_text(json.dumps(info, indent=1, default=str))
     return info

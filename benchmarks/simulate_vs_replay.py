@@ -57,6 +57,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import linkshaper  # noqa: E402
 from kvctl.replay.runfile import read_run  # noqa: E402
 from tests.engine.vllm_server import build_tiny_model, engine_python, start_vllm  # noqa: E402
 from tests.tier.helpers import free_base_port  # noqa: E402
@@ -90,14 +91,9 @@ class Stack:
         state = json.loads((self.tier_dir / "kvctl-tier.json").read_text())
         self.urls = []
         for inst in state["instances"]:
-            p = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "linkshaper.py"), "--listen", "127.0.0.1:0",
-                                  "--upstream", f"{inst['host']}:{inst['port']}", "--down-mbps", str(link_mbps)],
-                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
+            p, port = linkshaper.spawn(inst["host"], inst["port"], link_mbps)
             self.shapers.append(p)
-            line = p.stdout.readline().split()
-            if not line or line[0] != "ready":
-                raise RuntimeError("linkshaper did not start")
-            self.urls.append(f"resp://127.0.0.1:{line[1]}")
+            self.urls.append(f"resp://127.0.0.1:{port}")
 
     def start_engine(self, model: Path, python: str) -> None:
         cfg = {"kv_connector": "KvctlConnector", "kv_connector_module_path": "kvctl.plugins.vllm",
@@ -111,13 +107,7 @@ class Stack:
     def close(self) -> None:
         if self.engine is not None:
             self.engine.stop()
-        for p in self.shapers:  # only the processes this script started, by pid
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        linkshaper.stop(self.shapers)  # only the processes this script started, by pid
         kvctl("deploy-valkey", "down", "--dir", str(self.tier_dir), check=False)
 
 

@@ -7,8 +7,6 @@ a small reply is not held behind a large one of another connection for longer th
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -18,28 +16,22 @@ import pytest
 import redis
 
 SHAPER = Path(__file__).resolve().parents[1] / "benchmarks" / "linkshaper.py"
+sys.path.insert(0, str(SHAPER.parents[1]))
+from benchmarks import linkshaper  # noqa: E402
 MB = 1e6
 
 
 @pytest.fixture
 def shaped(valkey_server):
-    """(client through a 1 MB/s link, direct client, shaper process)."""
-    p = subprocess.Popen([sys.executable, str(SHAPER), "--listen", "127.0.0.1:0", "--upstream",
-                          f"{valkey_server.host}:{valkey_server.port}", "--down-mbps", "1"],
-                         stdout=subprocess.PIPE, text=True, start_new_session=True)
+    """(client through a 1 MB/s link, direct client, shaper process), started and stopped by the benchmarks' helpers."""
+    p, port = linkshaper.spawn(valkey_server.host, valkey_server.port, 1)
     try:
-        line = p.stdout.readline().split()
-        assert line and line[0] == "ready", line
-        through = redis.Redis(host="127.0.0.1", port=int(line[1]), socket_timeout=20)
+        through = redis.Redis(host="127.0.0.1", port=port, socket_timeout=20)
         direct = redis.Redis(host=valkey_server.host, port=valkey_server.port, socket_timeout=20)
         yield through, direct, p
     finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=5)
+        linkshaper.stop([p])
+        assert p.returncode is not None  # SIGTERM ends it (or the kill after the grace)
 
 
 def test_replies_are_whole_and_no_faster_than_the_link(shaped):

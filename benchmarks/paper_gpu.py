@@ -435,7 +435,7 @@ def analyse(a) -> dict:
                            log=work / "report.txt").stdout)
     measured = {r: run for r, run in zip(have, rep["runs"])}
     out: dict = {"meta": meta, "report": {r: {k: m.get(k) for k in ("p50_s", "p90_s", "p99_s", "thirds_p50_s", "hit_rate",
-                                                                    "requests", "l2_share", "errors") if k in m}
+                                                                    "requests", "cached_token_share", "l2_token_share", "max_in_flight", "errors") if k in m}
                                           for r, m in measured.items()}}
     calib = work / "calib.jsonl"
     if calib.exists():
@@ -566,11 +566,12 @@ def alert_check(work: Path) -> dict:
 
 
 def render(out: dict) -> str:
-    lines = ["run  p50 s   p90 s   p99 s   p50 by third (s)        hit share"]
+    lines = ["run  p50 s   p90 s   p99 s   p50 by third (s)        hit share  from L2  max in flight"]
     for r, m in out["report"].items():
         thirds = " / ".join(f"{x:.3f}" if isinstance(x, (int, float)) else "-" for x in (m.get("thirds_p50_s") or []))
         fmt = lambda v: f"{v:7.3f}" if isinstance(v, (int, float)) else f"{'-':>7}"  # noqa: E731
-        lines.append(f"{r:<4} {fmt(m.get('p50_s'))} {fmt(m.get('p90_s'))} {fmt(m.get('p99_s'))}   {thirds:<24} {fmt(m.get('hit_rate'))}")
+        lines.append(f"{r:<4} {fmt(m.get('p50_s'))} {fmt(m.get('p90_s'))} {fmt(m.get('p99_s'))}   {thirds:<24} {fmt(m.get('hit_rate'))}  "
+                     f"{fmt(m.get('l2_token_share'))}  {m.get('max_in_flight') or '-':>13}")
     for r, row in (out.get("simulate") or {}).items():
         if "error" in row:
             lines.append(f"simulate {r}: {row['error']}")

@@ -35,7 +35,7 @@ def register_commands(cli: click.Group) -> None:
 @click.option("--instance-gbps", type=positive(1e6), help="GET bandwidth of one instance, GB/s (or --bench).")
 @click.option("--bench", "bench_path", type=click.Path(dir_okay=False), help="`kvctl bench --save` file: the measured aggregate at each instance count.")
 @click.option("--loading", type=click.Choice(["sync", "async", "both"]), default="both", show_default=True, help="Loading modes to search.")
-@click.option("--async-timeout", "async_timeout_s", type=non_negative(86400), default=thresholds.ASYNC_TIMEOUT_S, show_default=True, help="async: a load not done this long after arrival is recomputed.")
+@click.option("--async-timeout", "async_timeout_s", type=non_negative(86400), default=thresholds.ASYNC_TIMEOUT_S, show_default=True, help="async: a load not done this long after arrival is recomputed (LMCache's asynchronous lookup, the paper's 3 s; kvctl's connector never recomputes a load for its age: give 86400).")
 @click.option("--seed", type=count(2**32 - 1, min=0), default=0, show_default=True, help="Seed of arrivals, lengths, hits and variability (the same for every point).")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Draw p99 against instances (one line per loading, the SLO dashed) to FILE.png.")
 @fleet_options

@@ -59,7 +59,7 @@ def _check_sweep(grid: dict[str, list[Any]]) -> None:
 @click.option("--instance-gbps", type=INSTANCE_GBPS, help="GET bandwidth of one instance, GB/s (B_eff = instances × this).")
 @click.option("--bench", "bench_path", type=click.Path(dir_okay=False), help="`kvctl bench --save` file: B_eff = its measured aggregate at --instances.")
 @click.option("--loading", type=click.Choice(["sync", "async"]), default="sync", show_default=True, help="sync: the transfer holds the engine (one FIFO queue); async: loads overlap compute.")
-@click.option("--async-timeout", "async_timeout_s", type=non_negative(86400), default=thresholds.ASYNC_TIMEOUT_S, show_default=True, help="async: a load not done this many seconds after arrival is recomputed instead.")
+@click.option("--async-timeout", "async_timeout_s", type=non_negative(86400), default=thresholds.ASYNC_TIMEOUT_S, show_default=True, help="async: a load not done this many seconds after arrival is recomputed instead (LMCache's asynchronous lookup, the paper's 3 s; kvctl's connector never recomputes a load for its age: give 86400).")
 @click.option("--seed", type=count(2**32 - 1, min=0), default=0, show_default=True, help="Seed of arrivals, lengths and hits (the same for every sweep point).")
 @click.option("--sweep", "sweep_specs", multiple=True, help="What-if grid, e.g. --sweep 'instances=1,2,4,8 loading=sync,async'.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="With --sweep: draw p50/p99 against the swept values to FILE.png.")

@@ -127,6 +127,9 @@ def stop(procs, grace_s: float = 5.0) -> None:
                 p.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait(timeout=grace_s)
+        if p.stdout is not None:  # spawn's pipe of the "ready" line
+            p.stdout.close()
 
 
 if __name__ == "__main__":

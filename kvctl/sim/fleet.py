@@ -43,10 +43,7 @@ import numpy as np
 
 from kvctl.core.cost import GB, require_positive
 from kvctl.core.errors import InvalidInput
-from kvctl.sim.simulate import (
-    LOADINGS, SimConfig, SimResult, _in_system_ahead, check_engine_share, check_max_batch, check_step_model, engine_steps, fifo,
-    hit_tokens_of, plan_step, split_t0,
-)
+from kvctl.sim.simulate import SimConfig, SimResult, _in_system_ahead, check_config, engine_steps, fifo, hit_tokens_of, plan_step, split_t0
 from kvctl.sim.workload import Workload
 from kvctl.core.thresholds import RHO_UNSTABLE
 from kvctl.sim.variability import Variability, gain_for
@@ -348,19 +345,9 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
     ``engine_of``: the engine of each request (default: dealt at random with ``cfg.seed``).
     """
     var = var or Variability()
-    require_positive("--bytes-per-token", cfg.bytes_per_token)
-    require_positive("--prefill-rate", cfg.prefill_rate)
-    require_positive("--t0", cfg.t0_s, allow_zero=True)
-    require_positive("bandwidth", bandwidth_gbps)
+    check_config(cfg, bandwidth_gbps)
     if engines < 1:
         raise InvalidInput(f"--engines must be at least 1, got {engines}")
-    if not 0 <= cfg.hit_fraction <= 1:
-        raise InvalidInput(f"--hit-fraction must be in [0, 1], got {cfg.hit_fraction}")
-    if cfg.loading not in LOADINGS:
-        raise InvalidInput(f"--loading must be sync or async, got {cfg.loading!r}")
-    check_engine_share(cfg.t0_engine_share)
-    check_max_batch(cfg.max_batch)
-    check_step_model(cfg.max_batched_tokens, cfg.hit_gpu_s)
     n = len(w.arrival_s)
     arrival, tokens = w.arrival_s, w.tokens
     hit_tokens = hit_tokens_of(w, cfg)

@@ -232,8 +232,8 @@ def _in_system_ahead(arrival: np.ndarray, finish: np.ndarray) -> int:
     return int(max(0, ahead.max())) if len(ahead) else 0
 
 
-def simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
-    """Run the model over workload ``w``; see the module docstring."""
+def check_config(cfg: SimConfig, bandwidth_gbps: float) -> None:
+    """InvalidInput naming the option for a model that cannot be simulated (one engine or a fleet alike)."""
     require_positive("--bytes-per-token", cfg.bytes_per_token)
     require_positive("--prefill-rate", cfg.prefill_rate)
     require_positive("--t0", cfg.t0_s, allow_zero=True)
@@ -245,6 +245,11 @@ def simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
     check_engine_share(cfg.t0_engine_share)
     check_max_batch(cfg.max_batch)
     check_step_model(cfg.max_batched_tokens, cfg.hit_gpu_s)
+
+
+def simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
+    """Run the model over workload ``w``; see the module docstring."""
+    check_config(cfg, bandwidth_gbps)
     with np.errstate(over="ignore", invalid="ignore"):  # checked below: an overflow is an InvalidInput, not a warning
         return _simulate(w, cfg, bandwidth_gbps)
 

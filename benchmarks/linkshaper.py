@@ -117,7 +117,8 @@ def spawn(upstream_host: str, upstream_port: int, down_mbps: float):
 
 
 def stop(procs, grace_s: float = 5.0) -> None:
-    """SIGTERM each shaper that :func:`spawn` started (by its pid, nothing else), then kill what is left after ``grace_s``."""
+    """SIGTERM each process given (a shaper :func:`spawn` started, or another the caller started: by its pid, nothing
+    else), kill what is left after ``grace_s``, and close a pipe it was started with."""
     import subprocess  # noqa: PLC0415
 
     for p in procs:

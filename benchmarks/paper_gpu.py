@@ -43,8 +43,10 @@ import os
 import platform
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -57,6 +59,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import linkshaper  # noqa: E402
+from benchmarks.simulate_vs_replay import fit_prefill_rate  # noqa: E402
 from kvctl.lab.engine import ApiServer, LabTier, engine_env  # noqa: E402
 
 KVCTL = [sys.executable, "-P", "-c", "from kvctl.cli import main; main()"]
@@ -297,7 +300,8 @@ def run_step(lab: Lab, name: str) -> dict:
     srv = ApiServer.start(lab.model, work / f"{name}-engine", args=[*lab.server_args(), "--config", str(cfg)], env=lab.env,
                           name=name, timeout_s=a.start_timeout)
     info: dict = {"run": name, "instances_per_rank": k, "loading": loading, "engine_start_s": None}
-    side: list[tuple[str, subprocess.Popen, Path]] = []
+    diagnose: subprocess.Popen | None = None
+    exporter: ExporterScraper | None = None
     try:
         # warm-up, not measured: prompts of the run's length that share nothing with it
         replay(srv.url, work / "warmup.trace.jsonl", work / f"{name}.warmup.jsonl", a)
@@ -326,24 +330,26 @@ def run_step(lab: Lab, name: str) -> dict:
             cmd = " ".join(["sleep", str(delay), ";", "exec", *map(shlex.quote, KVCTL), "diagnose", "--engine-url", srv.url,
                             "--dir", shlex.quote(str(t_dir)), "--window", str(window),
                             "--bytes-per-token", str(lab_bytes_per_token(lab)), "--json"])
-            side.append(("diagnose", subprocess.Popen(["/bin/sh", "-c", cmd], stdout=out.open("w"),
-                                                      stderr=(work / f"{name}.diagnose.err").open("w"), cwd=str(REPO)), out))
+            with out.open("w") as stdout, (work / f"{name}.diagnose.err").open("w") as stderr:
+                diagnose = subprocess.Popen(["/bin/sh", "-c", cmd], stdout=stdout, stderr=stderr, cwd=str(REPO))
             info["diagnose_window"] = {"from_s": delay, "window_s": window}
         if name == "R2":
-            side.append(("exporter", *start_exporter(lab, srv.url, k, work / f"{name}.exporter.jsonl")))
+            exporter = ExporterScraper(lab, srv.url, k, work / f"{name}.exporter.jsonl")
         t0 = time.monotonic()
         res = replay(srv.url, work / f"{trace_name}.trace.jsonl", work / f"{name}.jsonl", a)
         info.update(replay_s=round(time.monotonic() - t0, 1), replay=res.get("summary", res) if isinstance(res, dict) else res)
-        for what, proc, out in side:
-            if what == "diagnose":
-                try:
-                    proc.wait(timeout=max(60.0, span))
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                info["diagnose_exit"] = proc.returncode
+        if diagnose is not None:
+            try:
+                diagnose.wait(timeout=max(60.0, span))
+            except subprocess.TimeoutExpired:
+                diagnose.kill()
+            info["diagnose_exit"] = diagnose.returncode
         say(f"{name}: replayed in {info['replay_s']} s")
     finally:
-        linkshaper.stop([proc for _, proc, _ in side], grace_s=15)  # diagnose and the exporter: SIGTERM, then kill
+        if exporter is not None:
+            exporter.stop()
+        if diagnose is not None:
+            linkshaper.stop([diagnose], grace_s=15)  # SIGTERM, then kill
         info["engine_stop_s"] = srv.stop()
     (work / f"{name}.info.json").write_text(json.dumps(info, indent=1, default=str))
     return info
@@ -359,70 +365,56 @@ def lab_bytes_per_token(lab: Lab) -> float:
     return s
 
 
-def start_exporter(lab: Lab, engine_url: str, k: int, out: Path) -> tuple[subprocess.Popen, Path]:
-    """``kvctl exporter`` beside the engine and a scraper of its kvctl_rho into ``out`` (one JSON line a scrape)."""
-    t_dir = lab.tier(k)[0].dir
-    proc = subprocess.Popen(KVCTL + ["exporter", "--engine-url", engine_url, "--dir", str(t_dir), "--listen", "127.0.0.1:0",
-                                     "--bytes-per-token", str(lab_bytes_per_token(lab)), "--interval", "2", "--window", "20", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO), start_new_session=True)
-    scraper = subprocess.Popen([sys.executable, __file__, "--workdir", str(lab.work), "--scrape-exporter", str(proc.pid), str(out)],
-                               stdin=proc.stdout, cwd=str(REPO), start_new_session=True)
-    return _Pair(proc, scraper), out
+class ExporterScraper:
+    """``kvctl exporter`` beside the engine (``--json``: its first line names its /metrics URL); a thread of this
+    process scrapes its kvctl_rho into ``out`` every 2 s (one JSON line a scrape), another keeps its stdout drained."""
 
+    def __init__(self, lab: Lab, engine_url: str, k: int, out: Path) -> None:
+        self.out, self.url = out, None
+        self._listening, self._stop = threading.Event(), threading.Event()
+        self.proc = subprocess.Popen(
+            KVCTL + ["exporter", "--engine-url", engine_url, "--dir", str(lab.tier(k)[0].dir), "--listen", "127.0.0.1:0",
+                     "--bytes-per-token", str(lab_bytes_per_token(lab)), "--interval", "2", "--window", "20", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO), start_new_session=True)
+        self._threads = [threading.Thread(target=self._read, daemon=True), threading.Thread(target=self._scrape, daemon=True)]
+        for th in self._threads:
+            th.start()
 
-class _Pair:
-    """The exporter and its scraper, stopped together."""
-
-    def __init__(self, exporter: subprocess.Popen, scraper: subprocess.Popen) -> None:
-        self.exporter, self.scraper = exporter, scraper
-
-    def poll(self):
-        return None if self.exporter.poll() is None or self.scraper.poll() is None else 0
-
-    def send_signal(self, sig) -> None:
-        for p in (self.scraper, self.exporter):
-            if p.poll() is None:
-                p.send_signal(sig)
-
-    def wait(self, timeout=None):
-        for p in (self.scraper, self.exporter):
-            p.wait(timeout=timeout)
-
-    def kill(self) -> None:
-        for p in (self.scraper, self.exporter):
-            if p.poll() is None:
-                p.kill()
-
-
-def scrape_exporter(out: Path, max_s: float = 3600.0) -> int:
-    """(Child of start_exporter.) Read the exporter's listen line from stdin, then scrape /metrics every 2 s."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    import threading
-
-    url = None
-    while url is None:  # the exporter's first line on stdout (--json): {"event": "listening", "metrics_url": ...}
-        line = sys.stdin.readline()
-        if not line:
-            return 1
+    def _read(self) -> None:
         try:
-            url = json.loads(line).get("metrics_url")
-        except (ValueError, AttributeError):
-            continue
-    threading.Thread(target=lambda: sys.stdin.read(), daemon=True).start()  # keep its pipe drained
-    stop = time.monotonic() + max_s
-    with out.open("a") as f:
-        while time.monotonic() < stop:
-            try:
-                with urllib.request.urlopen(url, timeout=5) as r:
-                    text = r.read().decode()
-                rho = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == "kvctl_rho"]
-                f.write(json.dumps({"t": time.time(), "kvctl_rho": rho}) + "\n")
-                f.flush()
-            except (OSError, ValueError):
-                pass
-            time.sleep(2.0)
-    return 0
+            for line in self.proc.stdout:
+                if self.url is None:
+                    try:
+                        self.url = json.loads(line).get("metrics_url")
+                    except (ValueError, AttributeError):
+                        continue
+                    if self.url:
+                        self._listening.set()
+        except (OSError, ValueError):  # the pipe closed by stop()
+            pass
+
+    def _scrape(self) -> None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        if not self._listening.wait(60.0):
+            return
+        with self.out.open("a") as f:
+            while not self._stop.is_set():
+                try:
+                    with urllib.request.urlopen(self.url, timeout=5) as r:
+                        text = r.read().decode()
+                    rho = [s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == "kvctl_rho"]
+                    f.write(json.dumps({"t": time.time(), "kvctl_rho": rho}) + "\n")
+                    f.flush()
+                except (OSError, ValueError):
+                    pass
+                self._stop.wait(2.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._listening.set()
+        self._threads[1].join(timeout=10)
+        linkshaper.stop([self.proc], grace_s=15)  # SIGTERM, then kill; closes its stdout
 
 
 # -- analysis -----------------------------------------------------------------------------------------
@@ -439,12 +431,10 @@ def analyse(a) -> dict:
                                           for r, m in measured.items()}}
     calib = work / "calib.jsonl"
     if calib.exists():
-        from kvctl.replay.runfile import read_run
-
-        rows = read_run(calib).rows
-        miss = [r for r in rows if r["status"] == "ok" and (r.get("cached_tokens") or 0) == 0]
-        alone = [r for r in miss if r.get("in_flight") == 1] or miss
-        R = float(np.median([r["prompt_tokens"] / (r["first_token_s"] - r["sent_s"]) for r in alone])) if alone else None
+        try:  # R from the calibration's misses, as simulate_vs_replay fits it
+            R = fit_prefill_rate(calib)[0]
+        except statistics.StatisticsError:  # no miss in it
+            R = None
         out["prefill_rate"] = R
         preds = {}
         for r in ("R2", "R3", "R4", "R5"):
@@ -619,10 +609,6 @@ def write_meta(a, lab: Lab) -> dict:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--scrape-exporter" in argv:
-        i = argv.index("--scrape-exporter")
-        return scrape_exporter(Path(argv[i + 2]))
     a = parse_args(argv)
     a.workdir.mkdir(parents=True, exist_ok=True)
     if a.analyse:

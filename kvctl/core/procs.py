@@ -6,6 +6,8 @@ children that die with the process that started them.
   ``kvctl/__init__.py``, or the parent of a checkout) is never imported instead of the installed package.
   The variable is inherited, so a child's own ``python -m`` children (an engine re-exec'd on SIGHUP)
   are started the same way.
+* :func:`kill_group`: SIGKILL the session a child was started in (``start_new_session=True``: its pid is the
+  group id), so nothing it started goes on, then reap it and close its pipes.
 * :func:`die_with_parent`: a ``preexec_fn`` that asks the kernel (``prctl(PR_SET_PDEATHSIG)``) to
   signal the child when the thread that started it dies, whatever kills it (SIGKILL included); it
   survives the child's ``exec``. Start such children from the main thread: the signal follows the
@@ -19,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 from typing import Callable, Mapping
 
@@ -58,3 +61,19 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
             os.kill(os.getpid(), sig)
 
     return preexec
+
+
+def kill_group(proc: subprocess.Popen, wait_s: float | None = None) -> None:
+    """SIGKILL the process group of ``proc`` (started with ``start_new_session=True``, so its pid is the group id:
+    only what it started), then reap it, waiting at most ``wait_s`` (None: until it is gone), and close its pipes."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # gone already
+        pass
+    try:
+        proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        pass
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from kvctl.connector import metric_names as N
+from kvctl.core.procs import kill_group
 from kvctl.tier.server import free_base_port, free_port
 
 __all__ = ["ApiServer", "EngineError", "LLMProcess", "LabTier", "connector_format", "engine_env", "kvctl", "pyspy_dump"]
@@ -98,18 +99,6 @@ def pyspy_dump(pids: list[int], timeout_s: float = 30.0) -> str:
         except (OSError, subprocess.TimeoutExpired) as exc:
             out.append(f"--- py-spy dump of pid {pid} failed: {exc}")
     return "\n".join(out)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the session this module started for ``proc`` (its EngineCore children included), then reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 @dataclass
@@ -209,7 +198,7 @@ class LLMProcess:
         return took
 
     def kill(self) -> None:
-        _kill_group(self.proc)
+        kill_group(self.proc, wait_s=10)
         try:
             os.close(self.reply_fd)
         except OSError:
@@ -278,7 +267,7 @@ class ApiServer:
         with open(log_path, "a") as log:
             log.write(f"\n=== kvctl.lab: /health not answering within {timeout_s:.0f} s; py-spy dumps follow ===\n")
             log.write(pyspy_dump(_tree(proc.pid)))
-        _kill_group(proc)
+        kill_group(proc, wait_s=10)
         raise EngineError(f"API server not healthy within {timeout_s:.0f} s:\n{_tail(log_path)}")
 
     def complete(self, prompt: list[int], max_tokens: int = 1, timeout_s: float = 600.0) -> dict:
@@ -303,7 +292,7 @@ class ApiServer:
                 took = time.monotonic() - t0
             except subprocess.TimeoutExpired:
                 pass
-        _kill_group(self.proc)
+        kill_group(self.proc, wait_s=10)
         return took
 
     def log_text(self) -> str:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
+
+from kvctl.core.procs import kill_group
 
 
 @dataclass(frozen=True)
@@ -39,22 +39,10 @@ def run_restart(command: str, timeout_s: float = 300.0) -> RestartResult:
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired as e:
-        _kill_group(proc)
+        kill_group(proc)
         out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         return RestartResult(command, None, time.monotonic() - t0, out[-2000:], timed_out=True)
     except BaseException:
-        _kill_group(proc)
+        kill_group(proc)
         raise
     return RestartResult(command, proc.returncode, time.monotonic() - t0, (stdout + stderr)[-2000:])
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group that ``run_restart`` created for ``proc`` (its pid is the group id), then reap."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()

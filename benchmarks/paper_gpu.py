@@ -514,15 +514,21 @@ def plan_agrees(plan: dict, meets: dict[str, bool], k: int) -> dict:
     return {"plan": f"{n} instance(s), {loading}", "measured_as": same, "fewer_measured": fewer, "agrees": agrees}
 
 
+def promtool_path() -> str:
+    """promtool as the tests find it: $KVCTL_PROMTOOL, on PATH, or unpacked by `make promtool` (may not exist)."""
+    import shutil
+
+    return os.environ.get("KVCTL_PROMTOOL") or shutil.which("promtool") or str(REPO / ".tools" / "prometheus" / "usr" / "bin" / "promtool")
+
+
 def alert_check(work: Path) -> dict:
     """KvctlRhoUnstable under promtool's own rule evaluation, fed with the exporter's kvctl_rho as R2 served it
     (one recorded scrape per evaluation minute), evaluated where the longest stretch of ρ ≥ 1 ends: the run drains
     after its last arrival, so ρ falls at the end of every recording."""
-    import shutil
     import tempfile
 
     src = work / "R2.exporter.jsonl"
-    promtool = os.environ.get("KVCTL_PROMTOOL") or shutil.which("promtool") or str(REPO / ".tools" / "prometheus" / "usr" / "bin" / "promtool")
+    promtool = promtool_path()
     if not src.exists():
         return {"ran": False, "why": "no R2.exporter.jsonl"}
     values = [max(r["kvctl_rho"]) for r in map(json.loads, src.read_text().splitlines()) if r.get("kvctl_rho")]

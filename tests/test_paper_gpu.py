@@ -77,12 +77,8 @@ def test_plan_agreement(paper, plan, meets, agrees):
     assert paper.plan_agrees(plan, meets, 4)["agrees"] is agrees
 
 
-def _promtool_or_skip():
-    import os
-    import shutil
-
-    p = os.environ.get("KVCTL_PROMTOOL") or shutil.which("promtool") or str(ROOT / ".tools" / "prometheus" / "usr" / "bin" / "promtool")
-    if not Path(p).exists():
+def _promtool_or_skip(paper):
+    if not Path(paper.promtool_path()).exists():
         pytest.skip("promtool not found (make promtool)")
 
 
@@ -92,7 +88,7 @@ def _promtool_or_skip():
     ([0.4, 1.2, 1.3, 1.4, 0.3, 0.0], True),  # the run drains at the end: evaluated where ρ ≥ 1 lasted longest
 ])
 def test_the_alert_check_runs_promtool_on_the_recorded_rho(paper, tmp_path, values, fired):
-    _promtool_or_skip()
+    _promtool_or_skip(paper)
     (tmp_path / "R2.exporter.jsonl").write_text("".join(json.dumps({"t": i, "kvctl_rho": [v]}) + "\n" for i, v in enumerate(values)))
     res = paper.alert_check(tmp_path)
     assert res["ran"] and res["fired"] is fired, res

@@ -12,6 +12,7 @@
 #                                                  each: calib,R1,R2 then R3,R4,R5), work dir .gpu-work/paper (kept
 #                                                  while the host stays warm), its raw files copied to OUT_DIR/paper
 #
+# GLM-5 (bench-glm5, the sparse test jobs) needs CuTe DSL besides the bundle: benchmarks/gpu_extras.sh.
 # Everything it prints also goes to OUT_DIR (default $OUT, else /tmp/gpu-out): logs survive a killed call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,8 @@ what=${1:?bench or tests}
 out=${2:-${OUT:-/tmp/gpu-out}}
 mkdir -p "$out"
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+# CuTe DSL (benchmarks/gpu_extras.sh): its wheel puts `cutlass` on sys.path with a .pth file, which PYTHONPATH skips
+[ -d /tmp/site/nvidia_cutlass_dsl/dsl_packages ] && export PYTHONPATH=$PYTHONPATH:/tmp/site/nvidia_cutlass_dsl/dsl_packages
 export VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # the tree's kvctl/ is a package whose connector/ and plugins/ live beside it (setup.cfg's package_dir): with the
 # tree first on sys.path (pytest's rootdir, the hooks' PYTHONPATH) it must be whole
@@ -44,9 +47,10 @@ case "$what" in
     ;;
   paper)
     mkdir -p .gpu-work/paper "$out/paper"
-    timeout "${BENCH_TIMEOUT_S:-560}" python3 benchmarks/paper_gpu.py --workdir .gpu-work/paper \
+    timeout "${BENCH_TIMEOUT_S:-560}" python3 benchmarks/paper_gpu.py --workdir "$PWD/.gpu-work/paper" \
       --only "${PAPER_STEPS:-calib,R1,R2,R3,R4,R5}" ${BENCH_ARGS:-} 2>&1 | tee -a "$out/paper_gpu.txt"
-    (cd .gpu-work/paper && cp -- *.jsonl *.json *.txt *.yaml "$out/paper/" 2>/dev/null)
+    # one archive: the device call brings back a bounded number of files
+    (cd .gpu-work/paper && tar czf "$out/paper/runs.tar.gz" -- *.jsonl *.json *.txt *.yaml *.err 2>/dev/null)
     ;;
   *) echo "usage: $0 bench|bench-glm5|tests|paper [OUT_DIR]" >&2; exit 2 ;;
 esac

@@ -102,13 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def spawn(upstream_host: str, upstream_port: int, down_mbps: float):
+def spawn(upstream_host: str, upstream_port: int, down_mbps: float, slice_bytes: int = 16384):
     """(process, port): a shaper in front of ``upstream_host:upstream_port`` in a session of its own, once it is
     listening on a free loopback port (the helper the benchmarks start their links with)."""
     import subprocess  # noqa: PLC0415
 
     p = subprocess.Popen([sys.executable, __file__, "--listen", "127.0.0.1:0", "--upstream", f"{upstream_host}:{upstream_port}",
-                          "--down-mbps", str(down_mbps)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+                          "--down-mbps", str(down_mbps), "--slice-bytes", str(slice_bytes)],
+                         stdout=subprocess.PIPE, text=True, start_new_session=True)
     line = p.stdout.readline().split()
     if not line or line[0] != "ready":
         p.kill()

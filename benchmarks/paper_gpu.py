@@ -18,7 +18,7 @@ times things):
   find ρ ≥ 1 and exit 4, R4 ρ < 0.7 and exit 0; the B it used is reported); during R2 ``kvctl exporter``
   beside the engine, its ``kvctl_rho`` scraped every few seconds; ``--analyse`` feeds those samples to
   ``promtool test rules`` with ``configs/prometheus/kvctl-alerts.yaml`` (KvctlRhoUnstable must fire).
-* **calibration**: a low-rate run of the same shape on one instance (sync), the only input of the fit.
+* **calibration**: a low-rate run of the same shape (sync, on ``--calib-instances``), the only input of the fit.
 * **analysis** (``--analyse``, also on a machine without the engine): ``kvctl report`` over R1-R5 (the
   host's Table 2: percentiles, p50 by third, L2 share); ``kvctl simulate --fit-from calibration`` predicts
   p50/p90/p99 and hit share of R2-R5 (target: each within 25 %); ``kvctl plan`` for E = 1 and E = 4
@@ -68,6 +68,7 @@ STEPS = ("calib", *RUNS)
 TARGET = 0.25  # |predicted / measured - 1|
 RULES = REPO / "configs" / "prometheus" / "kvctl-alerts.yaml"
 SAVE_WAIT_S = 180.0  # the most the priming waits for the engine's saves to reach the tier
+SAVE_STALL_S = 30.0  # ... and for the tier to grow by one more chunk
 DEFAULT_SHAPE = REPO / "configs" / "models" / "deepseek-v2-lite-shape.json"
 #: kvctl's connector never gives up on an async load for its age (a queued prefetch waits its turn; timeout_s bounds
 #: each tier operation, not the time since arrival), unlike the paper's LMCache, which recomputes past 3 s: simulate
@@ -100,14 +101,17 @@ def parse_args(argv=None):
     ap.add_argument("--prompt-tokens", type=int, default=None, help="tokens per prompt (default 16384; cpu 1024)")
     ap.add_argument("--block-tokens", type=int, default=None, help="Mooncake block (default 512; cpu 256)")
     ap.add_argument("--chunk-tokens", type=int, default=None, help="the connector's chunk (default 256; cpu 64)")
-    ap.add_argument("--requests", type=int, default=None, help="requests per run (default 160; cpu 90)")
+    ap.add_argument("--requests", type=int, default=None, help="requests per run (default 96; cpu 90)")
     ap.add_argument("--hit-share", type=float, default=0.8, help="share of the requests whose document is primed")
-    ap.add_argument("--rate", type=float, default=None, help="requests/s (default 3.2: ρ > 1 on one instance; cpu 2.2)")
+    ap.add_argument("--rate", type=float, default=None, help="requests/s (default 2.8: ρ > 1 on one shaped instance; cpu 2.2)")
     ap.add_argument("--calib-rate", type=float, default=None, help="calibration requests/s (default rate / 5)")
-    ap.add_argument("--calib-requests", type=int, default=None, help="calibration requests (default 40; cpu 20)")
+    ap.add_argument("--calib-requests", type=int, default=None, help="calibration requests (default 32; cpu 20)")
     ap.add_argument("--instances", type=int, default=4, help="K of R4 and R5")
+    ap.add_argument("--calib-instances", type=int, default=None,
+                    help="instances of the calibration run (default: --instances; cpu 1). On one shaped instance a 16k hit "
+                         "takes ~0.9 s, so even at rate / 5 the calibration's hits queue and its fitted T0 carries the wait")
     ap.add_argument("--link-mbps", type=float, default=None,
-                    help="put each instance behind benchmarks/linkshaper.py at this MB/s (default: none; cpu 2)")
+                    help="put each instance behind benchmarks/linkshaper.py at this MB/s (0: none; default 600; cpu 2)")
     ap.add_argument("--slo-p99", type=float, default=None, help="plan's SLO (default: 2 x R1's measured p99)")
     ap.add_argument("--shape", default=str(DEFAULT_SHAPE), help="config.json run with dummy weights (cuda)")
     ap.add_argument("--backend", default="FLASHMLA")
@@ -115,18 +119,23 @@ def parse_args(argv=None):
     ap.add_argument("--compiled", action="store_true", help="vLLM's compiled mode with CUDA graphs (default: --enforce-eager)")
     ap.add_argument("--max-batched-tokens", type=int, default=None, help="vLLM's (default 16384; cpu 2048)")
     ap.add_argument("--kv-cache-gb", type=float, default=40.0)
-    ap.add_argument("--tier-gb", type=float, default=16.0, help="maxmemory of each tier instance, GiB")
+    ap.add_argument("--tier-gb", type=float, default=None, help="maxmemory of each tier, all its instances together, GiB (default 60; cpu 0.5)")
     ap.add_argument("--start-timeout", type=float, default=420.0)
     a = ap.parse_args(argv)
     cpu = a.device == "cpu"
+    # the GPU's defaults: 16k prompts, 96 at 2.8/s (0.8 primed: 77 documents of 0.49 GB, 38 GB in the tier, a run's
+    # saves ~11 GB more: a 60 GiB cap, one tier held at a time, in the host's 128 GiB), each instance behind a
+    # 600 MB/s link (one unshaped instance, ~1.5-2.5 GB/s in the engine, keeps ρ below 1 at any rate the GPU's own
+    # recompute can take: ρ = 2.8 x 0.8 x 0.49 GB / 0.6 GB/s = 1.8 on one, 0.46 on four; a forwarder in Python
+    # gave 380-400 MB/s of an 800 MB/s link on the 2-core VM, so the link is kept well below what it can do)
     for key, gpu_v, cpu_v in (("prompt_tokens", 16384, 1024), ("block_tokens", 512, 256), ("chunk_tokens", 256, 64),
-                              ("requests", 160, 90), ("rate", 3.2, 2.2), ("calib_requests", 40, 20), ("max_batched_tokens", 16384, 2048),
-                              ("link_mbps", 0.0, 2.0)):
+                              ("requests", 96, 90), ("rate", 2.8, 2.2), ("calib_requests", 32, 20), ("max_batched_tokens", 16384, 2048),
+                              ("link_mbps", 600.0, 2.0), ("tier_gb", 60.0, 0.5)):
         if getattr(a, key) is None:
             setattr(a, key, cpu_v if cpu else gpu_v)
-    if cpu:
-        a.tier_gb = min(a.tier_gb, 0.5)
     a.calib_rate = a.calib_rate or a.rate / 5
+    if a.calib_instances is None:
+        a.calib_instances = 1 if cpu else a.instances
     bad = [s for s in a.only.split(",") if s and s not in STEPS]
     if bad:
         ap.error(f"--only: unknown step(s) {bad}; the steps are {','.join(STEPS)}")
@@ -168,8 +177,11 @@ class Shapers:
     def __init__(self, tier: LabTier, mbps: float) -> None:
         self.procs: list[subprocess.Popen] = []
         self.urls: dict[str, str] = {}
+        # slices of 256 KiB at GPU rates (16 KiB slices cap a Python forwarder near 1 GB/s); an EXISTS still waits
+        # for at most one slice of each busy connection (0.4 ms at 600 MB/s)
+        slice_bytes = 262144 if mbps >= 100 else 16384
         for inst in tier.instances:
-            p, port = linkshaper.spawn(inst["host"], inst["port"], mbps)
+            p, port = linkshaper.spawn(inst["host"], inst["port"], mbps, slice_bytes=slice_bytes)
             self.procs.append(p)
             self.urls[f"{inst['host']}:{inst['port']}"] = f"127.0.0.1:{port}"
 
@@ -235,6 +247,14 @@ class Lab:
         path.write_text(yaml.safe_dump(doc) if doc else "{}\n")
         return path
 
+    def hold_only(self, k: int) -> None:
+        """Take down every tier but K's (a primed 16k tier holds ~50 GB: two at once would not fit the host)."""
+        for other in [o for o in self.tiers if o != k]:
+            t, sh = self.tiers.pop(other)
+            if sh:
+                sh.close()
+            t.down()
+
     def flush(self, k: int) -> None:
         import redis
 
@@ -269,19 +289,25 @@ def replay(url: str, trace: Path, out: Path, a, *extra: str) -> dict:
 
 
 # -- one run -----------------------------------------------------------------------------------------
-#: run -> (instances per rank, loading, the run whose engine config it flips)
-SPECS = {"calib": (1, "sync", None), "R1": (0, None, None), "R2": (1, "sync", None), "R3": (1, "async", "R2"),
+#: run -> (instances per rank (None: --instances; the calibration: --calib-instances), loading, the run whose engine
+#: config it flips)
+SPECS = {"calib": (None, "sync", None), "R1": (0, None, None), "R2": (1, "sync", None), "R3": (1, "async", "R2"),
          "R4": (None, "sync", None), "R5": (None, "async", "R4")}
 
 
+def step_k(a, name: str) -> int:
+    """Instances per rank of a step (0: no tier)."""
+    k = SPECS[name][0]
+    return a.calib_instances if name == "calib" else a.instances if k is None else k
+
+
 def config_for(lab: Lab, name: str, k: int, loading: str | None, flip_from: str | None) -> Path:
+    """The run's engine config; a flipped run's is ``flip_from``'s sync config, written for the tier this process
+    holds (a copy of ``flip_from``'s file would name the ports of an earlier process's tier when the runs are split
+    over ``--only`` calls), then switched with ``kvctl loading async``."""
     if not flip_from:
         return lab.engine_config(name, k, loading or "sync")
-    src = lab.work / f"{flip_from}.engine.yaml"
-    if not src.exists():
-        lab.engine_config(flip_from, k, "sync")
-    path = lab.work / f"{name}.engine.yaml"
-    path.write_text(src.read_text())
+    path = lab.engine_config(name, k, "sync")
     kvctl("loading", "async", "--vllm", str(path), "--dry-run", log=lab.work / f"{name}.flip-diff.txt")
     kvctl("loading", "async", "--vllm", str(path), "--no-backup", "--json", log=lab.work / f"{name}.flip.txt")
     kvctl("loading", "show", "--vllm", str(path), "--json", log=lab.work / f"{name}.flip-show.txt")
@@ -290,9 +316,11 @@ def config_for(lab: Lab, name: str, k: int, loading: str | None, flip_from: str 
 
 def run_step(lab: Lab, name: str) -> dict:
     a, work = lab.a, lab.work
-    k, loading, flip_from = SPECS[name]
-    k = a.instances if k is None else k
+    _, loading, flip_from = SPECS[name]
+    k = step_k(a, name)
     trace_name = "calib" if name == "calib" else "main"
+    if k:
+        lab.hold_only(k)
     cfg = config_for(lab, name, k, loading, flip_from)
     if k:
         lab.flush(k)
@@ -311,10 +339,17 @@ def run_step(lab: Lab, name: str) -> dict:
             t0 = time.monotonic()
             replay(srv.url, prime, work / f"{name}.prime-run.jsonl", a, "--max-in-flight", "2")
             want = n_prime * (a.prompt_tokens // a.chunk_tokens - 1)
-            while lab.keys(k) < want and time.monotonic() - t0 < SAVE_WAIT_S:
+            have, grew = lab.keys(k), time.monotonic()
+            while have < want and time.monotonic() - t0 < SAVE_WAIT_S and time.monotonic() - grew < SAVE_STALL_S:
                 time.sleep(1.0)
-            info.update(primed_prompts=n_prime, tier_keys=lab.keys(k), tier_keys_wanted=want,
+                now = lab.keys(k)
+                if now > have:
+                    have, grew = now, time.monotonic()
+            info.update(primed_prompts=n_prime, tier_keys=have, tier_keys_wanted=want,
                         prime_s=round(time.monotonic() - t0, 1))
+            if have < want * 0.9:
+                raise RuntimeError(f"{name}: the priming left {have} of {want} chunks in the tier (saves stalled for "
+                                   f"{SAVE_STALL_S:g} s): the engine's config does not reach this tier, or it is full")
             if reset_prefix_cache(srv):
                 info["prefix_cache"] = "reset (POST /reset_prefix_cache)"
             else:  # a restart empties it as well
@@ -430,6 +465,7 @@ def analyse(a) -> dict:
                                                                     "requests", "cached_token_share", "l2_token_share", "max_in_flight", "errors") if k in m}
                                           for r, m in measured.items()}}
     calib = work / "calib.jsonl"
+    calib_k = meta.get("calib_instances", 1)  # runs before --calib-instances calibrated on one
     if calib.exists():
         try:  # R from the calibration's misses, as simulate_vs_replay fits it
             R = fit_prefill_rate(calib)[0]
@@ -445,7 +481,7 @@ def analyse(a) -> dict:
                 continue
             res = kvctl("simulate", "--trace", str(work / "main.planned.jsonl"), "--hits-from-trace", "--block-tokens", str(bt),
                         "--bytes-per-token", str(s), "--prefill-rate", f"{R:.1f}", "--instances", str(k), "--bench", str(bench),
-                        "--get-times-from", str(bench), "--fit-from", str(calib), "--fit-instances", "1", "--loading", loading,
+                        "--get-times-from", str(bench), "--fit-from", str(calib), "--fit-instances", str(calib_k), "--loading", loading,
                         "--t0-engine-share", "fit", "--max-batched-tokens", str(meta["max_batched_tokens"]),
                         *NO_ASYNC_TIMEOUT, "--json",
                         check=False, log=work / f"{r}.simulate.txt")
@@ -470,7 +506,7 @@ def analyse(a) -> dict:
             for e in (1, 4):
                 res = kvctl("plan", "--arrival-rate", str(tr["rate"]), "--prompt-tokens", str(meta["prompt_tokens"]),
                             "--hit-fraction", f"{tr['primed'] / tr['requests']:.3f}", "--bytes-per-token", str(s),
-                            "--prefill-rate", f"{R:.1f}", "--fit-from", str(calib), "--fit-instances", "1", "--bench", str(work / "bench-k1.json"),
+                            "--prefill-rate", f"{R:.1f}", "--fit-from", str(calib), "--fit-instances", str(calib_k), "--bench", str(work / "bench-k1.json"),
                             "--slo-p99", str(slo), "--engines", str(e), "--max-instances", "16", *NO_ASYNC_TIMEOUT, "--json",
                             check=False, log=work / f"plan-e{e}.txt")
                 try:
@@ -603,7 +639,7 @@ def write_meta(a, lab: Lab) -> dict:
             "device": a.device, "model": "tiny-mla" if a.device == "cpu" else Path(a.shape).name,
             "backend": "CPU_MLA" if a.device == "cpu" else a.backend, "server_args": lab.server_args(),
             "bytes_per_token": lab_bytes_per_token(lab), "prompt_tokens": a.prompt_tokens, "block_tokens": a.block_tokens,
-            "chunk_tokens": a.chunk_tokens, "instances": a.instances, "link_mbps": a.link_mbps,
+            "chunk_tokens": a.chunk_tokens, "instances": a.instances, "calib_instances": a.calib_instances, "link_mbps": a.link_mbps,
             "max_batched_tokens": a.max_batched_tokens, "traces": traces}
     try:
         meta["vllm"] = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
@@ -628,9 +664,9 @@ def main(argv=None) -> int:
     try:
         meta = write_meta(a, lab)
         steps = [s for s in STEPS if s in a.only.split(",")]
-        for k in sorted({1, a.instances}):
+        for k in sorted({1, a.instances, a.calib_instances}):
             bench = a.workdir / f"bench-k{k}.json"
-            if not bench.exists() and any((SPECS[s][0] if SPECS[s][0] is not None else a.instances) == k for s in steps):
+            if not bench.exists() and any(step_k(a, s) == k for s in steps):
                 urls = lab.valkey_urls(k)
                 say(f"bench K={k} ...")
                 kvctl("bench", *sum((["--valkey", u] for u in urls), []), "--instances-per-rank", str(k),

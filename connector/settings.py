@@ -28,7 +28,7 @@ from kvctl.core.errors import InvalidInput
 from .config_keys import POLICY_KEYS, VLLM_KEYS
 from kvctl.core.thresholds import CONNECTOR_TIMEOUT_S
 
-__all__ = ["ConnectorConfigError", "ConnectorSettings", "LoadPolicySettings", "parse_settings"]
+__all__ = ["SYNC_LOAD_PATHS", "ConnectorConfigError", "ConnectorSettings", "LoadPolicySettings", "parse_settings"]
 
 #: the keys and the range each takes (checked at engine start; docs/connector.md lists them)
 RANGES: dict[str, tuple[float, float]] = {
@@ -53,6 +53,12 @@ DEFAULT_CONNECTIONS = 2
 #: how long a worker's shutdown waits for saves still queued or running before it abandons them; inside
 #: a vLLM ``--shutdown-timeout 5`` (vLLM's default 0 kills the workers at once on SIGTERM: docs/gpu.md)
 DEFAULT_SAVE_DRAIN_S = 4.0
+#: how a sync load reaches vLLM: "step" -- in the step that computes the request's tail (vLLM's sync path; a
+#: short load is re-scheduled from the failed blocks); "receive" -- the request waits one step in vLLM's
+#: remote-KV state while the worker loads it in that step, blocking it as a sync load does, and a short load is
+#: settled before the request is scheduled (vLLM's async path); "auto" -- "receive" where vLLM's async scheduling
+#: is on (there, a short load on the "step" path ended vLLM 0.32's engine core on an H200: docs/gpu.md)
+SYNC_LOAD_PATHS = ("auto", "step", "receive")
 
 
 class ConnectorConfigError(ValueError):
@@ -87,6 +93,8 @@ class ConnectorSettings:
     pinned_pool_bytes: int = DEFAULT_PINNED_POOL_BYTES
     connections_per_instance: int = DEFAULT_CONNECTIONS
     save_drain_s: float = DEFAULT_SAVE_DRAIN_S
+    #: how vLLM is told about a sync load (:data:`SYNC_LOAD_PATHS`)
+    sync_load_path: str = "auto"
 
     @property
     def instances_per_rank(self) -> int:
@@ -207,6 +215,9 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
     async_loading = cfg.get("async_loading", False)
     if not isinstance(async_loading, bool):
         raise _err("async_loading", f"expected true or false, got {async_loading!r}")
+    sync_path = cfg.get("sync_load_path", "auto")
+    if sync_path not in SYNC_LOAD_PATHS:
+        raise _err("sync_load_path", f"expected one of {', '.join(SYNC_LOAD_PATHS)}, got {sync_path!r}")
     budget = _number(cfg, "host_budget_bytes", 0, integer=True)
     pinned = _number(cfg, "pinned_pool_bytes", DEFAULT_PINNED_POOL_BYTES, integer=True)
     return ConnectorSettings(
@@ -220,4 +231,5 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
         pinned_pool_bytes=pinned,
         connections_per_instance=_number(cfg, "connections_per_instance", DEFAULT_CONNECTIONS, integer=True),
         save_drain_s=float(_number(cfg, "save_drain_s", DEFAULT_SAVE_DRAIN_S)),
+        sync_load_path=sync_path,
     )

@@ -21,7 +21,10 @@ parallel group where it runs one) share one Valkey instance per rank:
   (background thread, off the step); a scheduled hit is loaded with the
   agreed-prefix protocol over the group and written into the paged cache;
   chunks the owners could not provide are reported to vLLM as failed blocks,
-  which it recomputes (``kv_load_failure_policy: recompute``).
+  which it recomputes (``kv_load_failure_policy: recompute``). Where vLLM's
+  async scheduling is on, a sync hit is announced as a remote receive
+  (``sync_load_path``): the request waits one step, which the load blocks, and
+  a short load is settled before the request is scheduled.
 * ``async_loading`` -- the lookup runs in the background through each rank's
   cumulative-length vector (the scheduler asks again until it is done, or
   recomputes once ``timeout_s`` has passed), and the load runs on a worker
@@ -81,14 +84,19 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         kind, world_size = shard_group(vllm_config.parallel_config)
         self._cache_dtype = str(vllm_config.cache_config.cache_dtype)
+        async_scheduling = getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False) is True
         self._setup(kind, world_size, self._kv_transfer_config.kv_connector_extra_config, vllm_config.cache_config.block_size,
-                    bool(vllm_config.model_config.use_mla), _model_name(vllm_config))
-        sched = getattr(vllm_config, "scheduler_config", None)
-        if (role == KVConnectorRole.SCHEDULER and not self.settings.async_loading
-                and getattr(sched, "async_scheduling", False) is True and vllm_config.device_config.device_type == "cuda"):
-            logger.warning("KvctlConnector: vLLM's async scheduling is on with sync loading: a load that comes up short "
-                           "(an evicted chunk, a dead instance) ended vLLM 0.32's engine core on an H200 (docs/gpu.md, "
-                           "Async scheduling); start vLLM with --no-async-scheduling, or use async_loading")
+                    bool(vllm_config.model_config.use_mla), _model_name(vllm_config), async_scheduling=async_scheduling)
+        if role == KVConnectorRole.SCHEDULER and not self.settings.async_loading:
+            if self.sync_via_receive:
+                logger.info("KvctlConnector: sync loads go through vLLM's remote-receive state (sync_load_path=%s%s): "
+                            "a hit waits one step while the worker loads it, a short load is settled before the "
+                            "request is scheduled", self.settings.sync_load_path,
+                            ", vLLM's async scheduling is on" if async_scheduling else "")
+            elif async_scheduling:
+                logger.warning("KvctlConnector: sync_load_path=step with vLLM's async scheduling on: a load that comes "
+                               "up short (an evicted chunk, a dead instance) ended vLLM 0.32's engine core on an H200 "
+                               "(docs/gpu.md, Async scheduling); use sync_load_path auto or receive")
         grace = getattr(vllm_config, "shutdown_timeout", None)
         if role == KVConnectorRole.SCHEDULER and grace is not None and grace < self.settings.save_drain_s + 1:
             # vLLM's process manager kills the engine core `shutdown_timeout` s after SIGTERM (0: at once),
@@ -132,7 +140,7 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         return self
 
     def _setup(self, group_kind: str, world_size: int, extra_config, block_size: int, use_mla: bool,
-               model_name: str) -> None:
+               model_name: str, async_scheduling: bool = False) -> None:
         kv_cache_config = self._kv_cache_config
         self._group_kind, self.world_size = group_kind, world_size
         self.settings = parse_settings(extra_config, world_size)
@@ -166,7 +174,7 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         else:
             self.fmt = self._fmt_from_spec(spec, len(group.layer_names))
         if self._role == KVConnectorRole.SCHEDULER:
-            self._init_scheduler()
+            self._init_scheduler(async_scheduling)
         else:
             self._init_worker()
 

@@ -21,8 +21,11 @@ class LoadSpec:
     end_chunk: int  # the hit ends here (exclusive)
     skip_tokens: int  # tokens already computed locally (block-aligned, may be mid-chunk)
     block_ids: list[int]
-    is_async: bool = False
+    is_async: bool = False  # loaded on the worker's load thread while vLLM steps on (else in the step, blocking it)
     key_extra: KeyExtra | None = None  # LoRA/cache_salt/mm material of the keys (plugins/vllm_keys.py)
+    # vLLM waits for it as a remote receive (the scheduler answered load_async): the worker reports it finished
+    # in get_finished, whichever way it loaded it (always for async; for sync on the "receive" path)
+    report_done: bool = False
 
 
 @dataclass

@@ -37,8 +37,11 @@ _POLL_S = 0.005  # how long one scheduler step waits for a background lookup
 class SchedulerSide:
     """The scheduler role of KvctlConnector (a mixin: ``self`` is the connector)."""
 
-    def _init_scheduler(self) -> None:
+    def _init_scheduler(self, async_scheduling: bool = False) -> None:
         st = self.settings
+        # a sync load through vLLM's remote-receive state (connector/settings.py, SYNC_LOAD_PATHS)
+        self.sync_via_receive = not st.async_loading and (
+            st.sync_load_path == "receive" or (st.sync_load_path == "auto" and async_scheduling))
         # parts: a sparse-MLA chunk is a hit only when its latent and its indexer part are both in the tier
         self.lookup = TierLookup(st.rank_urls, self.chunk_tokens, self.model_name, self.fmt, st.timeout_s,
                                  parts=self.parts)
@@ -104,7 +107,9 @@ class SchedulerSide:
             if result is None:
                 result = self._timed_lookup(rid, prompt, first, False, extra)
                 self._sync_answers.put(rid, n_tokens, result)
-            return self._hit_tokens(request, num_computed_tokens, result), False
+            ext = self._hit_tokens(request, num_computed_tokens, result)
+            # the "receive" path: vLLM parks the request for one step while the worker loads it in that step
+            return ext, ext > 0 and self.sync_via_receive
         entry = self._async_lookups.get(rid)
         if entry is None or entry[2] != first:
             fut = self._async_pool.submit(self._timed_lookup, rid, prompt, first, True, extra)
@@ -160,6 +165,7 @@ class SchedulerSide:
             block_ids=list(blocks.get_block_ids()[0]),
             is_async=self.settings.async_loading,
             key_extra=extra,
+            report_done=self.settings.async_loading or self.sync_via_receive,
         ))
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:

@@ -223,10 +223,24 @@ class WorkerSide:
                 with self._lock:
                     self._async_pending += 1
                 self._async_q.put((spec, time.perf_counter()))
-            else:
+            elif not spec.report_done:
                 out = self._load(spec, self.group, self._meta_group)
                 if self.rank == 0 and out is not None and out.timing is not None:
                     self.stats.add(M.LOAD_WAIT_SECONDS, out.timing.total_s)
+            else:  # a sync load vLLM waits for as a receive: loaded here, blocking the step, reported in get_finished
+                t0 = time.perf_counter()
+                try:
+                    self._load(spec, self.group, self._meta_group)
+                except BaseException as exc:  # noqa: BLE001 - the request must leave vLLM's receive state either way
+                    self._mark_unloaded(spec)
+                    logger.exception("KvctlConnector: load of %s interrupted: it is recomputed", spec.req_id)
+                    if not isinstance(exc, Exception):
+                        raise  # a shutdown's interrupt goes on
+                finally:
+                    if self.rank == 0:
+                        self.stats.add(M.LOAD_WAIT_SECONDS, time.perf_counter() - t0)
+                    with self._lock:
+                        self._finished_recving.add(spec.req_id)
 
     def _async_loop(self) -> None:
         while True:
@@ -243,12 +257,23 @@ class WorkerSide:
                 if self.rank == 0:
                     self.stats.add(M.LOAD_WAIT_SECONDS, time.perf_counter() - queued)
             except BaseException:  # noqa: BLE001 - its blocks are marked bad; a dead loader would strand every later load
+                self._mark_unloaded(spec)
                 logger.exception("KvctlConnector: async load of %s interrupted", spec.req_id)
             finally:
                 with self._lock:
                     self._finished_recving.add(spec.req_id)
                     self._async_pending -= 1
                     self._load_done.notify_all()
+
+    def _spec_blocks(self, spec: LoadSpec, from_chunk: int) -> set[int]:
+        """The blocks of ``spec``'s hit from chunk ``from_chunk`` on (never the locally computed ones before it)."""
+        first_bad = max(from_chunk * self.chunk_tokens, spec.skip_tokens) // self.block_size
+        return set(spec.block_ids[first_bad : spec.end_chunk * self.chunk_tokens // self.block_size])
+
+    def _mark_unloaded(self, spec: LoadSpec) -> None:
+        """A load that raised: whatever it wrote, the request's whole hit is reported failed (recomputed)."""
+        with self._lock:
+            self._load_errors |= self._spec_blocks(spec, spec.first_chunk)
 
     def _load(self, spec: LoadSpec, group, meta_group=None) -> LoadOutcome:
         """Agreed-prefix load of one request's hit into the paged cache (collective over ``group``)."""
@@ -272,8 +297,7 @@ class WorkerSide:
         if prefix < planned:
             logger.warning("KvctlConnector rank %d: load of %s: %d of %d chunk(s) agreed, %d written: the rest is "
                            "recomputed", self.rank, spec.req_id, agreed, planned, prefix)
-            first_bad = max(loaded_end * ct, spec.skip_tokens) // self.block_size
-            bad = set(spec.block_ids[first_bad : spec.end_chunk * ct // self.block_size])
+            bad = self._spec_blocks(spec, loaded_end)
             with self._lock:
                 self._load_errors |= bad
             if self.rank == 0:

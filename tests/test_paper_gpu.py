@@ -49,20 +49,39 @@ def test_the_trace_primes_only_the_documents_and_simulate_reads_the_planned_hits
 
 
 def test_the_flip_goes_through_kvctl_loading_and_keeps_the_diff(paper, tmp_path):
-    cfg = {"kv_connector": "KvctlConnector", "kv_connector_module_path": "kvctl.plugins.vllm", "kv_role": "kv_both",
-           "kv_connector_extra_config": {"urls": ["resp://127.0.0.1:1"], "chunk_tokens": 64, "async_loading": False}}
-    (tmp_path / "R2.engine.yaml").write_text(yaml.safe_dump({"kv-transfer-config": json.dumps(cfg)}))
+    """R3 is R2's sync config for the tier this process holds, flipped by kvctl loading: never a copy of R2's file,
+    which names the ports of the tier an earlier --only call held (on the H200 R3 then primed a dead tier)."""
+    def cfg(port):
+        return {"kv_connector": "KvctlConnector", "kv_connector_module_path": "kvctl.plugins.vllm", "kv_role": "kv_both",
+                "kv_connector_extra_config": {"urls": [f"resp://127.0.0.1:{port}"], "chunk_tokens": 64, "async_loading": False}}
 
-    class FakeLab:  # only the work directory is used when the source config exists
+    stale = {"kv-transfer-config": json.dumps(cfg(1))}
+    (tmp_path / "R2.engine.yaml").write_text(yaml.safe_dump(stale))  # an earlier call's tier
+
+    class FakeLab:  # this process's tier listens on port 2
         work = tmp_path
+
+        def engine_config(self, name, k, loading):
+            assert loading == "sync"
+            path = tmp_path / f"{name}.engine.yaml"
+            path.write_text(yaml.safe_dump({"kv-transfer-config": json.dumps(cfg(2))}))
+            return path
 
     path = paper.config_for(FakeLab(), "R3", 1, "async", "R2")
     got = json.loads(yaml.safe_load(path.read_text())["kv-transfer-config"])
     assert got["kv_connector_extra_config"]["async_loading"] is True
-    assert {**got, "kv_connector_extra_config": {**got["kv_connector_extra_config"], "async_loading": False}} == cfg
+    assert {**got, "kv_connector_extra_config": {**got["kv_connector_extra_config"], "async_loading": False}} == cfg(2)
     diff = (tmp_path / "R3.flip-diff.txt").read_text()
     assert "# exit 0" in diff and "async_loading" in diff
-    assert json.loads(yaml.safe_load((tmp_path / "R2.engine.yaml").read_text())["kv-transfer-config"]) == cfg  # R2's file untouched
+    assert yaml.safe_load((tmp_path / "R2.engine.yaml").read_text()) == stale  # R2's file untouched
+
+
+def test_calibration_instances_default_and_reach_the_fit(paper):
+    gpu = paper.parse_args(["--workdir", "/tmp/x"])
+    cpu = paper.parse_args(["--workdir", "/tmp/x", "--device", "cpu"])
+    assert (gpu.calib_instances, cpu.calib_instances) == (gpu.instances, 1)
+    assert paper.step_k(gpu, "calib") == gpu.instances and paper.step_k(gpu, "R2") == 1 and paper.step_k(gpu, "R1") == 0
+    assert paper.step_k(paper.parse_args(["--workdir", "/tmp/x", "--calib-instances", "2"]), "calib") == 2
 
 
 @pytest.mark.parametrize("plan, meets, agrees", [
@@ -108,3 +127,22 @@ def test_the_shipped_rehearsal_analyses_to_what_benchmarks_readme_says(paper, tm
     assert ratios[("R3", "p99_s")] == pytest.approx(1.00, abs=0.01)  # async without an age timeout
     assert out["diagnose"]["R2"]["exit"] == 4 and out["diagnose"]["R2"]["rho"] >= 1 and out["diagnose"]["R4"]["exit"] == 0
     assert out["plan"]["agrees_for_E1"]["agrees"] is True
+
+
+def test_the_h200_runs_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
+    """--analyse over the H200's raw runs of 2026-12-02 (R1, R2, R4 and the calibration; R3 and R5 are not in
+    them): report, simulate and plan give the README's table; diagnose's verdicts are the ones it printed live."""
+    import shutil
+
+    work = tmp_path / "w"
+    shutil.copytree(ROOT / "benchmarks" / "results" / "paper_gpu-h200-2026-12-02", work)
+    out = paper.analyse(paper.parse_args(["--workdir", str(work), "--analyse"]))
+    rep = out["report"]
+    assert sorted(rep) == ["R1", "R2", "R4"]
+    assert (round(rep["R1"]["p50_s"], 3), round(rep["R2"]["p50_s"], 2), round(rep["R4"]["p99_s"], 3)) == (0.313, 27.95, 2.619)
+    sim = out["simulate"]
+    assert round(sim["R2"]["p50_s"]["ratio"], 2) == 1.05 and round(sim["R4"]["p50_s"]["ratio"], 2) == 3.04
+    assert sim["R2"]["hit_share"]["ratio"] == pytest.approx(1.0)
+    d = out["diagnose"]
+    assert (d["R2"]["exit"], round(d["R2"]["rho"], 2), d["R4"]["exit"], round(d["R4"]["rho"], 2)) == (4, 2.41, 0, 0.47)
+    assert out["plan"]["E"][1]["instances"] == 0 and out["plan"]["agrees_for_E1"]["agrees"] is True

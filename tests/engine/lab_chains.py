@@ -220,15 +220,20 @@ def _copy_tier(src: LabTier, dst: LabTier) -> int:
 def _record_reader(res: dict, engine) -> None:
     """A reader's counters and the connector's (and vLLM's load-failure) lines of its log, into ``res``."""
     res["metrics"] = engine.metrics(("kvctl:",))
-    res["log"] = [ln for ln in engine.log_text().splitlines() if "KvctlConnector" in ln or "KV load failure" in ln][-40:]
+    text = engine.log_text()
+    res["log"] = [ln for ln in text.splitlines() if "KvctlConnector" in ln or "KV load failure" in ln][-40:]
+    # which way vLLM learnt of its sync hits (connector/settings.py, SYNC_LOAD_PATHS): the line the connector logs
+    res["sync_via_receive"] = "sync loads go through vLLM's remote-receive state" in text
 
 
 def run_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_tokens: int, timeout_s: float,
                length: int = 1290, start_timeout_s: float = 420,
-               loadings: tuple[str, ...] = ("sync", "async")) -> tuple[dict, list[list[int]]]:
+               loadings: tuple[str, ...] = ("sync", "async"),
+               extra_config: dict | None = None) -> tuple[dict, list[list[int]]]:
     """A writer computes 8 prompts; a sync reader (prompts 0-3) and an async reader (4-7, on its own tier, a
     copy) each load: a clean hit; one whose chunk 1 is deleted between lookup and load; one with the instance
     SIGSTOPped; one whose instance is SIGKILLed as the load starts; then one more prompt (the engine serves on).
+    ``extra_config``: keys added to the readers' ``kv_connector_extra_config`` (e.g. ``sync_load_path``).
     Returns ({"cold": [...], "sync": {fault: result}, "async": {...}}, prompts)."""
     root = Path(root)
     prompts = make_prompts(4242, [length] * 8)
@@ -245,6 +250,7 @@ def run_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_toke
             pid = tier.instances[0]["pid"]
             cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens), "--timeout-s", str(timeout_s),
                                    "--loading", loading)
+            cfg["kv_connector_extra_config"].update(extra_config or {})
             env = engine_env(device=device, trace=root / f"trace-{loading}.jsonl",
                              extra=dict(hook_env, KVCTL_TEST_FAULT_PLAN=str(plan)))
             r = LLMProcess.start(model, root, llm_kwargs=kwargs, kv_transfer_config=cfg, env=env,
@@ -312,8 +318,8 @@ def run_sparse_faults(model: Path, root: Path, kwargs: dict, *, device: str, chu
     """A writer computes 6 prompts of a sparse-MLA model; a sync reader (prompts 0-2) and an async reader (3-5, on
     its own copy of the tier) each get: a clean hit; a prompt whose chunk 1 lost its indexer part before the reader
     started ("offline": the lookup must stop at chunk 1); one whose chunk 1 loses it between the lookup and the load
-    ("between": the agreed prefix stops there and vLLM recomputes the rest). The sync reader runs without vLLM's
-    async scheduling (docs/gpu.md). Returns ({"cold": [...], "sync": {case: result}, "async": {...}}, prompts)."""
+    ("between": the agreed prefix stops there and vLLM recomputes the rest). Both readers run with vLLM's defaults
+    (on CUDA, async scheduling: the sync reader's hits go through vLLM's remote-receive state). Returns ({"cold": [...], "sync": {case: result}, "async": {...}}, prompts)."""
     import redis
 
     from kvctl.connector.ownership import chunk_keys, part_key
@@ -339,8 +345,7 @@ def run_sparse_faults(model: Path, root: Path, kwargs: dict, *, device: str, chu
             cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens), "--loading", loading)
             env = engine_env(device=device, trace=root / f"sparse-trace-{loading}.jsonl",
                              extra=dict(hook_env, KVCTL_TEST_FAULT_PLAN=str(plan)))
-            kw = dict(kwargs, async_scheduling=False) if loading == "sync" else kwargs
-            eng = LLMProcess.start(model, root, llm_kwargs=kw, kv_transfer_config=cfg, env=env,
+            eng = LLMProcess.start(model, root, llm_kwargs=kwargs, kv_transfer_config=cfg, env=env,
                                    name=f"sparse-reader-{loading}", timeout_s=start_timeout_s)
             try:
                 res = out[loading]

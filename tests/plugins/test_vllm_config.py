@@ -13,6 +13,16 @@ def test_urls_list_and_defaults():
     assert s.chunk_tokens == 128
     assert s.async_loading is False and s.load_policy is None and s.host_budget_bytes == 0
     assert s.pinned_pool_bytes == 256 * 2**20
+    assert s.sync_load_path == "auto"
+
+
+def test_sync_load_path_is_one_of_three():
+    base = {"urls": ["resp://127.0.0.1:7000"], "chunk_tokens": 64}
+    for path in ("auto", "step", "receive"):
+        assert parse_settings(base | {"sync_load_path": path}, 1).sync_load_path == path
+    for bad in ("Receive", "", True, None, 1):
+        with pytest.raises(ConnectorConfigError, match=r"^kv_connector_extra_config\.sync_load_path: expected one of"):
+            parse_settings(base | {"sync_load_path": bad}, 1)
 
 
 def test_url_template_expands_per_rank_and_password_file(tmp_path):

@@ -247,13 +247,17 @@ class Lab:
         path.write_text(yaml.safe_dump(doc) if doc else "{}\n")
         return path
 
+    def _down(self, k: int) -> None:
+        """Take K's tier (and its links) down."""
+        t, sh = self.tiers.pop(k)
+        if sh:
+            sh.close()
+        t.down()
+
     def hold_only(self, k: int) -> None:
         """Take down every tier but K's (a primed 16k tier holds ~50 GB: two at once would not fit the host)."""
         for other in [o for o in self.tiers if o != k]:
-            t, sh = self.tiers.pop(other)
-            if sh:
-                sh.close()
-            t.down()
+            self._down(other)
 
     def flush(self, k: int) -> None:
         import redis
@@ -267,10 +271,8 @@ class Lab:
         return sum(redis.Redis(host=i["host"], port=i["port"], socket_timeout=10).dbsize() for i in self.tier(k)[0].instances)
 
     def close(self) -> None:
-        for t, sh in self.tiers.values():
-            if sh:
-                sh.close()
-            t.down()
+        for k in list(self.tiers):
+            self._down(k)
 
 
 def reset_prefix_cache(srv: ApiServer) -> bool:

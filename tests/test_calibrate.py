@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from kvctl.sim.calibrate import fit_engine_share
+from kvctl.sim.calibrate import fit_engine_share, measured_percentiles
 from kvctl.cli import cli
 from kvctl.core.errors import InvalidInput
 from kvctl.sim.fleet import simulate_fleet
 from kvctl.sim.simulate import SimConfig, simulate
 from kvctl.sim.workload import Workload, poisson_workload
-from kvctl.sim.variability import Variability
+from kvctl.sim.variability import Variability, t0_from_run
 
 
 def two_hits() -> Workload:
@@ -68,24 +68,25 @@ def test_engine_share_out_of_range_is_refused():
 # --- fitted on a run file ----------------------------------------------------------------------------------------
 
 
-def run_file(path, theta: float, t0: float = 0.5, alone: int = 0, burst: int = 14, gap: float = 0.1):
+def run_file(path, theta: float, t0: float = 0.5, alone: int = 0, burst: int = 14, gap: float = 0.1,
+             metadata: dict | None = None, first_extra_s: float = 0.0):
     """A run of 1 GB hits on 1 GB/s with a constant T0, latencies worked out by hand for ``theta``:
     ``alone`` hits 10 s apart, then a burst of ``burst`` hits ``gap`` s apart. The engine is held
-    1 + θ·T0 per hit (FIFO), the rest of T0 is latency."""
+    1 + θ·T0 per hit (FIFO), the rest of T0 is latency; the first hit takes ``first_extra_s`` more (latency only)."""
     hold = 1.0 + theta * t0
     arrivals = [10.0 * i for i in range(alone)] + [10.0 * alone + gap * i for i in range(burst)]
     rows, free, finished = [], 0.0, []
     for i, arrival in enumerate(arrivals):
         start = max(free, arrival)
         free = start + hold
-        latency = free + (1 - theta) * t0 - arrival
+        latency = free + (1 - theta) * t0 - arrival + (first_extra_s if i == 0 else 0.0)
         in_flight = 1 + sum(1 for f in finished if f > arrival)
         finished.append(arrival + latency)
         rows.append({"index": i, "scheduled_s": arrival, "sent_s": arrival, "first_token_s": arrival + latency,
                      "finished_s": arrival + latency, "latency_s": latency, "prompt_tokens": 1000, "cached_tokens": 1000,
                      "status": "ok", "in_flight": in_flight,
                      "request": {"timestamp": arrival * 1000, "input_length": 1000, "output_length": 1, "hash_ids": [i]}})
-    path.write_text("\n".join(json.dumps(x) for x in [{"metadata": {}}, *rows, {"summary": {}}]) + "\n")
+    path.write_text("\n".join(json.dumps(x) for x in [{"metadata": metadata or {}}, *rows, {"summary": {}}]) + "\n")
     return str(path)
 
 
@@ -111,14 +112,15 @@ def test_fit_on_too_few_requests_is_refused(tmp_path):
 
 
 def test_cli_fit_and_refusals(tmp_path):
-    # 12 hits alone and the burst's first (T0 = 0.5 is fitted on these 13), then the burst that shows θ
+    # 12 hits alone (T0 = 0.5 is fitted on these; the burst's first was sent alone but the second came 0.1 s
+    # later, before its first token), then the burst that shows θ
     run = run_file(tmp_path / "run.jsonl", 1.0, alone=12)
     base = ["simulate", "--trace", run, "--hits-from-trace", "--bytes-per-token", "1e6", "--prefill-rate", "1e9", "--t0", "0.5",
             "--instance-gbps", "1"]
     r = CliRunner().invoke(cli, [*base, "--fit-from", run, "--t0-engine-share", "fit", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    assert any("T0 from 13 hits" in n and "p50 0.500 s" in n for n in d["notes"])
+    assert any("T0 from 12 hits" in n and "alone in flight" in n and "p50 0.500 s" in n for n in d["notes"])
     assert any("T0 engine share θ = 1 fitted on 26 requests" in n for n in d["notes"])
     assert d["max_s"] == pytest.approx(14 * 1.5 - 13 * 0.1)  # the burst reproduced: the last hit's latency
     r = CliRunner().invoke(cli, [*base, "--t0-engine-share", "fit"])
@@ -128,6 +130,60 @@ def test_cli_fit_and_refusals(tmp_path):
     r = CliRunner().invoke(cli, [*base, "--t0-engine-share", "1", "--json"])  # given, not fitted: the same burst
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["max_s"] == pytest.approx(14 * 1.5 - 13 * 0.1)
+
+
+def test_a_hit_sent_alone_but_overtaken_is_not_a_t0_sample(tmp_path):
+    """A hit sent with nobody in flight (in_flight 1) that a later request then overlapped waited for it: T0 is fitted
+    on hits nobody overlapped between their sending and their first token (the H200's calibration of 2026-12-02
+    had one such hit at 1.1 s among 0.32-0.38 s ones)."""
+    run = run_file(tmp_path / "run.jsonl", 1.0, alone=12, burst=3)
+    t0, note = t0_from_run(run, 1e6, 1.0, 1e9)
+    assert t0 == pytest.approx((0.5,) * 12) and "12 hits" in note and "alone in flight" in note
+    rows = [json.loads(x) for x in open(run)][1:-1]
+    burst_first = rows[12]
+    assert burst_first["in_flight"] == 1 and burst_first["latency_s"] == pytest.approx(1.5)  # sent alone, yet left out
+    few = run_file(tmp_path / "few.jsonl", 1.0, alone=3, burst=14)  # 3 alone < 10: every hit, and the note says so
+    t0, note = t0_from_run(few, 1e6, 1.0, 1e9)
+    assert len(t0) == 17 and "fewer than 10 alone in flight" in note
+
+
+@pytest.mark.parametrize("before,left_out", [(0, True), (4096, False), (None, False)])
+def test_the_engines_first_external_hit_is_left_out(tmp_path, before, left_out):
+    """A run that holds its engine's first external-cache hit (vllm:external_prefix_cache_hits 0 before it): that hit's
+    one-time setup (1 s extra here; 0.4-1 s on the H200) is neither a T0 sample nor in the percentiles θ is fitted to.
+    An engine that had served hits before (or a run file without the counter) keeps every row."""
+    meta = {} if before is None else {"metrics_before": {"vllm:external_prefix_cache_hits_total": before}}
+    run = run_file(tmp_path / "run.jsonl", 1.0, alone=13, burst=14, metadata=meta, first_extra_s=1.0)
+    t0, note = t0_from_run(run, 1e6, 1.0, 1e9)
+    if left_out:
+        assert t0 == pytest.approx((0.5,) * 12) and "left out its first hit" in note and "2.500 s" in note
+    else:
+        assert sorted(t0) == pytest.approx([0.5] * 12 + [1.5]) and "left out" not in note
+    measured, rows = measured_percentiles(run)
+    assert rows == (26 if left_out else 27)
+    fit = fit_engine_share(run, SimConfig(1e6, 1e9, 0.5), 1.0, Variability(t0_samples_s=t0))
+    # the run was made at θ = 1: found when the first hit is left out; kept, its 1.5 s T0 sample pulls θ off it
+    assert (fit.theta == pytest.approx(1.0)) is left_out
+
+
+def test_fit_loading_fits_theta_as_the_run_loaded(tmp_path):
+    """--fit-loading: θ is fitted by replaying the --fit-from run as it ran (here sync, θ = 1), whatever --loading the
+    prediction is for; fitted at --loading async instead, the same run gives another θ."""
+    run = run_file(tmp_path / "run.jsonl", 1.0, alone=12)
+    base = ["simulate", "--trace", run, "--hits-from-trace", "--bytes-per-token", "1e6", "--prefill-rate", "1e9", "--t0", "0.5",
+            "--instance-gbps", "1", "--loading", "async", "--async-timeout", "1000", "--json"]
+    r = CliRunner().invoke(cli, [*base, "--fit-from", run, "--fit-loading", "sync", "--t0-engine-share", "fit"])
+    assert r.exit_code == 0, r.output
+    fitted = json.loads(r.output)
+    assert fitted["loading"] == "async" and any("θ = 1 fitted" in n for n in fitted["notes"])
+    r = CliRunner().invoke(cli, [*base, "--fit-from", run, "--t0-engine-share", "1"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["p99_s"] == pytest.approx(fitted["p99_s"])  # the same model as θ = 1 given
+    r = CliRunner().invoke(cli, [*base, "--fit-from", run, "--t0-engine-share", "fit"])  # fitted as async
+    assert r.exit_code == 0, r.output
+    assert not any("θ = 1 fitted" in n for n in json.loads(r.output)["notes"])
+    r = CliRunner().invoke(cli, [*base, "--fit-loading", "sync"])
+    assert r.exit_code == 2 and "--fit-loading says how the --fit-from run loaded" in r.output
 
 
 # --- --max-batch: an engine admits several waiting requests into one step ------------------------------------

@@ -163,3 +163,22 @@ def test_nothing_meets_the_slo_is_exit_9_documented(paper_bench):
     assert code == 9, out
     readme = " ".join((__import__("pathlib").Path(__file__).parents[1] / "README.md").read_text().split())
     assert "9 nothing `kvctl plan` tried meets the SLO" in readme
+
+
+def test_n_star_takes_the_fitted_t0(tmp_path):
+    """With T0 fitted (--fit-from), n* = R·T0 is the fitted T0's median, not the constant --t0 it replaces: the H200's
+    calibration of 2026-12-02 fitted 0.116 s where --t0's default is the paper's 0.33 s."""
+    import numpy as np
+
+    from kvctl.sim.plan import plan
+    from kvctl.sim.simulate import SimConfig
+    from kvctl.sim.variability import Variability
+    from kvctl.sim.workload import poisson_workload
+
+    w = poisson_workload(1.21, 2000, 16310.0, "fixed", 3)
+    cfg = SimConfig(48437.5, 52200.0, 0.33)
+    given = plan(w, cfg, engines=1, slo_p99_s=0.8, rho_target=0.5, max_instances=8, instance_gbps=1.3)
+    fitted = plan(w, cfg, engines=1, slo_p99_s=0.8, rho_target=0.5, max_instances=8, instance_gbps=1.3,
+                  var=Variability(t0_samples_s=tuple(np.linspace(0.08, 0.12, 13))))
+    assert given.min_hit_tokens == pytest.approx(52200 * 0.33)
+    assert fitted.min_hit_tokens == pytest.approx(52200 * 0.10)

@@ -42,7 +42,7 @@ class SecondsOrFit(click.ParamType):
 
 def check_fleet_options(trace_path: str | None, t0_engine_share: float | str, fit_from: str | None, hit_gpu_s: float | str,
                         fit_gpu_util: float | None, arrivals: str, arrival_cv: float | None, arrivals_from: str | None,
-                        fit_instances: int | None = None) -> None:
+                        fit_instances: int | None = None, fit_loading: str | None = None) -> None:
     """Usage errors of the engine's model (what ``fit`` needs) and of the arrival process: --hit-gpu-s fit needs
     --fit-from and --fit-gpu-util, --t0-engine-share fit needs --fit-from; --arrivals/--arrival-cv/--arrivals-from
     shape --arrival-rate's arrivals (a --trace brings its own), gamma needs a CV and only gamma takes one."""
@@ -54,6 +54,8 @@ def check_fleet_options(trace_path: str | None, t0_engine_share: float | str, fi
         raise click.UsageError("--fit-gpu-util fits --hit-gpu-s: give --hit-gpu-s fit")
     if fit_instances is not None and not fit_from:
         raise click.UsageError("--fit-instances says what tier the --fit-from run had: give --fit-from RUN")
+    if fit_loading is not None and not fit_from:
+        raise click.UsageError("--fit-loading says how the --fit-from run loaded: give --fit-from RUN")
     if t0_engine_share == "fit" and not fit_from:
         raise click.UsageError("--t0-engine-share fit needs --fit-from RUN (the run it is fitted on)")
     if trace_path and (arrivals != "poisson" or arrival_cv is not None or arrivals_from):
@@ -88,6 +90,8 @@ fleet_options = options(
     click.option("--fit-instances", type=count(4096), default=None,
                  help="Instances the --fit-from run's tier had (its hits' transfers are taken out of T0 at that B_eff); "
                  "default: --instances (plan: the --bench file's largest count, or 1)."),
+    click.option("--fit-loading", type=click.Choice(["sync", "async"]), default=None,
+                 help="Loading mode the --fit-from run had (--t0-engine-share fit replays that run as it ran); default: --loading (plan: sync)."),
     click.option("--get-times-from", type=click.Path(dir_okay=False), help="`kvctl bench --save` file: GET time spread from its p50/p99 per batch (lognormal, mean kept)."),
     click.option("--readers-from", type=click.Path(dir_okay=False), help="`kvctl bench --sweep --save` file: an instance's throughput against concurrent readers."),
     click.option("--async-instance-gbps", type=positive(1e6), help="async: per-instance bandwidth of prefetches (the rank-0 store reads with one client), if not the sync one."),

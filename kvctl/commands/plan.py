@@ -44,7 +44,7 @@ def register_commands(cli: click.Group) -> None:
 def plan_cmd(ctx: click.Context, rate: float | None, trace_path: str | None, requests: int | None, prompt_tokens: float | None, prompt_dist: str,
              hit_fraction: float, bytes_per_token: float, prefill_rate: float, t0: float, slo_p99_s: float, rho_target: float,
              max_instances: int, instance_gbps: float | None, bench_path: str | None, loading: str, async_timeout_s: float, seed: int,
-             plot: str | None, engines: int, fit_from: str | None, fit_instances: int | None, get_times_from: str | None, readers_from: str | None,
+             plot: str | None, engines: int, fit_from: str | None, fit_instances: int | None, fit_loading: str | None, get_times_from: str | None, readers_from: str | None,
              async_instance_gbps: float | None, async_overhead_s: float, t0_engine_share: float, max_batch: int, max_batched_tokens: int,
              hit_gpu_s: float | str, fit_gpu_util: float | None, arrivals: str, arrival_cv: float | None, arrivals_from: str | None,
              as_json: bool, ranks: int | None = None) -> None:
@@ -64,11 +64,11 @@ def plan_cmd(ctx: click.Context, rate: float | None, trace_path: str | None, req
     from kvctl.views.sim import plot_plan, show_plan  # noqa: PLC0415 - numpy only when used
 
     check_workload_options(rate, trace_path, prompt_tokens, instance_gbps, bench_path, "per engine")
-    check_fleet_options(trace_path, t0_engine_share, fit_from, hit_gpu_s, fit_gpu_util, arrivals, arrival_cv, arrivals_from, fit_instances)
+    check_fleet_options(trace_path, t0_engine_share, fit_from, hit_gpu_s, fit_gpu_util, arrivals, arrival_cv, arrivals_from, fit_instances, fit_loading)
     sized = sim_model.size_tier(sim_model.Inputs(
         bytes_per_token, prefill_rate, rate=rate, trace_path=trace_path, requests=requests, prompt_tokens=prompt_tokens, prompt_dist=prompt_dist,
         hit_fraction=hit_fraction, t0_s=t0, instances=None, instance_gbps=instance_gbps, bench_path=bench_path, async_timeout_s=async_timeout_s,
-        seed=seed, engines=engines, fit_from=fit_from, fit_instances=fit_instances, get_times_from=get_times_from, readers_from=readers_from,
+        seed=seed, engines=engines, fit_from=fit_from, fit_instances=fit_instances, fit_loading=fit_loading, get_times_from=get_times_from, readers_from=readers_from,
         async_instance_gbps=async_instance_gbps, async_overhead_s=async_overhead_s, t0_engine_share=t0_engine_share, max_batch=max_batch,
         max_batched_tokens=max_batched_tokens, hit_gpu_s=hit_gpu_s, fit_gpu_util=fit_gpu_util, arrivals=arrivals, arrival_cv=arrival_cv,
         arrivals_from=arrivals_from,

@@ -68,7 +68,7 @@ def _check_sweep(grid: dict[str, list[Any]]) -> None:
 def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | None, prompt_tokens: float | None, prompt_dist: str,
                  hit_fraction: float, hits_from_trace: bool, block_tokens: int, bytes_per_token: float, prefill_rate: float, t0: float, instances: int,
                  instance_gbps: float | None, bench_path: str | None, loading: str, async_timeout_s: float, seed: int,
-                 sweep_specs: tuple[str, ...], plot: str | None, engines: int, fit_from: str | None, fit_instances: int | None, get_times_from: str | None,
+                 sweep_specs: tuple[str, ...], plot: str | None, engines: int, fit_from: str | None, fit_instances: int | None, fit_loading: str | None, get_times_from: str | None,
                  readers_from: str | None, async_instance_gbps: float | None, async_overhead_s: float, t0_engine_share: float, max_batch: int,
                  max_batched_tokens: int, hit_gpu_s: float | str, fit_gpu_util: float | None, arrivals: str, arrival_cv: float | None,
                  arrivals_from: str | None, as_json: bool) -> None:
@@ -103,7 +103,7 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
         raise click.UsageError("--plot draws a --sweep")
     if hits_from_trace and not trace_path:
         raise click.UsageError("--hits-from-trace needs --trace")
-    check_fleet_options(trace_path, t0_engine_share, fit_from, hit_gpu_s, fit_gpu_util, arrivals, arrival_cv, arrivals_from, fit_instances)
+    check_fleet_options(trace_path, t0_engine_share, fit_from, hit_gpu_s, fit_gpu_util, arrivals, arrival_cv, arrivals_from, fit_instances, fit_loading)
     grid = None
     if sweep_specs:
         grid = sim.parse_sweep(sweep_specs)
@@ -114,7 +114,7 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
         bytes_per_token, prefill_rate, rate=rate, trace_path=trace_path, requests=requests, prompt_tokens=prompt_tokens, prompt_dist=prompt_dist,
         hit_fraction=hit_fraction, hits_from_trace=hits_from_trace, block_tokens=block_tokens, t0_s=t0, instances=instances,
         instance_gbps=instance_gbps, bench_path=bench_path, loading=loading, async_timeout_s=async_timeout_s, seed=seed, engines=engines,
-        fit_from=fit_from, fit_instances=fit_instances, get_times_from=get_times_from, readers_from=readers_from, async_instance_gbps=async_instance_gbps,
+        fit_from=fit_from, fit_instances=fit_instances, fit_loading=fit_loading, get_times_from=get_times_from, readers_from=readers_from, async_instance_gbps=async_instance_gbps,
         async_overhead_s=async_overhead_s, t0_engine_share=t0_engine_share, max_batch=max_batch, max_batched_tokens=max_batched_tokens,
         hit_gpu_s=hit_gpu_s, fit_gpu_util=fit_gpu_util, arrivals=arrivals, arrival_cv=arrival_cv, arrivals_from=arrivals_from,
     ), grid)

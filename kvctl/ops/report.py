@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from kvctl.bench.stats import mean, percentile
 from kvctl.diagnose.metrics import delta
 from kvctl.core.errors import InvalidInput
-from kvctl.replay.runfile import INTERRUPTED, Run, read_run
+from kvctl.replay.runfile import INTERRUPTED, Run, counter as _counter, read_run
 from kvctl.connector import metric_names as N
 from kvctl.connector.metric_names import REMOTE_HIT_TOKENS
 
@@ -62,15 +62,6 @@ def thirds(values_in_order: Sequence[float]) -> list[list[float]]:
         out.append(list(values_in_order[start : start + size]))
         start += size
     return out
-
-
-def _counter(values: dict[str, Any] | None, name: str) -> float | None:
-    if not values:
-        return None
-    for n in (f"{name}_total", name):
-        if n in values:
-            return float(values[n])
-    return None
 
 
 def l2_tokens(run: Run, bytes_per_token: float | None = None) -> float | None:

@@ -87,6 +87,17 @@ class Run:
     warnings: list[str] = field(default_factory=list)
 
 
+def counter(values: dict[str, Any] | None, name: str) -> float | None:
+    """Counter ``name`` of scraped values (``metrics_before``/``metrics_after``), as Prometheus exposes it
+    (``name_total``) or bare; None when not scraped."""
+    if not values:
+        return None
+    for n in (f"{name}_total", name):
+        if n in values:
+            return float(values[n])
+    return None
+
+
 def _is_number(v: Any) -> bool:
     return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and math.isfinite(v))
 

@@ -58,6 +58,7 @@ class Inputs:
     engines: int = 1
     fit_from: str | None = None
     fit_instances: int | None = None  # the --fit-from run's tier; None: as ``instances`` (plan: the bench's largest, or 1)
+    fit_loading: str | None = None  # the --fit-from run's loading; None: as ``loading``
     get_times_from: str | None = None
     readers_from: str | None = None
     async_instance_gbps: float | None = None
@@ -139,7 +140,7 @@ def build(i: Inputs, default_requests: int = SIMULATE_REQUESTS) -> Model:
     """The model of ``i``: the bench's bandwidths, the variability, the engine's model and the arrival process.
 
     The fits (--fit-from, --get-times-from, --t0-engine-share fit, --hit-gpu-s fit) see the tier at
-    ``i.fit_instances`` instances, else ``i.instances``, or, when that is None (plan), at the bench's largest count (1 without a bench);
+    ``i.fit_instances`` instances, else ``i.instances``, loading as ``i.fit_loading`` (else ``i.loading``), or, when that is None (plan), at the bench's largest count (1 without a bench);
     the model then starts at 1 instance for the search. Notes say where each input came from, in that order.
     """
     from kvctl.sim import simulate as sim  # noqa: PLC0415 - numpy only when used
@@ -152,9 +153,10 @@ def build(i: Inputs, default_requests: int = SIMULATE_REQUESTS) -> Model:
     var = variability.build(fit_from=i.fit_from, get_times_from=i.get_times_from, readers_from=i.readers_from,
                             async_instance_gbps=i.async_instance_gbps, async_overhead_s=i.async_overhead_s,
                             bytes_per_token=i.bytes_per_token, prefill_rate=i.prefill_rate, fit_gbps=fit_gbps, instances=i.instances)
-    cfg = sim.SimConfig(i.bytes_per_token, i.prefill_rate, i.t0_s, fit_instances, i.instance_gbps, i.loading, i.async_timeout_s,
-                        i.hit_fraction, i.seed, i.hits_from_trace)
+    cfg = sim.SimConfig(i.bytes_per_token, i.prefill_rate, i.t0_s, fit_instances, i.instance_gbps, i.fit_loading or i.loading,
+                        i.async_timeout_s, i.hit_fraction, i.seed, i.hits_from_trace)
     cfg, var = engine_model(i, cfg, fit_gbps, var)
+    cfg = replace(cfg, loading=i.loading)  # fitted as the --fit-from run loaded, simulated at --loading
     process, cv, cv_note = arrival_process(i)
     if cv_note:
         var = replace(var, notes=(*var.notes, cv_note))

@@ -128,7 +128,8 @@ def plan(w: Workload, cfg: SimConfig, *, engines: int, slo_p99_s: float, rho_tar
                      f"{len(w.arrival_s):,} requests over {engines:,} engine(s)")
     s, r = cfg.bytes_per_token, cfg.prefill_rate
     b_star = breakeven_gbps(s, r)
-    n_star = min_hit_tokens(r, cfg.t0_s)
+    # T0 as the hits see it: the --fit-from run's median when T0 was fitted (the constant --t0 is then unused)
+    n_star = min_hit_tokens(r, float(np.median(var.t0_samples_s)) if var.t0_samples_s else cfg.t0_s)
     median_tokens = float(np.median(w.tokens))
     hit_bytes = float(np.mean(w.tokens)) * cfg.hit_fraction * s  # mean bytes loaded per request
     notes: list[str] = []

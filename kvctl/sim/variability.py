@@ -2,8 +2,12 @@
 
 * T0 (the fixed per-hit engine cost, paper §4) as an empirical distribution: from a ``kvctl replay``
   run file, each hit's ``T0_i = t − h·s/B − (n − h)/R`` (t the time to first token from sending, h
-  the cached tokens, n the prompt); rows alone in flight only when there are enough of them, so
-  queueing does not pass for T0.
+  the cached tokens, n the prompt); hits alone in flight only when there are enough of them, so
+  queueing does not pass for T0. Alone means no other request of the run was in flight at any time
+  between its sending and its first token (one that arrives while a hit loads delays it too). When
+  the run holds its engine's first external-cache hit (``vllm:external_prefix_cache_hits`` was 0
+  before it), that hit is left out: an engine's first load pays one-time setup that later hits do not
+  (0.4–1 s on an H200 with vLLM 0.32, benchmarks/README.md).
 * GET time variance: a ``kvctl bench --save`` JSON's p50 and p99 per batch give a lognormal
   multiplier of the transfer time with mean 1 (``σ = ln(p99/p50) / z₉₉``), so bandwidth and ρ keep
   their means and only the spread is added.
@@ -23,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from kvctl.connector.metric_names import VLLM_EXTERNAL_PREFIX_CACHE_HITS
 from kvctl.core import files
 from kvctl.core.cost import GB
 from kvctl.core.errors import InvalidInput
@@ -129,6 +134,43 @@ def t0_from_run(path: str, bytes_per_token: float, bandwidth_gbps: float, prefil
     return t0, note
 
 
+def engines_first_hit(run: Any) -> dict[str, Any] | None:
+    """The row of ``run`` (a :class:`kvctl.replay.runfile.Run`) that was its engine's first external-cache hit, when
+    the engine had served none before the run (``vllm:external_prefix_cache_hits`` 0 in ``metrics_before``); else None."""
+    from kvctl.replay.runfile import counter  # noqa: PLC0415
+
+    if counter(run.metadata.get("metrics_before"), VLLM_EXTERNAL_PREFIX_CACHE_HITS) != 0:
+        return None
+    hits = [r for r in run.rows if r.get("status") == "ok" and _num(r.get("cached_tokens"))]
+    return min(hits, key=lambda r: float(r["sent_s"]) if isinstance(r.get("sent_s"), (int, float)) else float(r["scheduled_s"]),
+               default=None)
+
+
+def _alone_in_flight(rows: list[dict[str, Any]], hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``hits`` no other request of ``rows`` overlapped between their sending and their first token (rows
+    without those times: the ones sent with nobody else in flight)."""
+    timed = [r for r in rows if isinstance(r.get("sent_s"), (int, float))]
+    starts = np.array([float(r["sent_s"]) for r in timed])
+    ends = np.array([float(r["finished_s"]) if _num(r.get("finished_s")) else float(r["sent_s"]) + float(r.get("latency_s") or 0.0)
+                     for r in timed])
+    order = np.argsort(starts, kind="stable")
+    s_sorted, e_sorted = starts[order], ends[order]
+    prior_end = np.maximum.accumulate(np.concatenate(([-np.inf], e_sorted)))[:-1]  # latest end of the rows sent before each
+    pos = {id(timed[j]): k for k, j in enumerate(order)}
+    out = []
+    for r in hits:
+        k, first = pos.get(id(r)), r.get("first_token_s")
+        if k is None or not _num(first):
+            if r.get("in_flight") == 1:
+                out.append(r)
+            continue
+        sent = s_sorted[k]
+        sent_during = int(np.searchsorted(s_sorted, float(first), "left") - np.searchsorted(s_sorted, sent, "left")) - 1
+        if prior_end[k] <= sent and sent_during == 0:
+            out.append(r)
+    return out
+
+
 def t0_fit(path: str, bytes_per_token: float, bandwidth_gbps: float,
            prefill_rate: float) -> tuple[tuple[float, ...], str, tuple[float, float]]:
     """:func:`t0_from_run`, plus the fewest and most cached tokens of the hits it used."""
@@ -138,7 +180,12 @@ def t0_fit(path: str, bytes_per_token: float, bandwidth_gbps: float,
     rows = [r for r in run.rows if r.get("status") == "ok" and _num(r.get("cached_tokens")) and _num(r.get("prompt_tokens"))]
     if not rows:
         raise InvalidInput(f"--fit-from {path} has no successful request with cached_tokens > 0 (no hit to fit T0 from)")
-    alone = [r for r in rows if r.get("in_flight") == 1]
+    first_note = ""
+    first_hit = engines_first_hit(run)
+    if first_hit is not None and len(rows) > 1:
+        rows = [r for r in rows if r is not first_hit]
+        first_note = f"; left out its first hit (the engine's first external-cache hit: one-time setup, {float(first_hit['latency_s']):.3f} s)"
+    alone = _alone_in_flight(run.rows, rows)
     use = alone if len(alone) >= MIN_ALONE_ROWS else rows
     out = []
     hit_tokens = [min(float(r["cached_tokens"]), float(r["prompt_tokens"])) for r in use]
@@ -148,9 +195,9 @@ def t0_fit(path: str, bytes_per_token: float, bandwidth_gbps: float,
         t = float(first) - float(sent) if _num(first) and isinstance(sent, (int, float)) else float(r["latency_s"])
         out.append(max(0.0, t - h * bytes_per_token / (bandwidth_gbps * GB) - (n - h) / prefill_rate))
     arr = np.array(out)
-    which = "alone in flight" if use is alone else "all hits (fewer than 10 alone in flight: queueing may be in it)"
+    which = "alone in flight" if use is alone else f"all hits (fewer than {MIN_ALONE_ROWS} alone in flight: queueing may be in it)"
     return tuple(out), (f"T0 from {len(out)} hits of {path} ({which}, transfers at {bandwidth_gbps:.4g} GB/s): "
-                        f"p50 {np.percentile(arr, 50):.3f} s, p99 {np.percentile(arr, 99):.3f} s"), (min(hit_tokens), max(hit_tokens))
+                        f"p50 {np.percentile(arr, 50):.3f} s, p99 {np.percentile(arr, 99):.3f} s{first_note}"), (min(hit_tokens), max(hit_tokens))
 
 
 def build(*, fit_from: str | None = None, get_times_from: str | None = None, readers_from: str | None = None,

@@ -337,7 +337,8 @@ def run_step(lab: Lab, name: str) -> dict:
         replay(srv.url, work / "warmup.trace.jsonl", work / f"{name}.warmup.jsonl", a)
         if k:
             prime = work / f"{trace_name}.prime.jsonl"
-            n_prime = sum(1 for _ in prime.open())
+            prime_lines = prime.read_text().splitlines()  # the primed documents: counted, and the first warms the load path
+            n_prime = len(prime_lines)
             t0 = time.monotonic()
             replay(srv.url, prime, work / f"{name}.prime-run.jsonl", a, "--max-in-flight", "2")
             want = n_prime * (a.prompt_tokens // a.chunk_tokens - 1)
@@ -354,10 +355,11 @@ def run_step(lab: Lab, name: str) -> dict:
                                    f"{SAVE_STALL_S:g} s): the engine's config does not reach this tier, or it is full")
             # one hit before the measured run: an engine's first load pays one-time setup (0.4-1 s on the H200,
             # 2026-12-02) that the runs and the calibration's T0 should not carry
-            warm = work / f"{trace_name}.warmhit.jsonl"
-            first = json.loads(prime.open().readline())
-            warm.write_text(json.dumps({**first, "hash_ids": [*first["hash_ids"][:-1], first["hash_ids"][-1] - 1]}) + "\n")
-            replay(srv.url, warm, work / f"{name}.warmhit-run.jsonl", a)
+            if prime_lines:
+                warm = work / f"{trace_name}.warmhit.jsonl"
+                first = json.loads(prime_lines[0])
+                warm.write_text(json.dumps({**first, "hash_ids": [*first["hash_ids"][:-1], first["hash_ids"][-1] - 1]}) + "\n")
+                replay(srv.url, warm, work / f"{name}.warmhit-run.jsonl", a)
             if reset_prefix_cache(srv):
                 info["prefix_cache"] = "reset (POST /reset_prefix_cache)"
             else:  # a restart empties it as well

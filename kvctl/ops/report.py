@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from kvctl.bench.stats import mean, percentile
 from kvctl.diagnose.metrics import delta
 from kvctl.core.errors import InvalidInput
-from kvctl.replay.runfile import INTERRUPTED, Run, counter as _counter, read_run
+from kvctl.replay.runfile import INTERRUPTED, Run, counter, read_run
 from kvctl.connector import metric_names as N
 from kvctl.connector.metric_names import REMOTE_HIT_TOKENS
 
@@ -68,10 +68,10 @@ def l2_tokens(run: Run, bytes_per_token: float | None = None) -> float | None:
     """Prompt tokens served from L2 during the run, from the counters scraped before and after."""
     before = run.metadata.get("metrics_before")
     after = (run.summary or {}).get("metrics_after")
-    tokens = delta(_counter(before, CONNECTOR_L2_TOKENS), _counter(after, CONNECTOR_L2_TOKENS))
+    tokens = delta(counter(before, CONNECTOR_L2_TOKENS), counter(after, CONNECTOR_L2_TOKENS))
     if tokens is not None:
         return tokens
-    nbytes = delta(_counter(before, LMCACHE_L2_BYTES), _counter(after, LMCACHE_L2_BYTES))
+    nbytes = delta(counter(before, LMCACHE_L2_BYTES), counter(after, LMCACHE_L2_BYTES))
     if nbytes is not None and bytes_per_token:
         return nbytes / bytes_per_token
     return None

@@ -140,8 +140,9 @@ def build(i: Inputs, default_requests: int = SIMULATE_REQUESTS) -> Model:
     """The model of ``i``: the bench's bandwidths, the variability, the engine's model and the arrival process.
 
     The fits (--fit-from, --get-times-from, --t0-engine-share fit, --hit-gpu-s fit) see the tier at
-    ``i.fit_instances`` instances, else ``i.instances``, loading as ``i.fit_loading`` (else ``i.loading``), or, when that is None (plan), at the bench's largest count (1 without a bench);
-    the model then starts at 1 instance for the search. Notes say where each input came from, in that order.
+    ``i.fit_instances`` instances, else ``i.instances``, or, when that is None (plan), at the bench's largest count (1 without a bench);
+    the model then starts at 1 instance for the search. θ's fit replays the run loading as ``i.fit_loading`` (else ``i.loading``).
+    Notes say where each input came from, in that order.
     """
     from kvctl.sim import simulate as sim  # noqa: PLC0415 - numpy only when used
     from kvctl.sim import workload as sim_workload  # noqa: PLC0415 - numpy only when used

@@ -463,6 +463,20 @@ class ExporterScraper:
 
 
 # -- analysis -----------------------------------------------------------------------------------------
+def by_class_ratios(predicted: dict | None, measured: dict | None) -> dict:
+    """Simulate's percentiles of the hits and of the misses apart against the run's (``kvctl report``'s
+    ``by_class``): where a prediction is out, which class it is (not counted in the 16 figures of TARGET)."""
+    out: dict = {}
+    for cls in ("hit", "miss"):
+        pc, mc = (predicted or {}).get(cls) or {}, (measured or {}).get(cls) or {}
+        row: dict = {"requests": {"predicted": pc.get("requests"), "measured": mc.get("requests")}}
+        for key in ("p50_s", "p90_s", "p99_s"):
+            pv, mv = pc.get(key), mc.get(key)
+            row[key] = {"predicted": pv, "measured": mv, "ratio": pv / mv if pv is not None and mv else None}
+        out[cls] = row
+    return out
+
+
 def analyse(a) -> dict:
     work = a.workdir
     meta = json.loads((work / "meta.json").read_text())
@@ -472,7 +486,8 @@ def analyse(a) -> dict:
                            log=work / "report.txt").stdout)
     measured = {r: run for r, run in zip(have, rep["runs"])}
     out: dict = {"meta": meta, "report": {r: {k: m.get(k) for k in ("p50_s", "p90_s", "p99_s", "thirds_p50_s", "hit_rate",
-                                                                    "requests", "cached_token_share", "l2_token_share", "max_in_flight", "errors") if k in m}
+                                                                    "requests", "cached_token_share", "l2_token_share", "max_in_flight", "errors",
+                                                                    "by_class") if k in m}
                                           for r, m in measured.items()}}
     calib = work / "calib.jsonl"
     calib_k = meta.get("calib_instances", 1)  # runs before --calib-instances calibrated on one
@@ -482,7 +497,7 @@ def analyse(a) -> dict:
         except statistics.StatisticsError:  # no miss in it
             R = None
         out["prefill_rate"] = R
-        preds = {}
+        preds, classes = {}, {}
         for r in ("R2", "R3", "R4", "R5"):
             k, loading, _ = SPECS[r]
             k = meta["instances"] if k is None else k
@@ -508,7 +523,9 @@ def analyse(a) -> dict:
                 row[key] = {"predicted": pv, "measured": mv, "ratio": ratio, "within": ratio is not None and abs(ratio - 1) <= TARGET}
             row["rho"], row["tier_rho"] = p.get("rho"), p.get("tier_rho")
             preds[r] = row
+            classes[r] = by_class_ratios(p.get("by_class"), m.get("by_class"))
         out["simulate"] = preds
+        out["simulate_by_class"] = classes  # apart from "simulate": its rows are the figures of TARGET
         if "R1" in measured and R:
             slo = a.slo_p99 or round(2 * measured["R1"]["p99_s"], 3)
             tr = meta["traces"]["main"]
@@ -622,6 +639,12 @@ def render(out: dict) -> str:
         parts = [f"{k} {v['predicted']:.3f}/{v['measured']:.3f} ({v['ratio']:.2f}{'' if v['within'] else ' OUT'})"
                  for k, v in row.items() if isinstance(v, dict) and v.get("ratio") is not None]
         lines.append(f"simulate {r} predicted/measured: " + ", ".join(parts))
+        for cls, c in (out.get("simulate_by_class") or {}).get(r, {}).items():
+            n = c["requests"]
+            figs = [f"{k[:3]} {v['predicted']:.3f}/{v['measured']:.3f} ({v['ratio']:.2f})" for k, v in c.items()
+                    if k != "requests" and v.get("ratio") is not None]
+            if figs:
+                lines.append(f"  {'hits' if cls == 'hit' else 'misses'} ({n['predicted']}/{n['measured']}): " + ", ".join(figs))
     for r, d in (out.get("diagnose") or {}).items():
         lines.append(f"diagnose {r}: exit {d['exit']}, ρ {d['rho']} ({d['rho_bound'] or 'point'}), B {d['bandwidth_gbps']} GB/s "
                      f"from {d['bandwidth_source']}, findings {d['findings']}")

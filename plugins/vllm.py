@@ -87,6 +87,10 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         async_scheduling = getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False) is True
         self._setup(kind, world_size, self._kv_transfer_config.kv_connector_extra_config, vllm_config.cache_config.block_size,
                     bool(vllm_config.model_config.use_mla), _model_name(vllm_config), async_scheduling=async_scheduling)
+        if role == KVConnectorRole.SCHEDULER:
+            # the worker logs its own format; the two must agree, or every lookup misses what the worker saved
+            logger.info("KvctlConnector scheduler: model %s, fmt %s%s", self.model_name, self.fmt,
+                        f", parts {self.parts.names} of {self.parts.sizes} bytes" if self.parts is not None else "")
         if role == KVConnectorRole.SCHEDULER and not self.settings.async_loading:
             if self.sync_via_receive:
                 logger.info("KvctlConnector: sync loads go through vLLM's remote-receive state (sync_load_path=%s%s): "

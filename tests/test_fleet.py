@@ -74,6 +74,7 @@ def test_one_engine_no_variability_is_simulate():
         cfg = SimConfig(1e6, 2000.0, 0.3, 1, 1.5, loading, hit_fraction=0.7, async_timeout_s=2.0)
         a, b = simulate(w, cfg, 1.5), simulate_fleet(w, cfg, 1.5)
         assert (a.p50_s, a.p99_s, a.max_s, a.mean_wait_s, a.rho, a.timeouts) == (b.p50_s, b.p99_s, b.max_s, b.mean_wait_s, b.rho, b.timeouts)
+        assert a.by_class == b.by_class and a.by_class["hit"]["requests"] == a.hits
 
 
 # --- hand-worked fleets ------------------------------------------------------------------------------------

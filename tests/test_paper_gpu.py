@@ -145,6 +145,12 @@ def test_the_h200_runs_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
     ratios = {r: tuple(round(sim[r][k]["ratio"], 2) for k in ("p50_s", "p90_s", "p99_s")) for r in ("R2", "R3", "R4", "R5")}
     assert ratios == {"R2": (0.82, 1.18, 1.24), "R3": (1.16, 1.14, 1.14), "R4": (0.78, 0.91, 1.0), "R5": (0.79, 0.72, 0.72)}
     assert all(sim[r]["hit_share"]["ratio"] == pytest.approx(1.0) for r in ratios)
+    # by class (the README's sentence on what simulate under-predicts): R5's misses and hits, R4's misses
+    by = {(r, c): tuple(round(out["simulate_by_class"][r][c][k]["ratio"], 2) for k in ("p50_s", "p90_s", "p99_s"))
+          for r, c in (("R5", "miss"), ("R5", "hit"), ("R4", "miss"))}
+    assert by == {("R5", "miss"): (0.87, 0.48, 0.57), ("R5", "hit"): (0.78, 0.68, 0.73), ("R4", "miss"): (0.67, 0.89, 0.95)}
+    assert rep["R5"]["by_class"]["miss"]["requests"] == out["simulate_by_class"]["R5"]["miss"]["requests"]["predicted"] == 17
+    assert "  misses (17/17): p50 0.238/0.275 (0.87)" in paper.render(out)
     d = out["diagnose"]
     assert (d["R2"]["exit"], round(d["R2"]["rho"], 2), d["R4"]["exit"], round(d["R4"]["rho"], 2)) == (4, 2.42, 0, 0.47)
     assert out["plan"]["E"][1]["instances"] == 0 and out["plan"]["agrees_for_E1"]["agrees"] is True

@@ -51,6 +51,30 @@ def test_percentiles_thirds_and_hit_rate_worked_by_hand(tmp_path):
     assert (s.requests, s.errors) == (12, 2)
 
 
+def test_hits_and_misses_apart_worked_by_hand(tmp_path):
+    run = read_run(write_run(tmp_path / "a.jsonl", LATENCIES, CACHED))
+    by = summarize_run(run, hit_tokens=512).by_class
+    # hits (cached ≥ 512): 0.3, 0.7, 0.2, 0.8 → sorted 0.2 0.3 0.7 0.8, h = 3·q/100
+    assert by["hit"]["requests"] == 4
+    assert by["hit"]["p50_s"] == pytest.approx(0.5) and by["hit"]["p90_s"] == pytest.approx(0.77)
+    # misses: 0.5 0.1 0.9 2.0 0.4 0.6 (cached 0, 16, 3 are below 512) → sorted 0.1 0.4 0.5 0.6 0.9 2.0, h = 5·q/100
+    assert by["miss"]["requests"] == 6
+    assert by["miss"]["p50_s"] == pytest.approx(0.55) and by["miss"]["p99_s"] == pytest.approx(0.9 + 0.95 * 1.1)
+    # rows that report no usage say nothing about hits: no classes at all
+    assert summarize_run(read_run(write_run(tmp_path / "n.jsonl", LATENCIES))).by_class is None
+
+
+def test_report_prints_and_emits_the_classes(tmp_path):
+    path = write_run(tmp_path / "a.jsonl", LATENCIES, CACHED)
+    res = CliRunner().invoke(cli, ["report", str(path), "--hit-tokens", "512", "--json"])
+    assert res.exit_code == 0, res.output
+    by = json.loads(res.output)["runs"][0]["by_class"]
+    assert (by["hit"]["requests"], by["miss"]["requests"]) == (4, 6)
+    res = CliRunner().invoke(cli, ["report", str(path), "--hit-tokens", "512"], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    assert "a: hits p50/p90/p99 0.5/0.77/" in res.output and "s (4) · misses p50/p90/p99 0.55/" in res.output
+
+
 def test_every_percentile_matches_numpy_linear(tmp_path):
     rng = np.random.default_rng(5)
     lat = [round(float(x), 6) for x in rng.lognormal(-1, 1.2, size=1001)]

@@ -86,6 +86,20 @@ def test_sync_miss_holds_prefill_and_hit_adds_t0_without_holding():
     assert misses.max_s == pytest.approx(0.9) and misses.mean_s == pytest.approx(0.7)
 
 
+def test_hits_and_misses_apart_by_hand():
+    # four requests 10 s apart (no queue), 1000 tokens; hits 1 s transfer + T0 0.25, misses n/R = 0.5 s
+    w = Workload(np.arange(4) * 10.0, np.full(4, 1000.0), None, "hand", hit_tokens=np.array([1000.0, 0.0, 1000.0, 0.0]))
+    res = simulate(w, SimConfig(1e6, 2000.0, t0_s=0.25, hits_from_trace=True), 1.0)
+    assert res.by_class["hit"] == {"requests": 2, "p50_s": pytest.approx(1.25), "p90_s": pytest.approx(1.25), "p99_s": pytest.approx(1.25)}
+    assert res.by_class["miss"] == {"requests": 2, "p50_s": pytest.approx(0.5), "p90_s": pytest.approx(0.5), "p99_s": pytest.approx(0.5)}
+    none = simulate(w, SimConfig(1e6, 2000.0, t0_s=0.25, hit_fraction=0.0), 1.0).by_class
+    assert none["hit"]["requests"] == 0 and none["hit"]["p50_s"] is None and none["miss"]["requests"] == 4
+    code, out = run(*PAPER, "--instances", "8", "--instance-gbps", "1.345", "--hit-fraction", "0.5")
+    assert code == 0, out
+    by = json.loads(out)["by_class"]
+    assert by["hit"]["requests"] + by["miss"]["requests"] == 450 and by["hit"]["p50_s"] > by["miss"]["p50_s"]
+
+
 def test_async_timeout_recomputes_while_the_prefetch_continues():
     # three hits at 0, 0.1, 0.2 s; each load 1 s on the tier (FIFO): done at 1.0, 2.0, 3.0.
     # timeout 1.5 s: hit 1 loads (1.0 + T0 0.25 = 1.25); hit 2 would finish 1.9 s after arrival → recomputes

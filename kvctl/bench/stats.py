@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -27,3 +27,20 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 def mean(values: Sequence[float]) -> float | None:
     """Arithmetic mean, None for no samples."""
     return sum(values) / len(values) if values else None
+
+
+
+#: the percentiles :func:`latency_by_class` gives each class
+CLASS_PERCENTILES = (50, 90, 99)
+
+
+def latency_by_class(hits: Sequence[float], misses: Sequence[float], pct: Callable[[Sequence[float], float], float | None] = percentile
+                     ) -> dict[str, dict[str, float | int | None]]:
+    """Latency percentiles of the hits and of the misses apart.
+
+    ``{"hit": {"requests": n, "p50_s": …, "p90_s": …, "p99_s": …}, "miss": {…}}``; a class without samples has
+    ``requests`` 0 and None percentiles. ``pct`` computes one percentile (default :func:`percentile`; a caller
+    with NumPy arrays passes NumPy's, the same definition).
+    """
+    return {name: {"requests": len(xs), **{f"p{q}_s": pct(xs, q) for q in CLASS_PERCENTILES}}
+            for name, xs in (("hit", hits), ("miss", misses))}

@@ -429,3 +429,13 @@ def report_plots(directory: str, runs: Sequence[tuple[str, Sequence[float], Sequ
     paths.append(_save_chart(fig, ax, os.path.join(directory, "cache_token_share.png"),
                              "Share of prompt tokens served from cache", None, "share of prompt tokens"))
     return paths
+
+
+def by_class_line(by_class: dict) -> str:
+    """``hits p50/p90/p99 0.310/0.52/0.60 s (79) · misses … (17)``: one line of :func:`kvctl.bench.stats.latency_by_class`'s result."""
+    parts = []
+    for name, label in (("hit", "hits"), ("miss", "misses")):
+        c = by_class.get(name) or {}
+        parts.append(f"{label} p50/p90/p99 " + "/".join(fmt(c.get(k)) for k in ("p50_s", "p90_s", "p99_s"))
+                     + f" s ({c.get('requests', 0):,})")
+    return " · ".join(parts)

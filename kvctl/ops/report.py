@@ -9,7 +9,9 @@
 * share of prompt tokens from L2: the engine's counters before and after the run, kvctl's connector
   counter ``kvctl:remote_hit_tokens`` when present, else LMCache's ``lmcache:num_remote_read_bytes``
   divided by ``bytes_per_token`` (when given), over the ok requests' prompt tokens;
-* max in flight: the most requests open at once, as the sender counted them.
+* max in flight: the most requests open at once, as the sender counted them;
+* by class: the same percentiles over the hits and over the misses apart (rows that report ``cached_tokens``),
+  what ``kvctl simulate`` predicts per class too.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from kvctl.bench.stats import mean, percentile
+from kvctl.bench.stats import latency_by_class, mean, percentile
 from kvctl.diagnose.metrics import delta
 from kvctl.core.errors import InvalidInput
 from kvctl.replay.runfile import INTERRUPTED, Run, counter, read_run
@@ -51,6 +53,8 @@ class RunSummary:
     interrupted: bool
     unfinished: int = 0  # requests still open when a stop signal ended the run
     warnings: tuple[str, ...] = ()  # what the reader skipped (a torn last line)
+    #: p50/p90/p99 of the hits and of the misses apart (:func:`kvctl.bench.stats.latency_by_class`)
+    by_class: dict | None = None
 
 
 def thirds(values_in_order: Sequence[float]) -> list[list[float]]:
@@ -113,6 +117,8 @@ def summarize_run(run: Run, hit_tokens: int = 1, bytes_per_token: float | None =
         interrupted=bool((run.summary or {}).get("interrupted")) or run.summary is None,
         unfinished=unfinished,
         warnings=tuple(run.warnings),
+        by_class=latency_by_class([float(r["latency_s"]) for r, c in zip(reported, known) if c >= hit_tokens],
+                                  [float(r["latency_s"]) for r, c in zip(reported, known) if c < hit_tokens]) if reported else None,
     )
 
 

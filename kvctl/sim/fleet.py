@@ -43,7 +43,10 @@ import numpy as np
 
 from kvctl.core.cost import GB, require_positive
 from kvctl.core.errors import InvalidInput
-from kvctl.sim.simulate import SimConfig, SimResult, _in_system_ahead, check_config, engine_steps, fifo, hit_tokens_of, plan_step, split_t0
+from kvctl.bench.stats import latency_by_class
+from kvctl.sim.simulate import (
+    SimConfig, SimResult, _in_system_ahead, check_config, engine_steps, fifo, hit_tokens_of, np_percentile, plan_step, split_t0,
+)
 from kvctl.sim.workload import Workload
 from kvctl.core.thresholds import RHO_UNSTABLE
 from kvctl.sim.variability import Variability, gain_for
@@ -440,6 +443,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
         arrival_rate_per_s=rate, bandwidth_gbps=bw, tier_rho=tier_rho, loading=cfg.loading, instances=cfg.instances,
         engines=engines, gpu_utilization_pct=float(np.mean([p.gpu_utilization_pct for p in per])), per_engine=tuple(per),
         extrapolated=tuple(extrapolated), notes=var.notes, solver=solver,
+        by_class=latency_by_class(latency[hit], latency[~hit], pct=np_percentile),
     )
 
 

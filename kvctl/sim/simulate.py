@@ -34,6 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from kvctl.bench.stats import latency_by_class
 from kvctl.core.cost import GB, require_positive
 from kvctl.core.errors import InvalidInput
 from kvctl.core.thresholds import (
@@ -84,6 +85,9 @@ class SimResult:
     loading: str
     instances: int
     gpu_utilization_pct: float = 0.0  # the GPU's compute (prefills, tails, hits' GPU time) over the run's span, %
+    #: p50/p90/p99 of the hits (requests with tokens in the tier, async timeouts among them) and of the misses apart
+    #: (:func:`kvctl.bench.stats.latency_by_class`, as ``kvctl report`` gives them for a run)
+    by_class: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -269,6 +273,11 @@ def hit_tokens_of(w: Workload, cfg: SimConfig) -> np.ndarray:
     return np.where(np.random.default_rng([cfg.seed, 3]).random(len(w.arrival_s)) < cfg.hit_fraction, w.tokens, 0.0)
 
 
+def np_percentile(xs: np.ndarray, q: float) -> float | None:
+    """:func:`kvctl.bench.stats.percentile` over a NumPy array (the same linear definition)."""
+    return float(np.percentile(xs, q)) if len(xs) else None
+
+
 def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
     n = len(w.arrival_s)
     arrival, tokens = w.arrival_s, w.tokens
@@ -340,6 +349,7 @@ def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
         loading=cfg.loading,
         instances=cfg.instances,
         gpu_utilization_pct=100.0 * float(compute.sum() / span) if span > 0 else 0.0,
+        by_class=latency_by_class(latency[hit], latency[~hit], pct=np_percentile),
     )
 
 

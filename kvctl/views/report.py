@@ -28,7 +28,7 @@ def show_runs(loaded: list[Run], sums: list[RunSummary], hit_tokens: int, plot_d
         paths = render.report_plots(plot_dir, [(s.name, *series(r), s.cached_token_share, s.l2_token_share) for s, r in zip(sums, loaded)])
     if as_json:
         keys = ("name", "requests", "errors", "p50_s", "p90_s", "p99_s", "max_s", "mean_s", "thirds_p50_s", "hit_rate",
-                "cached_token_share", "l2_token_share", "max_in_flight", "capped", "interrupted", "unfinished", "warnings")
+                "cached_token_share", "l2_token_share", "max_in_flight", "capped", "interrupted", "unfinished", "warnings", "by_class")
         data: dict = {"runs": [{k: getattr(s, k) for k in keys} for s in sums]}
         if paths:
             data["plots"] = paths
@@ -43,6 +43,7 @@ def show_runs(loaded: list[Run], sums: list[RunSummary], hit_tokens: int, plot_d
             for s in sums
         ],
         caption=f"hit: cached_tokens ≥ {hit_tokens}; percentiles by linear interpolation over ok requests"
+        + "".join(f"\n{s.name}: {render.by_class_line(s.by_class)}" for s in sums if s.by_class)
         + "".join(f"\n{s.name}: {s.capped} sends delayed by --max-in-flight (not fully open loop)" for s in sums if s.capped)
         + (f"\nplots: {', '.join(paths)}" if paths else ""),
     )

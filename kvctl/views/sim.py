@@ -49,6 +49,8 @@ def render_fleet(res: FleetResult, title: str) -> None:
     rows.append(["fleet", res.requests, res.hits, res.timeouts, res.rho, gpu_cell(res.gpu_utilization_pct), res.p50_s, res.p90_s, res.p99_s,
                  res.max_s, res.max_queue])
     lines = [f"tier ρ per instance (all engines) {render.fmt(res.tier_rho)} · stable {render.fmt(res.stable)} · B_eff {res.bandwidth_gbps:g} GB/s · solver: {res.solver}"]
+    if res.by_class:
+        lines.append(render.by_class_line(res.by_class))
     lines += [f"input: {n}" for n in res.notes]
     lines += [f"EXTRAPOLATED: {x}" for x in res.extrapolated]
     footer = stability_footer(res)
@@ -130,6 +132,7 @@ def show_whatif(w: WhatIf, as_json: bool, plot: str | None = None) -> None:
         [_row(res)],
         caption=(f"mean {res.mean_s:.3f} s · mean wait {res.mean_wait_s:.3f} s · hits {res.hits:,} of {res.requests:,}"
                  + (f" · timeouts {res.timeouts:,}" if i.loading == "async" else "")
+                 + (f"\n{render.by_class_line(res.by_class)}" if res.by_class else "")
                  + "".join(f"\ninput: {n}" for n in w.notes)
                  + (f"\n{stability_footer(res)}" if res.stable is False else "")
                  + (f"\n* B_eff {bw.note}" if _extrapolated(bw) else "")),

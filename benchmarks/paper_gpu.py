@@ -463,6 +463,12 @@ class ExporterScraper:
 
 
 # -- analysis -----------------------------------------------------------------------------------------
+def versus(predicted: float | None, measured: float | None) -> dict:
+    """One simulated figure against the run's: ``{"predicted", "measured", "ratio"}`` (ratio None without both)."""
+    return {"predicted": predicted, "measured": measured,
+            "ratio": predicted / measured if predicted is not None and measured else None}
+
+
 def by_class_ratios(predicted: dict | None, measured: dict | None) -> dict:
     """Simulate's percentiles of the hits and of the misses apart against the run's (``kvctl report``'s
     ``by_class``): where a prediction is out, which class it is (not counted in the 16 figures of TARGET)."""
@@ -471,8 +477,7 @@ def by_class_ratios(predicted: dict | None, measured: dict | None) -> dict:
         pc, mc = (predicted or {}).get(cls) or {}, (measured or {}).get(cls) or {}
         row: dict = {"requests": {"predicted": pc.get("requests"), "measured": mc.get("requests")}}
         for key in ("p50_s", "p90_s", "p99_s"):
-            pv, mv = pc.get(key), mc.get(key)
-            row[key] = {"predicted": pv, "measured": mv, "ratio": pv / mv if pv is not None and mv else None}
+            row[key] = versus(pc.get(key), mc.get(key))
         out[cls] = row
     return out
 
@@ -519,8 +524,8 @@ def analyse(a) -> dict:
             for key, pv in (("p50_s", p["p50_s"]), ("p90_s", p["p90_s"]), ("p99_s", p["p99_s"]),
                             ("hit_share", p["hits"] / p["requests"])):
                 mv = m.get("hit_rate") if key == "hit_share" else m.get(key)
-                ratio = pv / mv if mv else None
-                row[key] = {"predicted": pv, "measured": mv, "ratio": ratio, "within": ratio is not None and abs(ratio - 1) <= TARGET}
+                v = versus(pv, mv)
+                row[key] = {**v, "within": v["ratio"] is not None and abs(v["ratio"] - 1) <= TARGET}
             row["rho"], row["tier_rho"] = p.get("rho"), p.get("tier_rho")
             preds[r] = row
             classes[r] = by_class_ratios(p.get("by_class"), m.get("by_class"))

@@ -29,7 +29,6 @@ def mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-
 #: the percentiles :func:`latency_by_class` gives each class
 CLASS_PERCENTILES = (50, 90, 99)
 

@@ -58,7 +58,8 @@ from .layouts import LAYOUTS, KVLayout, KVLayoutError, _dtype_tag, _spec_text, _
 from .ownership import ChunkParts
 
 __all__ = ["INDEXER_BACKENDS", "INDEXER_PART", "LATENT_PART", "SPARSE_BACKENDS", "IndexerLayout", "SparseGroup",
-           "SparseKV", "SparseMLALayout", "format_parts", "sparse_format", "sparse_group", "sparse_layout_for"]
+           "SparseKV", "SparseMLALayout", "flattened_sparse_group", "format_parts", "sparse_format", "sparse_group",
+           "sparse_layout_for"]
 
 SPARSE_BACKENDS = ("FLASHMLA_SPARSE",)  # the sparse MLA backends whose latent rows kvctl reads
 INDEXER_BACKENDS = ("DEEPSEEK_V32_INDEXER",)
@@ -119,6 +120,76 @@ def sparse_group(spec: Any, layer_names: Sequence[str]) -> SparseGroup | None:
             raise KVLayoutError(f"KvctlConnector: the {role.lower()} layers of the group have different specs: not stored")
     return SparseGroup(tuple(kinds["SPARSE"]), tuple(kinds["INDEXER"]), specs[kinds["SPARSE"][0]],
                        specs[kinds["INDEXER"][0]])
+
+
+def flattened_sparse_group(spec: Any, layer_names: Sequence[str], tensors: Sequence[Any]) -> SparseGroup | None:
+    """The :class:`SparseGroup` of a sparse-MLA group as vLLM's scheduler holds it; None for a one-spec group.
+
+    vLLM hands its scheduler (and the scheduler's connector) a copy of the KV
+    cache config in which a ``UniformTypeKVCacheSpecs`` group is replaced by
+    its first layer's spec (``generate_scheduler_kv_cache_config``,
+    ``v1/core/kv_cache_utils.py:2287-2296``). For DeepSeek-V3.2 and GLM-5 that
+    is the indexer's spec: ``DeepseekV2MLAAttention`` builds its ``Indexer``
+    before its MLA attention (``models/deepseek_v2.py:1179-1215``). What the
+    copy keeps is the placement, ``kv_cache_tensors``: one ``KVCacheTensor``
+    per spec of the group, in the order of the group's specs (``get_kv_cache_config_from_groups``,
+    ``kv_cache_utils.py:1643-1678``); the representative's is the one whose
+    page is its ``page_size_bytes`` (else the first). A tensor's page is its ``block_stride``
+    for a layer-outer layout and its ``layer_stride`` for a block-outer one
+    (``KVCacheTensor``, ``v1/kv_cache_interface.py:1409-1428``): the smaller of
+    the two. The other kind's spec is rebuilt from its page: the indexer's
+    row is page / block size bytes of uint8; a latent row of 1152 bytes is
+    576 bf16, one of 656 bytes FLASHMLA_SPARSE's ``fp8_ds_mla``.
+
+    ``tensors``: vLLM's ``KVCacheTensor`` list (``layers``, ``layer_stride``,
+    ``block_stride``), duck-typed. :class:`KVLayoutError` for a group whose
+    layers lie in several tensors but not as one sparse-MLA group.
+    """
+    names = list(layer_names)
+    member = set(names)
+    sets = [(t, [n for n in t.layers if n in member]) for t in tensors]
+    sets = [(t, ls) for t, ls in sets if ls]
+    role = _role(spec)
+    pages = [min(int(t.layer_stride), int(t.block_stride)) for t, _ in sets]
+    if role != "INDEXER" and (role != "SPARSE" or len(sets) != 2 or len(set(pages)) == 1):
+        return None  # one spec for the whole group (MLA specs default to cache_role SPARSE: dense MLA too)
+    bs = int(spec.block_size)
+    if len(sets) != 2:
+        raise KVLayoutError(f"KvctlConnector: a KV cache group of {len(sets)} kinds of layers (the scheduler's "
+                            f"representative spec {_spec_text(spec)}): only MLA with a sparse-attention indexer is stored")
+    mine = getattr(spec, "page_size_bytes", None)
+    first = 1 if mine is not None and pages[1] == mine != pages[0] else 0  # the representative's tensor
+    (_, own), (_, other_names) = sets[first], sets[1 - first]
+    page = pages[1 - first]
+    if page % bs:
+        raise KVLayoutError(f"KvctlConnector: the sparse-MLA group's pages of {page} bytes do not hold whole rows "
+                            f"of {bs} tokens")
+    row = page // bs
+    if role == "SPARSE":
+        rebuilt = _FlatSpec(block_size=bs, head_size=row, dtype=torch.uint8, cache_role="INDEXER")
+        return SparseGroup(tuple(own), tuple(other_names), spec, rebuilt)
+    if row == 2 * LATENT_HEAD_SIZE:
+        rebuilt = _FlatSpec(block_size=bs, head_size=LATENT_HEAD_SIZE, dtype=torch.bfloat16)
+    elif row == _DS_MLA_ROW:
+        rebuilt = _FlatSpec(block_size=bs, head_size=LATENT_HEAD_SIZE, dtype=torch.uint8,
+                            cache_dtype_str="fp8_ds_mla", state_content_bytes=_DS_MLA_ROW)
+    else:
+        raise KVLayoutError(f"KvctlConnector: the sparse-MLA group's latent rows are {row} bytes (stored: "
+                            f"{2 * LATENT_HEAD_SIZE} bf16, {_DS_MLA_ROW} fp8_ds_mla)")
+    return SparseGroup(tuple(other_names), tuple(own), rebuilt, spec)
+
+
+@dataclass(frozen=True)
+class _FlatSpec:
+    """A layer spec the scheduler's copy of the config dropped, rebuilt from its page (what ``_check_specs`` reads)."""
+
+    block_size: int
+    head_size: int
+    dtype: torch.dtype
+    cache_role: str = "SPARSE"
+    num_kv_heads: int = 1
+    cache_dtype_str: str | None = None
+    state_content_bytes: int | None = None
 
 
 def _elem(dtype: torch.dtype) -> int:

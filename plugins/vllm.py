@@ -53,7 +53,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.logger import init_logger
 
 from kvctl.connector.layouts import chunk_fmt
-from kvctl.connector.sparse_mla import sparse_format, sparse_group
+from kvctl.connector.sparse_mla import flattened_sparse_group, sparse_format, sparse_group
 from kvctl.connector.settings import ConnectorConfigError, parse_settings
 from kvctl.connector.trace import Trace
 
@@ -115,7 +115,7 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
                        group_kind: str = "tp", coordinator=None,
                        role: KVConnectorRole = KVConnectorRole.WORKER, layout: str = "LBHNC",
                        backend: str | None = None, cache_dtype: str = "auto",
-                       indexer_backend: str = "DEEPSEEK_V32_INDEXER") -> "KvctlConnector":
+                       indexer_backend: str = "DEEPSEEK_V32_INDEXER", kv_cache_config=None) -> "KvctlConnector":
         """One half of the connector outside a vLLM engine (benchmarks, tests), on real caches and groups.
 
         ``spec`` has vLLM's ``head_size``, ``num_kv_heads`` and ``dtype``. Worker:
@@ -125,7 +125,9 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         (``rank_in_group``, ``world_size``, ``cpu_group``, ``ranks``), None =
         vLLM's own TP/PCP group. A sparse-MLA group (``spec`` with vLLM's
         ``kv_cache_specs``, latent and indexer layers) reads its indexer
-        layers as ``indexer_backend``.
+        layers as ``indexer_backend``. ``kv_cache_config``: vLLM's own config
+        object instead of one group of ``layer_names`` and ``spec`` (the
+        scheduler's copy from ``generate_scheduler_kv_cache_config``, say).
         """
         from types import SimpleNamespace
 
@@ -135,7 +137,7 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         self._cache_dtype = cache_dtype
         self._kv_read_as = (layout, backend or ("CPU_MLA" if use_mla else "CPU_ATTN"))
         self._indexer_read_as = indexer_backend
-        self._kv_cache_config = SimpleNamespace(
+        self._kv_cache_config = kv_cache_config or SimpleNamespace(
             kv_cache_groups=[SimpleNamespace(layer_names=list(layer_names), kv_cache_spec=spec)])
         self._coordinator = coordinator
         self._setup(group_kind, world_size, extra_config, block_size, use_mla, model_name)
@@ -168,19 +170,49 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         self._spec = spec
         self.use_mla = use_mla
         # MLA with a sparse-attention indexer: one group of two kinds of layers, a chunk of two parts
-        # (kvctl.connector.sparse_mla); the scheduler keys and looks up both from the specs alone
-        self.sparse = sparse_group(spec, group.layer_names)
+        # (kvctl.connector.sparse_mla); the worker reads both specs, vLLM's scheduler holds one of them and
+        # the group's placement (flattened_sparse_group): both must come to the same format
+        tensors = getattr(kv_cache_config, "kv_cache_tensors", None) or []
+        self.sparse = sparse_group(spec, group.layer_names) or flattened_sparse_group(spec, group.layer_names, tensors)
         self.parts = None
         if self.sparse is not None:
             if not use_mla:
                 raise ConnectorConfigError("KvctlConnector: a sparse-MLA KV cache group in a model vLLM runs without MLA")
             self.fmt, self.parts = sparse_format(self.sparse, ct, self._cache_dtype)
+            if self._role != KVConnectorRole.SCHEDULER:
+                self._check_scheduler_view(kv_cache_config, ct)
         else:
             self.fmt = self._fmt_from_spec(spec, len(group.layer_names))
         if self._role == KVConnectorRole.SCHEDULER:
             self._init_scheduler(async_scheduling)
         else:
             self._init_worker()
+
+    def _check_scheduler_view(self, kv_cache_config, chunk_tokens: int) -> None:
+        """Refuse at start unless the scheduler's copy of this config keys the chunks this worker stores.
+
+        vLLM's scheduler gets ``generate_scheduler_kv_cache_config`` of the
+        workers' configs (one spec for a group of several); run the same on
+        this worker's config and derive the format from it as the scheduler
+        will. Where they differed, every lookup missed what the worker saved."""
+        if not getattr(kv_cache_config, "kv_cache_tensors", None):
+            return  # a config built outside vLLM (without_engine): no placement to flatten
+        from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+
+        flat = generate_scheduler_kv_cache_config([kv_cache_config])
+        g = flat.kv_cache_groups[0]
+        try:
+            seen = sparse_group(g.kv_cache_spec, g.layer_names) or flattened_sparse_group(
+                g.kv_cache_spec, g.layer_names, flat.kv_cache_tensors)
+            theirs = sparse_format(seen, chunk_tokens, self._cache_dtype)[0] if seen is not None else None
+            why = ""
+        except ConnectorConfigError as exc:
+            theirs, why = None, f" ({exc})"
+        if theirs != self.fmt:
+            raise ConnectorConfigError(
+                f"KvctlConnector: the scheduler's copy of vLLM's KV cache config gives chunk format {theirs}{why}, "
+                f"this worker stores {self.fmt}: every lookup would miss (docs/gpu.md, MLA with a sparse-attention "
+                "indexer)")
 
     def _fmt_from_spec(self, spec, num_layers: int) -> str:
         return chunk_fmt(spec, num_layers, self.world_size, self.use_mla, self._cache_dtype)

@@ -41,26 +41,37 @@ def indexer_spec(bs: int) -> MLAAttentionSpec:
                             cache_role=SparseCacheRole.INDEXER, block_stride_alignment=MultipleOf(64))
 
 
-def layer_specs(bs: int, fp8: bool) -> dict:
-    """The runner's per-layer specs, in its order (each layer's latent cache, then its indexer's)."""
+def layer_specs(bs: int, fp8: bool, indexer_first: bool = True) -> dict:
+    """The runner's per-layer specs, in its order: a layer's indexer cache, then its latent cache, as
+    ``DeepseekV2MLAAttention`` builds its ``Indexer`` before its MLA attention (models/deepseek_v2.py:1179-1215);
+    ``indexer_first=False`` puts each latent first (a model that builds them the other way)."""
     out = {}
     for i in range(N_LAT):
+        if i < N_IDX and indexer_first:
+            out[IDX_NAMES[i]] = indexer_spec(bs)
         out[LAT_NAMES[i]] = latent_spec(bs, fp8)
-        if i < N_IDX:
+        if i < N_IDX and not indexer_first:
             out[IDX_NAMES[i]] = indexer_spec(bs)
     return out
 
 
-def vllm_group(bs: int, fp8: bool):
+def vllm_group(bs: int, fp8: bool, indexer_first: bool = True):
     cfg = SimpleNamespace(scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=True),
                           attention_config=SimpleNamespace(hisparse_config=None), speculative_config=None,
                           model_config=None, parallel_config=SimpleNamespace(decode_context_parallel_size=1))
-    return kv_cache_utils.get_kv_cache_groups(cfg, layer_specs(bs, fp8))
+    return kv_cache_utils.get_kv_cache_groups(cfg, layer_specs(bs, fp8, indexer_first))
 
 
-def vllm_caches(bs: int, fp8: bool, layout: str, kernel_block_size: int | None = None):
+def vllm_caches(bs: int, fp8: bool, layout: str, kernel_block_size: int | None = None, indexer_first: bool = True):
     """vLLM's placement and views of the group: (raw, {layer: view}, group)."""
-    (group,) = vllm_group(bs, fp8)
+    raw, views, group, _ = vllm_placement(bs, fp8, layout, kernel_block_size, indexer_first)
+    return raw, views, group
+
+
+def vllm_placement(bs: int, fp8: bool, layout: str, kernel_block_size: int | None = None, indexer_first: bool = True):
+    """(raw, {layer: view}, group, vLLM's KVCacheConfig): the workers' config, whose scheduler copy is
+    ``kv_cache_utils.generate_scheduler_kv_cache_config([config])``."""
+    (group,) = vllm_group(bs, fp8, indexer_first)
     lay = KVCacheLayout[layout]
     cfg = SimpleNamespace(
         attention_config=SimpleNamespace(hisparse_config=None),
@@ -73,12 +84,14 @@ def vllm_caches(bs: int, fp8: bool, layout: str, kernel_block_size: int | None =
         spec = group.kv_cache_spec.kv_cache_specs[tensor.layers[0]]
         views.update(zip(tensor.layers, create_kv_cache_views(raw, spec, kc.num_blocks, lay, tensor,
                                                               kernel_block_size=kernel_block_size)))
-    return raw, views, group
+    return raw, views, group, kc
 
 
-def twin_specs(bs: int, fp8: bool) -> list[tuple[CacheSpec, int]]:
+def twin_specs(bs: int, fp8: bool, indexer_first: bool = True) -> list[tuple[CacheSpec, int]]:
+    """The torch-only twin's ``(spec, layers)`` pairs of one group, in vLLM's placement order (the runner's)."""
     lat, idx = latent_spec(bs, fp8), indexer_spec(bs)
-    return [(CacheSpec(bs, 1, 576, lat.dtype, head_size_v=0, block_stride_alignment=lat.get_block_stride_alignment(),
+    pairs = [(CacheSpec(bs, 1, 576, lat.dtype, head_size_v=0, block_stride_alignment=lat.get_block_stride_alignment(),
                        cache_dtype_str=lat.cache_dtype_str, state_content_bytes=lat.state_content_bytes), N_LAT),
             (CacheSpec(bs, 1, 132, torch.uint8, head_size_v=0,
                        block_stride_alignment=idx.get_block_stride_alignment()), N_IDX)]
+    return pairs[::-1] if indexer_first else pairs

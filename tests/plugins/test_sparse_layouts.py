@@ -52,17 +52,21 @@ def test_vllm_puts_the_latent_and_the_indexer_in_one_group_with_one_block_table(
 CASES = [(64, False, None), (64, True, None), (128, False, 64), (128, True, 64)]  # (block, fp8, kernel block)
 
 
+@pytest.mark.parametrize("indexer_first", [True, False], ids=["indexer-first", "latent-first"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("bs,fp8,kbs", CASES, ids=lambda x: str(x))
-def test_torch_only_twin_matches_vllm(layout, bs, fp8, kbs):
+def test_torch_only_twin_matches_vllm(layout, bs, fp8, kbs, indexer_first):
+    """Either order of the two specs (the model runner's is indexer first: models/deepseek_v2.py:1179-1215)."""
+    specs = twin_specs(bs, fp8, indexer_first)
     try:
-        raw, theirs, _ = vllm_caches(bs, fp8, layout, kbs)
+        raw, theirs, _ = vllm_caches(bs, fp8, layout, kbs, indexer_first)
     except ValueError as exc:  # vLLM refuses this layout for mixed page sizes, or cannot split these blocks here
         with pytest.raises(ValueError):
-            build_group_caches(twin_specs(bs, fp8), layout, BLOCKS, kernel_block_size=kbs)
+            build_group_caches(specs, layout, BLOCKS, kernel_block_size=kbs)
         assert "mixed page sizes" in str(exc) or "kernel blocks" in str(exc)
         return
-    my_raw, (lat, idx) = build_group_caches(twin_specs(bs, fp8), layout, BLOCKS, kernel_block_size=kbs)
+    my_raw, views = build_group_caches(specs, layout, BLOCKS, kernel_block_size=kbs)
+    idx, lat = views if indexer_first else views[::-1]
     assert my_raw.numel() == raw.numel()
     for a, name in zip(lat + idx, LAT_NAMES + IDX_NAMES, strict=True):
         b = theirs[name]

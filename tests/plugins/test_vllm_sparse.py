@@ -23,7 +23,7 @@ from kvctl.connector.ownership import part_key  # noqa: E402
 from kvctl.connector.resp import RespClient  # noqa: E402
 from kvctl.connector.sparse_mla import INDEXER_PART  # noqa: E402
 from tests.plugins.kv_fill import fill_sparse, read_back_sparse  # noqa: E402
-from tests.plugins.sparse_groups import IDX_NAMES, LAT_NAMES, vllm_caches  # noqa: E402
+from tests.plugins.sparse_groups import IDX_NAMES, LAT_NAMES, vllm_caches, vllm_placement  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
@@ -32,14 +32,18 @@ CT = 64  # one block a chunk: the 5 blocks of the cache hold the 4 chunks of the
 TOKENS = list(range(900, 900 + 4 * CT + 9))  # 4 full chunks, all loadable
 
 
-def connector(url, role, fp8=False, layout="BLHNC", backend="FLASHMLA_SPARSE"):
+def connector(url, role, fp8=False, layout="BLHNC", backend="FLASHMLA_SPARSE", indexer_first=True):
+    """One role on vLLM's own config: the worker on the workers' KVCacheConfig, the scheduler on the copy vLLM's
+    engine core gives its scheduler (generate_scheduler_kv_cache_config: the group's first layer's spec only)."""
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+
     from kvctl.plugins.vllm import KvctlConnector
 
-    raw, views, group = vllm_caches(BS, fp8, layout)
-    kw = {}
+    raw, views, group, kc = vllm_placement(BS, fp8, layout, indexer_first=indexer_first)
+    kw = {"kv_cache_config": generate_scheduler_kv_cache_config([kc])}
     if role == KVConnectorRole.WORKER:
         kw = {"kv_caches": views, "coordinator": SimpleNamespace(rank_in_group=0, world_size=1, cpu_group=None,
-                                                                 ranks=[0])}
+                                                                 ranks=[0]), "kv_cache_config": kc}
     conn = KvctlConnector.without_engine(
         {"urls": [url], "chunk_tokens": CT, "timeout_s": 2.0}, world_size=1, layer_names=group.layer_names,
         spec=group.kv_cache_spec, block_size=BS, use_mla=True, model_name="glm", role=role, layout=layout,
@@ -90,6 +94,52 @@ def test_save_lookup_and_load_through_the_connector(gloo_world1, valkey_server, 
     finally:
         sched.shutdown()
         worker.shutdown()
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("layout", ["LBHNC", "BLHNC"])
+@pytest.mark.parametrize("indexer_first", [True, False])
+def test_the_schedulers_copy_of_the_config_keys_what_the_worker_stores(valkey_server, fp8, layout, indexer_first):
+    """vLLM's scheduler holds one spec of the group (the indexer's, for DeepSeek-V3.2 and GLM-5), and the
+    placement: the format the scheduler looks up is the worker's (on the H200, before, it was not: no hits)."""
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+
+    from kvctl.connector.sparse_mla import INDEXER_PART, LATENT_PART
+
+    _, _, group, kc = vllm_placement(BS, fp8, layout, indexer_first=indexer_first)
+    flat = generate_scheduler_kv_cache_config([kc]).kv_cache_groups[0].kv_cache_spec
+    assert not hasattr(flat, "kv_cache_specs")  # vLLM did flatten the group
+    assert (str(flat.cache_role.name) == "INDEXER") == indexer_first
+    sched, _ = connector(valkey_server.url, KVConnectorRole.SCHEDULER, fp8, layout, indexer_first=indexer_first)
+    worker, _ = connector(valkey_server.url, KVConnectorRole.WORKER, fp8, layout, indexer_first=indexer_first)
+    try:
+        assert sched.fmt == worker.fmt == worker.layout.fmt(1)
+        assert sched.parts == worker.parts and sched.parts.names == (LATENT_PART, INDEXER_PART)
+        assert sched.sparse.latent_names == tuple(LAT_NAMES) and sched.sparse.indexer_names == tuple(IDX_NAMES)
+    finally:
+        sched.shutdown()
+        worker.shutdown()
+
+
+def test_a_worker_whose_scheduler_would_key_other_chunks_is_refused_at_start(valkey_server):
+    """The worker derives the scheduler's format from vLLM's scheduler copy of its own config; a placement the
+    scheduler would read as other rows (fp8_ds_mla latent pages claimed to be 1152-byte bf16 rows) stops the start."""
+    import dataclasses
+
+    from kvctl.plugins.vllm import ConnectorConfigError, KvctlConnector
+
+    raw, views, group, kc = vllm_placement(BS, True, "LBHNC")
+    idx = next(i for i, t in enumerate(kc.kv_cache_tensors) if t.layers[0] not in IDX_NAMES)
+    t = kc.kv_cache_tensors[idx]
+    assert t.block_stride % (656 * BS) == 0
+    kc.kv_cache_tensors[idx] = dataclasses.replace(t, block_stride=t.block_stride // 656 * 1152,
+                                                   layer_stride=t.layer_stride // 656 * 1152)
+    with pytest.raises(ConnectorConfigError, match="the scheduler's copy of vLLM's KV cache config gives chunk format"):
+        KvctlConnector.without_engine(
+            {"urls": [valkey_server.url], "chunk_tokens": CT}, world_size=1, layer_names=group.layer_names,
+            spec=group.kv_cache_spec, block_size=BS, use_mla=True, role=KVConnectorRole.WORKER, layout="LBHNC",
+            backend="FLASHMLA_SPARSE", cache_dtype="fp8", kv_caches=views, kv_cache_config=kc,
+            coordinator=SimpleNamespace(rank_in_group=0, world_size=1, cpu_group=None, ranks=[0]))
 
 
 @pytest.mark.parametrize("backend", ["FLASH_ATTN_MLA_SPARSE", "FLASHINFER_MLA_SPARSE"])

@@ -87,7 +87,7 @@ def main() -> int:
             u = parse_resp_url(args.url)
             target = Target(0, u.host, u.port, args.url, u.password)
         else:
-            proc = start_valkey(tmp, settings={"maxmemory": "3gb"})
+            proc = start_valkey(tmp, settings={"maxmemory": "3gb"}, die_with_parent=True)
             target = Target(0, proc.host, proc.port, proc.url)
         try:
             with RespClient(target.url, timeout_s=30) as c:  # the key redis-benchmark's GET test reads

@@ -255,7 +255,7 @@ def run_fakes(d: float, trials: int) -> list[Tally]:
 def run_sigstop(tmp: Path, d: float, trials: int) -> Tally:
     """SIGSTOP: a fresh client per trial (connect to a stopped server), 3 callers on a pool of 1."""
     t = Tally("SIGSTOP, 3 callers on a pool of 1", "valkey", d)
-    proc = start_valkey(tmp / "stop")
+    proc = start_valkey(tmp / "stop", die_with_parent=True)
     try:
         with RespClient(proc.url) as c:
             c.batched_set(["k"], [b"v"])
@@ -282,7 +282,7 @@ def run_restart(tmp: Path, d: float, trials: int, mid_batch: bool) -> Tally:
     kind = "SIGKILL mid-batch + restart" if mid_batch else "SIGKILL + restart, pool of 4"
     t = Tally(kind, "valkey", d)
     rng = random.Random(7)
-    proc = start_valkey(tmp / f"kill-{mid_batch}-0")
+    proc = start_valkey(tmp / f"kill-{mid_batch}-0", die_with_parent=True)
     client = RespClient(proc.url, timeout_s=d, pool_size=4)
     size = 2 << 20
     try:
@@ -311,7 +311,7 @@ def run_restart(tmp: Path, d: float, trials: int, mid_batch: bool) -> Tally:
                         t.check_bytes(hit, buf, want)  # ... but never a hit with wrong bytes
             port = proc.port
             proc.stop()
-            proc = start_valkey(tmp / f"kill-{mid_batch}-{i + 1}", port=port)
+            proc = start_valkey(tmp / f"kill-{mid_batch}-{i + 1}", port=port, die_with_parent=True)
             for j in range(8):  # twice the pool: each pooled socket is dead
                 key, val = f"after-{i}-{j}", bytes([j]) * 1000
                 t.timed(lambda: client.batched_set([key], [val]), "ok")
@@ -334,7 +334,7 @@ def run_close_race(tmp: Path, d: float, total: int) -> Tally:
     """
     t = Tally("batched_get racing close() (split too)", "valkey", d)
     rng = random.Random(11)
-    proc = start_valkey(tmp / "close-race")
+    proc = start_valkey(tmp / "close-race", die_with_parent=True)
     small = ([b"c0"], [bytes([1]) * 512])
     split = ([b"c1", b"c2"], [bytes([2]) * (3 << 20), bytes([3]) * (3 << 20)])
     try:
@@ -396,7 +396,7 @@ def run_protocol(tmp: Path, total: int) -> list[Tally]:
     out = []
     per_world = math.ceil(total / 3)
     for world in (2, 3, 4):
-        servers = [start_valkey(tmp / f"proto-{world}-{r}") for r in range(world)]
+        servers = [start_valkey(tmp / f"proto-{world}-{r}", die_with_parent=True) for r in range(world)]
         t = Tally(f"protocol W={world}, {len(INJECTIONS)} injection kinds", f"valkey x {world}", 0.0)
         t0 = time.monotonic()
         try:

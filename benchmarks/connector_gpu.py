@@ -220,6 +220,11 @@ def bench_w1(args, urls):
 
 
 def _rank_w(rank, world, args, urls, port, q):
+    import multiprocessing
+
+    from kvctl.core.procs import die_with
+
+    die_with(multiprocessing.parent_process().pid)  # a killed benchmark leaves no rank (and no GPU memory) behind
     try:
         import torch
         import torch.distributed as dist
@@ -337,7 +342,7 @@ def main(argv=None):
     servers = []
     try:
         for r in range(max(1, world)):
-            servers.append(start_valkey(f"{tmp}/v{r}", settings={"maxmemory": mem, "io-threads": args.io_threads}))
+            servers.append(start_valkey(f"{tmp}/v{r}", settings={"maxmemory": mem, "io-threads": args.io_threads}, die_with_parent=True))
         urls = [f"resp://127.0.0.1:{s.port}" for s in servers]
         report = {"benchmark": "connector_gpu", "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   "host": platform.node(), "gpu": torch.cuda.get_device_name(0), "gpus": gpus, "torch": torch.__version__,

@@ -51,6 +51,11 @@ def parse_args(argv=None):
 
 
 def _rank_main(rank, args, urls, port, out_q):
+    import multiprocessing
+
+    from kvctl.core.procs import die_with
+
+    die_with(multiprocessing.parent_process().pid)  # a killed benchmark leaves no rank behind
     import torch
     import torch.distributed as dist
     from datetime import timedelta
@@ -157,7 +162,7 @@ def main(argv=None) -> int:
     from kvctl.tier.server import free_port, start_valkey
 
     tmp = Path(tempfile.mkdtemp(prefix="kvctl-bench-load-"))
-    servers = [start_valkey(tmp / f"valkey-{r}", settings={"maxmemory": "1gb"}) for r in range(args.world)]
+    servers = [start_valkey(tmp / f"valkey-{r}", settings={"maxmemory": "1gb"}, die_with_parent=True) for r in range(args.world)]
     try:
         ctx = mp.get_context("spawn")
         q = ctx.Queue()

@@ -47,6 +47,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from kvctl.core.procs import die_with_parent  # noqa: E402
 from kvctl.lab.engine import LabTier, LLMProcess, engine_env, kvctl  # noqa: E402
 
 DEFAULT_SHAPE = REPO / "configs" / "models" / "deepseek-v2-lite-shape.json"
@@ -76,6 +77,12 @@ def parse_args(argv=None):
     ap.add_argument("--tier-gb", type=float, default=24.0, help="the tier's maxmemory per tier, GiB")
     ap.add_argument("--io-threads", type=int, default=None, help="valkey io-threads per instance (default: deploy's)")
     ap.add_argument("--connections", type=int, default=None, help="connections_per_instance (default: the connector's)")
+    ap.add_argument("--layer-groups", type=int, default=1,
+                    help="the connector's layer_groups: a chunk stored as one value per group of layers, and a sync hit "
+                         "loaded group by group while the forward runs the groups before (kvctl.connector.pipeline)")
+    ap.add_argument("--no-async-scheduling", action="store_true",
+                    help="vLLM's async scheduling off: sync hits take vLLM's step path (layer by layer with "
+                         "--layer-groups > 1) instead of the remote-receive path the connector uses under it")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", dest="json_path", default=None)
     ap.add_argument("--logs", default=None, help="also pack the engines' logs and traces into this .tar.gz")
@@ -100,6 +107,8 @@ def _prompts(seed: int, n: int, length: int) -> list[list[int]]:
 def _engine_kwargs(args) -> dict:
     kw = {"enforce_eager": not args.compiled, "seed": 0, "max_num_batched_tokens": args.max_batched_tokens, "disable_log_stats": False,
           "block_size": args.block_size}
+    if args.no_async_scheduling:
+        kw["async_scheduling"] = False
     if args.device == "cuda":
         kw.update({"attention_backend": args.backend, "kv_cache_memory_bytes": int(args.kv_cache_gb * (1 << 30)),
                    "gpu_memory_utilization": 0.9, "kv_cache_dtype": args.kv_cache_dtype})
@@ -174,11 +183,14 @@ def _tier_client(t: LabTier, parts=None, connections: int = 2):
     return RankTier(urls, 1, timeout_s=30.0, connections=connections, parts=parts)
 
 
-def _parts(fmt: str, ct: int):
-    """The chunk's parts from the format the engine logged (None: one value a chunk)."""
-    from kvctl.connector.sparse_mla import format_parts
+LAYER_GROUPS = [1]  # the run's --layer-groups (set once by run()): part of how the tier holds a chunk
 
-    return format_parts(fmt, ct)
+
+def _parts(fmt: str, ct: int):
+    """The chunk's parts from the format the engine logged and the run's layer groups (None: one value a chunk)."""
+    from kvctl.connector.formats import format_grouping
+
+    return format_grouping(fmt, ct, LAYER_GROUPS[0]).parts
 
 
 def _copy_chunks(src: LabTier, dst: LabTier, prompts: list[list[int]], ct: int, model: str, fmt: str,
@@ -229,7 +241,11 @@ def _breakdown(events: list[dict], t0: float, t1: float) -> dict:
     loads = [e for e in mine if e["ev"] == "load"]
     inserts = [e for e in mine if e["ev"] == "insert_gpu"]
     sched = [e for e in mine if e["ev"] == "scheduled_load"]
+    layered = [e for e in mine if e["ev"] == "load_layered"]
     out = {"lookups": len(lookups), "lookup_s": sum(e["s"] for e in lookups)}
+    if layered:  # a pipelined hit: how long the forward waited for its groups, and groups no layer asked for
+        out["layer_wait_s"] = layered[-1]["wait_s"]
+        out["late_groups"] = layered[-1]["late_groups"]
     if lookups:
         out["to_first_lookup_s"] = lookups[0]["t"] - lookups[0]["s"] - t0
     if loads:
@@ -258,6 +274,7 @@ def run(args) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     lengths = [int(x) for x in args.lengths.split(",")]
     ks = [int(x) for x in args.instances.split(",")]
+    LAYER_GROUPS[0] = args.layer_groups
     ct = args.chunk_tokens
     model_dir, max_len = _model(args, work)
     kw = _engine_kwargs(args) | {"max_model_len": max_len}
@@ -265,7 +282,7 @@ def run(args) -> dict:
     s = _bytes_per_token(model_dir, dtype)
     result: dict = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
                     "device": args.device, "model": "tiny-mla" if args.tiny_mla else Path(args.shape).name,
-                    "shape_overrides": args.overrides, "engine": kw,
+                    "shape_overrides": args.overrides, "engine": kw, "layer_groups": args.layer_groups,
                     "bytes_per_token": s, "chunk_tokens": ct, "lengths": lengths, "instances": ks, "runs": {}, "errors": []}
     try:
         import torch
@@ -291,6 +308,7 @@ def run(args) -> dict:
         cfg = tiers[kmax].vllm_config(*extra)
         if args.connections:
             cfg["kv_connector_extra_config"]["connections_per_instance"] = args.connections
+        cfg["kv_connector_extra_config"]["layer_groups"] = args.layer_groups
         t_start = time.monotonic()
         eng = LLMProcess.start(model_dir, work, llm_kwargs=kw, kv_transfer_config=cfg, env=env, name="cold",
                                timeout_s=args.start_timeout)
@@ -326,6 +344,7 @@ def run(args) -> dict:
             cfg = tiers[k].vllm_config(*extra, "--loading", loading)
             if args.connections:
                 cfg["kv_connector_extra_config"]["connections_per_instance"] = args.connections
+            cfg["kv_connector_extra_config"]["layer_groups"] = args.layer_groups
             conns = cfg["kv_connector_extra_config"].get("connections_per_instance", 2)
             raw = RawGet(tiers[k], conns, chunk_nbytes, max(lengths) // ct + 1, _parts(fmt, ct))
             t_start = time.monotonic()
@@ -388,7 +407,7 @@ def _profile(eng: LLMProcess, out: Path):
     try:
         return subprocess.Popen([spy, "record", "--format", "raw", "--rate", "100", "--subprocesses", "--nonblocking",
                                  "--pid", str(eng.proc.pid), "-o", str(out)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+                                stderr=subprocess.DEVNULL, preexec_fn=die_with_parent())
     except OSError:
         return None
 
@@ -427,7 +446,7 @@ def summarize(result: dict) -> None:
                 points.append((r["bytes"], r["hit_s"]))
             phases = {k: _median([r["phases"].get(k) for r in rows]) for k in (
                 "lookup_s", "get_s", "copy_tail_s", "exchange_s", "insert_s", "insert_gpu_s", "total_s",
-                "load_end_to_done_s", "scheduled_to_load_s", "to_first_lookup_s")}
+                "load_end_to_done_s", "scheduled_to_load_s", "to_first_lookup_s", "layer_wait_s", "late_groups")}
             per[n] = {"hit_s": hit, "worst_hit_s": worst, "raw_get_s": raw, "load_s": load, "bytes": byts,
                       "cached": _median([r["cached"] for r in rows]), "phases": phases,
                       "vs_recompute": hit / rec[n] if hit and rec.get(n) else None,
@@ -457,7 +476,7 @@ def render(result: dict) -> str:
     R = summ.get("R_tokens_per_s")
     if R:
         lines.append(f"R = {R:,.0f} tokens/s (recompute at the longest length), B* = s·R = {summ['B_star_gbps']:.2f} GB/s")
-    hdr = f"{'run':<10} {'tokens':>6} {'recompute':>9} {'local hit':>9} {'hit':>7} {'worst':>7} {'hit/rec':>7} {'raw GET':>7} {'load':>7} {'load/raw':>8} {'lookup':>7} {'get':>7} {'tail':>6} {'xchg':>6} {'insert':>6} {'after':>6}"
+    hdr = f"{'run':<10} {'tokens':>6} {'recompute':>9} {'local hit':>9} {'hit':>7} {'worst':>7} {'hit/rec':>7} {'raw GET':>7} {'load':>7} {'load/raw':>8} {'lookup':>7} {'get':>7} {'tail':>6} {'xchg':>6} {'insert':>6} {'after':>6} {'l.wait':>6}"
     lines.append(hdr)
     for name, r in summ.get("runs", {}).items():
         for n, v in sorted(r["lengths"].items()):
@@ -467,7 +486,7 @@ def render(result: dict) -> str:
                          f"{f(v['hit_s']):>7} {f(v['worst_hit_s']):>7} {f(v['vs_recompute']):>7} {f(v['raw_get_s']):>7} "
                          f"{f(v['load_s']):>7} {f(v['load_vs_raw']):>8} {f(ph.get('lookup_s')):>7} {f(ph.get('get_s')):>7} "
                          f"{f(ph.get('copy_tail_s')):>6} {f(ph.get('exchange_s')):>6} {f(ph.get('insert_s')):>6} "
-                         f"{f(ph.get('load_end_to_done_s')):>6}")
+                         f"{f(ph.get('load_end_to_done_s')):>6} {f(ph.get('layer_wait_s')):>6}")
         t0 = r.get("T0_s")
         lines.append(f"{name}: raw GET {r.get('raw_gbps') or 0:.2f} GB/s, fitted T0 {t0 if t0 is None else round(t0, 4)} s, "
                      f"n* = R·T0 = {r.get('n_star_tokens') or 0:,.0f} tokens")

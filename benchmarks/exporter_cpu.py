@@ -29,6 +29,7 @@ import psutil
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.diagnose.metrics_server
+from kvctl.core.procs import die_with_parent  # noqa: E402
 from kvctl.tier.server import start_valkey  # noqa: E402
 from tests.diagnose.metrics_server import MetricsServer  # noqa: E402
 
@@ -63,7 +64,7 @@ def main() -> None:
     stop_gets = threading.Event()
     try:
         for i in range(a.instances):
-            v = start_valkey(tmp / f"v{i}", settings={"maxmemory": "32mb"})
+            v = start_valkey(tmp / f"v{i}", settings={"maxmemory": "32mb"}, die_with_parent=True)
             servers.append(v)
             r = redis.Redis(port=v.port)
             r.set("chunk", b"x" * 1000)
@@ -84,7 +85,7 @@ def main() -> None:
                "--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--interval", str(a.interval), "--window", "60", "--json"]
         for v in servers:
             cmd += ["--valkey", v.url]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent())
         start = json.loads(proc.stdout.readline())
         time.sleep(2 * a.interval + 3)  # warm-up: imports done, the window has samples
         p = psutil.Process(proc.pid)

@@ -6,6 +6,10 @@
 #   bash benchmarks/gpu_host.sh bench-glm5 [OUT_DIR]  the same for GLM-5 (MLA + sparse-attention indexer, issue 34):
 #                                                  78 layers of GLM-5's attention, 8 experts, FLASHMLA_SPARSE, fp8_ds_mla,
 #                                                  8k/16k/32k, K = 4 (GLM5_LAYERS=N to shrink it if it does not fit)
+#   bash benchmarks/gpu_host.sh layered [OUT_DIR]  issue 45: one instance (K = 1, Valkey 9.1 where KVCTL_VALKEY_SERVER
+#                                                  points at it; IO_THREADS, CONNS), compiled, the Lite shape: a sync hit
+#                                                  loaded layer group by group (LAYER_GROUPS, vLLM's async scheduling off),
+#                                                  then the serial hit of vLLM's defaults (receive path), side by side
 #   bash benchmarks/gpu_host.sh tests [OUT_DIR]    python -m pytest -m gpu tests/gpu (engine chains, faults, shutdown)
 #   bash benchmarks/gpu_host.sh paper [OUT_DIR]    benchmarks/paper_gpu.py (the paper's Table 2 here, issue 33), the steps
 #                                                  in PAPER_STEPS (default all; the host's 10-minute calls take a part
@@ -33,6 +37,14 @@ case "$what" in
     timeout "${BENCH_TIMEOUT_S:-540}" python3 benchmarks/engine_gpu.py --json "$out/engine_gpu.json" \
       --logs "$out/engine_logs.tar.gz" ${BENCH_FLAGS:---async --profile} ${BENCH_ARGS:-} 2>&1 | tee "$out/engine_gpu.txt"
     ;;
+  layered)
+    common=(--compiled --instances 1 --io-threads "${IO_THREADS:-8}" --connections "${CONNS:-8}"
+            --lengths "${LENGTHS:-1024,2048,8192,16384,32000}" --prompts "${PROMPTS:-3}" ${BENCH_ARGS:-})
+    timeout "${BENCH_TIMEOUT_S:-280}" python3 benchmarks/engine_gpu.py "${common[@]}" --layer-groups "${LAYER_GROUPS:-4}" \
+      --no-async-scheduling --json "$out/layered.json" 2>&1 | tee "$out/layered.txt"
+    [ -n "${SKIP_SERIAL:-}" ] || timeout "${BENCH_TIMEOUT_S:-280}" python3 benchmarks/engine_gpu.py "${common[@]}" \
+      --json "$out/serial.json" 2>&1 | tee "$out/serial.txt"
+    ;;
   bench-glm5)
     timeout "${BENCH_TIMEOUT_S:-580}" python3 benchmarks/engine_gpu.py --json "$out/engine_gpu_glm5.json" \
       --logs "$out/engine_logs_glm5.tar.gz" --shape configs/models/glm-5-shrunk-shape.json \
@@ -52,5 +64,5 @@ case "$what" in
     # one archive: the device call brings back a bounded number of files
     (cd .gpu-work/paper && tar czf "$out/paper/runs.tar.gz" -- *.jsonl *.json *.txt *.yaml *.err 2>/dev/null)
     ;;
-  *) echo "usage: $0 bench|bench-glm5|tests|paper [OUT_DIR]" >&2; exit 2 ;;
+  *) echo "usage: $0 bench|bench-glm5|layered|tests|paper [OUT_DIR]" >&2; exit 2 ;;
 esac

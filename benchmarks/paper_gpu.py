@@ -59,7 +59,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import linkshaper  # noqa: E402
+from benchmarks.paper_gpu_inputs import (  # noqa: E402
+    MAX_SPAN_S, field, number, read_bytes_per_token, read_diagnose, read_info, read_meta, read_rho_samples)
 from benchmarks.simulate_vs_replay import fit_prefill_rate  # noqa: E402
+from kvctl.core.procs import die_with_parent  # noqa: E402
+from kvctl.core import files  # noqa: E402
+from kvctl.core.errors import InvalidInput, KvctlError  # noqa: E402
+from kvctl.core.thresholds import TRACE_MAX_BYTES  # noqa: E402
 from kvctl.lab.engine import ApiServer, LabTier, engine_env  # noqa: E402
 
 KVCTL = [sys.executable, "-P", "-c", "from kvctl.cli import main; main()"]
@@ -76,13 +82,22 @@ DEFAULT_SHAPE = REPO / "configs" / "models" / "deepseek-v2-lite-shape.json"
 NO_ASYNC_TIMEOUT = ("--async-timeout", "86400")
 
 
+class CommandFailed(KvctlError):
+    """A kvctl command the script ran failed (its last line, and the log with all it printed, are named)."""
+
+
 def kvctl(*args: str, check: bool = True, timeout: float = 1200, log: Path | None = None) -> subprocess.CompletedProcess:
-    """One kvctl command as a user types it; what it printed also goes to ``log``."""
-    r = subprocess.run(KVCTL + list(args), capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+    """One kvctl command as a user types it; what it printed also goes to ``log``. CommandFailed when it exits
+    non-zero (with ``check``) or runs past ``timeout``."""
+    try:
+        r = subprocess.run(KVCTL + list(args), capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+    except subprocess.TimeoutExpired as e:
+        raise CommandFailed(f"kvctl {args[0]} did not finish in {timeout:g} s (killed)") from e
     if log is not None:
         log.write_text(f"$ kvctl {' '.join(args)}\n# exit {r.returncode}\n{r.stdout}\n{r.stderr}")
     if check and r.returncode != 0:
-        raise RuntimeError(f"kvctl {' '.join(args)} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+        last = (r.stderr.strip().splitlines() or r.stdout.strip().splitlines() or ["(it printed nothing)"])[-1]
+        raise CommandFailed(f"kvctl {args[0]} exited {r.returncode}: {last}" + (f" (all it printed: {log})" if log else ""))
     return r
 
 
@@ -337,7 +352,8 @@ def run_step(lab: Lab, name: str) -> dict:
         replay(srv.url, work / "warmup.trace.jsonl", work / f"{name}.warmup.jsonl", a)
         if k:
             prime = work / f"{trace_name}.prime.jsonl"
-            prime_lines = prime.read_text().splitlines()  # the primed documents: counted, and the first warms the load path
+            # the primed documents: counted, and the first warms the load path
+            prime_lines = files.read_regular(prime, "priming trace", TRACE_MAX_BYTES, kind="a trace").splitlines()
             n_prime = len(prime_lines)
             t0 = time.monotonic()
             replay(srv.url, prime, work / f"{name}.prime-run.jsonl", a, "--max-in-flight", "2")
@@ -358,6 +374,9 @@ def run_step(lab: Lab, name: str) -> dict:
             if prime_lines:
                 warm = work / f"{trace_name}.warmhit.jsonl"
                 first = json.loads(prime_lines[0])
+                if not (isinstance(first, dict) and isinstance(first.get("hash_ids"), list) and first["hash_ids"]
+                        and all(isinstance(h, int) and not isinstance(h, bool) for h in first["hash_ids"])):
+                    raise InvalidInput(f"{prime}: line 1: hash_ids must be a non-empty list of integers")
                 warm.write_text(json.dumps({**first, "hash_ids": [*first["hash_ids"][:-1], first["hash_ids"][-1] - 1]}) + "\n")
                 replay(srv.url, warm, work / f"{name}.warmhit-run.jsonl", a)
             if reset_prefix_cache(srv):
@@ -367,7 +386,7 @@ def run_step(lab: Lab, name: str) -> dict:
                 srv = ApiServer.start(lab.model, work / f"{name}-engine", args=[*lab.server_args(), "--config", str(cfg)],
                                       env=lab.env, name=f"{name}-restart", timeout_s=a.start_timeout)
                 info["prefix_cache"] = "engine restarted"
-        span = json.loads((work / "meta.json").read_text())["traces"][trace_name]["span_s"]
+        span = field(read_meta(work), work / "meta.json", f"traces.{trace_name}.span_s", number(0, MAX_SPAN_S))
         if name in ("R2", "R4"):  # over the run's arrivals, past the replay's start (a short window sees Poisson's noise)
             delay, window = round(min(3.0, span / 20), 1), max(5.0, round(span * 0.9, 1))
             t_dir = lab.tier(k)[0].dir
@@ -376,7 +395,7 @@ def run_step(lab: Lab, name: str) -> dict:
                             "--dir", shlex.quote(str(t_dir)), "--window", str(window),
                             "--bytes-per-token", str(lab_bytes_per_token(lab)), "--json"])
             with out.open("w") as stdout, (work / f"{name}.diagnose.err").open("w") as stderr:
-                diagnose = subprocess.Popen(["/bin/sh", "-c", cmd], stdout=stdout, stderr=stderr, cwd=str(REPO))
+                diagnose = subprocess.Popen(["/bin/sh", "-c", cmd], stdout=stdout, stderr=stderr, cwd=str(REPO), preexec_fn=die_with_parent())
             info["diagnose_window"] = {"from_s": delay, "window_s": window}
         if name == "R2":
             exporter = ExporterScraper(lab, srv.url, k, work / f"{name}.exporter.jsonl")
@@ -402,8 +421,8 @@ def run_step(lab: Lab, name: str) -> dict:
 
 def lab_bytes_per_token(lab: Lab) -> float:
     cached = lab.work / "bytes_per_token.txt"
-    if cached.exists():
-        return float(cached.read_text())
+    if cached.exists() or cached.is_symlink():
+        return read_bytes_per_token(cached)
     out = json.loads(kvctl("cost", "kv-size", "--config", str(lab.model / "config.json"), "--dtype", "bf16", "--json").stdout)
     s = float(out["bytes_per_token"])
     cached.write_text(str(s))
@@ -420,7 +439,7 @@ class ExporterScraper:
         self.proc = subprocess.Popen(
             KVCTL + ["exporter", "--engine-url", engine_url, "--dir", str(lab.tier(k)[0].dir), "--listen", "127.0.0.1:0",
                      "--bytes-per-token", str(lab_bytes_per_token(lab)), "--interval", "2", "--window", "20", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO), start_new_session=True)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO), start_new_session=True, preexec_fn=die_with_parent())
         self._threads = [threading.Thread(target=self._read, daemon=True), threading.Thread(target=self._scrape, daemon=True)]
         for th in self._threads:
             th.start()
@@ -483,8 +502,21 @@ def by_class_ratios(predicted: dict | None, measured: dict | None) -> dict:
 
 
 def analyse(a) -> dict:
+    """Report, simulate, plan, diagnose's verdicts and the alert over the work directory. Every file of it that this
+    process reads is read and checked first (``paper_gpu_inputs``: bounded, typed), before any kvctl command runs:
+    a malformed one stops it with InvalidInput, one line naming the file and the key. The run files go to kvctl."""
     work = a.workdir
-    meta = json.loads((work / "meta.json").read_text())
+    meta = read_meta(work)
+    diagnosed = {r: (doc, read_info(work, r)) for r in ("R2", "R4") if (doc := read_diagnose(work, r)) is not None}
+    exporter = work / "R2.exporter.jsonl"
+    rho_samples = read_rho_samples(exporter) if exporter.exists() or exporter.is_symlink() else None
+    calib = work / "calib.jsonl"
+    R = None
+    if calib.exists() or calib.is_symlink():
+        try:  # R from the calibration's misses, as simulate_vs_replay fits it (kvctl's run-file reader)
+            R = fit_prefill_rate(calib)[0]
+        except statistics.StatisticsError:  # no miss in it
+            R = None
     s, ct, bt = meta["bytes_per_token"], meta["chunk_tokens"], meta["block_tokens"]
     have = [r for r in RUNS if (work / f"{r}.jsonl").exists()]
     rep = json.loads(kvctl("report", *[str(work / f"{r}.jsonl") for r in have], "--hit-tokens", str(ct), "--json",
@@ -494,13 +526,8 @@ def analyse(a) -> dict:
                                                                     "requests", "cached_token_share", "l2_token_share", "max_in_flight", "errors",
                                                                     "by_class") if k in m}
                                           for r, m in measured.items()}}
-    calib = work / "calib.jsonl"
-    calib_k = meta.get("calib_instances", 1)  # runs before --calib-instances calibrated on one
-    if calib.exists():
-        try:  # R from the calibration's misses, as simulate_vs_replay fits it
-            R = fit_prefill_rate(calib)[0]
-        except statistics.StatisticsError:  # no miss in it
-            R = None
+    calib_k = meta.get("calib_instances") or 1  # runs before --calib-instances calibrated on one
+    if calib.exists() or calib.is_symlink():
         out["prefill_rate"] = R
         preds, classes = {}, {}
         for r in ("R2", "R3", "R4", "R5"):
@@ -550,20 +577,12 @@ def analyse(a) -> dict:
             meets = {r: measured[r]["p99_s"] is not None and measured[r]["p99_s"] <= slo for r in RUNS if r in measured}
             out["plan"]["measured_meets_slo"] = meets
             out["plan"]["agrees_for_E1"] = plan_agrees(plans.get(1, {}), meets, meta["instances"])
-    for r in ("R2", "R4"):
-        d = work / f"{r}.diagnose.json"
-        if d.exists() and d.stat().st_size:
-            try:
-                doc = json.loads(d.read_text())
-            except ValueError:
-                continue
-            info_path = work / f"{r}.info.json"
-            info = json.loads(info_path.read_text()) if info_path.exists() else {}
-            out.setdefault("diagnose", {})[r] = {"exit": info.get("diagnose_exit"), "rho": doc.get("rho"),
-                                                  "rho_bound": doc.get("rho_bound"), "bandwidth_gbps": doc.get("bandwidth_gbps"),
-                                                  "bandwidth_source": doc.get("bandwidth_source"),
-                                                  "findings": [f.get("id") for f in doc.get("findings", [])]}
-    out["alert"] = alert_check(work)
+    for r, (doc, info) in diagnosed.items():
+        out.setdefault("diagnose", {})[r] = {"exit": info.get("diagnose_exit"), "rho": doc.get("rho"),
+                                              "rho_bound": doc.get("rho_bound"), "bandwidth_gbps": doc.get("bandwidth_gbps"),
+                                              "bandwidth_source": doc.get("bandwidth_source"),
+                                              "findings": [f["id"] for f in doc.get("findings") or []]}
+    out["alert"] = alert_check(work, rho_samples)
     return out
 
 
@@ -590,17 +609,19 @@ def promtool_path() -> str:
     return os.environ.get("KVCTL_PROMTOOL") or shutil.which("promtool") or str(REPO / ".tools" / "prometheus" / "usr" / "bin" / "promtool")
 
 
-def alert_check(work: Path) -> dict:
+def alert_check(work: Path, values: list[float] | None = None) -> dict:
     """KvctlRhoUnstable under promtool's own rule evaluation, fed with the exporter's kvctl_rho as R2 served it
     (one recorded scrape per evaluation minute), evaluated where the longest stretch of ρ ≥ 1 ends: the run drains
-    after its last arrival, so ρ falls at the end of every recording."""
+    after its last arrival, so ρ falls at the end of every recording. ``values``: the recording's highest ρ of each
+    scrape, already read (``read_rho_samples``); read here when None."""
     import tempfile
 
     src = work / "R2.exporter.jsonl"
     promtool = promtool_path()
-    if not src.exists():
-        return {"ran": False, "why": "no R2.exporter.jsonl"}
-    values = [max(r["kvctl_rho"]) for r in map(json.loads, src.read_text().splitlines()) if r.get("kvctl_rho")]
+    if values is None:
+        if not src.exists() and not src.is_symlink():
+            return {"ran": False, "why": "no R2.exporter.jsonl"}
+        values = read_rho_samples(src)
     if not Path(promtool).exists():
         return {"ran": False, "why": "promtool not found (make promtool)", "samples": len(values)}
     if len(values) < 4:
@@ -667,8 +688,8 @@ def render(out: dict) -> str:
 # -- main ---------------------------------------------------------------------------------------------
 def write_meta(a, lab: Lab) -> dict:
     path = a.workdir / "meta.json"
-    if path.exists():
-        return json.loads(path.read_text())
+    if path.exists() or path.is_symlink():
+        return read_meta(a.workdir)
     traces = {"main": make_traces(a.workdir, "main", tokens=a.prompt_tokens, block=a.block_tokens, requests=a.requests,
                                   rate=a.rate, hit_share=a.hit_share, seed=1),
               "calib": make_traces(a.workdir, "calib", tokens=a.prompt_tokens, block=a.block_tokens,
@@ -690,7 +711,17 @@ def write_meta(a, lab: Lab) -> dict:
 
 
 def main(argv=None) -> int:
+    """The runs or the analysis; a failure kvctl's way (a malformed file of the work directory, a kvctl command that
+    failed) is one line on stderr and its exit status, never a traceback."""
     a = parse_args(argv)
+    try:
+        return run_or_analyse(a)
+    except KvctlError as e:
+        print(f"paper_gpu: error: {e}", file=sys.stderr)
+        return int(e.exit_status)
+
+
+def run_or_analyse(a) -> int:
     a.workdir.mkdir(parents=True, exist_ok=True)
     if a.analyse:
         out = analyse(a)

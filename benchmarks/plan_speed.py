@@ -33,7 +33,7 @@ def files(d: Path) -> tuple[str, str]:
     rows = [{"metadata": {}}]
     for i in range(40):  # TTFT = T0 (0.25 … 0.45 s) + 16 310 × 48 437.5 B at 3 GB/s
         ttft = 0.25 + 0.005 * i + 16310 * 48437.5 / 3e9
-        rows.append({"scheduled_s": i, "sent_s": i, "first_token_s": i + ttft, "finished_s": i + ttft, "latency_s": ttft,
+        rows.append({"index": i, "scheduled_s": i, "sent_s": i, "first_token_s": i + ttft, "finished_s": i + ttft, "latency_s": ttft,
                      "prompt_tokens": 16310, "cached_tokens": 16310, "status": "ok", "in_flight": 1})
     run.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return str(bench), str(run)

@@ -213,6 +213,11 @@ def main(argv=None) -> int:
 
 
 def _spawned(rank, world, port, args):
+    import multiprocessing
+
+    from kvctl.core.procs import die_with
+
+    die_with(multiprocessing.parent_process().pid)  # a killed benchmark leaves no rank behind
     _worker(rank, world, port, args)
 
 

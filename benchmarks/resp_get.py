@@ -67,7 +67,7 @@ def run(seconds: float, value_mb: float, batch: int, rounds: int) -> dict:
     batch_bytes = size * batch
     with tempfile.TemporaryDirectory(prefix="kvctl-bench-") as tmp:
         maxmem = max(256, int(batch_bytes * 3 / 1_000_000))
-        server = start_valkey(tmp, settings={"maxmemory": f"{maxmem}mb"})
+        server = start_valkey(tmp, settings={"maxmemory": f"{maxmem}mb"}, die_with_parent=True)
         try:
             # the default pool (4 connections): batched_get spreads a batch this large over all of them
             ours = RespClient(server.url, timeout_s=30.0)

@@ -59,6 +59,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import linkshaper  # noqa: E402
 from kvctl.replay.runfile import read_run  # noqa: E402
+from kvctl.tier.state_file import load_tier  # noqa: E402
 from tests.engine.vllm_server import build_tiny_model, engine_python, start_vllm  # noqa: E402
 from tests.tier.helpers import free_base_port  # noqa: E402
 
@@ -88,10 +89,10 @@ class Stack:
         self.engine = None
         kvctl("deploy-valkey", "up", "--ranks", "2", "--base-port", str(free_base_port(2)), "--dir", str(self.tier_dir),
               "--maxmemory", "1gb", "--json")
-        state = json.loads((self.tier_dir / "kvctl-tier.json").read_text())
+        state = load_tier(self.tier_dir)  # the one reader of a tier's state file
         self.urls = []
-        for inst in state["instances"]:
-            p, port = linkshaper.spawn(inst["host"], inst["port"], link_mbps)
+        for inst in state.in_tier_order():
+            p, port = linkshaper.spawn(inst.host, inst.port, link_mbps)
             self.shapers.append(p)
             self.urls.append(f"resp://127.0.0.1:{port}")
 
@@ -143,8 +144,11 @@ def measured(run: Path) -> dict:
 
 
 def fit_prefill_rate(calib: Path) -> tuple[float, int]:
-    """R from the calibration run's misses: n / (time to first token), median over the misses alone in flight."""
-    miss = [r for r in read_run(calib).rows if r["status"] == "ok" and (r.get("cached_tokens") or 0) == 0]
+    """R from the calibration run's misses: n / (time to first token), median over the misses alone in flight. A row
+    without a prompt length, a send time or a first token after it gives no rate and is left out."""
+    miss = [r for r in read_run(calib).rows if r["status"] == "ok" and (r.get("cached_tokens") or 0) == 0
+            and r.get("prompt_tokens") and r.get("sent_s") is not None and r.get("first_token_s") is not None
+            and r["first_token_s"] > r["sent_s"]]
     alone = [r for r in miss if r.get("in_flight") == 1] or miss
     rates = [r["prompt_tokens"] / (r["first_token_s"] - r["sent_s"]) for r in alone]
     return statistics.median(rates), len(rates)

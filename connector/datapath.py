@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
+from .layer_groups import Grouping
 from .ownership import KeyExtra
 from .store import ShardedStore, StoreResult
 
@@ -127,13 +129,38 @@ class KVDataPath:
     """
 
     def __init__(self, store: ShardedStore, layout, *, chunk_tokens: int, block_size: int, group,
-                 device: torch.device | str) -> None:
+                 device: torch.device | str, grouping: Grouping | None = None) -> None:
         self.store, self.layout = store, layout
         self.rank, self.world_size = store.rank, store.world_size
         self.chunk_tokens, self.block_size = chunk_tokens, block_size
         self.group = group
         self.device = torch.device(device)
         self.on_cuda = self.device.type == "cuda"
+        # layer groups (kvctl.connector.layer_groups): a hit can be loaded group by group while the forward runs
+        self.grouping = grouping if grouping is not None and grouping.groups > 1 else None
+        self.group_layouts = [layout.rows(u.rows) for u in self.grouping.units] if self.grouping else []
+        self._cpu_lanes: ThreadPoolExecutor | None = None
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether loads can run group by group of layers (:func:`kvctl.connector.pipeline.begin`)."""
+        return self.grouping is not None and self.store.tier is not None
+
+    def lane_executor(self) -> ThreadPoolExecutor:
+        """Threads for a pipelined load's lanes: the store's on CUDA, else K x connections of this path's own."""
+        if self.store.lane_executor is not None:
+            return self.store.lane_executor
+        if self._cpu_lanes is None:
+            tier = self.store.tier
+            self._cpu_lanes = ThreadPoolExecutor(max_workers=tier.k * tier.connections,
+                                                 thread_name_prefix=f"kvctl-pipe-r{self.rank}")
+        return self._cpu_lanes
+
+    def close(self) -> None:
+        """Stop the CPU pipeline's lane threads (the store closes its own)."""
+        if self._cpu_lanes is not None:
+            self._cpu_lanes.shutdown(wait=True)
+            self._cpu_lanes = None
 
     # -- load -----------------------------------------------------------------
     def load(self, token_ids: Sequence[int], block_ids: Sequence[int], first_chunk: int, end_chunk: int,

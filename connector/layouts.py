@@ -37,6 +37,7 @@ kernel blocks of N tokens it is kernel block ``slot // N``, row ``slot % N``.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -192,6 +193,24 @@ class KVLayout:
         self._views = cells
         self._all = _stacked(cells)
         self.fused = self._all is not None  # one gather/scatter for all layers (else one per layer)
+
+    def layers(self, lo: int, hi: int) -> "KVLayout":
+        """Layers ``lo..hi-1`` of the same caches as a layout of their own: its chunks hold those layers only.
+
+        A pipelined load (:mod:`kvctl.connector.pipeline`) inserts a hit group by group of layers while the
+        engine's forward runs the groups before; the views are the same tensors, nothing is copied."""
+        if not 0 <= lo < hi <= self.num_layers:
+            raise ValueError(f"layers {lo}..{hi - 1} of a layout of {self.num_layers}")
+        sub = copy.copy(self)
+        sub.num_layers = hi - lo
+        sub._views = self._views[lo:hi]
+        sub._all = self._all[lo:hi] if self._all is not None else None
+        return sub
+
+    def rows(self, ranges: Sequence[tuple[int, int]]) -> "KVLayout":
+        """The layout of one layer group (:class:`~kvctl.connector.layer_groups.Unit` ``rows``): its layers."""
+        (lo, hi), = ranges
+        return self.layers(lo, hi)
 
     # -- formats ---------------------------------------------------------------
     def chunk_shape(self, tokens: int, world_size: int = 1) -> tuple[int, ...]:

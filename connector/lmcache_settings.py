@@ -23,8 +23,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from kvctl.connector.urls import (INSTANCE_PLACEHOLDER, MAX_INSTANCES_PER_RANK, InvalidUrl, expand_rank_urls, instances_in, parse_resp_url,
-                                  read_password_file, with_credentials)
+from kvctl.connector.urls import (INSTANCE_PLACEHOLDER, MAX_INSTANCES_PER_RANK, InvalidUrl, check_distinct_servers, expand_rank_urls,
+                                  instances_in, parse_resp_url, read_password_file, redact_url_text, redact_urls_in, with_credentials)
 from kvctl.core.errors import InvalidInput
 from kvctl.core.thresholds import CONNECTOR_TIMEOUT_S
 from .config_keys import PASSWORD_FILE_KEY, PLUGIN_NAME, URL_LIST_KEY, USERNAME_KEY, plugin_key
@@ -102,7 +102,7 @@ def plugin_settings(
     url_key = plugin_key("url", plugin_name)
     if remote_url:
         raise PluginConfigError(
-            f"remote_url ({remote_url}) is set next to remote_storage_plugins [{plugin_name}]: LMCache would build a "
+            f"remote_url ({redact_url_text(remote_url)}) is set next to remote_storage_plugins [{plugin_name}]: LMCache would build a "
             f"second remote backend and write every chunk twice; drop remote_url (the plugin reads extra_config.{url_key} "
             f"or extra_config.{URL_LIST_KEY})"
         )
@@ -119,9 +119,10 @@ def plugin_settings(
                 (isinstance(u, str) and u) or (isinstance(u, (list, tuple)) and u and all(isinstance(x, str) and x for x in u))
                 for u in raw):
             raise PluginConfigError(f"extra_config.{key}: expected a list of URL strings (or of lists of URL strings, "
-                                    f"one per instance of the rank), got {raw!r}")
+                                    f"one per instance of the rank), got {redact_urls_in(raw)!r}")
     elif not isinstance(raw, str) or not raw:
-        raise PluginConfigError(f"extra_config.{key}: expected a URL string such as resp://valkey-{{rank}}:6379, got {raw!r}")
+        raise PluginConfigError(f"extra_config.{key}: expected a URL string such as resp://valkey-{{rank}}:6379, "
+                                f"got {redact_urls_in(raw)!r}")
     username = extra.get(USERNAME_KEY)
     if username is not None and (not isinstance(username, str) or not username):
         raise PluginConfigError(f"extra_config.{USERNAME_KEY}: expected a user name, got {username!r}")
@@ -145,12 +146,17 @@ def plugin_settings(
                 raise PluginConfigError(f"extra_config.{k_key}: {k}, but every entry of {URL_LIST_KEY} lists {listed} URL(s)")
         else:
             if INSTANCE_PLACEHOLDER in raw and k_key not in extra:
-                raise PluginConfigError(f"extra_config.{k_key}: missing: {key} {raw} has {INSTANCE_PLACEHOLDER}, so say how "
+                raise PluginConfigError(f"extra_config.{k_key}: missing: {key} {redact_url_text(raw)} has {INSTANCE_PLACEHOLDER}, so say how "
                                         "many instances each rank has")
             k = int(_positive(extra, k_key, 1, integer=True, kind="instances_per_rank"))
         urls = [with_credentials(u, username, password)
                 for u in expand_rank_urls(list(raw) if key == URL_LIST_KEY else raw, rank, k)]
         parsed = [parse_resp_url(u) for u in urls]
+        if k > 1:  # one server under two spellings would halve the bandwidth K instances are for
+            # a list names every rank's instances: check them all (every rank refuses the same config);
+            # a template names this rank's
+            check_distinct_servers([expand_rank_urls(list(raw), r, k) for r in range(len(raw))]
+                                   if key == URL_LIST_KEY else [urls])
     except InvalidUrl as exc:
         raise PluginConfigError(f"extra_config.{key}: {exc}") from None
     return PluginSettings(

@@ -27,6 +27,7 @@ LOAD_COPY_SECONDS = "kvctl:load_copy_seconds"
 LOAD_EXCHANGE_SECONDS = "kvctl:load_exchange_seconds"
 LOAD_INSERT_SECONDS = "kvctl:load_insert_seconds"
 LOAD_WAIT_SECONDS = "kvctl:load_wait_seconds"
+LAYERED_LOADS = "kvctl:layered_loads"
 LOOKUPS = "kvctl:lookups"
 LOOKUP_SECONDS = "kvctl:lookup_seconds"
 CHUNKS_STORED = "kvctl:chunks_stored"
@@ -50,6 +51,8 @@ COUNTERS = {
     LOAD_EXCHANGE_SECONDS: "Of kvctl:load_seconds: the agreed-prefix message and the chunks' move between ranks.",
     LOAD_INSERT_SECONDS: "Of kvctl:load_seconds: building slots and queueing the scatter into the paged cache.",
     LOAD_WAIT_SECONDS: "Seconds requests waited for their loads (sync: the step's load; async: queued until done), rank 0.",
+    LAYERED_LOADS: "Sync loads written layer group by layer group while the forward ran (layer_groups > 1), rank 0; "
+                   "their kvctl:load_wait_seconds is only what the forward waited.",
     LOOKUPS: "Scheduler lookups sent to the tier (EXISTS on every owner's instances).",
     LOOKUP_SECONDS: "Wall seconds of the scheduler's lookups.",
     CHUNKS_STORED: "Chunks written to the tier (SET), summed over ranks.",

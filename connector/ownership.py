@@ -25,6 +25,10 @@ chunks.
   embeddings). kvctl hashes these itself rather than reusing vLLM's block
   hashes, which start from a per-process random seed unless PYTHONHASHSEED is
   fixed: kvctl's keys must survive restarts and be shared between engines.
+* A key is an injective function of what it covers: text fields (model
+  name, format, part name) are percent-encoded by :func:`key_field`, the
+  extras are canonical JSON under their own personalised hashes, and names
+  that were already safe keep their keys.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ __all__ = [
     "cumulative_lengths",
     "expand_url",
     "key_extra",
+    "key_field",
     "longest_prefix",
     "lookup_answer",
     "num_chunks",
@@ -223,6 +228,26 @@ def _token_bytes(token_ids: Sequence[int]) -> bytes:
     return arr.tobytes()
 
 
+#: characters a key field keeps as they are: printable ASCII but for the separator '@' and the escape '%'
+_KEY_SAFE = frozenset(chr(c) for c in range(0x21, 0x7F)) - {"@", "%"}
+
+
+def key_field(text: str, unsafe: str = "") -> str:
+    """``text`` as one field of a key, injectively: each character outside :data:`_KEY_SAFE`, or in ``unsafe``,
+    becomes ``%XX`` for each byte of its UTF-8 (surrogates included), so ``%`` itself becomes ``%25``.
+
+    A text of safe characters is its own field (keys stored before the escaping keep hitting);
+    ``urllib.parse.unquote(field, errors="surrogatepass")`` gives the text back. The fields never hold '@',
+    a space, a control character or non-ASCII: a key is printable ASCII, split on '@' into its fields.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"a key field is text, got {type(text).__name__}")
+    if all(ch in _KEY_SAFE and ch not in unsafe for ch in text):
+        return text
+    return "".join(ch if ch in _KEY_SAFE and ch not in unsafe
+                   else "".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass")) for ch in text)
+
+
 def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, model_name: str, fmt: str,
                extra: KeyExtra | None = None) -> list[str]:
     """Remote keys of every chunk of a prompt, in chunk order.
@@ -231,8 +256,15 @@ def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, model_name: str, fmt
     chained hash: chunk c's digest covers chunk c-1's digest and chunk c's
     tokens), together with the model name and KV format, so equal keys mean
     equal prefixes. The key carries worker 0's name whatever rank builds it:
-    ``{model_name}@{fmt}@w0@{hex digest}``. A trailing partial chunk gets a key
+    ``{model}@{format}@w0@{hex digest}``. A trailing partial chunk gets a key
     too. Use this one function for lookup, get and put, sync and async.
+
+    The model name and the format go in through :func:`key_field` (the format
+    with '/' escaped too: :func:`part_key` puts a part's name after one), in
+    the key's text and in the hashed header alike: any name is accepted and
+    two names never share a key (``llama@prod`` is ``llama%40prod``,
+    ``llama_prod`` stays itself), and a name of printable ASCII without '@',
+    '%' (or, in a format, '/') keeps the key it always had.
 
     ``extra`` (see :class:`KeyExtra`) folds the request's extra keys into the
     chain: its seed right after the header, chunk c's material just before
@@ -243,11 +275,10 @@ def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, model_name: str, fmt
     """
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    if "@" in model_name or "@" in fmt:
-        raise ValueError("model_name and fmt must not contain '@' (the key separator)")
+    model_field, fmt_field = key_field(model_name), key_field(fmt, unsafe="/")
     data = _token_bytes(token_ids)
     step = chunk_tokens * 8
-    header = f"kvctl-chunk\0{model_name}\0{fmt}\0".encode()
+    header = f"kvctl-chunk\0{model_field}\0{fmt_field}\0".encode()  # fields hold no NUL: one header per pair
     prev = hashlib.blake2b(header, digest_size=_KEY_HASH_BYTES).digest()
     material: dict[int, bytes] = {}
     if extra:
@@ -255,7 +286,7 @@ def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, model_name: str, fmt
             prev = hashlib.blake2b(prev + extra.seed, digest_size=_KEY_HASH_BYTES, person=b"kvctl-key-seed").digest()
         material = dict(extra.chunks)
     keys: list[str] = []
-    prefix = f"{model_name}@{fmt}@w{KEY_WORKER_ID}@"
+    prefix = f"{model_field}@{fmt_field}@w{KEY_WORKER_ID}@"
     for off in range(0, len(data), step):
         more = material.get(off // step)
         if more is not None:
@@ -270,31 +301,38 @@ def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, model_name: str, fmt
 def part_key(key: str, part: str) -> str:
     """The key of part ``part`` of the chunk keyed ``key``: ``{model}@{fmt}/{part}@w0@{digest}``.
 
-    The part's name goes into the format field, so a part is never read as
-    another part, nor as a chunk of one part; the digest (which covers the
-    chunk's format, every part named in it) is the chunk's.
+    The part's name (through :func:`key_field`, '/' escaped) goes into the
+    format field after the one '/' a format field may hold, so a part is never
+    read as another part, nor as a chunk of one part, nor as a chunk of another
+    format; the digest (which covers the chunk's format, every part named in
+    it) is the chunk's. A part key is not a chunk key: it has no parts.
     """
-    if not part or "@" in part or "/" in part:
-        raise ValueError(f"a part name is a non-empty word without '@' or '/', got {part!r}")
+    if not isinstance(part, str) or not part:
+        raise ValueError(f"a part name is a non-empty string, got {part!r}")
     fields = key.split("@")
-    if len(fields) != 4:
+    if len(fields) != 4 or "/" in fields[1]:
         raise ValueError(f"not a chunk key: {key!r}")
     model, fmt, worker, digest = fields
-    return f"{model}@{fmt}/{part}@{worker}@{digest}"
+    return f"{model}@{fmt}/{key_field(part, unsafe='/')}@{worker}@{digest}"
 
 
 @dataclass(frozen=True)
 class ChunkParts:
-    """A chunk stored as ``len(names)`` values: part ``i`` is bytes ``offset(i) .. offset(i) + sizes[i]``.
+    """A chunk stored as ``len(names)`` values: part ``i`` is bytes ``offsets[i] .. offsets[i] + sizes[i]``.
 
-    The chunk's bytes are the parts' in order (one buffer, one pinned slot,
-    one L1 entry); the tier holds each part under its own :func:`part_key`.
-    A lookup, a GET and the agreed-prefix load count a chunk as present only
-    when every part is: a chunk whose part was evicted or deleted is a miss.
+    The parts tile the chunk's bytes (one buffer, one pinned slot, one L1
+    entry); by default they lie one after another in part order, and
+    ``offsets`` places them otherwise (layer groups list their parts group by
+    group, each a range of the chunk's layer-major bytes:
+    :mod:`kvctl.connector.layer_groups`). The tier holds each part under its
+    own :func:`part_key`. A lookup, a GET and the agreed-prefix load count a
+    chunk as present only when every part is: a chunk whose part was evicted
+    or deleted is a miss.
     """
 
     names: tuple[str, ...]
     sizes: tuple[int, ...]
+    offsets: tuple[int, ...] | None = None  # None: one after another, in part order
 
     def __post_init__(self) -> None:
         if len(self.names) != len(self.sizes) or len(self.names) < 2:
@@ -303,6 +341,15 @@ class ChunkParts:
             raise ValueError(f"parts {self.names} of sizes {self.sizes}: distinct names, positive sizes")
         for n in self.names:
             part_key("m@f@w0@0", n)  # the same rule for a name
+        if self.offsets is None:
+            object.__setattr__(self, "offsets", tuple(sum(self.sizes[:i]) for i in range(len(self.sizes))))
+        offsets = tuple(int(o) for o in self.offsets)
+        object.__setattr__(self, "offsets", offsets)
+        end = 0
+        for off, size in sorted(zip(offsets, self.sizes)):
+            if off != end:
+                raise ValueError(f"parts of sizes {self.sizes} at offsets {offsets} do not tile the chunk's bytes")
+            end = off + size
 
     @property
     def nbytes(self) -> int:
@@ -319,8 +366,4 @@ class ChunkParts:
             mv = mv.cast("B")
         if len(mv) != self.nbytes:
             raise ValueError(f"a buffer of {len(mv)} bytes for a chunk of {self.nbytes}")
-        out, off = [], 0
-        for size in self.sizes:
-            out.append(mv[off : off + size])
-            off += size
-        return out
+        return [mv[off : off + size] for off, size in zip(self.offsets, self.sizes)]

@@ -359,6 +359,7 @@ def load_agreed_prefix_detailed(
     first_chunk: int = 0,
     stage_owned: StageOwned | None = None,
     meta_group=None,
+    staging: torch.Tensor | None = None,
 ) -> tuple[LoadResult, Agreement]:
     """:func:`load_agreed_prefix` plus the :class:`Agreement` (for logs, tests, metrics)."""
     mode = resolve_mode(group, mode)
@@ -385,8 +386,12 @@ def load_agreed_prefix_detailed(
     owned = [] if bad_input else list(owned_chunks(n_chunks, _virtual_rank(rank, world, first_chunk % world), world))
     n_slots = max(1, math.ceil(n_chunks / world))
     try:
-        staging = torch.empty(n_slots * nbytes, dtype=torch.uint8, device=device)
-    except Exception:  # noqa: BLE001 - out of memory: fail locally, keep the sequence
+        if staging is None:
+            staging = torch.empty(n_slots * nbytes, dtype=torch.uint8, device=device)
+        elif staging.dtype != torch.uint8 or staging.numel() < n_slots * nbytes or staging.device.type != device.type:
+            raise ValueError(f"a staging buffer of {staging.numel()} {staging.dtype} bytes on {staging.device} for "
+                             f"{n_slots} slots of {nbytes} on {device}")
+    except Exception:  # noqa: BLE001 - out of memory (or a caller's buffer that does not fit): fail locally, keep the sequence
         staging = torch.empty(0, dtype=torch.uint8, device=device)
         first_fail, staged, deferred = (owned[0] if owned else n_chunks), 0, None
     else:
@@ -451,6 +456,7 @@ def load_agreed_prefix(
     first_chunk: int = 0,
     stage_owned: StageOwned | None = None,
     meta_group=None,
+    staging: torch.Tensor | None = None,
 ) -> LoadResult:
     """Load the longest prefix of ``chunk_keys`` that every owner could provide.
 
@@ -474,11 +480,15 @@ def load_agreed_prefix(
     that writes owned chunks straight into this rank's staging slots on
     ``device`` (see :data:`StageOwned`): the device path reads replies into
     pinned host buffers and copies them to the GPU without another host copy.
+    ``staging``: the uint8 buffer ``stage_owned`` writes into (at least
+    ``ceil(N/W)`` slots of a chunk's bytes, on ``device``), for a caller whose
+    chunks are already landing there (:mod:`kvctl.connector.pipeline`); None:
+    allocated here.
 
     Returns ``LoadResult(prefix, chunks)``; every rank gets the same prefix.
     Only errors of the process group itself (a dead peer, a collective timeout)
     propagate.
     """
     result, _ = load_agreed_prefix_detailed(group, chunk_keys, fetch_owned, chunk_shape, dtype, device, mode, first_chunk,
-                                            stage_owned, meta_group)
+                                            stage_owned, meta_group, staging)
     return result

@@ -33,12 +33,15 @@
 * Every call completes on the caller's thread (and, for a split
   ``batched_get``, the client's GET threads): no future is handed out, so
   none can be lost (bug 1 of paper §5.4 cannot arise).
+* :meth:`RespClient.execute` sends any commands and reads their replies whole, typed and bounded
+  (:mod:`.resp_reply`): kvctl's admin reads (INFO, CONFIG GET). :meth:`RespClient.abort` cuts calls in flight.
 
 No click, no rich: this module runs inside engine processes.
 """
 
 from __future__ import annotations
 
+import socket
 import ssl
 import threading
 import time
@@ -66,6 +69,7 @@ from .resp_conn import (
     make_ssl_context,
 )
 from .resp_ops import _Fanout, _get_op, _int_reply, _raise_if_error, _wait_all
+from .resp_reply import ErrorReply, ReplyLimits, pipeline_op
 from .urls import parse_resp_url
 
 __all__ = [
@@ -77,6 +81,8 @@ __all__ = [
     "RespProtocolError",
     "RespServerError",
     "RespTimeout",
+    "ErrorReply",
+    "ReplyLimits",
     "make_ssl_context",
 ]
 
@@ -135,6 +141,7 @@ class RespClient:
         self._ssl_context = ssl_context if ssl_context is not None else (make_ssl_context(self.url) if self.url.tls else None)
         self._slots = threading.BoundedSemaphore(pool_size)
         self._idle: list[_Connection] = []
+        self._busy: set[_Connection] = set()  # in a call now: what abort() cuts
         self._lock = threading.Lock()
         self._closed = False
         self._created = 0
@@ -167,6 +174,8 @@ class RespClient:
                         with self._lock:
                             self._idle.append(conn)
                         raise
+                    with self._lock:
+                        self._busy.add(conn)
                     return conn, True
                 conn.close()
                 with self._lock:
@@ -177,9 +186,12 @@ class RespClient:
             raise
         with self._lock:
             self._created += 1
+            self._busy.add(conn)
         return conn, False
 
     def _release(self, conn: _Connection, ok: bool) -> None:
+        with self._lock:
+            self._busy.discard(conn)
         try:
             # a connection with reply bytes left unread after the call would hand
             # them to the next call as its reply (wrong bytes as a hit): dropped.
@@ -243,6 +255,18 @@ class RespClient:
             for conn in idle:
                 conn.close()
 
+    def abort(self) -> None:
+        """:meth:`close`, and shut the sockets of the calls in flight: each fails at once (a connection error)."""
+        self.close()
+        with self._lock:
+            busy = list(self._busy)
+        for conn in busy:
+            conn.broken = True  # never pooled again
+            try:  # the plain socket's shutdown, also under TLS (as _Fanout.abort)
+                socket.socket.shutdown(conn.sock, socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def __enter__(self) -> "RespClient":
         return self
 
@@ -260,6 +284,14 @@ class RespClient:
             return kind == b"+" and value == b"PONG"
 
         return self._run(op, idempotent=True)
+
+    def execute(self, commands: Sequence[Sequence[bytes | str | int]], limits: ReplyLimits = ReplyLimits(),
+                deadline: float | None = None, idempotent: bool = False) -> list[Any]:
+        """Send ``commands`` (each a command and its arguments) in one pipeline and read every reply whole, bounded by
+        ``limits`` (:mod:`~kvctl.connector.resp_reply`: an error reply is returned as an :class:`ErrorReply`), all
+        by ``deadline`` (``time.monotonic()`` seconds; default ``timeout_s`` from now): for the tools' admin commands
+        (INFO, CONFIG GET, ...). ``idempotent``: retried as :meth:`_run` says (read-only commands)."""
+        return self._run(pipeline_op(commands, limits), idempotent=idempotent, deadline=deadline)
 
     def batched_set(self, keys: Sequence[str | bytes], values: Sequence[Any], ttl_s: int | None = None) -> None:
         """SET every key to its value (bytes-like) in one pipeline; with ``ttl_s`` (whole seconds) ``SET ... EX ttl_s``.

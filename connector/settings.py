@@ -21,8 +21,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from kvctl.connector.urls import (INSTANCE_PLACEHOLDER, MAX_INSTANCES_PER_RANK, InvalidUrl, expand_rank_urls, instances_in,
-                                  parse_resp_url, read_password_file, with_credentials)
+from kvctl.connector.urls import (INSTANCE_PLACEHOLDER, MAX_INSTANCES_PER_RANK, InvalidUrl, check_distinct_servers,
+                                  expand_rank_urls, instances_in, parse_resp_url, read_password_file, redact_url_text,
+                                  redact_urls_in, redacted_repr, with_credentials)
 from kvctl.core.errors import InvalidInput
 
 from .config_keys import POLICY_KEYS, VLLM_KEYS
@@ -39,6 +40,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "instances_per_rank": (1, MAX_INSTANCES_PER_RANK),
     "connections_per_instance": (1, 16),
     "save_drain_s": (0.0, 3600.0),
+    "layer_groups": (1, 64),
     "load_policy.prefill_tokens_per_s": (1e-3, 1e9),
     "load_policy.t0_s": (0.0, 3600.0),
     "load_policy.bandwidth_gbps": (1e-6, 1e5),
@@ -59,6 +61,10 @@ DEFAULT_SAVE_DRAIN_S = 4.0
 #: settled before the request is scheduled (vLLM's async path); "auto" -- "receive" where vLLM's async scheduling
 #: is on (there, a short load on the "step" path ended vLLM 0.32's engine core on an H200: docs/gpu.md)
 SYNC_LOAD_PATHS = ("auto", "step", "receive")
+#: a chunk is stored as one value per group of layers (kvctl.connector.layer_groups), so a sync hit on vLLM's
+#: "step" path loads group by group while the forward computes the groups before (kvctl.connector.pipeline);
+#: 1 keeps one value per chunk, the format of earlier releases. Part of the keys: engines sharing a tier agree.
+DEFAULT_LAYER_GROUPS = 1
 
 
 class ConnectorConfigError(ValueError):
@@ -81,7 +87,12 @@ class LoadPolicySettings:
 
 @dataclass(frozen=True)
 class ConnectorSettings:
-    """The connector's settings once checked. ``rank_urls[r]``: rank r's K instance URLs (credentials in)."""
+    """The connector's settings once checked. ``rank_urls[r]``: rank r's K instance URLs (credentials in).
+
+    Its repr (and so str and every log line) shows the URLs with their passwords masked.
+    """
+
+    __repr__ = redacted_repr
 
     rank_urls: tuple[tuple[str, ...], ...]
     chunk_tokens: int
@@ -95,6 +106,8 @@ class ConnectorSettings:
     save_drain_s: float = DEFAULT_SAVE_DRAIN_S
     #: how vLLM is told about a sync load (:data:`SYNC_LOAD_PATHS`)
     sync_load_path: str = "auto"
+    #: values per chunk, one per group of layers (:data:`DEFAULT_LAYER_GROUPS`)
+    layer_groups: int = DEFAULT_LAYER_GROUPS
 
     @property
     def instances_per_rank(self) -> int:
@@ -165,7 +178,8 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
         if not isinstance(raw, (list, tuple)) or not all(
                 (isinstance(u, str) and u) or (isinstance(u, (list, tuple)) and u and all(isinstance(x, str) and x for x in u))
                 for u in raw):
-            raise _err("urls", f"expected a list of URL strings (or of lists of URL strings, one per instance), got {raw!r}")
+            raise _err("urls", "expected a list of URL strings (or of lists of URL strings, one per instance), "
+                               f"got {redact_urls_in(raw)!r}")
         if len(raw) != world_size:
             raise _err("urls", f"{len(raw)} entries for {world_size} rank(s): give one entry per rank")
         try:
@@ -178,12 +192,12 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
     else:
         raw = cfg["url"]
         if not isinstance(raw, str) or not raw:
-            raise _err("url", f"expected a URL string such as resp://valkey-{{rank}}:6379, got {raw!r}")
+            raise _err("url", f"expected a URL string such as resp://valkey-{{rank}}:6379, got {redact_urls_in(raw)!r}")
         key, template = "url", raw
         if k is None:
             k = 1
             if INSTANCE_PLACEHOLDER in raw:
-                raise _err("instances_per_rank", f"missing: url {raw} has {INSTANCE_PLACEHOLDER}, so say how many "
+                raise _err("instances_per_rank", f"missing: url {redact_url_text(raw)} has {INSTANCE_PLACEHOLDER}, so say how many "
                                                  "instances each rank has")
     if "chunk_tokens" not in cfg:
         raise _err("chunk_tokens", "missing (tokens per stored chunk, a multiple of vLLM's block size)")
@@ -208,10 +222,11 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
         except InvalidUrl as exc:
             raise _err(key, str(exc)) from None
         rank_urls.append(tuple(urls))
-    flat = [u for r in rank_urls for u in r]
-    if k > 1 and len(set(flat)) != len(flat):
-        raise _err(key, f"{len(flat)} instance URLs but only {len(set(flat))} distinct: each instance of each rank "
-                        "needs its own server")
+    if k > 1:  # one server under two spellings would halve the bandwidth K instances are for
+        try:
+            check_distinct_servers(rank_urls)
+        except InvalidUrl as exc:
+            raise _err(key, str(exc)) from None
     async_loading = cfg.get("async_loading", False)
     if not isinstance(async_loading, bool):
         raise _err("async_loading", f"expected true or false, got {async_loading!r}")
@@ -232,4 +247,5 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
         connections_per_instance=_number(cfg, "connections_per_instance", DEFAULT_CONNECTIONS, integer=True),
         save_drain_s=float(_number(cfg, "save_drain_s", DEFAULT_SAVE_DRAIN_S)),
         sync_load_path=sync_path,
+        layer_groups=_number(cfg, "layer_groups", DEFAULT_LAYER_GROUPS, integer=True),
     )

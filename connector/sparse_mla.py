@@ -49,6 +49,7 @@ loads as the other, nor as a dense MLA chunk.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
@@ -58,8 +59,7 @@ from .layouts import LAYOUTS, KVLayout, KVLayoutError, _dtype_tag, _spec_text, _
 from .ownership import ChunkParts
 
 __all__ = ["INDEXER_BACKENDS", "INDEXER_PART", "LATENT_PART", "SPARSE_BACKENDS", "IndexerLayout", "SparseGroup",
-           "SparseKV", "SparseMLALayout", "flattened_sparse_group", "format_parts", "sparse_format", "sparse_group",
-           "sparse_layout_for"]
+           "SparseKV", "SparseMLALayout", "flattened_sparse_group", "sparse_format", "sparse_group", "sparse_layout_for"]
 
 SPARSE_BACKENDS = ("FLASHMLA_SPARSE",)  # the sparse MLA backends whose latent rows kvctl reads
 INDEXER_BACKENDS = ("DEEPSEEK_V32_INDEXER",)
@@ -247,26 +247,6 @@ def sparse_format(group: SparseGroup, chunk_tokens: int, cache_dtype: str | None
     return fmt, ChunkParts((LATENT_PART, INDEXER_PART), (lat_bytes, n_idx * chunk_tokens * idx_row))
 
 
-_TAG_BYTES = {"bfloat16": 2, "float16": 2, "fp8_ds_mla": 1}
-
-
-def format_parts(fmt: str, chunk_tokens: int) -> ChunkParts | None:
-    """The parts of a chunk of format ``fmt`` (what :func:`sparse_format` wrote), None for a one-part format.
-
-    For tools outside the engine that hold only the format the connector logs (benchmarks, test hooks)."""
-    if "+idx" not in fmt:
-        return None
-    latent, indexer = fmt.split("+", 1)
-    try:
-        row, n_lat, tag = latent.removeprefix("mla").split("-", 2)
-        idx_row, n_idx, _ = indexer.removeprefix("idx").split("-", 2)
-        lat_bytes = int(row) * int(n_lat.removeprefix("L")) * _TAG_BYTES[tag] * chunk_tokens
-        idx_bytes = int(idx_row) * int(n_idx.removeprefix("L")) * chunk_tokens
-    except (KeyError, ValueError):
-        raise ValueError(f"not a sparse-MLA chunk format: {fmt!r}") from None
-    return ChunkParts((LATENT_PART, INDEXER_PART), (lat_bytes, idx_bytes))
-
-
 class IndexerLayout:
     """The indexer's K cache pages <-> ``(layers, tokens, value + scale bytes)`` chunks (see the module docstring).
 
@@ -296,6 +276,16 @@ class IndexerLayout:
 
     def fmt(self) -> str:
         return f"idx{self.row}-L{self.num_layers}-fp8_e4m3"
+
+    def layers(self, lo: int, hi: int) -> "IndexerLayout":
+        """Layers ``lo..hi-1`` of the same pages as a layout of their own (see :meth:`KVLayout.layers`)."""
+        if not 0 <= lo < hi <= self.num_layers:
+            raise ValueError(f"layers {lo}..{hi - 1} of an indexer layout of {self.num_layers}")
+        sub = copy.copy(self)
+        sub.num_layers = hi - lo
+        sub._runs = [(cells[lo:hi], stacked[lo:hi] if stacked is not None else None, word)
+                     for cells, stacked, word in self._runs]
+        return sub
 
     def chunk_shape(self, tokens: int) -> tuple[int, ...]:
         return (self.num_layers, tokens, self.row)
@@ -360,6 +350,14 @@ class SparseMLALayout:
 
     def fmt(self, world_size: int = 1) -> str:
         return f"{self.latent.fmt(world_size)}+{self.indexer.fmt()}"
+
+    def rows(self, ranges: Sequence[tuple[int, int]]):
+        """The layout of one layer group (:class:`~kvctl.connector.layer_groups.Unit` ``rows``): its latent layers
+        and indexer layers, chunks ``[latent | indexer]``; only its latent layers where the indexer skips them all."""
+        (a, b), (c, d) = ranges
+        if d <= c:
+            return self.latent.layers(a, b)
+        return SparseMLALayout(self.latent.layers(a, b), self.indexer.layers(c, d))
 
     def parts(self, tokens: int) -> ChunkParts:
         return ChunkParts((LATENT_PART, INDEXER_PART), (self._lat_token * tokens, self._idx_token * tokens))

@@ -150,6 +150,16 @@ class ShardedStore:
             self._lane_streams = [torch.cuda.Stream(self.device) for _ in range(n_lanes)]
 
     @property
+    def lane_executor(self) -> ThreadPoolExecutor | None:
+        """The device load's lane threads (K instances x lanes each; None off CUDA or without a tier)."""
+        return self._lanes
+
+    @property
+    def lane_streams(self) -> list | None:
+        """One CUDA copy stream per lane of :attr:`lane_executor` (None off CUDA)."""
+        return self._lane_streams
+
+    @property
     def client(self) -> RespClient | None:
         """The one instance's client (K = 1); None without a tier. With K > 1 use :attr:`tier`."""
         if self.tier is None:
@@ -182,10 +192,10 @@ class ShardedStore:
         items = [self._new_chunk() for _ in keys]
         t0 = time.perf_counter()
         ok = self.tier.get(chunks, keys, [b for b, _ in items])
-        self._note_get(sum(ok) * self.chunk_nbytes, time.perf_counter() - t0)
+        self.note_get(sum(ok) * self.chunk_nbytes, time.perf_counter() - t0)
         return [item if hit else None for item, hit in zip(items, ok)]
 
-    def _note_get(self, got: int, dt: float) -> None:
+    def note_get(self, got: int, dt: float) -> None:
         """Count ``got`` bytes of L2 GETs in ``dt`` seconds (engine metrics, the measured bandwidth)."""
         with self._bw_lock:
             self.l2_get_bytes += got
@@ -350,7 +360,7 @@ class ShardedStore:
                 raise
             if timing is not None:
                 timing["fetch"] = stats
-            self._note_get(stats.got_bytes, stats.get_s)
+            self.note_get(stats.got_bytes, stats.get_s)
             return stats.staged
 
         t0 = time.perf_counter()

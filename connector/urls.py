@@ -22,10 +22,15 @@ tier (:func:`flat_instance`): ports and unit names count that way.
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
+import re
+import socket
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Callable, Sequence
 from urllib.parse import parse_qs, quote, unquote, urlsplit, urlunsplit
 
+from kvctl.core.engine_http import MASK, SECRET_NAME_PARTS
 from kvctl.core.errors import InvalidInput
 from kvctl.core.files import read_password_file  # noqa: F401 - the one reader of password files (files.read_regular), re-exported
 from kvctl.core.thresholds import PASSWORD_FILE_MAX_BYTES  # noqa: F401 - re-exported
@@ -59,9 +64,9 @@ def expand_url(template_or_list: str | Sequence[str], rank: int) -> str:
         raise InvalidUrl(f"per-rank URL list has {len(urls)} entries, no URL for rank {rank}")
     url = urls[rank]
     if not isinstance(url, str) or not url:
-        raise InvalidUrl(f"per-rank URL for rank {rank} is not a non-empty string: {url!r}")
+        raise InvalidUrl(f"per-rank URL for rank {rank} is not a non-empty string: {redact_urls_in(url)!r}")
     if RANK_PLACEHOLDER in url:
-        raise InvalidUrl(f"per-rank URL for rank {rank} still contains {RANK_PLACEHOLDER}: {url}")
+        raise InvalidUrl(f"per-rank URL for rank {rank} still contains {RANK_PLACEHOLDER}: {redact_url_text(url)}")
     return url
 
 
@@ -101,7 +106,7 @@ def expand_rank_urls(template_or_list: str | Sequence, rank: int, instances_per_
         if k > 1:
             raise InvalidUrl(f"{k} instances per rank need {INSTANCE_PLACEHOLDER} in the URL template "
                              f"(e.g. resp://valkey-{{rank}}-{{instance}}:6379) or a list of {k} URLs per rank: "
-                             f"{template_or_list}")
+                             f"{redact_url_text(template_or_list)}")
         return [expand_url(template_or_list, rank)]
     entries = list(template_or_list)
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
@@ -112,15 +117,15 @@ def expand_rank_urls(template_or_list: str | Sequence, rank: int, instances_per_
     if isinstance(entry, str):
         entry = [entry]
     if not isinstance(entry, (list, tuple)):
-        raise InvalidUrl(f"per-rank entry for rank {rank} is neither a URL nor a list of URLs: {entry!r}")
+        raise InvalidUrl(f"per-rank entry for rank {rank} is neither a URL nor a list of URLs: {redact_urls_in(entry)!r}")
     if len(entry) != k:
         raise InvalidUrl(f"rank {rank} has {len(entry)} URL(s), expected {k} (one per instance of the rank)")
     out = []
     for i, url in enumerate(entry):
         if not isinstance(url, str) or not url:
-            raise InvalidUrl(f"URL of rank {rank} instance {i} is not a non-empty string: {url!r}")
+            raise InvalidUrl(f"URL of rank {rank} instance {i} is not a non-empty string: {redact_urls_in(url)!r}")
         if RANK_PLACEHOLDER in url or INSTANCE_PLACEHOLDER in url:
-            raise InvalidUrl(f"URL of rank {rank} instance {i} still contains a placeholder: {url}")
+            raise InvalidUrl(f"URL of rank {rank} instance {i} still contains a placeholder: {redact_url_text(url)}")
         out.append(url)
     return out
 
@@ -188,21 +193,21 @@ def parse_resp_url(url: str) -> RespUrl:
     TLS options: ``ssl_ca_certs=<path>`` and ``ssl_cert_reqs=none|required``.
     """
     if not isinstance(url, str) or not url:
-        raise InvalidUrl(f"empty RESP URL: {url!r}")
+        raise InvalidUrl(f"empty RESP URL: {redact_urls_in(url)!r}")
     for placeholder in (RANK_PLACEHOLDER, INSTANCE_PLACEHOLDER):
         if placeholder in url:
-            raise InvalidUrl(f"URL still contains {placeholder}; expand it first: {url}")
+            raise InvalidUrl(f"URL still contains {placeholder}; expand it first: {redact_url_text(url)}")
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in RESP_SCHEMES:
-        raise InvalidUrl(f"unsupported scheme {parts.scheme!r} in {url!r}: use resp://, redis:// or rediss://")
+        raise InvalidUrl(f"unsupported scheme {parts.scheme!r} in {redact_url_text(url)!r}: use resp://, redis:// or rediss://")
     try:
         host = parts.hostname
         port = parts.port or DEFAULT_PORT
-    except ValueError as exc:
-        raise InvalidUrl(f"bad host/port in RESP URL: {exc}") from None
+    except ValueError:  # urllib's message quotes the text it took for a port: a password's first part, maybe
+        raise InvalidUrl(f"bad host/port in RESP URL {redact_url_text(url)!r}") from None
     if not host:
-        raise InvalidUrl(f"no host in RESP URL {url!r}")
+        raise InvalidUrl(f"no host in RESP URL {redact_url_text(url)!r}")
     username = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password is not None else None
     if password == "":
@@ -213,7 +218,7 @@ def parse_resp_url(url: str) -> RespUrl:
         try:
             db = int(path)
         except ValueError:
-            raise InvalidUrl(f"database in RESP URL must be an integer, got {path!r}") from None
+            raise InvalidUrl(f"database in RESP URL {redact_url_text(url)!r} must be an integer") from None
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     unknown = set(query) - {"ssl_ca_certs", "ssl_cert_reqs"}
     if unknown:
@@ -231,3 +236,102 @@ def parse_resp_url(url: str) -> RespUrl:
         ssl_ca_certs=query.get("ssl_ca_certs"),
         ssl_verify=reqs == "required",
     )
+
+
+_SECRET_QUERY = re.compile(r"(?i)([?&][^=&#]*(?:" + "|".join(map(re.escape, SECRET_NAME_PARTS)) + r")[^=&#]*=)[^&#]*")
+
+
+def redact_url_text(url: str) -> str:
+    """``url`` as written, its password (and any secret-named query value) replaced by ``***``.
+
+    For text that may not parse: a template, a URL a config holds, one with an unquoted '/' or '@' in its
+    password. Everything up to the last '@' after ``scheme://`` is user info: the user (before the first
+    ':') stays, the rest is masked, so a password is never shown whatever it holds.
+    """
+    if not isinstance(url, str):
+        return url
+    head, sep, rest = url.partition("://")
+    if not sep:  # no scheme: "user:password@host:port" is masked, any other text (a name with '@') kept
+        head, rest = "", url
+    at = rest.rfind("@")
+    if at >= 0:
+        user, has_pw, _ = rest[:at].partition(":")
+        if any(c in user for c in "/?#"):
+            user, has_pw = "", ":"
+        if has_pw or sep:
+            rest = f"{user}:{MASK}@{rest[at + 1:]}" if has_pw else f"{user}@{rest[at + 1:]}"
+    return _SECRET_QUERY.sub(lambda m: m.group(1) + MASK, head + sep + rest) if sep else rest
+
+
+def redact_urls_in(value: Any, redact: Callable[[str], str] = redact_url_text) -> Any:
+    """``value`` (a string, or lists, tuples, dicts of them) with every URL in it through ``redact``."""
+    if isinstance(value, str):
+        return redact(value) if "@" in value or "://" in value else value
+    if isinstance(value, (list, tuple)):
+        out = [redact_urls_in(v, redact) for v in value]
+        return tuple(out) if isinstance(value, tuple) else out
+    if isinstance(value, dict):
+        return {k: redact_urls_in(v, redact) for k, v in value.items()}
+    return value
+
+
+def redacted_repr(obj: Any, redact: Callable[[str], str] = redact_url_text) -> str:
+    """A dataclass's repr with every URL in its fields (strings, lists, tuples, dicts of them) passed through
+    ``redact``; fields declared ``repr=False`` stay out, nested objects show their own repr.
+
+    Use as ``__repr__ = redacted_repr`` in the class body (a dataclass keeps a ``__repr__`` its class defines).
+    """
+    shown = ", ".join(f"{f.name}={redact_urls_in(getattr(obj, f.name), redact)!r}"
+                      for f in dataclasses.fields(obj) if f.repr)
+    return f"{type(obj).__qualname__}({shown})"
+
+
+#: names that are this host's loopback whatever else they resolve to (no lookup is made for any name)
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
+def server_address(url: str | RespUrl) -> tuple[str, int]:
+    """(host, port) of the server ``url`` reaches, as one spelling: every loopback spelling (``localhost``,
+    127.x.y.z, ``::1``, ``0.0.0.0``, ``::``, IPv4-mapped forms) is ``loopback``; an IP literal in any form the
+    resolver takes (``127.1``, ``0x7f.0.0.1``, ``[::FFFF:10.0.0.1]``) is its canonical address; any other
+    name is compared as spelled, lower-case, without a trailing dot. No DNS lookup is made.
+    """
+    parsed = parse_resp_url(url) if isinstance(url, str) else url
+    host = parsed.host.lower().rstrip(".").split("%", 1)[0]
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address | None
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+        if re.fullmatch(r"[0-9a-fx.]+", host) and not host.endswith("."):
+            try:  # inet_aton's legacy forms, which the resolver connects to: 127.1, 0x7f000001 (pure parsing)
+                ip = ipaddress.IPv4Address(socket.inet_aton(host))
+            except OSError:
+                ip = None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if host in LOOPBACK_NAMES or (ip is not None and (ip.is_loopback or ip.is_unspecified)):
+        return "loopback", parsed.port
+    return (str(ip) if ip is not None else host), parsed.port
+
+
+def check_distinct_servers(rank_urls: Sequence[Sequence[str]]) -> None:
+    """InvalidUrl unless every instance of every rank (``rank_urls[r][i]``) is a server of its own
+    (:func:`server_address`); one line naming both spellings, passwords masked. For K > 1 instances per
+    rank (with one, the ranks may share the one server a plain URL names).
+
+    Two spellings of one server (``127.0.0.1:7000`` and ``localhost:7000``, ``resp://h:7000`` and
+    ``redis://h:7000/0``, or db 0 and db 1 of one server) would stripe a rank's chunks over one server
+    twice: the bytes stay right, the bandwidth the instances were meant to add never comes.
+    """
+    seen: dict[tuple[str, int], tuple[int, int, str]] = {}
+    for rank, urls in enumerate(rank_urls):
+        for i, url in enumerate(urls):
+            addr = server_address(url)
+            if addr in seen:
+                r0, i0, first = seen[addr]
+                where = f"instances {i0} and {i} of rank {rank}" if r0 == rank else (
+                    f"rank {r0} instance {i0} and rank {rank} instance {i}")
+                raise InvalidUrl(f"{where} are one server ({redact_url_text(first)} and {redact_url_text(url)}, "
+                                 f"{addr[0]} port {addr[1]}): each instance needs its own server")
+            seen[addr] = (rank, i, url)

@@ -145,7 +145,21 @@ _register_plugins()
 
 
 def main() -> None:
-    cli(prog_name="kvctl")
+    """The ``kvctl`` process, and the one place that ends it: commands return, raise, or ``ctx.exit`` (click turns
+    that into the exit code here), so a command run in-process (a test's CliRunner) never ends its caller."""
+    from kvctl.core.signals import ExitNow  # noqa: PLC0415
+
+    try:
+        cli(prog_name="kvctl")
+    except ExitNow as e:  # a second SIGTERM/Ctrl-C during an orderly stop (kvctl exporter): out at once
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        # os._exit, not sys.exit: "at once" skips the interpreter's exit too, whose hooks join threads (every
+        # concurrent.futures worker of the process) that may be blocked in the reads the stop was cutting
+        os._exit(e.exit_code)
 
 
 if __name__ == "__main__":  # pragma: no cover

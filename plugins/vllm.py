@@ -52,6 +52,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
+from kvctl.connector.layer_groups import Plane, grouped, layer_ids
 from kvctl.connector.layouts import chunk_fmt
 from kvctl.connector.sparse_mla import flattened_sparse_group, sparse_format, sparse_group
 from kvctl.connector.settings import ConnectorConfigError, parse_settings
@@ -72,9 +73,18 @@ __all__ = ["ConnectorConfigError", "KvctlConnector", "KvctlConnectorMetadata", "
 logger = init_logger("vllm.kvctl.plugins.vllm")  # under vLLM's logger, so its handlers print our lines
 
 
-def _model_name(vllm_config: "VllmConfig") -> str:
-    name = str(getattr(vllm_config.model_config, "served_model_name", None) or vllm_config.model_config.model)
-    return name.replace("@", "_")
+def key_model_name(vllm_config: "VllmConfig") -> str:
+    """The model name the chunk keys cover: the first name vLLM serves the model under, else its path.
+
+    Given whole: :func:`kvctl.connector.ownership.chunk_keys` escapes it injectively (a name that a lossy
+    mapping folded, ``llama@prod`` into ``llama_prod``, shared every chunk with the other engine). Both roles
+    take it from the same config through this function, so the scheduler looks up what the workers store.
+    """
+    mc = vllm_config.model_config
+    served = getattr(mc, "served_model_name", None)
+    if isinstance(served, (list, tuple)):  # vLLM keeps the first of several --served-model-name
+        served = served[0] if served else None
+    return str(served or mc.model)
 
 
 class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
@@ -86,7 +96,7 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         self._cache_dtype = str(vllm_config.cache_config.cache_dtype)
         async_scheduling = getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False) is True
         self._setup(kind, world_size, self._kv_transfer_config.kv_connector_extra_config, vllm_config.cache_config.block_size,
-                    bool(vllm_config.model_config.use_mla), _model_name(vllm_config), async_scheduling=async_scheduling)
+                    bool(vllm_config.model_config.use_mla), key_model_name(vllm_config), async_scheduling=async_scheduling)
         if role == KVConnectorRole.SCHEDULER:
             # the worker logs its own format; the two must agree, or every lookup misses what the worker saved
             logger.info("KvctlConnector scheduler: model %s, fmt %s%s", self.model_name, self.fmt,
@@ -174,15 +184,19 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         # the group's placement (flattened_sparse_group): both must come to the same format
         tensors = getattr(kv_cache_config, "kv_cache_tensors", None) or []
         self.sparse = sparse_group(spec, group.layer_names) or flattened_sparse_group(spec, group.layer_names, tensors)
-        self.parts = None
+        self.sparse_parts = None  # a sparse-MLA chunk's two parts, before any grouping by layers
         if self.sparse is not None:
             if not use_mla:
                 raise ConnectorConfigError("KvctlConnector: a sparse-MLA KV cache group in a model vLLM runs without MLA")
-            self.fmt, self.parts = sparse_format(self.sparse, ct, self._cache_dtype)
+            self.fmt, self.sparse_parts = sparse_format(self.sparse, ct, self._cache_dtype)
             if self._role != KVConnectorRole.SCHEDULER:
                 self._check_scheduler_view(kv_cache_config, ct)
         else:
             self.fmt = self._fmt_from_spec(spec, len(group.layer_names))
+        # what the tier holds of a chunk: one value, or one per part and group of layers; both roles build it
+        # from the same description, so the scheduler looks up the values the workers store
+        self.grouping = grouped(self._planes(), ct, self.settings.layer_groups)
+        self.parts = self.grouping.parts
         if self._role == KVConnectorRole.SCHEDULER:
             self._init_scheduler(async_scheduling)
         else:
@@ -217,9 +231,20 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
     def _fmt_from_spec(self, spec, num_layers: int) -> str:
         return chunk_fmt(spec, num_layers, self.world_size, self.use_mla, self._cache_dtype)
 
+    def _planes(self) -> list[Plane]:
+        """The kinds of rows of a chunk, layer-major (:mod:`kvctl.connector.layer_groups`)."""
+        ct = self.chunk_tokens
+        if self.sparse_parts is not None:
+            n_lat, n_idx = len(self.sparse.latent_names), len(self.sparse.indexer_names)
+            lat, idx = self.sparse_parts.sizes
+            return [Plane(self.sparse_parts.names[0], n_lat, lat // (n_lat * ct), layer_ids(self.sparse.latent_names)),
+                    Plane(self.sparse_parts.names[1], n_idx, idx // (n_idx * ct), layer_ids(self.sparse.indexer_names))]
+        n_layers = len(self._kv_cache_config.kv_cache_groups[0].layer_names)
+        return [Plane("", n_layers, self._chunk_bytes() // (n_layers * ct))]
+
     def _chunk_bytes(self) -> int:
-        if self.parts is not None:
-            return self.parts.nbytes  # the latent rows and the indexer's keys: what a hit moves
+        if self.sparse_parts is not None:
+            return self.sparse_parts.nbytes  # the latent rows and the indexer's keys: what a hit moves
         s = self._spec
         n_layers = len(self._kv_cache_config.kv_cache_groups[0].layer_names)
         elem = torch.empty((), dtype=s.dtype).element_size()

@@ -30,6 +30,7 @@ from kvctl.connector.settings import ConnectorConfigError
 from kvctl.connector.sparse_mla import sparse_layout_for
 from kvctl.connector.store import ShardedStore
 
+from .vllm_layered import LayeredLoads
 from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec
 
 if TYPE_CHECKING:
@@ -64,6 +65,8 @@ class WorkerSide:
         self._async_q: queue.SimpleQueue | None = None
         self._async_thread: threading.Thread | None = None
         self._async_group = None
+        self._layered: LayeredLoads | None = None  # this step's sync hits loaded layer by layer
+        self._late_warned = False
         hook = os.environ.get(BEFORE_LOAD_HOOK_ENV)
         self._hook = None
         if hook:
@@ -112,9 +115,9 @@ class WorkerSide:
         lay = sparse_layout_for(sg, [kv_caches[n] for n in sg.latent_names], [kv_caches[n] for n in sg.indexer_names],
                                 layout, backend, indexer_backend, cache_dtype=self._cache_dtype,
                                 indexer_shuffled=self._indexer_shuffled(sg.indexer_names))
-        if lay.parts(self.chunk_tokens) != self.parts:
+        if lay.parts(self.chunk_tokens) != self.sparse_parts:
             raise KVLayoutError(f"KvctlConnector: backend {backend}, layout {layout}: chunk parts "
-                                f"{lay.parts(self.chunk_tokens)}, the scheduler's {self.parts}")
+                                f"{lay.parts(self.chunk_tokens)}, the scheduler's {self.sparse_parts}")
         return lay, layout, backend
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -158,7 +161,10 @@ class WorkerSide:
             instances_per_rank=k, connections=st.connections_per_instance, parts=self.parts,
         )
         self.datapath = KVDataPath(self.store, self.layout, chunk_tokens=self.chunk_tokens,
-                                   block_size=self.block_size, group=self.group, device=device)
+                                   block_size=self.block_size, group=self.group, device=device,
+                                   grouping=self.grouping)
+        self._layered = LayeredLoads(self.datapath, self.sparse.latent_names if self.sparse is not None else
+                                     self._kv_cache_config.kv_cache_groups[0].layer_names, sparse=self.sparse is not None)
         self._get_seen = (0, 0.0)
         self._async_meta_group = None
         if st.async_loading:
@@ -218,11 +224,17 @@ class WorkerSide:
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvctlConnectorMetadata)
+        # layer by layer only where this step's forward calls the attention hooks: a FULL CUDA graph replay
+        # (and a step with no forward) has no attention metadata and runs no hook, so it loads first
+        layered = self._layered is not None and self._layered.on and \
+            getattr(forward_context, "attn_metadata", None) is not None
         for spec in meta.loads:
             if spec.is_async and self._async_q is not None:
                 with self._lock:
                     self._async_pending += 1
                 self._async_q.put((spec, time.perf_counter()))
+            elif not spec.report_done and layered:
+                self._start_pipelined(spec)
             elif not spec.report_done:
                 out = self._load(spec, self.group, self._meta_group)
                 if self.rank == 0 and out is not None and out.timing is not None:
@@ -275,19 +287,27 @@ class WorkerSide:
         with self._lock:
             self._load_errors |= self._spec_blocks(spec, spec.first_chunk)
 
-    def _load(self, spec: LoadSpec, group, meta_group=None) -> LoadOutcome:
-        """Agreed-prefix load of one request's hit into the paged cache (collective over ``group``)."""
-        ct, store = self.chunk_tokens, self.store
-        planned = spec.end_chunk - spec.first_chunk
+    def _before_load(self, spec: LoadSpec) -> None:
+        """The test hook (``KVCTL_CONNECTOR_BEFORE_LOAD_HOOK``), on every rank just before a load fetches."""
+        store = self.store
         if self._hook is not None:
             try:
                 self._hook(self.rank, store.keys(spec.token_ids, spec.key_extra), spec.first_chunk,
                            store.tier.urls[0] if store.tier is not None else None)
             except Exception:  # noqa: BLE001 - a test hook must not break the engine
                 logger.exception("KvctlConnector before-load hook failed")
+
+    def _load(self, spec: LoadSpec, group, meta_group=None) -> LoadOutcome:
+        """Agreed-prefix load of one request's hit into the paged cache (collective over ``group``)."""
+        self._before_load(spec)
         # agreed: the same on every rank; prefix: chunks written into this rank's cache
         out = self.datapath.load(spec.token_ids, spec.block_ids, spec.first_chunk, spec.end_chunk, spec.skip_tokens,
                                  group=group, extra=spec.key_extra, meta_group=meta_group)
+        return self._settle(spec, out)
+
+    def _settle(self, spec: LoadSpec, out: LoadOutcome) -> LoadOutcome:
+        """A finished load's bookkeeping: counters, the agreed end for the save, failed blocks; re-raise an interrupt."""
+        planned = spec.end_chunk - spec.first_chunk
         agreed, prefix, interrupted = out.agreed, out.written, out.interrupted
         self._count_load(spec, out)
         # the agreed chunks are in the tier whatever this rank could write: every rank keeps the same
@@ -334,8 +354,43 @@ class WorkerSide:
                 left.append((start, end, rid))
         self._insert_events = left[-256:]
 
+    # -- layer-by-layer sync loads (kvctl.plugins.vllm_layered) -------------------------
+    def _start_pipelined(self, spec: LoadSpec) -> None:
+        self._before_load(spec)
+        try:
+            self._layered.start(spec, group=self.group, meta_group=self._meta_group)
+        except Exception:  # noqa: BLE001 - nothing started: the hit is recomputed
+            logger.exception("KvctlConnector: starting the load of %s failed: it is recomputed", spec.req_id)
+            self._mark_unloaded(spec)
+
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return
+        if self._layered is not None:
+            self._layered.wait(layer_name)
+
+    def finish_forward(self) -> None:
+        self._finish_pipes()
+
+    def _finish_pipes(self) -> None:
+        """Settle this step's layer-by-layer loads: the groups no layer asked for, counters, failed blocks."""
+        interrupted = None
+        for spec, pipe, out in (self._layered.finish() if self._layered is not None else []):
+            if pipe.state.late_groups and not self._late_warned:
+                self._late_warned = True
+                logger.warning("KvctlConnector rank %d: %d layer group(s) of %s were not asked for before their "
+                               "layers ran (no wait_for_layer_load): the hit is recomputed", self.rank,
+                               pipe.state.late_groups, spec.req_id)
+            if self.rank == 0:
+                self.stats.add(M.LOAD_WAIT_SECONDS, pipe.state.wait_s)
+                self.stats.add(M.LAYERED_LOADS, 1)
+            self.trace.event("load_layered", req=spec.req_id, rank=self.rank, groups=len(pipe.units),
+                             wait_s=pipe.state.wait_s, late_groups=pipe.state.late_groups)
+            try:
+                self._settle(spec, out)
+            except BaseException as exc:  # noqa: BLE001 - an interrupt a group caught: the other loads settle first
+                self._mark_unloaded(spec)
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         with self._lock:
@@ -358,6 +413,7 @@ class WorkerSide:
         return  # the whole prompt is saved in wait_for_save, once its prefill is done
 
     def wait_for_save(self) -> None:
+        self._finish_pipes()  # where the runner called no finish_forward
         if not self.has_connector_metadata():
             return
         meta = self._get_connector_metadata()
@@ -422,6 +478,7 @@ class WorkerSide:
         self.trace.event("shutdown", rank=self.rank, pending=pending, written=res.written, abandoned=res.abandoned)
         if self.store is not None:
             self.store.close()
+            self.datapath.close()
         self.trace.close()
 
 

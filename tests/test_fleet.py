@@ -189,6 +189,7 @@ def test_t0_fitted_from_a_run_file(tmp_path):
                  "cached_tokens": 500, "status": "ok", "in_flight": 1})
     rows.append({"scheduled_s": 0, "sent_s": 0.0, "first_token_s": 0.5, "finished_s": 0.5, "latency_s": 0.5, "prompt_tokens": 1000,
                  "cached_tokens": 0, "status": "ok", "in_flight": 1})  # a miss: not a T0 sample
+    rows = [{"index": i, **r} for i, r in enumerate(rows)]  # each row names its request, once (issue 44)
     p = tmp_path / "run.jsonl"
     p.write_text("\n".join(json.dumps(x) for x in [{"metadata": {}}, *rows, {"summary": {}}]) + "\n")
     t0, note = t0_from_run(str(p), 1e6, 1.0, 1000.0)

@@ -181,7 +181,7 @@ def test_unknown_dtype():
 def test_bad_json(tmp_path):
     p = tmp_path / "c.json"
     p.write_text("{nope")
-    with pytest.raises(InvalidInput, match="not valid JSON"):
+    with pytest.raises(InvalidInput, match="is not a JSON model config"):
         kv_size_from_file(p)
 
 

@@ -3,7 +3,8 @@
 The trace's planned hits are read back through kvctl's own trace reader (what simulate sees); the loading
 flip runs the real ``kvctl loading async --vllm`` on the engine's ``--config`` YAML that the script writes;
 the alert check runs promtool (when it is here) on recorded samples, once where ρ stays ≥ 1 and once where
-it does not.
+it does not. A hostile work directory (a FIFO, a link to /dev/zero, a malformed file) stops --analyse with one
+line naming the file and the key, never a hang, a runaway read or a traceback.
 """
 
 from __future__ import annotations
@@ -154,3 +155,115 @@ def test_the_h200_runs_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
     d = out["diagnose"]
     assert (d["R2"]["exit"], round(d["R2"]["rho"], 2), d["R4"]["exit"], round(d["R4"]["rho"], 2)) == (4, 2.42, 0, 0.47)
     assert out["plan"]["E"][1]["instances"] == 0 and out["plan"]["agrees_for_E1"]["agrees"] is True
+
+
+# -- a hostile work directory (issue 44, defect 6): every file --analyse reads is bounded and typed ----------------------
+REHEARSAL = ROOT / "benchmarks" / "results" / "paper_gpu-cpu-rehearsal-2026-12-01"
+
+
+@pytest.fixture
+def rehearsal(tmp_path):
+    """A copy of the committed CPU rehearsal's work directory."""
+    import shutil
+
+    work = tmp_path / "w"
+    shutil.copytree(REHEARSAL, work)
+    return work
+
+
+def _analyse_child(work: Path, timeout_s: float = 60.0):
+    """``paper_gpu.py --analyse`` as its own process under a 1 GiB address-space limit (tests/hostile's Limits), killed
+    at ``timeout_s``: (returncode or None when it had to be killed, stdout, stderr)."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.hostile.helpers import limits
+
+    main = (f"import runpy, sys; sys.argv = ['paper_gpu.py', '--device', 'cpu', '--workdir', {str(work)!r}, '--analyse']; "
+            f"runpy.run_path({str(ROOT / 'benchmarks' / 'paper_gpu.py')!r}, run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", limits(as_bytes=1 << 30).code(main)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(ROOT), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the session this call started: the script and any kvctl under it
+        out, err = proc.communicate(timeout=10)
+        return None, out, err
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+@pytest.mark.parametrize("name", ["meta.json", "R2.diagnose.json", "R2.info.json", "R2.exporter.jsonl", "calib.jsonl", "R2.jsonl"])
+def test_analyse_refuses_a_file_that_is_not_a_regular_one(rehearsal, name, kind):
+    """A FIFO blocked --analyse for good; a link to /dev/zero grew it to 23.8 GB. Each file it reads is refused in one
+    line naming it, a non-zero exit, well inside the time and the 1 GiB it is given."""
+    import os
+
+    (rehearsal / name).unlink()
+    if kind == "fifo":
+        os.mkfifo(rehearsal / name)
+    else:
+        os.symlink("/dev/zero", rehearsal / name)
+    rc, out, err = _analyse_child(rehearsal)
+    assert rc is not None, f"--analyse still running after 60 s with {name} a {kind}"
+    assert rc != 0 and "Traceback" not in err, err[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0] and "regular file" in lines[0], err[-3000:]
+
+
+@pytest.mark.parametrize("name, change, key", [
+    ("meta.json", lambda m: "{", "meta.json"),
+    ("meta.json", lambda m: [], "JSON object"),
+    ("meta.json", lambda m: {k: v for k, v in m.items() if k != "bytes_per_token"}, "bytes_per_token"),
+    ("meta.json", lambda m: {**m, "bytes_per_token": "abc"}, "bytes_per_token"),
+    ("meta.json", lambda m: {**m, "bytes_per_token": -1}, "bytes_per_token"),
+    ("meta.json", lambda m: {**m, "chunk_tokens": 1.5}, "chunk_tokens"),
+    ("meta.json", lambda m: {**m, "instances": True}, "instances"),
+    ("meta.json", lambda m: {**m, "calib_instances": "2"}, "calib_instances"),
+    ("meta.json", lambda m: {**m, "traces": []}, "traces"),
+    ("meta.json", lambda m: {**m, "traces": {**m["traces"], "main": {**m["traces"]["main"], "rate": None}}}, "traces.main.rate"),
+    ("meta.json", lambda m: {**m, "traces": {**m["traces"], "main": {**m["traces"]["main"], "primed": 10**30}}}, "traces.main.primed"),
+    ("R2.diagnose.json", lambda d: "{\"rho\": ", "R2.diagnose.json"),
+    ("R2.diagnose.json", lambda d: [1], "JSON object"),
+    ("R2.diagnose.json", lambda d: {**d, "rho": "high"}, "rho"),
+    ("R2.diagnose.json", lambda d: {**d, "findings": "none"}, "findings"),
+    ("R2.diagnose.json", lambda d: {**d, "findings": [1]}, "findings"),
+    ("R2.info.json", lambda i: "[", "R2.info.json"),
+    ("R2.info.json", lambda i: [], "JSON object"),
+    ("R2.info.json", lambda i: {**i, "diagnose_exit": "4"}, "diagnose_exit"),
+    ("R2.exporter.jsonl", lambda e: "[1]\n", "line 1"),
+    ("R2.exporter.jsonl", lambda e: '{"t": 1, "kvctl_rho": 5}\n', "kvctl_rho"),
+    ("R2.exporter.jsonl", lambda e: '{"t": 1, "kvctl_rho": ["a"]}\n', "kvctl_rho"),
+    ("R2.exporter.jsonl", lambda e: '{"t": 1, "kvctl_rho": [1e400]}\n', "kvctl_rho"),
+])
+def test_analyse_names_the_file_and_key_of_a_malformed_one(paper, rehearsal, capsys, name, change, key):
+    """A malformed file of the work directory: one line naming the file and the key, a non-zero exit, no traceback
+    (AttributeError, KeyError, JSONDecodeError before), and before any kvctl command ran."""
+    path = rehearsal / name
+    old = path.read_text()
+    new = change([json.loads(x) for x in old.splitlines()] if name.endswith(".jsonl") else json.loads(old))
+    path.write_text(new if isinstance(new, str) else json.dumps(new))
+    rc = paper.main(["--device", "cpu", "--workdir", str(rehearsal), "--analyse"])
+    err = capsys.readouterr().err
+    assert rc != 0, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0] and key in lines[0], err
+    assert not (rehearsal / "report.txt").exists()  # refused before kvctl report ran
+
+
+def test_the_prefill_fit_leaves_out_a_miss_without_a_time_to_first_token(paper, rehearsal):
+    """calib.jsonl rows that kvctl's run-file reader takes (null times, a first token at the send) gave
+    ZeroDivisionError/TypeError in the fit; they give no rate and are left out."""
+    path = rehearsal / "calib.jsonl"
+    lines = path.read_text().splitlines()
+    rows = [json.loads(x) for x in lines]
+    misses = [i for i, r in enumerate(rows) if r.get("status") == "ok" and not r.get("cached_tokens") and r.get("in_flight") == 1]
+    _, n = paper.fit_prefill_rate(path)
+    assert len(misses) >= 4 and n == len(misses)
+    rows[misses[0]]["first_token_s"] = rows[misses[0]]["sent_s"]
+    rows[misses[1]]["first_token_s"] = None
+    rows[misses[2]]["prompt_tokens"] = None
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rate, n_left = paper.fit_prefill_rate(path)
+    assert n_left == n - 3 and rate > 0

@@ -93,27 +93,27 @@ def test_no_module_restates_a_threshold(path):
 TIMEOUT_SCOPE = ("kvctl/diagnose", "kvctl/ops/doctor.py", "kvctl/ops/doctor_host.py", "kvctl/ops/exporter.py", "kvctl/ops/exporter_http.py",
                  "kvctl/tier", "kvctl/bench")
 TIMEOUT_SOURCES = sorted(p for s in TIMEOUT_SCOPE for p in ([ROOT / s] if s.endswith(".py") else (ROOT / s).rglob("*.py")))
-CLIENT_FACTORIES = ("redis_client", "redis_for_url")  # their first argument is the socket timeout
+CLIENT_FACTORIES = {"Admin": 1}  # the argument (by position) that is its deadline
 
 
 def timeout_literals(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, call) of every call given a number for a timeout: ``timeout=10``, ``timeout_s=max(t, 10.0)``, ``redis_client(3.0, ...)``."""
+    """(line, call) of every call given a number for a timeout: ``timeout=10``, ``timeout_s=max(t, 10.0)``, ``Admin(url, 3.0)``."""
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         values = [k.value for k in node.keywords if k.arg and "timeout" in k.arg]
         name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-        if name in CLIENT_FACTORIES and node.args:
-            values.append(node.args[0])
+        if name in CLIENT_FACTORIES and len(node.args) > CLIENT_FACTORIES[name]:
+            values.append(node.args[CLIENT_FACTORIES[name]])
         if any(_number(n) not in (None, 0.0) for v in values for n in ast.walk(v)):
             found.append((node.lineno, ast.unparse(node)[:120]))
     return found
 
 
 def test_the_timeout_check_finds_literals():
-    bad = "f(timeout=10)\ng(x, timeout_s=max(t, 10.0))\nredis_client(3.0, host=h)\nr.join(timeout=t + 5)\n"
-    good = "f(timeout=timeout_s)\ng(timeout_s=max(t, FLOOR_S))\nredis_for_url(url, timeout_s)\nq.get(timeout=POLL_S)\n"
+    bad = "f(timeout=10)\ng(x, timeout_s=max(t, 10.0))\nAdmin(url, 3.0, pw)\nr.join(timeout=t + 5)\n"
+    good = "f(timeout=timeout_s)\ng(timeout_s=max(t, FLOOR_S))\nAdmin(url, timeout_s)\nq.get(timeout=POLL_S)\n"
     assert sorted(n for n, _ in timeout_literals(ast.parse(bad))) == [1, 2, 3, 4]
     assert timeout_literals(ast.parse(good)) == []
 

@@ -1,4 +1,5 @@
-"""Server-side counters of a bench run: INFO commandstats + stats deltas (redis-py).
+"""Server-side counters of a bench run: INFO commandstats + stats deltas (:class:`kvctl.tier.admin.Admin`: one
+deadline for each read of an instance, every reply typed).
 
 A snapshot before the start signal and one after the last client reports give,
 per instance: GET (or SET) calls, the usec Valkey's main thread spent in them,
@@ -13,7 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
-from kvctl.tier.server import redis_for_url
+from kvctl.tier.admin import Admin, BadReply, NoPermission
+from kvctl.tier.replies import whole_number
 
 
 @dataclass(frozen=True)
@@ -60,16 +62,19 @@ class ServerInfo:
     io_threads: int | None = None  # main thread included; None when CONFIG is not allowed (an ACL user)
 
 
-def server_info(url: str, timeout_s: float) -> ServerInfo:
-    """Version, io-threads and memory limits (INFO server + memory, CONFIG GET io-threads); raises redis/OS errors."""
-    import redis  # noqa: PLC0415
+#: io-threads a Valkey accepts (it counts the main thread)
+MAX_IO_THREADS = 256
 
-    with redis_for_url(url, timeout_s) as r:
+
+def server_info(url: str, timeout_s: float) -> ServerInfo:
+    """Version, io-threads and memory limits (INFO server + memory, CONFIG GET io-threads), all within one deadline of
+    ``timeout_s``; raises :class:`~kvctl.tier.replies.InstanceFailure` (unreachable, timed out, an odd INFO)."""
+    with Admin(url, timeout_s) as r:
         info = r.info("server")
         mem = r.info("memory")
         try:
-            io_threads: int | None = int(r.config_get("io-threads").get("io-threads", ""))
-        except (redis.ResponseError, ValueError):  # CONFIG refused to an ACL user, or an odd reply
+            io_threads = whole_number(r.config_get("io-threads").get("io-threads"), 1, MAX_IO_THREADS)
+        except (NoPermission, BadReply):  # CONFIG refused to an ACL user, or an odd reply: the number is unknown
             io_threads = None
     version = str(info.get("valkey_version") or info.get("redis_version") or "?")
     return ServerInfo(
@@ -83,12 +88,17 @@ def server_info(url: str, timeout_s: float) -> ServerInfo:
 
 def tier_chunk_bytes(urls: Sequence[str], timeout_s: float) -> int | None:
     """The chunk size the tier's engines stored: the largest of a few random keys per instance (kvctl's own
-    ``kvctl-bench:`` keys left out, as ``kvctl doctor`` samples them); None on an empty tier."""
+    ``kvctl-bench:`` keys left out, as ``kvctl doctor`` samples them), every instance within one deadline of
+    ``timeout_s``; None on an empty tier (or one whose first instances took the whole deadline)."""
     from kvctl.tier.checks import largest_sampled_value  # noqa: PLC0415
 
     found = []
+    end = time.monotonic() + timeout_s  # one deadline for the whole tier
     for url in urls:
-        with redis_for_url(url, timeout_s) as r:
+        left = end - time.monotonic()
+        if left <= 0:
+            break
+        with Admin(url, left) as r:
             n = largest_sampled_value(r, skip_prefix=BENCH_KEY_PREFIX)
         if n:
             found.append(n)
@@ -100,8 +110,9 @@ BENCH_KEY_PREFIX = b"kvctl-bench:"
 
 
 def snapshot(url: str, timeout_s: float) -> ServerSnapshot:
-    """One INFO stats + commandstats read; raises redis/OS errors (bounded by ``timeout_s``)."""
-    with redis_for_url(url, timeout_s) as r:
+    """One INFO stats + commandstats read, within one deadline of ``timeout_s``; raises
+    :class:`~kvctl.tier.replies.InstanceFailure`."""
+    with Admin(url, timeout_s) as r:
         info = r.info("stats")
         cmd = r.info("commandstats")
     t = time.monotonic()
@@ -127,7 +138,7 @@ def snapshot_all(urls: Sequence[str], timeout_s: float) -> list[ServerSnapshot |
     def one(url: str) -> ServerSnapshot | str:
         try:
             return snapshot(url, timeout_s)
-        except Exception as exc:  # noqa: BLE001 - redis.RedisError, OSError, parse errors
+        except Exception as exc:  # noqa: BLE001 - InstanceFailure, and whatever else: the run's report says it
             return f"INFO failed: {type(exc).__name__}: {exc}"
 
     if not urls:

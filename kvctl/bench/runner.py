@@ -42,7 +42,7 @@ from kvctl.bench.worker import WorkerConfig, WorkerResult, key_names
 from kvctl.connector.resp import RespClient
 from kvctl.connector.urls import parse_resp_url, with_credentials
 from kvctl.core.errors import InvalidInput, KvctlError, Unreachable
-from kvctl.core.procs import SAFE_PATH_ENV
+from kvctl.core.procs import SAFE_PATH_ENV, STARTER_PID_ENV
 from kvctl.tier.targets import Target
 
 #: Seconds the parent waits past ``duration + timeout`` before killing a silent client.
@@ -81,7 +81,7 @@ def key_ttl_s(spec: BenchSpec, n_runs: int) -> int:
 def _mp_context():
     if "forkserver" in mp.get_all_start_methods():
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["kvctl.bench.worker"])
+        ctx.set_forkserver_preload(["kvctl.bench.guard", "kvctl.bench.worker"])
         return ctx
     return mp.get_context("spawn")
 
@@ -97,22 +97,27 @@ def _clean_child_start() -> Iterator[None]:
     working directory: a ``kvctl/`` folder there would be preloaded instead of
     the installed package and every client would die. ``PYTHONSAFEPATH``
     (Python ≥ 3.11) keeps the working directory off its path.
+
+    :data:`STARTER_PID_ENV` names this process to the forkserver (or a spawned client), which
+    :mod:`kvctl.bench.guard` makes die with it; the forkserver's clients die with the forkserver.
     """
     main = sys.modules.get("__main__")
     saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
-    safe_path = os.environ.get(SAFE_PATH_ENV)
+    saved_env = {k: os.environ.get(k) for k in (SAFE_PATH_ENV, STARTER_PID_ENV)}
     try:
         os.environ[SAFE_PATH_ENV] = "1"
+        os.environ[STARTER_PID_ENV] = str(os.getpid())
         if main is not None:
             main.__dict__.pop("__file__", None)
             if "__spec__" in saved:
                 main.__spec__ = None
         yield
     finally:
-        if safe_path is None:
-            os.environ.pop(SAFE_PATH_ENV, None)
-        else:
-            os.environ[SAFE_PATH_ENV] = safe_path
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         if main is not None:
             main.__dict__.update(saved)
 
@@ -123,6 +128,7 @@ def _clean_child_start() -> Iterator[None]:
 WORKER_BOOT = """
 try:
     from kvctl.bench.worker import WorkerConfig, worker_main
+    import kvctl.bench.guard  # a spawned client dies with the bench (under a forkserver: imported there already)
 except BaseException as exc:
     result_q.put(("boot-failed", cfg["worker_id"], f"{type(exc).__name__}: {exc}"))
     raise
@@ -378,7 +384,7 @@ def run_bench(
     if not targets:
         raise InvalidInput("no Valkey instances to bench")
 
-    from kvctl.tier.server import PASSWORD_HINT, AuthFailed, is_auth_error  # noqa: PLC0415
+    from kvctl.tier.admin import PASSWORD_HINT, AuthFailed, is_auth_error  # noqa: PLC0415
 
     def info(t: Target) -> ServerInfo | tuple[str, bool]:
         try:
@@ -448,7 +454,8 @@ def run_bench(
 
 @contextlib.contextmanager
 def embedded_tier(n: int, maxmemory: str | int = "1gb", workdir: str | None = None) -> Iterator[list[Target]]:
-    """Start ``n`` local valkey-servers (one per rank) for the bench; always stop them."""
+    """Start ``n`` local valkey-servers (one per rank) for the bench; always stop them, and they die with this process
+    (SIGKILL included: :func:`kvctl.core.procs.die_with_parent`)."""
     from kvctl.tier.server import start_valkey  # noqa: PLC0415
 
     if n < 1:
@@ -457,7 +464,7 @@ def embedded_tier(n: int, maxmemory: str | int = "1gb", workdir: str | None = No
     with tempfile.TemporaryDirectory(prefix="kvctl-bench-", dir=workdir) as tmp:
         try:
             for r in range(n):
-                procs.append(start_valkey(os.path.join(tmp, f"rank{r}"), settings={"maxmemory": maxmemory}))
+                procs.append(start_valkey(os.path.join(tmp, f"rank{r}"), settings={"maxmemory": maxmemory}, die_with_parent=True))
             yield [Target(r, p.host, p.port, p.url) for r, p in enumerate(procs)]
         finally:
             for p in procs:

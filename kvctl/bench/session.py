@@ -101,7 +101,10 @@ def make_spec(req: BenchRequest, chunk_bytes: float, instances: int, keys: int |
 
 def bench(req: BenchRequest, *, progress: Callable[[float], ContextManager[Advance]], warn: Callable[[str], None] = lambda text: None,
           stop_requested: threading.Event | None = None) -> BenchOutcome:
-    """Run the bench ``req`` asks for; ``progress(total_s)`` draws its bar, ``warn`` says what the host warns of."""
+    """Run the bench ``req`` asks for; ``progress(total_s)`` draws its bar, ``warn`` says what the host warns of.
+
+    Call it from the main thread: the processes it starts (clients, their forkserver, ``--embedded`` servers)
+    die with the thread that started them, SIGKILL included (:mod:`kvctl.bench.guard`)."""
     import psutil  # noqa: PLC0415
 
     from kvctl.bench.runner import embedded_tier, run_bench, url_with_password  # noqa: PLC0415

@@ -8,11 +8,12 @@ buffers of ``chunk_bytes`` and fetches pipelined batches into them with
 Bounded: the run ends at ``duration_s`` after the start signal (or when the
 parent sets ``stop``); each RespClient call ends by one ``timeout_s`` deadline;
 after an error the worker backs off (at most 0.5 s) and retries until the end,
-counting errors. The result always goes back on the queue.
+counting errors. The result always goes back on the queue while the bench lives.
 
 Ctrl-C reaches every process of the terminal's process group: a worker ignores
 SIGINT and lets the parent stop it (the parent then still collects its
-numbers). A worker whose parent died (SIGKILL) stops at its next batch.
+numbers). A worker whose parent died (SIGKILL) stops at its next batch and drops its result
+(:func:`send_result`); on Linux it is killed before that (:mod:`kvctl.bench.guard`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from kvctl.connector.resp import RespClient
+from kvctl.connector.urls import redacted_repr
 
 #: Distinct keys of one bench run: ``<prefix><index>``; the same names on every instance.
 KEY_FORMAT = "{prefix}{index}"
@@ -39,6 +41,8 @@ def key_names(prefix: str, n_keys: int) -> list[bytes]:
 @dataclass(frozen=True)
 class WorkerConfig:
     """Everything one client process needs (picklable)."""
+
+    __repr__ = redacted_repr  # URLs shown with their passwords masked (issue 44)
 
     worker_id: int
     instance: int  # index into the run's targets (= rank)
@@ -96,6 +100,28 @@ def _record_error(res: WorkerResult, exc: BaseException) -> None:
 
 #: How often a worker waiting for the start signal checks that its parent still lives.
 PARENT_CHECK_S = 0.25
+
+
+def send_result(result_q: Any, res: WorkerResult, orphaned: Callable[[], bool]) -> None:
+    """Put ``res`` on the queue and wait until it is in the pipe, or until the bench is gone.
+
+    A result holds one float per batch, often more than a pipe buffer: the queue's feeder thread writes it
+    while the bench reads, and the process waits for that thread when it exits. With the bench gone nobody
+    reads (every client holds the pipe's read end, so the write never fails): the wait is given up, the
+    result dropped, and the client exits.
+    """
+    if orphaned():
+        result_q.cancel_join_thread()
+        return
+    result_q.put(res)
+    result_q.close()  # no more puts: the feeder writes what it holds and ends
+    flushed = threading.Thread(target=result_q.join_thread, name="kvctl-bench-result", daemon=True)
+    flushed.start()
+    while flushed.is_alive():
+        flushed.join(PARENT_CHECK_S)
+        if flushed.is_alive() and orphaned():
+            result_q.cancel_join_thread()
+            return
 
 
 def worker_main(cfg: WorkerConfig, ready_q: Any, start: Any, stop: Any, result_q: Any, live_bytes: Any, barrier: Any = None) -> None:
@@ -193,4 +219,4 @@ def worker_main(cfg: WorkerConfig, ready_q: Any, start: Any, stop: Any, result_q
     finally:
         if client is not None:
             client.close()
-        result_q.put(res)
+        send_result(result_q, res, orphaned)

@@ -225,7 +225,7 @@ def status_cmd(ctx: click.Context, valkey_urls: tuple[str, ...], ranks: int | No
     """
     from click.core import ParameterSource  # noqa: PLC0415
     from kvctl.tier import status as tier_status  # noqa: PLC0415
-    from kvctl.tier.server import AuthFailed  # noqa: PLC0415
+    from kvctl.tier.admin import AuthFailed  # noqa: PLC0415
 
     if valkey_urls or ranks:  # --dir only when given here: its default and env var name the tier when no URL is
         explicit_dir = tier_dir if ctx.get_parameter_source("tier_dir") == ParameterSource.COMMANDLINE else None
@@ -252,15 +252,18 @@ def status_cmd(ctx: click.Context, valkey_urls: tuple[str, ...], ranks: int | No
 @click.option("--timeout", "timeout_s", type=FiniteFloat(min=0.1, max=3600), default=10.0, show_default=True, help="Seconds to wait after SIGTERM before SIGKILL.")
 @output_options
 def down_cmd(tier_dir: Path, purge: bool, timeout_s: float, as_json: bool) -> None:
-    """Stop the instances `up` started here (pid, command line and start time checked).
+    """Stop the valkey-servers working in --dir: those `up` recorded, and any it started without recording.
 
-    A dead instance is reported and skipped; a pid now owned by another
-    process is never signalled. Config files stay unless --purge.
+    A dead instance is reported and skipped; a recorded pid that is not a
+    valkey-server of this directory (another process now, or the original
+    tier of a copied directory) is never signalled. Config files stay unless
+    --purge, which removes only the files `up` names in --dir, and nothing
+    while a server of the directory still runs.
     """
     from kvctl.tier import local  # noqa: PLC0415
 
-    state = load_tier(tier_dir)
-    with render.progress("stopping valkey-server(s)", total=len(state.instances), enabled=not as_json, lines=False) as advance:
+    state = local.tier_to_stop(tier_dir)
+    with render.progress("stopping valkey-server(s)", total=len(state.instances) or None, enabled=not as_json, lines=False) as advance:
         results = local.down(tier_dir, purge=purge, timeout_s=timeout_s, on_progress=lambda name, port: advance(1, f"{name} on :{port}"))
     show_down(state, results, purge, timeout_s, as_json)
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import sys
 import textwrap
 import time
 from typing import Any
@@ -17,7 +15,7 @@ from kvctl.commands.diagnose import TIMEOUT_S, model_options
 from kvctl.commands.options import FiniteFloat, engine_http, engine_http_options, output_options, positive, valkey_options, valkey_targets
 from kvctl.diagnose.analysis import Params
 from kvctl.hooks import hookimpl
-from kvctl.core.signals import exit_code, on_signals
+from kvctl.core.signals import ExitNow, exit_now, on_signals
 from kvctl.views.exporter import show_listening, show_stopped
 from kvctl.ops.exporter import INSTANCE_LABEL, METRICS
 from kvctl.core.thresholds import EXPORTER_MIN_INTERVAL_S, EXPORTER_STOP_S
@@ -93,17 +91,18 @@ def exporter_cmd(
     show_listening(server, len(targets), interval_s, window_s, cfg.stale_s, as_json)
     started = time.time()
 
-    def exit_now(sig: signal.Signals) -> None:  # a second SIGTERM/Ctrl-C: out now, without the orderly stop
-        os._exit(exit_code(sig))
-
+    # a second SIGTERM/Ctrl-C raises ExitNow: out without the orderly stop; kvctl.cli.main ends the process (nothing
+    # here does: run in-process, by a test's CliRunner, this command returns or raises, whatever threads are alive)
     with on_signals(lambda sig: server.request_stop(), again=exit_now, signals=(signal.SIGTERM, signal.SIGINT)):
         try:
             server.wait(duration_s)
-        finally:
-            server.stop()  # the handlers stay: a second SIGTERM/Ctrl-C during the stop exits at once
+        except ExitNow:
+            raise
+        except BaseException:
+            server.stop()
+            raise
+        server.stop()  # the handlers stay: a second SIGTERM/Ctrl-C during the stop raises ExitNow out of it
     show_stopped(server.exporter.rounds, time.time() - started, as_json)
-    if server.stragglers():  # a read that ignored being cut would hold the interpreter's exit: do not wait for it
-        log.info("leaving %d reader thread(s) behind", len(server.stragglers()))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    left = server.stragglers()
+    if left:  # reads that ignored being cut: daemon threads of the exporter's own, left behind (they hold no exit)
+        log.info("leaving %d reader thread(s) behind: %s", len(left), ", ".join(t.name for t in left))

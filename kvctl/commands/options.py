@@ -12,7 +12,7 @@ import click
 from kvctl.connector.urls import MAX_INSTANCES_PER_RANK
 from kvctl.core.errors import ExitStatus, InvalidInput
 from kvctl.core.kvsize import DTYPE_BYTES, kv_size_from_file
-from kvctl.core.thresholds import METRICS_MAX_BYTES
+from kvctl.core.thresholds import BYTES_PER_TOKEN_MAX, METRICS_MAX_BYTES
 
 if TYPE_CHECKING:
     from kvctl.tier.targets import Target
@@ -145,7 +145,7 @@ class ByteSize(click.ParamType):
 
 # The cost model's quantities with the bounds past which a value is a typo (and the
 # arithmetic would overflow into inf/NaN). Divisors have a floor above zero.
-BYTES_PER_TOKEN = FiniteFloat(min=1, max=1e9)  # 1 B to 1 GB per token; the largest real models are ~20 MB
+BYTES_PER_TOKEN = FiniteFloat(min=1, max=BYTES_PER_TOKEN_MAX)  # 1 B to 1 GB per token (s from a --model-config too)
 PREFILL_RATE = FiniteFloat(min=1e-3, max=1e9)  # tokens/s
 T0_S = non_negative(3600.0)
 LATENCY_S = positive(86400.0)

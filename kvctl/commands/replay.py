@@ -70,6 +70,8 @@ def replay_cmd(ctx: click.Context, trace: str, url: str | None, out: str | None,
     """
     max_tokens = _max_tokens(max_tokens_opt)
     tr = read_trace(trace)
+    for w in tr.warnings:  # a run file replayed: its torn last line, skipped
+        render.warn(f"{trace}: {w}")
     from kvctl.replay.sender import ReplayOptions, run_replay, schedule  # noqa: PLC0415 - aiohttp only when used
 
     if dry_run:

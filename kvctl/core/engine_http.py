@@ -25,7 +25,7 @@ import re
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urljoin, urlsplit, urlunsplit
 
 from kvctl.core import files
@@ -163,7 +163,7 @@ class EngineHttp:
     """How kvctl reads an engine: an API key (bearer) for URLs without their own credentials, the size cap,
     and the registry of reads in flight (a stopping exporter cancels them)."""
 
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
     max_bytes: int = METRICS_MAX_BYTES
     inflight: Inflight | None = None
 

@@ -12,6 +12,9 @@ children that die with the process that started them.
   signal the child when the thread that started it dies, whatever kills it (SIGKILL included); it
   survives the child's ``exec``. Start such children from the main thread: the signal follows the
   starting *thread*.
+* :func:`die_with` / :func:`die_with_starter`: the same, called by a Python child started without a
+  ``preexec_fn`` (a multiprocessing child; the forkserver, whose parent puts its pid in
+  :data:`STARTER_PID_ENV`); the forkserver's own children (``os.fork``) then die with it in turn.
 
 Library code: no click.
 """
@@ -27,6 +30,8 @@ from typing import Callable, Mapping
 
 #: Python ≥ 3.11: the working directory (or the script's directory) is not put on sys.path
 SAFE_PATH_ENV = "PYTHONSAFEPATH"
+#: The pid of the process that started this one, for :func:`die_with_starter`
+STARTER_PID_ENV = "KVCTL_DIE_WITH_PID"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -47,11 +52,8 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
     fork and the ``prctl`` is caught too (the child's parent is then no longer this process: it signals
     itself). None where there is no ``prctl`` (not Linux): the caller stops its children itself.
     """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+    prctl = _prctl()
+    if prctl is None:
         return None
     parent = os.getpid()
 
@@ -61,6 +63,60 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
             os.kill(os.getpid(), sig)
 
     return preexec
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` (Linux), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def die_with(parent: int, sig: int = signal.SIGKILL, forks_too: bool = False) -> bool:
+    """This process gets ``sig`` when ``parent``, the process that started it, dies (at once if it has died
+    already): :func:`die_with_parent` for a child started without a ``preexec_fn`` (a multiprocessing
+    child: ``die_with(multiprocessing.parent_process().pid)``). With ``forks_too`` every child this process
+    forks from now on (``os.fork``: a forkserver's clients) gets ``sig`` when this one dies. Call it from
+    the main thread.
+
+    False, and nothing done, without ``prctl`` (not Linux) or when ``parent`` is alive but is not this
+    process's parent.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return False
+    if os.getppid() != parent:
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:  # it died before we got here: we were reparented
+            os.kill(os.getpid(), sig)
+        except PermissionError:  # alive, someone else's
+            pass
+        return False
+    prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != parent:  # it died between the check and the prctl
+        os.kill(os.getpid(), sig)
+    if forks_too:
+        me = os.getpid()
+
+        def after_fork_in_child() -> None:
+            prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+            if os.getppid() != me:
+                os.kill(os.getpid(), sig)
+
+        os.register_at_fork(after_in_child=after_fork_in_child)
+    return True
+
+
+def die_with_starter(sig: int = signal.SIGKILL) -> bool:
+    """In a child whose starter set :data:`STARTER_PID_ENV` to its pid: :func:`die_with` that starter, its
+    forks too. The variable is removed, so this process's own children never act on it. False, and
+    nothing done, without the variable (and as :func:`die_with`: a leaked variable names no parent)."""
+    value = os.environ.pop(STARTER_PID_ENV, "")
+    return value.isdigit() and die_with(int(value), sig, forks_too=True)
 
 
 def kill_group(proc: subprocess.Popen, wait_s: float | None = None) -> None:

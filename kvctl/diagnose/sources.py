@@ -1,7 +1,8 @@
 """The three things ``kvctl diagnose`` reads from the outside world.
 
 * an engine's Prometheus text over HTTP (:mod:`kvctl.core.engine_http`: credentials, a size cap, a deadline);
-* a Valkey instance's ``INFO`` (all sections, including ``commandstats``) via redis-py;
+* a Valkey instance's ``INFO`` (all sections, including ``commandstats``) through :class:`kvctl.tier.admin.Admin`:
+  one deadline for the whole read, the reply typed;
 * GPU utilisation through NVML, or a clear "no GPU visible".
 
 Each is one small function that tests point at a real local server.
@@ -17,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 from kvctl.core.engine_http import EngineHttp, masked
 from kvctl.core.errors import InvalidInput, KvctlError, Unreachable
 from kvctl.core.thresholds import CHECK_TIMEOUT_S, READ_TIMEOUT_S
-from kvctl.tier.server import PASSWORD_HINT, AuthFailed, info_all, is_auth_error, redis_for_url
+from kvctl.tier.admin import PASSWORD_HINT, Admin, AuthFailed, InstanceFailure, is_auth_error
 from kvctl.tier.targets import Target
 
 
@@ -63,26 +64,24 @@ def fetch_metrics(url: str, timeout_s: float = READ_TIMEOUT_S, http: EngineHttp 
 
 
 def valkey_info(target: Target, timeout_s: float = CHECK_TIMEOUT_S) -> dict[str, Any]:
-    """``INFO all`` of one instance as a dict (redis-py parses ``cmdstat_*`` into dicts).
-
-    One attempt: redis-py's default retries would make a silent instance cost
-    several times ``timeout_s`` (the ``--timeout`` a user gave per scrape).
-    """
-    import redis  # noqa: PLC0415 - keep `kvctl --help` light
-
+    """``INFO all`` of one instance as a typed dict (``cmdstat_*`` and ``db0`` as dicts of their own:
+    :func:`kvctl.tier.replies.parse_info`), within one deadline of ``timeout_s`` (the ``--timeout`` a user gave per
+    scrape) for the connect and the whole reply."""
     try:
-        with redis_for_url(target.url, timeout_s, password=target.password) as r:
-            return info_all(r)
-    except (redis.RedisError, OSError) as e:
+        with Admin(target.url, timeout_s, password=target.password) as a:
+            return a.info("all")
+    except InstanceFailure as e:
         raise valkey_read_error(target, e) from e
 
 
 def valkey_read_error(target: Target, exc: BaseException) -> KvctlError:
-    """What a failed read of an instance is: ``auth`` (up, refusing the password, as doctor says), else unreachable."""
+    """What a failed read of an instance is: ``auth`` (up, refusing the password, as doctor says), else unreachable
+    with the reason (refused, timed out, or what it answered instead of INFO)."""
     where = f"Valkey {target.name} at {target.host}:{target.port}"
+    reason = exc.reason if isinstance(exc, InstanceFailure) else f"unreachable: {exc}"
     if is_auth_error(exc):
-        return AuthFailed(f"{where} auth: refused the login ({exc}); {PASSWORD_HINT}")
-    return Unreachable(f"{where} unreachable: {exc}")
+        return AuthFailed(f"{where} auth: {reason}; {PASSWORD_HINT}")
+    return Unreachable(f"{where} {reason}")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kvctl.loading import edit as loading
+from kvctl.connector.urls import redacted_repr
 from kvctl.core.errors import InvalidInput
 from kvctl.core.files import write_atomic
 from kvctl.core.thresholds import CHUNK_TOKENS
@@ -24,6 +25,8 @@ LOOKUPS = ("exists", "index")
 @dataclass(frozen=True)
 class EngineSettings:
     """What the drill engine simulates and where its tier is (the ``drill:`` mapping)."""
+
+    __repr__ = redacted_repr  # URLs shown with their passwords masked (issue 44)
 
     remote_urls: list[str]  # one per rank: instance r holds rank r's chunks
     chunk_bytes: int  # bytes of one stored chunk value (kvctl.core.kvsize on a model config, scaled by the drill)

@@ -374,8 +374,11 @@ def main(argv: list[str] | None = None) -> None:
         port = ["--port", str(args.port)] if args.port else []
         argv = python_argv("-m", "kvctl.drill.engine", "--config", args.config, *port)
         os.execv(argv[0], argv)
-    os._exit(0)  # a tier thread blocked in a socket read (the missing-key drill) must not hold the exit
 
 
 if __name__ == "__main__":
     main()
+    # Only here, in the drill engine's own process (`python -m kvctl.drill.engine`, which kvctl drill starts as a
+    # child): a tier thread blocked in a socket read (the missing-key drill) must not hold the exit. main() itself
+    # returns, so a caller that runs it in-process is never ended by it (issue 44 defect 20).
+    os._exit(0)

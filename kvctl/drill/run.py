@@ -41,6 +41,8 @@ Say = Callable[[str], None]
 ENGINE_START_S = 30.0
 STOP_WAIT_S = 5.0
 SAMPLE_TIMEOUT_S = 1.5
+#: Seconds the stall drill's FLUSHALL of its own local instance may take in all (DBSIZE, then FLUSHALL of a few chunks).
+PLANT_TIMEOUT_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -359,7 +361,7 @@ def _load_phase(dr: Drill, sc: S.Scenario, rho: float, async_after: bool) -> tup
     restart = f"kill -HUP {dr.engine.pid}"
     argv = python_argv("-m", "kvctl.cli", "loading", "async", "--config", str(cfg), "--restart-cmd", restart, "--no-backup")
     dr.say("action", f"fix: kvctl loading async --config {cfg.name} --restart-cmd '{restart}'")
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=child_env())
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=child_env(), preexec_fn=die_with_parent())
     if r.returncode != 0:
         return False, f"`kvctl loading async` failed ({r.returncode}): {(r.stderr or r.stdout).strip()[-300:]}", found
     dr.wait_engine()
@@ -375,7 +377,7 @@ def _load_phase(dr: Drill, sc: S.Scenario, rho: float, async_after: bool) -> tup
 
 def _stall(dr: Drill, sc: S.Scenario) -> tuple[bool, str, list[str]]:
     from kvctl.diagnose import stalls  # noqa: PLC0415
-    from kvctl.tier.server import redis_for_url  # noqa: PLC0415
+    from kvctl.tier.admin import Admin  # noqa: PLC0415
 
     targets = dr.start_tier(sc.ranks)
     dr.start_engine(dr.engine_settings(targets, tier_client="fixed-header", lookup="index"))
@@ -383,7 +385,7 @@ def _stall(dr: Drill, sc: S.Scenario) -> tuple[bool, str, list[str]]:
     dr.start_replay(w)
     dr.wait_for("every document stored", lambda: dr.engine_counts()[0] >= w.docs + 1, 10.0 + dr.opts.duration_s)
     if dr.opts.plant:
-        with redis_for_url(targets[0].url, 3.0) as r:
+        with Admin(targets[0].url, PLANT_TIMEOUT_S) as r:  # one deadline for both commands
             n = r.dbsize()
             r.flushall()
         dr.say("plant", f"evicted all {n} chunk(s) on rank 0 behind the engine's back (FLUSHALL: what maxmemory eviction or an instance restart does)")

@@ -60,7 +60,7 @@ def settings_for(remote_urls: list[str], model_config: str | None = None, **kw: 
     return EngineSettings(
         remote_urls=remote_urls, chunk_bytes=sz.chunk_bytes, prefill_tokens_per_s=S.PREFILL_RATE, t0_s=S.T0_S,
         stream_bytes_per_s=S.LINK_CHUNKS_PER_S * sz.chunk_bytes, chunk_rtt_s=S.CHUNK_RTT_S,
-        model=sz.model.replace("@", "-") or "drill", **kw,  # type: ignore[arg-type]
+        model=sz.model or "drill", **kw,  # type: ignore[arg-type]  # whole: chunk_keys escapes it injectively
     )
 
 

@@ -10,6 +10,8 @@
 * :class:`ApiServer` -- ``python -m vllm.entrypoints.openai.api_server`` in its
   own session on a free loopback port; ``stop`` sends SIGTERM and waits
   (bounded) like an orchestrator would, then kills what is left of its group.
+  It gets SIGTERM when this process dies (:func:`kvctl.core.procs.die_with_parent`);
+  an :class:`LLMProcess` reads EOF on its stdin then, and exits.
 * :class:`LabTier` -- ``kvctl deploy-valkey up`` / ``vllm-config`` / ``down``
   run as the commands a user types (a subprocess of this interpreter).
 
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kvctl.connector import metric_names as N
-from kvctl.core.procs import kill_group
+from kvctl.core.procs import die_with_parent, kill_group
 from kvctl.tier.server import free_base_port, free_port
 
 __all__ = ["ApiServer", "EngineError", "LLMProcess", "LabTier", "connector_format", "engine_env", "kvctl", "pyspy_dump"]
@@ -250,8 +252,8 @@ class ApiServer:
             cmd += ["--kv-transfer-config", cfg_path.read_text()]
         log_path = workdir / f"{name}.log"
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or engine_env(),
-                                    start_new_session=True, cwd=str(workdir))
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env or engine_env(), start_new_session=True,
+                                    cwd=str(workdir), preexec_fn=die_with_parent(signal.SIGTERM))  # SIGTERM: vLLM's own shutdown
         self = cls(proc, port, log_path, served_name)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

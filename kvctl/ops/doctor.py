@@ -3,7 +3,7 @@
 Each check returns a :class:`Check` (ok / warning / fail, the fix, the evidence);
 nothing here prints. What talks to the outside world goes through the same
 small functions as ``kvctl diagnose`` (engine ``/metrics``, Valkey via
-redis-py, NVML, py-spy), so tests point them at real local components.
+kvctl.tier.admin, NVML, py-spy), so tests point them at real local components.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvctl.connector import metric_names
-from kvctl.connector.urls import INSTANCE_PLACEHOLDER, RANK_PLACEHOLDER, instances_in
+from kvctl.connector.urls import INSTANCE_PLACEHOLDER, RANK_PLACEHOLDER, instances_in, redacted_repr
 from kvctl.core import files, safeyaml
 from kvctl.core.engine_http import EngineHttp, masked
 from kvctl.core.errors import ExitStatus, InvalidInput, KvctlError
@@ -31,7 +31,8 @@ from kvctl.ops.doctor_host import check_nvml, check_py_spy
 from kvctl.tier import checks as tier_checks
 from kvctl.tier.checks import FAIL, OK, SKIPPED, WARNING, Check
 from kvctl.tier.lmcache_config import PLUGIN_MODULE, URL_LIST_KEY, plugin_key
-from kvctl.tier.server import PASSWORD_HINT, is_auth_error, redis_for_url
+from kvctl.tier.admin import PASSWORD_HINT, Admin, InstanceFailure, LoginRefused, NoPermission, TimedOut
+from kvctl.tier.replies import BadReply
 from kvctl.tier.targets import Target
 
 ORDER = (SKIPPED, OK, WARNING, FAIL)
@@ -66,6 +67,7 @@ class DoctorReport:
 
 @dataclass(frozen=True)
 class DoctorInput:
+    __repr__ = redacted_repr  # URLs shown with their passwords masked (issue 44)
     engine_urls: tuple[str, ...] = ()
     targets: tuple[Target, ...] = ()
     lmcache_config: str | None = None
@@ -188,9 +190,9 @@ def _engine(raw_url: str, timeout_s: float, kvt: dict[str, Any] | None, out: lis
 
 
 def _valkey(inp: DoctorInput, world: int | None, out: list[Check]) -> None:
-    """Each instance up (or auth), then its settings (kvctl.tier.checks), then one instance per rank (or K per rank)."""
-    import redis  # noqa: PLC0415
-
+    """Each instance up (or auth), then its settings (kvctl.tier.checks), then one instance per rank (or K per rank).
+    Each instance is read within one deadline of --timeout (connect, INFO, CONFIG GET, sampled key lengths), its
+    replies typed (:mod:`kvctl.tier.admin`): a silent, dripping or odd instance is its own failed line."""
     reads: list[tier_checks.InstanceRead] = []
     up: dict[int, Check] = {}  # by tier number r*K + i
     k = max((t.instances_per_rank for t in inp.targets), default=1)
@@ -198,16 +200,20 @@ def _valkey(inp: DoctorInput, world: int | None, out: list[Check]) -> None:
         where = f"{t.name} ({t.host}:{t.port})"
         ident = {"rank": t.rank} if k == 1 else {"rank": t.rank, "instance": t.instance}
         try:
-            with redis_for_url(t.url, inp.timeout_s, password=t.password) as r:
+            with Admin(t.url, inp.timeout_s, password=t.password) as r:
                 x = tier_checks.read_instance(r, t.rank, t.host, t.port, t.instance, k)
-        except (redis.RedisError, OSError) as e:
-            if is_auth_error(e):
-                out.append(Check("valkey", "auth", FAIL, f"{where} refused the login: {e}", PASSWORD_HINT, ident))
-            elif isinstance(e, redis.exceptions.NoPermissionError):  # logged in, as a user that may not read the settings
-                out.append(Check("valkey", "auth", FAIL, f"{where} up, but this user may not run INFO/CONFIG GET: {e}",
+        except InstanceFailure as e:
+            if isinstance(e, LoginRefused):
+                out.append(Check("valkey", "auth", FAIL, f"{where} {e.reason}", PASSWORD_HINT, ident))
+            elif isinstance(e, NoPermission):  # logged in, as a user that may not read the settings
+                said = e.reason.split(": ", 1)[-1]  # the server's NOPERM text
+                out.append(Check("valkey", "auth", FAIL, f"{where} up, but this user may not run INFO/CONFIG GET: {said}",
                                  "give doctor the tier's admin password (--password-file, or --dir of the tier), not the engines' user", ident))
-            else:
-                out.append(Check("valkey", "up", FAIL, f"{where} unreachable: {e}", "start it (kvctl deploy-valkey up) or fix the URL; kvctl deploy-valkey status shows every rank", ident))
+            else:  # unreachable, timed out, or an answer that is not Valkey's
+                fix = (f"is it stopped or hung? `kvctl diagnose stalls --pid PID` on its host (--timeout is {inp.timeout_s:g} s)" if isinstance(e, TimedOut)
+                       else "point --valkey (or --dir) at a Valkey of the tier: something else answers there" if isinstance(e, BadReply)
+                       else "start it (kvctl deploy-valkey up) or fix the URL; kvctl deploy-valkey status shows every rank")
+                out.append(Check("valkey", "up", FAIL, f"{where} {e.reason}", fix, ident))
             continue
         reads.append(x)
         up[x.key] = Check("valkey", "up", OK, f"{where} up, Valkey {x.info.get('valkey_version') or x.info.get('redis_version')}", evidence=ident)

@@ -25,9 +25,11 @@ def check_py_spy(timeout_s: float = PYSPY_HOST_CHECK_TIMEOUT_S) -> Check:
         binary = find_py_spy()
     except KvctlError as e:
         return Check("host", "py_spy", WARNING, str(e), "pip install py-spy (kvctl diagnose stalls needs it)")
-    # an orphaned sleeper: its parent exits at once, so it is no longer our descendant (Yama scope 1 refuses those)
+    # an orphaned sleeper: its parent exits at once, so it is no longer our descendant (Yama scope 1 refuses those);
+    # it sleeps 30 s at most, and exits within 0.1 s of this process (a killed doctor leaves nothing behind)
+    sleeper = f"import os, time; print(1, flush=True); [time.sleep(0.1) or os.kill({os.getpid()}, 0) for _ in range(300)]"
     starter = (  # the sleeper says "ready" once its interpreter runs; its parent passes that on with the pid and exits
-        "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(30)'], "
+        f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', {sleeper!r}], "
         "stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True); "
         "p.stdout.readline(); print(p.pid)"
     )

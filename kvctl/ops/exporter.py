@@ -34,7 +34,6 @@ No click, no rich: the command lives in :mod:`kvctl.commands.exporter`.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import math
 import threading
@@ -50,9 +49,11 @@ from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.diagnose.sources import valkey_read_error
 from kvctl.core.engine_http import EngineHttp, Inflight, masked
 from kvctl.core.errors import InvalidInput, KvctlError
+from kvctl.core.threads import DaemonPool
 from kvctl.core.thresholds import EXPORTER_MIN_INTERVAL_S, EXPORTER_STOP_S, EXPORTER_WINDOW_SAMPLES, READ_TIMEOUT_S
-from kvctl.tier.server import AuthFailed, info_all, redis_for_url
+from kvctl.tier.admin import Admin, InstanceFailure
 from kvctl.tier.targets import Target
+from kvctl.connector.urls import redacted_repr
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ def relevant_metrics(text: str) -> str:
 
 @dataclass(frozen=True)
 class ExporterConfig:
+    __repr__ = redacted_repr  # URLs shown with their passwords masked (issue 44)
     engine_urls: tuple[str, ...]
     targets: tuple[Target, ...] = ()
     params: Params = field(default_factory=Params)
@@ -176,32 +178,41 @@ def check_config(cfg: ExporterConfig) -> None:
 
 class KeptOpen:
     """The sampler's threads and Valkey connections, kept open between rounds (a fresh connection per INFO
-    cost more CPU than the rest of a round). redis-py checks a pooled connection before reuse, so an
-    instance restarted between rounds is read in the next round; a failed client is dropped and reopened."""
+    cost more CPU than the rest of a round). Each round's read of an instance has one deadline, ``timeout_s`` for
+    the connect and the whole reply (:class:`kvctl.tier.admin.Admin`, restarted each round): a dripping instance
+    costs the round its timeout, once. The client checks a kept connection before reuse, so an instance restarted
+    between rounds is read in the next round; a failed client is dropped and reopened."""
 
     def __init__(self, sources: int) -> None:
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=sources + 1, thread_name_prefix="kvctl-exporter-read")
-        self._clients: dict[tuple[int, int], Any] = {}  # by (rank, instance)
-        self._auth_warned: set[tuple[int, int]] = set()  # instances whose refused login was logged (once until it logs in)
+        # daemon threads registered nowhere (not ThreadPoolExecutor's, which the interpreter joins at exit): a read
+        # that ignores being cut (a connect to a full accept queue) is left behind, not waited for, at the stop
+        self.pool = DaemonPool(sources + 1, "kvctl-exporter-read")
+        self._clients: dict[tuple[int, int], Admin] = {}  # by (rank, instance)
+        self._down: set[tuple[int, int]] = set()  # instances whose failure was logged (once, until they answer again)
 
     def valkey_info(self, t: Target, timeout_s: float) -> dict[str, Any]:
-        import redis  # noqa: PLC0415
-
+        """INFO all of ``t`` within ``timeout_s`` in all; a failure is logged with its reason when the instance goes
+        ``up 0`` (refused, timed out, an odd reply, its password refused), and its coming back once it answers."""
         key = (t.rank, t.instance)
         client = self._clients.get(key)
-        if client is None:
-            client = self._clients[key] = redis_for_url(t.url, timeout_s, password=t.password)
+        if client is None or client.timeout_s != timeout_s:
+            if client is not None:
+                client.close()
+            client = self._clients[key] = Admin(t.url, timeout_s, password=t.password)
+        client.restart()
         try:
-            info = info_all(client)
-        except (redis.RedisError, OSError) as e:
+            info = client.info("all")
+        except InstanceFailure as e:
             self._clients.pop(key, None)
             client.close()
             err = valkey_read_error(t, e)
-            if isinstance(err, AuthFailed) and key not in self._auth_warned:  # up, refusing our password: said once
-                self._auth_warned.add(key)
-                log.warning("%s", err)
+            if key not in self._down:  # said once, until it answers again
+                self._down.add(key)
+                log.warning("kvctl_valkey_up 0: %s", err)
             raise err from e
-        self._auth_warned.discard(key)
+        if key in self._down:
+            self._down.discard(key)
+            log.warning("kvctl_valkey_up 1: Valkey %s at %s:%d answers again", t.name, t.host, t.port)
         return info
 
     def close(self) -> None:
@@ -209,7 +220,7 @@ class KeptOpen:
         self.pool.shutdown(wait=False, cancel_futures=True)
         for c in list(self._clients.values()):
             try:
-                c.close()
+                c.abort()  # a read in flight fails at once
             except Exception:  # noqa: BLE001 - closing under a reader may raise; the socket is shut either way
                 log.debug("closing a Valkey client", exc_info=True)
         self._clients.clear()
@@ -308,7 +319,7 @@ class Exporter:
 
     def window_capture(self) -> cap.Capture:
         """The samples the next analysis reads (oldest and newest of the window), as a capture."""
-        return cap.Capture(list(self.engine_labels), [t.url for t in self.cfg.targets], [self._window[0], self._window[-1]], {}, cap.now_iso(),
+        return cap.Capture(list(self.engine_labels), [cap.masked_valkey_url(t.url) for t in self.cfg.targets], [self._window[0], self._window[-1]], {}, cap.now_iso(),
                            instances_per_rank=cap.instances_per_rank_of(self.cfg.targets))
 
     def _fresh_series(self, sample: cap.Sample, duration: float, diag: Diagnosis | None) -> dict[Key, float]:
@@ -365,6 +376,10 @@ class Exporter:
         """Close the kept-open connections and threads (the series stay readable)."""
         if self._open is not None:
             self._open.close()
+
+    def threads(self) -> list[threading.Thread]:
+        """The reader threads this exporter started (daemon threads; :meth:`close` tells them to end)."""
+        return [] if self._open is None else self._open.pool.threads
 
     def run(self, stop: threading.Event, on_round: Callable[[Round], None] | None = None) -> None:
         """Sample every ``interval_s`` until ``stop`` is set; a round that overruns skips to the next tick."""

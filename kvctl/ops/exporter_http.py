@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kvctl.core.errors import InvalidInput
+from kvctl.core.threads import join_all
 from kvctl.ops.exporter import STOP_GRACE_S, WAIT_SLICE_S, Exporter, Round
 
 
@@ -97,18 +98,23 @@ class Server:
         self._stop.set()
 
     def stop(self) -> None:
-        """Stop sampling and serving within about STOP_GRACE_S: reads in flight are cut, not waited for."""
+        """Stop sampling and serving within about STOP_GRACE_S: reads in flight are cut, not waited for.
+
+        Waits (bounded) only for the threads this server started (:meth:`threads`); what is still alive then is
+        left behind (:meth:`stragglers`), and, every one a daemon thread, holds neither the caller nor the exit."""
         deadline = time.monotonic() + STOP_GRACE_S
         self._stop.set()
         self.exporter.cancel()
         self._httpd.shutdown()
         self._httpd.server_close()
-        self._http_thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        if self._sampler.is_alive():
-            self._sampler.join(timeout=max(0.0, deadline - time.monotonic()))
+        join_all([self._http_thread, self._sampler], max(0.0, deadline - time.monotonic()))
         self.exporter.close()
+        join_all(self.exporter.threads(), max(0.0, deadline - time.monotonic()))
 
-    @staticmethod
-    def stragglers() -> list[threading.Thread]:
-        """Threads that would hold the interpreter's exit (a read that did not return when cut)."""
-        return [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive() and not t.daemon]
+    def threads(self) -> list[threading.Thread]:
+        """Every thread this server started: its HTTP thread, its sampler (when it samples) and the exporter's readers."""
+        return [self._http_thread, *([self._sampler] if self._sampler.ident is not None else []), *self.exporter.threads()]
+
+    def stragglers(self) -> list[threading.Thread]:
+        """This server's threads still alive (after :meth:`stop`: reads that did not return when cut); never another's."""
+        return [t for t in self.threads() if t.is_alive()]

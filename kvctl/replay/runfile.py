@@ -16,6 +16,19 @@ Each line is flushed when written: a Ctrl-C or a crash loses nothing that finish
 hard in the middle of a write leaves a torn last line (no newline, not JSON): the reader skips it
 with a warning (:attr:`Run.warnings`). Every other line is checked, types included: a wrong type is
 an error naming its line, never a crash in the report.
+
+:func:`read_run` (and :func:`parse_run`, for a text already read) is the one reader of run files: ``report``,
+``simulate``/``plan --fit-from`` and its fits (``kvctl.sim.variability``, ``kvctl.sim.calibrate``) and the trace
+reader (a run file given as ``--trace`` or replayed) all take its rules:
+
+* every row names its request (``index``, an integer) and no two rows name the same one: replay writes each
+  request once, so a repeat is an edited or concatenated file, refused naming both lines (which copy is
+  right cannot be told, and counting it twice moves every percentile); a second metadata or summary line
+  (two runs in one file) likewise;
+* every time (``scheduled_s``, ``sent_s``, ``first_token_s``, ``finished_s``, ``latency_s``) is null or a
+  finite number of seconds in [0, RUN_FILE_MAX_TIME_S]; token counts are within the trace's MAX_TOKENS,
+  other counts within RUN_FILE_MAX_COUNT, scraped counters finite as floats;
+* a torn last line is skipped with the same warning, whoever reads.
 """
 
 from __future__ import annotations
@@ -29,8 +42,9 @@ from typing import IO, Any
 
 from kvctl.core import files
 from kvctl.core.errors import InvalidInput
-from kvctl.replay.trace import MAX_TOKENS, json_lines, malformed
-from kvctl.core.thresholds import TRACE_MAX_BYTES
+from kvctl.core.thresholds import RUN_FILE_MAX_COUNT, RUN_FILE_MAX_TIME_S, TRACE_MAX_BYTES
+from kvctl.core.thresholds import TRACE_MAX_TOKENS as MAX_TOKENS
+from kvctl.replay.jsonl import first_value, json_lines, malformed
 
 #: How replay's rows for requests still open at a stop signal begin their status (not errors of the engine).
 INTERRUPTED = "interrupted"
@@ -85,6 +99,7 @@ class Run:
     summary: dict[str, Any] | None = None
     name: str = field(default="")
     warnings: list[str] = field(default_factory=list)
+    row_lines: list[int] = field(default_factory=list)  # the line of each row in the file
 
 
 def counter(values: dict[str, Any] | None, name: str) -> float | None:
@@ -99,45 +114,61 @@ def counter(values: dict[str, Any] | None, name: str) -> float | None:
 
 
 def _is_number(v: Any) -> bool:
-    return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and math.isfinite(v))
+    """A JSON number that is finite as a float (a 400-digit integer is not: float() of it overflows)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        try:
+            return math.isfinite(float(v))
+        except OverflowError:
+            return False
+    return isinstance(v, float) and math.isfinite(v)
 
 
 def _is_count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= RUN_FILE_MAX_COUNT
 
 
 def _is_tokens(v: Any) -> bool:
     """A token count within the one stated cap on prompts (replay's MAX_TOKENS)."""
-    return _is_count(v) and v <= MAX_TOKENS
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_TOKENS
+
+
+def _is_time(v: Any) -> bool:
+    """Seconds of a run: finite, non-negative, at most RUN_FILE_MAX_TIME_S."""
+    return _is_number(v) and 0 <= v <= RUN_FILE_MAX_TIME_S
 
 
 def _shown(v: Any) -> str:
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**30:
+        return f"a {len(str(abs(v)))}-digit integer"
     text = repr(v)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+_TIME = f"a non-negative number of seconds up to {RUN_FILE_MAX_TIME_S:,.0f} (31 days)"
+_COUNT = f"a non-negative integer up to {RUN_FILE_MAX_COUNT:,}"
 #: Optional row fields and what each must be when present and not null.
 _ROW_TYPES = (
-    ("sent_s", _is_number, "a number"), ("first_token_s", _is_number, "a number"), ("finished_s", _is_number, "a number"),
+    ("sent_s", _is_time, _TIME), ("first_token_s", _is_time, _TIME), ("finished_s", _is_time, _TIME),
+    ("latency_s", _is_time, _TIME),
     ("prompt_tokens", _is_tokens, f"a non-negative integer up to {MAX_TOKENS:,}"),
     ("cached_tokens", _is_tokens, f"a non-negative integer up to {MAX_TOKENS:,}"),
-    ("in_flight", _is_count, "a non-negative integer"), ("index", _is_count, "a non-negative integer"),
+    ("in_flight", _is_count, _COUNT),
     ("capped", lambda v: isinstance(v, bool), "true or false"),
 )
 
 
 def _check_row(row: dict[str, Any], lineno: int) -> str | None:
-    for k in ROW_FIELDS:
+    for k in ("index", *ROW_FIELDS):
         if k not in row:
             return f"line {lineno}: missing {k}"
+    if not _is_count(row["index"]):
+        return f"line {lineno}: index must be {_COUNT} (the request's number), got {_shown(row['index'])}"
     if not isinstance(row["status"], str):
         return f"line {lineno}: status must be a string"
-    if not _is_number(row["scheduled_s"]) or row["scheduled_s"] < 0:
-        return f"line {lineno}: scheduled_s must be a non-negative number, got {_shown(row['scheduled_s'])}"
-    if row["status"] == "ok":
-        lat = row["latency_s"]
-        if not _is_number(lat) or lat < 0:
-            return f"line {lineno}: latency_s must be a non-negative number, got {_shown(lat)}"
+    if not _is_time(row["scheduled_s"]):
+        return f"line {lineno}: scheduled_s must be {_TIME}, got {_shown(row['scheduled_s'])}"
+    if row["status"] == "ok" and not _is_time(row["latency_s"]):
+        return f"line {lineno}: latency_s must be {_TIME}, got {_shown(row['latency_s'])}"
     for k, ok, what in _ROW_TYPES:
         if row.get(k) is not None and not ok(row[k]):
             return f"line {lineno}: {k} must be {what} or null, got {_shown(row[k])}"
@@ -158,7 +189,7 @@ def _check_metrics(values: Any, where: str, lineno: int) -> str | None:
 
 def _check_summary(summary: dict[str, Any], lineno: int) -> str | None:
     if summary.get("max_in_flight") is not None and not _is_count(summary["max_in_flight"]):
-        return f"line {lineno}: summary.max_in_flight must be a non-negative integer or null, got {_shown(summary['max_in_flight'])}"
+        return f"line {lineno}: summary.max_in_flight must be {_COUNT} or null, got {_shown(summary['max_in_flight'])}"
     if summary.get("interrupted") is not None and not isinstance(summary["interrupted"], bool):
         return f"line {lineno}: summary.interrupted must be true or false, got {_shown(summary['interrupted'])}"
     return _check_metrics(summary.get("metrics_after"), "summary.metrics_after", lineno)
@@ -176,38 +207,66 @@ def _torn_last_line(text: str, errors: list[str]) -> str | None:
     return None
 
 
-def read_run(path: str | Path) -> Run:
-    """Read a run file; InvalidInput names the file and line of anything malformed."""
+def opens_as_run(text: str) -> bool:
+    """Whether ``text`` opens as a run file does: a ``{"metadata": ...}`` line first."""
+    first = first_value(text)
+    return isinstance(first, dict) and "metadata" in first
+
+
+def parse_run(path: str | Path, text: str) -> Run:
+    """The run file ``text`` (read from ``path``) by the rules of the module docstring; InvalidInput names the file
+    and the lines of anything malformed."""
     p = Path(path)
-    text = files.read_regular(p, "run file", TRACE_MAX_BYTES, kind="a run file")
     metadata: dict[str, Any] | None = None
     summary = None
     rows: list[dict[str, Any]] = []
+    row_lines: list[int] = []
+    seen: dict[int, int] = {}  # request index -> the line that first named it
     errors: list[str] = []
+    summary_line = None
     for lineno, obj in json_lines(text, errors):
         if metadata is None and not (isinstance(obj, dict) and "metadata" in obj):
             break  # a run file opens with its metadata
         if not isinstance(obj, dict):
             errors.append(f"line {lineno}: not a JSON object")
         elif "metadata" in obj and len(obj) == 1:
+            if metadata is not None:
+                errors.append(f"line {lineno}: a second metadata line (two runs in one file?): one run a file")
+                continue
             metadata = obj["metadata"] if isinstance(obj["metadata"], dict) else {}
             err = _check_metrics(metadata.get("metrics_before"), "metadata.metrics_before", lineno)
             if err:
                 errors.append(err)
         elif "summary" in obj and len(obj) == 1:
+            if summary_line is not None:
+                errors.append(f"line {lineno}: a second summary line (the first is line {summary_line}): one run a file")
+                continue
+            summary_line = lineno
             summary = obj["summary"] if isinstance(obj["summary"], dict) else None
             err = _check_summary(summary, lineno) if summary is not None else None
             if err:
                 errors.append(err)
         else:
             err = _check_row(obj, lineno)
+            if err is None and obj["index"] in seen:
+                err = (f"line {lineno}: index {obj['index']} is on line {seen[obj['index']]} too (replay writes each "
+                       f"request once: an edited or concatenated run file)")
             if err:
                 errors.append(err)
             else:
+                seen[obj["index"]] = lineno
                 rows.append(obj)
+                row_lines.append(lineno)
     warnings = [w] if metadata is not None and (w := _torn_last_line(text, errors)) else []
     if errors:
         raise malformed(p, errors)
     if metadata is None:
         raise InvalidInput(f"{p} is not a kvctl run file (no {{\"metadata\": ...}} line)")
-    return Run(str(p), metadata, rows, summary, name=p.stem, warnings=warnings)
+    return Run(str(p), metadata, rows, summary, name=p.stem, warnings=warnings, row_lines=row_lines)
+
+
+def read_run(path: str | Path) -> Run:
+    """Read a run file (a regular file of at most TRACE_MAX_BYTES: :func:`kvctl.core.files.read_regular`) by
+    :func:`parse_run`; InvalidInput names the file and line of anything malformed."""
+    text = files.read_regular(Path(path), "run file", TRACE_MAX_BYTES, kind="a run file")
+    return parse_run(path, text)

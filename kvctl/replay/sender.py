@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from kvctl import __version__
+from kvctl.connector.urls import redacted_repr
 from kvctl.core.engine_http import EngineHttp, masked
 from kvctl.core.errors import InvalidInput, Unreachable
 from kvctl.replay.engine_api import engine_base, check_lengths, discover_model, list_models, max_model_len, pool_from_engine, scrape_metrics
@@ -47,6 +48,7 @@ class BadAnswer(ValueError):
 
 @dataclass(frozen=True)
 class ReplayOptions:
+    __repr__ = redacted_repr  # URLs shown with their passwords masked (issue 44)
     url: str
     model: str | None = None
     speed: float = 1.0

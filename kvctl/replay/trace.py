@@ -8,7 +8,9 @@ One reader for all three; the format is recognised line by line from its keys:
 * offsets: ``{"offset_s": t, "prompt": "text"}`` or ``{"offset_s": t, "prompt_tokens": n | [ids]}``
   (a count gives a prompt of n tokens unique to that request); optional ``max_tokens``.
 * a kvctl run file (``kvctl replay --out``): a ``{"metadata": ...}`` first line, then one row per
-  request whose ``request`` field holds the original trace line (replays a past run).
+  request whose ``request`` field holds the original trace line (replays a past run). A file that opens
+  with a metadata line is read by the run-file reader (:func:`kvctl.replay.runfile.parse_run`) and takes
+  its rules: one row a request, bounded times, a torn last line skipped with a warning (``Trace.warnings``).
 
 Offsets are taken relative to the trace's first request. Malformed lines are rejected together,
 each named by its line number. Every number has a stated cap (:data:`MAX_TOKENS`, :data:`MAX_SPAN_S`,
@@ -20,23 +22,22 @@ most TRACE_MAX_BYTES.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable
 
 from kvctl.core import files
 from kvctl.core.errors import InvalidInput
-from kvctl.core.thresholds import JSON_MAX_DEPTH, TRACE_MAX_BYTES
+from kvctl.core.thresholds import TRACE_MAX_BYTES, TRACE_MAX_TOKENS
+from kvctl.replay import runfile
+from kvctl.replay.jsonl import json_lines, malformed
 
 DEFAULT_BLOCK_TOKENS = 512
-#: How many malformed lines one error message lists.
-MAX_LISTED_ERRORS = 5
 #: The stated caps on a trace line. Prompt and output tokens: 10 million, past the longest context any
 #: model declares (``kvctl replay`` also holds prompts to the engine's own ``max_model_len``). The one bound
 #: on a prompt's tokens: a run file's ``prompt_tokens``/``cached_tokens`` (report, ``--fit-from``) obey it too.
-MAX_TOKENS = 10_000_000
+MAX_TOKENS = TRACE_MAX_TOKENS
 #: An offset (``timestamp`` ms / 1000, or ``offset_s``) as written: up to 10^12 s, room for Unix-epoch
 #: times, refused past it (a number past a float's range never reaches arithmetic).
 MAX_RAW_OFFSET_S = 1e12
@@ -76,6 +77,7 @@ class Trace:
     format: str  # "mooncake", "offsets", "run" or "mixed"
     requests: tuple[TraceRequest, ...]
     metadata: dict[str, Any] | None = None  # a run file's metadata
+    warnings: tuple[str, ...] = ()  # a run file's: its torn last line, skipped
 
 
 def _is_int(v: Any) -> bool:
@@ -156,35 +158,6 @@ def parse_line(obj: Any, line: int) -> tuple[str, dict[str, Any]]:
     raise ValueError("unknown line: expected timestamp/input_length/hash_ids (Mooncake) or offset_s with prompt/prompt_tokens")
 
 
-def json_lines(text: str, errors: list[str]) -> Iterator[tuple[int, Any]]:
-    """(line number, decoded value) of each non-blank JSONL line; undecodable lines (and lines nested deeper
-    than JSON_MAX_DEPTH) are added to ``errors``."""
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        if files.json_too_deep(line):
-            errors.append(f"line {lineno}: not usable JSON (nested too deeply: more than {JSON_MAX_DEPTH} levels)")
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as e:
-            errors.append(f"line {lineno}: not JSON ({e.msg})")
-            continue
-        except ValueError as e:  # an integer past Python's digit limit (4300 digits)
-            errors.append(f"line {lineno}: not usable JSON ({str(e).split(';')[0]})")
-            continue
-        except RecursionError:
-            errors.append(f"line {lineno}: not usable JSON (nested too deeply)")
-            continue
-        yield lineno, value
-
-
-def malformed(path: Path, errors: list[str]) -> InvalidInput:
-    """One error naming the file and its first malformed lines."""
-    more = f" (and {len(errors) - MAX_LISTED_ERRORS} more)" if len(errors) > MAX_LISTED_ERRORS else ""
-    return InvalidInput(f"{path}: {len(errors)} malformed line(s): " + "; ".join(errors[:MAX_LISTED_ERRORS]) + more)
-
-
 def read_trace(path: str | Path) -> Trace:
     """Read a trace or run file (a regular file of at most TRACE_MAX_BYTES); InvalidInput lists malformed lines by number."""
     p = Path(path)
@@ -194,7 +167,14 @@ def read_trace(path: str | Path) -> Trace:
     errors: list[str] = []
     formats: set[str] = set()
     metadata: dict[str, Any] | None = None
-    for lineno, obj in json_lines(text, errors):
+    warnings: tuple[str, ...] = ()
+    lines: Iterable[tuple[int, Any]]
+    if runfile.opens_as_run(text):  # a run file: the run-file reader's rules, then its rows' trace lines
+        run = runfile.parse_run(p, text)
+        lines, metadata, warnings = zip(run.row_lines, run.rows), run.metadata, tuple(run.warnings)
+    else:
+        lines = json_lines(text, errors)
+    for lineno, obj in lines:
         if isinstance(obj, dict) and "metadata" in obj and len(obj) == 1:
             if not isinstance(obj["metadata"], dict):
                 errors.append(f"line {lineno}: metadata must be an object")
@@ -243,4 +223,4 @@ def read_trace(path: str | Path) -> Trace:
         for i, r in enumerate(ordered)
     )
     fmt = "run" if "run" in formats else (formats.pop() if len(formats) == 1 else "mixed")
-    return Trace(str(p), digest, fmt, out, metadata)
+    return Trace(str(p), digest, fmt, out, metadata, warnings)

@@ -197,7 +197,8 @@ def t0_fit(path: str, bytes_per_token: float, bandwidth_gbps: float,
     arr = np.array(out)
     which = "alone in flight" if use is alone else f"all hits (fewer than {MIN_ALONE_ROWS} alone in flight: queueing may be in it)"
     return tuple(out), (f"T0 from {len(out)} hits of {path} ({which}, transfers at {bandwidth_gbps:.4g} GB/s): "
-                        f"p50 {np.percentile(arr, 50):.3f} s, p99 {np.percentile(arr, 99):.3f} s{first_note}"), (min(hit_tokens), max(hit_tokens))
+                        f"p50 {np.percentile(arr, 50):.3f} s, p99 {np.percentile(arr, 99):.3f} s{first_note}"
+                        + "".join(f"; {w}" for w in run.warnings)), (min(hit_tokens), max(hit_tokens))
 
 
 def build(*, fit_from: str | None = None, get_times_from: str | None = None, readers_from: str | None = None,

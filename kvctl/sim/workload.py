@@ -160,7 +160,8 @@ def trace_workload(path: str, requests: int | None = None, block_tokens: int = D
     tokens = np.array([r.token_count for r in reqs], dtype=float)
     span = float(arrival[-1] - arrival[0]) if len(arrival) > 1 else 0.0
     rate = (len(arrival) - 1) / span if span > 0 else None
-    return Workload(arrival, tokens, rate, f"trace {path} ({tr.format}, {len(reqs)} requests)",
+    torn = "".join(f"; {w}" for w in tr.warnings)  # a run file's torn last line, skipped: said where the trace is named
+    return Workload(arrival, tokens, rate, f"trace {path} ({tr.format}, {len(reqs)} requests){torn}",
                     trace_hit_tokens(reqs, block_tokens))
 
 

@@ -42,7 +42,9 @@ from kvctl.core.thresholds import (
     MAXCLIENTS_HEADROOM,
     REPLY_BATCH_CHUNKS,
 )
-from kvctl.tier.server import base_settings, info_all
+from kvctl.tier.admin import Admin
+from kvctl.tier.replies import is_keyspace, whole_number
+from kvctl.tier.server import base_settings
 from kvctl.connector.urls import flat_instance
 from kvctl.tier.spec import format_size, is_loopback
 from kvctl.tier.targets import instance_name
@@ -118,32 +120,24 @@ class TierContext:
     thp_path: str = THP_PATH
 
 
-def read_instance(client: Any, rank: int, host: str, port: int, instance: int = 0, instances_per_rank: int = 1) -> InstanceRead:
-    """One instance's facts through a redis-py client (raises redis/OS errors as the client does)."""
-    info = info_all(client)
-    config = {str(k): str(v) for k, v in client.config_get("*").items()}
+def read_instance(client: Admin, rank: int, host: str, port: int, instance: int = 0, instances_per_rank: int = 1) -> InstanceRead:
+    """One instance's facts, all within ``client``'s one deadline, every reply typed (raises what :class:`Admin` raises)."""
+    info = client.info("all")
+    config = client.config_get("*")
     keys = expires = 0
     for name, value in info.items():
-        if name.startswith("db") and name[2:].isdigit() and isinstance(value, dict):
+        if is_keyspace(name) and isinstance(value, dict):
             keys += int(value.get("keys", 0))
             expires += int(value.get("expires", 0))
     largest = largest_sampled_value(client) if keys else None
     return InstanceRead(rank, host, port, info, config, keys, expires, largest, instance, instances_per_rank)
 
 
-def largest_sampled_value(client: Any, samples: int = SAMPLED_KEYS, skip_prefix: bytes | None = None) -> int | None:
+def largest_sampled_value(client: Admin, samples: int = SAMPLED_KEYS, skip_prefix: bytes | None = None) -> int | None:
     """Bytes of the largest string value among ``samples`` random keys (those starting ``skip_prefix`` left out):
     the tier's chunk size as its engines stored it; None when no key was sampled."""
-    pipe = client.pipeline(transaction=False)
-    for _ in range(samples):
-        pipe.randomkey()
-    names = [k for k in pipe.execute() if k is not None and not (skip_prefix and bytes(k).startswith(skip_prefix))]
-    if not names:
-        return None
-    pipe = client.pipeline(transaction=False)
-    for k in names:
-        pipe.strlen(k)
-    lengths = [n for n in pipe.execute(raise_on_error=False) if isinstance(n, int) and n > 0]
+    names = [k for k in client.random_keys(samples) if not (skip_prefix and k.startswith(skip_prefix))]
+    lengths = [n for n in client.strlens(names) if n]
     return max(lengths) if lengths else None
 
 
@@ -176,10 +170,8 @@ def chunk_size(reads: Sequence[InstanceRead], given: int | None) -> tuple[int | 
 
 
 def _int(conf: dict[str, str], name: str) -> int | None:
-    try:
-        return int(conf[name])
-    except (KeyError, ValueError):
-        return None
+    """A setting as a whole number >= 0 (int64), or None: absent, or not such a number (as the instance said it)."""
+    return whole_number(conf.get(name))
 
 
 # --- per instance ------------------------------------------------------------------------
@@ -256,10 +248,8 @@ def output_buffer_limit(value: str) -> tuple[int, int, int] | None:
     words = value.split()
     for i in range(0, len(words) - 3, 4):
         if words[i] == "normal":
-            try:
-                return int(words[i + 1]), int(words[i + 2]), int(words[i + 3])
-            except ValueError:
-                return None
+            hard, soft, secs = (whole_number(w) for w in words[i + 1 : i + 4])
+            return None if hard is None or soft is None or secs is None else (hard, soft, secs)
     return None
 
 

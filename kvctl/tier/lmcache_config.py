@@ -18,6 +18,10 @@ With ``plugin=True`` the config names kvctl's LMCache remote-storage plugin
 instead (``remote_storage_plugins: [kvctl]``, the template or list under
 ``extra_config``, no ``remote_url``); see kvctl.plugins.lmcache.
 
+Plugin form: ``remote_storage_plugin.kvctl.pool_size`` is the plugin's threads, one connection per I/O thread of the
+tier's instances plus one for lookups and saves (:func:`kvctl.tier.sizing.connections_for`; the plugin keeps
+``pool_size - 1`` connections busy on a load).
+
 K > 1 instances per rank (plugin form only: LMCache's own client talks to one URL):
 ``kvctl_remote_urls`` holds per rank the list of its K URLs (or the template has
 ``{instance}``) and ``remote_storage_plugin.kvctl.instances_per_rank`` is K.
@@ -49,6 +53,7 @@ class LMCacheSettings:
     max_local_cpu_size_gb: float = 5.0
     remote_serde: str = "naive"
     enable_async_loading: bool = False
+    connections_per_instance: int | None = None  # plugin form: pool_size = this + 1; None: the plugin's default
 
 
 def lmcache_config(
@@ -95,6 +100,8 @@ def lmcache_config(
         extra[URL_LIST_KEY] = urls
     if instances_per_rank > 1:
         extra[plugin_key("instances_per_rank")] = instances_per_rank
+    if plugin and settings.connections_per_instance is not None:
+        extra[plugin_key("pool_size")] = settings.connections_per_instance + 1  # + the thread of lookups and saves
     cfg["remote_serde"] = settings.remote_serde
     cfg["enable_async_loading"] = settings.enable_async_loading
     if plugin:

@@ -3,53 +3,58 @@
 K instances per rank (``UpRequest.instances_per_rank``, default 1): instance ``i`` of rank ``r`` is
 number ``n = r*K + i`` of the tier (:func:`kvctl.connector.urls.flat_instance`), listens on
 ``base_port + n`` and writes ``valkey-<r>-<i>.{conf,log,pid}`` (``valkey-<r>.*`` when K is 1); the
-total ``maxmemory`` is split over all W × K instances and the io-threads default divides the cores
-among them. The state file records each instance's rank and instance index.
+total ``maxmemory`` is split over all W × K instances and the io-threads default divides this host's cores
+among them (:func:`kvctl.tier.sizing.io_threads_for`; a 9.x server also gets its copy-free reply at those
+threads). The state file records each instance's rank and instance index, the server's version and the io-threads.
 
-``up`` is all or nothing; ``down`` signals only processes whose pid, command
-line and start time match what ``up`` recorded in the tier's state file
-(``kvctl-tier.json``, read by ``bench``/``diagnose`` through
-:func:`kvctl.tier.targets.load_tier`).
-
-``up`` records each instance in the state file the moment its process
-exists, so whatever kills ``up`` (even SIGKILL), ``down`` finds what it had
-started. ``up`` and ``down`` hold an exclusive lock on the directory
-(``.kvctl-tier.lock``, released by the kernel when the process dies), so a
-second ``up`` into the same directory is refused instead of racing.
+``up`` is all or nothing. Each server runs in the tier's directory from its first instruction, and ``up``
+records it in the state file (``kvctl-tier.json``, :mod:`kvctl.tier.state_file`, read by ``bench``/``diagnose``
+too) the moment its process exists. ``down`` stops the valkey-servers working in the directory it is given
+(:mod:`kvctl.tier.tier_dir`), recorded or not: whatever kills ``up`` (even SIGKILL between a spawn and its
+record), ``down`` finds what it had started; a pid the state file names that is not a server of this
+directory (a copied directory's, a reused pid) is reported and never signalled; and ``--purge`` removes only
+the files ``up`` names in that directory, never a path a file in it names, and not while a server of the
+directory still runs. ``up`` and ``down`` hold an exclusive lock on the directory (``.kvctl-tier.lock``,
+released by the kernel when the process dies), so a second ``up`` into the same directory is refused instead
+of racing, and an ``up`` removes a directory (and its lock file) only when it created the directory and
+holds the lock.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import signal
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import psutil
 
 from kvctl.connector.urls import MAX_INSTANCES_PER_RANK, flat_instance
 from kvctl.core.errors import InvalidInput, KvctlError
-from kvctl.tier import spec
+from kvctl.tier import sizing, spec
 from kvctl.tier.server import (
     ValkeyProcess,
     check_bind_address,
     find_valkey_server,
+    format_version,
     port_in_use,
     server_version,
     start_valkey,
 )
-from kvctl.core.thresholds import TIER_MAXMEMORY
-from kvctl.tier.targets import STATE_FILE, InstanceState, TierState, instance_name, load_tier, state_path
-
-ENGINE_PASSWORD_FILE = "engine.password"
-LOCK_FILE = ".kvctl-tier.lock"
-#: Valkey refuses more io-threads than this (Valkey 8: "between 1 and 256").
-MAX_IO_THREADS = 256
+from kvctl.core.thresholds import DOWN_SETTLE_S, TIER_MAXMEMORY
+from kvctl.tier.spec import MAX_IO_THREADS  # noqa: F401 - re-exported
+from kvctl.tier.state_file import (  # noqa: F401 - re-exported for the tier's callers
+    ENGINE_PASSWORD_FILE, LOCK_FILE, STATE_FILE, InstanceState, TierState, instance_stem, load_tier, state_path,
+)
+from kvctl.tier.targets import instance_name
+from kvctl.tier.tier_dir import (  # noqa: F401 - re-exported for the tier's callers
+    TierBusy, TierLock, is_our_server, is_valkey, listening_port, make_dir, pidfile_names, purge_files, servers_of, tier_lock,
+    working_dir,
+)
 
 #: Called as ``on_progress(name, port)`` after each instance answers PING (or stops); name: ``rank 2`` or
 #: ``rank 2 instance 1`` (:func:`kvctl.tier.targets.instance_name`).
@@ -79,6 +84,8 @@ def _check_request(req: UpRequest) -> None:
     """Everything that can be refused before anything is written or started."""
     if req.ranks < 1:
         raise InvalidInput(f"--ranks must be at least 1, got {req.ranks}")
+    spec.check_text(str(req.dir.resolve()), "--dir")  # the directory is written into every instance's config
+    spec.check_host(req.host)
     if not 1 <= req.instances_per_rank <= MAX_INSTANCES_PER_RANK:
         raise InvalidInput(f"--instances-per-rank must be in 1..{MAX_INSTANCES_PER_RANK}, got {req.instances_per_rank}")
     if not 1 <= req.base_port or req.base_port + req.instances - 1 > 65535:
@@ -93,69 +100,14 @@ def _check_request(req: UpRequest) -> None:
         )
 
 
-class TierBusy(KvctlError):
-    """Another kvctl process holds the tier directory's lock."""
-
-
-@contextlib.contextmanager
-def tier_lock(tier_dir: Path, what: str) -> Iterator[None]:
-    """Hold the directory's exclusive lock (non-blocking): TierBusy naming the holder's pid if taken."""
-    tier_dir.mkdir(parents=True, exist_ok=True)
-    path = tier_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip().replace(" ", ", ", 1) or "?"
-            raise TierBusy(
-                f"another kvctl (pid {holder}) is working on the tier in {tier_dir} right now; "
-                f"wait for it to finish, or use another --dir for a second tier"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {what}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
 def _identity(proc: psutil.Process) -> tuple[list[str], float]:
     return proc.cmdline(), round(proc.create_time(), 2)
 
 
-def is_our_server(inst: InstanceState) -> psutil.Process | None:
-    """The live process of ``inst`` when pid, command line and start time all match; else None."""
-    if inst.pid <= 0:
-        return None
-    try:
-        proc = psutil.Process(inst.pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        cmdline, created = _identity(proc)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
-    if not cmdline or "valkey-server" not in cmdline[0]:
-        return None
-    if inst.create_time and abs(created - inst.create_time) > 0.05:
-        return None
-    if inst.cmdline and cmdline[0].split()[0] != inst.cmdline[0].split()[0]:
-        return None
-    return proc
-
-
-def not_running(instances: Sequence[InstanceState]) -> list[InstanceState]:
-    """The instances of a local tier whose valkey-server is gone (stopped by `down`, killed, rebooted)."""
-    return [i for i in instances if is_our_server(i) is None]
-
-
-def _live_instances(tier_dir: Path) -> list[InstanceState]:
-    if not state_path(tier_dir).exists():
-        return []
-    try:
-        state = load_tier(tier_dir)
-    except InvalidInput as e:
-        raise InvalidInput(f"{tier_dir} holds an unreadable {STATE_FILE}; remove it or use another --dir ({e})") from e
-    return [i for i in state.instances if is_our_server(i)]
+def not_running(instances: Sequence[InstanceState], tier_dir: Path | str | None = None) -> list[InstanceState]:
+    """The instances of a local tier whose valkey-server is gone (stopped by `down`, killed, rebooted), or, given
+    ``tier_dir``, is not a server of that directory (the state file of a copied directory)."""
+    return [i for i in instances if is_our_server(i, tier_dir) is None]
 
 
 def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: bool = True,
@@ -171,24 +123,24 @@ def up(req: UpRequest, on_progress: Progress | None = None, check_ports_first: b
     """
     _check_request(req)
     per_instance = spec.split_maxmemory(req.maxmemory, req.ranks, req.instances_per_rank)
-    io_threads = req.io_threads if req.io_threads is not None else spec.default_io_threads(ranks=req.instances)
+    io_threads = req.io_threads if req.io_threads is not None else sizing.io_threads_for(instances=req.instances)
     auth = spec.resolve_auth(req.host, req.password_file, req.insecure_no_auth)
     check_bind_address(req.host)
     binary = find_valkey_server()
-    version = server_version(binary)
+    version = format_version(server_version(binary))
     tier_dir = req.dir.resolve()
     if tier_dir.exists() and not tier_dir.is_dir():
         raise InvalidInput(f"--dir {req.dir} is not a directory")
-    created = not tier_dir.exists()
-    try:
-        with tier_lock(tier_dir, "deploy-valkey up"):
+    created = make_dir(tier_dir)  # True only when this `up` made it: a racing `up` may have, a moment ago
+    with tier_lock(tier_dir, "deploy-valkey up") as lock:  # TierBusy: nothing here is this `up`'s to remove
+        try:
             return _up_locked(req, tier_dir, per_instance, io_threads, auth, binary, version, on_progress, check_ports_first, held)
-    except BaseException:
-        if created:  # leave no trace of a refused or failed `up` in a directory it made
-            (tier_dir / LOCK_FILE).unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                tier_dir.rmdir()
-        raise
+        except BaseException:
+            if created:  # leave no trace of a refused or failed `up` in a directory it made, holding its lock
+                lock.remove()
+                with contextlib.suppress(OSError):
+                    tier_dir.rmdir()
+            raise
 
 
 def _up_locked(
@@ -203,10 +155,10 @@ def _up_locked(
     check_ports_first: bool,
     held: list[ValkeyProcess] | None = None,
 ) -> TierState:
-    live = _live_instances(tier_dir)
+    live = servers_of(tier_dir)
     if live:
-        ports = ", ".join(str(i.port) for i in live)
-        raise KvctlError(f"{req.dir} already runs a tier (ports {ports}); stop it with `kvctl deploy-valkey down --dir {req.dir}` or use another --dir")
+        pids = ", ".join(str(p.pid) for p in live)
+        raise KvctlError(f"{req.dir} already runs a tier (valkey-server pid {pids}); stop it with `kvctl deploy-valkey down --dir {req.dir}` or use another --dir")
     k = req.instances_per_rank
     layout = [(r, i, req.base_port + flat_instance(r, i, k)) for r in range(req.ranks) for i in range(k)]
     if check_ports_first:
@@ -238,12 +190,13 @@ def _up_locked(
     try:
         for rank, inst, port in layout:
             name = instance_name(rank, inst, k)
-            stem = f"valkey-{rank}" if k == 1 else f"valkey-{rank}-{inst}"
-            settings = spec.cache_settings(per_instance, io_threads, auth, engine_password)
+            stem = instance_stem(rank, inst, k)
+            settings = spec.cache_settings(per_instance, io_threads, auth, engine_password, version=version)
             settings["pidfile"] = str(tier_dir / f"{stem}.pid")
             settings["logfile"] = str(tier_dir / f"{stem}.log")
 
-            def record(proc: ValkeyProcess, rank: int = rank, inst: int = inst, name: str = name, settings: dict = settings) -> None:
+            def record(proc: ValkeyProcess, rank: int = rank, inst: int = inst, name: str = name, settings: dict = settings,
+                       stem: str = stem) -> None:
                 """Into the state file before waiting for PING: a killed `up` leaves nothing `down` cannot find."""
                 started.append(proc)
                 try:
@@ -257,9 +210,9 @@ def _up_locked(
                         port=proc.port,
                         pid=proc.pid,
                         url=proc.url,
-                        config=str(proc.config_path),
-                        logfile=str(settings["logfile"]),
-                        pidfile=str(settings["pidfile"]),
+                        config=f"{stem}.conf",  # names in the tier directory, never paths
+                        logfile=f"{stem}.log",
+                        pidfile=f"{stem}.pid",
                         cmdline=[c for c in cmdline if c],
                         create_time=created,
                         instance=inst,
@@ -319,6 +272,7 @@ class StopResult:
     port_free: bool
     instance: int = 0
     name: str = ""  # "rank 2", or "rank 2 instance 1"
+    note: str = ""  # why a pid was not ours, or that a server stopped was not in the state file
 
 
 def _exited(proc: psutil.Process, timeout_s: float) -> bool:
@@ -364,55 +318,79 @@ def _wait_port_free(host: str, port: int, timeout_s: float) -> bool:
     return True
 
 
+def tier_to_stop(tier_dir: Path | str) -> TierState:
+    """What ``down`` works from: the state file in ``tier_dir`` or, when there is none yet valkey-servers work in
+    the directory (an ``up`` killed before writing it), no recorded instance. InvalidInput when neither."""
+    d = Path(tier_dir).resolve()
+    if not os.path.lexists(state_path(d)) and d.is_dir() and servers_of(d):
+        return TierState(dir=str(d), instances=[], complete=False)
+    return load_tier(tier_dir)
+
+
 def down(tier_dir: Path | str, purge: bool = False, timeout_s: float = 10.0, on_progress: Progress | None = None) -> list[StopResult]:
-    """Stop every instance ``up`` started here; a dead or foreign pid is reported and skipped.
-
-    Each instance gets SIGTERM and ``timeout_s`` to exit, then SIGKILL ("killed").
+    """Stop every valkey-server working in ``tier_dir``: the instances its state file records, and any ``up``
+    started without recording it. A recorded pid that is not a server of this directory is reported and never
+    signalled. Each server gets SIGTERM and ``timeout_s`` to exit, then SIGKILL ("killed"). KvctlError, and
+    nothing purged, when a server of the directory still runs after that.
     """
-    state = load_tier(tier_dir)
-    with tier_lock(Path(state.dir), "deploy-valkey down"):
-        return _down_locked(state, purge, timeout_s, on_progress)
+    state = tier_to_stop(tier_dir)
+    d = Path(state.dir)
+    with tier_lock(d, "deploy-valkey down") as lock:
+        return _down_locked(d, state, purge, timeout_s, on_progress, lock)
 
 
-def _down_locked(state: TierState, purge: bool, timeout_s: float, on_progress: Progress | None) -> list[StopResult]:
+def _down_locked(d: Path, state: TierState, purge: bool, timeout_s: float, on_progress: Progress | None, lock: TierLock) -> list[StopResult]:
+    found = {p.pid: p for p in servers_of(d)}
     results = []
     k = state.instances_per_rank
     for inst in state.in_tier_order():
-        proc = is_our_server(inst)
-        if proc is None:
-            outcome = "not ours" if inst.pid > 0 and _pid_not_zombie(inst.pid) else "not running"
-        else:
-            outcome = _stop(proc, timeout_s)
-        free = _wait_port_free(inst.host, inst.port, 2.0 if outcome != "not ours" else 0.0)
         name = instance_name(inst.rank, inst.instance, k)
-        results.append(StopResult(inst.rank, inst.port, inst.pid, outcome, free, inst.instance, name))
+        proc = found.pop(inst.pid, None)
+        if proc is None:
+            outcome, note = _not_here(inst.pid)
+        else:
+            outcome, note = _stop(proc, timeout_s), ""
+        free = _wait_port_free(inst.host, inst.port, 2.0 if outcome in ("stopped", "killed") else 0.0)
+        results.append(StopResult(inst.rank, inst.port, inst.pid, outcome, free, inst.instance, name, note))
         if on_progress:
             on_progress(name, inst.port)
+    labels = pidfile_names(d)
+    for pid, proc in sorted(found.items()):  # working here, not recorded: spawned by an `up` killed before it wrote them down
+        port = listening_port(proc)
+        rank, inst_no = labels.get(pid, (-1, 0))
+        name = instance_name(rank, inst_no, k) if rank >= 0 else f"pid {pid}"
+        outcome = _stop(proc, timeout_s)
+        free = not port or _wait_port_free("127.0.0.1", port, 2.0)
+        results.append(StopResult(rank, port, pid, outcome, free, inst_no, name, "not in the state file (an `up` killed before recording it)"))
+        if on_progress:
+            on_progress(name, port)
+    left = servers_of(d)
+    settle = time.monotonic() + DOWN_SETTLE_S
+    while not left and time.monotonic() < settle:  # one started again meanwhile (a supervisor) still runs here
+        time.sleep(0.05)
+        left = servers_of(d)
+    if left:
+        raise KvctlError(f"valkey-server pid {', '.join(str(p.pid) for p in left)} still runs in {d} after `down` stopped its servers"
+                         + ("; nothing was purged" if purge else "") + ": is something restarting it (a supervisor)? stop that, then "
+                         "`kvctl deploy-valkey down` again")
     if purge:
-        _purge(Path(state.dir), state)
+        purge_files(d, lock)
     return results
 
 
-def _pid_not_zombie(pid: int) -> bool:
-    """True when ``pid`` is a live process (one we may not inspect counts as live)."""
+def _not_here(pid: int) -> tuple[str, str]:
+    """A recorded pid that is no valkey-server of this directory: "not running", or "not ours" and why."""
+    if pid <= 0:
+        return "not running", ""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return "not running", ""
+        if is_valkey(proc):
+            return "not ours", (f"pid {pid} is a valkey-server of another directory ({working_dir(proc)}), not of this one "
+                                "(a copy of a tier's directory?); left it alone")
     except psutil.NoSuchProcess:
-        return False
+        return "not running", ""
     except psutil.AccessDenied:
-        return True
-
-
-def _purge(tier_dir: Path, state: TierState) -> None:
-    """Remove what ``up`` wrote: configs, logs, pidfiles, the engine password, the state file."""
-    paths = [Path(p) for i in state.instances for p in (i.config, i.logfile, i.pidfile)]
-    if state.engine_password_file:
-        paths.append(Path(state.engine_password_file))
-    paths += [state_path(tier_dir), tier_dir / LOCK_FILE]
-    for p in paths:
-        p.unlink(missing_ok=True)
-    try:
-        tier_dir.rmdir()  # only when nothing else lives there
-    except OSError:
-        pass
-
+        return "not ours", f"pid {pid} belongs to another user; left it alone"
+    return "not ours", f"pid {pid} now belongs to another process; left it alone"

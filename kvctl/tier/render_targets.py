@@ -7,6 +7,14 @@ instance name is the rank, as before. k8s: one StatefulSet of W × K replicas, p
 (``NAME-<n>.SERVICE``): a StatefulSet numbers its pods 0 … replicas-1 and nothing else, so the engine
 configs list the hosts (a ``{rank}``/``{instance}`` template cannot spell ``r*K + i``).
 
+Both target Valkey 9.1 (k8s: the ``valkey/valkey:9.1`` image; systemd: the host's ``/usr/bin/valkey-server``, which
+must be 9.x: 8.x refuses the copy-free reply's directive). io-threads: ``--io-threads``, else
+:func:`kvctl.tier.sizing.io_threads_for` on a host of ``--host-cores`` cores (kvctl cannot see that host) shared by
+the tier's W × K instances (systemd: they all run on ``--host``; k8s: the same rule, the pods assumed to share a
+node, each requesting its io-threads in CPUs); a 9.x server also gets ``min-io-threads-avoid-copy-reply`` at those
+threads (:func:`kvctl.tier.sizing.zero_copy_settings`; for k8s the image's tag says the version, and a tag that is
+no 9.x version gets no such directive).
+
 Rendering is pure (returns :class:`RenderedFile` objects); :func:`write_files`
 writes them (secrets mode 0600) and :func:`apply` is the only step that
 changes a machine or a cluster, run only on ``--apply``.
@@ -18,7 +26,7 @@ import math
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -26,10 +34,10 @@ import yaml
 from kvctl.connector.urls import MAX_INSTANCES_PER_RANK, flat_instance
 from kvctl.core.errors import BinaryNotFound, InvalidInput, KvctlError
 from kvctl.core.files import write_atomic
-from kvctl.tier import spec
+from kvctl.core.thresholds import FLEET_HOST_CORES, RECOMMENDED_VALKEY
+from kvctl.tier import sizing, spec
 from kvctl.tier.server import render_config
 
-FLEET_IO_THREADS = 4
 K8S_AUTH_DIR = "/etc/valkey-auth"
 K8S_CONF_DIR = "/etc/valkey"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -70,16 +78,22 @@ class FleetSpec:
     host: str
     k8s_port: int
     auth: spec.Auth
-    engine_password: str | None
+    engine_password: str | None = field(repr=False)
     name: str
     service: str
     namespace: str | None
     image: str
     instances_per_rank: int = 1
+    host_cores: int = FLEET_HOST_CORES
 
     @property
     def instances(self) -> int:
         return self.ranks * self.instances_per_rank
+
+    @property
+    def server_version(self) -> object:
+        """The Valkey the rendering targets: the k8s image's tag, RECOMMENDED_VALKEY for systemd."""
+        return self.image if self.target == "k8s" else RECOMMENDED_VALKEY
 
     def unit_instances(self) -> list[tuple[int, int, str]]:
         """(rank, instance, systemd instance name) of every instance in tier order: ``<r>`` when K is 1, else ``<r>-<i>``."""
@@ -103,14 +117,22 @@ class FleetSpec:
         namespace: str | None,
         image: str,
         instances_per_rank: int = 1,
+        host_cores: int = FLEET_HOST_CORES,
     ) -> "FleetSpec":
         """Validate the options of a fleet target (names, ports, sizes, the password rule)."""
+        if host_cores < 1:
+            raise InvalidInput(f"--host-cores must be at least 1, got {host_cores}")
         if ranks < 1:
             raise InvalidInput(f"--ranks must be at least 1, got {ranks}")
         if not 1 <= instances_per_rank <= MAX_INSTANCES_PER_RANK:
             raise InvalidInput(f"--instances-per-rank must be in 1..{MAX_INSTANCES_PER_RANK}, got {instances_per_rank}")
         n = ranks * instances_per_rank
         service = service or name
+        # every value that reaches a rendered file: no control character (a newline would add a directive or a line)
+        spec.check_host(host)
+        spec.check_text(image, "--image")
+        if not image or any(c.isspace() for c in image):
+            raise InvalidInput(f"--image {image!r} is not an image reference (no spaces)")
         for label, value in (("--name", name), ("--service", service), ("--namespace", namespace)):
             if value is not None and (not _DNS_LABEL.match(value) or len(value) > 50):
                 raise InvalidInput(f"{label} {value!r} must be a DNS label: lowercase letters, digits and '-', at most 50 characters")
@@ -123,7 +145,7 @@ class FleetSpec:
             target=target,
             ranks=ranks,
             maxmemory_per_instance=per,
-            io_threads=io_threads or FLEET_IO_THREADS,
+            io_threads=io_threads or sizing.io_threads_for(host_cores, n),
             base_port=base_port,
             host=host,
             k8s_port=k8s_port,
@@ -134,6 +156,7 @@ class FleetSpec:
             namespace=namespace,
             image=image,
             instances_per_rank=instances_per_rank,
+            host_cores=host_cores,
         )
 
 
@@ -202,12 +225,16 @@ WantedBy=multi-user.target
             "pidfile": f"/run/{n}-{unit_instance}/valkey.pid",
             "logfile": "",  # stdout: journald
         }
-        conf.update(spec.cache_settings(fleet.maxmemory_per_instance, fleet.io_threads, fleet.auth, fleet.engine_password))
+        conf.update(spec.cache_settings(fleet.maxmemory_per_instance, fleet.io_threads, fleet.auth, fleet.engine_password,
+                                        version=fleet.server_version))
         if k == 1:
             header = f"# {n} rank {r}: instance r holds exactly rank r's chunks (kvctl deploy-valkey --target systemd)\n"
         else:
             header = (f"# {n} rank {r} instance {i} (unit {n}@{unit_instance}): rank {r}'s chunks c with (c // W) mod {k} == {i} "
                       "(kvctl deploy-valkey --target systemd)\n")
+        header += (f"# for Valkey 9.x (io-threads {fleet.io_threads}, sized for a {fleet.host_cores}-core host): Valkey 8.x refuses "
+                   f"{sizing.AVOID_COPY_DIRECTIVE}\n" if sizing.AVOID_COPY_DIRECTIVE in conf else
+                   f"# io-threads {fleet.io_threads}, sized for a {fleet.host_cores}-core host\n")
         files.append(RenderedFile(f"{n}-{unit_instance}.conf", header + render_config(conf), secret=fleet.auth.enabled))
     if fleet.engine_password:
         files.append(RenderedFile("engine.password", fleet.engine_password + "\n", secret=True))
@@ -229,14 +256,14 @@ def k8s_objects(fleet: FleetSpec) -> list[dict]:
     labels = {"app.kubernetes.io/name": fleet.name}
     conf: dict[str, object] = {"port": fleet.k8s_port, "bind": "0.0.0.0", "daemonize": "no", "dir": "/data", "logfile": ""}
     no_secret_auth = spec.Auth(insecure_no_auth=fleet.auth.insecure_no_auth)
-    conf.update(spec.cache_settings(fleet.maxmemory_per_instance, fleet.io_threads, no_secret_auth))
+    conf.update(spec.cache_settings(fleet.maxmemory_per_instance, fleet.io_threads, no_secret_auth, version=fleet.server_version))
     if fleet.auth.enabled:
         conf["include"] = f"{K8S_AUTH_DIR}/auth.conf"  # requirepass + engine ACL user, from the Secret
     objs: list[dict] = [
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(fleet, f"{fleet.name}-config"), "data": {"valkey.conf": render_config(conf)}},
     ]
     if fleet.auth.enabled:
-        auth_conf = f"requirepass {fleet.auth.password}\nuser {spec.engine_acl(fleet.engine_password or '')}\n"
+        auth_conf = render_config({"requirepass": fleet.auth.password, "user": [spec.engine_acl(fleet.engine_password or "")]})
         objs.append(
             {
                 "apiVersion": "v1",

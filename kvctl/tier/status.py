@@ -12,20 +12,24 @@ from pathlib import Path
 
 import psutil
 
+from kvctl.connector.urls import redacted_repr
 from kvctl.core.files import read_password_file
 from kvctl.core.thresholds import CHECK_TIMEOUT_S
 from kvctl.tier.local import is_our_server
-from kvctl.tier.server import PASSWORD_HINT, info_all, is_auth_error, redis_client, redis_for_url
+from kvctl.tier.admin import PASSWORD_HINT, Admin, InstanceFailure, LoginRefused, TimedOut
+from kvctl.tier.replies import BadReply
+from kvctl.tier.server import local_url
 from kvctl.tier.targets import InstanceState, Target, instance_name, load_tier
 
 #: ``deploy-valkey status`` has no --timeout: one INFO per instance, in parallel; a healthy instance answers in
-#: milliseconds, and a stopped (SIGSTOP) or hung one must cost these seconds, not hang the status.
+#: milliseconds, and a stopped (SIGSTOP), hung or dripping one costs these seconds in all (one deadline for the
+#: connect and the whole reply), not hang the status.
 STATUS_TIMEOUT_S = CHECK_TIMEOUT_S
-STATUS_CONNECT_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
 class InstanceStatus:
+    __repr__ = redacted_repr  # URLs shown with their passwords masked (issue 44)
     rank: int
     host: str
     port: int
@@ -58,32 +62,32 @@ def instance_status(inst: InstanceState, password: str | None, instances_per_ran
 
     ``inst.pid`` 0: an instance named by URL (``status --valkey``), with no
     process of a tier to look at; it is reached through its URL (TLS, user).
+    One deadline (:data:`STATUS_TIMEOUT_S`) for the connect and the whole reply; a
+    reply that is not Valkey's INFO (:mod:`kvctl.tier.replies`) is an error of this instance.
     """
-    import redis  # noqa: PLC0415
-
     base = dict(rank=inst.rank, host=inst.host, port=inst.port, pid=inst.pid, url=inst.url, instance=inst.instance,
                 name=instance_name(inst.rank, inst.instance, instances_per_rank))
     by_url = inst.pid <= 0
     try:
-        client = (
-            redis_for_url(inst.url, STATUS_TIMEOUT_S, password) if by_url
-            else redis_client(STATUS_TIMEOUT_S, connect_timeout_s=STATUS_CONNECT_TIMEOUT_S, host=inst.host, port=inst.port, password=password)
-        )
-        with client as r:
-            info = info_all(r)
-    except (redis.RedisError, OSError) as e:
-        error = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if is_auth_error(e):
+        with Admin(inst.url if by_url else local_url(inst.host, inst.port), STATUS_TIMEOUT_S, password) as a:
+            info = a.info("all")
+    except InstanceFailure as e:
+        error = e.reason.splitlines()[0] if e.reason else type(e).__name__
+        if isinstance(e, LoginRefused):
             why = "no password given" if password is None else "the password was refused"
             return InstanceStatus(**base, up=False, state="auth refused", hint=f"{why}: {PASSWORD_HINT}", error=error)
-        if by_url:
-            silent = isinstance(e, redis.TimeoutError)
+        if isinstance(e, BadReply):  # something answers there, not as Valkey does
+            return InstanceStatus(**base, up=False, state="bad reply", error=error,
+                                  hint=f"{error}: is this port a Valkey of the tier (not another server, or a proxy that mangles replies)?")
+        silent = isinstance(e, TimedOut)
+        proc = None if by_url else is_our_server(inst)
+        if proc is None and (by_url or silent):
             return InstanceStatus(
                 **base, up=False, state="not answering" if silent else "down", error=error,
-                hint=("it accepts connections but does not answer: stopped or hung? `kvctl diagnose stalls --pid PID` on its host"
+                hint=(f"{error}: it accepts connections but does not answer in full (stopped, hung, or dripping its reply)? "
+                      "`kvctl diagnose stalls --pid PID` on its host"
                       if silent else "nothing answers there: is the server running, and reachable from this host?"),
             )
-        proc = is_our_server(inst)
         if proc is None:
             return InstanceStatus(**base, up=False, state="down", hint="no process: restart the tier (`kvctl deploy-valkey down`, then `up`)", error=error)
         letter = _state_letter(proc)
@@ -106,7 +110,7 @@ def instance_status(inst: InstanceState, password: str | None, instances_per_ran
         evicted_keys=int(info.get("evicted_keys", 0)),
         connected_clients=max(0, int(info.get("connected_clients", 0)) - 1),  # less the connection reading this INFO
         get_calls=int(get_stats.get("calls", 0)),
-        get_usec_per_call=float(get_stats["usec_per_call"]) if get_stats.get("calls") else None,
+        get_usec_per_call=float(get_stats.get("usec_per_call", 0)) if get_stats.get("calls") else None,
     )
 
 

@@ -18,8 +18,7 @@ that order, and a template takes ``{instance}`` next to ``{rank}``.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -28,14 +27,16 @@ from kvctl.connector.urls import (
     MAX_INSTANCES_PER_RANK,
     RANK_PLACEHOLDER,
     InvalidUrl,
+    check_distinct_servers,
     expand_rank_urls,
     instances_in,
     parse_resp_url,
+    redacted_repr,
 )
 from kvctl.core.errors import InvalidInput
-from kvctl.core.files import read_password_file, write_atomic
+from kvctl.core.files import read_password_file
+from kvctl.tier.state_file import STATE_FILE, InstanceState, TierState, load_tier, state_path  # noqa: F401 - the state file's readers import them here too
 
-STATE_FILE = "kvctl-tier.json"
 #: The options that name instances (kvctl.commands.options.valkey_options), for messages.
 NAMING = f"--valkey URL (repeatable, index = rank, or one {RANK_PLACEHOLDER} template with --ranks N) or --dir"
 
@@ -49,6 +50,8 @@ def instance_name(rank: int, instance: int = 0, instances_per_rank: int = 1) -> 
 class Target:
     """One Valkey instance: instance ``instance`` of rank ``rank`` (the only one when ``instances_per_rank`` is 1)."""
 
+    __repr__ = redacted_repr  # URLs shown with their passwords masked (issue 44)
+
     rank: int
     host: str
     port: int
@@ -60,52 +63,6 @@ class Target:
     @property
     def name(self) -> str:
         return instance_name(self.rank, self.instance, self.instances_per_rank)
-
-
-@dataclass
-class InstanceState:
-    rank: int
-    host: str
-    port: int
-    pid: int
-    url: str
-    config: str
-    logfile: str
-    pidfile: str
-    cmdline: list[str] = field(default_factory=list)
-    create_time: float = 0.0  # psutil create_time at start: guards against pid reuse
-    instance: int = 0  # which of its rank's instances (0 … instances_per_rank - 1)
-
-
-@dataclass
-class TierState:
-    """What ``deploy-valkey up`` started in a directory (``<dir>/kvctl-tier.json``)."""
-
-    dir: str
-    instances: list[InstanceState]
-    binary: str = ""
-    server_version: str = ""
-    maxmemory_total: int = 0
-    password_file: str | None = None
-    created_at: str = ""
-    maxmemory_per_instance: int = 0
-    io_threads: int = 0
-    engine_user: str | None = None  # ACL user for engines (only with a password)
-    engine_password_file: str | None = None
-    complete: bool = True  # False while `up` is still starting instances (or when it died midway)
-    instances_per_rank: int = 1  # K: rank r's instances are r*K … r*K + K - 1 of ``instances``
-
-    @property
-    def ranks(self) -> int:
-        return len({i.rank for i in self.instances})
-
-    def in_tier_order(self) -> list[InstanceState]:
-        """The instances rank by rank, each rank's in instance order (tier number r*K + i)."""
-        return sorted(self.instances, key=lambda i: (i.rank, i.instance))
-
-    def write(self) -> Path:
-        """Atomically write the state file."""
-        return write_atomic(Path(self.dir) / STATE_FILE, json.dumps(asdict(self), indent=2) + "\n")
 
 
 def check_instances(urls: str | Sequence, instances_per_rank: int) -> None:
@@ -127,23 +84,11 @@ def check_instances(urls: str | Sequence, instances_per_rank: int) -> None:
         raise InvalidInput(str(e)) from None
     if listed != k or (k > 1 and any(isinstance(u, str) for u in urls)):
         raise InvalidInput(f"{k} instance(s) per rank, but every rank's entry lists {listed} URL(s)")
-
-
-def state_path(tier_dir: Path | str) -> Path:
-    return Path(tier_dir) / STATE_FILE
-
-
-def load_tier(tier_dir: Path | str) -> TierState:
-    """Read the state file of a local tier; InvalidInput when absent or corrupt."""
-    path = state_path(tier_dir)
-    try:
-        raw = json.loads(path.read_text())
-        raw["instances"] = [InstanceState(**i) for i in raw["instances"]]
-        return TierState(**raw)
-    except FileNotFoundError as e:
-        raise InvalidInput(f"{tier_dir} holds no kvctl tier ({STATE_FILE} missing); start one with `kvctl deploy-valkey up --dir {tier_dir}`") from e
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise InvalidInput(f"cannot read tier state {path}: {e}") from e
+    if k > 1:  # one server under two spellings: what the connectors refuse at engine start (issue 44)
+        try:
+            check_distinct_servers([list(u) for u in urls])
+        except InvalidUrl as e:
+            raise InvalidInput(str(e)) from None
 
 
 def resolve_targets(

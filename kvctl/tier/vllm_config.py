@@ -14,7 +14,8 @@ recomputed instead of failing the request (vLLM's default is ``fail``).
   of rank r at ``urls[r][i]``), or ``url`` is a template with ``{rank}`` and ``{instance}``;
   either way ``instances_per_rank`` is K (the connector puts chunk c of rank r on instance
   ``(c // W) mod K``);
-* ``chunk_tokens``, ``async_loading``, optionally ``timeout_s`` and ``password_file``.
+* ``chunk_tokens``, ``async_loading``, ``connections_per_instance`` (one per I/O thread of the tier's instances:
+  :func:`kvctl.tier.sizing.connections_for`), optionally ``timeout_s`` and ``password_file``.
 
 With a password the tier's ACL user goes into the URLs (``resp://kvctl-engine@host:port``)
 and only the path of the password file is written, never the password.
@@ -29,6 +30,7 @@ from typing import Any, Sequence
 
 from kvctl.connector import config_keys as K  # the keys' one home, shared with the connector's reader
 from kvctl.connector.config_keys import CONNECTOR, EXTRA, MODULE_PATH  # noqa: F401 - re-exported
+from kvctl.connector.settings import RANGES
 from kvctl.connector.urls import with_credentials
 from kvctl.core.errors import InvalidInput
 from kvctl.tier.targets import check_instances
@@ -46,6 +48,7 @@ class ConnectorOptions:
     chunk_tokens: int = CHUNK_TOKENS
     async_loading: bool = False
     timeout_s: float | None = None  # None: the connector's default
+    connections_per_instance: int | None = None  # None: the connector's default (kvctl.connector.settings.DEFAULT_CONNECTIONS)
 
 
 def with_user(url: str, username: str | None) -> str:
@@ -66,6 +69,9 @@ def kv_transfer_config(
         raise InvalidInput(f"chunk tokens must be at least 1, got {settings.chunk_tokens}")
     if settings.timeout_s is not None and not settings.timeout_s > 0:
         raise InvalidInput(f"timeout must be > 0 s, got {settings.timeout_s}")
+    lo, hi = RANGES[K.CONNECTIONS_PER_INSTANCE]
+    if settings.connections_per_instance is not None and not lo <= settings.connections_per_instance <= hi:
+        raise InvalidInput(f"connections per instance must be in {lo:g}..{hi:g} (the connector's range), got {settings.connections_per_instance}")
     check_instances(urls, instances_per_rank)
     extra: dict[str, Any] = {}
     if isinstance(urls, str):
@@ -78,6 +84,8 @@ def kv_transfer_config(
         extra[K.INSTANCES_PER_RANK] = instances_per_rank
     extra[K.CHUNK_TOKENS] = settings.chunk_tokens
     extra[K.ASYNC_LOADING] = settings.async_loading
+    if settings.connections_per_instance is not None:
+        extra[K.CONNECTIONS_PER_INSTANCE] = settings.connections_per_instance
     if settings.timeout_s is not None:
         extra[K.TIMEOUT_S] = settings.timeout_s
     if password_file:

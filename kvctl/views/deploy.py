@@ -104,8 +104,11 @@ def show_down(state: TierState, results: list[StopResult], purge: bool, timeout_
         )
     for r in results:
         if r.result == "not ours":
-            render.warn(f"{r.name}: pid {r.pid} now belongs to another process; left it alone")
-        elif r.result == "not running":
+            render.warn(f"{r.name}: {r.note or f'pid {r.pid} now belongs to another process; left it alone'}")
+            continue
+        if r.note:
+            render.warn(f"{r.name} (pid {r.pid}): {r.result}, {r.note}")
+        if r.result == "not running":
             render.warn(f"{r.name}: no valkey-server of this tier was running (pid {r.pid})")
         elif r.result == "killed":
             render.warn(f"{r.name}: pid {r.pid} did not exit within --timeout {timeout_s:g}s of SIGTERM; sent SIGKILL")

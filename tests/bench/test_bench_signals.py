@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,24 +18,9 @@ import psutil
 import pytest
 import redis
 
-KVCTL = str(Path(sys.executable).with_name("kvctl"))
+from tests.bench.bench_procs import get_calls, start_bench
+
 SMALL = ["--chunk-bytes", "2e6", "--batch", "4", "--keys", "16"]
-
-
-def start_bench(args: list[str], cwd: Path) -> subprocess.Popen:
-    """The bench in its own session, so that a test can Ctrl-C its whole process group like a terminal."""
-    env = {k: v for k, v in os.environ.items() if k != "KVCTL_TESTING"}
-    return subprocess.Popen(
-        [KVCTL, "bench", *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-
-
-def get_calls(port: int) -> int:
-    try:
-        with redis.Redis(port=port, socket_timeout=1) as r:
-            return int(r.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
-    except redis.RedisError:
-        return 0
 
 
 def wait_for_gets(bench: subprocess.Popen, port: int, limit_s: float = 30.0) -> None:

@@ -148,3 +148,20 @@ def test_unreadable_ca_file_is_a_clear_url_error(tmp_path):
     missing = tmp_path / "no-such-ca.pem"
     with pytest.raises(InvalidUrl, match="TLS CA file"):
         RespClient(f"rediss://127.0.0.1:6390?ssl_ca_certs={missing}", timeout_s=1.0)
+
+
+def test_admin_reads_through_tls_and_an_acl_user(tls_proxy, valkey_server):
+    """kvctl's admin reads (kvctl.tier.admin: doctor, status, diagnose, the exporter) go through this client: what
+    redis-py did for them it does, rediss:// with a verified certificate, an ACL user and db in the URL, a
+    --password-file's password over the URL's (through a real Valkey)."""
+    from kvctl.tier.admin import Admin, LoginRefused
+
+    proxy, cert = tls_proxy
+    with Admin(f"rediss://127.0.0.1:{proxy.port}/0?ssl_ca_certs={cert}", 5.0) as a:
+        assert a.info()["process_id"] == valkey_server.pid and a.ping()
+    with Admin(valkey_server.url, 5.0) as a:
+        a.call("ACL SETUSER", [("ACL", "SETUSER", "reader", "on", ">reader-pw", "+@all", "~*")])
+    with Admin(f"resp://reader:wrong@127.0.0.1:{valkey_server.port}/2", 5.0, password="reader-pw") as a:
+        assert a.dbsize() == 0 and a.info("server")["process_id"] == valkey_server.pid
+    with pytest.raises(LoginRefused, match="refused the login"), Admin(f"resp://reader@127.0.0.1:{valkey_server.port}", 5.0, password="nope") as a:
+        a.ping()

@@ -206,7 +206,7 @@ def test_the_agreed_prefix_stops_on_every_rank_at_a_chunk_one_owner_has_half_of(
 
 def test_the_parts_of_a_logged_format_are_the_layouts():
     """Tools outside the engine (the GPU benchmark, the fault hooks) rebuild the parts from the format it logs."""
-    from kvctl.connector.sparse_mla import format_parts
+    from kvctl.connector.formats import format_parts
 
     for fp8 in (False, True):
         lay, _, _ = caches("LBHNC", fp8)

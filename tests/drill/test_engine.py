@@ -14,7 +14,7 @@ from kvctl.connector.metric_names import COUNTERS
 from kvctl.diagnose.metrics import parse
 from kvctl.drill.config import EngineSettings, read_config, write_config
 from kvctl.core.errors import InvalidInput
-from kvctl.tier.server import redis_for_url
+from kvctl.tier.admin import Admin
 
 
 def _settings(urls, **kw) -> EngineSettings:
@@ -62,7 +62,7 @@ def test_engine_gets_and_sets_real_chunks_and_exports_diagnose_names(tmp_path, v
         # each rank's instance holds exactly its own chunks (c mod 2)
         sizes = []
         for s in servers:
-            with redis_for_url(s.url, 3.0) as r:
+            with Admin(s.url, 3.0) as r:
                 sizes.append(r.dbsize())
         assert sizes == [2, 2]
         second = _post(url, ids, stream=True)

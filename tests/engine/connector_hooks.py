@@ -15,6 +15,23 @@ from pathlib import Path
 from kvctl.connector.resp import RespClient
 
 
+def _delete_chunk(url: str, key: str) -> None:
+    """DEL chunk ``key`` on ``url`` with every part it is stored as (a sparse chunk's, layer groups'): a part's key
+    is ``{model}@{fmt}/{part}@w0@{digest}`` with the chunk's digest (kvctl.connector.ownership.part_key)."""
+    import redis
+
+    from kvctl.connector.urls import parse_resp_url
+
+    model, fmt, worker, digest = key.split("@")
+    u = parse_resp_url(url)
+    r = redis.Redis(host=u.host, port=u.port, db=u.db, username=u.username, password=u.password, socket_timeout=2.0)
+    try:
+        parts = list(r.scan_iter(match=f"{model}@{fmt}/*@{worker}@{digest}", count=1000))
+        r.delete(key, *parts)
+    finally:
+        r.close()
+
+
 def delete_marked_chunk(rank: int, keys: list[str], first_chunk: int, url: str, world_size: int = 2) -> None:
     marker = os.environ.get("KVCTL_TEST_DELETE_CHUNK_FILE")
     if not marker or not Path(marker).exists():
@@ -22,8 +39,7 @@ def delete_marked_chunk(rank: int, keys: list[str], first_chunk: int, url: str, 
     chunk = int(Path(marker).read_text().strip())
     if chunk % world_size != rank or chunk >= len(keys) or chunk < first_chunk:
         return
-    with RespClient(url, timeout_s=2.0) as client:
-        client.delete([keys[chunk]])
+    _delete_chunk(url, keys[chunk])
     Path(marker).unlink()
 
 
@@ -52,8 +68,7 @@ def fault_plan(rank: int, keys: list[str], first_chunk: int, url: str, world_siz
         return
     Path(plan_path).write_text(json.dumps(plan))
     if chunk is not None and chunk % world_size == rank and chunk < len(keys):
-        with RespClient(url, timeout_s=2.0) as client:
-            client.delete([keys[chunk]])
+        _delete_chunk(url, keys[chunk])
     if half is not None and half[0] % world_size == rank and half[0] < len(keys):
         from kvctl.connector.ownership import part_key
 

@@ -69,8 +69,11 @@ def llm_kwargs(base: dict, mode: str) -> dict:
 
 def run_chain(name: str, model: Path, workdir: Path, steps: list[tuple[str, str]], *, base_kwargs: dict,
               lengths: list[int], chunk_tokens: int, device: str, seed: int = 0, start_timeout_s: float = 600,
-              tier_kwargs: dict | None = None, extra_env: dict | None = None) -> Chain:
-    """Run one chain (see the module docstring); never raises: errors are in the result."""
+              tier_kwargs: dict | None = None, extra_env: dict | None = None,
+              connector_extra: dict | None = None) -> Chain:
+    """Run one chain (see the module docstring); never raises: errors are in the result.
+
+    ``connector_extra``: keys added to the connector's ``kv_connector_extra_config`` (``layer_groups``, say)."""
     workdir = Path(workdir)
     prompts = [make_prompts(seed * 100 + i, lengths) for i in range(len(steps))]
     chain = Chain(name, [Step(m, lo) for m, lo in steps], prompts, chunk_tokens)
@@ -83,6 +86,7 @@ def run_chain(name: str, model: Path, workdir: Path, steps: list[tuple[str, str]
         for i, step in enumerate(chain.steps):
             cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens),
                                    "--loading", step.loading)
+            cfg["kv_connector_extra_config"].update(connector_extra or {})
             env = engine_env(device=device, trace=workdir / "trace.jsonl", extra=extra_env)
             try:
                 eng = LLMProcess.start(model, workdir, llm_kwargs=llm_kwargs(base_kwargs, step.mode), kv_transfer_config=cfg,

@@ -2,6 +2,9 @@
 
 Slow: four engine starts (~25-85 s each on 2 cores), shared across tests:
 
+The MLA lives store a chunk per layer (``layer_groups`` 2: a value for each of the tiny model's two layers) and
+load their sync hits layer by layer as vLLM's forward asks (kvctl.connector.pipeline); GQA keeps one value a chunk.
+
 1. MLA (tiny DeepSeek-V2), sync loading: cold stores in the owner pattern,
    a tier hit in the same life, a chunk deleted before lookup, an instance
    SIGSTOPped;
@@ -39,6 +42,7 @@ MLA_ARGS = ["--attention-backend", "CPU_MLA"]
 GQA_CT = 128  # CPU attention blocks are 128 tokens
 TIMEOUT_S = 2.0
 MLA_FMT = "mla576-L2-bfloat16"  # 576 = kv_lora_rank 512 + rope 64, 2 layers
+MLA_GROUPS = 2  # layer_groups of the MLA lives: chunk c is the values L0-0 and L1-1
 GQA_FMT = "gqa2x32-L2-bfloat16"  # 2 KV heads (1 per rank, gathered) x 32, 2 layers
 
 
@@ -59,10 +63,18 @@ def counters(server) -> dict[str, float]:
     return out
 
 
+def stored_keys(key: str, ct: int, fmt: str) -> list[str]:
+    """The values the tier holds for chunk ``key``: the chunk's own key, or its layer groups' part keys."""
+    from kvctl.connector.formats import format_grouping
+
+    parts = format_grouping(fmt, ct, MLA_GROUPS if fmt == MLA_FMT else 1).parts
+    return parts.keys(key) if parts is not None else [key]
+
+
 def owner_keys(ids: list[int], ct: int, fmt: str) -> list[set[str]]:
     n_full = len(ids) // ct
     keys = chunk_keys(ids[: n_full * ct], ct, "tiny", fmt)
-    return [{k for c, k in enumerate(keys) if c % 2 == r} for r in range(2)]
+    return [{sk for c, k in enumerate(keys) if c % 2 == r for sk in stored_keys(k, ct, fmt)} for r in range(2)]
 
 
 # -- fixtures --------------------------------------------------------------------
@@ -88,8 +100,8 @@ def results():
 
 @pytest.fixture(scope="module")
 def mla_life1(vllm_python, mla_model, tier, tmp_path_factory):
-    server = start_tp2(mla_model, tmp_path_factory.mktemp("mla1"), vllm_python, kv_config(tier.urls, MLA_CT),
-                       extra_args=MLA_ARGS)
+    server = start_tp2(mla_model, tmp_path_factory.mktemp("mla1"), vllm_python,
+                       kv_config(tier.urls, MLA_CT, layer_groups=MLA_GROUPS), extra_args=MLA_ARGS)
     try:
         yield server
     finally:
@@ -105,7 +117,7 @@ def test_mla_cold_stores_owner_pattern_then_hits(mla_life1, tier, results):
     ids = token_ids(server, prompt("A"))
     assert len(ids) == cold["prompt_tokens"] == 396  # 6 full chunks of 64 + 12 tokens
     expected = owner_keys(ids, MLA_CT, MLA_FMT)
-    assert [len(e) for e in expected] == [3, 3]  # chunks 0,2,4 on instance 0; 1,3,5 on instance 1
+    assert [len(e) for e in expected] == [6, 6]  # chunks 0,2,4 on instance 0; 1,3,5 on instance 1; 2 values each
     tier.wait_keys(expected)
     held = [tier.keys(0), tier.keys(1)]
     assert held[0] == expected[0] and held[1] == expected[1]  # owner pattern, nothing else
@@ -124,6 +136,9 @@ def test_mla_cold_stores_owner_pattern_then_hits(mla_life1, tier, results):
     # 6 chunks x 64 tokens x 2 layers x 576 x 2 bytes = 884736 bytes read from the two instances
     assert after["kvctl:l2_get_bytes_total"] - before.get("kvctl:l2_get_bytes_total", 0) == 884736
     assert after["kvctl:l2_get_seconds_total"] > before.get("kvctl:l2_get_seconds_total", 0)
+    # written layer by layer as the forward asked (rank 0 counts), no group left until after its layer ran
+    assert after["kvctl:layered_loads_total"] - before.get("kvctl:layered_loads_total", 0) == 1
+    assert "were not asked for before their layers ran" not in server.log_path.read_text(errors="replace")
     results["A_cold"], results["A_hit1"] = cold, hit
 
 
@@ -134,7 +149,7 @@ def test_mla_chunk_deleted_before_lookup_shortens_hit(mla_life1, tier):
     expected = owner_keys(ids, MLA_CT, MLA_FMT)
     tier.wait_keys(expected)
     keys = chunk_keys(ids[: 6 * MLA_CT], MLA_CT, "tiny", MLA_FMT)
-    assert tier.clients[1].delete(keys[3]) == 1  # chunk 3 lives on instance 1
+    assert tier.clients[1].delete(stored_keys(keys[3], MLA_CT, MLA_FMT)[1]) == 1  # chunk 3 (instance 1) loses layer 1
     before = counters(server)
     hit = ask(server, prompt("B"))
     after = counters(server)
@@ -169,7 +184,8 @@ def mla_life2(vllm_python, mla_model, tier, tmp_path_factory):
     work = tmp_path_factory.mktemp("mla2")
     env = {"KVCTL_CONNECTOR_BEFORE_LOAD_HOOK": "tests.engine.connector_hooks:delete_marked_chunk",
            "KVCTL_TEST_DELETE_CHUNK_FILE": str(work / "delete-chunk")}
-    server = start_tp2(mla_model, work, vllm_python, kv_config(tier.urls, MLA_CT), env, extra_args=MLA_ARGS)
+    server = start_tp2(mla_model, work, vllm_python, kv_config(tier.urls, MLA_CT, layer_groups=MLA_GROUPS), env,
+                       extra_args=MLA_ARGS)
     server.delete_marker = work / "delete-chunk"
     try:
         yield server
@@ -204,16 +220,16 @@ def test_mla_chunk_deleted_between_lookup_and_load(mla_life2, tier):
     assert after["kvctl:load_errors_total"] - before["kvctl:load_errors_total"] == 1
     assert "Recovered from KV load failure" in server.log_path.read_text(errors="replace")
     # the recomputed chunks are stored again from the agreed end on: chunk 2 is back on instance 0
-    keys = chunk_keys(ids[: 6 * MLA_CT], MLA_CT, "tiny", MLA_FMT)
-    tier.wait_keys([{keys[2]}, set()])
-    assert tier.clients[0].exists(keys[2]) == 1
+    keys = stored_keys(chunk_keys(ids[: 6 * MLA_CT], MLA_CT, "tiny", MLA_FMT)[2], MLA_CT, MLA_FMT)
+    tier.wait_keys([set(keys), set()])
+    assert tier.clients[0].exists(*keys) == 2
 
 
 # -- life 3: MLA, async loading -----------------------------------------------------------
 @pytest.fixture(scope="module")
 def mla_async(vllm_python, mla_model, tier, tmp_path_factory):
     server = start_tp2(mla_model, tmp_path_factory.mktemp("mla-async"), vllm_python,
-                       kv_config(tier.urls, MLA_CT, async_loading=True), extra_args=MLA_ARGS)
+                       kv_config(tier.urls, MLA_CT, async_loading=True, layer_groups=MLA_GROUPS), extra_args=MLA_ARGS)
     try:
         yield server
     finally:

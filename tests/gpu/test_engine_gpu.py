@@ -57,6 +57,12 @@ BACKENDS = {
 EAGER = [("eager", "sync"), ("eager", "async"), ("eager", "sync")]
 COMPILED = [("compiled", "async"), ("compiled", "sync"), ("compiled", "async")]
 COMPILED_BACKENDS = ("FLASH_ATTN", "FLASHMLA", "FLASHMLA-fp8", "TRITON_MLA")
+# a sync hit loaded layer group by layer group while the forward runs (issue 45): vLLM's step path, so async
+# scheduling off (under it the connector takes the remote-receive path, where nothing can overlap); two groups
+LAYERED_BACKENDS = ("FLASH_ATTN", "FLASHMLA", "FLASHMLA_SPARSE")
+LAYERED_ENGINE = {"async_scheduling": False}
+LAYERED_CONNECTOR = {"layer_groups": 2}
+LAYERED = {"eager": [("eager", "sync"), ("eager", "sync")], "compiled": [("compiled", "sync"), ("compiled", "sync")]}
 # greedy tokens must equal the cold run's (or, on a near-tie, vLLM's own prefix-cache hit's); logprobs are compared
 # with that prefix-cache hit (the same KV bytes): within 0.01, as bf16's rounding moved them by 0.004 on an H200
 LOGPROB_TOL = {"FLASHMLA-fp8": 0.02, "FLASHMLA_SPARSE-fp8": 0.02}
@@ -99,21 +105,30 @@ def lab(models, tmp_path_factory, out_dir):
 
     root = tmp_path_factory.mktemp("lab")
 
-    def chain_job(name, mode, steps):
+    def chain_job(name, mode, steps, layered=False):
         kind, kw, _ = BACKENDS[name]
-        chain = run_chain(f"{name}-{mode}", models[kind], root / f"{name}-{mode}", steps, base_kwargs=ENGINE_BASE | kw,
+        tag = f"{name}-layered-{mode}" if layered else f"{name}-{mode}"
+        chain = run_chain(tag, models[kind], root / tag, steps,
+                          base_kwargs=ENGINE_BASE | kw | (LAYERED_ENGINE if layered else {}),
                           lengths=LENGTHS, chunk_tokens=CT, device="cuda",
-                          seed=zlib.crc32(f"{name}-{mode}".encode()) % 1000, start_timeout_s=420,
-                          tier_kwargs={"maxmemory": "1gb"})
-        (out_dir / f"chain-{name}-{mode}.json").write_text(json.dumps(summary(chain), indent=1, default=str))
+                          seed=zlib.crc32(tag.encode()) % 1000, start_timeout_s=420,
+                          tier_kwargs={"maxmemory": "1gb"}, connector_extra=LAYERED_CONNECTOR if layered else None)
+        (out_dir / f"chain-{tag}.json").write_text(json.dumps(summary(chain), indent=1, default=str))
         for i, step in enumerate(chain.steps):
-            (out_dir / f"chain-{name}-{mode}-{i}.connector.log").write_text("\n".join(step.log_lines))
+            (out_dir / f"chain-{tag}-{i}.connector.log").write_text("\n".join(step.log_lines))
         return chain
 
     def faults_job():
         out = run_faults(models["mla"], root / "faults", llm_kwargs(ENGINE_BASE | BACKENDS["FLASHMLA"][1], "eager"),
                          device="cuda", chunk_tokens=CT, timeout_s=FAULT_TIMEOUT_S)
         (out_dir / "faults.json").write_text(json.dumps(out[0], indent=1, default=str))
+        return out
+
+    def layered_faults_job():
+        kw = llm_kwargs(ENGINE_BASE | BACKENDS["FLASHMLA"][1] | LAYERED_ENGINE, "compiled")
+        out = run_faults(models["mla"], root / "faults-layered", kw, device="cuda", chunk_tokens=CT,
+                         timeout_s=FAULT_TIMEOUT_S, loadings=("sync",), extra_config=LAYERED_CONNECTOR)
+        (out_dir / "faults-layered.json").write_text(json.dumps(out[0], indent=1, default=str))
         return out
 
     def shutdown_job():
@@ -131,8 +146,10 @@ def lab(models, tmp_path_factory, out_dir):
         return out
 
     jobs = [(f"{n}-compiled", chain_job, (n, "compiled", COMPILED)) for n in COMPILED_BACKENDS]
-    jobs += [("faults", faults_job, ()), ("shutdown", shutdown_job, ()), ("sparse-faults", sparse_faults_job, ())]
+    jobs += [("faults", faults_job, ()), ("shutdown", shutdown_job, ()), ("sparse-faults", sparse_faults_job, ()),
+             ("faults-layered", layered_faults_job, ())]
     jobs += [(f"{n}-eager", chain_job, (n, "eager", EAGER)) for n in BACKENDS]
+    jobs += [(f"{n}-layered-{m}", chain_job, (n, m, LAYERED[m], True)) for n in LAYERED_BACKENDS for m in LAYERED]
     only = [j for j in os.environ.get("KVCTL_GPU_JOBS", "").split(",") if j]  # a subset (a short GPU lease)
     pool = ThreadPoolExecutor(MAX_PARALLEL)
     futures = {name: pool.submit(fn, *a) for name, fn, a in jobs if not only or name in only}
@@ -164,6 +181,27 @@ def test_restart_hits_give_the_cold_tokens(lab, name, mode):
     assert any("warm-up in" in line for line in chain.steps[1].log_lines), chain.steps[1].log_lines
 
 
+@pytest.mark.parametrize("mode", list(LAYERED))
+@pytest.mark.parametrize("name", LAYERED_BACKENDS)
+def test_layered_hits_give_the_cold_tokens_and_are_layered(lab, name, mode):
+    """With ``layer_groups`` 2 and vLLM's step path, a restart hit is written group by group as the forward asks
+    for its layers (eager, and compiled with CUDA graphs), gives the cold tokens, and no group was left until after
+    its layers ran."""
+    from tests.engine.lab_chains import chain_problems, summary
+
+    key = f"{name}-layered-{mode}"
+    if key not in lab:
+        pytest.skip(f"{key} not run: KVCTL_GPU_JOBS left it out")
+    chain = lab[key].result()
+    if chain.error is not None:
+        pytest.fail(f"{key} did not start: {chain.error}")
+    assert chain_problems(chain, logprob_tol=LOGPROB_TOL.get(name, 0.01)) == [], json.dumps(summary(chain), indent=1)
+    m = chain.steps[1].metrics
+    assert m.get("kvctl:layered_loads_total", 0) >= len(LENGTHS), m
+    assert m.get("kvctl:load_errors_total", 0) == 0, m
+    assert not any("were not asked for before their layers ran" in ln for ln in chain.steps[1].log_lines)
+
+
 # -- faults ---------------------------------------------------------------------------------------------------
 FAULT_TIMEOUT_S = 1.0
 
@@ -181,6 +219,18 @@ def test_faults_end_in_the_cold_tokens_within_bounds_and_are_counted(lab):
     assert fault_problems(out, prompts, timeout_s=FAULT_TIMEOUT_S, chunk_tokens=CT) == [], json.dumps(
         {k: v for k, v in out.items() if k != "cold"}, indent=1, default=str)[:6000]
     assert out["sync"]["sync_via_receive"], out["sync"]["log"]
+
+
+def test_faults_of_a_layered_hit_end_in_the_cold_tokens(lab):
+    """The same faults with ``layer_groups`` 2 on vLLM's step path, compiled: a chunk deleted between lookup and
+    load, a stopped and a killed instance end the hit where the groups agree, vLLM recomputes the rest."""
+    from tests.engine.lab_chains import fault_problems
+
+    if "faults-layered" not in lab:
+        pytest.skip("KVCTL_GPU_JOBS left the layered faults out")
+    out, prompts = lab["faults-layered"].result()
+    assert fault_problems(out, prompts, timeout_s=FAULT_TIMEOUT_S, chunk_tokens=CT, loadings=("sync",)) == [], \
+        json.dumps({k: v for k, v in out.items() if k != "cold"}, indent=1, default=str)[:6000]
 
 
 # -- MLA with a sparse-attention indexer -------------------------------------------------------------------------

@@ -43,7 +43,8 @@ class Limits:
     fsize: int | None = None
     umask: int | None = None
 
-    def code(self) -> str:
+    def code(self, main: str = KVCTL) -> str:
+        """Python source: the limits, then ``main`` (kvctl's CLI unless another program is given)."""
         lines = ["import os, resource, signal"]
         if self.as_bytes is not None:
             lines.append(f"resource.setrlimit(resource.RLIMIT_AS, ({self.as_bytes}, {self.as_bytes}))")
@@ -51,7 +52,7 @@ class Limits:
             lines += ["signal.signal(signal.SIGXFSZ, signal.SIG_IGN)", f"resource.setrlimit(resource.RLIMIT_FSIZE, ({self.fsize}, {self.fsize}))"]
         if self.umask is not None:
             lines.append(f"os.umask({self.umask})")
-        return "; ".join(lines) + "; " + KVCTL
+        return "; ".join(lines) + "; " + main
 
 
 def limits(as_bytes: int | None = 3 << 30, fsize: int | None = None, umask: int | None = None) -> Limits:

@@ -37,7 +37,7 @@ def request(rid, tokens=TOKENS, *, salt=None, lora=None, images=()):
                    lora_request=LoRARequest(*lora) if lora else None, cache_salt=salt)
 
 
-def scheduler(urls, **extra):
+def scheduler(urls, model_name="m", **extra):
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
     from kvctl.plugins.vllm import KvctlConnector
@@ -45,7 +45,7 @@ def scheduler(urls, **extra):
     return KvctlConnector.without_engine(
         {"urls": urls, "chunk_tokens": CT, "timeout_s": 1.0, **extra}, world_size=2, layer_names=["l0", "l1"],
         spec=SimpleNamespace(head_size=6, num_kv_heads=1, dtype=torch.float32), block_size=BS, use_mla=True,
-        model_name="m", role=KVConnectorRole.SCHEDULER)
+        model_name=model_name, role=KVConnectorRole.SCHEDULER)
 
 
 def serve(conn, req):
@@ -72,7 +72,7 @@ def serve(conn, req):
     chunks = [torch.zeros(CT, 6) for _ in range(len(save.token_ids) // CT)]
     for rank in range(2):
         with ShardedStore(rank, 2, conn.settings.urls, 1 << 20, (CT, 6), torch.float32, chunk_tokens=CT,
-                          model_name="m", fmt=conn.fmt) as st:
+                          model_name=conn.model_name, fmt=conn.fmt) as st:
             res = st.store(save.token_ids, chunks, 0, save.key_extra)
             assert res.l2_error is None
     conn.request_finished(req, [])
@@ -191,3 +191,28 @@ def test_prompt_embeds_and_token_kinds_are_keyed_per_chunk():
     assert b[0] == a[0] and b[1] != a[1] and b[3] != a[3]
     c = keys(base, [True] * 17)
     assert c[0] == a[0] and c[1] != a[1]
+
+
+def _engine_config(served, model="/models/llama"):
+    return SimpleNamespace(model_config=SimpleNamespace(served_model_name=served, model=model))
+
+
+def test_served_names_a_lossy_mapping_would_fold_never_share_chunks(valkey_factory):
+    """Issue 44 defect 2: engines serving ``llama@prod`` and ``llama_prod`` shared every chunk key (the
+    connector folded '@' into '_') and loaded each other's KV as a hit. The name vLLM serves goes into the
+    key whole; the scheduler's lookup and the workers' store build the key through one function."""
+    from kvctl.plugins.vllm import key_model_name
+
+    urls = [valkey_factory().url, valkey_factory().url]
+    assert key_model_name(_engine_config("llama@prod")) == "llama@prod"
+    assert key_model_name(_engine_config(None)) == "/models/llama"
+    served = ("llama@prod", "llama_prod", "llama%40prod")
+    conns = {name: scheduler(urls, model_name=key_model_name(_engine_config(name))) for name in served}
+    try:
+        assert serve(conns["llama@prod"], request("p1")) == 0
+        assert lookup(conns["llama@prod"], request("p2")) == 16  # the worker's keys are the scheduler's
+        assert lookup(conns["llama_prod"], request("q1")) == 0
+        assert lookup(conns["llama%40prod"], request("r1")) == 0
+    finally:
+        for c in conns.values():
+            c.shutdown()

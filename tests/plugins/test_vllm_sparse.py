@@ -32,7 +32,7 @@ CT = 64  # one block a chunk: the 5 blocks of the cache hold the 4 chunks of the
 TOKENS = list(range(900, 900 + 4 * CT + 9))  # 4 full chunks, all loadable
 
 
-def connector(url, role, fp8=False, layout="BLHNC", backend="FLASHMLA_SPARSE", indexer_first=True):
+def connector(url, role, fp8=False, layout="BLHNC", backend="FLASHMLA_SPARSE", indexer_first=True, **extra):
     """One role on vLLM's own config: the worker on the workers' KVCacheConfig, the scheduler on the copy vLLM's
     engine core gives its scheduler (generate_scheduler_kv_cache_config: the group's first layer's spec only)."""
     from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
@@ -45,7 +45,7 @@ def connector(url, role, fp8=False, layout="BLHNC", backend="FLASHMLA_SPARSE", i
         kw = {"kv_caches": views, "coordinator": SimpleNamespace(rank_in_group=0, world_size=1, cpu_group=None,
                                                                  ranks=[0]), "kv_cache_config": kc}
     conn = KvctlConnector.without_engine(
-        {"urls": [url], "chunk_tokens": CT, "timeout_s": 2.0}, world_size=1, layer_names=group.layer_names,
+        {"urls": [url], "chunk_tokens": CT, "timeout_s": 2.0, **extra}, world_size=1, layer_names=group.layer_names,
         spec=group.kv_cache_spec, block_size=BS, use_mla=True, model_name="glm", role=role, layout=layout,
         backend=backend, cache_dtype="fp8" if fp8 else "auto", **kw)
     return conn, views
@@ -91,6 +91,50 @@ def test_save_lookup_and_load_through_the_connector(gloo_world1, valkey_server, 
         assert sorted(worker.get_block_ids_with_load_errors()) == sorted(dst[2 * CT // BS : 4 * CT // BS])
         rest = read_back_sparse(lat, idx, slots_for(dst, BS, 2 * CT, 4 * CT))
         assert all(int(t.count_nonzero()) == 0 for t in rest)
+    finally:
+        sched.shutdown()
+        worker.shutdown()
+
+
+def test_a_layered_sparse_hit_writes_each_layer_before_its_indexer_reads_it(gloo_world1, valkey_server):
+    """layer_groups 2 on the group of 3 latent layers whose indexer skips layer 2: group 0 (layers 0-1's latent rows
+    and indexer keys) is written before the forward, since layer 0's indexer reads its cache before vLLM's first
+    hook; group 1 (layer 2's latent rows) by layer 1's hook, one layer ahead as a sparse layer needs."""
+    from kvctl.plugins.vllm import KvctlConnectorMetadata, LoadSpec, SaveSpec
+
+    sched, _ = connector(valkey_server.url, KVConnectorRole.SCHEDULER, layer_groups=2)
+    worker, views = connector(valkey_server.url, KVConnectorRole.WORKER, layer_groups=2)
+    try:
+        assert sched.parts == worker.store.parts
+        assert sched.parts.names == ("mla.L0-1", "idx.L0-1", "mla.L2-2")
+        lat, idx = _latent_and_indexer(views)
+        fill_sparse(lat, idx)
+        blocks = [3, 0, 4, 1, 2]
+        worker._save(SaveSpec("a", TOKENS[: 4 * CT], blocks[: 4 * CT // BS]))
+        assert worker._saver.wait_idle(20)
+        request = SimpleNamespace(request_id="r", prompt_token_ids=TOKENS, num_preemptions=0)
+        assert sched.get_num_new_matched_tokens(request, 0) == (4 * CT, False)
+        want = read_back_sparse(lat, idx, slots_for(blocks, BS, 0, 4 * CT))
+        for t in lat + idx:
+            t.zero_()
+        dst = [4, 2, 0, 3, 1]
+
+        def written():
+            got_lat, got_idx = read_back_sparse(lat, idx, slots_for(dst, BS, 0, 4 * CT))
+            return [bool(t.count_nonzero()) for t in got_lat], [bool(t.count_nonzero()) for t in got_idx]
+
+        worker.bind_connector_metadata(KvctlConnectorMetadata(loads=[LoadSpec("b", TOKENS[: 4 * CT], 0, 4, 0, dst)]))
+        worker.start_load_kv(SimpleNamespace(attn_metadata=object()))
+        assert written() == ([True, True, False], [True, True])  # group 0 before the forward
+        worker.wait_for_layer_load(LAT_NAMES[0])
+        assert written() == ([True, True, False], [True, True])
+        worker.wait_for_layer_load(LAT_NAMES[1])  # layer 2's group, one layer ahead
+        assert written() == ([True, True, True], [True, True])
+        worker.wait_for_layer_load(LAT_NAMES[2])
+        worker.finish_forward()
+        assert worker.get_block_ids_with_load_errors() == set()
+        got = read_back_sparse(lat, idx, slots_for(dst, BS, 0, 4 * CT))
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
     finally:
         sched.shutdown()
         worker.shutdown()

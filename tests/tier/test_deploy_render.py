@@ -100,15 +100,14 @@ def test_k8s_names_namespace_and_auth_rules(tmp_path):
 
 
 def _start_rendered(conf_text: str, workdir: Path, password: str | None):
-    """Start a real valkey-server from a rendered config, with only port/bind/paths moved to the sandbox."""
-    port = free_port()
+    """Start a real valkey-server from a rendered config, its lines read by Valkey as written (an included file),
+    with only port/bind/paths moved to the sandbox."""
     keep = [ln for ln in conf_text.splitlines() if ln.split(" ", 1)[0] not in ("port", "bind", "dir", "pidfile", "logfile", "include") and not ln.startswith("#")]
-    settings = {}
-    for ln in keep:
-        key, _, value = ln.partition(" ")
-        settings.setdefault(key, []).append("" if value == '""' else value)
-    settings = {k: v[0] if len(v) == 1 else v for k, v in settings.items()}
-    return start_valkey(workdir, port=port, settings=settings, password=password)
+    workdir.mkdir(parents=True, exist_ok=True)
+    rendered = workdir / "rendered.conf"
+    rendered.write_text("\n".join(keep) + "\n")
+    rendered.chmod(0o600)
+    return start_valkey(workdir, port=free_port(), settings={"include": str(rendered)}, password=password)
 
 
 def test_systemd_units_and_configs_run_on_a_real_server(tmp_path, pw_file):

@@ -123,32 +123,39 @@ def test_ping_is_false_never_raising_for_everything_but_a_pong(tmp_path):
                 c.close()
 
 
-def test_one_info_all_serves_every_info_reader():
-    """Issue 32 item 5: diagnose's sources, the exporter, doctor (tier/checks.py) and `deploy-valkey status`
-    (tier/status.py) read INFO through kvctl.tier.server.info_all; nothing else sends INFO all."""
+def test_every_valkey_read_goes_through_admin():
+    """Issue 44 defect 3: kvctl speaks to Valkey only through kvctl.tier.admin (one deadline per read, every reply
+    typed) and, for the GET/SET traffic of bench and the drill engine, the connector's client itself: no module of
+    kvctl/ imports redis-py, whose socket timeout bounds each read and not the call."""
     import ast  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
     root = Path(__file__).resolve().parents[2]
-    callers, others = set(), []
+    found, clients = [], set()
     for path in sorted((root / "kvctl").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "info_all":
-                callers.add(str(path.relative_to(root)))
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "info" and node.args and \
-                    isinstance(node.args[0], ast.Constant) and node.args[0].value == "all" and path.name != "server.py":
-                others.append(f"{path.relative_to(root)}:{node.lineno}")
-    assert callers == {"kvctl/diagnose/sources.py", "kvctl/ops/exporter.py", "kvctl/tier/checks.py", "kvctl/tier/status.py"}
-    assert not others, others
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.relative_to(root)}:{node.lineno}" for n in names if n == "redis" or n.startswith("redis.")]
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "RespClient":
+                clients.add(str(path.relative_to(root)))
+    assert not found, found
+    assert clients == {"kvctl/tier/admin.py", "kvctl/bench/runner.py", "kvctl/bench/worker.py", "kvctl/drill/engine.py"}, clients
 
 
-def test_info_all_is_a_plain_dict_of_a_real_instance(valkey_server):
+def test_admin_info_is_the_shape_redis_py_gave(valkey_server):
+    """INFO through Admin: a plain dict, ``db0`` and ``cmdstat_*`` dicts of their own, the same fields redis-py parsed."""
     import redis  # noqa: PLC0415
 
-    from kvctl.tier.server import info_all  # noqa: PLC0415
+    from kvctl.tier.admin import Admin  # noqa: PLC0415
 
     r = redis.Redis(port=valkey_server.port)
     r.set("k", b"v")
     r.get("k")
-    info = info_all(r)
+    theirs = r.info("all")
+    with Admin(valkey_server.url, 3.0) as a:
+        info = a.info("all")
+        config = a.config_get("*")
+        assert a.dbsize() == 1 and a.random_keys(3) == [b"k"] * 3 and a.strlens([b"k", b"nope"]) == [1, None]
     assert type(info) is dict and info["db0"]["keys"] == 1 and info["cmdstat_get"]["calls"] >= 1
+    assert set(info) == set(theirs), set(info) ^ set(theirs)
+    assert info["process_id"] == valkey_server.pid and config["maxmemory"] == str(256 << 20) and len(config) > 100

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from kvctl.cli import cli
 from kvctl.tier import checks
+from kvctl.tier.admin import Admin
 from tests.tier.helpers import free_base_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,7 +175,8 @@ def test_transparent_huge_pages(valkey_factory, tmp_path, disable_thp, thp, stat
     v = valkey_factory(settings={"maxmemory": "64mb", "disable-thp": disable_thp})
     sysfs = tmp_path / "enabled"
     sysfs.write_text(thp + "\n")
-    x = checks.read_instance(client(v), 0, v.host, v.port)
+    with Admin(v.url, 10.0, v.password) as a:
+        x = checks.read_instance(a, 0, v.host, v.port)
     (c,) = [c for c in checks.tier_checks([x], checks.TierContext(thp_path=str(sysfs)))[0] if c.name == "transparent_huge_pages"]
     assert c.status == status, c
     remote = checks.InstanceRead(0, "192.0.2.1", v.port, x.info, x.config, x.keys, x.keys_with_ttl, x.largest_value)  # TEST-NET-1

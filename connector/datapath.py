@@ -164,7 +164,8 @@ class KVDataPath:
 
     # -- load -----------------------------------------------------------------
     def load(self, token_ids: Sequence[int], block_ids: Sequence[int], first_chunk: int, end_chunk: int,
-             skip_tokens: int = 0, *, group=None, extra: KeyExtra | None = None, meta_group=None) -> LoadOutcome:
+             skip_tokens: int = 0, *, group=None, extra: KeyExtra | None = None, meta_group=None,
+             deadline: float | None = None) -> LoadOutcome:
         """Agreed-prefix load of chunks ``first_chunk..end_chunk-1`` into the request's blocks.
 
         Collective over ``group`` (None: this path's group): every rank calls
@@ -172,6 +173,7 @@ class KVDataPath:
         in the cache and are not written. A failure after the agreement (a
         write) is logged and shortens ``written``; it never skips a collective.
         ``extra``: the request's extra key material (see :class:`~kvctl.connector.ownership.KeyExtra`).
+        ``deadline``: see :meth:`ShardedStore.load <kvctl.connector.store.ShardedStore.load>`.
         """
         ct = self.chunk_tokens
         agreed = written = 0
@@ -182,7 +184,7 @@ class KVDataPath:
         events = None
         try:
             result = self.store.load(token_ids, end_chunk * ct, first_chunk, group=self.group if group is None else group,
-                                     extra=extra, meta_group=meta_group, timing=timing)
+                                     extra=extra, meta_group=meta_group, timing=timing, deadline=deadline)
             agreed = result.prefix
             t_ins = time.perf_counter()
             if agreed:

@@ -2,8 +2,11 @@
 
 * :class:`LoadPolicy` -- the one cost test: load ``n`` tokens only when
   ``T0 + n*s/B <= n/R``.
-* :class:`PolicyState` -- the vLLM scheduler's policy with one bandwidth
-  estimate for all ranks, re-probed after a veto so it cannot lock itself out.
+* :func:`decide` -- the vLLM scheduler's queue-aware decision for one hit
+  (the whole hit, its longest prefix that wins, or nothing), pure, with its
+  reason; :class:`Calibration` -- its estimates (R, T0, each rank's
+  bandwidth), measured by the engine, re-probed after a veto so it cannot
+  lock itself out.
 * :func:`ewma` -- the one smoothing rule for measured GET bandwidth (the store's
   per-rank figure and the scheduler's engine-wide one).
 """
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 
 from kvctl.core.cost import load_s as _load_s, recompute_s as _recompute_s  # pure: connector/ may import the cost model
 
-__all__ = ["BANDWIDTH_EWMA_NEW", "LoadPolicy", "PolicyState", "ewma"]
+__all__ = ["BANDWIDTH_EWMA_NEW", "Calibration", "Decision", "Estimates", "HitShape", "LoadPolicy", "TierQueue", "as_probe", "decide", "ewma"]
 
 #: weight of the newest GET-bandwidth measurement in the running estimate
 BANDWIDTH_EWMA_NEW = 0.3
@@ -51,49 +54,264 @@ class LoadPolicy:
         return _load_s(tokens, self.bytes_per_token, bw, self.t0_s) <= _recompute_s(tokens, self.prefill_tokens_per_s)
 
 
-class PolicyState:
-    """Load-or-recompute with one bandwidth estimate for all ranks that cannot lock itself out.
+# -- the queue-aware decision (docs/connector.md, "Load or recompute") ----------------------------------------
+#: decisions: load the whole hit, a shorter prefix of it, or none of it
+LOAD, PARTIAL, RECOMPUTE = "load", "partial", "recompute"
+#: an async load that reached its deadline (counted by the worker, after the decision)
+GIVEN_UP = "given_up"
+#: why: predicted faster / nothing measured yet / a re-probe after a veto / the policy is off
+WINS, NO_DATA, PROBE, OFF = "wins", "no_data", "probe", "off"
+#: why not: the tier's queue / bandwidth below break-even (no length wins) / the hit is below n* (T0 dominates)
+TIER_QUEUE, BELOW_BREAKEVEN, BELOW_N_STAR = "tier_queue", "below_breakeven", "below_n_star"
+#: why an async load stopped short: it waited past its recompute time
+DEADLINE = "deadline"
+REASONS = (WINS, NO_DATA, PROBE, OFF, TIER_QUEUE, BELOW_BREAKEVEN, BELOW_N_STAR, DEADLINE)
 
-    The estimate is the engine-wide GET bandwidth the workers report (bytes
-    and seconds summed over ranks, so every rank's load is judged by the
-    same number, and the scheduler's one decision holds for all ranks). The
-    ``ranks`` load in parallel, each its own share from its own instance, so
-    Σbytes / Σseconds is one rank's bandwidth and the tier's is ``ranks`` times
-    it: that is what the whole model's ``bytes_per_token`` is judged against. A
-    veto lets no loads through, so no new measurement would ever raise a low
-    estimate: after ``reprobe_after_s`` without a measurement one load is let
-    through (a re-probe) and the estimate it produces replaces the old one.
+
+@dataclass(frozen=True)
+class Estimates:
+    """What the decision knows: R (prefill tokens/s), T0 (s) and each rank's GET bandwidth (bytes/s).
+
+    A rank's bandwidth is that of its instances together (a load reads them in parallel); None: not
+    measured yet (and no value in the config).
     """
 
-    def __init__(self, bytes_per_token: float, prefill_tokens_per_s: float, t0_s: float = 0.0,
-                 bandwidth_gbps: float | None = None, reprobe_after_s: float = 30.0, clock=time.monotonic,
-                 ranks: int = 1) -> None:
-        self.bytes_per_token, self.rate, self.t0_s, self.ranks = bytes_per_token, prefill_tokens_per_s, t0_s, max(1, ranks)
-        self._cost = LoadPolicy(bytes_per_token, prefill_tokens_per_s, t0_s, bandwidth_gbps)  # the one cost test
-        self.fixed_gbps, self.reprobe_after_s, self.clock = bandwidth_gbps, reprobe_after_s, clock
-        self.measured_gbps: float | None = None
-        self._last_measured = clock()
-        self._lock = threading.Lock()
-        self.vetoes = 0
-        self.probes = 0
+    prefill_tokens_per_s: float | None
+    t0_s: float | None
+    rank_bps: tuple[float | None, ...]
 
-    def observe(self, get_bytes: float, get_seconds: float) -> None:
-        """Fold in one interval's GET bytes and seconds, each summed over the ranks (tier GB/s = ranks × Σbytes/Σseconds)."""
-        if get_bytes <= 0 or get_seconds <= 0:
+    @property
+    def tier_gbps(self) -> float | None:
+        """The whole tier's bandwidth (every rank's together), GB/s; None until every rank is measured."""
+        if not self.rank_bps or any(b is None for b in self.rank_bps):
+            return None
+        return sum(self.rank_bps) / 1e9
+
+
+@dataclass(frozen=True)
+class TierQueue:
+    """What is queued ahead of a new load: bytes per rank and how many loads (each pays its own T0)."""
+
+    rank_bytes: tuple[int, ...]
+    loads: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One request's hit judged: ``found`` tokens past what the engine holds, ``tokens`` of them to load.
+
+    ``load_s``/``recompute_s``: the predictions for what is loaded (the whole hit when nothing is);
+    ``budget_s``: how long the load may take before the rest is given up (its recompute time; None: no bound).
+    """
+
+    found: int
+    tokens: int
+    decision: str
+    reason: str
+    load_s: float | None = None
+    recompute_s: float | None = None
+    budget_s: float | None = None
+
+
+def owned_in(first: int, end: int, rank: int, world: int) -> int:
+    """How many chunks of ``first..end-1`` rank ``rank`` owns (``c mod W == rank``)."""
+    def below(n: int) -> int:
+        return 0 if n <= rank else (n - rank + world - 1) // world
+    return below(end) - below(first)
+
+
+@dataclass(frozen=True)
+class HitShape:
+    """A hit in the tier: chunks ``first..end-1``, of which the engine already holds ``skip`` tokens."""
+
+    first: int
+    end: int
+    skip: int
+    chunk_tokens: int
+    chunk_bytes: int  # one chunk's bytes, all on its owner
+    world: int
+
+    def tokens(self, k: int) -> int:
+        return max(0, (self.first + k) * self.chunk_tokens - self.skip)
+
+    def rank_bytes(self, k: int) -> list[int]:
+        return [owned_in(self.first, self.first + k, r, self.world) * self.chunk_bytes for r in range(self.world)]
+
+
+def _hit_load_s(shape: HitShape, k: int, est: Estimates, queue: TierQueue, t0: float) -> float:
+    own = shape.rank_bytes(k)
+    return t0 * (queue.loads + 1) + max(
+        ((q + b) / bw if (q + b) else 0.0) for q, b, bw in zip(queue.rank_bytes, own, est.rank_bps))
+
+
+def _longest_winning(shape: HitShape, est: Estimates, queue: TierQueue, t0: float, r: float, engine_tokens: float,
+                     upto: int) -> tuple[int, float | None]:
+    """The longest k <= ``upto`` chunks whose load wins, and its predicted load time ((0, None): none wins).
+
+    One pass up the lengths: chunk k adds its bytes to its owner's total, so the slowest rank's time is kept
+    as a running maximum (exact, whatever the ranks' bandwidths and queues; O(upto + W)).
+    """
+    W, cb, bws, qs = shape.world, shape.chunk_bytes, est.rank_bps, queue.rank_bytes
+    n = [0] * W  # chunks of each rank so far
+    worst, fixed = max(q / bw for q, bw in zip(qs, bws)), t0 * (queue.loads + 1)
+    best, best_load = 0, None
+    for k in range(1, upto + 1):
+        owner = (shape.first + k - 1) % W
+        n[owner] += 1
+        worst = max(worst, (qs[owner] + n[owner] * cb) / bws[owner])  # the same expression as _hit_load_s
+        if fixed + worst <= (shape.tokens(k) + engine_tokens) / r:
+            best, best_load = k, fixed + worst
+    return best, best_load
+
+
+def decide(shape: HitShape, est: Estimates, queue: TierQueue, engine_tokens: float = 0.0) -> Decision:
+    """Load or recompute the hit ``shape`` (see docs/connector.md, "Load or recompute"). Pure.
+
+    load(k) = T0 × (loads queued + 1) + max over ranks (bytes queued + its bytes of k chunks) / its bandwidth;
+    recompute(k) = (tokens of k chunks + ``engine_tokens``, the prefill work it would wait behind) / R.
+    The whole hit when it wins; else the longest prefix that wins; else nothing. Nothing measured (R, or the
+    bandwidth of a rank the load reads or waits on): load.
+    """
+    k_all = shape.end - shape.first
+    found = shape.tokens(k_all)
+    r, bws = est.prefill_tokens_per_s, est.rank_bps
+    if k_all <= 0 or found <= 0:
+        return Decision(0, 0, RECOMPUTE, WINS)
+
+    def recompute(k: int) -> float | None:
+        return None if r is None else (shape.tokens(k) + engine_tokens) / r
+
+    reads = [b or q for b, q in zip(shape.rank_bytes(k_all), queue.rank_bytes)]
+    if r is None or any(x and bw is None for x, bw in zip(reads, bws)):
+        return Decision(found, found, LOAD, NO_DATA, None, recompute(k_all), recompute(k_all))
+    t0 = est.t0_s or 0.0
+    rates = Estimates(r, t0, tuple(bw if bw is not None else float("inf") for bw in bws))
+
+    full_load, full_rec = _hit_load_s(shape, k_all, rates, queue, t0), recompute(k_all)
+    if full_load <= full_rec:
+        return Decision(found, found, LOAD, WINS, full_load, full_rec, full_rec)
+    idle = _hit_load_s(shape, k_all, rates, TierQueue((0,) * shape.world), t0)
+    # per chunk, a long hit: each rank moves 1/W of it at its own bandwidth; recompute: chunk_tokens / R
+    slope_load = max(shape.chunk_bytes / (shape.world * bw) for bw in rates.rank_bps)
+    if (queue.loads or any(queue.rank_bytes)) and idle <= full_rec:
+        why = TIER_QUEUE
+    elif slope_load >= shape.chunk_tokens / r:
+        why = BELOW_BREAKEVEN
+    else:
+        why = BELOW_N_STAR
+    k, k_load = _longest_winning(shape, rates, queue, t0, r, engine_tokens, k_all - 1)
+    if k:
+        part_rec = recompute(k)
+        return Decision(found, shape.tokens(k), PARTIAL, why, k_load, part_rec, part_rec)
+    return Decision(found, 0, RECOMPUTE, why, full_load, full_rec, None)
+
+
+def as_probe(d: Decision) -> Decision:
+    """A veto turned into a load of the whole hit (a re-probe: its GETs measure the bandwidth again)."""
+    return Decision(d.found, d.found, LOAD, PROBE, d.load_s, d.recompute_s, d.recompute_s)
+
+
+#: weight of the newest interval in the running T0 estimate, and how fast the step fit forgets (per interval)
+T0_EWMA_NEW = 0.3
+STEP_FIT_DECAY = 0.97
+#: the step fit y = a·steps + x/R needs prompts of different sizes: below this conditioning, x/R alone (a = 0)
+STEP_FIT_MIN_SPREAD = 0.05
+
+
+class Calibration:
+    """The decision's estimates, measured by the engine itself and overridden by the config's values.
+
+    * R: the workers time each step's forward with prefill tokens (rank 0); per interval the scheduler
+      gets (steps, prefill tokens, seconds) and fits seconds = a·steps + tokens/R by least squares with
+      forgetting (a: what a step costs besides its prefill tokens, decodes included); where every step had
+      about the same tokens, R = tokens/seconds.
+    * T0: per serial load, its time minus its GET time, averaged per interval and smoothed.
+    * bandwidth per rank: its GET bytes / GET seconds per interval, smoothed (:func:`ewma`); where the
+      workers report no rank of their own, the summed bytes / summed seconds for every rank.
+
+    ``probe_due`` says when a veto should let one load through: after ``reprobe_after_s`` without a new
+    bandwidth measurement (never with a configured bandwidth), one load per period.
+    """
+
+    def __init__(self, world: int, *, prefill_tokens_per_s: float | None = None, t0_s: float | None = None,
+                 tier_gbps: float | None = None, reprobe_after_s: float = 30.0, clock=time.monotonic) -> None:
+        self.world = max(1, world)
+        self.fixed_r, self.fixed_t0, self.fixed_gbps = prefill_tokens_per_s, t0_s, tier_gbps
+        self.reprobe_after_s, self.clock = reprobe_after_s, clock
+        self._lock = threading.Lock()
+        self._bps: list[float | None] = [None] * self.world
+        self._t0: float | None = None
+        self._fit = [0.0] * 5  # decayed sums: k·k, k·x, x·x, k·y, x·y
+        self._xy = [0.0, 0.0]  # decayed sums of x and y
+        self._last_measured = clock()
+        self.probes = 0
+        self.vetoes = 0
+
+    def observe_steps(self, steps: float, tokens: float, seconds: float) -> None:
+        """One interval's timed steps: how many, their prefill tokens, their seconds."""
+        if steps <= 0 or tokens <= 0 or seconds <= 0:
             return
-        gbps = self.ranks * get_bytes / get_seconds / 1e9
         with self._lock:
-            self.measured_gbps = ewma(self.measured_gbps, gbps)
+            f, d = self._fit, STEP_FIT_DECAY
+            for i, v in enumerate((steps * steps, steps * tokens, tokens * tokens, steps * seconds, tokens * seconds)):
+                f[i] = f[i] * d + v
+            self._xy = [self._xy[0] * d + tokens, self._xy[1] * d + seconds]
+
+    def observe_loads(self, loads: float, fixed_seconds: float) -> None:
+        """One interval's serial loads and their time besides GETs (summed over ranks)."""
+        if loads <= 0 or fixed_seconds < 0:
+            return
+        with self._lock:
+            new = fixed_seconds / loads
+            self._t0 = new if self._t0 is None else (1 - T0_EWMA_NEW) * self._t0 + T0_EWMA_NEW * new
+
+    def observe_gets(self, rank: int, get_bytes: float, get_seconds: float) -> None:
+        """One interval's GETs of rank ``rank``'s instances."""
+        if get_bytes <= 0 or get_seconds <= 0 or not 0 <= rank < self.world:
+            return
+        with self._lock:
+            self._bps[rank] = ewma(self._bps[rank], get_bytes / get_seconds)
             self._last_measured = self.clock()
 
-    def allow(self, tokens: int) -> bool:
-        """True when loading ``tokens`` should go ahead (predicted faster, unknown yet, or a re-probe)."""
-        if self._cost.load_wins(tokens, self.measured_gbps):  # also True with no estimate yet
-            return True
+    def observe_tier(self, get_bytes: float, get_seconds: float) -> None:
+        """GETs summed over the ranks, for workers that report no rank: every rank gets Σbytes / Σseconds."""
+        for rank in range(self.world):
+            self.observe_gets(rank, get_bytes, get_seconds)
+
+    def prefill_rate(self) -> float | None:
+        if self.fixed_r is not None:
+            return self.fixed_r
         with self._lock:
-            if self.fixed_gbps is None and self.clock() - self._last_measured >= self.reprobe_after_s:
-                self._last_measured = self.clock()  # one probe per period
+            kk, kx, xx, ky, xy = self._fit
+            x, y = self._xy
+        if x <= 0 or y <= 0:
+            return None
+        det = kk * xx - kx * kx
+        if kk > 0 and xx > 0 and det > STEP_FIT_MIN_SPREAD * kk * xx:
+            a = (xx * ky - kx * xy) / det
+            b = (kk * xy - kx * ky) / det
+            if a >= 0 and b > 0:
+                return 1.0 / b
+        return x / y
+
+    def estimates(self) -> Estimates:
+        with self._lock:
+            t0 = self.fixed_t0 if self.fixed_t0 is not None else self._t0
+            bps = tuple([self.fixed_gbps * 1e9 / self.world] * self.world) if self.fixed_gbps is not None else tuple(self._bps)
+        return Estimates(self.prefill_rate(), t0, bps)
+
+    @property
+    def measured_gbps(self) -> float | None:
+        """The tier's bandwidth as measured (GB/s, every rank's together)."""
+        return self.estimates().tier_gbps
+
+    def probe_due(self) -> bool:
+        """Whether a veto now should let the load through (one re-probe per ``reprobe_after_s``)."""
+        if self.fixed_gbps is not None:
+            return False
+        with self._lock:
+            if self.clock() - self._last_measured >= self.reprobe_after_s:
+                self._last_measured = self.clock()
                 self.probes += 1
                 return True
-            self.vetoes += 1
             return False

@@ -294,7 +294,7 @@ class ShardedStore:
         return self._apply_policy(chunk_start_token(a_r, self.chunk_tokens, n_tokens))
 
     # -- load ---------------------------------------------------------------------
-    def _fetch_owned(self, keys: list[str], indexes: list[int]) -> list[torch.Tensor | None]:
+    def _fetch_owned(self, keys: list[str], indexes: list[int], deadline: float | None = None) -> list[torch.Tensor | None]:
         out: list[torch.Tensor | None] = []
         missing: list[int] = []
         for c in indexes:
@@ -304,9 +304,12 @@ class ShardedStore:
                 missing.append(len(out) - 1)
         if missing and self.tier is not None:
             # nothing after the first chunk we fail to get can be used: fetch in order, stop early
-            # (batches of prefetch_batch chunks a rank instance, split over its instances)
-            step = self.prefetch_batch * self.tier.k
+            # (batches of prefetch_batch chunks a rank instance, split over its instances; one chunk an instance
+            # under a deadline, which no GET may start after, as the device path's lanes do)
+            step = (self.prefetch_batch if deadline is None else 1) * self.tier.k
             for i in range(0, len(missing), step):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break  # no GET starts after the load's deadline
                 batch = missing[i : i + step]
                 try:
                     got = self._l2_get([indexes[j] for j in batch], [keys[indexes[j]] for j in batch])
@@ -324,7 +327,8 @@ class ShardedStore:
         return out
 
     def load(self, token_ids: Sequence[int], max_tokens: int | None = None, first_chunk: int = 0, *,
-             group=None, extra: KeyExtra | None = None, meta_group=None, timing: dict | None = None) -> LoadResult:
+             group=None, extra: KeyExtra | None = None, meta_group=None, timing: dict | None = None,
+             deadline: float | None = None) -> LoadResult:
         """Load the agreed prefix of the prompt's chunks onto ``device`` on every rank.
 
         ``max_tokens`` caps the chunks asked for (e.g. the scheduler's agreed
@@ -341,6 +345,8 @@ class ShardedStore:
         ``timing``: a dict this call fills with ``fetch`` (the device path's
         :class:`~kvctl.connector.fetch.FetchStats`) and ``protocol_s`` (the
         whole agreed-prefix load, fetch included), for metrics and traces.
+        ``deadline`` (``time.monotonic()``): no GET starts after it on this rank; the chunks staged by then are
+        what this rank offers, so every rank still runs the exchange and they agree on a shorter prefix.
         """
         keys = self.keys(token_ids, extra)
         if max_tokens is not None:
@@ -350,10 +356,12 @@ class ShardedStore:
 
         def stage(owned: list[int], slot) -> int:  # the device path: lanes GET into pinned slots, then to the GPU
             # owned[j] indexes `keys`, i.e. absolute chunk first_chunk + owned[j] (its instance follows that)
+            if deadline is not None and time.monotonic() >= deadline:
+                return 0  # past the load's deadline before it began: this rank offers nothing
             try:
                 stats = fetch_to_device(
                     self.tier, self.pool, [first_chunk + c for c in owned], [keys[c] for c in owned], slot, self._lanes,
-                    streams=self._lane_streams, l1=self.l1, errors=(RespError,))
+                    streams=self._lane_streams, l1=self.l1, errors=(RespError,), deadline=deadline)
             except Exception as exc:  # the protocol counts it as a local failure; say why, once in a while
                 _warn_every(f"kvctl rank {self.rank}: staging a load failed ({type(exc).__name__}: {exc}); the agreed "
                             "prefix stops at this rank's first chunk and the engine recomputes")
@@ -367,7 +375,7 @@ class ShardedStore:
         result = load_agreed_prefix(
             self.group if group is None else group,
             keys,
-            None if pinned else (lambda idx: self._fetch_owned(keys, idx)),
+            None if pinned else (lambda idx: self._fetch_owned(keys, idx, deadline)),
             self.chunk_shape,
             self.dtype,
             self.device,

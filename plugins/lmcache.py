@@ -32,6 +32,15 @@ which knows chunk indexes, stripes exactly: ``(c // W) mod K``).
 Values are whole chunks (LMCache's ``save_unfull_chunk: false``, its default)
 of LMCache's own layout, the same bytes its native ``resp://`` connector
 writes. Settings: :mod:`kvctl.connector.lmcache_settings`.
+
+Load or recompute (``remote_storage_plugin.<name>.prefill_tokens_per_s`` R,
+optionally ``.t0_s``): LMCache asks a remote backend how many leading chunks
+it holds (``batched_contains``, ``batched_async_contains``) and loads only that
+many, so the plugin declines a hit by answering fewer: it answers the longest
+prefix of what it holds whose load, at the bandwidth its own GETs measured and
+behind the GETs it has in flight, is predicted no slower than recomputing it
+(:func:`kvctl.connector.policy.decide`; nothing measured yet: all of it; a
+veto re-probed after 30 s). What it cannot do there: docs/connector.md.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, List, Optional, Sequence
@@ -47,6 +57,7 @@ from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorContext
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
+from kvctl.connector.policy import LOAD, RECOMPUTE, TIER_QUEUE, Calibration, HitShape, TierQueue, as_probe, decide
 from kvctl.connector.resp import RespClient, RespError
 from kvctl.connector.striped import RankTier
 from kvctl.connector.lmcache_settings import PLUGIN_TYPE, PluginConfigError, PluginSettings, plugin_settings
@@ -76,6 +87,12 @@ class KvctlRemoteConnector(RemoteConnector):
         self._pool = ThreadPoolExecutor(max_workers=settings.pool_size, thread_name_prefix=f"kvctl-lmcache-r{settings.rank}")
         self._warned_at: dict[str, float] = {}
         self.errors = 0  # calls that failed on the network/server side (each counted once)
+        # load or recompute: on with an R in the settings (a remote backend sees no engine step to measure it by)
+        self.policy = (Calibration(1, prefill_tokens_per_s=settings.prefill_tokens_per_s, t0_s=settings.t0_s)
+                       if settings.prefill_tokens_per_s is not None else None)
+        self.decisions: dict[tuple[str, str], int] = {}  # (decision, reason) -> hits judged
+        self._inflight = [0, 0]  # bytes and GET calls running now: the queue a new load waits behind
+        self._flight_lock = threading.Lock()
         log.info("kvctl LMCache plugin: rank %d -> %s (timeout %.3g s)", settings.rank, settings.redacted_url, settings.timeout_s)
 
     def __repr__(self) -> str:
@@ -128,11 +145,23 @@ class KvctlRemoteConnector(RemoteConnector):
         n = len(objs)
         hits = [False] * n
         if n:
+            views = [_view(o) for o in objs]
+            size = sum(len(v) for v in views)
+            with self._flight_lock:
+                self._inflight[0] += size
+                self._inflight[1] += 1
+            t0 = time.perf_counter()
             try:
                 names = [k.to_string() for k in keys[:n]]
-                hits = self.tier.get(_routes(names), names, [_view(o) for o in objs])
+                hits = self.tier.get(_routes(names), names, views)
             except RespError as exc:
                 self._failed("GET", exc)
+            finally:
+                with self._flight_lock:
+                    self._inflight[0] -= size
+                    self._inflight[1] -= 1
+            if self.policy is not None:
+                self.policy.observe_gets(0, sum(len(v) for v, hit in zip(views, hits) if hit), time.perf_counter() - t0)
         out: list[Optional[MemoryObj]] = []
         for obj, hit in zip(objs, hits):
             if hit:
@@ -196,13 +225,29 @@ class KvctlRemoteConnector(RemoteConnector):
         return True
 
     def batched_contains(self, keys: List[Any]) -> int:
-        return self._prefix(self._exists_many(keys))
+        return self._judge(self._prefix(self._exists_many(keys)))
+
+    def _judge(self, held: int) -> int:
+        """How many of the ``held`` leading chunks to report: those whose load wins (all without an R)."""
+        if self.policy is None or held <= 0:
+            return held
+        ct = self.full_chunk_size_bytes // self.single_token_size
+        with self._flight_lock:
+            queue = TierQueue((self._inflight[0],), self._inflight[1])
+        d = decide(HitShape(0, held, 0, ct, self.full_chunk_size_bytes, 1), self.policy.estimates(), queue)
+        if d.decision == RECOMPUTE and d.reason != TIER_QUEUE and self.policy.probe_due():
+            d = as_probe(d)
+        self.decisions[(d.decision, d.reason)] = self.decisions.get((d.decision, d.reason), 0) + 1
+        if d.decision != LOAD:
+            log.debug("kvctl LMCache plugin: %d of %d chunk(s) held reported (%s: %s)", d.tokens // ct, held,
+                      d.decision, d.reason)
+        return d.tokens // ct
 
     def support_batched_async_contains(self) -> bool:
         return True
 
     async def batched_async_contains(self, lookup_id: str, keys: List[Any], pin: bool = False) -> int:
-        return self._prefix(await self._off_loop(self._exists_many, list(keys)))
+        return self._judge(self._prefix(await self._off_loop(self._exists_many, list(keys))))
 
     def support_batched_get_non_blocking(self) -> bool:
         return True

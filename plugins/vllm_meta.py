@@ -10,7 +10,7 @@ from kvctl.connector.ownership import KeyExtra
 
 from kvctl.connector.settings import ConnectorConfigError
 
-__all__ = ["KvctlConnectorMetadata", "LoadSpec", "SaveSpec", "shard_group", "shard_group_kind"]
+__all__ = ["KvctlConnectorMetadata", "LoadSpec", "ReqState", "SaveSpec", "shard_group", "shard_group_kind"]
 
 
 @dataclass
@@ -26,6 +26,10 @@ class LoadSpec:
     # vLLM waits for it as a remote receive (the scheduler answered load_async): the worker reports it finished
     # in get_finished, whichever way it loaded it (always for async; for sync on the "receive" path)
     report_done: bool = False
+    # an async load may take this long from the step that starts it, its wait for the loader included (its predicted
+    # recompute time, connector/policy.py): no GET starts after it, the agreed prefix ends where the ranks got to and
+    # the rest is recomputed; None: no bound but the tier's timeout_s (and for a sync load, which blocks the step)
+    budget_s: float | None = None
 
 
 @dataclass
@@ -40,14 +44,21 @@ class SaveSpec:
 class KvctlConnectorMetadata(KVConnectorMetadata):
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
+    # the step, numbered by the scheduler side, and the prompt tokens it computes (the workers time the
+    # forward of a step with prefill tokens: the prefill rate R of the load-or-recompute decision)
+    step: int = 0
+    prefill_tokens: int = 0
 
 
 @dataclass
-class _ReqState:
+class ReqState:
+    """What the scheduler side keeps of a request it scheduled: its prompt, blocks, save and prefill progress."""
+
     prompt: list[int]
     block_ids: list[int]
     saved: bool = False
     key_extra: KeyExtra | None = None
+    computed: int = 0  # tokens computed once the last scheduled step has run (its prefill left: prompt - computed)
 
 
 def shard_group(parallel_config) -> tuple[str, int]:

@@ -17,10 +17,10 @@ from vllm.logger import init_logger
 
 from kvctl.connector import metric_names as M
 from kvctl.connector.lookup import LookupCache, TierLookup, loadable_chunks
-from kvctl.connector.policy import PolicyState
 
 from .vllm_keys import request_key_extra
-from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec, _ReqState
+from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec, ReqState
+from .vllm_policy import SchedulerPolicy, chunk0_tags
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -45,7 +45,7 @@ class SchedulerSide:
         # parts: a sparse-MLA chunk is a hit only when its latent and its indexer part are both in the tier
         self.lookup = TierLookup(st.rank_urls, self.chunk_tokens, self.model_name, self.fmt, st.timeout_s,
                                  parts=self.parts)
-        self._reqs: dict[str, _ReqState] = {}
+        self._reqs: dict[str, ReqState] = {}
         self._pending_loads: list[LoadSpec] = []
         self._local_hit: dict[str, int] = {}  # req -> local computed tokens seen by the last lookup
         self._sync_answers = LookupCache(st.timeout_s)  # a waiting request's answer, reused step after step
@@ -55,25 +55,30 @@ class SchedulerSide:
         self._extras: dict[str, Any] = {}
         # outer async lookups get their own threads: they wait on the lookup pool's per-rank EXISTS tasks
         self._async_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvctl-async-lookup")
-        self.policy = None
-        if st.load_policy is not None:
-            p = st.load_policy
-            # s: the whole model's bytes per token (_chunk_bytes counts every rank's heads), judged against
-            # the tier: W ranks load in parallel, so W × the summed bytes / summed seconds
-            self.policy = PolicyState(self._chunk_bytes() / self.chunk_tokens, p.prefill_tokens_per_s, p.t0_s,
-                                      p.bandwidth_gbps, p.reprobe_after_s, ranks=self.world_size)
+        # load or recompute (kvctl.plugins.vllm_policy): a whole chunk, all of it on its owner, is what a hit
+        # moves per chunk (_chunk_bytes counts every rank's heads)
+        self.policy = SchedulerPolicy(st.load_policy, world=self.world_size, chunk_tokens=self.chunk_tokens,
+                                      chunk_bytes=self._chunk_bytes(), async_loading=st.async_loading,
+                                      timeout_s=st.timeout_s, stats=self.stats, trace=self.trace)
+        self._step = 0
 
     def _hit_tokens(self, request: "Request", num_computed_tokens: int, result) -> int:
+        rid, prompt_len = request.request_id, len(request.prompt_token_ids or [])
         if result.failed_ranks:
             self.stats.add("kvctl:lookup_timeouts", 1)
             logger.warning("KvctlConnector: lookup of %s: rank(s) %s erred or timed out: recompute",
-                           request.request_id, list(result.failed_ranks))
+                           rid, list(result.failed_ranks))
+            self.policy.waiting(rid, prompt_len - num_computed_tokens)
             return 0
-        hit_end = result.hit_chunks * self.chunk_tokens
-        ext = max(0, hit_end - num_computed_tokens)
-        if ext and self.policy is not None and not self.policy.allow(ext):
+        if result.hit_chunks * self.chunk_tokens <= num_computed_tokens:
+            self.policy.waiting(rid, prompt_len - num_computed_tokens)
             return 0
-        return ext
+        running = self._running_left() if self.settings.async_loading else 0
+        return self.policy.judge(rid, prompt_len, num_computed_tokens, result.hit_chunks, running).tokens
+
+    def _running_left(self) -> int:
+        """Prompt tokens the scheduled requests still have to compute (the prefill queue an async load waits by)."""
+        return sum(max(0, len(st.prompt) - st.computed) for st in self._reqs.values())
 
     def _timed_lookup(self, rid: str, prompt: list[int], first: int, vector: bool, extra):
         """One lookup of the tier, counted (kvctl:lookups, kvctl:lookup_seconds) and traced."""
@@ -82,8 +87,10 @@ class SchedulerSide:
         dt = time.perf_counter() - t0
         self.stats.add(M.LOOKUPS, 1)
         self.stats.add(M.LOOKUP_SECONDS, dt)
-        self.trace.event("lookup", req=rid, s=dt, first_chunk=first, hit_chunks=result.hit_chunks,
-                         failed=list(result.failed_ranks), tokens=len(prompt))
+        if self.trace.on:
+            self.trace.event("lookup", req=rid, s=dt, first_chunk=first, hit_chunks=result.hit_chunks,
+                             failed=list(result.failed_ranks), tokens=len(prompt), chunk_tokens=self.chunk_tokens,
+                             **chunk0_tags(prompt, self.chunk_tokens, self.model_name, self.fmt, extra))
         return result
 
     def _key_extra(self, request: "Request"):
@@ -153,9 +160,12 @@ class SchedulerSide:
             self.stats.add("kvctl:chunks_hit", hit)
             self.stats.add("kvctl:chunks_missed", max(0, loadable - hit))
             self.stats.add("kvctl:remote_hit_tokens", num_external_tokens)
+        end = local + num_external_tokens
+        report_done = self.settings.async_loading or self.sync_via_receive
+        decision = self.policy.scheduled(rid, local // self.chunk_tokens, end // self.chunk_tokens, num_external_tokens,
+                                         report_done, request.num_preemptions == 0)
         if num_external_tokens <= 0:
             return
-        end = local + num_external_tokens
         self._pending_loads.append(LoadSpec(
             req_id=rid,
             token_ids=prompt[:end],
@@ -165,22 +175,26 @@ class SchedulerSide:
             block_ids=list(blocks.get_block_ids()[0]),
             is_async=self.settings.async_loading,
             key_extra=extra,
-            report_done=self.settings.async_loading or self.sync_via_receive,
+            report_done=report_done,
+            budget_s=decision.budget_s if decision is not None else None,
         ))
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
-        meta = KvctlConnectorMetadata(loads=self._pending_loads)
+        self._step += 1
+        meta = KvctlConnectorMetadata(loads=self._pending_loads, step=self._step)
         for spec in self._pending_loads:
+            self.policy.shipped(spec.req_id)
             self.trace.event("scheduled_load", req=spec.req_id, chunks=spec.end_chunk - spec.first_chunk,
-                             asynchronous=spec.is_async)
+                             asynchronous=spec.is_async, step=self._step, budget_s=spec.budget_s)
         self._pending_loads = []
         scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
-            st = _ReqState(list(new.prompt_token_ids or []), list(new.block_ids[0]),
+            st = ReqState(list(new.prompt_token_ids or []), list(new.block_ids[0]),
                            key_extra=self._extras.get(new.req_id))
             if new.req_id not in self._extras:
                 st.saved = True  # its Request (cache_salt) never reached this side: storing it could mix tenants
             self._reqs[new.req_id] = st
+            self._advance(meta, new.req_id, st, new.num_computed_tokens, scheduled.get(new.req_id, 0))
             self._maybe_save(meta, new.req_id, st, new.num_computed_tokens + scheduled.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
@@ -192,12 +206,21 @@ class SchedulerSide:
                 st.block_ids = list(new_blocks[0]) if new_blocks is not None else []
             elif new_blocks is not None:
                 st.block_ids.extend(new_blocks[0])
+            self._advance(meta, rid, st, cached.num_computed_tokens[i], scheduled.get(rid, 0))
             self._maybe_save(meta, rid, st, cached.num_computed_tokens[i] + scheduled.get(rid, 0))
         for rid in scheduler_output.finished_req_ids:
             self._forget(rid)
         return meta
 
-    def _maybe_save(self, meta: KvctlConnectorMetadata, rid: str, st: _ReqState, computed_after_step: int) -> None:
+    def _advance(self, meta: KvctlConnectorMetadata, rid: str, st: ReqState, computed: int, scheduled: int) -> None:
+        """This step's prompt tokens of the request (the step's prefill, which the workers time) and where it stands."""
+        prompt = len(st.prompt)
+        meta.prefill_tokens += max(0, min(scheduled, prompt - computed))
+        st.computed = computed + scheduled
+        if computed < prompt <= st.computed and self.trace.on:
+            self.trace.event("prefill_done", req=rid, step=self._step, tokens=prompt)
+
+    def _maybe_save(self, meta: KvctlConnectorMetadata, rid: str, st: ReqState, computed_after_step: int) -> None:
         n_full = len(st.prompt) // self.chunk_tokens
         if st.saved or n_full == 0 or computed_after_step < len(st.prompt):
             return
@@ -207,6 +230,7 @@ class SchedulerSide:
                                    key_extra=st.key_extra))
 
     def _forget(self, rid: str) -> None:
+        self.policy.forget(rid)
         self._reqs.pop(rid, None)
         self._local_hit.pop(rid, None)
         self._extras.pop(rid, None)
@@ -220,9 +244,7 @@ class SchedulerSide:
         return False, None
 
     def update_connector_output(self, connector_output) -> None:
-        stats = getattr(connector_output, "kv_connector_stats", None)
-        if self.policy is not None and stats is not None and stats.data:
-            self.policy.observe(stats.data.get("kvctl:l2_get_bytes", 0), stats.data.get("kvctl:l2_get_seconds", 0))
+        self.policy.on_output(connector_output)
 
     def _shutdown_scheduler(self) -> None:
         self._async_pool.shutdown(wait=False, cancel_futures=True)

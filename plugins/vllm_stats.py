@@ -17,9 +17,12 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
-from kvctl.connector.metric_names import COUNTERS, GAUGES, RANKS, RANKS_HELP
+from kvctl.connector.metric_names import COUNTERS, GAUGES, LABELS, RANKS, RANKS_HELP, labelled, split_labelled
 
 __all__ = ["COUNTERS", "KvctlConnectorStats", "KvctlPromMetrics", "StatsCollector"]
+
+#: the most series the metrics keep (labelled counters make theirs as values arrive: decisions x reasons, ranks)
+_MAX_SERIES = 1024
 
 
 
@@ -51,12 +54,14 @@ class StatsCollector:
         self._lock = threading.Lock()
         self._data: dict[str, float] = {}
 
-    def add(self, name: str, value: float) -> None:
-        if name not in COUNTERS:
+    def add(self, name: str, value: float, *labels: object) -> None:
+        """Add ``value`` to counter ``name`` (a labelled one's series: its label values, :data:`LABELS` order)."""
+        if name not in COUNTERS or bool(labels) != (name in LABELS):
             raise KeyError(name)
+        key = labelled(name, *labels) if labels else name
         if value:
             with self._lock:
-                self._data[name] = self._data.get(name, 0) + value
+                self._data[key] = self._data.get(key, 0) + value
 
     def set(self, name: str, value: float) -> None:
         """A gauge's current value (:data:`GAUGES`), sent with the interval's counters; ranks' values add up."""
@@ -84,20 +89,36 @@ class KvctlPromMetrics(KVConnectorPromMetrics):
             ranks_gauge.labels(*values).set(ranks)
         self._children: dict[tuple[str, int], Any] = {}
         self._counters = {
-            name: self._counter_cls(name=name + "_total", documentation=doc, labelnames=labelnames)
+            name: self._counter_cls(name=name + "_total", documentation=doc,
+                                    labelnames=[*labelnames, *LABELS.get(name, ())])
             for name, doc in COUNTERS.items()
         }
+        self._values = dict(per_engine_labelvalues)
         self._gauges = {
             name: self._gauge_cls(name=name, documentation=doc, labelnames=labelnames, multiprocess_mode="mostrecent")
             for name, doc in GAUGES.items()
         }
         for name, metric in (*self._counters.items(), *self._gauges.items()):
+            if name in LABELS:
+                continue  # a series per label values, made when first observed
             for idx, values in per_engine_labelvalues.items():
                 self._children[(name, idx)] = metric.labels(*values)
 
+    def _child(self, key: str, engine_idx: int):
+        child = self._children.get((key, engine_idx))
+        if child is not None:
+            return child
+        name, values = split_labelled(key)
+        engine = self._values.get(engine_idx)
+        if name not in LABELS or engine is None or len(values) != len(LABELS[name]) or \
+                len(self._children) >= _MAX_SERIES:
+            return None
+        child = self._children[(key, engine_idx)] = self._counters[name].labels(*engine, *values)
+        return child
+
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for name, value in (transfer_stats_data or {}).items():
-            child = self._children.get((name, engine_idx))
+            child = self._child(name, engine_idx)
             if child is None:
                 continue
             if name in GAUGES:

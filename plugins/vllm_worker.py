@@ -10,6 +10,7 @@ the background saver. The transfers themselves are kvctl.connector's; this adapt
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import queue
 import threading
@@ -24,6 +25,7 @@ from kvctl.connector import metric_names as M
 from kvctl.connector.datapath import KVDataPath, LoadOutcome
 from kvctl.connector.layouts import KVLayoutError, layout_for
 from kvctl.connector.pinned import PinnedPool
+from kvctl.connector.policy import DEADLINE, GIVEN_UP
 from kvctl.connector.protocol import member_group
 from kvctl.connector.saver import Saver
 from kvctl.connector.settings import ConnectorConfigError
@@ -32,6 +34,8 @@ from kvctl.connector.store import ShardedStore
 
 from .vllm_layered import LayeredLoads
 from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec
+from .vllm_policy import chunk0_tags
+from .vllm_timing import StepTimer, count_load, trace_inserts
 
 if TYPE_CHECKING:
     from vllm.forward_context import ForwardContext
@@ -66,6 +70,7 @@ class WorkerSide:
         self._async_thread: threading.Thread | None = None
         self._async_group = None
         self._layered: LayeredLoads | None = None  # this step's sync hits loaded layer by layer
+        self._steps = StepTimer(False)  # rank 0 times the steps with prefill (register_kv_caches turns it on)
         self._late_warned = False
         hook = os.environ.get(BEFORE_LOAD_HOOK_ENV)
         self._hook = None
@@ -166,6 +171,7 @@ class WorkerSide:
         self._layered = LayeredLoads(self.datapath, self.sparse.latent_names if self.sparse is not None else
                                      self._kv_cache_config.kv_cache_groups[0].layer_names, sparse=self.sparse is not None)
         self._get_seen = (0, 0.0)
+        self._steps = StepTimer(self.rank == 0, device, self.trace)
         self._async_meta_group = None
         if st.async_loading:
             if self.world_size > 1:
@@ -221,6 +227,11 @@ class WorkerSide:
                     time.perf_counter() - t0, n - len(down), n)
 
     # -- load ----------------------------------------------------------------
+    def bind_connector_metadata(self, connector_metadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if isinstance(connector_metadata, KvctlConnectorMetadata):
+            self._steps.begin(connector_metadata)  # before the step's forward (kvctl.plugins.vllm_timing)
+
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvctlConnectorMetadata)
@@ -230,9 +241,12 @@ class WorkerSide:
             getattr(forward_context, "attn_metadata", None) is not None
         for spec in meta.loads:
             if spec.is_async and self._async_q is not None:
+                # its budget (the predicted recompute time) bounds the prefetch from now, its wait in the queue
+                # included: its lanes start no GET after it, and the rest of the hit is recomputed
+                deadline = time.monotonic() + spec.budget_s if spec.budget_s is not None else None
                 with self._lock:
                     self._async_pending += 1
-                self._async_q.put((spec, time.perf_counter()))
+                self._async_q.put((spec, time.perf_counter(), deadline))
             elif not spec.report_done and layered:
                 self._start_pipelined(spec)
             elif not spec.report_done:
@@ -259,9 +273,9 @@ class WorkerSide:
             item = self._async_q.get()
             if item is None:
                 return
-            spec, queued = item
+            spec, queued, deadline = item
             try:
-                self._load(spec, self._async_group, self._async_meta_group)
+                self._load(spec, self._async_group, self._async_meta_group, deadline, queued)
                 if self.store is not None and self.store.device.type == "cuda":
                     # the insert was queued on this thread's stream, not the engine's: it must be done before
                     # the request is reported loaded and vLLM schedules its forward
@@ -297,62 +311,48 @@ class WorkerSide:
             except Exception:  # noqa: BLE001 - a test hook must not break the engine
                 logger.exception("KvctlConnector before-load hook failed")
 
-    def _load(self, spec: LoadSpec, group, meta_group=None) -> LoadOutcome:
-        """Agreed-prefix load of one request's hit into the paged cache (collective over ``group``)."""
+    def _load(self, spec: LoadSpec, group, meta_group=None, deadline: float | None = None,
+              queued: float | None = None) -> LoadOutcome:
+        """Agreed-prefix load of one request's hit into the paged cache (collective over ``group``).
+
+        ``deadline`` (monotonic): no GET starts after it, on this rank; the ranks then agree on the chunks every
+        one of them staged (a rank past it stages fewer, the exchange still runs: no collective is skipped).
+        """
         self._before_load(spec)
+        waited = time.perf_counter() - queued if queued is not None else 0.0
         # agreed: the same on every rank; prefix: chunks written into this rank's cache
         out = self.datapath.load(spec.token_ids, spec.block_ids, spec.first_chunk, spec.end_chunk, spec.skip_tokens,
-                                 group=group, extra=spec.key_extra, meta_group=meta_group)
-        return self._settle(spec, out)
+                                 group=group, extra=spec.key_extra, meta_group=meta_group, deadline=deadline)
+        given_up = deadline is not None and out.agreed < spec.end_chunk - spec.first_chunk and time.monotonic() >= deadline
+        if given_up and self.rank == 0:
+            self.stats.add(M.LOAD_DECISIONS, 1, GIVEN_UP, DEADLINE)
+        return self._settle(spec, out, given_up=given_up, waited_s=waited)
 
-    def _settle(self, spec: LoadSpec, out: LoadOutcome) -> LoadOutcome:
+    def _settle(self, spec: LoadSpec, out: LoadOutcome, given_up: bool = False, waited_s: float = 0.0,
+                layered: bool = False) -> LoadOutcome:
         """A finished load's bookkeeping: counters, the agreed end for the save, failed blocks; re-raise an interrupt."""
         planned = spec.end_chunk - spec.first_chunk
         agreed, prefix, interrupted = out.agreed, out.written, out.interrupted
-        self._count_load(spec, out)
+        self._insert_events = count_load(self.stats, self.trace, self.rank, self.chunk_tokens, spec, out,
+                                         self._insert_events, given_up=given_up, waited_s=waited_s, layered=layered)
         # the agreed chunks are in the tier whatever this rank could write: every rank keeps the same
         # mark, so the request's next save runs its collectives on every rank or on none
         self._loaded_end[spec.req_id] = spec.first_chunk + agreed
         loaded_end = spec.first_chunk + prefix
         if prefix < planned:
-            logger.warning("KvctlConnector rank %d: load of %s: %d of %d chunk(s) agreed, %d written: the rest is "
-                           "recomputed", self.rank, spec.req_id, agreed, planned, prefix)
+            logger.log(logging.INFO if given_up else logging.WARNING,
+                       "KvctlConnector rank %d: load of %s: %d of %d chunk(s) agreed, %d written%s: the rest is "
+                       "recomputed", self.rank, spec.req_id, agreed, planned, prefix,
+                       f" (given up at its deadline, {spec.budget_s:.3g} s)" if given_up else "")
             bad = self._spec_blocks(spec, loaded_end)
             with self._lock:
                 self._load_errors |= bad
-            if self.rank == 0:
+            if self.rank == 0 and not given_up:  # a give-up is counted as a decision (kvctl:load_decisions), not an error
                 self.stats.add("kvctl:agreed_prefix_shortfall_chunks", planned - prefix)
                 self.stats.add("kvctl:load_errors", 1)
         if interrupted is not None:
             raise interrupted
         return out
-
-    def _count_load(self, spec: LoadSpec, out: LoadOutcome) -> None:
-        """One load's phases into the kvctl:load_* counters and the trace."""
-        t = out.timing
-        if t is None:
-            return
-        for name, value in ((M.LOADS, 1), (M.LOAD_SECONDS, t.total_s), (M.LOAD_GET_SECONDS, t.get_s),
-                            (M.LOAD_COPY_SECONDS, t.copy_tail_s), (M.LOAD_EXCHANGE_SECONDS, t.exchange_s),
-                            (M.LOAD_INSERT_SECONDS, t.insert_s)):
-            self.stats.add(name, value)
-        if self.trace.on:
-            self.trace.event("load", req=spec.req_id, rank=self.rank, planned=spec.end_chunk - spec.first_chunk,
-                             agreed=out.agreed, written=out.written, bytes=t.get_bytes, total_s=t.total_s,
-                             get_s=t.get_s, copy_tail_s=t.copy_tail_s, exchange_s=t.exchange_s, insert_s=t.insert_s,
-                             asynchronous=spec.is_async)
-            if t.insert_events is not None:
-                self._insert_events.append((*t.insert_events, spec.req_id))
-
-    def _trace_inserts(self) -> None:
-        """The device time of inserts that have run (trace only; no sync: unfinished ones wait)."""
-        left = []
-        for start, end, rid in self._insert_events:
-            if end.query():
-                self.trace.event("insert_gpu", req=rid, rank=self.rank, s=start.elapsed_time(end) / 1e3)
-            else:
-                left.append((start, end, rid))
-        self._insert_events = left[-256:]
 
     # -- layer-by-layer sync loads (kvctl.plugins.vllm_layered) -------------------------
     def _start_pipelined(self, spec: LoadSpec) -> None:
@@ -385,7 +385,7 @@ class WorkerSide:
             self.trace.event("load_layered", req=spec.req_id, rank=self.rank, groups=len(pipe.units),
                              wait_s=pipe.state.wait_s, late_groups=pipe.state.late_groups)
             try:
-                self._settle(spec, out)
+                self._settle(spec, out, layered=True)
             except BaseException as exc:  # noqa: BLE001 - an interrupt a group caught: the other loads settle first
                 self._mark_unloaded(spec)
                 interrupted = interrupted or exc
@@ -413,6 +413,7 @@ class WorkerSide:
         return  # the whole prompt is saved in wait_for_save, once its prefill is done
 
     def wait_for_save(self) -> None:
+        self._steps.end()  # the step's forward is queued (CUDA) or done (CPU)
         self._finish_pipes()  # where the runner called no finish_forward
         if not self.has_connector_metadata():
             return
@@ -430,6 +431,9 @@ class WorkerSide:
         # copied out on this thread, before vLLM can reuse the blocks (GQA: a collective on every rank);
         # written to the tier in the background
         batch = self.datapath.extract(spec.token_ids, spec.block_ids, first, extra=spec.key_extra)
+        if batch is not None and self.trace.on and self.rank == 0 and first == 0:  # chunk 0 is rank 0's (kvctl explain)
+            self.trace.event("save_queued", req=spec.req_id, chunks=n_full,
+                             **chunk0_tags(spec.token_ids, self.chunk_tokens, self.model_name, self.fmt, spec.key_extra))
         if batch is not None and not self._saver.submit(batch):
             self.stats.add(M.SAVES_ABANDONED, 1)  # shutting down: no more saves
 
@@ -442,8 +446,10 @@ class WorkerSide:
                 logger.warning("KvctlConnector rank %d: store failed: %s", self.rank, res.l2_error)
             else:
                 self.stats.add(M.CHUNKS_STORED, res.l2_chunks)
+            tags = chunk0_tags(batch.token_ids, self.chunk_tokens, self.model_name, self.fmt, batch.extra) \
+                if self.trace.on and self.rank == 0 and batch.first == 0 else {}
             self.trace.event("save", rank=self.rank, chunks=res.l2_chunks, s=time.perf_counter() - t0,
-                             error=res.l2_error)
+                             error=res.l2_error, **tags)
         except Exception:  # noqa: BLE001 - a failed save is a future miss, never an engine error
             self.stats.add(M.SAVE_ERRORS, 1)
             logger.exception("KvctlConnector: store failed")
@@ -451,7 +457,7 @@ class WorkerSide:
     def _worker_stats(self) -> None:
         """This step's worker counters into ``stats`` (the facade's ``get_kv_connector_stats`` takes them)."""
         if self._insert_events:
-            self._trace_inserts()
+            self._insert_events = trace_inserts(self._insert_events, self.trace, self.rank)
         if self.store is not None:
             pending = self._saver.pending
             if pending or self._pending_reported:
@@ -460,7 +466,11 @@ class WorkerSide:
             b, s = self.store.l2_get_bytes, self.store.l2_get_seconds
             self.stats.add("kvctl:l2_get_bytes", b - self._get_seen[0])
             self.stats.add("kvctl:l2_get_seconds", s - self._get_seen[1])
+            # and this rank's own: the bandwidth of its instances, for the load-or-recompute decision
+            self.stats.add(M.RANK_GET_BYTES, b - self._get_seen[0], self.rank)
+            self.stats.add(M.RANK_GET_SECONDS, s - self._get_seen[1], self.rank)
             self._get_seen = (b, s)
+        self._steps.collect(self.stats, self.trace)
 
     def _shutdown_worker(self) -> None:
         if self._async_q is not None:

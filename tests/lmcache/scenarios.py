@@ -188,6 +188,29 @@ def plugin_dead_server(args: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def plugin_decision(args: dict[str, Any]) -> dict[str, Any]:
+    """Load or recompute in the plugin (issue 46 item 5): what its contains answers report, before and after its
+    GETs measured the tier, through LMCache's own RemoteBackend."""
+    cfg, md, local, loop, remote = _lmcache_objects(args["config"], 0, 1, False, 16, "kvctl")
+    conn = remote.connection.getWrappedConnector()
+    keys = [_key(md, h) for h in (201, 202, 203, 204)]
+    objs = [_filled(local, conn, 1.0) for _ in keys]
+    _run(loop, conn.batched_put(keys, objs))
+    for o in objs:
+        o.ref_count_down()
+    out: dict[str, Any] = {"before": remote.batched_contains(keys),
+                           "async_before": _run(loop, conn.batched_async_contains("d1", keys))}
+    got = _run(loop, conn.batched_get(keys))  # LMCache's load of the hit: the plugin times it
+    for o in got:
+        if o is not None:
+            o.ref_count_down()
+    out["after"] = remote.batched_contains(keys)
+    out["async_after"] = _run(loop, conn.batched_async_contains("d2", keys))
+    out["decisions"] = {f"{d}/{r}": n for (d, r), n in conn.decisions.items()}
+    _run(loop, conn.close())
+    return out
+
+
 def native_resp_get_missing(args: dict[str, Any]) -> dict[str, Any]:
     """LMCache's own ``resp://`` client: GET of a stored key, then of a missing one (prints progress as it goes)."""
     cfg, md, local, loop, remote = _lmcache_objects({"remote_url": args["url"], "remote_serde": "naive"}, 0, 1, False, 16, None)
@@ -302,7 +325,8 @@ def _emit(kind: str, payload: dict) -> None:
     print(f"{kind.upper()} {json.dumps(payload)}", flush=True)
 
 
-SCENARIOS = {f.__name__: f for f in (plugin_roundtrip, plugin_dead_server, native_resp_get_missing, validate_config_file,
+SCENARIOS = {f.__name__: f for f in (plugin_roundtrip, plugin_dead_server, plugin_decision, native_resp_get_missing,
+                                     validate_config_file,
                                      cpu_connector_layouts, chunk_key_names, shard_key_coverage, shard_prepare)}
 
 

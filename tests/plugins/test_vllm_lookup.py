@@ -11,7 +11,6 @@ import pytest
 from kvctl.connector.ownership import chunk_keys
 from kvctl.connector.resp import RespClient
 from kvctl.connector.lookup import TierLookup, loadable_chunks
-from kvctl.connector.policy import PolicyState
 
 CT = 4
 MODEL, FMT = "m", "f"
@@ -83,29 +82,6 @@ def test_stopped_instance_is_a_bounded_miss(two):
         os.kill(servers[1].pid, signal.SIGCONT)
     assert r.failed_ranks == (1,) and r.hit_chunks == 0
     assert elapsed < 1.0 * 1.5 + 0.5  # timeout_s 1.0, the wait is capped at 1.5 x
-
-
-def test_policy_vetoes_slow_loads_and_reprobes_instead_of_locking_out():
-    now = [0.0]
-    # s = 1000 B/token, R = 1000 tok/s -> B* = 1e6 B/s = 0.001 GB/s
-    p = PolicyState(bytes_per_token=1000, prefill_tokens_per_s=1000, t0_s=0.0, reprobe_after_s=10, clock=lambda: now[0])
-    assert p.allow(500)  # nothing measured yet: load
-    p.observe(get_bytes=1e5, get_seconds=1.0)  # 0.0001 GB/s < B*: a load of 500 tokens takes 5 s vs 0.5 s
-    assert not p.allow(500)
-    now[0] = 9.9
-    assert not p.allow(500) and p.vetoes == 2
-    now[0] = 10.0
-    assert p.allow(500) and p.probes == 1  # one re-probe after 10 s without a measurement
-    assert not p.allow(500)  # and only one per period
-    p.observe(get_bytes=1e7, get_seconds=1.0)  # the probe measured 0.01 GB/s; EWMA (1e-4 + 1e-2)/2 > B*
-    assert p.allow(500)
-
-
-def test_fixed_bandwidth_policy_never_reprobes():
-    now = [0.0]
-    p = PolicyState(1000, 1000, bandwidth_gbps=0.0001, reprobe_after_s=1, clock=lambda: now[0])
-    now[0] = 100.0
-    assert not p.allow(500) and p.probes == 0
 
 
 def test_a_failed_instance_is_skipped_for_a_while_then_asked_again(valkey_factory):

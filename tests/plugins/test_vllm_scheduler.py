@@ -116,7 +116,11 @@ def test_alloc_plans_an_offset_load_and_prefill_completion_plans_the_save(tier):
     stats = conn.get_kv_connector_stats().data
     # 10 tokens = 2 chunks of the 3 past chunk 0; one lookup of the tier, timed
     lookup_s = stats.pop("kvctl:lookup_seconds")
-    assert stats == {"kvctl:chunks_hit": 2, "kvctl:chunks_missed": 1, "kvctl:remote_hit_tokens": 10, "kvctl:lookups": 1}
+    # and the decision: nothing measured yet, so the hit loads (issue 46: no veto on no data)
+    from kvctl.connector.metric_names import LOAD_DECISIONS, labelled
+
+    assert stats == {"kvctl:chunks_hit": 2, "kvctl:chunks_missed": 1, "kvctl:remote_hit_tokens": 10, "kvctl:lookups": 1,
+                     labelled(LOAD_DECISIONS, "load", "no_data"): 1}
     assert 0 < lookup_s < 5
     assert conn.build_connector_meta(sched_out()).loads == []  # planned once
     conn.shutdown()
@@ -186,5 +190,6 @@ def test_load_policy_vetoes_on_the_engine_wide_estimate_and_reprobes(tier):
     assert conn.get_num_new_matched_tokens(req("r"), 0) == (0, False)
     time.sleep(0.6)
     assert conn.get_num_new_matched_tokens(req("r"), 0) == (16, False)  # re-probe: not locked out
-    assert conn.get_num_new_matched_tokens(req("r"), 0) == (0, False)
+    assert conn.get_num_new_matched_tokens(req("r"), 0) == (16, False)  # asked again before it is scheduled: the same
+    assert conn.get_num_new_matched_tokens(req("r2"), 0) == (0, False)  # one probe per period
     conn.shutdown()

@@ -1,0 +1,206 @@
+"""KvctlConnector's load-or-recompute decision on the scheduler side (see :mod:`kvctl.plugins.vllm`).
+
+The scheduler is one process and its LoadSpecs go to every rank: every rank loads what it planned, so the
+ranks agree by construction. For each hit it predicts (:func:`kvctl.connector.policy.decide`):
+
+* load: T0 × (loads queued + 1) + max over ranks (bytes queued on the rank's instances + its share) / the
+  rank's bandwidth. The queue is what this side planned and has not seen finished: an async or "receive"
+  load until vLLM reports it received, a load in a step until that step's output.
+* recompute: (the hit's tokens + the prefill work it would wait behind) / R. That work, for an async load,
+  is what this side can see: the prompt tokens still to compute of requests it has scheduled, and of those
+  it looked up earlier and has not seen scheduled. A sync load stops the engine for every request, so it is
+  judged against its own tokens only.
+* an async load's budget: its predicted recompute time; the worker gives up what it has not fetched by then
+  (:class:`~kvctl.plugins.vllm_meta.LoadSpec` ``budget_s``). A sync load has none: it blocks the step, and a
+  slow tier is what the decision itself turns away.
+
+What it cannot see: requests vLLM has not asked about yet (behind the token budget), decode work beyond
+what the step fit folds into R, other engines reading the same instances (their load shows only as a
+lower measured bandwidth), and LMCache's or vLLM's own caches.
+
+The estimates come from the workers' stats (:class:`~kvctl.connector.policy.Calibration`); each decision
+is counted (``kvctl:load_decisions{decision,reason}``) and, with ``KVCTL_CONNECTOR_TRACE``, traced with
+its predictions, for ``kvctl explain``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Sequence
+
+from kvctl.connector import metric_names as M
+from kvctl.connector.ownership import KeyExtra, chunk_keys
+from kvctl.connector.policy import (LOAD, OFF, PROBE, RECOMPUTE, TIER_QUEUE, Calibration, Decision, Estimates, HitShape,
+                                    TierQueue, as_probe, decide)
+from kvctl.connector.settings import LoadPolicySettings
+
+__all__ = ["SchedulerPolicy", "chunk0_tags"]
+
+
+def chunk0_tags(tokens: Sequence[int], chunk_tokens: int, model: str, fmt: str, extra: KeyExtra | None) -> dict:
+    """Short tags of a prompt's first chunk for the trace: ``key0`` its key (tokens, model, format, salt, LoRA),
+    ``tok0`` its tokens alone; equal tokens under another key is a key format or salt mismatch (kvctl explain)."""
+    if len(tokens) < chunk_tokens:
+        return {}
+    first = list(tokens[:chunk_tokens])
+    key = chunk_keys(first, chunk_tokens, model, fmt, extra)[0]
+    raw = b"".join(int(t).to_bytes(8, "little", signed=True) for t in first)
+    return {"key0": hashlib.blake2b(key.encode(), digest_size=8).hexdigest(),
+            "tok0": hashlib.blake2b(raw, digest_size=8).hexdigest()}
+
+
+@dataclass
+class _Planned:
+    rank_bytes: tuple[int, ...]
+    since: float
+    until_received: bool  # async or "receive": queued until vLLM reports it received; else until the step's output
+    shipped: bool = False
+
+
+@dataclass
+class _Judged:
+    decision: Decision
+    est: Estimates
+    queue: TierQueue
+    engine_tokens: float
+
+
+class SchedulerPolicy:
+    """The decision, its estimates and the two queues, for one scheduler side.
+
+    ``settings`` None: the decision is off (every hit loads, counted with reason ``off``); the estimates are
+    still measured, so the records say what it would have predicted.
+    """
+
+    def __init__(self, settings: LoadPolicySettings | None, *, world: int, chunk_tokens: int, chunk_bytes: int,
+                 async_loading: bool, timeout_s: float, stats: Any, trace: Any, clock: Callable[[], float] = time.monotonic):
+        s = settings or LoadPolicySettings()
+        self.on = settings is not None
+        self.cal = Calibration(world, prefill_tokens_per_s=s.prefill_tokens_per_s, t0_s=s.t0_s,
+                               tier_gbps=s.bandwidth_gbps, reprobe_after_s=s.reprobe_after_s, clock=clock)
+        self.world, self.ct, self.cb = world, chunk_tokens, chunk_bytes
+        self.async_loading, self.timeout_s = async_loading, timeout_s
+        self.stats, self.trace, self.clock = stats, trace, clock
+        self._planned: dict[str, _Planned] = {}
+        self._waiting: dict[str, int] = {}  # request -> its prompt tokens to compute, in the order first asked
+        self._judged: dict[str, _Judged] = {}
+
+    # -- the decision ------------------------------------------------------------------------------------
+    def queue(self) -> TierQueue:
+        """What is queued on the tier now (loads planned and not seen finished; stale ones dropped)."""
+        now = self.clock()
+        stale = [rid for rid, p in self._planned.items() if now - p.since > self._stale_s()]
+        for rid in stale:
+            del self._planned[rid]
+        per = [0] * self.world
+        for p in self._planned.values():
+            for r, b in enumerate(p.rank_bytes):
+                per[r] += b
+        return TierQueue(tuple(per), len(self._planned))
+
+    def _stale_s(self) -> float:
+        # a load ends within its budget plus one GET after it starts; a finish that never came is forgotten
+        return self.cal.reprobe_after_s + 4 * self.timeout_s
+
+    def engine_tokens(self, rid: str, running_left: int) -> int:
+        """Prefill tokens the request would wait behind: the scheduled prompts' rest, and earlier waiting requests'."""
+        ahead = 0
+        for other, left in self._waiting.items():
+            if other == rid:
+                break
+            ahead += left
+        return running_left + ahead
+
+    def waiting(self, rid: str, tokens: int) -> None:
+        """A request looked up and not scheduled yet will compute ``tokens`` prompt tokens (its place: first asked)."""
+        self._waiting[rid] = max(0, tokens)
+
+    def judge(self, rid: str, prompt_len: int, local: int, hit_end_chunk: int, running_left: int) -> Decision:
+        """The decision for a request's hit (chunks up to ``hit_end_chunk``; ``local`` tokens already computed)."""
+        shape = HitShape(local // self.ct, hit_end_chunk, local, self.ct, self.cb, self.world)
+        queue = self.queue()
+        engine = self.engine_tokens(rid, running_left) if self.async_loading else 0
+        est = self.cal.estimates()
+        d = decide(shape, est, queue, engine)
+        before = self._judged.get(rid)
+        if not self.on:
+            d = Decision(d.found, d.found, LOAD, OFF, d.load_s, d.recompute_s, None) if d.found else d
+        elif d.decision == RECOMPUTE and d.found and d.reason != TIER_QUEUE:
+            if before is not None and before.decision.reason == PROBE:
+                d = before.decision  # asked again before it was scheduled: the same probe
+            elif self.cal.probe_due():
+                d = as_probe(d)
+        if not self.async_loading and d.budget_s is not None:
+            d = replace(d, budget_s=None)  # a sync load blocks the step: it is judged, never cut short
+        self._judged[rid] = _Judged(d, est, queue, engine)
+        self.waiting(rid, prompt_len - local - d.tokens)
+        return d
+
+    # -- what became of it ----------------------------------------------------------------------------------
+    def scheduled(self, rid: str, first_chunk: int, end_chunk: int, tokens: int, until_received: bool,
+                  count: bool) -> Decision | None:
+        """The request was allocated with ``tokens`` external tokens (chunks ``first_chunk..end_chunk-1``): its
+        load joins the queue, its decision is counted (``count``: not a resumed preemption) and traced."""
+        self._waiting.pop(rid, None)
+        judged = self._judged.pop(rid, None)
+        if tokens > 0:
+            per = [0] * self.world
+            for c in range(first_chunk, end_chunk):
+                per[c % self.world] += self.cb
+            self._planned[rid] = _Planned(tuple(per), self.clock(), until_received)
+        if judged is None or not judged.decision.found:
+            return None
+        d = judged.decision
+        if count:
+            self.stats.add(M.LOAD_DECISIONS, 1, d.decision, d.reason)
+        if self.trace.on:
+            self.trace.event("decision", req=rid, found=d.found, tokens=tokens, decision=d.decision, reason=d.reason,
+                             predicted_load_s=d.load_s, predicted_recompute_s=d.recompute_s, budget_s=d.budget_s,
+                             prefill_tokens_per_s=judged.est.prefill_tokens_per_s, t0_s=judged.est.t0_s,
+                             tier_gbps=judged.est.tier_gbps, queued_bytes=max(judged.queue.rank_bytes, default=0),
+                             loads_ahead=judged.queue.loads, engine_tokens=judged.engine_tokens,
+                             asynchronous=self.async_loading)
+        return d
+
+    def shipped(self, rid: str) -> None:
+        """The request's load went to the workers in this step's metadata."""
+        p = self._planned.get(rid)
+        if p is not None:
+            p.shipped = True
+
+    def forget(self, rid: str) -> None:
+        self._waiting.pop(rid, None)
+        self._judged.pop(rid, None)
+        self._planned.pop(rid, None)
+
+    def on_output(self, output: Any) -> None:
+        """A step's output: loads it finished leave the queue; the workers' stats calibrate the estimates."""
+        for rid in getattr(output, "finished_recving", None) or ():
+            self._planned.pop(rid, None)
+        for rid in [rid for rid, p in self._planned.items() if p.shipped and not p.until_received]:
+            del self._planned[rid]  # a load in a step is done once that step's output is back
+        stats = getattr(output, "kv_connector_stats", None)
+        data = getattr(stats, "data", None) if stats is not None else None
+        if data:
+            self.calibrate(data)
+
+    def calibrate(self, data: dict) -> None:
+        c = self.cal
+        c.observe_steps(data.get(M.STEPS_TIMED, 0), data.get(M.STEP_PREFILL_TOKENS, 0), data.get(M.STEP_SECONDS, 0))
+        c.observe_loads(data.get(M.TIMED_LOADS, 0), data.get(M.LOAD_FIXED_SECONDS, 0))
+        ranked = False
+        for rank in range(self.world):
+            b = data.get(M.labelled(M.RANK_GET_BYTES, rank), 0)
+            s = data.get(M.labelled(M.RANK_GET_SECONDS, rank), 0)
+            if b or s:
+                ranked = True
+                c.observe_gets(rank, b, s)
+        if not ranked:  # workers that report no rank of their own: the summed figures for every rank
+            c.observe_tier(data.get(M.L2_GET_BYTES, 0), data.get(M.L2_GET_SECONDS, 0))
+
+    @property
+    def measured_gbps(self) -> float | None:
+        """The tier's bandwidth as measured (GB/s, every rank together)."""
+        return self.cal.measured_gbps

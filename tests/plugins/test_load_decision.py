@@ -1,0 +1,182 @@
+"""The load-or-recompute decision as pure functions (issue 46 items 1-2): kvctl.connector.policy.
+
+Every number below is worked by hand in its docstring. A chunk of ``CT`` tokens is ``CB`` bytes, all of it
+on its owner rank ``c mod W``; bandwidths are per rank (bytes/s), R in tokens/s.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kvctl.connector.policy import (BELOW_BREAKEVEN, BELOW_N_STAR, LOAD, NO_DATA, PARTIAL, PROBE, RECOMPUTE, TIER_QUEUE, WINS,
+                                    Calibration, Estimates, HitShape, TierQueue, as_probe, decide, owned_in)
+
+CT, CB = 100, 100_000  # 1000 bytes a token
+
+
+def shape(chunks: int, world: int = 1, first: int = 0, skip: int = 0) -> HitShape:
+    return HitShape(first=first, end=first + chunks, skip=skip, chunk_tokens=CT, chunk_bytes=CB, world=world)
+
+
+def idle(world: int) -> TierQueue:
+    return TierQueue((0,) * world)
+
+
+def test_a_hit_that_wins_is_loaded_whole_with_its_recompute_time_as_budget():
+    """10 chunks = 1000 tokens = 1 MB at 100 MB/s: 10 ms + T0 5 ms = 15 ms; recompute 1000 / 20k = 50 ms: load."""
+    d = decide(shape(10), Estimates(20_000.0, 0.005, (1e8,)), idle(1))
+    assert (d.found, d.tokens, d.decision, d.reason) == (1000, 1000, LOAD, WINS)
+    assert d.load_s == pytest.approx(0.015) and d.recompute_s == pytest.approx(0.05) and d.budget_s == pytest.approx(0.05)
+
+
+def test_nothing_measured_loads_and_r_alone_still_bounds_the_wait():
+    """No bandwidth yet (no veto on no data); R known: the budget is the recompute time, 1000 / 20k = 50 ms."""
+    d = decide(shape(10), Estimates(20_000.0, None, (None,)), idle(1))
+    assert (d.tokens, d.decision, d.reason) == (1000, LOAD, NO_DATA) and d.budget_s == pytest.approx(0.05)
+    d = decide(shape(10), Estimates(None, None, (1e8,)), idle(1))
+    assert (d.tokens, d.reason, d.budget_s) == (1000, NO_DATA, None)
+    # W = 2: rank 1 not measured yet and the hit reads it
+    d = decide(shape(10, world=2), Estimates(20_000.0, 0.0, (1e8, None)), idle(2))
+    assert d.reason == NO_DATA
+
+
+def test_bandwidth_below_break_even_recomputes():
+    """B* = s·R = 1000 B/token × 20k tok/s = 20 MB/s; at 10 MB/s 1000 tokens load in 100 ms > 50 ms, at any length."""
+    d = decide(shape(10), Estimates(20_000.0, 0.0, (1e7,)), idle(1))
+    assert (d.tokens, d.decision, d.reason) == (0, RECOMPUTE, BELOW_BREAKEVEN)
+    assert d.load_s == pytest.approx(0.1) and d.budget_s is None
+
+
+def test_a_hit_below_n_star_recomputes():
+    """100 MB/s > B*, but T0 = 0.1 s: n* = T0 / (1/R - s/B) = 0.1 / (50 µs - 10 µs) = 2500 tokens; 1000 recompute."""
+    d = decide(shape(10), Estimates(20_000.0, 0.1, (1e8,)), idle(1))
+    assert (d.decision, d.reason) == (RECOMPUTE, BELOW_N_STAR)
+    assert decide(shape(30), Estimates(20_000.0, 0.1, (1e8,)), idle(1)).decision == LOAD  # 3000 > n*
+
+
+def test_the_tier_queue_turns_a_winning_hit_into_a_recompute():
+    """Idle: 15 ms < 50 ms. 4 MB queued ahead (40 ms) and 2 loads (T0 each): 5 + 5 + 5 + 40 + 10 = 65 ms > 50 ms."""
+    d = decide(shape(10), Estimates(20_000.0, 0.005, (1e8,)), TierQueue((4_000_000,), loads=2))
+    assert (d.tokens, d.decision, d.reason) == (0, RECOMPUTE, TIER_QUEUE)
+    assert d.load_s == pytest.approx(0.065)
+
+
+def test_the_engine_queue_lets_the_longest_winning_prefix_load():
+    """Below break-even (10 MB/s: a chunk 10 ms to load, 5 ms to recompute), with 2000 prefill tokens (100 ms)
+    already waiting: k chunks load in 10k ms, recompute in (100k + 2000) / 20k s = 5k + 100 ms; wins up to k = 20
+    of 30 (200 ms = 200 ms)."""
+    d = decide(shape(30), Estimates(20_000.0, 0.0, (1e7,)), idle(1), engine_tokens=2000)
+    assert (d.found, d.tokens, d.decision, d.reason) == (3000, 2000, PARTIAL, BELOW_BREAKEVEN)
+    assert d.load_s == pytest.approx(0.2) and d.budget_s == pytest.approx(0.2)
+
+
+def test_ranks_load_their_shares_in_parallel_and_the_slowest_decides():
+    """W = 2, 10 chunks: 5 a rank. Rank 0 at 100 MB/s: 5 ms; rank 1 at 10 MB/s: 50 ms, the load takes 50 ms;
+    recompute 1000 / 25k = 40 ms: not the whole hit. Shorter prefixes, k chunks: rank 1 holds k // 2 of them
+    (10 ms each), recompute 4 ms a chunk: k = 2: 10 > 8 ms, 3: 10 < 12, 4: 20 > 16, 5: 20 = 20, 6: 30 > 24, and
+    worse from there: the longest that wins is 5 chunks (not a leading range: every length is tried).
+    With rank 1 at 20 MB/s: 25 ms: the whole hit."""
+    d = decide(shape(10, world=2), Estimates(25_000.0, 0.0, (1e8, 1e7)), idle(2))
+    assert (d.decision, d.tokens) == (PARTIAL, 500) and d.load_s == pytest.approx(0.02)
+    d = decide(shape(10, world=2), Estimates(25_000.0, 0.0, (1e8, 2e7)), idle(2))
+    assert d.decision == LOAD and d.load_s == pytest.approx(0.025)
+
+
+def test_a_hit_at_a_chunk_offset_counts_only_what_it_loads():
+    """Chunks 3..9 (7 chunks), 350 tokens local (mid chunk 3): 1000 - 350 = 650 tokens found, 7 chunks moved."""
+    d = decide(HitShape(3, 10, 350, CT, CB, 1), Estimates(20_000.0, 0.0, (1e8,)), idle(1))
+    assert d.found == 650 and d.load_s == pytest.approx(0.007) and d.recompute_s == pytest.approx(650 / 20_000)
+
+
+def test_a_veto_becomes_a_probe():
+    d = as_probe(decide(shape(10), Estimates(20_000.0, 0.0, (1e7,)), idle(1)))
+    assert (d.tokens, d.decision, d.reason, d.budget_s) == (1000, LOAD, PROBE, pytest.approx(0.05))
+
+
+def test_owned_in_counts_a_ranks_chunks():
+    assert [owned_in(3, 10, r, 3) for r in range(3)] == [3, 2, 2]  # rank 0: 3, 6, 9; rank 1: 4, 7; rank 2: 5, 8
+    assert sum(owned_in(5, 17, r, 4) for r in range(4)) == 12
+
+
+def brute(sh: HitShape, est: Estimates, q: TierQueue, engine: float) -> int:
+    """The longest winning prefix, every length tried with the formula itself."""
+    r, t0 = est.prefill_tokens_per_s, est.t0_s or 0.0
+    best = 0
+    for k in range(1, sh.end - sh.first + 1):
+        load = t0 * (q.loads + 1) + max((qq + b) / bw if qq + b else 0.0
+                                        for qq, b, bw in zip(q.rank_bytes, sh.rank_bytes(k), est.rank_bps))
+        if load <= (sh.tokens(k) + engine) / r:
+            best = k
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(world=st.integers(1, 4), first=st.integers(0, 5), chunks=st.integers(1, 40), skip_in=st.integers(0, CT - 1),
+       r=st.floats(1e3, 1e6), t0=st.floats(0.0, 0.5), bws=st.lists(st.floats(1e5, 1e10), min_size=4, max_size=4),
+       queued=st.lists(st.integers(0, 10**7), min_size=4, max_size=4), loads=st.integers(0, 5),
+       engine=st.floats(0.0, 1e5))
+def test_the_decision_is_the_longest_prefix_that_wins(world, first, chunks, skip_in, r, t0, bws, queued, loads, engine):
+    """Whatever the inputs: the loaded length is the longest whole-chunk prefix whose predicted load is no slower
+    than its recompute (every length tried), a whole hit says LOAD, a shorter one PARTIAL, none RECOMPUTE."""
+    sh = HitShape(first, first + chunks, first * CT + (skip_in if first else 0), CT, CB, world)
+    est = Estimates(r, t0, tuple(bws[:world]))
+    q = TierQueue(tuple(queued[:world]), loads)
+    d = decide(sh, est, q, engine)
+    k = brute(sh, est, q, engine)
+    assert d.found == sh.tokens(chunks)
+    assert d.tokens == (sh.tokens(k) if k else 0)
+    assert d.decision == (LOAD if k == chunks else PARTIAL if k else RECOMPUTE)
+    if d.tokens:
+        assert d.load_s <= d.recompute_s + 1e-12 and d.budget_s == d.recompute_s
+    else:
+        assert d.reason in (TIER_QUEUE, BELOW_BREAKEVEN, BELOW_N_STAR)
+
+
+def test_calibration_fits_r_past_a_fixed_step_cost():
+    """Steps cost 20 ms each plus 50 µs a prefill token (R = 20k): 1000 tokens in 70 ms, 4000 in 220 ms.
+    tokens/seconds alone would say 14.3k (the fixed cost counted as prefill); the fit finds 20k."""
+    c = Calibration(1)
+    assert c.estimates().prefill_tokens_per_s is None
+    c.observe_steps(1, 1000, 0.07)
+    assert c.estimates().prefill_tokens_per_s == pytest.approx(1000 / 0.07)  # one size seen: tokens/seconds
+    for _ in range(3):
+        c.observe_steps(1, 4000, 0.22)
+        c.observe_steps(2, 2000, 0.14)  # two steps of 1000 in one interval
+    assert c.estimates().prefill_tokens_per_s == pytest.approx(20_000, rel=1e-6)
+
+
+def test_calibration_t0_and_per_rank_bandwidth_and_the_config_overrides():
+    """T0: per load, its time besides GETs (2 loads, 30 ms: 15 ms). Bandwidth per rank from its own GETs."""
+    c = Calibration(2)
+    c.observe_loads(2, 0.03)
+    c.observe_gets(0, 1e6, 0.01)  # 100 MB/s
+    est = c.estimates()
+    assert est.t0_s == pytest.approx(0.015) and est.rank_bps == (pytest.approx(1e8), None) and est.tier_gbps is None
+    c.observe_gets(1, 2e6, 0.01)
+    assert c.measured_gbps == pytest.approx(0.3)  # 100 + 200 MB/s
+    fixed = Calibration(2, prefill_tokens_per_s=5000.0, t0_s=0.2, tier_gbps=1.0)
+    fixed.observe_steps(1, 1000, 1.0)
+    fixed.observe_loads(1, 9.0)
+    fixed.observe_gets(0, 1.0, 1.0)
+    assert fixed.estimates() == Estimates(5000.0, 0.2, (5e8, 5e8))
+
+
+def test_a_veto_is_reprobed_once_per_period_and_never_with_a_configured_bandwidth():
+    """After reprobe_after_s without a bandwidth measurement one load goes through (a veto cannot lock the tier
+    out: no load, no new measurement); a measurement restarts the period."""
+    now = [0.0]
+    c = Calibration(1, reprobe_after_s=10.0, clock=lambda: now[0])
+    c.observe_gets(0, 1e5, 1.0)
+    now[0] = 9.9
+    assert not c.probe_due()
+    now[0] = 10.0
+    assert c.probe_due() and c.probes == 1
+    assert not c.probe_due()  # one per period
+    now[0] = 15.0
+    c.observe_gets(0, 1e5, 1.0)
+    now[0] = 24.9
+    assert not c.probe_due()
+    fixed = Calibration(1, tier_gbps=0.0001, reprobe_after_s=1.0, clock=lambda: now[0])
+    now[0] = 1000.0
+    assert not fixed.probe_due() and fixed.probes == 0

@@ -1,0 +1,194 @@
+"""The queue-aware decision in KvctlConnector's scheduler side (issue 46 items 1-3), on two real Valkey instances.
+
+The scheduler set-up of tests/plugins/scheduler_helpers.py: W = 2, MLA, a 4-token chunk is 192 B (2 layers × 6 ×
+float32), all of it on its owner; 17-token prompts hit 4 chunks (16 tokens), 2 on each rank. vLLM's records are
+SimpleNamespaces; the tier, the lookups, the decision and the connector are real.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from kvctl.connector import metric_names as M  # noqa: E402
+from tests.plugins.scheduler_helpers import TOKENS, req, sched_out, scheduler, store_all  # noqa: E402
+
+pytestmark = pytest.mark.engine
+
+
+def rank_gets(bps: float, seconds: float = 1.0) -> dict:
+    """The workers' per-rank GET figures of one interval: both ranks at ``bps`` bytes/s."""
+    return {M.labelled(M.RANK_GET_BYTES, r): bps * seconds for r in range(2)} | \
+        {M.labelled(M.RANK_GET_SECONDS, r): seconds for r in range(2)}
+
+
+def output(data=None, finished=()):
+    from kvctl.plugins.vllm_stats import KvctlConnectorStats
+
+    return SimpleNamespace(kv_connector_stats=KvctlConnectorStats(data=dict(data or {})) if data else None,
+                           finished_recving=set(finished))
+
+
+def blocks(n=9):
+    return SimpleNamespace(get_block_ids=lambda: (list(range(n)),))
+
+
+def events(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture
+def tier(valkey_factory):
+    return [valkey_factory(), valkey_factory()]
+
+
+def test_a_load_queued_ahead_turns_the_next_hit_into_a_recompute_until_it_is_done(tier, tmp_path, monkeypatch):
+    """R = 1000 tok/s (given), T0 0; each rank measured at 40 kB/s. A hit moves 2 chunks a rank, 384 B: 9.6 ms idle
+    against 16 ms of recompute: load. With that load planned, the next hit waits behind it on both ranks:
+    (384 + 384) / 40k = 19.2 ms > 16 ms: recompute (tier queue). Once the step that loads it is back, the queue is
+    empty and the next hit loads again. Counted by decision and reason, and traced with the predictions."""
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("KVCTL_CONNECTOR_TRACE", str(trace))
+    conn = scheduler([s.url for s in tier], load_policy={"prefill_tokens_per_s": 1000, "t0_s": 0.0})
+    try:
+        store_all(tier, conn.fmt)
+        conn.update_connector_output(output(rank_gets(40_000)))
+        assert conn.get_num_new_matched_tokens(req("a"), 0) == (16, False)
+        conn.update_state_after_alloc(req("a"), blocks(), 16)
+        assert conn.get_num_new_matched_tokens(req("b"), 0) == (0, False)  # queued behind a
+        conn.update_state_after_alloc(req("b"), blocks(), 0)
+        meta = conn.build_connector_meta(sched_out())
+        (spec,) = meta.loads
+        assert spec.req_id == "a" and spec.budget_s is None  # a sync load is judged, never cut short
+        assert conn.get_num_new_matched_tokens(req("c"), 0) == (0, False)  # a's step is not back yet
+        conn.update_connector_output(output())  # a's step is done
+        assert conn.get_num_new_matched_tokens(req("c"), 0) == (16, False)
+        conn.update_state_after_alloc(req("c"), blocks(), 16)
+        data = conn.get_kv_connector_stats().data
+        assert data[M.labelled(M.LOAD_DECISIONS, "load", "wins")] == 2
+        assert data[M.labelled(M.LOAD_DECISIONS, "recompute", "tier_queue")] == 1
+    finally:
+        conn.shutdown()
+        conn.trace.close()
+    decisions = {e["req"]: e for e in events(trace) if e["ev"] == "decision"}
+    assert decisions["a"]["predicted_load_s"] == pytest.approx(0.0096) and decisions["a"]["tokens"] == 16
+    assert decisions["b"]["reason"] == "tier_queue" and decisions["b"]["predicted_load_s"] == pytest.approx(0.0192)
+    assert decisions["b"]["loads_ahead"] == 1 and decisions["b"]["queued_bytes"] == 384
+    assert decisions["b"]["tier_gbps"] == pytest.approx(80e3 / 1e9)
+    lookups = [e for e in events(trace) if e["ev"] == "lookup"]
+    assert lookups and all(len(e["key0"]) == 16 and len(e["tok0"]) == 16 for e in lookups)
+    # kvctl explain reads the trace this scheduler side wrote
+    from kvctl.ops.explain import LOADED, POLICY, explain
+
+    stories = {st.req: st for st in explain(trace).requests}
+    assert stories["b"].cause == POLICY and "queue" in stories["b"].detail and stories["b"].found_tokens == 16
+    assert stories["a"].cause == stories["c"].cause == LOADED and stories["a"].loaded_tokens == 16
+
+
+def wait_answer(conn, r, local=0, timeout_s=10.0):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        answer = conn.get_num_new_matched_tokens(r, local)
+        if answer[0] is not None:
+            return answer
+        time.sleep(0.01)
+    raise AssertionError("no answer")
+
+
+def test_an_async_hit_below_break_even_loads_the_prefix_the_engine_queue_hides(tier):
+    """Each rank at 10 kB/s: a chunk takes 19.2 ms to load, 4 ms to recompute (below break-even), so a hit alone is
+    recomputed. With 12 prompt tokens still to compute in the engine (a scheduled 20-token prompt, 8 done), an async
+    load waits for them anyway: 2 chunks (one a rank, 19.2 ms) against (8 + 12) / 1000 = 20 ms wins, 3 chunks
+    (38.4 ms against 24 ms) does not: 8 of the 16 tokens load."""
+    conn = scheduler([s.url for s in tier], async_loading=True,
+                     load_policy={"prefill_tokens_per_s": 1000, "t0_s": 0.0})
+    try:
+        store_all(tier, conn.fmt)
+        conn.update_connector_output(output(rank_gets(10_000)))
+        assert wait_answer(conn, req("alone")) == (0, False)
+        conn.update_state_after_alloc(req("alone"), blocks(), 0)
+        other = list(range(900, 920))
+        conn.update_state_after_alloc(req("p", other), blocks(10), 0)
+        conn.build_connector_meta(sched_out(new=[("p", other, list(range(10)), 0)], scheduled={"p": 8}))
+        assert wait_answer(conn, req("r")) == (8, True)
+        conn.update_state_after_alloc(req("r"), blocks(), 8)
+        meta = conn.build_connector_meta(sched_out())
+        (spec,) = meta.loads
+        assert (spec.first_chunk, spec.end_chunk, spec.is_async) == (0, 2, True)
+        assert spec.budget_s == pytest.approx(0.02)
+        data = conn.get_kv_connector_stats().data
+        assert data[M.labelled(M.LOAD_DECISIONS, "recompute", "below_breakeven")] == 1
+        assert data[M.labelled(M.LOAD_DECISIONS, "partial", "below_breakeven")] == 1
+        # the async load stays queued until vLLM reports it received
+        assert conn.policy.queue().loads == 1
+        conn.update_connector_output(output(finished={"r"}))
+        assert conn.policy.queue().loads == 0
+    finally:
+        conn.shutdown()
+
+
+def test_the_prefill_rate_comes_from_the_steps_the_workers_time(tier):
+    """Metadata carries each step's prompt tokens (what the workers time); the workers' step figures give R:
+    1000 tokens in 0.05 s, then 3000 in 0.15 s: 20k tokens/s. Before any: no veto (no data)."""
+    conn = scheduler([s.url for s in tier])
+    try:
+        m1 = conn.build_connector_meta(sched_out(new=[("p", TOKENS, [1, 2, 3, 4], 0)], scheduled={"p": 8}))
+        m2 = conn.build_connector_meta(sched_out(cached=[("p", [5, 6, 7, 8, 9], 8, False)], scheduled={"p": 9}))
+        m3 = conn.build_connector_meta(sched_out(cached=[("p", None, 17, False)], scheduled={"p": 1}))  # a decode
+        assert [(m.step, m.prefill_tokens) for m in (m1, m2, m3)] == [(1, 8), (2, 9), (3, 0)]
+        assert conn.policy.cal.estimates().prefill_tokens_per_s is None
+        conn.update_connector_output(output({M.STEPS_TIMED: 1, M.STEP_PREFILL_TOKENS: 1000, M.STEP_SECONDS: 0.05}))
+        conn.update_connector_output(output({M.STEPS_TIMED: 1, M.STEP_PREFILL_TOKENS: 3000, M.STEP_SECONDS: 0.15}))
+        assert conn.policy.cal.estimates().prefill_tokens_per_s == pytest.approx(20_000)
+        conn.update_connector_output(output({M.TIMED_LOADS: 2, M.LOAD_FIXED_SECONDS: 0.01}))
+        assert conn.policy.cal.estimates().t0_s == pytest.approx(0.005)
+    finally:
+        conn.shutdown()
+
+
+def test_load_policy_false_loads_every_hit_and_counts_it_off(tier):
+    conn = scheduler([s.url for s in tier], load_policy=False)
+    try:
+        store_all(tier, conn.fmt)
+        conn.update_connector_output(output(rank_gets(100) | {M.STEPS_TIMED: 1, M.STEP_PREFILL_TOKENS: 1e6,
+                                                              M.STEP_SECONDS: 1.0}))
+        assert conn.get_num_new_matched_tokens(req("r"), 0) == (16, False)  # 100 B/s would be a veto
+        conn.update_state_after_alloc(req("r"), blocks(), 16)
+        assert conn.get_kv_connector_stats().data[M.labelled(M.LOAD_DECISIONS, "load", "off")] == 1
+        (spec,) = conn.build_connector_meta(sched_out()).loads
+        assert spec.budget_s is None  # off: no deadline either
+    finally:
+        conn.shutdown()
+
+
+def test_the_decisions_reach_prometheus_as_one_series_per_decision_and_reason():
+    """KvctlPromMetrics (what vLLM registers in the process serving /metrics): a labelled counter's series are made
+    as the stats bring them, beside the engine's own labels; the unlabelled counters as before."""
+    from types import SimpleNamespace as NS
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    from kvctl.plugins.vllm_stats import KvctlConnectorStats, KvctlPromMetrics
+
+    reg = CollectorRegistry()
+
+    def bind(cls):
+        return lambda *a, **kw: cls(*a, registry=reg, **{k: v for k, v in kw.items() if k != "multiprocess_mode"})
+
+    prom = KvctlPromMetrics(NS(kv_transfer_config=None), {Gauge: bind(Gauge), Counter: bind(Counter),
+                                                          Histogram: bind(Histogram)},
+                            ["model_name", "engine"], {0: ["tiny", "0"]}, ranks=2)
+    a = KvctlConnectorStats(data={M.labelled(M.LOAD_DECISIONS, "load", "wins"): 2, M.CHUNKS_HIT: 3})
+    b = KvctlConnectorStats(data={M.labelled(M.LOAD_DECISIONS, "load", "wins"): 1,
+                                  M.labelled(M.LOAD_DECISIONS, "recompute", "tier_queue"): 1})
+    prom.observe(a.aggregate(b).data)  # the workers' and the scheduler's stats, summed the way vLLM does
+    text = generate_latest(reg).decode()
+    assert 'kvctl:load_decisions_total{decision="load",engine="0",model_name="tiny",reason="wins"} 3.0' in text
+    assert 'kvctl:load_decisions_total{decision="recompute",engine="0",model_name="tiny",reason="tier_queue"} 1.0' in text
+    assert 'kvctl:chunks_hit_total{engine="0",model_name="tiny"} 3.0' in text

@@ -252,6 +252,12 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         return n_layers * per_tok * elem * self.chunk_tokens
 
     @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config=None) -> bool:
+        """vLLM 0.33's question (``KVConnectorBase_V1.supports_sleep_mode``): can the connector follow sleep mode's
+        remap of the KV caches? No: its layouts are views of the caches registered at start."""
+        return False
+
+    @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KvctlConnectorStats:
         return KvctlConnectorStats(data=dict(data or {}))
 

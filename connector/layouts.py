@@ -48,7 +48,8 @@ from kvctl.connector.datapath import slots_for  # the one definition; re-exporte
 
 from .settings import ConnectorConfigError
 
-__all__ = ["BACKENDS", "GQALayout", "KVLayout", "KVLayoutError", "LAYOUTS", "MLALayout", "chunk_fmt",
+__all__ = ["BACKENDS", "GQALayout", "KVLayout", "KVLayoutError", "LAYOUTS", "MLALayout", "chunk_fmt", "dtype_tag",
+           "spec_text", "stacked_layers", "widest_word",
            "layout_for", "slots_for"]
 
 LAYOUTS = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")  # vllm/v1/kv_cache_layout.py
@@ -90,7 +91,7 @@ def _layout_name(layout: Any) -> str:
     return str(name)
 
 
-def _spec_text(spec: Any) -> str:
+def spec_text(spec: Any) -> str:
     keys = ("block_size", "num_kv_heads", "head_size", "head_size_v", "dtype", "cache_dtype_str", "kv_quant_mode",
             "page_size_padded", "state_content_bytes", "num_head_slots", "tokens_per_state", "cache_role")
     parts = []
@@ -111,7 +112,7 @@ def _cache_dtype_name(spec: Any, cache_dtype: str | None) -> str:
     return str(cache_dtype)
 
 
-def _dtype_tag(dtype: torch.dtype, cache_dtype: str) -> str:
+def dtype_tag(dtype: torch.dtype, cache_dtype: str) -> str:
     """The dtype part of a chunk format: the element dtype, the fp8 encoding for fp8 caches, or the packed row's name."""
     if cache_dtype in _PACKED_ROWS:
         return cache_dtype
@@ -120,13 +121,13 @@ def _dtype_tag(dtype: torch.dtype, cache_dtype: str) -> str:
 
 def chunk_fmt(spec: Any, num_layers: int, world_size: int, mla: bool, cache_dtype: str | None = None) -> str:
     """The chunk format string of a group (part of every key); the scheduler side has no caches, only this."""
-    tag = _dtype_tag(spec.dtype, _cache_dtype_name(spec, cache_dtype))
+    tag = dtype_tag(spec.dtype, _cache_dtype_name(spec, cache_dtype))
     if mla:
         return f"mla{spec.head_size}-L{num_layers}-{tag}"
     return f"gqa{spec.num_kv_heads * world_size}x{spec.head_size}-L{num_layers}-{tag}"
 
 
-def _widest_word(cells: list[torch.Tensor]) -> torch.dtype | None:
+def widest_word(cells: list[torch.Tensor]) -> torch.dtype | None:
     """The widest integer type that tiles every cell's contiguous C run (same bytes, fewer elements to move)."""
     e = cells[0].element_size()
     for word in (torch.int64, torch.int32, torch.int16):
@@ -139,7 +140,7 @@ def _widest_word(cells: list[torch.Tensor]) -> torch.dtype | None:
     return None
 
 
-def _stacked(views: list[torch.Tensor]) -> torch.Tensor | None:
+def stacked_layers(views: list[torch.Tensor]) -> torch.Tensor | None:
     """One ``[L, *view]`` view when the layers sit a constant stride apart in one storage, else None."""
     v0 = views[0]
     if len(views) == 1:
@@ -175,7 +176,7 @@ class KVLayout:
         self.head_size = head_size
         self.row = v0.shape[3]  # MLA: the latent row
         self._kv = kv
-        self._tag = _dtype_tag(self.dtype, cache_dtype)
+        self._tag = dtype_tag(self.dtype, cache_dtype)
         # what one index picks: MLA a latent row of [B, N, row]; "split" every head's [K | V] cell of
         # [B, N, H, 2D] (two indices, as for MLA); "rows" a D-row of the (block, head) plane read as
         # (2N, D), as CPU_ATTN does
@@ -187,11 +188,11 @@ class KVLayout:
             cells = [v.view(v.shape[0], self.heads, 2 * self.kernel_block_size, head_size) for v in views]
             self._tail = (self.heads, 2, head_size)
         # copies move whole words of a cell's C run: a cell's bytes are the same, read in wider pieces
-        self._word = _widest_word(cells)
+        self._word = widest_word(cells)
         if self._word is not None:
             cells = [c.view(self._word) for c in cells]
         self._views = cells
-        self._all = _stacked(cells)
+        self._all = stacked_layers(cells)
         self.fused = self._all is not None  # one gather/scatter for all layers (else one per layer)
 
     def layers(self, lo: int, hi: int) -> "KVLayout":
@@ -287,7 +288,7 @@ class KVLayout:
 
 def _refuse(backend: str, layout: str, spec: Any, why: str) -> KVLayoutError:
     return KVLayoutError(f"KvctlConnector: cannot address the KV cache of backend {backend}, layout {layout}, "
-                         f"spec {_spec_text(spec)}: {why}")
+                         f"spec {spec_text(spec)}: {why}")
 
 
 def layout_for(caches: Sequence[torch.Tensor], spec: Any, layout: Any, backend: str, *,

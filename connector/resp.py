@@ -58,17 +58,9 @@ from .resp_errors import (
     RespServerError,
     RespTimeout,
 )
-from .resp_conn import (
-    _CRLF,
-    _REARM_FRACTION,
-    _SMALL_WRITE,
-    MAX_BULK_BYTES,
-    _Connection,
-    _encode_command,
-    _key_bytes,
-    make_ssl_context,
-)
-from .resp_ops import _Fanout, _get_op, _int_reply, _raise_if_error, _wait_all
+from .resp_codec import CRLF, SMALL_WRITE, encode_command, key_bytes
+from .resp_conn import MAX_BULK_BYTES, REARM_FRACTION, Connection, make_ssl_context
+from .resp_ops import Fanout, get_op, int_reply, raise_if_error, wait_all
 from .resp_reply import ErrorReply, ReplyLimits, pipeline_op
 from .urls import parse_resp_url
 
@@ -140,8 +132,8 @@ class RespClient:
         self._get_pool: ThreadPoolExecutor | None = None  # the split batched_get's threads, made on first use
         self._ssl_context = ssl_context if ssl_context is not None else (make_ssl_context(self.url) if self.url.tls else None)
         self._slots = threading.BoundedSemaphore(pool_size)
-        self._idle: list[_Connection] = []
-        self._busy: set[_Connection] = set()  # in a call now: what abort() cuts
+        self._idle: list[Connection] = []
+        self._busy: set[Connection] = set()  # in a call now: what abort() cuts
         self._lock = threading.Lock()
         self._closed = False
         self._created = 0
@@ -151,10 +143,10 @@ class RespClient:
     def _deadline(self) -> float:
         return time.monotonic() + self.timeout_s
 
-    def _acquire(self, deadline: float, fresh: bool = False) -> tuple[_Connection, bool]:
+    def _acquire(self, deadline: float, fresh: bool = False) -> tuple[Connection, bool]:
         """A connection for one call ending by ``deadline``, and whether it was reused from the pool.
 
-        Idle connections that fail :meth:`_Connection.reusable` are dropped on
+        Idle connections that fail :meth:`Connection.reusable` are dropped on
         the way; ``fresh`` skips the pool (the retry after a reused one failed).
         """
         if self._closed:
@@ -180,7 +172,7 @@ class RespClient:
                 conn.close()
                 with self._lock:
                     self._dropped += 1
-            conn = _Connection(self.url, self.timeout_s, self._ssl_context, deadline, self.max_bulk_bytes)
+            conn = Connection(self.url, self.timeout_s, self._ssl_context, deadline, self.max_bulk_bytes)
         except BaseException:
             self._slots.release()
             raise
@@ -189,7 +181,7 @@ class RespClient:
             self._busy.add(conn)
         return conn, False
 
-    def _release(self, conn: _Connection, ok: bool) -> None:
+    def _release(self, conn: Connection, ok: bool) -> None:
         with self._lock:
             self._busy.discard(conn)
         try:
@@ -262,7 +254,7 @@ class RespClient:
             busy = list(self._busy)
         for conn in busy:
             conn.broken = True  # never pooled again
-            try:  # the plain socket's shutdown, also under TLS (as _Fanout.abort)
+            try:  # the plain socket's shutdown, also under TLS (as Fanout.abort)
                 socket.socket.shutdown(conn.sock, socket.SHUT_RDWR)
             except OSError:
                 pass
@@ -277,10 +269,10 @@ class RespClient:
     def ping(self) -> bool:
         """True when the server answers PING with PONG."""
 
-        def op(conn: _Connection) -> bool:
+        def op(conn: Connection) -> bool:
             conn.send([b"*1\r\n$4\r\nPING\r\n"])
             kind, value = conn.read_simple()
-            _raise_if_error(conn, [value] if kind == b"-" else [])
+            raise_if_error(conn, [value] if kind == b"-" else [])
             return kind == b"+" and value == b"PONG"
 
         return self._run(op, idempotent=True)
@@ -308,21 +300,21 @@ class RespClient:
             raise ValueError(f"ttl_s must be a positive whole number of seconds, got {ttl_s!r}")
         if not keys:
             return
-        kbytes = [_key_bytes(k) for k in keys]
+        kbytes = [key_bytes(k) for k in keys]
         views = [memoryview(v).cast("B") if not isinstance(v, (bytes, bytearray)) else v for v in values]
         head = b"*3\r\n$3\r\nSET\r\n"
-        tail = _CRLF
+        tail = CRLF
         if ttl_s is not None:
             ttl = str(ttl_s).encode()
             head = b"*5\r\n$3\r\nSET\r\n"
             tail = b"\r\n$2\r\nEX\r\n$%d\r\n%s\r\n" % (len(ttl), ttl)
 
-        def op(conn: _Connection) -> None:
+        def op(conn: Connection) -> None:
             parts: list[Any] = []
             out = bytearray()
             for k, v in zip(kbytes, views):
                 out += head + b"$%d\r\n%s\r\n$%d\r\n" % (len(k), k, len(v))
-                if len(v) < _SMALL_WRITE:
+                if len(v) < SMALL_WRITE:
                     out += v
                 else:
                     parts.append(out)
@@ -338,7 +330,7 @@ class RespClient:
                     errors.append(value)
                 elif kind != b"+":
                     raise RespProtocolError(f"unexpected reply to SET: {kind + value!r}")
-            _raise_if_error(conn, errors)
+            raise_if_error(conn, errors)
 
         self._run(op, idempotent=True)  # safe to repeat: same keys, same bytes (see the docstring)
 
@@ -348,23 +340,23 @@ class RespClient:
             return []
         out = bytearray()
         for k in keys:
-            kb = _key_bytes(k)
+            kb = key_bytes(k)
             out += b"*2\r\n$6\r\nEXISTS\r\n$%d\r\n%s\r\n" % (len(kb), kb)
 
-        def op(conn: _Connection) -> list[bool]:
+        def op(conn: Connection) -> list[bool]:
             conn.send([out])
             found: list[bool] = []
             errors = []
             for _ in keys:
                 kind, value = conn.read_simple()
                 if kind == b":":
-                    found.append(_int_reply(value, "EXISTS") > 0)
+                    found.append(int_reply(value, "EXISTS") > 0)
                 elif kind == b"-":
                     errors.append(value)
                     found.append(False)
                 else:
                     raise RespProtocolError(f"unexpected reply to EXISTS: {kind + value!r}")
-            _raise_if_error(conn, errors)
+            raise_if_error(conn, errors)
             return found
 
         return self._run(op, idempotent=True)
@@ -397,7 +389,7 @@ class RespClient:
         if parts >= 2 and total >= _PARALLEL_MIN_BYTES:
             return self._get_split(keys, views, parts, deadline)
         # a retry happens only before any reply byte, so no buffer was written yet
-        return self._run(_get_op(keys, views), idempotent=True, deadline=deadline)
+        return self._run(get_op(keys, views), idempotent=True, deadline=deadline)
 
     def _get_split(self, keys: Sequence[str | bytes], views: list[memoryview], parts: int, deadline: float) -> list[bool]:
         """:meth:`_get` as ``parts`` sub-batches (keys ``i, i + parts, ...``) on as many connections at once.
@@ -406,16 +398,16 @@ class RespClient:
         GET threads, each through :meth:`_run` (its own retry) with the
         call's deadline. The caller waits for all of them until the deadline
         (plus the sockets' re-arm slack); one still running then is aborted
-        (:meth:`_Fanout.abort`: its reads end, and nothing is written into
+        (:meth:`Fanout.abort`: its reads end, and nothing is written into
         the buffers after this returns). Errors are raised as the serial call
         would: a connection/protocol error before an error reply, the first
         sub-batch's first.
         """
-        fanout = _Fanout()
+        fanout = Fanout()
         groups = [range(i, len(keys), parts) for i in range(parts)]
 
         def sub(group: range) -> list[bool]:
-            op = _get_op([keys[i] for i in group], [views[i] for i in group], fanout)
+            op = get_op([keys[i] for i in group], [views[i] for i in group], fanout)
             return self._run(op, idempotent=True, deadline=deadline)
 
         pool = self._gets_executor()
@@ -432,8 +424,8 @@ class RespClient:
                 outcomes[0] = sub(groups[0])
             except RespError as exc:
                 outcomes[0] = exc
-            grace = self.timeout_s * _REARM_FRACTION + 0.01  # a socket timeout may fire this late
-            _wait_all(futures, timeout=max(0.0, deadline - time.monotonic()) + grace)
+            grace = self.timeout_s * REARM_FRACTION + 0.01  # a socket timeout may fire this late
+            wait_all(futures, timeout=max(0.0, deadline - time.monotonic()) + grace)
         finally:
             if not all(f.done() for f in futures):
                 abandoned = True
@@ -470,14 +462,14 @@ class RespClient:
         if not keys:
             return 0
         out = bytearray()
-        _encode_command(out, b"DEL", *[_key_bytes(k) for k in keys])
+        encode_command(out, b"DEL", *[key_bytes(k) for k in keys])
 
-        def op(conn: _Connection) -> int:
+        def op(conn: Connection) -> int:
             conn.send([out])
             kind, value = conn.read_simple()
-            _raise_if_error(conn, [value] if kind == b"-" else [])
+            raise_if_error(conn, [value] if kind == b"-" else [])
             if kind != b":":
                 raise RespProtocolError(f"unexpected reply to DEL: {kind + value!r}")
-            return _int_reply(value, "DEL")
+            return int_reply(value, "DEL")
 
         return self._run(op)

@@ -7,9 +7,9 @@ connection keeps (the client's module docstring has the whole list):
   to CRLF, so the 5-byte ``$-1`` of a missing key never blocks a reader
   (bug 2 of §5.4);
 * one deadline for a whole call, re-armed on the socket only when it drifts
-  by more than :data:`_REARM_FRACTION` of the call's budget;
+  by more than :data:`REARM_FRACTION` of the call's budget;
 * a bulk longer than ``max_bulk_bytes`` is a protocol error at its header;
-* :meth:`_Connection.in_sync` / :meth:`_Connection.reusable` say whether the
+* :meth:`Connection.in_sync` / :meth:`Connection.reusable` say whether the
   pool may hand it out again.
 
 No click, no rich: this module runs inside engine processes.
@@ -23,6 +23,7 @@ import ssl
 import time
 from typing import Any, Iterable
 
+from .resp_codec import CRLF, MAX_LINE, encode_command, parse_bulk_header, parse_simple
 from .resp_errors import (
     RespAuthError,
     RespConnectionError,
@@ -32,18 +33,15 @@ from .resp_errors import (
 )
 from .urls import InvalidUrl, RespUrl
 
-__all__ = ["MAX_BULK_BYTES", "make_ssl_context"]
+__all__ = ["MAX_BULK_BYTES", "REARM_FRACTION", "Connection", "make_ssl_context"]
 
-_CRLF = b"\r\n"
 _READ_CHUNK = 256 * 1024  # internal buffer for headers; payloads bypass it
-_MAX_LINE = 64 * 1024  # a header/status line longer than this is malformed
 _DISCARD_CHUNK = 1024 * 1024
-_SMALL_WRITE = 64 * 1024  # values smaller than this are copied into the command buffer
 MAX_BULK_BYTES = 512 * 1024 * 1024  # Valkey's default proto-max-bulk-len: no real server sends more
 # The socket timeout is re-armed to the time left before a blocking call once it
 # exceeds that by more than this fraction of the call's budget: a call overruns
 # its deadline by at most 2 %, without a settimeout() per recv of a large value.
-_REARM_FRACTION = 0.02
+REARM_FRACTION = 0.02
 
 
 def make_ssl_context(url: RespUrl) -> ssl.SSLContext:
@@ -56,19 +54,6 @@ def make_ssl_context(url: RespUrl) -> ssl.SSLContext:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     return ctx
-
-
-def _encode_command(out: bytearray, *args: bytes) -> None:
-    """Append one RESP2 array-of-bulk-strings command to ``out``."""
-    out += b"*%d\r\n" % len(args)
-    for a in args:
-        out += b"$%d\r\n" % len(a)
-        out += a
-        out += _CRLF
-
-
-def _key_bytes(key: str | bytes) -> bytes:
-    return key.encode() if isinstance(key, str) else bytes(key)
 
 
 def _open_socket(host: str, port: int, deadline: float) -> socket.socket:
@@ -95,7 +80,7 @@ def _open_socket(host: str, port: int, deadline: float) -> socket.socket:
     raise err if err is not None else OSError(f"no address for {host}")
 
 
-class _Connection:
+class Connection:
     """One socket plus a small read buffer. Not thread-safe; the pool hands it to one caller.
 
     Every blocking operation is bounded by ``deadline`` (``time.monotonic()``
@@ -161,12 +146,12 @@ class _Connection:
         n = 0
         if self.url.password is not None:
             if self.url.username:
-                _encode_command(out, b"AUTH", self.url.username.encode(), self.url.password.encode())
+                encode_command(out, b"AUTH", self.url.username.encode(), self.url.password.encode())
             else:
-                _encode_command(out, b"AUTH", self.url.password.encode())
+                encode_command(out, b"AUTH", self.url.password.encode())
             n += 1
         if self.url.db:
-            _encode_command(out, b"SELECT", str(self.url.db).encode())
+            encode_command(out, b"SELECT", str(self.url.db).encode())
             n += 1
         if not n:
             return
@@ -195,7 +180,7 @@ class _Connection:
         self.deadline = deadline
         self.timeout_s = budget_s
         self.replied = False
-        self._slack = budget_s * _REARM_FRACTION
+        self._slack = budget_s * REARM_FRACTION
         self._arm(fresh=True)
 
     def _arm(self, fresh: bool = False) -> None:
@@ -208,7 +193,7 @@ class _Connection:
         """
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise RespTimeout(f"call to {self._where()} exceeded its {self.timeout_s:g}s deadline")
+            raise RespTimeout(f"call to {self.where()} exceeded its {self.timeout_s:g}s deadline")
         if self._sock_timeout - left > self._slack or (fresh and left - self._sock_timeout > self._slack):
             self.sock.settimeout(left)
             self._sock_timeout = left
@@ -244,7 +229,7 @@ class _Connection:
             return False
 
     # -- low-level I/O -----------------------------------------------------------
-    def _where(self) -> str:
+    def where(self) -> str:
         return f"{self.url.host}:{self.url.port}"
 
     def send(self, parts: Iterable[Any]) -> None:
@@ -254,20 +239,20 @@ class _Connection:
                 self._arm()
                 self.sock.sendall(part)  # sendall's timeout bounds the whole buffer (Python >= 3.5)
         except socket.timeout:
-            raise RespTimeout(f"send to {self._where()} timed out after {self.timeout_s:g}s") from None
+            raise RespTimeout(f"send to {self.where()} timed out after {self.timeout_s:g}s") from None
         except OSError as exc:
-            raise RespConnectionError(f"send to {self._where()} failed: {exc}") from None
+            raise RespConnectionError(f"send to {self.where()} failed: {exc}") from None
 
     def _recv_into(self, view: memoryview) -> int:
         self._arm()
         try:
             n = self.sock.recv_into(view)
         except socket.timeout:
-            raise RespTimeout(f"no reply from {self._where()} within {self.timeout_s:g}s") from None
+            raise RespTimeout(f"no reply from {self.where()} within {self.timeout_s:g}s") from None
         except OSError as exc:
-            raise RespConnectionError(f"receive from {self._where()} failed: {exc}") from None
+            raise RespConnectionError(f"receive from {self.where()} failed: {exc}") from None
         if n == 0:
-            raise RespConnectionError(f"{self._where()} closed the connection mid-reply")
+            raise RespConnectionError(f"{self.where()} closed the connection mid-reply")
         self.replied = True
         return n
 
@@ -277,7 +262,7 @@ class _Connection:
             self._rpos = self._rend = 0
         elif self._rend == len(self._rbuf):
             if self._rpos == 0:
-                raise RespProtocolError(f"reply line from {self._where()} longer than {_MAX_LINE} bytes")
+                raise RespProtocolError(f"reply line from {self.where()} longer than {MAX_LINE} bytes")
             live = self._rend - self._rpos
             self._rbuf[:live] = self._rbuf[self._rpos : self._rend]
             self._rpos, self._rend = 0, live
@@ -286,13 +271,13 @@ class _Connection:
     def read_line(self) -> bytes:
         """One reply line without its CRLF (the header is parsed up to CRLF: bug 2)."""
         while True:
-            idx = self._rbuf.find(_CRLF, self._rpos, self._rend)
+            idx = self._rbuf.find(CRLF, self._rpos, self._rend)
             if idx >= 0:
                 line = bytes(self._rview[self._rpos : idx])
                 self._rpos = idx + 2
                 return line
-            if self._rend - self._rpos > _MAX_LINE:
-                raise RespProtocolError(f"reply line from {self._where()} longer than {_MAX_LINE} bytes")
+            if self._rend - self._rpos > MAX_LINE:
+                raise RespProtocolError(f"reply line from {self.where()} longer than {MAX_LINE} bytes")
             self._fill()
 
     def read_exact_into(self, dest: memoryview) -> None:
@@ -319,37 +304,18 @@ class _Connection:
     def expect_crlf(self) -> None:
         while self._rend - self._rpos < 2:
             self._fill()
-        if self._rbuf[self._rpos : self._rpos + 2] != _CRLF:
-            raise RespProtocolError(f"bulk reply from {self._where()} not terminated by CRLF")
+        if self._rbuf[self._rpos : self._rpos + 2] != CRLF:
+            raise RespProtocolError(f"bulk reply from {self.where()} not terminated by CRLF")
         self._rpos += 2
 
     def read_simple(self) -> tuple[bytes, bytes]:
         """A one-line reply: (type byte, rest of the line). Bulk/array replies are protocol errors here."""
-        line = self.read_line()
-        if not line:
-            raise RespProtocolError(f"empty reply line from {self._where()}")
-        kind = line[:1]
-        if kind not in (b"+", b"-", b":"):
-            raise RespProtocolError(f"unexpected reply type {kind!r} from {self._where()}: {line[:40]!r}")
-        return kind, line[1:]
+        return parse_simple(self.read_line(), self.where())
 
     def read_bulk_header(self) -> tuple[bytes, int]:
         """Header of a bulk reply: ('$', length) with -1 for null, or ('-', 0) after an error line."""
         line = self.read_line()
-        kind = line[:1]
-        if kind == b"$":
-            try:
-                length = int(line[1:])
-            except ValueError:
-                raise RespProtocolError(f"bad bulk length from {self._where()}: {line[:40]!r}") from None
-            if length < -1:
-                raise RespProtocolError(f"bad bulk length from {self._where()}: {line[:40]!r}")
-            if length > self.max_bulk_bytes:
-                raise RespProtocolError(
-                    f"bulk of {length} bytes from {self._where()} exceeds the {self.max_bulk_bytes}-byte cap (proto-max-bulk-len)"
-                )
-            return b"$", length
+        kind, length = parse_bulk_header(line, self.max_bulk_bytes, self.where())
         if kind == b"-":
             self.last_error = line[1:]
-            return b"-", 0
-        raise RespProtocolError(f"unexpected reply type {kind!r} to GET from {self._where()}: {line[:40]!r}")
+        return kind, length

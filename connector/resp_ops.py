@@ -8,11 +8,12 @@ import threading
 from concurrent.futures import Future
 from typing import Sequence
 
-from .resp_conn import _Connection, _key_bytes
+from .resp_codec import key_bytes
+from .resp_conn import Connection
 from .resp_errors import RespAuthError, RespProtocolError, RespServerError, RespTimeout
 
 
-class _Fanout:
+class Fanout:
     """The sub-batches of one split ``batched_get``: their connections, so the caller can cut their reads off.
 
     A sub-batch writes into caller buffers only between :meth:`enter` and
@@ -23,16 +24,16 @@ class _Fanout:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._conns: set[_Connection] = set()
+        self._conns: set[Connection] = set()
         self._aborted = False
 
-    def enter(self, conn: _Connection) -> None:
+    def enter(self, conn: Connection) -> None:
         with self._cond:
             if self._aborted:
-                raise RespTimeout(f"call to {conn._where()} exceeded its {conn.timeout_s:g}s deadline")
+                raise RespTimeout(f"call to {conn.where()} exceeded its {conn.timeout_s:g}s deadline")
             self._conns.add(conn)
 
-    def leave(self, conn: _Connection) -> None:
+    def leave(self, conn: Connection) -> None:
         with self._cond:
             self._conns.discard(conn)
             self._cond.notify_all()
@@ -52,7 +53,7 @@ class _Fanout:
                 self._cond.wait(0.1)
 
 
-def _wait_all(futures: Sequence[Future], timeout: float) -> None:
+def wait_all(futures: Sequence[Future], timeout: float) -> None:
     """Wait until every future is done or ``timeout`` passes.
 
     Unlike ``concurrent.futures.wait``, a future cancelled by ``Future.cancel()``
@@ -72,7 +73,7 @@ def _wait_all(futures: Sequence[Future], timeout: float) -> None:
     all_done.wait(timeout)
 
 
-def _get_op(keys: Sequence[str | bytes], views: Sequence[memoryview], fanout: _Fanout | None = None):
+def get_op(keys: Sequence[str | bytes], views: Sequence[memoryview], fanout: Fanout | None = None):
     """The pipelined GETs of ``keys`` into ``views``, as an op for :meth:`RespClient._run`.
 
     With ``fanout`` (a sub-batch of a split call) the connection is entered
@@ -80,10 +81,10 @@ def _get_op(keys: Sequence[str | bytes], views: Sequence[memoryview], fanout: _F
     """
     out = bytearray()
     for k in keys:
-        kb = _key_bytes(k)
+        kb = key_bytes(k)
         out += b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(kb), kb)
 
-    def op(conn: _Connection) -> list[bool]:
+    def op(conn: Connection) -> list[bool]:
         if fanout is not None:
             fanout.enter(conn)
         try:
@@ -105,7 +106,7 @@ def _get_op(keys: Sequence[str | bytes], views: Sequence[memoryview], fanout: _F
                     conn.discard(length)  # size mismatch: a miss, but consume the value
                     conn.expect_crlf()
                     filled.append(False)
-            _raise_if_error(conn, errors)
+            raise_if_error(conn, errors)
             return filled
         finally:
             if fanout is not None:
@@ -114,7 +115,7 @@ def _get_op(keys: Sequence[str | bytes], views: Sequence[memoryview], fanout: _F
     return op
 
 
-def _int_reply(value: bytes, command: str) -> int:
+def int_reply(value: bytes, command: str) -> int:
     """The integer of a ``:`` reply line; anything else is a protocol error, not a ValueError."""
     try:
         return int(value)
@@ -122,7 +123,7 @@ def _int_reply(value: bytes, command: str) -> int:
         raise RespProtocolError(f"bad integer reply to {command}: {value[:40]!r}") from None
 
 
-def _raise_if_error(conn: _Connection, errors: list[bytes]) -> None:
+def raise_if_error(conn: Connection, errors: list[bytes]) -> None:
     """After a pipeline's replies are all read, turn the first error reply into an exception."""
     if not errors:
         return

@@ -18,7 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .resp_conn import _Connection, _encode_command
+from .resp_codec import encode_command
+from .resp_conn import Connection
 from .resp_errors import RespProtocolError
 
 __all__ = ["ErrorReply", "ReplyLimits", "pipeline_op"]
@@ -56,7 +57,7 @@ class _Budget:
             raise RespProtocolError(f"a reply of more than {self.limits.max_elements} array elements from {self.where}")
 
 
-def _read(conn: _Connection, budget: _Budget, depth: int) -> Any:
+def _read(conn: Connection, budget: _Budget, depth: int) -> Any:
     line = conn.read_line()
     budget.take(len(line) + 2)
     kind, rest = line[:1], line[1:]
@@ -96,9 +97,9 @@ def pipeline_op(commands: Sequence[Sequence[bytes | str | int]], limits: ReplyLi
     """The operation of one :meth:`RespClient.execute` call: send ``commands`` at once, read one reply each."""
     out = bytearray()
     for cmd in commands:
-        _encode_command(out, *[_arg(a) for a in cmd])
+        encode_command(out, *[_arg(a) for a in cmd])
 
-    def op(conn: _Connection) -> list[Any]:
+    def op(conn: Connection) -> list[Any]:
         conn.send([out])
         budget = _Budget(limits, f"{conn.url.host}:{conn.url.port}")
         return [_read(conn, budget, 0) for _ in commands]

@@ -55,7 +55,7 @@ from typing import Any, NamedTuple, Sequence
 
 import torch
 
-from .layouts import LAYOUTS, KVLayout, KVLayoutError, _dtype_tag, _spec_text, _stacked, _widest_word
+from .layouts import LAYOUTS, KVLayout, KVLayoutError, dtype_tag, spec_text, stacked_layers, widest_word
 from .ownership import ChunkParts
 
 __all__ = ["INDEXER_BACKENDS", "INDEXER_PART", "LATENT_PART", "SPARSE_BACKENDS", "IndexerLayout", "SparseGroup",
@@ -108,7 +108,7 @@ def sparse_group(spec: Any, layer_names: Sequence[str]) -> SparseGroup | None:
     for n in names:
         role = _role(specs[n])
         if role not in kinds:
-            raise KVLayoutError(f"KvctlConnector: a KV cache group of layers with several specs ({_spec_text(specs[n])}"
+            raise KVLayoutError(f"KvctlConnector: a KV cache group of layers with several specs ({spec_text(specs[n])}"
                                 " among them): only MLA with a sparse-attention indexer is stored")
         kinds[role].append(n)
     if not kinds["SPARSE"] or not kinds["INDEXER"]:
@@ -156,7 +156,7 @@ def flattened_sparse_group(spec: Any, layer_names: Sequence[str], tensors: Seque
     bs = int(spec.block_size)
     if len(sets) != 2:
         raise KVLayoutError(f"KvctlConnector: a KV cache group of {len(sets)} kinds of layers (the scheduler's "
-                            f"representative spec {_spec_text(spec)}): only MLA with a sparse-attention indexer is stored")
+                            f"representative spec {spec_text(spec)}): only MLA with a sparse-attention indexer is stored")
     mine = getattr(spec, "page_size_bytes", None)
     first = 1 if mine is not None and pages[1] == mine != pages[0] else 0  # the representative's tensor
     (_, own), (_, other_names) = sets[first], sets[1 - first]
@@ -207,7 +207,7 @@ def _check_specs(group: SparseGroup, cache_dtype: str | None) -> tuple[int, str,
     lat, idx = group.latent_spec, group.indexer_spec
 
     def refuse(spec: Any, why: str) -> KVLayoutError:
-        return KVLayoutError(f"KvctlConnector: cannot store the sparse-MLA KV cache group (spec {_spec_text(spec)}): {why}")
+        return KVLayoutError(f"KvctlConnector: cannot store the sparse-MLA KV cache group (spec {spec_text(spec)}): {why}")
 
     cdt = _latent_cache_dtype(lat, cache_dtype)
     if cdt not in _LATENT_CACHE_DTYPES:
@@ -234,7 +234,7 @@ def _check_specs(group: SparseGroup, cache_dtype: str | None) -> tuple[int, str,
             raise refuse(spec, f"{spec.num_kv_heads} head slots, expected 1")
     if lat.block_size != idx.block_size:
         raise refuse(idx, f"block sizes {lat.block_size} and {idx.block_size} (one block table for both)")
-    tag = "fp8_ds_mla" if cdt == "fp8_ds_mla" else _dtype_tag(lat.dtype, cdt)
+    tag = "fp8_ds_mla" if cdt == "fp8_ds_mla" else dtype_tag(lat.dtype, cdt)
     return row, tag, idx.head_size
 
 
@@ -267,10 +267,10 @@ class IndexerLayout:
         for width, at in ((self.value_bytes, 0), (self.scale_bytes, n_tok * self.value_bytes)):
             cells = [torch.as_strided(v, (v.shape[0], n_tok, width), (v.stride(0), width, 1), v.storage_offset() + at)
                      for v in views]
-            word = _widest_word(cells)
+            word = widest_word(cells)
             if word is not None:
                 cells = [c.view(word) for c in cells]
-            runs.append((cells, _stacked(cells), word))
+            runs.append((cells, stacked_layers(cells), word))
         self._runs = runs
         self.fused = all(stacked is not None for _, stacked, _ in runs)
 
@@ -405,7 +405,7 @@ class SparseMLALayout:
 
 def _refuse(backend: str, layout: str, spec: Any, why: str) -> KVLayoutError:
     return KVLayoutError(f"KvctlConnector: cannot address the KV cache of backend {backend}, layout {layout}, "
-                         f"spec {_spec_text(spec)}: {why}")
+                         f"spec {spec_text(spec)}: {why}")
 
 
 def check_sparse_backend(backend: str, layout: str, spec: Any) -> None:

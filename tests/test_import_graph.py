@@ -221,3 +221,23 @@ def test_no_module_is_over_500_lines():
     """ARCHITECTURE.md: a module that grows past 500 lines is split by what its parts do."""
     long = {m: n for m, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+# --- a module's underscore names are its own (STYLE.md, "Split by concept"): another module that needs one means the
+# concept wants a public name, or the two modules are one
+
+
+def private_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) of every ``from X import _name`` (dunders aside), anywhere in ``tree``."""
+    return [(node.lineno, a.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+            for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+
+
+def test_the_private_import_scan_can_fail():
+    src = "from .a import _x, y\ndef f():\n    from kvctl.b import _Z as z\nfrom c import __version__\n"
+    assert private_imports(ast.parse(src)) == [(1, "_x"), (3, "_Z")]
+
+
+def test_no_module_imports_another_modules_private_name():
+    found = {m: hits for m, path in modules().items() if (hits := private_imports(ast.parse(path.read_text())))}
+    assert not found, f"imports of another module's _name (give the concept a public name): {found}"

@@ -193,7 +193,7 @@ def test_fleets_md_states_the_paper_fidelity_counts_of_both_models():
     assert set(_fleets_counts()) == {"before", "after"}
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("model", ["before", "after"])
 def test_paper_fidelity_script_gives_the_counts_docs_fleets_md_states(model):
     """benchmarks/paper_fidelity.py re-run: the number of the paper's 64 within 20 % is the one docs/fleets.md says."""

@@ -162,7 +162,7 @@ def test_dead_sub_connection_fails_the_call_and_nothing_writes_afterwards():
 
 
 def test_abort_ends_a_blocked_sub_batch_read_at_once():
-    """The caller's last resort past the deadline: _Fanout.abort shuts the reading socket down and waits.
+    """The caller's last resort past the deadline: Fanout.abort shuts the reading socket down and waits.
 
     Fake server (not Valkey) that sends the header and 1 KiB of a 2 MiB value,
     then holds the socket silent. The sub-batch's own deadline is 30 s away,
@@ -171,7 +171,7 @@ def test_abort_ends_a_blocked_sub_batch_read_at_once():
     connection marked broken, never pooled again. A sub-batch that tries to
     start after the abort is refused.
     """
-    from kvctl.connector.resp import _Fanout, _get_op  # noqa: PLC0415 - the split call's internals
+    from kvctl.connector.resp_ops import Fanout, get_op  # noqa: PLC0415 - the split call's internals
 
     size = 2 * MIB
 
@@ -180,14 +180,14 @@ def test_abort_ends_a_blocked_sub_batch_read_at_once():
         return True  # held open, silent
 
     with ScriptedServer(script, max_conns=2) as srv, RespClient(srv.url, timeout_s=30.0, pool_size=2) as client:
-        fanout = _Fanout()
+        fanout = Fanout()
         buf = bytearray(size)
         conn, _ = client._acquire(time.monotonic() + 30.0)
         errors: list[BaseException] = []
 
         def read() -> None:
             try:
-                _get_op(["k"], [memoryview(buf)], fanout)(conn)
+                get_op(["k"], [memoryview(buf)], fanout)(conn)
             except BaseException as exc:  # noqa: BLE001 - inspected below
                 errors.append(exc)
 
@@ -210,6 +210,6 @@ def test_abort_ends_a_blocked_sub_batch_read_at_once():
         conn2, _ = client._acquire(time.monotonic() + 30.0)
         try:
             with pytest.raises(RespTimeout):
-                _get_op(["k"], [memoryview(buf)], fanout)(conn2)
+                get_op(["k"], [memoryview(buf)], fanout)(conn2)
         finally:
             client._release(conn2, ok=False)

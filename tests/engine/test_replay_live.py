@@ -15,7 +15,6 @@ from click.testing import CliRunner
 
 from kvctl.cli import cli
 from kvctl.replay.runfile import read_run
-from tests.engine.vllm_server import start_vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(420)]
 
@@ -23,14 +22,11 @@ BLOCK = 64  # tokens per hash id (the tiny model's context is 1024)
 N = 20
 
 
-@pytest.fixture(scope="module")
-def replay_server(vllm_python, tiny_model, tmp_path_factory):
-    server = start_vllm(tiny_model, tmp_path_factory.mktemp("vllm-replay"), python=vllm_python,
-                        extra_args=["--enable-prompt-tokens-details", "--enable-prefix-caching"])
-    try:
-        yield server
-    finally:
-        server.stop()
+@pytest.fixture
+def replay_server(vllm_server):
+    """The run's one live server (tests/engine/conftest.py), its prefix cache emptied: hits come from this test."""
+    vllm_server.post("/reset_prefix_cache", {})
+    return vllm_server
 
 
 def test_replay_20_requests_sees_cached_tokens_on_repeated_prefixes(replay_server, tmp_path):

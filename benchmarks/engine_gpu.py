@@ -83,6 +83,8 @@ def parse_args(argv=None):
     ap.add_argument("--no-async-scheduling", action="store_true",
                     help="vLLM's async scheduling off: sync hits take vLLM's step path (layer by layer with "
                          "--layer-groups > 1) instead of the remote-receive path the connector uses under it")
+    ap.add_argument("--load-policy", choices=("on", "off"), default="on",
+                    help="the connector's load-or-recompute decision on the hit runs (issue 46; off: every hit loads)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", dest="json_path", default=None)
     ap.add_argument("--logs", default=None, help="also pack the engines' logs and traces into this .tar.gz")
@@ -283,6 +285,7 @@ def run(args) -> dict:
     result: dict = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
                     "device": args.device, "model": "tiny-mla" if args.tiny_mla else Path(args.shape).name,
                     "shape_overrides": args.overrides, "engine": kw, "layer_groups": args.layer_groups,
+                    "load_policy": args.load_policy,
                     "bytes_per_token": s, "chunk_tokens": ct, "lengths": lengths, "instances": ks, "runs": {}, "errors": []}
     try:
         import torch
@@ -345,6 +348,8 @@ def run(args) -> dict:
             if args.connections:
                 cfg["kv_connector_extra_config"]["connections_per_instance"] = args.connections
             cfg["kv_connector_extra_config"]["layer_groups"] = args.layer_groups
+            if args.load_policy == "off":
+                cfg["kv_connector_extra_config"]["load_policy"] = False
             conns = cfg["kv_connector_extra_config"].get("connections_per_instance", 2)
             raw = RawGet(tiers[k], conns, chunk_nbytes, max(lengths) // ct + 1, _parts(fmt, ct))
             t_start = time.monotonic()

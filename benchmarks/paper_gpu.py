@@ -136,6 +136,8 @@ def parse_args(argv=None):
     ap.add_argument("--kv-cache-gb", type=float, default=40.0)
     ap.add_argument("--tier-gb", type=float, default=None, help="maxmemory of each tier, all its instances together, GiB (default 60; cpu 0.5)")
     ap.add_argument("--start-timeout", type=float, default=420.0)
+    ap.add_argument("--load-policy", choices=("on", "off"), default="on",
+                    help="the connector's load-or-recompute decision (issue 46; off: every hit loads, as the earlier runs)")
     a = ap.parse_args(argv)
     cpu = a.device == "cpu"
     # the GPU's defaults: 16k prompts, 96 at 2.8/s (0.8 primed: 77 documents of 0.49 GB, 38 GB in the tier, a run's
@@ -258,6 +260,8 @@ class Lab:
         if k:
             t, sh = self.tier(k)
             cfg = t.vllm_config("--chunk-tokens", str(self.a.chunk_tokens), "--loading", loading)
+            if self.a.load_policy == "off":
+                cfg["kv_connector_extra_config"]["load_policy"] = False
             doc["kv-transfer-config"] = json.dumps(sh.rewrite(cfg) if sh else cfg)
         path.write_text(yaml.safe_dump(doc) if doc else "{}\n")
         return path
@@ -538,7 +542,7 @@ def analyse(a) -> dict:
                 continue
             res = kvctl("simulate", "--trace", str(work / "main.planned.jsonl"), "--hits-from-trace", "--block-tokens", str(bt),
                         "--bytes-per-token", str(s), "--prefill-rate", f"{R:.1f}", "--instances", str(k), "--bench", str(bench),
-                        "--get-times-from", str(bench), "--fit-from", str(calib), "--fit-instances", str(calib_k), "--fit-loading", SPECS["calib"][1], "--loading", loading,
+                        "--fit-from", str(calib), "--fit-instances", str(calib_k), "--fit-loading", SPECS["calib"][1], "--loading", loading,
                         "--t0-engine-share", "fit", "--max-batched-tokens", str(meta["max_batched_tokens"]),
                         *NO_ASYNC_TIMEOUT, "--json",
                         check=False, log=work / f"{r}.simulate.txt")
@@ -700,7 +704,7 @@ def write_meta(a, lab: Lab) -> dict:
             "backend": "CPU_MLA" if a.device == "cpu" else a.backend, "server_args": lab.server_args(),
             "bytes_per_token": lab_bytes_per_token(lab), "prompt_tokens": a.prompt_tokens, "block_tokens": a.block_tokens,
             "chunk_tokens": a.chunk_tokens, "instances": a.instances, "calib_instances": a.calib_instances, "link_mbps": a.link_mbps,
-            "max_batched_tokens": a.max_batched_tokens, "traces": traces}
+            "max_batched_tokens": a.max_batched_tokens, "traces": traces, "load_policy": a.load_policy}
     try:
         meta["vllm"] = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
                                       text=True, timeout=120).stdout.strip()

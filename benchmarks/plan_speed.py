@@ -50,8 +50,8 @@ def main() -> None:
         cmd = [kvctl if os.path.exists(kvctl) else sys.executable, *([] if os.path.exists(kvctl) else ["-m", "kvctl.cli"]),
                "plan", "--arrival-rate", "0.2", "--prompt-tokens", "16310", "--prompt-dist", "exponential", "--hit-fraction", "0.8",
                "--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--engines", "8", "--slo-p99", "0.001",
-               "--rho-target", "1", "--max-instances", "10", "--instance-gbps", "3", "--get-times-from", bench,
-               "--readers-from", bench, "--fit-from", run, "--requests", str(args.requests), "--json"]
+               "--rho-target", "1", "--max-instances", "10", "--instance-gbps", "3", "--bench", bench,
+               "--fit-from", run, "--requests", str(args.requests), "--json"]
         t = time.perf_counter()
         out = subprocess.run(cmd, check=False, capture_output=True, text=True)
         cli_s = time.perf_counter() - t

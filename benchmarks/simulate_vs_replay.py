@@ -21,7 +21,7 @@ The stack, all real and on this machine:
 
 Fitting (only from bench and one calibration replay: low load, then a short burst):
 
-* B and the GET-time spread: the bench file (``--bench``, ``--get-times-from``);
+* B and the GET-time spread: the bench file (``--bench``);
 * R: the calibration run's misses, ``R = n / t`` (their median time to first token: a miss in
   ``simulate`` holds the engine n/R and pays nothing else);
 * T0: ``simulate --fit-from`` the calibration run (each hit alone in flight: its time less transfer and tail);
@@ -99,7 +99,10 @@ class Stack:
     def start_engine(self, model: Path, python: str) -> None:
         cfg = {"kv_connector": "KvctlConnector", "kv_connector_module_path": "kvctl.plugins.vllm",
                "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-               "kv_connector_extra_config": {"urls": self.urls, "chunk_tokens": CHUNK_TOKENS, "timeout_s": 5.0}}
+               # every hit loads, as simulate's queue model assumes (issue 46's decision, on by default, would decline
+               # the shaped tier's hits: that is `simulate --policy on`'s to model)
+               "kv_connector_extra_config": {"urls": self.urls, "chunk_tokens": CHUNK_TOKENS, "timeout_s": 5.0,
+                                             "load_policy": False}}
         env = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "PYTHONPATH": str(REPO)}
         self.engine = start_vllm(model, self.work / "engine", python=python, kv_transfer_config=cfg, extra_env=env,
                                  extra_args=["--tensor-parallel-size", "2", "--enable-prompt-tokens-details",
@@ -158,7 +161,7 @@ def predict(trace: Path, bench: Path, calib: Path, prefill_rate: float, engine_s
     r = json.loads(kvctl(
         "simulate", "--trace", str(trace), "--hits-from-trace", "--block-tokens", str(BLOCK_TOKENS),
         "--bytes-per-token", str(BYTES_PER_TOKEN), "--prefill-rate", f"{prefill_rate:.3f}", "--instances", "2",
-        "--bench", str(bench), "--fit-from", str(calib), "--get-times-from", str(bench),
+        "--bench", str(bench), "--fit-from", str(calib),
         "--t0-engine-share", engine_share, "--max-batch", str(max_batch), "--json").stdout)
     return {"p50_s": r["p50_s"], "p90_s": r["p90_s"], "p99_s": r["p99_s"], "hit_share": r["hits"] / r["requests"],
             "rho": r.get("tier_rho"), "engine_rho": r.get("rho"), "notes": r.get("notes")}

@@ -28,12 +28,17 @@ VLLM_KEYS = frozenset({URLS, URL, CHUNK_TOKENS, PASSWORD_FILE, TIMEOUT_S, HOST_B
                        PINNED_POOL_BYTES, INSTANCES_PER_RANK, CONNECTIONS_PER_INSTANCE, SAVE_DRAIN_S, SYNC_LOAD_PATH,
                        LAYER_GROUPS})
 #: the keys of ``load_policy``
-POLICY_KEYS = frozenset({"prefill_tokens_per_s", "t0_s", "bandwidth_gbps", "reprobe_after_s"})
+POLICY_KEYS = frozenset({"enabled", "prefill_tokens_per_s", "t0_s", "bandwidth_gbps", "reprobe_after_s"})
 
 # -- LMCache's extra_config for kvctl's remote-storage plugin (kvctl.plugins.lmcache) ---------------------------
 URL_LIST_KEY = "kvctl_remote_urls"
 USERNAME_KEY = "kvctl_username"
 PASSWORD_FILE_KEY = "kvctl_password_file"
+#: the keys of kvctl's plugin under ``remote_storage_plugin.<name>.`` (LMCache's loader reads module_path and
+#: class_name; :mod:`kvctl.connector.lmcache_settings` the rest); any other is named, with the nearest, when read
+PLUGIN_KEYS = frozenset({"module_path", "class_name", "url", "instances_per_rank", "pool_size", "timeout_s", "prefill_tokens_per_s", "t0_s"})
+#: ``extra_config`` keys of kvctl's plugin outside that prefix
+LMCACHE_EXTRA_KEYS = frozenset({URL_LIST_KEY, USERNAME_KEY, PASSWORD_FILE_KEY})
 #: LMCache loads kvctl's RESP client as the remote-storage plugin of this name
 PLUGIN_NAME = "kvctl"
 PLUGIN_MODULE = "kvctl.plugins.lmcache"

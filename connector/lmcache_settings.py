@@ -7,6 +7,8 @@
       remote_storage_plugin.kvctl.url: resp://valkey-{rank}:6379   # or kvctl_remote_urls: [per-rank list]
       remote_storage_plugin.kvctl.timeout_s: 2                     # optional, whole-call deadline
       remote_storage_plugin.kvctl.instances_per_rank: 4            # optional: url with {instance}, or lists of K URLs
+      remote_storage_plugin.kvctl.prefill_tokens_per_s: 50000      # optional: R, turns the load-or-recompute decision on
+      remote_storage_plugin.kvctl.t0_s: 0.05                       # optional: T0 of that decision (default 0)
       kvctl_username: kvctl-engine                                 # optional ACL user
       kvctl_password_file: /run/secrets/valkey                     # optional, never inlined
 
@@ -19,6 +21,7 @@ problem is one :class:`PluginConfigError` naming the key.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -27,7 +30,11 @@ from kvctl.connector.urls import (INSTANCE_PLACEHOLDER, MAX_INSTANCES_PER_RANK, 
                                   instances_in, parse_resp_url, read_password_file, redact_url_text, redact_urls_in, with_credentials)
 from kvctl.core.errors import InvalidInput
 from kvctl.core.thresholds import CONNECTOR_TIMEOUT_S
+from kvctl.core.known_keys import log_unknown
 from .config_keys import PASSWORD_FILE_KEY, PLUGIN_NAME, URL_LIST_KEY, USERNAME_KEY, plugin_key
+from .unknown_keys import in_plugin_extra
+
+log = logging.getLogger(__name__)
 
 __all__ = ["PLUGIN_TYPE", "PluginConfigError", "PluginSettings", "plugin_settings"]
 
@@ -49,6 +56,10 @@ class PluginSettings:
     rank: int
     timeout_s: float = DEFAULT_TIMEOUT_S
     pool_size: int = DEFAULT_POOL_SIZE
+    #: the engine's prefill rate R: with it, a contains answer declines hits that load slower than they recompute
+    #: (docs/connector.md, "Load or recompute"); LMCache shows a plugin no engine step to measure it by
+    prefill_tokens_per_s: float | None = None
+    t0_s: float = 0.0
 
     @property
     def url(self) -> str:
@@ -62,7 +73,8 @@ class PluginSettings:
 
 
 #: each numeric setting's range, checked at engine start (the same bounds as the vLLM connector's timeout_s)
-RANGES = {"timeout_s": (0.01, 3600.0), "pool_size": (1, 1024), "instances_per_rank": (1, MAX_INSTANCES_PER_RANK)}
+RANGES = {"timeout_s": (0.01, 3600.0), "pool_size": (1, 1024), "instances_per_rank": (1, MAX_INSTANCES_PER_RANK),
+          "prefill_tokens_per_s": (1e-3, 1e9), "t0_s": (0.0, 3600.0)}
 
 
 def _positive(extra: Mapping[str, Any], key: str, default, integer: bool = False, kind: str | None = None):
@@ -99,6 +111,7 @@ def plugin_settings(
     have no fixed size to read into, so both are refused.
     """
     extra = dict(extra_config or {})
+    log_unknown(in_plugin_extra(extra, "LMCache config", plugin_name), log, "kvctl's plugin ignores it and uses its default")
     url_key = plugin_key("url", plugin_name)
     if remote_url:
         raise PluginConfigError(
@@ -159,11 +172,15 @@ def plugin_settings(
                                    if key == URL_LIST_KEY else [urls])
     except InvalidUrl as exc:
         raise PluginConfigError(f"extra_config.{key}: {exc}") from None
+    r_key = plugin_key("prefill_tokens_per_s", plugin_name)
+    rate = float(_positive(extra, r_key, None)) if r_key in extra else None
     return PluginSettings(
         urls=tuple(urls),
         redacted_urls=tuple(p.redacted() for p in parsed),
         rank=rank,
         timeout_s=float(_positive(extra, plugin_key("timeout_s", plugin_name), DEFAULT_TIMEOUT_S)),
         pool_size=int(_positive(extra, plugin_key("pool_size", plugin_name), DEFAULT_POOL_SIZE, integer=True)),
+        prefill_tokens_per_s=rate,
+        t0_s=float(_positive(extra, plugin_key("t0_s", plugin_name), 0.0)),
     )
 

@@ -33,6 +33,15 @@ LOOKUP_SECONDS = "kvctl:lookup_seconds"
 CHUNKS_STORED = "kvctl:chunks_stored"
 SAVE_ERRORS = "kvctl:save_errors"
 SAVES_ABANDONED = "kvctl:saves_abandoned"
+# the load-or-recompute decision (connector/policy.py, docs/connector.md "Load or recompute") and what calibrates it
+LOAD_DECISIONS = "kvctl:load_decisions"
+RANK_GET_BYTES = "kvctl:rank_get_bytes"
+RANK_GET_SECONDS = "kvctl:rank_get_seconds"
+TIMED_LOADS = "kvctl:timed_loads"
+LOAD_FIXED_SECONDS = "kvctl:load_fixed_seconds"
+STEPS_TIMED = "kvctl:steps_timed"
+STEP_PREFILL_TOKENS = "kvctl:step_prefill_tokens"
+STEP_SECONDS = "kvctl:step_seconds"
 
 # name -> help text: what the engine registers
 COUNTERS = {
@@ -58,7 +67,34 @@ COUNTERS = {
     CHUNKS_STORED: "Chunks written to the tier (SET), summed over ranks.",
     SAVE_ERRORS: "Saves that failed (the tier erred or timed out); their chunks are future misses.",
     SAVES_ABANDONED: "Saves still queued or running when a worker shut down and its save_drain_s ran out.",
+    LOAD_DECISIONS: "Hits the load-or-recompute decision judged, by decision (load, partial, recompute; given_up: an async "
+                    "load stopped at its deadline, counted again on rank 0) and reason (docs/connector.md).",
+    RANK_GET_BYTES: "Bytes one rank read from its instances (GET), per rank: its bandwidth for the decision.",
+    RANK_GET_SECONDS: "Wall seconds one rank spent in GETs, per rank.",
+    TIMED_LOADS: "Serial loads whose fixed cost was measured (kvctl:load_fixed_seconds), summed over ranks.",
+    LOAD_FIXED_SECONDS: "Of kvctl:load_seconds of those loads: what was not GET time (T0 of the decision), summed over ranks.",
+    STEPS_TIMED: "Engine steps with prefill tokens the connector timed (rank 0, no sync load in them).",
+    STEP_PREFILL_TOKENS: "Prefill tokens of the timed steps (the prefill rate R of the decision is fitted on them).",
+    STEP_SECONDS: "Seconds of the timed steps' forward (CUDA: device time between two events; CPU: wall time).",
 }
+#: counters with labels of their own besides the engine's: name -> label names; a series' key in the stats is
+#: :func:`labelled` (name and values), which :func:`split_labelled` reads back
+LABELS = {LOAD_DECISIONS: ("decision", "reason"), RANK_GET_BYTES: ("rank",), RANK_GET_SECONDS: ("rank",)}
+
+
+def labelled(name: str, *values: object) -> str:
+    """The stats key of one series of a labelled counter: ``name{v1,v2}`` (values in :data:`LABELS` order)."""
+    if len(values) != len(LABELS[name]):
+        raise ValueError(f"{name} takes labels {LABELS[name]}, got {values!r}")
+    return name + "{" + ",".join(str(v) for v in values) + "}"
+
+
+def split_labelled(key: str) -> tuple[str, tuple[str, ...]]:
+    """``(name, label values)`` of a stats key (no values for an unlabelled name)."""
+    if not key.endswith("}") or "{" not in key:
+        return key, ()
+    name, _, rest = key.partition("{")
+    return name, tuple(rest[:-1].split(","))
 #: gauges the workers report each step (the largest rank's value): the saves queued or running right now
 SAVES_PENDING = "kvctl:saves_pending"
 GAUGES = {SAVES_PENDING: "Saves queued or running on a worker's background saver, the largest rank's (a backlog grows when the tier "
@@ -79,6 +115,8 @@ VLLM_REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
 VLLM_NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
 VLLM_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
 VLLM_PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
+VLLM_PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"  # prompt tokens of the requests admitted (vLLM 0.32 counts at admission)
+VLLM_ITERATION_TOKENS = "vllm:iteration_tokens_total"  # a histogram: one observation per engine step
 VLLM_EXTERNAL_PREFIX_CACHE_HITS = "vllm:external_prefix_cache_hits"
 VLLM_EXTERNAL_PREFIX_CACHE_QUERIES = "vllm:external_prefix_cache_queries"
 VLLM_REQUEST_PREFILL_TIME_SECONDS = "vllm:request_prefill_time_seconds"
@@ -97,7 +135,7 @@ ENGINE_NAMES = frozenset({
     VLLM_REQUEST_SUCCESS, VLLM_PROMPT_TOKENS, VLLM_GENERATION_TOKENS, VLLM_REQUEST_PROMPT_TOKENS, VLLM_NUM_REQUESTS_WAITING,
     VLLM_NUM_REQUESTS_RUNNING, VLLM_PREFIX_CACHE_HITS, VLLM_EXTERNAL_PREFIX_CACHE_HITS, VLLM_EXTERNAL_PREFIX_CACHE_QUERIES,
     VLLM_REQUEST_PREFILL_TIME_SECONDS, VLLM_TIME_TO_FIRST_TOKEN_SECONDS, VLLM_E2E_REQUEST_LATENCY_SECONDS,
-    VLLM_REQUEST_QUEUE_TIME_SECONDS, VLLM_CACHE_CONFIG_INFO,
+    VLLM_REQUEST_QUEUE_TIME_SECONDS, VLLM_CACHE_CONFIG_INFO, VLLM_PREFIX_CACHE_QUERIES, VLLM_ITERATION_TOKENS,
     LMCACHE_NUM_REMOTE_READ_BYTES, LMCACHE_REMOTE_TIME_TO_GET, LMCACHE_NUM_HIT_TOKENS, LMCACHE_NUM_REQUESTED_TOKENS,
     LMCACHE_GET_BLOCKING_FAILED_COUNT, LMCACHE_TIME_TO_LOOKUP,
 })

@@ -27,6 +27,7 @@ recomputes them, as for a short serial load.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -205,11 +206,12 @@ class PipelinedLoad:
         if host is not None:  # an async prefetch brought the whole chunk into host memory: no GET
             flat = host.reshape(-1).view(torch.uint8)
             offsets = dict(zip(self.store.parts.names, self.store.parts.offsets))
-            at = 0
-            for name, size in zip(u.names, u.sizes):
-                dst[at : at + size].copy_(flat[offsets[name] : offsets[name] + size], non_blocking=stream is not None)
-                at += size
-            return True, None
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                at = 0
+                for name, size in zip(u.names, u.sizes):
+                    dst[at : at + size].copy_(flat[offsets[name] : offsets[name] + size])
+                    at += size
+                return True, (stream.record_event() if stream is not None else None)
         keys = [part_key(key, name) for name in u.names] if u.names else [key]
         if stream is None:  # CPU: the GET lands in the staging itself
             buf = memoryview(dst.numpy())

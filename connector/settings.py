@@ -25,6 +25,7 @@ from kvctl.connector.urls import (INSTANCE_PLACEHOLDER, MAX_INSTANCES_PER_RANK, 
                                   expand_rank_urls, instances_in, parse_resp_url, read_password_file, redact_url_text,
                                   redact_urls_in, redacted_repr, with_credentials)
 from kvctl.core.errors import InvalidInput
+from kvctl.core.known_keys import nearest
 
 from .config_keys import POLICY_KEYS, VLLM_KEYS
 from kvctl.core.thresholds import CONNECTOR_TIMEOUT_S
@@ -73,14 +74,15 @@ class ConnectorConfigError(ValueError):
 
 @dataclass(frozen=True)
 class LoadPolicySettings:
-    """Load-or-recompute (paper §4): load only when ``T0 + n*s/B <= n/R``.
+    """The load-or-recompute decision (connector/policy.py; on unless ``load_policy`` is false).
 
-    ``bandwidth_gbps`` None = the bandwidth the engine's workers measure; a
-    low estimate is re-probed (one load let through) after ``reprobe_after_s``.
+    Each value given overrides what the engine measures: ``prefill_tokens_per_s`` R, ``t0_s`` T0,
+    ``bandwidth_gbps`` the whole tier's bandwidth (split evenly over the ranks). A veto is re-probed (one
+    load let through) after ``reprobe_after_s`` without a new bandwidth measurement.
     """
 
-    prefill_tokens_per_s: float
-    t0_s: float = 0.0
+    prefill_tokens_per_s: float | None = None
+    t0_s: float | None = None
     bandwidth_gbps: float | None = None
     reprobe_after_s: float = 30.0
 
@@ -99,7 +101,8 @@ class ConnectorSettings:
     timeout_s: float = CONNECTOR_TIMEOUT_S
     host_budget_bytes: int = 0
     async_loading: bool = False
-    load_policy: LoadPolicySettings | None = None
+    #: the load-or-recompute decision; None: off (``"load_policy": false``)
+    load_policy: LoadPolicySettings | None = LoadPolicySettings()
     password_file: str | None = field(default=None, repr=False)
     pinned_pool_bytes: int = DEFAULT_PINNED_POOL_BYTES
     connections_per_instance: int = DEFAULT_CONNECTIONS
@@ -145,22 +148,32 @@ def _number(cfg: Mapping[str, Any], key: str, default, *, integer: bool = False,
 
 
 def _policy(raw: Any) -> LoadPolicySettings | None:
-    if raw in (None, False):
+    """``load_policy``: absent, null or true -- on, everything measured; false or ``{"enabled": false}`` -- off;
+    an object -- on, with its values instead of the measured ones."""
+    if raw is None or raw is True:
+        return LoadPolicySettings()
+    if raw is False:
         return None
     if not isinstance(raw, Mapping):
-        raise _err("load_policy", f"expected an object with prefill_tokens_per_s (or null), got {raw!r}")
+        raise _err("load_policy", f"expected true, false or an object of {', '.join(sorted(POLICY_KEYS))}, got {raw!r}")
     unknown = set(raw) - POLICY_KEYS
     if unknown:
-        raise _err(f"load_policy.{sorted(unknown)[0]}", f"unknown key (known: {', '.join(sorted(POLICY_KEYS))})")
-    if "prefill_tokens_per_s" not in raw:
-        raise _err("load_policy.prefill_tokens_per_s", "missing (the engine's prefill rate R, tokens/s)")
-    bw = _number(raw, "bandwidth_gbps", None, name="load_policy.bandwidth_gbps")
-    return LoadPolicySettings(
-        prefill_tokens_per_s=float(_number(raw, "prefill_tokens_per_s", None, name="load_policy.prefill_tokens_per_s")),
-        t0_s=float(_number(raw, "t0_s", 0.0, name="load_policy.t0_s")),
-        bandwidth_gbps=None if bw is None else float(bw),
-        reprobe_after_s=float(_number(raw, "reprobe_after_s", 30.0, name="load_policy.reprobe_after_s")),
-    )
+        key = sorted(unknown)[0]
+        raise _err(f"load_policy.{key}", f"unknown key{_guess(key, POLICY_KEYS)} (known: {', '.join(sorted(POLICY_KEYS))})")
+    enabled = raw.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise _err("load_policy.enabled", f"expected true or false, got {enabled!r}")
+    values = {k: _number(raw, k, None, name=f"load_policy.{k}")
+              for k in ("prefill_tokens_per_s", "t0_s", "bandwidth_gbps", "reprobe_after_s")}
+    if not enabled:
+        return None
+    return LoadPolicySettings(**{k: float(v) for k, v in values.items() if v is not None})
+
+
+def _guess(key: str, known: frozenset[str]) -> str:
+    """`` (did you mean K?)`` for the known key ``key`` is a typo of (kvctl.core.known_keys), else ""."""
+    guess = nearest(key, known)
+    return f" (did you mean {guess}?)" if guess else ""
 
 
 def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorSettings:
@@ -168,7 +181,8 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
     cfg = dict(cfg or {})
     unknown = set(cfg) - KNOWN_KEYS
     if unknown:
-        raise _err(sorted(unknown)[0], f"unknown key (known: {', '.join(sorted(KNOWN_KEYS))})")
+        key = sorted(unknown)[0]
+        raise _err(key, f"unknown key{_guess(key, KNOWN_KEYS)} (known: {', '.join(sorted(KNOWN_KEYS))})")
     if ("urls" in cfg) == ("url" in cfg):
         raise _err("urls", "give exactly one of 'urls' (one URL, or a list of K URLs, per rank) or 'url' "
                            "(a template with {rank}, and {instance} for several instances per rank)")

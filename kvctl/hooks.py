@@ -29,6 +29,8 @@ DEFAULT_PLUGINS = (
     "kvctl.commands.exporter",
     "kvctl.commands.doctor",
     "kvctl.commands.drill",
+    "kvctl.commands.explain",
+    "kvctl.commands.runbook",
 )
 
 

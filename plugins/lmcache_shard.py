@@ -57,7 +57,7 @@ def check_lmcache_version(version: str | None = None) -> str:
             version = importlib.metadata.version("lmcache")
         except importlib.metadata.PackageNotFoundError:
             raise ShardModeError("kvctl shard mode needs LMCache, which is not installed "
-                                 f"(pip install 'kvctl[lmcache]', LMCache {PINNED_LMCACHE_VERSION})") from None
+                                 f"(from kvctl's checkout: pip install '.[lmcache]', LMCache {PINNED_LMCACHE_VERSION})") from None
     if version != PINNED_LMCACHE_VERSION:
         raise ShardModeError(
             f"kvctl shard mode (kv_connector_extra_config.kvctl_shard) relies on LMCache {PINNED_LMCACHE_VERSION} "

@@ -115,9 +115,9 @@ def test_cli_fit_and_refusals(tmp_path):
     # 12 hits alone (T0 = 0.5 is fitted on these; the burst's first was sent alone but the second came 0.1 s
     # later, before its first token), then the burst that shows θ
     run = run_file(tmp_path / "run.jsonl", 1.0, alone=12)
-    base = ["simulate", "--trace", run, "--hits-from-trace", "--bytes-per-token", "1e6", "--prefill-rate", "1e9", "--t0", "0.5",
-            "--instance-gbps", "1"]
-    r = CliRunner().invoke(cli, [*base, "--fit-from", run, "--t0-engine-share", "fit", "--json"])
+    model = ["simulate", "--trace", run, "--hits-from-trace", "--bytes-per-token", "1e6", "--prefill-rate", "1e9", "--instance-gbps", "1"]
+    base = [*model, "--t0", "0.5"]
+    r = CliRunner().invoke(cli, [*model, "--fit-from", run, "--t0-engine-share", "fit", "--json"])  # T0 from the run (no --t0)
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert any("T0 from 12 hits" in n and "alone in flight" in n and "p50 0.500 s" in n for n in d["notes"])

@@ -58,6 +58,22 @@ def test_ci_runs_readme_test_command():
     assert "make test" in ci
 
 
+def test_the_three_lanes_partition_the_suite_and_ci_runs_each():
+    """README's lanes: `make test` (fast), `make test-engine` (marker slow), `make test-long` (marker long); their -m
+    expressions leave no test out and run none twice, and CI runs every lane as a make call of its own."""
+    root = Path(__file__).resolve().parent.parent
+    make = (root / "Makefile").read_text()
+    exprs = {t: re.search(rf"^{t}: .*\n\t.*-m \"([^\"]+)\"", make, re.M).group(1) for t in ("test", "test-engine", "test-long")}
+    assert exprs == {"test": "not slow and not long", "test-engine": "slow and not long", "test-long": "long"}
+    for slow in (False, True):
+        for long in (False, True):
+            hits = [t for t, e in exprs.items() if eval(e, {}, {"slow": slow, "long": long})]  # noqa: S307 - our own Makefile
+            assert len(hits) == 1, (slow, long, hits)
+    ci = (root / ".ci" / "run").read_text()
+    assert all(re.search(rf"^lane make {t}\b", ci, re.M) for t in exprs), ci
+    assert all(f"make {t}" in README for t in exprs)
+
+
 def test_every_command_takes_json():
     missing = []
     for name, cmd in _commands(cli):
@@ -90,12 +106,14 @@ FAILING = {
     "kvctl doctor": (["--diagnosis", f"{NX}/diagnosis.json"], ExitStatus.USAGE),
     "kvctl drill": (["overload", "--duration", "1"], ExitStatus.USAGE),
     "kvctl exporter": ([], ExitStatus.USAGE),
+    "kvctl explain": ([f"{NX}/trace.jsonl"], ExitStatus.USAGE),
     "kvctl loading async": ([], ExitStatus.USAGE),
     "kvctl loading show": (["--config", f"{NX}/lmcache.yaml"], ExitStatus.USAGE),
     "kvctl loading sync": (["--env-file", f"{NX}/env"], ExitStatus.USAGE),
     "kvctl plan": (["--arrival-rate", "1", "--bytes-per-token", "1", "--prefill-rate", "1", "--slo-p99", "1", "--instance-gbps", "1"], ExitStatus.USAGE),
     "kvctl replay": ([f"{NX}/trace.jsonl", "--dry-run"], ExitStatus.USAGE),
     "kvctl report": ([f"{NX}/run.jsonl"], ExitStatus.USAGE),
+    "kvctl runbook": (["no-such-page"], ExitStatus.USAGE),
     "kvctl simulate": (["--arrival-rate", "1", "--bytes-per-token", "1", "--prefill-rate", "1", "--instance-gbps", "1"], ExitStatus.USAGE),
 }
 
@@ -169,7 +187,7 @@ def test_the_gpu_extra_pins_no_torch_or_vllm_and_the_gpu_doc_names_it():
     gpu = [ln.strip() for ln in cfg["options.extras_require"]["gpu"].splitlines() if ln.strip()]
     assert gpu and not [r for r in gpu if r.lower().startswith(("torch", "vllm", "triton", "nvidia-nccl"))], gpu
     text = (ROOT / "docs" / "gpu.md").read_text()
-    assert "pip install 'kvctl[gpu]'" in text and "--shutdown-timeout" in text and "memlock" in text
+    assert "pip install '.[gpu]'" in text and "--shutdown-timeout" in text and "memlock" in text
 
 
 def test_a_command_that_answered_in_json_gets_no_second_object():
@@ -182,3 +200,19 @@ def test_a_command_that_answered_in_json_gets_no_second_object():
     status = json.loads(res.stdout)
     assert "outcome" not in status and status["instances"][0]["up"] is False
     assert "not answering" in res.stderr
+
+
+#: the numbers README spells out in words
+NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+
+
+def test_readme_counts_the_samples_drill_samples_lists():
+    """Issue 48 item 16: README said `kvctl drill samples` lists three files while it lists four. Every "`kvctl drill
+    samples` lists ... N ..." sentence of README says the count the real command prints."""
+    listed = json.loads(CliRunner().invoke(cli, ["drill", "samples", "--json"]).stdout)
+    text = " ".join(README.split())
+    sentences = re.findall(r"`kvctl drill samples` lists ([^.]*)\.", text)
+    assert sentences, "README no longer says what `kvctl drill samples` lists"
+    for s in sentences:
+        counts = [NUMBER_WORDS[w] for w in re.findall(r"[a-z]+", s) if w in NUMBER_WORDS] + [int(n) for n in re.findall(r"\b\d+\b", s)]
+        assert counts and counts[0] == len(listed), f"README: `kvctl drill samples` lists {s!r}; the command lists {len(listed)}: {sorted(listed)}"

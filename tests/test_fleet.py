@@ -195,13 +195,14 @@ def test_t0_fitted_from_a_run_file(tmp_path):
     t0, note = t0_from_run(str(p), 1e6, 1.0, 1000.0)
     assert sorted(t0) == pytest.approx([0.2] + [0.4] * 12)
     assert "13 hits" in note
-    # simulated hits of 2000 tokens lie outside the 500–1000 cached tokens T0 was fitted on: said
+    # simulated hits of prompts of 800 and 2000 tokens lie outside the prompts of 1000 T0 was fitted on: said (prompts on
+    # both sides, issue 48: a run's hits cache whole chunks, 4,096 of 4,160 tokens, where the model loads the prompt)
     var = build(fit_from=str(p), bytes_per_token=1e6, prefill_rate=1000.0, fit_gbps=1.0)
-    assert var.t0_fit_hit_tokens == (500.0, 1000.0)
+    assert var.t0_fit_hit_tokens == (1000.0, 1000.0)
     w = Workload(np.array([0.0, 10.0]), np.array([2000.0, 800.0]), 0.1, "hand")
     res = simulate_fleet(w, SimConfig(1e6, 1000.0, 0.0), 1.0, var=var)
-    assert any("fitted on hits of 500–1,000 cached tokens; simulated hits span 800–2,000" in x for x in res.extrapolated)
-    inside = simulate_fleet(Workload(np.array([0.0]), np.array([700.0]), 0.1, "hand"), SimConfig(1e6, 1000.0, 0.0), 1.0, var=var)
+    assert any("fitted on hits of prompts of 1,000–1,000 tokens; simulated hits' prompts span 800–2,000" in x for x in res.extrapolated)
+    inside = simulate_fleet(Workload(np.array([0.0]), np.array([1000.0]), 0.1, "hand"), SimConfig(1e6, 1000.0, 0.0), 1.0, var=var)
     assert inside.extrapolated == ()
 
 
@@ -212,7 +213,7 @@ def test_cli_engines_json_has_fleet_and_engines(tmp_path):
     b = bench_file(tmp_path / "b.json", [{"instances": 1, "clients": 1, "aggregate_gbps": 1.0, "p50_batch_ms": 10.0, "p99_batch_ms": 20.0},
                                           {"instances": 1, "clients": 2, "aggregate_gbps": 1.2}])
     r = CliRunner().invoke(cli, ["simulate", "--arrival-rate", "0.1", *GB_PROMPT, "--instances", "2", "--instance-gbps", "1", "--engines", "3",
-                                 "--requests", "3000", "--get-times-from", b, "--readers-from", b, "--json"])
+                                 "--requests", "3000", "--bench", b, "--json"])  # B from --instance-gbps, the spread and readers from b
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert len(d["per_engine"]) == 3 and d["engines"] == 3
@@ -226,12 +227,13 @@ def test_cli_engines_json_has_fleet_and_engines(tmp_path):
 def test_cli_engines_table():
     r = CliRunner().invoke(cli, ["simulate", "--arrival-rate", "0.1", *GB_PROMPT, "--instance-gbps", "1", "--engines", "2", "--requests", "500"])
     assert r.exit_code == 0, r.output
-    assert "fleet" in r.output and "tier ρ per instance" in r.output
+    heading = next(ln for ln in r.output.splitlines() if ln.startswith("┃"))
+    assert "fleet" in r.output and "engine ρ" in heading and "tier ρ" in heading  # issue 48: each ρ a column of its own
 
 
 @pytest.mark.parametrize("args,message", [
     (["--engines", "0"], "--engines"),
-    (["--readers-from", "/nonexistent.json"], "--readers-from"),
+    (["--bench", "/nonexistent.json"], "--bench /nonexistent.json"),
     (["--async-overhead", "-1"], "--async-overhead"),
 ])
 def test_cli_fleet_bad_input(args, message):

@@ -82,7 +82,8 @@ def test_env_file_form(tmp_path):
 def test_sync_refused_when_last_diagnosis_rho_high(config):
     run(["loading", "async", "--config", str(config)])
     flipped = config.read_text()
-    save_last_diagnosis({"rho": 0.93, "saved_at": "2026-01-01T00:00:00+00:00"})
+    # of this config's tier (remote_url resp://valkey-{rank}:6379, one rank): issue 48, a diagnosis is its tier's
+    save_last_diagnosis({"rho": 0.93, "saved_at": "2026-01-01T00:00:00+00:00", "instances": [{"url": "resp://valkey-0:6379"}]})
     res = run(["loading", "sync", "--config", str(config)], 1)
     assert "refusing" in res.stderr and "0.93" in res.stderr and "--force" in res.stderr
     assert config.read_text() == flipped  # untouched

@@ -108,7 +108,7 @@ def test_cli_json_keys_side_by_side_and_plots(tmp_path):
     b = write_run(tmp_path / "h3.jsonl", [x / 10 for x in LATENCIES], CACHED)
     r = CliRunner().invoke(cli, ["report", str(a), str(b), "--json", "--plot", str(tmp_path / "plots")])
     assert r.exit_code == 0, r.output
-    data = json.loads(r.output)
+    data = json.loads(r.stdout)  # stderr says where each plot went
     runs = data["runs"]
     assert [x["name"] for x in runs] == ["h1", "h3"]
     assert set(runs[0]) >= {"name", "requests", "p50_s", "p90_s", "p99_s", "max_s", "mean_s", "thirds_p50_s", "hit_rate",

@@ -155,10 +155,10 @@ def test_bench_extrapolation_is_said_in_the_json_and_the_table(tmp_path):
 
 
 def test_sweep_lists_results_with_parameters(tmp_path):
-    code, out = run(*PAPER, "--instance-gbps", "0.85", "--sweep", "instances=1,8 loading=sync,async",
-                    "--plot", str(tmp_path / "sweep.png"))
-    assert code == 0, out
-    points = json.loads(out)
+    r = CliRunner().invoke(cli, ["simulate", *PAPER, "--instance-gbps", "0.85", "--sweep", "instances=1,8 loading=sync,async",
+                                 "--plot", str(tmp_path / "sweep.png")])
+    assert r.exit_code == 0, r.output
+    points = json.loads(r.stdout)  # stderr: "plot: wrote ..."
     assert [p["parameters"] for p in points] == [
         {"instances": 1, "loading": "sync"}, {"instances": 1, "loading": "async"},
         {"instances": 8, "loading": "sync"}, {"instances": 8, "loading": "async"}]

@@ -17,6 +17,7 @@ from kvctl.core import cost
 from kvctl.bench.info import ServerDelta
 from kvctl.bench.stats import mean, percentile
 from kvctl.bench.worker import WorkerResult
+from kvctl.tier.sizing import up_command
 from kvctl.tier.targets import instance_name
 
 
@@ -119,6 +120,7 @@ class BenchReport:
     verdict: Verdict | None = None
     interrupted: bool = False  # stopped early (SIGINT/SIGTERM): ``runs`` are those measured, the last maybe shortened
     runs_planned: int = 0
+    advice: str | None = None  # the server change to make before adding instances (kvctl.bench.sizing.instance_advice)
 
     @property
     def errors(self) -> int:
@@ -227,11 +229,12 @@ def with_scaling(runs: Sequence[RunResult]) -> tuple[RunResult, ...]:
     return tuple(replace(r, scaling_vs_1x1=(r.aggregate_gbps / base[r.op]) if r.op in base else None) for r in runs)
 
 
-def summarize_verdict(runs: Sequence[RunResult], bytes_per_token: float, prefill_rate: float) -> Verdict | None:
+def summarize_verdict(runs: Sequence[RunResult], bytes_per_token: float, prefill_rate: float, first_step: str | None = None) -> Verdict | None:
     """Judge the GET run with the most instances (best aggregate among those) against B* = s·R.
 
     ``bytes_per_token`` is the WHOLE model's s (kvctl.core.kvsize ``bytes_per_token``,
-    never the per-rank share): it is compared with the run's aggregate bandwidth.
+    never the per-rank share): it is compared with the run's aggregate bandwidth. ``first_step``: the server change
+    that gives each instance more (a newer Valkey, more io-threads), advised before more instances when recompute wins.
     """
     cost.require_positive("--bytes-per-token", bytes_per_token)
     cost.require_positive("--prefill-rate", prefill_rate)
@@ -253,8 +256,9 @@ def summarize_verdict(runs: Sequence[RunResult], bytes_per_token: float, prefill
         f"B* = s·R = {bytes_per_token:,.0f} B × {prefill_rate:,.0f} tok/s = {b_star:.3f} GB/s for the tier, "
         f"i.e. {s_rank:,.0f} B/token × R = {b_star / ranks:.3f} GB/s per rank; "
         f"loading costs {load_us:.1f} µs/token against {recompute_us:.1f} µs to recompute: "
-        + ("loading from the tier beats recompute for prompts above n* = R·T0." if wins else "recompute wins — every hit is slower than recomputing; add instances (one per rank, then several per rank: "
-              "kvctl deploy-valkey up --instances-per-rank K) or stop loading.")
+        + ("loading from the tier beats recompute for prompts above n* = R·T0." if wins else "recompute wins — every hit is slower than recomputing; "
+              + (f"first {first_step}; then " if first_step else "") + "add instances (one per rank, then several per rank: "
+              f"{up_command()}) or stop loading.")
     )
     return Verdict(
         bytes_per_token=bytes_per_token,

@@ -446,25 +446,42 @@ def run_bench(
         parameters=params,
         server_io_threads=tuple(i.io_threads for i in infos),
     )
+    advice = _advice(runs_t, meta, targets)
     verdict = None
     if bytes_per_token and prefill_rate:
-        verdict = summarize_verdict(runs_t, bytes_per_token, prefill_rate)
-    return BenchReport(metadata=meta, runs=runs_t, verdict=verdict, interrupted=was_interrupted, runs_planned=len(plan))
+        verdict = summarize_verdict(runs_t, bytes_per_token, prefill_rate, advice)
+    return BenchReport(metadata=meta, runs=runs_t, verdict=verdict, interrupted=was_interrupted, runs_planned=len(plan), advice=advice)
+
+
+def _advice(runs: Sequence[RunResult], meta: BenchMetadata, targets: Sequence[Target]) -> str | None:
+    """The server change to make before adding instances, judged on the best GB/s one instance gave in any GET run."""
+    from kvctl.bench.sizing import instance_advice  # noqa: PLC0415
+    from kvctl.tier.checks import is_local  # noqa: PLC0415
+
+    best = max((g for r in runs if r.op == "get" for g in r.per_instance_gbps), default=None)
+    if not best:
+        return None
+    local = bool(targets) and all(is_local(t.host) for t in targets)
+    return instance_advice(meta.server_versions, meta.server_io_threads, best, local, len(targets))
 
 
 @contextlib.contextmanager
 def embedded_tier(n: int, maxmemory: str | int = "1gb", workdir: str | None = None) -> Iterator[list[Target]]:
-    """Start ``n`` local valkey-servers (one per rank) for the bench; always stop them, and they die with this process
+    """Start ``n`` local valkey-servers (one per rank) for the bench, with the io-threads `deploy-valkey up` gives ``n``
+    instances on this host (:func:`kvctl.tier.sizing.io_threads_for`); always stop them, and they die with this process
     (SIGKILL included: :func:`kvctl.core.procs.die_with_parent`)."""
-    from kvctl.tier.server import start_valkey  # noqa: PLC0415
+    from kvctl.tier.server import find_valkey_server, server_version, start_valkey  # noqa: PLC0415
+    from kvctl.tier.sizing import io_threads_for, zero_copy_settings  # noqa: PLC0415
 
     if n < 1:
         raise InvalidInput(f"--embedded needs N ≥ 1, got {n}")
+    binary, threads = find_valkey_server(), io_threads_for(instances=n)
+    settings = {"maxmemory": maxmemory, "io-threads": threads, **zero_copy_settings(server_version(binary), threads)}
     procs = []
     with tempfile.TemporaryDirectory(prefix="kvctl-bench-", dir=workdir) as tmp:
         try:
             for r in range(n):
-                procs.append(start_valkey(os.path.join(tmp, f"rank{r}"), settings={"maxmemory": maxmemory}, die_with_parent=True))
+                procs.append(start_valkey(os.path.join(tmp, f"rank{r}"), settings=settings, binary=binary, die_with_parent=True))
             yield [Target(r, p.host, p.port, p.url) for r, p in enumerate(procs)]
         finally:
             for p in procs:

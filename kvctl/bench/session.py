@@ -39,7 +39,7 @@ class BenchRequest:
 
     targets: tuple[Target, ...]  # the instances named (--valkey, --dir); () with embedded
     embedded: int | None  # start this many local servers for the run
-    embedded_maxmemory: int | None  # None: sized within half the host's available memory
+    embedded_maxmemory: int | None  # the --embedded tier's TOTAL, split evenly; None: sized within half the host's available memory
     chunk_bytes: float | None  # None: --model-config's chunk, else the tier's own, else the paper's
     model_config: str | None
     chunk_tokens: int
@@ -110,6 +110,7 @@ def bench(req: BenchRequest, *, progress: Callable[[float], ContextManager[Advan
     from kvctl.bench.runner import embedded_tier, run_bench, url_with_password  # noqa: PLC0415
     from kvctl.bench.sizing import bench_sizes  # noqa: PLC0415
     from kvctl.bench.spec import grid, size_embedded  # noqa: PLC0415
+    from kvctl.tier.spec import split_maxmemory  # noqa: PLC0415
 
     chunk_bytes, chunk_source = req.chunk_bytes, None
     if req.targets and chunk_bytes is None and not req.model_config:  # the tier's own chunks, when its engines stored some
@@ -133,11 +134,14 @@ def bench(req: BenchRequest, *, progress: Callable[[float], ContextManager[Advan
 
     if not req.embedded:
         return BenchOutcome(go(req.targets, req.keys), chunk, chunk_source)
-    keys, maxmemory = req.keys, req.embedded_maxmemory
-    if maxmemory is None:
+    keys = req.keys
+    if req.embedded_maxmemory is None:
         sizing = size_embedded(req.embedded, make_spec(req, chunk, req.embedded, keys)[0], psutil.virtual_memory().available)
         maxmemory, keys = sizing.maxmemory_bytes, sizing.keys
-    params["embedded_maxmemory_bytes"] = maxmemory
+    else:  # the tier's total, as deploy-valkey up's --maxmemory
+        maxmemory = split_maxmemory(req.embedded_maxmemory, req.embedded)
+    params["embedded_maxmemory_bytes"] = maxmemory * req.embedded
+    params["embedded_maxmemory_per_instance_bytes"] = maxmemory
     with embedded_tier(req.embedded, maxmemory) as targets:
         return BenchOutcome(go(targets, keys), chunk, chunk_source)
 
@@ -150,6 +154,24 @@ def report_data(report: BenchReport, interrupted_by: str | None = None) -> dict[
     data["errors"] = report.errors
     data["interrupted"] = interrupted_by
     return data
+
+
+def say_unknown_keys(data: Any, where: str) -> None:
+    """A key of a ``bench --save`` file (top level, or of a run) that no reader knows: one warning each, with the
+    nearest key (a hand edit, or another kvctl's file; the readers go on without it)."""
+    import dataclasses  # noqa: PLC0415
+    import logging  # noqa: PLC0415
+
+    from kvctl.bench.results import BenchReport, RunResult  # noqa: PLC0415
+    from kvctl.core.known_keys import log_unknown, unknown  # noqa: PLC0415
+
+    if not isinstance(data, dict):
+        return
+    found = unknown(data, {f.name for f in dataclasses.fields(BenchReport)} | {"errors"}, where)
+    for n, run in enumerate(data.get("runs") if isinstance(data.get("runs"), list) else []):
+        if isinstance(run, dict):
+            found += unknown(run, {f.name for f in dataclasses.fields(RunResult)}, where, f"runs[{n}].")
+    log_unknown(found, logging.getLogger(__name__), "ignored")
 
 
 def save(path: str, data: dict[str, Any]) -> None:

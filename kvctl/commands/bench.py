@@ -10,7 +10,7 @@ import click
 from kvctl.core import render
 
 from kvctl.core import thresholds
-from kvctl.commands.options import BYTES_PER_TOKEN, CHUNK_TOKENS, PREFILL_RATE, TP, ByteSize, count, output_options, positive, valkey_options, valkey_targets
+from kvctl.commands.options import BYTES_PER_TOKEN, CHUNK_TOKENS, PREFILL_RATE, TP, ByteSize, count, output_options, plot_option, positive, valkey_options, valkey_targets
 from kvctl.core.errors import ExitStatus, InvalidInput
 from kvctl.hooks import hookimpl
 from kvctl.core.kvsize import DTYPE_BYTES
@@ -38,14 +38,14 @@ def register_commands(cli: click.Group) -> None:
 @click.command("bench")
 @valkey_options
 @click.option("--embedded", type=count(256), help="Start N local valkey-servers for the run and stop them after.")
-@click.option("--embedded-maxmemory", type=ByteSize(2**50), help="maxmemory of each --embedded instance (default: sized for instances × clients × batch × chunk, within half the host's available memory).")
+@click.option("--embedded-maxmemory", type=ByteSize(2**50), help="TOTAL memory of the --embedded tier, split evenly over its N instances, as `deploy-valkey up --maxmemory` (default: sized for instances × clients × batch × chunk, within half the host's available memory).")
 @click.option("--chunk-bytes", type=CHUNK_BYTES, help="Bytes per value, a size (12.4e6, 12MiB, 400kb; default 12.4e6: one 256-token GLM-5.3 FP8 chunk).")
 @click.option("--model-config", type=click.Path(dir_okay=False), help="config.json to derive the chunk size (and bytes per token) from.")
 @click.option("--chunk-tokens", type=CHUNK_TOKENS, default=thresholds.CHUNK_TOKENS, show_default=True, help="Tokens per chunk with --model-config.")
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config.")
 @click.option("--tp", type=TP, default=1, show_default=True, help="Tensor-parallel ranks with --model-config (one instance each): the chunk is one rank's; the verdict's s stays the whole model's.")
 @click.option("--batch", type=count(4096), default=8, show_default=True, help="Chunks per pipelined GET batch (one rank's share of a prompt).")
-@click.option("--clients", type=count(4096), help="Client processes per instance (default 1; with --sweep, the largest count, default = instances).")
+@click.option("--clients", type=count(4096), help="Client processes per instance (default: with --dir one per I/O thread of the tier's instances, at least 2 and at most 16, the connections an engine keeps busy on them; else 1; with --sweep, the largest count, default = instances).")
 @click.option("--duration", type=SECONDS, default=10.0, show_default=True, help="Seconds per run.")
 @click.option("--keys", type=count(10**9), help="Distinct keys per instance (default: about 1 GB of values, within maxmemory).")
 @click.option("--write", is_flag=True, help="Also measure SET bandwidth (a write run before each GET run).")
@@ -56,7 +56,7 @@ def register_commands(cli: click.Group) -> None:
 @click.option("--prefill-rate", type=PREFILL_RATE, help="Prefill tokens/s R; with bytes per token, ends with the verdict against B* = s·R.")
 @click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help="KV bytes per token s of the WHOLE model (all ranks) for the verdict (or --model-config).")
 @click.option("--save", type=click.Path(dir_okay=False), help="Also write the JSON result to FILE.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Draw the scaling chart to FILE.png.")
+@plot_option("the scaling chart (with --engines, the contention curve)")
 @output_options
 @click.pass_context
 def bench_cmd(
@@ -117,6 +117,10 @@ def bench_cmd(
     if engines and (sweep or clients):
         raise click.UsageError("--engines runs its own grid (one client per engine per instance): drop --sweep and --clients")
     named = [] if embedded else valkey_targets(valkey_urls, ranks, tier_dir, password_file, instances_per_rank=instances_per_rank)
+    if clients is None and not (sweep or engines or valkey_urls or ranks):
+        from kvctl.bench.sizing import tier_clients  # noqa: PLC0415
+
+        clients = tier_clients(tier_dir)
     req = BenchRequest(tuple(named), embedded, embedded_maxmemory, chunk_bytes, model_config, chunk_tokens, dtype, tp, batch,
                        ctx.get_parameter_source("batch") != click.core.ParameterSource.COMMANDLINE, clients, duration, keys, write, sweep,
                        engines, timeout_s, seed, prefill_rate, bytes_per_token)
@@ -130,7 +134,6 @@ def bench_cmd(
         save_report(save, data)
     if plot:
         plot_report(report, plot)
-        render.message(f"plot: wrote {plot}", stderr=True)
     show_bench(outcome, data, as_json, tp)
     if caught:
         show_interrupted(report, caught[0].name, duration, bool(embedded))

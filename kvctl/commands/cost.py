@@ -50,6 +50,10 @@ def breakeven_cmd(bytes_per_token: float, tp: int, prefill_rate: float, t0: floa
 
     With --tp N, also each rank's share: s/N bytes per token, and B*/N, what each
     of N instances (one per rank) must deliver.
+
+    \b
+    Example, the paper's GLM-5.3 FP8 on a B300 (B* ≈ 2.528 GB/s, n* ≈ 17 226 tokens):
+      kvctl cost breakeven --bytes-per-token 48437.5 --prefill-rate 52200 --t0 0.33
     """
     show_breakeven(cost.summarize_breakeven(bytes_per_token, prefill_rate, t0, tp), as_json)
 
@@ -63,7 +67,12 @@ def breakeven_cmd(bytes_per_token: float, tp: int, prefill_rate: float, t0: floa
               help="Bandwidth B of the whole tier (all instances together) during the measurement, GB/s.")
 @output_options
 def fit_t0_cmd(latency_s: float, prompt_gb: float | None, prompt_tokens: int | None, bytes_per_token: float | None, tier_gbps: float, as_json: bool) -> None:
-    """Fit the fixed per-hit cost: T0 = t_measured − n·s / B."""
+    """Fit the fixed per-hit cost: T0 = t_measured − n·s / B.
+
+    \b
+    Example, the paper's hit of 0.79 GB in 0.40 s from eight instances at 10.76 GB/s (T0 ≈ 0.327 s):
+      kvctl cost fit-t0 --latency-s 0.40 --prompt-gb 0.79 --tier-gbps 10.76
+    """
     prompt_bytes = _prompt_bytes(prompt_gb, prompt_tokens, bytes_per_token)
     t0 = cost.fit_t0(latency_s, prompt_bytes, tier_gbps)
     if t0 < 0:
@@ -90,7 +99,12 @@ def _prompt_bytes(prompt_gb: float | None, tokens: int | None, bytes_per_token: 
 @click.argument("more_tokens", nargs=-1, type=TOKENS, metavar="")
 @output_options
 def predict_cmd(bytes_per_token: float, tp: int, prefill_rate: float, t0: float, tier_gbps: float, tokens_opt: tuple[int, ...], more_tokens: tuple[int, ...], as_json: bool) -> None:
-    """Per-length verdict: load from the tier, or recompute?"""
+    """Per-length verdict: load from the tier, or recompute?
+
+    \b
+    Example, the paper's model on eight instances (recompute up to ~22 500 tokens, load above):
+      kvctl cost predict --bytes-per-token 48437.5 --prefill-rate 52200 --tier-gbps 10.76 --prompt-tokens 4096 16384 65536
+    """
     preds = cost.predict(_tokens(tokens_opt, more_tokens), bytes_per_token, prefill_rate, tier_gbps, t0)
     show_predict(preds, bytes_per_token, tp, prefill_rate, t0, tier_gbps, as_json)
 
@@ -109,6 +123,10 @@ def rho_cmd(arrival_rate: float, prompt_gb: float | None, prompt_tokens: int | N
 
     ρ is for one instance serving the whole request (s the whole model's bytes per
     token). With --tp N also ρ of N such instances, one per rank, each moving s/N.
+
+    \b
+    Example, the paper's one instance at 1.21 hits/s (ρ ≈ 1.12: unstable; 3 instances for ρ ≤ 0.5):
+      kvctl cost rho --arrival-rate 1.21 --prompt-gb 0.79 --instance-gbps 0.85
     """
     res = cost.summarize_rho(arrival_rate, _prompt_bytes(prompt_gb, prompt_tokens, bytes_per_token), instance_gbps, rho_target, tp)
     show_rho(res, as_json, bytes_per_token if prompt_gb is None else None, tp)
@@ -131,6 +149,10 @@ def kv_size_cmd(config_path: str, dtype: str | None, chunk_tokens: int, tp: int,
     chunk_bytes               one stored chunk value (a rank's heads; MLA: the latent;
                               MLA with a sparse-attention indexer: the latent rows and
                               the indexer's keys, two values in the tier)
+
+    \b
+    Example, GLM-5 in FLASHMLA_SPARSE's fp8 (61 464 B/token), a config of kvctl's checkout:
+      kvctl cost kv-size --model-config configs/models/glm-5.json --dtype fp8
     """
     res = kv_size_from_file(config_path, dtype=dtype, chunk_tokens=chunk_tokens, tp=tp)
     show_kv_size(res, as_json)
@@ -153,6 +175,11 @@ def report_cmd(model_config: str | None, bytes_per_token: float | None, dtype: s
     """One table per model/GPU pairing: B*, n*, and load vs recompute over prompt lengths.
 
     With no model, reproduces the paper's GLM-5.3 FP8 / B300 setup.
+
+    \b
+    Examples, the paper's setup, then Llama 3.1 8B at 100 000 prefill tokens/s:
+      kvctl cost report --prompt-tokens 4096 16384 65536
+      kvctl cost report --model-config configs/models/llama-3.1-8b.json --prefill-rate 100000 --tier-gbps 2 --tier-gbps 10
     """
     paper = cost.PAPER_PAIRING
     if model_config or bytes_per_token:

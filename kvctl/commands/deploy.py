@@ -17,7 +17,7 @@ from kvctl.commands.options import (
 from kvctl.core.signals import Signalled, signals_raise
 from kvctl.core.errors import InvalidInput, Unreachable
 from kvctl.hooks import hookimpl
-from kvctl.tier import spec
+from kvctl.tier import sizing, spec
 from kvctl.tier.targets import load_tier
 from kvctl.views.deploy import show_down, show_engine_config, show_rendered, show_status, show_up
 
@@ -96,14 +96,25 @@ instances_per_rank_option = click.option(
     "Instance i of rank r is number n = r*K + i: port base-port + n (local, systemd), unit NAME@<r>-<i> (systemd), pod NAME-<n> (k8s).",
 )
 
+#: --io-threads of `up` (and of lmcache-config/vllm-config for a fleet: the connections follow it)
+IO_THREADS = count(256)
+HOST_CORES = count(1 << 16)
+
 #: Options of the systemd and k8s targets.
 fleet_options = options(
     click.option("--name", default="valkey-kv", show_default=True, help="Name of the unit template / StatefulSet (pods are NAME-<rank>)."),
     click.option("--service", help="Headless Service name for k8s (default: --name)."),
     click.option("--namespace", help="k8s namespace (also used in the per-rank host names)."),
-    click.option("--image", default="valkey/valkey:8.1", show_default=True, help="Container image for k8s."),
+    click.option("--image", default=thresholds.K8S_VALKEY_IMAGE, show_default=True,
+                 help="Container image for k8s (Valkey 9.x: its tag says the version; a tag that is no 9.x version gets no "
+                 "min-io-threads-avoid-copy-reply, which 8.x refuses)."),
     click.option("--k8s-port", type=click.IntRange(1, 65535), default=6379, show_default=True, help="Port every k8s pod listens on."),
+    click.option("--host-cores", type=HOST_CORES,
+                 help=f"Cores of the host the systemd/k8s tier runs on, for its io-threads when --io-threads is not given (default "
+                 f"{thresholds.FLEET_HOST_CORES}: kvctl cannot see that host; the W × K instances are sized as sharing it). A local tier "
+                 "sizes from this host's cores."),
 )
+
 
 
 @click.group("deploy-valkey")
@@ -128,17 +139,24 @@ def deploy_group() -> None:
 @click.option("--target", type=TargetChoice(), default="local", show_default=True, help="Start local processes, or render systemd units / k8s manifests (or a plugin's registered target).")
 @click.option("--ranks", type=RANKS, required=True, help="Number of ranks W (rank r on instance r, or on its K instances with --instances-per-rank).")
 @instances_per_rank_option
-@click.option("--base-port", type=click.IntRange(1, 65535), default=thresholds.BASE_PORT, show_default=True, envvar="KVCTL_BASE_PORT", help="Port of rank 0; rank r listens on base-port + r, instance i of rank r on base-port + r*K + i (local, systemd; env KVCTL_BASE_PORT).")
-@click.option("--maxmemory", type=MAXMEMORY, default=thresholds.TIER_MAXMEMORY, show_default=True, help="TOTAL memory of the tier, split evenly across all W × K instances (Valkey units: mb = MiB, m = 10^6).")
+@click.option("--base-port", type=click.IntRange(1, 65535), envvar="KVCTL_BASE_PORT", help=(
+    "Port of rank 0; rank r listens on base-port + r, instance i of rank r on base-port + r*K + i (local, systemd; env KVCTL_BASE_PORT). "
+    f"Default, local: {thresholds.BASE_PORT} when its W × K ports are free, else free loopback ports (a busy host's other tiers keep "
+    f"theirs; the state file and status say which); systemd: {thresholds.BASE_PORT}. A port given is used, or refused when taken."))
+@click.option("--maxmemory", type=MAXMEMORY, default=thresholds.TIER_MAXMEMORY, show_default=True, help="TOTAL memory of the tier, split evenly across all W × K instances (400mb = 400 MB = 4e8 bytes; 400MiB = 400 × 2^20).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (local, systemd). Non-loopback needs --password-file or --insecure-no-auth.")
-@click.option("--io-threads", type=count(256), help=f"Valkey io-threads per instance, main thread included (default: min(4, cores/2/instances), here {spec.default_io_threads()} for one instance; 4 for fleets).")
+@click.option("--io-threads", type=IO_THREADS, help=(
+    "Valkey io-threads per instance, main thread included. Default: clamp(floor(0.75 × cores / instances on the host), 1, 8): "
+    f"this host's cores for a local tier (here {sizing.io_threads_for()} for one instance), --host-cores for systemd/k8s. "
+    "An explicit --io-threads wins. With Valkey 9.x and io-threads ≥ 2 the instance also gets min-io-threads-avoid-copy-reply "
+    "at the same number (copy-free replies of large values); engines' connections per instance follow it (vllm-config, lmcache-config)."))
 @dir_option
 @password_options
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Output directory for --target systemd/k8s.")
 @click.option("--apply", "apply_", is_flag=True, help="systemd: install and enable the units (needs root); k8s: kubectl apply -f OUT.")
 @fleet_options
 @output_options
-def up_cmd(target: str, ranks: int, instances_per_rank: int, base_port: int, maxmemory: int, host: str, io_threads: int | None, tier_dir: Path, password_file: str | None, insecure_no_auth: bool, out: Path | None, apply_: bool, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, as_json: bool) -> None:
+def up_cmd(target: str, ranks: int, instances_per_rank: int, base_port: int | None, maxmemory: int, host: str, io_threads: int | None, tier_dir: Path, password_file: str | None, insecure_no_auth: bool, out: Path | None, apply_: bool, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, host_cores: int | None, as_json: bool) -> None:
     """Start (local) or render (systemd, k8s) one Valkey instance per rank, or K per rank.
 
     Local: all instances answer PING or none is left running; the state file
@@ -156,11 +174,13 @@ def up_cmd(target: str, ranks: int, instances_per_rank: int, base_port: int, max
     if ranks < 1:
         raise InvalidInput(f"--ranks must be at least 1, got {ranks}")
     if target != "local":
-        _render_fleet(target, ranks, base_port, maxmemory, host, io_threads, password_file, insecure_no_auth, out, apply_, name, service, namespace, image, k8s_port, as_json,
-                      instances_per_rank)
+        _render_fleet(target, ranks, base_port or thresholds.BASE_PORT, maxmemory, host, io_threads, password_file, insecure_no_auth, out, apply_, name, service, namespace, image, k8s_port, as_json,
+                      instances_per_rank, host_cores or thresholds.FLEET_HOST_CORES)
         return
     if out or apply_:
         raise InvalidInput("--out and --apply are for --target systemd or k8s")
+    if host_cores is not None:
+        raise InvalidInput("--host-cores is for --target systemd or k8s: a local tier sizes its io-threads from this host's cores (or give --io-threads)")
     from kvctl.tier import local  # noqa: PLC0415 - psutil only when a command runs, not for `kvctl --help`
 
     req = local.UpRequest(tier_dir, ranks, base_port, maxmemory, host, io_threads, password_file, insecure_no_auth, instances_per_rank)
@@ -174,7 +194,7 @@ def up_cmd(target: str, ranks: int, instances_per_rank: int, base_port: int, max
 
 
 def _render_fleet(target: str, ranks: int, base_port: int, maxmemory: int, host: str, io_threads: int | None, password_file: str | None, insecure_no_auth: bool, out: Path | None, apply_: bool, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, as_json: bool,
-                  instances_per_rank: int = 1) -> None:
+                  instances_per_rank: int = 1, host_cores: int = thresholds.FLEET_HOST_CORES) -> None:
     from kvctl.tier import render_targets  # noqa: PLC0415
 
     renderers = fleet_renderers()
@@ -199,6 +219,7 @@ def _render_fleet(target: str, ranks: int, base_port: int, maxmemory: int, host:
         namespace=namespace,
         image=image,
         instances_per_rank=instances_per_rank,
+        host_cores=host_cores,
     )
     files = render_targets.write_files(out, renderers[target](fleet))
     applied = render_targets.apply(target, out, fleet) if apply_ else None
@@ -256,16 +277,28 @@ def down_cmd(tier_dir: Path, purge: bool, timeout_s: float, as_json: bool) -> No
 
     A dead instance is reported and skipped; a recorded pid that is not a
     valkey-server of this directory (another process now, or the original
-    tier of a copied directory) is never signalled. Config files stay unless
-    --purge, which removes only the files `up` names in --dir, and nothing
-    while a server of the directory still runs.
+    tier of a copied directory) is never signalled. The drill engine that
+    `kvctl drill engine --dir` left on the tier is stopped first. Config files
+    stay (the state file then says the tier was stopped, so `doctor` in this
+    directory does not check it unless named) unless --purge, which removes
+    only the files `up` and the drill engine wrote in --dir, and nothing while
+    a server of the directory still runs. Says what is left in --dir.
     """
+    from kvctl.drill import standalone as drill_engine  # noqa: PLC0415
     from kvctl.tier import local  # noqa: PLC0415
 
     state = local.tier_to_stop(tier_dir)
+    try:
+        engine = drill_engine.stop_engine(tier_dir)  # before the tier it reads from
+    except InvalidInput as e:  # an unreadable drill-engine.json must not keep the tier running
+        engine = None
+        render.warn(f"{e}; no drill engine was stopped")
     with render.progress("stopping valkey-server(s)", total=len(state.instances) or None, enabled=not as_json, lines=False) as advance:
         results = local.down(tier_dir, purge=purge, timeout_s=timeout_s, on_progress=lambda name, port: advance(1, f"{name} on :{port}"))
-    show_down(state, results, purge, timeout_s, as_json)
+    if purge:
+        drill_engine.purge(tier_dir)
+        local.remove_if_empty(tier_dir)
+    show_down(state, results, purge, timeout_s, as_json, engine, local.left_in(tier_dir))
 
 
 #: Options that name the tier an engine config points at (lmcache-config, vllm-config).
@@ -277,15 +310,21 @@ tier_config_options = options(
     click.option("--base-port", type=click.IntRange(1, 65535), default=thresholds.BASE_PORT, show_default=True, envvar="KVCTL_BASE_PORT", help="Port of rank 0 (systemd; env KVCTL_BASE_PORT, as for `up`)."),
     click.option("--host", default="127.0.0.1", show_default=True, help="Host the systemd instances run on, as engines reach it."),
     fleet_options,
+    click.option("--io-threads", type=IO_THREADS, help="io-threads of the systemd/k8s tier's instances, as given to `up` (default: what `up` "
+                 "chooses from --host-cores); a local tier records its own. The engine's connections per instance follow them."),
     click.option("--engine-password-file", type=click.Path(dir_okay=False), help="Engine password file for systemd/k8s tiers with auth (names user kvctl-engine)."),
 )
 
 
-def _tier_urls(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, instances_per_rank: int | None) -> Any:
+def _tier_urls(target: str, tier_dir: Path, ranks: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, instances_per_rank: int | None,
+               host_cores: int | None = None, io_threads: int | None = None) -> Any:
     """The tier's URLs (kvctl.tier.engine_urls.tier_urls), with a warning when a local tier is not running."""
     from kvctl.tier.engine_urls import tier_urls  # noqa: PLC0415 - yaml
 
-    t = tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file, instances_per_rank)
+    if target == "local" and (host_cores is not None or io_threads is not None):
+        raise InvalidInput("--io-threads and --host-cores are for systemd/k8s tiers: a local tier's state file records its io-threads")
+    t = tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file, instances_per_rank,
+                  host_cores or thresholds.FLEET_HOST_CORES, io_threads)
     if t.not_running:
         which = f"rank(s) {', '.join(n.removeprefix('rank ') for n in t.not_running)}" if t.instances_per_rank == 1 else ", ".join(t.not_running)
         render.warn(
@@ -306,7 +345,7 @@ def _tier_urls(target: str, tier_dir: Path, ranks: int | None, base_port: int, h
 @click.option("--plugin/--native", default=True, show_default=True, help="--plugin (the default): kvctl's RESP client as LMCache's remote-storage plugin (remote_storage_plugins: [kvctl], no remote_url). --native: LMCache's own resp:// client in remote_url, with a warning (it hangs on a missing key; kvctl doctor fails it).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the YAML to this file instead of stdout.")
 @output_options
-def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances_per_rank: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_size: int, local_cpu: bool, max_local_cpu_size: float, loading: str, plugin: bool, out_file: Path | None, as_json: bool) -> None:
+def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances_per_rank: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, host_cores: int | None, io_threads: int | None, engine_password_file: str | None, chunk_size: int, local_cpu: bool, max_local_cpu_size: float, loading: str, plugin: bool, out_file: Path | None, as_json: bool) -> None:
     """Print the LMCache YAML for this tier: chunk size, L1 settings, per-rank remote URL.
 
     Local tiers get the per-rank list form (ports differ); k8s gets the
@@ -319,8 +358,9 @@ def lmcache_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances
     """
     from kvctl.tier.lmcache_config import LMCacheSettings, lmcache_config, render_lmcache_yaml  # noqa: PLC0415 - yaml
 
-    settings = LMCacheSettings(chunk_size, local_cpu, max_local_cpu_size, "naive", loading == "async")
-    t = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file, instances_per_rank)
+    t = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file, instances_per_rank,
+                   host_cores, io_threads)
+    settings = LMCacheSettings(chunk_size, local_cpu, max_local_cpu_size, "naive", loading == "async", t.connections_per_instance)
     cfg = lmcache_config(t.urls, settings, t.user, t.password_file, plugin=plugin, instances_per_rank=t.instances_per_rank)
     password_file, tier = t.password_file, t.title
     notes = [] if target == "local" or password_file else [no_credentials_note(target, name)]
@@ -357,11 +397,12 @@ def no_credentials_note(target: str, name: str) -> str:
 @click.option("--loading", type=click.Choice(["sync", "async"]), default="sync", show_default=True, cls=RenamedOption,
               old_flags={"--async-loading": "async", "--sync-loading": "sync"},
               help="Loading mode: the connector's async_loading (paper §5.3: async loads in the background while the request waits).")
-@click.option("--timeout-s", type=positive(max=3600), help="Seconds a lookup or load may take before the engine recomputes (default: the connector's).")
+@click.option("--timeout", "timeout_s", type=positive(max=3600), cls=RenamedOption, old=["--timeout-s"],
+              help=f"Seconds a lookup or load of the engine's connector may take before it recomputes (its timeout_s; default {thresholds.CONNECTOR_TIMEOUT_S:g}, the connector's).")
 @click.option("--shell", "as_shell", is_flag=True, help="Print the whole quoted argument, --kv-transfer-config '...', for a shell or a systemd ExecStart line.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the output to this file instead of stdout.")
 @output_options
-def vllm_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances_per_rank: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, engine_password_file: str | None, chunk_tokens: int, loading: str, timeout_s: float | None, as_shell: bool, out_file: Path | None, as_json: bool) -> None:
+def vllm_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances_per_rank: int | None, base_port: int, host: str, name: str, service: str | None, namespace: str | None, image: str, k8s_port: int, host_cores: int | None, io_threads: int | None, engine_password_file: str | None, chunk_tokens: int, loading: str, timeout_s: float | None, as_shell: bool, out_file: Path | None, as_json: bool) -> None:
     """Print vLLM's --kv-transfer-config JSON that loads kvctl's connector over this tier.
 
     One compact JSON line (the argument's value); --shell prints the quoted
@@ -380,6 +421,8 @@ def vllm_config_cmd(target: str, tier_dir: Path, ranks: int | None, instances_pe
 
     if as_shell and as_json:
         raise InvalidInput("--shell and --json are two output forms; pick one")
-    t = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file, instances_per_rank)
-    cfg = kv_transfer_config(t.urls, ConnectorOptions(chunk_tokens, loading == "async", timeout_s), t.user, t.password_file, t.instances_per_rank)
+    t = _tier_urls(target, tier_dir, ranks, base_port, host, name, service, namespace, image, k8s_port, engine_password_file, instances_per_rank,
+                   host_cores, io_threads)
+    cfg = kv_transfer_config(t.urls, ConnectorOptions(chunk_tokens, loading == "async", timeout_s, t.connections_per_instance), t.user,
+                             t.password_file, t.instances_per_rank)
     show_engine_config(cfg, lambda: (render_shell(cfg) if as_shell else render_json(cfg)) + "\n", out_file, as_json)

@@ -22,10 +22,11 @@ from kvctl.core import render
 from kvctl.core import thresholds
 from kvctl.commands.diagnose_stalls import stalls_cmd
 from kvctl.commands.options import (
-    BYTES_PER_TOKEN, PREFILL_RATE, T0_S, bytes_per_token_options, count, engine_http, engine_http_options, options, output_options, positive,
-    valkey_options, valkey_targets,
+    BYTES_PER_TOKEN, PREFILL_RATE, T0_S, WINDOW_HELP, bytes_per_token_options, count, default_tier_dir, dir_given, engine_http, engine_http_options,
+    options, output_options, positive, valkey_options, valkey_targets,
 )
 from kvctl.diagnose import capture as cap
+from kvctl.diagnose import polls
 from kvctl.diagnose.analysis import Params, analyse
 from kvctl.diagnose.jsonform import diagnosis_json
 from kvctl.diagnose.watch import watch
@@ -48,8 +49,9 @@ def register_commands(cli: click.Group) -> None:
 source_options = options(
     click.option("--engine-url", "engine_urls", multiple=True, envvar="KVCTL_ENGINE_URL", help="Engine base URL or /metrics URL (repeatable; a repeat, or another spelling of the same host and port, is read once), e.g. http://HOST:8000."),
     engine_http_options,
-    valkey_options,
-    click.option("--window", type=WINDOW_S, default=thresholds.DIAGNOSIS_WINDOW_S, show_default=True, help="Seconds between the two samples (at most one day)."),
+    valkey_options(dir_default=thresholds.TIER_DIR, dir_envvar="KVCTL_TIER_DIR"),  # ./kv-tier read when a tier is there, as doctor
+    click.option("--window", type=WINDOW_S, default=thresholds.DIAGNOSIS_WINDOW_S, show_default=True,
+                 help=f"{WINDOW_HELP}: one at the start and one --window later, each engine's /metrics read every second between (at most one day)."),
     click.option("--timeout", "timeout_s", type=TIMEOUT_S, default=thresholds.READ_TIMEOUT_S, show_default=True, help="Per-source read timeout in seconds; a source that does not answer is reported, the rest analysed."),
 )
 
@@ -96,7 +98,7 @@ def _engine_urls(engine_urls: tuple[str, ...], as_json: bool) -> list[str]:
 
 def _collect(engine_urls, targets, window, parameters, timeout_s, show_progress: bool, http: Any = None) -> cap.Capture:
     with render.progress(f"sampling for {window:g} s", total=window, enabled=show_progress, what="diagnose", unit=" s") as advance:
-        return cap.collect(engine_urls, targets, window, parameters, tick=advance, timeout_s=timeout_s, http=http)
+        return polls.collect(engine_urls, targets, window, parameters, tick=advance, timeout_s=timeout_s, http=http)
 
 
 # --- the group and option carrying ------------------------------------------------------
@@ -107,6 +109,11 @@ MODEL_SIZE_OPTIONS = ("bytes_per_token", "model_config", "dtype", "tp")
 def _explicit(ctx: click.Context) -> dict[str, Any]:
     """Parameters given on the command line (not defaults, not env vars)."""
     return {k: v for k, v in ctx.params.items() if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE}
+
+
+def _dir_given(ctx: click.Context) -> bool:
+    """--dir given to this command or carried from the group's (not its default ./kv-tier)."""
+    return dir_given(ctx) or "tier_dir" in ((ctx.parent.obj or {}).get("group_options", {}) if ctx.parent else {})
 
 
 def _option_flag(cmd: click.Command, name: str) -> str:
@@ -147,7 +154,8 @@ def diagnose_group(ctx: click.Context, **kwargs: Any) -> None:
     kvctl diagnose capture --out DIR    save the samples for a post-mortem
     kvctl diagnose stalls --match vllm  stalled lookups from thread stacks
     Exit code: 0 healthy, 3 warning, 4 critical, 5 a component unreachable (the rest is
-    still analysed), 6 insufficient data (with the next step).
+    still analysed; when nothing answers the first sample, at once, without waiting the
+    window), 6 insufficient data (with the next step).
     """
     if ctx.invoked_subcommand is None:
         _run(ctx, **kwargs)
@@ -200,6 +208,7 @@ def _run(
     as_json: bool,
 ) -> None:
     params = Params(bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, t0_s=t0)
+    tier_dir = default_tier_dir(tier_dir, _dir_given(ctx), valkey_urls, ranks)  # ./kv-tier when a tier is there, as doctor
     if from_dir:
         if engine_urls or valkey_urls or tier_dir or watch or save_dir:
             raise click.UsageError("--from analyses a saved capture; it takes no --engine-url/--valkey/--dir/--watch/--save")
@@ -254,7 +263,8 @@ def capture_cmd(ctx: click.Context, **kwargs: Any) -> None:
     if not kw["engine_urls"]:
         raise click.UsageError("give --engine-url (repeatable), before or after `capture`")
     urls = _engine_urls(kw["engine_urls"], kw["as_json"])
-    targets = valkey_targets(kw["valkey_urls"], kw["ranks"], kw["tier_dir"], kw["password_file"], required=False, instances_per_rank=kw["instances_per_rank"])
+    tier_dir = default_tier_dir(kw["tier_dir"], _dir_given(ctx), kw["valkey_urls"], kw["ranks"])  # ./kv-tier when a tier is there
+    targets = valkey_targets(kw["valkey_urls"], kw["ranks"], tier_dir, kw["password_file"], required=False, instances_per_rank=kw["instances_per_rank"])
     params = _parameters(kw["bytes_per_token"], kw["prefill_rate"], kw["t0"])
     http = engine_http(kw["engine_api_key_file"], kw["max_metrics_bytes"])
     capture = _collect(urls, targets, kw["window"], params, kw["timeout_s"], show_progress=not kw["as_json"], http=http)

@@ -12,7 +12,7 @@ import click
 
 from kvctl.core import thresholds
 from kvctl.commands.diagnose import TIMEOUT_S, model_options
-from kvctl.commands.options import FiniteFloat, engine_http, engine_http_options, output_options, positive, valkey_options, valkey_targets
+from kvctl.commands.options import WINDOW_HELP, FiniteFloat, engine_http, engine_http_options, output_options, positive, valkey_options, valkey_targets
 from kvctl.diagnose.analysis import Params
 from kvctl.hooks import hookimpl
 from kvctl.core.signals import ExitNow, exit_now, on_signals
@@ -59,7 +59,7 @@ def register_commands(cli: click.Group) -> None:
 @valkey_options
 @model_options
 @click.option("--interval", "interval_s", type=INTERVAL_S, default=15.0, show_default=True, help=f"Seconds between samples (one /metrics read per engine, one INFO per instance); at least {EXPORTER_MIN_INTERVAL_S:g}.")
-@click.option("--window", "window_s", type=WINDOW_S, default=thresholds.DIAGNOSIS_WINDOW_S, show_default=True, help="Sliding window in seconds: every value is the diagnosis of its oldest and newest sample.")
+@click.option("--window", "window_s", type=WINDOW_S, default=thresholds.DIAGNOSIS_WINDOW_S, show_default=True, help=f"{WINDOW_HELP}: a sliding window, every value the diagnosis of the newest sample and the oldest kept in the last --window seconds (λ: of the states the engines published in it).")
 @click.option("--timeout", "timeout_s", type=TIMEOUT_S, help=f"Per-source read timeout in seconds (default: --interval, at most {thresholds.READ_TIMEOUT_S:g}); a source that does not answer drops its *_up to 0.")
 @click.option("--stale-after", "stale_after_s", type=WINDOW_S, help="Seconds a last good value is kept while a component is missing (default: max(--window, 3 x --interval)).")
 @click.option("--duration", "duration_s", type=DURATION_S, help="Stop after this many seconds (default: run until Ctrl-C or SIGTERM).")

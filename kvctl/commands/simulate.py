@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from kvctl.sim import model as sim_model
 
 from kvctl.core import thresholds
-from kvctl.commands.fleet_options import check_fleet_options, check_workload_options, fleet_options
-from kvctl.commands.options import PREFILL_RATE, T0_S, FiniteFloat, RenamedOption, bytes_per_token_options, count, non_negative, output_options, positive
+from kvctl.commands.fleet_options import bench_option, check_fleet_options, check_workload_options, fleet_options
+from kvctl.commands.options import (PREFILL_RATE, T0_S, FiniteFloat, RenamedOption, bytes_per_token_options, count, non_negative, output_options,
+                                    plot_option, positive)
 from kvctl.hooks import hookimpl
 
 
@@ -54,22 +56,23 @@ def _check_sweep(grid: dict[str, list[Any]]) -> None:
 @click.option("--block-tokens", type=count(1 << 20), default=sim_model.BLOCK_TOKENS, show_default=True, help="Tokens per Mooncake hash_id block (with --hits-from-trace).")
 @bytes_per_token_options()
 @click.option("--prefill-rate", type=PREFILL_RATE, required=True, help="Prefill throughput R, tokens/s (misses cost n/R).")
-@click.option("--t0", type=T0_S, default=thresholds.PAPER_T0_S, show_default=True, help="Fixed per-hit cost T0, seconds (the paper's 0.33).")
+@click.option("--t0", type=T0_S, default=thresholds.PAPER_T0_S, show_default=True,
+              help="Fixed per-hit cost T0, seconds (the paper's by default). Without --t0, --fit-from's run gives its distribution; given, it wins over that fit.")
 @click.option("--instances", type=count(4096), default=1, show_default=True, help="Tier instances (one per rank); B_eff scales with them.")
 @click.option("--instance-gbps", type=INSTANCE_GBPS, help="GET bandwidth of one instance, GB/s (B_eff = instances × this).")
-@click.option("--bench", "bench_path", type=click.Path(dir_okay=False), help="`kvctl bench --save` file: B_eff = its measured aggregate at --instances.")
+@bench_option("B_eff as measured at --instances (scaled linearly past its largest count)")
 @click.option("--loading", type=click.Choice(["sync", "async"]), default="sync", show_default=True, help="sync: the transfer holds the engine (one FIFO queue); async: loads overlap compute.")
 @click.option("--async-timeout", "async_timeout_s", type=non_negative(86400), default=thresholds.ASYNC_TIMEOUT_S, show_default=True, help="async: a load not done this many seconds after arrival is recomputed instead (LMCache's asynchronous lookup, the paper's 3 s; kvctl's connector never recomputes a load for its age: give 86400).")
 @click.option("--seed", type=count(2**32 - 1, min=0), default=0, show_default=True, help="Seed of arrivals, lengths and hits (the same for every sweep point).")
 @click.option("--sweep", "sweep_specs", multiple=True, help="What-if grid, e.g. --sweep 'instances=1,2,4,8 loading=sync,async'.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="With --sweep: draw p50/p99 against the swept values to FILE.png.")
-@fleet_options
+@plot_option("p50/p99 against the swept values", when="With --sweep: draw")
+@fleet_options("simulate")
 @output_options
 def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | None, prompt_tokens: float | None, prompt_dist: str,
                  hit_fraction: float, hits_from_trace: bool, block_tokens: int, bytes_per_token: float, prefill_rate: float, t0: float, instances: int,
                  instance_gbps: float | None, bench_path: str | None, loading: str, async_timeout_s: float, seed: int,
-                 sweep_specs: tuple[str, ...], plot: str | None, engines: int, fit_from: str | None, fit_instances: int | None, fit_loading: str | None, get_times_from: str | None,
-                 readers_from: str | None, async_instance_gbps: float | None, async_overhead_s: float, t0_engine_share: float, max_batch: int,
+                 sweep_specs: tuple[str, ...], plot: str | None, engines: int, fit_from: str | None, fit_instances: int | None, fit_loading: str | None,
+                 async_instance_gbps: float | None, async_overhead_s: float, t0_engine_share: float, max_batch: int,
                  max_batched_tokens: int, hit_gpu_s: float | str, fit_gpu_util: float | None, arrivals: str, arrival_cv: float | None,
                  arrivals_from: str | None, as_json: bool) -> None:
     """Simulate one prefill engine with a remote KV tier: latency percentiles, ρ, stability.
@@ -83,17 +86,24 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
     async  loads run on the tier while the engine computes; a load not done within
            --async-timeout of arrival is recomputed (its prefetch still uses the tier)
     B_eff = --instances × --instance-gbps, or the aggregate a --bench file measured.
-    Output: p50/p90/p99/max, p50 by third of the run (drift), ρ, max queue, stable,
-    GPU utilisation (prefills, tails and --hit-gpu-s of each hit over the run).
+    Output, the same columns for sync and async: requests, hits, timeouts (async),
+    engine ρ (λ × a request's time on its engine), tier ρ (the hits' λ × n·s/B_eff:
+    each instance's load), GPU utilisation (prefills, tails and --hit-gpu-s of
+    each hit over the run), p50/p90/p99/max, p50 by third of the run (drift),
+    max queue, stable (both ρ below 1).
     \b
     The engine steps as vLLM's: up to --max-batch requests and --max-batched-tokens
     prefill tokens a step, long prompts chunked over steps. Arrivals: Poisson, or
     --arrivals deterministic|gamma (--arrival-cv, or the CV of --arrivals-from TRACE).
     \b
-    Fleets (--engines E) and variability (--fit-from, --get-times-from,
-    --readers-from, --async-*): E engines with their own queues share the W
-    instances; per-engine and fleet percentiles, tier ρ per instance summed
-    over engines, GPU utilisation; inputs past what was measured are flagged.
+    Fleets (--engines E) and variability (--fit-from, --bench's GET-time spread and
+    readers curve, --async-*): E engines with their own queues share the W
+    instances; a row per engine and the fleet's (tier ρ: each instance's,
+    summed over engines); inputs past what was measured are flagged.
+
+    \b
+    kvctl simulate --arrival-rate 1.21 --prompt-tokens 16310 --bytes-per-token 48437.5 --prefill-rate 52200 \\
+        --instances 8 --instance-gbps 1.345 --sweep 'loading=sync,async'
     """
     from kvctl.sim import simulate as sim  # noqa: PLC0415 - numpy only when used
     from kvctl.views.sim import plot_sweep, show_whatif  # noqa: PLC0415
@@ -114,10 +124,11 @@ def simulate_cmd(rate: float | None, trace_path: str | None, requests: int | Non
         bytes_per_token, prefill_rate, rate=rate, trace_path=trace_path, requests=requests, prompt_tokens=prompt_tokens, prompt_dist=prompt_dist,
         hit_fraction=hit_fraction, hits_from_trace=hits_from_trace, block_tokens=block_tokens, t0_s=t0, instances=instances,
         instance_gbps=instance_gbps, bench_path=bench_path, loading=loading, async_timeout_s=async_timeout_s, seed=seed, engines=engines,
-        fit_from=fit_from, fit_instances=fit_instances, fit_loading=fit_loading, get_times_from=get_times_from, readers_from=readers_from, async_instance_gbps=async_instance_gbps,
+        fit_from=fit_from, fit_instances=fit_instances, fit_loading=fit_loading, async_instance_gbps=async_instance_gbps,
+        t0_given=click.get_current_context().get_parameter_source("t0") not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP),
         async_overhead_s=async_overhead_s, t0_engine_share=t0_engine_share, max_batch=max_batch, max_batched_tokens=max_batched_tokens,
         hit_gpu_s=hit_gpu_s, fit_gpu_util=fit_gpu_util, arrivals=arrivals, arrival_cv=arrival_cv, arrivals_from=arrivals_from,
     ), grid)
     if plot:
         plot_sweep(plot, found)
-    show_whatif(found, as_json, plot)
+    show_whatif(found, as_json)

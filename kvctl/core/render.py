@@ -157,6 +157,16 @@ def literal(text: str, style: str | None = None, stderr: bool = False) -> None:
     _console(stderr=stderr).print(text, style=style, markup=False, highlight=False, soft_wrap=True)
 
 
+def markdown(text: str) -> None:
+    """A markdown page drawn for a terminal (headings, lists, code, tables), wrapped between words at its width."""
+    from rich.markdown import Markdown  # noqa: PLC0415
+
+    console = _console()
+    if not sys.stdout.isatty() and not os.environ.get("COLUMNS"):
+        console = _console(width=100)  # a pipe: a page reads at 100 columns, not the tables' 160
+    console.print(Markdown(text, code_theme="ansi_dark", inline_code_lexer=None, hyperlinks=False))
+
+
 def plain(text: str, end: str = "\n") -> None:
     """``text`` on stdout byte for byte, no console at all: a value a shell reads with ``$(...)`` (a URL, a path,
     a rendered config)."""
@@ -166,6 +176,12 @@ def plain(text: str, end: str = "\n") -> None:
 
 def warn(text: str) -> None:
     message(f"warning: {text}", style="yellow", stderr=True)
+
+
+def plots_written(paths: Sequence[str]) -> None:
+    """Where ``--plot`` wrote, one ``plot: wrote PATH`` line each on stderr (under --json too: stdout stays one document)."""
+    for path in paths:
+        literal(f"plot: wrote {path}", stderr=True)
 
 
 def error_line(text: str) -> None:
@@ -394,8 +410,12 @@ def _save_chart(fig: Any, ax: Any, path: str, title: str, xlabel: str | None, yl
     return path
 
 
+#: The files ``kvctl report --plot DIR`` writes into DIR, in the order it writes them.
+REPORT_PLOT_FILES = ("latency_over_time.png", "latency_cdf.png", "cache_token_share.png")
+
+
 def report_plots(directory: str, runs: Sequence[tuple[str, Sequence[float], Sequence[float], float | None, float | None]]) -> list[str]:
-    """Write the three ``kvctl report --plot`` charts into ``directory``; returns their paths.
+    """Write the three ``kvctl report --plot`` charts (:data:`REPORT_PLOT_FILES`) into ``directory``; returns their paths.
 
     ``runs``: (name, scheduled seconds, latencies in seconds, share of prompt tokens cached,
     share of prompt tokens from L2) per run.
@@ -407,7 +427,7 @@ def report_plots(directory: str, runs: Sequence[tuple[str, Sequence[float], Sequ
     for name, xs, ys, _, _ in runs:
         ax.plot(xs, ys, linewidth=1, marker=".", markersize=3, label=name)
     ax.grid(True, alpha=0.3)
-    paths.append(_save_chart(fig, ax, os.path.join(directory, "latency_over_time.png"), "Latency over the run",
+    paths.append(_save_chart(fig, ax, os.path.join(directory, REPORT_PLOT_FILES[0]), "Latency over the run",
                              "scheduled time (s from start)", "latency (s)"))
 
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
@@ -417,7 +437,7 @@ def report_plots(directory: str, runs: Sequence[tuple[str, Sequence[float], Sequ
             ax.step(s, [(i + 1) / len(s) for i in range(len(s))], where="post", label=name)
     ax.set_xscale("log")
     ax.grid(True, alpha=0.3, which="both")
-    paths.append(_save_chart(fig, ax, os.path.join(directory, "latency_cdf.png"), "Latency CDF",
+    paths.append(_save_chart(fig, ax, os.path.join(directory, REPORT_PLOT_FILES[1]), "Latency CDF",
                              "latency (s, log)", "fraction of requests"))
 
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
@@ -426,7 +446,7 @@ def report_plots(directory: str, runs: Sequence[tuple[str, Sequence[float], Sequ
     ax.bar([x + 0.2 for x in xs], [r[4] or 0.0 for r in runs], width=0.4, label="from L2")
     ax.set_xticks(xs, [r[0] for r in runs])
     ax.set_ylim(0, 1)
-    paths.append(_save_chart(fig, ax, os.path.join(directory, "cache_token_share.png"),
+    paths.append(_save_chart(fig, ax, os.path.join(directory, REPORT_PLOT_FILES[2]),
                              "Share of prompt tokens served from cache", None, "share of prompt tokens"))
     return paths
 

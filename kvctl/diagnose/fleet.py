@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvctl.core import cost
-from kvctl.diagnose.observations import EngineObs, InstanceObs, _Deltas, _div, _Engine
+from kvctl.diagnose.observations import EngineObs, InstanceObs, Deltas, ratio, EnginePair
 from kvctl.connector import metric_names as N
 
 
@@ -57,11 +57,11 @@ class InstanceLoad:
     name: str = ""  # "rank 2", or "rank 2 instance 1"
 
 
-def _engine_load(e: _Engine, o: EngineObs, n_inst: int, s_bpt: float | None) -> EngineLoad:
+def _engine_load(e: EnginePair, o: EngineObs, n_inst: int, s_bpt: float | None) -> EngineLoad:
     gauge = e.b.gauge(N.RANKS)
     ranks, src = (int(gauge), N.RANKS) if gauge is not None and gauge >= 1 else (n_inst, "every instance")
     ranks = max(1, min(ranks, n_inst)) if n_inst else max(1, ranks)
-    one = _Deltas([e])
+    one = Deltas([e])
     k_bytes, k_secs = one.total(N.L2_GET_BYTES), one.total(N.L2_GET_SECONDS)
     lm_bytes, lm_ms = one.total(N.LMCACHE_NUM_REMOTE_READ_BYTES), one.total(N.LMCACHE_REMOTE_TIME_TO_GET, "sum")
     hits = one.total(N.VLLM_EXTERNAL_PREFIX_CACHE_HITS)
@@ -73,15 +73,15 @@ def _engine_load(e: _Engine, o: EngineObs, n_inst: int, s_bpt: float | None) -> 
         l2, bw = lm_bytes, lm_bytes / (lm_ms / 1e3) / cost.GB
     else:
         l2 = k_bytes if k_bytes is not None else lm_bytes if lm_bytes is not None else (hits * s_bpt if hits is not None and s_bpt else None)
-    per_req = _div(l2, o.finished)
+    per_req = ratio(l2, o.finished)
     lam = o.arrival_rate_per_s
-    rho = _div(lam * per_req, bw * cost.GB) if lam is not None and per_req is not None and bw else None
+    rho = ratio(lam * per_req, bw * cost.GB) if lam is not None and per_req is not None and bw else None
     if rho is None and lam is not None and per_req == 0:
         rho = 0.0
     return EngineLoad(o.index, o.url, ranks, src, lam, per_req, bw, rho, tuple(range(ranks)))
 
 
-def fleet_loads(engines: list[_Engine], obs: dict[int, EngineObs], instances: list[InstanceObs],
+def fleet_loads(engines: list[EnginePair], obs: dict[int, EngineObs], instances: list[InstanceObs],
                 s_bpt: float | None, instances_per_rank: int = 1) -> tuple[list[EngineLoad], list[InstanceLoad]]:
     """Per-engine and per-instance loads; empty unless at least two engines were read.
 
@@ -106,7 +106,7 @@ def fleet_loads(engines: list[_Engine], obs: dict[int, EngineObs], instances: li
             b_i = b_src = bound = None
         offered = [(e, v / k) for e, v in offered]  # a rank's bytes spread over its K instances
         total = sum(v for _, v in offered)
-        rho = _div(total, b_i * cost.GB) if b_i and offered else None
+        rho = ratio(total, b_i * cost.GB) if b_i and offered else None
         shares = tuple((e, v / (b_i * cost.GB)) for e, v in offered) if b_i else ()
         out.append(InstanceLoad(rank, inst.url, tuple(ld.index for ld in users), total, b_i, b_src, rho,
                                 bound if rho is not None else None, shares, inst.instance, inst.name))

@@ -17,6 +17,7 @@ from kvctl.diagnose import metrics as M
 from kvctl.diagnose.capture import Sample
 from kvctl.diagnose.sources import metrics_url
 from kvctl.core.errors import InvalidInput
+from kvctl.tier.sizing import io_threads_from_info
 from kvctl.tier.targets import instance_name
 
 GET_COMMANDS = ("cmdstat_get", "cmdstat_mget", "cmdstat_getex")
@@ -64,6 +65,11 @@ class EngineObs:
     arrival_rate_per_s: float | None = None
     completion_rate_per_s: float | None = None
     counter_resets: tuple[str, ...] = ()
+    # λ's estimators (kvctl.diagnose.arrivals): arrival_rate_per_s is the states' when the window has them, else this one
+    arrival_rate_queue_per_s: float | None = None  # (finished + waiting and running growth) / window, at the sample times
+    arrivals_basis: str = "finished + waiting and running growth at the sample times"
+    arrivals_counted: float | None = None  # the requests λ counted
+    states: int = 0  # states the engine published in the window, as seen by the reads
 
 
 @dataclass(frozen=True)
@@ -84,9 +90,11 @@ class InstanceObs:
     restarted: bool = False  # its counters went backwards: the server restarted inside the window
     instance: int = 0  # which of its rank's instances (K per rank: sample index n = rank*K + instance)
     name: str = ""  # "rank 2", or "rank 2 instance 1" (kvctl.tier.targets.instance_name)
+    server_version: str | None = None  # INFO server's valkey_version (redis_version)
+    io_threads: int | None = None  # from INFO (Valkey 9.x: kvctl.tier.sizing.io_threads_from_info); None: not said (8.x)
 
 
-def _div(a: float | None, b: float | None) -> float | None:
+def ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b == 0:
         return None
     q = a / b
@@ -97,7 +105,7 @@ def _div(a: float | None, b: float | None) -> float | None:
 
 
 @dataclass
-class _Engine:
+class EnginePair:
     index: int
     url: str
     a: M.Scrape
@@ -115,13 +123,13 @@ class _Engine:
         return after - before
 
 
-class _Deltas:
+class Deltas:
     """Counter deltas of every readable engine, each differenced on its own."""
 
-    def __init__(self, engines: list[_Engine]):
+    def __init__(self, engines: list[EnginePair]):
         self.engines = engines
 
-    def _each(self, name: str, kind: str) -> list[tuple[_Engine, float]]:
+    def _each(self, name: str, kind: str) -> list[tuple[EnginePair, float]]:
         out = []
         for e in self.engines:
             if kind == "counter":
@@ -159,9 +167,9 @@ def _has_vllm(s: M.Scrape) -> bool:
     return any(k.startswith(N.VLLM_PREFIX) for k in s.values)
 
 
-def _engines(a: Sample, b: Sample, urls: list[str], notes: list[str]) -> tuple[list[EngineObs], list[_Engine]]:
+def engine_pairs(a: Sample, b: Sample, urls: list[str], notes: list[str]) -> tuple[list[EngineObs], list[EnginePair]]:
     obs: list[EngineObs] = []
-    ok: list[_Engine] = []
+    ok: list[EnginePair] = []
     seen: set[str] = set()
     for i, url in enumerate(urls):
         try:
@@ -182,7 +190,7 @@ def _engines(a: Sample, b: Sample, urls: list[str], notes: list[str]) -> tuple[l
         window = b.engine_time(i) - a.engine_time(i)
         if not window > 0:
             raise InvalidInput(f"engine {url}: its samples are not in time order (Δt = {window:.3f} s)")
-        sa, sb = M.parse(ta, f"engine {i} metrics"), M.parse(tb, f"engine {i} metrics")
+        sa, sb = a.scrape(i), b.scrape(i)  # parsed once per sample (the exporter's window, the engine states)
         dup = sb if sb.duplicate_count >= sa.duplicate_count else sa
         if dup.duplicate_count:
             notes.append(f"engine {url}: its /metrics repeats a series {dup.duplicate_count} time(s) ({', '.join(dup.duplicates)}"
@@ -191,11 +199,11 @@ def _engines(a: Sample, b: Sample, urls: list[str], notes: list[str]) -> tuple[l
             lines = sum(1 for ln in tb.splitlines() if ln.strip() and not ln.startswith("#"))
             obs.append(EngineObs(i, url, "no_vllm_metrics", f"/metrics held no vllm: series ({lines} sample line(s))", window))
             continue
-        ok.append(_Engine(i, url, sa, sb, window))
+        ok.append(EnginePair(i, url, sa, sb, window))
     return obs, ok
 
 
-def _engine_obs(e: _Engine) -> EngineObs:
+def engine_obs(e: EnginePair) -> EngineObs:
     finished = e.delta(e.a.counter(N.VLLM_REQUEST_SUCCESS), e.b.counter(N.VLLM_REQUEST_SUCCESS), N.VLLM_REQUEST_SUCCESS)
     if finished is None:
         finished = e.delta(e.a.hist_count(N.VLLM_REQUEST_PROMPT_TOKENS), e.b.hist_count(N.VLLM_REQUEST_PROMPT_TOKENS), f"{N.VLLM_REQUEST_PROMPT_TOKENS}_count")
@@ -204,7 +212,8 @@ def _engine_obs(e: _Engine) -> EngineObs:
     offered = None if finished is None else max(0.0, finished + (growth or 0.0)) / e.window_s
     return EngineObs(
         e.index, e.url, "ok", None, e.window_s, finished, qa, qb, offered,
-        None if finished is None else finished / e.window_s, tuple(e.resets),
+        None if finished is None else finished / e.window_s, tuple(e.resets), offered,
+        arrivals_counted=None if finished is None else max(0.0, finished + (growth or 0.0)),
     )
 
 
@@ -215,7 +224,7 @@ def _cmd(info: dict[str, Any], field_name: str) -> float:
     return float(sum(float((info.get(c) or {}).get(field_name, 0)) for c in GET_COMMANDS))
 
 
-def _instances(a: Sample, b: Sample, urls: list[str], instances_per_rank: int = 1) -> list[InstanceObs]:
+def instance_obs(a: Sample, b: Sample, urls: list[str], instances_per_rank: int = 1) -> list[InstanceObs]:
     """Each sampled instance; sample index n is instance n mod K of rank n // K (K = ``instances_per_rank``)."""
     if len(a.valkey) != len(b.valkey):
         raise InvalidInput(f"the samples hold {len(a.valkey)} and {len(b.valkey)} Valkey instances; they must match")
@@ -239,10 +248,11 @@ def _instances(a: Sample, b: Sample, urls: list[str], instances_per_rank: int = 
         out.append(
             InstanceObs(
                 rank=rank, url=url, status="ok", window_s=window, get_calls=calls, get_rate_per_s=calls / window,
-                bytes_out=out_bytes, bytes_out_per_s=out_bytes / window, usec_per_get=_div(usec, calls),
+                bytes_out=out_bytes, bytes_out_per_s=out_bytes / window, usec_per_get=ratio(usec, calls),
                 get_busy_fraction=usec / (window * 1e6),
                 bandwidth_gbps=(out_bytes / (usec / 1e6) / cost.GB) if usec > 0 and out_bytes > 0 else None,
                 evicted_keys=evicted, restarted=restarted, **who,
+                server_version=str(ib.get("valkey_version") or ib.get("redis_version") or "") or None, io_threads=io_threads_from_info(ib),
             )
         )
     return out

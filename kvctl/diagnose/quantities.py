@@ -10,14 +10,18 @@ one order, so these lists keep the order in which the quantities depend on each 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 from kvctl.core import cost
 from kvctl.connector import metric_names as N
+from kvctl.core.errors import KvctlError
+from kvctl.diagnose import arrivals as A
 from kvctl.diagnose import metrics as M
 from kvctl.diagnose.capture import Capture, Sample
 from kvctl.diagnose.findings import Params
-from kvctl.diagnose.observations import EngineObs, InstanceObs, _Deltas, _div, _Engine, _engine_obs, _engines, _instances
+from kvctl.diagnose.observations import EngineObs, InstanceObs, Deltas, ratio, EnginePair, engine_obs, engine_pairs, instance_obs
+from kvctl.tier.sizing import ZERO_COPY_MAJOR, parse_version
 
 #: where B came from (``Diagnosis.bandwidth_source``)
 BW_KVCTL = "kvctl_connector"
@@ -65,15 +69,16 @@ def _g(x: float | None) -> str:
 @dataclass(frozen=True)
 class Engines:
     obs: list[EngineObs]  # every engine URL, in --engine-url order
-    ok: list[_Engine]  # those read in both samples
-    deltas: _Deltas  # their counters, each over its own window
+    ok: list[EnginePair]  # those read in both samples
+    deltas: Deltas  # their counters, each over its own window
     per_engine: dict[int, EngineObs]  # the ok ones' observations by index
 
 
-def read_engines(a: Sample, b: Sample, urls: list[str], nb: Notebook) -> Engines:
-    """Each engine's deltas over its own window; the ones that could not be read go to unreachable/insufficient."""
-    failed, ok = _engines(a, b, list(urls), nb.notes)
-    per_engine = {e.index: _engine_obs(e) for e in ok}
+def read_engines(a: Sample, b: Sample, urls: list[str], nb: Notebook, samples: Sequence[Sample] = (), states_seen: Sequence[int] | None = None) -> Engines:
+    """Each engine's deltas over its own window, and its λ from the states it published (``samples``: every sample of the
+    window, the engine reads between the first and last included); the ones that could not be read go to unreachable/insufficient."""
+    failed, ok = engine_pairs(a, b, list(urls), nb.notes)
+    per_engine = {e.index: _with_states(engine_obs(e), e, samples or (a, b), states_seen) for e in ok}
     obs = sorted(list(failed) + list(per_engine.values()), key=lambda o: o.index)
     nb.unreachable += [f"engine {o.url}: {o.error}" for o in obs if o.status == "unreachable"]
     for o in obs:
@@ -81,16 +86,37 @@ def read_engines(a: Sample, b: Sample, urls: list[str], nb: Notebook) -> Engines
             nb.insufficient.append(f"engine {o.url} served no vllm: metrics ({o.error}): point --engine-url at the vLLM API server (the port serving /v1/completions)")
     if not ok and not nb.insufficient and not nb.unreachable:
         nb.insufficient.append("no engine could be read in both samples: nothing to analyse; check --engine-url and that the engines are up")
-    return Engines(obs=obs, ok=ok, deltas=_Deltas(ok), per_engine=per_engine)
+    return Engines(obs=obs, ok=ok, deltas=Deltas(ok), per_engine=per_engine)
+
+
+def _with_states(obs: EngineObs, e: EnginePair, samples: Sequence[Sample], states_seen: Sequence[int] | None) -> EngineObs:
+    """``obs`` with λ from the engine's published states (kvctl.diagnose.arrivals) when the window has them."""
+    marks = []
+    for s in samples:
+        try:
+            scrape = s.scrape(e.index) if e.index < len(s.engines) else None
+        except KvctlError:  # an odd read between the samples: left out
+            scrape = None
+        marks.append((s.engine_time(e.index), None if scrape is None else A.mark(scrape)))
+    seq = A.states(marks)
+    seen = states_seen[e.index] if states_seen is not None and e.index < len(states_seen) else len(seq)
+    r = A.states_rate(seq, e.window_s)
+    if r is None:
+        return replace(obs, states=seen)
+    return replace(obs, arrival_rate_per_s=r.rate_per_s, arrivals_basis=A.BASIS_STATES, arrivals_counted=r.arrivals, states=seen)
 
 
 @dataclass(frozen=True)
 class Rates:
     requests: float | None  # finished in the window, all engines
     completion: float | None  # req/s
-    offered: float | None  # λ, req/s: completions plus queue growth
+    offered: float | None  # λ, req/s: from the engines' states where they have them, else completions plus queue growth
     queue_growth: float | None
     resets: list[str]  # "url: counter, ..." per engine whose counters went backwards
+    offered_queue: float | None = None  # λ from completions plus queue growth at the sample times, every engine
+    arrivals_counted: float | None = None  # the requests λ counted, all engines
+    basis: str = A.BASIS_QUEUE  # A.BASIS_STATES when any engine's λ came from its states
+    states: int = 0  # states the engines published in the window
 
 
 def gather_rates(engines: Engines, window_s: float, nb: Notebook) -> Rates:
@@ -107,17 +133,31 @@ def gather_rates(engines: Engines, window_s: float, nb: Notebook) -> Rates:
         nb.why["arrival_rate_per_s"] = "no vllm:request_success or vllm:request_prompt_tokens in the engine metrics"
     elif engines.ok and not growths:
         nb.notes.append("no vllm:num_requests_waiting/_running gauges: λ is the completion rate, a lower bound on the offered rate")
+    queue_list = [o.arrival_rate_queue_per_s for o in per if o.arrival_rate_queue_per_s is not None]
+    lam_queue = sum(queue_list) if queue_list else None
+    counted = [o.arrivals_counted for o in per if o.arrivals_counted is not None]
+    by_states = [o for o in per if o.arrivals_basis == A.BASIS_STATES]
     nb.explain.append(Quantity(
-        "offered arrival rate λ (req/s)", lam,
+        "offered arrival rate λ, finished + queue growth (req/s)", lam_queue,
         "Σ_engines (Δvllm:request_success + Δ(waiting + running)) / Δt_engine = "
         + " + ".join(f"({_g(o.finished)} + {_g(None if o.queue_start is None else o.queue_end - o.queue_start)}) / {o.window_s:.2f} s" for o in per),
-        "vllm:request_success (all finished_reason), vllm:num_requests_waiting/_running",
+        "vllm:request_success (all finished_reason), vllm:num_requests_waiting/_running at the two samples: low while a step is long "
+        "(what arrived during it waits in the engine core's input queue, outside waiting and running)",
     ))
+    if by_states:
+        nb.explain.append(Quantity(
+            "offered arrival rate λ, engine states (req/s)", lam,
+            "Σ_engines Δ(finished + waiting + running) between two published states / the time between them = "
+            + " + ".join(f"{_g(o.arrivals_counted)} over {o.states} state(s)" for o in by_states),
+            "vLLM publishes at each step's end the state as of its start; the engines read between the samples tell when (kvctl.diagnose.arrivals)",
+        ))
     nb.explain.append(Quantity("completions (req/s)", completion, "Σ_engines Δvllm:request_success / Δt_engine", N.VLLM_REQUEST_SUCCESS))
     resets = [f"{o.url}: {', '.join(o.counter_resets)}" for o in per if o.counter_resets]
     if engines.ok and requests == 0 and not growth:
         nb.insufficient.append(f"no request finished or queued on the engines in the {window_s:.1f} s window: send traffic or lengthen --window")
-    return Rates(requests=requests, completion=completion, offered=lam, queue_growth=growth, resets=resets)
+    return Rates(requests=requests, completion=completion, offered=lam, queue_growth=growth, resets=resets, offered_queue=lam_queue,
+                 arrivals_counted=sum(counted) if counted else None, basis=A.BASIS_STATES if by_states else A.BASIS_QUEUE,
+                 states=sum(o.states for o in per))
 
 
 @dataclass(frozen=True)
@@ -128,16 +168,18 @@ class Prompts:
     hit_fraction: float | None
     hits_per_request: float | None
     typical_basis: str = "mean"  # MEDIAN_BASIS key
+    hit_tokens: float | None = None  # Δ L2 hit tokens
+    admitted: bool = False  # hit fraction and hits per request from counters vLLM counts as a request is admitted
 
 
-def prompts_and_hits(D: _Deltas, requests: float | None, nb: Notebook) -> Prompts:
+def prompts_and_hits(D: Deltas, requests: float | None, nb: Notebook) -> Prompts:
     """Prompt lengths, and the share of prompt tokens the external cache (L2) served."""
     p_sum, p_cnt = D.total(N.VLLM_REQUEST_PROMPT_TOKENS, "sum"), D.total(N.VLLM_REQUEST_PROMPT_TOKENS, "count")
     prompt_tokens = D.total(N.VLLM_PROMPT_TOKENS)
     if p_cnt:
-        mean_prompt, mp_src = _div(p_sum, p_cnt), f"Δvllm:request_prompt_tokens_sum / Δ_count = {_g(p_sum)} / {p_cnt:g}"
+        mean_prompt, mp_src = ratio(p_sum, p_cnt), f"Δvllm:request_prompt_tokens_sum / Δ_count = {_g(p_sum)} / {p_cnt:g}"
     else:
-        mean_prompt, mp_src = _div(prompt_tokens, requests), f"Δvllm:prompt_tokens / Δrequests = {_g(prompt_tokens)} / {_g(requests)}"
+        mean_prompt, mp_src = ratio(prompt_tokens, requests), f"Δvllm:prompt_tokens / Δrequests = {_g(prompt_tokens)} / {_g(requests)}"
     if prompt_tokens is None:
         prompt_tokens = p_sum
     nb.explain.append(Quantity("mean prompt tokens", mean_prompt, mp_src, N.VLLM_REQUEST_PROMPT_TOKENS))
@@ -148,9 +190,18 @@ def prompts_and_hits(D: _Deltas, requests: float | None, nb: Notebook) -> Prompt
     hit_tokens, hit_src = D.total(N.VLLM_EXTERNAL_PREFIX_CACHE_HITS), N.VLLM_EXTERNAL_PREFIX_CACHE_HITS
     if hit_tokens is None:
         hit_tokens, hit_src = D.total(N.LMCACHE_NUM_HIT_TOKENS), N.LMCACHE_NUM_HIT_TOKENS
-    hit_frac = _div(hit_tokens, prompt_tokens)
+    # hits are counted as a request is admitted, prompt tokens as its prefill ends: under a growing queue (requests
+    # admitted, loading, not finished) hits/prompt tokens read 152 % (paper_gpu R2). vLLM's prefix-cache queries count
+    # the prompt tokens of the same admitted requests: the fraction and the hits per request from the same population
+    queried = D.total(N.VLLM_PREFIX_CACHE_QUERIES) if hit_src == N.VLLM_EXTERNAL_PREFIX_CACHE_HITS else None
+    if queried and mean_prompt and hit_tokens is not None:
+        hit_frac = hit_tokens / queried
+        nb.explain.append(Quantity("hit-token fraction", hit_frac, f"Δ{hit_src} / Δ{N.VLLM_PREFIX_CACHE_QUERIES} = {_g(hit_tokens)} / {_g(queried)}",
+                                   f"{hit_src}, {N.VLLM_PREFIX_CACHE_QUERIES}: both counted as a request is admitted"))
+        return Prompts(mean_prompt, typical, prompt_tokens, hit_frac, hit_frac * mean_prompt, basis, hit_tokens, True)
+    hit_frac = ratio(hit_tokens, prompt_tokens)
     nb.explain.append(Quantity("hit-token fraction", hit_frac, f"Δ{hit_src} / Δvllm:prompt_tokens = {_g(hit_tokens)} / {_g(prompt_tokens)}", hit_src))
-    return Prompts(mean_prompt, typical, prompt_tokens, hit_frac, _div(hit_tokens, requests), basis)
+    return Prompts(mean_prompt, typical, prompt_tokens, hit_frac, ratio(hit_tokens, requests), basis, hit_tokens)
 
 
 #: How the typical (median) prompt was found, as the output says it (JSON ``typical_prompt_tokens_basis``).
@@ -176,7 +227,7 @@ def _median_source(est: M.QuantileEstimate | None, basis: str) -> str:
 
 def read_instances(a: Sample, b: Sample, urls: list[str], nb: Notebook, instances_per_rank: int = 1) -> list[InstanceObs]:
     """Each Valkey instance's GET traffic (instance n mod K of rank n // K); the unreachable and the restarted are written down."""
-    instances = _instances(a, b, list(urls), instances_per_rank)
+    instances = instance_obs(a, b, list(urls), instances_per_rank)
     nb.unreachable += [f"Valkey {i.name} ({i.url}): {i.error}" for i in instances if i.status == "unreachable"]
     restarted = [f"Valkey {i.name} ({i.url})" for i in instances if i.restarted]
     if restarted:
@@ -203,7 +254,7 @@ class L2Load:
     lmcache_get_ms: float | None
 
 
-def l2_load(D: _Deltas, ok_inst: list[InstanceObs], s_bpt: float | None, nb: Notebook) -> L2Load:
+def l2_load(D: Deltas, ok_inst: list[InstanceObs], s_bpt: float | None, nb: Notebook) -> L2Load:
     """The bytes L2 served per second: the kvctl connector's count, else LMCache's, else Valkey's GET replies."""
     k_bytes_rate, k_secs, k_bytes = D.rate(N.L2_GET_BYTES), D.total(N.L2_GET_SECONDS), D.total(N.L2_GET_BYTES)
     lm_bytes_rate, lm_bytes = D.rate(N.LMCACHE_NUM_REMOTE_READ_BYTES), D.total(N.LMCACHE_NUM_REMOTE_READ_BYTES)
@@ -217,7 +268,7 @@ def l2_load(D: _Deltas, ok_inst: list[InstanceObs], s_bpt: float | None, nb: Not
     else:
         l2_rate, l2_src = None, None
         nb.why["l2_bytes_per_request"] = "no L2 byte counter: neither kvctl:l2_get_bytes_total, lmcache:num_remote_read_bytes nor a --valkey instance"
-    tokens_per_s = _div(l2_rate, s_bpt)
+    tokens_per_s = ratio(l2_rate, s_bpt)
     nb.explain.append(Quantity("L2-served tokens/s", tokens_per_s, f"Σ Δ{l2_src or 'L2 bytes'} / Δt / s = {_g(l2_rate)} B/s / {_g(s_bpt)} B/token", l2_src or "—"))
     return L2Load(
         bytes_per_s=l2_rate, source=l2_src, tokens_per_s=tokens_per_s, kvctl_bytes=k_bytes, kvctl_bytes_per_s=k_bytes_rate,
@@ -233,7 +284,7 @@ class Bandwidth:
     implausible_gbps: float | None  # a B the counters gave that cannot be
 
 
-def tier_bandwidth(l2: L2Load, ok_engines: list[_Engine], ok_inst: list[InstanceObs], capture: Capture, params: Params, nb: Notebook) -> Bandwidth:
+def tier_bandwidth(l2: L2Load, ok_engines: list[EnginePair], ok_inst: list[InstanceObs], capture: Capture, params: Params, nb: Notebook) -> Bandwidth:
     """B, the bandwidth the engine sees: the kvctl connector's, else LMCache's, else Valkey's (an upper bound)."""
     k_bytes, k_secs, lm_bytes, lm_get_ms = l2.kvctl_bytes, l2.kvctl_seconds, l2.lmcache_bytes, l2.lmcache_get_ms
     bw = bw_src = None
@@ -255,10 +306,16 @@ def tier_bandwidth(l2: L2Load, ok_engines: list[_Engine], ok_inst: list[Instance
     elif lm_bytes and lm_get_ms:
         bw, bw_src = lm_bytes / (lm_get_ms / 1e3) / cost.GB, BW_LMCACHE
         nb.explain.append(Quantity("bandwidth the engine sees B (GB/s)", bw, f"{lm_bytes:g} B / {lm_get_ms / 1e3:.4g} s", BANDWIDTH_SOURCES[BW_LMCACHE]))
-    elif any(i.bandwidth_gbps for i in ok_inst):
-        busy = [i for i in ok_inst if i.bandwidth_gbps]
+    elif any(i.bandwidth_gbps for i in ok_inst if not _copy_free(i)):
+        busy = [i for i in ok_inst if i.bandwidth_gbps and not _copy_free(i)]
         bw, bw_src = sum(i.bandwidth_gbps for i in busy), BW_VALKEY
         nb.explain.append(Quantity("B, upper bound (GB/s)", bw, f"Σ_i GET bytes out_i / Δcmdstat_get usec_i over {len(busy)} instance(s)", BANDWIDTH_SOURCES[BW_VALKEY]))
+    elif any(i.bandwidth_gbps for i in ok_inst):
+        nb.why["bandwidth_gbps"] = (
+            "the instances run Valkey 9.x, which writes a GET's reply from the value after the command (copy avoidance, "
+            "and on io-threads): its GET µs hold no copy of the bytes and bound no bandwidth; give an engine's --engine-url "
+            "(kvctl's connector or LMCache export the bandwidth the engine sees)"
+        )
     else:
         nb.why["bandwidth_gbps"] = "no GET timing in the window: no kvctl:l2_get_seconds_total, lmcache:remote_time_to_get, or Valkey GETs"
     bw_implausible = None
@@ -269,6 +326,12 @@ def tier_bandwidth(l2: L2Load, ok_engines: list[_Engine], ok_inst: list[Instance
             "bytes and GET time do not belong together; not used for ρ"
         )
     return Bandwidth(gbps=bw, source=bw_src, ranks=ranks, implausible_gbps=bw_implausible)
+
+
+def _copy_free(i: InstanceObs) -> bool:
+    """An instance whose GET time leaves the copy of the value out (Valkey 9.x): its server-side B is no bound."""
+    v = parse_version(i.server_version)
+    return v is not None and v[0] >= ZERO_COPY_MAJOR
 
 
 def check_gets_reached_tier(l2: L2Load, ok_inst: list[InstanceObs], nb: Notebook) -> None:
@@ -322,7 +385,7 @@ def break_even(
     return BreakEven(r, r_src, r_implausible, b_star, n_star, s_rank)
 
 
-def engine_ranks(engines: list[_Engine], capture: Capture) -> tuple[int, str | None]:
+def engine_ranks(engines: list[EnginePair], capture: Capture) -> tuple[int, str | None]:
     """W, the ranks whose GET seconds the connector sums: its ``kvctl:ranks`` gauge, else the tier's ranks
     (one per Valkey instance, or one per K of them with K instances per rank: a rank's GET seconds are its
     own wall time, its K instances loading at once)."""
@@ -338,7 +401,7 @@ def engine_ranks(engines: list[_Engine], capture: Capture) -> tuple[int, str | N
 
 
 def derived_prefill_rate(
-    engines: list[_Engine], prompt_tokens: float | None, params: Params, nb: Notebook
+    engines: list[EnginePair], prompt_tokens: float | None, params: Params, nb: Notebook
 ) -> tuple[float | None, str | None, float | None]:
     """R from the engines' prefill time, batched prefills counted once: (R, source, implausible R).
 
@@ -349,7 +412,7 @@ def derived_prefill_rate(
     """
     computed_total, busy_total, overlapped = 0.0, 0.0, False
     for e in engines:
-        one = _Deltas([e])
+        one = Deltas([e])
         pf = one.total(N.VLLM_REQUEST_PREFILL_TIME_SECONDS, "sum")
         pt = one.total(N.VLLM_PROMPT_TOKENS)
         if pt is None:
@@ -376,69 +439,3 @@ def derived_prefill_rate(
         )
         return None, None, r
     return r, src, None
-
-
-# --- ρ --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rho:
-    rho: float | None
-    bound: str | None  # "estimate", "lower_bound" or None
-    l2_bytes_per_request: float | None
-    busy_fraction: float | None  # served L2 bytes/s over B: capped at 1, NOT ρ
-    n_instances: int
-    instances_for_target: int | None
-
-
-def rho_of(
-    rates: Rates, prompts: Prompts, l2: L2Load, bw: Bandwidth, s_bpt: float | None, n_ok_inst: int,
-    have_engines: bool, params: Params, nb: Notebook, ranks: int | None = None,
-) -> Rho:
-    """ρ = λ_offered · (L2 bytes per request) / B, and the instances that would bring it to the target
-    (said as ``ranks`` × K instances per rank, too, when the engine's W is known and one per rank is too few)."""
-    lam, bw_gbps = rates.offered, bw.gbps
-    l2_per_req = _div(l2.bytes_per_s, rates.completion)
-    if l2_per_req is None and prompts.hits_per_request is not None and s_bpt:
-        l2_per_req = prompts.hits_per_request * s_bpt
-    engine_side_zero = (l2.kvctl_bytes == 0 and l2.kvctl_bytes_per_s is not None) or (l2.kvctl_bytes is None and l2.lmcache_bytes == 0)
-    rho = rho_bound = None
-    if lam is not None and l2_per_req == 0 and engine_side_zero:
-        rho, rho_bound = 0.0, "estimate"
-        nb.notes.append("no L2 bytes loaded by the engines in the window: no load queue (ρ = 0)")
-    elif lam is not None and l2_per_req is not None and bw_gbps:
-        rho = _div(lam * l2_per_req, bw_gbps * cost.GB)
-        rho_bound = "lower_bound" if bw.source == BW_VALKEY else "estimate"
-    else:
-        nb.why["rho"] = (
-            "λ unknown" if lam is None else nb.why.get("l2_bytes_per_request") or nb.why.get("bandwidth_gbps") or "L2 bytes per request unknown"
-        )
-    if rho is None and "rho" not in nb.why:
-        nb.why["rho"] = "λ·(L2 bytes/request)/B is not a finite number with these counters"
-        rho_bound = None
-    busy_frac = _div(l2.bytes_per_s, bw_gbps * cost.GB) if bw_gbps else None
-    n_inst = max(1, n_ok_inst)
-    k = cost.instances_for_rho(rho, params.rho_target, n_inst) if rho else None
-    nb.explain.append(Quantity(
-        "ρ = λ·(L2 bytes/request) / B" + (" (lower bound)" if rho_bound == "lower_bound" else ""), rho,
-        f"{_g(lam)} req/s × {_g(l2_per_req)} B / {_g(bw_gbps)} GB/s", "synchronous-load queue §4; λ offered, not completed",
-    ))
-    nb.explain.append(Quantity("load-path busy fraction (served bytes/s over B; ≤ 1, not ρ)", busy_frac, f"{_g(l2.bytes_per_s)} B/s / {_g(bw_gbps)} GB/s", l2.source or "—"))
-    if rho is None and not nb.insufficient and have_engines:
-        nb.insufficient.append(f"ρ unknown: {nb.why['rho']}")
-    if rho_bound == "lower_bound":
-        nb.notes.append(f"B is Valkey's server-side time per GET, an upper bound: ρ ≥ {rho:.2f} (a lower bound). Engine-side metrics (kvctl connector or LMCache) give ρ itself.")
-    layout = instances_layout(k, ranks) if k and k > n_inst else None  # only when more instances are needed
-    if layout:
-        nb.notes.append(f"{k} instances of this bandwidth for the target ρ: {layout} (kvctl deploy-valkey up --ranks {ranks} "
-                        f"--instances-per-rank {-(-k // ranks)}; rank r keeps its chunk c on its instance (c // W) mod K)")
-    return Rho(rho, rho_bound, l2_per_req, busy_frac, n_inst, k)
-
-
-def instances_layout(instances: int, ranks: int | None) -> str | None:
-    """N instances said as W ranks × K instances per rank (K rounded up to a whole number), when W is known and
-    N is more than W (one per rank cannot reach it); None otherwise."""
-    if not ranks or instances <= ranks:
-        return None
-    per = -(-instances // ranks)
-    return f"{ranks} rank(s) × {per} instances per rank = {ranks * per} instances"

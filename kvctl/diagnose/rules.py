@@ -10,8 +10,11 @@ import statistics
 from typing import Any
 
 from kvctl.diagnose.findings import Finding, Params
+from kvctl.diagnose.fixes import Deployment, Server, fix_line
 from kvctl.core.engine_http import TOO_LARGE
 from kvctl.core.thresholds import RHO_UNSTABLE
+from kvctl.tier.checks import is_local
+from kvctl.tier.sizing import FirstStep, host_cores
 
 
 def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
@@ -27,8 +30,8 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
                 "bandwidth_below_breakeven",
                 "warning",
                 f"bandwidth B = {bw:.3f} GB/s{' (an upper bound)' if o['rho_bound'] == 'lower_bound' else ''} is below the break-even B* = {o['b_star']:.3f} GB/s: every L2 hit is slower than recomputing",
-                "raise the tier's bandwidth: one Valkey instance per rank scales GETs (6.3× at 8 instances in the paper); until B > B*, hits only save GPU compute",
-                {"bandwidth_gbps": bw, "breakeven_gbps": o["b_star"], "bandwidth_source": o["bw_src"]},
+                fix_line("bandwidth_below_breakeven", o, _deployment(o)),
+                {"bandwidth_gbps": bw, "breakeven_gbps": o["b_star"], "bandwidth_source": o["bw_src"], **_step_evidence(o)},
             )
         )
     if o["typical"] is not None and o["n_star"] is not None and o["typical"] < o["n_star"]:
@@ -37,7 +40,7 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
                 "prompt_below_min_hit",
                 "info",
                 f"the typical prompt ({o['typical']:,.0f} tokens) is shorter than n* = R·T0 = {o['n_star']:,.0f}: a hit cannot beat recompute on latency at any bandwidth",
-                "keep the tier for capacity (hits use no GPU compute); to win on latency, shrink T0 (engine-side per-hit cost) — see `kvctl cost report`",
+                fix_line("prompt_below_min_hit", o),
                 {"typical_prompt_tokens": o["typical"], "min_hit_tokens": o["n_star"]},
             )
         )
@@ -53,7 +56,7 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
                     "critical",
                     f"requests waiting grew {wa:g} → {wb:g} while the GPUs averaged {mean_util:.0f}% busy, below the {p.gpu_idle_pct:g}% "
                     "of a compute-bound prefill: the engine is not compute-bound, it waits on something else",
-                    "the remote tier or a stalled lookup is holding the engine step: check ρ above, run `kvctl diagnose stalls --match vllm`, consider `kvctl loading async`",
+                    fix_line("queue_growing_gpu_idle", o),
                     ev,
                 )
             )
@@ -64,7 +67,7 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
                     "queue_growing",
                     "warning",
                     f"requests waiting grew {wa:g} → {wb:g} ({o['gpu_note'] or 'GPU utilisation unknown'})",
-                    "run kvctl where NVML sees the engine's GPUs to tell a compute-bound engine from one waiting on the tier; check ρ and `kvctl diagnose stalls`",
+                    fix_line("queue_growing", o, variant="gpu_unknown"),
                     ev,
                 )
             )
@@ -74,7 +77,7 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
                     "queue_growing",
                     "warning",
                     f"requests waiting grew {wa:g} → {wb:g} while the GPUs averaged {mean_util:.0f}% busy: prefill is compute-bound",
-                    "add prefill capacity, or raise the hit fraction so fewer tokens are recomputed",
+                    fix_line("queue_growing", o, variant="compute_bound"),
                     ev,
                 )
             )
@@ -98,7 +101,7 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
                     f"Valkey {hot.name or f'rank {hot.rank}'} ({hot.url}) spends {hot.get_busy_fraction:.1%} of the window in GETs, "
                     f"{'∞' if r_busy == float('inf') else f'{r_busy:.1f}'}× the median of the others, "
                     f"and sends {'∞' if r_bytes == float('inf') else f'{r_bytes:.1f}'}× their bytes",
-                    "keys are not spread by rank: use the {rank} URL so each rank's chunks live on its own instance (sharded store, paper §5.2)",
+                    fix_line("hot_instance", o),
                     {
                         "rank": hot.rank,
                         "get_busy_fraction": hot.get_busy_fraction,
@@ -118,7 +121,7 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
                 "evictions_under_load",
                 "warning",
                 f"{evicted:,.0f} key(s) evicted during the window while serving {gets:,.0f} GET(s): evicted chunks come back as recompute",
-                "raise maxmemory or add instances (`kvctl deploy-valkey`); check that maxmemory-policy is an LRU policy",
+                fix_line("evictions_under_load", o),
                 {"evicted_keys": evicted, "per_rank": {i.rank: i.evicted_keys for i in insts if i.evicted_keys}, "get_calls": gets},
             )
         )
@@ -129,7 +132,7 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
                 "timeouts_rising",
                 "warning",
                 f"{blocking or 0:g} blocking GET failure(s), {kv_to:g} kvctl lookup timeout(s) and {slow:g} lookup(s) slower than {p.slow_lookup_s:g} s in the window",
-                "lookups or blocking GETs are timing out: check the remote tier's latency (kvctl bench), run `kvctl diagnose stalls` for the lost-completion and missing-key signatures",
+                fix_line("timeouts_rising", o),
                 {"get_blocking_failed": blocking or 0, "kvctl_lookup_timeouts": kv_to, "slow_lookups": slow, "slow_lookup_s": p.slow_lookup_s},
             )
         )
@@ -145,7 +148,7 @@ def _metrics_too_large(o: dict[str, Any], out: list[Finding]) -> None:
                 "metrics_too_large",
                 "warning",
                 f"the /metrics answer of {', '.join(big)} is over the size cap: the read stopped there and the engine is left out of the diagnosis",
-                "check that --engine-url is vLLM's API server (not a proxy or a sidecar that streams); if the engine really exports that much, raise --max-metrics-bytes",
+                fix_line("metrics_too_large", o),
                 {"engines": big},
             )
         )
@@ -165,9 +168,8 @@ def _rho(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
             fid,
             sev,
             f"{shown} at the offered λ = {o['lam']:.3g} req/s (completions {o['completion'] if o['completion'] is None else round(o['completion'], 3)} req/s): {what}",
-            f"run {k} Valkey instance(s) of this bandwidth (one per rank, `kvctl deploy-valkey`) to bring ρ to ≤ {p.rho_target:g}, "
-            "or switch to asynchronous loading (`kvctl loading async`)",
-            {
+            fix_line(fid, {"instances_for_rho_target": k, "rho_target": p.rho_target}, _deployment(o)),
+            {**_step_evidence(o),
                 "rho": rho, "rho_bound": o["rho_bound"], "bandwidth_gbps": bw, "bandwidth_source": o["bw_src"],
                 "instances_now": o["n_inst"], "instances_for_rho_target": k, "rho_target": p.rho_target,
                 "l2_bytes_per_request": o["l2_per_req"], "arrival_rate_per_s": o["lam"], "completion_rate_per_s": o["completion"],
@@ -189,8 +191,7 @@ def _tier_health(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
                 "critical" if slow else "warning",
                 f"the engines asked the KV tier for {queried:,.0f} token(s) and got 0 hits{per_req}"
                 + (": lookups are timing out, every request waits on a tier that answers nothing" if slow else ""),
-                "check the connector's logs and its remote URL, that the tier holds this model's keys (same key format, "
-                "PYTHONHASHSEED fixed for LMCache), and run `kvctl diagnose stalls --match vllm`",
+                fix_line("l2_no_hits", o),
                 {"queried_tokens": queried, "hit_tokens": hit, "mean_prefill_s": o["mean_prefill_s"], "chunks_missed": o["chunks_missed"]},
             )
         )
@@ -201,7 +202,7 @@ def _tier_health(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
                 "warning",
                 f"the prefill rate derived from the engine's prefill time is {o['r_implausible']:.3g} tok/s: prefill time is spent "
                 "waiting (a lookup timeout, a stalled load), not computing; B* and n* are not computed from it",
-                "find what the prefill waits on (`kvctl diagnose stalls`); give --prefill-rate measured on a healthy engine for B* and n*",
+                fix_line("prefill_rate_implausible", o),
                 {"derived_prefill_rate_tok_s": o["r_implausible"], "mean_prefill_s": o["mean_prefill_s"]},
             )
         )
@@ -212,7 +213,7 @@ def _tier_health(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
                 "warning",
                 f"the tier bandwidth these counters give is {o['bw_implausible']:.3g} GB/s, beyond any network: bytes and GET "
                 "time do not belong together (mixed label sets, a counter in the wrong unit), so ρ is not computed from it",
-                "check the engine's /metrics by hand (kvctl:l2_get_*, lmcache:remote_time_to_get in ms); give the tier (--valkey) for a server-side bound",
+                fix_line("bandwidth_implausible", o),
                 {"bandwidth_gbps": o["bw_implausible"]},
             )
         )
@@ -222,7 +223,7 @@ def _tier_health(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
                 "engine_restarted",
                 "warning",
                 f"counters went backwards inside the window (an engine restarted): {'; '.join(o['resets'])}",
-                "its rates count only from the restart; run the diagnosis again over a window without a restart",
+                fix_line("engine_restarted", o),
                 {"engines": o["resets"]},
             )
         )
@@ -233,8 +234,7 @@ def _tier_health(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
                 "load_failures",
                 "warning",
                 f"{errs:g} L2 load error(s) and {short:g} chunk(s) dropped from agreed prefixes in the window (kvctl connector)",
-                "failed or disagreeing ranks shorten the agreed prefix and turn hits into recompute: check the tier with "
-                "`kvctl deploy-valkey status` and every rank's remote URL",
+                fix_line("load_failures", o),
                 {"load_errors": errs, "agreed_prefix_shortfall_chunks": short},
             )
         )
@@ -256,10 +256,39 @@ def _shared_instances(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
             "critical" if hot.rho >= RHO_UNSTABLE else "warning",
             f"Valkey {hot.name or f'rank {hot.rank}'} ({hot.url}) is at ρ = {hot.rho:.2f}{bound} from {len(hot.engines)} engines sharing it: {parts}; "
             "each engine may look fine on its own while together they saturate the instance",
-            "add instances (one per rank) for the engines that share this tier, or give the busiest engine its own tier; "
-            "size it with `kvctl plan --engines E` (docs/fleets.md)",
-            {"rank": hot.rank, "rho": hot.rho, "rho_bound": hot.rho_bound, "engines": list(hot.engines),
+            fix_line("instance_saturated", {"engines": len(hot.engines)}, _deployment(o, hot.rank)),
+            {**_step_evidence(o, hot.rank), "rank": hot.rank, "rho": hot.rho, "rho_bound": hot.rho_bound, "engines": list(hot.engines),
              "shares": {str(e): v for e, v in hot.shares}, "bandwidth_gbps": hot.bandwidth_gbps,
              "bandwidth_source": hot.bandwidth_source, "offered_bytes_per_s": hot.offered_bytes_per_s},
         )
     )
+
+
+def _deployment(o: dict[str, Any], rank: int | None = None) -> Deployment:
+    """The deployment a fix is said for (kvctl.diagnose.fixes): the engine's ranks W, the tier's instances per rank, and
+    the instances of the window (of ``rank``'s, when given) that answered, each with its server version and io-threads;
+    those on this host are sized with its cores, others as on a 16-core host, said so."""
+    insts = [i for i in o.get("instances") or () if i.status == "ok" and (rank is None or i.rank == rank)]
+    here = [i for i in insts if is_local(_host(i.url))]
+    servers = tuple(Server(i.server_version, i.io_threads, host_cores() if i in here else None, len(here) if i in here else 1) for i in insts)
+    return Deployment(o.get("ranks"), o.get("instances_per_rank") or 1, servers)
+
+
+def _step(o: dict[str, Any], rank: int | None = None) -> FirstStep | None:
+    """The server change that gives an instance of the window (of ``rank``'s) the most, before any instance is added
+    (kvctl.tier.sizing.first_step: Valkey 8.x → 9.1, io-threads → its host's share); None when none would give much more."""
+    return _deployment(o, rank).first_step()
+
+
+def _step_evidence(o: dict[str, Any], rank: int | None = None) -> dict[str, Any]:
+    step = _step(o, rank)
+    return {"first_step": step.text, **step.evidence()} if step else {}
+
+
+def _host(url: str) -> str:
+    from kvctl.connector.urls import InvalidUrl, parse_resp_url  # noqa: PLC0415
+
+    try:
+        return parse_resp_url(url).host
+    except (InvalidUrl, ValueError):
+        return ""

@@ -6,6 +6,7 @@ import itertools
 from typing import Any, Iterator, Sequence
 
 from kvctl.diagnose import capture as cap
+from kvctl.diagnose.polls import poll_until
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.diagnose.jsonform import diagnosis_json
 from kvctl.core.engine_http import EngineHttp, masked
@@ -18,6 +19,7 @@ def watch(engine_urls: Sequence[str], targets: Sequence[Target], window_s: float
     one before (``count`` of them, or until the caller stops), each saved as the last diagnosis (``kvctl loading sync``
     reads it)."""
     first = cap.take_sample(engine_urls, targets, timeout_s, http=http)
+    cap.refuse_when_nothing_answered(first, engine_urls, targets, window_s)
     return _refreshes(first, engine_urls, targets, window_s, parameters, params, timeout_s, count, http)
 
 
@@ -27,10 +29,11 @@ def _refreshes(prev: cap.Sample, engine_urls: Sequence[str], targets: Sequence[T
     for i in itertools.count():
         if count is not None and i >= count:
             return
-        cap.wait_until(prev.t_s + window_s)
+        kept = poll_until(prev, engine_urls, prev.t_s + window_s, timeout_s, http)  # the engines read in between
         new = cap.take_sample(engine_urls, targets, timeout_s, http=http)
-        diag = analyse(cap.Capture([masked(u) for u in engine_urls], shown, [prev, new], parameters, cap.now_iso(),
-                                   instances_per_rank=cap.instances_per_rank_of(targets)), params)
+        kept.add(new)
+        diag = analyse(cap.Capture([masked(u) for u in engine_urls], shown, [prev, *kept.samples(prev, new), new], parameters, cap.now_iso(),
+                                   instances_per_rank=cap.instances_per_rank_of(targets), engine_states=kept.states()), params)
         cap.save_last_diagnosis({"saved_at": cap.now_iso(), **diagnosis_json(diag)})
         yield diag
         prev = new

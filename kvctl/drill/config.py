@@ -8,7 +8,8 @@ sits under ``drill:``. The engine reads the file at start (and again on SIGHUP, 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import logging
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,10 @@ from kvctl.loading import edit as loading
 from kvctl.connector.urls import redacted_repr
 from kvctl.core.errors import InvalidInput
 from kvctl.core.files import write_atomic
+from kvctl.core.known_keys import log_unknown, unknown
 from kvctl.core.thresholds import CHUNK_TOKENS
+
+log = logging.getLogger(__name__)
 
 TIER_CLIENTS = ("kvctl", "fixed-header")
 LOOKUPS = ("exists", "index")
@@ -93,6 +97,9 @@ def read_config(path: Path | str) -> EngineConfig:
     d = data.get("drill")
     if not isinstance(d, dict):
         raise InvalidInput(f"{p}: no drill: mapping (not a drill engine config)")
+    drill_keys = {f.name for f in fields(EngineSettings)} - {"chunk_tokens", "extra"}
+    log_unknown(unknown(data, {"chunk_size", loading.KEY, "drill"}, p) + unknown(d, drill_keys, p, "drill."), log,
+                "the drill engine ignores it and uses its default")
     urls = _need(d, "remote_urls", list, p)
     if not urls or not all(isinstance(u, str) for u in urls):
         raise InvalidInput(f"{p}: drill.remote_urls must be a non-empty list of resp:// URLs")

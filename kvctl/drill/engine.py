@@ -337,42 +337,41 @@ class DrillEngine:
         return app
 
 
-async def _serve(cfg: EngineConfig, port: int) -> str:
-    """Serve until SIGTERM/SIGINT ("stop") or SIGHUP ("restart")."""
+async def _serve(cfg: EngineConfig, port: int) -> tuple[str, int]:
+    """Serve until SIGTERM/SIGINT ("stop") or SIGHUP ("restart"); (what, the port it listened on)."""
     engine = DrillEngine(cfg)
     runner = web.AppRunner(engine.app(), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024, reuse_address=True, shutdown_timeout=0.5)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    loop = asyncio.get_running_loop()
+    for sig, what in ((signal.SIGTERM, "stop"), (signal.SIGINT, "stop"), (signal.SIGHUP, "restart")):  # before PORT is said:
+        loop.add_signal_handler(sig, lambda w=what: done.done() or done.set_result(w))  # a SIGHUP right after it restarts
     mode = "asynchronous" if cfg.async_loading else "synchronous"
     sys.stdout.write(f"PORT {bound}\n")
     sys.stdout.write(f"drill engine pid {os.getpid()}: {cfg.settings.ranks} rank(s), {mode} loading, tier client {cfg.settings.tier_client}\n")
     sys.stdout.flush()
-    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    loop = asyncio.get_running_loop()
-    for sig, what in ((signal.SIGTERM, "stop"), (signal.SIGINT, "stop"), (signal.SIGHUP, "restart")):
-        loop.add_signal_handler(sig, lambda w=what: done.done() or done.set_result(w))
     what = await done
     try:
         await asyncio.wait_for(runner.cleanup(), timeout=2.0)
     except (asyncio.TimeoutError, OSError):
         pass
     engine.tier.close()
-    return what
+    return what, bound
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m kvctl.drill.engine", description="kvctl's drill engine (see the module docstring).")
     ap.add_argument("--config", required=True, help="drill engine config (written by kvctl drill)")
-    ap.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: any free port)")
+    ap.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: a free port the kernel picks, kept across SIGHUP restarts)")
     args = ap.parse_args(argv)
     cfg = read_config(args.config)
-    what = asyncio.run(_serve(cfg, args.port))
+    what, bound = asyncio.run(_serve(cfg, args.port))
     sys.stdout.flush()
-    if what == "restart":
-        port = ["--port", str(args.port)] if args.port else []
-        argv = python_argv("-m", "kvctl.drill.engine", "--config", args.config, *port)
+    if what == "restart":  # a restart keeps the port it had: its clients (a replay, a drill) know the engine by it
+        argv = python_argv("-m", "kvctl.drill.engine", "--config", args.config, "--port", str(bound))
         os.execv(argv[0], argv)
 
 

@@ -26,7 +26,7 @@ from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.drill import scenarios as S
 from kvctl.drill.config import EngineSettings, write_config
-from kvctl.drill.standalone import settings_for
+from kvctl.drill.standalone import engine_port_in, settings_for
 from kvctl.drill.workload import Sizes, Workload, sizes, write_trace
 from kvctl.core.errors import ExitStatus, InvalidInput, KvctlError
 from kvctl.drill.workdir import WorkDir, check_keep, keep, quote_log, remove_stale
@@ -34,7 +34,7 @@ from kvctl.core.procs import child_env, die_with_parent, python_argv
 from kvctl.core.runbooks import runbook_for
 from kvctl.core.thresholds import RHO_HIGH, RHO_UNSTABLE
 from kvctl.tier import local
-from kvctl.tier.server import ValkeyProcess, free_port, port_in_use
+from kvctl.tier.server import ValkeyProcess
 from kvctl.tier.targets import Target, resolve_targets
 
 Say = Callable[[str], None]
@@ -151,6 +151,7 @@ class Drill:
         self.engine_port = 0
         self.replay: subprocess.Popen | None = None
         self.last_capture: cap.Capture | None = None  # the final diagnosis' samples (saved with --keep)
+        self.findings: list[Any] = []  # the findings that showed the planted fault (their fix lines are the drill's)
 
     # --- narration -------------------------------------------------------------------
 
@@ -165,11 +166,9 @@ class Drill:
         last: Exception | None = None
         self.tier_up = True  # from here `down` runs at cleanup: up records each instance the moment it exists
         for _ in range(5):  # W consecutive free ports; another process may take one meanwhile
-            base = free_port()
-            if any(port_in_use(base + r) for r in range(1, ranks)):
-                continue
+            base = local.pick_base_port(ranks, preferred=None)  # never 17400..: that is the engineer's own tier's
             try:
-                local.up(local.UpRequest(dir=self.tier_dir, ranks=ranks, base_port=base, maxmemory=f"{32 * ranks}mb"), held=self.servers)
+                local.up(local.UpRequest(dir=self.tier_dir, ranks=ranks, base_port=base, maxmemory=f"{32 * ranks}MiB"), held=self.servers)
                 break
             except KvctlError as e:
                 last = e
@@ -185,8 +184,8 @@ class Drill:
 
     def start_engine(self, settings: EngineSettings) -> Path:
         cfg = write_config(self.work / "engine.yaml", settings, async_loading=False)
-        self.engine_port = free_port()
-        args = ["-m", "kvctl.drill.engine", "--config", str(cfg), "--port", str(self.engine_port)]
+        self.engine_port = 0  # a free port the engine binds itself and prints (PORT n): none to race for
+        args = ["-m", "kvctl.drill.engine", "--config", str(cfg), "--port", "0"]
         self.engine = self.procs.start("engine", args, self.work / "engine.log")
         self.wait_engine()
         self.say("start", f"drill engine pid {self.engine.pid} on http://127.0.0.1:{self.engine_port} ({settings.ranks} rank(s), "
@@ -200,6 +199,11 @@ class Drill:
         while time.monotonic() < deadline:
             if self.engine.poll() is not None:
                 raise KvctlError(f"the drill engine ended with {describe_exit(self.engine.returncode)}; {self.quote_log('engine')}")
+            if not self.engine_port:
+                self.engine_port = engine_port_in(self.work / "engine.log")
+                if not self.engine_port:
+                    time.sleep(0.05)
+                    continue
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=1.0) as r:  # noqa: S310 - loopback
                     if r.status == 200:
@@ -218,7 +222,8 @@ class Drill:
                 "--json", "--timeout", str(int(self.opts.duration_s * 2 + 30))]
         self.replay = self.procs.start("replay", args, self.work / "replay.log")
         self.say("start", f"replay: {len(trace.read_text().splitlines())} requests of {workload.prompt_tokens} tokens at "
-                          f"λ = {workload.rate_per_s:.2f} req/s over {workload.duration_s:.0f} s, {workload.docs} shared documents "
+                          f"λ = {workload.rate_per_s:.2f} req/s for the drill's {self.opts.duration_s:g} s (the trace runs "
+                          f"{workload.duration_s - self.opts.duration_s:g} s past it, so the traffic outlasts the watch), {workload.docs} shared documents "
                           f"(`kvctl replay trace.jsonl --engine-url {self.url}`)")
 
     # --- watching ----------------------------------------------------------------------
@@ -320,9 +325,13 @@ def _stop_stale_tier(tier_dir: Path) -> int:
 
 
 def _workload(sc: S.Scenario, rho: float, opts: DrillOptions) -> Workload:
-    """The drill's trace: λ for ``rho`` on the scenario's ranks, for the whole drill and 5 s more."""
+    """The drill's trace: λ for ``rho`` on the scenario's ranks, for the whole drill and TRACE_TAIL_S more."""
     rate = S.arrival_rate(rho, sc.ranks, Workload(rate_per_s=1.0, duration_s=1.0).hit_chunks)
-    return Workload(rate_per_s=rate, duration_s=opts.duration_s + 5.0, seed=opts.seed)
+    return Workload(rate_per_s=rate, duration_s=opts.duration_s + TRACE_TAIL_S, seed=opts.seed)
+
+
+#: seconds the drill's trace runs past --duration, so the traffic never stops before the drill's last sample
+TRACE_TAIL_S = 5.0
 
 
 def _timeline(duration: float) -> tuple[float, float]:
@@ -351,7 +360,8 @@ def _load_phase(dr: Drill, sc: S.Scenario, rho: float, async_after: bool) -> tup
         return ok, (f"healthy: ρ = {d.rho:.2f}{note}" if ok else f"expected a healthy diagnosis, got ρ = {d.rho}, {found or d.insufficient_data}"), found
     unstable = "rho_unstable" in found
     if unstable:
-        dr.say("finding", f"found rho_unstable: runbook {runbook_for('rho_unstable')}")
+        dr.findings = list(d.findings)
+        dr.say("finding", f"found rho_unstable: runbook: {runbook_for('rho_unstable')}")
     if not async_after:
         return unstable, ("found rho_unstable" if unstable else f"diagnose did not report rho_unstable (findings: {found or 'none'})"), found
     if not unstable:
@@ -405,8 +415,9 @@ def _stall(dr: Drill, sc: S.Scenario) -> tuple[bool, str, list[str]]:
     dr.say("action", f"kvctl diagnose stalls --pid {dr.engine.pid} (py-spy, 3 samples 1 s apart)")
     rep = stalls.diagnose_stalls([dr.engine.pid], samples=3, interval_s=1.0)
     found = sorted({f.id for f in rep.findings})
+    dr.findings = list(rep.findings)
     for f in rep.findings:
-        dr.say("finding", f"{f.id} ({f.severity.value}): {f.message}; runbook {runbook_for(f.id)}")
+        dr.say("finding", f"{f.id} ({f.severity.value}): {f.message}; runbook: {runbook_for(f.id)}")
     dr.diagnoses.append({"label": "stalls", "findings": found, "errors": [p.error for p in rep.processes if p.error]})
     ok = "missing-key-get" in found
     errs = [p.error for p in rep.processes if p.error]
@@ -434,9 +445,16 @@ def _dead(dr: Drill, sc: S.Scenario) -> tuple[bool, str, list[str]]:
     found = [f.id for f in d.findings]
     down = any(u.startswith(f"Valkey rank {victim.rank} ") for u in d.unreachable)
     if down:
-        dr.say("finding", f"Valkey rank {victim.rank} unreachable (exit 5): runbook {runbook_for('instance_down')}")
+        dr.say("finding", f"Valkey rank {victim.rank} unreachable (exit 5): runbook: {runbook_for('instance_down')}")
         found = ["instance_down", *found]
     return down, (f"found Valkey rank {victim.rank} unreachable" if down else f"diagnose did not report rank {victim.rank} unreachable (findings: {found or 'none'})"), found
+
+
+def fix_of(sc: S.Scenario, findings: list[Any]) -> str:
+    """The fix the drill says: the diagnosis's own fix line for the finding it planted (its numbers filled in), else
+    the scenario's (the same line for the drill's tier)."""
+    said = [f.recommendation for f in findings if f.id == sc.finding]
+    return said[0] if said else sc.fix
 
 
 def run_drill(name: str, opts: DrillOptions, say: Say) -> DrillResult:
@@ -455,8 +473,9 @@ def run_drill(name: str, opts: DrillOptions, say: Say) -> DrillResult:
         else:
             ok, verdict, found = _dead(dr, sc)
         dr.check_children()
+        fix = fix_of(sc, dr.findings)
         if ok:
-            dr.say("verdict", f"PASS: {verdict}. Fix: {sc.fix}" + (f"; runbook {sc.runbook}" if sc.runbook else ""))
+            dr.say("verdict", f"PASS: {verdict}. Fix: {fix}" + (f"; runbook: {sc.runbook}" if sc.runbook else ""))
         else:
             dr.say("verdict", f"FAIL: {verdict} (expected {sc.expect})")
         if dr.last_capture is not None and opts.keep_dir:
@@ -470,5 +489,5 @@ def run_drill(name: str, opts: DrillOptions, say: Say) -> DrillResult:
         dr.cleanup()
     if dr.keep_error:
         raise KvctlError(dr.keep_error)
-    return DrillResult(sc.name, ok, opts.plant, sc.expect, found, sc.runbook, sc.fix, verdict,
+    return DrillResult(sc.name, ok, opts.plant, sc.expect, found, sc.runbook, fix, verdict,
                        round(time.monotonic() - dr.t0, 2), dr.steps, dr.diagnoses, opts.keep_dir)

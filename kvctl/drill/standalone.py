@@ -11,9 +11,11 @@ does. Library code: no click.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -91,6 +93,15 @@ def our_process(state: EngineState) -> psutil.Process | None:
     return proc
 
 
+def engine_port_in(log: Path) -> int:
+    """The port a drill engine started with ``--port 0`` said it listens on (its ``PORT n`` line), 0 before it says."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return 0
+    return next((int(ln.split()[1]) for ln in text.splitlines() if ln.startswith("PORT ") and ln.split()[1:2] and ln.split()[1].isdigit()), 0)
+
+
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=1.0) as r:  # noqa: S310 - loopback
@@ -123,7 +134,7 @@ def start(tier_dir: Path | str, model_config: str | None = None, async_loading: 
         if proc.poll() is not None:
             raise KvctlError(f"the drill engine exited with {proc.returncode}; see {log}")
         if not port:
-            port = next((int(ln.split()[1]) for ln in log.read_text(errors="replace").splitlines() if ln.startswith("PORT ")), 0)
+            port = engine_port_in(log)
         if port and _healthy(f"http://127.0.0.1:{port}"):
             break
         time.sleep(0.1)
@@ -148,17 +159,60 @@ def _kill(pid: int) -> None:
 def stop(tier_dir: Path | str) -> EngineState | None:
     """Stop the drill engine :func:`start` left on this tier (SIGTERM, SIGKILL after a few seconds); None when none
     was recorded. The state file goes either way."""
+    stopped = stop_engine(tier_dir)
+    return stopped.state if stopped else None
+
+
+@dataclass(frozen=True)
+class EngineStop:
+    """What became of the drill engine a tier's directory records (``deploy-valkey down`` says it)."""
+
+    state: EngineState
+    result: str  # "stopped", "killed" (no exit within STOP_S of SIGTERM), or "not running" (recorded, gone)
+
+
+def stop_engine(tier_dir: Path | str) -> EngineStop | None:
+    """:func:`stop`, saying what it did; None when no drill engine is recorded in ``tier_dir``. Only the process the
+    state file names (pid, command line and start time all matching) is signalled."""
     tier_dir = Path(tier_dir)
     state = read_state(tier_dir)
     if state is None:
         return None
     proc = our_process(state)
+    result = "not running"
     if proc is not None:
+        result = "stopped"
         proc.terminate()
         try:
             proc.wait(STOP_S)
         except psutil.TimeoutExpired:
+            result = "killed"
             proc.kill()
             proc.wait(STOP_S)
     _state_path(tier_dir).unlink(missing_ok=True)
-    return state
+    return EngineStop(state, result)
+
+
+#: what :func:`start` writes in its directory (``drill-engine/``), the names :func:`purge` removes
+WORK_FILES = ("engine.yaml", "engine.log")
+
+
+def purge(tier_dir: Path | str) -> list[str]:
+    """Remove what :func:`start` wrote in ``tier_dir`` (its state file, ``drill-engine/``'s config and log, then that
+    directory when nothing else is in it): the names removed. Links are removed, never followed; anything else stays.
+    Call it once the engine is stopped."""
+    tier_dir = Path(tier_dir)
+    removed = []
+    work = tier_dir / WORK_DIR
+    for path in [*(work / n for n in WORK_FILES), *work.glob(".engine.yaml*"), _state_path(tier_dir)]:
+        try:
+            if stat.S_ISREG(os.lstat(path).st_mode) or stat.S_ISLNK(os.lstat(path).st_mode):
+                os.unlink(path)
+                removed.append(str(path.relative_to(tier_dir)))
+        except FileNotFoundError:
+            pass
+    with contextlib.suppress(OSError):
+        if not work.is_symlink():
+            work.rmdir()  # only when nothing else lives there
+            removed.append(f"{WORK_DIR}/")
+    return removed

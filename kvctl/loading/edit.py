@@ -28,8 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from kvctl.connector import unknown_keys as engine_keys
 from kvctl.core import files, safeyaml
 from kvctl.core.errors import InvalidInput, KvctlError
+from kvctl.core.known_keys import UnknownKey
+from kvctl.loading.near_miss import NearMiss, refuse_near_miss  # noqa: F401 - NearMiss re-exported
 from kvctl.loading.types import SourceState  # re-exported: part of this module's API
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,11 @@ class Refused(KvctlError):
     """A flip that the safety check does not allow (use --force to override)."""
 
 
+#: top-level sections of LMCache-style files that are kvctl's own, not LMCache's: the drill engine's (kvctl.drill.config)
+OWN_SECTIONS = frozenset({"drill"})
+_ENV_NAME = re.compile(r"^[ \t]*(?:export[ \t]+)?(?P<name>[A-Za-z_][A-Za-z0-9_.]*)[ \t]*=")
+
+
 @dataclass(frozen=True)
 class Change:
     """A planned (or applied) edit of one file."""
@@ -61,11 +69,15 @@ class Change:
     diff: str
     new_text: str
     backup: str | None = None
+    unknown_keys: tuple[UnknownKey, ...] = ()  # keys of the file its engine does not know (said; the flip goes on)
 
 
-def _read(path: Path | str) -> str:
+def read_text(path: Path | str) -> str:
     """The file's text with its line endings as they are (CRLF stays CRLF); regular files up to the size cap only."""
     return files.read_regular(path, "config")
+
+
+_read = read_text
 
 
 def parse_yaml(text: str, path: str = "<config>") -> dict[str, Any]:
@@ -86,15 +98,35 @@ def _as_bool(value: Any) -> bool | None:
     return str(value).strip().strip("\"'").lower() in TRUTHY
 
 
-def _key_nodes(text: str, path: str) -> list[tuple[Any, Any]]:
-    """(key node, value node) of every top-level ``enable_async_loading``, in file order (YAML keeps the last)."""
+def _top_nodes(text: str, path: str) -> list[tuple[Any, Any]]:
+    """(key node, value node) of every top-level key, in file order."""
     import yaml  # noqa: PLC0415
 
     parse_yaml(text, path)  # a malformed file is refused with its line
     root = safeyaml.compose(text, path)
     if not isinstance(root, yaml.MappingNode):
         return []
-    return [(k, v) for k, v in root.value if isinstance(k, yaml.ScalarNode) and k.value == KEY]
+    return [(k, v) for k, v in root.value if isinstance(k, yaml.ScalarNode)]
+
+
+def _key_nodes(text: str, path: str) -> list[tuple[Any, Any]]:
+    """(key node, value node) of every top-level ``enable_async_loading``, in file order (YAML keeps the last)."""
+    return [(k, v) for k, v in _top_nodes(text, path) if k.value == KEY]
+
+
+def _top_lines(text: str, path: str) -> dict[str, int]:
+    return {k.value: k.start_mark.line + 1 for k, _ in reversed(_top_nodes(text, path))}
+
+
+def yaml_unknown(data: dict[str, Any], text: str, path: str) -> tuple[UnknownKey, ...]:
+    """Keys of an LMCache YAML that LMCache 0.5.6 (or kvctl's plugin in its extra_config) does not know."""
+    own = {k: v for k, v in data.items() if k not in OWN_SECTIONS}
+    return tuple(engine_keys.in_lmcache(own, path, _top_lines(text, path)))
+
+
+def env_names(text: str) -> dict[str, int]:
+    """The variables an env file sets, each with its (last) line."""
+    return {m.group("name"): i for i, ln in enumerate(text.splitlines(), 1) if (m := _ENV_NAME.match(ln))}
 
 
 def _checked_value(value: Any, line: int | None, path: str) -> bool | None:
@@ -113,7 +145,7 @@ def yaml_state(path: Path | str) -> SourceState:
     data = parse_yaml(text, str(path))
     nodes = _key_nodes(text, str(path))
     line = nodes[-1][0].start_mark.line + 1 if nodes else None  # the effective (last) one
-    return SourceState(str(path), "yaml", _checked_value(data.get(KEY), line, str(path)), line)
+    return SourceState(str(path), "yaml", _checked_value(data.get(KEY), line, str(path)), line, unknown_keys=yaml_unknown(data, text, str(path)))
 
 
 _ENV_OK = re.compile(r"^[ \t]*(?:#.*|(?:export[ \t]+)?[A-Za-z_][A-Za-z0-9_.]*(?:[ \t]*=.*)?)?$")
@@ -139,7 +171,7 @@ def env_state(path: Path | str) -> SourceState:
         m = _ENV_LINE.match(ln)
         if m:
             value, line = _as_bool(m.group("val")), i + 1
-    return SourceState(str(path), "env", value, line)
+    return SourceState(str(path), "env", value, line, unknown_keys=tuple(engine_keys.in_lmcache_env(env_names(text), str(path))))
 
 
 def detect_kind(path: Path | str, given: str) -> str:
@@ -214,21 +246,26 @@ def env_form(value: bool) -> str:
     return f"{ENV_VAR}={'True' if value else 'False'}"
 
 
-def plan(path: Path | str, kind: str, value: bool) -> Change:
-    """The edit that sets async loading to ``value`` in one file (nothing is written)."""
+def plan(path: Path | str, kind: str, value: bool, force: bool = False) -> Change:
+    """The edit that sets async loading to ``value`` in one file (nothing is written). NearMiss, unless ``force``, when
+    the setting is absent and a near miss of it is there (kvctl would add the setting beside the typo)."""
     text = _read(path)
+    st = state(path, kind)
     if kind == "yaml":
-        before = yaml_state(path).async_loading
+        if st.line is None:
+            refuse_near_miss(str(path), KEY, st.unknown_keys, force)
         new = set_yaml(text, value, str(path))
     elif kind == "env":
-        before = env_state(path).async_loading
+        if st.line is None:
+            refuse_near_miss(str(path), ENV_VAR, st.unknown_keys, force)
         new = set_env(text, value)
     else:
         from kvctl.loading import vllm as loading_vllm  # noqa: PLC0415
 
-        before, new = loading_vllm.flip(text, kind, value, str(path))
+        loading_vllm.check_near_miss(text, kind, str(path), st.unknown_keys, force)
+        _, new = loading_vllm.flip(text, kind, value, str(path))
     diff = "".join(difflib.unified_diff(text.splitlines(keepends=True), new.splitlines(keepends=True), f"{path} (before)", f"{path} (after)"))
-    return Change(str(path), kind, before, value, new != text, diff, new)
+    return Change(str(path), kind, st.async_loading, value, new != text, diff, new, unknown_keys=st.unknown_keys)
 
 
 TMP_MARK = files.TMP_MARK
@@ -349,6 +386,7 @@ def apply_all(changes: list[Change], backup: bool = True, force: bool = False) -
                     b.unlink()
         raise
     return [
-        Change(c.path, c.kind, c.before, c.after, True, c.diff, c.new_text, str(baks[c.path]) if c.path in baks else None) if c.changed else c
+        Change(c.path, c.kind, c.before, c.after, True, c.diff, c.new_text, str(baks[c.path]) if c.path in baks else None, c.unknown_keys)
+        if c.changed else c
         for c in changes
     ]

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from kvctl.core.errors import KvctlError
 from kvctl.core.signals import Signalled, signals_raise
-from kvctl.diagnose.capture import last_diagnosis_path
+from kvctl.diagnose import saved as saved_diagnoses
 from kvctl.loading import edit as loading
 from kvctl.loading import restart as loading_restart
 from kvctl.loading import safety as loading_safety
+from kvctl.loading import tier_of
 from kvctl.loading.edit import Change
 from kvctl.loading.restart import RestartResult
 from kvctl.loading.safety import SafetyCheck
@@ -66,18 +68,26 @@ def flip(
     restart_cmd: str | None = None,
     restart_timeout_s: float = 300.0,
     diagnosis_default: Path | None = None,
+    engine_urls: Sequence[str] = (),
 ) -> FlipResult:
     """Set async loading to ``value`` in every (path, kind) of ``sources``, then run ``restart_cmd``.
 
-    Switching to sync first asks the diagnosis (``diagnosis``, else the last one saved:
-    ``diagnosis_default`` or KVCTL_HOME's) and raises :class:`kvctl.loading.edit.Refused` unless
-    ``force`` when ρ is too high or cannot be told.
+    Switching to sync first asks the diagnosis (``diagnosis``, else ``diagnosis_default``, else the one saved for the
+    tier the files name, or for ``engine_urls``: :func:`kvctl.diagnose.saved.find`, never another tier's) and raises
+    :class:`kvctl.loading.edit.Refused` unless ``force`` when ρ is too high or cannot be told.
     """
     safety = None
     if not value:
-        diag, src = loading_safety.load_diagnosis(diagnosis, diagnosis_default or last_diagnosis_path())
-        safety = loading_safety.check_sync(diag, src, force, max_age_s=max_age_s)
-    changes = [loading.plan(p, kind, value) for p, kind in sources]
+        default = diagnosis_default
+        if not diagnosis and default is None:
+            tier = tier_of.of_sources(sources)
+            default = saved_diagnoses.find(tier[0], engine_urls, tier[1])
+            if default is None:
+                safety = loading_safety.check_sync(None, tier_of.no_saved(tier, [p for p, _ in sources], engine_urls), force, max_age_s=max_age_s)
+        if safety is None:
+            diag, src = loading_safety.load_diagnosis(diagnosis, default or Path(saved_diagnoses.kvctl_home(), "none"))
+            safety = loading_safety.check_sync(diag, src, force, max_age_s=max_age_s)
+    changes = [loading.plan(p, kind, value, force=force) for p, kind in sources]
     if not dry_run:
         changes = loading.apply_all(changes, backup=backup, force=force)
     restart = None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SourceState"]
+from kvctl.core.known_keys import UnknownKey
+
+__all__ = ["SourceState", "UnknownKey"]
 
 
 @dataclass(frozen=True)
@@ -16,3 +18,4 @@ class SourceState:
     async_loading: bool | None  # None: not set (LMCache's and the connector's default is synchronous)
     line: int | None  # 1-based line of the setting, when set
     found: str | None = None  # what kind of file was detected, for vLLM files
+    unknown_keys: tuple[UnknownKey, ...] = ()  # keys its reader does not know, each with the nearest known one

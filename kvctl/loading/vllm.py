@@ -24,8 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvctl.connector.unknown_keys import in_kv_transfer
 from kvctl.core import safeyaml
 from kvctl.core.errors import InvalidInput, KvctlError
+from kvctl.core.known_keys import nearest
+from kvctl.loading.near_miss import refuse_near_miss
 from kvctl.loading.types import SourceState
 from kvctl.tier.vllm_config import ASYNC_KEY, EXTRA
 
@@ -106,6 +109,18 @@ def _kv_pairs(root) -> list[tuple[Any, Any]]:
     return [(k, v) for k, v in root.value if isinstance(k, yaml.ScalarNode) and k.value in YAML_KEYS]
 
 
+def _typo_of_key(root) -> str:
+    """`` (did you mean ...?)`` naming a top-level key of a YAML that is a near miss of ``kv-transfer-config``, else ""."""
+    import yaml  # noqa: PLC0415
+
+    if not isinstance(root, yaml.MappingNode):
+        return ""
+    for k, _ in root.value:
+        if isinstance(k, yaml.ScalarNode) and nearest(k.value, YAML_KEYS):
+            return f"; {k.value} on line {k.start_mark.line + 1} is a near miss of {nearest(k.value, YAML_KEYS)}"
+    return ""
+
+
 def detect(path: Path | str, text: str, given: str) -> str:
     """The kind of ``path``: ``given`` ("yaml", "env" or "vllm") is the option it came from.
 
@@ -129,7 +144,7 @@ def detect(path: Path | str, text: str, given: str) -> str:
     kind = VLLM_YAML if keys else VLLM_ARGS if flags else None
     if kind is None:
         if given == "vllm":
-            raise _refuse(path, "no kv-transfer-config key and no --kv-transfer-config argument found")
+            raise _refuse(path, "no kv-transfer-config key and no --kv-transfer-config argument found" + _typo_of_key(root))
         return given
     if given != "vllm":
         lmcache = [m for m in LMCACHE_MARKERS if re.search(rf"^[ \t]*(?:export[ \t]+)?{m}[ \t]*[:=]", text, re.M)]
@@ -342,7 +357,21 @@ def state(path: Path | str, text: str, kind: str):
         raise _refuse(path, f"{EXTRA} is not a JSON object")
     line = _flip_text(text, kind, True, path)[2] if ASYNC_KEY in extra else found.line  # the value's line (checked: true or false)
     form = f"{found.form}, " if kind == VLLM_YAML else ""
-    return SourceState(path, kind, _async_value(cfg), line, f"{DESCRIPTIONS[kind]} ({form}line {found.line})")
+    return SourceState(path, kind, _async_value(cfg), line, f"{DESCRIPTIONS[kind]} ({form}line {found.line})",
+                       unknown_keys=tuple(in_kv_transfer(cfg, path)))
+
+
+def check_near_miss(text: str, kind: str, path: str, found: tuple, force: bool) -> None:
+    """NearMiss (kvctl.loading.edit), unless ``force``, when the flip would add ``async_loading`` (or the extra config
+    holding it) beside a near miss of it among the keys no reader knows (``found``): the connector refuses the typo'd
+    key, vLLM the typo'd config key."""
+    cfg, _ = read_config(text, kind, path)
+    extra = cfg.get(EXTRA)
+    if isinstance(extra, dict):
+        if ASYNC_KEY not in extra:
+            refuse_near_miss(path, ASYNC_KEY, found, force, parent=f"{EXTRA}.")
+    elif extra is None:
+        refuse_near_miss(path, EXTRA, found, force)
 
 
 def _flip_text(text: str, kind: str, value: bool, path: str) -> tuple[str, bool | None, int]:

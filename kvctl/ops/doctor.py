@@ -8,6 +8,7 @@ kvctl.tier.admin, NVML, py-spy), so tests point them at real local components.
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.metadata
 import json
 import os
@@ -22,17 +23,20 @@ from kvctl.connector.urls import INSTANCE_PLACEHOLDER, RANK_PLACEHOLDER, instanc
 from kvctl.core import files, safeyaml
 from kvctl.core.engine_http import EngineHttp, masked
 from kvctl.core.errors import ExitStatus, InvalidInput, KvctlError
-from kvctl.core.thresholds import CHECK_TIMEOUT_S, RHO_HIGH, RHO_UNSTABLE, TIER_DIR
+from kvctl.core.thresholds import READ_TIMEOUT_S, RHO_HIGH, RHO_UNSTABLE, TIER_DIR
 from kvctl.diagnose import metrics as M
 from kvctl.diagnose import sources
 from kvctl.loading import edit as loading
 from kvctl.loading import safety as loading_safety
-from kvctl.ops.doctor_host import check_nvml, check_py_spy
+from kvctl.ops.doctor_config import saved_diagnosis, unknown_key_checks
+from kvctl.ops.doctor_host import check_nvml, check_py_spy, check_vllm_version
 from kvctl.tier import checks as tier_checks
+from kvctl.tier import server_checks
 from kvctl.tier.checks import FAIL, OK, SKIPPED, WARNING, Check
 from kvctl.tier.lmcache_config import PLUGIN_MODULE, URL_LIST_KEY, plugin_key
-from kvctl.tier.admin import PASSWORD_HINT, Admin, InstanceFailure, LoginRefused, NoPermission, TimedOut
+from kvctl.tier.admin import PASSWORD_HINT, Admin, InstanceFailure, LoginRefused, NoPermission, TimedOut, Unanswered
 from kvctl.tier.replies import BadReply
+from kvctl.tier.sizing import up_command
 from kvctl.tier.targets import Target
 
 ORDER = (SKIPPED, OK, WARNING, FAIL)
@@ -56,10 +60,13 @@ class DoctorReport:
     checks: list[Check]
     worst: str
     nothing_checked: bool = False  # no engine, tier or config was given: only this host could be looked at
+    unreachable: bool = False  # engines or instances were given and not one of them answered (each is a failed check)
 
     @property
     def exit_status(self) -> ExitStatus:
-        """4 a failure, 3 a warning, 6 nothing of the deployment checked, 0 all ok."""
+        """5 nothing given answered (no other failure), 4 a failure, 3 a warning, 6 nothing of the deployment checked, 0 all ok."""
+        if self.unreachable and all(c.name in ("metrics", "up") for c in self.checks if c.status == FAIL):
+            return ExitStatus.UNREACHABLE
         if self.worst not in (WARNING, FAIL) and self.nothing_checked:
             return ExitStatus.INSUFFICIENT_DATA
         return {WARNING: ExitStatus.FINDING_WARNING, FAIL: ExitStatus.FINDING_CRITICAL}.get(self.worst, ExitStatus.OK)
@@ -73,35 +80,66 @@ class DoctorInput:
     lmcache_config: str | None = None
     kv_transfer_config: str | None = None  # JSON text, or @FILE
     world_size: int | None = None
-    last_diagnosis: str | None = None  # path of kvctl diagnose's saved JSON
-    timeout_s: float = CHECK_TIMEOUT_S
+    last_diagnosis: str | None = None  # kvctl diagnose --json output to use; None: the one saved for this tier (or engines)
+    timeout_s: float = READ_TIMEOUT_S  # kvctl doctor --timeout and kvctl diagnose --timeout: one default
     host_checks: bool = True
     chunk_bytes: int | None = None  # one stored chunk; default: the largest of a few values sampled from the tier
     engines: int | None = None  # engines sharing the tier; default: the number of engine URLs, at least 1
     http: EngineHttp = field(default_factory=EngineHttp)  # engine credentials and the /metrics size cap
+    stopped_tier: tuple[str, str] | None = None  # (dir, when): a tier `deploy-valkey down` stopped and left there
 
 
 def run(inp: DoctorInput) -> DoctorReport:
     checks: list[Check] = []
     lmcache = _load_yaml(inp.lmcache_config) if inp.lmcache_config else None
     kvt = parse_kv_transfer_config(inp.kv_transfer_config) if inp.kv_transfer_config else None
-    engines = [_engine(u, inp.timeout_s, kvt, checks, inp.http) for u in inp.engine_urls]
+    # every engine and instance read at once, each within its own --timeout: N silent sources cost one timeout, not N
+    reads = _at_once([lambda u=u: _engine_alone(u, inp, kvt) for u in inp.engine_urls] + [lambda t=t: _read_instance(t, inp) for t in inp.targets])
+    engines, pre = [e for e, _ in reads[:len(inp.engine_urls)]], reads[len(inp.engine_urls):]
+    checks.extend(c for _, said in reads[:len(inp.engine_urls)] for c in said)
     if not inp.engine_urls:
         checks.append(Check("engine", "metrics", SKIPPED, "no --engine-url given: engine, vLLM version and connector not checked"))
     if not inp.targets:
-        checks.append(Check("valkey", "up", SKIPPED, f"no --dir, no --valkey and no tier in {TIER_DIR}: the Valkey tier was not checked"))
+        checks.append(Check("valkey", "up", SKIPPED, f"no --dir, no --valkey and no tier in {TIER_DIR}: the Valkey tier was not checked") if not inp.stopped_tier
+                      else Check("valkey", "up", SKIPPED, f"{inp.stopped_tier[0]} holds a tier `kvctl deploy-valkey down` stopped at {inp.stopped_tier[1]} "
+                                 "(its files kept): not checked", f"start it with `kvctl deploy-valkey up --dir {inp.stopped_tier[0]}`, or name a running tier (--dir, --valkey)"))
     world = inp.world_size or next((e["ranks"] for e in engines if e.get("ranks")), None)
     block = next((e["block_size"] for e in engines if e.get("block_size")), None)
-    _valkey(inp, world, checks)
+    threads = _valkey(inp, world, checks, pre)
     in_use = lmcache is not None or connector_of(kvt) == "lmcache" or any(e.get("connector") == "lmcache" for e in engines)
     _lmcache(lmcache, in_use, checks)
-    _configs(lmcache, kvt, world, block, inp.last_diagnosis, checks, inp.lmcache_config)
+    checks.extend(unknown_key_checks(lmcache, inp.lmcache_config, kvt, connector_of(kvt) == "kvctl"))  # typos, with the key meant
+    last = inp.last_diagnosis or saved_diagnosis(inp.targets, inp.engine_urls, lmcache, kvt)  # this tier's, never another's
+    _configs(lmcache, kvt, world, block, last, checks, inp.lmcache_config)
+    connections = server_checks.connections_check(kvt, lmcache, threads)  # the engine's connections against the io-threads read
+    if connections is not None:
+        checks.append(connections)
     if inp.host_checks:
         checks.append(check_py_spy())
         checks.append(check_nvml())
     worst = max((c.status for c in checks if c.status != SKIPPED), key=ORDER.index, default=OK)
     nothing = not (inp.engine_urls or inp.targets or inp.lmcache_config or inp.kv_transfer_config)
-    return DoctorReport(checks, worst, nothing)
+    # refused or silent, each one: not an instance that answered something odd (BadReply) or refused a login
+    silent = bool(inp.engine_urls or inp.targets) and all(e.get("unreachable") for e in engines) and all(isinstance(x, (TimedOut, Unanswered)) for x in pre)
+    return DoctorReport(checks, worst, nothing, silent)
+
+
+def _at_once(calls: list[Any]) -> list[Any]:  # each call bounded by its own deadline
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(calls))) as ex:
+        return list(ex.map(lambda call: call(), calls))
+
+
+def _engine_alone(url: str, inp: DoctorInput, kvt: dict[str, Any] | None) -> tuple[dict[str, Any], list[Check]]:
+    said: list[Check] = []
+    return _engine(url, inp.timeout_s, kvt, said, inp.http), said
+
+
+def _read_instance(t: Target, inp: DoctorInput) -> Any:  # an InstanceRead, or the InstanceFailure the read ended with
+    try:
+        with Admin(t.url, inp.timeout_s, password=t.password) as r:
+            return tier_checks.read_instance(r, t.rank, t.host, t.port, t.instance, max((x.instances_per_rank for x in inp.targets), default=1))
+    except InstanceFailure as e:
+        return e
 
 
 # --- inputs --------------------------------------------------------------------------------
@@ -154,7 +192,7 @@ def _engine(raw_url: str, timeout_s: float, kvt: dict[str, Any] | None, out: lis
         text = sources.fetch_metrics(raw_url, timeout_s, http)
     except KvctlError as e:
         out.append(Check("engine", "metrics", FAIL, str(e), "point --engine-url at the vLLM API server (the port serving /v1/completions); is the engine up?", {"url": url}))
-        return {}
+        return {"unreachable": True}
     try:  # parsed as kvctl diagnose parses it (prometheus_client): quoted label values may hold '}' and '"'
         scrape = M.parse(text, url)
     except KvctlError as e:
@@ -167,7 +205,7 @@ def _engine(raw_url: str, timeout_s: float, kvt: dict[str, Any] | None, out: lis
     out.append(Check("engine", "metrics", OK, f"{sources.metrics_url(url)} answers with vLLM metrics", evidence={"url": url}))
     version = engine_version(raw_url, timeout_s, http)
     if version:
-        out.append(Check("engine", "vllm_version", OK, f"vLLM {version}", evidence={"url": url, "version": version}))
+        out.append(check_vllm_version(url, version))  # against the releases proven (kvctl.core.thresholds.VLLM_PROVEN)
     else:
         out.append(Check("engine", "vllm_version", WARNING, f"{url}/version did not answer: vLLM version unknown", "check the engine is vLLM's OpenAI API server", {"url": url}))
     in_metrics = "kvctl" if any(n.startswith(metric_names.PREFIX) for n in names) else "lmcache" if any(n.startswith(metric_names.LMCACHE_PREFIX) for n in names) else None
@@ -189,19 +227,22 @@ def _engine(raw_url: str, timeout_s: float, kvt: dict[str, Any] | None, out: lis
 # --- Valkey --------------------------------------------------------------------------------
 
 
-def _valkey(inp: DoctorInput, world: int | None, out: list[Check]) -> None:
-    """Each instance up (or auth), then its settings (kvctl.tier.checks), then one instance per rank (or K per rank).
-    Each instance is read within one deadline of --timeout (connect, INFO, CONFIG GET, sampled key lengths), its
-    replies typed (:mod:`kvctl.tier.admin`): a silent, dripping or odd instance is its own failed line."""
+def _valkey(inp: DoctorInput, world: int | None, out: list[Check], pre: list[Any] | None = None) -> list[int]:
+    """Each instance up (or auth), then its settings (kvctl.tier.checks, kvctl.tier.server_checks), then one instance per
+    rank (or K per rank); returns the io-threads of every instance read. Each instance is read within one deadline of
+    --timeout (connect, INFO, CONFIG GET, sampled key lengths), its replies typed (:mod:`kvctl.tier.admin`): a silent,
+    dripping or odd instance is its own failed line."""
     reads: list[tier_checks.InstanceRead] = []
     up: dict[int, Check] = {}  # by tier number r*K + i
     k = max((t.instances_per_rank for t in inp.targets), default=1)
-    for t in inp.targets:
+    pre = pre if pre is not None else _at_once([lambda t=t: _read_instance(t, inp) for t in inp.targets])  # read at once by run()
+    for t, got in zip(inp.targets, pre):
         where = f"{t.name} ({t.host}:{t.port})"
         ident = {"rank": t.rank} if k == 1 else {"rank": t.rank, "instance": t.instance}
         try:
-            with Admin(t.url, inp.timeout_s, password=t.password) as r:
-                x = tier_checks.read_instance(r, t.rank, t.host, t.port, t.instance, k)
+            if isinstance(got, InstanceFailure):
+                raise got
+            x = got
         except InstanceFailure as e:
             if isinstance(e, LoginRefused):
                 out.append(Check("valkey", "auth", FAIL, f"{where} {e.reason}", PASSWORD_HINT, ident))
@@ -212,6 +253,8 @@ def _valkey(inp: DoctorInput, world: int | None, out: list[Check]) -> None:
             else:  # unreachable, timed out, or an answer that is not Valkey's
                 fix = (f"is it stopped or hung? `kvctl diagnose stalls --pid PID` on its host (--timeout is {inp.timeout_s:g} s)" if isinstance(e, TimedOut)
                        else "point --valkey (or --dir) at a Valkey of the tier: something else answers there" if isinstance(e, BadReply)
+                       else f"the tier in {inp.stopped_tier[0]} was stopped by `kvctl deploy-valkey down` at {inp.stopped_tier[1]}: "
+                       f"`kvctl deploy-valkey up --dir {inp.stopped_tier[0]}` starts it again" if inp.stopped_tier
                        else "start it (kvctl deploy-valkey up) or fix the URL; kvctl deploy-valkey status shows every rank")
                 out.append(Check("valkey", "up", FAIL, f"{where} {e.reason}", fix, ident))
             continue
@@ -235,21 +278,22 @@ def _valkey(inp: DoctorInput, world: int | None, out: list[Check]) -> None:
         for xs in shared.values():
             if k == 1:
                 ranks = [x.rank for x in xs]
-                out.append(Check("valkey", "one_per_rank", FAIL, f"ranks {', '.join(map(str, ranks))} reach the same Valkey server (same run_id): one instance serves several ranks", "give every rank its own instance (kvctl deploy-valkey up --ranks W), paper §5.2", {"ranks": ranks}))
+                out.append(Check("valkey", "one_per_rank", FAIL, f"ranks {', '.join(map(str, ranks))} reach the same Valkey server (same run_id): one instance serves several ranks", f"give every rank its own instance ({up_command('W', 1)}), paper §5.2", {"ranks": ranks}))
             else:
                 names = [x.where for x in xs]
                 out.append(Check("valkey", "one_per_rank", FAIL, f"{', '.join(names)} reach the same Valkey server (same run_id): one server stands for several instances",
-                                 f"give every instance its own server (kvctl deploy-valkey up --ranks W --instances-per-rank {k})",
+                                 f"give every instance its own server ({up_command('W', k)})",
                                  {"instances": [[x.rank, x.instance] for x in xs]}))
     elif targets and world and len(targets) != world * k:
         want = f"{world} ranks" if k == 1 else f"{world} ranks × {k} instances per rank"
-        fix = f"kvctl deploy-valkey up --ranks {world}: one instance per rank" if k == 1 else f"kvctl deploy-valkey up --ranks {world} --instances-per-rank {k}"
+        fix = up_command(world, k) + (": one instance per rank" if k == 1 else "")
         out.append(Check("valkey", "one_per_rank", FAIL, f"{len(targets)} Valkey instance(s) for {want}", fix,
                          {"instances": len(targets), "world_size": world, **({"instances_per_rank": k} if k > 1 else {})}))
     elif targets and run_ids:
         per = "one per rank" if k == 1 else f"{k} per rank"
         out.append(Check("valkey", "one_per_rank", OK, f"{len(targets)} distinct instance(s), {per}" + (f" ({world} ranks)" if world else ""),
                          evidence={"instances": len(targets), **({"instances_per_rank": k} if k > 1 else {})}))
+    return [server_checks.instance_io_threads(x) for x in reads]
 
 
 # --- LMCache -------------------------------------------------------------------------------
@@ -428,7 +472,7 @@ def _loading_vs_rho(lmc_path: str | None, lmc: dict[str, Any] | None, extra_kvt:
         out.append(Check("config", "loading_vs_rho", WARNING, f"{mode} loading; {e}", "run kvctl diagnose again", {}))
         return
     if diagnosis is None:
-        out.append(Check("config", "loading_vs_rho", OK, f"{mode} loading; no saved diagnosis with ρ to compare (run kvctl diagnose)"))
+        out.append(Check("config", "loading_vs_rho", OK, f"{mode} loading; no saved diagnosis of this tier with ρ to compare (run kvctl diagnose on it)"))
         return
     v = loading_safety.judge_sync(diagnosis, source)
     ev = {"rho": v.rho, "lower_bound": v.lower_bound, "diagnosis": source, "taken": v.saved_at}
@@ -438,7 +482,7 @@ def _loading_vs_rho(lmc_path: str | None, lmc: dict[str, Any] | None, extra_kvt:
     elif not v.problems:
         out.append(Check("config", "loading_vs_rho", OK, f"synchronous loading at {shown} < {RHO_HIGH:g} (diagnosis of {v.saved_at})", evidence=ev))
     elif v.rho is not None and v.rho >= RHO_UNSTABLE and not v.stale:
-        out.append(Check("config", "loading_vs_rho", FAIL, f"synchronous loading at {shown} (diagnosis of {v.saved_at}): the load queue is unstable", "kvctl loading async --config LMCACHE_YAML, then add instances (kvctl deploy-valkey up --ranks W)", ev))
+        out.append(Check("config", "loading_vs_rho", FAIL, f"synchronous loading at {shown} (diagnosis of {v.saved_at}): the load queue is unstable", f"kvctl loading async --config LMCACHE_YAML, then add instances ({up_command()})", ev))
     elif v.rho is not None and v.rho >= RHO_HIGH and not v.stale:
         out.append(Check("config", "loading_vs_rho", WARNING, f"synchronous loading at {shown} ≥ {RHO_HIGH:g} (diagnosis of {v.saved_at}): close to saturation", "add instances, or switch with kvctl loading async", ev))
     else:

@@ -1,4 +1,5 @@
-"""``kvctl doctor``'s host checks: py-spy may attach to a process it did not start, NVML sees the GPUs."""
+"""``kvctl doctor``'s checks of what is installed: py-spy may attach to a process it did not start, NVML sees the GPUs,
+and the engine's vLLM release against the releases kvctl's connector is proven with."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 import time
 
 from kvctl.core.errors import BinaryNotFound, KvctlError
+from kvctl.core.thresholds import VLLM_API_CHECKED, VLLM_PROVEN
 from kvctl.diagnose import sources
 from kvctl.tier.checks import OK, WARNING, Check
 
@@ -60,6 +62,24 @@ def check_py_spy(timeout_s: float = PYSPY_HOST_CHECK_TIMEOUT_S) -> Check:
         except OSError:
             pass
     return Check("host", "py_spy", OK, f"py-spy ({binary}) attaches to processes it did not start", evidence={"binary": binary})
+
+
+def check_vllm_version(url: str, version: str) -> Check:
+    """The release an engine's ``/version`` gave, against VLLM_PROVEN (ok) and VLLM_API_CHECKED (its connector API checked
+    on CPU, no GPU engine run yet: a warning); any other release is untested (a warning naming the proven ones). A local
+    build (``0.32.0+cu130``) is its release; a pre-release or a dev build is not."""
+    release = version.split("+", 1)[0]
+    proven = ", ".join(VLLM_PROVEN)
+    evidence = {"url": url, "version": version, "proven": list(VLLM_PROVEN), "api_checked": list(VLLM_API_CHECKED)}
+    table = "docs/gpu.md, What is proven"
+    if release in VLLM_PROVEN:
+        return Check("engine", "vllm_version", OK, f"vLLM {version}: proven with kvctl's connector (GPU and CPU engines; {table})", evidence=evidence)
+    if release in VLLM_API_CHECKED:
+        return Check("engine", "vllm_version", WARNING,
+                     f"vLLM {version}: kvctl's connector is checked against its KV connector API on CPU, but not run in a GPU engine yet",
+                     f"vLLM {proven} is proven ({table}); watch the connector's start lines and hits (kvctl diagnose) on this release", evidence)
+    return Check("engine", "vllm_version", WARNING, f"vLLM {version}: untested with kvctl's connector",
+                 f"run vLLM {proven}, the release(s) proven ({table}), or check hits and the connector's start lines before relying on it", evidence)
 
 
 def check_nvml() -> Check:

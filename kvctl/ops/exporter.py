@@ -4,10 +4,10 @@ A background thread takes one sample every ``interval_s`` (every engine's
 ``/metrics`` and every Valkey instance's ``INFO``, read in parallel with a
 per-source timeout: :func:`kvctl.diagnose.capture.take_sample`) and keeps the
 samples of the last ``window_s``, thinned to at most ``EXPORTER_WINDOW_SAMPLES`` evenly spaced
-ones (the analysis reads only the oldest and the newest; the ones between are where the window
-slides to, so memory stays bounded whatever ``--window``/``--interval``). Each round runs the same
-analysis as ``kvctl diagnose`` (:func:`kvctl.diagnose.analysis.analyse`) on the oldest and
-newest sample of the window and stores the resulting series.
+ones (the analysis differences the oldest and the newest and reads from all of them when each engine
+published a new state, for λ; memory stays bounded whatever ``--window``/``--interval``). Each round
+runs the same analysis as ``kvctl diagnose`` (:func:`kvctl.diagnose.analysis.analyse`) on the
+window's samples and stores the resulting series.
 
 Stopping (SIGTERM, Ctrl-C) cuts every read in flight (engine sockets shut, Valkey connections
 closed): the exporter is gone within ``EXPORTER_STOP_S`` whatever a source is doing. Engine URLs
@@ -68,7 +68,7 @@ WAIT_SLICE_S = 0.1
 METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "kvctl_rho": ("ρ = λ·(L2 bytes per request)/B of the synchronous-load queue over the window (≥ 1: unstable)", ()),
     "kvctl_rho_lower_bound": ("1 when kvctl_rho is a lower bound (B from Valkey's server-side GET time), 0 when an estimate", ()),
-    "kvctl_arrival_rate_per_second": ("Offered arrival rate λ (finished + growth of waiting and running), requests/s", ()),
+    "kvctl_arrival_rate_per_second": ("Offered arrival rate λ, requests/s: arrivals between two states an engine published in the window (each as of its step's start), else finished + growth of waiting and running", ()),
     "kvctl_completion_rate_per_second": ("Completed requests/s over the window (capped by the tier when ρ > 1)", ()),
     "kvctl_delivered_bandwidth_bytes_per_second": ("Tier bandwidth B the analysis used, bytes/s; source: kvctl_connector, lmcache_client or valkey_server_upper_bound", ("source",)),
     "kvctl_breakeven_bandwidth_bytes_per_second": ("Break-even bandwidth B* = s·R, bytes/s: below it a hit is slower than recompute", ()),
@@ -100,16 +100,21 @@ Key = tuple[str, tuple[tuple[str, str], ...]]
 VLLM_FAMILIES_READ = frozenset({
     N.VLLM_REQUEST_SUCCESS, N.VLLM_REQUEST_PROMPT_TOKENS, N.VLLM_PROMPT_TOKENS, N.VLLM_NUM_REQUESTS_WAITING,
     N.VLLM_NUM_REQUESTS_RUNNING, N.VLLM_PREFIX_CACHE_HITS, N.VLLM_EXTERNAL_PREFIX_CACHE_HITS,
-    N.VLLM_EXTERNAL_PREFIX_CACHE_QUERIES, N.VLLM_REQUEST_PREFILL_TIME_SECONDS,
+    N.VLLM_EXTERNAL_PREFIX_CACHE_QUERIES, N.VLLM_REQUEST_PREFILL_TIME_SECONDS, N.VLLM_PREFIX_CACHE_QUERIES,
+    N.VLLM_ITERATION_TOKENS.removesuffix("_total"), N.VLLM_GENERATION_TOKENS,  # the step marks of kvctl.diagnose.arrivals
 })
 KEPT_PREFIXES = (N.LMCACHE_PREFIX, N.PREFIX)
 _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 
 
 def family(name: str) -> str:
-    for suffix in _SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
+    """A sample's family: ``_bucket``/``_count``/``_sum``/``_total``/``_created`` off, twice for a histogram named
+    ``..._total`` (``vllm:iteration_tokens_total_count`` and its ``# TYPE vllm:iteration_tokens_total`` alike)."""
+    for _ in range(2):
+        for suffix in _SUFFIXES:
+            if name.endswith(suffix):
+                name = name[: -len(suffix)]
+                break
     return name
 
 
@@ -318,8 +323,9 @@ class Exporter:
             w.popleft()
 
     def window_capture(self) -> cap.Capture:
-        """The samples the next analysis reads (oldest and newest of the window), as a capture."""
-        return cap.Capture(list(self.engine_labels), [cap.masked_valkey_url(t.url) for t in self.cfg.targets], [self._window[0], self._window[-1]], {}, cap.now_iso(),
+        """The window's samples as a capture: the analysis differences the oldest and newest, and reads when each engine
+        published a new state from all of them (kvctl.diagnose.arrivals; each sample is parsed once, the parse kept)."""
+        return cap.Capture(list(self.engine_labels), [cap.masked_valkey_url(t.url) for t in self.cfg.targets], list(self._window), {}, cap.now_iso(),
                            instances_per_rank=cap.instances_per_rank_of(self.cfg.targets))
 
     def _fresh_series(self, sample: cap.Sample, duration: float, diag: Diagnosis | None) -> dict[Key, float]:

@@ -52,7 +52,7 @@ def pool_from_tokenizer(path: str) -> TokenPool:
     try:
         from transformers import AutoTokenizer  # noqa: PLC0415 - heavy and optional
     except ImportError as e:
-        raise InvalidInput("--tokenizer needs the transformers package (pip install 'kvctl[engine]')") from e
+        raise InvalidInput("--tokenizer needs the transformers package (from kvctl's checkout: pip install '.[engine]')") from e
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:

@@ -45,7 +45,7 @@ from kvctl.core.cost import GB, require_positive
 from kvctl.core.errors import InvalidInput
 from kvctl.bench.stats import latency_by_class
 from kvctl.sim.simulate import (
-    SimConfig, SimResult, _in_system_ahead, check_config, engine_steps, fifo, hit_tokens_of, np_percentile, plan_step, split_t0,
+    SimConfig, SimResult, in_system_ahead, check_config, engine_steps, fifo, hit_tokens_of, np_percentile, plan_step, split_t0,
 )
 from kvctl.sim.workload import Workload
 from kvctl.core.thresholds import RHO_UNSTABLE
@@ -405,11 +405,11 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
         wait = start - ready
         wait[hidx[in_time]] += (t_start - arrival[hidx])[in_time]
         solver = "closed form"
-    if var.t0_samples_s and var.t0_fit_hit_tokens and hit.any():
+    if var.t0_samples_s and var.t0_fit_hit_tokens and hit.any():  # prompts on both sides: a run's hits cache whole chunks only
         lo, hi = var.t0_fit_hit_tokens
-        h_lo, h_hi = float(hit_tokens[hit].min()), float(hit_tokens[hit].max())
+        h_lo, h_hi = float(tokens[hit].min()), float(tokens[hit].max())
         if h_lo < lo or h_hi > hi:
-            extrapolated.append(f"T0 was fitted on hits of {lo:,.0f}–{hi:,.0f} cached tokens; simulated hits span {h_lo:,.0f}–{h_hi:,.0f}")
+            extrapolated.append(f"T0 was fitted on hits of prompts of {lo:,.0f}–{hi:,.0f} tokens; simulated hits' prompts span {h_lo:,.0f}–{h_hi:,.0f}")
     if k is not None and len(k) and k.max() > max(var.readers_gain):
         extrapolated.append(f"concurrent readers per instance beyond the {max(var.readers_gain)} measured: throughput held flat")
     span = float(max(finish.max(), arrival[-1]) - arrival[0]) if n else 0.0
@@ -427,7 +427,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
             mean_wait_s=float(wait[idx].mean()),
             rho=float(lam_e * offered_hold[idx].mean()) if lam_e else None,
             gpu_utilization_pct=100.0 * float(compute[idx].sum() / span) if span > 0 else 0.0,
-            max_queue=_in_system_ahead(arrival[idx], finish[idx]),
+            max_queue=in_system_ahead(arrival[idx], finish[idx]),
         ))
     tier_rho = float(rate * (transfer[hit].sum() / n)) if rate else None
     rhos = [p.rho for p in per if p.rho is not None]

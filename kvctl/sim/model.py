@@ -49,9 +49,10 @@ class Inputs:
     hits_from_trace: bool = False
     block_tokens: int = BLOCK_TOKENS
     t0_s: float = PAPER_T0_S
+    t0_given: bool = False  # --t0 given: it wins over the T0 --fit-from's run would give (the fit is only noted)
     instances: int | None = 1  # None (plan): the model is fitted at the bench's largest count (or 1), then searched
     instance_gbps: float | None = None
-    bench_path: str | None = None
+    bench_path: str | None = None  # B_eff per instance count (unless instance_gbps), the GET-time spread, the readers curve
     loading: str = "sync"
     async_timeout_s: float = ASYNC_TIMEOUT_S
     seed: int = 0
@@ -59,8 +60,6 @@ class Inputs:
     fit_from: str | None = None
     fit_instances: int | None = None  # the --fit-from run's tier; None: as ``instances`` (plan: the bench's largest, or 1)
     fit_loading: str | None = None  # the --fit-from run's loading; None: as ``loading``
-    get_times_from: str | None = None
-    readers_from: str | None = None
     async_instance_gbps: float | None = None
     async_overhead_s: float = 0.0
     t0_engine_share: float | str = 0.0  # θ, or "fit"
@@ -139,7 +138,7 @@ def arrival_process(i: Inputs) -> tuple[str, float | None, str | None]:
 def build(i: Inputs, default_requests: int = SIMULATE_REQUESTS) -> Model:
     """The model of ``i``: the bench's bandwidths, the variability, the engine's model and the arrival process.
 
-    The fits (--fit-from, --get-times-from, --t0-engine-share fit, --hit-gpu-s fit) see the tier at
+    The fits (--fit-from, --bench's GET-time spread, --t0-engine-share fit, --hit-gpu-s fit) see the tier at
     ``i.fit_instances`` instances, else ``i.instances``, or, when that is None (plan), at the bench's largest count (1 without a bench);
     the model then starts at 1 instance for the search. θ's fit replays the run loading as ``i.fit_loading`` (else ``i.loading``).
     Notes say where each input came from, in that order.
@@ -148,12 +147,15 @@ def build(i: Inputs, default_requests: int = SIMULATE_REQUESTS) -> Model:
     from kvctl.sim import workload as sim_workload  # noqa: PLC0415 - numpy only when used
     from kvctl.sim import variability  # noqa: PLC0415
 
-    bench = sim_workload.bench_bandwidths(i.bench_path) if i.bench_path else None
+    bench = sim_workload.bench_bandwidths(i.bench_path) if i.bench_path and i.instance_gbps is None else None  # B: --instance-gbps wins
     fit_instances = i.fit_instances or (i.instances if i.instances is not None else (max(bench) if bench else 1))
     fit_gbps = sim_workload.effective_gbps(fit_instances, i.instance_gbps, bench)
-    var = variability.build(fit_from=i.fit_from, get_times_from=i.get_times_from, readers_from=i.readers_from,
+    var = variability.build(fit_from=i.fit_from, bench_from=i.bench_path,
                             async_instance_gbps=i.async_instance_gbps, async_overhead_s=i.async_overhead_s,
-                            bytes_per_token=i.bytes_per_token, prefill_rate=i.prefill_rate, fit_gbps=fit_gbps, instances=i.instances)
+                            bytes_per_token=i.bytes_per_token, prefill_rate=i.prefill_rate, fit_gbps=fit_gbps, instances=i.instances,
+                            t0_given_s=i.t0_s if i.t0_given else None)
+    if i.bench_path and i.instance_gbps is not None:
+        var = replace(var, notes=(*var.notes, f"--instance-gbps gives B ({i.instance_gbps:g} GB/s an instance): {i.bench_path}'s bandwidths are not used"))
     cfg = sim.SimConfig(i.bytes_per_token, i.prefill_rate, i.t0_s, fit_instances, i.instance_gbps, i.fit_loading or i.loading,
                         i.async_timeout_s, i.hit_fraction, i.seed, i.hits_from_trace)
     cfg, var = engine_model(i, cfg, fit_gbps, var)
@@ -228,6 +230,7 @@ def size_tier(i: Inputs, *, slo_p99_s: float, rho_target: float, max_instances: 
 
     model = build(i, PLAN_REQUESTS)
     w = model.workload()
+    step = planner.server_step(i.bench_path, model.bench) if i.bench_path and model.bench and i.instance_gbps is None else None
     res = planner.plan(w, model.cfg, engines=i.engines, slo_p99_s=slo_p99_s, rho_target=rho_target, max_instances=max_instances,
-                       instance_gbps=i.instance_gbps, bench=model.bench, var=model.var, loadings=loadings, ranks=ranks)
+                       instance_gbps=i.instance_gbps, bench=model.bench, var=model.var, loadings=loadings, ranks=ranks, first_step=step)
     return Sized(planner.with_layout(res, ranks), model.var.notes, w.source)

@@ -24,6 +24,11 @@ recomputing on an idle engine) and recomputing alone already meets the SLO. Prom
 recompute baseline that misses the SLO are said, and searched: loading then helps only by taking
 prefill off a busy engine (the paper's case: 16 310 tokens against n* ≈ 17 200).
 
+Instances are sized from the measured bandwidth of the actual server (``--bench``, or ``--instance-gbps``), never
+from a constant of the paper's. When the bench file says which server it measured (``metadata.server_versions``,
+``server_io_threads``, ``host_cores``) and a newer Valkey or more io-threads would give each instance much more
+(:func:`server_step`, :func:`kvctl.tier.sizing.first_step`), the plan says that first, before more instances.
+
 With the engines' ranks W given (``ranks``), the counts searched are W × K for K = 1, 2, … instances per
 rank (``kvctl deploy-valkey up --instances-per-rank K``: rank r's chunk c on its instance (c // W) mod K),
 up to ``max_instances``, and the plan says N instances as W ranks × K instances per rank.
@@ -111,10 +116,11 @@ def _point(res: FleetResult, instances: int, loading: str, slo: float, rho_targe
 
 def plan(w: Workload, cfg: SimConfig, *, engines: int, slo_p99_s: float, rho_target: float, max_instances: int,
          instance_gbps: float | None = None, bench: dict[int, float] | None = None, var: Variability | None = None,
-         loadings: Sequence[str] = ("sync", "async"), ranks: int | None = None) -> PlanResult:
+         loadings: Sequence[str] = ("sync", "async"), ranks: int | None = None, first_step: str | None = None) -> PlanResult:
     """Search instance counts × ``loadings`` for the fewest instances meeting ``p99 ≤ slo_p99_s`` at ``ρ ≤ rho_target``.
 
-    ``ranks`` W: only W × K instances (K per rank) are searched, and the result says K."""
+    ``ranks`` W: only W × K instances (K per rank) are searched, and the result says K. ``first_step``: the server
+    change (:func:`server_step`) the verdict puts before any instance beyond one per rank."""
     var = var or Variability()
     if slo_p99_s <= 0 or not 0 < rho_target <= RHO_UNSTABLE:
         raise InvalidInput("--slo-p99 must be positive and --rho-target in (0, 1]")
@@ -186,6 +192,10 @@ def plan(w: Workload, cfg: SimConfig, *, engines: int, slo_p99_s: float, rho_tar
         verdict = f"{cannot}; recompute misses p99 ≤ {slo_p99_s:g} s (p99 {base.p99_s:.3f} s)"
     else:
         verdict = f"no instance count up to {max_instances} meets p99 ≤ {slo_p99_s:g} s at ρ ≤ {rho_target:g}, nor does recompute (p99 {base.p99_s:.3f} s)"
+    if first_step and (best is None or best.instances > (ranks or 1)):
+        verdict = f"first, before adding instances: {first_step}, then plan again on a new bench; on the server measured: {verdict}"
+    elif first_step:
+        notes.append(f"each instance could give more: {first_step}")
     return PlanResult(best.instances if best else None, best.loading if best else None, tuple(points),
                       verdict, cannot, tuple(notes), n_star, b_star, slo_p99_s, rho_target, engines)
 
@@ -229,3 +239,22 @@ def _fewer(points: Sequence[PlanPoint], best: PlanPoint) -> str:
     tried = [q for q in points if q.loading == best.loading and 0 < q.instances < best.instances]
     p = max(tried, key=lambda q: q.instances, default=None)
     return f"{p.instances} {p.loading}: {p.why}" if p else "none tried"
+
+
+def server_step(bench_path: str, bench: dict[int, float]) -> str | None:
+    """The server change a ``kvctl bench --save`` file calls for: its instances' Valkey version and io-threads, on its host
+    (``metadata.host_cores``, the bench's host: a tier it benched over loopback), against the best GB/s one instance gave
+    (the aggregate over instances at each count measured, per instance); None when the file does not say which server
+    it measured, or no change would give each instance much more (:func:`kvctl.tier.sizing.first_step`)."""
+    from kvctl.sim.variability import read_bench_file  # noqa: PLC0415
+    from kvctl.tier.sizing import first_step, parse_version  # noqa: PLC0415
+
+    meta = (read_bench_file(bench_path, "--bench") or {}).get("metadata") or {}
+    versions = [parse_version(v) for v in meta.get("server_versions") or () if isinstance(v, str)]
+    threads = [t for t in meta.get("server_io_threads") or () if isinstance(t, int) and not isinstance(t, bool)]
+    if not versions or None in versions or not bench:
+        return None
+    cores = meta.get("host_cores") if isinstance(meta.get("host_cores"), int) and meta.get("host_cores", 0) > 0 else None
+    per_instance = max(g / k for k, g in bench.items())
+    step = first_step(min(versions), min(threads) if threads else None, cores, max(bench), per_instance)
+    return step.text if step else None

@@ -229,7 +229,7 @@ def split_t0(t0: np.ndarray | float, theta: float, hit_gpu_s: float) -> tuple[An
     return gpu, gpu + theta * rest, (1.0 - theta) * rest
 
 
-def _in_system_ahead(arrival: np.ndarray, finish: np.ndarray) -> int:
+def in_system_ahead(arrival: np.ndarray, finish: np.ndarray) -> int:
     """Most earlier requests not yet finished at any arrival."""
     done = np.searchsorted(np.sort(finish), arrival, side="right")
     ahead = np.arange(len(arrival)) - done
@@ -337,7 +337,7 @@ def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
         mean_s=float(latency.mean()),
         thirds_p50_s=thirds,
         rho=rho,
-        max_queue=_in_system_ahead(arrival, finish),
+        max_queue=in_system_ahead(arrival, finish),
         stable=None if rho is None else rho < RHO_UNSTABLE and (cfg.loading == "sync" or (tier_rho or 0.0) < RHO_UNSTABLE),
         requests=n,
         hits=int(hit.sum()),

@@ -49,7 +49,7 @@ class Variability:
     async_instance_gbps: float | None = None  # per-instance bandwidth of async prefetches (None: the sync one)
     async_overhead_s: float = 0.0  # added to every async request's latency
     notes: tuple[str, ...] = ()  # where each input came from
-    t0_fit_hit_tokens: tuple[float, float] | None = None  # fewest and most cached tokens of the hits T0 was fitted on
+    t0_fit_hit_tokens: tuple[float, float] | None = None  # shortest and longest prompt of the hits T0 was fitted on
 
     @property
     def active(self) -> bool:
@@ -59,7 +59,11 @@ class Variability:
 def read_bench_file(path: str, what: str) -> Any:
     """The JSON of a ``kvctl bench --save`` file: a regular file of at most BENCH_FILE_MAX_BYTES, nested at most
     JSON_MAX_DEPTH levels (:func:`kvctl.core.files.read_json`)."""
-    return files.read_json(path, what, BENCH_FILE_MAX_BYTES, "a `kvctl bench --save` file")
+    from kvctl.bench.session import say_unknown_keys  # noqa: PLC0415
+
+    data = files.read_json(path, what, BENCH_FILE_MAX_BYTES, "a `kvctl bench --save` file")
+    say_unknown_keys(data, f"{what} {path}")  # a key no reader knows, with the nearest (issue 48)
+    return data
 
 
 def _get_runs(data: Any, path: str, what: str) -> list[dict[str, Any]]:
@@ -173,7 +177,9 @@ def _alone_in_flight(rows: list[dict[str, Any]], hits: list[dict[str, Any]]) -> 
 
 def t0_fit(path: str, bytes_per_token: float, bandwidth_gbps: float,
            prefill_rate: float) -> tuple[tuple[float, ...], str, tuple[float, float]]:
-    """:func:`t0_from_run`, plus the fewest and most cached tokens of the hits it used."""
+    """:func:`t0_from_run`, plus the shortest and longest prompt of the hits it used: prompts, not cached tokens, as
+    the simulation's hits are compared with it (an engine caches whole chunks, so a run's 4,160-token prompts hit 4,096
+    tokens, where the model loads the prompt)."""
     from kvctl.replay.runfile import read_run  # noqa: PLC0415
 
     run = read_run(path)
@@ -188,7 +194,7 @@ def t0_fit(path: str, bytes_per_token: float, bandwidth_gbps: float,
     alone = _alone_in_flight(run.rows, rows)
     use = alone if len(alone) >= MIN_ALONE_ROWS else rows
     out = []
-    hit_tokens = [min(float(r["cached_tokens"]), float(r["prompt_tokens"])) for r in use]
+    prompts = [float(r["prompt_tokens"]) for r in use]
     for r in use:
         n, h = float(r["prompt_tokens"]), min(float(r["cached_tokens"]), float(r["prompt_tokens"]))
         first, sent = r.get("first_token_s"), r.get("sent_s")
@@ -198,15 +204,39 @@ def t0_fit(path: str, bytes_per_token: float, bandwidth_gbps: float,
     which = "alone in flight" if use is alone else f"all hits (fewer than {MIN_ALONE_ROWS} alone in flight: queueing may be in it)"
     return tuple(out), (f"T0 from {len(out)} hits of {path} ({which}, transfers at {bandwidth_gbps:.4g} GB/s): "
                         f"p50 {np.percentile(arr, 50):.3f} s, p99 {np.percentile(arr, 99):.3f} s{first_note}"
-                        + "".join(f"; {w}" for w in run.warnings)), (min(hit_tokens), max(hit_tokens))
+                        + "".join(f"; {w}" for w in run.warnings)), (min(prompts), max(prompts))
+
+
+def bench_variability(path: str, instances: int | None = None) -> tuple[float, dict[int, float], list[str]]:
+    """What a ``kvctl bench --save`` file given as ``--bench`` adds to its bandwidths: the GET-time spread (when its GET
+    runs have batch percentiles) and the readers curve (when it has one-instance runs at several clients, a --sweep);
+    each part the file lacks is said in a note, not refused."""
+    runs = _get_runs(read_bench_file(path, "--bench"), path, "--bench")
+    notes: list[str] = []
+    sigma, gain = 0.0, {}
+    if any(_num(r.get("p50_batch_ms")) and _num(r.get("p99_batch_ms")) for r in runs):
+        sigma, note = get_sigma_from_bench(path, instances)
+        notes.append(note)
+    else:
+        notes.append(f"GET time: constant ({path} has no batch percentiles)")
+    if len({r.get("clients") for r in runs if r.get("instances") == 1 and _num(r.get("aggregate_gbps"))} - {None}) >= 2:
+        gain, note = readers_gain_from_bench(path)
+        notes.append(note)
+    else:
+        notes.append(f"throughput against readers: flat ({path} is no --sweep: no one-instance runs at several clients)")
+    return sigma, gain, notes
 
 
 def build(*, fit_from: str | None = None, get_times_from: str | None = None, readers_from: str | None = None,
           async_instance_gbps: float | None = None, async_overhead_s: float = 0.0, bytes_per_token: float = 0.0,
-          prefill_rate: float = 0.0, fit_gbps: float | None = None, instances: int | None = None) -> Variability:
+          prefill_rate: float = 0.0, fit_gbps: float | None = None, instances: int | None = None, bench_from: str | None = None,
+          t0_given_s: float | None = None) -> Variability:
     """A :class:`Variability` from the files given (None: that input stays constant).
 
-    ``fit_gbps``: the tier bandwidth the ``fit_from`` run saw (its transfers are taken out of T0).
+    ``fit_gbps``: the tier bandwidth the ``fit_from`` run saw (its transfers are taken out of T0). ``t0_given_s``: a T0
+    the operator gave (``--t0``), which wins over the run's: the fit is made and said in the note, its samples unused.
+    ``bench_from``: a bench file whose spread and readers curve are taken where it has them (:func:`bench_variability`);
+    ``get_times_from``/``readers_from``: one part each, refused when the file lacks it.
     """
     notes: list[str] = []
     t0: tuple[float, ...] = ()
@@ -215,12 +245,18 @@ def build(*, fit_from: str | None = None, get_times_from: str | None = None, rea
         if not fit_gbps:
             raise InvalidInput("--fit-from needs the bandwidth the run saw (--instance-gbps or --bench)")
         t0, note, fit_range = t0_fit(fit_from, bytes_per_token, fit_gbps, prefill_rate)
+        if t0_given_s is not None:  # the operator's T0 wins; the fit (and what the run file said) is only reported
+            note = f"T0 {t0_given_s:g} s as given (--t0), not the fit ({note}); drop --t0 to simulate that distribution"
+            t0, fit_range = (), None
         notes.append(note)
     sigma = 0.0
+    gain: dict[int, float] = {}
+    if bench_from:
+        sigma, gain, said = bench_variability(bench_from, instances)
+        notes.extend(said)
     if get_times_from:
         sigma, note = get_sigma_from_bench(get_times_from, instances)
         notes.append(note)
-    gain: dict[int, float] = {}
     if readers_from:
         gain, note = readers_gain_from_bench(readers_from)
         notes.append(note)

@@ -2,7 +2,7 @@
 
 ``kvctl doctor``'s Valkey lines. Every instance is read once (``INFO all``, ``CONFIG GET *``, ``INFO
 keyspace`` and a few random keys' lengths) and judged here, each line with its runbook anchor in
-``docs/runbooks/tier_settings.md``:
+``kvctl runbook tier_settings``:
 
 * ``maxmemory``, ``eviction_policy``: a limit, and a policy that evicts;
 * ``policy_vs_ttl``: a ``volatile-*`` policy evicts only keys with a TTL. kvctl's connector
@@ -12,7 +12,10 @@ keyspace`` and a few random keys' lengths) and judged here, each line with its r
   with ``valkey_enable_ttl`` does. Their keys are never evicted: memory fills and writes are refused;
 * ``persistence``: a cache has no RDB (``save ""``) and no AOF (``appendonly no``);
 * ``io_threads``: the threads of the instances on this host (``io-threads`` counts the main thread)
-  against its cores; a remote host's cores are not checked;
+  against its cores: not more than the cores, and (Valkey 9.x) not far fewer than ``deploy-valkey up`` gives them
+  (:mod:`kvctl.tier.server_checks`); a remote host's cores are not checked;
+* ``server_version``: Valkey 9.x, whose replies of large values skip a copy (else: move to 9.1 before adding
+  instances; :mod:`kvctl.tier.server_checks`);
 * ``proto_max_bulk_len``: at least one chunk, or every SET of a chunk is refused;
 * ``output_buffer``: ``client-output-buffer-limit normal`` must not cut a batch of multi-MB replies;
 * ``maxclients``: engines × ranks per instance × connections per rank, and room for kvctl's tools;
@@ -26,13 +29,11 @@ The chunk size is ``--chunk-bytes`` when given, else the largest of a few values
 
 from __future__ import annotations
 
-import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-from kvctl.core.runbooks import DOCTOR_PAGES, RUNBOOK_DIR
 from kvctl.core.thresholds import (
     CLIENTS_NEAR_MAXCLIENTS,
     CONNECTIONS_PER_RANK,
@@ -43,14 +44,15 @@ from kvctl.core.thresholds import (
     REPLY_BATCH_CHUNKS,
 )
 from kvctl.tier.admin import Admin
+from kvctl.tier.check_types import FAIL, OK, RUNBOOK, SKIPPED, WARNING, Check, InstanceRead, runbook  # noqa: F401 - re-exported
 from kvctl.tier.replies import is_keyspace, whole_number
 from kvctl.tier.server import base_settings
-from kvctl.connector.urls import flat_instance
+from kvctl.tier.sizing import (  # noqa: F401 - doctor reads the cores through this module
+    AVOID_COPY_DEFAULTS, ZERO_COPY_MAJOR, connections_for, copy_avoided, host_cores, io_threads_for, parse_version, up_command,
+)
 from kvctl.tier.spec import format_size, is_loopback
-from kvctl.tier.targets import instance_name
+from kvctl.tier.server_checks import io_threads_too_few, server_version_check
 
-OK, WARNING, FAIL, SKIPPED = "ok", "warning", "fail", "skipped"
-RUNBOOK = f"{RUNBOOK_DIR}/{DOCTOR_PAGES[0]}.md"
 THP_PATH = "/sys/kernel/mm/transparent_hugepage/enabled"
 #: The eviction policy kvctl deploy-valkey writes (an evicting cache without persistence).
 RECOMMENDED_POLICY = str(base_settings(0, "", Path("."))["maxmemory-policy"])
@@ -59,51 +61,6 @@ LRU_POLICIES = ("allkeys-lru", "allkeys-lfu", "volatile-lru", "volatile-lfu")
 SAMPLED_KEYS = 8
 #: Bytes of the THP setting read (one short line).
 THP_MAX_BYTES = 256
-
-
-@dataclass(frozen=True)
-class Check:
-    area: str  # engine, valkey, lmcache, config, host
-    name: str
-    status: str  # ok, warning, fail; skipped (nothing given to check) counts as ok
-    message: str
-    fix: str = ""
-    evidence: dict[str, Any] = field(default_factory=dict)
-    runbook: str | None = None  # the page (and anchor) that explains the check and its fix
-
-
-def runbook(anchor: str) -> str:
-    return f"{RUNBOOK}#{anchor}"
-
-
-@dataclass(frozen=True)
-class InstanceRead:
-    """What one instance said: INFO, its whole configuration, key counts and sampled value lengths."""
-
-    rank: int
-    host: str
-    port: int
-    info: dict[str, Any]
-    config: dict[str, str]
-    keys: int
-    keys_with_ttl: int
-    largest_value: int | None  # bytes of the largest sampled string value, None when no key was sampled
-    instance: int = 0  # which of its rank's instances
-    instances_per_rank: int = 1
-
-    @property
-    def where(self) -> str:
-        return f"{instance_name(self.rank, self.instance, self.instances_per_rank)} ({self.host}:{self.port})"
-
-    @property
-    def key(self) -> int:
-        """What the per-instance results are keyed by: the tier number r*K + i (the rank with one instance per rank)."""
-        return flat_instance(self.rank, self.instance, self.instances_per_rank)
-
-    @property
-    def ident(self) -> dict[str, int]:
-        """The evidence naming this instance: its rank, and its instance index when ranks have several."""
-        return {"rank": self.rank} if self.instances_per_rank == 1 else {"rank": self.rank, "instance": self.instance}
 
 
 @dataclass(frozen=True)
@@ -124,6 +81,9 @@ def read_instance(client: Admin, rank: int, host: str, port: int, instance: int 
     """One instance's facts, all within ``client``'s one deadline, every reply typed (raises what :class:`Admin` raises)."""
     info = client.info("all")
     config = client.config_get("*")
+    if (parse_version(info.get("valkey_version")) or (0,))[0] >= ZERO_COPY_MAJOR:  # hidden configs: by name only
+        for name in AVOID_COPY_DEFAULTS:
+            config.update(client.config_get(name))
     keys = expires = 0
     for name, value in info.items():
         if is_keyspace(name) and isinstance(value, dict):
@@ -139,11 +99,6 @@ def largest_sampled_value(client: Admin, samples: int = SAMPLED_KEYS, skip_prefi
     names = [k for k in client.random_keys(samples) if not (skip_prefix and k.startswith(skip_prefix))]
     lengths = [n for n in client.strlens(names) if n]
     return max(lengths) if lengths else None
-
-
-def host_cores() -> int:
-    """Cores this process may run on (the affinity mask, as containers and taskset limit it)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def is_local(host: str) -> bool:
@@ -266,6 +221,12 @@ def _output_buffer(x: InstanceRead, ctx: TierContext) -> Check:
     if not limits:
         return Check("valkey", "output_buffer", OK, f"{x.where} client-output-buffer-limit normal 0 0 0: replies are never cut", evidence=ev, runbook=anchor)
     shown = f"normal {hard} {soft} {secs}"
+    version = x.info.get("valkey_version")
+    if ctx.chunk_bytes is not None and copy_avoided(version, _int(x.config, "io-threads"), ctx.chunk_bytes, x.config):
+        return Check("valkey", "output_buffer", OK,
+                     f"{x.where} client-output-buffer-limit {shown}: Valkey {version} writes replies of {format_size(ctx.chunk_bytes)} chunks from "
+                     "the values themselves (copy avoidance), so the limit counts a reference per chunk, not its bytes: batches are not cut",
+                     evidence={**ev, "copy_avoided": True}, runbook=anchor)
     if ctx.chunk_bytes is None:
         return Check("valkey", "output_buffer", WARNING,
                      f"{x.where} client-output-buffer-limit {shown}: a client whose pending replies pass {format_size(min(limits))} is disconnected "
@@ -279,22 +240,30 @@ def _output_buffer(x: InstanceRead, ctx: TierContext) -> Check:
                  evidence=ev, runbook=anchor)
 
 
-def clients_needed(ctx: TierContext) -> tuple[int, int]:
-    """(connections the engines open to one instance, that plus the headroom for kvctl's tools)."""
+def connections_per_rank(io_threads: int | None = None) -> int:
+    """Connections one engine rank opens to an instance: CONNECTIONS_PER_RANK, or more when the connector keeps one per
+    I/O thread busy (connections_per_instance as vllm-config writes it, + 1 of the worker's pool for lookups and saves,
+    + 2 for the scheduler's lookups)."""
+    return max(CONNECTIONS_PER_RANK, connections_for(io_threads) + 3)
+
+
+def clients_needed(ctx: TierContext, io_threads: int | None = None) -> tuple[int, int]:
+    """(connections the engines open to one instance of ``io_threads``, that plus the headroom for kvctl's tools)."""
     world = ctx.world_size or ctx.instances
     ranks_per_instance = max(1, -(-world // max(1, ctx.instances)))
-    engines = ctx.engines * ranks_per_instance * CONNECTIONS_PER_RANK
+    engines = ctx.engines * ranks_per_instance * connections_per_rank(io_threads)
     return engines, engines + MAXCLIENTS_HEADROOM
 
 
 def _maxclients(x: InstanceRead, ctx: TierContext) -> Check:
     limit = _int(x.config, "maxclients")
     connected = int(x.info.get("connected_clients", 0))
-    engines, needed = clients_needed(ctx)
+    threads = _int(x.config, "io-threads")
+    engines, needed = clients_needed(ctx, threads)
     ev = {**x.ident, "maxclients": limit, "needed": needed, "connected": connected, "engines": ctx.engines}
     anchor = runbook("maxclients")
     how = (f"{ctx.engines} engine(s) ({ctx.engines_source}) × {max(1, -(-(ctx.world_size or ctx.instances) // max(1, ctx.instances)))} rank(s) per instance "
-           f"× {CONNECTIONS_PER_RANK} connections = {engines}, + {MAXCLIENTS_HEADROOM} for kvctl's tools")
+           f"× {connections_per_rank(threads)} connections = {engines}, + {MAXCLIENTS_HEADROOM} for kvctl's tools")
     if limit is None:
         return Check("valkey", "maxclients", SKIPPED, f"{x.where} did not report maxclients", evidence=ev, runbook=anchor)
     if limit < needed:
@@ -312,9 +281,13 @@ def _fragmentation(x: InstanceRead) -> Check:
     ev = {**x.ident, "used_memory": used, "used_memory_rss": rss, "ratio": None if ratio is None else round(ratio, 2)}
     anchor = runbook("fragmentation")
     if ratio is not None and ratio >= FRAGMENTATION_RATIO_HIGH and rss - used >= FRAGMENTATION_MIN_WASTE_BYTES:
+        allocator = str(x.info.get("mem_allocator") or "")
+        restart = "restart the instance at a quiet hour (a cache loses only its contents)"
+        fix = (f"CONFIG SET activedefrag yes, or {restart}" if allocator.startswith("jemalloc") else  # Valkey's defrag needs its jemalloc
+               f"{restart}; this server's allocator ({allocator or 'unknown'}) has no active defragmentation (activedefrag needs jemalloc)")
         return Check("valkey", "fragmentation", WARNING,
                      f"{x.where} RSS {format_size(rss)} is {ratio:.1f}× its data ({format_size(used)}): fragmentation holds {format_size(rss - used)} "
-                     "that maxmemory does not count", "CONFIG SET activedefrag yes, or restart the instance at a quiet hour (a cache loses only its contents)", ev, anchor)
+                     "that maxmemory does not count", fix, {**ev, "mem_allocator": allocator or None}, anchor)
     return Check("valkey", "fragmentation", OK, f"{x.where} RSS {format_size(rss)} for {format_size(used)} of data", evidence=ev, runbook=anchor)
 
 
@@ -325,7 +298,7 @@ def _evictions(x: InstanceRead) -> Check:
     if evicted > 0 and evicted > hits:
         return Check("valkey", "evictions_vs_hits", WARNING,
                      f"{x.where} evicted {evicted} keys against {hits} hits since it started: chunks leave before they are read again",
-                     "raise maxmemory or add instances (kvctl deploy-valkey up --ranks W); kvctl diagnose shows evictions under load", ev, anchor)
+                     f"raise maxmemory or add instances ({up_command()}); kvctl diagnose shows evictions under load", ev, anchor)
     return Check("valkey", "evictions_vs_hits", OK, f"{x.where} evicted {evicted} keys, {hits} hits since it started", evidence=ev, runbook=anchor)
 
 
@@ -374,7 +347,8 @@ def _value_size(x: InstanceRead, ctx: TierContext) -> Check:
 
 
 def _io_threads(reads: Sequence[InstanceRead], locality: dict[int, bool], ctx: TierContext) -> dict[int, Check]:
-    """One io_threads line per instance; the instances on this host are judged together against its cores."""
+    """One io_threads line per instance; the instances on this host are judged together against its cores (too many
+    threads), and each 9.x one against the threads its share of the cores gives (too few)."""
     local = [x for x in reads if locality[x.key]]
     threads = {x.key: _int(x.config, "io-threads") or 1 for x in reads}
     total = sum(threads[x.key] for x in local)  # main threads included: io-threads counts the main thread
@@ -390,9 +364,11 @@ def _io_threads(reads: Sequence[InstanceRead], locality: dict[int, bool], ctx: T
             out[x.key] = Check("valkey", "io_threads", WARNING,
                                 f"{x.where} io-threads {n}: the {len(local)} instance(s) on this host run {total} threads on {ctx.cores} core(s), "
                                 "so I/O threads take cores from each other and from the main threads",
-                                f"io-threads {max(1, ctx.cores // max(1, len(local)))} per instance (kvctl deploy-valkey up divides the cores among the ranks)", ev, anchor)
+                                f"io-threads {io_threads_for(ctx.cores, len(local))} per instance (kvctl deploy-valkey up divides the cores among the instances)", ev, anchor)
         else:
-            out[x.key] = Check("valkey", "io_threads", OK, f"{x.where} io-threads {n} ({total} thread(s) of this host's instances on {ctx.cores} core(s))", evidence=ev, runbook=anchor)
+            out[x.key] = io_threads_too_few(x, ctx.cores, len(local)) or Check(
+                "valkey", "io_threads", OK, f"{x.where} io-threads {n} ({total} thread(s) of this host's instances on {ctx.cores} core(s))",
+                evidence=ev, runbook=anchor)
     return out
 
 
@@ -400,10 +376,12 @@ def tier_checks(reads: Sequence[InstanceRead], ctx: TierContext) -> dict[int, li
     """Every setting check of every instance read, by tier number r*K + i (the rank with one instance per rank; the order doctor prints them in)."""
     locality = {x.key: is_local(x.host) for x in reads}
     io = _io_threads(reads, locality, ctx)
+    here = sum(locality.values())
     out: dict[int, list[Check]] = {}
     for x in reads:
         out[x.key] = [
-            *_memory(x), _persistence(x), io[x.key], _bulk_len(x, ctx), _output_buffer(x, ctx), _maxclients(x, ctx),
+            *_memory(x), _persistence(x), server_version_check(x, ctx.cores if locality[x.key] else None, here if locality[x.key] else 1),
+            io[x.key], _bulk_len(x, ctx), _output_buffer(x, ctx), _maxclients(x, ctx),
             _fragmentation(x), _evictions(x), _thp(x, ctx, locality[x.key]), _value_size(x, ctx),
         ]
     return out

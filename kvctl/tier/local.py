@@ -41,11 +41,12 @@ from kvctl.tier.server import (
     check_bind_address,
     find_valkey_server,
     format_version,
+    free_port,
     port_in_use,
     server_version,
     start_valkey,
 )
-from kvctl.core.thresholds import DOWN_SETTLE_S, TIER_MAXMEMORY
+from kvctl.core.thresholds import BASE_PORT, DOWN_SETTLE_S, TIER_MAXMEMORY
 from kvctl.tier.spec import MAX_IO_THREADS  # noqa: F401 - re-exported
 from kvctl.tier.state_file import (  # noqa: F401 - re-exported for the tier's callers
     ENGINE_PASSWORD_FILE, LOCK_FILE, STATE_FILE, InstanceState, TierState, instance_stem, load_tier, state_path,
@@ -67,7 +68,7 @@ class UpRequest:
 
     dir: Path
     ranks: int
-    base_port: int
+    base_port: int | None  # None: free loopback ports (:func:`pick_base_port`)
     maxmemory: str | int = TIER_MAXMEMORY
     host: str = "127.0.0.1"
     io_threads: int | None = None
@@ -88,7 +89,7 @@ def _check_request(req: UpRequest) -> None:
     spec.check_host(req.host)
     if not 1 <= req.instances_per_rank <= MAX_INSTANCES_PER_RANK:
         raise InvalidInput(f"--instances-per-rank must be in 1..{MAX_INSTANCES_PER_RANK}, got {req.instances_per_rank}")
-    if not 1 <= req.base_port or req.base_port + req.instances - 1 > 65535:
+    if req.base_port is not None and (not 1 <= req.base_port or req.base_port + req.instances - 1 > 65535):
         raise InvalidInput(f"ports {req.base_port}..{req.base_port + req.instances - 1} are outside 1..65535")
     if req.io_threads is not None and not 1 <= req.io_threads <= MAX_IO_THREADS:
         raise InvalidInput(f"--io-threads must be between 1 and {MAX_IO_THREADS} (Valkey's limit), got {req.io_threads}")
@@ -102,6 +103,22 @@ def _check_request(req: UpRequest) -> None:
 
 def _identity(proc: psutil.Process) -> tuple[list[str], float]:
     return proc.cmdline(), round(proc.create_time(), 2)
+
+
+#: how many runs of free ports :func:`pick_base_port` tries before it gives up
+PICK_PORT_TRIES = 100
+
+
+def pick_base_port(n: int, host: str = "127.0.0.1", preferred: int | None = BASE_PORT, tries: int = PICK_PORT_TRIES) -> int:
+    """A base port whose ``n`` consecutive ports are free on ``host`` now: ``preferred`` (17400) when its run is free,
+    else one the kernel offers (a bounded search). A shared host's other tiers keep theirs; nothing is reserved, so
+    :func:`up` checks the run again before it starts anything."""
+    candidates = ([preferred] if preferred else []) + [None] * tries
+    for base in candidates:
+        base = base or free_port(host)
+        if base + n - 1 <= 65535 and not any(port_in_use(base + i, host) for i in range(n)):
+            return base
+    raise KvctlError(f"no run of {n} free ports on {host} in {tries} tries; give --base-port")
 
 
 def not_running(instances: Sequence[InstanceState], tier_dir: Path | str | None = None) -> list[InstanceState]:
@@ -160,11 +177,13 @@ def _up_locked(
         pids = ", ".join(str(p.pid) for p in live)
         raise KvctlError(f"{req.dir} already runs a tier (valkey-server pid {pids}); stop it with `kvctl deploy-valkey down --dir {req.dir}` or use another --dir")
     k = req.instances_per_rank
-    layout = [(r, i, req.base_port + flat_instance(r, i, k)) for r in range(req.ranks) for i in range(k)]
+    base = req.base_port if req.base_port is not None else pick_base_port(req.instances, req.host)
+    layout = [(r, i, base + flat_instance(r, i, k)) for r in range(req.ranks) for i in range(k)]
     if check_ports_first:
         for rank, inst, port in layout:
             if port_in_use(port, req.host):
-                raise KvctlError(f"{instance_name(rank, inst, k)}: port {req.host}:{port} is already in use; nothing was started (pick another --base-port)")
+                again = "pick another --base-port, or leave it out for free ports" if req.base_port is not None else "run `up` again"
+                raise KvctlError(f"{instance_name(rank, inst, k)}: port {req.host}:{port} is already in use; nothing was started ({again})")
     engine_password = None
     engine_password_file = None
     if auth.enabled:
@@ -375,7 +394,39 @@ def _down_locked(d: Path, state: TierState, purge: bool, timeout_s: float, on_pr
                          "`kvctl deploy-valkey down` again")
     if purge:
         purge_files(d, lock)
+    elif os.path.lexists(state_path(d)) and state.instances:  # the files stay: they say the tier was stopped, not lost
+        state.stopped_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        state.write()
     return results
+
+
+def stopped_tier(tier_dir: Path | str) -> TierState | None:
+    """The tier in ``tier_dir`` when ``down`` stopped it and left its files (its state says when) and no server of the
+    directory runs since; None otherwise (no tier there, one that runs, or one that died without a ``down``)."""
+    d = Path(tier_dir)
+    if not os.path.lexists(state_path(d)):
+        return None
+    state = load_tier(d)
+    return state if state.stopped_at and not servers_of(d.resolve()) else None
+
+
+def remove_if_empty(tier_dir: Path | str) -> bool:
+    """Remove ``tier_dir`` when nothing is left in it (after a purge of the files of a drill engine that ran there)."""
+    try:
+        Path(tier_dir).rmdir()
+    except OSError:
+        return False
+    return True
+
+
+def left_in(tier_dir: Path | str) -> list[str]:
+    """What is left in ``tier_dir`` (names, directories with a trailing /; the lock file aside); [] when it is gone."""
+    d = Path(tier_dir)
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:
+        return []
+    return [f"{n}/" if (d / n).is_dir() and not (d / n).is_symlink() else n for n in names if n != LOCK_FILE]
 
 
 def _not_here(pid: int) -> tuple[str, str]:

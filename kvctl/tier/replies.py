@@ -7,7 +7,8 @@ bulk string ``bytes``, a simple string ``str``, an integer ``int``, a null ``Non
 * INFO must be a bulk string of at most :data:`~kvctl.core.thresholds.VALKEY_REPLY_MAX_BYTES`. Each
   ``key:value`` line becomes an entry: a value of ``k=v,...`` pairs (``cmdstat_*``, ``db0``) a dict; a whole
   number of up to 20 digits an ``int``, a decimal one a ``float``; anything else stays a ``str`` (redis-py's
-  shape, which diagnose's saved captures keep). The fields kvctl reads as numbers (:data:`INFO_NUMBERS`, and
+  shape, which diagnose's saved captures keep; ``module:`` lines, one per loaded module, a list under ``modules``
+  as redis-py gives them). The fields kvctl reads as numbers (:data:`INFO_NUMBERS`, and
   :data:`CMDSTAT_NUMBERS` / :data:`KEYSPACE_NUMBERS` of every ``cmdstat_*`` / ``db<N>`` entry) must be finite
   numbers >= 0 when present: ``used_memory:1e400`` or ``db0:keys=abc`` is refused, not read.
 * CONFIG GET must be a flat array of bulk strings, name and value in turn.
@@ -128,6 +129,9 @@ def parse_info(reply: Any) -> dict[str, Any]:
         key, _, value = line.partition(":")
         if key == "cmdstat_host":  # the command's name holds the colon (redis-py splits it the same way)
             key, _, value = line.rpartition(":")
+        if key == "module":  # one line per loaded module (Valkey 9 lists its built-in Lua engine): a list, as redis-py's
+            info.setdefault("modules", []).append(_value(value))
+            continue
         info[key] = _value(value)
     return check_info(info)
 

@@ -13,6 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvctl.core import sizes
 from kvctl.core.errors import InvalidInput
 from kvctl.core.files import read_password_file, write_atomic
 from kvctl.tier.sizing import zero_copy_settings
@@ -27,7 +28,7 @@ ENGINE_COMMANDS = (
 )  # fmt: skip
 
 #: Per-instance memory below this is certainly a typo (LRU thrashes on one 12 MB chunk).
-MIN_INSTANCE_BYTES = 1 << 20
+MIN_INSTANCE_BYTES = 10**6
 #: Valkey refuses more io-threads than this (Valkey 8: "between 1 and 256").
 MAX_IO_THREADS = 256
 
@@ -53,35 +54,9 @@ def check_host(host: str, what: str = "--host") -> None:
     if not _HOST.match(host):
         raise InvalidInput(f"{what} {host!r} is not a host name or address (one name, IPv4 or IPv6 literal; no spaces)")
 
-# kvctl's one size syntax (every byte-sized option, through commands.options.ByteSize), in Valkey's own units:
-# k/m/g/t are powers of 1000, kb/mb/gb/tb (and kib/mib/gib/tib) powers of 1024; a bare number, exponent
-# included (12.4e6), is bytes.
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1024, "kib": 1024,
-    "m": 1000**2, "mb": 1024**2, "mib": 1024**2,
-    "g": 1000**3, "gb": 1024**3, "gib": 1024**3,
-    "t": 1000**4, "tb": 1024**4, "tib": 1024**4,
-}  # fmt: skip
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*([a-z]*)\s*$", re.I)
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes in kvctl's size syntax (Valkey's units): ``400mb`` (MiB), ``12MiB``, ``1.5gb``, ``2g`` (10^9), ``12.4e6``, ``1048576``."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
-    else:
-        m = _SIZE_RE.match(str(text))
-        unit = m.group(2).lower() if m else None
-        if not m or unit not in _UNITS:
-            raise InvalidInput(f"cannot parse size {text!r}: use e.g. 12.4e6 (bytes), 400mb or 12MiB (2^20), 2g (10^9)")
-        exact = float(m.group(1)) * _UNITS[unit]
-        if not exact < 2**63:  # 1e999 is inf: no size
-            raise InvalidInput(f"size {text!r} is beyond any memory (at most 2^63 bytes)")
-        value = int(exact)
-    if value <= 0:
-        raise InvalidInput(f"size must be positive, got {text!r}")
-    return value
+# kvctl's one size syntax (every byte-sized option, through commands.options.ByteSize): kvctl.core.sizes
+# (kB/MB/GB powers of 1000, KiB/MiB/GiB powers of 1024, a bare number bytes)
+parse_size = sizes.parse_size
 
 
 def format_size(n: int) -> str:
@@ -100,7 +75,7 @@ def split_maxmemory(total: str | int, ranks: int, instances_per_rank: int = 1) -
     per = parse_size(total) // n
     if per < MIN_INSTANCE_BYTES:
         over = f"{ranks} ranks" if instances_per_rank == 1 else f"{ranks} ranks × {instances_per_rank} instances"
-        raise InvalidInput(f"--maxmemory {total} over {over} leaves {per} bytes per instance; give at least 1mb per {'rank' if instances_per_rank == 1 else 'instance'}")
+        raise InvalidInput(f"--maxmemory {total} over {over} leaves {per} bytes per instance; give at least 1MB per {'rank' if instances_per_rank == 1 else 'instance'}")
     return per
 
 

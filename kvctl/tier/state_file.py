@@ -14,17 +14,21 @@ the same name (state files of older kvctl) is read as that name in this director
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from kvctl.connector.urls import MAX_INSTANCES_PER_RANK, InvalidUrl, parse_resp_url
 from kvctl.core.errors import InvalidInput
 from kvctl.core.files import read_json, write_atomic
+from kvctl.core.known_keys import log_unknown, unknown
 from kvctl.core.thresholds import TIER_STATE_MAX_BYTES
 from kvctl.tier.spec import CONTROL, MAX_IO_THREADS
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "kvctl-tier.json"
 #: The engine user's password, written by ``up`` when the tier has a password.
@@ -76,6 +80,7 @@ class TierState:
     engine_password_file: str | None = None  # read back as <dir>/engine.password
     complete: bool = True  # False while `up` is still starting instances (or when it died midway)
     instances_per_rank: int = 1  # K: rank r's instances are r*K … r*K + K - 1 of ``instances``
+    stopped_at: str = ""  # when `down` stopped every server of the tier (its files kept); "" while it runs
 
     @property
     def ranks(self) -> int:
@@ -103,7 +108,19 @@ def load_tier(tier_dir: Path | str) -> TierState:
     if not os.path.lexists(path):
         raise InvalidInput(f"{tier_dir} holds no kvctl tier ({STATE_FILE} missing); start one with `kvctl deploy-valkey up --dir {tier_dir}`")
     raw = read_json(path, "tier state", TIER_STATE_MAX_BYTES, kind="a kvctl tier state file")
+    _say_unknown(raw, path)
     return _Reader(path).tier(raw, Path(tier_dir).resolve())
+
+
+def _say_unknown(raw: Any, path: Path) -> None:
+    """A key the state file holds that no reader knows (a hand edit, a newer kvctl's): one warning each, with the nearest."""
+    if not isinstance(raw, dict):
+        return
+    found = unknown(raw, {f.name for f in fields(TierState)}, f"tier state {path}")
+    for n, x in enumerate(raw.get("instances") if isinstance(raw.get("instances"), list) else []):
+        if isinstance(x, dict):
+            found += unknown(x, {f.name for f in fields(InstanceState)}, f"tier state {path}", f"instances[{n}].")
+    log_unknown(found, log, "kvctl ignores it")
 
 
 class _Reader:
@@ -179,6 +196,7 @@ class _Reader:
             engine_password_file=str(tier_dir / ENGINE_PASSWORD_FILE) if epf is not None else None,
             complete=complete,
             instances_per_rank=k,
+            stopped_at=self.text(raw, "stopped_at", "") or "",
         )
 
     def instance(self, x: Any, n: int, k: int) -> InstanceState:

@@ -10,9 +10,11 @@ JSON). Views compute nothing a result does not already hold, import no click and
 * :mod:`kvctl.views.diagnose` - ``kvctl diagnose``: the diagnosis, a capture's summary, stalls
 * :mod:`kvctl.views.doctor` - ``kvctl doctor``: the checklist
 * :mod:`kvctl.views.drill` - ``kvctl drill``: the scenarios, the drills' verdicts, the samples, the drill engine
+* :mod:`kvctl.views.explain` - ``kvctl explain``: each request's story from the connector's trace, the answers counted
 * :mod:`kvctl.views.exporter` - ``kvctl exporter``: where it serves, and that it stopped
 * :mod:`kvctl.views.loading` - ``kvctl loading``: the modes files set, a flip's diffs and restart
 * :mod:`kvctl.views.replay` - ``kvctl replay``: the dry run's schedule, a run's summary
 * :mod:`kvctl.views.report` - ``kvctl report``: replay runs side by side
+* :mod:`kvctl.views.runbook` - ``kvctl runbook``: the pages and their titles, one page drawn for a terminal
 * :mod:`kvctl.views.sim` - ``kvctl simulate`` and ``kvctl plan``: one run, a fleet, a sweep, a plan, their plots
 """

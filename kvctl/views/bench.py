@@ -59,6 +59,8 @@ def render_report(report: BenchReport) -> None:
     if misses:
         render.warn(f"{misses} GETs missed (evicted keys?): lower --keys or raise maxmemory")
     v = report.verdict
+    if report.advice and (v is None or v.loading_wins):  # a losing verdict says it first
+        render.message(f"advice: before adding instances, {report.advice}", style="yellow")
     if v is not None:
         style = "green" if v.loading_wins else "red"
         render.message(f"verdict: {v.text}", style=style)
@@ -89,7 +91,12 @@ def render_engines(report: BenchReport) -> None:
 
 
 def plot_report(report: BenchReport, path: str) -> None:
-    """Aggregate GB/s over total clients: one instance (more clients) vs one instance per client."""
+    """Aggregate GB/s over total clients: one instance (more clients) vs one instance per client; stderr says where."""
+    _draw_report(report, path)
+    render.plots_written([path])
+
+
+def _draw_report(report: BenchReport, path: str) -> None:
     series: dict[str, tuple[list[float], list[float]]] = {}
     eng = [r for r in report.runs if r.per_engine]
     if eng:  # the contention curve

@@ -11,6 +11,7 @@ from kvctl.tier import spec
 from kvctl.tier.targets import TierState, state_path
 
 if TYPE_CHECKING:
+    from kvctl.drill.standalone import EngineStop
     from kvctl.tier.local import StopResult
     from kvctl.tier.status import TierStatus
 
@@ -89,10 +90,14 @@ def show_status(st: TierStatus, as_json: bool) -> None:
             render.warn(f"{i.name} ({i.host}:{i.port}): {i.state}: {i.hint}")
 
 
-def show_down(state: TierState, results: list[StopResult], purge: bool, timeout_s: float, as_json: bool) -> None:
-    """``down``: what became of each instance (stopped, killed, not running, not ours)."""
+def show_down(state: TierState, results: list[StopResult], purge: bool, timeout_s: float, as_json: bool,
+              engine: EngineStop | None = None, left: list[str] | None = None) -> None:
+    """``down``: what became of each instance (stopped, killed, not running, not ours), of the drill engine the tier's
+    directory recorded, and what is left in the directory."""
+    left = left or []
     if as_json:
-        render.emit_json({"dir": state.dir, "purged": purge, "instances": results})
+        drill = None if engine is None else {"pid": engine.state.pid, "url": engine.state.url, "result": engine.result}
+        render.emit_json({"dir": state.dir, "purged": purge, "instances": results, "drill_engine": drill, "left": left})
     else:
         styles = {"stopped": "green", "killed": "yellow", "not running": "yellow", "not ours": "red"}
         k = state.instances_per_rank
@@ -100,18 +105,33 @@ def show_down(state: TierState, results: list[StopResult], purge: bool, timeout_
             f"Stopped tier in {state.dir}",
             ["rank", *(["inst"] if k > 1 else []), "port", "pid", "result", "port free"],
             [(r.rank, *([r.instance] if k > 1 else []), str(r.port), str(r.pid), f"[{styles[r.result]}]{r.result}[/]", r.port_free) for r in results],
-            caption=None if purge else "config files kept; --purge removes them",
         )
+        _say_left(state.dir, purge, engine, left)
     for r in results:
         if r.result == "not ours":
             render.warn(f"{r.name}: {r.note or f'pid {r.pid} now belongs to another process; left it alone'}")
             continue
         if r.note:
             render.warn(f"{r.name} (pid {r.pid}): {r.result}, {r.note}")
-        if r.result == "not running":
+        if r.result == "not running" and not state.stopped_at:  # stopped by an earlier `down`: its state says so, no surprise
             render.warn(f"{r.name}: no valkey-server of this tier was running (pid {r.pid})")
         elif r.result == "killed":
             render.warn(f"{r.name}: pid {r.pid} did not exit within --timeout {timeout_s:g}s of SIGTERM; sent SIGKILL")
+
+
+def _say_left(tier_dir: str, purge: bool, engine: EngineStop | None, left: list[str]) -> None:
+    """What ``down`` did to the drill engine of the tier, and what it left in the directory."""
+    if engine is not None:
+        what = {"stopped": "stopped", "killed": "killed (no exit within seconds of SIGTERM)",
+                "not running": "was not running; its record removed"}[engine.result]
+        render.literal(f"drill engine (pid {engine.state.pid}, {engine.state.url}) of this tier: {what}")
+    if not left:
+        render.literal(f"removed {tier_dir}" if purge else f"nothing left in {tier_dir}")
+    elif purge:
+        render.literal(f"left in {tier_dir} (not kvctl's, kept): {', '.join(left)}")
+    else:
+        render.literal(f"left in {tier_dir}: {', '.join(left)} (the tier's configs and logs: `kvctl deploy-valkey up --dir {tier_dir}` "
+                       f"starts it again, `kvctl deploy-valkey down --dir {tier_dir} --purge` removes them)")
 
 
 def show_engine_config(cfg: Any, text: Callable[[], str], out_file: Path | None, as_json: bool) -> None:

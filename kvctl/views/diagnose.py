@@ -25,7 +25,7 @@ def show_diagnosis(diag: Diagnosis, explain: bool, as_json: bool, saved_to: str 
     else:
         render_diagnosis(diag, explain)
     if saved_to and not as_json:
-        render.message(f"samples saved to {saved_to} (replay: kvctl diagnose --from {saved_to})")
+        render.literal(f"samples saved to {saved_to} (replay: kvctl diagnose --from {saved_to})")  # a path never wrapped inside
 
 
 def show_refresh(diag: Diagnosis, explain: bool, as_json: bool, i: int, count: int | None, window_s: float) -> None:
@@ -44,11 +44,31 @@ def _rho_text(diag: Diagnosis) -> Any:
     return f"≥ {diag.rho:.3g} (lower bound: B from Valkey server side)" if diag.rho_bound == "lower_bound" else diag.rho
 
 
+#: the typical prompt's row, short (the summary's label column is as wide as its longest label: a 90-character one
+#: made the table 109 columns wide, issue 48); --explain says how each was found in full (quantities.MEDIAN_BASIS)
+MEDIAN_LABELS = {"one_bucket_mean": "median prompt tokens (exact)", "mean": "median prompt tokens (the mean)"}
+
+
 def _median_label(diag: Diagnosis) -> str:
     """The typical prompt's row says whether it is exact (one histogram bucket: sum/count) or an estimate."""
-    from kvctl.diagnose.quantities import MEDIAN_BASIS  # noqa: PLC0415
+    return MEDIAN_LABELS.get(diag.typical_prompt_tokens_basis, "median prompt tokens (estimate)")
 
-    return f"typical (median) prompt tokens, {MEDIAN_BASIS.get(diag.typical_prompt_tokens_basis, 'estimate')}"
+
+def how_sure(diag: Diagnosis) -> str | None:
+    """One line: λ's basis, the range of its estimators, the arrivals counted (±1/√n) and ρ's range; None without λ."""
+    if diag.arrival_rate_per_s is None:
+        return None
+    lo, hi = diag.arrival_rate_range_per_s or (diag.arrival_rate_per_s, diag.arrival_rate_per_s)
+    parts = [f"λ {diag.arrival_rate_per_s:.3g} req/s from {diag.arrival_rate_basis}"
+             + (f" ({diag.engine_states} state(s) seen)" if diag.engine_states else "")]
+    if hi > lo * 1.005:
+        parts.append(f"its estimators span {lo:.3g}–{hi:.3g} req/s (finished + queue growth at the samples is low while "
+                     "engine steps are long: what arrives during a step waits outside waiting and running)")
+    if diag.arrivals_counted:
+        parts.append(f"{diag.arrivals_counted:.0f} arrivals counted: ±{diag.rho_relative_error or 0:.0%} (1/√n)")
+    if diag.rho_range and diag.rho_range[1] > diag.rho_range[0] * 1.005:
+        parts.append(f"ρ {diag.rho_range[0]:.3g}–{diag.rho_range[1]:.3g}")
+    return "how sure: " + "; ".join(parts)
 
 
 def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
@@ -75,6 +95,9 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
         ],
         caption=f"B from {diag.bandwidth_source_detail}" if diag.bandwidth_source_detail else None,
     )
+    sure = how_sure(diag)
+    if sure:
+        render.message(sure, style="dim")
     if len(diag.engines) > 1 or any(e.status != "ok" for e in diag.engines):
         render.table(
             "Engines",
@@ -118,7 +141,10 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
                        "(chunk c on instance (c // W) mod K)" if k > 1 else ""),
         )
     if diag.findings:
-        render.text_table("Findings", ["severity", "id", "finding", "recommendation"], [(f.severity, f.id, f.message, f"{f.recommendation}\nrunbook: {runbook_for(f.id)}") for f in diag.findings])
+        # two columns, so the fix and the runbook's command keep a line each at 80 columns (issue 48: a path of the
+        # repository, wrapped mid-word at 100, was the runbook)
+        render.text_table("Findings", ["finding", "what it means · fix · runbook"],
+                          [(f"{f.id}\n{f.severity}", f"{f.message}\nfix: {f.recommendation}\nrunbook: {runbook_for(f.id)}") for f in diag.findings])
     for reason in diag.insufficient_data:
         render.warn(f"insufficient data: {reason}")
     for u in diag.unreachable:
@@ -136,16 +162,20 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
 
 def show_capture(path: Path, capture: Capture, engines: int, instances: int, missing: list[str], as_json: bool) -> None:
     """``kvctl diagnose capture``: where the samples went, and every source that did not answer."""
+    full = sum(not s.engines_only for s in capture.samples)  # the engine reads between them are kept too
+    reads = f", {len(capture.samples) - full} engine read(s) between them" if len(capture.samples) > full else ""
     if as_json:
         render.emit_json({
-            "out": str(path), "samples": len(capture.samples), "engines": engines, "valkey_instances": instances,
-            "window_s": capture.samples[-1].t_s - capture.samples[0].t_s, "unreachable": missing,
+            "out": str(path), "samples": full, "engine_reads_between": len(capture.samples) - full, "engines": engines, "valkey_instances": instances,
+            "window_s": capture.samples[-1].t_s - capture.samples[0].t_s, "unreachable": missing, "notes": list(capture.notes),
             "exit_code": int(ExitStatus.UNREACHABLE if missing else ExitStatus.OK),
         })
         return
     for m in missing:
         render.warn(f"unreachable: {m} (recorded in the capture)")
-    render.message(f"capture saved to {path} ({len(capture.samples)} samples, {engines} engine(s), {instances} Valkey instance(s)); analyse with: kvctl diagnose --from {path}")
+    for note in capture.notes:
+        render.warn(note)
+    render.literal(f"capture saved to {path} ({full} samples{reads}, {engines} engine(s), {instances} Valkey instance(s)); analyse with: kvctl diagnose --from {path}")
 
 
 def show_stalls(report: stalls.StallReport, as_json: bool) -> None:

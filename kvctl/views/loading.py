@@ -40,6 +40,13 @@ def show_states(states: list[SourceState], as_json: bool) -> None:
     values = {s.async_loading for s in states}
     if len(values) > 1:
         render.warn("the files disagree; check which one the engine actually reads")
+    _unknown_keys(u for s in states for u in s.unknown_keys)
+
+
+def _unknown_keys(found) -> None:
+    """One warning per key a file's engine does not know, with the key it was probably meant to be."""
+    for u in found:  # literal: a path or key may hold [...]
+        render.literal(f"warning: {u.message()}", style="yellow", stderr=True)
 
 
 def show_flip(result: loading_flip.FlipResult, as_json: bool) -> None:
@@ -69,6 +76,7 @@ def _render_flip(result: loading_flip.FlipResult) -> None:
     if safety is not None:
         forced = safety.note.startswith("forced")
         render.literal(("warning: " if forced else "") + safety.note, style="yellow" if forced else None, stderr=forced)
+    _unknown_keys(u for c in result.changes for u in c.unknown_keys)
     for c in result.changes:  # paths and diffs printed as they are: no markup, no wrapping
         if c.kind in loading_vllm.KINDS:
             render.literal(f"{c.path}: {loading_vllm.DESCRIPTIONS[c.kind]} found; editing {loading_vllm.SETTING}")

@@ -26,8 +26,9 @@ def show_schedule(tr: Trace, plan: list[tuple[TraceRequest, float]], max_tokens:
         render.emit_json({"trace": tr.path, "format": tr.format, "requests": len(rows), "schedule": rows})
         return
     span = plan[-1][1] if plan else 0.0
+    render.literal(f"Schedule of {tr.path} ({tr.format}, {len(rows)} requests)")  # a path is never wrapped inside
     render.table(
-        f"Schedule of {tr.path} ({tr.format}, {len(rows)} requests)",
+        None,
         ["#", "scheduled s", "prompt tokens", "hash ids", "max tokens", "line"],
         [(r["index"], r["scheduled_s"], r["prompt_tokens"], r["hash_ids"], r["max_tokens"], r["line"]) for r in rows[:DRY_RUN_ROWS]],
         caption=(f"first {DRY_RUN_ROWS} of {len(rows)} · " if len(rows) > DRY_RUN_ROWS else "")
@@ -40,11 +41,13 @@ def show_replay(tr: Trace, res: ReplayResult, as_json: bool) -> None:
     if as_json:
         render.emit_json(res)
     else:
+        # paths on a line of their own, never wrapped: a table title wrapped them mid-path (issue 48)
+        render.literal(f"Replay of {tr.path}\n        → {res.out}")
         render.key_values(
-            f"Replay of {tr.path} → {res.out}",
+            None,
             [("model", res.model), ("requests", res.requests), ("finished", res.finished), ("ok", res.ok),
              ("errors", res.errors), ("max in flight", res.max_in_flight), ("capped sends", res.cap_hits),
              ("duration (s)", res.duration_s), ("prompts from", res.token_pool or "the trace's text")],
-            caption=(f"interrupted by {res.signal or 'a stop'}: the run file holds the requests that finished"
-                     f" and the {res.unfinished} still open" if res.interrupted else f"kvctl report {res.out}"),
         )
+        render.literal(f"interrupted by {res.signal or 'a stop'}: the run file holds the requests that finished"
+                       f" and the {res.unfinished} still open" if res.interrupted else f"kvctl report {res.out}")

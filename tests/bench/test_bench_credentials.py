@@ -24,7 +24,7 @@ def _pw_file(tmp_path, name, text):
 
 def test_bench_logs_in_as_the_urls_acl_user(valkey_factory, tmp_path):
     """Before: resp://engine@h + the engine's password file became resp://:pw@h, the default user: WRONGPASS."""
-    srv = valkey_factory(password="admin-secret", settings={"maxmemory": "64mb", "user": ["engine on >engine-secret ~* +@all"]})
+    srv = valkey_factory(password="admin-secret", settings={"maxmemory": "64mb", "user": [("engine", "on", ">engine-secret", "~*", "+@all")]})
     pw = _pw_file(tmp_path, "engine.pw", "engine-secret")
     result = CliRunner().invoke(cli, ["bench", "--valkey", f"resp://engine@127.0.0.1:{srv.port}", "--password-file", pw, *SMALL])
     assert result.exit_code == 0, result.output

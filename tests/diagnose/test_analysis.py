@@ -23,6 +23,7 @@ from kvctl.core.errors import InvalidInput
 from kvctl.tier.targets import resolve_targets
 from tests.diagnose.engine_text import EngineState
 from tests.diagnose.metrics_server import MetricsServer
+from tests.tier.servers import valkey_8
 
 S_PAPER = 48437.5  # bytes per token, GLM-5.3 FP8 MLA (paper §4)
 BASE = EngineState(engines=2)
@@ -337,7 +338,14 @@ def _live(srv_texts, valkeys, load):
 INFO_SLACK_BYTES = 1024
 
 
-def test_real_gets_server_side_bandwidth_and_rho(valkey_server):
+@pytest.fixture
+def valkey_8_server(valkey_factory):
+    """The server-side bound needs a server whose GET time holds the copy of the value: Valkey 8.1 (9.x writes the
+    reply from the value after the command: test_valkey_9_gets_bound_no_bandwidth)."""
+    return valkey_factory(binary=valkey_8())
+
+
+def test_real_gets_server_side_bandwidth_and_rho(valkey_8_server):
     """300 real GETs of 100 000 B between two samples; the engine finished 1 request while its queue grew by 999.
 
     Bytes out: 300 × (100 000 + len("$100000\\r\\n") 9 + 2) = 300 × 100 011 = 30 003 300 B, plus one INFO reply.
@@ -347,6 +355,7 @@ def test_real_gets_server_side_bandwidth_and_rho(valkey_server):
     300 GETs of 100 kB cost Valkey at least ~1 ms (a copy each; ~16 ms measured), so with w < 1 s ρ ≥ 1.
     """
     n, size, growth = 300, 100_000, 999
+    valkey_server = valkey_8_server
     r = redis.Redis(port=valkey_server.port)
     _fill(r, 20, size)
     before = NO_LMCACHE
@@ -374,8 +383,9 @@ def test_real_gets_server_side_bandwidth_and_rho(valkey_server):
     assert math.ceil(2000 * g_s / w_max - 1e-9) <= f.evidence["instances_for_rho_target"] <= math.ceil(2000 * g_s / w_min)
 
 
-def test_real_gets_counted_exactly_with_no_queue_rho_is_the_busy_fraction(valkey_server):
+def test_real_gets_counted_exactly_with_no_queue_rho_is_the_busy_fraction(valkey_8_server):
     """No queue growth: λ = completions, so ρ = ΔG / w ≤ 1: the busy fraction of Valkey's GET time."""
+    valkey_server = valkey_8_server
     r = redis.Redis(port=valkey_server.port)
     _fill(r, 20, 100_000)
     usec0 = _get_usec(r)
@@ -387,6 +397,21 @@ def test_real_gets_counted_exactly_with_no_queue_rho_is_the_busy_fraction(valkey
     assert inst.bytes_out == pytest.approx(200 * 100_011, abs=INFO_SLACK_BYTES)
     assert g_s / (t3 - t0) <= d.rho <= g_s / (t2 - t1) and d.rho <= 1
     assert d.rho == pytest.approx(inst.get_busy_fraction)
+
+
+def test_valkey_9_gets_bound_no_bandwidth(valkey_server):
+    """Valkey 9.1 counts a GET's time without the copy of its value (copy avoidance: 300 GETs of 100 kB cost it well
+    under 1 ms here, 8.1 ~3 ms): its bytes / GET time is no bound on B, so no B and no ρ come from it, and the reason
+    says to give an engine."""
+    r = redis.Redis(port=valkey_server.port)
+    assert r.info("server")["valkey_version"].startswith("9.")
+    _fill(r, 20, 100_000)
+    after = NO_LMCACHE.advance(requests=1, prompt_lengths=[16000], waiting=999)
+    d, _ = _live([NO_LMCACHE.text(), after.text()], [valkey_server], lambda: _gets(r, 300, 20))
+    (inst,) = d.instances
+    assert inst.get_calls == 300 and inst.server_version.startswith("9.") and inst.io_threads == 1
+    assert d.bandwidth_gbps is None and d.rho is None and not [f for f in d.findings if f.id.startswith("rho_")]
+    assert "Valkey 9.x" in d.null_reasons["bandwidth_gbps"] and "--engine-url" in d.null_reasons["bandwidth_gbps"]
 
 
 def test_no_gets_serve_no_l2_bytes_whatever_else_the_instance_replied(valkey_server):
@@ -555,7 +580,7 @@ def test_diagnose_prints_the_shared_instances(tmp_path):
     r = CliRunner().invoke(cli, ["diagnose", "--from", str(tmp_path / "cap"), "--bytes-per-token", str(S_PAPER), "--prefill-rate", "52200"])
     assert r.exit_code == 4, r.output  # critical: instance 0 at ρ 1.6
     assert "Instances shared by engines" in r.output and "instance_saturated" in r.output
-    assert "docs/runbooks/instance_saturated.md" in r.output
+    assert "runbook: kvctl runbook instance_saturated" in r.output
 
 
 # --- issue 31, item 5: a median from a histogram never lies outside what was observed, and says it is an estimate

@@ -145,7 +145,9 @@ def test_unreachable_engine_exits_5_with_one_line():
     res = CliRunner().invoke(cli, ["diagnose", "--engine-url", f"http://127.0.0.1:{port}", "--window", "0.1"])
     assert res.exit_code == 5
     errors = [ln for ln in res.stderr.splitlines() if not ln.startswith("kvctl diagnose: ")]  # less the progress lines
-    assert len(errors) == 1 and "unreachable" in errors[0] and str(port) in errors[0], res.stderr
+    # one line for the engine, and (issue 48) the one that says no window was waited for nothing
+    assert len(errors) == 2 and "unreachable" in errors[0] and str(port) in errors[0], res.stderr
+    assert "nothing answered the first sample, so diagnose did not wait the 0.1 s window" in errors[1], res.stderr
 
 
 def test_unreachable_valkey_exits_5():

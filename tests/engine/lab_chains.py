@@ -55,6 +55,11 @@ def make_prompts(seed: int, lengths: list[int], vocab: int = 500) -> list[list[i
     return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
 
 
+#: the chains test hit mechanics: every hit loads (the load-or-recompute decision, on by default, would judge short
+#: prompts on a fast GPU or a tiny CPU model close calls; tests/engine/test_policy_engine.py and the GPU runs test it)
+MECHANICS = {"load_policy": False}
+
+
 def expected_hit(n_tokens: int, chunk_tokens: int) -> int:
     """What vLLM reports as cached in a fresh process: every full chunk but the one holding the last token."""
     return (max(0, n_tokens - 1) // chunk_tokens) * chunk_tokens
@@ -86,7 +91,7 @@ def run_chain(name: str, model: Path, workdir: Path, steps: list[tuple[str, str]
         for i, step in enumerate(chain.steps):
             cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens),
                                    "--loading", step.loading)
-            cfg["kv_connector_extra_config"].update(connector_extra or {})
+            cfg["kv_connector_extra_config"].update(MECHANICS, **(connector_extra or {}))
             env = engine_env(device=device, trace=workdir / "trace.jsonl", extra=extra_env)
             try:
                 eng = LLMProcess.start(model, workdir, llm_kwargs=llm_kwargs(base_kwargs, step.mode), kv_transfer_config=cfg,
@@ -245,16 +250,16 @@ def run_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_toke
     out: dict = {"cold": None, "sync": {}, "async": {}}
     try:
         _write(out, model, root, tiers["sync"], kwargs, prompts, device=device, name="writer",
-               start_timeout_s=start_timeout_s, config_args=("--chunk-tokens", str(chunk_tokens), "--timeout-s", str(timeout_s)))
+               start_timeout_s=start_timeout_s, config_args=("--chunk-tokens", str(chunk_tokens), "--timeout", str(timeout_s)))
         _copy_tier(tiers["sync"], tiers["async"])  # the async reader's tier holds the same chunks
         for loading, tier in tiers.items():
             if loading not in loadings:
                 continue
             plan = root / f"plan-{loading}.json"
             pid = tier.instances[0]["pid"]
-            cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens), "--timeout-s", str(timeout_s),
+            cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens), "--timeout", str(timeout_s),
                                    "--loading", loading)
-            cfg["kv_connector_extra_config"].update(extra_config or {})
+            cfg["kv_connector_extra_config"].update(MECHANICS, **(extra_config or {}))
             env = engine_env(device=device, trace=root / f"trace-{loading}.jsonl",
                              extra=dict(hook_env, KVCTL_TEST_FAULT_PLAN=str(plan)))
             r = LLMProcess.start(model, root, llm_kwargs=kwargs, kv_transfer_config=cfg, env=env,
@@ -347,6 +352,7 @@ def run_sparse_faults(model: Path, root: Path, kwargs: dict, *, device: str, chu
             key0 = chunk_keys(prompts[base + 2][:chunk_tokens], chunk_tokens, model_name, fmt)[0]
             plan.write_text(json.dumps({"delete_part": {key0: [1, INDEXER_PART]}}))
             cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens), "--loading", loading)
+            cfg["kv_connector_extra_config"].update(MECHANICS)
             env = engine_env(device=device, trace=root / f"sparse-trace-{loading}.jsonl",
                              extra=dict(hook_env, KVCTL_TEST_FAULT_PLAN=str(plan)))
             eng = LLMProcess.start(model, root, llm_kwargs=kwargs, kv_transfer_config=cfg, env=env,
@@ -405,7 +411,7 @@ def run_shutdowns(model: Path, root: Path, server_args: list[str], *, device: st
     for case in ("healthy", "stopped"):
         tier = LabTier(root / f"tier-{case}", maxmemory="1gb")
         try:
-            cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens), "--timeout-s", "3")
+            cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens), "--timeout", "3")
             cfg["kv_connector_extra_config"]["save_drain_s"] = 1.0
             # vLLM's default --shutdown-timeout 0 kills the engine core (and the connector's workers) at
             # once on SIGTERM; a grace above save_drain_s lets the connector drain (docs/gpu.md)

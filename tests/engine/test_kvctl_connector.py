@@ -50,7 +50,10 @@ def kv_config(urls, chunk_tokens: int, **extra) -> dict:
     return {
         "kv_connector": "KvctlConnector", "kv_connector_module_path": "kvctl.plugins.vllm",
         "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"urls": list(urls), "chunk_tokens": chunk_tokens, "timeout_s": TIMEOUT_S, **extra},
+        # the hit mechanics under test load every hit: the load-or-recompute decision (on by default) would judge
+        # these tiny CPU prefills close calls (tests/engine/test_policy_engine.py tests it)
+        "kv_connector_extra_config": {"urls": list(urls), "chunk_tokens": chunk_tokens, "timeout_s": TIMEOUT_S,
+                                      "load_policy": False, **extra},
     }
 
 

@@ -83,7 +83,8 @@ class Tier:
 
 def kvctl_config(url: str) -> dict:
     return {"kv_connector": "KvctlConnector", "kv_connector_module_path": "kvctl.plugins.vllm", "kv_role": "kv_both",
-            "kv_connector_extra_config": {"urls": [url], "chunk_tokens": CT, "timeout_s": 2.0}}
+            # every hit loads (what a key covers is under test; the decision is tests/engine/test_policy_engine.py's)
+            "kv_connector_extra_config": {"urls": [url], "chunk_tokens": CT, "timeout_s": 2.0, "load_policy": False}}
 
 
 def complete(server, text: str, **fields) -> int:

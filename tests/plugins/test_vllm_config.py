@@ -11,7 +11,9 @@ def test_urls_list_and_defaults():
     s = parse_settings({"urls": ["resp://127.0.0.1:7000", "resp://127.0.0.1:7001"], "chunk_tokens": 128}, 2)
     assert s.urls == ("resp://127.0.0.1:7000", "resp://127.0.0.1:7001")
     assert s.chunk_tokens == 128
-    assert s.async_loading is False and s.load_policy is None and s.host_budget_bytes == 0
+    assert s.async_loading is False and s.host_budget_bytes == 0
+    # the load-or-recompute decision is on by default, everything measured (issue 46)
+    assert s.load_policy is not None and s.load_policy.prefill_tokens_per_s is None and s.load_policy.t0_s is None
     assert s.pinned_pool_bytes == 256 * 2**20
     assert s.sync_load_path == "auto"
 
@@ -44,6 +46,16 @@ def test_load_policy_parsed():
     assert s.load_policy.bandwidth_gbps is None and s.load_policy.reprobe_after_s == 30.0
 
 
+@pytest.mark.parametrize("value,on", [(False, False), ({"enabled": False}, False), ({"enabled": False, "t0_s": 1}, False),
+                                      (True, True), (None, True), ({}, True), ({"t0_s": 0.2}, True)])
+def test_load_policy_is_on_unless_turned_off(value, on):
+    """Issue 46: on by default; false or {"enabled": false} turns it off; an object's values override the measured."""
+    s = parse_settings({"url": "resp://h:1", "chunk_tokens": 64, "load_policy": value}, 1)
+    assert (s.load_policy is not None) == on
+    if isinstance(value, dict) and on:
+        assert s.load_policy.t0_s == value.get("t0_s") and s.load_policy.prefill_tokens_per_s is None
+
+
 @pytest.mark.parametrize("cfg,key", [
     ({"chunk_tokens": 128}, "urls"),
     ({"urls": ["resp://a:1", "resp://b:2"], "url": "resp://x-{rank}:1", "chunk_tokens": 128}, "urls"),
@@ -59,7 +71,8 @@ def test_load_policy_parsed():
     ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "pinned_pool_bytes": 0}, "pinned_pool_bytes"),
     ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "pinned_pool_bytes": 1.5e8}, "pinned_pool_bytes"),
     ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "password_file": "/nonexistent/pw"}, "password_file"),
-    ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "load_policy": {"t0_s": 1}}, "load_policy.prefill_tokens_per_s"),
+    ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "load_policy": {"enabled": "no"}}, "load_policy.enabled"),
+    ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "load_policy": "on"}, "load_policy"),
     ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "load_policy": {"prefill_tokens_per_s": 1, "x": 1}}, "load_policy.x"),
     ({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "chunk_size": 64}, "chunk_size"),
 ])

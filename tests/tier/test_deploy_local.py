@@ -32,7 +32,7 @@ def tier(tmp_path):
     def make(ranks: int, *extra: str) -> tuple[Path, dict]:
         d = tmp_path / f"tier{len(started)}"
         base = free_base_port(ranks)
-        res = invoke("up", "--ranks", str(ranks), "--base-port", str(base), "--maxmemory", f"{64 * ranks}mb", "--dir", str(d), "--json", *extra)
+        res = invoke("up", "--ranks", str(ranks), "--base-port", str(base), "--maxmemory", f"{64 * ranks}MiB", "--dir", str(d), "--json", *extra)
         assert res.exit_code == 0, res.output
         started.append(d)
         return d, json.loads(res.stdout)

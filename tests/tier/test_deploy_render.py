@@ -42,7 +42,7 @@ def load_dir(out: Path) -> dict[str, dict]:
 
 def test_k8s_statefulset_service_configmap_secret(tmp_path, pw_file):
     out = tmp_path / "k8s"
-    res = invoke("up", "--target", "k8s", "--ranks", "4", "--maxmemory", "8gb", "--io-threads", "3", "--password-file", str(pw_file), "--out", str(out))
+    res = invoke("up", "--target", "k8s", "--ranks", "4", "--maxmemory", "8GiB", "--io-threads", "3", "--password-file", str(pw_file), "--out", str(out))
     assert res.exit_code == 0, res.output
     assert "nothing installed or enabled" in res.output and "k8s-tier-secret" not in res.output
     objs = load_dir(out)
@@ -112,7 +112,7 @@ def _start_rendered(conf_text: str, workdir: Path, password: str | None):
 
 def test_systemd_units_and_configs_run_on_a_real_server(tmp_path, pw_file):
     out = tmp_path / "units"
-    res = invoke("up", "--target", "systemd", "--ranks", "3", "--base-port", "7400", "--maxmemory", "192mb", "--password-file", str(pw_file), "--out", str(out), "--json")
+    res = invoke("up", "--target", "systemd", "--ranks", "3", "--base-port", "7400", "--maxmemory", "192MiB", "--password-file", str(pw_file), "--out", str(out), "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["applied"] is None
@@ -141,7 +141,7 @@ def test_systemd_units_and_configs_run_on_a_real_server(tmp_path, pw_file):
 
 def test_k8s_configmap_runs_on_a_real_server(tmp_path):
     out = tmp_path / "k8s"
-    assert invoke("up", "--target", "k8s", "--ranks", "2", "--maxmemory", "128mb", "--insecure-no-auth", "--out", str(out)).exit_code == 0
+    assert invoke("up", "--target", "k8s", "--ranks", "2", "--maxmemory", "128MiB", "--insecure-no-auth", "--out", str(out)).exit_code == 0
     conf = load_dir(out)["ConfigMap"]["data"]["valkey.conf"]
     proc = _start_rendered(conf, tmp_path / "run", None)
     try:

@@ -17,7 +17,7 @@ import yaml
 from kvctl.connector.urls import instance_of, parse_resp_url
 from kvctl.connector.lmcache_settings import plugin_settings
 from kvctl.connector.settings import parse_settings
-from kvctl.tier import spec
+from kvctl.tier.sizing import io_threads_for
 from kvctl.tier.server import find_valkey_server
 from kvctl.tier.targets import load_tier, resolve_targets
 from tests.tier.helpers import free_base_port, invoke
@@ -44,7 +44,7 @@ def tier(tmp_path):
     """A real local tier of W ranks × K instances, stopped (down --purge) after the test."""
     base = free_base_port(W * K)
     d = tmp_path / "tier"
-    res = invoke("up", "--ranks", str(W), "--instances-per-rank", str(K), "--base-port", str(base), "--maxmemory", "64mb",
+    res = invoke("up", "--ranks", str(W), "--instances-per-rank", str(K), "--base-port", str(base), "--maxmemory", "64MiB",
                  "--dir", str(d), "--json")
     assert res.exit_code == 0, res.output
     try:
@@ -62,7 +62,7 @@ def test_local_tier_of_k_instances_per_rank(tier):
     assert sorted(Path(i.config).name for i in state.instances) == [f"valkey-{r}-{i}.conf" for r in range(W) for i in range(K)]
     # the total split over W*K, the io-threads default counting W*K instances on this host
     assert state.maxmemory_per_instance == 16 * 2**20 and state.maxmemory_total == 64 * 2**20
-    assert state.io_threads == spec.default_io_threads(ranks=W * K)
+    assert state.io_threads == io_threads_for(instances=W * K)
     for inst in state.instances:
         with redis.Redis(port=inst.port) as r:
             assert int(r.config_get("maxmemory")["maxmemory"]) == 16 * 2**20
@@ -130,7 +130,7 @@ def test_instance_naming_refused_with_one_line(args, message):
 @pytest.mark.parametrize("args, message", [
     (("--instances-per-rank", "0"), "is not in the range 1<=x<=64"),
     (("--instances-per-rank", "65"), "is not in the range 1<=x<=64"),
-    (("--instances-per-rank", "2", "--maxmemory", "3mb"), "over 2 ranks × 2 instances leaves 786432 bytes per instance"),
+    (("--instances-per-rank", "2", "--maxmemory", "3mb"), "over 2 ranks × 2 instances leaves 750000 bytes per instance"),
 ])
 def test_bad_instances_per_rank_is_a_usage_error(args, message, tmp_path):
     res = invoke("up", "--ranks", "2", *args, "--dir", str(tmp_path / "t"))
@@ -206,7 +206,7 @@ def test_k8s_one_statefulset_of_w_times_k_pods_passes_kubernetes_validate(tmp_pa
     pw.write_text("tier-secret\n")
     pw.chmod(0o600)
     out = tmp_path / "k8s"
-    res = invoke("up", "--target", "k8s", "--ranks", "2", "--instances-per-rank", str(k), "--maxmemory", "6gb",
+    res = invoke("up", "--target", "k8s", "--ranks", "2", "--instances-per-rank", str(k), "--maxmemory", "6GiB",
                  "--password-file", str(pw), "--namespace", "serving", "--out", str(out))
     assert res.exit_code == 0, res.output
     _kubernetes_validate(out)

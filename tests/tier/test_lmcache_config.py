@@ -12,6 +12,7 @@ import yaml
 from kvctl.connector.urls import expand_url, parse_resp_url
 from kvctl.core.errors import InvalidInput
 from kvctl.tier import spec
+from kvctl.tier.sizing import io_threads_for
 from kvctl.tier.lmcache_config import URL_LIST_KEY, LMCacheSettings, lmcache_config, plugin_key, render_lmcache_yaml
 from kvctl.tier.server import free_port, start_valkey
 
@@ -77,9 +78,9 @@ def test_valkey_template_runs_on_a_real_server(tmp_path):
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("400mb", 400 * 1024**2), ("400MB", 400 * 1024**2), ("2g", 2 * 10**9), ("1.5gb", int(1.5 * 1024**3)), ("1048576", 1048576), (4096, 4096),
-     # one parser for every byte-sized option (issue 31): an exponent is bytes, MiB spelled out is 2^20
-     ("1e9", 10**9), ("12.4e6", 12_400_000), ("12MiB", 12 * 2**20), ("12.4mb", int(12.4 * 2**20))],
+    [("400mb", 400 * 10**6), ("400MB", 400 * 10**6), ("2g", 2 * 10**9), ("1.5gb", 15 * 10**8), ("1048576", 1048576), (4096, 4096),
+     # one parser for every byte-sized option (issue 31): an exponent is bytes; issue 48: MB is 10^6, MiB 2^20
+     ("1e9", 10**9), ("12.4e6", 12_400_000), ("12MiB", 12 * 2**20), ("12.4mb", 12_400_000), ("400MiB", 400 * 2**20)],
 )
 def test_parse_size(text, expected):
     assert spec.parse_size(text) == expected
@@ -92,10 +93,10 @@ def test_parse_size_rejects(bad):
 
 
 def test_split_and_io_threads_and_loopback():
-    assert spec.split_maxmemory("400mb", 4) == 100 * 1024**2
+    assert spec.split_maxmemory("400mb", 4) == 100 * 10**6
     with pytest.raises(InvalidInput):
         spec.split_maxmemory("400mb", 0)
-    assert [spec.default_io_threads(c) for c in (1, 2, 3, 8, 64)] == [1, 1, 1, 4, 4]
+    assert [io_threads_for(c) for c in (1, 2, 3, 8, 64)] == [1, 1, 2, 6, 8]  # clamp(floor(0.75 × cores), 1, 8)
     assert spec.is_loopback("127.0.0.1") and spec.is_loopback("::1") and spec.is_loopback("localhost")
     assert not spec.is_loopback("0.0.0.0") and not spec.is_loopback("10.0.0.1") and not spec.is_loopback("valkey-0")
     with pytest.raises(InvalidInput, match="password-file"):

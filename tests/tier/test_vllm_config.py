@@ -37,7 +37,9 @@ def test_k8s_template_form_is_accepted_by_vllm():
         "kv_connector_module_path": "kvctl.plugins.vllm",
         "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute",
-        "kv_connector_extra_config": {"url": "resp://valkey-kv-{rank}.valkey-kv:6379", "chunk_tokens": 128, "async_loading": False},
+        # 4 instances on a 16-core host (--host-cores' default): io-threads floor(12 / 4) = 3, one connection each
+        "kv_connector_extra_config": {"url": "resp://valkey-kv-{rank}.valkey-kv:6379", "chunk_tokens": 128, "async_loading": False,
+                                      "connections_per_instance": 3},
     }
     assert parse_resp_url(expand_url(cfg["kv_connector_extra_config"]["url"], 3)).host == "valkey-kv-3.valkey-kv"
     kv = vllm_loaders.kv_config(cfg)
@@ -48,7 +50,7 @@ def test_k8s_template_form_is_accepted_by_vllm():
 
 def test_shell_form_goes_through_vllms_parser_with_auth_async_and_timeout():
     pytest.importorskip("vllm")
-    res = invoke("--target", "k8s", "--ranks", "2", "--namespace", "serving", "--loading", "async", "--timeout-s", "2.5",
+    res = invoke("--target", "k8s", "--ranks", "2", "--namespace", "serving", "--loading", "async", "--timeout", "2.5",
                  "--engine-password-file", "/run/secrets/valkey-kv/engine-password", "--shell")  # fmt: skip
     assert res.exit_code == 0, res.output
     line = res.stdout.strip()
@@ -59,6 +61,7 @@ def test_shell_form_goes_through_vllms_parser_with_auth_async_and_timeout():
         "url": "resp://kvctl-engine@valkey-kv-{rank}.valkey-kv.serving.svc:6379",
         "chunk_tokens": 256,
         "async_loading": True,
+        "connections_per_instance": 6,  # 2 instances on a 16-core host: io-threads 6
         "timeout_s": 2.5,
         "password_file": "/run/secrets/valkey-kv/engine-password",
     }
@@ -127,7 +130,7 @@ def test_local_tier_with_auth_reaches_every_instance(tmp_path):
         (["--target", "k8s"], "--ranks"),
         (["--target", "systemd", "--ranks", "0"], "--ranks"),
         (["--target", "k8s", "--ranks", "2", "--chunk-tokens", "0"], "--chunk-tokens"),
-        (["--target", "k8s", "--ranks", "2", "--timeout-s", "0"], "--timeout-s"),
+        (["--target", "k8s", "--ranks", "2", "--timeout", "0"], "--timeout"),
         (["--target", "k8s", "--ranks", "2", "--shell", "--json"], "pick one"),
         (["--dir", "/nonexistent/tier"], "no kvctl tier"),
     ],

@@ -24,8 +24,10 @@ SAMPLES = Path(__file__).resolve().parents[2] / "configs" / "vllm"
 LIST = ["resp://127.0.0.1:17400", "resp://127.0.0.1:17401"]
 TEMPLATE = "resp://kvctl-engine@valkey-kv-{rank}.valkey-kv:6379"
 PW = "/run/secrets/valkey-kv/engine-password"
-SYNC_LIST = {"urls": LIST, "chunk_tokens": 256, "async_loading": False}
-ASYNC_TEMPLATE = {"url": TEMPLATE, "chunk_tokens": 256, "async_loading": True, "timeout_s": 2.0, "password_file": PW}
+# connections_per_instance: one per I/O thread of the fleet's instances, as `up` sizes them on a 16-core host (--host-cores
+# default): 2 instances get io-threads 6, 8 instances 1 (at least 2 connections)
+SYNC_LIST = {"urls": LIST, "chunk_tokens": 256, "async_loading": False, "connections_per_instance": 6}
+ASYNC_TEMPLATE = {"url": TEMPLATE, "chunk_tokens": 256, "async_loading": True, "connections_per_instance": 2, "timeout_s": 2.0, "password_file": PW}
 
 
 def assert_kvctl_connector(kv, extra: dict) -> None:
@@ -60,7 +62,7 @@ def exec_start(unit: Path) -> str:
     "name, args, extra",
     [
         ("kv-transfer-sync.json", ["--target", "systemd", "--ranks", "2"], SYNC_LIST),
-        ("kv-transfer-async-k8s.json", ["--target", "k8s", "--ranks", "8", "--loading", "async", "--timeout-s", "2", "--engine-password-file", PW], ASYNC_TEMPLATE),
+        ("kv-transfer-async-k8s.json", ["--target", "k8s", "--ranks", "8", "--loading", "async", "--timeout", "2", "--engine-password-file", PW], ASYNC_TEMPLATE),
     ],
 )
 def test_json_samples(name, args, extra):

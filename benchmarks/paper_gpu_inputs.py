@@ -4,7 +4,7 @@ A work directory outlives the process that wrote it: ``--only`` calls add to it,
 another machine, a person may edit it. So what it holds is input. Each file goes through kvctl's bounded
 readers (:func:`kvctl.core.files.read_regular`: a regular file under a cap, so a FIFO or a link to
 ``/dev/zero`` is refused, never waited on or read without end; run files through
-:func:`kvctl.replay.runfile.read_run`), and each field is checked for its type and range before it is used.
+:func:`kvctl.records.runfile.read_run`), and each field is checked for its type and range before it is used.
 Anything else is :class:`~kvctl.core.errors.InvalidInput`: one line naming the file and the key.
 """
 

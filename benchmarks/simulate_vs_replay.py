@@ -58,7 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import linkshaper  # noqa: E402
-from kvctl.replay.runfile import read_run  # noqa: E402
+from kvctl.records.runfile import read_run  # noqa: E402
 from kvctl.tier.state_file import load_tier  # noqa: E402
 from tests.engine.vllm_server import build_tiny_model, engine_python, start_vllm  # noqa: E402
 from tests.tier.helpers import free_base_port  # noqa: E402

@@ -105,6 +105,33 @@ def gloo_world1(tmp_path):
         dist.destroy_process_group()
 
 
+MAX_RANK_POOLS = 2
+
+
+@pytest.fixture(scope="session")
+def rank_pool():
+    """``rank_pool(W).run(target, args, timeout_s)``: W warm spawned gloo ranks shared by the tests of a run
+    (tests/connector/ranks.py RankPool), one pool per W, stopped at the end; a pool killed by a hang is replaced."""
+    from tests.connector.ranks import RankPool  # noqa: PLC0415 - torch only where a test asks for ranks
+
+    pools: dict[int, RankPool] = {}  # most recently used last; at most MAX_RANK_POOLS kept (each rank holds torch, vLLM)
+
+    def get(world: int) -> RankPool:
+        pool = pools.pop(world, None)
+        if pool is None or pool.broken:
+            while len(pools) >= MAX_RANK_POOLS:
+                pools.pop(next(iter(pools))).close()
+            pool = RankPool(world)
+        pools[world] = pool
+        return pool
+
+    try:
+        yield get
+    finally:
+        for pool in pools.values():
+            pool.close()
+
+
 @pytest.fixture(scope="module")
 def pyspy_attach():
     """Skip (with the exact reason) when py-spy cannot attach in this sandbox (the stall tests, tests/diagnose and runbooks)."""

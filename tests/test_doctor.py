@@ -328,7 +328,7 @@ def test_a_string_async_loading_in_the_kv_transfer_config_fails(tmp_path):
     assert c["status"] == "fail" and "true or false" in c["message"], c
 
 
-# --- /metrics parsed by kvctl.diagnose.metrics (prometheus_client), as diagnose does ----------
+# --- /metrics parsed by kvctl.records.prometheus (prometheus_client), as diagnose does ----------
 
 
 def test_label_values_with_braces_and_quotes_are_parsed(tmp_path):

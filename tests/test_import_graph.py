@@ -104,7 +104,7 @@ def test_no_import_circles():
 LAYERS = {
     "core": 0, "hooks": 0,
     "connector": 1,
-    "tier": 2, "plugins": 2,
+    "tier": 2, "plugins": 2, "records": 2,
     "bench": 3, "diagnose": 3,
     "replay": 4,
     "loading": 5, "lab": 5,

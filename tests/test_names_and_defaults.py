@@ -115,7 +115,6 @@ def test_every_cost_subcommand_shows_an_example_that_runs(name):
     shown = CliRunner().invoke(cli, [*name.split()[1:], "--help"]).output
     examples = [ln.strip() for ln in shown.splitlines() if ln.strip().startswith(name + " ")]
     assert examples, shown
-    root = Path(__file__).resolve().parents[1]
     for line in examples:
         args = shlex.split(line)[1:]
         res = CliRunner().invoke(cli, [*args, "--json"], catch_exceptions=False) if "--json" not in args else CliRunner().invoke(cli, args)

@@ -30,7 +30,7 @@ def paper():
 
 
 def test_the_trace_primes_only_the_documents_and_simulate_reads_the_planned_hits(paper, tmp_path):
-    from kvctl.replay.trace import read_trace
+    from kvctl.records.trace import read_trace
     from kvctl.sim.workload import trace_workload
 
     info = paper.make_traces(tmp_path, "main", tokens=2048, block=256, requests=50, rate=2.0, hit_share=0.6, seed=1)

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from kvctl.cli import cli
-from kvctl.replay.runfile import read_run
-from kvctl.ops.report import summarize_run, thirds
+from kvctl.records.runfile import read_run
+from kvctl.records.summary import summarize_run, thirds
 
 LATENCIES = [0.5, 0.1, 0.9, 0.3, 0.7, 2.0, 0.2, 0.4, 0.6, 0.8]  # in scheduled order, one per second
 CACHED = [0, 16, 0, 512, 600, 0, 1024, 3, 0, 700]

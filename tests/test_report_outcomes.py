@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from kvctl.cli import cli
 from kvctl.drill.samples import sample_paths
-from kvctl.ops.report import summarize_run
-from kvctl.replay.runfile import read_run
+from kvctl.records.summary import summarize_run
+from kvctl.records.runfile import read_run
 
 #: The drill engine's counters before a run (kvctl's connector's, vLLM's, and no vllm:prefix_cache_hits: no cache of its own).
 DRILL_BEFORE = {"kvctl:remote_hit_tokens_total": 0.0, "vllm:external_prefix_cache_hits_total": 0.0, "vllm:prompt_tokens_total": 0.0}
@@ -109,7 +109,7 @@ def test_every_status_replay_writes_has_its_outcome(tmp_path):
     rows = [row(i, status=st) for i, st in enumerate(statuses)] + [row(len(statuses), cached=None)]
     s = summarize_run(read_run(write(tmp_path / "o.jsonl", rows, summary={"interrupted": False})))
     assert s.outcomes == {"hit": 1, "miss": 0, "ok_no_usage": 1, "http_error": 1, "timeout": 1, "error": 3, "interrupted": 1}
-    from kvctl.ops.report import OUTCOMES
+    from kvctl.records.summary import OUTCOMES
 
     assert tuple(s.outcomes) == OUTCOMES and sum(s.outcomes.values()) == s.requests == 8
     assert s.errors == 5 and s.unfinished == 1

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from kvctl.bench.stats import percentile
+from kvctl.records.stats import percentile
 from kvctl.bench.worker import WorkerResult
 from kvctl.core.cost import GB
 

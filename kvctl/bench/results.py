@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from kvctl.core import cost
 from kvctl.bench.info import ServerDelta
-from kvctl.bench.stats import mean, percentile
+from kvctl.records.stats import mean, percentile
 from kvctl.bench.worker import WorkerResult
 from kvctl.tier.sizing import up_command
 from kvctl.tier.targets import instance_name

@@ -8,7 +8,7 @@ from kvctl.core import render
 from kvctl.commands.options import RenamedOption, count, engine_http, engine_http_options, output_options, positive
 from kvctl.core.errors import KvctlError
 from kvctl.hooks import hookimpl
-from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS, read_trace
+from kvctl.records.trace import DEFAULT_BLOCK_TOKENS, read_trace
 from kvctl.views.replay import show_replay, show_schedule
 
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT: what finished is in --out

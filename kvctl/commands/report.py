@@ -34,7 +34,7 @@ def report_cmd(runs: tuple[str, ...], hit_tokens: int, bytes_per_token: float | 
     with no prefix cache of its own, else "≤" an upper bound; the note says which)
     and the most requests in flight at once.
     """
-    from kvctl.ops.report import load_runs, summarize_run  # noqa: PLC0415
+    from kvctl.records.summary import load_runs, summarize_run  # noqa: PLC0415
     from kvctl.views.report import show_runs  # noqa: PLC0415
 
     loaded = load_runs(runs)

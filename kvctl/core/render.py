@@ -452,7 +452,7 @@ def report_plots(directory: str, runs: Sequence[tuple[str, Sequence[float], Sequ
 
 
 def by_class_line(by_class: dict) -> str:
-    """``hits p50/p90/p99 0.310/0.52/0.60 s (79) · misses … (17)``: one line of :func:`kvctl.bench.stats.latency_by_class`'s result."""
+    """``hits p50/p90/p99 0.310/0.52/0.60 s (79) · misses … (17)``: one line of :func:`kvctl.records.stats.latency_by_class`'s result."""
     parts = []
     for name, label in (("hit", "hits"), ("miss", "misses")):
         c = by_class.get(name) or {}

@@ -79,12 +79,12 @@ MODEL_MAX_NAME_CHARS = 256  # _name_or_path, torch_dtype/dtype, model_type: prin
 #: ``--model-config`` must stay under (Llama-3.1-405B in bf16 moves about 0.5 MB a token).
 BYTES_PER_TOKEN_MAX = 1e9
 #: A replay run file's times (``scheduled_s``, ``sent_s``, ``first_token_s``, ``finished_s``, ``latency_s``): finite,
-#: non-negative and at most 31 days (a trace spans at most 30 days, ``kvctl.replay.trace.MAX_SPAN_S``, and one
+#: non-negative and at most 31 days (a trace spans at most 30 days, ``kvctl.records.trace.MAX_SPAN_S``, and one
 #: request may take replay's longest ``--timeout``, a day). 1e308 used to pass and print as a 309-digit T0.
 RUN_FILE_MAX_TIME_S = 31 * 86400.0
 #: A run file's request indexes and in-flight counts: at most this (a 256 MiB run file holds ~2 million rows).
 RUN_FILE_MAX_COUNT = 10**8
-#: The stated cap on a prompt's (and an output's) tokens in a trace (``kvctl.replay.trace.MAX_TOKENS``): 10 million,
+#: The stated cap on a prompt's (and an output's) tokens in a trace (``kvctl.records.trace.MAX_TOKENS``): 10 million,
 #: past the longest context any model declares. A run file's ``prompt_tokens``/``cached_tokens`` obey it too.
 TRACE_MAX_TOKENS = 10_000_000
 #: YAML aliases (``*name``) allowed in one config file, and the nodes its aliases may expand to:

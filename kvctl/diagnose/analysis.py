@@ -36,7 +36,7 @@ from kvctl.diagnose.capture import Capture, Sample
 from kvctl.diagnose.findings import Finding, Params, worst_severity  # noqa: F401 - Params/Finding are part of this API
 from kvctl.diagnose.fleet import fleet_loads
 from kvctl.diagnose.rules import findings_for
-from kvctl.diagnose import metrics as M
+from kvctl.records import prometheus as M
 from kvctl.diagnose import quantities as Q
 from kvctl.diagnose import rho as P
 from kvctl.diagnose.observations import GET_COMMANDS, EngineObs, InstanceObs, ratio, EnginePair  # noqa: F401 - EngineObs/InstanceObs/GET_COMMANDS are part of this API

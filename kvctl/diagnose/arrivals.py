@@ -28,7 +28,7 @@ from typing import Sequence
 
 from kvctl.connector import metric_names as N
 from kvctl.core.thresholds import DIAGNOSIS_STATES_MIN_SPAN
-from kvctl.diagnose import metrics as M
+from kvctl.records import prometheus as M
 
 #: what moves at every published step: a new value of any is a new state (the iteration histogram counts steps)
 MARKS = (N.VLLM_REQUEST_SUCCESS, N.VLLM_NUM_REQUESTS_WAITING, N.VLLM_NUM_REQUESTS_RUNNING, N.VLLM_ITERATION_TOKENS,

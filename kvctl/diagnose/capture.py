@@ -67,9 +67,9 @@ class Sample:
     _parsed: dict[int, tuple[str, Any]] = field(default_factory=dict, repr=False, compare=False)
 
     def scrape(self, i: int) -> Any:
-        """Engine i's text parsed (:func:`kvctl.diagnose.metrics.parse`), once per text: the exporter's window
+        """Engine i's text parsed (:func:`kvctl.records.prometheus.parse`), once per text: the exporter's window
         and the engine states (:mod:`kvctl.diagnose.arrivals`) read a sample again and again."""
-        from kvctl.diagnose.metrics import parse  # noqa: PLC0415 - prometheus_client only when a text is read
+        from kvctl.records.prometheus import parse  # noqa: PLC0415 - prometheus_client only when a text is read
 
         text = self.engines[i]
         if text is None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvctl.core import cost
 from kvctl.connector import metric_names as N
-from kvctl.diagnose import metrics as M
+from kvctl.records import prometheus as M
 from kvctl.diagnose.capture import Sample
 from kvctl.diagnose.sources import metrics_url
 from kvctl.core.errors import InvalidInput

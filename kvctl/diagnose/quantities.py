@@ -17,7 +17,7 @@ from kvctl.core import cost
 from kvctl.connector import metric_names as N
 from kvctl.core.errors import KvctlError
 from kvctl.diagnose import arrivals as A
-from kvctl.diagnose import metrics as M
+from kvctl.records import prometheus as M
 from kvctl.diagnose.capture import Capture, Sample
 from kvctl.diagnose.findings import Params
 from kvctl.diagnose.observations import EngineObs, InstanceObs, Deltas, ratio, EnginePair, engine_obs, engine_pairs, instance_obs

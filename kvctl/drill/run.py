@@ -278,7 +278,7 @@ class Drill:
 
     def engine_counts(self) -> tuple[float, float]:
         """(finished requests, requests on the GPU) from the engine's /metrics."""
-        from kvctl.diagnose.metrics import parse  # noqa: PLC0415
+        from kvctl.records.prometheus import parse  # noqa: PLC0415
         from kvctl.diagnose.sources import fetch_metrics  # noqa: PLC0415
 
         m = parse(fetch_metrics(self.url, 2.0))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kvctl.core.files import write_atomic
 from kvctl.core.kvsize import kv_size_from_file
-from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS
+from kvctl.records.trace import DEFAULT_BLOCK_TOKENS
 from kvctl.core.thresholds import CHUNK_TOKENS
 
 #: the model whose chunk size the drills use (the paper's family: MLA, FP8)

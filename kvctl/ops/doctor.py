@@ -24,7 +24,7 @@ from kvctl.core import files, safeyaml
 from kvctl.core.engine_http import EngineHttp, masked
 from kvctl.core.errors import ExitStatus, InvalidInput, KvctlError
 from kvctl.core.thresholds import READ_TIMEOUT_S, RHO_HIGH, RHO_UNSTABLE, TIER_DIR
-from kvctl.diagnose import metrics as M
+from kvctl.records import prometheus as M
 from kvctl.diagnose import sources
 from kvctl.loading import edit as loading
 from kvctl.loading import safety as loading_safety

@@ -34,7 +34,7 @@ from pathlib import Path
 from kvctl.core import files
 from kvctl.core.errors import InvalidInput
 from kvctl.core.thresholds import TRACE_MAX_BYTES
-from kvctl.replay.jsonl import json_lines
+from kvctl.records.jsonl import json_lines
 
 __all__ = ["CAUSES", "Explanation", "RequestStory", "explain"]
 

@@ -14,7 +14,7 @@ from kvctl.core.engine_http import masked
 from kvctl.core.errors import InvalidInput, Unreachable
 from kvctl.core.thresholds import METRICS_MAX_BYTES
 from kvctl.replay.prompts import SEED_TEXT, TokenPool, pool_from_ids
-from kvctl.replay.trace import Trace
+from kvctl.records.trace import Trace
 
 #: Metric families kept from /metrics in the run file (counters and gauges, summed over labels).
 METRIC_PREFIXES = (N.VLLM_PREFIX, N.LMCACHE_PREFIX, N.PREFIX)
@@ -67,7 +67,7 @@ def max_model_len(models: list[dict[str, Any]], model: str) -> int | None:
 
 def check_lengths(trace: Trace, limit: int, model: str) -> None:
     """InvalidInput naming every trace line whose prompt is longer than the engine's ``max_model_len``."""
-    from kvctl.replay.trace import malformed  # noqa: PLC0415
+    from kvctl.records.trace import malformed  # noqa: PLC0415
 
     long = [r for r in trace.requests if r.token_count is not None and r.token_count > limit]
     if long:
@@ -100,7 +100,7 @@ async def _scrape_once(session: Any, base: str, max_bytes: int) -> tuple[dict[st
     """(values, why not, worth retrying)."""
     import aiohttp  # noqa: PLC0415
 
-    from kvctl.diagnose.metrics import parse  # noqa: PLC0415
+    from kvctl.records.prometheus import parse  # noqa: PLC0415
 
     try:
         async with session.get(base + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:

@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from kvctl.core.errors import InvalidInput
-from kvctl.replay.trace import TraceRequest
+from kvctl.records.trace import TraceRequest
 
 #: Ordinary text whose token ids make the pool (every tokenizer splits it into many distinct ids).
 SEED_TEXT = (

@@ -35,8 +35,8 @@ from kvctl.core.engine_http import EngineHttp, masked
 from kvctl.core.errors import InvalidInput, Unreachable
 from kvctl.replay.engine_api import engine_base, check_lengths, discover_model, list_models, max_model_len, pool_from_engine, scrape_metrics
 from kvctl.replay.prompts import PromptBuilder, pool_from_tokenizer
-from kvctl.replay.runfile import INTERRUPTED, RunWriter
-from kvctl.replay.trace import Trace, TraceRequest
+from kvctl.records.runfile import INTERRUPTED, RunWriter
+from kvctl.records.trace import Trace, TraceRequest
 
 #: Signals that stop a replay the way Ctrl-C does (the exit code is 128 + the number).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -24,7 +24,7 @@ import numpy as np
 
 from kvctl.core.errors import InvalidInput
 from kvctl.sim.fleet import simulate_fleet
-from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS
+from kvctl.records.trace import DEFAULT_BLOCK_TOKENS
 from kvctl.sim.simulate import SimConfig
 from kvctl.sim.workload import trace_workload
 from kvctl.sim.variability import Variability, engines_first_hit
@@ -44,7 +44,7 @@ class HitGpuFit:
 def fit_hit_gpu_s(run_path: str, gpu_util_pct: float, cfg: SimConfig) -> HitGpuFit:
     """The GPU seconds of a hit that give ``run_path`` its measured GPU utilisation (see the module docstring),
     at most T0: a hit's GPU time is part of it."""
-    from kvctl.replay.runfile import read_run  # noqa: PLC0415
+    from kvctl.records.runfile import read_run  # noqa: PLC0415
 
     rows = [r for r in read_run(run_path).rows if r.get("status") == "ok" and isinstance(r.get("prompt_tokens"), (int, float))]
     if len(rows) < MIN_ROWS:
@@ -77,8 +77,8 @@ class EngineShareFit:
 def measured_percentiles(run_path: str) -> tuple[np.ndarray, int]:
     """p50/p90/p99 of a run file's successful requests, as ``kvctl report`` gives them, and how many there were
     (without its engine's first external-cache hit, :func:`kvctl.sim.variability.engines_first_hit`)."""
-    from kvctl.replay.runfile import read_run  # noqa: PLC0415
-    from kvctl.ops.report import summarize_run  # noqa: PLC0415
+    from kvctl.records.runfile import read_run  # noqa: PLC0415
+    from kvctl.records.summary import summarize_run  # noqa: PLC0415
 
     run = read_run(run_path)
     first = engines_first_hit(run)  # left out as the T0 fit leaves it out: one-time setup, not the engine's steady cost

@@ -43,7 +43,7 @@ import numpy as np
 
 from kvctl.core.cost import GB, require_positive
 from kvctl.core.errors import InvalidInput
-from kvctl.bench.stats import latency_by_class
+from kvctl.records.stats import latency_by_class
 from kvctl.sim.simulate import (
     SimConfig, SimResult, in_system_ahead, check_config, engine_steps, fifo, hit_tokens_of, np_percentile, plan_step, split_t0,
 )

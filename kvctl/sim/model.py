@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
-from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS
+from kvctl.records.trace import DEFAULT_BLOCK_TOKENS
 from kvctl.core.thresholds import ASYNC_TIMEOUT_S, PAPER_T0_S, VLLM_MAX_NUM_BATCHED_TOKENS
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ FIFO queues are solved in closed form with Lindley's recursion ``W_i = max(0, W_
 whose solution is ``W_i = C_i − min_{k ≤ i} C_k`` for the running sum ``C`` of ``S_{i-1} − τ_i``:
 one ``cumsum`` and one ``minimum.accumulate`` in numpy, no per-event Python objects, so a million
 requests take well under a second. Percentiles are numpy's ``linear`` method, the definition of
-:func:`kvctl.bench.stats.percentile`.
+:func:`kvctl.records.stats.percentile`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from kvctl.bench.stats import latency_by_class
+from kvctl.records.stats import latency_by_class
 from kvctl.core.cost import GB, require_positive
 from kvctl.core.errors import InvalidInput
 from kvctl.core.thresholds import (
@@ -86,7 +86,7 @@ class SimResult:
     instances: int
     gpu_utilization_pct: float = 0.0  # the GPU's compute (prefills, tails, hits' GPU time) over the run's span, %
     #: p50/p90/p99 of the hits (requests with tokens in the tier, async timeouts among them) and of the misses apart
-    #: (:func:`kvctl.bench.stats.latency_by_class`, as ``kvctl report`` gives them for a run)
+    #: (:func:`kvctl.records.stats.latency_by_class`, as ``kvctl report`` gives them for a run)
     by_class: dict | None = None
 
 
@@ -274,7 +274,7 @@ def hit_tokens_of(w: Workload, cfg: SimConfig) -> np.ndarray:
 
 
 def np_percentile(xs: np.ndarray, q: float) -> float | None:
-    """:func:`kvctl.bench.stats.percentile` over a NumPy array (the same linear definition)."""
+    """:func:`kvctl.records.stats.percentile` over a NumPy array (the same linear definition)."""
     return float(np.percentile(xs, q)) if len(xs) else None
 
 

@@ -139,9 +139,9 @@ def t0_from_run(path: str, bytes_per_token: float, bandwidth_gbps: float, prefil
 
 
 def engines_first_hit(run: Any) -> dict[str, Any] | None:
-    """The row of ``run`` (a :class:`kvctl.replay.runfile.Run`) that was its engine's first external-cache hit, when
+    """The row of ``run`` (a :class:`kvctl.records.runfile.Run`) that was its engine's first external-cache hit, when
     the engine had served none before the run (``vllm:external_prefix_cache_hits`` 0 in ``metrics_before``); else None."""
-    from kvctl.replay.runfile import counter  # noqa: PLC0415
+    from kvctl.records.runfile import counter  # noqa: PLC0415
 
     if counter(run.metadata.get("metrics_before"), VLLM_EXTERNAL_PREFIX_CACHE_HITS) != 0:
         return None
@@ -180,7 +180,7 @@ def t0_fit(path: str, bytes_per_token: float, bandwidth_gbps: float,
     """:func:`t0_from_run`, plus the shortest and longest prompt of the hits it used: prompts, not cached tokens, as
     the simulation's hits are compared with it (an engine caches whole chunks, so a run's 4,160-token prompts hit 4,096
     tokens, where the model loads the prompt)."""
-    from kvctl.replay.runfile import read_run  # noqa: PLC0415
+    from kvctl.records.runfile import read_run  # noqa: PLC0415
 
     run = read_run(path)
     rows = [r for r in run.rows if r.get("status") == "ok" and _num(r.get("cached_tokens")) and _num(r.get("prompt_tokens"))]

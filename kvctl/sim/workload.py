@@ -15,7 +15,7 @@ import numpy as np
 from kvctl.core.cost import GB, require_positive
 from kvctl.core.errors import InvalidInput
 from kvctl.core.thresholds import SIMULATE_BYTES_PER_REQUEST, SIMULATE_FLEET_BYTES_PER_REQUEST, SIMULATE_MEMORY_FRACTION
-from kvctl.replay.trace import DEFAULT_BLOCK_TOKENS
+from kvctl.records.trace import DEFAULT_BLOCK_TOKENS
 from kvctl.sim.variability import read_bench_file
 
 PROMPT_DISTS = ("fixed", "exponential")
@@ -148,7 +148,7 @@ def trace_hit_tokens(reqs: Sequence[Any], block_tokens: int) -> np.ndarray | Non
 
 def trace_workload(path: str, requests: int | None = None, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> Workload:
     """Arrivals, prompt lengths and (when it tells) cached tokens from a trace in any ``kvctl replay`` format."""
-    from kvctl.replay.trace import read_trace  # noqa: PLC0415
+    from kvctl.records.trace import read_trace  # noqa: PLC0415
 
     tr = read_trace(path)
     reqs = tr.requests[:requests] if requests else tr.requests

@@ -8,7 +8,7 @@ from kvctl.core import render
 
 if TYPE_CHECKING:
     from kvctl.replay.sender import ReplayResult
-    from kvctl.replay.trace import Trace, TraceRequest
+    from kvctl.records.trace import Trace, TraceRequest
 
 #: rows of the schedule a dry run shows (its JSON has them all)
 DRY_RUN_ROWS = 50

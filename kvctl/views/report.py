@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 from kvctl.core import render
 
 if TYPE_CHECKING:
-    from kvctl.replay.runfile import Run
-    from kvctl.ops.report import RunSummary
+    from kvctl.records.runfile import Run
+    from kvctl.records.summary import RunSummary
 
-#: Each outcome's column in the outcomes table (keys: :data:`kvctl.ops.report.OUTCOMES`, in that order).
+#: Each outcome's column in the outcomes table (keys: :data:`kvctl.records.summary.OUTCOMES`, in that order).
 OUTCOME_COLUMNS = {"hit": "hits", "miss": "misses", "ok_no_usage": "no usage", "http_error": "HTTP errors", "timeout": "timeouts",
                    "error": "other errors", "interrupted": "interrupted"}
 JSON_KEYS = ("name", "trace_requests", "not_sent", "requests", "outcomes", "ok", "errors", "p50_s", "p90_s", "p99_s", "max_s", "mean_s",
@@ -44,7 +44,7 @@ def _stop_line(s: RunSummary) -> str | None:
 
 def show_runs(loaded: list[Run], sums: list[RunSummary], hit_tokens: int, plot_dir: str | None, as_json: bool) -> None:
     """Each run's warnings, the plots into ``plot_dir``, then the outcomes and the latency tables (or the JSON) of the runs."""
-    from kvctl.ops.report import OUTCOMES, series  # noqa: PLC0415 - numpy only when used
+    from kvctl.records.summary import OUTCOMES, series  # noqa: PLC0415 - numpy only when used
 
     if not as_json:
         for r in loaded:

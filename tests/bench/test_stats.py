@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvctl.bench.stats import latency_by_class, mean, percentile
+from kvctl.records.stats import latency_by_class, mean, percentile
 
 
 def test_known_values():

@@ -6,7 +6,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.connector.ranks import spawn_ranks  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
@@ -34,9 +33,9 @@ def offset_worker(rank, world, first, n_abs, fail_abs, mode):
 
 @pytest.mark.parametrize("world,first,mode", [(2, 1, "per_owner"), (3, 2, "all_gather"), (3, 4, "per_chunk"),
                                               (2, 3, "all_gather")])
-def test_offset_keeps_owner_and_order(world, first, mode):
+def test_offset_keeps_owner_and_order(world, first, mode, rank_pool):
     n_abs = first + 7
-    out = spawn_ranks(offset_worker, world, (first, n_abs, -1, mode), timeout_s=60)
+    out = rank_pool(world).run(offset_worker, (first, n_abs, -1, mode), timeout_s=60)
     for r, res in enumerate(out):
         # every rank fetches exactly the absolute chunks it owns (c % W == r), as stored
         assert res["asked_abs"] == [c for c in range(first, n_abs) if c % world == r]
@@ -44,9 +43,9 @@ def test_offset_keeps_owner_and_order(world, first, mode):
         assert res["values"] == [float(c) for c in range(first, n_abs)]
 
 
-def test_offset_failure_at_an_absolute_chunk():
+def test_offset_failure_at_an_absolute_chunk(rank_pool):
     # W=3, load chunks 2..9; chunk 6 (owner 0) missing -> chunks 2..5 agreed: prefix 4
-    out = spawn_ranks(offset_worker, 3, (2, 10, 6, "per_owner"), timeout_s=60)
+    out = rank_pool(3).run(offset_worker, (2, 10, 6, "per_owner"), timeout_s=60)
     for res in out:
         assert res["prefix"] == 4
         assert res["values"] == [2.0, 3.0, 4.0, 5.0]

@@ -14,7 +14,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.connector.ranks import spawn_ranks  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
@@ -49,8 +48,8 @@ def dp_tp_worker(rank: int, world: int) -> dict:
     return out
 
 
-def test_load_groups_of_two_tp_groups_in_one_world_stay_apart():
-    out = spawn_ranks(dp_tp_worker, 4, (), timeout_s=45)
+def test_load_groups_of_two_tp_groups_in_one_world_stay_apart(rank_pool):
+    out = rank_pool(4).run(dp_tp_worker, (), timeout_s=45)
     # all_reduce sums rank + 1 over the group: TP group [0, 1] -> 1 + 2 = 3, [2, 3] -> 3 + 4 = 7,
     # the whole world -> 1 + 2 + 3 + 4 = 10
     for rank, o in enumerate(out):

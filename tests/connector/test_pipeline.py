@@ -214,9 +214,8 @@ def _two_rank_worker(rank, world, urls, delete_chunk):
     return out.agreed, out.written, ok
 
 
-def test_two_ranks_agree_group_by_group(valkey_factory):
-    from tests.connector.ranks import spawn_ranks
+def test_two_ranks_agree_group_by_group(valkey_factory, rank_pool):
 
     servers = [valkey_factory(), valkey_factory()]
-    out = spawn_ranks(_two_rank_worker, 2, ([f"resp://127.0.0.1:{s.port}" for s in servers], 3), timeout_s=120)
+    out = rank_pool(2).run(_two_rank_worker, ([f"resp://127.0.0.1:{s.port}" for s in servers], 3), timeout_s=120)
     assert out == [(3, 3, True), (3, 3, True)]  # chunk 3 (rank 1's) lost its middle group: both stop there

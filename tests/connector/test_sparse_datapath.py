@@ -196,11 +196,10 @@ def two_rank_worker(rank: int, world: int, urls: list[str]) -> dict:
     return {"agreed": out.agreed, "written": out.written, "same": same}
 
 
-def test_the_agreed_prefix_stops_on_every_rank_at_a_chunk_one_owner_has_half_of(valkey_factory):
-    from tests.connector.ranks import spawn_ranks
+def test_the_agreed_prefix_stops_on_every_rank_at_a_chunk_one_owner_has_half_of(valkey_factory, rank_pool):
 
     servers = [valkey_factory(), valkey_factory()]
-    out = spawn_ranks(two_rank_worker, 2, ([s.url for s in servers],), timeout_s=120)
+    out = rank_pool(2).run(two_rank_worker, ([s.url for s in servers],), timeout_s=120)
     assert out == [{"agreed": 3, "written": 3, "same": True}] * 2
 
 

@@ -15,7 +15,7 @@ import time
 import pytest
 import redis
 
-from kvctl.diagnose import metrics as M
+from kvctl.records import prometheus as M
 from kvctl.diagnose.analysis import Params, analyse
 from kvctl.diagnose.capture import Capture, Sample, take_sample
 from kvctl.diagnose.sources import GpuSample

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvctl.diagnose import metrics as M
+from kvctl.records import prometheus as M
 from kvctl.diagnose.analysis import Params, analyse
 from kvctl.diagnose.capture import Capture, Sample
 

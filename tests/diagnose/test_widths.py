@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from kvctl.cli import cli
 from kvctl.diagnose.capture import save_capture
 from kvctl.replay.sender import ReplayResult
-from kvctl.replay.trace import read_trace
+from kvctl.records.trace import read_trace
 from kvctl.views.diagnose import show_capture
 from kvctl.views.replay import show_replay
 from tests.diagnose import paper_runs as PR

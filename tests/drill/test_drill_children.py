@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from kvctl.drill import scenarios as S
 from kvctl.drill.run import Drill, DrillOptions
@@ -88,6 +89,7 @@ def test_a_kvctl_package_planted_in_the_cwd_never_runs_in_the_drill_children(tmp
     assert not marker.exists(), "the planted ./kvctl/__init__.py ran in a drill child"
 
 
+@pytest.mark.long  # a whole drill: the long lane
 def test_an_unrelated_kvctl_folder_in_the_cwd_does_not_fail_the_drill(tmp_path):
     """The issue's repro: run from the parent of a checkout (a ``kvctl/`` folder without ``__init__.py``).
     Replay used to die at import and the drill said exit 7, "diagnose missed"; now the drill runs and
@@ -104,6 +106,7 @@ def test_an_unrelated_kvctl_folder_in_the_cwd_does_not_fail_the_drill(tmp_path):
     assert (kept / "run.jsonl").is_file() and (kept / "capture" / "capture.json").is_file()
 
 
+@pytest.mark.long  # a whole drill: the long lane
 def test_a_child_that_dies_mid_drill_is_could_not_run_not_missed(tmp_path):
     """Replay SIGKILLed (the OOM killer, say) right after it starts: the drill stops at its next look and
     exits 8 ("could not run", naming replay), not 7 ("diagnose missed")."""

@@ -11,7 +11,7 @@ import pytest
 
 from kvctl.loading import edit as loading
 from kvctl.connector.metric_names import COUNTERS
-from kvctl.diagnose.metrics import parse
+from kvctl.records.prometheus import parse
 from kvctl.drill.config import EngineSettings, read_config, write_config
 from kvctl.core.errors import InvalidInput
 from kvctl.tier.admin import Admin

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvctl.cli import cli
-from kvctl.replay.runfile import read_run
+from kvctl.records.runfile import read_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(420)]
 

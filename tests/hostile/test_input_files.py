@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from kvctl.replay.trace import MAX_TOKENS
+from kvctl.records.trace import MAX_TOKENS
 from tests.hostile.helpers import kvctl, limits, run_row, write_run_file
 
 MODEL = ["--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--t0", "0.33"]

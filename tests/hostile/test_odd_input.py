@@ -22,9 +22,9 @@ from click.testing import CliRunner
 
 from kvctl.core import render
 from kvctl.cli import cli
-from kvctl.diagnose import metrics as M
-from kvctl.replay.runfile import read_run
-from kvctl.replay.trace import read_trace
+from kvctl.records import prometheus as M
+from kvctl.records.runfile import read_run
+from kvctl.records.trace import read_trace
 from kvctl.tier.server import free_port
 from tests.diagnose.engine_text import EngineState
 from tests.diagnose.metrics_server import MetricsServer

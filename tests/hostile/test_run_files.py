@@ -1,4 +1,4 @@
-"""Hostile run files (issue 44, items 17 and 18): one reader (``kvctl.replay.runfile.read_run``) with one set of
+"""Hostile run files (issue 44, items 17 and 18): one reader (``kvctl.records.runfile.read_run``) with one set of
 rules for every command that reads a ``kvctl replay --out`` file: ``report``, ``simulate``/``plan --fit-from``
 (the T0 fit), ``--t0-engine-share fit``, ``--hit-gpu-s fit``, and ``--trace RUN`` (a run file replayed or
 simulated as a trace).
@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from kvctl.cli import cli
 from kvctl.core.errors import InvalidInput
 from kvctl.core.thresholds import RUN_FILE_MAX_TIME_S
-from kvctl.replay.runfile import read_run
+from kvctl.records.runfile import read_run
 from tests.hostile.helpers import run_row
 
 MODEL = ["--bytes-per-token", "48437.5", "--prefill-rate", "52200", "--t0", "0.33", "--instance-gbps", "10"]

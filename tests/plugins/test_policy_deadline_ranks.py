@@ -19,7 +19,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from tests.connector.ranks import spawn_ranks  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
@@ -77,14 +76,14 @@ def worker(rank, world, urls):
             "load_errors": stats.get(LOAD_ERRORS, 0)}
 
 
-def test_an_async_load_past_its_deadline_is_cut_short_alike_on_every_rank(valkey_factory):
+def test_an_async_load_past_its_deadline_is_cut_short_alike_on_every_rank(valkey_factory, rank_pool):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from benchmarks import linkshaper
 
     fast, slow = valkey_factory(), valkey_factory()
     proc, port = linkshaper.spawn(slow.host, slow.port, RATE_MBPS, slice_bytes=64)
     try:
-        r0, r1 = spawn_ranks(worker, 2, ([fast.url, f"resp://127.0.0.1:{port}"],), timeout_s=180)
+        r0, r1 = rank_pool(2).run(worker, ([fast.url, f"resp://127.0.0.1:{port}"],), timeout_s=180)
     finally:
         linkshaper.stop([proc])
     full_s = (CHUNKS // 2) * 2 * CT * ROW * 4 / (RATE_MBPS * 1e6)  # rank 1's 32 chunks at 2 kB/s: ~3 s
@@ -134,11 +133,11 @@ def timing_worker(rank, world, urls):
     return out
 
 
-def test_the_worker_times_prefill_steps_and_reports_its_loads_cost_and_its_ranks_gets(valkey_factory):
+def test_the_worker_times_prefill_steps_and_reports_its_loads_cost_and_its_ranks_gets(valkey_factory, rank_pool):
     from kvctl.connector import metric_names as M
 
     server = valkey_factory()
-    (res,) = spawn_ranks(timing_worker, 1, ([server.url],), timeout_s=90)
+    (res,) = rank_pool(1).run(timing_worker, ([server.url],), timeout_s=90)
     assert M.STEPS_TIMED not in res["first"]
     timed = res["timed"]
     assert timed[M.STEPS_TIMED] == 1 and timed[M.STEP_PREFILL_TOKENS] == 100

@@ -14,7 +14,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from tests.connector.ranks import spawn_ranks  # noqa: E402
 from tests.plugins.worker_rig import BS, fill, make_worker, token_value  # noqa: E402
 
 pytestmark = pytest.mark.engine
@@ -94,9 +93,9 @@ def layered_worker(rank, world, urls):
     return out
 
 
-def test_a_sync_hit_is_written_group_by_group_as_the_forward_asks(valkey_factory):
+def test_a_sync_hit_is_written_group_by_group_as_the_forward_asks(valkey_factory, rank_pool):
     servers = [valkey_factory(), valkey_factory()]
-    out = spawn_ranks(layered_worker, 2, ([s.url for s in servers],), timeout_s=120)
+    out = rank_pool(2).run(layered_worker, ([s.url for s in servers],), timeout_s=120)
     for res in out:
         assert res["before"] == [False, False]
         assert res["after_l0"] == [True, False]  # layer 1 still on the wire while layer 0 computes

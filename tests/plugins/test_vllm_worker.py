@@ -16,7 +16,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from tests.connector.ranks import spawn_ranks  # noqa: E402
 
 pytestmark = pytest.mark.engine
 
@@ -69,9 +68,9 @@ def expected_token(t, layer, rank, mla):
 
 
 @pytest.mark.parametrize("kind,world,mla", [("pcp", 2, True), ("tp", 3, True), ("tp", 2, False)])
-def test_worker_store_owner_pattern_offset_load_and_load_errors(kind, world, mla, valkey_factory):
+def test_worker_store_owner_pattern_offset_load_and_load_errors(kind, world, mla, valkey_factory, rank_pool):
     servers = [valkey_factory() for _ in range(world)]
-    out = spawn_ranks(worker, world, ([s.url for s in servers], kind, mla), timeout_s=120)
+    out = rank_pool(world).run(worker, ([s.url for s in servers], kind, mla), timeout_s=120)
     for r, res in enumerate(out):
         # instance r holds exactly the chunks c with c % W == r (4 full chunks)
         assert res["held"] == [c % world == r for c in range(4)], (r, res["held"])
@@ -158,11 +157,11 @@ def insert_fails_worker(rank, world, urls, exc_name="RuntimeError"):
 
 
 @pytest.mark.parametrize("exc_name", ["RuntimeError", "KeyboardInterrupt"])
-def test_a_cache_write_failing_on_one_rank_keeps_the_ranks_in_step(exc_name, valkey_factory):
+def test_a_cache_write_failing_on_one_rank_keeps_the_ranks_in_step(exc_name, valkey_factory, rank_pool):
     """Before the fix rank 1 marked 0 chunks loaded (rank 0: 3) and its next save entered the GQA all-gather alone;
     a KeyboardInterrupt left its blocks unmarked, so vLLM would have used a half-written cache."""
     servers = [valkey_factory() for _ in range(2)]
-    r0, r1 = spawn_ranks(insert_fails_worker, 2, ([s.url for s in servers], exc_name), timeout_s=90)
+    r0, r1 = rank_pool(2).run(insert_fails_worker, ([s.url for s in servers], exc_name), timeout_s=90)
     assert r0["raised"] is None and r1["raised"] == (exc_name if exc_name == "KeyboardInterrupt" else None)
     assert r0["loaded_end"] == r1["loaded_end"] == 4
     assert r0["errors"] == [] and r0["sum"] == r1["sum"] == 3
@@ -200,11 +199,11 @@ def striped_worker(rank, world, rank_urls):
             "stats": dict(stats.data) if stats else {}}
 
 
-def test_two_instances_per_rank_hold_the_partition_and_load_back(valkey_factory):
+def test_two_instances_per_rank_hold_the_partition_and_load_back(valkey_factory, rank_pool):
     world = 2
     servers = [valkey_factory() for _ in range(2 * world)]
     rank_urls = [[servers[2 * r].url, servers[2 * r + 1].url] for r in range(world)]
-    out = spawn_ranks(striped_worker, world, (rank_urls,), timeout_s=120)
+    out = rank_pool(world).run(striped_worker, (rank_urls,), timeout_s=120)
     for r, res in enumerate(out):
         for i in range(2):
             # instance i of rank r holds exactly the chunks c with c % W == r and (c // W) % 2 == i
@@ -249,9 +248,9 @@ def drain_worker(rank, world, url, pid):
     return {"took": took, "logs": records, "abandoned": (stats.data if stats else {}).get("kvctl:saves_abandoned")}
 
 
-def test_shutdown_abandons_pending_saves_within_its_bound_and_says_how_many(valkey_factory):
+def test_shutdown_abandons_pending_saves_within_its_bound_and_says_how_many(valkey_factory, rank_pool):
     server = valkey_factory()
-    (res,) = spawn_ranks(drain_worker, 1, (server.url, server.pid), timeout_s=60)
+    (res,) = rank_pool(1).run(drain_worker, (server.url, server.pid), timeout_s=60)
     assert res["took"] < 2.0, res
     assert res["abandoned"] == 3
     assert any("3 abandoned after save_drain_s=0.5" in m for m in res["logs"]), res["logs"]

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from kvctl.core.errors import InvalidInput
-from kvctl.replay.runfile import RunWriter, read_run
+from kvctl.records.runfile import RunWriter, read_run
 
 META = {"trace": "t.jsonl", "engine_url": "http://127.0.0.1:8000"}
 

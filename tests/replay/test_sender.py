@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from kvctl import __version__
 from kvctl.cli import cli
-from kvctl.replay.runfile import read_run
+from kvctl.records.runfile import read_run
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from kvctl.cli import cli
 from kvctl.core.errors import InvalidInput
 from kvctl.replay.prompts import PromptBuilder, TokenPool
-from kvctl.replay.trace import read_trace
+from kvctl.records.trace import read_trace
 
 
 def write_lines(path, lines):
@@ -89,7 +89,7 @@ def test_dry_run_prints_the_schedule_scaled_by_speed(tmp_path):
 def test_shared_hash_ids_share_exactly_their_block_tokens():
     pool = TokenPool(tuple(range(100, 200)), "test")
     b = PromptBuilder(pool, block_tokens=4, seed=7)
-    from kvctl.replay.trace import TraceRequest
+    from kvctl.records.trace import TraceRequest
 
     r1 = TraceRequest(index=0, offset_s=0, line=1, input_length=10, hash_ids=(11, 12, 13))
     r2 = TraceRequest(index=1, offset_s=0, line=2, input_length=12, hash_ids=(11, 12, 99))
@@ -103,7 +103,7 @@ def test_shared_hash_ids_share_exactly_their_block_tokens():
 
 
 def test_length_prompts_without_a_tokenizer_are_refused():
-    from kvctl.replay.trace import TraceRequest
+    from kvctl.records.trace import TraceRequest
 
     with pytest.raises(InvalidInput, match="--tokenizer"):
         PromptBuilder(None, 16).build(TraceRequest(index=0, offset_s=0, line=1, input_length=5))

@@ -9,7 +9,7 @@ One reader for all three; the format is recognised line by line from its keys:
   (a count gives a prompt of n tokens unique to that request); optional ``max_tokens``.
 * a kvctl run file (``kvctl replay --out``): a ``{"metadata": ...}`` first line, then one row per
   request whose ``request`` field holds the original trace line (replays a past run). A file that opens
-  with a metadata line is read by the run-file reader (:func:`kvctl.replay.runfile.parse_run`) and takes
+  with a metadata line is read by the run-file reader (:func:`kvctl.records.runfile.parse_run`) and takes
   its rules: one row a request, bounded times, a torn last line skipped with a warning (``Trace.warnings``).
 
 Offsets are taken relative to the trace's first request. Malformed lines are rejected together,
@@ -30,8 +30,8 @@ from typing import Any, Iterable
 from kvctl.core import files
 from kvctl.core.errors import InvalidInput
 from kvctl.core.thresholds import TRACE_MAX_BYTES, TRACE_MAX_TOKENS
-from kvctl.replay import runfile
-from kvctl.replay.jsonl import json_lines, malformed
+from kvctl.records import runfile
+from kvctl.records.jsonl import json_lines, malformed
 
 DEFAULT_BLOCK_TOKENS = 512
 #: The stated caps on a trace line. Prompt and output tokens: 10 million, past the longest context any

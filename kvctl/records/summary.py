@@ -4,7 +4,7 @@
   another error, or interrupted: open when a stop signal ended the run), so they add up to the rows
   (``requests``); the requests of the trace that have no row (due after the stop) are ``not_sent``, and
   ``requests + not_sent`` is the trace's ``trace_requests`` when the metadata says it;
-* latency percentiles p50/p90/p99 (linear interpolation, :func:`kvctl.bench.stats.percentile`),
+* latency percentiles p50/p90/p99 (linear interpolation, :func:`kvctl.records.stats.percentile`),
   max and mean, over the requests that finished ``ok``;
 * drift: p50 of each third of the run: the ok requests in order of scheduled time, cut into three
   consecutive groups as equal as possible (the first groups take the remainder, as
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from kvctl.bench.stats import latency_by_class, mean, percentile
-from kvctl.diagnose.metrics import delta
+from kvctl.records.stats import latency_by_class, mean, percentile
+from kvctl.records.prometheus import delta
 from kvctl.core.errors import InvalidInput
-from kvctl.replay.runfile import INTERRUPTED, Run, counter, read_run
+from kvctl.records.runfile import INTERRUPTED, Run, counter, read_run
 from kvctl.connector import metric_names as N
 from kvctl.connector.metric_names import REMOTE_HIT_TOKENS
 
@@ -70,7 +70,7 @@ class RunSummary:
     interrupted: bool
     unfinished: int = 0  # requests still open when a stop signal ended the run (outcome "interrupted")
     warnings: tuple[str, ...] = ()  # what the reader skipped (a torn last line)
-    #: p50/p90/p99 of the hits and of the misses apart (:func:`kvctl.bench.stats.latency_by_class`)
+    #: p50/p90/p99 of the hits and of the misses apart (:func:`kvctl.records.stats.latency_by_class`)
     by_class: dict | None = None
     #: rows per outcome (:data:`OUTCOMES`, in that order): they add up to ``requests``
     outcomes: dict[str, int] = field(default_factory=dict)

@@ -1,6 +1,6 @@
 """JSONL as traces and run files hold it: decoded line by line, malformed lines gathered and reported together.
 
-The floor below both readers (:mod:`kvctl.replay.trace` and :mod:`kvctl.replay.runfile`): the trace reader
+The floor below both readers (:mod:`kvctl.records.trace` and :mod:`kvctl.records.runfile`): the trace reader
 hands a run file to the run-file reader, so what they share lives here, below both.
 """
 

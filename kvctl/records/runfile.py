@@ -44,7 +44,7 @@ from kvctl.core import files
 from kvctl.core.errors import InvalidInput
 from kvctl.core.thresholds import RUN_FILE_MAX_COUNT, RUN_FILE_MAX_TIME_S, TRACE_MAX_BYTES
 from kvctl.core.thresholds import TRACE_MAX_TOKENS as MAX_TOKENS
-from kvctl.replay.jsonl import first_value, json_lines, malformed
+from kvctl.records.jsonl import first_value, json_lines, malformed
 
 #: How replay's rows for requests still open at a stop signal begin their status (not errors of the engine).
 INTERRUPTED = "interrupted"

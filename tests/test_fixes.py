@@ -140,3 +140,19 @@ def test_the_drill_says_the_diagnosis_fix():
     assert S.SCENARIOS["dead-instance"].fix == fixes.fix_line("instance_down", deployment=fixes.Deployment(ranks=2))
     assert "`kvctl deploy-valkey up --ranks 2 --instances-per-rank 1 --dir ./kv-tier`" in S.SCENARIOS["dead-instance"].fix
     assert fix_of(S.SCENARIOS["dead-instance"], []) == S.SCENARIOS["dead-instance"].fix
+
+
+def test_diagnose_opens_with_the_verdict_and_its_one_fix():
+    """Issue 48: the first lines of diagnose are the verdict and the one fix (the worst finding's), the same text the
+    findings table and --json carry; a clean diagnosis says so first."""
+    from kvctl.diagnose.fixes import verdict
+
+    cap = str(Path(__file__).resolve().parents[1] / "kvctl" / "samples" / "overload-capture")
+    text = CliRunner().invoke(cli, ["diagnose", "--from", cap], env={"COLUMNS": "400"})
+    lines = text.output.splitlines()
+    assert lines[0].startswith("verdict (critical): rho_unstable: ρ = 1.23"), lines[:3]
+    assert lines[1].startswith("fix: ") and lines[2] == "runbook: kvctl runbook rho_unstable", lines[:3]
+    data = json.loads(CliRunner().invoke(cli, ["diagnose", "--from", cap, "--json"]).stdout)
+    worst = next(f for f in data["findings"] if f["id"] == data["verdict"]["finding"])
+    assert data["verdict"]["fix"] == worst["recommendation"] == lines[1].removeprefix("fix: ")
+    assert verdict([], rho=0.1).headline == "no finding: ρ = 0.10, the tier keeps up with this load"

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from kvctl.core.runbooks import runbook_for
 from kvctl.diagnose.stalls import RECOMMENDATIONS
 from kvctl.tier.sizing import FirstStep, first_step, up_command
 
@@ -163,3 +164,33 @@ def _instance_down(dep: Deployment) -> str:
 
 #: fixes of alerts that are not a finding of diagnose (the drill's dead instance)
 ALERTS = {"instance_down": _instance_down}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What diagnose says first (issue 48): the worst finding's one-line verdict, its one fix and its runbook, or
+    that nothing needs fixing. ``severity``: the worst finding's, or "ok"; ``finding``: its id (None: no finding)."""
+
+    severity: str
+    finding: str | None
+    headline: str
+    fix: str | None
+    runbook: str | None
+
+
+def verdict(findings: Sequence[Any], rho: float | None = None, unreachable: bool = False,
+            rho_lower_bound: bool = False) -> Verdict:
+    """The verdict over a diagnosis' findings (ids, severities, messages and fixes as the rules wrote them): the
+    first finding of the worst severity, its fix line and its runbook command; else whether anything was seen
+    (a ρ that is only a lower bound, from Valkey's server-side time, says nothing of keeping up)."""
+    order = ("info", "warning", "critical")
+    worst = max(findings, key=lambda f: order.index(f.severity) if f.severity in order else -1, default=None)
+    if worst is not None:
+        return Verdict(worst.severity, worst.id, f"{worst.id}: {worst.message}", worst.recommendation, runbook_for(worst.id))
+    if unreachable:
+        return Verdict("unknown", None, "no source answered: nothing was judged", None, None)
+    if rho is not None and rho_lower_bound:
+        return Verdict("ok", None, f"no finding from these samples: ρ ≥ {rho:.2f} is only a lower bound here (see the "
+                                   "notes)", None, None)
+    tail = f": ρ = {rho:.2f}, the tier keeps up with this load" if rho is not None else ""
+    return Verdict("ok", None, f"no finding{tail}", None, None)

@@ -13,6 +13,7 @@ from kvctl import __version__
 from kvctl.core import render
 from kvctl.diagnose.analysis import Diagnosis
 from kvctl.core.runbooks import runbook_for
+from kvctl.diagnose.fixes import verdict
 
 
 def _finite(obj: Any, path: str, reasons: dict[str, str]) -> Any:
@@ -29,7 +30,9 @@ def _finite(obj: Any, path: str, reasons: dict[str, str]) -> Any:
 
 def diagnosis_json(diag: Diagnosis, explain: bool = False) -> dict[str, Any]:
     """The ``--json`` object: never NaN or Infinity (null, with the reason in ``null_reasons``)."""
-    data = {"kvctl_version": __version__, **render.to_jsonable(diag), "exit_code": int(diag.exit_status)}
+    data = {"kvctl_version": __version__, **render.to_jsonable(diag), "exit_code": int(diag.exit_status),
+            "verdict": render.to_jsonable(verdict(diag.findings, diag.rho, bool(diag.unreachable) and not diag.findings,
+                                                diag.rho_bound == "lower_bound"))}
     for f in data.get("findings") or []:
         f["runbook"] = runbook_for(f["id"])
     if not explain:

@@ -13,6 +13,7 @@ from kvctl.core import render
 from kvctl.diagnose import stalls
 from kvctl.diagnose.analysis import Diagnosis
 from kvctl.diagnose.capture import Capture
+from kvctl.diagnose.fixes import verdict
 from kvctl.diagnose.jsonform import diagnosis_json
 from kvctl.core.errors import ExitStatus
 from kvctl.core.runbooks import runbook_for
@@ -73,6 +74,13 @@ def how_sure(diag: Diagnosis) -> str | None:
 
 def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
     """Summary, per-component tables, findings, insufficient data, and (with --explain) the formulas."""
+    v = verdict(diag.findings, diag.rho, bool(diag.unreachable) and not diag.findings, diag.rho_bound == "lower_bound")
+    # the first lines: the verdict and its one fix, each one whole line (never wrapped: grep and copy it whole)
+    render.literal(f"verdict ({v.severity}): {v.headline}")
+    if v.fix:
+        render.literal(f"fix: {v.fix}")
+    if v.runbook:
+        render.literal(f"runbook: {v.runbook}")
     pct = lambda x: None if x is None else f"{x:.1%}"  # noqa: E731
     bw_label = "bandwidth B, upper bound (GB/s)" if diag.rho_bound == "lower_bound" else "bandwidth the engine sees B (GB/s)"
     render.key_values(

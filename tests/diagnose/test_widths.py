@@ -24,7 +24,8 @@ def test_the_diagnose_summary_fits_in_eighty_columns(tmp_path):
     save_capture(PR.capture("R2"), tmp_path / "cap")
     out = CliRunner().invoke(cli, ["diagnose", "--from", str(tmp_path / "cap")]).stdout  # a pipe: 160 columns to fill
     lines = out.splitlines()
-    summary = lines[1:lines.index(next(ln for ln in lines if ln.startswith("└"))) + 1]
+    start = lines.index(next(ln for ln in lines if ln.startswith("Diagnosis over")))  # after the verdict and its fix
+    summary = lines[start + 1:lines.index(next(ln for ln in lines if ln.startswith("└"))) + 1]
     assert max(len(ln) for ln in summary) <= 80, "\n".join(summary)
     assert any("median prompt tokens (exact)" in ln for ln in summary), out
 

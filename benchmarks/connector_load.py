@@ -8,7 +8,7 @@ them) hold a prompt of ``--chunks`` MLA chunks stored by the connector itself
 * ``connector`` -- the scheduler's lookup (EXISTS on every instance, on rank 0),
   then on every rank the connector's agreed-prefix load (GET of its owned
   chunks, exchange, broadcast from the owners) and the write of every chunk
-  into vLLM's paged MLA cache layout (``KvctlConnector._load``);
+  into vLLM's paged MLA cache layout (``KvctlConnector``'s worker side, ``conn.worker.load``);
 * ``raw``       -- every rank GETs the same bytes the load leaves on it (every
   chunk of the prompt) from the instance that holds it, one pipelined
   batch per instance, into preallocated buffers: what it costs a rank to
@@ -93,13 +93,13 @@ def _bench(rank, args, urls):
         kv_caches=caches, model_name="bench", coordinator=coordinator)
     tokens = list(range(1000, 1000 + n_tokens))
     block_ids = list(range(n_blocks))
-    conn._save(SaveSpec("stored", tokens[: n * ct], block_ids))
-    conn._saver.submit(lambda: None).result(timeout=120)
+    conn.worker.save(SaveSpec("stored", tokens[: n * ct], block_ids))
+    assert conn.worker.saver.wait_idle(120)  # the save is written
     dist.barrier()
-    keys = conn.store.keys(tokens)
-    lookup = TierLookup(urls, ct, "bench", conn.fmt, 10.0) if rank == 0 else None
+    keys = conn.worker.store.keys(tokens)
+    lookup = TierLookup(urls, ct, "bench", conn.spec.fmt, 10.0) if rank == 0 else None
     clients = [RespClient(u, timeout_s=10.0, pool_size=1) for u in urls]
-    nbytes = conn.store.chunk_nbytes
+    nbytes = conn.worker.store.chunk_nbytes
     bufs = [bytearray(nbytes) for _ in range(n)]
     load_blocks = list(range(2 * n_blocks - 1, n_blocks - 1, -1))
 
@@ -114,7 +114,7 @@ def _bench(rank, args, urls):
     def connector():
         hit = torch.tensor([lookup.lookup(tokens, 0).hit_chunks if rank == 0 else 0])
         dist.broadcast(hit, src=0)
-        conn._load(LoadSpec("b", tokens[: int(hit) * ct], 0, int(hit), 0, load_blocks), conn.group)
+        conn.worker.load(LoadSpec("b", tokens[: int(hit) * ct], 0, int(hit), 0, load_blocks), conn.worker.group)
         assert int(hit) == n and not conn.get_block_ids_with_load_errors()
 
     def raw(only_owned=False):
@@ -126,16 +126,16 @@ def _bench(rank, args, urls):
             assert all(ok)
 
     # the connector's parts, timed alone: lookup, agreed-prefix load (GET, exchange, broadcast), cache write
-    loaded = conn.store.load(tokens, n * ct)
+    loaded = conn.worker.store.load(tokens, n * ct)
     slots = [slots_for(load_blocks, BS, c * ct, (c + 1) * ct) for c in range(n)]
 
     def write():
         for c, chunk in enumerate(loaded.chunks):
-            conn.layout.insert(slots[c], chunk)
+            conn.worker.layout.insert(slots[c], chunk)
 
     fns = {"connector": connector, "raw": raw, "raw_owned": lambda: raw(True),
            "part_lookup": lambda: lookup.lookup(tokens, 0) if rank == 0 else None,
-           "part_agreed_load": lambda: conn.store.load(tokens, n * ct), "part_write": write}
+           "part_agreed_load": lambda: conn.worker.store.load(tokens, n * ct), "part_write": write}
     times = {k: [] for k in fns}
     connector()  # warm-up: connections, allocator
     raw()
@@ -144,8 +144,8 @@ def _bench(rank, args, urls):
         for name in order:
             times[name].append(slowest(fns[name]))
     # the loaded cache equals the stored one, slot for slot
-    src = conn.layout.extract(slots_for(block_ids, BS, 0, n * ct))
-    dst = conn.layout.extract(slots_for(load_blocks, BS, 0, n * ct))
+    src = conn.worker.layout.extract(slots_for(block_ids, BS, 0, n * ct))
+    dst = conn.worker.layout.extract(slots_for(load_blocks, BS, 0, n * ct))
     assert torch.equal(src, dst), "loaded KV differs from the stored KV"
     conn.shutdown()
     if lookup is not None:

@@ -4,7 +4,7 @@ The only module (with ``kvctl.commands``) that imports click. Library code
 raises ``KvctlError``; :class:`KvctlGroup` is the one place that turns those
 into a one-line message and an exit code (``ExitStatus``), and, for a command
 given ``--json``, every error (a bad option value, a usage mistake, a library
-error) into one JSON object on stdout as well.
+error, a stop signal that ended a workflow) into one JSON object on stdout as well.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import click
 from kvctl import __version__
 from kvctl.commands.options import output_options  # noqa: F401 - re-exported for plugins
 from kvctl.core.errors import ExitStatus, InvalidInput, KvctlError
+from kvctl.core.signals import ExitNow, Signalled
 
 __all__ = ["cli", "main", "output_options"]
 
@@ -42,7 +43,11 @@ def _wants_json(ctx: click.Context) -> bool:
 
 
 class KvctlGroup(click.Group):
-    """A click group that maps library errors to messages and exit codes.
+    """A click group that maps library errors, and stop signals, to messages and exit codes.
+
+    A stop signal inside :func:`kvctl.core.signals.signals_raise` (deploy-valkey up, drill, loading's restart command)
+    arrives here as :class:`~kvctl.core.signals.Signalled` once the workflow has stopped what it started: one line,
+    "interrupted by SIGTERM: <what was stopped>", and the shell's exit code 128 + N (130, 143, 129).
 
     Under ``--json`` every error also prints one object on stdout,
     ``{"kvctl_version", "outcome": "error", "error", "exit_code"}`` (the stderr line and the exit code
@@ -79,6 +84,12 @@ class KvctlGroup(click.Group):
         except click.ClickException as e:
             json_error(e.format_message(), e.exit_code)
             raise
+        except ExitNow:  # a second signal during an orderly stop (kvctl exporter): main() ends the process at once
+            raise
+        except Signalled as e:
+            json_error(str(e), e.exit_code)
+            render.error_line(str(e))
+            ctx.exit(e.exit_code)
         except (click.exceptions.Exit, click.Abort, KeyboardInterrupt):
             raise
         except Exception as e:  # noqa: BLE001 - last-resort one-liner for on-call users
@@ -147,8 +158,6 @@ _register_plugins()
 def main() -> None:
     """The ``kvctl`` process, and the one place that ends it: commands return, raise, or ``ctx.exit`` (click turns
     that into the exit code here), so a command run in-process (a test's CliRunner) never ends its caller."""
-    from kvctl.core.signals import ExitNow  # noqa: PLC0415
-
     try:
         cli(prog_name="kvctl")
     except ExitNow as e:  # a second SIGTERM/Ctrl-C during an orderly stop (kvctl exporter): out at once

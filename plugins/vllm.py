@@ -1,9 +1,10 @@
 """KvctlConnector: a vLLM v1 KV connector over kvctl's sharded store (paper §5). The facade vLLM loads.
 
 The connector is split the way vLLM's own OffloadingConnector is: this module is what vLLM sees (the class,
-its settings, its stats classes); the scheduler role's methods live in :mod:`kvctl.plugins.vllm_scheduler`
-and the worker role's in :mod:`kvctl.plugins.vllm_worker` (mixins of the class below), and everything that
-does not need vLLM is in ``kvctl.connector`` (settings, layouts, the store, the data path).
+its stats classes), a facade that builds one frozen spec from vLLM's config (:mod:`kvctl.plugins.vllm_spec`)
+and one half by role, a :class:`~kvctl.plugins.vllm_scheduler.SchedulerSide` or a
+:class:`~kvctl.plugins.vllm_worker.WorkerSide`, and forwards vLLM's calls to it; everything that does not
+need vLLM is in ``kvctl.connector`` (settings, layouts, the store, the data path).
 
     --kv-transfer-config '{"kv_connector":"KvctlConnector","kv_connector_module_path":"kvctl.plugins.vllm",
       "kv_role":"kv_both","kv_load_failure_policy":"recompute",
@@ -44,80 +45,46 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorRole,
 )
-from vllm.logger import init_logger
 
-from kvctl.connector.layer_groups import Plane, grouped, layer_ids
-from kvctl.connector.layouts import chunk_fmt
-from kvctl.connector.sparse_mla import flattened_sparse_group, sparse_format, sparse_group
-from kvctl.connector.settings import ConnectorConfigError, parse_settings
+from kvctl.connector.settings import ConnectorConfigError
 from kvctl.connector.trace import Trace
 
+from .vllm_caches import CacheReading
 from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec, shard_group, shard_group_kind
 from .vllm_scheduler import SchedulerSide
+from .vllm_spec import ConnectorSpec, build_spec, spec_from_vllm, stand_in_config
 from .vllm_stats import KvctlConnectorStats, KvctlPromMetrics, StatsCollector
 from .vllm_worker import BEFORE_LOAD_HOOK_ENV, WorkerSide  # noqa: F401 - the hook's variable, re-exported
 
 if TYPE_CHECKING:
+    import torch
     from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
 
 __all__ = ["ConnectorConfigError", "KvctlConnector", "KvctlConnectorMetadata", "LoadSpec", "SaveSpec",
            "shard_group_kind"]
 
-logger = init_logger("vllm.kvctl.plugins.vllm")  # under vLLM's logger, so its handlers print our lines
 
+class KvctlConnector(KVConnectorBase_V1):
+    """vLLM v1 KV connector over :class:`kvctl.connector.store.ShardedStore` (see the module docstring).
 
-def key_model_name(vllm_config: "VllmConfig") -> str:
-    """The model name the chunk keys cover: the first name vLLM serves the model under, else its path.
-
-    Given whole: :func:`kvctl.connector.ownership.chunk_keys` escapes it injectively (a name that a lossy
-    mapping folded, ``llama@prod`` into ``llama_prod``, shared every chunk with the other engine). Both roles
-    take it from the same config through this function, so the scheduler looks up what the workers store.
+    ``spec``: the frozen :class:`~kvctl.plugins.vllm_spec.ConnectorSpec`; ``scheduler`` / ``worker``: the half
+    this role runs (the other is None); ``stats`` and ``trace``: the counters and trace the half writes.
     """
-    mc = vllm_config.model_config
-    served = getattr(mc, "served_model_name", None)
-    if isinstance(served, (list, tuple)):  # vLLM keeps the first of several --served-model-name
-        served = served[0] if served else None
-    return str(served or mc.model)
-
-
-class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
-    """vLLM v1 KV connector over :class:`kvctl.connector.store.ShardedStore` (see the module docstring)."""
 
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: "KVCacheConfig") -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        kind, world_size = shard_group(vllm_config.parallel_config)
-        self._cache_dtype = str(vllm_config.cache_config.cache_dtype)
-        async_scheduling = getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False) is True
-        self._setup(kind, world_size, self._kv_transfer_config.kv_connector_extra_config, vllm_config.cache_config.block_size,
-                    bool(vllm_config.model_config.use_mla), key_model_name(vllm_config), async_scheduling=async_scheduling)
-        if role == KVConnectorRole.SCHEDULER:
-            # the worker logs its own format; the two must agree, or every lookup misses what the worker saved
-            logger.info("KvctlConnector scheduler: model %s, fmt %s%s", self.model_name, self.fmt,
-                        f", parts {self.parts.names} of {self.parts.sizes} bytes" if self.parts is not None else "")
-        if role == KVConnectorRole.SCHEDULER and not self.settings.async_loading:
-            if self.sync_via_receive:
-                logger.info("KvctlConnector: sync loads go through vLLM's remote-receive state (sync_load_path=%s%s): "
-                            "a hit waits one step while the worker loads it, a short load is settled before the "
-                            "request is scheduled", self.settings.sync_load_path,
-                            ", vLLM's async scheduling is on" if async_scheduling else "")
-            elif async_scheduling:
-                logger.warning("KvctlConnector: sync_load_path=step with vLLM's async scheduling on: a load that comes "
-                               "up short (an evicted chunk, a dead instance) ended vLLM 0.32's engine core on an H200 "
-                               "(docs/gpu.md, Async scheduling); use sync_load_path auto or receive")
-        grace = getattr(vllm_config, "shutdown_timeout", None)
-        if role == KVConnectorRole.SCHEDULER and grace is not None and grace < self.settings.save_drain_s + 1:
-            # vLLM's process manager kills the engine core `shutdown_timeout` s after SIGTERM (0: at once),
-            # and the workers with it: the connector's drain of pending saves never runs
-            logger.warning("KvctlConnector: vLLM's --shutdown-timeout is %s s: on SIGTERM the workers are killed before "
-                           "saves still pending are written (save_drain_s=%g); start vLLM with --shutdown-timeout %d "
-                           "to let them finish", grace, self.settings.save_drain_s, int(self.settings.save_drain_s) + 1)
+        self._build(spec_from_vllm(vllm_config, kv_cache_config), role, CacheReading(vllm_config))
+        if self.scheduler is not None:
+            self.scheduler.log_start(getattr(vllm_config, "shutdown_timeout", None))
 
     @classmethod
     def without_engine(cls, extra_config: dict, *, world_size: int, layer_names, spec, block_size: int,
@@ -139,118 +106,29 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
         object instead of one group of ``layer_names`` and ``spec`` (the
         scheduler's copy from ``generate_scheduler_kv_cache_config``, say).
         """
-        from types import SimpleNamespace
-
         self = cls.__new__(cls)
-        self._role, self._connector_metadata = role, None
-        self._vllm_config = None
-        self._cache_dtype = cache_dtype
-        self._kv_read_as = (layout, backend or ("CPU_MLA" if use_mla else "CPU_ATTN"))
-        self._indexer_read_as = indexer_backend
-        self._kv_cache_config = kv_cache_config or SimpleNamespace(
-            kv_cache_groups=[SimpleNamespace(layer_names=list(layer_names), kv_cache_spec=spec)])
-        self._coordinator = coordinator
-        self._setup(group_kind, world_size, extra_config, block_size, use_mla, model_name)
+        self._role, self._connector_metadata, self._vllm_config = role, None, None
+        self._kv_cache_config = kv_cache_config or stand_in_config(layer_names, spec)
+        built = build_spec(extra_config, group_kind=group_kind, world_size=world_size,
+                           kv_cache_config=self._kv_cache_config, block_size=block_size, use_mla=use_mla,
+                           model_name=model_name, cache_dtype=cache_dtype)
+        reading = CacheReading(None, layout, backend or ("CPU_MLA" if use_mla else "CPU_ATTN"), indexer_backend)
+        self._build(built, role, reading, coordinator)
         if role == KVConnectorRole.WORKER:
             self.register_kv_caches(kv_caches)
         return self
 
-    def _setup(self, group_kind: str, world_size: int, extra_config, block_size: int, use_mla: bool,
-               model_name: str, async_scheduling: bool = False) -> None:
-        kv_cache_config = self._kv_cache_config
-        self._group_kind, self.world_size = group_kind, world_size
-        self.settings = parse_settings(extra_config, world_size)
-        self.block_size = block_size
-        ct = self.settings.chunk_tokens
-        if ct % self.block_size:
-            raise ConnectorConfigError(
-                f"kv_connector_extra_config.chunk_tokens: {ct} is not a multiple of vLLM's block size {self.block_size}"
-            )
-        if len(kv_cache_config.kv_cache_groups) != 1:
-            raise ConnectorConfigError(
-                f"KvctlConnector: models with several KV cache groups ({len(kv_cache_config.kv_cache_groups)}: hybrid "
-                "attention, e.g. sliding window beside full attention, or HiSparse) are not supported (docs/gpu.md, "
-                "Supported layouts)")
-        self.chunk_tokens = ct
-        self.model_name = model_name
-        self.stats = StatsCollector()
-        self.trace = Trace()
-        group = kv_cache_config.kv_cache_groups[0]
-        spec = group.kv_cache_spec
-        self._spec = spec
-        self.use_mla = use_mla
-        # MLA with a sparse-attention indexer: one group of two kinds of layers, a chunk of two parts
-        # (kvctl.connector.sparse_mla); the worker reads both specs, vLLM's scheduler holds one of them and
-        # the group's placement (flattened_sparse_group): both must come to the same format
-        tensors = getattr(kv_cache_config, "kv_cache_tensors", None) or []
-        self.sparse = sparse_group(spec, group.layer_names) or flattened_sparse_group(spec, group.layer_names, tensors)
-        self.sparse_parts = None  # a sparse-MLA chunk's two parts, before any grouping by layers
-        if self.sparse is not None:
-            if not use_mla:
-                raise ConnectorConfigError("KvctlConnector: a sparse-MLA KV cache group in a model vLLM runs without MLA")
-            self.fmt, self.sparse_parts = sparse_format(self.sparse, ct, self._cache_dtype)
-            if self._role != KVConnectorRole.SCHEDULER:
-                self._check_scheduler_view(kv_cache_config, ct)
+    def _build(self, spec: ConnectorSpec, role: KVConnectorRole, reading: CacheReading, coordinator=None) -> None:
+        """The spec, the counters and trace, and the half this role runs (as vLLM's OffloadingConnector does)."""
+        self.spec, self.stats, self.trace = spec, StatsCollector(), Trace()
+        self.scheduler: SchedulerSide | None = None
+        self.worker: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self.scheduler = SchedulerSide(spec, self.stats, self.trace)
         else:
-            self.fmt = self._fmt_from_spec(spec, len(group.layer_names))
-        # what the tier holds of a chunk: one value, or one per part and group of layers; both roles build it
-        # from the same description, so the scheduler looks up the values the workers store
-        self.grouping = grouped(self._planes(), ct, self.settings.layer_groups)
-        self.parts = self.grouping.parts
-        if self._role == KVConnectorRole.SCHEDULER:
-            self._init_scheduler(async_scheduling)
-        else:
-            self._init_worker()
+            self.worker = WorkerSide(spec, self.stats, self.trace, reading, coordinator)
 
-    def _check_scheduler_view(self, kv_cache_config, chunk_tokens: int) -> None:
-        """Refuse at start unless the scheduler's copy of this config keys the chunks this worker stores.
-
-        vLLM's scheduler gets ``generate_scheduler_kv_cache_config`` of the
-        workers' configs (one spec for a group of several); run the same on
-        this worker's config and derive the format from it as the scheduler
-        will. Where they differed, every lookup missed what the worker saved."""
-        if not getattr(kv_cache_config, "kv_cache_tensors", None):
-            return  # a config built outside vLLM (without_engine): no placement to flatten
-        from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
-
-        flat = generate_scheduler_kv_cache_config([kv_cache_config])
-        g = flat.kv_cache_groups[0]
-        try:
-            seen = sparse_group(g.kv_cache_spec, g.layer_names) or flattened_sparse_group(
-                g.kv_cache_spec, g.layer_names, flat.kv_cache_tensors)
-            theirs = sparse_format(seen, chunk_tokens, self._cache_dtype)[0] if seen is not None else None
-            why = ""
-        except ConnectorConfigError as exc:
-            theirs, why = None, f" ({exc})"
-        if theirs != self.fmt:
-            raise ConnectorConfigError(
-                f"KvctlConnector: the scheduler's copy of vLLM's KV cache config gives chunk format {theirs}{why}, "
-                f"this worker stores {self.fmt}: every lookup would miss (docs/gpu.md, MLA with a sparse-attention "
-                "indexer)")
-
-    def _fmt_from_spec(self, spec, num_layers: int) -> str:
-        return chunk_fmt(spec, num_layers, self.world_size, self.use_mla, self._cache_dtype)
-
-    def _planes(self) -> list[Plane]:
-        """The kinds of rows of a chunk, layer-major (:mod:`kvctl.connector.layer_groups`)."""
-        ct = self.chunk_tokens
-        if self.sparse_parts is not None:
-            n_lat, n_idx = len(self.sparse.latent_names), len(self.sparse.indexer_names)
-            lat, idx = self.sparse_parts.sizes
-            return [Plane(self.sparse_parts.names[0], n_lat, lat // (n_lat * ct), layer_ids(self.sparse.latent_names)),
-                    Plane(self.sparse_parts.names[1], n_idx, idx // (n_idx * ct), layer_ids(self.sparse.indexer_names))]
-        n_layers = len(self._kv_cache_config.kv_cache_groups[0].layer_names)
-        return [Plane("", n_layers, self._chunk_bytes() // (n_layers * ct))]
-
-    def _chunk_bytes(self) -> int:
-        if self.sparse_parts is not None:
-            return self.sparse_parts.nbytes  # the latent rows and the indexer's keys: what a hit moves
-        s = self._spec
-        n_layers = len(self._kv_cache_config.kv_cache_groups[0].layer_names)
-        elem = torch.empty((), dtype=s.dtype).element_size()
-        per_tok = s.head_size if self.use_mla else 2 * s.num_kv_heads * self.world_size * s.head_size
-        return n_layers * per_tok * elem * self.chunk_tokens
-
+    # -- both roles ---------------------------------------------------------------------------------------
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config=None) -> bool:
         """vLLM 0.33's question (``KVConnectorBase_V1.supports_sleep_mode``): can the connector follow sleep mode's
@@ -267,15 +145,55 @@ class KvctlConnector(SchedulerSide, WorkerSide, KVConnectorBase_V1):
                                 ranks=shard_group(vllm_config.parallel_config)[1])
 
     def get_kv_connector_stats(self) -> KvctlConnectorStats | None:
-        if self._role == KVConnectorRole.WORKER:
-            self._worker_stats()
-        return self.stats.take()
+        return (self.scheduler or self.worker).get_kv_connector_stats()
 
     def shutdown(self) -> None:
-        if self._role == KVConnectorRole.SCHEDULER:
-            self._shutdown_scheduler()
-        else:
-            self._shutdown_worker()
+        (self.scheduler or self.worker).shutdown()
+
+    # -- the scheduler role (kvctl.plugins.vllm_scheduler) -------------------------------------------------
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
+        return self.scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int) -> None:
+        self.scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KvctlConnectorMetadata:
+        return self.scheduler.build_connector_meta(scheduler_output)
+
+    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self.scheduler.request_finished(request, block_ids)
+
+    def update_connector_output(self, connector_output) -> None:
+        self.scheduler.update_connector_output(connector_output)
+
+    # -- the worker role (kvctl.plugins.vllm_worker) -------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
+        self.worker.register_kv_caches(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self.worker.bind_connector_metadata(connector_metadata)
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        self.worker.start_load_kv(self._get_connector_metadata(), forward_context)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self.worker.wait_for_layer_load(layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
+        return  # the whole prompt is saved in wait_for_save, once its prefill is done
+
+    def finish_forward(self) -> None:
+        self.worker.finish_forward()
+
+    def wait_for_save(self) -> None:
+        self.worker.wait_for_save(self._connector_metadata)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return self.worker.get_finished(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker.get_block_ids_with_load_errors()
 
 
 def register_with_vllm() -> bool:

@@ -1,9 +1,10 @@
 """KvctlConnector's scheduler side: lookups of the tier, load and save planning (see :mod:`kvctl.plugins.vllm`).
 
-A mixin of :class:`kvctl.plugins.vllm.KvctlConnector` (the facade vLLM loads): the methods vLLM calls on a
-connector built with the scheduler role. It shares the facade's settings (``settings``, ``chunk_tokens``,
-``fmt``, ``stats``, ``trace``) and adds the scheduler's state: the tier lookup, the requests it follows and
-the loads it has planned. Nothing here touches a KV cache; the workers load and save (:mod:`kvctl.plugins.vllm_worker`).
+The half :class:`kvctl.plugins.vllm.KvctlConnector` (the facade vLLM loads) builds for the scheduler role and
+forwards vLLM's scheduler calls to, from the connector's spec (:mod:`kvctl.plugins.vllm_spec`: settings, chunk
+tokens, format, parts); it shares the spec, the counters and the trace with the facade, nothing else, and holds
+the scheduler's state: the tier lookup, the requests it follows and the loads it has planned. Nothing here
+touches a KV cache; the workers load and save (:mod:`kvctl.plugins.vllm_worker`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from vllm.logger import init_logger
 
 from kvctl.connector import metric_names as M
 from kvctl.connector.lookup import LookupCache, TierLookup, loadable_chunks
+from kvctl.connector.trace import Trace
 
 from .vllm_keys import request_key_extra
 from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec, ReqState
 from .vllm_policy import SchedulerPolicy, chunk0_tags
+from .vllm_spec import ConnectorSpec
+from .vllm_stats import KvctlConnectorStats, StatsCollector
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -35,20 +39,21 @@ _POLL_S = 0.005  # how long one scheduler step waits for a background lookup
 
 
 class SchedulerSide:
-    """The scheduler role of KvctlConnector (a mixin: ``self`` is the connector)."""
+    """The scheduler role of KvctlConnector: built from the connector's spec, holding its own state."""
 
-    def _init_scheduler(self, async_scheduling: bool = False) -> None:
-        st = self.settings
+    def __init__(self, spec: ConnectorSpec, stats: StatsCollector, trace: Trace) -> None:
+        self.spec, self.stats, self.trace = spec, stats, trace
+        st = spec.settings
         # a sync load through vLLM's remote-receive state (connector/settings.py, SYNC_LOAD_PATHS)
         self.sync_via_receive = not st.async_loading and (
-            st.sync_load_path == "receive" or (st.sync_load_path == "auto" and async_scheduling))
+            st.sync_load_path == "receive" or (st.sync_load_path == "auto" and spec.async_scheduling))
         # parts: a sparse-MLA chunk is a hit only when its latent and its indexer part are both in the tier
-        self.lookup = TierLookup(st.rank_urls, self.chunk_tokens, self.model_name, self.fmt, st.timeout_s,
-                                 parts=self.parts)
-        self._reqs: dict[str, ReqState] = {}
+        self.lookup = TierLookup(st.rank_urls, spec.chunk_tokens, spec.model_name, spec.fmt, st.timeout_s,
+                                 parts=spec.parts)
+        self.requests: dict[str, ReqState] = {}  # the requests scheduled and not finished
         self._pending_loads: list[LoadSpec] = []
         self._local_hit: dict[str, int] = {}  # req -> local computed tokens seen by the last lookup
-        self._sync_answers = LookupCache(st.timeout_s)  # a waiting request's answer, reused step after step
+        self.sync_answers = LookupCache(st.timeout_s)  # a waiting request's answer, reused step after step
         self._async_lookups: dict[str, tuple[Future, float, int]] = {}
         # req -> its extra key material (LoRA, cache_salt, mm inputs: plugins/vllm_keys.py), built once from
         # vLLM's Request; a request never seen with its Request (so its cache_salt is unknown) is not saved
@@ -56,11 +61,34 @@ class SchedulerSide:
         # outer async lookups get their own threads: they wait on the lookup pool's per-rank EXISTS tasks
         self._async_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvctl-async-lookup")
         # load or recompute (kvctl.plugins.vllm_policy): a whole chunk, all of it on its owner, is what a hit
-        # moves per chunk (_chunk_bytes counts every rank's heads)
-        self.policy = SchedulerPolicy(st.load_policy, world=self.world_size, chunk_tokens=self.chunk_tokens,
-                                      chunk_bytes=self._chunk_bytes(), async_loading=st.async_loading,
+        # moves per chunk (spec.chunk_bytes counts every rank's heads)
+        self.policy = SchedulerPolicy(st.load_policy, world=spec.world_size, chunk_tokens=spec.chunk_tokens,
+                                      chunk_bytes=spec.chunk_bytes, async_loading=st.async_loading,
                                       timeout_s=st.timeout_s, stats=self.stats, trace=self.trace)
         self._step = 0
+
+    def log_start(self, shutdown_timeout: float | None) -> None:
+        """The engine's log at start: what the scheduler keys, how sync loads go, and a grace too short for saves."""
+        spec, st = self.spec, self.spec.settings
+        # the worker logs its own format; the two must agree, or every lookup misses what the worker saved
+        logger.info("KvctlConnector scheduler: model %s, fmt %s%s", spec.model_name, spec.fmt,
+                    f", parts {spec.parts.names} of {spec.parts.sizes} bytes" if spec.parts is not None else "")
+        if not st.async_loading:
+            if self.sync_via_receive:
+                logger.info("KvctlConnector: sync loads go through vLLM's remote-receive state (sync_load_path=%s%s): "
+                            "a hit waits one step while the worker loads it, a short load is settled before the "
+                            "request is scheduled", st.sync_load_path,
+                            ", vLLM's async scheduling is on" if spec.async_scheduling else "")
+            elif spec.async_scheduling:
+                logger.warning("KvctlConnector: sync_load_path=step with vLLM's async scheduling on: a load that comes "
+                               "up short (an evicted chunk, a dead instance) ended vLLM 0.32's engine core on an H200 "
+                               "(docs/gpu.md, Async scheduling); use sync_load_path auto or receive")
+        if shutdown_timeout is not None and shutdown_timeout < st.save_drain_s + 1:
+            # vLLM's process manager kills the engine core `shutdown_timeout` s after SIGTERM (0: at once),
+            # and the workers with it: the connector's drain of pending saves never runs
+            logger.warning("KvctlConnector: vLLM's --shutdown-timeout is %s s: on SIGTERM the workers are killed before "
+                           "saves still pending are written (save_drain_s=%g); start vLLM with --shutdown-timeout %d "
+                           "to let them finish", shutdown_timeout, st.save_drain_s, int(st.save_drain_s) + 1)
 
     def _hit_tokens(self, request: "Request", num_computed_tokens: int, result) -> int:
         rid, prompt_len = request.request_id, len(request.prompt_token_ids or [])
@@ -70,15 +98,15 @@ class SchedulerSide:
                            rid, list(result.failed_ranks))
             self.policy.waiting(rid, prompt_len - num_computed_tokens)
             return 0
-        if result.hit_chunks * self.chunk_tokens <= num_computed_tokens:
+        if result.hit_chunks * self.spec.chunk_tokens <= num_computed_tokens:
             self.policy.waiting(rid, prompt_len - num_computed_tokens)
             return 0
-        running = self._running_left() if self.settings.async_loading else 0
+        running = self._running_left() if self.spec.settings.async_loading else 0
         return self.policy.judge(rid, prompt_len, num_computed_tokens, result.hit_chunks, running).tokens
 
     def _running_left(self) -> int:
         """Prompt tokens the scheduled requests still have to compute (the prefill queue an async load waits by)."""
-        return sum(max(0, len(st.prompt) - st.computed) for st in self._reqs.values())
+        return sum(max(0, len(st.prompt) - st.computed) for st in self.requests.values())
 
     def _timed_lookup(self, rid: str, prompt: list[int], first: int, vector: bool, extra):
         """One lookup of the tier, counted (kvctl:lookups, kvctl:lookup_seconds) and traced."""
@@ -89,31 +117,31 @@ class SchedulerSide:
         self.stats.add(M.LOOKUP_SECONDS, dt)
         if self.trace.on:
             self.trace.event("lookup", req=rid, s=dt, first_chunk=first, hit_chunks=result.hit_chunks,
-                             failed=list(result.failed_ranks), tokens=len(prompt), chunk_tokens=self.chunk_tokens,
-                             **chunk0_tags(prompt, self.chunk_tokens, self.model_name, self.fmt, extra))
+                             failed=list(result.failed_ranks), tokens=len(prompt), chunk_tokens=self.spec.chunk_tokens,
+                             **chunk0_tags(prompt, self.spec.chunk_tokens, self.spec.model_name, self.spec.fmt, extra))
         return result
 
     def _key_extra(self, request: "Request"):
         """The request's :class:`~kvctl.connector.ownership.KeyExtra` (None: tokens only), built once."""
         rid = request.request_id
         if rid not in self._extras:
-            self._extras[rid] = request_key_extra(request, self.chunk_tokens)
+            self._extras[rid] = request_key_extra(request, self.spec.chunk_tokens)
         return self._extras[rid]
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         prompt = list(request.prompt_token_ids or [])
-        first = num_computed_tokens // self.chunk_tokens
-        if loadable_chunks(len(prompt), self.chunk_tokens) <= first:
+        first = num_computed_tokens // self.spec.chunk_tokens
+        if loadable_chunks(len(prompt), self.spec.chunk_tokens) <= first:
             return 0, False
         extra = self._key_extra(request)
         self._local_hit[request.request_id] = num_computed_tokens
         rid = request.request_id
-        if not self.settings.async_loading:
+        if not self.spec.settings.async_loading:
             n_tokens = getattr(request, "num_tokens", len(prompt))
-            result = self._sync_answers.get(rid, n_tokens, first)
+            result = self.sync_answers.get(rid, n_tokens, first)
             if result is None:
                 result = self._timed_lookup(rid, prompt, first, False, extra)
-                self._sync_answers.put(rid, n_tokens, result)
+                self.sync_answers.put(rid, n_tokens, result)
             ext = self._hit_tokens(request, num_computed_tokens, result)
             # the "receive" path: vLLM parks the request for one step while the worker loads it in that step
             return ext, ext > 0 and self.sync_via_receive
@@ -131,7 +159,7 @@ class SchedulerSide:
             except Exception:  # noqa: BLE001 - TimeoutError (still running) or CancelledError
                 pass
         if not fut.done():
-            if time.monotonic() - started < self.settings.timeout_s * 2:
+            if time.monotonic() - started < self.spec.settings.timeout_s * 2:
                 return None, False  # ask again next step
             self._async_lookups.pop(rid, None)
             self.stats.add("kvctl:lookup_timeouts", 1)
@@ -146,34 +174,34 @@ class SchedulerSide:
         return ext, ext > 0
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int) -> None:
-        rid = request.request_id
+        rid, ct = request.request_id, self.spec.chunk_tokens
         self._async_lookups.pop(rid, None)
-        self._sync_answers.drop(rid)
+        self.sync_answers.drop(rid)
         extra = self._key_extra(request)  # recorded for its save, whether or not it was looked up
         local = self._local_hit.pop(rid, None)
         if local is None:
             return
         prompt = list(request.prompt_token_ids or [])
-        loadable = loadable_chunks(len(prompt), self.chunk_tokens) - local // self.chunk_tokens
-        hit = num_external_tokens // self.chunk_tokens if num_external_tokens else 0
+        loadable = loadable_chunks(len(prompt), ct) - local // ct
+        hit = num_external_tokens // ct if num_external_tokens else 0
         if request.num_preemptions == 0:
             self.stats.add("kvctl:chunks_hit", hit)
             self.stats.add("kvctl:chunks_missed", max(0, loadable - hit))
             self.stats.add("kvctl:remote_hit_tokens", num_external_tokens)
         end = local + num_external_tokens
-        report_done = self.settings.async_loading or self.sync_via_receive
-        decision = self.policy.scheduled(rid, local // self.chunk_tokens, end // self.chunk_tokens, num_external_tokens,
+        report_done = self.spec.settings.async_loading or self.sync_via_receive
+        decision = self.policy.scheduled(rid, local // ct, end // ct, num_external_tokens,
                                          report_done, request.num_preemptions == 0)
         if num_external_tokens <= 0:
             return
         self._pending_loads.append(LoadSpec(
             req_id=rid,
             token_ids=prompt[:end],
-            first_chunk=local // self.chunk_tokens,
-            end_chunk=end // self.chunk_tokens,
+            first_chunk=local // ct,
+            end_chunk=end // ct,
             skip_tokens=local,
             block_ids=list(blocks.get_block_ids()[0]),
-            is_async=self.settings.async_loading,
+            is_async=self.spec.settings.async_loading,
             key_extra=extra,
             report_done=report_done,
             budget_s=decision.budget_s if decision is not None else None,
@@ -193,12 +221,12 @@ class SchedulerSide:
                            key_extra=self._extras.get(new.req_id))
             if new.req_id not in self._extras:
                 st.saved = True  # its Request (cache_salt) never reached this side: storing it could mix tenants
-            self._reqs[new.req_id] = st
+            self.requests[new.req_id] = st
             self._advance(meta, new.req_id, st, new.num_computed_tokens, scheduled.get(new.req_id, 0))
             self._maybe_save(meta, new.req_id, st, new.num_computed_tokens + scheduled.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
-            st = self._reqs.get(rid)
+            st = self.requests.get(rid)
             if st is None:
                 continue
             new_blocks = cached.new_block_ids[i]
@@ -221,20 +249,20 @@ class SchedulerSide:
             self.trace.event("prefill_done", req=rid, step=self._step, tokens=prompt)
 
     def _maybe_save(self, meta: KvctlConnectorMetadata, rid: str, st: ReqState, computed_after_step: int) -> None:
-        n_full = len(st.prompt) // self.chunk_tokens
+        n_full = len(st.prompt) // self.spec.chunk_tokens
         if st.saved or n_full == 0 or computed_after_step < len(st.prompt):
             return
         st.saved = True
-        meta.saves.append(SaveSpec(rid, st.prompt[: n_full * self.chunk_tokens],
-                                   st.block_ids[: -(-n_full * self.chunk_tokens // self.block_size)],
+        meta.saves.append(SaveSpec(rid, st.prompt[: n_full * self.spec.chunk_tokens],
+                                   st.block_ids[: -(-n_full * self.spec.chunk_tokens // self.spec.block_size)],
                                    key_extra=st.key_extra))
 
     def _forget(self, rid: str) -> None:
         self.policy.forget(rid)
-        self._reqs.pop(rid, None)
+        self.requests.pop(rid, None)
         self._local_hit.pop(rid, None)
         self._extras.pop(rid, None)
-        self._sync_answers.drop(rid)
+        self.sync_answers.drop(rid)
         entry = self._async_lookups.pop(rid, None)
         if entry is not None:
             entry[0].cancel()
@@ -246,6 +274,9 @@ class SchedulerSide:
     def update_connector_output(self, connector_output) -> None:
         self.policy.on_output(connector_output)
 
-    def _shutdown_scheduler(self) -> None:
+    def get_kv_connector_stats(self) -> KvctlConnectorStats | None:
+        return self.stats.take()
+
+    def shutdown(self) -> None:
         self._async_pool.shutdown(wait=False, cancel_futures=True)
         self.lookup.close()

@@ -1,8 +1,9 @@
 """KvctlConnector's worker side: the paged caches, loads and saves on one rank (see :mod:`kvctl.plugins.vllm`).
 
-A mixin of :class:`kvctl.plugins.vllm.KvctlConnector` (the facade vLLM loads): the methods vLLM calls on a
-connector built with the worker role. It reads the engine's caches and groups, builds the rank's
-:class:`~kvctl.connector.store.ShardedStore` and :class:`~kvctl.connector.datapath.KVDataPath`, runs the
+The half :class:`kvctl.plugins.vllm.KvctlConnector` (the facade vLLM loads) builds for the worker role and
+forwards vLLM's worker calls to, from the connector's spec (:mod:`kvctl.plugins.vllm_spec`); it shares the
+spec, the counters and the trace with the facade, nothing else. It reads the engine's caches and groups, builds
+the rank's :class:`~kvctl.connector.store.ShardedStore` and :class:`~kvctl.connector.datapath.KVDataPath`, runs the
 agreed-prefix loads the scheduler planned (on the step's thread, or the async loader's) and hands saves to
 the background saver. The transfers themselves are kvctl.connector's; this adapts vLLM's calls to them.
 """
@@ -23,18 +24,21 @@ from vllm.logger import init_logger
 
 from kvctl.connector import metric_names as M
 from kvctl.connector.datapath import KVDataPath, LoadOutcome
-from kvctl.connector.layouts import KVLayoutError, layout_for
+from kvctl.connector.layouts import KVLayoutError
 from kvctl.connector.pinned import PinnedPool
 from kvctl.connector.policy import DEADLINE, GIVEN_UP
 from kvctl.connector.protocol import member_group
 from kvctl.connector.saver import Saver
 from kvctl.connector.settings import ConnectorConfigError
-from kvctl.connector.sparse_mla import sparse_layout_for
 from kvctl.connector.store import ShardedStore
+from kvctl.connector.trace import Trace
 
+from .vllm_caches import CacheReading, read_layout
 from .vllm_layered import LayeredLoads
 from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec
 from .vllm_policy import chunk0_tags
+from .vllm_spec import ConnectorSpec, check_scheduler_copy
+from .vllm_stats import KvctlConnectorStats, StatsCollector
 from .vllm_timing import StepTimer, count_load, trace_inserts
 
 if TYPE_CHECKING:
@@ -52,18 +56,29 @@ BEFORE_LOAD_HOOK_ENV = "KVCTL_CONNECTOR_BEFORE_LOAD_HOOK"
 
 
 class WorkerSide:
-    """The worker role of KvctlConnector (a mixin: ``self`` is the connector)."""
+    """The worker role of KvctlConnector on one rank: built from the connector's spec, holding its own state.
 
-    def _init_worker(self) -> None:
+    ``reading``: how the engine's caches are read (:mod:`kvctl.plugins.vllm_caches`); ``coordinator`` stands
+    for vLLM's group coordinator of the shard group (None: vLLM's own TP or PCP group).
+    """
+
+    def __init__(self, spec: ConnectorSpec, stats: StatsCollector, trace: Trace, reading: CacheReading,
+                 coordinator: Any = None) -> None:
+        check_scheduler_copy(spec)
+        self.spec, self.stats, self.trace = spec, stats, trace
+        self.reading, self.coordinator = reading, coordinator
+        # the rank's store, layout, data path and groups: built by register_kv_caches
         self.store: ShardedStore | None = None
-        self.layout = None
+        self.layout = self.datapath = self.group = self._meta_group = self._async_meta_group = None
+        self.rank = 0
+        self._get_seen = (0, 0.0)  # the store's GET bytes and seconds counted so far
         self._load_errors: set[int] = set()
-        self._loaded_end: dict[str, int] = {}  # req -> agreed end chunk of its load (identical on every rank)
+        self.loaded_end: dict[str, int] = {}  # req -> agreed end chunk of its load (identical on every rank)
         self._finished_recving: set[str] = set()
         self._async_pending = 0  # async loads queued or running
         self._lock = threading.Lock()
         self._load_done = threading.Condition(self._lock)
-        self._saver = Saver(self._store_chunks, name="kvctl-save")
+        self.saver = Saver(self._store_chunks, name="kvctl-save")
         self._insert_events: list = []  # (start, end, req) of queued inserts, timed once they ran (trace only)
         self._pending_reported = False
         self._async_q: queue.SimpleQueue | None = None
@@ -79,71 +94,33 @@ class WorkerSide:
             self._hook = getattr(importlib.import_module(mod), fn)
 
     def _shard_group(self):
-        if getattr(self, "_coordinator", None) is not None:
-            return self._coordinator
+        if self.coordinator is not None:
+            return self.coordinator
         from vllm.distributed import parallel_state as ps
 
-        return ps.get_pcp_group() if self._group_kind == "pcp" else ps.get_tp_group()
-
-    def _kv_cache_reading(self, layer_names: list[str], indexer: bool = False) -> tuple[str, str]:
-        """(resolved KVCacheLayout name, attention backend name) of these layers of the group, from the engine."""
-        if self._vllm_config is None:
-            return (self._kv_read_as[0], self._indexer_read_as) if indexer else self._kv_read_as
-        from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
-
-        layout = self._vllm_config.cache_config.get_resolved_kv_cache_layout().name
-        names = sorted({b.get_name() for b in get_current_attn_backends(self._vllm_config, layer_names)})
-        if len(names) != 1:
-            raise KVLayoutError(f"KvctlConnector: the KV cache group's layers use {len(names)} attention backends "
-                                f"({', '.join(names)}), layout {layout}, spec {self._spec}: one is supported")
-        return layout, names[0]
-
-    def _indexer_shuffled(self, layer_names) -> bool:
-        """Whether the engine's indexer caches are in the shuffled (tiled) layout (ROCm's readers)."""
-        if self._vllm_config is None:
-            return False
-        ctx = self._vllm_config.compilation_config.static_forward_context
-        return any(bool(getattr(ctx.get(n), "uses_shuffled_layout", False)) for n in layer_names)
-
-    def _read_layout(self, kv_caches: dict[str, torch.Tensor]):
-        """The group's layout object from its registered views (a sparse-MLA group: both kinds of layers)."""
-        names = self._kv_cache_config.kv_cache_groups[0].layer_names
-        caches = [kv_caches[n] for n in names if n in kv_caches]
-        if len(caches) != len(names):
-            raise RuntimeError(f"KvctlConnector: {len(names)} attention layers but {len(caches)} KV caches registered")
-        sg = self.sparse
-        if sg is None:
-            layout, backend = self._kv_cache_reading(names)
-            return layout_for(caches, self._spec, layout, backend, cache_dtype=self._cache_dtype), layout, backend
-        layout, backend = self._kv_cache_reading(list(sg.latent_names))
-        _, indexer_backend = self._kv_cache_reading(list(sg.indexer_names), indexer=True)
-        lay = sparse_layout_for(sg, [kv_caches[n] for n in sg.latent_names], [kv_caches[n] for n in sg.indexer_names],
-                                layout, backend, indexer_backend, cache_dtype=self._cache_dtype,
-                                indexer_shuffled=self._indexer_shuffled(sg.indexer_names))
-        if lay.parts(self.chunk_tokens) != self.sparse_parts:
-            raise KVLayoutError(f"KvctlConnector: backend {backend}, layout {layout}: chunk parts "
-                                f"{lay.parts(self.chunk_tokens)}, the scheduler's {self.sparse_parts}")
-        return lay, layout, backend
+        return ps.get_pcp_group() if self.spec.group_kind == "pcp" else ps.get_tp_group()
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self.layout, layout, backend = self._read_layout(kv_caches)
-        if self.layout.mla != self.use_mla or self.layout.fmt(self.world_size) != self.fmt:
+        spec = self.spec
+        self.layout, layout, backend = read_layout(spec, self.reading, kv_caches)
+        if self.layout.mla != spec.use_mla or self.layout.fmt(spec.world_size) != spec.fmt:
             raise KVLayoutError(f"KvctlConnector: backend {backend}, layout {layout}: chunks of "
-                                f"{self.layout.fmt(self.world_size)}, the scheduler keys {self.fmt} (use_mla={self.use_mla})")
+                                f"{self.layout.fmt(spec.world_size)}, the scheduler keys {spec.fmt} "
+                                f"(use_mla={spec.use_mla})")
         group = self._shard_group()
         self.rank = group.rank_in_group
-        if group.world_size != self.world_size:
-            raise RuntimeError(f"KvctlConnector: shard group has {group.world_size} ranks, expected {self.world_size}")
+        if group.world_size != spec.world_size:
+            raise RuntimeError(f"KvctlConnector: shard group has {group.world_size} ranks, expected {spec.world_size}")
         device = self.layout.device
         on_cuda = device.type == "cuda"
-        st = self.settings
+        st = spec.settings
         k = st.instances_per_rank
         # CPU engines exchange host chunks over gloo; CUDA engines exchange device chunks over the
         # group's device (NCCL) group, with replies and saves going through one pinned pool, and the
         # protocol's 64-byte message over the group's gloo group (no device round trip)
         self.group = group.device_group if on_cuda else group.cpu_group
-        self._meta_group = group.cpu_group if on_cuda and self.world_size > 1 else None
-        chunk_shape = self.layout.chunk_shape(self.chunk_tokens, self.world_size)
+        self._meta_group = group.cpu_group if on_cuda and spec.world_size > 1 else None
+        chunk_shape = self.layout.chunk_shape(spec.chunk_tokens, spec.world_size)
         pool = None
         if on_cuda:
             nbytes = torch.empty((), dtype=self.layout.dtype).element_size() * int(torch.Size(chunk_shape).numel())
@@ -159,22 +136,20 @@ class WorkerSide:
             logger.info("KvctlConnector rank %d: pinned pool %d bytes (%d chunks, %s) in %.3f s", self.rank,
                         pool.nbytes, pool.n_slots, "pinned" if pool.pinned else "pageable", pool.setup_s)
         self.store = ShardedStore(
-            self.rank, self.world_size, [list(r) for r in st.rank_urls], st.host_budget_bytes,
+            self.rank, spec.world_size, [list(r) for r in st.rank_urls], st.host_budget_bytes,
             chunk_shape, self.layout.dtype,
-            chunk_tokens=self.chunk_tokens, model_name=self.model_name, fmt=self.fmt,
+            chunk_tokens=spec.chunk_tokens, model_name=spec.model_name, fmt=spec.fmt,
             group=self.group, device=device, timeout_s=st.timeout_s, pool=pool,
-            instances_per_rank=k, connections=st.connections_per_instance, parts=self.parts,
+            instances_per_rank=k, connections=st.connections_per_instance, parts=spec.parts,
         )
-        self.datapath = KVDataPath(self.store, self.layout, chunk_tokens=self.chunk_tokens,
-                                   block_size=self.block_size, group=self.group, device=device,
-                                   grouping=self.grouping)
-        self._layered = LayeredLoads(self.datapath, self.sparse.latent_names if self.sparse is not None else
-                                     self._kv_cache_config.kv_cache_groups[0].layer_names, sparse=self.sparse is not None)
-        self._get_seen = (0, 0.0)
+        self.datapath = KVDataPath(self.store, self.layout, chunk_tokens=spec.chunk_tokens,
+                                   block_size=spec.block_size, group=self.group, device=device,
+                                   grouping=spec.grouping)
+        self._layered = LayeredLoads(self.datapath, spec.sparse.latent_names if spec.sparse is not None else
+                                     spec.layer_names, sparse=spec.sparse is not None)
         self._steps = StepTimer(self.rank == 0, device, self.trace)
-        self._async_meta_group = None
         if st.async_loading:
-            if self.world_size > 1:
+            if spec.world_size > 1:
                 # background loads run their collectives on groups of their own, never on vLLM's; only
                 # this TP/PCP group's ranks create them (under DP the world holds several such groups)
                 t0 = time.perf_counter()
@@ -182,7 +157,7 @@ class WorkerSide:
                 if self._meta_group is not None:
                     self._async_meta_group = member_group(group.ranks, backend="gloo")
                 logger.info("KvctlConnector rank %d: async load group(s) of %d rank(s) in %.3f s", self.rank,
-                            self.world_size, time.perf_counter() - t0)
+                            spec.world_size, time.perf_counter() - t0)
             else:
                 self._async_group = self.group  # one rank runs no collective: no group of its own needed
             self._async_q = queue.SimpleQueue()
@@ -191,7 +166,7 @@ class WorkerSide:
         self._warm_up(on_cuda)
         lanes = getattr(self.store, "lanes_per_instance", None)
         logger.info("KvctlConnector rank %d/%d: %s, model %s, fmt %s, chunk %d tokens (%d bytes), %s loading%s",
-                    self.rank, self.world_size, self.store.url, self.model_name, self.fmt, self.chunk_tokens,
+                    self.rank, spec.world_size, self.store.url, spec.model_name, spec.fmt, spec.chunk_tokens,
                     self.store.chunk_nbytes,
                     "async" if st.async_loading else "sync",
                     f", {k} instance(s) x {lanes} GET lane(s)" if lanes else "")
@@ -214,12 +189,12 @@ class WorkerSide:
                 down.append(i)
                 logger.warning("KvctlConnector rank %d: instance %s not reachable at start (%s): its chunks "
                                "will be recomputed until it is", self.rank, self.store.tier.redacted[i], exc)
-        if self.world_size > 1 and on_cuda:
+        if self.spec.world_size > 1 and on_cuda:
             for g in (self.group, self._meta_group, self._async_group, self._async_meta_group):
                 if g is None:
                     continue
                 dev = self.store.device if torch.distributed.get_backend(g) == "nccl" else torch.device("cpu")
-                t = torch.zeros(self.world_size, dtype=torch.int64, device=dev)
+                t = torch.zeros(self.spec.world_size, dtype=torch.int64, device=dev)
                 torch.distributed.all_gather_into_tensor(t, torch.zeros(1, dtype=torch.int64, device=dev), group=g)
             torch.cuda.synchronize(self.store.device)
         n = self.store.tier.k if self.store.tier is not None else 0
@@ -228,12 +203,12 @@ class WorkerSide:
 
     # -- load ----------------------------------------------------------------
     def bind_connector_metadata(self, connector_metadata) -> None:
-        super().bind_connector_metadata(connector_metadata)
+        """The step's metadata is bound, just before its forward."""
         if isinstance(connector_metadata, KvctlConnectorMetadata):
             self._steps.begin(connector_metadata)  # before the step's forward (kvctl.plugins.vllm_timing)
 
-    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
-        meta = self._get_connector_metadata()
+    def start_load_kv(self, meta: KvctlConnectorMetadata, forward_context: "ForwardContext | None") -> None:
+        """Start the step's loads: async ones on the loader, sync ones now or layer by layer in the forward."""
         assert isinstance(meta, KvctlConnectorMetadata)
         # layer by layer only where this step's forward calls the attention hooks: a FULL CUDA graph replay
         # (and a step with no forward) has no attention metadata and runs no hook, so it loads first
@@ -250,13 +225,13 @@ class WorkerSide:
             elif not spec.report_done and layered:
                 self._start_pipelined(spec)
             elif not spec.report_done:
-                out = self._load(spec, self.group, self._meta_group)
+                out = self.load(spec, self.group, self._meta_group)
                 if self.rank == 0 and out is not None and out.timing is not None:
                     self.stats.add(M.LOAD_WAIT_SECONDS, out.timing.total_s)
             else:  # a sync load vLLM waits for as a receive: loaded here, blocking the step, reported in get_finished
                 t0 = time.perf_counter()
                 try:
-                    self._load(spec, self.group, self._meta_group)
+                    self.load(spec, self.group, self._meta_group)
                 except BaseException as exc:  # noqa: BLE001 - the request must leave vLLM's receive state either way
                     self._mark_unloaded(spec)
                     logger.exception("KvctlConnector: load of %s interrupted: it is recomputed", spec.req_id)
@@ -275,7 +250,7 @@ class WorkerSide:
                 return
             spec, queued, deadline = item
             try:
-                self._load(spec, self._async_group, self._async_meta_group, deadline, queued)
+                self.load(spec, self._async_group, self._async_meta_group, deadline, queued)
                 if self.store is not None and self.store.device.type == "cuda":
                     # the insert was queued on this thread's stream, not the engine's: it must be done before
                     # the request is reported loaded and vLLM schedules its forward
@@ -293,8 +268,8 @@ class WorkerSide:
 
     def _spec_blocks(self, spec: LoadSpec, from_chunk: int) -> set[int]:
         """The blocks of ``spec``'s hit from chunk ``from_chunk`` on (never the locally computed ones before it)."""
-        first_bad = max(from_chunk * self.chunk_tokens, spec.skip_tokens) // self.block_size
-        return set(spec.block_ids[first_bad : spec.end_chunk * self.chunk_tokens // self.block_size])
+        first_bad = max(from_chunk * self.spec.chunk_tokens, spec.skip_tokens) // self.spec.block_size
+        return set(spec.block_ids[first_bad : spec.end_chunk * self.spec.chunk_tokens // self.spec.block_size])
 
     def _mark_unloaded(self, spec: LoadSpec) -> None:
         """A load that raised: whatever it wrote, the request's whole hit is reported failed (recomputed)."""
@@ -311,7 +286,7 @@ class WorkerSide:
             except Exception:  # noqa: BLE001 - a test hook must not break the engine
                 logger.exception("KvctlConnector before-load hook failed")
 
-    def _load(self, spec: LoadSpec, group, meta_group=None, deadline: float | None = None,
+    def load(self, spec: LoadSpec, group, meta_group=None, deadline: float | None = None,
               queued: float | None = None) -> LoadOutcome:
         """Agreed-prefix load of one request's hit into the paged cache (collective over ``group``).
 
@@ -333,11 +308,11 @@ class WorkerSide:
         """A finished load's bookkeeping: counters, the agreed end for the save, failed blocks; re-raise an interrupt."""
         planned = spec.end_chunk - spec.first_chunk
         agreed, prefix, interrupted = out.agreed, out.written, out.interrupted
-        self._insert_events = count_load(self.stats, self.trace, self.rank, self.chunk_tokens, spec, out,
+        self._insert_events = count_load(self.stats, self.trace, self.rank, self.spec.chunk_tokens, spec, out,
                                          self._insert_events, given_up=given_up, waited_s=waited_s, layered=layered)
         # the agreed chunks are in the tier whatever this rank could write: every rank keeps the same
         # mark, so the request's next save runs its collectives on every rank or on none
-        self._loaded_end[spec.req_id] = spec.first_chunk + agreed
+        self.loaded_end[spec.req_id] = spec.first_chunk + agreed
         loaded_end = spec.first_chunk + prefix
         if prefix < planned:
             logger.log(logging.INFO if given_up else logging.WARNING,
@@ -399,7 +374,7 @@ class WorkerSide:
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         for rid in finished_req_ids:
-            self._loaded_end.pop(rid, None)
+            self.loaded_end.pop(rid, None)
         with self._lock:
             if self._async_pending and not self._finished_recving:
                 # vLLM steps again at once while a request waits for its load: a short wait here
@@ -409,23 +384,20 @@ class WorkerSide:
         return None, (done or None)
 
     # -- save ----------------------------------------------------------------
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs: Any) -> None:
-        return  # the whole prompt is saved in wait_for_save, once its prefill is done
-
-    def wait_for_save(self) -> None:
+    def wait_for_save(self, meta: KvctlConnectorMetadata | None) -> None:
+        """After the step's forward: settle its layer-by-layer loads and queue its saves (``meta``: None unbound)."""
         self._steps.end()  # the step's forward is queued (CUDA) or done (CPU)
         self._finish_pipes()  # where the runner called no finish_forward
-        if not self.has_connector_metadata():
-            return
-        meta = self._get_connector_metadata()
         if not isinstance(meta, KvctlConnectorMetadata):
             return
         for spec in meta.saves:
-            self._save(spec)
+            self.save(spec)
 
-    def _save(self, spec: SaveSpec) -> None:
-        n_full = len(spec.token_ids) // self.chunk_tokens
-        first = self._loaded_end.get(spec.req_id, 0)  # loaded chunks are in the tier already
+    def save(self, spec: SaveSpec) -> None:
+        """Copy ``spec``'s chunks out of the paged cache (collective) and queue them for the tier."""
+        ct = self.spec.chunk_tokens
+        n_full = len(spec.token_ids) // ct
+        first = self.loaded_end.get(spec.req_id, 0)  # loaded chunks are in the tier already
         if first >= n_full:
             return
         # copied out on this thread, before vLLM can reuse the blocks (GQA: a collective on every rank);
@@ -433,8 +405,8 @@ class WorkerSide:
         batch = self.datapath.extract(spec.token_ids, spec.block_ids, first, extra=spec.key_extra)
         if batch is not None and self.trace.on and self.rank == 0 and first == 0:  # chunk 0 is rank 0's (kvctl explain)
             self.trace.event("save_queued", req=spec.req_id, chunks=n_full,
-                             **chunk0_tags(spec.token_ids, self.chunk_tokens, self.model_name, self.fmt, spec.key_extra))
-        if batch is not None and not self._saver.submit(batch):
+                             **chunk0_tags(spec.token_ids, ct, self.spec.model_name, self.spec.fmt, spec.key_extra))
+        if batch is not None and not self.saver.submit(batch):
             self.stats.add(M.SAVES_ABANDONED, 1)  # shutting down: no more saves
 
     def _store_chunks(self, batch) -> None:
@@ -446,7 +418,8 @@ class WorkerSide:
                 logger.warning("KvctlConnector rank %d: store failed: %s", self.rank, res.l2_error)
             else:
                 self.stats.add(M.CHUNKS_STORED, res.l2_chunks)
-            tags = chunk0_tags(batch.token_ids, self.chunk_tokens, self.model_name, self.fmt, batch.extra) \
+            sp = self.spec
+            tags = chunk0_tags(batch.token_ids, sp.chunk_tokens, sp.model_name, sp.fmt, batch.extra) \
                 if self.trace.on and self.rank == 0 and batch.first == 0 else {}
             self.trace.event("save", rank=self.rank, chunks=res.l2_chunks, s=time.perf_counter() - t0,
                              error=res.l2_error, **tags)
@@ -454,12 +427,12 @@ class WorkerSide:
             self.stats.add(M.SAVE_ERRORS, 1)
             logger.exception("KvctlConnector: store failed")
 
-    def _worker_stats(self) -> None:
-        """This step's worker counters into ``stats`` (the facade's ``get_kv_connector_stats`` takes them)."""
+    def get_kv_connector_stats(self) -> KvctlConnectorStats | None:
+        """The interval's counters: this rank's, folded into ``stats`` first, then taken."""
         if self._insert_events:
             self._insert_events = trace_inserts(self._insert_events, self.trace, self.rank)
         if self.store is not None:
-            pending = self._saver.pending
+            pending = self.saver.pending
             if pending or self._pending_reported:
                 self.stats.set(M.SAVES_PENDING, pending)  # a backlog shows; once it clears, one 0 says so
                 self._pending_reported = pending > 0
@@ -471,17 +444,18 @@ class WorkerSide:
             self.stats.add(M.RANK_GET_SECONDS, s - self._get_seen[1], self.rank)
             self._get_seen = (b, s)
         self._steps.collect(self.stats, self.trace)
+        return self.stats.take()
 
-    def _shutdown_worker(self) -> None:
+    def shutdown(self) -> None:
         if self._async_q is not None:
             self._async_q.put(None)
-        pending = self._saver.pending
-        res = self._saver.drain(self.settings.save_drain_s)
+        pending = self.saver.pending
+        res = self.saver.drain(self.spec.settings.save_drain_s)
         if res.abandoned:
             self.stats.add(M.SAVES_ABANDONED, res.abandoned)
             logger.warning("KvctlConnector rank %d: shutdown: %d save(s) written in %.2f s, %d abandoned after "
                            "save_drain_s=%g (their chunks will be misses)", self.rank, res.written, res.waited_s,
-                           res.abandoned, self.settings.save_drain_s)
+                           res.abandoned, self.spec.settings.save_drain_s)
         elif pending:
             logger.info("KvctlConnector rank %d: shutdown: %d pending save(s) written in %.2f s", self.rank,
                         res.written, res.waited_s)

@@ -192,6 +192,47 @@ def test_bad_input_is_a_usage_error(args, message):
     assert message in out
 
 
+GOOD = {"bytes_per_token": 1.0, "prefill_rate": 1.0, "rate": 1.0, "prompt_tokens": 5.0, "instance_gbps": 1.0}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"rate": None}, "give exactly one of --arrival-rate (per engine) or --trace FILE"),
+    ({"trace_path": "t.jsonl"}, "give exactly one of --arrival-rate"),
+    ({"prompt_tokens": None}, "--arrival-rate needs --prompt-tokens"),
+    ({"instance_gbps": None}, "give the tier's bandwidth: --instance-gbps or --bench FILE"),
+    ({"hits_from_trace": True}, "--hits-from-trace needs --trace"),
+    ({"hit_gpu_s": "fit"}, "--hit-gpu-s fit needs --fit-from RUN and --fit-gpu-util PCT"),
+    ({"fit_instances": 2}, "--fit-instances says what tier the --fit-from run had"),
+    ({"fit_loading": "async"}, "--fit-loading says how the --fit-from run loaded"),
+    ({"t0_engine_share": "fit"}, "--t0-engine-share fit needs --fit-from RUN"),
+    ({"arrivals": "gamma"}, "--arrivals gamma needs --arrival-cv CV"),
+    ({"arrival_cv": 0.5}, "--arrival-cv is the CV of --arrivals gamma"),
+    ({"arrivals_from": "t.jsonl", "arrivals": "deterministic"}, "--arrivals-from fits the CV of gamma arrivals"),
+    ({"rate": None, "prompt_tokens": None, "trace_path": "t.jsonl", "arrivals": "deterministic"}, "--trace brings its own"),
+])
+def test_the_model_refuses_inputs_that_do_not_go_together(change, message):
+    """Issue 49 item 4: the checks that involve several options are the model's (kvctl.sim.model.Inputs), not each
+    command's: a library caller gets the same usage error (InvalidInput, exit 2) as the CLI."""
+    from kvctl.core.errors import InvalidInput  # noqa: PLC0415
+    from kvctl.sim.model import Inputs  # noqa: PLC0415
+
+    Inputs(**GOOD)  # the base goes together
+    with pytest.raises(InvalidInput) as e:
+        Inputs(**{**GOOD, **change})
+    assert message in str(e.value)
+
+
+def test_a_poisson_sweep_key_needs_arrival_rate_in_the_model(tmp_path):
+    from kvctl.core.errors import InvalidInput  # noqa: PLC0415
+    from kvctl.sim.model import Inputs, whatif  # noqa: PLC0415
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"timestamp": 0, "input_length": 10, "hash_ids": [1]}) + "\n")
+    i = Inputs(**{**GOOD, "rate": None, "prompt_tokens": None, "trace_path": str(trace)})
+    with pytest.raises(InvalidInput, match="--sweep arrival_rate/prompt_tokens need Poisson mode"):
+        whatif(i, {"arrival_rate": [1.0, 2.0]})
+
+
 def test_hits_from_a_mooncake_trace_and_from_a_run_file(tmp_path):
     # blocks of 100 tokens, hash ids seen before lead each prompt's cached part:
     # [1,2] → 0 (nothing seen yet); [1,2,3] → 200; [4] → 0; [1,5] → 100 (5 is new). Arrivals 10 s apart (no queueing).

@@ -56,7 +56,7 @@ def test_the_model_is_built_in_one_place():
     from kvctl.sim import model as sim_model  # noqa: PLC0415
     from kvctl.cli import cli  # noqa: PLC0415
 
-    for name in ("simulate.py", "plan.py", "fleet_options.py"):
+    for name in ("simulate.py", "plan.py", "whatif_options.py"):
         text = (ROOT / "kvctl" / "commands" / name).read_text()
         assert "SimConfig(" not in text and "variability.build(" not in text and "poisson_workload(" not in text, name
     sim = CliRunner().invoke(cli, ["simulate", "--help"], terminal_width=300).output

@@ -10,7 +10,7 @@ import click
 from kvctl.core import render
 
 from kvctl.core import thresholds
-from kvctl.commands.options import BYTES_PER_TOKEN, CHUNK_TOKENS, PREFILL_RATE, TP, ByteSize, count, output_options, plot_option, positive, valkey_options, valkey_targets
+from kvctl.commands.options import BYTES_PER_TOKEN, CHUNK_TOKENS, PREFILL_RATE, PREFILL_RATE_HELP, TP, ByteSize, count, output_options, plot_option, positive, valkey_options, valkey_targets
 from kvctl.core.errors import ExitStatus, InvalidInput
 from kvctl.hooks import hookimpl
 from kvctl.core.kvsize import DTYPE_BYTES
@@ -53,7 +53,7 @@ def register_commands(cli: click.Group) -> None:
 @click.option("--engines", type=count(256), help="Contention curve: 1, 2, 4 … E engines sharing every instance, each one client per instance whose ranks load their shares of a prompt together.")
 @click.option("--timeout", "timeout_s", type=positive(3600.0), default=thresholds.BENCH_TIMEOUT_S, show_default=True, help="Seconds any socket operation may take before it counts as an error.")
 @click.option("--seed", type=count(2**32 - 1, min=0), default=0, show_default=True, help="Seed of the key order of every client.")
-@click.option("--prefill-rate", type=PREFILL_RATE, help="Prefill tokens/s R; with bytes per token, ends with the verdict against B* = s·R.")
+@click.option("--prefill-rate", type=PREFILL_RATE, help=f"{PREFILL_RATE_HELP}; with bytes per token, ends with the verdict against B* = s·R.")
 @click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help="KV bytes per token s of the WHOLE model (all ranks) for the verdict (or --model-config).")
 @click.option("--save", type=click.Path(dir_okay=False), help="Also write the JSON result to FILE.")
 @plot_option("the scaling chart (with --engines, the contention curve)")

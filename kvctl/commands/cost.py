@@ -8,7 +8,7 @@ from kvctl.core import cost
 
 from kvctl.core import thresholds
 from kvctl.commands.options import (
-    ARRIVAL_RATE, BANDWIDTH_GBPS, BYTES_PER_TOKEN, BYTES_PER_TOKEN_HELP, CHUNK_TOKENS, LATENCY_S, PREFILL_RATE, PROMPT_GB, T0_S, TOKENS, TP,
+    ARRIVAL_RATE, BANDWIDTH_GBPS, BYTES_PER_TOKEN, BYTES_PER_TOKEN_HELP, CHUNK_TOKENS, LATENCY_S, PREFILL_RATE, PREFILL_RATE_HELP, PROMPT_GB, T0_HELP, T0_S, TOKENS, TP,
     TP_HELP, FiniteFloat, RenamedOption, bytes_per_token_options, output_options,
 )
 from kvctl.core.errors import InvalidInput
@@ -42,8 +42,8 @@ def cost_group() -> None:
 
 @cost_group.command("breakeven")
 @bytes_per_token_options(pass_tp=True)
-@click.option("--prefill-rate", type=PREFILL_RATE, required=True, help="Prefill throughput R in tokens/s.")
-@click.option("--t0", type=T0_S, help="Fixed per-hit cost T0 in seconds; adds n* = R·T0.")
+@click.option("--prefill-rate", type=PREFILL_RATE, required=True, help=f"{PREFILL_RATE_HELP}.")
+@click.option("--t0", type=T0_S, help=f"{T0_HELP}; adds n* = R·T0.")
 @output_options
 def breakeven_cmd(bytes_per_token: float, tp: int, prefill_rate: float, t0: float | None, as_json: bool) -> None:
     """Break-even bandwidth B* = s·R of the whole tier, and n* = R·T0 when --t0 is given.
@@ -90,8 +90,8 @@ def _prompt_bytes(prompt_gb: float | None, tokens: int | None, bytes_per_token: 
 
 @cost_group.command("predict")
 @bytes_per_token_options(pass_tp=True)
-@click.option("--prefill-rate", type=PREFILL_RATE, required=True, help="Prefill throughput R in tokens/s.")
-@click.option("--t0", type=T0_S, default=thresholds.PAPER_T0_S, show_default=True, help="Fixed per-hit cost T0 in seconds (the paper's by default; fit yours with `kvctl cost fit-t0`).")
+@click.option("--prefill-rate", type=PREFILL_RATE, required=True, help=f"{PREFILL_RATE_HELP}.")
+@click.option("--t0", type=T0_S, default=thresholds.PAPER_T0_S, show_default=True, help=f"{T0_HELP} (the paper's by default; fit yours with `kvctl cost fit-t0`).")
 @click.option("--tier-gbps", type=BANDWIDTH_GBPS, required=True, cls=RenamedOption, old=["--bandwidth-gbps"],
               help="Bandwidth B of the whole tier in GB/s (all instances together).")
 @click.option("--prompt-tokens", "tokens_opt", type=TOKENS, multiple=True, required=True, cls=RenamedOption, old=["--tokens"],
@@ -164,8 +164,8 @@ def kv_size_cmd(config_path: str, dtype: str | None, chunk_tokens: int, tp: int,
 @click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config.")
 @click.option("--tp", type=TP, default=1, show_default=True, help=TP_HELP)
 @click.option("--label", "name", cls=RenamedOption, old=["--name"], help="Label for this model/GPU pairing (the table's title).")
-@click.option("--prefill-rate", type=PREFILL_RATE, help="Prefill tokens/s on this GPU (required with a model).")
-@click.option("--t0", type=T0_S, default=thresholds.PAPER_T0_S, show_default=True, help="Fixed per-hit cost T0 in seconds (the paper's by default).")
+@click.option("--prefill-rate", type=PREFILL_RATE, help=f"{PREFILL_RATE_HELP}, on this GPU (required with a model).")
+@click.option("--t0", type=T0_S, default=thresholds.PAPER_T0_S, show_default=True, help=f"{T0_HELP} (the paper's by default).")
 @click.option("--tier-gbps", "bandwidths", type=BANDWIDTH_GBPS, multiple=True, cls=RenamedOption, old=["--bandwidth-gbps"],
               help="Whole-tier bandwidths to compare (repeatable; default 0.85, 1.71, 10.76).")
 @click.option("--prompt-tokens", "tokens", type=TOKENS, multiple=True, cls=RenamedOption, old=["--tokens"], help="Prompt lengths: --prompt-tokens 4096 16384 (or repeated).")

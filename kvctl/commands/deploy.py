@@ -14,7 +14,7 @@ from kvctl.commands.options import (
     INSTANCES_PER_RANK, ByteSize, FiniteFloat, RenamedOption, count, non_negative, options, output_options, positive, valkey_options,
     valkey_targets,
 )
-from kvctl.core.signals import Signalled, signals_raise
+from kvctl.core.signals import signals_raise
 from kvctl.core.errors import InvalidInput, Unreachable
 from kvctl.hooks import hookimpl
 from kvctl.tier import sizing, spec
@@ -184,12 +184,10 @@ def up_cmd(target: str, ranks: int, instances_per_rank: int, base_port: int | No
     from kvctl.tier import local  # noqa: PLC0415 - psutil only when a command runs, not for `kvctl --help`
 
     req = local.UpRequest(tier_dir, ranks, base_port, maxmemory, host, io_threads, password_file, insecure_no_auth, instances_per_rank)
-    try:
-        with signals_raise(), render.progress(f"starting {req.instances} valkey-server(s)", total=req.instances, enabled=not as_json, lines=False) as advance:
-            state = local.up(req, on_progress=lambda name, port: advance(1, f"{name} on :{port} answers PING"))
-    except Signalled as e:
-        render.error_line(f"interrupted by {e.signal.name}: stopped the instance(s) already started; nothing of this `up` is left running")
-        raise click.exceptions.Exit(e.exit_code) from None
+    # a stop signal: local.up stops what it started, then KvctlGroup says so and exits 128 + N
+    with signals_raise(said="stopped the instance(s) already started; nothing of this `up` is left running"), \
+            render.progress(f"starting {req.instances} valkey-server(s)", total=req.instances, enabled=not as_json, lines=False) as advance:
+        state = local.up(req, on_progress=lambda name, port: advance(1, f"{name} on :{port} answers PING"))
     show_up(state, as_json)
 
 

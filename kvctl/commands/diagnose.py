@@ -22,14 +22,13 @@ from kvctl.core import render
 from kvctl.core import thresholds
 from kvctl.commands.diagnose_stalls import stalls_cmd
 from kvctl.commands.options import (
-    BYTES_PER_TOKEN, PREFILL_RATE, T0_S, WINDOW_HELP, bytes_per_token_options, count, default_tier_dir, dir_given, engine_http, engine_http_options,
+    BYTES_PER_TOKEN, PREFILL_RATE, PREFILL_RATE_HELP, T0_HELP, T0_S, WINDOW_HELP, bytes_per_token_options, count, default_tier_dir, dir_given, engine_http, engine_http_options,
     options, output_options, positive, valkey_options, valkey_targets,
 )
 from kvctl.diagnose import capture as cap
 from kvctl.diagnose import polls
+from kvctl.diagnose import run as diagnose_run
 from kvctl.diagnose.analysis import Params, analyse
-from kvctl.diagnose.jsonform import diagnosis_json
-from kvctl.diagnose.watch import watch
 from kvctl.core.engine_http import masked
 from kvctl.core.errors import ExitStatus
 from kvctl.hooks import hookimpl
@@ -57,8 +56,8 @@ source_options = options(
 
 _model_bundle = options(
     bytes_per_token_options(required=False),
-    click.option("--prefill-rate", type=PREFILL_RATE, help="Prefill tokens/s R (default: derived from vllm:request_prefill_time_seconds)."),
-    click.option("--t0", type=T0_S, help=f"Fixed per-hit cost T0 in seconds for n* (default {thresholds.PAPER_T0_S:g}, the paper's; fit yours with `kvctl cost fit-t0`)."),
+    click.option("--prefill-rate", type=PREFILL_RATE, help=f"{PREFILL_RATE_HELP} (default: derived from vllm:request_prefill_time_seconds)."),
+    click.option("--t0", type=T0_S, help=f"{T0_HELP}, for n* (default {thresholds.PAPER_T0_S:g}, the paper's; fit yours with `kvctl cost fit-t0`)."),
 )
 
 
@@ -85,10 +84,6 @@ run_options = options(
 )
 
 
-def _parameters(bytes_per_token: float | None, prefill_rate: float | None, t0: float | None) -> dict[str, Any]:
-    return {k: v for k, v in {"bytes_per_token": bytes_per_token, "prefill_rate": prefill_rate, "t0_s": t0}.items() if v is not None}
-
-
 def _engine_urls(engine_urls: tuple[str, ...], as_json: bool) -> list[str]:
     urls, dropped = cap.unique_engine_urls(engine_urls)
     if dropped and not as_json:
@@ -96,9 +91,9 @@ def _engine_urls(engine_urls: tuple[str, ...], as_json: bool) -> list[str]:
     return urls
 
 
-def _collect(engine_urls, targets, window, parameters, timeout_s, show_progress: bool, http: Any = None) -> cap.Capture:
-    with render.progress(f"sampling for {window:g} s", total=window, enabled=show_progress, what="diagnose", unit=" s") as advance:
-        return polls.collect(engine_urls, targets, window, parameters, tick=advance, timeout_s=timeout_s, http=http)
+def _sampling(window: float, show_progress: bool) -> Any:
+    """The progress of sampling a window (its ``advance`` is the samplers' ``tick``)."""
+    return render.progress(f"sampling for {window:g} s", total=window, enabled=show_progress, what="diagnose", unit=" s")
 
 
 # --- the group and option carrying ------------------------------------------------------
@@ -220,24 +215,20 @@ def _run(
     urls = _engine_urls(engine_urls, as_json)
     http = engine_http(engine_api_key_file, max_metrics_bytes)
     targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False, instances_per_rank=instances_per_rank)
-    parameters = _parameters(bytes_per_token, prefill_rate, t0)
     if watch:
         if save_dir:
             raise click.UsageError("--save cannot be combined with --watch")
-        _watch(ctx, urls, targets, window, parameters, params, timeout_s, explain, as_json, count, http)
+        _watch(ctx, urls, targets, window, params, timeout_s, explain, as_json, count, http)
         return
-    capture = _collect(urls, targets, window, parameters, timeout_s, show_progress=not as_json, http=http)
-    if save_dir:
-        cap.save_capture(capture, save_dir)
-    diag = analyse(capture, params)
-    cap.save_last_diagnosis({"saved_at": cap.now_iso(), **diagnosis_json(diag)})
+    with _sampling(window, not as_json) as advance:
+        diag = diagnose_run.once(urls, targets, window, params, timeout_s, http, tick=advance, save_dir=save_dir)
     show_diagnosis(diag, explain, as_json, saved_to=save_dir)
     ctx.exit(int(diag.exit_status))
 
 
-def _watch(ctx, engine_urls, targets, window, parameters, params, timeout_s, explain, as_json, count, http) -> None:
+def _watch(ctx, engine_urls, targets, window, params, timeout_s, explain, as_json, count, http) -> None:
     code = ExitStatus.OK
-    refreshes = watch(engine_urls, targets, window, parameters, params, timeout_s, count, http)
+    refreshes = diagnose_run.watch(engine_urls, targets, window, params, timeout_s, count, http)
     try:
         for i, diag in enumerate(refreshes):
             code = diag.exit_status
@@ -265,9 +256,10 @@ def capture_cmd(ctx: click.Context, **kwargs: Any) -> None:
     urls = _engine_urls(kw["engine_urls"], kw["as_json"])
     tier_dir = default_tier_dir(kw["tier_dir"], _dir_given(ctx), kw["valkey_urls"], kw["ranks"])  # ./kv-tier when a tier is there
     targets = valkey_targets(kw["valkey_urls"], kw["ranks"], tier_dir, kw["password_file"], required=False, instances_per_rank=kw["instances_per_rank"])
-    params = _parameters(kw["bytes_per_token"], kw["prefill_rate"], kw["t0"])
+    params = diagnose_run.recorded(Params(bytes_per_token=kw["bytes_per_token"], prefill_rate=kw["prefill_rate"], t0_s=kw["t0"]))
     http = engine_http(kw["engine_api_key_file"], kw["max_metrics_bytes"])
-    capture = _collect(urls, targets, kw["window"], params, kw["timeout_s"], show_progress=not kw["as_json"], http=http)
+    with _sampling(kw["window"], not kw["as_json"]) as advance:
+        capture = polls.collect(urls, targets, kw["window"], params, tick=advance, timeout_s=kw["timeout_s"], http=http)
     path = cap.save_capture(capture, kw["out_dir"])
     missing = cap.failures(capture, [masked(u) for u in urls], [t.url for t in targets])
     show_capture(path, capture, len(urls), len(targets), missing, kw["as_json"])

@@ -6,7 +6,7 @@ import click
 
 from kvctl.core import render
 from kvctl.commands.options import count, output_options, positive
-from kvctl.core.signals import Signalled, signals_raise
+from kvctl.core.signals import signals_raise
 from kvctl.drill import scenarios as S
 from kvctl.core.errors import ExitStatus
 from kvctl.hooks import hookimpl
@@ -78,13 +78,9 @@ def drill_cmd(ctx: click.Context, scenario: str | None, run_all: bool, duration:
         if keep:
             check_keep(keep)
     results = []
-    try:
-        with signals_raise():
-            for name in names:
-                results.append(run_drill(name, DrillOptions(**{**opts.__dict__, "keep_dir": keeps[name]}), say))
-    except Signalled as e:
-        render.error_line(f"interrupted by {e.signal.name}: stopped everything the drill had started")
-        raise click.exceptions.Exit(e.exit_code) from None
+    with signals_raise(said="stopped everything the drill had started"):  # the drill unwinds, KvctlGroup says so: 128 + N
+        for name in names:
+            results.append(run_drill(name, DrillOptions(**{**opts.__dict__, "keep_dir": keeps[name]}), say))
     passed = all(r.passed for r in results)
     code = ExitStatus.OK if passed else ExitStatus.DRILL_MISSED
     show_results(results, run_all, code, as_json)

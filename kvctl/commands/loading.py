@@ -8,7 +8,6 @@ from typing import Any, Callable
 import click
 
 from kvctl.commands.options import options, output_options, positive
-from kvctl.core import render
 from kvctl.core.errors import KvctlError
 from kvctl.core.thresholds import RHO_HIGH
 from kvctl.hooks import hookimpl
@@ -66,14 +65,11 @@ def show_cmd(sources: list[tuple[str, str]], as_json: bool) -> None:
 
 
 def _flip(value: bool, sources: list[tuple[str, str]], dry_run: bool, force: bool, diagnosis: str | None, restart_cmd: str | None, restart_timeout: float, no_backup: bool, as_json: bool, max_age_s: float = loading_safety.DEFAULT_MAX_AGE_S, engine_urls: tuple[str, ...] = ()) -> None:
-    try:
-        result = loading_flip.flip(
-            value, sources, dry_run=dry_run, force=force, diagnosis=diagnosis, max_age_s=max_age_s, backup=not no_backup,
-            restart_cmd=restart_cmd, restart_timeout_s=restart_timeout, engine_urls=engine_urls,
-        )
-    except loading_flip.RestartInterrupted as e:
-        render.error_line(str(e))
-        raise click.exceptions.Exit(e.exit_code) from None
+    # a stop signal during the restart command: RestartInterrupted (a Signalled), said and exited 128 + N by KvctlGroup
+    result = loading_flip.flip(
+        value, sources, dry_run=dry_run, force=force, diagnosis=diagnosis, max_age_s=max_age_s, backup=not no_backup,
+        restart_cmd=restart_cmd, restart_timeout_s=restart_timeout, engine_urls=engine_urls,
+    )
     show_flip(result, as_json)
     result.raise_if_restart_failed()
 

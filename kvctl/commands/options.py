@@ -164,13 +164,31 @@ CHUNK_TOKENS = count(1 << 20)
 BYTES_PER_TOKEN_HELP = "KV bytes per prompt token of the WHOLE model (s), all ranks' shares together."
 TP_HELP = ("Tensor-parallel ranks, one tier instance each: --model-config splits the KV heads over them; s is the whole model's, "
            "and counts each KV head once per copy when --tp exceeds the KV heads (kv_head_copies).")
+#: The one wording of R and T0: every command's --prefill-rate and --t0 help starts with these (issue 49: six wordings
+#: each), then says what the command does with it.
+PREFILL_RATE_HELP = "Prefill throughput R, tokens/s"
+T0_HELP = "Fixed per-hit cost T0, seconds"
 
-_bytes_per_token_bundle = options(
-    click.option("--bytes-per-token", type=BYTES_PER_TOKEN, help=BYTES_PER_TOKEN_HELP),
-    click.option("--model-config", type=click.Path(dir_okay=False), help="Hugging Face config.json to derive bytes per token from (instead of --bytes-per-token)."),
-    click.option("--dtype", type=click.Choice(sorted(DTYPE_BYTES)), help="KV dtype with --model-config."),
-    click.option("--tp", type=TP, default=1, show_default=True, help=TP_HELP),
+#: The options of :func:`bytes_per_token_options` as (declarations, click keywords): kvctl.commands.whatif_options
+#: declares simulate's and plan's from here too.
+BYTES_PER_TOKEN_SPECS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
+    (("--bytes-per-token",), {"type": BYTES_PER_TOKEN, "help": BYTES_PER_TOKEN_HELP}),
+    (("--model-config",), {"type": click.Path(dir_okay=False), "help": "Hugging Face config.json to derive bytes per token from (instead of --bytes-per-token)."}),
+    (("--dtype",), {"type": click.Choice(sorted(DTYPE_BYTES)), "help": "KV dtype with --model-config."}),
+    (("--tp",), {"type": TP, "default": 1, "show_default": True, "help": TP_HELP}),
 )
+
+_bytes_per_token_bundle = options(*(click.option(*decls, **kwargs) for decls, kwargs in BYTES_PER_TOKEN_SPECS))
+
+
+def bytes_per_token_of(bytes_per_token: float | None, model_config: str | None, dtype: str | None, tp: int, required: bool = True) -> float | None:
+    """s, the whole model's bytes per token: ``bytes_per_token`` as given, else derived from ``model_config`` (usage
+    error when neither is given and ``required``)."""
+    if bytes_per_token is None and model_config:
+        bytes_per_token = kv_size_from_file(model_config, dtype=dtype, tp=tp).bytes_per_token
+    if bytes_per_token is None and required:
+        raise click.UsageError("give --bytes-per-token or --model-config")
+    return bytes_per_token
 
 
 def bytes_per_token_options(required: bool = True, pass_tp: bool = False) -> Callable:
@@ -184,10 +202,7 @@ def bytes_per_token_options(required: bool = True, pass_tp: bool = False) -> Cal
     def decorate(func: Callable) -> Callable:
         @functools.wraps(func)
         def wrapper(*args: Any, bytes_per_token: float | None, model_config: str | None, dtype: str | None, tp: int, **kwargs: Any) -> Any:
-            if bytes_per_token is None and model_config:
-                bytes_per_token = kv_size_from_file(model_config, dtype=dtype, tp=tp).bytes_per_token
-            if bytes_per_token is None and required:
-                raise click.UsageError("give --bytes-per-token or --model-config")
+            bytes_per_token = bytes_per_token_of(bytes_per_token, model_config, dtype, tp, required)
             if pass_tp:
                 kwargs["tp"] = tp
             return func(*args, bytes_per_token=bytes_per_token, **kwargs)
@@ -209,7 +224,8 @@ def plot_path(value: str) -> str:
     return value if value.lower().endswith(PLOT_SUFFIX) else value + PLOT_SUFFIX
 
 
-def _plot_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+def plot_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """The callback of a one-chart ``--plot FILE``: the path written (:func:`plot_path`); a directory is a usage error."""
     if value is None:
         return None
     path = plot_path(value)
@@ -228,8 +244,12 @@ def _plot_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 def plot_option(what: str, when: str = "Draw") -> Callable:
     """``--plot FILE`` of a command that draws one chart, ``what`` (the command gets the path written: :func:`plot_path`);
     ``when`` opens the help ("With --sweep: draw")."""
-    return click.option("--plot", type=click.Path(dir_okay=False), metavar="FILE", callback=_plot_file,
-                        help=f"{when} {what} as a PNG, {PLOT_FILE_RULE}.")
+    return click.option("--plot", type=click.Path(dir_okay=False), metavar="FILE", callback=plot_file, help=plot_help(what, when))
+
+
+def plot_help(what: str, when: str = "Draw") -> str:
+    """The help of a one-chart ``--plot FILE`` that draws ``what``."""
+    return f"{when} {what} as a PNG, {PLOT_FILE_RULE}."
 
 
 def plot_dir_option(what: str, dest: str = "plot_dir") -> Callable:

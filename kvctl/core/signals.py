@@ -4,9 +4,11 @@
 ignored) on each later one: ``kvctl bench`` sets its stop event and aborts on a second signal, the
 exporter stops its server and, on a second one, raises :class:`ExitNow`, which :func:`kvctl.cli.main` (the one
 place that ends the process) turns into an exit at once. :func:`signals_raise` is its form for
-workflows that must unwind (stop what they started) first: the first signal raises :class:`Signalled`.
+workflows that must unwind (stop what they started) first: the first signal raises :class:`Signalled`, which says
+what the unwinding stopped (``said``).
 
-No click: the commands turn a caught signal into the exit code :func:`exit_code` (128 + the signal's number).
+No click: :class:`kvctl.cli.KvctlGroup`, the one error point, turns a :class:`Signalled` that reaches it into its
+message and the exit code :func:`exit_code` (128 + the signal's number); a command catches none itself.
 """
 
 from __future__ import annotations
@@ -25,11 +27,16 @@ def exit_code(sig: signal.Signals | int) -> int:
 
 
 class Signalled(BaseException):
-    """A stop signal arrived inside :func:`signals_raise`; ``exit_code`` is the shell's 128 + its number."""
+    """A stop signal arrived inside :func:`signals_raise`; ``exit_code`` is the shell's 128 + its number, ``said`` what
+    the unwinding stopped (the message: "interrupted by SIGTERM: <said>")."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, said: str = "") -> None:
         super().__init__(signum)
         self.signal = signal.Signals(signum)
+        self.said = said
+
+    def __str__(self) -> str:
+        return f"interrupted by {self.signal.name}" + (f": {self.said}" if self.said else "")
 
     @property
     def exit_code(self) -> int:
@@ -81,13 +88,13 @@ def on_signals(first: Callable[[signal.Signals], None], again: Callable[[signal.
             signal.signal(s, h)
 
 
-def _raise(sig: signal.Signals) -> None:
-    raise Signalled(sig)
-
-
-def signals_raise(signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> contextlib.AbstractContextManager[list[signal.Signals]]:
-    """Turn the first of ``signals`` into :class:`Signalled`; later ones are ignored so the unwinding finishes.
+def signals_raise(signals: tuple[signal.Signals, ...] = STOP_SIGNALS, said: str = "") -> contextlib.AbstractContextManager[list[signal.Signals]]:
+    """Turn the first of ``signals`` into :class:`Signalled` (``said``: what the unwinding stops, for its message); later
+    ones are ignored so the unwinding finishes.
 
     Outside the main thread (where Python cannot install handlers) this does nothing.
     """
+    def _raise(sig: signal.Signals) -> None:
+        raise Signalled(sig, said)
+
     return on_signals(_raise, signals=signals)

@@ -22,6 +22,12 @@ RHO_UNSTABLE = 1.0
 RHO_TARGET = 0.5
 #: a calm tier, far below RHO_HIGH: the paper's eight instances (ρ ≈ 0.09); the drill's healthy scenario
 CALM_RHO = 0.1
+#: diagnose's ``hits_recomputed`` (issue 46): the kvctl connector's load-or-recompute decision turned at least this
+#: share of the hits it judged in the window into recompute because of the tier (its queue, or an async load given up
+#: at its deadline), and at least HITS_RECOMPUTED_MIN of them: the tier is saturated and the decision is what keeps
+#: those prompts at recompute speed (the KvctlHitsRecomputed alert reads the finding)
+HITS_RECOMPUTED_SHARE = 0.1
+HITS_RECOMPUTED_MIN = 3
 
 # --- GPU utilisation: two different facts, two values ------------------------------------
 

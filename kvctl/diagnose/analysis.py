@@ -35,7 +35,7 @@ from kvctl.core import cost
 from kvctl.diagnose.capture import Capture, Sample
 from kvctl.diagnose.findings import Finding, Params, worst_severity  # noqa: F401 - Params/Finding are part of this API
 from kvctl.diagnose.fleet import fleet_loads
-from kvctl.diagnose.rules import findings_for
+from kvctl.diagnose.rules import findings_for, tier_recomputed
 from kvctl.records import prometheus as M
 from kvctl.diagnose import quantities as Q
 from kvctl.diagnose import rho as P
@@ -103,6 +103,10 @@ class Diagnosis:
     rho_range: list[float] | None = None
     rho_relative_error: float | None = None  # 1/√(arrivals counted): λ is a Poisson count
     l2_bytes_per_request_basis: str | None = None
+    # the kvctl connector's load-or-recompute decisions in the window: {decision: {reason: hits}} (issue 46)
+    load_decisions: dict[str, dict[str, float]] = field(default_factory=dict)
+    # of the hits it judged, the share the decision recomputed because of the tier (None: no hit judged)
+    hits_recomputed_share: float | None = None
 
     @property
     def exit_status(self) -> ExitStatus:
@@ -171,8 +175,21 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
         arrival_rate_range_per_s=None if rho.arrival_rate_range_per_s is None else list(rho.arrival_rate_range_per_s),
         arrivals_counted=rates.arrivals_counted, engine_states=rates.states,
         rho_range=None if rho.rho_range is None else list(rho.rho_range), rho_relative_error=rho.relative_error,
-        l2_bytes_per_request_basis=rho.l2_basis,
+        l2_bytes_per_request_basis=rho.l2_basis, load_decisions=_nested(obs["decisions"]),
+        hits_recomputed_share=_recomputed_share(obs["decisions"]),
     )
+
+
+def _recomputed_share(decisions: dict[tuple[str, ...], float]) -> float | None:
+    judged, *turned = tier_recomputed(decisions)
+    return sum(turned) / judged if judged > 0 else None
+
+
+def _nested(pairs: dict[tuple[str, ...], float]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for (decision, reason), n in sorted(pairs.items()):
+        out.setdefault(decision, {})[reason] = n
+    return out
 
 
 def _window(capture: Capture) -> tuple[Sample, Sample, float]:
@@ -228,6 +245,7 @@ def _rule_inputs(
         lm_requested=D.total(N.LMCACHE_NUM_REQUESTED_TOKENS), lm_hits=D.total(N.LMCACHE_NUM_HIT_TOKENS),
         mean_prefill_s=ratio(D.total(N.VLLM_REQUEST_PREFILL_TIME_SECONDS, "sum"), D.total(N.VLLM_REQUEST_PREFILL_TIME_SECONDS, "count")),
         bw_implausible=bw.implausible_gbps, engine_errors=[(o.url, o.error) for o in engines.obs if o.error],
+        decisions=D.by_labels(N.LOAD_DECISIONS),
     )
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable
 
-from kvctl.core.thresholds import GPU_NOT_COMPUTE_BOUND_PCT, RHO_HIGH, RHO_TARGET
+from kvctl.core.thresholds import GPU_NOT_COMPUTE_BOUND_PCT, HITS_RECOMPUTED_MIN, HITS_RECOMPUTED_SHARE, RHO_HIGH, RHO_TARGET
 
 
 class Severity(str, Enum):
@@ -49,6 +49,8 @@ class Params:
     hot_min_gets: int = 100
     min_prefill_rate: float = 100.0  # tok/s: a derived R below this is a symptom, not a rate
     max_bandwidth_gbps: float = 1000.0  # a B above this (per engine) is a counter mix-up, not a bandwidth
+    recomputed_share: float = HITS_RECOMPUTED_SHARE  # hits_recomputed: of the hits the connector judged
+    recomputed_min: int = HITS_RECOMPUTED_MIN
 
 
 @dataclass(frozen=True)

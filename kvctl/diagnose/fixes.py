@@ -34,7 +34,10 @@ PLACEHOLDERS = {
 }
 
 #: the finding ids whose fix may start with the server change
-STEP_FIRST = ("rho_high", "rho_unstable", "bandwidth_below_breakeven", "instance_saturated")
+STEP_FIRST = ("rho_high", "rho_unstable", "bandwidth_below_breakeven", "instance_saturated", "hits_recomputed")
+
+#: the finding ids whose fix line is built from the finding's numbers and the deployment (one form each)
+NUMBERED = ("rho_high", "rho_unstable", "instance_saturated", "hits_recomputed")
 
 #: fix lines without numbers, by finding id (a finding with two forms has a key per form)
 STATIC = {
@@ -96,7 +99,7 @@ class Deployment:
 
 def templates(finding_id: str) -> list[str]:
     """Every form of a finding's fix line, placeholders and all (what its runbook quotes); [] for an id without one."""
-    if finding_id in RECOMMENDATIONS or finding_id in ALERTS or finding_id in ("rho_high", "rho_unstable", "instance_saturated"):
+    if finding_id in RECOMMENDATIONS or finding_id in ALERTS or finding_id in NUMBERED:
         return [fix_line(finding_id)]
     return [fix_line(finding_id, variant=k.partition(":")[2] or None) for k in STATIC if k.partition(":")[0] == finding_id]
 
@@ -117,6 +120,8 @@ def fix_line(finding_id: str, numbers: Mapping[str, Any] | None = None, deployme
         return first + _more_instances(numbers, dep)
     if finding_id == "instance_saturated":
         return first + _shared(numbers, dep)
+    if finding_id == "hits_recomputed":
+        return first + _recomputed(numbers, dep)
     key = f"{finding_id}:{variant}" if variant else finding_id
     if key not in STATIC:
         raise KeyError(f"no fix line for {key}")
@@ -153,6 +158,13 @@ def _shared(numbers: Mapping[str, Any] | None, dep: Deployment) -> str:
     w = "W" if numbers is None or not dep.ranks else str(dep.ranks)
     return (f"add instances for the {e} engines that share this tier: `kvctl plan --engines {e} --ranks {w}` finds K, "
             f"the instances per rank, then `{up_command(w, 'K')}`; or give the busiest engine its own tier")
+
+
+def _recomputed(numbers: Mapping[str, Any] | None, dep: Deployment) -> str:
+    w = "W" if numbers is None or not dep.ranks else str(dep.ranks)
+    return (f"give the tier the capacity its hits need: `kvctl plan --ranks {w} --policy on` sizes it with the decision "
+            f"(K, the instances per rank), then `{up_command(w, 'K')}`; until then the decision keeps these prompts at "
+            "recompute speed, nothing to flip")
 
 
 def _instance_down(dep: Deployment) -> str:

@@ -150,6 +150,18 @@ class Deltas:
         each = self._each(name, kind)
         return sum(d / e.window_s for e, d in each) if each else None
 
+    def by_labels(self, name: str) -> dict[tuple[str, ...], float]:
+        """A labelled counter's window deltas per value of its own labels (:data:`kvctl.records.prometheus.SPLIT`),
+        summed over engines; a series first seen inside the window counts from zero."""
+        out: dict[tuple[str, ...], float] = {}
+        for e in self.engines:
+            before = e.a.by_labels(name)
+            for key, after in e.b.by_labels(name).items():
+                d = e.delta(before.get(key, 0.0), after, name)
+                if d:
+                    out[key] = out.get(key, 0.0) + d
+        return out
+
     def buckets(self, family: str) -> dict[float, float]:
         out: dict[float, float] = {}
         for e in self.engines:

@@ -117,14 +117,25 @@ def collect(engine_urls: Sequence[str], targets: Sequence[Target], window_s: flo
         raise InvalidInput(f"--window must be a number of seconds in (0, {MAX_WINDOW_S:g}], got {window_s}")
     engine_urls, _ = unique_engine_urls(engine_urls)
     first = take_sample(engine_urls, targets, timeout_s, http=http)
-    notes: list[str] = []
     if nothing_answered(first):  # every source reported at once, with its reason: no window waited for nothing
         second, said = without_a_window(first, window_s)
-        kept, notes = Kept(first), [said]
-    else:
-        kept = poll_until(first, engine_urls, first.t_s + window_s, timeout_s, http, tick)
-        second = take_sample(engine_urls, targets, timeout_s, http=http)
-        kept.add(second)
+        return _capture(engine_urls, targets, first, Kept(first), second, parameters, [said])
+    return window_capture(first, engine_urls, targets, window_s, parameters, timeout_s, http, tick)[0]
+
+
+def window_capture(first: Sample, engine_urls: Sequence[str], targets: Sequence[Target], window_s: float, parameters: dict[str, Any] | None = None,
+                   timeout_s: float = READ_TIMEOUT_S, http: EngineHttp | None = None, tick: Callable[[float], None] | None = None,
+                   ) -> tuple[Capture, Sample]:
+    """The capture of the window that starts at ``first``: the engines read in between (:func:`poll_until`) and a
+    sample ``window_s`` after ``first``, which is returned too (a watch's next window starts at it)."""
+    kept = poll_until(first, engine_urls, first.t_s + window_s, timeout_s, http, tick)
+    last = take_sample(engine_urls, targets, timeout_s, http=http)
+    kept.add(last)
+    return _capture(engine_urls, targets, first, kept, last, parameters), last
+
+
+def _capture(engine_urls: Sequence[str], targets: Sequence[Target], first: Sample, kept: Kept, last: Sample, parameters: dict[str, Any] | None,
+             notes: list[str] | None = None) -> Capture:
     # the targets keep their passwords for connecting; the capture (shown, saved) only masked URLs
-    return Capture([masked(u) for u in engine_urls], [masked_valkey_url(t.url) for t in targets], [first, *kept.samples(first, second), second],
-                   dict(parameters or {}), now_iso(), instances_per_rank=instances_per_rank_of(targets), engine_states=kept.states(), notes=notes)
+    return Capture([masked(u) for u in engine_urls], [masked_valkey_url(t.url) for t in targets], [first, *kept.samples(first, last), last],
+                   dict(parameters or {}), now_iso(), instances_per_rank=instances_per_rank_of(targets), engine_states=kept.states(), notes=notes or [])

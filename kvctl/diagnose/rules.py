@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from kvctl.connector.policy import DEADLINE, GIVEN_UP, PARTIAL, RECOMPUTE, TIER_QUEUE
 from kvctl.diagnose.findings import Finding, Params
 from kvctl.diagnose.fixes import Deployment, Server, fix_line
 from kvctl.core.engine_http import TOO_LARGE
@@ -23,6 +24,7 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
     _tier_health(o, p, out)
     _shared_instances(o, p, out)
     _metrics_too_large(o, out)
+    _hits_recomputed(o, p, out)
     bw = o["bw"]
     if bw is not None and o["b_star"] is not None and bw < o["b_star"]:
         out.append(
@@ -137,6 +139,38 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
             )
         )
     return out
+
+
+def tier_recomputed(dec: dict[tuple[str, ...], float]) -> tuple[float, float, float, float]:
+    """(hits judged, recomputed whole behind the tier's queue, in part, async loads given up at their deadline) of
+    the connector's decisions ``{(decision, reason): hits}``; a given-up load was judged once already."""
+    judged = sum(v for (d, *_), v in dec.items() if d != GIVEN_UP)
+    return (judged, dec.get((RECOMPUTE, TIER_QUEUE), 0.0), dec.get((PARTIAL, TIER_QUEUE), 0.0),
+            dec.get((GIVEN_UP, DEADLINE), 0.0))
+
+
+def _hits_recomputed(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
+    """The kvctl connector's decision turning hits into recompute because of the tier (issue 46): its queue
+    (``tier_queue``: the hit would win on an idle tier) or an async load stopped at its deadline (``given_up``)."""
+    dec = o.get("decisions") or {}
+    judged, whole, part, given_up = tier_recomputed(dec)
+    turned = whole + part + given_up
+    if turned < p.recomputed_min or turned < p.recomputed_share * max(judged, 1.0):
+        return
+    share = turned / judged if judged else None
+    out.append(
+        Finding(
+            "hits_recomputed",
+            "warning",
+            f"the kvctl connector recomputed {turned:g} of the {judged:g} hit(s) it judged because the tier is saturated "
+            f"({whole:g} whole and {part:g} in part behind the tier's queue, {given_up:g} async load(s) given up at their "
+            "deadline): those prompts run at recompute speed, and the GPUs redo work the tier holds",
+            fix_line("hits_recomputed", o, _deployment(o)),
+            {**_step_evidence(o), "hits_judged": judged, "hits_recomputed": turned, "recomputed_share": share,
+             "recomputed_whole": whole, "recomputed_in_part": part, "given_up_at_deadline": given_up,
+             "decisions": {f"{d}/{r}": v for (d, r), v in sorted(dec.items())}},
+        )
+    )
 
 
 def _metrics_too_large(o: dict[str, Any], out: list[Finding]) -> None:

@@ -43,6 +43,7 @@ class EngineSettings:
     tier_client: str = "kvctl"  # "fixed-header": LMCache's native pattern, hangs on a missing key
     lookup: str = "exists"  # "index": answered from the chunks this engine stored (stale after an eviction)
     tier_timeout_s: float = 1.0
+    load_policy: bool = False  # the kvctl connector's load-or-recompute decision (connector/policy.py) before each load
     chunk_tokens: int = CHUNK_TOKENS
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -118,8 +119,11 @@ def read_config(path: Path | str) -> EngineConfig:
         tier_client=str(d.get("tier_client", "kvctl")),
         lookup=str(d.get("lookup", "exists")),
         tier_timeout_s=float(d.get("tier_timeout_s", 1.0)),
+        load_policy=d.get("load_policy", False),
         chunk_tokens=chunk,
     )
+    if not isinstance(s.load_policy, bool):
+        raise InvalidInput(f"{p}: drill.load_policy must be true or false")
     if s.tier_client not in TIER_CLIENTS:
         raise InvalidInput(f"{p}: drill.tier_client must be one of {', '.join(TIER_CLIENTS)}")
     if s.lookup not in LOOKUPS:

@@ -22,6 +22,13 @@ For each ``/v1/completions`` request (streamed or not) it
    the paper's own fix for ρ > 1 at one instance is more instances, with async loading);
 3. SETs the chunks it computed, each to its owner's instance.
 
+With ``drill.load_policy: true`` each hit is first judged by the kvctl connector's own load-or-recompute
+decision (:func:`kvctl.connector.policy.decide`): its predicted load (T0 and the fixed cost of a batch, the
+bytes queued ahead of it on its owners' links and its own, over the link) against its recompute (its tokens
+and the prefill work queued on the simulated GPU, over R); the part that loses is recomputed, and every
+decision is counted as the connector counts it, ``kvctl:load_decisions{decision,reason}``. The drill
+engine's decision has no deadline: a load it starts, it finishes.
+
 ``/metrics`` carries vLLM's names as ``kvctl diagnose`` reads them (``vllm:request_success``,
 ``vllm:num_requests_waiting``/``_running``, prompt-token, prefill-time, TTFT and latency histograms,
 ``vllm:external_prefix_cache_queries``/``_hits``) and the kvctl connector's (``kvctl:ranks``,
@@ -49,8 +56,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kvctl.connector import metric_names as MN
-from kvctl.connector.metric_names import COUNTERS, RANKS, RANKS_HELP
+from kvctl.connector.metric_names import COUNTERS, LABELS, RANKS, RANKS_HELP
 from kvctl.connector.ownership import chunk_keys, owner
+from kvctl.connector.policy import Decision, Estimates, HitShape, TierQueue, decide
 from kvctl.drill.config import EngineConfig, EngineSettings, read_config
 from kvctl.core.procs import python_argv
 
@@ -88,7 +96,12 @@ class Metrics:
         }
         self.hist = {k: Histogram(n, d, lab, buckets=TIME_BUCKETS, registry=r).labels(model) for k, (n, d) in hist.items()}
         Gauge(RANKS, RANKS_HELP, lab, registry=r).labels(model).set(ranks)
-        self.kvctl = {n: Counter(n, d, lab, registry=r).labels(model) for n, d in COUNTERS.items()}
+        self.kvctl = {n: Counter(n, d, lab, registry=r).labels(model) for n, d in COUNTERS.items() if n not in LABELS}
+        self.decisions = Counter(MN.LOAD_DECISIONS, COUNTERS[MN.LOAD_DECISIONS], lab + list(LABELS[MN.LOAD_DECISIONS]), registry=r)
+        self.model = model
+
+    def decided(self, d: Decision) -> None:
+        self.decisions.labels(self.model, d.decision, d.reason).inc()
 
     def text(self) -> bytes:
         return generate_latest(self.registry)
@@ -223,6 +236,28 @@ class DrillEngine:
         self.gpu = asyncio.Lock()  # FIFO: asyncio.Lock wakes waiters in arrival order
         self.load_slots = asyncio.Semaphore(self.s.async_streams)
         self.waiting = self.running = self.served = 0
+        # what the decision sees (load_policy): bytes of the loads queued or running, per rank, and how many;
+        # prompt tokens waiting for or on the simulated GPU
+        self.queued_bytes = [0] * self.s.ranks
+        self.queued_loads = 0
+        self.gpu_tokens = 0
+
+    def _decide(self, hit: int, n: int) -> int:
+        """The chunks of a ``hit`` the connector's decision loads (load_policy); the decision counted."""
+        s = self.s
+        shape = HitShape(0, hit, 0, s.chunk_tokens, s.chunk_bytes, s.ranks)
+        est = Estimates(s.prefill_tokens_per_s, s.t0_s + s.chunk_rtt_s, (s.stream_bytes_per_s,) * s.ranks)
+        if self.cfg.async_loading:  # the load waits behind the tier's queue; the GPU computes its queue meanwhile
+            d = decide(shape, est, TierQueue(tuple(self.queued_bytes), self.queued_loads), float(self.gpu_tokens))
+        else:  # a synchronous load holds the engine step: judged against its own tokens
+            d = decide(shape, est, TierQueue((0,) * s.ranks))
+        self.m.decided(d)
+        return d.tokens // s.chunk_tokens
+
+    def _queue(self, hit: int, sign: int) -> None:
+        for c in range(hit):
+            self.queued_bytes[owner(c, self.s.ranks)] += sign * self.s.chunk_bytes
+        self.queued_loads += sign if hit else 0
 
     def _gauges(self) -> None:
         self.m.waiting.set(self.waiting)
@@ -246,21 +281,33 @@ class DrillEngine:
         try:
             keys = await self._thread(self.tier.keys, ids)
             hit = await self._thread(self.tier.lookup, keys)
+            if s.load_policy and hit:
+                hit = self._decide(hit, n)
             if self.cfg.async_loading:
-                async with self.load_slots:
-                    hit = await self._load(keys, hit)
-            async with self.gpu:
-                self.waiting -= 1
-                self.running += 1
-                on_gpu = True
-                self._gauges()
-                start = time.monotonic()
-                self.m.hist["queue"].observe(start - arrived)
-                if not self.cfg.async_loading:
-                    hit = await self._load(keys, hit)
-                hit_tokens = hit * s.chunk_tokens
-                await asyncio.sleep((s.t0_s if hit else 0.0) + (n - hit_tokens) / s.prefill_tokens_per_s)
-                prefill = time.monotonic() - start
+                planned = hit
+                self._queue(planned, +1)
+                try:
+                    async with self.load_slots:
+                        hit = await self._load(keys, hit)
+                finally:
+                    self._queue(planned, -1)
+            work = n - hit * s.chunk_tokens  # what the GPU computes of it: queued work the decision sees
+            self.gpu_tokens += work
+            try:
+                async with self.gpu:
+                    self.waiting -= 1
+                    self.running += 1
+                    on_gpu = True
+                    self._gauges()
+                    start = time.monotonic()
+                    self.m.hist["queue"].observe(start - arrived)
+                    if not self.cfg.async_loading:
+                        hit = await self._load(keys, hit)
+                    hit_tokens = hit * s.chunk_tokens
+                    await asyncio.sleep((s.t0_s if hit else 0.0) + (n - hit_tokens) / s.prefill_tokens_per_s)
+                    prefill = time.monotonic() - start
+            finally:
+                self.gpu_tokens -= work
             await self._thread(self.tier.store, keys, hit)
         finally:
             if on_gpu:

@@ -26,6 +26,7 @@ from kvctl.diagnose import capture as cap
 from kvctl.diagnose.analysis import Diagnosis, Params, analyse
 from kvctl.drill import scenarios as S
 from kvctl.drill.config import EngineSettings, write_config
+from kvctl.drill.saturated import saturated_phase
 from kvctl.drill.standalone import engine_port_in, settings_for
 from kvctl.drill.workload import Sizes, Workload, sizes, write_trace
 from kvctl.core.errors import ExitStatus, InvalidInput, KvctlError
@@ -182,14 +183,15 @@ class Drill:
     def engine_settings(self, targets: list[Target], **kw: Any) -> EngineSettings:
         return settings_for([f"resp://{t.host}:{t.port}" for t in targets], self.opts.model_config, **kw)
 
-    def start_engine(self, settings: EngineSettings) -> Path:
-        cfg = write_config(self.work / "engine.yaml", settings, async_loading=False)
+    def start_engine(self, settings: EngineSettings, async_loading: bool = False) -> Path:
+        cfg = write_config(self.work / "engine.yaml", settings, async_loading=async_loading)
         self.engine_port = 0  # a free port the engine binds itself and prints (PORT n): none to race for
         args = ["-m", "kvctl.drill.engine", "--config", str(cfg), "--port", "0"]
         self.engine = self.procs.start("engine", args, self.work / "engine.log")
         self.wait_engine()
         self.say("start", f"drill engine pid {self.engine.pid} on http://127.0.0.1:{self.engine_port} ({settings.ranks} rank(s), "
-                          f"synchronous loading, chunks of {self.sizes.chunk_bytes / 1e3:.1f} kB = {self.sizes.model}'s "
+                          f"{'asynchronous' if async_loading else 'synchronous'} loading"
+                          f"{' with the load-or-recompute decision' if settings.load_policy else ''}, chunks of {self.sizes.chunk_bytes / 1e3:.1f} kB = {self.sizes.model}'s "
                           f"{self.sizes.model_chunk_bytes / 1e6:.2f} MB × {self.sizes.bytes_scale:g}; config {cfg.name})")
         return cfg
 
@@ -247,7 +249,7 @@ class Drill:
         return cap.take_sample([self.url], targets, SAMPLE_TIMEOUT_S)
 
     def analyse(self, a: cap.Sample, b: cap.Sample, targets: list[Target]) -> tuple[cap.Capture, Diagnosis]:
-        params = {"bytes_per_token": self.sizes.bytes_per_token, "prefill_rate": S.PREFILL_RATE, "t0_s": S.T0_S}
+        params = {"bytes_per_token": self.sizes.bytes_per_token, "prefill_rate": S.PREFILL_RATE, "t0_s": self.sc.t0_s}
         c = cap.Capture([self.url], [t.url for t in targets], [a, b], params, cap.now_iso())
         return c, analyse(c, Params(**params))
 
@@ -327,17 +329,10 @@ def _stop_stale_tier(tier_dir: Path) -> int:
 def _workload(sc: S.Scenario, rho: float, opts: DrillOptions) -> Workload:
     """The drill's trace: λ for ``rho`` on the scenario's ranks, for the whole drill and TRACE_TAIL_S more."""
     rate = S.arrival_rate(rho, sc.ranks, Workload(rate_per_s=1.0, duration_s=1.0).hit_chunks)
-    return Workload(rate_per_s=rate, duration_s=opts.duration_s + TRACE_TAIL_S, seed=opts.seed)
+    return Workload(rate_per_s=rate, duration_s=opts.duration_s + S.TRACE_TAIL_S, seed=opts.seed)
 
 
-#: seconds the drill's trace runs past --duration, so the traffic never stops before the drill's last sample
-TRACE_TAIL_S = 5.0
-
-
-def _timeline(duration: float) -> tuple[float, float]:
-    """(warm-up, watch) seconds of a one-phase drill of ``duration`` seconds."""
-    warm = min(6.0, max(3.0, duration / 5))
-    return warm, duration - warm
+_timeline = S.timeline
 
 
 def _load_phase(dr: Drill, sc: S.Scenario, rho: float, async_after: bool) -> tuple[bool, str, list[str]]:
@@ -470,6 +465,8 @@ def run_drill(name: str, opts: DrillOptions, say: Say) -> DrillResult:
             ok, verdict, found = _load_phase(dr, sc, rho, async_after=sc.name == "async-fix")
         elif sc.name == "missing-key-stall":
             ok, verdict, found = _stall(dr, sc)
+        elif sc.name == "saturated-tier":
+            ok, verdict, found = saturated_phase(dr, sc)
         else:
             ok, verdict, found = _dead(dr, sc)
         dr.check_children()

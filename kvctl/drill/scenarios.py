@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from kvctl.core.runbooks import runbook_for
 from kvctl.diagnose.fixes import Deployment, fix_line
-from kvctl.core.thresholds import CALM_RHO
+from kvctl.core.thresholds import CALM_RHO, CHUNK_TOKENS
 
 #: the simulated GPU: R (tokens/s) and T0 (s) of the drill engine
 PREFILL_RATE = 40960.0
@@ -23,6 +23,11 @@ STREAM_CHUNKS_PER_S = 57.0
 LINK_CHUNKS_PER_S = 3 * STREAM_CHUNKS_PER_S
 #: the round trip a synchronous loader pays per chunk: 1/57 s per chunk in all
 CHUNK_RTT_S = 1 / STREAM_CHUNKS_PER_S - 1 / LINK_CHUNKS_PER_S
+#: the saturated-tier drill (issue 46): a faster link where a lone hit wins (its load takes SATURATED_LOAD_SHARE of its
+#: recompute), a smaller T0, prompts of 32 chunks, asynchronous loading with the connector's decision on
+SATURATED_T0_S = 0.01
+SATURATED_BLOCKS = 16  # 16 × 512 tokens = 32 chunks of 256
+SATURATED_LOAD_SHARE = 0.7
 DEFAULT_DURATION_S = 30.0
 MIN_DURATION_S = 8.0
 MAX_DURATION_S = 600.0
@@ -37,6 +42,7 @@ class Scenario:
     expect: str  # what diagnose must report
     finding: str | None  # the finding id that shows it (None: no finding, a healthy diagnosis)
     calm_rho: float = CALM_RHO  # the arrival rate's ρ when --plant-nothing takes the fault away
+    t0_s: float = T0_S  # the drill engine's T0 (and diagnose's)
 
     @property
     def runbook(self) -> str | None:
@@ -71,12 +77,34 @@ SCENARIOS: dict[str, Scenario] = {
             "missing-key-get from `kvctl diagnose stalls`", "missing-key-get",
         ),
         Scenario(
+            "saturated-tier", "one instance behind a link where a lone hit wins, offered 1.3× the hits it serves, "
+            "asynchronous loading with the connector's load-or-recompute decision: it recomputes what the tier cannot "
+            "serve in time", 1, 1.3, "hits_recomputed (warning)", "hits_recomputed", t0_s=SATURATED_T0_S,
+        ),
+        Scenario(
             "dead-instance", "2 instances, rank 1's valkey-server SIGSTOPped", 2, 0.2,
             "Valkey rank 1 unreachable (exit 5)", "instance_down",
         ),
     )
 }
 ORDER = tuple(SCENARIOS)
+
+
+#: seconds the drill's trace runs past --duration, so the traffic never stops before the drill's last sample
+TRACE_TAIL_S = 5.0
+
+
+def timeline(duration: float) -> tuple[float, float]:
+    """(warm-up, watch) seconds of a one-phase drill of ``duration`` seconds."""
+    warm = min(6.0, max(3.0, duration / 5))
+    return warm, duration - warm
+
+
+def saturated_link_chunks_per_s(hit_chunks: int) -> float:
+    """One rank's link in the saturated-tier drill: a lone hit of ``hit_chunks`` loads in SATURATED_LOAD_SHARE of its
+    recompute, T0 included (T0 + hit_chunks/link = share × hit tokens / R)."""
+    recompute = hit_chunks * CHUNK_TOKENS / PREFILL_RATE
+    return hit_chunks / (SATURATED_LOAD_SHARE * recompute - SATURATED_T0_S)
 
 
 def arrival_rate(rho: float, ranks: int, hit_chunks: int) -> float:

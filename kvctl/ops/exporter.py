@@ -79,6 +79,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "kvctl_engine_rho": ("One engine's ρ against the bandwidth it gets (two or more engines)", ("engine",)),
     "kvctl_valkey_up": ("1 when the instance answered INFO in the newest sample", ("rank",)),
     "kvctl_engine_up": ("1 when the engine's /metrics answered in the newest sample", ("engine",)),
+    "kvctl_load_decisions_per_second": ("The kvctl connector's load-or-recompute decisions per second over the window, by decision (load, partial, recompute, given_up) and reason", ("decision", "reason")),
+    "kvctl_hits_recomputed_ratio": ("Of the hits the kvctl connector judged over the window, the share it recomputed because of the tier (its queue, or an async load given up at its deadline)", ()),
     "kvctl_finding": ("1 while a kvctl diagnose finding holds over the window", ("id", "severity")),
     "kvctl_scrape_duration_seconds": ("Seconds the newest sampling round took (all sources in parallel)", ()),
     "kvctl_data_sufficient": ("1 when the window's samples can answer the diagnosis, 0 while data is insufficient", ()),
@@ -368,6 +370,11 @@ class Exporter:
             put("kvctl_instance_rho", il.rho, **where(il.rank, il.instance))
         for el in diag.engine_loads:
             put("kvctl_engine_rho", el.rho, engine=el.url)
+        for decision, reasons in diag.load_decisions.items():
+            for reason, hits in reasons.items():
+                put("kvctl_load_decisions_per_second", hits / diag.window_s if diag.window_s > 0 else None,
+                    decision=decision, reason=reason)
+        put("kvctl_hits_recomputed_ratio", diag.hits_recomputed_share)
         for f in diag.findings:
             put("kvctl_finding", 1.0, id=f.id, severity=f.severity)
         return out

@@ -33,9 +33,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from kvctl.connector.metric_names import LABELS
 from kvctl.core.errors import InvalidInput
 
 MAX_LISTED_DUPLICATES = 3
+#: labelled counters whose series are also kept apart by their own labels (the connector's decisions by decision
+#: and reason, its per-rank GETs): the sample name on the wire -> the label names, in kvctl.connector.metric_names
+#: order. Every other label (the engine's model_name, ...) is still summed over.
+SPLIT = {f"{name}_total": names for name, names in LABELS.items()}
 
 
 @dataclass
@@ -51,6 +56,8 @@ class Scrape:
     #: repeats of a series (name and label set) already seen in the same text: invalid exposition, counted once
     duplicate_count: int = 0
     duplicates: list[str] = field(default_factory=list)  # the first MAX_LISTED_DUPLICATES of them
+    #: the :data:`SPLIT` counters by their own label values: wire name -> (values) -> sum over the other labels
+    split: dict[str, dict[tuple[str, ...], float]] = field(default_factory=dict)
 
     def has(self, name: str) -> bool:
         return any(n in self.values for n in (name, f"{name}_total", f"{name}_count"))
@@ -64,6 +71,10 @@ class Scrape:
 
     def gauge(self, name: str) -> float | None:
         return self.values.get(name)
+
+    def by_labels(self, name: str) -> dict[tuple[str, ...], float]:
+        """A :data:`SPLIT` counter (by its base name) per value of its own labels; {} when the text has none."""
+        return dict(self.split.get(f"{name}_total", {}))
 
     def hist_sum(self, name: str) -> float | None:
         return self.values.get(f"{name}_sum")
@@ -96,6 +107,10 @@ def parse(text: str, source: str = "<metrics>") -> Scrape:
                     bks[le] = bks.get(le, 0.0) + float(s.value)
                     continue
                 out.values[s.name] = out.values.get(s.name, 0.0) + float(s.value)
+                if s.name in SPLIT:
+                    own = out.split.setdefault(s.name, {})
+                    key = tuple(str(s.labels.get(n, "")) for n in SPLIT[s.name])
+                    own[key] = own.get(key, 0.0) + float(s.value)
     except (ValueError, TypeError, IndexError) as e:
         raise InvalidInput(f"{source} is not Prometheus text: {e}") from e
     return out

@@ -47,6 +47,7 @@ from kvctl.records.stats import latency_by_class
 from kvctl.sim.simulate import (
     SimConfig, SimResult, in_system_ahead, check_config, engine_steps, fifo, hit_tokens_of, np_percentile, plan_step, split_t0,
 )
+from kvctl.sim.policy import decided_hits
 from kvctl.sim.workload import Workload
 from kvctl.core.thresholds import RHO_UNSTABLE
 from kvctl.sim.variability import Variability, gain_for
@@ -370,12 +371,18 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
     if var.get_sigma > 0:
         z = np.random.default_rng([cfg.seed, 5]).standard_normal(n)
         mult = np.exp(var.get_sigma * z - var.get_sigma**2 / 2)  # mean 1: bandwidth keeps its mean
-    transfer = hit_tokens * cfg.bytes_per_token / (bw * GB) * mult
+    per_token = cfg.bytes_per_token / (bw * GB) * mult
     t0 = (np.random.default_rng([cfg.seed, 6]).choice(np.asarray(var.t0_samples_s), n) if var.t0_samples_s
           else np.full(n, cfg.t0_s))
+    gpu_t0, held_t0, late_t0 = split_t0(t0, cfg.t0_engine_share, cfg.hit_gpu_s)  # GPU part; on the engine after the load; latency only
+    decisions = None
+    if cfg.policy == "on":  # the connector's decision first (kvctl.sim.policy): what each hit loads
+        hit_tokens, decisions = decided_hits(arrival, tokens, hit_tokens, hit_tokens * per_token, t0, cfg.prefill_rate,
+                                             cfg.loading, held_t0, eng, engines)
+        hit = hit_tokens > 0
+    transfer = hit_tokens * per_token
     prefill = tokens / cfg.prefill_rate
     tail = (tokens - hit_tokens) / cfg.prefill_rate
-    gpu_t0, held_t0, late_t0 = split_t0(t0, cfg.t0_engine_share, cfg.hit_gpu_s)  # GPU part; on the engine after the load; latency only
     todo = np.where(hit, tokens - hit_tokens, tokens)  # prefill tokens each request computes (a served hit: its tail)
     extrapolated: list[str] = []
     # g(k) for every k up to the most loads the tier can hold at once (sync: one per engine)
@@ -443,7 +450,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
         arrival_rate_per_s=rate, bandwidth_gbps=bw, tier_rho=tier_rho, loading=cfg.loading, instances=cfg.instances,
         engines=engines, gpu_utilization_pct=float(np.mean([p.gpu_utilization_pct for p in per])), per_engine=tuple(per),
         extrapolated=tuple(extrapolated), notes=var.notes, solver=solver,
-        by_class=latency_by_class(latency[hit], latency[~hit], pct=np_percentile),
+        by_class=latency_by_class(latency[hit], latency[~hit], pct=np_percentile), decisions=decisions,
     )
 
 

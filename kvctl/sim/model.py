@@ -7,8 +7,9 @@ readers curve), the engine's model (batching, its token budget, θ and a hit's G
 fleet, or a sweep) and :func:`size_tier` runs ``kvctl plan``'s search. The request defaults live here
 (:data:`SIMULATE_REQUESTS`, :data:`PLAN_REQUESTS`, :data:`BLOCK_TOKENS`), not in the commands.
 
-Inputs are the options as parsed: which of them go together is the commands' to check (usage errors,
-kvctl.commands.fleet_options). No click, and no numpy at import (``kvctl --help`` stays light): kvctl.sim.simulate,
+Inputs are the options as parsed, and which of them go together is checked here, when an :class:`Inputs` is made
+(:meth:`Inputs.check`: InvalidInput, a usage error, for the CLI and a library caller alike); the options themselves
+are declared once in kvctl.commands.whatif_options. No click, and no numpy at import (``kvctl --help`` stays light): kvctl.sim.simulate,
 kvctl.sim.fleet, kvctl.sim.variability and kvctl.sim.calibrate load when a model is built.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
+from kvctl.core.errors import InvalidInput
 from kvctl.records.trace import DEFAULT_BLOCK_TOKENS
 from kvctl.core.thresholds import ASYNC_TIMEOUT_S, PAPER_T0_S, VLLM_MAX_NUM_BATCHED_TOKENS
 
@@ -70,6 +72,60 @@ class Inputs:
     arrivals: str = "poisson"
     arrival_cv: float | None = None
     arrivals_from: str | None = None
+    policy: str = "off"  # "on": the kvctl connector's load-or-recompute decision judges each hit (kvctl.sim.policy)
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """The inputs that do not go together, as usage errors (InvalidInput) named by their options: the workload
+        (exactly one of --arrival-rate and --trace, --prompt-tokens with a rate, a bandwidth: --instance-gbps, --bench
+        or both), what ``fit`` needs (--fit-from, and --fit-gpu-util for --hit-gpu-s), and the arrival process
+        (--arrivals/--arrival-cv/--arrivals-from shape --arrival-rate's arrivals, a --trace brings its own; gamma needs
+        a CV and only gamma takes one)."""
+        self._check_workload()
+        self._check_fits()
+        self._check_arrivals()
+
+    def _check_workload(self) -> None:
+        if (self.rate is None) == (self.trace_path is None):
+            raise InvalidInput("give exactly one of --arrival-rate (per engine) or --trace FILE")
+        if self.rate is not None and self.prompt_tokens is None:
+            raise InvalidInput("--arrival-rate needs --prompt-tokens")
+        if self.instance_gbps is None and self.bench_path is None:
+            raise InvalidInput("give the tier's bandwidth: --instance-gbps or --bench FILE (a `kvctl bench --save` file)")
+        if self.hits_from_trace and not self.trace_path:
+            raise InvalidInput("--hits-from-trace needs --trace")
+
+    def _check_fits(self) -> None:
+        if (self.hit_gpu_s == "fit" or self.fit_gpu_util is not None) and not self.fit_from:
+            raise InvalidInput("--hit-gpu-s fit needs --fit-from RUN and --fit-gpu-util PCT (the run it is fitted on and its GPU utilisation)")
+        if self.hit_gpu_s == "fit" and self.fit_gpu_util is None:
+            raise InvalidInput("--hit-gpu-s fit needs --fit-gpu-util PCT: the GPU utilisation measured during the --fit-from run")
+        if self.hit_gpu_s != "fit" and self.fit_gpu_util is not None:
+            raise InvalidInput("--fit-gpu-util fits --hit-gpu-s: give --hit-gpu-s fit")
+        if self.fit_instances is not None and not self.fit_from:
+            raise InvalidInput("--fit-instances says what tier the --fit-from run had: give --fit-from RUN")
+        if self.fit_loading is not None and not self.fit_from:
+            raise InvalidInput("--fit-loading says how the --fit-from run loaded: give --fit-from RUN")
+        if self.t0_engine_share == "fit" and not self.fit_from:
+            raise InvalidInput("--t0-engine-share fit needs --fit-from RUN (the run it is fitted on)")
+
+    def _check_arrivals(self) -> None:
+        if self.trace_path and (self.arrivals != "poisson" or self.arrival_cv is not None or self.arrivals_from):
+            raise InvalidInput("--arrivals/--arrival-cv/--arrivals-from shape --arrival-rate's arrivals; --trace brings its own")
+        if self.arrivals_from:
+            if self.arrival_cv is not None or self.arrivals not in ("poisson", "gamma"):
+                raise InvalidInput("--arrivals-from fits the CV of gamma arrivals: not with --arrival-cv or --arrivals deterministic")
+            return
+        if self.arrivals == "gamma" and self.arrival_cv is None:
+            raise InvalidInput("--arrivals gamma needs --arrival-cv CV (1 is Poisson's; below 1 smoother, above burstier) or --arrivals-from TRACE")
+        if self.arrivals != "gamma" and self.arrival_cv is not None:
+            raise InvalidInput("--arrival-cv is the CV of --arrivals gamma")
+
+
+#: --sweep keys that draw a new Poisson workload: no trace has them
+POISSON_SWEEP_KEYS = ("arrival_rate", "prompt_tokens")
 
 
 @dataclass(frozen=True)
@@ -159,7 +215,7 @@ def build(i: Inputs, default_requests: int = SIMULATE_REQUESTS) -> Model:
     cfg = sim.SimConfig(i.bytes_per_token, i.prefill_rate, i.t0_s, fit_instances, i.instance_gbps, i.fit_loading or i.loading,
                         i.async_timeout_s, i.hit_fraction, i.seed, i.hits_from_trace)
     cfg, var = engine_model(i, cfg, fit_gbps, var)
-    cfg = replace(cfg, loading=i.loading)  # fitted as the --fit-from run loaded, simulated at --loading
+    cfg = replace(cfg, loading=i.loading, policy=i.policy)  # fitted as the --fit-from run loaded, simulated at --loading
     process, cv, cv_note = arrival_process(i)
     if cv_note:
         var = replace(var, notes=(*var.notes, cv_note))
@@ -191,11 +247,14 @@ class WhatIf:
 def whatif(i: Inputs, grid: dict[str, list[Any]] | None = None) -> WhatIf:
     """``kvctl simulate``: the model of ``i`` run once, or at every point of ``grid`` (:func:`kvctl.sim.simulate.parse_sweep`).
 
-    Refused (InvalidInput, with the figures) before any allocation when the requests would not fit in memory."""
+    Refused (InvalidInput, with the figures) before any allocation when the requests would not fit in memory, and
+    when ``grid`` sweeps what only --arrival-rate's workload has (λ, prompt tokens) over a trace."""
     from kvctl.sim import fleet  # noqa: PLC0415 - numpy only when used
     from kvctl.sim import simulate as sim  # noqa: PLC0415
     from kvctl.sim import workload as sim_workload  # noqa: PLC0415
 
+    if grid and i.trace_path and any(k in grid for k in POISSON_SWEEP_KEYS):
+        raise InvalidInput("--sweep arrival_rate/prompt_tokens need Poisson mode (--arrival-rate)")
     model = build(i, SIMULATE_REQUESTS)
     sim_workload.check_memory(i.requests or (None if i.trace_path else SIMULATE_REQUESTS), fleet=model.fleet)
     if grid:

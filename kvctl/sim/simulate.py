@@ -40,6 +40,7 @@ from kvctl.core.errors import InvalidInput
 from kvctl.core.thresholds import (
     ASYNC_TIMEOUT_S, PAPER_T0_S, RHO_UNSTABLE, VLLM_MAX_NUM_BATCHED_TOKENS,
 )
+from kvctl.sim.policy import POLICIES, decided_hits
 from kvctl.sim.workload import Workload, effective_gbps
 
 LOADINGS = ("sync", "async")
@@ -62,6 +63,7 @@ class SimConfig:
     #: over steps. None: no budget (a step takes its requests whole)
     max_batched_tokens: int | None = VLLM_MAX_NUM_BATCHED_TOKENS
     hit_gpu_s: float = 0.0  # GPU time of a served hit, part of its T0: holds the engine and counts as GPU busy
+    policy: str = "off"  # "on": the connector's load-or-recompute decision judges each hit first (kvctl.sim.policy)
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ class SimResult:
     #: p50/p90/p99 of the hits (requests with tokens in the tier, async timeouts among them) and of the misses apart
     #: (:func:`kvctl.records.stats.latency_by_class`, as ``kvctl report`` gives them for a run)
     by_class: dict | None = None
+    #: the load-or-recompute decisions with ``--policy on`` (``{"decision/reason": hits}``, kvctl.sim.policy); None: off
+    decisions: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -246,6 +250,8 @@ def check_config(cfg: SimConfig, bandwidth_gbps: float) -> None:
         raise InvalidInput(f"--hit-fraction must be in [0, 1], got {cfg.hit_fraction}")
     if cfg.loading not in LOADINGS:
         raise InvalidInput(f"--loading must be sync or async, got {cfg.loading!r}")
+    if cfg.policy not in POLICIES:
+        raise InvalidInput(f"--policy must be on or off, got {cfg.policy!r}")
     check_engine_share(cfg.t0_engine_share)
     check_max_batch(cfg.max_batch)
     check_step_model(cfg.max_batched_tokens, cfg.hit_gpu_s)
@@ -281,13 +287,18 @@ def np_percentile(xs: np.ndarray, q: float) -> float | None:
 def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
     n = len(w.arrival_s)
     arrival, tokens = w.arrival_s, w.tokens
+    gpu_t0, held_t0, late_t0 = split_t0(cfg.t0_s, cfg.t0_engine_share, cfg.hit_gpu_s)
     hit_tokens = hit_tokens_of(w, cfg)
+    per_token = cfg.bytes_per_token / (bandwidth_gbps * GB)
+    decisions = None
+    if cfg.policy == "on":
+        hit_tokens, decisions = decided_hits(arrival, tokens, hit_tokens, hit_tokens * per_token, cfg.t0_s, cfg.prefill_rate,
+                                             cfg.loading, held_t0)
     hit = hit_tokens > 0
-    transfer = hit_tokens * cfg.bytes_per_token / (bandwidth_gbps * GB)
+    transfer = hit_tokens * per_token
     prefill = tokens / cfg.prefill_rate
     tail = (tokens - hit_tokens) / cfg.prefill_rate  # the uncached rest of a hit
     timeouts = 0
-    gpu_t0, held_t0, late_t0 = split_t0(cfg.t0_s, cfg.t0_engine_share, cfg.hit_gpu_s)
     steps = lambda a, fixed, tok: engine_steps(a, fixed, tok, cfg.prefill_rate, cfg.max_batch, cfg.max_batched_tokens)  # noqa: E731
     if cfg.loading == "sync":
         hold = np.where(hit, transfer + tail + held_t0, prefill)
@@ -350,6 +361,7 @@ def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
         instances=cfg.instances,
         gpu_utilization_pct=100.0 * float(compute.sum() / span) if span > 0 else 0.0,
         by_class=latency_by_class(latency[hit], latency[~hit], pct=np_percentile),
+        decisions=decisions,
     )
 
 
@@ -364,6 +376,7 @@ SWEEP_KEYS = {
     "async_timeout_s": float,
     "arrival_rate": float,
     "prompt_tokens": float,
+    "policy": str,
 }
 #: other spellings of the keys: the options' (hyphens) and the old ``rate`` (``--rate`` is now ``--arrival-rate``)
 _ALIASES = {"hit-fraction": "hit_fraction", "instance-gbps": "instance_gbps", "async-timeout": "async_timeout_s",
@@ -385,6 +398,8 @@ def parse_sweep(specs: Sequence[str]) -> dict[str, list[Any]]:
                 raise InvalidInput(f"--sweep {key}: {e}") from e
             if key == "loading" and any(v not in LOADINGS for v in parsed):
                 raise InvalidInput(f"--sweep loading takes sync,async; got {values!r}")
+            if key == "policy" and any(v not in POLICIES for v in parsed):
+                raise InvalidInput(f"--sweep policy takes on,off; got {values!r}")
             grid[key] = parsed
     if not grid:
         raise InvalidInput("--sweep is empty")

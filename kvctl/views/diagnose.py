@@ -50,6 +50,14 @@ def _rho_text(diag: Diagnosis) -> Any:
 MEDIAN_LABELS = {"one_bucket_mean": "median prompt tokens (exact)", "mean": "median prompt tokens (the mean)"}
 
 
+def _decisions_text(diag: Diagnosis) -> str:
+    """The kvctl connector's load-or-recompute decisions of the window: ``load 10 (wins 10); recompute 9 (...)``."""
+    parts = [f"{d} {sum(r.values()):g} (" + ", ".join(f"{why} {n:g}" for why, n in r.items()) + ")"
+             for d, r in diag.load_decisions.items()]
+    share = "" if diag.hits_recomputed_share is None else f"; {diag.hits_recomputed_share:.0%} recomputed for the tier"
+    return "; ".join(parts) + share
+
+
 def _median_label(diag: Diagnosis) -> str:
     """The typical prompt's row says whether it is exact (one histogram bucket: sum/count) or an estimate."""
     return MEDIAN_LABELS.get(diag.typical_prompt_tokens_basis, "median prompt tokens (estimate)")
@@ -100,6 +108,7 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
             ("ρ = λ·n·s/B (sync loading)", _rho_text(diag)),
             ("requests waiting (start → end)", f"{render.fmt(diag.requests_waiting_start)} → {render.fmt(diag.requests_waiting_end)}"),
             ("GPU utilisation (%)", ", ".join(f"{u:.0f}" for u in diag.gpu_utilization_pct) if diag.gpu_utilization_pct else diag.gpu_note),
+            *([("connector's decisions (hits)", _decisions_text(diag))] if diag.load_decisions else []),
         ],
         caption=f"B from {diag.bandwidth_source_detail}" if diag.bandwidth_source_detail else None,
     )

@@ -78,6 +78,9 @@ def render_result(res: SimResult, title: str, notes: tuple[str, ...], extrapolat
     lines = [f"mean {res.mean_s:.3f} s · mean wait {res.mean_wait_s:.3f} s · B_eff {res.bandwidth_gbps:g} GB/s" + (f" · solver: {solver}" if solver else "")]
     if res.by_class:
         lines.append(render.by_class_line(res.by_class))
+    if res.decisions is not None:
+        lines.append("load-or-recompute decision (--policy on), hits: " + ", ".join(f"{k} {v:,}" for k, v in sorted(res.decisions.items()))
+                     + " (hits: the requests that loaded)")
     lines += [f"input: {n}" for n in notes]
     lines += [f"EXTRAPOLATED: {x}" for x in getattr(res, "extrapolated", ())]
     footer = stability_footer(res)
@@ -191,4 +194,5 @@ def show_plan(s: Sized, as_json: bool, exit_code: int) -> None:
     caption += sorted({f"EXTRAPOLATED: {x}" for p in res.points for x in p.extrapolated})
     caption += _notes({p.loading for p in res.points}, stable=False)
     caption.append(("PLAN: " if res.instances is not None else "NO PLAN: ") + res.verdict)
-    render.table(f"Plan — p99 ≤ {res.slo_p99_s:g} s at tier ρ ≤ {res.rho_target:g}", PLAN_COLS, rows, caption="\n".join(caption))
+    limit = "with the load-or-recompute decision" if res.policy == "on" else f"at tier ρ ≤ {res.rho_target:g}"
+    render.table(f"Plan — p99 ≤ {res.slo_p99_s:g} s {limit}", PLAN_COLS, rows, caption="\n".join(caption))

@@ -45,6 +45,8 @@ class EngineState:
     shortfall_chunks: float = 0
     load_errors: float = 0
     lookup_timeouts: float = 0
+    # the connector's load-or-recompute decisions, {(decision, reason): hits}, cumulative (advance replaces it)
+    decisions: dict = field(default_factory=dict)
     engines: int = 1
     lmcache: bool = True  # False: a vLLM without LMCache (no lmcache: series)
     extra: dict = field(default_factory=dict)
@@ -123,6 +125,13 @@ class EngineState:
                 ("kvctl:lookup_timeouts", self.lookup_timeouts, "Lookups that timed out"),
             ):
                 scalar(name, "counter", value, help_, "_total")
+        if self.decisions:
+            lines.append("# HELP kvctl:load_decisions_total Hits the load-or-recompute decision judged")
+            lines.append("# TYPE kvctl:load_decisions_total counter")
+            for (decision, reason), value in sorted(self.decisions.items()):
+                for i in range(n):
+                    lab = labels(i, f',decision="{decision}",reason="{reason}"')
+                    lines.append(f"kvctl:load_decisions_total{lab} {value / n!r}")
         for name, value in self.extra.items():
             lines.append(f"{name} {value!r}")
         return "\n".join(lines) + "\n"

@@ -39,7 +39,8 @@ def _no_leftovers() -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("scenario, finding", [("overload", "rho_unstable"), ("missing-key-stall", "missing-key-get"), ("dead-instance", "instance_down")])
+@pytest.mark.parametrize("scenario, finding", [("overload", "rho_unstable"), ("missing-key-stall", "missing-key-get"), ("dead-instance", "instance_down"),
+                                               ("saturated-tier", "hits_recomputed")])
 def test_scenario_finds_what_it_planted(scenario, finding):
     code, data = _drill(scenario, "--duration", DURATION)
     assert code == 0, data
@@ -50,7 +51,8 @@ def test_scenario_finds_what_it_planted(scenario, finding):
     assert verdict.startswith("PASS") and f"Fix: {data['fix']}; runbook: kvctl runbook {finding}" in verdict
     # the fix is the finding's own line for the drill's tier (issue 48 item 3), never a command form of its own
     forms = {"overload": "`kvctl deploy-valkey up --ranks 1 --instances-per-rank ", "missing-key-stall": "Missing-key GET hang",
-             "dead-instance": "`kvctl deploy-valkey up --ranks 2 --instances-per-rank 1 --dir ./kv-tier`"}
+             "dead-instance": "`kvctl deploy-valkey up --ranks 2 --instances-per-rank 1 --dir ./kv-tier`",
+             "saturated-tier": "`kvctl plan --ranks 1 --policy on`"}
     assert forms[scenario] in data["fix"], data["fix"]
 
 
@@ -62,7 +64,7 @@ def test_healthy_has_no_findings():
     assert last["exit_code"] in (0, 3)  # no critical finding, nothing unreachable
 
 
-@pytest.mark.parametrize("scenario", ["overload", "dead-instance"])
+@pytest.mark.parametrize("scenario", ["overload", "dead-instance", "saturated-tier"])
 def test_planting_nothing_fails_the_drill(scenario):
     """Without the fault diagnose has nothing to find: the drill must say so and exit 7."""
     code, data = _drill(scenario, "--duration", DURATION, "--plant-nothing")
@@ -108,7 +110,8 @@ def test_sigterm_stops_everything_it_started(tmp_path):
 def test_list_samples_and_usage_errors():
     r = CliRunner().invoke(cli, ["drill", "--json"])
     assert r.exit_code == 0, r.output
-    assert [s["name"] for s in json.loads(r.output)["scenarios"]] == ["healthy", "overload", "async-fix", "missing-key-stall", "dead-instance"]
+    assert [s["name"] for s in json.loads(r.output)["scenarios"]] == ["healthy", "overload", "async-fix", "missing-key-stall", "saturated-tier",
+                                                                    "dead-instance"]
     r = CliRunner().invoke(cli, ["drill", "samples", "--json"])
     assert r.exit_code == 0, r.output
     assert all(os.path.exists(v["path"]) for v in json.loads(r.output).values())

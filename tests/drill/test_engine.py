@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from kvctl.loading import edit as loading
-from kvctl.connector.metric_names import COUNTERS
+from kvctl.connector.metric_names import COUNTERS, LABELS
 from kvctl.records.prometheus import parse
 from kvctl.drill.config import EngineSettings, read_config, write_config
 from kvctl.core.errors import InvalidInput
@@ -77,7 +77,8 @@ def test_engine_gets_and_sets_real_chunks_and_exports_diagnose_names(tmp_path, v
         assert m.gauge("kvctl:ranks") == 2
         assert m.hist_count("vllm:request_prefill_time_seconds") == 2
         assert m.gauge("vllm:num_requests_waiting") == 0
-        assert all(m.counter(name) is not None for name in COUNTERS)  # the connector's names, from their one place
+        # the connector's names, from their one place; a labelled one has series once a value arrives (as vLLM's)
+        assert all(m.counter(name) is not None for name in COUNTERS if name not in LABELS)
     finally:
         proc.terminate()
         proc.wait(10)
@@ -98,6 +99,31 @@ def test_sighup_restarts_with_the_flipped_config_on_the_same_port(tmp_path, valk
         ids = list(range(1, 513))
         _post(f"http://127.0.0.1:{port}", ids)
         assert json.loads(_post(f"http://127.0.0.1:{port}", ids))["usage"]["prompt_tokens_details"]["cached_tokens"] == 512
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("policy, link, cached, decision", [
+    (False, 1e9, 4 * 256, None),  # no decision: every hit loads, none is counted
+    (True, 1e9, 4 * 256, ("load", "wins")),  # a fast link: the hit wins
+    (True, 4096 / 0.5, 0, ("recompute", "below_breakeven")),  # 0.5 s a chunk against 256 tokens / 1e4 tok/s
+])
+def test_the_load_policy_judges_each_hit_as_the_connector_does(tmp_path, valkey_server, policy, link, cached, decision):
+    """Issue 46: `drill.load_policy` runs the connector's own decision (kvctl.connector.policy.decide) before a load
+    and counts it as kvctl:load_decisions{decision,reason}; a hit that loses is recomputed."""
+    cfg = write_config(tmp_path / "engine.yaml", _settings([valkey_server.url], prefill_tokens_per_s=1e4,
+                                                           stream_bytes_per_s=link, load_policy=policy))
+    assert read_config(cfg).settings.load_policy is policy
+    proc, url = _start(cfg)
+    try:
+        ids = list(range(100, 100 + 4 * 256 + 10))
+        _post(url, ids)
+        second = json.loads(_post(url, ids))
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            m = parse(r.read().decode())
+        assert m.by_labels("kvctl:load_decisions") == ({decision: 1.0} if decision else {})
     finally:
         proc.terminate()
         proc.wait(10)

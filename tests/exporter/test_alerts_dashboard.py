@@ -103,6 +103,7 @@ def test_rules_file_has_prometheus_structure():
         ("KvctlQueueGrowingGpuIdle", None, "2m", "page"),
         ("KvctlDataInsufficient", None, "10m", "warning"),
         ("KvctlInstanceSaturated", f"kvctl_instance_rho >= {RHO_HIGH:g}", "5m", "warning"),  # ρ per instance, summed over engines
+        ("KvctlHitsRecomputed", None, "10m", "warning"),  # issue 46: the decision recomputing hits, the tier saturated
     ],
 )
 def test_the_alerts_the_issue_asks_for(alert, expr, for_, severity):
@@ -259,6 +260,7 @@ def test_down_stalled_and_blind_alerts(tmp_path):
         _series_line("kvctl_engine_up", (("engine", "http://e:8000"),), 1.0),
         _series_line("kvctl_finding", (("id", "timeouts_rising"), ("severity", "warning")), 1.0),
         _series_line("kvctl_finding", (("id", "queue_growing_gpu_idle"), ("severity", "critical")), 1.0),
+        _series_line("kvctl_finding", (("id", "hits_recomputed"), ("severity", "warning")), 1.0),
         _series_line("kvctl_data_sufficient", (), 0.0),
         _series_line("kvctl_rho", (), 0.5),
     ]
@@ -278,6 +280,7 @@ def test_down_stalled_and_blind_alerts(tmp_path):
                 "KvctlLookupStalled": [{"severity": "page", "id": "timeouts_rising", **base}],
                 "KvctlQueueGrowingGpuIdle": [{"severity": "page", "id": "queue_growing_gpu_idle", **base}],
                 "KvctlDataInsufficient": [{"severity": "warning", **base}],
+                "KvctlHitsRecomputed": [{"severity": "warning", "id": "hits_recomputed", **base}],
             },
         },
     )

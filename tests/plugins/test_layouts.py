@@ -240,8 +240,9 @@ def test_connector_reads_its_caches_as_the_engines_backend_and_layout(valkey_ser
 
     conn = connector("FLASH_ATTN")
     try:
-        assert (conn.layout.backend, conn.layout.layout) == ("FLASH_ATTN", "BLNHC")
-        assert torch.equal(int_view(conn.layout.extract(SLOTS)), expected_chunk(SLOTS, caches, False, spec.head_size))
+        lay = conn.worker.layout
+        assert (lay.backend, lay.layout) == ("FLASH_ATTN", "BLNHC")
+        assert torch.equal(int_view(lay.extract(SLOTS)), expected_chunk(SLOTS, caches, False, spec.head_size))
     finally:
         conn.shutdown()
     with pytest.raises(ConnectorConfigError, match="backend XFORMERS, layout BLNHC"):

@@ -48,9 +48,9 @@ def worker(rank, world, urls):
     from kvctl.connector.layouts import slots_for
 
     data = torch.arange(2 * N_TOKENS * ROW, dtype=torch.float32).view(2, N_TOKENS, ROW)
-    conn.layout.insert(slots_for(blocks, BS, 0, N_TOKENS), data)
-    conn._save(SaveSpec("s", tokens[: CHUNKS * CT], blocks[: CHUNKS * CT // BS]))
-    assert conn._saver.wait_idle(60)
+    conn.worker.layout.insert(slots_for(blocks, BS, 0, N_TOKENS), data)
+    conn.worker.save(SaveSpec("s", tokens[: CHUNKS * CT], blocks[: CHUNKS * CT // BS]))
+    assert conn.worker.saver.wait_idle(60)
     conn.get_kv_connector_stats()  # the save's counters out of the way
     dist.barrier()
     for t in caches.values():
@@ -71,7 +71,7 @@ def worker(rank, world, urls):
     total = torch.tensor([rank + 1])
     dist.all_reduce(total)  # both ranks get here, the default group still works: 1 + 2 = 3
     conn.shutdown()
-    return {"done": "a" in done, "took": took, "errors": errors, "loaded_end": conn._loaded_end.get("a"),
+    return {"done": "a" in done, "took": took, "errors": errors, "loaded_end": conn.worker.loaded_end.get("a"),
             "given_up": stats.get(labelled(LOAD_DECISIONS, "given_up", "deadline"), 0), "sum": int(total.item()),
             "load_errors": stats.get(LOAD_ERRORS, 0)}
 
@@ -109,8 +109,8 @@ def timing_worker(rank, world, urls):
     tokens = list(range(300, 318))
     blocks = [15, 3, 8, 1, 12, 6, 9, 0, 4]
     fill(conn, blocks, rank)
-    conn._save(SaveSpec("s", tokens[:16], blocks[:8]))
-    assert conn._saver.wait_idle(20)
+    conn.worker.save(SaveSpec("s", tokens[:16], blocks[:8]))
+    assert conn.worker.saver.wait_idle(20)
     conn.get_kv_connector_stats()
     out = {}
     # the worker's first timed step pays the engine's start-up: left out

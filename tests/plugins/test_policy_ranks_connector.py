@@ -26,10 +26,10 @@ def test_connector_judges_w_times_the_summed_bandwidth(valkey_factory):
     tier = [valkey_factory(), valkey_factory()]
     conn = scheduler([s.url for s in tier], load_policy={"prefill_tokens_per_s": 1000, "reprobe_after_s": 1e6})
     try:
-        store_all(tier, conn.fmt)
+        store_all(tier, conn.spec.fmt)
         conn.update_connector_output(SimpleNamespace(kv_connector_stats=KvctlConnectorStats(
             data={"kvctl:l2_get_bytes": 30000, "kvctl:l2_get_seconds": 1.0})))
-        assert abs(conn.policy.measured_gbps - 60e3 / 1e9) < 1e-15
+        assert abs(conn.scheduler.policy.measured_gbps - 60e3 / 1e9) < 1e-15
         assert conn.get_num_new_matched_tokens(req("r"), 0) == (16, False)
     finally:
         conn.shutdown()

@@ -57,7 +57,7 @@ def test_a_load_queued_ahead_turns_the_next_hit_into_a_recompute_until_it_is_don
     monkeypatch.setenv("KVCTL_CONNECTOR_TRACE", str(trace))
     conn = scheduler([s.url for s in tier], load_policy={"prefill_tokens_per_s": 1000, "t0_s": 0.0})
     try:
-        store_all(tier, conn.fmt)
+        store_all(tier, conn.spec.fmt)
         conn.update_connector_output(output(rank_gets(40_000)))
         assert conn.get_num_new_matched_tokens(req("a"), 0) == (16, False)
         conn.update_state_after_alloc(req("a"), blocks(), 16)
@@ -109,7 +109,7 @@ def test_an_async_hit_below_break_even_loads_the_prefix_the_engine_queue_hides(t
     conn = scheduler([s.url for s in tier], async_loading=True,
                      load_policy={"prefill_tokens_per_s": 1000, "t0_s": 0.0})
     try:
-        store_all(tier, conn.fmt)
+        store_all(tier, conn.spec.fmt)
         conn.update_connector_output(output(rank_gets(10_000)))
         assert wait_answer(conn, req("alone")) == (0, False)
         conn.update_state_after_alloc(req("alone"), blocks(), 0)
@@ -126,9 +126,9 @@ def test_an_async_hit_below_break_even_loads_the_prefix_the_engine_queue_hides(t
         assert data[M.labelled(M.LOAD_DECISIONS, "recompute", "below_breakeven")] == 1
         assert data[M.labelled(M.LOAD_DECISIONS, "partial", "below_breakeven")] == 1
         # the async load stays queued until vLLM reports it received
-        assert conn.policy.queue().loads == 1
+        assert conn.scheduler.policy.queue().loads == 1
         conn.update_connector_output(output(finished={"r"}))
-        assert conn.policy.queue().loads == 0
+        assert conn.scheduler.policy.queue().loads == 0
     finally:
         conn.shutdown()
 
@@ -142,12 +142,12 @@ def test_the_prefill_rate_comes_from_the_steps_the_workers_time(tier):
         m2 = conn.build_connector_meta(sched_out(cached=[("p", [5, 6, 7, 8, 9], 8, False)], scheduled={"p": 9}))
         m3 = conn.build_connector_meta(sched_out(cached=[("p", None, 17, False)], scheduled={"p": 1}))  # a decode
         assert [(m.step, m.prefill_tokens) for m in (m1, m2, m3)] == [(1, 8), (2, 9), (3, 0)]
-        assert conn.policy.cal.estimates().prefill_tokens_per_s is None
+        assert conn.scheduler.policy.cal.estimates().prefill_tokens_per_s is None
         conn.update_connector_output(output({M.STEPS_TIMED: 1, M.STEP_PREFILL_TOKENS: 1000, M.STEP_SECONDS: 0.05}))
         conn.update_connector_output(output({M.STEPS_TIMED: 1, M.STEP_PREFILL_TOKENS: 3000, M.STEP_SECONDS: 0.15}))
-        assert conn.policy.cal.estimates().prefill_tokens_per_s == pytest.approx(20_000)
+        assert conn.scheduler.policy.cal.estimates().prefill_tokens_per_s == pytest.approx(20_000)
         conn.update_connector_output(output({M.TIMED_LOADS: 2, M.LOAD_FIXED_SECONDS: 0.01}))
-        assert conn.policy.cal.estimates().t0_s == pytest.approx(0.005)
+        assert conn.scheduler.policy.cal.estimates().t0_s == pytest.approx(0.005)
     finally:
         conn.shutdown()
 
@@ -155,7 +155,7 @@ def test_the_prefill_rate_comes_from_the_steps_the_workers_time(tier):
 def test_load_policy_false_loads_every_hit_and_counts_it_off(tier):
     conn = scheduler([s.url for s in tier], load_policy=False)
     try:
-        store_all(tier, conn.fmt)
+        store_all(tier, conn.spec.fmt)
         conn.update_connector_output(output(rank_gets(100) | {M.STEPS_TIMED: 1, M.STEP_PREFILL_TOKENS: 1e6,
                                                               M.STEP_SECONDS: 1.0}))
         assert conn.get_num_new_matched_tokens(req("r"), 0) == (16, False)  # 100 B/s would be a veto

@@ -71,8 +71,8 @@ def serve(conn, req):
         assert spec.key_extra == save.key_extra
     chunks = [torch.zeros(CT, 6) for _ in range(len(save.token_ids) // CT)]
     for rank in range(2):
-        with ShardedStore(rank, 2, conn.settings.urls, 1 << 20, (CT, 6), torch.float32, chunk_tokens=CT,
-                          model_name=conn.model_name, fmt=conn.fmt) as st:
+        with ShardedStore(rank, 2, conn.spec.settings.urls, 1 << 20, (CT, 6), torch.float32, chunk_tokens=CT,
+                          model_name=conn.spec.model_name, fmt=conn.spec.fmt) as st:
             res = st.store(save.token_ids, chunks, 0, save.key_extra)
             assert res.l2_error is None
     conn.request_finished(req, [])
@@ -201,7 +201,7 @@ def test_served_names_a_lossy_mapping_would_fold_never_share_chunks(valkey_facto
     """Issue 44 defect 2: engines serving ``llama@prod`` and ``llama_prod`` shared every chunk key (the
     connector folded '@' into '_') and loaded each other's KV as a hit. The name vLLM serves goes into the
     key whole; the scheduler's lookup and the workers' store build the key through one function."""
-    from kvctl.plugins.vllm import key_model_name
+    from kvctl.plugins.vllm_spec import key_model_name
 
     urls = [valkey_factory().url, valkey_factory().url]
     assert key_model_name(_engine_config("llama@prod")) == "llama@prod"

@@ -29,7 +29,7 @@ def _step(conn, spec, attn=True):
 def _layers_written(conn, blocks):
     from kvctl.connector.layouts import slots_for
 
-    got = conn.layout.extract(slots_for(blocks, BS, 0, 16))
+    got = conn.worker.layout.extract(slots_for(blocks, BS, 0, 16))
     return [bool(torch.count_nonzero(got[layer, 4:])) for layer in range(got.shape[0])]
 
 
@@ -39,12 +39,12 @@ def layered_worker(rank, world, urls):
     from kvctl.plugins.vllm import LoadSpec, SaveSpec
 
     conn, caches = make_worker(rank, world, urls, "tp", True, layer_groups=2)
-    assert [u.names for u in conn.grouping.units] == [("L0-0",), ("L1-1",)]
+    assert [u.names for u in conn.spec.grouping.units] == [("L0-0",), ("L1-1",)]
     tokens = list(range(500, 518))
     blocks_a = [15, 3, 8, 1, 12, 6, 9, 0, 4]
     fill(conn, blocks_a, rank)
-    conn._save(SaveSpec("a", tokens[:16], blocks_a[:8]))
-    assert conn._saver.wait_idle(20)
+    conn.worker.save(SaveSpec("a", tokens[:16], blocks_a[:8]))
+    assert conn.worker.saver.wait_idle(20)
     torch.distributed.barrier()
     blocks_b = [2, 5, 7, 10, 11, 13, 14, 4, 9]
     out = {}
@@ -66,13 +66,13 @@ def layered_worker(rank, world, urls):
     out["errors_b"] = sorted(conn.get_block_ids_with_load_errors())
     from kvctl.connector.layouts import slots_for
 
-    got = conn.layout.extract(slots_for(blocks_b, BS, 0, 16))
+    got = conn.worker.layout.extract(slots_for(blocks_b, BS, 0, 16))
     out["exact"] = all(float(got[layer, t, 0]) == token_value(t, layer, 0)
                        for layer in range(2) for t in range(4, 16))
 
     # chunk 3 loses its second group between lookup and load: the hit ends at chunk 3 on every rank
     if rank == 3 % world:
-        key = conn.store.keys(tokens[:16])[3]
+        key = conn.worker.store.keys(tokens[:16])[3]
         with RespClient(urls[rank]) as cl:
             cl.delete([part_key(key, "L1-1")])
     torch.distributed.barrier()

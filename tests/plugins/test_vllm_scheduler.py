@@ -30,7 +30,7 @@ def tier(valkey_factory):
 
 def test_lookup_is_min_over_ranks_block_aligned_and_never_the_whole_prompt(tier):
     conn = scheduler([s.url for s in tier])
-    keys = store_all(tier, conn.fmt)
+    keys = store_all(tier, conn.spec.fmt)
     assert conn.get_num_new_matched_tokens(req("r"), 0) == (16, False)
     assert conn.get_num_new_matched_tokens(req("r"), 0) == (16, False)  # asking again changes nothing
     # vLLM's prefix cache already holds 6 tokens (3 blocks): 16 - 6 = 10 more from the tier
@@ -60,7 +60,7 @@ def test_a_waiting_request_is_looked_up_once_until_its_tokens_change_or_timeout_
 
     timeout_s = 1.0
     conn = scheduler([s.url for s in tier], timeout_s=timeout_s)
-    store_all(tier, conn.fmt)
+    store_all(tier, conn.spec.fmt)
     for s in tier:
         with redis.Redis(host=s.host, port=s.port, socket_timeout=5) as r:
             r.config_resetstat()
@@ -92,7 +92,7 @@ def test_a_waiting_request_is_looked_up_once_until_its_tokens_change_or_timeout_
     assert exists_calls(tier) == [10, 10]
     # finished: dropped too
     conn.request_finished(w, [])
-    assert len(conn._sync_answers) == 1  # only "x" (still waiting) is kept
+    assert len(conn.scheduler.sync_answers) == 1  # only "x" (still waiting) is kept
     conn.shutdown()
 
 
@@ -100,7 +100,7 @@ def test_alloc_plans_an_offset_load_and_prefill_completion_plans_the_save(tier):
     from kvctl.plugins.vllm import KvctlConnectorMetadata
 
     conn = scheduler([s.url for s in tier])
-    store_all(tier, conn.fmt)
+    store_all(tier, conn.spec.fmt)
     r = req("r")
     assert conn.get_num_new_matched_tokens(r, 6) == (10, False)
     blocks = [11, 3, 7, 9, 2, 5, 8, 1, 4]
@@ -140,19 +140,19 @@ def test_chunked_prefill_preemption_and_finish(tier):
     # preempted and resumed: the resumed request carries all its new blocks; saved once only
     m3 = conn.build_connector_meta(sched_out(cached=[("p", [20, 21, 22, 23, 24, 25, 26, 27, 28], 0, True)],
                                              scheduled={"p": 17}))
-    assert m3.saves == [] and conn._reqs["p"].block_ids == [20, 21, 22, 23, 24, 25, 26, 27, 28]
+    assert m3.saves == [] and conn.scheduler.requests["p"].block_ids == [20, 21, 22, 23, 24, 25, 26, 27, 28]
     # finish (or abort) forgets the request
     conn.request_finished(req("p"), [])
-    assert "p" not in conn._reqs
+    assert "p" not in conn.scheduler.requests
     conn.build_connector_meta(sched_out(new=[("q", TOKENS, [1], 0)], scheduled={"q": 2}))
     conn.build_connector_meta(sched_out(finished=["q"]))
-    assert "q" not in conn._reqs
+    assert "q" not in conn.scheduler.requests
     conn.shutdown()
 
 
 def test_async_lookup_answers_later_and_a_stopped_instance_recomputes(tier):
     conn = scheduler([s.url for s in tier], async_loading=True)
-    store_all(tier, conn.fmt)
+    store_all(tier, conn.spec.fmt)
     r = req("a")
     answer, deadline = (None, False), time.monotonic() + 10
     while answer[0] is None and time.monotonic() < deadline:
@@ -182,7 +182,7 @@ def test_load_policy_vetoes_on_the_engine_wide_estimate_and_reprobes(tier):
 
     # chunk = 2 layers x 4 tokens x 6 x 4 bytes = 192 B -> s = 48 B/token; R = 1000 tok/s -> B* = 48 kB/s
     conn = scheduler([s.url for s in tier], load_policy={"prefill_tokens_per_s": 1000, "reprobe_after_s": 0.5})
-    store_all(tier, conn.fmt)
+    store_all(tier, conn.spec.fmt)
     assert conn.get_num_new_matched_tokens(req("r"), 0) == (16, False)  # nothing measured yet
     # the workers report 1000 B in 1 s summed over their 2 ranks: 2 x 1 kB/s = 2 kB/s < B*, loading 16 tokens is slower
     conn.update_connector_output(SimpleNamespace(kv_connector_stats=KvctlConnectorStats(

@@ -62,30 +62,31 @@ def test_save_lookup_and_load_through_the_connector(gloo_world1, valkey_server, 
     sched, _ = connector(valkey_server.url, KVConnectorRole.SCHEDULER, fp8)
     worker, views = connector(valkey_server.url, KVConnectorRole.WORKER, fp8)
     try:
-        assert sched.fmt == worker.fmt == worker.layout.fmt(1)
-        assert sched.fmt.endswith("+idx132-L2-fp8_e4m3") and ("fp8_ds_mla" in sched.fmt) == fp8
-        assert sched._chunk_bytes() == sched.parts.nbytes == worker.store.chunk_nbytes  # s counts both parts
+        assert sched.spec.fmt == worker.spec.fmt == worker.worker.layout.fmt(1)
+        assert sched.spec.fmt.endswith("+idx132-L2-fp8_e4m3") and ("fp8_ds_mla" in sched.spec.fmt) == fp8
+        # chunk_bytes (what a hit moves) counts both parts
+        assert sched.spec.chunk_bytes == sched.spec.parts.nbytes == worker.worker.store.chunk_nbytes
         lat, idx = _latent_and_indexer(views)
         fill_sparse(lat, idx)
         blocks = [3, 0, 4, 1, 2]
-        worker._save(SaveSpec("a", TOKENS[: 4 * CT], blocks[: 4 * CT // BS]))
-        assert worker._saver.wait_idle(20)
+        worker.worker.save(SaveSpec("a", TOKENS[: 4 * CT], blocks[: 4 * CT // BS]))
+        assert worker.worker.saver.wait_idle(20)
         request = SimpleNamespace(request_id="r", prompt_token_ids=TOKENS, num_preemptions=0)
         assert sched.get_num_new_matched_tokens(request, 0) == (4 * CT, False)
 
         want = read_back_sparse(lat, idx, slots_for(blocks, BS, 0, 4 * CT))
-        keys = worker.store.keys(TOKENS)
+        keys = worker.worker.store.keys(TOKENS)
         with RespClient(valkey_server.url) as cl:
             cl.delete([part_key(keys[2], INDEXER_PART)])  # the indexer part of chunk 2 is gone; its latent part stays
-        sched._sync_answers.drop("r")
+        sched.scheduler.sync_answers.drop("r")
         assert sched.get_num_new_matched_tokens(request, 0) == (2 * CT, False)  # a half chunk is a miss
 
         for t in lat + idx:
             t.zero_()
         dst = [4, 2, 0, 3, 1]
         # a load planned before the part went (the scheduler saw 4 chunks): it agrees on 2, the rest is recomputed
-        worker._load(LoadSpec("b", TOKENS[: 4 * CT], first_chunk=0, end_chunk=4, skip_tokens=0, block_ids=dst),
-                     worker.group)
+        worker.worker.load(LoadSpec("b", TOKENS[: 4 * CT], first_chunk=0, end_chunk=4, skip_tokens=0, block_ids=dst),
+                           worker.worker.group)
         got = read_back_sparse(lat, idx, slots_for(dst, BS, 0, 2 * CT))
         assert all(torch.equal(a, b[:, : 2 * CT]) for a, b in zip(got, want))
         assert sorted(worker.get_block_ids_with_load_errors()) == sorted(dst[2 * CT // BS : 4 * CT // BS])
@@ -105,13 +106,13 @@ def test_a_layered_sparse_hit_writes_each_layer_before_its_indexer_reads_it(gloo
     sched, _ = connector(valkey_server.url, KVConnectorRole.SCHEDULER, layer_groups=2)
     worker, views = connector(valkey_server.url, KVConnectorRole.WORKER, layer_groups=2)
     try:
-        assert sched.parts == worker.store.parts
-        assert sched.parts.names == ("mla.L0-1", "idx.L0-1", "mla.L2-2")
+        assert sched.spec.parts == worker.worker.store.parts
+        assert sched.spec.parts.names == ("mla.L0-1", "idx.L0-1", "mla.L2-2")
         lat, idx = _latent_and_indexer(views)
         fill_sparse(lat, idx)
         blocks = [3, 0, 4, 1, 2]
-        worker._save(SaveSpec("a", TOKENS[: 4 * CT], blocks[: 4 * CT // BS]))
-        assert worker._saver.wait_idle(20)
+        worker.worker.save(SaveSpec("a", TOKENS[: 4 * CT], blocks[: 4 * CT // BS]))
+        assert worker.worker.saver.wait_idle(20)
         request = SimpleNamespace(request_id="r", prompt_token_ids=TOKENS, num_preemptions=0)
         assert sched.get_num_new_matched_tokens(request, 0) == (4 * CT, False)
         want = read_back_sparse(lat, idx, slots_for(blocks, BS, 0, 4 * CT))
@@ -157,9 +158,10 @@ def test_the_schedulers_copy_of_the_config_keys_what_the_worker_stores(valkey_se
     sched, _ = connector(valkey_server.url, KVConnectorRole.SCHEDULER, fp8, layout, indexer_first=indexer_first)
     worker, _ = connector(valkey_server.url, KVConnectorRole.WORKER, fp8, layout, indexer_first=indexer_first)
     try:
-        assert sched.fmt == worker.fmt == worker.layout.fmt(1)
-        assert sched.parts == worker.parts and sched.parts.names == (LATENT_PART, INDEXER_PART)
-        assert sched.sparse.latent_names == tuple(LAT_NAMES) and sched.sparse.indexer_names == tuple(IDX_NAMES)
+        assert sched.spec.fmt == worker.spec.fmt == worker.worker.layout.fmt(1)
+        assert sched.spec.parts == worker.spec.parts and sched.spec.parts.names == (LATENT_PART, INDEXER_PART)
+        sparse = sched.spec.sparse
+        assert sparse.latent_names == tuple(LAT_NAMES) and sparse.indexer_names == tuple(IDX_NAMES)
     finally:
         sched.shutdown()
         worker.shutdown()

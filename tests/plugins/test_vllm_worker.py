@@ -32,9 +32,9 @@ def worker(rank, world, urls, kind, mla):
     tokens = list(range(500, 500 + N_TOKENS))
     blocks_a = [15, 3, 8, 1, 12, 6, 9, 0, 4]  # 9 blocks of 2 = 18 tokens
     fill(conn, blocks_a, rank)
-    conn._save(SaveSpec("a", tokens[:16], blocks_a[:8]))
-    assert conn._saver.wait_idle(20)  # saves are queued in order: wait for ours
-    keys = chunk_keys(tokens[:16], CT, "m", conn.fmt)
+    conn.worker.save(SaveSpec("a", tokens[:16], blocks_a[:8]))
+    assert conn.worker.saver.wait_idle(20)  # saves are queued in order: wait for ours
+    keys = chunk_keys(tokens[:16], CT, "m", conn.spec.fmt)
     with RespClient(urls[rank]) as cl:
         held = cl.batched_exists(keys)
 
@@ -42,8 +42,9 @@ def worker(rank, world, urls, kind, mla):
     for t in caches.values():
         t.zero_()
     blocks_b = [2, 5, 7, 10, 11, 13, 14, 4, 9]
-    conn._load(LoadSpec("b", tokens[:16], first_chunk=1, end_chunk=4, skip_tokens=6, block_ids=blocks_b), conn.group)
-    lay = conn.layout
+    conn.worker.load(LoadSpec("b", tokens[:16], first_chunk=1, end_chunk=4, skip_tokens=6, block_ids=blocks_b),
+                     conn.worker.group)
+    lay = conn.worker.layout
     got = lay.extract(slots_for(blocks_b, BS, 0, 16))
     first_errors = sorted(conn.get_block_ids_with_load_errors())
 
@@ -54,7 +55,8 @@ def worker(rank, world, urls, kind, mla):
     torch.distributed.barrier()
     for t in caches.values():
         t.zero_()
-    conn._load(LoadSpec("c", tokens[:16], first_chunk=1, end_chunk=4, skip_tokens=4, block_ids=blocks_b), conn.group)
+    conn.worker.load(LoadSpec("c", tokens[:16], first_chunk=1, end_chunk=4, skip_tokens=4, block_ids=blocks_b),
+                     conn.worker.group)
     got_short = lay.extract(slots_for(blocks_b, BS, 0, 16))
     errors = sorted(conn.get_block_ids_with_load_errors())
     stats = conn.get_kv_connector_stats()
@@ -133,23 +135,24 @@ def insert_fails_worker(rank, world, urls, exc_name="RuntimeError"):
     tokens = list(range(700, 700 + N_TOKENS))
     blocks = [15, 3, 8, 1, 12, 6, 9, 0, 4]
     fill(conn, blocks, rank)
-    conn._save(SaveSpec("s", tokens[:16], blocks[:8]))
-    assert conn._saver.wait_idle(20)
+    conn.worker.save(SaveSpec("s", tokens[:16], blocks[:8]))
+    assert conn.worker.saver.wait_idle(20)
     torch.distributed.barrier()
     exc_type = {"RuntimeError": RuntimeError, "KeyboardInterrupt": KeyboardInterrupt}[exc_name]
     if rank == 1:
         def broken_insert(slots, data):
             raise exc_type("injected cache-write failure")
-        conn.layout.insert = broken_insert
+        conn.worker.layout.insert = broken_insert
     raised = None
     try:
-        conn._load(LoadSpec("d", tokens[:16], first_chunk=1, end_chunk=4, skip_tokens=4, block_ids=blocks), conn.group)
+        conn.worker.load(LoadSpec("d", tokens[:16], first_chunk=1, end_chunk=4, skip_tokens=4, block_ids=blocks),
+                         conn.worker.group)
     except KeyboardInterrupt as exc:  # re-raised, but only after the blocks were marked bad
         raised = type(exc).__name__
     errors = sorted(conn.get_block_ids_with_load_errors())
-    loaded_end = conn._loaded_end["d"]
-    conn._save(SaveSpec("d", tokens[:16], blocks[:8]))  # nothing left to store: must not enter a collective alone
-    assert conn._saver.wait_idle(20)
+    loaded_end = conn.worker.loaded_end["d"]
+    conn.worker.save(SaveSpec("d", tokens[:16], blocks[:8]))  # nothing left to store: must not enter a collective alone
+    assert conn.worker.saver.wait_idle(20)
     total = torch.tensor([rank + 1])
     torch.distributed.all_reduce(total)  # both ranks reach this: 1 + 2 = 3
     conn.shutdown()
@@ -177,13 +180,13 @@ def striped_worker(rank, world, rank_urls):
     from kvctl.connector.layouts import slots_for
 
     conn, caches = make_worker(rank, world, rank_urls, "tp", mla=True)
-    assert conn.settings.instances_per_rank == 2
+    assert conn.spec.settings.instances_per_rank == 2
     tokens = list(range(900, 900 + N_TOKENS))
     blocks = [15, 3, 8, 1, 12, 6, 9, 0, 4]
     fill(conn, blocks, rank)
-    conn._save(SaveSpec("a", tokens[:16], blocks[:8]))
-    assert conn._saver.wait_idle(20)
-    keys = chunk_keys(tokens[:16], CT, "m", conn.fmt)
+    conn.worker.save(SaveSpec("a", tokens[:16], blocks[:8]))
+    assert conn.worker.saver.wait_idle(20)
+    keys = chunk_keys(tokens[:16], CT, "m", conn.spec.fmt)
     held = []
     for url in rank_urls[rank]:
         with RespClient(url) as cl:
@@ -191,8 +194,9 @@ def striped_worker(rank, world, rank_urls):
     torch.distributed.barrier()
     for t in caches.values():
         t.zero_()
-    conn._load(LoadSpec("b", tokens[:16], first_chunk=0, end_chunk=4, skip_tokens=0, block_ids=blocks), conn.group)
-    got = conn.layout.extract(slots_for(blocks, BS, 0, 16))
+    conn.worker.load(LoadSpec("b", tokens[:16], first_chunk=0, end_chunk=4, skip_tokens=0, block_ids=blocks),
+                     conn.worker.group)
+    got = conn.worker.layout.extract(slots_for(blocks, BS, 0, 16))
     stats = conn.get_kv_connector_stats()
     conn.shutdown()
     return {"held": held, "got": got.tolist(), "errors": sorted(conn.get_block_ids_with_load_errors()),
@@ -238,7 +242,7 @@ def drain_worker(rank, world, url, pid):
     os.kill(pid, signal.SIGSTOP)
     try:
         for i in range(3):  # three prompts' saves: the first blocks in its SET, two wait behind it
-            conn._save(SaveSpec(f"r{i}", list(range(100 * i, 100 * i + 16)), blocks[:8]))
+            conn.worker.save(SaveSpec(f"r{i}", list(range(100 * i, 100 * i + 16)), blocks[:8]))
         t0 = time.monotonic()
         conn.shutdown()
         took = time.monotonic() - t0

@@ -42,10 +42,10 @@ def fill(conn, block_ids, rank):
     from kvctl.connector.layouts import slots_for
 
     slots = slots_for(block_ids, BS, 0, N_TOKENS)
-    lay = conn.layout
+    lay = conn.worker.layout
     shape = lay.chunk_shape(N_TOKENS, 1)  # this rank's share
     data = torch.zeros(shape)
     for layer in range(shape[0]):
         for t in range(N_TOKENS):
-            data[layer, t] = token_value(t, layer, 0) + (0 if conn.use_mla else 1000 * rank)
+            data[layer, t] = token_value(t, layer, 0) + (0 if conn.spec.use_mla else 1000 * rank)
     lay.insert(slots, data)

@@ -1,0 +1,92 @@
+"""The kvctl connector's load-or-recompute decision in the what-if model (``--policy on``, issue 46).
+
+The engine side decides per hit (:func:`kvctl.connector.policy.decide`, docs/connector.md "Load or recompute");
+this is the same test over a simulated workload, run before the simulation proper: it turns each request's hit
+tokens into the tokens it loads, and the simulation then serves what was loaded and recomputes the rest.
+
+* **sync** (the load holds the engine step, judged against its own tokens; vLLM's scheduler decides when it
+  schedules the request, with nothing of its own still loading): load the hit when ``T0 + h·s/B ≤ h/R``, else
+  nothing (with no queue a shorter prefix never wins where the whole hit loses).
+* **async** (decided at the lookup, on arrival): the predicted load is ``T0 + the tier's backlog + k chunks' transfer``
+  (the tier is the FIFO of the loads decided so far, exactly the one the simulation then serves), the predicted
+  recompute ``(k chunks' tokens) / R + the engine's backlog`` (the prefill work queued on the request's engine as a
+  fluid FIFO of what was decided before it: an estimate, as the connector's is). The whole hit when it wins, else the
+  longest whole-chunk prefix that wins, else nothing. The model has no deadline: its predictions of the tier are
+  exact, so no load it starts outlives its recompute time on the tier's account (the engine's batching aside).
+
+Each decision is counted as the connector counts it (``decision/reason``: ``load/wins``, ``partial/tier_queue``,
+``recompute/below_breakeven``, ...), in :attr:`kvctl.sim.simulate.SimResult.decisions`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+
+from kvctl.connector.policy import BELOW_BREAKEVEN, BELOW_N_STAR, LOAD, PARTIAL, RECOMPUTE, TIER_QUEUE, WINS
+from kvctl.core.thresholds import CHUNK_TOKENS
+
+POLICIES = ("off", "on")
+
+
+def _why(backlog: float, idle_wins: bool, per_token: float, prefill_rate: float) -> str:
+    if backlog > 0 and idle_wins:
+        return TIER_QUEUE
+    return BELOW_BREAKEVEN if per_token >= 1.0 / prefill_rate else BELOW_N_STAR
+
+
+def decided_hits(arrival: np.ndarray, tokens: np.ndarray, hit_tokens: np.ndarray, transfer: np.ndarray,
+                 t0: np.ndarray | float, prefill_rate: float, loading: str, held_t0: np.ndarray | float = 0.0,
+                 engine_of: np.ndarray | None = None, engines: int = 1) -> tuple[np.ndarray, dict[str, int]]:
+    """(the tokens each request loads, the decisions counted ``{"decision/reason": hits}``); see the module docstring.
+
+    ``transfer``: each hit's seconds on the tier at its bandwidth (0 for a miss); ``held_t0``: the part of T0 that
+    holds the engine after a load (the simulation's, for the engine's backlog); ``engine_of``: each request's engine."""
+    n = len(arrival)
+    t0s = np.broadcast_to(np.asarray(t0, dtype=float), (n,))
+    held = np.broadcast_to(np.asarray(held_t0, dtype=float), (n,))
+    loaded = np.zeros(n)
+    counts: Counter[str] = Counter()
+    hit = hit_tokens > 0
+    if loading == "sync":
+        wins = hit & (t0s + transfer <= hit_tokens / prefill_rate)
+        loaded[wins] = hit_tokens[wins]
+        per_token = np.divide(transfer, hit_tokens, out=np.zeros(n), where=hit)
+        counts[f"{LOAD}/{WINS}"] = int(wins.sum())
+        lost = hit & ~wins
+        above = per_token >= 1.0 / prefill_rate
+        counts[f"{RECOMPUTE}/{BELOW_BREAKEVEN}"] = int((lost & above).sum())
+        counts[f"{RECOMPUTE}/{BELOW_N_STAR}"] = int((lost & ~above).sum())
+        return loaded, {k: v for k, v in counts.items() if v}
+    eng = np.zeros(n, dtype=np.int64) if engine_of is None else np.asarray(engine_of, dtype=np.int64)
+    eng_free = [-math.inf] * max(1, engines)
+    tier_free = -math.inf
+    a_l, n_l, h_l, x_l, t0_l, held_l, e_l = (arrival.tolist(), tokens.tolist(), hit_tokens.tolist(), transfer.tolist(),
+                                             t0s.tolist(), held.tolist(), eng.tolist())
+    r = prefill_rate
+    for i in range(n):
+        a, h, e = a_l[i], h_l[i], e_l[i]
+        take = 0.0
+        if h > 0:
+            backlog, eng_backlog = max(0.0, tier_free - a), max(0.0, eng_free[e] - a)
+            x, fixed = x_l[i], t0_l[i]
+            if fixed + backlog + x <= h / r + eng_backlog:
+                take, what = h, f"{LOAD}/{WINS}"
+            else:
+                per = x / h
+                why = _why(backlog, fixed + x <= h / r + eng_backlog, per, r)
+                if per > 1.0 / r:  # a longer prefix loses more: the longest that still wins, in whole chunks
+                    k = math.floor((eng_backlog - fixed - backlog) / (CHUNK_TOKENS * (per - 1.0 / r)))
+                    take = float(min(max(k, 0) * CHUNK_TOKENS, h))
+                what = f"{PARTIAL if take > 0 else RECOMPUTE}/{why}"
+            counts[what] += 1
+        if take > 0:
+            tier_free = max(tier_free, a) + x_l[i] * take / h
+            ready, hold = tier_free, held_l[i] + (n_l[i] - take) / r
+        else:
+            ready, hold = a, n_l[i] / r
+        eng_free[e] = max(eng_free[e], ready) + hold
+        loaded[i] = take
+    return loaded, dict(counts)

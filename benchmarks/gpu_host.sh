@@ -10,6 +10,9 @@
 #                                                  points at it; IO_THREADS, CONNS), compiled, the Lite shape: a sync hit
 #                                                  loaded layer group by group (LAYER_GROUPS, vLLM's async scheduling off),
 #                                                  then the serial hit of vLLM's defaults (receive path), side by side
+#   bash benchmarks/gpu_host.sh lmcache [OUT_DIR]  issue 47: LMCache 0.5.6 (benchmarks/gpu_lmcache.sh install first) behind
+#                                                  vLLM, compiled, K = 1: kvctl's RESP plugin, LMCache's native client,
+#                                                  then KvctlConnector, the same prompts (LMC_MODES to pick), sync + async
 #   bash benchmarks/gpu_host.sh tests [OUT_DIR]    python -m pytest -m gpu tests/gpu (engine chains, faults, shutdown)
 #   bash benchmarks/gpu_host.sh paper [OUT_DIR]    benchmarks/paper_gpu.py (the paper's Table 2 here, issue 33), the steps
 #                                                  in PAPER_STEPS (default all; the host's 10-minute calls take a part
@@ -45,6 +48,13 @@ case "$what" in
     [ -n "${SKIP_SERIAL:-}" ] || timeout "${BENCH_TIMEOUT_S:-280}" python3 benchmarks/engine_gpu.py "${common[@]}" \
       --json "$out/serial.json" 2>&1 | tee "$out/serial.txt"
     ;;
+  lmcache)
+    for mode in ${LMC_MODES:-lmcache lmcache-native kvctl}; do
+      timeout "${BENCH_TIMEOUT_S:-180}" python3 benchmarks/engine_gpu.py --compiled --instances 1 --connector "$mode" --async \
+        --lengths "${LENGTHS:-2048,8192,16384,32000}" --prompts "${PROMPTS:-3}" --json "$out/lmcache-$mode.json" ${BENCH_ARGS:-} \
+        2>&1 | tee "$out/lmcache-$mode.txt"
+    done
+    ;;
   bench-glm5)
     timeout "${BENCH_TIMEOUT_S:-580}" python3 benchmarks/engine_gpu.py --json "$out/engine_gpu_glm5.json" \
       --logs "$out/engine_logs_glm5.tar.gz" --shape configs/models/glm-5-shrunk-shape.json \
@@ -64,5 +74,5 @@ case "$what" in
     # one archive: the device call brings back a bounded number of files
     (cd .gpu-work/paper && tar czf "$out/paper/runs.tar.gz" -- *.jsonl *.json *.txt *.yaml *.err 2>/dev/null)
     ;;
-  *) echo "usage: $0 bench|bench-glm5|layered|tests|paper [OUT_DIR]" >&2; exit 2 ;;
+  *) echo "usage: $0 bench|bench-glm5|layered|lmcache|tests|paper [OUT_DIR]" >&2; exit 2 ;;
 esac

@@ -2,7 +2,7 @@
 
 Torch-free and vLLM-free: :mod:`kvctl.plugins.vllm_stats` registers these with vLLM's metrics,
 :mod:`kvctl.drill.engine` exports the same names, ``kvctl diagnose``, ``report``, ``doctor`` and the
-exporter read them (tests/test_metric_names.py: no ``"kvctl:..."`` literal anywhere else). The vLLM and
+exporter read them (tests/connector/test_metric_names.py: no ``"kvctl:..."`` literal anywhere else). The vLLM and
 LMCache names kvctl reads (``vllm:request_success``, ``lmcache:num_remote_read_bytes``, ...) are here too, at
 the end: no reader in kvctl/ writes one of its own.
 """
@@ -105,7 +105,7 @@ RANKS_HELP = "Ranks of the shard group (W): instance r holds rank r's chunks."
 
 # --- the names kvctl reads from vLLM and LMCache (their engines register these, not kvctl's connector) ----------
 # diagnose, the exporter's filter, doctor, report, the drill and its engine name them from here
-# (tests/test_metric_names.py: no "vllm:..." or "lmcache:..." literal anywhere else in kvctl/).
+# (tests/connector/test_metric_names.py: no "vllm:..." or "lmcache:..." literal anywhere else in kvctl/).
 VLLM_PREFIX = "vllm:"
 LMCACHE_PREFIX = "lmcache:"
 VLLM_REQUEST_SUCCESS = "vllm:request_success"

@@ -45,7 +45,7 @@ class RenamedOption(click.Option):
     its type, bounds, ``required`` and env var; different values given under several names are a usage error (mixed,
     a repeatable option's order, rank order for ``--valkey``, would be lost), one value given under several names of a
     single-valued option is that value (``--bench F --get-times-from F``). docs/reference.md's "Names" table lists
-    every old name (tests/test_names.py).
+    every old name (tests/cli/test_names.py).
     """
 
     def __init__(self, *args: Any, old: Sequence[str] = (), old_flags: dict[str, Any] | None = None, why: str = "", **kwargs: Any) -> None:

@@ -7,7 +7,7 @@
 * vLLM 0.32 (the engine extra): the fields of ``vllm/config/kv_transfer.py``'s ``KVTransferConfig`` (vLLM refuses
   any other key of ``--kv-transfer-config``: its config dataclasses forbid extra fields).
 
-Read from the sources, never imported (neither runs in kvctl's interpreter): tests/test_config_keys.py checks these
+Read from the sources, never imported (neither runs in kvctl's interpreter): tests/core/test_config_keys.py checks these
 lists against ``.venv-lmcache`` and ``.venv`` with the same functions.
 """
 

@@ -11,7 +11,7 @@
   indexer's keys: ``index_head_dim`` fp8 bytes and one fp32 scale per 128
   (132 bytes for 128), whatever ``--dtype`` (vLLM: ``DeepseekV32IndexerCache``,
   uint8). s is what vLLM's page arithmetic gives for the two specs of the
-  model's KV cache group (``tests/test_kvsize.py`` computes it with vLLM's
+  model's KV cache group (``tests/core/test_kvsize.py`` computes it with vLLM's
   own spec classes). Replicated on every rank, like MLA.
 * GQA/MHA: ``2 × num_key_value_heads × head_dim`` elements per layer (K and V);
   KV heads are split across TP ranks (replicated when there are fewer heads

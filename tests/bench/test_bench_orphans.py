@@ -24,7 +24,7 @@ import pytest
 
 from kvctl.bench.worker import WorkerResult, send_result
 from kvctl.core.procs import STARTER_PID_ENV
-from tests.bench.bench_procs import get_calls, start_bench
+from tests.bench.bench_procs import get_calls, name_of, start_bench
 
 #: One batch adds ~9 pickled bytes to a client's result: 20,000 GETs over 2 clients are ~90 KB each, past 64 KiB.
 GETS_PAST_A_PIPE_BUFFER = 20_000
@@ -92,7 +92,7 @@ def test_sigkilled_bench_leaves_no_embedded_server(tmp_path):
             assert time.monotonic() < deadline, "bench never started its clients"
             seen.update((p.pid, p) for p in family(bench.pid))
             time.sleep(0.1)
-        servers = [p for p in seen.values() if "valkey-server" in p.name()]
+        servers = [p for p in seen.values() if "valkey-server" in name_of(p)]
         assert servers, cmdlines(list(seen.values()))
         bench.kill()
         bench.wait(timeout=10)

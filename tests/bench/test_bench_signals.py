@@ -18,7 +18,7 @@ import psutil
 import pytest
 import redis
 
-from tests.bench.bench_procs import get_calls, start_bench
+from tests.bench.bench_procs import get_calls, name_of, start_bench
 
 SMALL = ["--chunk-bytes", "2e6", "--batch", "4", "--keys", "16"]
 
@@ -81,7 +81,7 @@ def test_ctrl_c_stops_embedded_servers_and_removes_their_dir(tmp_path):
     servers: list[psutil.Process] = []
     while not servers:
         assert bench.poll() is None and time.monotonic() < deadline, bench.communicate()
-        servers = [k for k in psutil.Process(bench.pid).children() if "valkey-server" in k.name()]
+        servers = [k for k in psutil.Process(bench.pid).children() if "valkey-server" in name_of(k)]
         time.sleep(0.1)
     server = servers[0]
     port = int(server.cmdline()[0].rsplit(":", 1)[1])

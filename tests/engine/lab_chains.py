@@ -22,7 +22,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvctl.lab.engine import LabTier, LLMProcess, engine_env
+from kvctl.lab.engine import LabTier, LLMProcess, engine_env, kvctl
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,13 +72,34 @@ def llm_kwargs(base: dict, mode: str) -> dict:
     return kw
 
 
+#: the connectors a chain can run (issue 47): kvctl's KvctlConnector, or LMCache 0.5.6's own vLLM connector with
+#: kvctl's RESP plugin (``lmcache``) or LMCache's native resp:// client (``lmcache-native``) as its remote storage
+CONNECTORS = ("kvctl", "lmcache", "lmcache-native")
+
+
+def _lmcache_step(tier: LabTier, workdir: Path, name: str, loading: str, chunk_tokens: int, connector: str, device: str,
+                  env: dict) -> tuple[dict, dict]:
+    """(kv_transfer_config, env) of an LMCache engine step: ``kvctl deploy-valkey lmcache-config`` for the tier, a
+    small L1 (the restarted engine's is empty: its hits come from the tier), PYTHONHASHSEED fixed (LMCache's chunk
+    hashes use Python's hash: a restart finds the chunks only with the same seed)."""
+    path = workdir / f"{name}.lmcache.yaml"
+    kvctl("deploy-valkey", "lmcache-config", "--dir", str(tier.dir), "--chunk-tokens", str(chunk_tokens),
+          "--max-local-cpu-size", "0.2", "--loading", loading,
+          "--native" if connector == "lmcache-native" else "--plugin", "--out", str(path))
+    cfg = ({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"} if device == "cuda" else
+           {"kv_connector": "KvctlLMCacheConnector", "kv_connector_module_path": "kvctl.plugins.lmcache_cpu",
+            "kv_role": "kv_both"})
+    return cfg, dict(env, LMCACHE_CONFIG_FILE=str(path), PYTHONHASHSEED="0")
+
+
 def run_chain(name: str, model: Path, workdir: Path, steps: list[tuple[str, str]], *, base_kwargs: dict,
               lengths: list[int], chunk_tokens: int, device: str, seed: int = 0, start_timeout_s: float = 600,
               tier_kwargs: dict | None = None, extra_env: dict | None = None,
-              connector_extra: dict | None = None) -> Chain:
+              connector_extra: dict | None = None, connector: str = "kvctl") -> Chain:
     """Run one chain (see the module docstring); never raises: errors are in the result.
 
-    ``connector_extra``: keys added to the connector's ``kv_connector_extra_config`` (``layer_groups``, say)."""
+    ``connector_extra``: keys added to the connector's ``kv_connector_extra_config`` (``layer_groups``, say);
+    ``connector``: one of :data:`CONNECTORS` (LMCache's: its config from ``lmcache-config``, its own loading mode)."""
     workdir = Path(workdir)
     prompts = [make_prompts(seed * 100 + i, lengths) for i in range(len(steps))]
     chain = Chain(name, [Step(m, lo) for m, lo in steps], prompts, chunk_tokens)
@@ -89,13 +110,17 @@ def run_chain(name: str, model: Path, workdir: Path, steps: list[tuple[str, str]
         return chain
     try:
         for i, step in enumerate(chain.steps):
-            cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens),
-                                   "--loading", step.loading)
-            cfg["kv_connector_extra_config"].update(MECHANICS, **(connector_extra or {}))
+            step_name = f"{name}-{i}-{step.mode}-{step.loading}"
             env = engine_env(device=device, trace=workdir / "trace.jsonl", extra=extra_env)
+            if connector == "kvctl":
+                cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens),
+                                       "--loading", step.loading)
+                cfg["kv_connector_extra_config"].update(MECHANICS, **(connector_extra or {}))
+            else:
+                cfg, env = _lmcache_step(tier, workdir, step_name, step.loading, chunk_tokens, connector, device, env)
             try:
                 eng = LLMProcess.start(model, workdir, llm_kwargs=llm_kwargs(base_kwargs, step.mode), kv_transfer_config=cfg,
-                                       env=env, timeout_s=start_timeout_s, name=f"{name}-{i}-{step.mode}-{step.loading}")
+                                       env=env, timeout_s=start_timeout_s, name=step_name)
             except Exception as exc:  # noqa: BLE001 - e.g. a backend this GPU cannot run
                 step.error = str(exc)
                 if i == 0:
@@ -107,13 +132,14 @@ def run_chain(name: str, model: Path, workdir: Path, steps: list[tuple[str, str]
                     step.hits = eng.generate(prompts[i - 1], max_tokens=4, logprobs=1)
                 step.cold = eng.generate(prompts[i], max_tokens=4, logprobs=1)
                 step.local = eng.generate(prompts[i], max_tokens=4, logprobs=1)
-                step.metrics = eng.metrics(("kvctl:", "vllm:external_prefix_cache"))
+                step.metrics = eng.metrics(("kvctl:", "lmcache:", "vllm:external_prefix_cache"))
             except Exception as exc:  # noqa: BLE001
                 step.error = f"{exc}\n{traceback.format_exc()[-2000:]}"
             finally:
                 step.shutdown_s = eng.stop()
                 lines = eng.log_text().splitlines()
-                step.log_lines = lines[-150:] if step.error else [ln for ln in lines if "KvctlConnector" in ln][-40:]
+                mine = "KvctlConnector" if connector == "kvctl" else "LMCache"
+                step.log_lines = lines[-150:] if step.error else [ln for ln in lines if mine in ln][-40:]
             if step.error:
                 break
     finally:

@@ -63,6 +63,11 @@ LAYERED_BACKENDS = ("FLASH_ATTN", "FLASHMLA", "FLASHMLA_SPARSE")
 LAYERED_ENGINE = {"async_scheduling": False}
 LAYERED_CONNECTOR = {"layer_groups": 2}
 LAYERED = {"eager": [("eager", "sync"), ("eager", "sync")], "compiled": [("compiled", "sync"), ("compiled", "sync")]}
+# LMCache 0.5.6's own vLLM connector (issue 47), on the backends of the paper's MLA and a GQA one, eager and compiled,
+# sync and async: kvctl's RESP plugin as its remote storage, and LMCache's native resp:// client on one chain beside it
+LMCACHE_BACKENDS = ("FLASHMLA", "FLASHMLA-fp8", "FLASH_ATTN")
+LMCACHE_CHAINS = [(c, n, m) for c in ("lmcache",) for n in LMCACHE_BACKENDS for m in ("eager", "compiled")]
+LMCACHE_CHAINS += [("lmcache-native", "FLASHMLA", "compiled")]
 # greedy tokens must equal the cold run's (or, on a near-tie, vLLM's own prefix-cache hit's); logprobs are compared
 # with that prefix-cache hit (the same KV bytes): within 0.01, as bf16's rounding moved them by 0.004 on an H200
 LOGPROB_TOL = {"FLASHMLA-fp8": 0.02, "FLASHMLA_SPARSE-fp8": 0.02}
@@ -105,14 +110,16 @@ def lab(models, tmp_path_factory, out_dir):
 
     root = tmp_path_factory.mktemp("lab")
 
-    def chain_job(name, mode, steps, layered=False):
+    def chain_job(name, mode, steps, layered=False, connector="kvctl"):
         kind, kw, _ = BACKENDS[name]
         tag = f"{name}-layered-{mode}" if layered else f"{name}-{mode}"
+        tag = tag if connector == "kvctl" else f"{connector}-{tag}"
         chain = run_chain(tag, models[kind], root / tag, steps,
                           base_kwargs=ENGINE_BASE | kw | (LAYERED_ENGINE if layered else {}),
                           lengths=LENGTHS, chunk_tokens=CT, device="cuda",
                           seed=zlib.crc32(tag.encode()) % 1000, start_timeout_s=420,
-                          tier_kwargs={"maxmemory": "1gb"}, connector_extra=LAYERED_CONNECTOR if layered else None)
+                          tier_kwargs={"maxmemory": "1gb"}, connector_extra=LAYERED_CONNECTOR if layered else None,
+                          connector=connector)
         (out_dir / f"chain-{tag}.json").write_text(json.dumps(summary(chain), indent=1, default=str))
         for i, step in enumerate(chain.steps):
             (out_dir / f"chain-{tag}-{i}.connector.log").write_text("\n".join(step.log_lines))
@@ -150,6 +157,8 @@ def lab(models, tmp_path_factory, out_dir):
              ("faults-layered", layered_faults_job, ())]
     jobs += [(f"{n}-eager", chain_job, (n, "eager", EAGER)) for n in BACKENDS]
     jobs += [(f"{n}-layered-{m}", chain_job, (n, m, LAYERED[m], True)) for n in LAYERED_BACKENDS for m in LAYERED]
+    if lmcache_here():  # LMCache's GPU wheels (benchmarks/gpu_lmcache.sh install), else its tests skip
+        jobs += [(f"{c}-{n}-{m}", chain_job, (n, m, EAGER if m == "eager" else COMPILED, False, c)) for c, n, m in LMCACHE_CHAINS]
     only = [j for j in os.environ.get("KVCTL_GPU_JOBS", "").split(",") if j]  # a subset (a short GPU lease)
     pool = ThreadPoolExecutor(MAX_PARALLEL)
     futures = {name: pool.submit(fn, *a) for name, fn, a in jobs if not only or name in only}
@@ -179,6 +188,35 @@ def test_restart_hits_give_the_cold_tokens(lab, name, mode):
     m = chain.steps[1].metrics
     assert m.get("kvctl:loads_total", 0) >= len(LENGTHS) and m.get("kvctl:l2_get_bytes_total", 0) > 0, m
     assert any("warm-up in" in line for line in chain.steps[1].log_lines), chain.steps[1].log_lines
+
+
+def lmcache_here() -> bool:
+    """LMCache's CUDA build imports here (the GPU host after ``benchmarks/gpu_lmcache.sh install``)."""
+    try:
+        import lmcache.cuda_ops  # noqa: F401, PLC0415
+    except Exception:  # noqa: BLE001 - not installed, or built for another torch
+        return False
+    return True
+
+
+@pytest.mark.parametrize("connector, name, mode", LMCACHE_CHAINS)
+def test_lmcache_restart_hits_give_the_cold_tokens(lab, connector, name, mode):
+    """LMCache 0.5.6's own connector (LMCacheConnectorV1) over a tier from ``deploy-valkey up`` and the config of
+    ``deploy-valkey lmcache-config`` (kvctl's RESP plugin, or ``--native``): a fresh engine, its L1 empty, finds a
+    stopped engine's prompts in the tier, loads every full chunk but the last token's and gives the cold tokens, in
+    LMCache's sync and async loading."""
+    from tests.engine.lab_chains import chain_problems, summary
+
+    key = f"{connector}-{name}-{mode}"
+    if key not in lab:
+        pytest.skip(f"{key} not run: LMCache's GPU build is not installed here (benchmarks/gpu_lmcache.sh), or "
+                    "KVCTL_GPU_JOBS left it out")
+    chain = lab[key].result()
+    if chain.error is not None:
+        pytest.fail(f"{key} did not start: {chain.error}")
+    assert chain_problems(chain, logprob_tol=LOGPROB_TOL.get(name, 0.01)) == [], json.dumps(summary(chain), indent=1)
+    m = chain.steps[1].metrics
+    assert m.get("vllm:external_prefix_cache_hits_total", 0) > 0, m
 
 
 @pytest.mark.parametrize("mode", list(LAYERED))

@@ -232,7 +232,8 @@ def validate_config_file(args: dict[str, Any]) -> dict[str, Any]:
     cfg = load_engine_config_with_overrides(config_file_path=args["path"])
     return {"remote_url": cfg.remote_url, "remote_storage_plugins": cfg.remote_storage_plugins,
             "extra_config": cfg.extra_config, "chunk_size": cfg.chunk_size,
-            "enable_async_loading": cfg.enable_async_loading, "save_unfull_chunk": cfg.save_unfull_chunk}
+            "enable_async_loading": cfg.enable_async_loading, "save_unfull_chunk": cfg.save_unfull_chunk,
+            "max_local_cpu_size": cfg.max_local_cpu_size}
 
 
 def chunk_key_names(args: dict[str, Any]) -> dict[str, Any]:

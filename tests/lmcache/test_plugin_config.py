@@ -86,3 +86,26 @@ def test_plugin_config_loaded_by_lmcache_and_used_on_the_tier(lmc_python, tier, 
     res = CliRunner().invoke(cli, ["loading", "show", "--config", str(out_file), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["sources"][0]["async_loading"] is True
+
+
+@pytest.mark.parametrize("connector, device", [("lmcache", "cuda"), ("lmcache-native", "cuda"), ("lmcache", "cpu")])
+def test_an_lmcache_chain_step_runs_lmcaches_connector_on_the_config_lmcache_loads(lmc_python, tmp_path, connector, device):  # noqa: F811
+    """Issue 47: the GPU chains (tests/gpu/test_engine_gpu.py, LMCache's jobs) start LMCache's own connector with
+    `lmcache-config`'s file for the step's loading, a small L1 and PYTHONHASHSEED fixed; LMCache's loader reads it."""
+    from kvctl.lab.engine import LabTier  # noqa: PLC0415
+    from tests.engine.lab_chains import _lmcache_step  # noqa: PLC0415
+
+    tier = LabTier(tmp_path / "tier", maxmemory="64mb")
+    try:
+        cfg, env = _lmcache_step(tier, tmp_path, "step", "async", 256, connector, device, {"X": "1"})
+    finally:
+        tier.down()
+    assert cfg["kv_connector"] == ("LMCacheConnectorV1" if device == "cuda" else "KvctlLMCacheConnector")
+    assert (cfg.get("kv_connector_module_path") is None) == (device == "cuda")
+    assert env["X"] == "1" and env["PYTHONHASHSEED"] == "0"
+    loaded = run_scenario("validate_config_file", {"path": env["LMCACHE_CONFIG_FILE"]})
+    assert loaded["enable_async_loading"] is True and loaded["chunk_size"] == 256 and loaded["max_local_cpu_size"] == 0.2
+    if connector == "lmcache-native":
+        assert loaded["remote_url"] == tier.instances[0]["url"] and not loaded["remote_storage_plugins"]
+    else:
+        assert loaded["remote_url"] is None and loaded["remote_storage_plugins"] == ["kvctl"]

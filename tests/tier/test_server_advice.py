@@ -1,7 +1,7 @@
 """Issue 45 item 3: the advice says "move to 9.x / raise io-threads" before "add instances" when an instance gives less
 than a newer server or more threads would (the measured table, kvctl.core.thresholds.INSTANCE_GBPS_BY_SERVER): kvctl
 diagnose's rho_unstable, bandwidth_below_breakeven and instance_saturated, and kvctl plan on a bench of an 8.1 tier.
-(doctor's lines: tests/test_doctor.py; bench's: tests/bench/test_bench_server.py.)"""
+(doctor's lines: tests/ops/test_doctor.py; bench's: tests/bench/test_bench_server.py.)"""
 
 from __future__ import annotations
 

@@ -1,0 +1,269 @@
+"""benchmarks/paper_gpu.py (issue 33) without an engine: its trace, the flip through kvctl, plan's agreement, the alert.
+
+The trace's planned hits are read back through kvctl's own trace reader (what simulate sees); the loading
+flip runs the real ``kvctl loading async --vllm`` on the engine's ``--config`` YAML that the script writes;
+the alert check runs promtool (when it is here) on recorded samples, once where ρ stays ≥ 1 and once where
+it does not. A hostile work directory (a FIFO, a link to /dev/zero, a malformed file) stops --analyse with one
+line naming the file and the key, never a hang, a runaway read or a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def paper():
+    spec = importlib.util.spec_from_file_location("paper_gpu", ROOT / "benchmarks" / "paper_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["paper_gpu"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_trace_primes_only_the_documents_and_simulate_reads_the_planned_hits(paper, tmp_path):
+    from kvctl.records.trace import read_trace
+    from kvctl.sim.workload import trace_workload
+
+    info = paper.make_traces(tmp_path, "main", tokens=2048, block=256, requests=50, rate=2.0, hit_share=0.6, seed=1)
+    run = [json.loads(x) for x in (tmp_path / "main.trace.jsonl").read_text().splitlines()]
+    prime = [json.loads(x) for x in (tmp_path / "main.prime.jsonl").read_text().splitlines()]
+    assert len(run) == 50 and len(prime) == info["primed"] and 15 <= info["primed"] <= 45
+    ids = [h for r in run for h in r["hash_ids"]]
+    assert len(ids) == len(set(ids))  # no prompt repeats inside the run: vLLM's own prefix cache never serves one
+    docs = {tuple(r["hash_ids"][:-1]) for r in run}
+    for p in prime:  # the primed prompt shares its document with one request, never its last block
+        assert tuple(p["hash_ids"][:-1]) in docs and p["hash_ids"][-1] not in ids and p["timestamp"] == 0
+    w = trace_workload(str(tmp_path / "main.planned.jsonl"), block_tokens=256)
+    primed_docs = {tuple(p["hash_ids"][:-1]) for p in prime}
+    want = [7 * 256 if tuple(r["hash_ids"][:-1]) in primed_docs else 0 for r in run]
+    assert list(w.hit_tokens) == want and list(w.tokens) == [2048] * 50
+    assert read_trace(tmp_path / "main.trace.jsonl").requests[-1].offset_s == pytest.approx(info["span_s"], abs=1e-3)
+
+
+def test_the_flip_goes_through_kvctl_loading_and_keeps_the_diff(paper, tmp_path):
+    """R3 is R2's sync config for the tier this process holds, flipped by kvctl loading: never a copy of R2's file,
+    which names the ports of the tier an earlier --only call held (on the H200 R3 then primed a dead tier)."""
+    def cfg(port):
+        return {"kv_connector": "KvctlConnector", "kv_connector_module_path": "kvctl.plugins.vllm", "kv_role": "kv_both",
+                "kv_connector_extra_config": {"urls": [f"resp://127.0.0.1:{port}"], "chunk_tokens": 64, "async_loading": False}}
+
+    stale = {"kv-transfer-config": json.dumps(cfg(1))}
+    (tmp_path / "R2.engine.yaml").write_text(yaml.safe_dump(stale))  # an earlier call's tier
+
+    class FakeLab:  # this process's tier listens on port 2
+        work = tmp_path
+
+        def engine_config(self, name, k, loading):
+            assert loading == "sync"
+            path = tmp_path / f"{name}.engine.yaml"
+            path.write_text(yaml.safe_dump({"kv-transfer-config": json.dumps(cfg(2))}))
+            return path
+
+    path = paper.config_for(FakeLab(), "R3", 1, "async", "R2")
+    got = json.loads(yaml.safe_load(path.read_text())["kv-transfer-config"])
+    assert got["kv_connector_extra_config"]["async_loading"] is True
+    assert {**got, "kv_connector_extra_config": {**got["kv_connector_extra_config"], "async_loading": False}} == cfg(2)
+    diff = (tmp_path / "R3.flip-diff.txt").read_text()
+    assert "# exit 0" in diff and "async_loading" in diff
+    assert yaml.safe_load((tmp_path / "R2.engine.yaml").read_text()) == stale  # R2's file untouched
+
+
+def test_calibration_instances_default_and_reach_the_fit(paper):
+    gpu = paper.parse_args(["--workdir", "/tmp/x"])
+    cpu = paper.parse_args(["--workdir", "/tmp/x", "--device", "cpu"])
+    assert (gpu.calib_instances, cpu.calib_instances) == (gpu.instances, 1)
+    assert paper.step_k(gpu, "calib") == gpu.instances and paper.step_k(gpu, "R2") == 1 and paper.step_k(gpu, "R1") == 0
+    assert paper.step_k(paper.parse_args(["--workdir", "/tmp/x", "--calib-instances", "2"]), "calib") == 2
+
+
+@pytest.mark.parametrize("plan, meets, agrees", [
+    ({"instances": 4, "loading": "sync"}, {"R2": False, "R4": True}, True),
+    ({"instances": 4, "loading": "sync"}, {"R2": True, "R4": True}, False),  # fewer instances met it: not the fewest
+    ({"instances": 1, "loading": "sync"}, {"R2": False, "R4": True}, False),
+    ({"instances": None, "loading": None}, {"R2": False, "R4": False}, True),
+    ({"instances": None, "loading": None}, {"R2": False, "R4": True}, False),
+    ({"instances": 2, "loading": "sync"}, {"R2": False, "R4": True}, None),  # not measured
+])
+def test_plan_agreement(paper, plan, meets, agrees):
+    assert paper.plan_agrees(plan, meets, 4)["agrees"] is agrees
+
+
+def _promtool_or_skip(paper):
+    if not Path(paper.promtool_path()).exists():
+        pytest.skip("promtool not found (make promtool)")
+
+
+@pytest.mark.parametrize("values, fired", [
+    ([0.4, 1.2, 1.3, 1.25, 1.4, 1.3], True),
+    ([0.4, 1.2, 0.6, 1.25, 0.5, 1.3], False),  # never 2 minutes at ρ ≥ 1
+    ([0.4, 1.2, 1.3, 1.4, 0.3, 0.0], True),  # the run drains at the end: evaluated where ρ ≥ 1 lasted longest
+])
+def test_the_alert_check_runs_promtool_on_the_recorded_rho(paper, tmp_path, values, fired):
+    _promtool_or_skip(paper)
+    (tmp_path / "R2.exporter.jsonl").write_text("".join(json.dumps({"t": i, "kvctl_rho": [v]}) + "\n" for i, v in enumerate(values)))
+    res = paper.alert_check(tmp_path)
+    assert res["ran"] and res["fired"] is fired, res
+
+
+def test_the_shipped_rehearsal_analyses_to_what_benchmarks_readme_says(paper, tmp_path):
+    """--analyse over the CPU rehearsal's raw runs (benchmarks/results/paper_gpu-cpu-rehearsal-2026-12-01): kvctl
+    report, simulate fitted on the calibration only, and plan, run again here, give the README's figures."""
+    import shutil
+
+    work = tmp_path / "w"
+    shutil.copytree(ROOT / "benchmarks" / "results" / "paper_gpu-cpu-rehearsal-2026-12-01", work)
+    out = paper.analyse(paper.parse_args(["--device", "cpu", "--workdir", str(work), "--analyse"]))
+    assert out["report"]["R2"]["p99_s"] == pytest.approx(30.344, abs=1e-3) and out["report"]["R1"]["hit_rate"] == 0
+    ratios = {(r, k): v["ratio"] for r, row in out["simulate"].items() for k, v in row.items() if isinstance(v, dict)}
+    assert len(ratios) == 16 and all(abs(x - 1) <= paper.TARGET for x in ratios.values()), ratios
+    assert ratios[("R3", "p99_s")] == pytest.approx(1.00, abs=0.01)  # async without an age timeout
+    assert out["diagnose"]["R2"]["exit"] == 4 and out["diagnose"]["R2"]["rho"] >= 1 and out["diagnose"]["R4"]["exit"] == 0
+    assert out["plan"]["agrees_for_E1"]["agrees"] is True
+
+
+def test_the_h200_runs_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
+    """--analyse over the H200's raw runs of 2026-12-02 (the second day's set: calibration and R1-R5): report,
+    simulate and plan give the README's table; diagnose's verdicts are the ones it printed live."""
+    import shutil
+
+    work = tmp_path / "w"
+    shutil.copytree(ROOT / "benchmarks" / "results" / "paper_gpu-h200-2026-12-02", work)
+    out = paper.analyse(paper.parse_args(["--workdir", str(work), "--analyse"]))
+    rep = out["report"]
+    assert sorted(rep) == ["R1", "R2", "R3", "R4", "R5"]
+    assert (round(rep["R1"]["p50_s"], 3), round(rep["R2"]["p50_s"], 2), round(rep["R3"]["p50_s"], 2), round(rep["R4"]["p99_s"], 3),
+            round(rep["R5"]["p50_s"], 3)) == (0.334, 29.13, 10.64, 2.268, 0.476)
+    sim = out["simulate"]
+    ratios = {r: tuple(round(sim[r][k]["ratio"], 2) for k in ("p50_s", "p90_s", "p99_s")) for r in ("R2", "R3", "R4", "R5")}
+    assert ratios == {"R2": (0.82, 1.18, 1.24), "R3": (1.16, 1.14, 1.14), "R4": (0.78, 0.91, 1.0), "R5": (0.79, 0.72, 0.72)}
+    assert all(sim[r]["hit_share"]["ratio"] == pytest.approx(1.0) for r in ratios)
+    # by class (the README's sentence on what simulate under-predicts): R5's misses and hits, R4's misses
+    by = {(r, c): tuple(round(out["simulate_by_class"][r][c][k]["ratio"], 2) for k in ("p50_s", "p90_s", "p99_s"))
+          for r, c in (("R5", "miss"), ("R5", "hit"), ("R4", "miss"))}
+    assert by == {("R5", "miss"): (0.87, 0.48, 0.57), ("R5", "hit"): (0.78, 0.68, 0.73), ("R4", "miss"): (0.67, 0.89, 0.95)}
+    assert rep["R5"]["by_class"]["miss"]["requests"] == out["simulate_by_class"]["R5"]["miss"]["requests"]["predicted"] == 17
+    assert "  misses (17/17): p50 0.238/0.275 (0.87)" in paper.render(out)
+    d = out["diagnose"]
+    assert (d["R2"]["exit"], round(d["R2"]["rho"], 2), d["R4"]["exit"], round(d["R4"]["rho"], 2)) == (4, 2.42, 0, 0.47)
+    assert out["plan"]["E"][1]["instances"] == 0 and out["plan"]["agrees_for_E1"]["agrees"] is True
+
+
+# -- a hostile work directory (issue 44, defect 6): every file --analyse reads is bounded and typed ----------------------
+REHEARSAL = ROOT / "benchmarks" / "results" / "paper_gpu-cpu-rehearsal-2026-12-01"
+
+
+@pytest.fixture
+def rehearsal(tmp_path):
+    """A copy of the committed CPU rehearsal's work directory."""
+    import shutil
+
+    work = tmp_path / "w"
+    shutil.copytree(REHEARSAL, work)
+    return work
+
+
+def _analyse_child(work: Path, timeout_s: float = 60.0):
+    """``paper_gpu.py --analyse`` as its own process under a 1 GiB address-space limit (tests/hostile's Limits), killed
+    at ``timeout_s``: (returncode or None when it had to be killed, stdout, stderr)."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.hostile.helpers import limits
+
+    main = (f"import runpy, sys; sys.argv = ['paper_gpu.py', '--device', 'cpu', '--workdir', {str(work)!r}, '--analyse']; "
+            f"runpy.run_path({str(ROOT / 'benchmarks' / 'paper_gpu.py')!r}, run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", limits(as_bytes=1 << 30).code(main)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(ROOT), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the session this call started: the script and any kvctl under it
+        out, err = proc.communicate(timeout=10)
+        return None, out, err
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+@pytest.mark.parametrize("name", ["meta.json", "R2.diagnose.json", "R2.info.json", "R2.exporter.jsonl", "calib.jsonl", "R2.jsonl"])
+def test_analyse_refuses_a_file_that_is_not_a_regular_one(rehearsal, name, kind):
+    """A FIFO blocked --analyse for good; a link to /dev/zero grew it to 23.8 GB. Each file it reads is refused in one
+    line naming it, a non-zero exit, well inside the time and the 1 GiB it is given."""
+    import os
+
+    (rehearsal / name).unlink()
+    if kind == "fifo":
+        os.mkfifo(rehearsal / name)
+    else:
+        os.symlink("/dev/zero", rehearsal / name)
+    rc, out, err = _analyse_child(rehearsal)
+    assert rc is not None, f"--analyse still running after 60 s with {name} a {kind}"
+    assert rc != 0 and "Traceback" not in err, err[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0] and "regular file" in lines[0], err[-3000:]
+
+
+@pytest.mark.parametrize("name, change, key", [
+    ("meta.json", lambda m: "{", "meta.json"),
+    ("meta.json", lambda m: [], "JSON object"),
+    ("meta.json", lambda m: {k: v for k, v in m.items() if k != "bytes_per_token"}, "bytes_per_token"),
+    ("meta.json", lambda m: {**m, "bytes_per_token": "abc"}, "bytes_per_token"),
+    ("meta.json", lambda m: {**m, "bytes_per_token": -1}, "bytes_per_token"),
+    ("meta.json", lambda m: {**m, "chunk_tokens": 1.5}, "chunk_tokens"),
+    ("meta.json", lambda m: {**m, "instances": True}, "instances"),
+    ("meta.json", lambda m: {**m, "calib_instances": "2"}, "calib_instances"),
+    ("meta.json", lambda m: {**m, "traces": []}, "traces"),
+    ("meta.json", lambda m: {**m, "traces": {**m["traces"], "main": {**m["traces"]["main"], "rate": None}}}, "traces.main.rate"),
+    ("meta.json", lambda m: {**m, "traces": {**m["traces"], "main": {**m["traces"]["main"], "primed": 10**30}}}, "traces.main.primed"),
+    ("R2.diagnose.json", lambda d: "{\"rho\": ", "R2.diagnose.json"),
+    ("R2.diagnose.json", lambda d: [1], "JSON object"),
+    ("R2.diagnose.json", lambda d: {**d, "rho": "high"}, "rho"),
+    ("R2.diagnose.json", lambda d: {**d, "findings": "none"}, "findings"),
+    ("R2.diagnose.json", lambda d: {**d, "findings": [1]}, "findings"),
+    ("R2.info.json", lambda i: "[", "R2.info.json"),
+    ("R2.info.json", lambda i: [], "JSON object"),
+    ("R2.info.json", lambda i: {**i, "diagnose_exit": "4"}, "diagnose_exit"),
+    ("R2.exporter.jsonl", lambda e: "[1]\n", "line 1"),
+    ("R2.exporter.jsonl", lambda e: '{"t": 1, "kvctl_rho": 5}\n', "kvctl_rho"),
+    ("R2.exporter.jsonl", lambda e: '{"t": 1, "kvctl_rho": ["a"]}\n', "kvctl_rho"),
+    ("R2.exporter.jsonl", lambda e: '{"t": 1, "kvctl_rho": [1e400]}\n', "kvctl_rho"),
+])
+def test_analyse_names_the_file_and_key_of_a_malformed_one(paper, rehearsal, capsys, name, change, key):
+    """A malformed file of the work directory: one line naming the file and the key, a non-zero exit, no traceback
+    (AttributeError, KeyError, JSONDecodeError before), and before any kvctl command ran."""
+    path = rehearsal / name
+    old = path.read_text()
+    new = change([json.loads(x) for x in old.splitlines()] if name.endswith(".jsonl") else json.loads(old))
+    path.write_text(new if isinstance(new, str) else json.dumps(new))
+    rc = paper.main(["--device", "cpu", "--workdir", str(rehearsal), "--analyse"])
+    err = capsys.readouterr().err
+    assert rc != 0, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0] and key in lines[0], err
+    assert not (rehearsal / "report.txt").exists()  # refused before kvctl report ran
+
+
+def test_the_prefill_fit_leaves_out_a_miss_without_a_time_to_first_token(paper, rehearsal):
+    """calib.jsonl rows that kvctl's run-file reader takes (null times, a first token at the send) gave
+    ZeroDivisionError/TypeError in the fit; they give no rate and are left out."""
+    path = rehearsal / "calib.jsonl"
+    lines = path.read_text().splitlines()
+    rows = [json.loads(x) for x in lines]
+    misses = [i for i, r in enumerate(rows) if r.get("status") == "ok" and not r.get("cached_tokens") and r.get("in_flight") == 1]
+    _, n = paper.fit_prefill_rate(path)
+    assert len(misses) >= 4 and n == len(misses)
+    rows[misses[0]]["first_token_s"] = rows[misses[0]]["sent_s"]
+    rows[misses[1]]["first_token_s"] = None
+    rows[misses[2]]["prompt_tokens"] = None
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rate, n_left = paper.fit_prefill_rate(path)
+    assert n_left == n - 3 and rate > 0

@@ -9,8 +9,9 @@ tokens into the tokens it loads, and the simulation then serves what was loaded 
   nothing (with no queue a shorter prefix never wins where the whole hit loses).
 * **async** (decided at the lookup, on arrival): the predicted load is ``T0 + the tier's backlog + k chunks' transfer``
   (the tier is the FIFO of the loads decided so far, exactly the one the simulation then serves), the predicted
-  recompute ``(k chunks' tokens) / R + the engine's backlog`` (the prefill work queued on the request's engine as a
-  fluid FIFO of what was decided before it: an estimate, as the connector's is). The whole hit when it wins, else the
+  recompute ``(k chunks' tokens) / R + the engine's backlog`` (the compute queued on the request's engine: a fluid
+  FIFO, in arrival order, of what was decided before it, its waits for the tier left out: an estimate, as the
+  connector's is). The whole hit when it wins, else the
   longest whole-chunk prefix that wins, else nothing. The model has no deadline: its predictions of the tier are
   exact, so no load it starts outlives its recompute time on the tier's account (the engine's batching aside).
 
@@ -84,9 +85,9 @@ def decided_hits(arrival: np.ndarray, tokens: np.ndarray, hit_tokens: np.ndarray
             counts[what] += 1
         if take > 0:
             tier_free = max(tier_free, a) + x_l[i] * take / h
-            ready, hold = tier_free, held_l[i] + (n_l[i] - take) / r
-        else:
-            ready, hold = a, n_l[i] / r
-        eng_free[e] = max(eng_free[e], ready) + hold
+        # the engine's backlog is compute queued ahead, in arrival order (what the connector counts: the prompt
+        # tokens of the requests it has looked up and not seen computed), never its waits for the tier
+        hold = held_l[i] + (n_l[i] - take) / r if take > 0 else n_l[i] / r
+        eng_free[e] = max(eng_free[e], a) + hold
         loaded[i] = take
     return loaded, dict(counts)

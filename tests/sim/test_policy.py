@@ -6,6 +6,8 @@ the cost model's (paper §4), worked by hand where a test states one.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -46,11 +48,20 @@ def test_async_recomputes_what_waits_behind_the_tiers_queue_and_keeps_p99_near_r
 
 
 def test_a_tier_that_keeps_up_is_left_alone():
+    """At 8 GB/s (ρ_tier 0.27) the decision loads nearly every hit and p50 stays as it is; the few it recomputes, at a
+    passing tier queue, delay the loaded hits queued behind them on the engine (head-of-line), which the per-request
+    rule does not count: with 2,048-token steps p99 stays at or below the tier-only run's, with whole-prompt steps it
+    grows (docs/connector.md, "What it cannot see")."""
     w = poisson_workload(2.8, 5000, 16000, seed=2)
-    for loading in ("sync", "async"):
-        off, on = simulate(w, cfg(8.0, loading, "off"), 8.0), simulate(w, cfg(8.0, loading, "on"), 8.0)
-        assert (on.p50_s, on.p99_s, on.hits) == (off.p50_s, off.p99_s, off.hits)
-        assert on.decisions == {"load/wins": 5000} and off.decisions is None
+    sync_off, sync_on = simulate(w, cfg(8.0, "sync", "off"), 8.0), simulate(w, cfg(8.0, "sync", "on"), 8.0)
+    assert (sync_on.p50_s, sync_on.p99_s, sync_on.hits) == (sync_off.p50_s, sync_off.p99_s, sync_off.hits)
+    assert sync_on.decisions == {"load/wins": 5000} and sync_off.decisions is None
+    for steps, p99_grows in ((2048, False), (None, True)):
+        kw = {"max_batch": 64, "max_batched_tokens": steps} if steps else {}
+        off = simulate(w, replace(cfg(8.0, "async", "off"), **kw), 8.0)
+        on = simulate(w, replace(cfg(8.0, "async", "on"), **kw), 8.0)
+        assert on.decisions["load/wins"] >= 0.97 * 5000 and on.p50_s == pytest.approx(off.p50_s, rel=0.01)
+        assert (on.p99_s > off.p99_s) is p99_grows, (steps, on.p99_s, off.p99_s)
 
 
 def test_below_breakeven_an_async_hit_loads_the_prefix_the_engine_queue_hides():

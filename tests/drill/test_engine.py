@@ -49,6 +49,10 @@ def test_config_errors_name_the_key(tmp_path):
     p.write_text("enable_async_loading: false\ndrill:\n  remote_urls: []\n")
     with pytest.raises(InvalidInput, match="remote_urls"):
         read_config(p)
+    good = write_config(tmp_path / "good.yaml", _settings(["resp://127.0.0.1:1"]))
+    p.write_text(good.read_text().replace("load_policy: false", "load_policy: 'yes'"))
+    with pytest.raises(InvalidInput, match="drill.load_policy must be true or false"):
+        read_config(p)
 
 
 def test_engine_gets_and_sets_real_chunks_and_exports_diagnose_names(tmp_path, valkey_factory):

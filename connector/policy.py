@@ -225,7 +225,10 @@ class Calibration:
       gets (steps, prefill tokens, seconds) and fits seconds = a·steps + tokens/R by least squares with
       forgetting (a: what a step costs besides its prefill tokens, decodes included); where every step had
       about the same tokens, R = tokens/seconds.
-    * T0: per serial load, its time minus its GET time, averaged per interval and smoothed.
+    * T0: per serial load, its time minus its GET time, averaged per interval and smoothed; with ``hit_step``
+      plus the step fit's a, the fixed cost of the extra step a received hit waits in (on an H200, 2026-12-05, in
+      vLLM's default async scheduling that step made 512-token prompts with 256 tokens from the tier 1.57× their
+      recompute).
     * bandwidth per rank: its GET bytes / GET seconds per interval, smoothed (:func:`ewma`); where the
       workers report no rank of their own, the summed bytes / summed seconds for every rank.
 
@@ -234,8 +237,12 @@ class Calibration:
     """
 
     def __init__(self, world: int, *, prefill_tokens_per_s: float | None = None, t0_s: float | None = None,
-                 tier_gbps: float | None = None, reprobe_after_s: float = 30.0, clock=time.monotonic) -> None:
+                 tier_gbps: float | None = None, reprobe_after_s: float = 30.0, hit_step: bool = False,
+                 clock=time.monotonic) -> None:
         self.world = max(1, world)
+        # a hit vLLM waits for as a receive (async loading, or sync under async scheduling) takes one more engine
+        # step than recomputing it: T0 then counts that step's fixed cost (step_cost_s), unless T0 is configured
+        self.hit_step = hit_step
         self.fixed_r, self.fixed_t0, self.fixed_gbps = prefill_tokens_per_s, t0_s, tier_gbps
         self.reprobe_after_s, self.clock = reprobe_after_s, clock
         self._lock = threading.Lock()
@@ -278,26 +285,40 @@ class Calibration:
         for rank in range(self.world):
             self.observe_gets(rank, get_bytes, get_seconds)
 
-    def prefill_rate(self) -> float | None:
-        if self.fixed_r is not None:
-            return self.fixed_r
+    def _step_line(self) -> tuple[float, float] | None:
+        """(a, 1/R) of the step fit seconds = a·steps + tokens/R; None until prompts of different sizes were timed."""
         with self._lock:
             kk, kx, xx, ky, xy = self._fit
-            x, y = self._xy
-        if x <= 0 or y <= 0:
-            return None
         det = kk * xx - kx * kx
         if kk > 0 and xx > 0 and det > STEP_FIT_MIN_SPREAD * kk * xx:
             a = (xx * ky - kx * xy) / det
             b = (kk * xy - kx * ky) / det
             if a >= 0 and b > 0:
-                return 1.0 / b
-        return x / y
+                return a, b
+        return None
+
+    def prefill_rate(self) -> float | None:
+        if self.fixed_r is not None:
+            return self.fixed_r
+        with self._lock:
+            x, y = self._xy
+        if x <= 0 or y <= 0:
+            return None
+        line = self._step_line()
+        return 1.0 / line[1] if line else x / y
+
+    def step_cost_s(self) -> float | None:
+        """What a step costs besides its prefill tokens (the step fit's a); None until the fit has it."""
+        line = self._step_line()
+        return line[0] if line else None
 
     def estimates(self) -> Estimates:
+        step = self.step_cost_s() if self.hit_step and self.fixed_t0 is None else None
         with self._lock:
             t0 = self.fixed_t0 if self.fixed_t0 is not None else self._t0
             bps = tuple([self.fixed_gbps * 1e9 / self.world] * self.world) if self.fixed_gbps is not None else tuple(self._bps)
+        if step is not None:
+            t0 = (t0 or 0.0) + step  # the step the hit waits in as a receive, besides the load's own fixed time
         return Estimates(self.prefill_rate(), t0, bps)
 
     @property

@@ -19,7 +19,7 @@ from kvctl.connector.sparse_mla import sparse_layout_for
 
 from .vllm_spec import ConnectorSpec
 
-__all__ = ["CacheReading", "read_layout"]
+__all__ = ["CacheReading", "layer_calls_hooks", "read_layout"]
 
 
 @dataclass(frozen=True)
@@ -44,12 +44,43 @@ class CacheReading:
                                 f"({', '.join(names)}), layout {layout}, spec {spec}: one is supported")
         return layout, names[0]
 
+    def without_layer_hooks(self, layer_names: Sequence[str]) -> list[str]:
+        """The layers whose forward calls no ``wait_for_layer_load`` (:func:`layer_calls_hooks`); none outside an engine."""
+        if self.vllm_config is None:
+            return []
+        ctx = self.vllm_config.compilation_config.static_forward_context
+        return [n for n in layer_names if not layer_calls_hooks(ctx.get(n))]
+
     def indexer_shuffled(self, layer_names: Sequence[str]) -> bool:
         """Whether the engine's indexer caches are in the shuffled (tiled) layout (ROCm's readers)."""
         if self.vllm_config is None:
             return False
         ctx = self.vllm_config.compilation_config.static_forward_context
         return any(bool(getattr(ctx.get(n), "uses_shuffled_layout", False)) for n in layer_names)
+
+
+def layer_calls_hooks(layer: Any) -> bool:
+    """Whether vLLM calls the connector's ``wait_for_layer_load`` before this attention layer runs.
+
+    vLLM 0.32 calls it from its attention ops only (``maybe_transfer_kv_layer`` on ``unified_attention_with_output``
+    and ``unified_mla_attention_with_output``, model_executor/layers/attention/kv_transfer_utils.py): an
+    ``Attention`` reaches them from its own ``forward`` (attention.py:488, directly or as a custom op), an
+    ``MLAAttention`` only as a custom op (mla_attention.py:813; its direct-call path skips them). A layer class
+    that replaces ``forward`` may never reach them: DeepSeek-V3.2's and GLM-5's sparse MLA
+    (``DeepseekV32Attention``, models/deepseek_v32/attention.py:298) runs its indexer and attention itself, so
+    no hook runs for those layers (seen on an H200, 2026-12-05). Anything else, or a vLLM without these classes:
+    False, and hits load before the forward.
+    """
+    try:
+        from vllm.model_executor.layers.attention.attention import Attention
+        from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+    except ImportError:
+        return False
+    if isinstance(layer, MLAAttention):
+        return type(layer).forward is MLAAttention.forward and not getattr(layer, "use_direct_call", True)
+    if isinstance(layer, Attention):
+        return type(layer).forward is Attention.forward
+    return False
 
 
 def read_layout(spec: ConnectorSpec, reading: CacheReading, kv_caches: dict[str, torch.Tensor]) -> tuple[Any, str, str]:

@@ -30,9 +30,12 @@ class LayeredLoads:
     writes the next layer's group, and group 0 is written before the forward.
     """
 
-    def __init__(self, datapath: Any, layer_names: Sequence[str], *, sparse: bool) -> None:
+    def __init__(self, datapath: Any, layer_names: Sequence[str], *, sparse: bool, hooked: bool = True) -> None:
         self.datapath = datapath
         self.sparse = sparse
+        # whether vLLM calls wait_for_layer_load before these layers (CacheReading.without_layer_hooks); cleared
+        # for good by the first load whose groups no layer asked for (off())
+        self.hooked = hooked
         self.pipes: list[tuple[LoadSpec, PipelinedLoad]] = []
         self.groups = datapath.grouping.groups if datapath.pipelined else 0
         # attention layer name -> the last layer group that must be written before that layer's attention
@@ -45,8 +48,12 @@ class LayeredLoads:
 
     @property
     def on(self) -> bool:
-        """Whether hits can load layer by layer here (layer groups and a tier)."""
-        return bool(self.ensure_at)
+        """Whether hits can load layer by layer here (layer groups, a tier, and layers that call the hook)."""
+        return bool(self.ensure_at) and self.hooked
+
+    def off(self) -> None:
+        """Load every later hit before the forward: a load's groups were not asked for before their layers ran."""
+        self.hooked = False
 
     def start(self, spec: LoadSpec, *, group, meta_group) -> None:
         """Start ``spec``'s load; raises if nothing could start (the caller recomputes the hit)."""

@@ -75,11 +75,13 @@ class SchedulerPolicy:
     """
 
     def __init__(self, settings: LoadPolicySettings | None, *, world: int, chunk_tokens: int, chunk_bytes: int,
-                 async_loading: bool, timeout_s: float, stats: Any, trace: Any, clock: Callable[[], float] = time.monotonic):
+                 async_loading: bool, timeout_s: float, stats: Any, trace: Any, clock: Callable[[], float] = time.monotonic,
+                 hit_step: bool = False):
         s = settings or LoadPolicySettings()
         self.on = settings is not None
         self.cal = Calibration(world, prefill_tokens_per_s=s.prefill_tokens_per_s, t0_s=s.t0_s,
-                               tier_gbps=s.bandwidth_gbps, reprobe_after_s=s.reprobe_after_s, clock=clock)
+                               tier_gbps=s.bandwidth_gbps, reprobe_after_s=s.reprobe_after_s, hit_step=hit_step,
+                               clock=clock)
         self.world, self.ct, self.cb = world, chunk_tokens, chunk_bytes
         self.async_loading, self.timeout_s = async_loading, timeout_s
         self.stats, self.trace, self.clock = stats, trace, clock

@@ -64,7 +64,8 @@ class SchedulerSide:
         # moves per chunk (spec.chunk_bytes counts every rank's heads)
         self.policy = SchedulerPolicy(st.load_policy, world=spec.world_size, chunk_tokens=spec.chunk_tokens,
                                       chunk_bytes=spec.chunk_bytes, async_loading=st.async_loading,
-                                      timeout_s=st.timeout_s, stats=self.stats, trace=self.trace)
+                                      timeout_s=st.timeout_s, stats=self.stats, trace=self.trace,
+                                      hit_step=st.async_loading or self.sync_via_receive)
         self._step = 0
 
     def log_start(self, shutdown_timeout: float | None) -> None:

@@ -145,8 +145,13 @@ class WorkerSide:
         self.datapath = KVDataPath(self.store, self.layout, chunk_tokens=spec.chunk_tokens,
                                    block_size=spec.block_size, group=self.group, device=device,
                                    grouping=spec.grouping)
-        self._layered = LayeredLoads(self.datapath, spec.sparse.latent_names if spec.sparse is not None else
-                                     spec.layer_names, sparse=spec.sparse is not None)
+        latent = spec.sparse.latent_names if spec.sparse is not None else spec.layer_names
+        unhooked = self.reading.without_layer_hooks(latent) if self.datapath.pipelined else []
+        self._layered = LayeredLoads(self.datapath, latent, sparse=spec.sparse is not None, hooked=not unhooked)
+        if unhooked and self.rank == 0:
+            logger.warning("KvctlConnector: layer_groups %d, but vLLM calls no wait_for_layer_load before %d of the "
+                           "%d attention layers (%s first): hits load before the forward (values stay one per group)",
+                           len(spec.grouping.units), len(unhooked), len(latent), unhooked[0])
         self._steps = StepTimer(self.rank == 0, device, self.trace)
         if st.async_loading:
             if spec.world_size > 1:
@@ -349,11 +354,13 @@ class WorkerSide:
         """Settle this step's layer-by-layer loads: the groups no layer asked for, counters, failed blocks."""
         interrupted = None
         for spec, pipe, out in (self._layered.finish() if self._layered is not None else []):
-            if pipe.state.late_groups and not self._late_warned:
-                self._late_warned = True
-                logger.warning("KvctlConnector rank %d: %d layer group(s) of %s were not asked for before their "
-                               "layers ran (no wait_for_layer_load): the hit is recomputed", self.rank,
-                               pipe.state.late_groups, spec.req_id)
+            if pipe.state.late_groups:
+                self._layered.off()  # every rank alike: no layer asked on any of them
+                if not self._late_warned:
+                    self._late_warned = True
+                    logger.warning("KvctlConnector rank %d: %d layer group(s) of %s were not asked for before their "
+                                   "layers ran (no wait_for_layer_load): the hit is recomputed, and later hits load "
+                                   "before the forward", self.rank, pipe.state.late_groups, spec.req_id)
             if self.rank == 0:
                 self.stats.add(M.LOAD_WAIT_SECONDS, pipe.state.wait_s)
                 self.stats.add(M.LAYERED_LOADS, 1)

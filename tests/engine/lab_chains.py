@@ -156,10 +156,14 @@ def chain_problems(chain: Chain, *, logprob_tol: float) -> list[str]:
                 out.append(f"{where} prompt {p}: tokens {hit['tokens']} after the restart, {ref['tokens']} cold, "
                            f"{local_tokens} from vLLM's own prefix hit")
             # the same KV bytes through the same kernels: a tier hit against vLLM's own prefix-cache hit of the
-            # prompt in the engine that computed it (a hit and a cold run may differ by the kernels' own rounding)
-            d = max_logprob_delta(hit, local[p]) if p < len(local) else max_logprob_delta(hit, ref)
+            # prompt in the engine that computed it (a hit and a cold run may differ by the kernels' own rounding);
+            # where that local hit took the other side of a near-tie and the tier hit the cold run's, the cold run
+            # (logprobs of different tokens say nothing: LMCache on FLASHMLA, H200, 2026-12-05)
+            use_local = p < len(local) and (hit["tokens"] == local_tokens or hit["tokens"] != ref["tokens"])
+            d = max_logprob_delta(hit, local[p] if use_local else ref)
             if d is not None and d > logprob_tol:
-                out.append(f"{where} prompt {p}: logprobs differ from the local prefix hit by {d:.4g} (> {logprob_tol})")
+                out.append(f"{where} prompt {p}: logprobs differ from the {'local prefix hit' if use_local else 'cold run'} "
+                           f"by {d:.4g} (> {logprob_tol})")
     return out
 
 

@@ -67,7 +67,10 @@ LAYERED = {"eager": [("eager", "sync"), ("eager", "sync")], "compiled": [("compi
 # sync and async: kvctl's RESP plugin as its remote storage, and LMCache's native resp:// client on one chain beside it
 LMCACHE_BACKENDS = ("FLASHMLA", "FLASHMLA-fp8", "FLASH_ATTN")
 LMCACHE_CHAINS = [(c, n, m) for c in ("lmcache",) for n in LMCACHE_BACKENDS for m in ("eager", "compiled")]
-LMCACHE_CHAINS += [("lmcache-native", "FLASHMLA", "compiled")]
+LMCACHE_CHAINS += [("lmcache-native", "FLASHMLA", "compiled"), ("lmcache-native", "FLASH_ATTN", "eager")]
+# LMCache 0.5.6's GPU copy of vLLM's packed FLASH_ATTN cache (K and V in one row since vLLM 0.26) is its open bug
+# LMCache#4463: restarted hits come back with other tokens (seen on an H200, 2026-12-05; docs/gpu.md)
+LMCACHE_BROKEN = {("lmcache", "FLASH_ATTN"), ("lmcache-native", "FLASH_ATTN")}
 # greedy tokens must equal the cold run's (or, on a near-tie, vLLM's own prefix-cache hit's); logprobs are compared
 # with that prefix-cache hit (the same KV bytes): within 0.01, as bf16's rounding moved them by 0.004 on an H200
 LOGPROB_TOL = {"FLASHMLA-fp8": 0.02, "FLASHMLA_SPARSE-fp8": 0.02}
@@ -214,7 +217,11 @@ def test_lmcache_restart_hits_give_the_cold_tokens(lab, connector, name, mode):
     chain = lab[key].result()
     if chain.error is not None:
         pytest.fail(f"{key} did not start: {chain.error}")
-    assert chain_problems(chain, logprob_tol=LOGPROB_TOL.get(name, 0.01)) == [], json.dumps(summary(chain), indent=1)
+    problems = chain_problems(chain, logprob_tol=LOGPROB_TOL.get(name, 0.01))
+    if (connector, name) in LMCACHE_BROKEN:  # strict: a fixed LMCache makes this fail, and the docs must change
+        assert problems, f"{key} now gives the cold tokens: LMCache#4463 is fixed here, update docs/gpu.md"
+        pytest.xfail(f"LMCache#4463 (packed FLASH_ATTN cache): {problems[0]}")
+    assert problems == [], json.dumps(summary(chain), indent=1)
     m = chain.steps[1].metrics
     assert m.get("vllm:external_prefix_cache_hits_total", 0) > 0, m
 
@@ -233,7 +240,11 @@ def test_layered_hits_give_the_cold_tokens_and_are_layered(lab, name, mode):
     chain = lab[key].result()
     if chain.error is not None:
         pytest.fail(f"{key} did not start: {chain.error}")
-    assert chain_problems(chain, logprob_tol=LOGPROB_TOL.get(name, 0.01)) == [], json.dumps(summary(chain), indent=1)
+    problems = chain_problems(chain, logprob_tol=LOGPROB_TOL.get(name, 0.01))
+    if (connector, name) in LMCACHE_BROKEN:  # strict: a fixed LMCache makes this fail, and the docs must change
+        assert problems, f"{key} now gives the cold tokens: LMCache#4463 is fixed here, update docs/gpu.md"
+        pytest.xfail(f"LMCache#4463 (packed FLASH_ATTN cache): {problems[0]}")
+    assert problems == [], json.dumps(summary(chain), indent=1)
     m = chain.steps[1].metrics
     assert m.get("kvctl:layered_loads_total", 0) >= len(LENGTHS), m
     assert m.get("kvctl:load_errors_total", 0) == 0, m

@@ -146,6 +146,39 @@ def test_calibration_fits_r_past_a_fixed_step_cost():
     assert c.estimates().prefill_tokens_per_s == pytest.approx(20_000, rel=1e-6)
 
 
+def test_a_received_hit_counts_the_step_it_waits_in_and_short_hits_are_recomputed():
+    """The H200's short prompts of 2026-12-05 (vLLM's default async scheduling: a sync hit is a receive, one more
+    step): steps cost a = 25 ms plus tokens / 55k; a load's own time besides GETs 2 ms (6.3 ms less 4.5 ms of GETs
+    there), GETs 9.5 GB/s; s = 31,104 B/token. A 512-token prompt with 256 tokens from the tier: load 2 ms + 0.8 ms
+    of GETs against 256 / 55k = 4.7 ms of recompute: without the step it loads (it took 1.57x its recompute there);
+    with it, 27.8 ms: recompute. A 16k hit (16,128 tokens, 502 MB: 53 ms of GETs + 27 ms) against 293 ms: load
+    either way. A configured T0 is the whole fixed cost: no step added."""
+    a, r = 0.025, 55_000.0
+    ct, cb = 256, 256 * 31_104
+    cals = {}
+    for hit_step in (False, True):
+        c = Calibration(1, hit_step=hit_step)
+        for _ in range(3):
+            for tokens in (256, 8192, 32000):
+                c.observe_steps(1, tokens, a + tokens / r)
+        c.observe_loads(1, 0.002)
+        c.observe_gets(0, 9.5e8, 0.1)
+        cals[hit_step] = c
+    assert cals[True].step_cost_s() == pytest.approx(a, rel=1e-6) and cals[True].estimates().prefill_tokens_per_s == pytest.approx(r)
+    assert cals[False].estimates().t0_s == pytest.approx(0.002) and cals[True].estimates().t0_s == pytest.approx(0.027)
+    short = HitShape(first=0, end=1, skip=0, chunk_tokens=ct, chunk_bytes=cb, world=1)
+    assert decide(short, cals[False].estimates(), idle(1)).decision == LOAD
+    d = decide(short, cals[True].estimates(), idle(1))
+    assert (d.decision, d.reason, d.tokens) == (RECOMPUTE, BELOW_N_STAR, 0)
+    long = HitShape(first=0, end=63, skip=0, chunk_tokens=ct, chunk_bytes=cb, world=1)
+    assert decide(long, cals[True].estimates(), idle(1)).decision == LOAD
+    configured = Calibration(1, t0_s=0.006, hit_step=True)
+    for tokens in (256, 8192, 32000):
+        configured.observe_steps(1, tokens, a + tokens / r)
+    assert configured.estimates().t0_s == 0.006
+    assert Calibration(1, hit_step=True).estimates().t0_s is None  # nothing fitted, nothing measured: no veto
+
+
 def test_calibration_t0_and_per_rank_bandwidth_and_the_config_overrides():
     """T0: per load, its time besides GETs (2 loads, 30 ms: 15 ms). Bandwidth per rank from its own GETs."""
     c = Calibration(2)

@@ -89,6 +89,20 @@ def layered_worker(rank, world, urls):
     out["serial"] = _layers_written(conn, blocks_b)
     conn.wait_for_save()
     out["errors_d"] = sorted(conn.get_block_ids_with_load_errors())
+
+    # a forward that asks for no layer (an attention class that calls no hook: vLLM 0.32's sparse MLA): that hit
+    # is lost and recomputed, and every later hit loads before the forward
+    zero()
+    _step(conn, LoadSpec("e", tokens[:12], first_chunk=1, end_chunk=3, skip_tokens=4, block_ids=blocks_b))
+    conn.finish_forward()
+    conn.wait_for_save()
+    out["errors_e"] = sorted(conn.get_block_ids_with_load_errors())
+    zero()
+    _step(conn, LoadSpec("f", tokens[:12], first_chunk=1, end_chunk=3, skip_tokens=4, block_ids=blocks_b))
+    out["after_unhooked"] = _layers_written(conn, blocks_b)
+    conn.finish_forward()
+    conn.wait_for_save()
+    out["errors_f"] = sorted(conn.get_block_ids_with_load_errors())
     conn.shutdown()
     return out
 
@@ -104,3 +118,5 @@ def test_a_sync_hit_is_written_group_by_group_as_the_forward_asks(valkey_factory
         # chunk 3 = tokens 12..15 = blocks_b[6:8]: failed on both ranks, recomputed
         assert res["errors_c"] == sorted([14, 4])
         assert res["serial"] == [True, True] and res["errors_d"] == []
+        assert res["errors_e"] == sorted([7, 10, 11, 13])  # chunks 1-2 = tokens 4..11 = blocks_b[2:6]
+        assert res["after_unhooked"] == [True, True] and res["errors_f"] == []

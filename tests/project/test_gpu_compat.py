@@ -107,13 +107,28 @@ def _chains(path: Path) -> dict[str, dict]:
     return {v["name"]: v for v in data.values() if isinstance(v, dict) and "steps" in v}
 
 
-def _proven(path: Path, backend: str, mode: str, loading: str) -> bool:
-    """Whether result file ``path`` shows KvctlConnector's restart hits for ``backend`` (``FLASHMLA``, ``FLASHMLA-fp8``: the
-    fp8 cache) in ``mode`` (eager/compiled) and ``loading`` (sync/async): a chain of tests/gpu/test_engine_gpu.py with such a
-    step of three hits, each of some tokens, and no error; or a run of benchmarks/engine_gpu.py with hits of cached tokens
-    and no error."""
+#: the table's connector column -> the prefix of its chains' names in tests/gpu/test_engine_gpu.py
+CHAIN_PREFIX = {"KvctlConnector": "", "LMCache's LMCacheConnectorV1": "lmcache-"}
+
+
+def _tokens_right(step: dict) -> bool:
+    """Each hit's greedy tokens equal the cold run's or, on a near-tie, vLLM's own prefix hit's (files that record them)."""
+    cold, local = step.get("tokens_equal_cold"), step.get("tokens_equal_local_hit")
+    if cold is None or local is None:  # the files of 2026-12-01/02 record no local-hit comparison: their tests judged
+        return True
+    return all(c or lo for c, lo in zip(cold, local))
+
+
+def _proven(path: Path, backend: str, mode: str, loading: str, prefix: str = "", right: bool = True) -> bool:
+    """Whether result file ``path`` shows restart hits for ``backend`` (``FLASHMLA``, ``FLASHMLA-fp8``: the fp8 cache) in
+    ``mode`` (eager/compiled) and ``loading`` (sync/async): a chain of tests/gpu/test_engine_gpu.py (named ``prefix`` +
+    backend-mode: "" KvctlConnector, "lmcache-" LMCache's connector with kvctl's plugin, "lmcache-native-" its own client)
+    with such a step of three hits, each of some tokens, no error and the cold run's tokens (``right`` False: with other
+    tokens); or a run of benchmarks/engine_gpu.py (KvctlConnector) with hits of cached tokens and no error."""
     data = json.loads(path.read_text())
     if isinstance(data, dict) and "engine" in data and "runs" in data:  # benchmarks/engine_gpu.py
+        if prefix or not right:
+            return False
         eng = data["engine"]
         name = eng["attention_backend"] + ("-fp8" if str(eng.get("kv_cache_dtype", "")).startswith("fp8") else "")
         runs = [r for k, r in data["runs"].items() if k.endswith(f"-{loading}")]
@@ -121,11 +136,12 @@ def _proven(path: Path, backend: str, mode: str, loading: str) -> bool:
         return (name == backend and (mode == "eager") == bool(eng.get("enforce_eager")) and not data.get("errors")
                 and bool(hits) and all(h.get("cached", 0) > 0 for h in hits))
     for name, c in _chains(path).items():
-        if name.removeprefix("chain-") != f"{backend}-{mode}" or c.get("error"):
+        if name.removeprefix("chain-") != f"{prefix}{backend}-{mode}" or c.get("error"):
             continue
         for s in c["steps"]:
             hits = s.get("hits") or []
-            if (s["mode"], s["loading"]) == (mode, loading) and not s.get("error") and len(hits) == 3 and all(h[0] > 0 for h in hits):
+            if (s["mode"], s["loading"]) == (mode, loading) and not s.get("error") and len(hits) == 3 and all(h[0] > 0 for h in hits) \
+                    and _tokens_right(s) == right:
                 return True
     return False
 
@@ -150,17 +166,21 @@ def test_the_what_is_proven_table_heads_the_gpu_doc_and_is_built_from_the_result
     checked = 0
     for row in body:
         version, connector, backend, *cells = row
-        name = backend.split()[0] + ("-fp8" if "fp8" in backend else "")
+        name = backend.split()[0] + ("-fp8" if "fp8" in backend.split(")")[0] else "")
+        prefix = CHAIN_PREFIX[connector] + ("native-" if "native" in backend else "")
         for (mode, loading), cell in zip(COLUMNS, cells):
             checked += 1
             cited = re.findall(r"\[(\w)\]", cell)
-            can = [k for k, f in files.items() if _proven(ROOT / f, name, mode, loading)] if connector == "KvctlConnector" else []
-            if version not in thresholds.VLLM_PROVEN or connector != "KvctlConnector":
+            can = [k for k, f in files.items() if _proven(ROOT / f, name, mode, loading, prefix)]
+            wrong = [k for k, f in files.items() if _proven(ROOT / f, name, mode, loading, prefix, right=False)]
+            if version not in thresholds.VLLM_PROVEN:
                 assert cell.startswith("not run") and not cited, (row, cell)
             elif cell.startswith("proven"):  # it cites a file at least, and each file it cites shows it
                 assert cited and all(k in can for k in cited), (row, mode, loading, cited, can)
+            elif cell.startswith("wrong tokens"):  # each file it cites shows hits with other tokens, none shows it right
+                assert cited and all(k in wrong for k in cited) and not can, (row, mode, loading, cited, wrong, can)
             else:  # "not run": no committed result file shows it
-                assert cell.startswith("not run") and not can, (row, mode, loading, can)
+                assert cell.startswith("not run") and not can and not wrong, (row, mode, loading, can, wrong)
     assert checked >= 4 * 10 and sum(c.startswith("proven") for r in body for c in r[3:]) >= 20
     assert {r[0] for r in body} >= set(thresholds.VLLM_PROVEN) | set(thresholds.VLLM_API_CHECKED)
     assert {r[1] for r in body} == {"KvctlConnector", "LMCache's LMCacheConnectorV1"}

@@ -88,6 +88,9 @@ def parse_args(argv=None):
     ap.add_argument("--layer-groups", type=int, default=1,
                     help="the connector's layer_groups: a chunk stored as one value per group of layers, and a sync hit "
                          "loaded group by group while the forward runs the groups before (kvctl.connector.pipeline)")
+    ap.add_argument("--layered-switch-ms", type=float, default=None,
+                    help="the connector's layered_switch_ms: Python's switch interval while a layered load runs beside "
+                         "the forward (benchmarks/lanes_gil.py; default: unchanged)")
     ap.add_argument("--no-async-scheduling", action="store_true",
                     help="vLLM's async scheduling off: sync hits take vLLM's step path (layer by layer with "
                          "--layer-groups > 1) instead of the remote-receive path the connector uses under it")
@@ -331,6 +334,7 @@ def run(args) -> dict:
     result: dict = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
                     "device": args.device, "model": "tiny-mla" if args.tiny_mla else Path(args.shape).name,
                     "shape_overrides": args.overrides, "engine": kw, "layer_groups": args.layer_groups,
+                    "layered_switch_ms": args.layered_switch_ms,
                     "load_policy": args.load_policy, "connector": args.connector,
                     "bytes_per_token": s, "chunk_tokens": ct, "lengths": lengths, "instances": ks, "runs": {}, "errors": []}
     try:
@@ -402,6 +406,8 @@ def run(args) -> dict:
                 if args.connections:
                     cfg["kv_connector_extra_config"]["connections_per_instance"] = args.connections
                 cfg["kv_connector_extra_config"]["layer_groups"] = args.layer_groups
+                if args.layered_switch_ms:
+                    cfg["kv_connector_extra_config"]["layered_switch_ms"] = args.layered_switch_ms
                 if args.load_policy == "off":
                     cfg["kv_connector_extra_config"]["load_policy"] = False
                 conns = cfg["kv_connector_extra_config"].get("connections_per_instance", 2)

@@ -9,7 +9,8 @@
 #   bash benchmarks/gpu_host.sh layered [OUT_DIR]  issue 45: one instance (K = 1, Valkey 9.1 where KVCTL_VALKEY_SERVER
 #                                                  points at it; IO_THREADS, CONNS), compiled, the Lite shape: a sync hit
 #                                                  loaded layer group by group (LAYER_GROUPS, vLLM's async scheduling off),
-#                                                  then the serial hit of vLLM's defaults (receive path), side by side
+#                                                  then the serial hit of vLLM's defaults (receive path), side by side;
+#                                                  SWITCH_MS=0.5 adds the layered run with layered_switch_ms between
 #   bash benchmarks/gpu_host.sh lmcache [OUT_DIR]  issue 47: LMCache 0.5.6 (benchmarks/gpu_lmcache.sh install first) behind
 #                                                  vLLM, compiled, K = 1: kvctl's RESP plugin, LMCache's native client,
 #                                                  then KvctlConnector, the same prompts (LMC_MODES to pick), sync + async
@@ -45,6 +46,10 @@ case "$what" in
             --lengths "${LENGTHS:-1024,2048,8192,16384,32000}" --prompts "${PROMPTS:-3}" ${BENCH_ARGS:-})
     timeout "${BENCH_TIMEOUT_S:-280}" python3 benchmarks/engine_gpu.py "${common[@]}" --layer-groups "${LAYER_GROUPS:-4}" \
       --no-async-scheduling --json "$out/layered.json" 2>&1 | tee "$out/layered.txt"
+    # SWITCH_MS: the same layered run with the connector's layered_switch_ms (benchmarks/lanes_gil.py's lead)
+    [ -z "${SWITCH_MS:-}" ] || timeout "${BENCH_TIMEOUT_S:-280}" python3 benchmarks/engine_gpu.py "${common[@]}" \
+      --layer-groups "${LAYER_GROUPS:-4}" --no-async-scheduling --layered-switch-ms "$SWITCH_MS" \
+      --json "$out/layered-switch.json" 2>&1 | tee "$out/layered-switch.txt"
     [ -n "${SKIP_SERIAL:-}" ] || timeout "${BENCH_TIMEOUT_S:-280}" python3 benchmarks/engine_gpu.py "${common[@]}" \
       --json "$out/serial.json" 2>&1 | tee "$out/serial.txt"
     ;;

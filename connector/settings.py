@@ -42,6 +42,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "connections_per_instance": (1, 16),
     "save_drain_s": (0.0, 3600.0),
     "layer_groups": (1, 64),
+    "layered_switch_ms": (0.01, 100.0),
     "load_policy.prefill_tokens_per_s": (1e-3, 1e9),
     "load_policy.t0_s": (0.0, 3600.0),
     "load_policy.bandwidth_gbps": (1e-6, 1e5),
@@ -111,6 +112,9 @@ class ConnectorSettings:
     sync_load_path: str = "auto"
     #: values per chunk, one per group of layers (:data:`DEFAULT_LAYER_GROUPS`)
     layer_groups: int = DEFAULT_LAYER_GROUPS
+    #: Python's thread switch interval (ms) while a layered load's lanes run beside the forward; None: unchanged
+    #: (an experiment for the GPU host: benchmarks/lanes_gil.py, docs/engine.md)
+    layered_switch_ms: float | None = None
 
     @property
     def instances_per_rank(self) -> int:
@@ -262,4 +266,5 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
         save_drain_s=float(_number(cfg, "save_drain_s", DEFAULT_SAVE_DRAIN_S)),
         sync_load_path=sync_path,
         layer_groups=_number(cfg, "layer_groups", DEFAULT_LAYER_GROUPS, integer=True),
+        layered_switch_ms=_number(cfg, "layered_switch_ms", None),
     )

@@ -9,6 +9,7 @@ worker (:mod:`kvctl.plugins.vllm_worker`) owns one :class:`LayeredLoads` and set
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Sequence
 
 from vllm.logger import init_logger
@@ -30,9 +31,14 @@ class LayeredLoads:
     writes the next layer's group, and group 0 is written before the forward.
     """
 
-    def __init__(self, datapath: Any, layer_names: Sequence[str], *, sparse: bool, hooked: bool = True) -> None:
+    def __init__(self, datapath: Any, layer_names: Sequence[str], *, sparse: bool, hooked: bool = True,
+                 switch_ms: float | None = None) -> None:
         self.datapath = datapath
         self.sparse = sparse
+        # the setting layered_switch_ms: Python's switch interval while this step's loads run beside the forward
+        # (the lanes need the GIL back after every recv; the forward's thread holds it: benchmarks/lanes_gil.py)
+        self.switch_s = switch_ms / 1000 if switch_ms else None
+        self._saved_switch: float | None = None
         # whether vLLM calls wait_for_layer_load before these layers (CacheReading.without_layer_hooks); cleared
         # for good by the first load whose groups no layer asked for (off())
         self.hooked = hooked
@@ -57,6 +63,9 @@ class LayeredLoads:
 
     def start(self, spec: LoadSpec, *, group, meta_group) -> None:
         """Start ``spec``'s load; raises if nothing could start (the caller recomputes the hit)."""
+        if self.switch_s is not None and self._saved_switch is None:
+            self._saved_switch = sys.getswitchinterval()
+            sys.setswitchinterval(self.switch_s)
         pipe = begin(self.datapath, spec.token_ids, spec.block_ids, spec.first_chunk, spec.end_chunk, spec.skip_tokens,
                      group=group, extra=spec.key_extra, meta_group=meta_group)
         self.pipes.append((spec, pipe))
@@ -79,4 +88,9 @@ class LayeredLoads:
     def finish(self) -> list[tuple[LoadSpec, PipelinedLoad, Any]]:
         """The step's loads, each finished: ``(spec, pipe, LoadOutcome)``; none is left for the next step."""
         pipes, self.pipes = self.pipes, []
-        return [(spec, pipe, pipe.finish()) for spec, pipe in pipes]
+        try:
+            return [(spec, pipe, pipe.finish()) for spec, pipe in pipes]
+        finally:
+            if self._saved_switch is not None:
+                sys.setswitchinterval(self._saved_switch)
+                self._saved_switch = None

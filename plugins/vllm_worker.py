@@ -147,7 +147,8 @@ class WorkerSide:
                                    grouping=spec.grouping)
         latent = spec.sparse.latent_names if spec.sparse is not None else spec.layer_names
         unhooked = self.reading.without_layer_hooks(latent) if self.datapath.pipelined else []
-        self._layered = LayeredLoads(self.datapath, latent, sparse=spec.sparse is not None, hooked=not unhooked)
+        self._layered = LayeredLoads(self.datapath, latent, sparse=spec.sparse is not None, hooked=not unhooked,
+                                     switch_ms=st.layered_switch_ms)
         if unhooked and self.rank == 0:
             logger.warning("KvctlConnector: layer_groups %d, but vLLM calls no wait_for_layer_load before %d of the "
                            "%d attention layers (%s first): hits load before the forward (values stay one per group)",

@@ -38,7 +38,10 @@ def layered_worker(rank, world, urls):
     from kvctl.connector.resp import RespClient
     from kvctl.plugins.vllm import LoadSpec, SaveSpec
 
-    conn, caches = make_worker(rank, world, urls, "tp", True, layer_groups=2)
+    import sys
+
+    conn, caches = make_worker(rank, world, urls, "tp", True, layer_groups=2, layered_switch_ms=0.5)
+    before_switch = sys.getswitchinterval()
     assert [u.names for u in conn.spec.grouping.units] == [("L0-0",), ("L1-1",)]
     tokens = list(range(500, 518))
     blocks_a = [15, 3, 8, 1, 12, 6, 9, 0, 4]
@@ -57,11 +60,13 @@ def layered_worker(rank, world, urls):
     zero()
     _step(conn, LoadSpec("b", tokens[:16], first_chunk=1, end_chunk=4, skip_tokens=4, block_ids=blocks_b))
     out["before"] = _layers_written(conn, blocks_b)
+    out["switch_in_step"] = sys.getswitchinterval()  # layered_switch_ms while the lanes run beside the forward
     conn.wait_for_layer_load("l0")
     out["after_l0"] = _layers_written(conn, blocks_b)
     conn.wait_for_layer_load("l1")
     conn.finish_forward()
     conn.wait_for_save()
+    out["switch_after"] = sys.getswitchinterval() == before_switch
     out["after_l1"] = _layers_written(conn, blocks_b)
     out["errors_b"] = sorted(conn.get_block_ids_with_load_errors())
     from kvctl.connector.layouts import slots_for
@@ -112,6 +117,7 @@ def test_a_sync_hit_is_written_group_by_group_as_the_forward_asks(valkey_factory
     out = rank_pool(2).run(layered_worker, ([s.url for s in servers],), timeout_s=120)
     for res in out:
         assert res["before"] == [False, False]
+        assert res["switch_in_step"] == pytest.approx(0.0005) and res["switch_after"]
         assert res["after_l0"] == [True, False]  # layer 1 still on the wire while layer 0 computes
         assert res["after_l1"] == [True, True]
         assert res["errors_b"] == [] and res["exact"]

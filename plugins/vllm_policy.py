@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from kvctl.connector import metric_names as M
-from kvctl.connector.ownership import KeyExtra, chunk_keys
+from kvctl.connector.ownership import ChunkParts, KeyExtra, chunk_keys
 from kvctl.connector.policy import (LOAD, OFF, PROBE, RECOMPUTE, TIER_QUEUE, Calibration, Decision, Estimates, HitShape,
                                     TierQueue, as_probe, decide)
 from kvctl.connector.settings import LoadPolicySettings
@@ -39,13 +39,18 @@ from kvctl.connector.settings import LoadPolicySettings
 __all__ = ["SchedulerPolicy", "chunk0_tags"]
 
 
-def chunk0_tags(tokens: Sequence[int], chunk_tokens: int, model: str, fmt: str, extra: KeyExtra | None) -> dict:
-    """Short tags of a prompt's first chunk for the trace: ``key0`` its key (tokens, model, format, salt, LoRA),
-    ``tok0`` its tokens alone; equal tokens under another key is a key format or salt mismatch (kvctl explain)."""
+def chunk0_tags(tokens: Sequence[int], chunk_tokens: int, model: str, fmt: str, extra: KeyExtra | None,
+                parts: ChunkParts | None = None) -> dict:
+    """Short tags of a prompt's first chunk for the trace: ``key0`` its key (tokens, model, format, salt, LoRA)
+    and the names of the values the tier holds it as (``parts``: a sparse chunk's, layer groups'), ``tok0`` its
+    tokens alone; equal tokens under another ``key0`` is a key format or salt mismatch (kvctl explain). Engines
+    with different ``layer_groups`` key a chunk alike but store other values: the part names tell them apart."""
     if len(tokens) < chunk_tokens:
         return {}
     first = list(tokens[:chunk_tokens])
     key = chunk_keys(first, chunk_tokens, model, fmt, extra)[0]
+    if parts is not None:
+        key += "/" + ",".join(parts.names)
     raw = b"".join(int(t).to_bytes(8, "little", signed=True) for t in first)
     return {"key0": hashlib.blake2b(key.encode(), digest_size=8).hexdigest(),
             "tok0": hashlib.blake2b(raw, digest_size=8).hexdigest()}

@@ -119,7 +119,8 @@ class SchedulerSide:
         if self.trace.on:
             self.trace.event("lookup", req=rid, s=dt, first_chunk=first, hit_chunks=result.hit_chunks,
                              failed=list(result.failed_ranks), tokens=len(prompt), chunk_tokens=self.spec.chunk_tokens,
-                             **chunk0_tags(prompt, self.spec.chunk_tokens, self.spec.model_name, self.spec.fmt, extra))
+                             **chunk0_tags(prompt, self.spec.chunk_tokens, self.spec.model_name, self.spec.fmt, extra,
+                                           self.spec.parts))
         return result
 
     def _key_extra(self, request: "Request"):

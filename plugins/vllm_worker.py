@@ -413,7 +413,8 @@ class WorkerSide:
         batch = self.datapath.extract(spec.token_ids, spec.block_ids, first, extra=spec.key_extra)
         if batch is not None and self.trace.on and self.rank == 0 and first == 0:  # chunk 0 is rank 0's (kvctl explain)
             self.trace.event("save_queued", req=spec.req_id, chunks=n_full,
-                             **chunk0_tags(spec.token_ids, ct, self.spec.model_name, self.spec.fmt, spec.key_extra))
+                             **chunk0_tags(spec.token_ids, ct, self.spec.model_name, self.spec.fmt, spec.key_extra,
+                                           self.spec.parts))
         if batch is not None and not self.saver.submit(batch):
             self.stats.add(M.SAVES_ABANDONED, 1)  # shutting down: no more saves
 
@@ -427,7 +428,7 @@ class WorkerSide:
             else:
                 self.stats.add(M.CHUNKS_STORED, res.l2_chunks)
             sp = self.spec
-            tags = chunk0_tags(batch.token_ids, sp.chunk_tokens, sp.model_name, sp.fmt, batch.extra) \
+            tags = chunk0_tags(batch.token_ids, sp.chunk_tokens, sp.model_name, sp.fmt, batch.extra, sp.parts) \
                 if self.trace.on and self.rank == 0 and batch.first == 0 else {}
             self.trace.event("save", rank=self.rank, chunks=res.l2_chunks, s=time.perf_counter() - t0,
                              error=res.l2_error, **tags)

@@ -149,3 +149,21 @@ def test_a_file_that_is_no_trace_is_refused(tmp_path, make, needle):
     res = CliRunner().invoke(cli, ["explain", str(make(tmp_path)), "--json"])
     assert res.exit_code == ExitStatus.USAGE, res.output
     assert needle in json.loads(res.stdout)["error"]
+
+
+def test_another_layer_grouping_is_a_key_mismatch_not_an_eviction(tmp_path):
+    """Engines with different ``layer_groups`` key a chunk alike but the tier holds other values (the GPU fault run of
+    2026-12-05: a whole-chunk writer, a two-group reader). The tags the connector writes (plugins/vllm_policy.py's
+    chunk0_tags, from real groupings) keep the tokens' tag and change the key's: explain says key mismatch."""
+    from kvctl.connector.layer_groups import Plane, grouped
+    from kvctl.plugins.vllm_policy import chunk0_tags
+
+    tokens = list(range(1000, 1000 + 3 * CT))
+    planes = [Plane("", 2, 1152)]
+    whole, two = (chunk0_tags(tokens, CT, "m", "mla576-L2-bfloat16", None, grouped(planes, CT, g).parts) for g in (1, 2))
+    assert whole["tok0"] == two["tok0"] and whole["key0"] != two["key0"]
+    assert chunk0_tags(tokens, CT, "m", "mla576-L2-bfloat16", None, grouped(planes, CT, 2).parts) == two
+    path = write(tmp_path / "trace.jsonl", lookup("writer", **whole), save_queued("writer", **whole), save(**whole),
+                 lookup("reader", hit=0, **two))
+    by = {s.req: s for s in X.explain(path).requests}
+    assert by["reader"].cause == X.KEY_MISMATCH and "layer grouping" in by["reader"].detail

@@ -42,6 +42,7 @@ LOAD_FIXED_SECONDS = "kvctl:load_fixed_seconds"
 STEPS_TIMED = "kvctl:steps_timed"
 STEP_PREFILL_TOKENS = "kvctl:step_prefill_tokens"
 STEP_SECONDS = "kvctl:step_seconds"
+STEPS_ABOVE_GRAPHS = "kvctl:steps_above_graphs"
 
 # name -> help text: what the engine registers
 COUNTERS = {
@@ -76,6 +77,8 @@ COUNTERS = {
     STEPS_TIMED: "Engine steps with prefill tokens the connector timed (rank 0, no sync load in them).",
     STEP_PREFILL_TOKENS: "Prefill tokens of the timed steps (the prefill rate R of the decision is fitted on them).",
     STEP_SECONDS: "Seconds of the timed steps' forward (CUDA: device time between two events; CPU: wall time).",
+    STEPS_ABOVE_GRAPHS: "Of the timed steps: those of more tokens than vLLM's largest CUDA graph (the decision fits "
+                        "what such a step costs more).",
 }
 #: counters with labels of their own besides the engine's: name -> label names; a series' key in the stats is
 #: :func:`labelled` (name and values), which :func:`split_labelled` reads back

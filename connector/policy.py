@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvctl.core.cost import load_s as _load_s, recompute_s as _recompute_s  # pure: connector/ may import the cost model
 
@@ -79,6 +79,10 @@ class Estimates:
     prefill_tokens_per_s: float | None
     t0_s: float | None
     rank_bps: tuple[float | None, ...]
+    # vLLM runs a step of at most ``graph_tokens`` tokens as a CUDA graph (0: none); a step above costs
+    # ``graph_jump_s`` more besides its tokens (fitted from the engine's steps: :class:`Calibration`)
+    graph_tokens: int = 0
+    graph_jump_s: float = 0.0
 
     @property
     def tier_gbps(self) -> float | None:
@@ -130,9 +134,19 @@ class HitShape:
     chunk_tokens: int
     chunk_bytes: int  # one chunk's bytes, all on its owner
     world: int
+    prompt: int = 0  # the prompt's tokens (0: not known, no step regime counted)
 
     def tokens(self, k: int) -> int:
         return max(0, (self.first + k) * self.chunk_tokens - self.skip)
+
+    def jump_s(self, k: int, est: Estimates, engine_tokens: float) -> float:
+        """What recomputing k chunks costs besides their tokens: the graph jump when the prompt's own step is above
+        vLLM's largest CUDA graph and the rest after loading k chunks fits one (an idle engine only: with prefill
+        work queued, the step's other tokens decide its regime either way)."""
+        if not (est.graph_tokens and est.graph_jump_s and self.prompt) or engine_tokens:
+            return 0.0
+        left = self.prompt - self.skip
+        return est.graph_jump_s if left > est.graph_tokens >= left - self.tokens(k) else 0.0
 
     def rank_bytes(self, k: int) -> list[int]:
         return [owned_in(self.first, self.first + k, r, self.world) * self.chunk_bytes for r in range(self.world)]
@@ -159,7 +173,7 @@ def _longest_winning(shape: HitShape, est: Estimates, queue: TierQueue, t0: floa
         owner = (shape.first + k - 1) % W
         n[owner] += 1
         worst = max(worst, (qs[owner] + n[owner] * cb) / bws[owner])  # the same expression as _hit_load_s
-        if fixed + worst <= (shape.tokens(k) + engine_tokens) / r:
+        if fixed + worst <= (shape.tokens(k) + engine_tokens) / r + shape.jump_s(k, est, engine_tokens):
             best, best_load = k, fixed + worst
     return best, best_load
 
@@ -168,7 +182,8 @@ def decide(shape: HitShape, est: Estimates, queue: TierQueue, engine_tokens: flo
     """Load or recompute the hit ``shape`` (see docs/connector.md, "Load or recompute"). Pure.
 
     load(k) = T0 × (loads queued + 1) + max over ranks (bytes queued + its bytes of k chunks) / its bandwidth;
-    recompute(k) = (tokens of k chunks + ``engine_tokens``, the prefill work it would wait behind) / R.
+    recompute(k) = (tokens of k chunks + ``engine_tokens``, the prefill work it would wait behind) / R, plus the
+    graph jump where loading k chunks brings the prompt's step under vLLM's largest CUDA graph (:meth:`HitShape.jump_s`).
     The whole hit when it wins; else the longest prefix that wins; else nothing. Nothing measured (R, or the
     bandwidth of a rank the load reads or waits on): load.
     """
@@ -179,13 +194,13 @@ def decide(shape: HitShape, est: Estimates, queue: TierQueue, engine_tokens: flo
         return Decision(0, 0, RECOMPUTE, WINS)
 
     def recompute(k: int) -> float | None:
-        return None if r is None else (shape.tokens(k) + engine_tokens) / r
+        return None if r is None else (shape.tokens(k) + engine_tokens) / r + shape.jump_s(k, est, engine_tokens)
 
     reads = [b or q for b, q in zip(shape.rank_bytes(k_all), queue.rank_bytes)]
     if r is None or any(x and bw is None for x, bw in zip(reads, bws)):
         return Decision(found, found, LOAD, NO_DATA, None, recompute(k_all), recompute(k_all))
     t0 = est.t0_s or 0.0
-    rates = Estimates(r, t0, tuple(bw if bw is not None else float("inf") for bw in bws))
+    rates = replace(est, t0_s=t0, rank_bps=tuple(bw if bw is not None else float("inf") for bw in bws))
 
     full_load, full_rec = _hit_load_s(shape, k_all, rates, queue, t0), recompute(k_all)
     if full_load <= full_rec:
@@ -218,13 +233,37 @@ STEP_FIT_DECAY = 0.97
 STEP_FIT_MIN_SPREAD = 0.05
 
 
+def _solve3(m: tuple, v: tuple) -> tuple[float, float, float] | None:
+    """x with m·x = v (3×3, symmetric positive semi-definite normal equations, by Cramer's rule); None where m is
+    ill-conditioned (its determinant below STEP_FIT_MIN_SPREAD² of its diagonal's product: a column the data
+    cannot tell from the others, e.g. every step above the graphs)."""
+    def det(a):
+        return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1]) - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
+                + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
+
+    d = det(m)
+    diag = m[0][0] * m[1][1] * m[2][2]
+    if diag <= 0 or d <= STEP_FIT_MIN_SPREAD ** 2 * diag:
+        return None
+    out = []
+    for col in range(3):
+        mc = [list(row) for row in m]
+        for i in range(3):
+            mc[i][col] = v[i]
+        out.append(det(mc) / d)
+    return out[0], out[1], out[2]
+
+
 class Calibration:
     """The decision's estimates, measured by the engine itself and overridden by the config's values.
 
     * R: the workers time each step's forward with prefill tokens (rank 0); per interval the scheduler
-      gets (steps, prefill tokens, seconds) and fits seconds = a·steps + tokens/R by least squares with
-      forgetting (a: what a step costs besides its prefill tokens, decodes included); where every step had
-      about the same tokens, R = tokens/seconds.
+      gets (steps, of them above vLLM's largest CUDA graph, prefill tokens, seconds) and fits
+      seconds = a·steps + J·steps above + tokens/R by least squares with forgetting (a: what a step costs
+      besides its prefill tokens, decodes included; J: what a step vLLM cannot run as a graph costs more,
+      fitted once both kinds were timed, else 0); where every step had about the same tokens, R =
+      tokens/seconds. On an H200 in vLLM's default compiled mode (2026-12-05) a 512-token prefill took 31 ms
+      and a 1024-token one 77 ms (graphs up to 512 tokens): a line alone put the second at 44 ms.
     * T0: per serial load, its time minus its GET time, averaged per interval and smoothed; with ``hit_step``
       plus the step fit's a, the fixed cost of the extra step a received hit waits in (on an H200, 2026-12-05, in
       vLLM's default async scheduling that step made 512-token prompts with 256 tokens from the tier 1.57× their
@@ -238,8 +277,9 @@ class Calibration:
 
     def __init__(self, world: int, *, prefill_tokens_per_s: float | None = None, t0_s: float | None = None,
                  tier_gbps: float | None = None, reprobe_after_s: float = 30.0, hit_step: bool = False,
-                 clock=time.monotonic) -> None:
+                 graph_tokens: int = 0, clock=time.monotonic) -> None:
         self.world = max(1, world)
+        self.graph_tokens = max(0, int(graph_tokens))  # vLLM's max_cudagraph_capture_size (0: no graphs)
         # a hit vLLM waits for as a receive (async loading, or sync under async scheduling) takes one more engine
         # step than recomputing it: T0 then counts that step's fixed cost (step_cost_s), unless T0 is configured
         self.hit_step = hit_step
@@ -248,19 +288,22 @@ class Calibration:
         self._lock = threading.Lock()
         self._bps: list[float | None] = [None] * self.world
         self._t0: float | None = None
-        self._fit = [0.0] * 5  # decayed sums: k·k, k·x, x·x, k·y, x·y
+        self._fit = [0.0] * 9  # decayed sums: k·k, k·x, x·x, k·y, x·y, u·u, u·k, u·x, u·y (u: steps above graphs)
         self._xy = [0.0, 0.0]  # decayed sums of x and y
         self._last_measured = clock()
         self.probes = 0
         self.vetoes = 0
 
-    def observe_steps(self, steps: float, tokens: float, seconds: float) -> None:
-        """One interval's timed steps: how many, their prefill tokens, their seconds."""
+    def observe_steps(self, steps: float, tokens: float, seconds: float, above: float = 0.0) -> None:
+        """One interval's timed steps: how many, their prefill tokens, their seconds, and how many of them were
+        above vLLM's largest CUDA graph."""
         if steps <= 0 or tokens <= 0 or seconds <= 0:
             return
+        u = min(max(0.0, above), steps)
         with self._lock:
             f, d = self._fit, STEP_FIT_DECAY
-            for i, v in enumerate((steps * steps, steps * tokens, tokens * tokens, steps * seconds, tokens * seconds)):
+            for i, v in enumerate((steps * steps, steps * tokens, tokens * tokens, steps * seconds, tokens * seconds,
+                                   u * u, u * steps, u * tokens, u * seconds)):
                 f[i] = f[i] * d + v
             self._xy = [self._xy[0] * d + tokens, self._xy[1] * d + seconds]
 
@@ -285,22 +328,34 @@ class Calibration:
         for rank in range(self.world):
             self.observe_gets(rank, get_bytes, get_seconds)
 
-    def _step_line(self) -> tuple[float, float] | None:
-        """(a, 1/R) of the step fit seconds = a·steps + tokens/R; None until prompts of different sizes were timed."""
+    def _step_line(self) -> tuple[float, float, float] | None:
+        """(a, 1/R, J) of the step fit seconds = a·steps + J·steps above graphs + tokens/R (J = 0 until steps of
+        both kinds were timed, or where the fit with J is not well posed or gives a negative term); None until
+        prompts of different sizes were timed."""
         with self._lock:
-            kk, kx, xx, ky, xy = self._fit
+            kk, kx, xx, ky, xy, uu, uk, ux, uy = self._fit
+        jumped = _solve3(((kk, uk, kx), (uk, uu, ux), (kx, ux, xx)), (ky, uy, xy)) if uu > 0 else None
+        if jumped is not None:
+            a, j, b = jumped
+            if a >= 0 and b > 0 and j >= 0:
+                return a, b, j
         det = kk * xx - kx * kx
         if kk > 0 and xx > 0 and det > STEP_FIT_MIN_SPREAD * kk * xx:
             a = (xx * ky - kx * xy) / det
             b = (kk * xy - kx * ky) / det
             if a >= 0 and b > 0:
-                return a, b
+                return a, b, 0.0
         return None
 
     def prefill_rate(self) -> float | None:
         return self._rate(self._step_line())
 
-    def _rate(self, line: tuple[float, float] | None) -> float | None:
+    def graph_jump_s(self) -> float:
+        """What a step above vLLM's largest CUDA graph costs more (the step fit's J; 0 until fitted)."""
+        line = self._step_line()
+        return line[2] if line and self.graph_tokens else 0.0
+
+    def _rate(self, line: tuple[float, float, float] | None) -> float | None:
         if self.fixed_r is not None:
             return self.fixed_r
         with self._lock:
@@ -322,7 +377,8 @@ class Calibration:
             bps = tuple([self.fixed_gbps * 1e9 / self.world] * self.world) if self.fixed_gbps is not None else tuple(self._bps)
         if step is not None:
             t0 = (t0 or 0.0) + step  # the step the hit waits in as a receive, besides the load's own fixed time
-        return Estimates(self._rate(line), t0, bps)
+        jump = line[2] if line and self.graph_tokens else 0.0
+        return Estimates(self._rate(line), t0, bps, self.graph_tokens if jump else 0, jump)
 
     @property
     def measured_gbps(self) -> float | None:

@@ -48,6 +48,7 @@ class KvctlConnectorMetadata(KVConnectorMetadata):
     # forward of a step with prefill tokens: the prefill rate R of the load-or-recompute decision)
     step: int = 0
     prefill_tokens: int = 0
+    step_tokens: int = 0  # every token the step computes (decodes too): above vLLM's largest CUDA graph or not
 
 
 @dataclass

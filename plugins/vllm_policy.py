@@ -81,12 +81,12 @@ class SchedulerPolicy:
 
     def __init__(self, settings: LoadPolicySettings | None, *, world: int, chunk_tokens: int, chunk_bytes: int,
                  async_loading: bool, timeout_s: float, stats: Any, trace: Any, clock: Callable[[], float] = time.monotonic,
-                 hit_step: bool = False):
+                 hit_step: bool = False, graph_tokens: int = 0):
         s = settings or LoadPolicySettings()
         self.on = settings is not None
         self.cal = Calibration(world, prefill_tokens_per_s=s.prefill_tokens_per_s, t0_s=s.t0_s,
                                tier_gbps=s.bandwidth_gbps, reprobe_after_s=s.reprobe_after_s, hit_step=hit_step,
-                               clock=clock)
+                               graph_tokens=graph_tokens, clock=clock)
         self.world, self.ct, self.cb = world, chunk_tokens, chunk_bytes
         self.async_loading, self.timeout_s = async_loading, timeout_s
         self.stats, self.trace, self.clock = stats, trace, clock
@@ -126,7 +126,7 @@ class SchedulerPolicy:
 
     def judge(self, rid: str, prompt_len: int, local: int, hit_end_chunk: int, running_left: int) -> Decision:
         """The decision for a request's hit (chunks up to ``hit_end_chunk``; ``local`` tokens already computed)."""
-        shape = HitShape(local // self.ct, hit_end_chunk, local, self.ct, self.cb, self.world)
+        shape = HitShape(local // self.ct, hit_end_chunk, local, self.ct, self.cb, self.world, prompt=prompt_len)
         queue = self.queue()
         engine = self.engine_tokens(rid, running_left) if self.async_loading else 0
         est = self.cal.estimates()
@@ -166,6 +166,7 @@ class SchedulerPolicy:
             self.trace.event("decision", req=rid, found=d.found, tokens=tokens, decision=d.decision, reason=d.reason,
                              predicted_load_s=d.load_s, predicted_recompute_s=d.recompute_s, budget_s=d.budget_s,
                              prefill_tokens_per_s=judged.est.prefill_tokens_per_s, t0_s=judged.est.t0_s,
+                             graph_jump_s=judged.est.graph_jump_s,
                              tier_gbps=judged.est.tier_gbps, queued_bytes=max(judged.queue.rank_bytes, default=0),
                              loads_ahead=judged.queue.loads, engine_tokens=judged.engine_tokens,
                              asynchronous=self.async_loading)
@@ -195,7 +196,8 @@ class SchedulerPolicy:
 
     def calibrate(self, data: dict) -> None:
         c = self.cal
-        c.observe_steps(data.get(M.STEPS_TIMED, 0), data.get(M.STEP_PREFILL_TOKENS, 0), data.get(M.STEP_SECONDS, 0))
+        c.observe_steps(data.get(M.STEPS_TIMED, 0), data.get(M.STEP_PREFILL_TOKENS, 0), data.get(M.STEP_SECONDS, 0),
+                        data.get(M.STEPS_ABOVE_GRAPHS, 0))
         c.observe_loads(data.get(M.TIMED_LOADS, 0), data.get(M.LOAD_FIXED_SECONDS, 0))
         ranked = False
         for rank in range(self.world):

@@ -65,7 +65,8 @@ class SchedulerSide:
         self.policy = SchedulerPolicy(st.load_policy, world=spec.world_size, chunk_tokens=spec.chunk_tokens,
                                       chunk_bytes=spec.chunk_bytes, async_loading=st.async_loading,
                                       timeout_s=st.timeout_s, stats=self.stats, trace=self.trace,
-                                      hit_step=st.async_loading or self.sync_via_receive)
+                                      hit_step=st.async_loading or self.sync_via_receive,
+                                      graph_tokens=spec.graph_tokens)
         self._step = 0
 
     def log_start(self, shutdown_timeout: float | None) -> None:
@@ -218,6 +219,7 @@ class SchedulerSide:
                              asynchronous=spec.is_async, step=self._step, budget_s=spec.budget_s)
         self._pending_loads = []
         scheduled = scheduler_output.num_scheduled_tokens
+        meta.step_tokens = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or sum(scheduled.values()))
         for new in scheduler_output.scheduled_new_reqs:
             st = ReqState(list(new.prompt_token_ids or []), list(new.block_ids[0]),
                            key_extra=self._extras.get(new.req_id))

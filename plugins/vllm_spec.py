@@ -8,7 +8,7 @@ parts and the layer groups here from the same description, so the scheduler look
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,7 @@ class ConnectorSpec:
     fmt: str  # the chunk format, part of every key
     grouping: Grouping  # what the tier holds of a chunk: one value, or one per part and group of layers
     chunk_bytes: int  # a whole chunk, every rank's share of it: what a hit moves per chunk
+    graph_tokens: int = 0  # vLLM's largest CUDA graph, in tokens (max_cudagraph_capture_size; 0: eager, no graphs)
 
     @property
     def chunk_tokens(self) -> int:
@@ -76,11 +77,22 @@ def spec_from_vllm(vllm_config: "VllmConfig", kv_cache_config: Any) -> Connector
     """The spec of a connector vLLM builds (either role), from its config."""
     kind, world_size = shard_group(vllm_config.parallel_config)
     scheduler_config = getattr(vllm_config, "scheduler_config", None)
-    return build_spec(vllm_config.kv_transfer_config.kv_connector_extra_config, group_kind=kind,
+    spec = build_spec(vllm_config.kv_transfer_config.kv_connector_extra_config, group_kind=kind,
                       world_size=world_size, kv_cache_config=kv_cache_config,
                       block_size=vllm_config.cache_config.block_size, use_mla=bool(vllm_config.model_config.use_mla),
                       model_name=key_model_name(vllm_config), cache_dtype=str(vllm_config.cache_config.cache_dtype),
                       async_scheduling=getattr(scheduler_config, "async_scheduling", False) is True)
+    return replace(spec, graph_tokens=graph_tokens(vllm_config))
+
+
+def graph_tokens(vllm_config: "VllmConfig") -> int:
+    """The most tokens a step vLLM runs as a CUDA graph: ``max_cudagraph_capture_size``, which vLLM sets to 0 when
+    it captures none (eager, or CPU); a step above it runs the model op by op (Calibration fits what that costs)."""
+    cc = getattr(vllm_config, "compilation_config", None)
+    if getattr(getattr(cc, "cudagraph_mode", None), "name", "") == "NONE":
+        return 0
+    size = getattr(cc, "max_cudagraph_capture_size", 0)
+    return int(size) if isinstance(size, int) and size > 0 else 0
 
 
 def build_spec(extra_config: Any, *, group_kind: str, world_size: int, kv_cache_config: Any, block_size: int,

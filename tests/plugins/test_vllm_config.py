@@ -163,3 +163,21 @@ def test_several_instances_per_rank():
         with pytest.raises(ConnectorConfigError) as e:
             parse_settings(dict(cfg, chunk_tokens=64), 2)
         assert str(e.value).startswith(f"kv_connector_extra_config.{key}: "), (cfg, str(e.value))
+
+
+def test_graph_tokens_come_from_vllms_compilation_config():
+    """The largest CUDA graph the decision fits the step jump at: vLLM's own CompilationConfig, 0 without graphs."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from vllm.config import CompilationConfig
+    from vllm.config.compilation import CUDAGraphMode
+
+    from kvctl.plugins.vllm_spec import graph_tokens
+
+    def of(**kw) -> int:
+        return graph_tokens(SimpleNamespace(compilation_config=CompilationConfig(**kw)))
+
+    assert of(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE, max_cudagraph_capture_size=512) == 512
+    assert of(cudagraph_mode=CUDAGraphMode.NONE, max_cudagraph_capture_size=512) == 0  # eager
+    assert of() == 0 and graph_tokens(SimpleNamespace()) == 0  # not resolved yet, or no config at all

@@ -6,9 +6,11 @@ With the chunk stored per group of layers (:mod:`kvctl.connector.layer_groups`),
 same way and overlap:
 
 * :meth:`PipelinedLoad.start` (before the forward) queues every (group, owned chunk) unit on the lanes of
-  the rank's instances, group 0 first: each lane GETs a unit's parts straight into a pinned slot (host
-  staging on CPU) and copies it to the group's device staging on its own stream, as
-  :mod:`kvctl.connector.fetch` does for whole chunks; then it returns.
+  the rank's instances, group 0 first: each lane GETs the parts of up to a chunk's worth of consecutive units
+  of one group in one pipeline on its own connection straight into a pinned slot (host staging on CPU) and
+  copies them to the group's device staging on its own stream, as :mod:`kvctl.connector.fetch` does for whole
+  chunks (a round trip per chunk's bytes, as the serial load; a batch leaves every lane a share of its group);
+  then it returns.
 * :meth:`PipelinedLoad.ensure` (from vLLM's ``wait_for_layer_load``, before a layer's attention) runs the
   agreed-prefix protocol (:func:`~kvctl.connector.protocol.load_agreed_prefix`) for each group not yet
   done up to the one asked for, over that group's units, and writes them into the layers of the group
@@ -106,6 +108,7 @@ class PipelinedLoad:
         self._last_get = 0.0
         self._error: BaseException | None = None
         self._started = False
+        self._spread = 1  # units a round trip that still leave every lane a share of a group (set by start)
 
     # -- the lanes ---------------------------------------------------------------------------------------
     def start(self) -> "PipelinedLoad":
@@ -123,6 +126,8 @@ class PipelinedLoad:
                 per_instance[tier.instance(self.first_chunk + c)].append((g, j))
         lanes = self._lanes_per_instance(tier)
         work = [(i, q) for i, q in enumerate(per_instance) if q for _ in range(lanes)]
+        # a group's units spread over every lane of their instance (the forward waits for group 0 first)
+        self._spread = max(1, math.ceil(len(self._owned) / (tier.k * lanes)))
         streams = self.store.lane_streams if self._on_cuda else None
         if streams is not None:
             work = work[: len(streams)]
@@ -165,30 +170,67 @@ class PipelinedLoad:
             self._resolved[g] += 1
             self._cond.notify_all()
 
+    #: at most this many units a round trip (None: a chunk's worth); benchmarks/layered_lanes.py sets 1 to compare
+    max_batch_units: int | None = None
+
+    def _batch_units(self, g: int) -> int:
+        """How many units of group g one round trip may carry: those of one chunk's bytes (the serial load's GET,
+        one slot), so a layered load pays no more round trips, locks and copies per byte than a serial one; but no
+        more than leaves every lane a share of the group (a short hit's group 0 on all lanes at once)."""
+        nb = self.units[g].nbytes
+        cap = self.store.pool.slot_nbytes // nb if self._on_cuda else len(self.units)
+        return max(1, min(len(self.units), cap, self._spread, self.max_batch_units or cap))
+
+    def _in_l1(self, j: int) -> bool:
+        l1 = self.store.l1
+        return l1 is not None and self._keys[self._owned[j]] in l1
+
+    def _take(self, q: deque, qlock: threading.Lock) -> list[tuple[int, int]]:
+        """The next units for a lane: the head of its queue and the units after it of the same group at the next
+        owned positions (their staging is contiguous), up to :meth:`_batch_units`, none an async prefetch holds in
+        host memory (those are copied one by one); [] when the queue is empty."""
+        with qlock:
+            if not q:
+                return []
+            batch = [q.popleft()]
+            g, cap = batch[0][0], self._batch_units(batch[0][0])
+            if self._in_l1(batch[0][1]):
+                return batch
+            while q and len(batch) < cap and q[0] == (g, batch[-1][1] + 1) and not self._in_l1(q[0][1]):
+                batch.append(q.popleft())
+        return batch
+
     def _lane(self, inst: int, q: deque, qlock: threading.Lock, ring: deque, stream, caller, inference: bool) -> None:
         with torch.inference_mode(inference):
             client = self.store.tier.clients[inst]
             if stream is not None:
                 stream.wait_stream(caller)  # the staging was allocated on the caller's stream
-            item = None
+            batch: list[tuple[int, int]] = []
             try:
                 while True:
-                    with qlock:
-                        item = q.popleft() if q else None
-                    if item is None:
+                    batch = self._take(q, qlock)
+                    if not batch:
                         return
-                    g, j = item
+                    g = batch[0][0]
                     with self._cond:
-                        skip = self._skip(g, j)
-                    if skip:
-                        self._resolve(g)
-                        continue
-                    ok, ev = self._unit(client, g, j, ring, stream)
-                    self._resolve(g, None if ok else j, ev)
-            except BaseException as exc:  # noqa: BLE001 - a broken lane fails its unit and every unit it still had
+                        wanted = [j for _, j in batch if not self._skip(g, j)]
+                    if len(wanted) < len(batch):  # from a failure of its group on: nothing after it is wanted
+                        for _ in range(len(batch) - len(wanted)):
+                            self._resolve(g)
+                        batch = batch[: len(wanted)]
+                        if not batch:
+                            continue
+                    ok, ev = self._units(client, g, [j for _, j in batch], ring, stream)
+                    for i, (_, j) in enumerate(batch):
+                        if i < ok:
+                            self._resolve(g, None, ev if i == ok - 1 else None)
+                        else:
+                            self._resolve(g, j if i == ok else None)  # the first unit missing fails its group there
+                    batch = []
+            except BaseException as exc:  # noqa: BLE001 - a broken lane fails its units and every unit it still had
                 self._error = self._error or exc
-                if item is not None:
-                    self._resolve(item[0], item[1])
+                for g, j in batch:
+                    self._resolve(g, j)
                 with qlock:
                     rest, _ = list(q), q.clear()
                 for g, j in rest:
@@ -197,12 +239,14 @@ class PipelinedLoad:
                 if stream is not None:
                     stream.synchronize()  # no slot goes back to the pool with a copy still reading it
 
-    def _unit(self, client, g: int, j: int, ring: deque, stream) -> tuple[bool, Any]:
-        """GET unit (g, j) and copy it to group g's staging slot j; (staged, the copy's event or None)."""
+    def _units(self, client, g: int, js: list[int], ring: deque, stream) -> tuple[int, Any]:
+        """GET units (g, j) for consecutive owned positions ``js`` in one round trip (one pipelined batch of their
+        parts into one slot) and copy them to group g's staging; (how many of them, from the first, were staged,
+        the copy's event or None)."""
         u = self.units[g]
-        key = self._keys[self._owned[j]]
-        dst = self._staging[g][j * u.nbytes : (j + 1) * u.nbytes]
-        host = self.store.l1.get(key) if self.store.l1 is not None else None
+        j0, m = js[0], len(js)
+        dst = self._staging[g][j0 * u.nbytes : (j0 + m) * u.nbytes]
+        host = self.store.l1.get(self._keys[self._owned[j0]]) if self.store.l1 is not None and m == 1 else None
         if host is not None:  # an async prefetch brought the whole chunk into host memory: no GET
             flat = host.reshape(-1).view(torch.uint8)
             offsets = dict(zip(self.store.parts.names, self.store.parts.offsets))
@@ -211,40 +255,46 @@ class PipelinedLoad:
                 for name, size in zip(u.names, u.sizes):
                     dst[at : at + size].copy_(flat[offsets[name] : offsets[name] + size])
                     at += size
-                return True, (stream.record_event() if stream is not None else None)
-        keys = [part_key(key, name) for name in u.names] if u.names else [key]
-        if stream is None:  # CPU: the GET lands in the staging itself
+                return 1, (stream.record_event() if stream is not None else None)
+        keys = []
+        for j in js:
+            key = self._keys[self._owned[j]]
+            keys += [part_key(key, name) for name in u.names] if u.names else [key]
+        if stream is None:  # CPU: the GETs land in the staging itself
             buf = memoryview(dst.numpy())
             slot = ev = None
         else:
             slot, ev = ring.popleft()
             if ev is not None:
                 ev.synchronize()  # the copy out of this slot is done: refill it
-            buf = self.store.pool.view(slot)[: u.nbytes]
+            buf = self.store.pool.view(slot)[: m * u.nbytes]
         views, at = [], 0
-        for size in u.sizes:
-            views.append(buf[at : at + size])
-            at += size
+        for _ in js:
+            for size in u.sizes:
+                views.append(buf[at : at + size])
+                at += size
+        per = len(u.sizes)
         try:
-            hit = all(client.batched_get(keys, views))
-        except Exception:  # noqa: BLE001 - a GET error ends the hit at this unit, like a miss
-            hit = False
+            found = client.batched_get(keys, views, split=False)  # the lane's own connection: the others are lanes
+            ok = next((i for i in range(m) if not all(found[i * per : (i + 1) * per])), m)
+        except Exception:  # noqa: BLE001 - a GET error ends the hit at the batch's first unit, like a miss
+            ok = 0
         finally:
             with self._cond:
                 self._last_get = time.perf_counter()
-        if not hit:
-            if slot is not None:
-                ring.append((slot, None))
-            return False, None
-        with self._cond:
-            self._got += u.nbytes
+        if ok:
+            with self._cond:
+                self._got += ok * u.nbytes
         if stream is None:
-            return True, None
+            return ok, None
+        if not ok:
+            ring.append((slot, None))
+            return 0, None
         with torch.cuda.stream(stream):
-            dst.copy_(self.store.pool.tensor(slot)[: u.nbytes], non_blocking=True)
+            dst[: ok * u.nbytes].copy_(self.store.pool.tensor(slot)[: ok * u.nbytes], non_blocking=True)
             ev = stream.record_event()
         ring.append((slot, ev))
-        return True, ev
+        return ok, ev
 
     def _wait_group(self, g: int) -> int:
         """Block until every unit of group g is resolved; the leading count of owned units it staged."""

@@ -361,17 +361,19 @@ class RespClient:
 
         return self._run(op, idempotent=True)
 
-    def batched_get(self, keys: Sequence[str | bytes], buffers: Sequence[Any]) -> list[bool]:
+    def batched_get(self, keys: Sequence[str | bytes], buffers: Sequence[Any], *, split: bool = True) -> list[bool]:
         """GET every key into its writable buffer; True = filled, False = miss.
 
         A missing key (``$-1``) and a value whose length differs from its
         buffer are misses; the reply is consumed in full either way and the
         connection stays usable. A missed buffer's contents are unspecified
-        only in that no bytes are written to it.
+        only in that no bytes are written to it. ``split=False``: one pipeline
+        on one connection whatever its size (a caller that runs a lane per
+        connection itself: a split would queue behind the other lanes).
         """
-        return self._get(keys, buffers, self._deadline())
+        return self._get(keys, buffers, self._deadline(), split)
 
-    def _get(self, keys: Sequence[str | bytes], buffers: Sequence[Any], deadline: float) -> list[bool]:
+    def _get(self, keys: Sequence[str | bytes], buffers: Sequence[Any], deadline: float, split: bool = True) -> list[bool]:
         if len(keys) != len(buffers):
             raise ValueError(f"{len(keys)} keys but {len(buffers)} buffers")
         if not keys:
@@ -385,7 +387,7 @@ class RespClient:
                 raise ValueError(f"buffer {i} is not contiguous")
             views.append(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv)
         total = sum(len(v) for v in views)
-        parts = min(self.parallel_gets, len(views), total // _PARALLEL_MIN_PART_BYTES)
+        parts = min(self.parallel_gets, len(views), total // _PARALLEL_MIN_PART_BYTES) if split else 1
         if parts >= 2 and total >= _PARALLEL_MIN_BYTES:
             return self._get_split(keys, views, parts, deadline)
         # a retry happens only before any reply byte, so no buffer was written yet

@@ -125,10 +125,11 @@ class RankTier:
             xc, lambda cl, pos: cl.batched_get([xk[p] for p in pos], [xb[p] for p in pos]))])
 
     def get_one(self, client: RespClient, key: str, buffer: Any) -> bool:
-        """One chunk into ``buffer`` from ``client`` (its instance's), every part: the device load's lanes."""
+        """One chunk into ``buffer`` from ``client`` (its instance's), every part, in one pipeline on one connection:
+        the device load's lanes (each a connection of its own; a split would queue behind the other lanes)."""
         if self.parts is None:
-            return bool(client.batched_get([key], [buffer])[0])
-        return all(client.batched_get(self.parts.keys(key), self.parts.views(buffer)))
+            return bool(client.batched_get([key], [buffer], split=False)[0])
+        return all(client.batched_get(self.parts.keys(key), self.parts.views(buffer), split=False))
 
     def set(self, chunks: Sequence[int], keys: Sequence[str], values: Sequence[Any], ttl_s: int | None = None) -> None:
         """SET ``keys[j]`` to ``values[j]`` on its instance (one pipeline per instance)."""

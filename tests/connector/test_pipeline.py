@@ -146,6 +146,48 @@ def test_a_chunk_missing_in_a_later_group_ends_the_hit_there(gloo_world1, valkey
     path.close()
 
 
+def test_a_lane_gets_a_chunks_worth_of_units_per_round_trip_and_a_miss_inside_one_ends_the_hit_there(gloo_world1,
+                                                                                                      valkey_server):
+    """One lane, 6 chunks in 3 groups: it GETs each group's units three at a time (one chunk's bytes, as a serial
+    load's GET: 6 round trips, not 18), on its own connection; chunk 4's group-1 part deleted: group 1 agrees on 4
+    (the batch's first unit staged, its second the first miss), and the bytes of chunks 0..3 are the saved ones."""
+    from kvctl.connector.datapath import slots_for
+    from kvctl.connector.ownership import part_key
+    from kvctl.connector.pipeline import begin
+
+    lay, dst = _mla(), _mla()
+    url = f"resp://127.0.0.1:{valkey_server.port}"
+    n = 6
+    tokens = list(range(900, 900 + n * CT))
+    kv = _filled(lay, tokens, list(range(12)))
+    save = _path(lay, url, 3)
+    save.store_batch(save.extract(tokens, list(range(12)), 0))
+    path = _path(dst, url, 3)
+    path.store.client.delete([part_key(path.store.keys(tokens)[4], path.grouping.units[1].names[0])])
+    path.store.lanes_per_instance = 1
+    client = path.store.tier.clients[0]
+    calls, real = [], client.batched_get
+
+    def spy(keys, buffers, **kw):  # the real call, its keys and options noted
+        calls.append((len(keys), kw))
+        return real(keys, buffers, **kw)
+
+    client.batched_get = spy
+    blocks = list(range(12, 24))
+    pipe = begin(path, tokens, blocks, 0, n)
+    for g in range(3):
+        pipe.ensure(g)
+    out = pipe.finish()
+    assert (out.agreed, out.written) == (4, 4)
+    assert calls[:4] == [(3, {"split": False})] * 4  # group 0 (2 batches), group 1 (2 batches: the miss in the 2nd)
+    assert len(calls) <= 6
+    got = dst.extract(slots_for(blocks, BS, 0, 4 * CT))
+    assert torch.equal(got, kv[:, : 4 * CT])
+    save.store.close()
+    path.store.close()
+    path.close()
+
+
 def test_groups_left_for_finish_report_the_hit_failed(gloo_world1, valkey_server):
     """A forward that never asked for its layers (vLLM's FULL CUDA graph replays run no hook) read stale KV."""
     from kvctl.connector.pipeline import begin

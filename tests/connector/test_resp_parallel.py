@@ -77,6 +77,20 @@ def test_split_results_equal_the_serial_path_with_misses(valkey_server):
         assert stats.created >= 2 and stats.dropped == 0, stats
 
 
+def test_split_false_keeps_a_large_batch_on_one_connection(valkey_server):
+    """A lane that owns one connection (the device load's, the layered load's): 4 x 3 MiB with ``split=False`` on a
+    client that would split them stays on one connection and fills every buffer (a missing key a miss)."""
+    with RespClient(valkey_server.url, timeout_s=10.0, pool_size=4) as client:
+        values = [bytes([i]) * (3 * MIB) for i in range(3)]
+        client.batched_set(["s0", "s1", "s2"], values)
+        bufs = [bytearray(3 * MIB) for _ in range(4)]
+        assert client.batched_get(["s0", "s1", "gone", "s2"], bufs, split=False) == [True, True, False, True]
+        assert [bytes(b) for b in (bufs[0], bufs[1], bufs[3])] == values
+        assert client.pool_stats().created == 1
+        client.batched_get(["s0", "s1", "s2"], bufs[:3])  # the default splits the same batch
+        assert client.pool_stats().created >= 2
+
+
 def test_small_batches_stay_on_one_connection(valkey_server):
     """8 x 256 KiB = 2 MiB total is under the 4 MiB threshold: one connection, as before."""
     with RespClient(valkey_server.url, pool_size=4) as client:

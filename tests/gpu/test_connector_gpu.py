@@ -188,3 +188,58 @@ def test_w2_nccl_load_over_the_device_group_moves_exact_bytes():
                 p.kill()
         for s in servers:
             s.stop()
+
+
+def test_w1_pipelined_load_batches_units_through_pinned_slots_and_moves_exact_bytes(nccl_world1, valkey_server):
+    """The layered load on CUDA (connector/pipeline.py): 10 MLA chunks in 2 layer groups, one connection (one lane),
+    so each round trip carries two units of a group in one pinned slot and one copy; the bytes equal the saved
+    ones, group by group, and a part deleted in group 1 ends the hit at its chunk."""
+    from kvctl.connector.datapath import KVDataPath, slots_for
+    from kvctl.connector.layer_groups import Plane, grouped
+    from kvctl.connector.ownership import part_key
+    from kvctl.connector.pinned import PinnedPool
+    from kvctl.connector.pipeline import begin
+    from kvctl.connector.store import ShardedStore
+
+    dev = nccl_world1
+    url = f"resp://127.0.0.1:{valkey_server.port}"
+    _, src = _layout("mla", "LBHNC", dev, n_blocks=48)
+    _, dst = _layout("mla", "BLNHC", dev, n_blocks=48)
+    n = 10
+    tokens = list(range(300, 300 + n * CT))
+    blocks = list(range(n * CT // BS))
+    kv = torch.randn(src.chunk_shape(len(tokens), 1), device=dev).to(torch.bfloat16)
+    src.insert(slots_for(blocks, BS, 0, len(tokens)), kv)
+    shape = src.chunk_shape(CT, 1)
+    nbytes = 2 * int(torch.Size(shape).numel())
+    g = grouped([Plane("", LAYERS, nbytes // (LAYERS * CT))], CT, 2)
+
+    def path(lay):
+        store = ShardedStore(0, 1, url, 0, shape, lay.dtype, chunk_tokens=CT, model_name="gpu-pipe", fmt=lay.fmt(1),
+                             timeout_s=10.0, device=dev, pool=PinnedPool(6 * nbytes, nbytes), connections=1,
+                             parts=g.parts)
+        return KVDataPath(store, lay, chunk_tokens=CT, block_size=BS, group=None, device=dev, grouping=g)
+
+    save, load = path(src), path(dst)
+    assert save.store_batch(save.extract(tokens, blocks, 0)).l2_chunks == n
+    gets = []
+    real = load.store.tier.clients[0].batched_get
+    load.store.tier.clients[0].batched_get = lambda keys, bufs, **kw: gets.append(len(keys)) or real(keys, bufs, **kw)
+    pipe = begin(load, tokens, blocks[::-1], 0, n)
+    pipe.ensure(0)
+    pipe.ensure(1)
+    out = pipe.finish()
+    assert (out.agreed, out.written, pipe.state.late_groups) == (n, n, 0)
+    assert max(gets) == 2 and len(gets) == n  # 2 groups x 10 chunks in 10 round trips of 2 units
+    got = dst.extract(slots_for(blocks[::-1], BS, 0, n * CT))
+    assert got.is_cuda and torch.equal(got, kv)
+    load.store.client.delete([part_key(load.store.keys(tokens)[5], g.units[1].names[0])])
+    pipe = begin(load, tokens, list(range(48 - n * CT // BS, 48)), 0, n)
+    pipe.ensure(0)
+    pipe.ensure(1)
+    out = pipe.finish()
+    assert (out.agreed, out.written) == (5, 5)
+    assert load.store.pool.free_slots == load.store.pool.n_slots
+    save.store.close()
+    load.store.close()
+    load.close()

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from array import array
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ __all__ = [
     "owned_chunks",
     "owner",
     "part_key",
+    "stored_value",
 ]
 
 KEY_WORKER_ID = 0  # every rank writes under worker 0's name (§5.1 "Remote keys")
@@ -367,3 +369,20 @@ class ChunkParts:
         if len(mv) != self.nbytes:
             raise ValueError(f"a buffer of {len(mv)} bytes for a chunk of {self.nbytes}")
         return [mv[off : off + size] for off, size in zip(self.offsets, self.sizes)]
+
+
+_DIGEST = re.compile(r"[0-9a-f]{%d}" % (2 * _KEY_HASH_BYTES))
+
+
+def stored_value(key: str) -> tuple[str, str, str | None] | None:
+    """``(model field, format field, part or None)`` of a value KvctlConnector stores (:func:`chunk_keys`,
+    :func:`part_key`); None for any other key (LMCache's, a benchmark's)."""
+    fields = key.split("@")
+    if len(fields) != 4 or fields[2] != f"w{KEY_WORKER_ID}" or not _DIGEST.fullmatch(fields[3]):
+        return None
+    model, fmt = fields[0], fields[1]
+    fmt, _, part = fmt.partition("/")
+    if not model or not fmt:
+        return None
+    return model, fmt, part or None
+

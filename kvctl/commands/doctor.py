@@ -49,7 +49,8 @@ def doctor_cmd(
     maxclients, fragmentation, evictions against hits, transparent huge pages, value size,
     one instance per rank (each line with its runbook). LMCache: installed version and its known client bugs. Configs:
     remote_url next to a plugin, chunk size vs block size, URL count vs world size,
-    {rank} templates, loading mode vs the latest ρ. Host: py-spy can attach, NVML.
+    {rank} templates, loading mode vs the latest ρ, the layer groups the tier's chunks are stored in vs
+    layer_groups. Host: py-spy can attach, NVML.
     The tier is --dir (default ./kv-tier, or $KVCTL_TIER_DIR, when a tier is there) or --valkey.
     Exit code: 0 all ok, 3 a warning, 4 a failure, 5 no engine or instance given answered (all read at once,
     within --timeout), 6 nothing of the deployment checked.

@@ -32,7 +32,9 @@ from kvctl.ops.doctor_config import saved_diagnosis, unknown_key_checks
 from kvctl.ops.doctor_host import check_nvml, check_py_spy, check_vllm_version
 from kvctl.tier import checks as tier_checks
 from kvctl.tier import server_checks
+from kvctl.tier.check_types import InstanceRead
 from kvctl.tier.checks import FAIL, OK, SKIPPED, WARNING, Check
+from kvctl.tier.layout_checks import stored_groups_check
 from kvctl.tier.lmcache_config import PLUGIN_MODULE, URL_LIST_KEY, plugin_key
 from kvctl.tier.admin import PASSWORD_HINT, Admin, InstanceFailure, LoginRefused, NoPermission, TimedOut, Unanswered
 from kvctl.tier.replies import BadReply
@@ -114,6 +116,9 @@ def run(inp: DoctorInput) -> DoctorReport:
     connections = server_checks.connections_check(kvt, lmcache, threads)  # the engine's connections against the io-threads read
     if connections is not None:
         checks.append(connections)
+    stored = stored_groups_check(kvt, [k for x in pre if isinstance(x, InstanceRead) for k in x.sampled_keys])
+    if stored is not None:  # the tier's chunks in this config's layer groups, or another engine's
+        checks.append(stored)
     if inp.host_checks:
         checks.append(check_py_spy())
         checks.append(check_nvml())

@@ -47,6 +47,7 @@ class InstanceRead:
     largest_value: int | None  # bytes of the largest sampled string value, None when no key was sampled
     instance: int = 0  # which of its rank's instances
     instances_per_rank: int = 1
+    sampled_keys: tuple[str, ...] = ()  # the random keys' names read (the stored layer groups: doctor)
 
     @property
     def where(self) -> str:

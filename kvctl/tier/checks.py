@@ -89,14 +89,19 @@ def read_instance(client: Admin, rank: int, host: str, port: int, instance: int 
         if is_keyspace(name) and isinstance(value, dict):
             keys += int(value.get("keys", 0))
             expires += int(value.get("expires", 0))
-    largest = largest_sampled_value(client) if keys else None
-    return InstanceRead(rank, host, port, info, config, keys, expires, largest, instance, instances_per_rank)
+    names = client.random_keys(SAMPLED_KEYS) if keys else []
+    largest = _largest(client, names)
+    return InstanceRead(rank, host, port, info, config, keys, expires, largest, instance, instances_per_rank,
+                        tuple(n.decode("ascii", "replace") for n in names))
 
 
 def largest_sampled_value(client: Admin, samples: int = SAMPLED_KEYS, skip_prefix: bytes | None = None) -> int | None:
     """Bytes of the largest string value among ``samples`` random keys (those starting ``skip_prefix`` left out):
     the tier's chunk size as its engines stored it; None when no key was sampled."""
-    names = [k for k in client.random_keys(samples) if not (skip_prefix and k.startswith(skip_prefix))]
+    return _largest(client, [k for k in client.random_keys(samples) if not (skip_prefix and k.startswith(skip_prefix))])
+
+
+def _largest(client: Admin, names: list[bytes]) -> int | None:
     lengths = [n for n in client.strlens(names) if n]
     return max(lengths) if lengths else None
 

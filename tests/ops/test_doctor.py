@@ -470,3 +470,44 @@ def test_connections_per_instance_against_the_io_threads(valkey_factory, tmp_pat
         assert status(doctor(["--valkey", v.url, "--config", str(lmc), "--no-host-checks"]), "connections_per_instance") == {want}
     # without the tier read there is nothing to compare with: no line
     assert "connections_per_instance" not in by_name(doctor(["--kv-transfer-config", _kvt(tmp_path, {"urls": [v.url]}), "--no-host-checks"]))
+
+
+def test_chunks_stored_in_other_layer_groups_than_the_config_are_a_warning(tmp_path, valkey_factory):
+    """Keys as KvctlConnector builds them (chunk_keys, part_key, the parts of kvctl.connector.layer_groups.grouped)
+    on a real instance: whole chunks written by a layer_groups-1 engine, then a config with layer_groups 2 (the GPU
+    fault test's mix of 2026-12-05): a warning naming the format, how it is stored and the fix; the config that
+    wrote them: ok. A tier with two groups against a config of two: ok; a key of something else is left alone."""
+    import redis
+
+    from kvctl.connector.layer_groups import Plane, grouped
+    from kvctl.connector.ownership import chunk_keys, part_key
+
+    v = valkey_factory()
+    r = redis.Redis(host="127.0.0.1", port=v.port)
+    fmt = "mla576-L27-bfloat16"
+    keys = chunk_keys(list(range(2048)), 256, "ds-lite", fmt)  # 8 chunks
+    r.mset({k: b"x" for k in keys} | {"bench:unrelated": b"y"})
+
+    def run(groups):
+        p = tmp_path / f"kv{groups}.json"
+        p.write_text(json.dumps({"kv_connector": "KvctlConnector", "kv_connector_module_path": "kvctl.plugins.vllm",
+                                 "kv_role": "kv_both", "kv_connector_extra_config": {
+                                     "urls": [v.url], "chunk_tokens": 256, "layer_groups": groups}}))
+        return by_name(doctor(["--valkey", v.url, "--kv-transfer-config", f"@{p}", "--no-host-checks"]))
+
+    bad = run(2)["stored_layer_groups"][0]
+    assert bad["status"] == "warning"
+    assert f"ds-lite@{fmt} as whole chunks (layer_groups 1)" in bad["message"] and "layer_groups 2" in bad["message"]
+    assert "same layer_groups" in bad["fix"]
+    assert run(1)["stored_layer_groups"][0]["status"] == "ok"
+    r.flushall()
+    parts = grouped([Plane("", 27, 1152)], 256, 2).parts
+    r.mset({part_key(k, name): b"x" for k in keys for name in parts.names})
+    two = run(2)["stored_layer_groups"][0]
+    assert two["status"] == "ok" and "in 2 layer groups" in two["message"]
+    four = run(4)["stored_layer_groups"][0]
+    assert four["status"] == "warning" and "in 2 layer groups (layer_groups 2)" in four["message"]
+    r.flushall()
+    r.set("bench:unrelated", b"y")
+    assert "stored_layer_groups" not in run(2)  # no chunk of the connector sampled: nothing said
+    r.close()

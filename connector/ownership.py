@@ -376,7 +376,9 @@ _DIGEST = re.compile(r"[0-9a-f]{%d}" % (2 * _KEY_HASH_BYTES))
 
 def stored_value(key: str) -> tuple[str, str, str | None] | None:
     """``(model field, format field, part or None)`` of a value KvctlConnector stores (:func:`chunk_keys`,
-    :func:`part_key`); None for any other key (LMCache's, a benchmark's)."""
+    :func:`part_key`); None for any other key (LMCache's, a benchmark's, one with a character no key field holds)."""
+    if not (key.isascii() and key.isprintable()) or " " in key:
+        return None
     fields = key.split("@")
     if len(fields) != 4 or fields[2] != f"w{KEY_WORKER_ID}" or not _DIGEST.fullmatch(fields[3]):
         return None

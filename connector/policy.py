@@ -347,14 +347,6 @@ class Calibration:
                 return a, b, 0.0
         return None
 
-    def prefill_rate(self) -> float | None:
-        return self._rate(self._step_line())
-
-    def graph_jump_s(self) -> float:
-        """What a step above vLLM's largest CUDA graph costs more (the step fit's J; 0 until fitted)."""
-        line = self._step_line()
-        return line[2] if line and self.graph_tokens else 0.0
-
     def _rate(self, line: tuple[float, float, float] | None) -> float | None:
         if self.fixed_r is not None:
             return self.fixed_r

@@ -8,7 +8,7 @@ parts and the layer groups here from the same description, so the scheduler look
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -77,12 +77,12 @@ def spec_from_vllm(vllm_config: "VllmConfig", kv_cache_config: Any) -> Connector
     """The spec of a connector vLLM builds (either role), from its config."""
     kind, world_size = shard_group(vllm_config.parallel_config)
     scheduler_config = getattr(vllm_config, "scheduler_config", None)
-    spec = build_spec(vllm_config.kv_transfer_config.kv_connector_extra_config, group_kind=kind,
+    return build_spec(vllm_config.kv_transfer_config.kv_connector_extra_config, group_kind=kind,
                       world_size=world_size, kv_cache_config=kv_cache_config,
                       block_size=vllm_config.cache_config.block_size, use_mla=bool(vllm_config.model_config.use_mla),
                       model_name=key_model_name(vllm_config), cache_dtype=str(vllm_config.cache_config.cache_dtype),
-                      async_scheduling=getattr(scheduler_config, "async_scheduling", False) is True)
-    return replace(spec, graph_tokens=graph_tokens(vllm_config))
+                      async_scheduling=getattr(scheduler_config, "async_scheduling", False) is True,
+                      graph_tokens=graph_tokens(vllm_config))
 
 
 def graph_tokens(vllm_config: "VllmConfig") -> int:
@@ -97,7 +97,7 @@ def graph_tokens(vllm_config: "VllmConfig") -> int:
 
 def build_spec(extra_config: Any, *, group_kind: str, world_size: int, kv_cache_config: Any, block_size: int,
                use_mla: bool, model_name: str, cache_dtype: str = "auto",
-               async_scheduling: bool = False) -> ConnectorSpec:
+               async_scheduling: bool = False, graph_tokens: int = 0) -> ConnectorSpec:
     """The spec from its parts; refuses what the connector cannot store, each with one clear message."""
     settings = parse_settings(extra_config, world_size)
     ct = settings.chunk_tokens
@@ -135,7 +135,7 @@ def build_spec(extra_config: Any, *, group_kind: str, world_size: int, kv_cache_
     # both roles build the grouping from the same description, so the scheduler looks up the values the workers store
     return ConnectorSpec(settings, group_kind, world_size, block_size, model_name, use_mla, cache_dtype,
                          async_scheduling, kv_cache_config, spec, names, sparse, sparse_parts, fmt,
-                         grouped(planes, ct, settings.layer_groups), chunk_bytes)
+                         grouped(planes, ct, settings.layer_groups), chunk_bytes, graph_tokens)
 
 
 def stand_in_config(layer_names, spec) -> SimpleNamespace:

@@ -52,21 +52,23 @@ def stored_groups_check(kvt: Mapping[str, Any] | None, sampled_keys: Iterable[st
     g = extra.get(K.LAYER_GROUPS, DEFAULT_LAYER_GROUPS)
     if isinstance(g, bool) or not isinstance(g, int) or g < 1:
         return None  # the settings check names a bad value; nothing to compare here
-    families: dict[tuple[str, str], tuple[set[tuple[int, int]], list[bool]]] = defaultdict(lambda: (set(), [False]))
+    groups_seen: dict[tuple[str, str], set[tuple[int, int]]] = defaultdict(set)  # (model, format) -> layer ranges
+    whole_seen: set[tuple[str, str]] = set()  # (model, format) with a value that is no layer group's
     for key in sampled_keys:
         v = stored_value(key)
         if v is None:
             continue
-        seen, whole = families[v[:2]]
         m = _GROUP.search(v[2]) if v[2] else None
         if m is None:
-            whole[0] = True
+            whole_seen.add(v[:2])
         else:
-            seen.add((int(m.group(1)), int(m.group(2))))
+            groups_seen[v[:2]].add((int(m.group(1)), int(m.group(2))))
+    families = sorted(whole_seen | set(groups_seen))
     if not families:
         return None
     off, fine = [], []
-    for (model, fmt), (seen, (whole,)) in sorted(families.items()):
+    for model, fmt in families:
+        seen, whole = groups_seen.get((model, fmt), set()), (model, fmt) in whole_seen
         m = _LAYERS.search(f"-{fmt}-")
         layers = int(m.group(1)) if m else None
         groups = min(g, layers) if layers else g

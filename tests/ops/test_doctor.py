@@ -511,3 +511,14 @@ def test_chunks_stored_in_other_layer_groups_than_the_config_are_a_warning(tmp_p
     r.set("bench:unrelated", b"y")
     assert "stored_layer_groups" not in run(2)  # no chunk of the connector sampled: nothing said
     r.close()
+
+
+def test_a_planted_key_with_control_characters_is_not_read_as_a_chunk():
+    """Key fields are printable ASCII without spaces (kvctl.connector.ownership.key_field): a key with an escape
+    sequence in its model field, shaped like a chunk key otherwise, is not one, and never reaches doctor's lines."""
+    from kvctl.connector.ownership import chunk_keys, stored_value
+
+    key = chunk_keys(list(range(4)), 4, "m", "mla576-L2-bfloat16")[0]
+    assert stored_value(key) == ("m", "mla576-L2-bfloat16", None)
+    for planted in ("\x1b[2Jm" + key[1:], "m x" + key[1:], "mé" + key[1:]):
+        assert stored_value(planted) is None

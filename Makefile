@@ -93,10 +93,13 @@ test-engine: $(TEST_DEPS) $(VLLM033)/.installed
 test-long: $(TEST_DEPS)
 	$(LMC_ENV) $(PYTEST) -m "long" $(PYTEST_ARGS)
 
-# the fast lane's connector-plugin tests again under vLLM 0.33.0's own Python (on the venv's torch, CPU platform):
-# one code base for both releases; tests/project/test_docs.py checks that CI runs it
+# the fast lane's tests that hold kvctl to vLLM's own code (the connector's plugins, vLLM's config loaders and cache
+# placement) again under vLLM 0.33.0's own Python (on the venv's torch, CPU platform): one code base for both
+# releases; tests/project/test_docs.py checks that CI runs it and that every such test file is in VLLM_FACING
+VLLM_FACING := tests/plugins tests/core/test_kvsize.py tests/loading/test_loading_vllm.py tests/tier/test_vllm_config.py \
+	tests/tier/test_vllm_samples.py
 test-vllm-033: $(TEST_DEPS) $(VLLM033)/.installed
-	$(LMC_ENV) $(VLLM033_ENV) PYTHONPATH=$(abspath $(VLLM033))/site VLLM_TARGET_DEVICE=cpu KVCTL_EXPECT_VLLM=0.33.0 $(PYTEST) tests/plugins -m "not slow and not long" $(PYTEST_ARGS)
+	$(LMC_ENV) $(VLLM033_ENV) PYTHONPATH=$(abspath $(VLLM033))/site VLLM_TARGET_DEVICE=cpu KVCTL_EXPECT_VLLM=0.33.0 $(PYTEST) $(VLLM_FACING) -m "not slow and not long" $(PYTEST_ARGS)
 
 test-all: test test-engine test-long test-vllm-033
 

@@ -25,7 +25,10 @@ def kv_config(obj: dict[str, Any]):
 
 @functools.lru_cache(maxsize=1)
 def serve_parser():
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser  # noqa: PLC0415
+    try:  # where `vllm serve` takes it from: entrypoints/common since 0.33, entrypoints/launchers in 0.32
+        from vllm.entrypoints.common.cli_args import make_arg_parser  # noqa: PLC0415
+    except ImportError:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser  # noqa: PLC0415
     from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: PLC0415
 
     return make_arg_parser(FlexibleArgumentParser(exit_on_error=False))

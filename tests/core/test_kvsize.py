@@ -50,7 +50,6 @@ def test_glm5_s_is_vllms_own_page_arithmetic_for_the_groups_specs(dtype):
     pytest.importorskip("vllm")
     from types import SimpleNamespace
 
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
     from vllm.v1.kv_cache_interface import KVQuantMode, MLAAttentionSpec, SparseCacheRole, UniformTypeKVCacheSpecs
 
     cfg = json.loads((MODELS / "glm-5.json").read_text())
@@ -72,7 +71,9 @@ def test_glm5_s_is_vllms_own_page_arithmetic_for_the_groups_specs(dtype):
     vcfg = SimpleNamespace(scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=True),
                            attention_config=SimpleNamespace(hisparse_config=None), speculative_config=None,
                            model_config=None, parallel_config=SimpleNamespace(decode_context_parallel_size=1))
-    (group,) = get_kv_cache_groups(vcfg, specs)
+    from tests.vllm_placement import placement  # noqa: PLC0415 - after the importorskip
+
+    (group,) = placement.get_kv_cache_groups(vcfg, specs)
     assert isinstance(group.kv_cache_spec, UniformTypeKVCacheSpecs)
     vllm_s = group.kv_cache_spec.page_size_bytes / bs
     assert kv_size_from_file(MODELS / "glm-5.json", dtype=dtype).bytes_per_token == vllm_s

@@ -6,7 +6,7 @@ these models on CUDA (its Python code is the CPU build's): the latent layer's ``
 blocks aligned to one 1152-byte row; a quantised cache to 64-token pages), and the indexer's
 (deepseek_v2.py:658-667) after ``customize_attention_spec`` (v1/worker/utils.py:477-486: its fixed 64-token
 kernel blocks). vLLM groups them, places them and views them (get_kv_cache_groups,
-get_kv_cache_config_from_groups: tests/plugins/vllm_placement.py; create_kv_cache_views). The line numbers are
+get_kv_cache_config_from_groups: tests/vllm_placement.py; create_kv_cache_views). The line numbers are
 0.32's. Import it after checking that torch and vLLM import.
 """
 
@@ -20,7 +20,7 @@ from vllm.v1.kv_cache_interface import KVQuantMode, MLAAttentionSpec, SparseCach
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from kvctl.connector.kv_views import CacheSpec
-from tests.plugins.vllm_placement import placement
+from tests.vllm_placement import placement
 
 N_LAT, N_IDX, BLOCKS = 3, 2, 5  # fewer indexer layers than latent ones (index_topk_freq skips some)
 LAT_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(N_LAT)]

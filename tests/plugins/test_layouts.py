@@ -29,7 +29,7 @@ from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 
 from kvctl.connector.layouts import BACKENDS, GQALayout, KVLayoutError, layout_for, slots_for  # noqa: E402
 from kvctl.connector.kv_views import CacheSpec, build_caches  # noqa: E402
-from tests.plugins.vllm_placement import placement  # noqa: E402
+from tests.vllm_placement import placement  # noqa: E402
 from tests.plugins.kv_fill import (  # noqa: E402
     GQA_BACKENDS,
     LAYOUTS,

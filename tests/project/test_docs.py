@@ -75,12 +75,21 @@ def test_the_three_lanes_partition_the_suite_and_ci_runs_each():
 
 
 def test_ci_runs_the_plugin_tests_under_vllm_033():
-    """The fourth lane: the fast lane's tests/plugins again under vLLM 0.33.0's own Python, run by CI and named in
-    README; it selects what the fast lane does there, so nothing in it is left to one release."""
+    """The fourth lane: the fast lane's tests that read vLLM's own code again under vLLM 0.33.0's own Python, run by
+    CI and named in README; a new test file that reads vLLM outside tests/plugins must join VLLM_FACING."""
     root = Path(__file__).resolve().parents[2]
     make = (root / "Makefile").read_text()
     rule = re.search(r"^test-vllm-033: .*\n\t(.*)$", make, re.M).group(1)
-    assert "PYTHONPATH=$(abspath $(VLLM033))/site" in rule and "KVCTL_EXPECT_VLLM=0.33.0" in rule and 'tests/plugins -m "not slow and not long"' in rule
+    assert "PYTHONPATH=$(abspath $(VLLM033))/site" in rule and "KVCTL_EXPECT_VLLM=0.33.0" in rule
+    assert '$(VLLM_FACING) -m "not slow and not long"' in rule
+    facing = re.search(r"^VLLM_FACING := ((?:.*\\\n)*.*)$", make, re.M).group(1).replace("\\\n", " ").split()
+    assert "tests/plugins" in facing
+    # every fast-lane test file outside tests/plugins that reads vLLM's own code is in the list
+    reads_vllm = re.compile(r'importorskip\("vllm"\)|^\s*(from|import) vllm\b|vllm_loaders|vllm_placement', re.M)
+    files = sorted(str(p.relative_to(root)) for p in (root / "tests").rglob("test_*.py")
+                   if p.parts[len(root.parts) + 1] not in ("plugins", "engine", "gpu") and p != Path(__file__).resolve()
+                   and reads_vllm.search(p.read_text()))
+    assert files and set(files) <= set(facing), sorted(set(files) - set(facing))
     assert re.search(r"^lane make test-vllm-033\b", (root / ".ci" / "run").read_text(), re.M)
     assert "make test-vllm-033" in README
 

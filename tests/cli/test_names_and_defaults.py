@@ -74,7 +74,10 @@ def tier_here(tmp_path, monkeypatch):
                                    "--maxmemory", "64mb", "--json"])
     assert res.exit_code == 0, res.output
     yield json.loads(res.stdout)["instances"][0]["url"]
-    CliRunner().invoke(cli, ["deploy-valkey", "down", "--dir", "./kv-tier", "--purge"])
+    # the tier's own path: a test may have left the working directory (one goes into ./kv-tier), and a relative
+    # --dir from there found no tier, so its valkey-server outlived the test
+    down = CliRunner().invoke(cli, ["deploy-valkey", "down", "--dir", str(tmp_path / "kv-tier"), "--purge", "--json"])
+    assert down.exit_code == 0 and not (tmp_path / "kv-tier").exists(), down.output
 
 
 def _diagnose(*args: str) -> dict:

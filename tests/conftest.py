@@ -65,6 +65,26 @@ def _no_thread_left_behind():
                     pytrace=False)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_server_left_behind(tmp_path_factory):
+    """Fail the run when a valkey-server that a test started (its working directory is under this run's temp dir)
+    outlives the run. A tier started with `deploy-valkey up` is a daemon of its own: a test that loses track of it
+    leaves it running after pytest ends, unseen (one did, every fast-lane run, until 2026-12-05). The server is
+    stopped (by pid, ours) and the run ends with an error that names its directory, which names the test."""
+    import psutil  # noqa: PLC0415
+
+    base = str(tmp_path_factory.getbasetemp().resolve())
+    yield
+    left = []
+    for p in psutil.process_iter(["name", "cwd"]):
+        if "valkey-server" in (p.info["name"] or "") and (p.info["cwd"] or "").startswith(base):
+            left.append(f"pid {p.pid} in {p.info['cwd']}")
+            p.kill()
+    if left:
+        pytest.fail(f"{len(left)} valkey-server(s) started by tests outlived them (stopped now): " + "; ".join(left),
+                    pytrace=False)
+
+
 @pytest.fixture
 def valkey_server(tmp_path) -> ValkeyProcess:
     """One real valkey-server on a free loopback port, stopped after the test."""

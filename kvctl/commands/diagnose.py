@@ -37,6 +37,7 @@ from kvctl.views.diagnose import show_capture, show_diagnosis, show_refresh
 WINDOW_S = positive(cap.MAX_WINDOW_S)
 TIMEOUT_S = positive(600.0)
 MAX_BYTES_PER_TOKEN = BYTES_PER_TOKEN.max  # also for s derived from --model-config
+TIER_GBPS = positive(thresholds.MAX_BANDWIDTH_GBPS)  # a B above it is what the analysis calls implausible
 
 
 @hookimpl
@@ -58,11 +59,15 @@ _model_bundle = options(
     bytes_per_token_options(required=False),
     click.option("--prefill-rate", type=PREFILL_RATE, help=f"{PREFILL_RATE_HELP} (default: derived from vllm:request_prefill_time_seconds)."),
     click.option("--t0", type=T0_S, help=f"{T0_HELP}, for n* (default {thresholds.PAPER_T0_S:g}, the paper's; fit yours with `kvctl cost fit-t0`)."),
+    click.option("--tier-gbps", type=TIER_GBPS, help=(
+        "Bandwidth B the engine sees, GB/s, for ρ: the tier's GET bandwidth measured with `kvctl bench` (its aggregate_gbps); "
+        "used instead of the engine's counters (default: from kvctl:/lmcache: counters, else Valkey's GET time). Give it where "
+        "they time no read: LMCache 0.5.6 under async loading.")),
 )
 
 
 def model_options(func: Callable) -> Callable:
-    """s, R and T0 for B*, n* and ρ."""
+    """s, R, T0 and B given for B*, n* and ρ."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -195,6 +200,7 @@ def _run(
     bytes_per_token: float | None,
     prefill_rate: float | None,
     t0: float | None,
+    tier_gbps: float | None,
     from_dir: str | None,
     save_dir: str | None,
     explain: bool,
@@ -202,7 +208,7 @@ def _run(
     count: int | None,
     as_json: bool,
 ) -> None:
-    params = Params(bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, t0_s=t0)
+    params = Params(bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, t0_s=t0, bandwidth_gbps=tier_gbps)
     tier_dir = default_tier_dir(tier_dir, _dir_given(ctx), valkey_urls, ranks)  # ./kv-tier when a tier is there, as doctor
     if from_dir:
         if engine_urls or valkey_urls or tier_dir or watch or save_dir:
@@ -256,7 +262,8 @@ def capture_cmd(ctx: click.Context, **kwargs: Any) -> None:
     urls = _engine_urls(kw["engine_urls"], kw["as_json"])
     tier_dir = default_tier_dir(kw["tier_dir"], _dir_given(ctx), kw["valkey_urls"], kw["ranks"])  # ./kv-tier when a tier is there
     targets = valkey_targets(kw["valkey_urls"], kw["ranks"], tier_dir, kw["password_file"], required=False, instances_per_rank=kw["instances_per_rank"])
-    params = diagnose_run.recorded(Params(bytes_per_token=kw["bytes_per_token"], prefill_rate=kw["prefill_rate"], t0_s=kw["t0"]))
+    params = diagnose_run.recorded(Params(bytes_per_token=kw["bytes_per_token"], prefill_rate=kw["prefill_rate"], t0_s=kw["t0"],
+                                          bandwidth_gbps=kw["tier_gbps"]))
     http = engine_http(kw["engine_api_key_file"], kw["max_metrics_bytes"])
     with _sampling(kw["window"], not kw["as_json"]) as advance:
         capture = polls.collect(urls, targets, kw["window"], params, tick=advance, timeout_s=kw["timeout_s"], http=http)

@@ -67,7 +67,8 @@ def register_commands(cli: click.Group) -> None:
 @click.pass_context
 def exporter_cmd(
     ctx: click.Context, listen: str, engine_urls: tuple[str, ...], engine_api_key_file: str | None, max_metrics_bytes: int,
-    valkey_urls: tuple[str, ...], ranks: int | None, instances_per_rank: int | None, tier_dir: str | None, password_file: str | None, bytes_per_token: float | None, prefill_rate: float | None, t0: float | None, interval_s: float,
+    valkey_urls: tuple[str, ...], ranks: int | None, instances_per_rank: int | None, tier_dir: str | None, password_file: str | None, bytes_per_token: float | None, prefill_rate: float | None, t0: float | None,
+    tier_gbps: float | None, interval_s: float,
     window_s: float, timeout_s: float | None, stale_after_s: float | None, duration_s: float | None, as_json: bool,
 ) -> None:
     from kvctl.ops.exporter import Exporter, ExporterConfig, check_config  # noqa: PLC0415
@@ -77,7 +78,7 @@ def exporter_cmd(
         raise click.UsageError("give --engine-url (repeatable)")
     targets = valkey_targets(valkey_urls, ranks, tier_dir, password_file, required=False, instances_per_rank=instances_per_rank)
     timeout_s = timeout_s if timeout_s is not None else min(thresholds.READ_TIMEOUT_S, interval_s)
-    params = Params(bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, t0_s=t0)
+    params = Params(bytes_per_token=bytes_per_token, prefill_rate=prefill_rate, t0_s=t0, bandwidth_gbps=tier_gbps)
     http = engine_http(engine_api_key_file, max_metrics_bytes)
     cfg = ExporterConfig(tuple(engine_urls), tuple(targets), params, interval_s, window_s, timeout_s, stale_after_s, http)
     check_config(cfg)

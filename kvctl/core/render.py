@@ -335,7 +335,8 @@ def replay_progress(total: int, enabled: bool = True) -> Iterator[Any]:
     """Progress of an open-loop replay on stderr; yields ``update(state)`` for a sender state.
 
     ``state`` has ``finished``, ``sent``, ``errors``, ``in_flight``, ``cap_hits`` and ``started``
-    (a ``time.monotonic()`` value). A bar on a terminal, :class:`ProgressLines` otherwise; a no-op when
+    (a ``time.monotonic()`` value), and ``note``: what the replay waits for after its last answer, shown beside them
+    (a line of its own without a terminal). A bar on a terminal, :class:`ProgressLines` otherwise; a no-op when
     disabled (``--json``).
     """
     import time  # noqa: PLC0415
@@ -343,7 +344,8 @@ def replay_progress(total: int, enabled: bool = True) -> Iterator[Any]:
     def stats(state: Any) -> str:
         elapsed = max(time.monotonic() - state.started, 1e-9)
         return (f"{state.finished / elapsed:.1f} req/s · in flight {state.in_flight} · sent {state.sent}"
-                f" · errors {state.errors}" + (f" · capped {state.cap_hits}" if state.cap_hits else ""))
+                f" · errors {state.errors}" + (f" · capped {state.cap_hits}" if state.cap_hits else "")
+                + (f" · {state.note}" if getattr(state, "note", None) else ""))
 
     if not enabled:
         yield lambda state: None
@@ -354,7 +356,7 @@ def replay_progress(total: int, enabled: bool = True) -> Iterator[Any]:
 
         def update_line(state: Any) -> None:
             last[:] = [state]
-            lines.line(f"{state.finished}/{total} finished · {stats(state)}")
+            lines.line(f"{state.finished}/{total} finished · {stats(state)}", step=getattr(state, "note", None))
 
         lines.line(f"0/{total} finished · sending", force=True)
         yield update_line

@@ -220,6 +220,17 @@ DIAGNOSIS_WINDOW_S = 60.0
 DIAGNOSIS_POLL_S = 1.0
 #: the states' λ is used only when the two states it counts between lie at least this share of the window apart
 DIAGNOSIS_STATES_MIN_SPAN = 0.5
+#: the largest bandwidth B (GB/s, per engine) a diagnosis takes: a B the counters give above it is a counter mix-up
+#: (`bandwidth_implausible`), and `kvctl diagnose`/`kvctl exporter` --tier-gbps refuses more
+MAX_BANDWIDTH_GBPS = 1000.0
+#: seconds between two publishes of LMCache's counters (`lmcache:*` on vLLM's /metrics): LMCache 0.5.6's stats
+#: logger runs every 10 s (``LMCacheStatsLogger(log_interval=10)``, lmcache/v1/cache_engine.py:2145; its loop,
+#: lmcache/observability.py:1976-1982, increments every counter at once), where vLLM publishes its own every engine step
+LMCACHE_PUBLISH_S = 10.0
+#: `kvctl replay`'s scrape after its last answer, on an engine whose /metrics holds lmcache: series, is taken this long
+#: after that answer (one LMCache publish interval and a margin for the logger's own work), so the run's LMCache
+#: counters hold everything the run did; at most ~12 s
+REPLAY_LMCACHE_SETTLE_S = LMCACHE_PUBLISH_S + 1.0
 #: seconds between two progress lines when stderr is not a terminal (diagnose --window, bench, replay in a pipe):
 #: a line when the work starts, at each step (a bench run), every this many seconds, and when it is done
 PROGRESS_LINE_S = 5.0

@@ -15,7 +15,8 @@ that stays unknown is None with a reason in ``null_reasons``.
   the samples), else finished + the growth of waiting + running between the
   samples, per engine. When the tier is the bottleneck, completions are capped
   by it and cannot show ρ > 1; λ's estimators give ρ a range (how sure).
-* B is the bandwidth the engine sees: the kvctl connector's ``kvctl:l2_get_*``
+* B is the bandwidth the engine sees: ``--tier-gbps`` when given (measured with
+  ``kvctl bench``), else the kvctl connector's ``kvctl:l2_get_*``
   counters, else LMCache's ``remote_time_to_get`` with ``num_remote_read_bytes``,
   else Valkey's bytes out / time in GETs — server side, an UPPER bound on B
   (socket writes done by io-threads are outside the GET's time), so ρ is then
@@ -40,7 +41,7 @@ from kvctl.records import prometheus as M
 from kvctl.diagnose import quantities as Q
 from kvctl.diagnose import rho as P
 from kvctl.diagnose.observations import GET_COMMANDS, EngineObs, InstanceObs, ratio, EnginePair  # noqa: F401 - EngineObs/InstanceObs/GET_COMMANDS are part of this API
-from kvctl.diagnose.quantities import BANDWIDTH_SOURCES, BW_KVCTL, BW_LMCACHE, BW_VALKEY, Quantity  # noqa: F401 - part of this API
+from kvctl.diagnose.quantities import BANDWIDTH_SOURCES, BW_GIVEN, BW_KVCTL, BW_LMCACHE, BW_VALKEY, Quantity  # noqa: F401 - part of this API
 from kvctl.core.errors import ExitStatus, InvalidInput
 from kvctl.connector import metric_names as N
 from kvctl.connector.policy import GIVEN_UP, LOAD, PARTIAL, RECOMPUTE, REASONS
@@ -65,7 +66,7 @@ class Diagnosis:
     l2_bytes_per_request: float | None
     l2_tokens_per_s: float | None
     bandwidth_gbps: float | None
-    bandwidth_source: str | None  # BW_KVCTL, BW_LMCACHE or BW_VALKEY
+    bandwidth_source: str | None  # BW_GIVEN, BW_KVCTL, BW_LMCACHE or BW_VALKEY
     bandwidth_source_detail: str | None
     engine_ranks: int | None  # W for the kvctl connector's per-rank-summed GET seconds
     bytes_per_token: float | None
@@ -132,13 +133,14 @@ def analyse(capture: Capture, params: Params | None = None) -> Diagnosis:
     a, b, window = _window(capture)
     s_bpt, r_flag, t0 = _given(capture, params)
     nb = Q.Notebook()
+    b_flag = _given_bandwidth(capture, params, nb)
     engines = Q.read_engines(a, b, capture.engine_urls, nb, capture.samples, capture.engine_states)
     rates = Q.gather_rates(engines, window, nb)
     prompts = Q.prompts_and_hits(engines.deltas, rates.requests, nb)
     instances = Q.read_instances(a, b, capture.valkey_urls, nb, capture.instances_per_rank)
     ok_inst = [i for i in instances if i.status == "ok"]
-    l2 = Q.l2_load(engines.deltas, ok_inst, s_bpt, nb)
-    bw = Q.tier_bandwidth(l2, engines.ok, ok_inst, capture, params, nb)
+    l2 = Q.l2_load(engines.deltas, ok_inst, s_bpt, nb, window)
+    bw = Q.tier_bandwidth(l2, engines.ok, ok_inst, capture, params, nb, b_flag)
     Q.check_gets_reached_tier(l2, ok_inst, nb)
     be = Q.break_even(engines, prompts.prompt_tokens, s_bpt, r_flag, t0, capture, params, nb)
     w_ranks, w_src = Q.engine_ranks(engines.ok, capture)
@@ -226,6 +228,19 @@ def _given(capture: Capture, params: Params) -> tuple[float | None, float | None
     return s_bpt, r_flag, t0
 
 
+def _given_bandwidth(capture: Capture, params: Params, nb: Q.Notebook) -> float | None:
+    """B given: ``--tier-gbps``, else what the capture was taken with (a number in (0, max_bandwidth_gbps], or a note)."""
+    if params.bandwidth_gbps is not None:
+        return params.bandwidth_gbps
+    b = (capture.parameters or {}).get("bandwidth_gbps")
+    if b is None:
+        return None
+    if isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) and 0 < b <= params.max_bandwidth_gbps:
+        return float(b)
+    nb.notes.append(f"the capture's bandwidth_gbps {str(b)[:40]!r} is not a bandwidth in (0, {params.max_bandwidth_gbps:g}] GB/s: not used")
+    return None
+
+
 def _requests_waiting(ok_engines: list[EnginePair]) -> tuple[float | None, float | None]:
     """Σ vllm:num_requests_waiting at the first and the last sample; None when no engine exports it."""
     if not ok_engines:
@@ -252,6 +267,7 @@ def _rule_inputs(
         r=be.prefill_rate, r_implausible=be.implausible_prefill_rate,
         blocking=D.total(N.LMCACHE_GET_BLOCKING_FAILED_COUNT),
         slow_lookups=M.count_above(D.buckets(N.LMCACHE_TIME_TO_LOOKUP), params.slow_lookup_s),
+        lookups_timed=bool(D.buckets(N.LMCACHE_TIME_TO_LOOKUP)),
         kvctl_timeouts=D.total(N.LOOKUP_TIMEOUTS), kvctl_load_errors=D.total(N.LOAD_ERRORS),
         kvctl_shortfall=D.total(N.AGREED_PREFIX_SHORTFALL_CHUNKS),
         chunks_hit=D.total(N.CHUNKS_HIT), chunks_missed=D.total(N.CHUNKS_MISSED),

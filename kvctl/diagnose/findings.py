@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Iterable
 
-from kvctl.core.thresholds import GPU_NOT_COMPUTE_BOUND_PCT, HITS_RECOMPUTED_MIN, HITS_RECOMPUTED_SHARE, RHO_HIGH, RHO_TARGET
+from kvctl.core.thresholds import GPU_NOT_COMPUTE_BOUND_PCT, HITS_RECOMPUTED_MIN, HITS_RECOMPUTED_SHARE, MAX_BANDWIDTH_GBPS, RHO_HIGH, RHO_TARGET
 
 
 class Severity(str, Enum):
@@ -41,6 +41,7 @@ class Params:
     bytes_per_token: float | None = None
     prefill_rate: float | None = None
     t0_s: float | None = None  # None: the capture's, else the paper's 0.33 s
+    bandwidth_gbps: float | None = None  # B given (--tier-gbps, measured with kvctl bench): used instead of the counters'
     rho_target: float = RHO_TARGET
     warn_rho: float = RHO_HIGH  # rho_high from here, rho_unstable from RHO_UNSTABLE (kvctl.core.thresholds)
     slow_lookup_s: float = 1.0
@@ -48,7 +49,7 @@ class Params:
     hot_ratio: float = 2.0
     hot_min_gets: int = 100
     min_prefill_rate: float = 100.0  # tok/s: a derived R below this is a symptom, not a rate
-    max_bandwidth_gbps: float = 1000.0  # a B above this (per engine) is a counter mix-up, not a bandwidth
+    max_bandwidth_gbps: float = MAX_BANDWIDTH_GBPS  # a B above this (per engine) is a counter mix-up, not a bandwidth
     recomputed_share: float = HITS_RECOMPUTED_SHARE  # hits_recomputed: of the hits the connector judged
     recomputed_min: int = HITS_RECOMPUTED_MIN
 

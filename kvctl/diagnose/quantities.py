@@ -16,6 +16,7 @@ from typing import Sequence
 from kvctl.core import cost
 from kvctl.connector import metric_names as N
 from kvctl.core.errors import KvctlError
+from kvctl.core.thresholds import DIAGNOSIS_WINDOW_S, LMCACHE_PUBLISH_S
 from kvctl.diagnose import arrivals as A
 from kvctl.records import prometheus as M
 from kvctl.diagnose.capture import Capture, Sample
@@ -24,10 +25,12 @@ from kvctl.diagnose.observations import EngineObs, InstanceObs, Deltas, ratio, E
 from kvctl.tier.sizing import ZERO_COPY_MAJOR, parse_version
 
 #: where B came from (``Diagnosis.bandwidth_source``)
+BW_GIVEN = "given"
 BW_KVCTL = "kvctl_connector"
 BW_LMCACHE = "lmcache_client"
 BW_VALKEY = "valkey_server_upper_bound"
 BANDWIDTH_SOURCES = {
+    BW_GIVEN: "--tier-gbps as given: the tier's GET bandwidth `kvctl bench` measured, not measured in this window",
     BW_KVCTL: "engine side, kvctl connector: W × Δkvctl:l2_get_bytes_total / Δkvctl:l2_get_seconds_total (both summed over W ranks loading in parallel)",
     BW_LMCACHE: "engine side, LMCache: Δlmcache:num_remote_read_bytes / Δlmcache:remote_time_to_get_sum (ms)",
     BW_VALKEY: (
@@ -254,7 +257,7 @@ class L2Load:
     lmcache_get_ms: float | None
 
 
-def l2_load(D: Deltas, ok_inst: list[InstanceObs], s_bpt: float | None, nb: Notebook) -> L2Load:
+def l2_load(D: Deltas, ok_inst: list[InstanceObs], s_bpt: float | None, nb: Notebook, window_s: float | None = None) -> L2Load:
     """The bytes L2 served per second: the kvctl connector's count, else LMCache's, else Valkey's GET replies."""
     k_bytes_rate, k_secs, k_bytes = D.rate(N.L2_GET_BYTES), D.total(N.L2_GET_SECONDS), D.total(N.L2_GET_BYTES)
     lm_bytes_rate, lm_bytes = D.rate(N.LMCACHE_NUM_REMOTE_READ_BYTES), D.total(N.LMCACHE_NUM_REMOTE_READ_BYTES)
@@ -263,11 +266,18 @@ def l2_load(D: Deltas, ok_inst: list[InstanceObs], s_bpt: float | None, nb: Note
         l2_rate, l2_src = k_bytes_rate, f"{N.L2_GET_BYTES}_total (engine side)"
     elif lm_bytes_rate is not None:
         l2_rate, l2_src = lm_bytes_rate, "lmcache:num_remote_read_bytes (engine side)"
+        if window_s is not None and window_s < DIAGNOSIS_WINDOW_S:
+            nb.notes.append(
+                f"L2 bytes from LMCache's counters over a {window_s:.3g} s window: LMCache publishes them every {LMCACHE_PUBLISH_S:g} s "
+                f"(vLLM its own every engine step), so a short window's L2 bytes per request may be off by up to one publish "
+                f"interval's traffic; a --window of {DIAGNOSIS_WINDOW_S:g} s (the default) or more keeps that small"
+            )
     elif valkey_rate is not None:
         l2_rate, l2_src = valkey_rate, "valkey INFO: bytes out to GETs (server side)"
     else:
         l2_rate, l2_src = None, None
-        nb.why["l2_bytes_per_request"] = "no L2 byte counter: neither kvctl:l2_get_bytes_total, lmcache:num_remote_read_bytes nor a --valkey instance"
+        nb.why["l2_bytes_per_request"] = "no L2 byte counter: neither kvctl:l2_get_bytes_total, lmcache:num_remote_read_bytes nor a --valkey instance" + (
+            f"; {NO_ENGINE_SERIES}; or give the tier (--valkey, --dir: its GET bytes)" if D.engines and not engine_side_series(D.engines) else "")
     tokens_per_s = ratio(l2_rate, s_bpt)
     nb.explain.append(Quantity("L2-served tokens/s", tokens_per_s, f"Σ Δ{l2_src or 'L2 bytes'} / Δt / s = {_g(l2_rate)} B/s / {_g(s_bpt)} B/token", l2_src or "—"))
     return L2Load(
@@ -279,17 +289,24 @@ def l2_load(D: Deltas, ok_inst: list[InstanceObs], s_bpt: float | None, nb: Note
 @dataclass(frozen=True)
 class Bandwidth:
     gbps: float | None  # B, None when unknown or implausible
-    source: str | None  # BW_KVCTL, BW_LMCACHE or BW_VALKEY
+    source: str | None  # BW_GIVEN, BW_KVCTL, BW_LMCACHE or BW_VALKEY
     ranks: int | None  # W, when B came from the kvctl connector
     implausible_gbps: float | None  # a B the counters gave that cannot be
 
 
-def tier_bandwidth(l2: L2Load, ok_engines: list[EnginePair], ok_inst: list[InstanceObs], capture: Capture, params: Params, nb: Notebook) -> Bandwidth:
-    """B, the bandwidth the engine sees: the kvctl connector's, else LMCache's, else Valkey's (an upper bound)."""
+def tier_bandwidth(
+    l2: L2Load, ok_engines: list[EnginePair], ok_inst: list[InstanceObs], capture: Capture, params: Params, nb: Notebook,
+    given_gbps: float | None = None,
+) -> Bandwidth:
+    """B, the bandwidth the engine sees: given (--tier-gbps), else the kvctl connector's, else LMCache's, else Valkey's
+    (an upper bound)."""
     k_bytes, k_secs, lm_bytes, lm_get_ms = l2.kvctl_bytes, l2.kvctl_seconds, l2.lmcache_bytes, l2.lmcache_get_ms
     bw = bw_src = None
     ranks = None
-    if k_bytes and k_secs:
+    if given_gbps is not None:  # as --prefill-rate for R: what the operator measured wins over the counters
+        bw, bw_src = given_gbps, BW_GIVEN
+        nb.explain.append(Quantity("bandwidth the engine sees B (GB/s)", bw, "given", BANDWIDTH_SOURCES[BW_GIVEN]))
+    elif k_bytes and k_secs:
         # the connector sums bytes and GET seconds over the engine's ranks, which load in parallel
         # (each its own chunks from its own instance): B = W × Σbytes / Σseconds
         ranks, ranks_src = engine_ranks(ok_engines, capture)
@@ -310,14 +327,10 @@ def tier_bandwidth(l2: L2Load, ok_engines: list[EnginePair], ok_inst: list[Insta
         busy = [i for i in ok_inst if i.bandwidth_gbps and not _copy_free(i)]
         bw, bw_src = sum(i.bandwidth_gbps for i in busy), BW_VALKEY
         nb.explain.append(Quantity("B, upper bound (GB/s)", bw, f"Σ_i GET bytes out_i / Δcmdstat_get usec_i over {len(busy)} instance(s)", BANDWIDTH_SOURCES[BW_VALKEY]))
-    elif any(i.bandwidth_gbps for i in ok_inst):
-        nb.why["bandwidth_gbps"] = (
-            "the instances run Valkey 9.x, which writes a GET's reply from the value after the command (copy avoidance, "
-            "and on io-threads): its GET µs hold no copy of the bytes and bound no bandwidth; give an engine's --engine-url "
-            "(kvctl's connector or LMCache export the bandwidth the engine sees)"
-        )
+        if lm_bytes and not lm_get_ms:
+            nb.notes.append(f"{LMCACHE_UNTIMED}: B is Valkey's server side; {GIVE_TIER_GBPS} for ρ itself")
     else:
-        nb.why["bandwidth_gbps"] = "no GET timing in the window: no kvctl:l2_get_seconds_total, lmcache:remote_time_to_get, or Valkey GETs"
+        nb.why["bandwidth_gbps"] = no_bandwidth_why(l2, ok_engines, any(i.bandwidth_gbps for i in ok_inst))
     bw_implausible = None
     if bw is not None and not (math.isfinite(bw) and bw <= params.max_bandwidth_gbps):
         bw_implausible, bw, bw_src = bw, None, None
@@ -326,6 +339,44 @@ def tier_bandwidth(l2: L2Load, ok_engines: list[EnginePair], ok_inst: list[Insta
             "bytes and GET time do not belong together; not used for ρ"
         )
     return Bandwidth(gbps=bw, source=bw_src, ranks=ranks, implausible_gbps=bw_implausible)
+
+
+#: why B stays unknown, and the way out (kvctl.diagnose.quantities.no_bandwidth_why)
+GIVE_TIER_GBPS = "give --tier-gbps, the tier's GET bandwidth measured with `kvctl bench` (its aggregate_gbps)"
+LMCACHE_UNTIMED = (
+    "LMCache counted the bytes it read from the remote tier (lmcache:num_remote_read_bytes) but recorded no read time "
+    "(no lmcache:remote_time_to_get samples): async loading in LMCache 0.5.6, whose batched_get_non_blocking counts bytes "
+    "and times nothing (lmcache/v1/storage_backend/connector/instrumented_connector.py; only the blocking batched_get is timed)"
+)
+VALKEY_9_NO_BOUND = (
+    "the instances run Valkey 9.x, which writes a GET's reply from the value after the command (copy avoidance, "
+    "and on io-threads): its GET µs hold no copy of the bytes and bound no bandwidth"
+)
+NO_ENGINE_SERIES = (
+    "the engines answered but no /metrics of theirs has kvctl: or lmcache: series (no KV connector, or LMCache's unseen): "
+    "LMCache registers its metrics in vLLM's "
+    "engine-core process, which reach the API server's /metrics only under Prometheus multiprocess collection, and vLLM "
+    "sets that up itself only with --api-server-count > 1; start the vLLM server with PROMETHEUS_MULTIPROC_DIR pointing "
+    "at an empty directory it can write (kvctl's connector exports its kvctl: series without it)"
+)
+
+
+def engine_side_series(engines: Sequence[EnginePair]) -> bool:
+    """Whether any engine's last read holds a kvctl: or lmcache: series (a KV connector's counters reach its /metrics)."""
+    return any(n.startswith((N.PREFIX, N.LMCACHE_PREFIX)) for e in engines for n in (*e.b.values, *e.b.buckets))
+
+
+def no_bandwidth_why(l2: L2Load, ok_engines: list[EnginePair], valkey_9: bool) -> str:
+    """Why neither the engines' counters nor the instances give B (``valkey_9``: the instances' GET times bound none)."""
+    if l2.lmcache_bytes and not l2.lmcache_get_ms:
+        return f"{LMCACHE_UNTIMED}; {GIVE_TIER_GBPS}"
+    if ok_engines and not engine_side_series(ok_engines):
+        return (f"{VALKEY_9_NO_BOUND}, and " if valkey_9 else "") + f"{NO_ENGINE_SERIES}; or {GIVE_TIER_GBPS}"
+    if valkey_9:
+        engines = ("the engines' counters timed no L2 read in the window (no kvctl:l2_get_seconds_total, no lmcache:remote_time_to_get)"
+                   if ok_engines else "give an engine's --engine-url (kvctl's connector or LMCache export the bandwidth the engine sees)")
+        return f"{VALKEY_9_NO_BOUND}; {engines}; or {GIVE_TIER_GBPS}"
+    return f"no GET timing in the window: no kvctl:l2_get_seconds_total, lmcache:remote_time_to_get, or Valkey GETs; {GIVE_TIER_GBPS}"
 
 
 def _copy_free(i: InstanceObs) -> bool:

@@ -20,8 +20,9 @@ from kvctl.tier.targets import Target
 
 
 def recorded(params: Params) -> dict[str, Any]:
-    """The model inputs the user gave (s, R, T0), as a capture records them."""
-    given = {"bytes_per_token": params.bytes_per_token, "prefill_rate": params.prefill_rate, "t0_s": params.t0_s}
+    """The model inputs the user gave (s, R, T0, B), as a capture records them."""
+    given = {"bytes_per_token": params.bytes_per_token, "prefill_rate": params.prefill_rate, "t0_s": params.t0_s,
+             "bandwidth_gbps": params.bandwidth_gbps}
     return {k: v for k, v in given.items() if v is not None}
 
 

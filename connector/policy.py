@@ -267,7 +267,10 @@ class Calibration:
     * T0: per serial load, its time minus its GET time, averaged per interval and smoothed; with ``hit_step``
       plus the step fit's a, the fixed cost of the extra step a received hit waits in (on an H200, 2026-12-05, in
       vLLM's default async scheduling that step made 512-token prompts with 256 tokens from the tier 1.57× their
-      recompute).
+      recompute). Until the fit has a line (every step timed had about the same prefill tokens) the cheapest
+      step seen stands for a, whole: an upper bound that leans to recomputing short hits. On an H100 (2026-12-05)
+      an engine that saw only hits timed 27 steps of 256 tokens, never a line, counted no step, and loaded 256
+      tokens of a 512-token prompt in 1.20× its recompute.
     * bandwidth per rank: its GET bytes / GET seconds per interval, smoothed (:func:`ewma`); where the
       workers report no rank of their own, the summed bytes / summed seconds for every rank.
 
@@ -290,6 +293,7 @@ class Calibration:
         self._t0: float | None = None
         self._fit = [0.0] * 9  # decayed sums: k·k, k·x, x·x, k·y, x·y, u·u, u·k, u·x, u·y (u: steps above graphs)
         self._xy = [0.0, 0.0]  # decayed sums of x and y
+        self._min_step: float | None = None  # the cheapest interval's seconds a step: a is no more
         self._last_measured = clock()
         self.probes = 0
         self.vetoes = 0
@@ -306,6 +310,8 @@ class Calibration:
                                    u * u, u * steps, u * tokens, u * seconds)):
                 f[i] = f[i] * d + v
             self._xy = [self._xy[0] * d + tokens, self._xy[1] * d + seconds]
+            per = seconds / steps
+            self._min_step = per if self._min_step is None else min(self._min_step, per)
 
     def observe_loads(self, loads: float, fixed_seconds: float) -> None:
         """One interval's serial loads and their time besides GETs (summed over ranks)."""
@@ -363,7 +369,10 @@ class Calibration:
 
     def estimates(self) -> Estimates:
         line = self._step_line()  # once a decision: R and the received hit's step both come from it
-        step = line[0] if line and self.hit_step and self.fixed_t0 is None else None
+        step = None
+        if self.hit_step and self.fixed_t0 is None:
+            # no line yet (steps of one size): the cheapest step seen, whole, the least upper bound of a it has
+            step = line[0] if line else self._min_step
         with self._lock:
             t0 = self.fixed_t0 if self.fixed_t0 is not None else self._t0
             bps = tuple([self.fixed_gbps * 1e9 / self.world] * self.world) if self.fixed_gbps is not None else tuple(self._bps)

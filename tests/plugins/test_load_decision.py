@@ -187,6 +187,37 @@ def test_a_received_hit_counts_the_step_it_waits_in_and_short_hits_are_recompute
     assert Calibration(1, hit_step=True).estimates().t0_s is None  # nothing fitted, nothing measured: no veto
 
 
+def test_a_received_hit_counts_the_cheapest_step_until_the_steps_give_a_line():
+    """The H100 run of 2026-12-05 (benchmarks/results/engine_gpu_layered-h100-2026-12-05.txt, serial): the hit
+    engine saw only hits, each with a 256-token rest, so every timed step had 256 prefill tokens (29-38 ms) and
+    the fit never had a line: no step was counted, R was tokens/seconds (8k), and the 512-token prompt loaded its
+    256 tokens from the tier in 1.20x its recompute. The cheapest step (29 ms) now stands for a: 256 tokens are
+    recomputed (3.3 + 29 + 1 ms against 31 ms), 768 loaded (against 93 ms). One recomputed 512-token step gives
+    the fit its line, whose a takes over."""
+    ct, cb = 256, 256 * 31_104
+    cals = {}
+    for hit_step in (False, True):
+        c = Calibration(1, hit_step=hit_step)
+        for t in (0.031, 0.029, 0.038, 0.030, 0.033, 0.031):
+            c.observe_steps(1, 256, t)
+        c.observe_loads(1, 0.0033)
+        c.observe_gets(0, 8.2e8, 0.1)
+        cals[hit_step] = c
+    assert cals[True].step_cost_s() is None  # no line: every step the same size
+    est = cals[True].estimates()
+    assert est.t0_s == pytest.approx(0.0033 + 0.029) and est.prefill_tokens_per_s == pytest.approx(1536 / 0.192, rel=0.01)
+
+    def hit(prompt: int) -> HitShape:
+        return HitShape(0, (prompt - 1) // ct, 0, ct, cb, 1, prompt=prompt)
+
+    assert decide(hit(512), cals[False].estimates(), idle(1)).decision == LOAD  # before: loaded
+    assert decide(hit(512), est, idle(1)).decision == RECOMPUTE
+    assert all(decide(hit(n), est, idle(1)).decision == LOAD for n in (1024, 2048, 8192, 32000))
+    c = cals[True]
+    c.observe_steps(1, 512, 0.037)  # the recomputed prompt: a second size, a line
+    assert c.step_cost_s() is not None and c.estimates().t0_s == pytest.approx(0.0033 + c.step_cost_s())
+
+
 #: the H200's compiled-mode recompute of 2026-12-05 (benchmarks/README.md): prompt tokens -> seconds; vLLM's
 #: CUDA graphs went up to 512 tokens
 H200_STEPS = {256: 0.028, 512: 0.031, 1024: 0.077, 2048: 0.082, 8192: 0.123, 16384: 0.248}

@@ -115,3 +115,55 @@ def test_an_engine_builds_the_spec_from_vllms_config_as_without_engine_does_from
     finally:
         engine.shutdown()
         alone.shutdown()
+
+
+def test_model_runner_v2_sends_sync_loads_through_the_receive_path(valkey_server):
+    """vLLM 0.32's Model Runner V2 (its default on CUDA) rewinds a request whose step-path load came up short on
+    the host only and computes the recompute from a stale position on the GPU (vllm#49250): on the H100 on
+    2026-12-05 the layered fault run's reader (async scheduling off, so the step path) ended its engine core at the
+    chunk deleted between lookup and load. With ``sync_load_path`` auto a V2 engine takes the receive path, with
+    async scheduling off as well; V1 keeps the step path; ``step`` keeps it anyway and warns, and ``layer_groups``
+    > 1 on the receive path says the overlap is off."""
+    import logging
+
+    from kvctl.plugins.vllm import KvctlConnector
+    from kvctl.plugins.vllm_spec import stand_in_config
+
+    spec = SimpleNamespace(head_size=6, num_kv_heads=1, dtype=torch.float32)
+    kv_cache_config = stand_in_config(["l0", "l1"], spec)
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("vllm.kvctl.plugins.vllm")
+    level = logger.level
+    logger.setLevel(logging.INFO)  # the receive path's line is INFO: vLLM's own setup may have left WARNING
+    logger.addHandler(handler)
+
+    def engine(v2: bool, **extra):
+        cfg = {"urls": [valkey_server.url], "chunk_tokens": 4, "timeout_s": 2.0, **extra}
+        vllm_config = SimpleNamespace(
+            kv_transfer_config=SimpleNamespace(kv_connector_extra_config=cfg),
+            parallel_config=SimpleNamespace(tensor_parallel_size=1, prefill_context_parallel_size=1,
+                                            pipeline_parallel_size=1),
+            cache_config=SimpleNamespace(block_size=2, cache_dtype="auto"),
+            model_config=SimpleNamespace(use_mla=True, served_model_name=None, model="/models/m"),
+            scheduler_config=SimpleNamespace(async_scheduling=False), shutdown_timeout=30, use_v2_model_runner=v2)
+        lines.clear()
+        c = KvctlConnector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)
+        c.shutdown()
+        return c.spec, c.scheduler.sync_via_receive, list(lines)
+
+    try:
+        v2_spec, v2_receive, v2_log = engine(True)
+        v1_spec, v1_receive, _ = engine(False)
+        assert (v2_spec.v2_runner, v2_receive) == (True, True) and (v1_spec.v2_runner, v1_receive) == (False, False)
+        assert any("Model Runner V2" in ln and "remote-receive" in ln for ln in v2_log), v2_log
+        _, forced, forced_log = engine(True, sync_load_path="step")
+        assert not forced and any("vllm#49250" in ln and "sync_load_path=step" in ln for ln in forced_log), forced_log
+        _, layered, layered_log = engine(True, layer_groups=2)
+        assert layered and any("layer_groups=2" in ln and "sync_load_path: step" in ln for ln in layered_log), layered_log
+        _, _, v1_layered_log = engine(False, layer_groups=2)
+        assert not any("layer_groups=2" in ln for ln in v1_layered_log), v1_layered_log
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

@@ -1,5 +1,5 @@
-"""``kvctl doctor``'s reads of a deployment's own records: the saved diagnosis of the tier it checks, and the keys of
-its configs that their readers do not know.
+"""``kvctl doctor``'s reads of a deployment's own records: the saved diagnosis of the tier it checks, the keys of
+its configs that their readers do not know, and a sync load path that vLLM cannot take back on CUDA.
 
 Library code: no click, nothing printed.
 """
@@ -13,7 +13,7 @@ from kvctl.core.errors import KvctlError
 from kvctl.diagnose import saved
 from kvctl.loading import edit as loading
 from kvctl.loading import tier_of
-from kvctl.tier.checks import FAIL, WARNING, Check
+from kvctl.tier.checks import FAIL, OK, WARNING, Check
 from kvctl.tier.targets import Target
 
 
@@ -43,3 +43,26 @@ def unknown_key_checks(lmcache: dict[str, Any] | None, lmcache_path: str | None,
     return [Check("config", "unknown_key", FAIL if u.effect == engine_keys.CONNECTOR_REFUSES else WARNING, u.message(),
                   f"rename it {u.nearest}" if u.nearest else "remove it, or check the engine's documentation for its name",
                   {"key": u.key, "nearest": u.nearest, "line": u.line, "where": u.where}) for u in found]
+
+
+def sync_load_path_check(kvt: dict[str, Any] | None, kvctl_connector: bool) -> list[Check]:
+    """KvctlConnector told ``sync_load_path: step``: on a CUDA engine (Model Runner V2, vLLM 0.32's default there, or
+    async scheduling) a sync load that comes up short ends the engine core (vllm#49250; the H100's layered fault run,
+    2026-12-05). ``auto`` takes the receive path there by itself. No line for the other values."""
+    extra = (kvt or {}).get("kv_connector_extra_config") or {}
+    if not kvctl_connector or not isinstance(extra, dict) or "sync_load_path" not in extra:
+        return []
+    path, groups = extra.get("sync_load_path"), extra.get("layer_groups", 1)
+    if path != "step":  # a value the connector refuses fails its start with the key named
+        said = {"auto": "the receive path where vLLM cannot take a short sync load back (Model Runner V2, async "
+                        "scheduling), the step path elsewhere",
+                "receive": "every short sync load is settled before its request is scheduled"}.get(path, "")
+        return [Check("config", "sync_load_path", OK, f"sync_load_path {path}" + (f": {said}" if said else ""),
+                      evidence={"sync_load_path": path})]
+    why = f" (layer_groups {groups}: the overlap needs it)" if isinstance(groups, int) and groups > 1 else ""
+    return [Check("config", "sync_load_path", WARNING,
+                  f"sync_load_path step{why}: on a CUDA engine, where vLLM runs Model Runner V2 or async scheduling, "
+                  "a sync load that comes up short (an evicted chunk, a dead instance) ends the engine core (vllm#49250)",
+                  "use sync_load_path auto (the receive path there, the step path elsewhere), or run the engine with "
+                  "VLLM_USE_V2_MODEL_RUNNER=0 and --no-async-scheduling",
+                  {"sync_load_path": path, "layer_groups": groups})]

@@ -552,3 +552,23 @@ def test_an_lmcache_engine_whose_metrics_lack_lmcache_series_is_a_warning(tmp_pa
         d = doctor(["--engine-url", eng.url, "--kv-transfer-config", LMCACHE_KVT, "--no-host-checks"], code=0)
     assert "lmcache_metrics" not in by_name(d)
     assert by_name(d)["kv_connector"][0]["evidence"] == {"url": eng.url, "connector": "lmcache", "seen_in_metrics": True}
+
+
+def test_a_sync_load_path_of_step_is_a_warning_with_the_fix(tmp_path):
+    """``sync_load_path: step`` ended the H100's layered fault run's engine core (Model Runner V2 rewinds a request on
+    the host only: vllm#49250); doctor says so from the config alone, with the fix. ``auto`` is ok, and a config
+    without the key gets no line."""
+    def run(extra):
+        p = tmp_path / "kv.json"
+        p.write_text(json.dumps({"kv_connector": "KvctlConnector", "kv_connector_module_path": "kvctl.plugins.vllm",
+                                 "kv_role": "kv_both", "kv_connector_extra_config": {
+                                     "urls": ["resp://127.0.0.1:1"], "chunk_tokens": 256, **extra}}))
+        data = doctor(["--kv-transfer-config", f"@{p}", "--no-host-checks"], code=None)
+        return by_name(data).get("sync_load_path", [])
+
+    (step,) = run({"sync_load_path": "step", "layer_groups": 2})
+    assert step["status"] == "warning" and "vllm#49250" in step["message"] and "layer_groups 2" in step["message"]
+    assert "sync_load_path auto" in step["fix"] and step["evidence"] == {"sync_load_path": "step", "layer_groups": 2}
+    (auto,) = run({"sync_load_path": "auto"})
+    assert auto["status"] == "ok" and "Model Runner V2" in auto["message"]
+    assert run({}) == []

@@ -109,8 +109,9 @@ def run(inp: DoctorInput) -> DoctorReport:
     threads = _valkey(inp, world, checks, pre)
     in_use = lmcache is not None or connector_of(kvt) == "lmcache" or any(e.get("connector") == "lmcache" for e in engines)
     _lmcache(lmcache, in_use, checks)
-    checks.extend(unknown_key_checks(lmcache, inp.lmcache_config, kvt, connector_of(kvt) == "kvctl"))  # typos, with the key meant
-    checks.extend(sync_load_path_check(kvt, connector_of(kvt) == "kvctl"))  # a step path vLLM's CUDA runner cannot undo
+    kvctl_kvt = connector_of(kvt) == "kvctl"  # --kv-transfer-config names KvctlConnector
+    checks.extend(unknown_key_checks(lmcache, inp.lmcache_config, kvt, kvctl_kvt))  # typos, with the key meant
+    checks.extend(sync_load_path_check(kvt, kvctl_kvt))  # a step path vLLM's CUDA runner cannot undo
     last = inp.last_diagnosis or saved_diagnosis(inp.targets, inp.engine_urls, lmcache, kvt)  # this tier's, never another's
     _configs(lmcache, kvt, world, block, last, checks, inp.lmcache_config)
     connections = server_checks.connections_check(kvt, lmcache, threads)  # the engine's connections against the io-threads read

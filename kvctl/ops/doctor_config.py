@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from kvctl.connector import unknown_keys as engine_keys
+from kvctl.connector.settings import SYNC_LOAD_PATHS
 from kvctl.core.errors import KvctlError
 from kvctl.diagnose import saved
 from kvctl.loading import edit as loading
@@ -48,16 +49,21 @@ def unknown_key_checks(lmcache: dict[str, Any] | None, lmcache_path: str | None,
 def sync_load_path_check(kvt: dict[str, Any] | None, kvctl_connector: bool) -> list[Check]:
     """KvctlConnector told ``sync_load_path: step``: on a CUDA engine (Model Runner V2, vLLM 0.32's default there, or
     async scheduling) a sync load that comes up short ends the engine core (vllm#49250; the H100's layered fault run,
-    2026-12-05). ``auto`` takes the receive path there by itself. No line for the other values."""
+    2026-12-05). ``auto`` takes the receive path there by itself; a value the connector refuses at start fails.
+    No line where the key is not set."""
     extra = (kvt or {}).get("kv_connector_extra_config") or {}
     if not kvctl_connector or not isinstance(extra, dict) or "sync_load_path" not in extra:
         return []
     path, groups = extra.get("sync_load_path"), extra.get("layer_groups", 1)
-    if path != "step":  # a value the connector refuses fails its start with the key named
-        said = {"auto": "the receive path where vLLM cannot take a short sync load back (Model Runner V2, async "
-                        "scheduling), the step path elsewhere",
-                "receive": "every short sync load is settled before its request is scheduled"}.get(path, "")
-        return [Check("config", "sync_load_path", OK, f"sync_load_path {path}" + (f": {said}" if said else ""),
+    if not isinstance(path, str) or path not in SYNC_LOAD_PATHS:  # any JSON value: a list is no dict key
+        return [Check("config", "sync_load_path", FAIL, f"sync_load_path {path!r}: expected one of "
+                      f"{', '.join(SYNC_LOAD_PATHS)}: KvctlConnector refuses to start", "set it to auto",
+                      {"sync_load_path": path})]
+    if path != "step":
+        said = ("the receive path where vLLM cannot take a short sync load back (Model Runner V2, async scheduling), "
+                "the step path elsewhere" if path == "auto" else
+                "every short sync load is settled before its request is scheduled")
+        return [Check("config", "sync_load_path", OK, f"sync_load_path {path}: {said}",
                       evidence={"sync_load_path": path})]
     why = f" (layer_groups {groups}: the overlap needs it)" if isinstance(groups, int) and groups > 1 else ""
     return [Check("config", "sync_load_path", WARNING,

@@ -572,3 +572,6 @@ def test_a_sync_load_path_of_step_is_a_warning_with_the_fix(tmp_path):
     (auto,) = run({"sync_load_path": "auto"})
     assert auto["status"] == "ok" and "Model Runner V2" in auto["message"]
     assert run({}) == []
+    for bad in (["step"], "stepp", {"a": 1}):  # what the connector refuses at start: a failed line, never a crash
+        (line,) = run({"sync_load_path": bad})
+        assert line["status"] == "fail" and "expected one of auto, step, receive" in line["message"], line

@@ -84,6 +84,18 @@ def test_each_vllm_method_of_the_facade_is_one_forward_and_the_facade_stays_smal
     assert long == []
 
 
+def _vllm_config(extra: dict, *, pcp: int = 1, served=None, async_scheduling: bool = False, v2: bool = False):
+    """The parts of vLLM's config KvctlConnector reads, for one scheduler built outside an engine."""
+    return SimpleNamespace(
+        kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1, prefill_context_parallel_size=pcp,
+                                        pipeline_parallel_size=1),
+        cache_config=SimpleNamespace(block_size=2, cache_dtype="auto"),
+        model_config=SimpleNamespace(use_mla=True, served_model_name=served, model="/models/m"),
+        scheduler_config=SimpleNamespace(async_scheduling=async_scheduling), shutdown_timeout=30,
+        use_v2_model_runner=v2)
+
+
 def test_an_engine_builds_the_spec_from_vllms_config_as_without_engine_does_from_its_parts(valkey_server):
     """The path vLLM takes (``KvctlConnector(vllm_config, role, kv_cache_config)``) and the one tests and
     benchmarks take (``without_engine``) come to the same spec: the shard group, block size, served name, cache
@@ -94,13 +106,7 @@ def test_an_engine_builds_the_spec_from_vllms_config_as_without_engine_does_from
     extra = {"urls": [valkey_server.url, valkey_server.url], "chunk_tokens": 4, "timeout_s": 2.0}
     spec = SimpleNamespace(head_size=6, num_kv_heads=1, dtype=torch.float32)
     kv_cache_config = stand_in_config(["l0", "l1"], spec)
-    vllm_config = SimpleNamespace(
-        kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra),
-        parallel_config=SimpleNamespace(tensor_parallel_size=1, prefill_context_parallel_size=2,
-                                        pipeline_parallel_size=1),
-        cache_config=SimpleNamespace(block_size=2, cache_dtype="auto"),
-        model_config=SimpleNamespace(use_mla=True, served_model_name=["served", "other"], model="/models/m"),
-        scheduler_config=SimpleNamespace(async_scheduling=True), shutdown_timeout=30)
+    vllm_config = _vllm_config(extra, pcp=2, served=["served", "other"], async_scheduling=True)
     engine = KvctlConnector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)
     alone = KvctlConnector.without_engine(extra, world_size=2, layer_names=["l0", "l1"], spec=spec, block_size=2,
                                           use_mla=True, model_name="served", group_kind="pcp",
@@ -141,15 +147,8 @@ def test_model_runner_v2_sends_sync_loads_through_the_receive_path(valkey_server
 
     def engine(v2: bool, **extra):
         cfg = {"urls": [valkey_server.url], "chunk_tokens": 4, "timeout_s": 2.0, **extra}
-        vllm_config = SimpleNamespace(
-            kv_transfer_config=SimpleNamespace(kv_connector_extra_config=cfg),
-            parallel_config=SimpleNamespace(tensor_parallel_size=1, prefill_context_parallel_size=1,
-                                            pipeline_parallel_size=1),
-            cache_config=SimpleNamespace(block_size=2, cache_dtype="auto"),
-            model_config=SimpleNamespace(use_mla=True, served_model_name=None, model="/models/m"),
-            scheduler_config=SimpleNamespace(async_scheduling=False), shutdown_timeout=30, use_v2_model_runner=v2)
         lines.clear()
-        c = KvctlConnector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)
+        c = KvctlConnector(_vllm_config(cfg, v2=v2), KVConnectorRole.SCHEDULER, kv_cache_config)
         c.shutdown()
         return c.spec, c.scheduler.sync_via_receive, list(lines)
 

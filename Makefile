@@ -96,7 +96,7 @@ test-long: $(TEST_DEPS)
 # placement) again under vLLM 0.33.0's own Python (on the venv's torch, CPU platform): one code base for both
 # releases; tests/project/test_docs.py checks that CI runs it and that every such test file is in VLLM_FACING
 VLLM_FACING := tests/plugins tests/core/test_kvsize.py tests/loading/test_loading_vllm.py tests/tier/test_vllm_config.py \
-	tests/tier/test_vllm_samples.py
+	tests/tier/test_vllm_samples.py tests/benchmarks/test_connector_overhead.py
 test-vllm-033: $(TEST_DEPS) $(VLLM033)/.installed
 	$(LMC_ENV) PYTHONPATH=$(abspath $(VLLM033))/site VLLM_TARGET_DEVICE=cpu KVCTL_EXPECT_VLLM=0.33.0 $(PYTEST) $(VLLM_FACING) -m "not slow and not long" $(PYTEST_ARGS)
 

@@ -17,6 +17,8 @@
 #                                                  then KvctlConnector, the same prompts (LMC_MODES to pick), sync + async
 #   bash benchmarks/gpu_host.sh lmcache-ops [OUT_DIR]  issue 47: benchmarks/lmcache_ops.py, kvctl's ops commands against
 #                                                  a compiled LMCache engine (gpu_lmcache.sh install first)
+#   bash benchmarks/gpu_host.sh overhead [OUT_DIR] issue 46: benchmarks/connector_overhead.py, compiled: lone prompts on
+#                                                  engines with no connector, a no-op one and KvctlConnector (off, on)
 #   bash benchmarks/gpu_host.sh tests [OUT_DIR]    python -m pytest -m gpu tests/gpu (engine chains, faults, shutdown)
 #   bash benchmarks/gpu_host.sh paper [OUT_DIR]    benchmarks/paper_gpu.py (the paper's Table 2 here, issue 33), the steps
 #                                                  in PAPER_STEPS (default all; the host's 10-minute calls take a part
@@ -64,6 +66,10 @@ case "$what" in
         2>&1 | tee "$out/lmcache-$mode.txt"
     done
     ;;
+  overhead)
+    timeout "${BENCH_TIMEOUT_S:-560}" python3 benchmarks/connector_overhead.py --compiled --json "$out/overhead.json" \
+      ${BENCH_ARGS:-} 2>&1 | tee "$out/overhead.txt"
+    ;;
   lmcache-ops)
     # issue 47 item 2: kvctl's ops commands (doctor, replay/report, diagnose, exporter, loading async with the restart)
     # against one compiled LMCache engine on a local tier; every step's output in OUT_DIR/lmcache-ops
@@ -88,6 +94,8 @@ case "$what" in
       --only "${PAPER_STEPS:-calib,R1,R2,R3,R4,R5}" ${BENCH_ARGS:-} 2>&1 | tee -a "$out/paper_gpu.txt"
     # one archive: the device call brings back a bounded number of files
     (cd .gpu-work/paper && tar czf "$out/paper/runs.tar.gz" -- *.jsonl *.json *.txt *.yaml *.err 2>/dev/null)
+    # the engines' logs (where a start's minutes went: compile, CUDA graphs, the KV cache's profile)
+    (cd .gpu-work/paper && tar czf "$out/paper/engine-logs.tar.gz" -- *-engine/*.log 2>/dev/null)
     ;;
-  *) echo "usage: $0 bench|bench-glm5|layered|lmcache|lmcache-ops|tests|paper [OUT_DIR]" >&2; exit 2 ;;
+  *) echo "usage: $0 bench|bench-glm5|layered|lmcache|lmcache-ops|overhead|tests|paper [OUT_DIR]" >&2; exit 2 ;;
 esac

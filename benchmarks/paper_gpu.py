@@ -133,7 +133,9 @@ def parse_args(argv=None):
     ap.add_argument("--block-size", type=int, default=64)
     ap.add_argument("--compiled", action="store_true", help="vLLM's compiled mode with CUDA graphs (default: --enforce-eager)")
     ap.add_argument("--max-batched-tokens", type=int, default=None, help="vLLM's (default 16384; cpu 2048)")
-    ap.add_argument("--kv-cache-gb", type=float, default=40.0)
+    ap.add_argument("--kv-cache-gb", type=float, default=None,
+                    help="vLLM's KV cache, GiB (default: 40, at most 30 %% of the GPU's memory: 24 on an 80 GB H100, where "
+                         "40 left a 16k prefill out of memory beside the connector, 2026-12-05)")
     ap.add_argument("--tier-gb", type=float, default=None, help="maxmemory of each tier, all its instances together, GiB (default 60; cpu 0.5)")
     ap.add_argument("--start-timeout", type=float, default=420.0)
     ap.add_argument("--load-policy", choices=("on", "off"), default="on",
@@ -150,6 +152,8 @@ def parse_args(argv=None):
                               ("link_mbps", 600.0, 2.0), ("tier_gb", 60.0, 0.5)):
         if getattr(a, key) is None:
             setattr(a, key, cpu_v if cpu else gpu_v)
+    if a.kv_cache_gb is None:
+        a.kv_cache_gb = 40.0 if cpu else default_kv_cache_gb()
     a.calib_rate = a.calib_rate or a.rate / 5
     if a.calib_instances is None:
         a.calib_instances = 1 if cpu else a.instances
@@ -159,6 +163,19 @@ def parse_args(argv=None):
     if a.prompt_tokens % a.block_tokens or a.block_tokens % a.chunk_tokens or a.prompt_tokens // a.block_tokens < 2:
         ap.error("--prompt-tokens must be ≥ 2 blocks, a multiple of --block-tokens, itself a multiple of --chunk-tokens")
     return a
+
+
+def default_kv_cache_gb(total_bytes: int | None = None) -> float:
+    """40 GiB, at most 30 % of the GPU's memory (vLLM skips its memory profile when given the KV cache's size, so the
+    prefill's activations and the connector's buffers need that room: on an 80 GB H100, 29 GiB of weights and
+    40 GiB of KV cache left a 16k prefill out of memory, 2026-12-05)."""
+    if total_bytes is None:
+        import torch
+
+        if not torch.cuda.is_available():  # parsed where no GPU is (the analysis, the tests): the H200's figure
+            return 40.0
+        total_bytes = torch.cuda.get_device_properties(0).total_memory
+    return float(min(40, int(0.3 * total_bytes / 2**30)))
 
 
 # -- the trace ---------------------------------------------------------------------------------------
@@ -346,9 +363,12 @@ def run_step(lab: Lab, name: str) -> dict:
     if k:
         lab.flush(k)
     say(f"{name}: engine (K={k}, {loading or 'no tier'}) ...")
+    t_start = time.monotonic()
     srv = ApiServer.start(lab.model, work / f"{name}-engine", args=[*lab.server_args(), "--config", str(cfg)], env=lab.env,
                           name=name, timeout_s=a.start_timeout)
-    info: dict = {"run": name, "instances_per_rank": k, "loading": loading, "engine_start_s": None}
+    info: dict = {"run": name, "instances_per_rank": k, "loading": loading,
+                  "engine_start_s": round(time.monotonic() - t_start, 1), "server_args": lab.server_args()}
+    say(f"{name}: engine ready in {info['engine_start_s']} s")
     diagnose: subprocess.Popen | None = None
     exporter: ExporterScraper | None = None
     try:

@@ -225,7 +225,9 @@ class KVDataPath:
         if self.layout.mla:
             mine = [c for c in range(first, n_full) if c % W == r]
             if mine:
-                slots = torch.cat([slots_for(block_ids, self.block_size, c * ct, (c + 1) * ct) for c in mine])
+                # every full chunk's slots at once, then this rank's rows (one per chunk): O(tokens), where a
+                # slots_for per chunk converted the whole block list again for each
+                slots = slots_for(block_ids, self.block_size, 0, n_full * ct).view(n_full, ct)[mine].reshape(-1)
                 allkv = self.layout.extract(slots)  # (layers, len(mine) * ct, row): one gather per layer
                 for c, chunk in zip(mine, self.layout.chunks_of(allkv, ct)):
                     chunks[c] = chunk

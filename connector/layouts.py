@@ -50,9 +50,22 @@ from .settings import ConnectorConfigError
 
 __all__ = ["BACKENDS", "GQALayout", "KVLayout", "KVLayoutError", "LAYOUTS", "MLALayout", "chunk_fmt", "dtype_tag",
            "spec_text", "stacked_layers", "widest_word",
-           "layout_for", "slots_for"]
+           "layout_for", "slots_for", "slots_on"]
 
 LAYOUTS = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")  # vllm/v1/kv_cache_layout.py
+
+
+def slots_on(slots, device: torch.device) -> torch.Tensor:
+    """``slots`` as a long tensor on ``device``, without holding the host.
+
+    A blocking copy to CUDA (and any from pageable host memory) waits for everything queued on the stream before it:
+    in the connector's save (vLLM's ``wait_for_save``, right after the step's forward is queued) it held the engine's
+    thread until that forward had run, so async scheduling's next step was prepared only after it. From page-locked
+    memory the copy is queued like any kernel (PyTorch's host allocator keeps the buffer until it has run)."""
+    s = torch.as_tensor(slots, dtype=torch.long)
+    if s.device.type == "cpu" and torch.device(device).type == "cuda":
+        return s.pin_memory().to(device, non_blocking=True)
+    return s.to(device)
 
 
 @dataclass(frozen=True)
@@ -243,7 +256,7 @@ class KVLayout:
 
     # -- addressing --------------------------------------------------------------
     def _index(self, slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        s = torch.as_tensor(slots).to(device=self.device, dtype=torch.long)
+        s = slots_on(slots, self.device)
         n_tok = self.kernel_block_size
         b, n = s // n_tok, s % n_tok
         if self.mla or self._kv == "split":

@@ -33,6 +33,7 @@ LOOKUP_SECONDS = "kvctl:lookup_seconds"
 CHUNKS_STORED = "kvctl:chunks_stored"
 SAVE_ERRORS = "kvctl:save_errors"
 SAVES_ABANDONED = "kvctl:saves_abandoned"
+SAVES_DROPPED = "kvctl:saves_dropped"
 # the load-or-recompute decision (connector/policy.py, docs/connector.md "Load or recompute") and what calibrates it
 LOAD_DECISIONS = "kvctl:load_decisions"
 RANK_GET_BYTES = "kvctl:rank_get_bytes"
@@ -68,6 +69,8 @@ COUNTERS = {
     CHUNKS_STORED: "Chunks written to the tier (SET), summed over ranks.",
     SAVE_ERRORS: "Saves that failed (the tier erred or timed out); their chunks are future misses.",
     SAVES_ABANDONED: "Saves still queued or running when a worker shut down and its save_drain_s ran out.",
+    SAVES_DROPPED: "Saves not queued: the saves waiting for the tier already held save_queue_bytes of extracted chunks "
+                   "(a tier slower than the engine's saves); their chunks are future misses.",
     LOAD_DECISIONS: "Hits the load-or-recompute decision judged, by decision (load, partial, recompute; given_up: an async "
                     "load stopped at its deadline, counted again on rank 0) and reason (docs/connector.md).",
     RANK_GET_BYTES: "Bytes one rank read from its instances (GET), per rank: its bandwidth for the decision.",

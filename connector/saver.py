@@ -5,6 +5,11 @@ here, one save at a time, in order. :meth:`Saver.drain` (the worker's
 shutdown) stops taking new saves, waits up to ``drain_s`` for the queued and
 running ones, and abandons what is left: it returns how many were written
 meanwhile and how many were abandoned, so the worker can log and count them.
+With ``max_bytes``, the saves queued and running hold at most that many bytes
+(each submit names its size): a save that would pass it is refused at once
+(``submit`` answers "full"), never waited for, so a tier slower than the
+engine's saves costs misses, not the engine's memory or its step. One save
+is always taken when none is pending, however large.
 The thread is a daemon: an abandoned save still running (a tier that stopped
 answering: each of its calls is bounded by the client's timeout) never holds
 the process's exit.
@@ -34,8 +39,10 @@ class DrainResult:
 class Saver:
     """Runs ``fn(item)`` for each submitted item on one daemon thread, in order."""
 
-    def __init__(self, fn: Callable[[Any], None], name: str = "kvctl-save") -> None:
+    def __init__(self, fn: Callable[[Any], None], name: str = "kvctl-save", max_bytes: int | None = None) -> None:
         self._fn = fn
+        self._max_bytes = max_bytes
+        self._bytes = 0  # of the saves queued and running
         self._q: deque = deque()
         self._cond = threading.Condition()
         self._busy = False
@@ -44,14 +51,25 @@ class Saver:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, item: Any) -> bool:
-        """Queue ``item``; False once the saver is draining or drained (the item is not saved)."""
+    def submit(self, item: Any, nbytes: int = 0) -> str:
+        """Queue ``item`` of ``nbytes``: "queued"; "closed" once the saver is draining or drained, "full" when
+        the pending saves' bytes and this one's would pass ``max_bytes`` (in both, the item is not saved)."""
         with self._cond:
             if self._closed:
-                return False
-            self._q.append(item)
+                return "closed"
+            pending = self._q or self._busy
+            if self._max_bytes is not None and pending and self._bytes + nbytes > self._max_bytes:
+                return "full"
+            self._bytes += nbytes
+            self._q.append((item, nbytes))
             self._cond.notify_all()
-            return True
+            return "queued"
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of the saves queued or running."""
+        with self._cond:
+            return self._bytes
 
     @property
     def pending(self) -> int:
@@ -77,15 +95,17 @@ class Saver:
                     self._cond.wait()
                 if not self._q:
                     return
-                item = self._q.popleft()
+                item, nbytes = self._q.popleft()
                 self._busy = True
             try:
                 self._fn(item)
             except BaseException:  # noqa: BLE001 - a failed save is a future miss, never the end of the saver
                 log.exception("kvctl: save failed")
             finally:
+                del item  # its chunks go back to the allocator before the bytes are counted free
                 with self._cond:
                     self._busy = False
+                    self._bytes -= nbytes
                     self._done += 1
                     self._cond.notify_all()
 
@@ -100,6 +120,7 @@ class Saver:
             while (self._q or self._busy) and time.monotonic() < deadline:
                 self._cond.wait(max(0.0, deadline - time.monotonic()))
             abandoned = len(self._q) + (1 if self._busy else 0)
+            self._bytes -= sum(n for _, n in self._q)
             self._q.clear()  # the thread exits after the running one (if any)
             self._cond.notify_all()
             return DrainResult(self._done - done_before, abandoned, time.monotonic() - t0)

@@ -41,6 +41,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "instances_per_rank": (1, MAX_INSTANCES_PER_RANK),
     "connections_per_instance": (1, 16),
     "save_drain_s": (0.0, 3600.0),
+    "save_queue_bytes": (1, 1 << 44),
     "layer_groups": (1, 64),
     "layered_switch_ms": (0.01, 100.0),
     "load_policy.prefill_tokens_per_s": (1e-3, 1e9),
@@ -57,6 +58,11 @@ DEFAULT_CONNECTIONS = 2
 #: how long a worker's shutdown waits for saves still queued or running before it abandons them; inside
 #: a vLLM ``--shutdown-timeout 5`` (vLLM's default 0 kills the workers at once on SIGTERM: docs/gpu.md)
 DEFAULT_SAVE_DRAIN_S = 4.0
+#: the most bytes of extracted chunks a worker's saves may hold while they wait for the tier (queued and running;
+#: on CUDA they are GPU memory that vLLM's KV-cache sizing does not know of). A save that would pass it is dropped
+#: and counted (kvctl:saves_dropped): its chunks are future misses, where an unbounded queue behind a slow tier
+#: ends the engine in a CUDA out-of-memory. One save is always taken when none waits, however large.
+DEFAULT_SAVE_QUEUE_BYTES = 2 * 2**30
 #: how a sync load reaches vLLM: "step" -- in the step that computes the request's tail (vLLM's sync path; a
 #: short load is re-scheduled from the failed blocks); "receive" -- the request waits one step in vLLM's
 #: remote-KV state while the worker loads it in that step, blocking it as a sync load does, and a short load is
@@ -109,6 +115,7 @@ class ConnectorSettings:
     pinned_pool_bytes: int = DEFAULT_PINNED_POOL_BYTES
     connections_per_instance: int = DEFAULT_CONNECTIONS
     save_drain_s: float = DEFAULT_SAVE_DRAIN_S
+    save_queue_bytes: int = DEFAULT_SAVE_QUEUE_BYTES
     #: how vLLM is told about a sync load (:data:`SYNC_LOAD_PATHS`)
     sync_load_path: str = "auto"
     #: values per chunk, one per group of layers (:data:`DEFAULT_LAYER_GROUPS`)
@@ -265,6 +272,7 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
         pinned_pool_bytes=pinned,
         connections_per_instance=_number(cfg, "connections_per_instance", DEFAULT_CONNECTIONS, integer=True),
         save_drain_s=float(_number(cfg, "save_drain_s", DEFAULT_SAVE_DRAIN_S)),
+        save_queue_bytes=_number(cfg, "save_queue_bytes", DEFAULT_SAVE_QUEUE_BYTES, integer=True),
         sync_load_path=sync_path,
         layer_groups=_number(cfg, "layer_groups", DEFAULT_LAYER_GROUPS, integer=True),
         layered_switch_ms=_number(cfg, "layered_switch_ms", None),

@@ -55,7 +55,7 @@ from typing import Any, NamedTuple, Sequence
 
 import torch
 
-from .layouts import LAYOUTS, KVLayout, KVLayoutError, dtype_tag, spec_text, stacked_layers, widest_word
+from .layouts import LAYOUTS, KVLayout, KVLayoutError, dtype_tag, slots_on, spec_text, stacked_layers, widest_word
 from .ownership import ChunkParts
 
 __all__ = ["INDEXER_BACKENDS", "INDEXER_PART", "LATENT_PART", "SPARSE_BACKENDS", "IndexerLayout", "SparseGroup",
@@ -291,7 +291,7 @@ class IndexerLayout:
         return (self.num_layers, tokens, self.row)
 
     def _index(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        s = torch.as_tensor(slots).to(device=self.device, dtype=torch.long)
+        s = slots_on(slots, self.device)
         return s // self.kernel_block_size, s % self.kernel_block_size
 
     def extract(self, slots: torch.Tensor) -> torch.Tensor:

@@ -78,7 +78,9 @@ class WorkerSide:
         self._async_pending = 0  # async loads queued or running
         self._lock = threading.Lock()
         self._load_done = threading.Condition(self._lock)
-        self.saver = Saver(self._store_chunks, name="kvctl-save")
+        # bounded: extracted chunks are device memory on CUDA, outside vLLM's KV-cache sizing (save_queue_bytes)
+        self.saver = Saver(self._store_chunks, name="kvctl-save", max_bytes=spec.settings.save_queue_bytes)
+        self._drop_logged = False
         self._insert_events: list = []  # (start, end, req) of queued inserts, timed once they ran (trace only)
         self._pending_reported = False
         self._async_q: queue.SimpleQueue | None = None
@@ -415,8 +417,19 @@ class WorkerSide:
             self.trace.event("save_queued", req=spec.req_id, chunks=n_full,
                              **chunk0_tags(spec.token_ids, ct, self.spec.model_name, self.spec.fmt, spec.key_extra,
                                            self.spec.parts))
-        if batch is not None and not self.saver.submit(batch):
+        if batch is None:
+            return
+        queued = self.saver.submit(batch, sum(t.nbytes for t in batch.chunks if t is not None))
+        if queued == "closed":
             self.stats.add(M.SAVES_ABANDONED, 1)  # shutting down: no more saves
+        elif queued == "full":  # the tier is behind the engine's saves: a future miss, never the engine's memory
+            self.stats.add(M.SAVES_DROPPED, 1)
+            if not self._drop_logged:
+                self._drop_logged = True
+                logger.warning("KvctlConnector rank %d: a save dropped: the saves waiting for the tier hold %d bytes "
+                               "(save_queue_bytes %d); the tier is slower than this engine's saves "
+                               "(kvctl:saves_dropped counts them; logged once)", self.rank, self.saver.pending_bytes,
+                               self.spec.settings.save_queue_bytes)
 
     def _store_chunks(self, batch) -> None:
         t0 = time.perf_counter()

@@ -157,6 +157,31 @@ def test_the_h200_runs_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
     assert out["plan"]["E"][1]["instances"] == 0 and out["plan"]["agrees_for_E1"]["agrees"] is True
 
 
+def test_the_h100_runs_with_the_decision_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
+    """--analyse over the H100's R1-R3 of 2026-12-05 (compiled, the load-or-recompute decision on, 24 GiB of KV cache;
+    R1 again with 40 GiB): the README's percentiles, R2/R3 p99 against R1's, and what diagnose said live in R2."""
+    import shutil
+
+    work = tmp_path / "w"
+    shutil.copytree(ROOT / "benchmarks" / "results" / "paper_gpu-h100-2026-12-05", work)
+    out = paper.analyse(paper.parse_args(["--workdir", str(work), "--analyse"]))
+    rep = out["report"]
+    assert sorted(rep) == ["R1", "R2", "R3"]
+    assert {r: (round(rep[r]["p50_s"], 3), round(rep[r]["p99_s"], 3)) for r in rep} == {
+        "R1": (0.36, 1.03), "R2": (0.607, 1.598), "R3": (0.53, 1.342)}
+    assert (round(rep["R2"]["p99_s"] / rep["R1"]["p99_s"], 2), round(rep["R3"]["p99_s"] / rep["R1"]["p99_s"], 2)) == (1.55, 1.3)
+    assert [json.loads((work / f"{r}.info.json").read_text())["engine_start_s"] for r in ("R1", "R2", "R3")] == [83.1, 73.1, 76.1]
+    d = out["diagnose"]["R2"]
+    assert d["exit"] == 3 and d["rho"] < 0.05  # the decision recomputed the hits: no queue, B below break-even
+    diag = json.loads((work / "R2.diagnose.json").read_text())
+    assert diag["load_decisions"] == {"load": {"probe": 1.0}, "recompute": {"below_breakeven": 65.0}}
+
+
+@pytest.mark.parametrize("total_gib, gb", [(80, 24.0), (141, 40.0), (40, 12.0)])
+def test_the_kv_cache_default_leaves_room_on_smaller_gpus(paper, total_gib, gb):
+    assert paper.default_kv_cache_gb(int(total_gib * 2**30)) == gb
+
+
 # -- a hostile work directory (issue 44, defect 6): every file --analyse reads is bounded and typed ----------------------
 REHEARSAL = ROOT / "benchmarks" / "results" / "paper_gpu-cpu-rehearsal-2026-12-01"
 

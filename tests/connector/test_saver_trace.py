@@ -16,10 +16,10 @@ def test_saves_run_in_order_and_a_drain_waits_for_them():
     done = []
     s = Saver(lambda item: (time.sleep(0.01), done.append(item)))
     for i in range(5):
-        assert s.submit(i)
+        assert s.submit(i) == "queued"
     res = s.drain(5.0)
     assert done == [0, 1, 2, 3, 4] and res.written == 5 and res.abandoned == 0
-    assert not s.submit(9)  # drained: no more saves
+    assert s.submit(9) == "closed"  # drained: no more saves
 
 
 def test_a_stuck_save_is_abandoned_after_the_bound_with_the_queue_behind_it():
@@ -33,6 +33,27 @@ def test_a_stuck_save_is_abandoned_after_the_bound_with_the_queue_behind_it():
     assert 0.25 < time.monotonic() - t0 < 2.0
     assert res.abandoned == 4 and res.written == 0  # 1 running + 3 queued
     release.set()
+
+
+def test_the_pending_saves_bytes_are_bounded_and_a_save_past_the_bound_is_refused_at_once():
+    """A tier slower than the saves: what waits is bounded in bytes, the refusal is immediate (the engine's step
+    never waits), a save is always taken when none is pending, and the bytes come free as saves finish."""
+    release = threading.Event()
+    ran = []
+    s = Saver(lambda item: (release.wait(10), ran.append(item)), max_bytes=100)
+    assert s.submit("big", 500) == "queued"  # nothing pending: taken, however large
+    t0 = time.monotonic()
+    assert s.submit("a", 1) == "full"  # 500 pending already pass the bound
+    assert time.monotonic() - t0 < 0.05
+    release.set()
+    assert s.wait_idle(5.0) and s.pending_bytes == 0 and ran == ["big"]
+    release.clear()
+    assert [s.submit(x, 40) for x in "bcd"] == ["queued", "queued", "full"]  # 40 + 40 + 40 > 100
+    assert s.pending_bytes == 80
+    release.set()
+    assert s.wait_idle(5.0) and ran == ["big", "b", "c"] and s.pending_bytes == 0
+    assert s.submit("e", 100) == "queued"
+    assert s.drain(5.0).abandoned == 0 and s.pending_bytes == 0
 
 
 def test_a_failing_save_does_not_stop_the_saver():

@@ -154,3 +154,28 @@ def test_sparse_mla_extract_insert_and_chunks_on_cuda(cuda, layout, fp8, bs, kbs
     assert torch.equal(got_lat, want_lat[:, :n]) and torch.equal(got_idx, want_idx[:, :n])
     written = raw != 0
     assert torch.equal(raw[written], snapshot[written])
+
+
+@pytest.mark.parametrize("spec_name,backend", [("mla", "FLASHMLA"), ("gqa", "FLASH_ATTN")])
+def test_extract_and_insert_queue_their_work_without_holding_the_host(cuda, spec_name, backend):
+    """The save's extract runs in vLLM's wait_for_save, right after the step's forward is queued: a copy of the slots
+    from pageable memory there held the engine's thread until that forward had run. Under CUDA's sync debug mode
+    "error" any synchronizing call raises; a sleep kernel queued first shows the host did not wait for it."""
+    spec = SPECS[spec_name]
+    layout = "LBHNC" if spec_name == "mla" else "LBNHC"
+    raw, caches = caches_for(spec, layout, cuda)
+    fill(caches, backend, spec.head_size)
+    lay = layout_for(caches, spec, layout, backend)
+    want = lay.extract(SLOTS)  # the first call pins its host buffer; the steady state is what the engine sees
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time queued ahead, as a step's forward is
+        got = lay.extract(SLOTS)
+        lay.insert(SLOTS, got)
+        queued = torch.cuda.current_stream().query()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert not queued  # the host came back while the sleep still ran
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)

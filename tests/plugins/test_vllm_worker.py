@@ -252,6 +252,54 @@ def drain_worker(rank, world, url, pid):
     return {"took": took, "logs": records, "abandoned": (stats.data if stats else {}).get("kvctl:saves_abandoned")}
 
 
+def save_queue_worker(rank, world, url, pid):
+    """Saves behind a stopped instance with save_queue_bytes of one prompt: the first is taken, the next two are
+    dropped at once (counted, logged once); once the tier answers, the first prompt's chunks are in it."""
+    import logging
+    import os
+    import signal
+    import time
+
+    from kvctl.plugins.vllm import SaveSpec
+
+    records = []
+
+    class Grab(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logging.getLogger("vllm").addHandler(Grab())
+    one_prompt = 2 * 16 * ROW * 4  # both layers of a 16-token prompt's rows, float32: MLA's extracted bytes
+    conn, caches = make_worker(rank, world, [url], "tp", mla=True, save_queue_bytes=one_prompt, timeout_s=5.0)
+    blocks = [15, 3, 8, 1, 12, 6, 9, 0, 4]
+    fill(conn, blocks, rank)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        for i in range(3):
+            conn.worker.save(SaveSpec(f"r{i}", list(range(100 * i, 100 * i + 16)), blocks[:8]))
+        took = time.monotonic() - t0
+        pending = conn.worker.saver.pending_bytes
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    idle = conn.worker.saver.wait_idle(10.0)
+    stats = conn.stats.take()
+    conn.shutdown()
+    data = stats.data if stats else {}
+    return {"took": took, "pending": pending, "one_prompt": one_prompt, "idle": idle, "logs": records,
+            "dropped": data.get("kvctl:saves_dropped"), "stored_chunks": data.get("kvctl:chunks_stored")}
+
+
+def test_saves_past_save_queue_bytes_are_dropped_at_once_and_counted(valkey_factory, rank_pool):
+    server = valkey_factory()
+    (res,) = rank_pool(1).run(save_queue_worker, (server.url, server.pid), timeout_s=60)
+    assert res["took"] < 1.0, res  # the engine's step never waits for the stopped tier
+    assert res["pending"] == res["one_prompt"], res
+    assert res["dropped"] == 2 and res["idle"], res
+    assert res["stored_chunks"] == 16 // CT, res  # the one prompt taken reached the tier
+    assert sum("a save dropped" in m for m in res["logs"]) == 1, res["logs"]
+
+
 def test_shutdown_abandons_pending_saves_within_its_bound_and_says_how_many(valkey_factory, rank_pool):
     server = valkey_factory()
     (res,) = rank_pool(1).run(drain_worker, (server.url, server.pid), timeout_s=60)

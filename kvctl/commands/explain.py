@@ -27,7 +27,7 @@ def explain_cmd(trace: str, request_id: str | None, as_json: bool) -> None:
     load-or-recompute decision and its reason, predicted against actual times,
     where the time went (lookup, queued, GETs, copy, exchange, insert, step),
     and the answer: loaded, partly in the tier, policy, deadline, load came up
-    short, instance down, evicted, save lost at shutdown, save failed, save not
+    short, instance down, evicted, save lost at shutdown, save dropped, save failed, save not
     written yet, key format or salt mismatch, never saved, prompt shorter than
     a chunk, not looked up.
     """

@@ -6,7 +6,7 @@ chunk: ``key0`` its key, ``tok0`` its tokens alone), its load-or-recompute ``dec
 loaded, decision and reason, predicted and measured figures), ``scheduled_load`` and ``prefill_done``; the
 workers' ``load`` (per rank: chunks planned, agreed and written, where the time went, given up at its
 deadline or not), ``step`` (the forward's time), ``save_queued``/``save`` (with the chunk-0 tags) and
-``shutdown`` (saves abandoned).
+``save_dropped`` (a save refused at ``save_queue_bytes``) and ``shutdown`` (saves abandoned).
 
 A request's story is read from those records alone. What they can tell about a miss:
 
@@ -18,6 +18,8 @@ A request's story is read from those records alone. What they can tell about a m
   instance that erred during the load);
 * ``evicted`` -- an earlier request's save of the same first chunk was written, and the lookup did not find it;
 * ``save lost at shutdown`` -- it was queued, never written, and the engine's shutdown abandoned saves;
+* ``save dropped`` -- its save was refused: the saves waiting for the tier already held ``save_queue_bytes``
+  (the tier is slower than the engine's saves);
 * ``save failed`` -- its write erred; ``save not written yet`` -- still queued when looked up;
 * ``key format or salt mismatch`` -- the same tokens were saved under another key (another cache_salt,
   LoRA adapter, model name, KV format or layer grouping);
@@ -41,11 +43,12 @@ __all__ = ["CAUSES", "Explanation", "RequestStory", "explain"]
 LOADED, PARTLY = "loaded", "partly in the tier"
 INSTANCE_DOWN, POLICY, DEADLINE, LOAD_SHORT = "instance down", "policy", "deadline", "load came up short"
 EVICTED, SAVE_LOST, SAVE_FAILED, SAVE_PENDING = "evicted", "save lost at shutdown", "save failed", "save not written yet"
+SAVE_DROPPED = "save dropped"
 KEY_MISMATCH, NEVER_SAVED = "key format or salt mismatch", "never saved"
 SHORT_PROMPT, NOT_LOOKED_UP = "prompt shorter than a chunk", "not looked up"
 #: every answer, in the order the summary lists them
-CAUSES = (LOADED, PARTLY, POLICY, DEADLINE, LOAD_SHORT, INSTANCE_DOWN, EVICTED, SAVE_LOST, SAVE_FAILED, SAVE_PENDING,
-          KEY_MISMATCH, NEVER_SAVED, SHORT_PROMPT, NOT_LOOKED_UP)
+CAUSES = (LOADED, PARTLY, POLICY, DEADLINE, LOAD_SHORT, INSTANCE_DOWN, EVICTED, SAVE_LOST, SAVE_DROPPED, SAVE_FAILED,
+          SAVE_PENDING, KEY_MISMATCH, NEVER_SAVED, SHORT_PROMPT, NOT_LOOKED_UP)
 _PHASE_TEXT = {"lookup_s": "the lookup", "queued_s": "the queue of loads ahead", "get_s": "GETs",
                "copy_tail_s": "copies after the last GET", "exchange_s": "the exchange between ranks",
                "insert_s": "the insert into the cache"}
@@ -118,6 +121,7 @@ class _Index:
     def __init__(self, events: list[dict]) -> None:
         self.by_req: dict[str, list[dict]] = {}
         self.saves_queued: list[dict] = []
+        self.saves_dropped: list[dict] = []
         self.saves: list[dict] = []
         self.shutdowns: list[dict] = []
         self.steps: list[dict] = []
@@ -128,6 +132,8 @@ class _Index:
             kind = e["ev"]
             if kind == "save_queued":
                 self.saves_queued.append(e)
+            elif kind == "save_dropped":
+                self.saves_dropped.append(e)
             elif kind == "save" and e.get("key0"):
                 self.saves.append(e)
             elif kind == "shutdown":
@@ -143,6 +149,11 @@ class _Index:
         queued = [s for s in self.saves_queued if s.get("key0") == key0 and s["t"] < t]
         if queued:
             q = queued[-1]
+            dropped = [d for d in self.saves_dropped if d.get("req") == q.get("req") and q["t"] <= d["t"] < t]
+            if dropped:
+                return SAVE_DROPPED, (f"request {q.get('req')}'s save was dropped: the saves waiting for the tier held "
+                                      f"{_int(dropped[-1], 'pending_bytes')} bytes (save_queue_bytes; the tier is slower "
+                                      "than the engine's saves, kvctl:saves_dropped_total)")
             done = [s for s in self.saves if s.get("key0") == key0 and q["t"] <= s["t"] < t]
             if any(not s.get("error") for s in done):
                 return EVICTED, (f"request {q.get('req')} saved its first chunk {t - q['t']:.3g} s before this lookup, "

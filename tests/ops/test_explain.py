@@ -81,6 +81,8 @@ def trace(tmp_path):
         save_queued("failing", key0="k-e", tok0="t-e"), save(key0="k-e", tok0="t-e", error="OOM command not allowed"),
         lookup("after-fail", key0="k-e", tok0="t-e"),
         save_queued("busy", key0="k-f", tok0="t-f"), lookup("too-soon", key0="k-f", tok0="t-f"),
+        save_queued("refused", key0="k-g", tok0="t-g"), ("save_dropped", dict(req="refused", pending_bytes=2048)),
+        lookup("after-drop", key0="k-g", tok0="t-g"),
         ("scheduled_load", dict(req="ghost", chunks=1, asynchronous=False, step=9, budget_s=None)),
     )
 
@@ -94,6 +96,7 @@ def test_each_request_gets_the_answer_its_records_give(trace):
         "salted": X.KEY_MISMATCH, "new": X.NEVER_SAVED, "tiny": X.SHORT_PROMPT, "doomed": X.NOT_LOOKED_UP,
         "after-restart": X.SAVE_LOST, "failing": X.NOT_LOOKED_UP, "after-fail": X.SAVE_FAILED,
         "busy": X.NOT_LOOKED_UP, "too-soon": X.SAVE_PENDING, "ghost": X.NOT_LOOKED_UP,
+        "refused": X.NOT_LOOKED_UP, "after-drop": X.SAVE_DROPPED,
     }
     by = {s.req: s for s in ex.requests}
     assert "bandwidth is below break-even" in by["vetoed"].detail and "queue" in by["queued"].detail
@@ -102,6 +105,7 @@ def test_each_request_gets_the_answer_its_records_give(trace):
     assert by["slow"].slow and "slow: 0.05 s against 0.01 s predicted, most of it in GETs" in by["slow"].detail
     assert not by["hit"].slow and by["hit"].phases["step_s"] == 0.02 and by["hit"].phases["lookup_s"] == 0.002
     assert "OOM" in by["after-fail"].detail and "abandoned 1 save" in by["after-restart"].detail
+    assert "held 2048 bytes (save_queue_bytes" in by["after-drop"].detail
     assert sum(ex.causes.values()) == len(ex.requests) and list(ex.causes) == list(X.CAUSES)
 
 

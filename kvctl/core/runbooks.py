@@ -29,7 +29,7 @@ DIAGNOSE_FINDINGS = (
     "rho_high", "rho_unstable", "bandwidth_below_breakeven", "bandwidth_implausible", "prompt_below_min_hit",
     "queue_growing_gpu_idle", "queue_growing", "hot_instance", "evictions_under_load", "timeouts_rising",
     "l2_no_hits", "prefill_rate_implausible", "engine_restarted", "load_failures", "instance_saturated",
-    "metrics_too_large", "hits_recomputed",
+    "metrics_too_large", "hits_recomputed", "saves_dropped",
 )
 #: finding ids of kvctl diagnose stalls (kvctl/diagnose/stalls.py)
 STALL_FINDINGS = ("lost-completion", "missing-key-get", "lockstep-stall", "server-not-answering", "collective-wait")

@@ -269,7 +269,7 @@ def _rule_inputs(
         slow_lookups=M.count_above(D.buckets(N.LMCACHE_TIME_TO_LOOKUP), params.slow_lookup_s),
         lookups_timed=bool(D.buckets(N.LMCACHE_TIME_TO_LOOKUP)),
         kvctl_timeouts=D.total(N.LOOKUP_TIMEOUTS), kvctl_load_errors=D.total(N.LOAD_ERRORS),
-        kvctl_shortfall=D.total(N.AGREED_PREFIX_SHORTFALL_CHUNKS),
+        kvctl_shortfall=D.total(N.AGREED_PREFIX_SHORTFALL_CHUNKS), kvctl_saves_dropped=D.total(N.SAVES_DROPPED),
         chunks_hit=D.total(N.CHUNKS_HIT), chunks_missed=D.total(N.CHUNKS_MISSED),
         ext_queries=D.total(N.VLLM_EXTERNAL_PREFIX_CACHE_QUERIES), ext_hits=D.total(N.VLLM_EXTERNAL_PREFIX_CACHE_HITS),
         lm_requested=D.total(N.LMCACHE_NUM_REQUESTED_TOKENS), lm_hits=D.total(N.LMCACHE_NUM_HIT_TOKENS),

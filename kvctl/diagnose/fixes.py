@@ -67,6 +67,9 @@ STATIC = {
     "engine_restarted": "its rates count only from the restart; run the diagnosis again over a window without a restart",
     "load_failures": "failed or disagreeing ranks shorten the agreed prefix and turn hits into recompute: check the "
                      "tier with `kvctl deploy-valkey status` and every rank's remote URL",
+    "saves_dropped": "measure what the tier takes (`kvctl bench`) against the engines' save rate; add instances per rank "
+                     "(`kvctl deploy-valkey up --instances-per-rank`), or raise the connector's save_queue_bytes where the "
+                     "GPU has the memory",
 }
 
 

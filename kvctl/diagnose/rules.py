@@ -25,6 +25,7 @@ def findings_for(o: dict[str, Any], p: Params) -> list[Finding]:
     _shared_instances(o, p, out)
     _metrics_too_large(o, out)
     _hits_recomputed(o, p, out)
+    _saves_dropped(o, out)
     bw = o["bw"]
     if bw is not None and o["b_star"] is not None and bw < o["b_star"]:
         out.append(
@@ -278,6 +279,23 @@ def _tier_health(o: dict[str, Any], p: Params, out: list[Finding]) -> None:
             )
         )
 
+
+
+def _saves_dropped(o: dict[str, Any], out: list[Finding]) -> None:
+    """The kvctl connector refused saves: the ones waiting for the tier already held save_queue_bytes (their
+    extracted chunks are GPU memory on CUDA), so the tier takes writes slower than the engines make them."""
+    dropped = o.get("kvctl_saves_dropped") or 0
+    if dropped > 0:
+        out.append(
+            Finding(
+                "saves_dropped",
+                "warning",
+                f"{dropped:g} save(s) dropped in the window (kvctl connector): the saves waiting for the tier held "
+                "save_queue_bytes, so the tier takes writes slower than the engines make them; those prompts will miss",
+                fix_line("saves_dropped", o),
+                {"saves_dropped": dropped},
+            )
+        )
 
 
 def _shared_instances(o: dict[str, Any], p: Params, out: list[Finding]) -> None:

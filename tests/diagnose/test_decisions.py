@@ -120,3 +120,20 @@ def test_the_exporter_exports_the_decisions():
     assert one(values, "kvctl_load_decisions_per_second", decision="load", reason="wins") * w == pytest.approx(10)
     assert one(values, "kvctl_hits_recomputed_ratio") == pytest.approx(7 / 20)
     assert one(values, "kvctl_finding", id="hits_recomputed", severity="warning") == 1
+
+
+def test_saves_dropped_when_the_connector_refuses_saves_behind_a_slow_tier():
+    """kvctl:saves_dropped_total rising in the window is a warning with its runbook; flat, no finding."""
+    before = BASE.advance(extra={"kvctl:saves_dropped_total": 2})
+    after = before.advance(requests=20, prompt_lengths=[16000] * 20, kvctl_get_bytes=4e7, kvctl_get_s=0.1,
+                           extra={"kvctl:saves_dropped_total": 7})
+    d = analyse(cap_of(before, after), P)
+    f = next(f for f in d.findings if f.id == "saves_dropped")
+    assert f.severity == "warning" and f.evidence == {"saves_dropped": 5}
+    assert f.message.startswith("5 save(s) dropped in the window") and "save_queue_bytes" in f.message
+    assert "kvctl bench" in f.recommendation
+    page = CliRunner().invoke(cli, ["runbook", "saves_dropped"])
+    assert page.exit_code == 0 and "save_queue_bytes" in page.output and f.recommendation.split(";")[0].replace("`", "") in " ".join(
+        page.output.replace(">", " ").split())
+    flat = before.advance(requests=20, prompt_lengths=[16000] * 20, kvctl_get_bytes=4e7, kvctl_get_s=0.1)
+    assert "saves_dropped" not in ids(analyse(cap_of(before, flat), P))

@@ -38,10 +38,10 @@ from kvctl.core.errors import InvalidInput, KvctlError
 from kvctl.tier import sizing, spec
 from kvctl.tier.server import (
     ValkeyProcess,
+    candidate_base_port,
     check_bind_address,
     find_valkey_server,
     format_version,
-    free_port,
     port_in_use,
     server_version,
     start_valkey,
@@ -111,11 +111,12 @@ PICK_PORT_TRIES = 100
 
 def pick_base_port(n: int, host: str = "127.0.0.1", preferred: int | None = BASE_PORT, tries: int = PICK_PORT_TRIES) -> int:
     """A base port whose ``n`` consecutive ports are free on ``host`` now: ``preferred`` (17400) when its run is free,
-    else one the kernel offers (a bounded search). A shared host's other tiers keep theirs; nothing is reserved, so
-    :func:`up` checks the run again before it starts anything."""
+    else a free run below the kernel's ephemeral range (:func:`~kvctl.tier.server.candidate_base_port`; a bounded
+    search). A shared host's other tiers keep theirs; nothing is reserved, so :func:`up` checks the run again before
+    it starts anything."""
     candidates = ([preferred] if preferred else []) + [None] * tries
     for base in candidates:
-        base = base or free_port(host)
+        base = base or candidate_base_port(n, host)
         if base + n - 1 <= 65535 and not any(port_in_use(base + i, host) for i in range(n)):
             return base
     raise KvctlError(f"no run of {n} free ports on {host} in {tries} tries; give --base-port")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import random
 import re
 import shutil
 import signal
@@ -159,10 +160,32 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+#: the lowest port free_base_port picks from (below it: services' registered ports)
+LOW_PORT = 10000
+
+
+def ephemeral_ports(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The kernel's range for the source ports of outgoing connections (Linux's default where it cannot be read)."""
+    try:
+        lo, hi = (int(x) for x in Path(path).read_text().split()[:2])
+        return (lo, hi) if 0 < lo <= hi <= 65535 else (32768, 60999)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def candidate_base_port(n: int, host: str = "127.0.0.1") -> int:
+    """A base port to try for a run of ``n`` servers: a random one below the kernel's ephemeral range where there is
+    room, else one the kernel offers. A run inside the ephemeral range can lose a port to the source port of any
+    outgoing connection before its server binds it (a test's tier of 8 lost its 8th port that way, 2026-12-05)."""
+    lo, _ = ephemeral_ports()
+    return random.randrange(LOW_PORT, lo - n) if lo - n > LOW_PORT else free_port(host)
+
+
 def free_base_port(n: int, tries: int = 100) -> int:
-    """A port p with p..p+n-1 all free on loopback (checked, not guaranteed); a bounded search."""
+    """A port p with p..p+n-1 all free on loopback (checked, not guaranteed); a bounded search
+    (:func:`candidate_base_port`)."""
     for _ in range(tries):
-        base = free_port()
+        base = candidate_base_port(n)
         if base + n <= 65535 and not any(port_in_use(base + i) for i in range(n)):
             return base
     raise RuntimeError(f"no run of {n} free loopback ports in {tries} tries")

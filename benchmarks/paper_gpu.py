@@ -66,7 +66,7 @@ from kvctl.core.procs import die_with_parent  # noqa: E402
 from kvctl.core import files  # noqa: E402
 from kvctl.core.errors import InvalidInput, KvctlError  # noqa: E402
 from kvctl.core.thresholds import TRACE_MAX_BYTES  # noqa: E402
-from kvctl.lab.engine import ApiServer, LabTier, engine_env  # noqa: E402
+from kvctl.lab.engine import ApiServer, LabTier, default_kv_cache_gb, dummy_cuda_server_args, engine_env  # noqa: E402
 
 KVCTL = [sys.executable, "-P", "-c", "from kvctl.cli import main; main()"]
 RUNS = ("R1", "R2", "R3", "R4", "R5")
@@ -165,19 +165,6 @@ def parse_args(argv=None):
     return a
 
 
-def default_kv_cache_gb(total_bytes: int | None = None) -> float:
-    """40 GiB, at most 30 % of the GPU's memory (vLLM skips its memory profile when given the KV cache's size, so the
-    prefill's activations and the connector's buffers need that room: on an 80 GB H100, 29 GiB of weights and
-    40 GiB of KV cache left a 16k prefill out of memory, 2026-12-05)."""
-    if total_bytes is None:
-        import torch
-
-        if not torch.cuda.is_available():  # parsed where no GPU is (the analysis, the tests): the H200's figure
-            return 40.0
-        total_bytes = torch.cuda.get_device_properties(0).total_memory
-    return float(min(40, int(0.3 * total_bytes / 2**30)))
-
-
 # -- the trace ---------------------------------------------------------------------------------------
 def make_traces(work: Path, name: str, *, tokens: int, block: int, requests: int, rate: float, hit_share: float,
                 seed: int) -> dict:
@@ -256,8 +243,7 @@ class Lab:
                 "--block-size", str(a.block_size), "--seed", "0", "--shutdown-timeout", "10"]
         if a.device == "cpu":
             return [*args, "--attention-backend", "CPU_MLA"]
-        return [*args, "--attention-backend", a.backend, "--load-format", "dummy", "--gpu-memory-utilization", "0.9",
-                "--kv-cache-memory-bytes", str(int(a.kv_cache_gb * (1 << 30)))]
+        return [*args, *dummy_cuda_server_args(a.backend, a.kv_cache_gb)]
 
     def tier(self, k: int) -> tuple[LabTier, Shapers | None]:
         if k not in self.tiers:
@@ -363,11 +349,11 @@ def run_step(lab: Lab, name: str) -> dict:
     if k:
         lab.flush(k)
     say(f"{name}: engine (K={k}, {loading or 'no tier'}) ...")
-    t_start = time.monotonic()
-    srv = ApiServer.start(lab.model, work / f"{name}-engine", args=[*lab.server_args(), "--config", str(cfg)], env=lab.env,
+    server_args, t_start = lab.server_args(), time.monotonic()
+    srv = ApiServer.start(lab.model, work / f"{name}-engine", args=[*server_args, "--config", str(cfg)], env=lab.env,
                           name=name, timeout_s=a.start_timeout)
     info: dict = {"run": name, "instances_per_rank": k, "loading": loading,
-                  "engine_start_s": round(time.monotonic() - t_start, 1), "server_args": lab.server_args()}
+                  "engine_start_s": round(time.monotonic() - t_start, 1), "server_args": server_args}
     say(f"{name}: engine ready in {info['engine_start_s']} s")
     diagnose: subprocess.Popen | None = None
     exporter: ExporterScraper | None = None
@@ -407,7 +393,7 @@ def run_step(lab: Lab, name: str) -> dict:
                 info["prefix_cache"] = "reset (POST /reset_prefix_cache)"
             else:  # a restart empties it as well
                 srv.stop()
-                srv = ApiServer.start(lab.model, work / f"{name}-engine", args=[*lab.server_args(), "--config", str(cfg)],
+                srv = ApiServer.start(lab.model, work / f"{name}-engine", args=[*server_args, "--config", str(cfg)],
                                       env=lab.env, name=f"{name}-restart", timeout_s=a.start_timeout)
                 info["prefix_cache"] = "engine restarted"
         span = field(read_meta(work), work / "meta.json", f"traces.{trace_name}.span_s", number(0, MAX_SPAN_S))

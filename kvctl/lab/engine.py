@@ -40,12 +40,33 @@ from kvctl.connector import metric_names as N
 from kvctl.core.procs import die_with_parent, kill_group
 from kvctl.tier.server import free_base_port, free_port
 
-__all__ = ["ApiServer", "EngineError", "LLMProcess", "LabTier", "connector_format", "engine_env", "kvctl", "pyspy_dump"]
+__all__ = ["ApiServer", "EngineError", "LLMProcess", "LabTier", "connector_format", "default_kv_cache_gb",
+           "dummy_cuda_server_args", "engine_env", "kvctl", "pyspy_dump"]
 
 #: seconds an engine may take to start before its log gets a py-spy dump and the start fails
 START_TIMEOUT_S = 600.0
 #: how long a graceful stop may take before the process group is killed
 STOP_TIMEOUT_S = 60.0
+
+
+def default_kv_cache_gb(total_bytes: int | None = None) -> float:
+    """40 GiB, at most 30 % of the GPU's memory (vLLM skips its memory profile when given the KV cache's size, so the
+    prefill's activations and the connector's buffers need that room: on an 80 GB H100, 29 GiB of weights and
+    40 GiB of KV cache left a 16k prefill out of memory, 2026-12-05)."""
+    if total_bytes is None:
+        import torch
+
+        if not torch.cuda.is_available():  # parsed where no GPU is (the analysis, the tests): the H200's figure
+            return 40.0
+        total_bytes = torch.cuda.get_device_properties(0).total_memory
+    return float(min(40, int(0.3 * total_bytes / 2**30)))
+
+
+def dummy_cuda_server_args(backend: str, kv_cache_gb: float) -> list[str]:
+    """The API server's arguments for a shaped model with dummy weights on one GPU: ``backend``'s attention and a KV
+    cache of ``kv_cache_gb`` GiB (the benchmarks' engines)."""
+    return ["--attention-backend", backend, "--load-format", "dummy", "--gpu-memory-utilization", "0.9",
+            "--kv-cache-memory-bytes", str(int(kv_cache_gb * (1 << 30)))]
 
 
 class EngineError(RuntimeError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorMetadata
 
+
 class NoopConnector(KVConnectorBase_V1):
     """Every hook of vLLM's v1 connector API, each doing nothing."""
 

@@ -38,10 +38,10 @@ from kvctl.core.errors import InvalidInput, KvctlError
 from kvctl.tier import sizing, spec
 from kvctl.tier.server import (
     ValkeyProcess,
-    candidate_base_port,
     check_bind_address,
     find_valkey_server,
     format_version,
+    free_base_port,
     port_in_use,
     server_version,
     start_valkey,
@@ -114,12 +114,10 @@ def pick_base_port(n: int, host: str = "127.0.0.1", preferred: int | None = BASE
     else a free run below the kernel's ephemeral range (:func:`~kvctl.tier.server.candidate_base_port`; a bounded
     search). A shared host's other tiers keep theirs; nothing is reserved, so :func:`up` checks the run again before
     it starts anything."""
-    candidates = ([preferred] if preferred else []) + [None] * tries
-    for base in candidates:
-        base = base or candidate_base_port(n, host)
-        if base + n - 1 <= 65535 and not any(port_in_use(base + i, host) for i in range(n)):
-            return base
-    raise KvctlError(f"no run of {n} free ports on {host} in {tries} tries; give --base-port")
+    try:
+        return free_base_port(n, tries, host, preferred)
+    except RuntimeError as exc:
+        raise KvctlError(f"{exc}; give --base-port") from None
 
 
 def not_running(instances: Sequence[InstanceState], tier_dir: Path | str | None = None) -> list[InstanceState]:

@@ -181,14 +181,14 @@ def candidate_base_port(n: int, host: str = "127.0.0.1") -> int:
     return random.randrange(LOW_PORT, lo - n) if lo - n > LOW_PORT else free_port(host)
 
 
-def free_base_port(n: int, tries: int = 100) -> int:
-    """A port p with p..p+n-1 all free on loopback (checked, not guaranteed); a bounded search
-    (:func:`candidate_base_port`)."""
-    for _ in range(tries):
-        base = candidate_base_port(n)
-        if base + n <= 65535 and not any(port_in_use(base + i) for i in range(n)):
+def free_base_port(n: int, tries: int = 100, host: str = "127.0.0.1", preferred: int | None = None) -> int:
+    """A port p with p..p+n-1 all free on ``host`` (checked, not guaranteed): ``preferred`` when its run is free,
+    else a bounded search (:func:`candidate_base_port`); RuntimeError when none is found."""
+    for base in ([preferred] if preferred else []) + [None] * tries:
+        base = base or candidate_base_port(n, host)
+        if base + n - 1 <= 65535 and not any(port_in_use(base + i, host) for i in range(n)):
             return base
-    raise RuntimeError(f"no run of {n} free loopback ports in {tries} tries")
+    raise RuntimeError(f"no run of {n} free ports on {host} in {tries} tries")
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:

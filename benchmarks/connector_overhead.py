@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
+import signal
 import statistics
 import sys
 import time
@@ -148,7 +150,21 @@ def measure(a, engines: dict[str, ApiServer], rng: random.Random) -> dict[str, t
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+
+    def on_signal(signum, _frame):  # SIGTERM/SIGHUP end the run through its finally blocks: engines, tier, work dir
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     work = temp_workdir("kvctl-overhead-")
+    try:
+        return run(a, work)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the teardown runs to its end
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(a, work: Path) -> int:
     model, args = model_and_args(a, work)
     tier = LabTier(work / "tier", maxmemory="2gb" if a.device == "cpu" else "40gb")
     rng = random.Random(7)

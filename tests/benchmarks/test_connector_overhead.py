@@ -83,3 +83,41 @@ def test_it_runs_on_vllm_cpu_and_reports_each_variant(tmp_path):
         assert split["prefill_s"] > 0 and split["e2e_s"] >= split["prefill_s"]
     assert res["variants"]["none"]["p50_vs_none"] == 1.0
     assert "p50 against no connector: none 1.0x, kvctl" in r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_sigterm_mid_run_stops_its_engines_and_tier_and_removes_its_work_dir(tmp_path):
+    """SIGTERM while an engine serves: the run ends through its teardown (exit 143): no valkey-server and no engine
+    process of it is left, and its temporary work directory is gone."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    pytest.importorskip("vllm")
+    from tests.tier.tier_procs import servers_under
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    p = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "connector_overhead.py"), "--device", "cpu",
+                          "--variants", "none", "--prompts", "1000", "--prompt-tokens", "64"],
+                         cwd=ROOT, env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and p.poll() is None:  # serving: the engine's log has a completion in it
+            logs = list(tmp.glob("kvctl-overhead-*/engine-none/*.log"))
+            if logs and "POST /v1/completions" in logs[0].read_text(errors="replace"):
+                break
+            time.sleep(0.5)
+        assert p.poll() is None and servers_under(tmp), "the run never reached a serving engine on its tier"
+        kids = psutil.Process(p.pid).children(recursive=True)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=120) == 143, p.stderr.read()[-2000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    gone, alive = psutil.wait_procs(kids, timeout=30)
+    assert not alive, [k.pid for k in alive]
+    assert servers_under(tmp) == [] and list(tmp.glob("kvctl-overhead-*")) == []  # (vLLM's own temp files stay)

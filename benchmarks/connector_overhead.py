@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import signal
@@ -106,9 +107,16 @@ def scrape(srv: ApiServer) -> prometheus.Scrape:
     return prometheus.parse(srv.metrics(), srv.url + "/metrics")
 
 
+def variant_env(device: str) -> dict:
+    """The engines' environment: the tree first on PYTHONPATH (the engine finds kvctl.lab's connector), then the one
+    this process has (the GPU host's bundle is /tmp/site: without it the engine found no vLLM, 2026-12-05)."""
+    return engine_env(device=device, extra={"PYTHONPATH": os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)})
+
+
 def start_variant(a, variant: str, model: Path, args: list[str], tier: LabTier, work: Path) -> tuple[ApiServer, float]:
     chunk = 64 if a.device == "cpu" else 256
-    env = engine_env(device=a.device, extra={"PYTHONPATH": str(REPO)})  # the engine finds kvctl.lab's connector
+    env = variant_env(a.device)
     t0 = time.monotonic()
     srv = ApiServer.start(model, work / f"engine-{variant}", args=args, kv_transfer_config=kv_config(variant, tier, chunk),
                           env=env, name=variant, timeout_s=900)

@@ -23,7 +23,8 @@
 #   bash benchmarks/gpu_host.sh paper [OUT_DIR]    benchmarks/paper_gpu.py (the paper's Table 2 here, issue 33), the steps
 #                                                  in PAPER_STEPS (default all; the host's 10-minute calls take a part
 #                                                  each: calib,R1,R2 then R3,R4,R5), work dir .gpu-work/paper (kept
-#                                                  while the host stays warm), its raw files copied to OUT_DIR/paper
+#                                                  while the host stays warm; PAPER_WORK=NAME for .gpu-work/NAME, a
+#                                                  run with other flags), its raw files copied to OUT_DIR/paper
 #
 # GLM-5 (bench-glm5, the sparse test jobs) needs CuTe DSL besides the bundle: benchmarks/gpu_extras.sh.
 # Everything it prints also goes to OUT_DIR (default $OUT, else /tmp/gpu-out): logs survive a killed call.
@@ -89,13 +90,15 @@ case "$what" in
     tar czf "$out/gpu-tests.tar.gz" -C "$out" gpu-tests 2>/dev/null && rm -rf "$out/gpu-tests"
     ;;
   paper)
-    mkdir -p .gpu-work/paper "$out/paper"
-    timeout "${BENCH_TIMEOUT_S:-560}" python3 benchmarks/paper_gpu.py --workdir "$PWD/.gpu-work/paper" \
+    work=".gpu-work/${PAPER_WORK:-paper}"
+    case "${PAPER_WORK:-paper}" in */*|.*) echo "PAPER_WORK: a plain name, not ${PAPER_WORK}" >&2; exit 2 ;; esac
+    mkdir -p "$work" "$out/paper"
+    timeout "${BENCH_TIMEOUT_S:-560}" python3 benchmarks/paper_gpu.py --workdir "$PWD/$work" \
       --only "${PAPER_STEPS:-calib,R1,R2,R3,R4,R5}" ${BENCH_ARGS:-} 2>&1 | tee -a "$out/paper_gpu.txt"
     # one archive: the device call brings back a bounded number of files
-    (cd .gpu-work/paper && tar czf "$out/paper/runs.tar.gz" -- *.jsonl *.json *.txt *.yaml *.err 2>/dev/null)
+    (cd "$work" && tar czf "$out/paper/runs.tar.gz" -- *.jsonl *.json *.txt *.yaml *.err 2>/dev/null)
     # the engines' logs (where a start's minutes went: compile, CUDA graphs, the KV cache's profile)
-    (cd .gpu-work/paper && tar czf "$out/paper/engine-logs.tar.gz" -- *-engine/*.log 2>/dev/null)
+    (cd "$work" && tar czf "$out/paper/engine-logs.tar.gz" -- *-engine/*.log 2>/dev/null)
     ;;
   *) echo "usage: $0 bench|bench-glm5|layered|lmcache|lmcache-ops|overhead|tests|paper [OUT_DIR]" >&2; exit 2 ;;
 esac

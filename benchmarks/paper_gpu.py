@@ -75,6 +75,11 @@ TARGET = 0.25  # |predicted / measured - 1|
 RULES = REPO / "configs" / "prometheus" / "kvctl-alerts.yaml"
 SAVE_WAIT_S = 180.0  # the most the priming waits for the engine's saves to reach the tier
 SAVE_STALL_S = 30.0  # ... and for the tier to grow by one more chunk
+#: The connector's save_queue_bytes in the tier runs: the priming's burst of saves. Its 79 documents (0.49 GB each)
+#: come faster than one instance behind the Python link takes them (27 s for 39.6 GB, 2026-12-05), and the default
+#: 2 GiB would drop the excess. The measured runs' saves (a fifth of 2.8 prompts/s) stay far below either bound;
+#: the runs of 2026-12-05 had no bound at all and fitted 24 GiB of KV cache with the backlog on the H100.
+PRIME_SAVE_QUEUE_GIB = 8
 DEFAULT_SHAPE = REPO / "configs" / "models" / "deepseek-v2-lite-shape.json"
 #: kvctl's connector never gives up on an async load for its age (a queued prefetch waits its turn; timeout_s bounds
 #: each tier operation, not the time since arrival), unlike the paper's LMCache, which recomputes past 3 s: simulate
@@ -138,6 +143,9 @@ def parse_args(argv=None):
                          "40 left a 16k prefill out of memory beside the connector, 2026-12-05)")
     ap.add_argument("--tier-gb", type=float, default=None, help="maxmemory of each tier, all its instances together, GiB (default 60; cpu 0.5)")
     ap.add_argument("--start-timeout", type=float, default=420.0)
+    ap.add_argument("--prime-gap-s", type=float, default=None,
+                    help="seconds between the primed documents' arrivals (default 0.3: ~1.6 GB/s of saves, paced near what one "
+                         "instance behind the link takes; cpu 0)")
     ap.add_argument("--load-policy", choices=("on", "off"), default="on",
                     help="the connector's load-or-recompute decision (issue 46; off: every hit loads, as the earlier runs)")
     a = ap.parse_args(argv)
@@ -149,7 +157,8 @@ def parse_args(argv=None):
     # gave 380-400 MB/s of an 800 MB/s link on the 2-core VM, so the link is kept well below what it can do)
     for key, gpu_v, cpu_v in (("prompt_tokens", 16384, 1024), ("block_tokens", 512, 256), ("chunk_tokens", 256, 64),
                               ("requests", 96, 90), ("rate", 2.8, 2.2), ("calib_requests", 32, 20), ("max_batched_tokens", 16384, 2048),
-                              ("link_mbps", 600.0, 2.0), ("tier_gb", 60.0, 0.5)):
+                              ("link_mbps", 600.0, 2.0), ("tier_gb", 60.0, 0.5),
+                              ("prime_gap_s", 0.3, 0.0)):
         if getattr(a, key) is None:
             setattr(a, key, cpu_v if cpu else gpu_v)
     if a.kv_cache_gb is None:
@@ -167,8 +176,9 @@ def parse_args(argv=None):
 
 # -- the trace ---------------------------------------------------------------------------------------
 def make_traces(work: Path, name: str, *, tokens: int, block: int, requests: int, rate: float, hit_share: float,
-                seed: int) -> dict:
-    """``<name>.trace.jsonl`` (the run), ``<name>.prime.jsonl`` (the primed documents, all at t = 0) and
+                seed: int, prime_gap_s: float = 0.0) -> dict:
+    """``<name>.trace.jsonl`` (the run), ``<name>.prime.jsonl`` (the primed documents, ``prime_gap_s`` apart from
+    t = 0: the priming's saves paced) and
     ``<name>.planned.jsonl`` (a run-file-shaped copy carrying the planned cached tokens, for simulate)."""
     rng = np.random.default_rng(seed)
     t = np.cumsum(rng.exponential(1.0 / rate, size=requests))
@@ -183,7 +193,7 @@ def make_traces(work: Path, name: str, *, tokens: int, block: int, requests: int
                 "hash_ids": doc + [base + i * 1000 + 999]}
         run.append(line)
         if primed[i]:  # the same document, another last block: only the document is in the tier
-            prime.append({"timestamp": 0, "input_length": tokens, "output_length": 1, "hash_ids": doc + [base + i * 1000 + 998]})
+            prime.append({"timestamp": round(len(prime) * prime_gap_s * 1000, 3), "input_length": tokens, "output_length": 1, "hash_ids": doc + [base + i * 1000 + 998]})
         planned.append({"request": line, "scheduled_s": float(t[i]), "cached_tokens": doc_blocks * block if primed[i] else 0})
     for suffix, rows in (("trace", run), ("prime", prime), ("planned", planned)):
         (work / f"{name}.{suffix}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -265,6 +275,8 @@ class Lab:
             cfg = t.vllm_config("--chunk-tokens", str(self.a.chunk_tokens), "--loading", loading)
             if self.a.load_policy == "off":
                 cfg["kv_connector_extra_config"]["load_policy"] = False
+            if not self.a.device == "cpu":
+                cfg["kv_connector_extra_config"]["save_queue_bytes"] = PRIME_SAVE_QUEUE_GIB << 30
             doc["kv-transfer-config"] = json.dumps(sh.rewrite(cfg) if sh else cfg)
         path.write_text(yaml.safe_dump(doc) if doc else "{}\n")
         return path
@@ -536,6 +548,10 @@ def analyse(a) -> dict:
                                                                     "requests", "cached_token_share", "l2_token_share", "max_in_flight", "errors",
                                                                     "by_class") if k in m}
                                           for r, m in measured.items()}}
+    for r, m in measured.items():  # what the tier delivered over the run (issue 46: a saturated tier's share of its links)
+        share, dur = m.get("l2_token_share"), m.get("duration_s")
+        if isinstance(share, (int, float)) and isinstance(dur, (int, float)) and dur > 0 and m.get("requests"):
+            out["report"][r]["l2_gbps"] = share * m["requests"] * meta["prompt_tokens"] * s / dur / 1e9
     calib_k = meta.get("calib_instances") or 1  # runs before --calib-instances calibrated on one
     if calib.exists() or calib.is_symlink():
         out["prefill_rate"] = R
@@ -668,6 +684,9 @@ def render(out: dict) -> str:
         fmt = lambda v: f"{v:7.3f}" if isinstance(v, (int, float)) else f"{'-':>7}"  # noqa: E731
         lines.append(f"{r:<4} {fmt(m.get('p50_s'))} {fmt(m.get('p90_s'))} {fmt(m.get('p99_s'))}   {thirds:<24} {fmt(m.get('hit_rate'))}  "
                      f"{fmt(m.get('l2_token_share'))}  {m.get('max_in_flight') or '-':>13}")
+    l2 = [f"{r} {m['l2_gbps']:.2f}" for r, m in out["report"].items() if isinstance(m.get("l2_gbps"), (int, float))]
+    if l2:
+        lines.append("from L2, GB/s over the run: " + ", ".join(l2))
     for r, row in (out.get("simulate") or {}).items():
         if "error" in row:
             lines.append(f"simulate {r}: {row['error']}")
@@ -701,9 +720,10 @@ def write_meta(a, lab: Lab) -> dict:
     if path.exists() or path.is_symlink():
         return read_meta(a.workdir)
     traces = {"main": make_traces(a.workdir, "main", tokens=a.prompt_tokens, block=a.block_tokens, requests=a.requests,
-                                  rate=a.rate, hit_share=a.hit_share, seed=1),
+                                  rate=a.rate, hit_share=a.hit_share, seed=1, prime_gap_s=a.prime_gap_s),
               "calib": make_traces(a.workdir, "calib", tokens=a.prompt_tokens, block=a.block_tokens,
-                                   requests=a.calib_requests, rate=a.calib_rate, hit_share=0.5, seed=2)}
+                                   requests=a.calib_requests, rate=a.calib_rate, hit_share=0.5, seed=2,
+                                   prime_gap_s=a.prime_gap_s)}
     make_traces(a.workdir, "warmup", tokens=a.prompt_tokens, block=a.block_tokens, requests=4, rate=2.0, hit_share=0.0, seed=3)
     meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
             "device": a.device, "model": "tiny-mla" if a.device == "cpu" else Path(a.shape).name,

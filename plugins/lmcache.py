@@ -234,9 +234,10 @@ class KvctlRemoteConnector(RemoteConnector):
         ct = self.full_chunk_size_bytes // self.single_token_size
         with self._flight_lock:
             queue = TierQueue((self._inflight[0],), self._inflight[1])
-        d = decide(HitShape(0, held, 0, ct, self.full_chunk_size_bytes, 1), self.policy.estimates(), queue)
+        shape, est = HitShape(0, held, 0, ct, self.full_chunk_size_bytes, 1), self.policy.estimates()
+        d = decide(shape, est, queue)
         if d.decision == RECOMPUTE and d.reason != TIER_QUEUE and self.policy.probe_due():
-            d = as_probe(d)
+            d = as_probe(d, shape, est, queue)
         self.decisions[(d.decision, d.reason)] = self.decisions.get((d.decision, d.reason), 0) + 1
         if d.decision != LOAD:
             log.debug("kvctl LMCache plugin: %d of %d chunk(s) held reported (%s: %s)", d.tokens // ct, held,

@@ -138,7 +138,7 @@ class SchedulerPolicy:
             if before is not None and before.decision.reason == PROBE:
                 d = before.decision  # asked again before it was scheduled: the same probe
             elif self.cal.probe_due():
-                d = as_probe(d)
+                d = as_probe(d, shape, est, queue, engine)
         if not self.async_loading and d.budget_s is not None:
             d = replace(d, budget_s=None)  # a sync load blocks the step: it is judged, never cut short
         self._judged[rid] = _Judged(d, est, queue, engine)

@@ -54,8 +54,10 @@ def default_kv_cache_gb(total_bytes: int | None = None) -> float:
     prefill's activations and the connector's buffers need that room: on an 80 GB H100, 29 GiB of weights and
     40 GiB of KV cache left a 16k prefill out of memory, 2026-12-05)."""
     if total_bytes is None:
-        import torch
-
+        try:
+            import torch
+        except ImportError:  # parsed where torch is not (an analysis on a laptop): no GPU either
+            return 40.0
         if not torch.cuda.is_available():  # parsed where no GPU is (the analysis, the tests): the H200's figure
             return 40.0
         total_bytes = torch.cuda.get_device_properties(0).total_memory

@@ -242,6 +242,9 @@ def _cause(look: dict | None, dec: dict | None, load: dict | None, found: int, l
     if load is not None and _int(load, "written") < _int(load, "planned"):
         return LOAD_SHORT, (f"{_int(load, 'written')} of {_int(load, 'planned')} chunks agreed: a chunk went between lookup "
                             "and load, or an instance erred during it; the rest was recomputed")
+    if decision == "partial" and reason == "probe":
+        return POLICY, (f"loaded {loaded} of {found} tokens found, a re-probe after a veto: a short prefix whose GETs "
+                        "measure the tier again; the rest was recomputed")
     if decision == "partial":
         return POLICY, (f"loaded {loaded} of {found} tokens found, the longest prefix predicted to win: "
                         f"{_REASON_TEXT.get(reason, reason)}")

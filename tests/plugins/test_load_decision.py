@@ -94,6 +94,30 @@ def test_a_veto_becomes_a_probe():
     assert (d.tokens, d.decision, d.reason, d.budget_s) == (1000, LOAD, PROBE, pytest.approx(0.05))
 
 
+def test_a_probe_with_the_hits_shape_loads_a_bounded_prefix():
+    """10 MB/s, R 20k, T0 1 ms: k chunks load in 1 + 10k ms and recompute in 5k ms, an excess of 1 + 5k ms; at most
+    PROBE_EXCESS_S = 50 ms: k = 9 of 60 (the rest recomputes; async, the deadline is 45 + 50 ms)."""
+    est = Estimates(20_000.0, 0.001, (1e7,))
+    vetoed = decide(shape(60), est, idle(1))
+    assert vetoed.decision == RECOMPUTE
+    d = as_probe(vetoed, shape(60), est, idle(1))
+    assert (d.found, d.tokens, d.decision, d.reason) == (6000, 900, PARTIAL, PROBE)
+    assert d.load_s == pytest.approx(0.091) and d.recompute_s == pytest.approx(0.045) and d.budget_s == pytest.approx(0.095)
+
+
+def test_a_probe_loads_at_least_four_chunks_a_rank_and_the_whole_hit_when_its_excess_stays_small():
+    """1 MB/s: every chunk's load exceeds its recompute by 95 ms, still 4 chunks (the floor) load. W = 2 at
+    10 MB/s a rank (the tier at B* exactly): the excess never passes 6 ms, so the probe is the whole hit."""
+    est = Estimates(20_000.0, 0.001, (1e6,))
+    d = as_probe(decide(shape(60), est, idle(1)), shape(60), est, idle(1))
+    assert (d.tokens, d.decision, d.reason) == (400, PARTIAL, PROBE)
+    est2 = Estimates(20_000.0, 0.001, (1e7, 1e7))
+    d = as_probe(decide(shape(60, world=2), est2, idle(2)), shape(60, world=2), est2, idle(2))
+    assert (d.tokens, d.decision, d.reason) == (6000, LOAD, PROBE)
+    d = as_probe(decide(shape(3), est, idle(1)), shape(3), est, idle(1))  # shorter than the floor: all of it
+    assert (d.tokens, d.decision) == (300, LOAD)
+
+
 def test_owned_in_counts_a_ranks_chunks():
     assert [owned_in(3, 10, r, 3) for r in range(3)] == [3, 2, 2]  # rank 0: 3, 6, 9; rank 1: 4, 7; rank 2: 5, 8
     assert sum(owned_in(5, 17, r, 4) for r in range(4)) == 12

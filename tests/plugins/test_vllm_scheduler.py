@@ -193,3 +193,20 @@ def test_load_policy_vetoes_on_the_engine_wide_estimate_and_reprobes(tier):
     assert conn.get_num_new_matched_tokens(req("r"), 0) == (16, False)  # asked again before it is scheduled: the same
     assert conn.get_num_new_matched_tokens(req("r2"), 0) == (0, False)  # one probe per period
     conn.shutdown()
+
+
+def test_a_reprobe_of_a_long_hit_loads_a_few_chunks_a_rank_not_the_whole_hit(tier):
+    """20 chunks held; the tier at 1 kB/s a rank (B* = 48 kB/s): the re-probe loads the floor, 4 chunks a rank (8 chunks,
+    32 tokens; each rank's 4 GETs measure it again), since a ninth chunk's excess over its recompute (0.96 s) passes
+    50 ms. It loaded all 80 tokens before, holding a sync engine for 10 x 0.19 s."""
+    from kvctl.plugins.vllm_stats import KvctlConnectorStats
+
+    tokens = list(range(300, 381))  # 81 tokens: 20 loadable chunks
+    conn = scheduler([s.url for s in tier], load_policy={"prefill_tokens_per_s": 1000, "reprobe_after_s": 0.5})
+    store_all(tier, conn.spec.fmt, tokens[:80])
+    conn.update_connector_output(SimpleNamespace(kv_connector_stats=KvctlConnectorStats(
+        data={"kvctl:l2_get_bytes": 1000, "kvctl:l2_get_seconds": 1.0})))
+    assert conn.get_num_new_matched_tokens(req("long", tokens), 0) == (0, False)  # vetoed
+    time.sleep(0.6)
+    assert conn.get_num_new_matched_tokens(req("long", tokens), 0) == (32, False)  # the bounded probe
+    conn.shutdown()

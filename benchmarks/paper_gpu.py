@@ -171,6 +171,8 @@ def parse_args(argv=None):
         ap.error(f"--only: unknown step(s) {bad}; the steps are {','.join(STEPS)}")
     if a.prompt_tokens % a.block_tokens or a.block_tokens % a.chunk_tokens or a.prompt_tokens // a.block_tokens < 2:
         ap.error("--prompt-tokens must be ≥ 2 blocks, a multiple of --block-tokens, itself a multiple of --chunk-tokens")
+    if not 0 <= a.prime_gap_s <= 60:  # NaN fails both
+        ap.error(f"--prime-gap-s must be 0 to 60 seconds, not {a.prime_gap_s}")
     return a
 
 

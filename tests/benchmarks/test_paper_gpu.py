@@ -56,6 +56,10 @@ def test_the_trace_primes_only_the_documents_and_simulate_reads_the_planned_hits
     assert offsets == pytest.approx([0.3 * i for i in range(len(prime))])
     assert paper.parse_args(["--workdir", str(tmp_path), "--kv-cache-gb", "24"]).prime_gap_s == 0.3
     assert paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu"]).prime_gap_s == 0.0
+    for bad in ("-1", "nan", "61"):
+        with pytest.raises(SystemExit) as e:
+            paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu", "--prime-gap-s", bad])
+        assert e.value.code == 2
 
 
 def test_the_flip_goes_through_kvctl_loading_and_keeps_the_diff(paper, tmp_path):

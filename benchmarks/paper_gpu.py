@@ -277,7 +277,7 @@ class Lab:
             cfg = t.vllm_config("--chunk-tokens", str(self.a.chunk_tokens), "--loading", loading)
             if self.a.load_policy == "off":
                 cfg["kv_connector_extra_config"]["load_policy"] = False
-            if not self.a.device == "cpu":
+            if self.a.device != "cpu":
                 cfg["kv_connector_extra_config"]["save_queue_bytes"] = PRIME_SAVE_QUEUE_GIB << 30
             doc["kv-transfer-config"] = json.dumps(sh.rewrite(cfg) if sh else cfg)
         path.write_text(yaml.safe_dump(doc) if doc else "{}\n")

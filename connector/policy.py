@@ -158,9 +158,15 @@ def _hit_load_s(shape: HitShape, k: int, est: Estimates, queue: TierQueue, t0: f
         ((q + b) / bw if (q + b) else 0.0) for q, b, bw in zip(queue.rank_bytes, own, est.rank_bps))
 
 
+def _known_rates(est: Estimates, t0: float) -> Estimates:
+    """``est`` with T0 set and an unmeasured rank's bandwidth as unbounded (a rank the hit neither reads nor waits on)."""
+    return replace(est, t0_s=t0, rank_bps=tuple(bw if bw is not None else float("inf") for bw in est.rank_bps))
+
+
 def _longest_winning(shape: HitShape, est: Estimates, queue: TierQueue, t0: float, r: float, engine_tokens: float,
-                     upto: int) -> tuple[int, float | None]:
-    """The longest k <= ``upto`` chunks whose load wins, and its predicted load time ((0, None): none wins).
+                     upto: int, slack_s: float = 0.0) -> tuple[int, float | None]:
+    """The longest k <= ``upto`` chunks whose load wins, or loses by at most ``slack_s``, and its predicted load time
+    ((0, None): none does).
 
     One pass up the lengths: chunk k adds its bytes to its owner's total, so the slowest rank's time is kept
     as a running maximum (exact, whatever the ranks' bandwidths and queues; O(upto + W)).
@@ -173,7 +179,7 @@ def _longest_winning(shape: HitShape, est: Estimates, queue: TierQueue, t0: floa
         owner = (shape.first + k - 1) % W
         n[owner] += 1
         worst = max(worst, (qs[owner] + n[owner] * cb) / bws[owner])  # the same expression as _hit_load_s
-        if fixed + worst <= (shape.tokens(k) + engine_tokens) / r + shape.jump_s(k, est, engine_tokens):
+        if fixed + worst <= (shape.tokens(k) + engine_tokens) / r + shape.jump_s(k, est, engine_tokens) + slack_s:
             best, best_load = k, fixed + worst
     return best, best_load
 
@@ -200,7 +206,7 @@ def decide(shape: HitShape, est: Estimates, queue: TierQueue, engine_tokens: flo
     if r is None or any(x and bw is None for x, bw in zip(reads, bws)):
         return Decision(found, found, LOAD, NO_DATA, None, recompute(k_all), recompute(k_all))
     t0 = est.t0_s or 0.0
-    rates = replace(est, t0_s=t0, rank_bps=tuple(bw if bw is not None else float("inf") for bw in bws))
+    rates = _known_rates(est, t0)
 
     full_load, full_rec = _hit_load_s(shape, k_all, rates, queue, t0), recompute(k_all)
     if full_load <= full_rec:
@@ -243,14 +249,12 @@ def as_probe(d: Decision, shape: HitShape | None = None, est: Estimates | None =
     k_all = shape.end - shape.first
     r, t0 = est.prefill_tokens_per_s, est.t0_s or 0.0
     queue = queue or TierQueue((0,) * shape.world)
-    rates = replace(est, t0_s=t0, rank_bps=tuple(bw if bw is not None else float("inf") for bw in est.rank_bps))
-    k = min(k_all, PROBE_MIN_CHUNKS_PER_RANK * shape.world)
-    while k < k_all and (_hit_load_s(shape, k + 1, rates, queue, t0)
-                         - (shape.tokens(k + 1) + engine_tokens) / r <= PROBE_EXCESS_S):
-        k += 1
+    rates = _known_rates(est, t0)
+    k, _ = _longest_winning(shape, rates, queue, t0, r, engine_tokens, k_all, slack_s=PROBE_EXCESS_S)
+    k = max(k, min(k_all, PROBE_MIN_CHUNKS_PER_RANK * shape.world))
     if k >= k_all:
         return Decision(d.found, d.found, LOAD, PROBE, d.load_s, d.recompute_s, d.recompute_s)
-    rec = (shape.tokens(k) + engine_tokens) / r
+    rec = (shape.tokens(k) + engine_tokens) / r + shape.jump_s(k, rates, engine_tokens)
     return Decision(d.found, shape.tokens(k), PARTIAL, PROBE, _hit_load_s(shape, k, rates, queue, t0), rec,
                     rec + PROBE_EXCESS_S)
 

@@ -275,7 +275,9 @@ class Lab:
         if k:
             t, sh = self.tier(k)
             cfg = t.vllm_config("--chunk-tokens", str(self.a.chunk_tokens), "--loading", loading)
-            if self.a.load_policy == "off":
+            # the calibration measures the tier (T0 and B from its hits): the decision off there, whatever the runs use,
+            # or a tier below break-even would have every calibration hit recomputed and nothing to fit
+            if self.a.load_policy == "off" or name == "calib":
                 cfg["kv_connector_extra_config"]["load_policy"] = False
             if self.a.device != "cpu":
                 cfg["kv_connector_extra_config"]["save_queue_bytes"] = PRIME_SAVE_QUEUE_GIB << 30
@@ -568,7 +570,8 @@ def analyse(a) -> dict:
                         "--bytes-per-token", str(s), "--prefill-rate", f"{R:.1f}", "--instances", str(k), "--bench", str(bench),
                         "--fit-from", str(calib), "--fit-instances", str(calib_k), "--fit-loading", SPECS["calib"][1], "--loading", loading,
                         "--t0-engine-share", "fit", "--max-batched-tokens", str(meta["max_batched_tokens"]),
-                        *NO_ASYNC_TIMEOUT, "--json",
+                        # the runs' load-or-recompute decision (runs from before it was recorded had none)
+                        "--policy", meta.get("load_policy") or "off", *NO_ASYNC_TIMEOUT, "--json",
                         check=False, log=work / f"{r}.simulate.txt")
             if res.returncode not in (0, 3, 4):
                 preds[r] = {"error": res.stderr.strip()[-400:]}

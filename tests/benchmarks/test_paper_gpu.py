@@ -90,6 +90,23 @@ def test_the_flip_goes_through_kvctl_loading_and_keeps_the_diff(paper, tmp_path)
     assert yaml.safe_load((tmp_path / "R2.engine.yaml").read_text()) == stale  # R2's file untouched
 
 
+@pytest.mark.parametrize("policy", ["on", "off"])
+def test_the_calibration_measures_the_tier_with_the_decision_off(paper, tmp_path, policy):
+    """The calibration fits T0 and B from its hits, so its engine loads every hit whatever --load-policy the runs use
+    (on a tier below break-even the decision would recompute them all and leave nothing to fit); R2 follows the flag.
+    A real Valkey tier (the engine configs name its ports); no engine starts."""
+    a = paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu", "--link-mbps", "0", "--load-policy", policy])
+    lab = paper.Lab.__new__(paper.Lab)  # without _model: the configs need only the tier
+    lab.a, lab.work, lab.tiers = a, tmp_path, {}
+    try:
+        extra = {n: json.loads(yaml.safe_load(lab.engine_config(n, 1, "sync").read_text())["kv-transfer-config"])
+                 ["kv_connector_extra_config"] for n in ("calib", "R2")}
+    finally:
+        lab.close()
+    assert extra["calib"]["load_policy"] is False
+    assert extra["R2"].get("load_policy", True) is (policy == "on")
+
+
 def test_calibration_instances_default_and_reach_the_fit(paper):
     gpu = paper.parse_args(["--workdir", "/tmp/x"])
     cpu = paper.parse_args(["--workdir", "/tmp/x", "--device", "cpu"])

@@ -62,9 +62,14 @@ from kvctl.connector.resp import RespClient, RespError
 from kvctl.connector.striped import RankTier
 from kvctl.connector.lmcache_settings import PLUGIN_TYPE, PluginConfigError, PluginSettings, plugin_settings
 
+from .hooks import hook_from_env
+
 __all__ = ["KvctlConnectorAdapter", "KvctlRemoteConnector", "PluginConfigError"]
 
 log = logging.getLogger("kvctl.plugins.lmcache")
+#: a test hook, "module:function", called with (rank, key names, each name's instance URL) just before a GET
+#: (tests/lmcache/plugin_hooks.py: a chunk deleted between LMCache's lookup and its load)
+BEFORE_GET_HOOK_ENV = "KVCTL_LMCACHE_BEFORE_GET_HOOK"
 _WARN_EVERY_S = 10.0  # at most one warning per operation kind this often: a dead tier must not flood the log
 
 
@@ -93,6 +98,7 @@ class KvctlRemoteConnector(RemoteConnector):
         self.decisions: dict[tuple[str, str], int] = {}  # (decision, reason) -> hits judged
         self._inflight = [0, 0]  # bytes and GET calls running now: the queue a new load waits behind
         self._flight_lock = threading.Lock()
+        self._hook = hook_from_env(BEFORE_GET_HOOK_ENV)
         log.info("kvctl LMCache plugin: rank %d -> %s (timeout %.3g s)", settings.rank, settings.redacted_url, settings.timeout_s)
 
     def __repr__(self) -> str:
@@ -153,7 +159,10 @@ class KvctlRemoteConnector(RemoteConnector):
             t0 = time.perf_counter()
             try:
                 names = [k.to_string() for k in keys[:n]]
-                hits = self.tier.get(_routes(names), names, views)
+                routes = _routes(names)
+                if self._hook is not None:
+                    self._before_get(names, routes)
+                hits = self.tier.get(routes, names, views)
             except RespError as exc:
                 self._failed("GET", exc)
             finally:
@@ -170,6 +179,12 @@ class KvctlRemoteConnector(RemoteConnector):
                 obj.ref_count_down()
                 out.append(None)
         return out + [None] * (len(keys) - n)
+
+    def _before_get(self, names: list[str], routes: list[int]) -> None:
+        try:
+            self._hook(self.settings.rank, names, [self.settings.urls[self.tier.instance(r)] for r in routes])
+        except Exception:  # noqa: BLE001 - a test hook must not break the load
+            log.exception("kvctl LMCache plugin: before-GET hook failed")
 
     def _set_many(self, keys: Sequence[Any], objs: Sequence[MemoryObj]) -> None:
         # LMCache's InstrumentedRemoteConnector drops the reference after put (instrumented_connector.py): not here

@@ -29,9 +29,7 @@ the prefetched chunks. Layerwise mode is not supported.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import importlib.metadata
-import os
 import threading
 from typing import Any, Iterable, Optional
 
@@ -39,6 +37,8 @@ import torch
 
 from kvctl.connector.ownership import chunk_start_token, cumulative_lengths, lookup_answer, num_chunks, owner
 from kvctl.connector.protocol import load_agreed_prefix
+
+from .hooks import hook_from_env
 
 __all__ = ["PINNED_LMCACHE_VERSION", "ShardLMCacheEngine", "ShardModeError", "check_lmcache_version", "prepare_config"]
 
@@ -137,14 +137,6 @@ class _NoHitAnswer:
         self._server.send_response_to_scheduler(lookup_id, num_hit_tokens or first)
 
 
-def _hook():
-    spec = os.environ.get(BEFORE_RETRIEVE_HOOK_ENV)
-    if not spec:
-        return None
-    module, _, func = spec.partition(":")
-    return getattr(importlib.import_module(module), func)
-
-
 class ShardLMCacheEngine:
     """Methods that replace ``LMCacheEngine``'s store, lookup and retrieve in shard mode.
 
@@ -182,7 +174,7 @@ class ShardLMCacheEngine:
         engine._kvctl_device = torch.device(device)
         engine._kvctl_chunk = int(engine.config.chunk_size)
         engine.token_database = _OwnedChunks(engine.token_database, rank, world, engine._kvctl_chunk)
-        engine._kvctl_hook = _hook()
+        engine._kvctl_hook = hook_from_env(BEFORE_RETRIEVE_HOOK_ENV)
         return engine
 
 

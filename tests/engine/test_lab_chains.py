@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine.lab_chains import chain_problems, expected_hit, run_chain, summary
+from tests.engine.lab_chains import CPU_KWARGS, chain_problems, expected_hit, run_chain, summary
 from tests.engine.vllm_server import vllm_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine, pytest.mark.timeout(600)]
 
-# the reference CPU MLA backend on every CPU (with AMX vLLM would pick AMX_MLA and its 128-token blocks:
-# vllm/platforms/cpu.py:152-176): 16-token blocks, so 128-token chunks are whole blocks anywhere
-CPU_KWARGS = {"max_model_len": 2048, "max_num_batched_tokens": 2048, "seed": 0, "enforce_eager": True,
-              "disable_log_stats": False, "attention_backend": "CPU_MLA"}
 
 
 def test_restart_hits_on_cpu_through_the_lab(tmp_path):

@@ -114,7 +114,8 @@ def lab(models, tmp_path_factory, out_dir):
     """Every engine job of this module -- the chains, the faults, the shutdowns -- submitted at once to one pool
     of MAX_PARALLEL engines on the GPU (the longest first); name -> Future. Each job writes its result to
     out_dir as soon as it ends, so a run cut short still says what it saw."""
-    from tests.engine.lab_chains import llm_kwargs, run_chain, run_faults, run_shutdowns, run_sparse_faults, summary
+    from tests.engine.lab_chains import (llm_kwargs, run_chain, run_faults, run_lmcache_faults, run_shutdowns,
+                                         run_sparse_faults, summary)
 
     root = tmp_path_factory.mktemp("lab")
 
@@ -160,6 +161,12 @@ def lab(models, tmp_path_factory, out_dir):
         (out_dir / "faults-layered.json").write_text(json.dumps(out[0], indent=1, default=str))
         return out
 
+    def lmcache_faults_job():
+        out = keep_logs("lmcache-faults", run_lmcache_faults, models["mla"], root / "lmcache-faults",
+                        llm_kwargs(ENGINE_BASE | BACKENDS["FLASHMLA"][1], "eager"), device="cuda", chunk_tokens=CT)
+        (out_dir / "lmcache-faults.json").write_text(json.dumps(out[0], indent=1, default=str))
+        return out
+
     def shutdown_job():
         args = ["--enforce-eager", "--attention-backend", "FLASHMLA", "--block-size", "64", "--max-model-len", "2048",
                 "--gpu-memory-utilization", "0.04", "--kv-cache-memory-bytes", str(512 << 20)]
@@ -181,6 +188,7 @@ def lab(models, tmp_path_factory, out_dir):
     jobs += [(f"{n}-layered-{m}", chain_job, (n, m, LAYERED[m], True)) for n in LAYERED_BACKENDS for m in LAYERED]
     if lmcache_here():  # LMCache's GPU wheels (benchmarks/gpu_lmcache.sh install), else its tests skip
         jobs += [(f"{c}-{n}-{m}", chain_job, (n, m, EAGER if m == "eager" else COMPILED, False, c)) for c, n, m in LMCACHE_CHAINS]
+        jobs.append(("lmcache-faults", lmcache_faults_job, ()))
     only = [j for j in os.environ.get("KVCTL_GPU_JOBS", "").split(",") if j]  # a subset (a short GPU lease)
     pool = ThreadPoolExecutor(MAX_PARALLEL)
     futures = {name: pool.submit(fn, *a) for name, fn, a in jobs if not only or name in only}
@@ -308,6 +316,21 @@ def test_faults_of_a_layered_hit_end_in_the_cold_tokens(lab):
     assert fault_problems(out, prompts, timeout_s=FAULT_TIMEOUT_S, chunk_tokens=CT, loadings=("sync",)) == [], \
         json.dumps({k: v for k, v in out.items() if k != "cold"}, indent=1, default=str)[:6000]
     assert out["sync"]["sync_via_receive"], out["sync"]["log"]
+
+
+def test_lmcache_faults_end_in_the_cold_tokens_without_a_stall(lab):
+    """The paper's §5.4 on a GPU (issue 47): LMCache 0.5.6's own connector, FLASHMLA, kvctl's RESP plugin on one
+    instance, sync and async loading. A chunk deleted between LMCache's lookup and the plugin's GET and a SIGSTOPped
+    instance each end in the cold tokens within the plugin's 2 s deadline (LMCache's native client stalled 10 s or
+    for good on the first); once the instance runs again the next hit loads whole."""
+    from tests.engine.lab_chains import lmcache_fault_problems
+
+    if "lmcache-faults" not in lab:
+        pytest.skip("lmcache-faults not run: LMCache's GPU build is not installed here (benchmarks/gpu_lmcache.sh), "
+                    "or KVCTL_GPU_JOBS left it out")
+    out, prompts = lab["lmcache-faults"].result()
+    assert lmcache_fault_problems(out, prompts, chunk_tokens=CT) == [], json.dumps(
+        {k: v for k, v in out.items() if k != "cold"}, indent=1, default=str)[:6000]
 
 
 # -- MLA with a sparse-attention indexer -------------------------------------------------------------------------

@@ -12,7 +12,10 @@ Slow: six engine starts (~45-85 s each on 2 cores), one at a time:
 1. stock MLA mode, cold: LMCache stores from rank 0 only, keys under worker 0
    (world size 1 in the key) on instance 0 only;
 2. restarted (empty L1): the prompt hits from the tier and the greedy tokens
-   equal the cold run's;
+   equal the cold run's; a chunk deleted between LMCache's lookup and the
+   plugin's GET (test hook, tests/lmcache/plugin_hooks.py) and a SIGSTOPped
+   instance each end in the cold tokens within the plugin's deadline (paper
+   §5.4), and the engine serves on;
 3. shard mode (kv_connector_extra_config kvctl_shard), cold on a flushed tier:
    chunk c on instance c % 2 under worker 0's name -- the names computed by
    LMCache's own token database from the engine's token ids;
@@ -146,10 +149,33 @@ def test_stock_mla_stores_under_worker0_on_instance0(stock_life1, tier, mla_mode
     results["cold"], results["keys0"] = cold, keys0
 
 
+# computed cold by the first engine: the restarted one meets a fault on C and D, and loads F once the fault is gone
+FAULT_PROMPTS = ("C", "D", "F")
+PLUGIN_TIMEOUT_S = 2.0  # the plugin's whole-call deadline (lmcache-config's default)
+
+
+def test_stock_cold_prompts_for_the_faults(stock_life1, tier, results):
+    """The first engine computes the prompts the restarted one loads under a fault; the tier's keys after it."""
+    if "cold" not in results:
+        pytest.skip("needs the cold run of test_stock_mla_stores_under_worker0_on_instance0")
+    for tag in FAULT_PROMPTS:
+        results[f"cold_{tag}"] = ask(stock_life1, prompt(tag))
+    # 6 whole chunks each, all new: LMCache's chunk hashes chain from the first token, where the tags differ
+    n = len(results["keys0"]) + len(FAULT_PROMPTS) * 6
+    wait_for(lambda: len(tier.keys(0)) >= n)  # the background saves, bounded
+    results["keys0"] = tier.keys(0)
+    assert len(results["keys0"]) == n and tier.keys(1) == set()
+
+
 @pytest.fixture(scope="module")
 def stock_life2(stock_life1, lmc_python, mla_model, tier, lmcache_yaml, tmp_path_factory):  # noqa: F811
     stock_life1.stop()
-    server = start(lmc_python, mla_model, tmp_path_factory.mktemp("lmc-stock2"), lmcache_yaml)
+    work = tmp_path_factory.mktemp("lmc-stock2")
+    plan = work / "fault-plan.json"
+    env = {"KVCTL_LMCACHE_BEFORE_GET_HOOK": "tests.lmcache.plugin_hooks:delete_planned",
+           "KVCTL_TEST_LMCACHE_FAULT_PLAN": str(plan)}
+    server = start(lmc_python, mla_model, work, lmcache_yaml, env=env)
+    server.fault_plan = plan
     try:
         yield server
     finally:
@@ -168,6 +194,49 @@ def test_stock_mla_restart_hits_from_the_tier(stock_life2, tier, results):
     # both workers count the hit (rank 1 is fed by rank 0's broadcast): 2 x 384
     assert after["lmcache:num_hit_tokens_total"] - before.get("lmcache:num_hit_tokens_total", 0) == 2 * 6 * CHUNK
     assert tier.keys(0) == results["keys0"] and tier.keys(1) == set()  # nothing new written
+
+
+def timed_ask(server, text: str) -> tuple[dict, float]:
+    t0 = time.monotonic()
+    out = ask(server, text)
+    return out, time.monotonic() - t0
+
+
+def test_stock_chunk_deleted_between_lookup_and_get_is_recomputed(stock_life2, tier, results):
+    """LMCache's lookup finds all 6 chunks of prompt C; the plugin's GET then finds chunk 2 gone (a real DEL just
+    before it: LRU eviction in the paper's §5.4). The GET answers the miss at once, LMCache loads what it got and
+    vLLM recomputes the rest: the cold tokens, with no wait for a deadline."""
+    if "cold_C" not in results:
+        pytest.skip("needs test_stock_cold_prompts_for_the_faults")
+    plan = stock_life2.fault_plan
+    plan.write_text(json.dumps({"delete_index": 2}))
+    out, took = timed_ask(stock_life2, prompt("C"))
+    done = json.loads(Path(str(plan) + ".done").read_text())
+    assert done["count"] == 1 and done["deleted"] in results["keys0"]
+    assert out["tokens"] == results["cold_C"]["tokens"]
+    # LMCache loaded the 2 chunks before the gap, and vLLM recomputed the rest (LMCache saves chunk 2 again after)
+    log = stock_life2.log_path.read_text(errors="replace")
+    assert f"Retrieved {2 * CHUNK} out of {6 * CHUNK} required tokens" in log
+    assert "Recovered from KV load failure" in log
+    assert took < PLUGIN_TIMEOUT_S + 30, took  # a 396-token prefill on 2 cores, never the 10 s stall of §5.4's client
+    results["deleted_s"] = took
+
+
+def test_stock_stopped_instance_is_a_miss_within_the_deadline_and_the_engine_serves_on(stock_life2, tier, results):
+    """Instance 0 SIGSTOPped (it accepts connections and never answers): LMCache's lookup through the plugin gives
+    up at the plugin's deadline and the prompt is recomputed with the cold tokens. Once it runs again, the plugin's
+    connections (whose late replies must not answer a later call) load prompt F whole from it."""
+    if "cold_D" not in results:
+        pytest.skip("needs test_stock_cold_prompts_for_the_faults")
+    tier.stop(0)
+    try:
+        out, took = timed_ask(stock_life2, prompt("D"))
+    finally:
+        tier.cont(0)
+    assert out["tokens"] == results["cold_D"]["tokens"]
+    assert took < 4 * PLUGIN_TIMEOUT_S + 30, took  # bounded by the deadline, not LMCache's blocking timeouts
+    hit = ask(stock_life2, prompt("F"))  # in the tier, not in this engine's prefix cache
+    assert hit["tokens"] == results["cold_F"]["tokens"] and hit["cached"] == 6 * CHUNK, hit
 
 
 # -- shard mode -------------------------------------------------------------------------

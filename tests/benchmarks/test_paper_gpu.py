@@ -160,6 +160,27 @@ def test_the_shipped_rehearsal_analyses_to_what_benchmarks_readme_says(paper, tm
     assert out["plan"]["agrees_for_E1"]["agrees"] is True
 
 
+def test_the_cpu_rehearsal_with_the_decision_analyses_to_what_benchmarks_readme_says(paper, tmp_path):
+    """--analyse over the 2-core VM's runs of 2026-12-06 with the load-or-recompute decision on (the calibration's
+    engine without it): the README's percentiles, R2-R5 p99 against R1's, the decisions R2's diagnose saw, and
+    simulate --policy on (fitted on the calibration only) against each run."""
+    import shutil
+
+    work = tmp_path / "w"
+    shutil.copytree(ROOT / "benchmarks" / "results" / "paper_gpu-cpu-rehearsal-2026-12-06-decision", work)
+    out = paper.analyse(paper.parse_args(["--device", "cpu", "--workdir", str(work), "--analyse"]))
+    rep = out["report"]
+    assert out["meta"]["load_policy"] == "on"
+    assert {r: (round(rep[r]["p50_s"], 3), round(rep[r]["p99_s"], 3)) for r in rep} == {
+        "R1": (0.113, 0.347), "R2": (0.081, 0.364), "R3": (0.102, 0.214), "R4": (0.168, 0.576), "R5": (0.088, 0.272)}
+    assert [round(rep[r]["p99_s"] / rep["R1"]["p99_s"], 2) for r in ("R2", "R3", "R4", "R5")] == [1.05, 0.62, 1.66, 0.79]
+    diag = json.loads((work / "R2.diagnose.json").read_text())
+    assert diag["load_decisions"] == {"partial": {"probe": 1.0}, "recompute": {"below_breakeven": 66.0}}
+    sim = out["simulate"]
+    assert {r: tuple(round(sim[r][k]["ratio"], 2) for k in ("p50_s", "p90_s", "p99_s")) for r in sim} == {
+        "R2": (1.16, 1.01, 0.52), "R3": (0.92, 0.92, 0.88), "R4": (0.56, 0.42, 0.33), "R5": (1.06, 1.09, 0.61)}
+
+
 def test_the_h200_runs_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
     """--analyse over the H200's raw runs of 2026-12-02 (the second day's set: calibration and R1-R5): report,
     simulate and plan give the README's table; diagnose's verdicts are the ones it printed live."""

@@ -308,6 +308,21 @@ class Lab:
 
         return sum(redis.Redis(host=i["host"], port=i["port"], socket_timeout=10).dbsize() for i in self.tier(k)[0].instances)
 
+    def memory(self, k: int) -> dict:
+        """K's tier, all instances together: its keys, used and max memory (bytes) and the keys it evicted so far
+        (INFO's ``evicted_keys``: allkeys-lru samples, so a full tier drops chunks in the middle of documents and
+        their hits end there)."""
+        import redis
+
+        out = {"keys": 0, "used_memory": 0, "maxmemory": 0, "evicted_keys": 0}
+        for i in self.tier(k)[0].instances:
+            c = redis.Redis(host=i["host"], port=i["port"], socket_timeout=10)
+            got = {**c.info("memory"), **c.info("stats")}
+            out["keys"] += c.dbsize()
+            for key in ("used_memory", "maxmemory", "evicted_keys"):
+                out[key] += int(got.get(key) or 0)
+        return out
+
     def close(self) -> None:
         for k in list(self.tiers):
             self._down(k)
@@ -391,7 +406,11 @@ def run_step(lab: Lab, name: str) -> dict:
                 if now > have:
                     have, grew = now, time.monotonic()
             info.update(primed_prompts=n_prime, tier_keys=have, tier_keys_wanted=want,
-                        prime_s=round(time.monotonic() - t0, 1))
+                        prime_s=round(time.monotonic() - t0, 1), tier_after_priming=lab.memory(k))
+            mem = info["tier_after_priming"]
+            if mem["maxmemory"] and mem["used_memory"] > 0.85 * mem["maxmemory"]:
+                say(f"{name}: WARNING the primed tier uses {mem['used_memory'] / mem['maxmemory']:.0%} of its maxmemory: "
+                    "the run's own saves will evict primed chunks (raise --tier-gb)")
             if have < want * 0.9:
                 raise RuntimeError(f"{name}: the priming left {have} of {want} chunks in the tier (saves stalled for "
                                    f"{SAVE_STALL_S:g} s): the engine's config does not reach this tier, or it is full")
@@ -428,6 +447,11 @@ def run_step(lab: Lab, name: str) -> dict:
         t0 = time.monotonic()
         res = replay(srv.url, work / f"{trace_name}.trace.jsonl", work / f"{name}.jsonl", a)
         info.update(replay_s=round(time.monotonic() - t0, 1), replay=res.get("summary", res) if isinstance(res, dict) else res)
+        if k:
+            info["tier_after_run"] = lab.memory(k)
+            evicted = info["tier_after_run"]["evicted_keys"] - (info.get("tier_after_priming") or {}).get("evicted_keys", 0)
+            if evicted > 0:
+                say(f"{name}: WARNING the tier evicted {evicted} keys during the run: hits on their documents end there")
         if diagnose is not None:
             try:
                 diagnose.wait(timeout=max(60.0, span))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -105,6 +106,30 @@ def test_the_calibration_measures_the_tier_with_the_decision_off(paper, tmp_path
         lab.close()
     assert extra["calib"]["load_policy"] is False
     assert extra["R2"].get("load_policy", True) is (policy == "on")
+
+
+def test_the_tier_memory_a_run_records_is_the_instances_info(paper, tmp_path):
+    """What a run records of its tier after priming and after the replay (the H100's saturated-tier run of 2026-12-06
+    primed 58 GB into a 60 GiB tier and its lookups then missed): keys, used and max memory, evicted keys, summed over
+    the K real instances; a full allkeys-lru instance evicts and says so."""
+    import redis
+
+    a = paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu", "--link-mbps", "0", "--tier-gb", "0.05"])
+    lab = paper.Lab.__new__(paper.Lab)
+    lab.a, lab.work, lab.tiers = a, tmp_path, {}
+    try:
+        t = lab.tier(2)[0]
+        clients = [redis.Redis(host=i["host"], port=i["port"]) for i in t.instances]
+        for j in range(6):
+            clients[j % 2].set(f"k{j}", b"x" * 1000)
+        got = lab.memory(2)
+        assert got["keys"] == 6 and got["evicted_keys"] == 0 and got["maxmemory"] == 51_000_000  # --tier-gb 0.05: "51mb"
+        assert 0 < got["used_memory"] < got["maxmemory"]
+        for j in range(60):  # 60 MB into 51 MB of maxmemory: allkeys-lru evicts
+            clients[j % 2].set(f"big{j}", b"y" * 1_000_000)
+        assert lab.memory(2)["evicted_keys"] > 0
+    finally:
+        lab.close()
 
 
 def test_calibration_instances_default_and_reach_the_fit(paper):
@@ -226,6 +251,41 @@ def test_the_h100_runs_with_the_decision_analyse_to_what_benchmarks_readme_says(
     assert d["exit"] == 3 and d["rho"] < 0.05  # the decision recomputed the hits: no queue, B below break-even
     diag = json.loads((work / "R2.diagnose.json").read_text())
     assert diag["load_decisions"] == {"load": {"probe": 1.0}, "recompute": {"below_breakeven": 65.0}}
+
+
+def test_the_h100_runs_of_2026_12_06_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
+    """--analyse over the H100's two runs of 2026-12-06: R2 with the bounded re-probe against the night session's R1
+    (the same trace, link and flags), and the first try of the saturated-tier design, whose lookups found few
+    chunks: the README's percentiles, ratio and counts."""
+    import shutil
+    import tarfile
+
+    res = ROOT / "benchmarks" / "results"
+    work = tmp_path / "w"
+    shutil.copytree(res / "paper_gpu-h100-2026-12-06", work)
+    shutil.copy(res / "paper_gpu-h100-2026-12-05-night" / "R1.jsonl", work)
+    rep = paper.analyse(paper.parse_args(["--workdir", str(work), "--analyse"]))["report"]
+    assert {r: (round(rep[r]["p50_s"], 3), round(rep[r]["p99_s"], 3)) for r in rep} == {"R1": (0.349, 1.026), "R2": (0.375, 1.091)}
+    assert round(rep["R2"]["p99_s"] / rep["R1"]["p99_s"], 2) == 1.06
+    rows = [json.loads(line) for line in (work / "R2.jsonl").read_text().splitlines()[1:] if '"latency_s"' in line]
+    assert [(r["index"], r["cached_tokens"], round(r["latency_s"], 3)) for r in rows if r["cached_tokens"]] == [(71, 1024, 0.692)]
+
+    sat = tmp_path / "sat"
+    shutil.copytree(res / "paper_gpu-h100-2026-12-06-sat-800-on", sat)
+    r5 = paper.analyse(paper.parse_args(["--workdir", str(sat), "--analyse"]))["report"]["R5"]
+    assert (round(r5["p50_s"], 3), round(r5["p99_s"], 3), r5["max_in_flight"]) == (5.697, 12.495, 51)
+    assert [round(x, 1) for x in r5["thirds_p50_s"]] == [2.4, 5.8, 10.9]
+    info = json.loads((sat / "R5.info.json").read_text())
+    assert (info["tier_keys"], info["tier_keys_wanted"]) == (7284, 6930)
+    with tarfile.open(sat / "engine-logs.tar.gz") as tar:
+        log = tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith(".log"))).read().decode(errors="replace")
+    counts: dict[str, int] = {}
+    for line in log.splitlines():
+        if "KV Transfer metrics" in line:
+            for name, n in re.findall(r"load_decisions\{([a-z_]+,[a-z_]+)\}=(\d+)", line):
+                counts[name] = counts.get(name, 0) + int(n)
+    assert counts == {"load,no_data": 1, "load,wins": 4, "recompute,tier_queue": 8, "given_up,deadline": 1,
+                      "recompute,below_n_star": 89, "recompute,below_breakeven": 9}
 
 
 def test_the_h100_night_runs_analyse_to_what_benchmarks_readme_says(paper, tmp_path):

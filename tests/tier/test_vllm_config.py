@@ -154,3 +154,16 @@ def test_library_rules():
     assert with_user("rediss://h:1/2?ssl_cert_reqs=none", "kvctl-engine") == "rediss://kvctl-engine@h:1/2?ssl_cert_reqs=none"
     cfg = kv_transfer_config(["resp://h:1"], ConnectorOptions(chunk_tokens=64, async_loading=True))
     assert shlex.split(render_shell(cfg)) == ["--kv-transfer-config", json.dumps(cfg, separators=(",", ":"))]
+
+
+def test_the_lmcache_launch_line_of_docs_gpu_loads_in_vllm_with_recompute():
+    """docs/gpu.md's launch of LMCache's own connector, through vLLM's own argument parser: LMCacheConnectorV1 with
+    ``kv_load_failure_policy`` recompute (vLLM's default, fail, ends a request whose hit LMCache cannot load in full:
+    doctor's load_failure_policy)."""
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "gpu.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "LMCacheConnectorV1" in b)
+    line = next(ln for ln in block.replace("\\\n", " ").splitlines() if "api_server" in ln)
+    kv = vllm_loaders.kv_from_command_line(line)
+    assert (kv.kv_connector, kv.kv_role, kv.kv_load_failure_policy) == ("LMCacheConnectorV1", "kv_both", "recompute")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import signal
@@ -37,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kvctl.lab.engine import (  # noqa: E402
-    ApiServer, LabTier, default_kv_cache_gb, dummy_cuda_server_args, engine_env, temp_workdir)
+    ApiServer, LabTier, default_kv_cache_gb, dummy_cuda_server_args, engine_env, pythonpath_first, temp_workdir)
 from kvctl.records import prometheus  # noqa: E402
 
 VARIANTS = ("none", "noop", "kvctl-off", "kvctl")
@@ -110,8 +109,7 @@ def scrape(srv: ApiServer) -> prometheus.Scrape:
 def variant_env(device: str) -> dict:
     """The engines' environment: the tree first on PYTHONPATH (the engine finds kvctl.lab's connector), then the one
     this process has (the GPU host's bundle is /tmp/site: without it the engine found no vLLM, 2026-12-05)."""
-    return engine_env(device=device, extra={"PYTHONPATH": os.pathsep.join(
-        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)})
+    return engine_env(device=device, extra={"PYTHONPATH": pythonpath_first(REPO)})
 
 
 def start_variant(a, variant: str, model: Path, args: list[str], tier: LabTier, work: Path) -> tuple[ApiServer, float]:

@@ -61,7 +61,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kvctl.lab.engine import ApiServer, EngineError, engine_env, lmcache_kv_transfer_config  # noqa: E402
+from kvctl.lab.engine import ApiServer, EngineError, engine_env, lmcache_kv_transfer_config, pythonpath_first  # noqa: E402
 from kvctl.tier.server import free_base_port  # noqa: E402
 
 KVCTL = [sys.executable, "-P", "-c", "from kvctl.cli import main; main()"]
@@ -288,7 +288,7 @@ class OpsRun:
         self.s: float | None = None  # bytes per token
         self.hits_ok: bool | None = None
         self.bench_gbps: float | None = None  # kvctl bench's GET GB/s on the idle tier
-        self.env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        self.env = dict(os.environ, PYTHONPATH=pythonpath_first(REPO),
                         KVCTL_HOME=str(self.out / "kvctl-home"))
         self.steps = Steps(self.out, {
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),

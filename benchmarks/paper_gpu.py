@@ -316,9 +316,9 @@ class Lab:
 
         out = {"keys": 0, "used_memory": 0, "maxmemory": 0, "evicted_keys": 0}
         for i in self.tier(k)[0].instances:
-            c = redis.Redis(host=i["host"], port=i["port"], socket_timeout=10)
-            got = {**c.info("memory"), **c.info("stats")}
-            out["keys"] += c.dbsize()
+            with redis.Redis(host=i["host"], port=i["port"], socket_timeout=10) as c:
+                got = {**c.info("memory"), **c.info("stats")}
+                out["keys"] += c.dbsize()
             for key in ("used_memory", "maxmemory", "evicted_keys"):
                 out[key] += int(got.get(key) or 0)
         return out

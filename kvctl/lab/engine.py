@@ -75,6 +75,12 @@ class EngineError(RuntimeError):
     """An engine process failed, answered an error, or did not answer in time; the message has its log's tail."""
 
 
+def pythonpath_first(path: Path) -> str:
+    """A PYTHONPATH with ``path`` first, then this process's own (an engine child finds the tree's kvctl and its test
+    hooks, and still the packages this process found there: the GPU host's bundle is /tmp/site)."""
+    return os.pathsep.join(p for p in (str(path), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def engine_env(*, device: str = "cuda", trace: Path | None = None, extra: dict | None = None) -> dict:
     """The environment of an engine child: offline, no usage stats, our trace file, and what each device needs."""
     env = dict(os.environ)

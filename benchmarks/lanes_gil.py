@@ -10,8 +10,10 @@ take-back can wait up to ``sys.getswitchinterval()`` (5 ms by default).
 This measures that mechanism without a GPU: ``--lanes`` threads, each with its own RespClient connection to one real
 local Valkey, GET ``--value-mb`` values one per round trip (a pipelined load's unit) while the main thread is
 (a) waiting, (b) busy in Python, (c) busy in Python with the switch interval at ``--switch-ms``, (d) as busy a core
-without holding the GIL (what (b) costs in CPU alone, on a machine of few cores). The modes alternate round by round
-so machine noise hits all alike; it prints GB/s per mode and the ratios to (a).
+without holding the GIL (what (b) costs in CPU alone, on a machine of few cores). Each of these reads a value's
+payload as the connection does (``MSG_WAITALL`` in one ``recv`` where the platform has it, ``resp_conn.WAITALL_OK``);
+(e) is (b) with the old reader, a ``recv_into`` per arrival, on connections of their own. The modes alternate round
+by round so machine noise hits all alike; it prints GB/s per mode and the ratios to (a).
 
     .venv/bin/python benchmarks/lanes_gil.py [--seconds 12] [--value-mb 2] [--lanes 8] [--switch-ms 0.5]
 """
@@ -28,10 +30,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from kvctl.connector import resp_conn
 from kvctl.connector.resp import RespClient
 from kvctl.tier.server import start_valkey
 
-MODES = ("idle", "busy", "busy+switch", "busy-nogil")
+MODES = ("idle", "busy", "busy+switch", "busy-nogil", "busy-recvloop")
 
 
 def _busy(stop: threading.Event) -> int:
@@ -61,16 +64,25 @@ def run(seconds: float, value_mb: float, lanes: int, keys_per_lane: int, switch_
         server = start_valkey(tmp, settings={"maxmemory": f"{maxmem}mb", "io-threads": 2}, die_with_parent=True)
         try:
             clients = [RespClient(server.url, timeout_s=30.0, pool_size=1, parallel_gets=1) for _ in range(lanes)]
+            waitall, resp_conn.WAITALL_OK = resp_conn.WAITALL_OK, False
+            try:  # (e): connections that read a payload a recv_into at a time (the reader before MSG_WAITALL)
+                loop_clients = [RespClient(server.url, timeout_s=30.0, pool_size=1, parallel_gets=1)
+                                for _ in range(lanes)]
+                for c in loop_clients:
+                    c.ping()
+            finally:
+                resp_conn.WAITALL_OK = waitall
             keys = [[f"lane{li}:{k}" for k in range(keys_per_lane)] for li in range(lanes)]
             for li, c in enumerate(clients):
                 c.batched_set(keys[li], [bytes([li]) * size] * keys_per_lane)
             bufs = [bytearray(size) for _ in range(lanes)]
             pool = ThreadPoolExecutor(lanes)
 
-            def lane(li: int) -> int:
+            def lane(li: int, loop: bool = False) -> int:
                 got = 0
+                client = (loop_clients if loop else clients)[li]
                 for k in keys[li]:  # one value per round trip, as a pipelined load's unit
-                    if clients[li].batched_get([k], [bufs[li]])[0]:
+                    if client.batched_get([k], [bufs[li]])[0]:
                         got += size
                 return got
 
@@ -81,7 +93,7 @@ def run(seconds: float, value_mb: float, lanes: int, keys_per_lane: int, switch_
                     sys.setswitchinterval(switch_ms / 1000)
                 try:
                     t0 = time.perf_counter()
-                    futs = [pool.submit(lane, li) for li in range(lanes)]
+                    futs = [pool.submit(lane, li, mode == "busy-recvloop") for li in range(lanes)]
                     if mode == "idle":
                         got = sum(f.result() for f in futs)
                     else:
@@ -101,12 +113,12 @@ def run(seconds: float, value_mb: float, lanes: int, keys_per_lane: int, switch_
                 for m in MODES:
                     results[m].append(one_round(m))
             pool.shutdown()
-            for c in clients:
+            for c in clients + loop_clients:
                 c.close()
         finally:
             server.stop()
     med = {m: statistics.median(v) for m, v in results.items()}
-    return {"value_mb": value_mb, "lanes": lanes, "keys_per_lane": keys_per_lane, "switch_ms": switch_ms,
+    return {"waitall": resp_conn.WAITALL_OK, "value_mb": value_mb, "lanes": lanes, "keys_per_lane": keys_per_lane, "switch_ms": switch_ms,
             "rounds": len(results["idle"]), "gbps": med,
             "vs_idle": {m: med[m] / med["idle"] for m in MODES}}
 

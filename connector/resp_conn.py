@@ -9,6 +9,11 @@ connection keeps (the client's module docstring has the whole list):
 * one deadline for a whole call, re-armed on the socket only when it drifts
   by more than :data:`REARM_FRACTION` of the call's budget;
 * a bulk longer than ``max_bulk_bytes`` is a protocol error at its header;
+* on Linux, over plain TCP, the rest of a large payload is read with
+  ``MSG_WAITALL`` on the blocking socket, bounded by ``SO_RCVTIMEO``: one
+  syscall, the GIL released for all of it (issue 45: beside a thread that holds
+  the GIL, each of the dozens of ``recv_into`` an 8 MB value otherwise takes
+  waits to take the GIL back);
 * :meth:`Connection.in_sync` / :meth:`Connection.reusable` say whether the
   pool may hand it out again.
 
@@ -20,6 +25,8 @@ from __future__ import annotations
 import select
 import socket
 import ssl
+import struct
+import sys
 import time
 from typing import Any, Iterable
 
@@ -42,6 +49,11 @@ MAX_BULK_BYTES = 512 * 1024 * 1024  # Valkey's default proto-max-bulk-len: no re
 # exceeds that by more than this fraction of the call's budget: a call overruns
 # its deadline by at most 2 %, without a settimeout() per recv of a large value.
 REARM_FRACTION = 0.02
+# Payload left to read from which read_exact_into waits for all of it in the kernel (MSG_WAITALL): below it the
+# buffered path's few recv_into cost less than the two mode switches.
+WAITALL_MIN_BYTES = 256 * 1024
+#: MSG_WAITALL with a receive timeout (SO_RCVTIMEO: a struct timeval of two longs) as Linux has them
+WAITALL_OK = sys.platform.startswith("linux") and hasattr(socket, "MSG_WAITALL") and hasattr(socket, "SO_RCVTIMEO")
 
 
 def make_ssl_context(url: RespUrl) -> ssl.SSLContext:
@@ -109,6 +121,7 @@ class Connection:
         self.last_error = b""
         self.deadline = time.monotonic() + timeout_s if deadline is None else deadline
         self._sock_timeout = 0.0
+        self.waitall = WAITALL_OK and not url.tls
         where = f"{url.host}:{url.port}"
         try:
             sock = _open_socket(url.host, url.port, self.deadline)
@@ -280,16 +293,73 @@ class Connection:
                 raise RespProtocolError(f"reply line from {self.where()} longer than {MAX_LINE} bytes")
             self._fill()
 
-    def read_exact_into(self, dest: memoryview) -> None:
-        """Fill ``dest`` completely: buffered bytes first, then ``recv_into`` straight into it."""
+    def read_exact_into(self, dest: memoryview, crlf: bool = False) -> None:
+        """Fill ``dest`` completely: buffered bytes first, then ``recv_into`` straight into it.
+
+        With ``crlf`` the bulk's terminating CRLF is read and checked too (in the
+        same ``MSG_WAITALL`` receive as the payload's rest, where that is taken).
+        """
         need = len(dest)
         have = min(need, self._rend - self._rpos)
         if have:
             dest[:have] = self._rview[self._rpos : self._rpos + have]
             self._rpos += have
         pos = have
+        if self.waitall and need - pos >= WAITALL_MIN_BYTES:
+            self._recv_all_into(dest[pos:], crlf)
+            return
         while pos < need:
             pos += self._recv_into(dest[pos:])
+        if crlf:
+            self.expect_crlf()
+
+    def _recv_all_into(self, dest: memoryview, crlf: bool) -> None:
+        """Fill ``dest`` (and read a CRLF after it) with ``MSG_WAITALL`` on the blocking socket, bounded by ``SO_RCVTIMEO``.
+
+        CPython releases the GIL around each ``recv``; a nonblocking socket (how
+        Python implements timeouts) returns whatever has arrived, so a multi-MB
+        value comes in dozens of calls, each taking the GIL back. Blocking with
+        ``MSG_WAITALL`` the kernel returns once, when all of it is there, or
+        early at the receive timeout, a signal, or the peer's close; the
+        deadline is re-checked after each early return. The socket's Python
+        timeout is restored after. Only called with nothing buffered.
+        """
+        need = len(dest)
+        tail = bytearray(2 if crlf else 0)
+        tview = memoryview(tail)
+        pos = got = 0
+        sock = self.sock
+        try:
+            sock.settimeout(None)
+            while pos < need or got < len(tail):
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise RespTimeout(f"no reply from {self.where()} within {self.timeout_s:g}s")
+                sec = int(left)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                                struct.pack("ll", sec, max(1, int((left - sec) * 1e6))))
+                bufs = [dest[pos:]] if pos < need else []
+                if got < len(tail):
+                    bufs.append(tview[got:])
+                try:
+                    n = sock.recvmsg_into(bufs, 0, socket.MSG_WAITALL)[0]
+                except BlockingIOError:  # EAGAIN: the receive timeout passed with nothing read
+                    raise RespTimeout(f"no reply from {self.where()} within {self.timeout_s:g}s") from None
+                if n == 0:
+                    raise RespConnectionError(f"{self.where()} closed the connection mid-reply")
+                self.replied = True
+                into_dest = min(n, need - pos)
+                pos += into_dest
+                got += n - into_dest
+        except OSError as exc:
+            raise RespConnectionError(f"receive from {self.where()} failed: {exc}") from None
+        finally:
+            try:
+                sock.settimeout(self._sock_timeout)
+            except OSError:
+                self.broken = True
+        if crlf and tail != CRLF:
+            raise RespProtocolError(f"bulk reply from {self.where()} not terminated by CRLF")
 
     def discard(self, n: int) -> None:
         """Consume and drop ``n`` bytes of reply."""

@@ -99,8 +99,7 @@ def get_op(keys: Sequence[str | bytes], views: Sequence[memoryview], fanout: Fan
                 elif length == -1:
                     filled.append(False)  # bug 2: null bulk = per-key miss, nothing more to read
                 elif length == len(view):
-                    conn.read_exact_into(view)
-                    conn.expect_crlf()
+                    conn.read_exact_into(view, crlf=True)
                     filled.append(True)
                 else:
                     conn.discard(length)  # size mismatch: a miss, but consume the value

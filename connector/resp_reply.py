@@ -80,8 +80,7 @@ def _read(conn: Connection, budget: _Budget, depth: int) -> Any:
     if kind == b"$":
         budget.take(n + 2)
         buf = bytearray(n)
-        conn.read_exact_into(memoryview(buf))
-        conn.expect_crlf()
+        conn.read_exact_into(memoryview(buf), crlf=True)
         return bytes(buf)
     if depth >= budget.limits.max_depth:
         raise RespProtocolError(f"arrays nested deeper than {budget.limits.max_depth} from {budget.where}")

@@ -13,6 +13,7 @@ from typing import Callable
 
 import pytest
 
+from kvctl.connector import resp_conn
 from kvctl.connector.resp import (
     RespClient,
     RespConnectionError,
@@ -53,28 +54,111 @@ def test_silent_server_times_out(scripted):
         _assert_dropped(client)
 
 
-def test_close_mid_payload(scripted):
+#: a value small enough for the buffered reader, and one whose rest takes the MSG_WAITALL receive (resp_conn.py)
+SIZES = [1000, 4 * resp_conn.WAITALL_MIN_BYTES]
+
+
+@pytest.fixture
+def waitall_calls(monkeypatch):
+    """How many payloads took the ``MSG_WAITALL`` receive (a spy around the real method)."""
+    calls = []
+    real = resp_conn.Connection._recv_all_into
+
+    def spy(self, dest, crlf):
+        calls.append(len(dest))
+        return real(self, dest, crlf)
+
+    monkeypatch.setattr(resp_conn.Connection, "_recv_all_into", spy)
+    return calls
+
+
+def _expect_waitall(size: int, calls: list[int]) -> None:
+    """The large size went through the MSG_WAITALL receive where the platform has it, the small one never."""
+    if size >= resp_conn.WAITALL_MIN_BYTES + resp_conn._READ_CHUNK and resp_conn.WAITALL_OK:
+        assert calls, "a multi-MB payload was read without MSG_WAITALL"
+    elif size < resp_conn.WAITALL_MIN_BYTES:
+        assert not calls
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_close_mid_payload(scripted, waitall_calls, size):
     def script(conn: socket.socket) -> bool:
-        conn.sendall(b"$1000\r\n" + b"x" * 300)
+        conn.sendall(b"$%d\r\n" % size + b"x" * (size * 3 // 4))
         return False
 
     srv = scripted(script)
     with RespClient(srv.url, timeout_s=TIMEOUT_S) as client:
+        t0 = time.monotonic()
         with pytest.raises(RespConnectionError, match="closed"):
-            client.batched_get(["k"], [bytearray(1000)])
+            client.batched_get(["k"], [bytearray(size)])
+        assert time.monotonic() - t0 < TIMEOUT_S + 1.0
         _assert_dropped(client)
+    _expect_waitall(size, waitall_calls)
 
 
-def test_stall_mid_payload_times_out(scripted):
+@pytest.mark.parametrize("size", SIZES)
+def test_stall_mid_payload_times_out(scripted, waitall_calls, size):
+    """A server that stops mid-value (the paper's §5.4 stall): the call ends at its deadline, in either reader."""
+
     def script(conn: socket.socket) -> bool:
-        conn.sendall(b"$1000\r\n" + b"x" * 300)
+        conn.sendall(b"$%d\r\n" % size + b"x" * (size * 3 // 4))
         return True
 
     srv = scripted(script)
     with RespClient(srv.url, timeout_s=TIMEOUT_S) as client:
+        t0 = time.monotonic()
         with pytest.raises(RespTimeout):
-            client.batched_get(["k"], [bytearray(1000)])
+            client.batched_get(["k"], [bytearray(size)])
+        took = time.monotonic() - t0
+        assert TIMEOUT_S * 0.9 < took < TIMEOUT_S + 1.0, took
         _assert_dropped(client)
+    _expect_waitall(size, waitall_calls)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_value_dripped_in_pieces_arrives_whole(scripted, waitall_calls, size):
+    """The payload and its CRLF in eight pieces 20 ms apart, then a second value: both filled, the connection kept.
+
+    The MSG_WAITALL receive waits across the pieces in the kernel; the CRLF it reads with the payload's rest
+    arrives in a piece of its own.
+    """
+    first = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    second = b"y" * size
+
+    srv = scripted(lambda conn: _drip(conn, size, first, second))
+    with RespClient(srv.url, timeout_s=5.0) as client:
+        a, b = bytearray(size), bytearray(size)
+        assert client.batched_get(["a", "b"], [a, b]) == [True, True]
+        assert a == first and b == second
+        assert client.pool_stats().idle == 1  # in sync, kept
+    _expect_waitall(size, waitall_calls)
+
+
+def _drip(conn: socket.socket, size: int, first: bytes, second: bytes) -> bool:
+    """Two GET replies, the first in eight pieces and its CRLF split, 20 ms apart."""
+    wire = b"$%d\r\n" % size + first
+    step = len(wire) // 8 + 1
+    for i in range(0, len(wire), step):
+        conn.sendall(wire[i : i + step])
+        time.sleep(0.02)
+    conn.sendall(b"\r")
+    time.sleep(0.02)
+    conn.sendall(b"\n" + b"$%d\r\n" % size + second + b"\r\n")
+    return True
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_large_value_not_ended_by_crlf_is_a_protocol_error(scripted, waitall_calls, size):
+    def script(conn: socket.socket) -> bool:
+        conn.sendall(b"$%d\r\n" % size + b"x" * size + b"XY")
+        return True
+
+    srv = scripted(script)
+    with RespClient(srv.url, timeout_s=TIMEOUT_S) as client:
+        with pytest.raises(RespProtocolError, match="CRLF"):
+            client.batched_get(["k"], [bytearray(size)])
+        _assert_dropped(client)
+    _expect_waitall(size, waitall_calls)
 
 
 def test_truncated_header_then_close(scripted):

@@ -12,8 +12,10 @@ local Valkey, GET ``--value-mb`` values one per round trip (a pipelined load's u
 (a) waiting, (b) busy in Python, (c) busy in Python with the switch interval at ``--switch-ms``, (d) as busy a core
 without holding the GIL (what (b) costs in CPU alone, on a machine of few cores). Each of these reads a value's
 payload as the connection does (``MSG_WAITALL`` in one ``recv`` where the platform has it, ``resp_conn.WAITALL_OK``);
-(e) is (b) with the old reader, a ``recv_into`` per arrival, on connections of their own. The modes alternate round
-by round so machine noise hits all alike; it prints GB/s per mode and the ratios to (a).
+(e) is (b) with the old reader, a ``recv_into`` per arrival, on connections of their own; (f) is (b) with each lane
+in a process of its own (its own GIL) GETting into one shared-memory buffer, the main process told once a round
+per lane over a pipe: a reader off the engine's GIL, as issue 45's gap asks. The modes alternate round by round so
+machine noise hits all alike; it prints GB/s per mode and the ratios to (a).
 
     .venv/bin/python benchmarks/lanes_gil.py [--seconds 12] [--value-mb 2] [--lanes 8] [--switch-ms 0.5]
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import multiprocessing as mp
 import statistics
 import sys
 import tempfile
@@ -34,7 +37,7 @@ from kvctl.connector import resp_conn
 from kvctl.connector.resp import RespClient
 from kvctl.tier.server import start_valkey
 
-MODES = ("idle", "busy", "busy+switch", "busy-nogil", "busy-recvloop")
+MODES = ("idle", "busy", "busy+switch", "busy-nogil", "busy-recvloop", "busy-procs")
 
 
 def _busy(stop: threading.Event) -> int:
@@ -57,6 +60,26 @@ def _busy_nogil(stop: threading.Event) -> int:
     return n
 
 
+def _proc_lane(url: str, keys: list[str], shm_name: str, offset: int, size: int, pipe) -> None:
+    """A lane in its own process: on each "go" GET ``keys`` one per round trip into its part of the shared buffer."""
+    from multiprocessing import shared_memory
+
+    shm = shared_memory.SharedMemory(name=shm_name)
+    view = shm.buf[offset : offset + size]
+    client = RespClient(url, timeout_s=30.0, pool_size=1, parallel_gets=1)
+    try:
+        while pipe.recv() == "go":
+            got = 0
+            for k in keys:
+                if client.batched_get([k], [view])[0]:
+                    got += size
+            pipe.send(got)
+    finally:
+        client.close()
+        del view
+        shm.close()
+
+
 def run(seconds: float, value_mb: float, lanes: int, keys_per_lane: int, switch_ms: float) -> dict:
     size = int(value_mb * 1e6)
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,6 +100,18 @@ def run(seconds: float, value_mb: float, lanes: int, keys_per_lane: int, switch_
                 c.batched_set(keys[li], [bytes([li]) * size] * keys_per_lane)
             bufs = [bytearray(size) for _ in range(lanes)]
             pool = ThreadPoolExecutor(lanes)
+            from multiprocessing import shared_memory
+
+            shm = shared_memory.SharedMemory(create=True, size=lanes * size)
+            ctx = mp.get_context("fork")
+            pipes, procs = [], []
+            for li in range(lanes):
+                mine, theirs = ctx.Pipe()
+                p = ctx.Process(target=_proc_lane, args=(server.url, keys[li], shm.name, li * size, size, theirs),
+                                daemon=True)
+                p.start()
+                pipes.append(mine)
+                procs.append(p)
 
             def lane(li: int, loop: bool = False) -> int:
                 got = 0
@@ -93,7 +128,12 @@ def run(seconds: float, value_mb: float, lanes: int, keys_per_lane: int, switch_
                     sys.setswitchinterval(switch_ms / 1000)
                 try:
                     t0 = time.perf_counter()
-                    futs = [pool.submit(lane, li, mode == "busy-recvloop") for li in range(lanes)]
+                    if mode == "busy-procs":
+                        for pp in pipes:
+                            pp.send("go")
+                        futs = [pool.submit(pp.recv) for pp in pipes]  # a pipe's wait gives the GIL up
+                    else:
+                        futs = [pool.submit(lane, li, mode == "busy-recvloop") for li in range(lanes)]
                     if mode == "idle":
                         got = sum(f.result() for f in futs)
                     else:
@@ -115,6 +155,13 @@ def run(seconds: float, value_mb: float, lanes: int, keys_per_lane: int, switch_
             pool.shutdown()
             for c in clients + loop_clients:
                 c.close()
+            for pp, p in zip(pipes, procs):
+                pp.send("stop")
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()  # a lane process this run started
+            shm.close()
+            shm.unlink()
         finally:
             server.stop()
     med = {m: statistics.median(v) for m, v in results.items()}

@@ -12,7 +12,8 @@ local Valkey, GET ``--value-mb`` values one per round trip (a pipelined load's u
 (a) waiting, (b) busy in Python, (c) busy in Python with the switch interval at ``--switch-ms``, (d) as busy a core
 without holding the GIL (what (b) costs in CPU alone, on a machine of few cores). Each of these reads a value's
 payload as the connection does (``MSG_WAITALL`` in one ``recv`` where the platform has it, ``resp_conn.WAITALL_OK``);
-(e) is (b) with the old reader, a ``recv_into`` per arrival, on connections of their own; (f) is (b) with each lane
+(e) is (b) with the old reader, a ``recv_into`` per arrival, on connections of their own (and ``idle-recvloop``
+(a) with it: what the new reader changes for a serial load); (f) is (b) with each lane
 in a process of its own (its own GIL) GETting into one shared-memory buffer, the main process told once a round
 per lane over a pipe: a reader off the engine's GIL, as issue 45's gap asks. The modes alternate round by round so
 machine noise hits all alike; it prints GB/s per mode and the ratios to (a).
@@ -37,7 +38,7 @@ from kvctl.connector import resp_conn
 from kvctl.connector.resp import RespClient
 from kvctl.tier.server import start_valkey
 
-MODES = ("idle", "busy", "busy+switch", "busy-nogil", "busy-recvloop", "busy-procs")
+MODES = ("idle", "busy", "busy+switch", "busy-nogil", "busy-recvloop", "busy-procs", "idle-recvloop")
 
 
 def _busy(stop: threading.Event) -> int:
@@ -133,8 +134,8 @@ def run(seconds: float, value_mb: float, lanes: int, keys_per_lane: int, switch_
                             pp.send("go")
                         futs = [pool.submit(pp.recv) for pp in pipes]  # a pipe's wait gives the GIL up
                     else:
-                        futs = [pool.submit(lane, li, mode == "busy-recvloop") for li in range(lanes)]
-                    if mode == "idle":
+                        futs = [pool.submit(lane, li, mode.endswith("recvloop")) for li in range(lanes)]
+                    if mode.startswith("idle"):
                         got = sum(f.result() for f in futs)
                     else:
                         waiter = threading.Thread(target=lambda: [f.result() for f in futs] and stop.set())

@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing import shared_memory
 
 from kvctl.connector import resp_conn
 from kvctl.connector.resp import RespClient
@@ -63,8 +64,6 @@ def _busy_nogil(stop: threading.Event) -> int:
 
 def _proc_lane(url: str, keys: list[str], shm_name: str, offset: int, size: int, pipe) -> None:
     """A lane in its own process: on each "go" GET ``keys`` one per round trip into its part of the shared buffer."""
-    from multiprocessing import shared_memory
-
     shm = shared_memory.SharedMemory(name=shm_name)
     view = shm.buf[offset : offset + size]
     client = RespClient(url, timeout_s=30.0, pool_size=1, parallel_gets=1)
@@ -101,68 +100,71 @@ def run(seconds: float, value_mb: float, lanes: int, keys_per_lane: int, switch_
                 c.batched_set(keys[li], [bytes([li]) * size] * keys_per_lane)
             bufs = [bytearray(size) for _ in range(lanes)]
             pool = ThreadPoolExecutor(lanes)
-            from multiprocessing import shared_memory
-
             shm = shared_memory.SharedMemory(create=True, size=lanes * size)
-            ctx = mp.get_context("fork")
             pipes, procs = [], []
-            for li in range(lanes):
-                mine, theirs = ctx.Pipe()
-                p = ctx.Process(target=_proc_lane, args=(server.url, keys[li], shm.name, li * size, size, theirs),
-                                daemon=True)
-                p.start()
-                pipes.append(mine)
-                procs.append(p)
+            try:
+                ctx = mp.get_context("fork")
+                for li in range(lanes):
+                    mine, theirs = ctx.Pipe()
+                    p = ctx.Process(target=_proc_lane, args=(server.url, keys[li], shm.name, li * size, size, theirs),
+                                    daemon=True)
+                    p.start()
+                    pipes.append(mine)
+                    procs.append(p)
 
-            def lane(li: int, loop: bool = False) -> int:
-                got = 0
-                client = (loop_clients if loop else clients)[li]
-                for k in keys[li]:  # one value per round trip, as a pipelined load's unit
-                    if client.batched_get([k], [bufs[li]])[0]:
-                        got += size
-                return got
+                def lane(li: int, loop: bool = False) -> int:
+                    got = 0
+                    client = (loop_clients if loop else clients)[li]
+                    for k in keys[li]:  # one value per round trip, as a pipelined load's unit
+                        if client.batched_get([k], [bufs[li]])[0]:
+                            got += size
+                    return got
 
-            def one_round(mode: str) -> float:
-                stop = threading.Event()
-                old = sys.getswitchinterval()
-                if mode == "busy+switch":
-                    sys.setswitchinterval(switch_ms / 1000)
-                try:
-                    t0 = time.perf_counter()
-                    if mode == "busy-procs":
-                        for pp in pipes:
-                            pp.send("go")
-                        futs = [pool.submit(pp.recv) for pp in pipes]  # a pipe's wait gives the GIL up
-                    else:
-                        futs = [pool.submit(lane, li, mode.endswith("recvloop")) for li in range(lanes)]
-                    if mode.startswith("idle"):
-                        got = sum(f.result() for f in futs)
-                    else:
-                        waiter = threading.Thread(target=lambda: [f.result() for f in futs] and stop.set())
-                        waiter.start()
-                        (_busy_nogil if mode == "busy-nogil" else _busy)(stop)  # the main thread, as vLLM's, works
-                        waiter.join()
-                        got = sum(f.result() for f in futs)
-                    return got / (time.perf_counter() - t0) / 1e9
-                finally:
-                    sys.setswitchinterval(old)
+                def one_round(mode: str) -> float:
+                    stop = threading.Event()
+                    old = sys.getswitchinterval()
+                    if mode == "busy+switch":
+                        sys.setswitchinterval(switch_ms / 1000)
+                    try:
+                        t0 = time.perf_counter()
+                        if mode == "busy-procs":
+                            for pp in pipes:
+                                pp.send("go")
+                            futs = [pool.submit(pp.recv) for pp in pipes]  # a pipe's wait gives the GIL up
+                        else:
+                            futs = [pool.submit(lane, li, mode.endswith("recvloop")) for li in range(lanes)]
+                        if mode.startswith("idle"):
+                            got = sum(f.result() for f in futs)
+                        else:
+                            waiter = threading.Thread(target=lambda: [f.result() for f in futs] and stop.set())
+                            waiter.start()
+                            (_busy_nogil if mode == "busy-nogil" else _busy)(stop)  # the main thread, as vLLM's, works
+                            waiter.join()
+                            got = sum(f.result() for f in futs)
+                        return got / (time.perf_counter() - t0) / 1e9
+                    finally:
+                        sys.setswitchinterval(old)
 
-            results: dict[str, list[float]] = {m: [] for m in MODES}
-            one_round("idle")  # warm-up
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
-                for m in MODES:
-                    results[m].append(one_round(m))
-            pool.shutdown()
-            for c in clients + loop_clients:
-                c.close()
-            for pp, p in zip(pipes, procs):
-                pp.send("stop")
-                p.join(timeout=10)
-                if p.is_alive():
-                    p.kill()  # a lane process this run started
-            shm.close()
-            shm.unlink()
+                results: dict[str, list[float]] = {m: [] for m in MODES}
+                one_round("idle")  # warm-up
+                deadline = time.monotonic() + seconds
+                while time.monotonic() < deadline:
+                    for m in MODES:
+                        results[m].append(one_round(m))
+                pool.shutdown()
+                for c in clients + loop_clients:
+                    c.close()
+            finally:  # the lane processes and the shared segment this run made, also on an error or Ctrl-C
+                for pp, p in zip(pipes, procs):
+                    try:
+                        pp.send("stop")
+                    except OSError:
+                        pass
+                    p.join(timeout=10)
+                    if p.is_alive():
+                        p.kill()
+                shm.close()
+                shm.unlink()
         finally:
             server.stop()
     med = {m: statistics.median(v) for m, v in results.items()}

@@ -256,12 +256,15 @@ class Connection:
         except OSError as exc:
             raise RespConnectionError(f"send to {self.where()} failed: {exc}") from None
 
+    def _no_reply(self) -> RespTimeout:
+        return RespTimeout(f"no reply from {self.where()} within {self.timeout_s:g}s")
+
     def _recv_into(self, view: memoryview) -> int:
         self._arm()
         try:
             n = self.sock.recv_into(view)
         except socket.timeout:
-            raise RespTimeout(f"no reply from {self.where()} within {self.timeout_s:g}s") from None
+            raise self._no_reply() from None
         except OSError as exc:
             raise RespConnectionError(f"receive from {self.where()} failed: {exc}") from None
         if n == 0:
@@ -334,7 +337,7 @@ class Connection:
             while pos < need or got < len(tail):
                 left = self.deadline - time.monotonic()
                 if left <= 0:
-                    raise RespTimeout(f"no reply from {self.where()} within {self.timeout_s:g}s")
+                    raise self._no_reply()
                 sec = int(left)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
                                 struct.pack("ll", sec, max(1, int((left - sec) * 1e6))))
@@ -344,7 +347,7 @@ class Connection:
                 try:
                     n = sock.recvmsg_into(bufs, 0, socket.MSG_WAITALL)[0]
                 except BlockingIOError:  # EAGAIN: the receive timeout passed with nothing read
-                    raise RespTimeout(f"no reply from {self.where()} within {self.timeout_s:g}s") from None
+                    raise self._no_reply() from None
                 if n == 0:
                     raise RespConnectionError(f"{self.where()} closed the connection mid-reply")
                 self.replied = True

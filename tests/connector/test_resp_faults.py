@@ -58,20 +58,6 @@ def test_silent_server_times_out(scripted):
 SIZES = [1000, 4 * resp_conn.WAITALL_MIN_BYTES]
 
 
-@pytest.fixture
-def waitall_calls(monkeypatch):
-    """How many payloads took the ``MSG_WAITALL`` receive (a spy around the real method)."""
-    calls = []
-    real = resp_conn.Connection._recv_all_into
-
-    def spy(self, dest, crlf):
-        calls.append(len(dest))
-        return real(self, dest, crlf)
-
-    monkeypatch.setattr(resp_conn.Connection, "_recv_all_into", spy)
-    return calls
-
-
 def _expect_waitall(size: int, calls: list[int]) -> None:
     """The large size went through the MSG_WAITALL receive where the platform has it, the small one never."""
     if size >= resp_conn.WAITALL_MIN_BYTES + resp_conn._READ_CHUNK and resp_conn.WAITALL_OK:

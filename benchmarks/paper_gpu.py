@@ -50,6 +50,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,7 @@ from benchmarks import linkshaper  # noqa: E402
 from benchmarks.paper_gpu_inputs import (  # noqa: E402
     MAX_SPAN_S, field, number, read_bytes_per_token, read_diagnose, read_info, read_meta, read_rho_samples)
 from benchmarks.simulate_vs_replay import fit_prefill_rate  # noqa: E402
+from kvctl.connector.trace import TRACE_ENV  # noqa: E402
 from kvctl.core.procs import die_with_parent  # noqa: E402
 from kvctl.core import files  # noqa: E402
 from kvctl.core.errors import InvalidInput, KvctlError  # noqa: E402
@@ -381,7 +383,9 @@ def run_step(lab: Lab, name: str) -> dict:
         lab.flush(k)
     say(f"{name}: engine (K={k}, {loading or 'no tier'}) ...")
     server_args, t_start = lab.server_args(), time.monotonic()
-    srv = ApiServer.start(lab.model, work / f"{name}-engine", args=[*server_args, "--config", str(cfg)], env=lab.env,
+    # the connector's trace (a tier's runs): every lookup and decision with what it saw, for kvctl explain (--analyse)
+    env = {**lab.env, TRACE_ENV: str(work / f"{name}.connector-trace.jsonl")} if k else lab.env
+    srv = ApiServer.start(lab.model, work / f"{name}-engine", args=[*server_args, "--config", str(cfg)], env=env,
                           name=name, timeout_s=a.start_timeout)
     info: dict = {"run": name, "instances_per_rank": k, "loading": loading,
                   "engine_start_s": round(time.monotonic() - t_start, 1), "server_args": server_args}
@@ -429,7 +433,7 @@ def run_step(lab: Lab, name: str) -> dict:
             else:  # a restart empties it as well
                 srv.stop()
                 srv = ApiServer.start(lab.model, work / f"{name}-engine", args=[*server_args, "--config", str(cfg)],
-                                      env=lab.env, name=f"{name}-restart", timeout_s=a.start_timeout)
+                                      env=env, name=f"{name}-restart", timeout_s=a.start_timeout)
                 info["prefix_cache"] = "engine restarted"
         span = field(read_meta(work), work / "meta.json", f"traces.{trace_name}.span_s", number(0, MAX_SPAN_S))
         if name in ("R2", "R4"):  # over the run's arrivals, past the replay's start (a short window sees Poisson's noise)
@@ -637,8 +641,24 @@ def analyse(a) -> dict:
                                               "rho_bound": doc.get("rho_bound"), "bandwidth_gbps": doc.get("bandwidth_gbps"),
                                               "bandwidth_source": doc.get("bandwidth_source"),
                                               "findings": [f["id"] for f in doc.get("findings") or []]}
+    for r in have:  # the connector's own account of its decisions (the whole engine: warm-up and priming too)
+        trace = work / f"{r}.connector-trace.jsonl"
+        if trace.exists() or trace.is_symlink():
+            res = kvctl("explain", str(trace), "--json", check=False, log=work / f"{r}.explain.txt")
+            out.setdefault("explain", {})[r] = (explain_summary(json.loads(res.stdout)) if res.returncode == 0
+                                                else {"error": (res.stderr.strip().splitlines() or ["?"])[-1]})
     out["alert"] = alert_check(work, rho_samples)
     return out
+
+
+def explain_summary(doc: dict) -> dict:
+    """From ``kvctl explain --json``: causes counted, decisions counted by decision/reason, and the line waits the
+    async decisions saw (median and max, s)."""
+    stories = [x for x in doc.get("requests") or [] if isinstance(x, dict)]
+    decisions = Counter(f"{x.get('decision')}/{x.get('reason')}" for x in stories if x.get("decision"))
+    waits = sorted(w for x in stories if isinstance(w := x.get("line_wait_s"), (int, float)))
+    return {"causes": dict(doc.get("causes") or {}), "decisions": dict(decisions),
+            "line_wait_s": {"median": waits[len(waits) // 2], "max": waits[-1]} if waits else None}
 
 
 def plan_agrees(plan: dict, meets: dict[str, bool], k: int) -> dict:
@@ -738,6 +758,13 @@ def render(out: dict) -> str:
             lines.append(f"plan E={e} (SLO p99 {p['slo_p99_s']} s): exit {res.get('exit')}, "
                          f"{res.get('instances')} instance(s) {res.get('loading')}: {res.get('verdict') or res.get('error', '')}")
         lines.append(f"measured p99 within the SLO: {p['measured_meets_slo']}; E=1 agrees: {p.get('agrees_for_E1')}")
+    for r, e in (out.get("explain") or {}).items():
+        if "error" in e:
+            lines.append(f"explain {r}: {e['error']}")
+            continue
+        w = e.get("line_wait_s")
+        lines.append(f"explain {r} (whole engine): decisions {e['decisions']}, causes {e['causes']}"
+                     + (f", line wait median {w['median']:.3f} s, max {w['max']:.3f} s" if w else ""))
     al = out.get("alert") or {}
     lines.append(f"alert KvctlRhoUnstable: {'fired' if al.get('fired') else 'did not fire' if al.get('ran') else al.get('why')}")
     return "\n".join(lines)

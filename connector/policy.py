@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from kvctl.core.cost import load_s as _load_s, recompute_s as _recompute_s  # pure: connector/ may import the cost model
 
-__all__ = ["BANDWIDTH_EWMA_NEW", "PROBE_EXCESS_S", "PROBE_MIN_CHUNKS_PER_RANK", "Calibration", "Decision", "Estimates", "HitShape", "LoadPolicy", "TierQueue", "as_probe", "decide", "ewma"]
+__all__ = ["BANDWIDTH_EWMA_NEW", "PROBE_EXCESS_S", "PROBE_MIN_CHUNKS_PER_RANK", "Calibration", "Decision", "Estimates", "HitShape", "Line", "LoadPolicy", "NO_LINE", "TierQueue", "as_probe", "decide", "ewma"]
 
 #: weight of the newest GET-bandwidth measurement in the running estimate
 BANDWIDTH_EWMA_NEW = 0.3
@@ -83,6 +83,9 @@ class Estimates:
     # ``graph_jump_s`` more besides its tokens (fitted from the engine's steps: :class:`Calibration`)
     graph_tokens: int = 0
     graph_jump_s: float = 0.0
+    # a hit vLLM receives (async loading, or sync under async scheduling) waits one more engine step than
+    # recomputing it: that step's fixed cost, paid once by each hit (never once per load queued ahead of it)
+    hit_step_s: float = 0.0
 
     @property
     def tier_gbps(self) -> float | None:
@@ -154,7 +157,7 @@ class HitShape:
 
 def _hit_load_s(shape: HitShape, k: int, est: Estimates, queue: TierQueue, t0: float) -> float:
     own = shape.rank_bytes(k)
-    return t0 * (queue.loads + 1) + max(
+    return t0 * (queue.loads + 1) + est.hit_step_s + max(
         ((q + b) / bw if (q + b) else 0.0) for q, b, bw in zip(queue.rank_bytes, own, est.rank_bps))
 
 
@@ -163,8 +166,28 @@ def _known_rates(est: Estimates, t0: float) -> Estimates:
     return replace(est, t0_s=t0, rank_bps=tuple(bw if bw is not None else float("inf") for bw in est.rank_bps))
 
 
+@dataclass(frozen=True)
+class Line:
+    """vLLM's waiting line as the connector sees it when it is asked about a request (at the line's head): how long
+    that request waited (``wait_s``: since its arrival) and the engine's arrival rate (requests/s; 0: not known)."""
+
+    wait_s: float = 0.0
+    arrival_rate: float = 0.0
+
+    def credit_s(self, rec_s: float) -> float:
+        """What recomputing ``rec_s`` of prefill costs the other requests, counted at most ``rec_s``: the requests
+        that arrived while this one waited (``arrival_rate × wait_s``) wait all of it, those that arrive during it
+        (``arrival_rate × rec_s``) half of it on average (see :func:`decide`)."""
+        if self.arrival_rate <= 0 or rec_s <= 0:
+            return 0.0
+        return min(rec_s, self.arrival_rate * rec_s * (max(0.0, self.wait_s) + rec_s / 2))
+
+
+NO_LINE = Line()
+
+
 def _longest_winning(shape: HitShape, est: Estimates, queue: TierQueue, t0: float, r: float, engine_tokens: float,
-                     upto: int, slack_s: float = 0.0) -> tuple[int, float | None]:
+                     upto: int, slack_s: float = 0.0, line: Line = NO_LINE) -> tuple[int, float | None]:
     """The longest k <= ``upto`` chunks whose load wins, or loses by at most ``slack_s``, and its predicted load time
     ((0, None): none does).
 
@@ -173,23 +196,33 @@ def _longest_winning(shape: HitShape, est: Estimates, queue: TierQueue, t0: floa
     """
     W, cb, bws, qs = shape.world, shape.chunk_bytes, est.rank_bps, queue.rank_bytes
     n = [0] * W  # chunks of each rank so far
-    worst, fixed = max(q / bw for q, bw in zip(qs, bws)), t0 * (queue.loads + 1)
+    worst, fixed = max(q / bw for q, bw in zip(qs, bws)), t0 * (queue.loads + 1) + est.hit_step_s
     best, best_load = 0, None
     for k in range(1, upto + 1):
         owner = (shape.first + k - 1) % W
         n[owner] += 1
         worst = max(worst, (qs[owner] + n[owner] * cb) / bws[owner])  # the same expression as _hit_load_s
-        if fixed + worst <= (shape.tokens(k) + engine_tokens) / r + shape.jump_s(k, est, engine_tokens) + slack_s:
+        if fixed + worst <= ((shape.tokens(k) + engine_tokens) / r + shape.jump_s(k, est, engine_tokens)
+                             + line.credit_s(shape.tokens(k) / r) + slack_s):
             best, best_load = k, fixed + worst
     return best, best_load
 
 
-def decide(shape: HitShape, est: Estimates, queue: TierQueue, engine_tokens: float = 0.0) -> Decision:
+def decide(shape: HitShape, est: Estimates, queue: TierQueue, engine_tokens: float = 0.0,
+           line: Line = NO_LINE) -> Decision:
     """Load or recompute the hit ``shape`` (see docs/connector.md, "Load or recompute"). Pure.
 
-    load(k) = T0 × (loads queued + 1) + max over ranks (bytes queued + its bytes of k chunks) / its bandwidth;
+    load(k) = T0 × (loads queued + 1) + the received hit's step (``hit_step_s``, once) + max over ranks (bytes
+    queued + its bytes of k chunks) / its bandwidth;
     recompute(k) = (tokens of k chunks + ``engine_tokens``, the prefill work it would wait behind) / R, plus the
-    graph jump where loading k chunks brings the prompt's step under vLLM's largest CUDA graph (:meth:`HitShape.jump_s`).
+    graph jump where loading k chunks brings the prompt's step under vLLM's largest CUDA graph (:meth:`HitShape.jump_s`),
+    plus the line's credit (:meth:`Line.credit_s` of k chunks' tokens / R). vLLM asks about a request only once it
+    is at the head of its waiting line, where recomputing looks as cheap as on an idle engine, yet holds every request
+    behind it and every one that arrives meanwhile for its recompute time, while a load costs the engine only the
+    rest. On the H100 of 2026-12-06 a tier that served a lone 16k hit in 0.23 s against 0.21 s of recompute was
+    turned away hit after hit at 7.7 prompts/s and the line grew through the run (p99 10.6 s); in
+    ``benchmarks/head_of_line.py``, a model of that scheduler with the H100's figures, the credit keeps the line
+    short (p99 1.1 s). At most the recompute time: a load wins at no more than twice its own recompute.
     The whole hit when it wins; else the longest prefix that wins; else nothing. Nothing measured (R, or the
     bandwidth of a rank the load reads or waits on): load.
     """
@@ -200,7 +233,8 @@ def decide(shape: HitShape, est: Estimates, queue: TierQueue, engine_tokens: flo
         return Decision(0, 0, RECOMPUTE, WINS)
 
     def recompute(k: int) -> float | None:
-        return None if r is None else (shape.tokens(k) + engine_tokens) / r + shape.jump_s(k, est, engine_tokens)
+        return None if r is None else ((shape.tokens(k) + engine_tokens) / r + shape.jump_s(k, est, engine_tokens)
+                                       + line.credit_s(shape.tokens(k) / r))
 
     reads = [b or q for b, q in zip(shape.rank_bytes(k_all), queue.rank_bytes)]
     if r is None or any(x and bw is None for x, bw in zip(reads, bws)):
@@ -220,7 +254,7 @@ def decide(shape: HitShape, est: Estimates, queue: TierQueue, engine_tokens: flo
         why = BELOW_BREAKEVEN
     else:
         why = BELOW_N_STAR
-    k, k_load = _longest_winning(shape, rates, queue, t0, r, engine_tokens, k_all - 1)
+    k, k_load = _longest_winning(shape, rates, queue, t0, r, engine_tokens, k_all - 1, line=line)
     if k:
         part_rec = recompute(k)
         return Decision(found, shape.tokens(k), PARTIAL, why, k_load, part_rec, part_rec)
@@ -236,7 +270,7 @@ PROBE_MIN_CHUNKS_PER_RANK = 4
 
 
 def as_probe(d: Decision, shape: HitShape | None = None, est: Estimates | None = None,
-             queue: TierQueue | None = None, engine_tokens: float = 0.0) -> Decision:
+             queue: TierQueue | None = None, engine_tokens: float = 0.0, line: Line = NO_LINE) -> Decision:
     """A veto turned into a load (a re-probe: its GETs measure the bandwidth again).
 
     With the hit's ``shape`` and the estimates that vetoed it: a prefix, the longest whose predicted load costs at
@@ -250,11 +284,12 @@ def as_probe(d: Decision, shape: HitShape | None = None, est: Estimates | None =
     r, t0 = est.prefill_tokens_per_s, est.t0_s or 0.0
     queue = queue or TierQueue((0,) * shape.world)
     rates = _known_rates(est, t0)
-    k, _ = _longest_winning(shape, rates, queue, t0, r, engine_tokens, k_all, slack_s=PROBE_EXCESS_S)
+    k, _ = _longest_winning(shape, rates, queue, t0, r, engine_tokens, k_all, slack_s=PROBE_EXCESS_S, line=line)
     k = max(k, min(k_all, PROBE_MIN_CHUNKS_PER_RANK * shape.world))
     if k >= k_all:
         return Decision(d.found, d.found, LOAD, PROBE, d.load_s, d.recompute_s, d.recompute_s)
-    rec = (shape.tokens(k) + engine_tokens) / r + shape.jump_s(k, rates, engine_tokens)
+    rec = ((shape.tokens(k) + engine_tokens) / r + shape.jump_s(k, rates, engine_tokens)
+           + line.credit_s(shape.tokens(k) / r))
     return Decision(d.found, shape.tokens(k), PARTIAL, PROBE, _hit_load_s(shape, k, rates, queue, t0), rec,
                     rec + PROBE_EXCESS_S)
 
@@ -264,6 +299,11 @@ T0_EWMA_NEW = 0.3
 STEP_FIT_DECAY = 0.97
 #: the step fit y = a·steps + x/R needs prompts of different sizes: below this conditioning, x/R alone (a = 0)
 STEP_FIT_MIN_SPREAD = 0.05
+#: until the fit has a line, the cheapest step stands for a; only steps of at most this many prefill tokens a step
+#: (vLLM's largest CUDA graph where it has graphs) count: a full-budget step is mostly its tokens, not a. An H100
+#: engine of 2026-12-06 whose warm-up were 16k-token prefills (0.23 s a step) counted 0.23 s for every received
+#: hit's step, and recomputed 16k hits its tier loaded in 0.19 s.
+SMALL_STEP_TOKENS = 512
 
 
 def _solve3(m: tuple, v: tuple) -> tuple[float, float, float] | None:
@@ -297,11 +337,13 @@ class Calibration:
       fitted once both kinds were timed, else 0); where every step had about the same tokens, R =
       tokens/seconds. On an H200 in vLLM's default compiled mode (2026-12-05) a 512-token prefill took 31 ms
       and a 1024-token one 77 ms (graphs up to 512 tokens): a line alone put the second at 44 ms.
-    * T0: per serial load, its time minus its GET time, averaged per interval and smoothed; with ``hit_step``
-      plus the step fit's a, the fixed cost of the extra step a received hit waits in (on an H200, 2026-12-05, in
-      vLLM's default async scheduling that step made 512-token prompts with 256 tokens from the tier 1.57× their
-      recompute). Until the fit has a line (every step timed had about the same prefill tokens) the cheapest
-      step seen stands for a, whole: an upper bound that leans to recomputing short hits. On an H100 (2026-12-05)
+    * T0: per serial load, its time minus its GET time, averaged per interval and smoothed. With ``hit_step``,
+      apart (:attr:`Estimates.hit_step_s`, once a hit, never once per load queued ahead), the step fit's a: the
+      fixed cost of the extra step a received hit waits in (on an H200, 2026-12-05, in vLLM's default async
+      scheduling that step made 512-token prompts with 256 tokens from the tier 1.57× their recompute). Until the
+      fit has a line (every step timed had about the same prefill tokens) the cheapest step seen of at most
+      :data:`SMALL_STEP_TOKENS` (or the largest CUDA graph's) tokens stands for a, whole: an upper bound that leans
+      to recomputing short hits; none seen, none counted. On an H100 (2026-12-05)
       an engine that saw only hits timed 27 steps of 256 tokens, never a line, counted no step, and loaded 256
       tokens of a 512-token prompt in 1.20× its recompute.
     * bandwidth per rank: its GET bytes / GET seconds per interval, smoothed (:func:`ewma`); where the
@@ -343,8 +385,9 @@ class Calibration:
                                    u * u, u * steps, u * tokens, u * seconds)):
                 f[i] = f[i] * d + v
             self._xy = [self._xy[0] * d + tokens, self._xy[1] * d + seconds]
-            per = seconds / steps
-            self._min_step = per if self._min_step is None else min(self._min_step, per)
+            if tokens / steps <= (self.graph_tokens or SMALL_STEP_TOKENS):
+                per = seconds / steps
+                self._min_step = per if self._min_step is None else min(self._min_step, per)
 
     def observe_loads(self, loads: float, fixed_seconds: float) -> None:
         """One interval's serial loads and their time besides GETs (summed over ranks)."""
@@ -409,10 +452,10 @@ class Calibration:
         with self._lock:
             t0 = self.fixed_t0 if self.fixed_t0 is not None else self._t0
             bps = tuple([self.fixed_gbps * 1e9 / self.world] * self.world) if self.fixed_gbps is not None else tuple(self._bps)
-        if step is not None:
-            t0 = (t0 or 0.0) + step  # the step the hit waits in as a receive, besides the load's own fixed time
+        if step is not None and t0 is None:
+            t0 = 0.0  # the step alone is a fixed cost measured: the decision may judge
         jump = line[2] if line and self.graph_tokens else 0.0
-        return Estimates(self._rate(line), t0, bps, self.graph_tokens if jump else 0, jump)
+        return Estimates(self._rate(line), t0, bps, self.graph_tokens if jump else 0, jump, step or 0.0)
 
     @property
     def measured_gbps(self) -> float | None:

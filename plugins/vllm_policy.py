@@ -8,8 +8,12 @@ ranks agree by construction. For each hit it predicts (:func:`kvctl.connector.po
   load until vLLM reports it received, a load in a step until that step's output.
 * recompute: (the hit's tokens + the prefill work it would wait behind) / R. That work, for an async load,
   is what this side can see: the prompt tokens still to compute of requests it has scheduled, and of those
-  it looked up earlier and has not seen scheduled. A sync load stops the engine for every request, so it is
-  judged against its own tokens only.
+  it looked up earlier and has not seen scheduled. Plus, async and with other requests in the engine, the
+  line's credit (:class:`~kvctl.connector.policy.Line`): vLLM asks about a request at the head of its waiting
+  line, and recomputing it holds the requests behind it, about ``arrival rate × its wait`` (``now -
+  request.arrival_time``), and those arriving meanwhile; the arrival rate from the arrival times of the last
+  :data:`ARRIVALS_KEPT` requests. A sync load stops the engine for every request, so it is judged against its
+  own tokens only.
 * an async load's budget: its predicted recompute time; the worker gives up what it has not fetched by then
   (:class:`~kvctl.plugins.vllm_meta.LoadSpec` ``budget_s``). A sync load has none: it blocks the step, and a
   slow tier is what the decision itself turns away.
@@ -27,16 +31,44 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from kvctl.connector import metric_names as M
 from kvctl.connector.ownership import ChunkParts, KeyExtra, chunk_keys
-from kvctl.connector.policy import (LOAD, OFF, PROBE, RECOMPUTE, TIER_QUEUE, Calibration, Decision, Estimates, HitShape,
-                                    TierQueue, as_probe, decide)
+from kvctl.connector.policy import (LOAD, NO_LINE, OFF, PROBE, RECOMPUTE, TIER_QUEUE, Calibration, Decision, Estimates,
+                                    HitShape, Line, TierQueue, as_probe, decide)
 from kvctl.connector.settings import LoadPolicySettings
 
-__all__ = ["SchedulerPolicy", "chunk0_tags"]
+__all__ = ["ARRIVALS_KEPT", "ArrivalRate", "SchedulerPolicy", "chunk0_tags"]
+
+#: the arrival rate is measured over this many of the latest requests (at least ARRIVALS_MIN of them)
+ARRIVALS_KEPT, ARRIVALS_MIN = 64, 4
+
+
+class ArrivalRate:
+    """Requests/s into the engine, from the arrival times (wall clock) of the latest :data:`ARRIVALS_KEPT` requests
+    the scheduler side was asked about, each counted once: (n - 1) / (newest - oldest)."""
+
+    def __init__(self) -> None:
+        self._times: deque[float] = deque(maxlen=ARRIVALS_KEPT)
+        self._seen: OrderedDict[str, None] = OrderedDict()
+
+    def arrived(self, rid: str, arrival_time: float | None) -> None:
+        if not isinstance(arrival_time, (int, float)) or arrival_time <= 0 or rid in self._seen:
+            return
+        self._seen[rid] = None
+        if len(self._seen) > 4 * ARRIVALS_KEPT:
+            self._seen.popitem(last=False)
+        self._times.append(float(arrival_time))
+
+    def rate(self) -> float:
+        """Requests/s (0.0 until ARRIVALS_MIN arrivals spread over time were seen)."""
+        if len(self._times) < ARRIVALS_MIN:
+            return 0.0
+        span = max(self._times) - min(self._times)
+        return (len(self._times) - 1) / span if span > 0 else 0.0
 
 
 def chunk0_tags(tokens: Sequence[int], chunk_tokens: int, model: str, fmt: str, extra: KeyExtra | None,
@@ -70,6 +102,7 @@ class _Judged:
     est: Estimates
     queue: TierQueue
     engine_tokens: float
+    line: Line = NO_LINE
 
 
 class SchedulerPolicy:
@@ -93,6 +126,7 @@ class SchedulerPolicy:
         self._planned: dict[str, _Planned] = {}
         self._waiting: dict[str, int] = {}  # request -> its prompt tokens to compute, in the order first asked
         self._judged: dict[str, _Judged] = {}
+        self.arrivals = ArrivalRate()
 
     # -- the decision ------------------------------------------------------------------------------------
     def queue(self) -> TierQueue:
@@ -124,13 +158,18 @@ class SchedulerPolicy:
         """A request looked up and not scheduled yet will compute ``tokens`` prompt tokens (its place: first asked)."""
         self._waiting[rid] = max(0, tokens)
 
-    def judge(self, rid: str, prompt_len: int, local: int, hit_end_chunk: int, running_left: int) -> Decision:
-        """The decision for a request's hit (chunks up to ``hit_end_chunk``; ``local`` tokens already computed)."""
+    def judge(self, rid: str, prompt_len: int, local: int, hit_end_chunk: int, running_left: int,
+              line_wait_s: float = 0.0, others_running: bool = False) -> Decision:
+        """The decision for a request's hit (chunks up to ``hit_end_chunk``; ``local`` tokens already computed;
+        ``line_wait_s``: how long it waited in vLLM's line before it was asked; ``others_running``: requests
+        scheduled and not finished). The line's credit counts for async loads with other requests in the engine."""
         shape = HitShape(local // self.ct, hit_end_chunk, local, self.ct, self.cb, self.world, prompt=prompt_len)
         queue = self.queue()
         engine = self.engine_tokens(rid, running_left) if self.async_loading else 0
+        others = others_running or any(r != rid for r in self._waiting) or any(r != rid for r in self._planned)
+        line = Line(max(0.0, line_wait_s), self.arrivals.rate()) if self.async_loading and others else NO_LINE
         est = self.cal.estimates()
-        d = decide(shape, est, queue, engine)
+        d = decide(shape, est, queue, engine, line)
         before = self._judged.get(rid)
         if not self.on:
             d = Decision(d.found, d.found, LOAD, OFF, d.load_s, d.recompute_s, None) if d.found else d
@@ -138,10 +177,10 @@ class SchedulerPolicy:
             if before is not None and before.decision.reason == PROBE:
                 d = before.decision  # asked again before it was scheduled: the same probe
             elif self.cal.probe_due():
-                d = as_probe(d, shape, est, queue, engine)
+                d = as_probe(d, shape, est, queue, engine, line)
         if not self.async_loading and d.budget_s is not None:
             d = replace(d, budget_s=None)  # a sync load blocks the step: it is judged, never cut short
-        self._judged[rid] = _Judged(d, est, queue, engine)
+        self._judged[rid] = _Judged(d, est, queue, engine, line)
         self.waiting(rid, prompt_len - local - d.tokens)
         return d
 
@@ -166,7 +205,8 @@ class SchedulerPolicy:
             self.trace.event("decision", req=rid, found=d.found, tokens=tokens, decision=d.decision, reason=d.reason,
                              predicted_load_s=d.load_s, predicted_recompute_s=d.recompute_s, budget_s=d.budget_s,
                              prefill_tokens_per_s=judged.est.prefill_tokens_per_s, t0_s=judged.est.t0_s,
-                             graph_jump_s=judged.est.graph_jump_s,
+                             hit_step_s=judged.est.hit_step_s, graph_jump_s=judged.est.graph_jump_s,
+                             line_wait_s=round(judged.line.wait_s, 6), arrival_rate=round(judged.line.arrival_rate, 3),
                              tier_gbps=judged.est.tier_gbps, queued_bytes=max(judged.queue.rank_bytes, default=0),
                              loads_ahead=judged.queue.loads, engine_tokens=judged.engine_tokens,
                              asynchronous=self.async_loading)

@@ -38,6 +38,15 @@ logger = init_logger("vllm.kvctl.plugins.vllm")  # the facade's logger: one name
 _POLL_S = 0.005  # how long one scheduler step waits for a background lookup
 
 
+def line_wait(request: "Request", now: float | None = None) -> float:
+    """How long ``request`` has waited since it reached vLLM (its ``arrival_time``, wall clock, set where the engine
+    took it in): asked at the head of vLLM's waiting line, that is how long the line is (0 where unknown)."""
+    arrived = getattr(request, "arrival_time", None)
+    if not isinstance(arrived, (int, float)) or arrived <= 0:
+        return 0.0
+    return max(0.0, (time.time() if now is None else now) - float(arrived))
+
+
 class SchedulerSide:
     """The scheduler role of KvctlConnector: built from the connector's spec, holding its own state."""
 
@@ -114,7 +123,8 @@ class SchedulerSide:
             self.policy.waiting(rid, prompt_len - num_computed_tokens)
             return 0
         running = self._running_left() if self.spec.settings.async_loading else 0
-        return self.policy.judge(rid, prompt_len, num_computed_tokens, result.hit_chunks, running).tokens
+        return self.policy.judge(rid, prompt_len, num_computed_tokens, result.hit_chunks, running,
+                                 line_wait(request), others_running=bool(self.requests)).tokens
 
     def _running_left(self) -> int:
         """Prompt tokens the scheduled requests still have to compute (the prefill queue an async load waits by)."""
@@ -142,6 +152,8 @@ class SchedulerSide:
         return self._extras[rid]
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
+        # every request asked counts for the engine's arrival rate (the line's credit), whether or not it can hit
+        self.policy.arrivals.arrived(request.request_id, getattr(request, "arrival_time", None))
         prompt = list(request.prompt_token_ids or [])
         first = num_computed_tokens // self.spec.chunk_tokens
         if loadable_chunks(len(prompt), self.spec.chunk_tokens) <= first:

@@ -75,6 +75,8 @@ class RequestStory:
     detail: str
     predicted_load_s: float | None = None
     predicted_recompute_s: float | None = None
+    # how long it waited in vLLM's line before it was asked (async: credited to recomputing it, connector/policy.py)
+    line_wait_s: float | None = None
     budget_s: float | None = None
     actual_load_s: float | None = None
     slow: bool = False
@@ -212,7 +214,8 @@ def _story(rid: str, evs: list[dict], idx: _Index) -> RequestStory:
     common = dict(req=rid, prompt_tokens=tokens, found_tokens=found, loaded_tokens=loaded,
                   decision=(dec or {}).get("decision"), reason=(dec or {}).get("reason"),
                   predicted_load_s=predicted, predicted_recompute_s=_num(dec, "predicted_recompute_s"),
-                  budget_s=_num(dec, "budget_s"), actual_load_s=actual, slow=slow, phases=phases)
+                  budget_s=_num(dec, "budget_s"), actual_load_s=actual, slow=slow, phases=phases,
+                  line_wait_s=_num(dec, "line_wait_s"))
     cause, detail = _cause(look, dec, load, found, loaded, ct, idx)
     if slow and cause in (LOADED, PARTLY):
         biggest = max((k for k in phases if k != "step_s"), key=lambda k: phases[k], default=None)

@@ -288,6 +288,51 @@ def test_the_h100_runs_of_2026_12_06_analyse_to_what_benchmarks_readme_says(pape
                       "recompute,below_n_star": 89, "recompute,below_breakeven": 9}
 
 
+def _decisions_in_log(archive: Path, run: str) -> dict[str, int]:
+    """The engine's ``load_decisions{decision,reason}`` counts, summed over its "KV Transfer metrics" lines."""
+    import tarfile
+
+    with tarfile.open(archive) as tar:
+        log = tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith(f"{run}.log"))).read().decode(errors="replace")
+    counts: dict[str, int] = {}
+    for line in log.splitlines():
+        if "KV Transfer metrics" in line:
+            for name, n in re.findall(r"load_decisions\{([a-z_]+,[a-z_]+)\}=(\d+)", line):
+                counts[name] = counts.get(name, 0) + int(n)
+    return counts
+
+
+def test_the_h100_saturated_tier_runs_of_2026_12_06_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
+    """--analyse over the third H100 session of 2026-12-06 (issue 46's saturated tier, R5 at 7.7/s, every document
+    primed, 80 GB of tier): the README's percentiles, thirds, shares and L2 GB/s, no key evicted, and the engines'
+    decision counts: with the decision on behind 800 MB/s links every hit was judged below n* (the received hit's
+    step counted from 16k-token steps); off, every hit loaded; unshaped, the decision loaded 19 of 97."""
+    import shutil
+
+    res = ROOT / "benchmarks" / "results"
+    want = {"sat-0-on": (2.878, 8.405, 0.2, 0.47), "sat-800-on": (4.789, 10.57, 0.0, 0.0),
+            "sat-800-off": (3.166, 6.46, 1.0, 2.54)}
+    for name, (p50, p99, hits, gbps) in want.items():
+        work = tmp_path / name
+        shutil.copytree(res / f"paper_gpu-h100-2026-12-06c-{name}", work)
+        r5 = paper.analyse(paper.parse_args(["--workdir", str(work), "--analyse"]))["report"]["R5"]
+        assert (round(r5["p50_s"], 3), round(r5["p99_s"], 3), round(r5["hit_rate"], 2), round(r5["l2_gbps"], 2)) == \
+            (p50, p99, hits, gbps)
+        info = json.loads((work / "R5.info.json").read_text())
+        assert info["tier_after_run"]["evicted_keys"] == 0 and info["tier_keys"] >= info["tier_keys_wanted"]
+    assert _decisions_in_log(res / "paper_gpu-h100-2026-12-06c-sat-800-on" / "engine-logs.tar.gz", "R5") == \
+        {"load,no_data": 1, "recompute,below_n_star": 110}
+    assert _decisions_in_log(res / "paper_gpu-h100-2026-12-06c-sat-800-off" / "engine-logs.tar.gz", "R5") == {"load,off": 111}
+    assert _decisions_in_log(res / "paper_gpu-h100-2026-12-06c-sat-0-on" / "engine-logs.tar.gz", "R5") == \
+        {"load,no_data": 1, "load,wins": 19, "recompute,tier_queue": 26, "given_up,deadline": 3, "recompute,below_n_star": 48}
+    fast = tmp_path / "fast"
+    shutil.copytree(res / "paper_gpu-h100-2026-12-06c-fast-on", fast)
+    rep = paper.analyse(paper.parse_args(["--workdir", str(fast), "--analyse"]))["report"]
+    assert {r: (round(rep[r]["p50_s"], 3), round(rep[r]["p99_s"], 3)) for r in rep} == {"R4": (0.162, 0.716), "R5": (0.149, 0.604)}
+    assert _decisions_in_log(res / "paper_gpu-h100-2026-12-06c-fast-on" / "engine-logs.tar.gz", "R4") == \
+        {"load,no_data": 1, "load,wins": 78, "recompute,tier_queue": 1}
+
+
 def test_the_h100_night_runs_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
     """--analyse over the H100's runs of 2026-12-05, night (the slots' page-locked copy in; R4 once more without the
     decision): the README's percentiles and ratios, the lone prompts back at R1's time, and the one probe behind R2's

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kvctl.connector.policy import (BELOW_BREAKEVEN, BELOW_N_STAR, LOAD, NO_DATA, PARTIAL, PROBE, RECOMPUTE, TIER_QUEUE, WINS,
-                                    Calibration, Estimates, HitShape, TierQueue, as_probe, decide, owned_in)
+                                    Calibration, Estimates, HitShape, Line, TierQueue, as_probe, decide, owned_in)
 
 CT, CB = 100, 100_000  # 1000 bytes a token
 
@@ -60,6 +60,76 @@ def test_the_tier_queue_turns_a_winning_hit_into_a_recompute():
     d = decide(shape(10), Estimates(20_000.0, 0.005, (1e8,)), TierQueue((4_000_000,), loads=2))
     assert (d.tokens, d.decision, d.reason) == (0, RECOMPUTE, TIER_QUEUE)
     assert d.load_s == pytest.approx(0.065)
+
+
+#: the H100 of 2026-12-06 (benchmarks/results/paper_gpu-h100-2026-12-06-sat-*): DeepSeek-V2-Lite's 31,104 B/token,
+#: 256-token chunks; a primed document's hit is 62 chunks (15,872 tokens, 494 MB)
+H100_CT, H100_CB, DOC = 256, 256 * 31_104, 62
+
+
+def test_a_received_hits_step_is_paid_once_not_once_per_load_queued_ahead():
+    """T0 2 ms a load, the received hit's step 25 ms, 3 loads queued (no bytes: they are just starting) and 10 chunks
+    at 100 MB/s (10 ms): 2 × 4 + 25 + 10 = 43 ms, under the 50 ms recompute: load. Counted as part of T0 the step
+    was paid four times: 27 × 4 + 10 = 118 ms, a veto."""
+    est = Estimates(20_000.0, 0.002, (1e8,), hit_step_s=0.025)
+    d = decide(shape(10), est, TierQueue((0,), loads=3))
+    assert (d.decision, d.load_s) == (LOAD, pytest.approx(0.043))
+    assert decide(shape(10), Estimates(20_000.0, 0.027, (1e8,)), TierQueue((0,), loads=3)).decision == RECOMPUTE
+
+
+def test_full_budget_steps_do_not_stand_for_a_received_hits_step():
+    """The saturated-tier runs (2026-12-06): the engine's first steps were the priming's 16k-token prefills, 0.227 s
+    each, so the fit had no line and the cheapest step, 0.227 s, stood for the received hit's step: a 16k hit from
+    four 1200 MB/s links (3.9 GB/s: 494 MB in 127 ms, T0 7 ms) was predicted at 0.36 s against 0.22 s of recompute,
+    and recomputed. A step of 16k tokens is its tokens, not a fixed cost: none is counted until a small step
+    (at most 512 tokens, or vLLM's largest CUDA graph) was timed, then that one."""
+    c = Calibration(1, hit_step=True, graph_tokens=512)
+    for _ in range(20):
+        c.observe_steps(1, 16384, 0.227, above=1)
+    c.observe_loads(1, 0.007)
+    c.observe_gets(0, 3.9e9, 1.0)
+    est = c.estimates()
+    assert (est.hit_step_s, est.t0_s) == (0.0, pytest.approx(0.007))
+    r = est.prefill_tokens_per_s
+    assert r == pytest.approx(16384 / 0.227)
+    d = decide(HitShape(0, DOC, 0, H100_CT, H100_CB, 1, prompt=16384), est, idle(1))
+    assert d.decision == LOAD and d.load_s == pytest.approx(0.007 + DOC * H100_CB / 3.9e9)
+    c.observe_steps(1, 512, 0.031)  # a suffix step: small, so it counts; it also gives the fit its line
+    assert c.estimates().hit_step_s == pytest.approx(c.step_cost_s()) and 0.0 < c.estimates().hit_step_s < 0.031
+    eager = Calibration(1, hit_step=True)  # no graphs: steps of at most 512 tokens count
+    eager.observe_steps(1, 16384, 0.227)
+    eager.observe_steps(1, 16384, 0.229)
+    assert eager.estimates().hit_step_s == 0.0
+    eager.observe_steps(3, 512 * 3, 0.09)  # three 512-token steps: the cheapest small step, until the line's a
+    assert eager.step_cost_s() is not None and eager.estimates().hit_step_s == pytest.approx(eager.step_cost_s())
+
+
+def test_the_line_behind_a_request_lets_it_load_behind_a_busy_tier():
+    """vLLM asks about a request at the head of its waiting line, where recomputing a 16k document takes 15,872 /
+    72.2k = 0.220 s. The tier (3.9 GB/s, T0 7 ms) already loads one document: 14 + 253 = 267 ms, a veto (no prefix
+    wins either: a chunk loads in 2.0 ms and recomputes in 3.5). The credit is what recomputing it costs the others,
+    at 1 request/s: those that arrived while it waited (1 × its wait) wait 0.220 s each, those arriving meanwhile
+    (1 × 0.220) half that: 0.220 × (wait + 0.110) s, at most 0.220. Asked at once: 24 ms, 0.244 s, still a veto.
+    After 0.5 s in the line: 134 ms, 0.354 s: load, with that as its deadline; two loads ahead (21 + 380 = 401 ms):
+    recompute. After 2 s the credit is capped, 0.440 s: two loads ahead load, three (534 ms) never, however long
+    the line. No arrival rate measured: no credit."""
+    r, t0, bw = 16384 / 0.227, 0.007, 3.9e9
+    est = Estimates(r, t0, (bw,))
+    doc = HitShape(0, DOC, 0, H100_CT, H100_CB, 1)
+    ahead = lambda n: TierQueue((n * DOC * H100_CB,), loads=n)  # noqa: E731
+    rec = DOC * H100_CT / r
+    assert Line(0.5, 1.0).credit_s(rec) == pytest.approx(rec * (0.5 + rec / 2)) and Line(2.0, 1.0).credit_s(rec) == rec
+    d = decide(doc, est, ahead(1))
+    assert (d.decision, d.reason) == (RECOMPUTE, TIER_QUEUE) and d.load_s == pytest.approx(2 * t0 + 2 * DOC * H100_CB / bw)
+    assert decide(doc, est, ahead(1), line=Line(0.0, 1.0)).decision == RECOMPUTE
+    d = decide(doc, est, ahead(1), line=Line(0.5, 1.0))
+    assert (d.decision, d.tokens) == (LOAD, DOC * H100_CT)
+    assert d.recompute_s == pytest.approx(rec * (1.5 + rec / 2)) and d.budget_s == d.recompute_s
+    assert decide(doc, est, ahead(2), line=Line(0.5, 1.0)).decision == RECOMPUTE
+    assert decide(doc, est, ahead(2), line=Line(2.0, 1.0)).decision == LOAD
+    assert all(decide(doc, est, ahead(3), line=Line(w, 1.0)).decision == RECOMPUTE for w in (2.0, 50.0, 5000.0))
+    assert decide(doc, est, ahead(1), line=Line(50.0, 0.0)).decision == RECOMPUTE
+    assert decide(doc, est, idle(1)).decision == LOAD
 
 
 def test_the_engine_queue_lets_the_longest_winning_prefix_load():
@@ -123,18 +193,20 @@ def test_owned_in_counts_a_ranks_chunks():
     assert sum(owned_in(5, 17, r, 4) for r in range(4)) == 12
 
 
-def brute(sh: HitShape, est: Estimates, q: TierQueue, engine: float) -> int:
+def brute(sh: HitShape, est: Estimates, q: TierQueue, engine: float, wait: float = 0.0, rate: float = 0.0) -> int:
     """The longest winning prefix, every length tried with the formula itself (the graph jump written out: the
-    prompt's own step above the largest graph, its rest after loading k chunks within it, an idle engine)."""
+    prompt's own step above the largest graph, its rest after loading k chunks within it, an idle engine; the
+    received hit's step once; the line's credit, its wait up to the k chunks' recompute)."""
     r, t0 = est.prefill_tokens_per_s, est.t0_s or 0.0
     best = 0
     for k in range(1, sh.end - sh.first + 1):
-        load = t0 * (q.loads + 1) + max((qq + b) / bw if qq + b else 0.0
+        load = t0 * (q.loads + 1) + est.hit_step_s + max((qq + b) / bw if qq + b else 0.0
                                         for qq, b, bw in zip(q.rank_bytes, sh.rank_bytes(k), est.rank_bps))
         left = sh.prompt - sh.skip
         jumps = bool(sh.prompt and est.graph_tokens and engine == 0 and left > est.graph_tokens
                      and left - sh.tokens(k) <= est.graph_tokens)
-        if load <= (sh.tokens(k) + engine) / r + (est.graph_jump_s if jumps else 0.0):
+        rec = sh.tokens(k) / r
+        if load <= (sh.tokens(k) + engine) / r + (est.graph_jump_s if jumps else 0.0) + min(rec, rate * rec * (wait + rec / 2)):
             best = k
     return best
 
@@ -144,18 +216,20 @@ def brute(sh: HitShape, est: Estimates, q: TierQueue, engine: float) -> int:
        r=st.floats(1e3, 1e6), t0=st.floats(0.0, 0.5), bws=st.lists(st.floats(1e5, 1e10), min_size=4, max_size=4),
        queued=st.lists(st.integers(0, 10**7), min_size=4, max_size=4), loads=st.integers(0, 5),
        engine=st.one_of(st.just(0.0), st.floats(0.0, 1e5)), tail=st.integers(1, 3 * CT),
-       graph_over_tail=st.one_of(st.none(), st.integers(0, 40 * CT)), jump=st.floats(0.0, 0.2))
+       graph_over_tail=st.one_of(st.none(), st.integers(0, 40 * CT)), jump=st.floats(0.0, 0.2),
+       step=st.one_of(st.just(0.0), st.floats(0.0, 0.3)), wait=st.one_of(st.just(0.0), st.floats(0.0, 3.0)),
+       rate=st.one_of(st.just(0.0), st.floats(0.0, 50.0)))
 def test_the_decision_is_the_longest_prefix_that_wins(world, first, chunks, skip_in, r, t0, bws, queued, loads, engine,
-                                                       tail, graph_over_tail, jump):
+                                                       tail, graph_over_tail, jump, step, wait, rate):
     """Whatever the inputs: the loaded length is the longest whole-chunk prefix whose predicted load is no slower
     than its recompute (every length tried), a whole hit says LOAD, a shorter one PARTIAL, none RECOMPUTE."""
     skip = first * CT + (skip_in if first else 0)
     sh = HitShape(first, first + chunks, skip, CT, CB, world, prompt=(first + chunks) * CT + tail)
     graph = 0 if graph_over_tail is None else tail + graph_over_tail  # no graphs, or the largest above the rest
-    est = Estimates(r, t0, tuple(bws[:world]), graph, jump)
+    est = Estimates(r, t0, tuple(bws[:world]), graph, jump, step)
     q = TierQueue(tuple(queued[:world]), loads)
-    d = decide(sh, est, q, engine)
-    k = brute(sh, est, q, engine)
+    d = decide(sh, est, q, engine, Line(wait, rate))
+    k = brute(sh, est, q, engine, wait, rate)
     assert d.found == sh.tokens(chunks)
     assert d.tokens == (sh.tokens(k) if k else 0)
     assert d.decision == (LOAD if k == chunks else PARTIAL if k else RECOMPUTE)
@@ -197,7 +271,8 @@ def test_a_received_hit_counts_the_step_it_waits_in_and_short_hits_are_recompute
         c.observe_gets(0, 9.5e8, 0.1)
         cals[hit_step] = c
     assert cals[True].step_cost_s() == pytest.approx(a, rel=1e-6) and cals[True].estimates().prefill_tokens_per_s == pytest.approx(r)
-    assert cals[False].estimates().t0_s == pytest.approx(0.002) and cals[True].estimates().t0_s == pytest.approx(0.027)
+    assert cals[False].estimates().t0_s == pytest.approx(0.002) and cals[False].estimates().hit_step_s == 0.0
+    assert (cals[True].estimates().t0_s, cals[True].estimates().hit_step_s) == (pytest.approx(0.002), pytest.approx(0.025))
     short = HitShape(first=0, end=1, skip=0, chunk_tokens=ct, chunk_bytes=cb, world=1)
     assert decide(short, cals[False].estimates(), idle(1)).decision == LOAD
     d = decide(short, cals[True].estimates(), idle(1))
@@ -207,7 +282,7 @@ def test_a_received_hit_counts_the_step_it_waits_in_and_short_hits_are_recompute
     configured = Calibration(1, t0_s=0.006, hit_step=True)
     for tokens in (256, 8192, 32000):
         configured.observe_steps(1, tokens, a + tokens / r)
-    assert configured.estimates().t0_s == 0.006
+    assert (configured.estimates().t0_s, configured.estimates().hit_step_s) == (0.006, 0.0)
     assert Calibration(1, hit_step=True).estimates().t0_s is None  # nothing fitted, nothing measured: no veto
 
 
@@ -229,7 +304,7 @@ def test_a_received_hit_counts_the_cheapest_step_until_the_steps_give_a_line():
         cals[hit_step] = c
     assert cals[True].step_cost_s() is None  # no line: every step the same size
     est = cals[True].estimates()
-    assert est.t0_s == pytest.approx(0.0033 + 0.029) and est.prefill_tokens_per_s == pytest.approx(1536 / 0.192, rel=0.01)
+    assert (est.t0_s, est.hit_step_s) == (pytest.approx(0.0033), pytest.approx(0.029)) and est.prefill_tokens_per_s == pytest.approx(1536 / 0.192, rel=0.01)
 
     def hit(prompt: int) -> HitShape:
         return HitShape(0, (prompt - 1) // ct, 0, ct, cb, 1, prompt=prompt)
@@ -239,7 +314,7 @@ def test_a_received_hit_counts_the_cheapest_step_until_the_steps_give_a_line():
     assert all(decide(hit(n), est, idle(1)).decision == LOAD for n in (1024, 2048, 8192, 32000))
     c = cals[True]
     c.observe_steps(1, 512, 0.037)  # the recomputed prompt: a second size, a line
-    assert c.step_cost_s() is not None and c.estimates().t0_s == pytest.approx(0.0033 + c.step_cost_s())
+    assert c.step_cost_s() is not None and c.estimates().hit_step_s == pytest.approx(c.step_cost_s())
 
 
 #: the H200's compiled-mode recompute of 2026-12-05 (benchmarks/README.md): prompt tokens -> seconds; vLLM's
@@ -269,9 +344,10 @@ def test_the_step_above_the_largest_cuda_graph_is_fitted_apart_and_short_hits_st
     line, split = h200_calibration(0), h200_calibration(512)
     a, b, j = split._step_line()
     assert (a, 1 / b, j) == (pytest.approx(0.0252, abs=5e-4), pytest.approx(90_100, rel=0.01), pytest.approx(0.0305, abs=5e-4))
-    assert line.estimates().graph_jump_s == 0.0 and line.estimates().t0_s == pytest.approx(0.042, abs=1e-3)
+    assert line.estimates().graph_jump_s == 0.0
+    assert line.estimates().t0_s + line.estimates().hit_step_s == pytest.approx(0.042, abs=1e-3)
     est = split.estimates()
-    assert (est.graph_tokens, est.t0_s) == (512, pytest.approx(0.0272, abs=5e-4))
+    assert (est.graph_tokens, est.t0_s + est.hit_step_s) == (512, pytest.approx(0.0272, abs=5e-4))
 
     def hit(prompt: int) -> HitShape:
         return HitShape(0, (prompt - 1) // ct, 0, ct, cb, 1, prompt=prompt)

@@ -1,0 +1,209 @@
+"""The load-or-recompute decision where vLLM makes it: at the head of the scheduler's waiting line (issue 46).
+
+vLLM asks a KV connector about a request (``get_num_new_matched_tokens``) only when its scheduler reaches that
+request in the waiting line, inside a step's token budget. An async load does not take budget, so the scheduler goes
+on to the next request; a recompute of a long prompt takes the whole budget, and the line waits a step. At the head
+of the line the work ahead of a request is gone: recomputing it looks as cheap as on an idle engine, while each
+request behind it waits its whole recompute. ``kvctl simulate`` and the drill decide on arrival, seeing the whole
+queue; this model decides where vLLM does, with the connector's own :func:`kvctl.connector.policy.decide`.
+
+The model (one engine, one rank, time in seconds, no randomness beyond the Poisson arrivals of ``--seed``):
+
+* steps back to back while there is work: a step's time is ``a + its prefill tokens / R``; each step's budget
+  ``--budget`` tokens goes to prefill in progress, then to hits whose load finished (their rest), then to the
+  waiting line in order; a request finishes (its first token) at the end of the step that computes its last token;
+* the tier is one FIFO at ``--tier-gbps`` with ``T0`` per load (what four instances behind links give a lone load,
+  as the engine measured them on 2026-12-06); a load's budget is the decision's ``budget_s``: what the tier has not
+  delivered by then is recomputed (the worker's deadline);
+* the decision sees what KvctlConnector sees: R, T0, the bandwidth and the received hit's step ``a`` (calibrated,
+  exact here), the loads planned and not finished, the prefill left of requests already scheduled, and (rule
+  ``credit``) how long the request waited to be asked.
+
+Rules: ``off`` (every hit loads), ``head`` (the decision, no credit: what ran on 2026-12-06 once its estimates are
+right), ``credit`` (the decision with the line's credit, ``decide(..., line_wait_s=...)``). Printed per rule: p50,
+p90, p99, p50 by third of the run (a queue that grows shows here), the share of hits loaded and the tier's GB/s over
+the run.
+
+    .venv/bin/python benchmarks/head_of_line.py [--rate 7.7] [--requests 110] [--tier-gbps 2.55] [--json OUT]
+
+Defaults: the H100 of 2026-12-06 (``results/paper_gpu-h100-2026-12-06c-*``): 16,384-token prompts of which 15,872
+tokens (62 chunks of 7.96 MB) are in the tier, R = 74k tokens/s, a = 24 ms, T0 = 7 ms, a budget of 16,384 tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kvctl.connector.policy import NO_LINE, Estimates, HitShape, Line, TierQueue, decide  # noqa: E402
+from kvctl.plugins.vllm_policy import ArrivalRate  # noqa: E402
+
+RULES = ("off", "head", "credit")
+
+
+@dataclass
+class Req:
+    i: int
+    arrival: float
+    tokens: int
+    hit: int  # tokens the tier holds (whole chunks)
+    left: int = 0  # prefill tokens still to compute once scheduled
+    loaded: int = 0
+    done: float | None = None
+
+
+@dataclass
+class Model:
+    r: float
+    a: float
+    t0: float
+    bps: float
+    chunk_tokens: int
+    chunk_bytes: int
+    budget: int
+    rule: str
+    arrivals: ArrivalRate = field(default_factory=ArrivalRate)  # the connector's estimate, from the requests asked
+    tier_free: float = 0.0
+    planned: dict = field(default_factory=dict)  # request -> (bytes, finish time) of loads not finished
+    loaded_bytes: float = 0.0
+
+    def decide(self, q: Req, now: float, running_left: int, others: bool) -> tuple[int, float | None]:
+        """Chunks of ``q``'s hit to load and the load's budget (the rule's answer); ``others``: other requests in
+        the engine (the connector counts the line's credit only then)."""
+        k_all = q.hit // self.chunk_tokens
+        if self.rule == "off" or k_all == 0:
+            return k_all, None
+        shape = HitShape(0, k_all, 0, self.chunk_tokens, self.chunk_bytes, 1, prompt=q.tokens)
+        est = Estimates(self.r, self.t0, (self.bps,), hit_step_s=self.a)
+        queued = [(b, f) for b, f in self.planned.values() if f > now]
+        queue = TierQueue((int(sum(b for b, _ in queued)),), len(queued))
+        line = Line(now - q.arrival, self.arrivals.rate()) if self.rule == "credit" and others else NO_LINE
+        d = decide(shape, est, queue, float(running_left), line)
+        return d.tokens // self.chunk_tokens, d.budget_s
+
+    def start_load(self, q: Req, k: int, now: float, budget_s: float | None) -> float:
+        """Queue the load of k chunks; returns when the request's rest can be scheduled, and sets ``q.loaded``."""
+        start = max(now, self.tier_free)
+        per = self.chunk_bytes / self.bps
+        end = start + self.t0 + k * per
+        if budget_s is not None and end > now + budget_s:  # the deadline: what arrived by then is kept
+            k = max(0, min(k, int((now + budget_s - start - self.t0) / per)))
+            end = now + budget_s
+        self.tier_free = max(self.tier_free, start + self.t0 + k * per)
+        self.planned[q.i] = (k * self.chunk_bytes, end)
+        self.loaded_bytes += k * self.chunk_bytes
+        q.loaded = k * self.chunk_tokens
+        return end
+
+
+def run(rule: str, a) -> dict:
+    rng = np.random.default_rng(a.seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / a.rate, a.requests))
+    # the last prompt token is always computed: at most the whole chunks before it come from the tier
+    hit = min(a.hit_tokens, (a.prompt_tokens - 1) // a.chunk_tokens * a.chunk_tokens) // a.chunk_tokens * a.chunk_tokens
+    reqs = [Req(i, float(t), a.prompt_tokens, hit) for i, t in enumerate(arrivals)]
+    m = Model(a.prefill_rate, a.step_s, a.t0, a.tier_gbps * 1e9, a.chunk_tokens, a.chunk_tokens * a.bytes_per_token,
+              a.budget, rule)
+    waiting: list[Req] = []
+    loading: list[tuple[float, int]] = []  # (ready time, request index) heap
+    running: list[Req] = []  # prefill in progress, in order
+    nxt, now = 0, 0.0
+    while any(q.done is None for q in reqs):
+        while nxt < len(reqs) and reqs[nxt].arrival <= now:
+            waiting.append(reqs[nxt])
+            nxt += 1
+        ready = []
+        while loading and loading[0][0] <= now:
+            ready.append(reqs[heapq.heappop(loading)[1]])
+        for q in ready:
+            m.planned.pop(q.i, None)
+            q.left = q.tokens - q.loaded
+            running.append(q)
+        budget, step_tokens = a.budget, 0
+        sched: list[tuple[Req, int]] = []
+        for q in running:  # prefill in progress and received hits first
+            if budget <= 0:
+                break
+            take = min(budget, q.left)
+            sched.append((q, take))
+            budget -= take
+        while waiting and budget > 0:
+            q = waiting[0]
+            m.arrivals.arrived(str(q.i), q.arrival)
+            left_ahead = sum(x.left - t for x, t in sched)  # the connector counts a scheduled chunk as computed
+            others = bool(running or loading or len(waiting) > 1)
+            k, budget_s = m.decide(q, now, left_ahead, others) if q.hit else (0, None)
+            waiting.pop(0)
+            if k:
+                heapq.heappush(loading, (m.start_load(q, k, now, budget_s), q.i))
+                continue
+            q.left = q.tokens
+            running.append(q)
+            take = min(budget, q.left)
+            sched.append((q, take))
+            budget -= take
+        step_tokens = sum(t for _, t in sched)
+        if step_tokens == 0:  # idle: to the next arrival or finished load
+            events = ([reqs[nxt].arrival] if nxt < len(reqs) else []) + ([loading[0][0]] if loading else [])
+            now = max(now, min(events))
+            continue
+        now += a.step_s + step_tokens / a.prefill_rate
+        for q, t in sched:
+            q.left -= t
+            if q.left <= 0:
+                q.done = now
+        running = [q for q in running if q.done is None]
+    lat = np.array([q.done - q.arrival for q in reqs])
+    thirds = [float(np.median(x)) for x in np.array_split(lat, 3)]
+    span = max(q.done for q in reqs) - reqs[0].arrival
+    hits = [q for q in reqs if q.hit]
+    return {"rule": rule, "p50_s": float(np.percentile(lat, 50)), "p90_s": float(np.percentile(lat, 90)),
+            "p99_s": float(np.percentile(lat, 99)), "thirds_p50_s": thirds,
+            "loaded_share": sum(q.loaded for q in hits) / max(1, sum(q.hit for q in hits)),
+            "tier_gbps_over_run": m.loaded_bytes / span / 1e9}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rate", type=float, default=7.7, help="requests/s (Poisson)")
+    ap.add_argument("--requests", type=int, default=110)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--prompt-tokens", type=int, default=16384)
+    ap.add_argument("--hit-tokens", type=int, default=15872, help="tokens of each prompt in the tier (whole chunks)")
+    ap.add_argument("--chunk-tokens", type=int, default=256)
+    ap.add_argument("--bytes-per-token", type=int, default=31104)
+    ap.add_argument("--prefill-rate", type=float, default=74_000.0, help="R, tokens/s")
+    ap.add_argument("--step-s", type=float, default=0.024, help="a: what a step costs besides its tokens")
+    ap.add_argument("--t0", type=float, default=0.007, help="a load's fixed time besides its transfer")
+    ap.add_argument("--tier-gbps", type=float, default=2.55, help="what one load gets from the tier")
+    ap.add_argument("--budget", type=int, default=16384, help="vLLM's max_num_batched_tokens")
+    ap.add_argument("--rules", default=",".join(RULES))
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    rules = [r for r in a.rules.split(",") if r]
+    if not rules or any(r not in RULES for r in rules) or min(a.rate, a.prefill_rate, a.tier_gbps) <= 0 or a.requests < 3:
+        ap.error(f"--rules of {','.join(RULES)}; --rate, --prefill-rate, --tier-gbps positive; --requests >= 3")
+    out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+           "runs": [run(r, a) for r in rules]}
+    print(f"rate {a.rate}/s, {a.requests} requests, tier {a.tier_gbps} GB/s a load, R {a.prefill_rate:g}, a {a.step_s} s, "
+          f"T0 {a.t0} s, budget {a.budget}")
+    print("rule     p50 s   p90 s   p99 s   p50 by third (s)        loaded  tier GB/s")
+    for r in out["runs"]:
+        th = " / ".join(f"{x:.3f}" for x in r["thirds_p50_s"])
+        print(f"{r['rule']:<7} {r['p50_s']:7.3f} {r['p90_s']:7.3f} {r['p99_s']:7.3f}   {th:<24} {r['loaded_share']:6.2f}  "
+              f"{r['tier_gbps_over_run']:9.2f}")
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,8 +19,11 @@ The model (one engine, one rank, time in seconds, no randomness beyond the Poiss
   exact here), the loads planned and not finished, the prefill left of requests already scheduled, and (rule
   ``credit``) how long the request waited to be asked.
 
+vLLM reports a load received at the end of the step in which it finished: until then the connector has it planned.
 Rules: ``off`` (every hit loads), ``head`` (the decision, no credit: what ran on 2026-12-06 once its estimates are
-right), ``credit`` (the decision with the line's credit, ``decide(..., line_wait_s=...)``). Printed per rule: p50,
+right), ``whole`` (the credit, with every planned load counted whole until vLLM reports it, as the connector did
+first), ``credit`` (the connector now: the credit, ``Line``, and the queue less what the tier served of it since,
+``tier_backlog``). Printed per rule: p50,
 p90, p99, p50 by third of the run (a queue that grows shows here), the share of hits loaded and the tier's GB/s over
 the run.
 
@@ -44,9 +47,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvctl.connector.policy import NO_LINE, Estimates, HitShape, Line, TierQueue, decide  # noqa: E402
+from kvctl.connector.tier_queue import plan_ends, tier_backlog  # noqa: E402
 from kvctl.plugins.vllm_policy import ArrivalRate  # noqa: E402
 
-RULES = ("off", "head", "credit")
+RULES = ("off", "head", "whole", "credit")
 
 
 @dataclass
@@ -72,7 +76,8 @@ class Model:
     rule: str
     arrivals: ArrivalRate = field(default_factory=ArrivalRate)  # the connector's estimate, from the requests asked
     tier_free: float = 0.0
-    planned: dict = field(default_factory=dict)  # request -> (bytes, finish time) of loads not finished
+    planned: dict = field(default_factory=dict)  # request -> (predicted ends, bytes) of loads not reported received
+    predicted_free: list = field(default_factory=lambda: [float("-inf")])  # the connector's plan_ends state
     loaded_bytes: float = 0.0
 
     def decide(self, q: Req, now: float, running_left: int, others: bool) -> tuple[int, float | None]:
@@ -83,9 +88,12 @@ class Model:
             return k_all, None
         shape = HitShape(0, k_all, 0, self.chunk_tokens, self.chunk_bytes, 1, prompt=q.tokens)
         est = Estimates(self.r, self.t0, (self.bps,), hit_step_s=self.a)
-        queued = [(b, f) for b, f in self.planned.values() if f > now]
-        queue = TierQueue((int(sum(b for b, _ in queued)),), len(queued))
-        line = Line(now - q.arrival, self.arrivals.rate()) if self.rule == "credit" and others else NO_LINE
+        if self.rule == "whole":  # every load planned counted whole until vLLM reports it (the connector before)
+            queue = TierQueue((sum(b for _, b in self.planned.values()),), len(self.planned))
+        else:  # what the tier has not served of them by now, as the connector counts it
+            queue = tier_backlog([(e, (b,)) for e, b in self.planned.values()], now, (self.bps,))
+        credit = self.rule in ("credit", "whole") and others
+        line = Line(now - q.arrival, self.arrivals.rate()) if credit else NO_LINE
         d = decide(shape, est, queue, float(running_left), line)
         return d.tokens // self.chunk_tokens, d.budget_s
 
@@ -98,7 +106,8 @@ class Model:
             k = max(0, min(k, int((now + budget_s - start - self.t0) / per)))
             end = now + budget_s
         self.tier_free = max(self.tier_free, start + self.t0 + k * per)
-        self.planned[q.i] = (k * self.chunk_bytes, end)
+        self.planned[q.i] = (plan_ends(self.predicted_free, now, self.t0, (k * self.chunk_bytes,), (self.bps,)),
+                             k * self.chunk_bytes)
         self.loaded_bytes += k * self.chunk_bytes
         q.loaded = k * self.chunk_tokens
         return end

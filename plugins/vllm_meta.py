@@ -38,6 +38,8 @@ class SaveSpec:
     token_ids: list[int]  # the prompt's full chunks
     block_ids: list[int]
     key_extra: KeyExtra | None = None  # the same material the scheduler's lookup used
+    # chunks before it are in the tier already: the lookup found them and the decision recomputed them
+    first_chunk: int = 0
 
 
 @dataclass
@@ -59,6 +61,7 @@ class ReqState:
     block_ids: list[int]
     saved: bool = False
     key_extra: KeyExtra | None = None
+    in_tier: int = 0  # chunks its lookup found in the tier (not saved again)
     computed: int = 0  # tokens computed once the last scheduled step has run (its prefill left: prompt - computed)
 
 

@@ -4,8 +4,10 @@ The scheduler is one process and its LoadSpecs go to every rank: every rank load
 ranks agree by construction. For each hit it predicts (:func:`kvctl.connector.policy.decide`):
 
 * load: T0 × (loads queued + 1) + max over ranks (bytes queued on the rank's instances + its share) / the
-  rank's bandwidth. The queue is what this side planned and has not seen finished: an async or "receive"
-  load until vLLM reports it received, a load in a step until that step's output.
+  rank's bandwidth. The queue is what this side planned and has not seen finished (an async or "receive"
+  load until vLLM reports it received, a load in a step until that step's output), less what the tier has
+  served of it since: each load's end is predicted when it is planned, behind the ones before it, at the measured
+  bandwidth (:func:`~kvctl.connector.tier_queue.plan_ends`, :func:`~kvctl.connector.tier_queue.tier_backlog`).
 * recompute: (the hit's tokens + the prefill work it would wait behind) / R. That work, for an async load,
   is what this side can see: the prompt tokens still to compute of requests it has scheduled, and of those
   it looked up earlier and has not seen scheduled. Plus, async and with other requests in the engine, the
@@ -39,6 +41,7 @@ from kvctl.connector import metric_names as M
 from kvctl.connector.ownership import ChunkParts, KeyExtra, chunk_keys
 from kvctl.connector.policy import (LOAD, NO_LINE, OFF, PROBE, RECOMPUTE, TIER_QUEUE, Calibration, Decision, Estimates,
                                     HitShape, Line, TierQueue, as_probe, decide)
+from kvctl.connector.tier_queue import plan_ends, tier_backlog
 from kvctl.connector.settings import LoadPolicySettings
 
 __all__ = ["ARRIVALS_KEPT", "ArrivalRate", "SchedulerPolicy", "chunk0_tags"]
@@ -94,6 +97,7 @@ class _Planned:
     since: float
     until_received: bool  # async or "receive": queued until vLLM reports it received; else until the step's output
     shipped: bool = False
+    ends: tuple[float | None, ...] = ()  # when each rank will have served it, predicted when planned (plan_ends)
 
 
 @dataclass
@@ -127,19 +131,21 @@ class SchedulerPolicy:
         self._waiting: dict[str, int] = {}  # request -> its prompt tokens to compute, in the order first asked
         self._judged: dict[str, _Judged] = {}
         self.arrivals = ArrivalRate()
+        self._tier_free = [float("-inf")] * world  # each rank's predicted end of what it was given (plan_ends)
 
     # -- the decision ------------------------------------------------------------------------------------
-    def queue(self) -> TierQueue:
-        """What is queued on the tier now (loads planned and not seen finished; stale ones dropped)."""
+    def queue(self, est: Estimates | None = None) -> TierQueue:
+        """What is queued on the tier now: the loads planned and not seen finished (stale ones dropped), less what
+        the tier has served of them since they were planned at the measured bandwidth (:func:`tier_backlog`)."""
         now = self.clock()
         stale = [rid for rid, p in self._planned.items() if now - p.since > self._stale_s()]
         for rid in stale:
             del self._planned[rid]
-        per = [0] * self.world
-        for p in self._planned.values():
-            for r, b in enumerate(p.rank_bytes):
-                per[r] += b
-        return TierQueue(tuple(per), len(self._planned))
+        est = est or self.cal.estimates()
+        return tier_backlog([(p.ends, p.rank_bytes) for p in self._planned.values()], now, self._bps(est))
+
+    def _bps(self, est: Estimates) -> tuple[float | None, ...]:
+        return est.rank_bps if len(est.rank_bps) == self.world else (None,) * self.world
 
     def _stale_s(self) -> float:
         # a load ends within its budget plus one GET after it starts; a finish that never came is forgotten
@@ -164,11 +170,11 @@ class SchedulerPolicy:
         ``line_wait_s``: how long it waited in vLLM's line before it was asked; ``others_running``: requests
         scheduled and not finished). The line's credit counts for async loads with other requests in the engine."""
         shape = HitShape(local // self.ct, hit_end_chunk, local, self.ct, self.cb, self.world, prompt=prompt_len)
-        queue = self.queue()
+        est = self.cal.estimates()
+        queue = self.queue(est)
         engine = self.engine_tokens(rid, running_left) if self.async_loading else 0
         others = others_running or any(r != rid for r in self._waiting) or any(r != rid for r in self._planned)
         line = Line(max(0.0, line_wait_s), self.arrivals.rate()) if self.async_loading and others else NO_LINE
-        est = self.cal.estimates()
         d = decide(shape, est, queue, engine, line)
         before = self._judged.get(rid)
         if not self.on:
@@ -195,7 +201,9 @@ class SchedulerPolicy:
             per = [0] * self.world
             for c in range(first_chunk, end_chunk):
                 per[c % self.world] += self.cb
-            self._planned[rid] = _Planned(tuple(per), self.clock(), until_received)
+            now, est = self.clock(), self.cal.estimates()
+            ends = plan_ends(self._tier_free, now, est.t0_s or 0.0, per, self._bps(est))
+            self._planned[rid] = _Planned(tuple(per), now, until_received, ends=ends)
         if judged is None or not judged.decision.found:
             return None
         d = judged.decision

@@ -38,13 +38,18 @@ logger = init_logger("vllm.kvctl.plugins.vllm")  # the facade's logger: one name
 _POLL_S = 0.005  # how long one scheduler step waits for a background lookup
 
 
+#: a wait longer than this is not a wait but another clock (an arrival_time that is not wall-clock time): unknown
+MAX_LINE_WAIT_S = 3600.0
+
+
 def line_wait(request: "Request", now: float | None = None) -> float:
     """How long ``request`` has waited since it reached vLLM (its ``arrival_time``, wall clock, set where the engine
     took it in): asked at the head of vLLM's waiting line, that is how long the line is (0 where unknown)."""
     arrived = getattr(request, "arrival_time", None)
-    if not isinstance(arrived, (int, float)) or arrived <= 0:
+    if not isinstance(arrived, (int, float)) or isinstance(arrived, bool) or arrived <= 0:
         return 0.0
-    return max(0.0, (time.time() if now is None else now) - float(arrived))
+    wait = (time.time() if now is None else now) - float(arrived)
+    return wait if 0.0 < wait <= MAX_LINE_WAIT_S else 0.0
 
 
 class SchedulerSide:
@@ -69,6 +74,7 @@ class SchedulerSide:
         # req -> its extra key material (LoRA, cache_salt, mm inputs: plugins/vllm_keys.py), built once from
         # vLLM's Request; a request never seen with its Request (so its cache_salt is unknown) is not saved
         self._extras: dict[str, Any] = {}
+        self._in_tier: dict[str, int] = {}  # req -> chunks its lookup found in the tier (its save starts there)
         # outer async lookups get their own threads: they wait on the lookup pool's per-rank EXISTS tasks
         self._async_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kvctl-async-lookup")
         # load or recompute (kvctl.plugins.vllm_policy): a whole chunk, all of it on its owner, is what a hit
@@ -122,6 +128,9 @@ class SchedulerSide:
         if result.hit_chunks * self.spec.chunk_tokens <= num_computed_tokens:
             self.policy.waiting(rid, prompt_len - num_computed_tokens)
             return 0
+        # what the tier holds of it: a hit the decision recomputes whole is not saved again (each 16k hit recomputed
+        # on the H100, 2026-12-06, sent its 494 MB back through the links the tier's loads needed)
+        self._in_tier[rid] = result.hit_chunks
         running = self._running_left() if self.spec.settings.async_loading else 0
         return self.policy.judge(rid, prompt_len, num_computed_tokens, result.hit_chunks, running,
                                  line_wait(request), others_running=bool(self.requests)).tokens
@@ -219,6 +228,9 @@ class SchedulerSide:
                                          report_done, request.num_preemptions == 0)
         if num_external_tokens <= 0:
             return
+        # a load is planned: what it writes decides where the save starts (the worker's loaded_end), so a chunk that
+        # went between lookup and load is saved again after its recompute
+        self._in_tier.pop(rid, None)
         self._pending_loads.append(LoadSpec(
             req_id=rid,
             token_ids=prompt[:end],
@@ -247,6 +259,7 @@ class SchedulerSide:
                            key_extra=self._extras.get(new.req_id))
             if new.req_id not in self._extras:
                 st.saved = True  # its Request (cache_salt) never reached this side: storing it could mix tenants
+            st.in_tier = self._in_tier.pop(new.req_id, 0)
             self.requests[new.req_id] = st
             self._advance(meta, new.req_id, st, new.num_computed_tokens, scheduled.get(new.req_id, 0))
             self._maybe_save(meta, new.req_id, st, new.num_computed_tokens + scheduled.get(new.req_id, 0))
@@ -281,13 +294,14 @@ class SchedulerSide:
         st.saved = True
         meta.saves.append(SaveSpec(rid, st.prompt[: n_full * self.spec.chunk_tokens],
                                    st.block_ids[: -(-n_full * self.spec.chunk_tokens // self.spec.block_size)],
-                                   key_extra=st.key_extra))
+                                   key_extra=st.key_extra, first_chunk=min(st.in_tier, n_full)))
 
     def _forget(self, rid: str) -> None:
         self.policy.forget(rid)
         self.requests.pop(rid, None)
         self._local_hit.pop(rid, None)
         self._extras.pop(rid, None)
+        self._in_tier.pop(rid, None)
         self.sync_answers.drop(rid)
         entry = self._async_lookups.pop(rid, None)
         if entry is not None:

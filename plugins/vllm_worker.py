@@ -402,7 +402,8 @@ class WorkerSide:
         """Copy ``spec``'s chunks out of the paged cache (collective) and queue them for the tier."""
         ct = self.spec.chunk_tokens
         n_full = len(spec.token_ids) // ct
-        first = self.loaded_end.get(spec.req_id, 0)  # loaded chunks are in the tier already
+        # loaded chunks are in the tier already, and so are those the lookup found where the decision recomputed them
+        first = max(self.loaded_end.get(spec.req_id, 0), spec.first_chunk)
         if first >= n_full:
             return
         # copied out on this thread, before vLLM can reuse the blocks (GQA: a collective on every rank);

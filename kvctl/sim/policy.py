@@ -11,7 +11,9 @@ tokens into the tokens it loads, and the simulation then serves what was loaded 
   (the tier is the FIFO of the loads decided so far, exactly the one the simulation then serves), the predicted
   recompute ``(k chunks' tokens) / R + the engine's backlog`` (the compute queued on the request's engine: a fluid
   FIFO, in arrival order, of what was decided before it, its waits for the tier left out: an estimate, as the
-  connector's is). The whole hit when it wins, else the
+  connector's is; the engine itself decides later, when vLLM's scheduler reaches the request at the head of its
+  waiting line, and makes up for the queue it can no longer see with the line's credit,
+  :class:`kvctl.connector.policy.Line`; ``benchmarks/head_of_line.py`` models that). The whole hit when it wins, else the
   longest whole-chunk prefix that wins, else nothing. The model has no deadline: its predictions of the tier are
   exact, so no load it starts outlives its recompute time on the tier's account (the engine's batching aside).
 

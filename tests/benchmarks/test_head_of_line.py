@@ -46,4 +46,4 @@ def test_a_fast_tier_loads_like_off_and_a_slow_one_recomputes(tmp_path):
 def test_bad_arguments_are_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         head_of_line.main(["--rules", "sometimes"])
-    assert e.value.code == 2 and "--rules of off,head,credit" in capsys.readouterr().err
+    assert e.value.code == 2 and "--rules of off,head,whole,credit" in capsys.readouterr().err

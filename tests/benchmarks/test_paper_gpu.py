@@ -333,6 +333,33 @@ def test_the_h100_saturated_tier_runs_of_2026_12_06_analyse_to_what_benchmarks_r
         {"load,no_data": 1, "load,wins": 78, "recompute,tier_queue": 1}
 
 
+def test_the_cpu_saturated_tier_runs_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
+    """--analyse over the 2-core VM's saturated-tier runs of 2026-12-06 (4k-token prompts at 1.4/s, four 2.35 MB/s
+    links): the README's percentiles and thirds, and kvctl explain's decisions and line waits read from each run's
+    connector trace: the decision off, on before (the planned loads counted whole, recomputed hits saved again),
+    on now, and on an unshaped tier."""
+    import shutil
+
+    res = ROOT / "benchmarks" / "results"
+    want = {"off": ((5.825, 11.156), {"load/off": 61}), "on-first": ((10.193, 17.367),
+            {"load/no_data": 1, "load/wins": 35, "recompute/tier_queue": 25}),
+            "on": ((3.778, 8.864), {"load/no_data": 1, "load/wins": 45, "recompute/tier_queue": 15}),
+            "unshaped-on": ((0.154, 0.405), {"load/no_data": 1, "load/wins": 60})}
+    out = {}
+    for name, (pcts, decisions) in want.items():
+        work = tmp_path / name
+        shutil.copytree(res / f"paper_gpu-cpu-saturated-2026-12-06-{name}", work)
+        out[name] = paper.analyse(paper.parse_args(["--device", "cpu", "--workdir", str(work), "--analyse"]))
+        r5 = out[name]["report"]["R5"]
+        assert (round(r5["p50_s"], 3), round(r5["p99_s"], 3)) == pcts
+        assert out[name]["explain"]["R5"]["decisions"] == decisions
+        assert "explain R5 (whole engine)" in paper.render(out[name])
+    assert [round(x, 2) for x in out["on"]["report"]["R5"]["thirds_p50_s"]] == [4.58, 3.51, 4.0]
+    assert [round(x, 2) for x in out["on-first"]["report"]["R5"]["thirds_p50_s"]] == [7.09, 10.83, 14.52]
+    waits = out["on"]["explain"]["R5"]["line_wait_s"]
+    assert waits is not None and 0 <= waits["median"] <= waits["max"]
+
+
 def test_the_h100_night_runs_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
     """--analyse over the H100's runs of 2026-12-05, night (the slots' page-locked copy in; R4 once more without the
     decision): the README's percentiles and ratios, the lone prompts back at R1's time, and the one probe behind R2's

@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from kvctl.connector.policy import (BELOW_BREAKEVEN, BELOW_N_STAR, LOAD, NO_DATA, PARTIAL, PROBE, RECOMPUTE, TIER_QUEUE, WINS,
                                     Calibration, Estimates, HitShape, Line, TierQueue, as_probe, decide, owned_in)
+from kvctl.connector.tier_queue import plan_ends, tier_backlog
 
 CT, CB = 100, 100_000  # 1000 bytes a token
 
@@ -130,6 +131,25 @@ def test_the_line_behind_a_request_lets_it_load_behind_a_busy_tier():
     assert all(decide(doc, est, ahead(3), line=Line(w, 1.0)).decision == RECOMPUTE for w in (2.0, 50.0, 5000.0))
     assert decide(doc, est, ahead(1), line=Line(50.0, 0.0)).decision == RECOMPUTE
     assert decide(doc, est, idle(1)).decision == LOAD
+
+
+def test_the_tier_backlog_is_what_the_ranks_have_not_served_yet():
+    """Two ranks at 100 and 50 bytes/s, T0 1 s. Load A planned at 0 (100 B on each rank), B at 1 (100 B on rank 0
+    only). Rank 0 serves A over 0-2 s (1 + 1), then B over 2-4 s, behind A; rank 1 serves A over 0-3 s (1 + 2).
+    At 2.5: rank 0 has all of B's 100 B left (its T0 not over), rank 1 A's last 0.5 s, 25 B: both loads pending.
+    At 3.5: rank 0 50 B of B, rank 1 done: one load. At 5: nothing, whether or not vLLM reported them. A rank
+    whose bandwidth is not measured keeps its bytes whole."""
+    free = [float("-inf")] * 2
+    a = plan_ends(free, 0.0, 1.0, (100, 100), (100.0, 50.0))
+    b = plan_ends(free, 1.0, 1.0, (100, 0), (100.0, 50.0))
+    assert (a, b, free) == ((2.0, 3.0), (4.0, 0.0), [4.0, 3.0])
+    loads = [(a, (100, 100)), (b, (100, 0))]
+    assert tier_backlog(loads, 2.5, (100.0, 50.0)) == TierQueue((100, 25), 2)
+    assert tier_backlog(loads, 3.5, (100.0, 50.0)) == TierQueue((50, 0), 1)
+    assert tier_backlog(loads, 5.0, (100.0, 50.0)) == TierQueue((0, 0), 0)
+    unmeasured = plan_ends([float("-inf")] * 2, 0.0, 1.0, (100, 100), (100.0, None))
+    assert unmeasured == (2.0, None) and tier_backlog([(unmeasured, (100, 100))], 5.0, (100.0, None)) == TierQueue((0, 100), 1)
+    assert tier_backlog([], 0.0, (1.0,)) == TierQueue((0,), 0)
 
 
 def test_the_engine_queue_lets_the_longest_winning_prefix_load():

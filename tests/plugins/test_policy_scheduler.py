@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
 from kvctl.connector import metric_names as M  # noqa: E402
+from kvctl.connector.policy import TierQueue  # noqa: E402
 from tests.plugins.scheduler_helpers import TOKENS, req, sched_out, scheduler, store_all  # noqa: E402
 
 pytestmark = pytest.mark.engine
@@ -39,6 +40,22 @@ def blocks(n=9):
     return SimpleNamespace(get_block_ids=lambda: (list(range(n)),))
 
 
+class FrozenClock:
+    """The decision's clock, moved by hand: a load planned drains from the queue only as the test advances it."""
+
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def frozen(conn) -> FrozenClock:
+    clock = FrozenClock()
+    conn.scheduler.policy.clock = clock
+    return clock
+
+
 def events(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -48,6 +65,22 @@ def tier(valkey_factory):
     return [valkey_factory(), valkey_factory()]
 
 
+def sync_behind_a(tier):
+    """A sync scheduler side (R = 1000 tok/s, T0 0, each rank measured at 40 kB/s, the clock frozen) whose first
+    request, a, hit all 16 tokens and has its load planned."""
+    conn = scheduler([s.url for s in tier], load_policy={"prefill_tokens_per_s": 1000, "t0_s": 0.0})
+    frozen(conn)
+    try:
+        store_all(tier, conn.spec.fmt)
+        conn.update_connector_output(output(rank_gets(40_000)))
+        assert conn.get_num_new_matched_tokens(req("a"), 0) == (16, False)
+        conn.update_state_after_alloc(req("a"), blocks(), 16)
+    except BaseException:
+        conn.shutdown()
+        raise
+    return conn
+
+
 def test_a_load_queued_ahead_turns_the_next_hit_into_a_recompute_until_it_is_done(tier, tmp_path, monkeypatch):
     """R = 1000 tok/s (given), T0 0; each rank measured at 40 kB/s. A hit moves 2 chunks a rank, 384 B: 9.6 ms idle
     against 16 ms of recompute: load. With that load planned, the next hit waits behind it on both ranks:
@@ -55,12 +88,8 @@ def test_a_load_queued_ahead_turns_the_next_hit_into_a_recompute_until_it_is_don
     empty and the next hit loads again. Counted by decision and reason, and traced with the predictions."""
     trace = tmp_path / "trace.jsonl"
     monkeypatch.setenv("KVCTL_CONNECTOR_TRACE", str(trace))
-    conn = scheduler([s.url for s in tier], load_policy={"prefill_tokens_per_s": 1000, "t0_s": 0.0})
+    conn = sync_behind_a(tier)
     try:
-        store_all(tier, conn.spec.fmt)
-        conn.update_connector_output(output(rank_gets(40_000)))
-        assert conn.get_num_new_matched_tokens(req("a"), 0) == (16, False)
-        conn.update_state_after_alloc(req("a"), blocks(), 16)
         assert conn.get_num_new_matched_tokens(req("b"), 0) == (0, False)  # queued behind a
         conn.update_state_after_alloc(req("b"), blocks(), 0)
         meta = conn.build_connector_meta(sched_out())
@@ -91,6 +120,55 @@ def test_a_load_queued_ahead_turns_the_next_hit_into_a_recompute_until_it_is_don
     assert stories["a"].cause == stories["c"].cause == LOADED and stories["a"].loaded_tokens == 16
 
 
+def test_a_hit_the_decision_recomputes_is_not_saved_again_and_a_loaded_one_saves_from_its_load(tier):
+    """A vetoed hit (b, behind a's load) is recomputed whole: its 4 chunks are in the tier (the lookup found them),
+    so its save starts after them and sends nothing. A loaded hit (a) and a miss (m) save from chunk 0: the
+    worker starts after what the load wrote, so a chunk that went between lookup and load is saved again."""
+    conn = sync_behind_a(tier)
+    try:
+        assert conn.get_num_new_matched_tokens(req("b"), 0) == (0, False)
+        conn.update_state_after_alloc(req("b"), blocks(), 0)
+        other = list(range(500, 517))
+        assert conn.get_num_new_matched_tokens(req("m", other), 0) == (0, False)
+        conn.update_state_after_alloc(req("m", other), blocks(), 0)
+        meta = conn.build_connector_meta(sched_out(new=[("a", TOKENS, list(range(9)), 16), ("b", TOKENS, list(range(9)), 0),
+                                                        ("m", other, list(range(9)), 0)],
+                                                   scheduled={"a": 1, "b": 17, "m": 17}))
+        saves = {sp.req_id: sp for sp in meta.saves}
+        assert {r: saves[r].first_chunk for r in saves} == {"a": 0, "b": 4, "m": 0}
+        assert all(len(sp.token_ids) == 16 for sp in saves.values())
+    finally:
+        conn.shutdown()
+
+
+def test_a_load_planned_drains_from_the_queue_at_the_measured_bandwidth_before_vllm_reports_it(tier):
+    """vLLM reports an async load received only at the end of the step in which it finished. Each rank at 40 kB/s:
+    a's 384 B a rank take 9.6 ms. Asked 5 ms after a was planned, b waits behind the 4.6 ms left of it (184 B a
+    rank): 14.2 ms of load, under its 16 ms of recompute, so it loads (counted whole, a would have made it 19.2 ms: a veto). Asked
+    10 ms after (both done by the tier's account, neither reported), c waits behind nothing; the queue is empty."""
+    conn = scheduler([s.url for s in tier], async_loading=True, load_policy={"prefill_tokens_per_s": 1000, "t0_s": 0.0})
+    clock = frozen(conn)
+    try:
+        store_all(tier, conn.spec.fmt)
+        conn.update_connector_output(output(rank_gets(40_000)))
+        assert wait_answer(conn, req("a")) == (16, True)
+        conn.update_state_after_alloc(req("a"), blocks(), 16)
+        q = conn.scheduler.policy.queue()
+        assert (q.loads, q.rank_bytes) == (1, (384, 384))
+        clock.t += 0.005
+        q = conn.scheduler.policy.queue()
+        assert q.loads == 1 and q.rank_bytes == (pytest.approx(184, abs=1), pytest.approx(184, abs=1))
+        assert wait_answer(conn, req("b")) == (16, True)
+        conn.update_state_after_alloc(req("b"), blocks(), 16)
+        clock.t += 0.020
+        assert conn.scheduler.policy.queue() == TierQueue((0, 0), 0)
+        assert wait_answer(conn, req("c")) == (16, True)
+        data = conn.get_kv_connector_stats().data
+        assert data[M.labelled(M.LOAD_DECISIONS, "load", "wins")] == 2
+    finally:
+        conn.shutdown()
+
+
 def wait_answer(conn, r, local=0, timeout_s=10.0):
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
@@ -108,6 +186,7 @@ def test_an_async_hit_below_break_even_loads_the_prefix_the_engine_queue_hides(t
     (38.4 ms against 24 ms) does not: 8 of the 16 tokens load."""
     conn = scheduler([s.url for s in tier], async_loading=True,
                      load_policy={"prefill_tokens_per_s": 1000, "t0_s": 0.0})
+    frozen(conn)
     try:
         store_all(tier, conn.spec.fmt)
         conn.update_connector_output(output(rank_gets(10_000)))
@@ -144,6 +223,7 @@ def test_an_async_hit_that_waited_in_vllms_line_loads_behind_a_busy_tier(tier, t
     trace = tmp_path / "trace.jsonl"
     monkeypatch.setenv("KVCTL_CONNECTOR_TRACE", str(trace))
     conn = scheduler([s.url for s in tier], async_loading=True, load_policy={"prefill_tokens_per_s": 1000, "t0_s": 0.0})
+    frozen(conn)
     now = time.time()
 
     def arrived(r, ago):
@@ -248,3 +328,15 @@ def test_the_decisions_reach_prometheus_as_one_series_per_decision_and_reason():
     assert 'kvctl:load_decisions_total{decision="load",engine="0",model_name="tiny",reason="wins"} 3.0' in text
     assert 'kvctl:load_decisions_total{decision="recompute",engine="0",model_name="tiny",reason="tier_queue"} 1.0' in text
     assert 'kvctl:chunks_hit_total{engine="0",model_name="tiny"} 3.0' in text
+
+
+def test_the_line_wait_is_wall_clock_since_arrival_and_nothing_else():
+    """``arrival_time`` is the wall clock where vLLM took the request in: now − it, or 0 where it is missing, not a
+    number, in the future, or so far back that it is another clock (a monotonic reading against time.time())."""
+    from kvctl.plugins.vllm_scheduler import MAX_LINE_WAIT_S, line_wait
+
+    now = 1_800_000_000.0
+    at = lambda t: SimpleNamespace(arrival_time=t)  # noqa: E731
+    assert line_wait(at(now - 2.5), now) == pytest.approx(2.5)
+    assert line_wait(SimpleNamespace(), now) == 0.0
+    assert [line_wait(at(t), now) for t in (None, "x", True, 0, now + 5, 12_345.0, now - MAX_LINE_WAIT_S - 1)] == [0.0] * 7

@@ -186,6 +186,12 @@ class Line:
 NO_LINE = Line()
 
 
+def _rec_s(shape: HitShape, k: int, est: Estimates, r: float, engine_tokens: float, line: Line) -> float:
+    """recompute(k) of :func:`decide`: k chunks' tokens and the prefill work ahead, / R, the graph jump, the line's credit."""
+    return ((shape.tokens(k) + engine_tokens) / r + shape.jump_s(k, est, engine_tokens)
+            + line.credit_s(shape.tokens(k) / r))
+
+
 def _longest_winning(shape: HitShape, est: Estimates, queue: TierQueue, t0: float, r: float, engine_tokens: float,
                      upto: int, slack_s: float = 0.0, line: Line = NO_LINE) -> tuple[int, float | None]:
     """The longest k <= ``upto`` chunks whose load wins, or loses by at most ``slack_s``, and its predicted load time
@@ -202,8 +208,7 @@ def _longest_winning(shape: HitShape, est: Estimates, queue: TierQueue, t0: floa
         owner = (shape.first + k - 1) % W
         n[owner] += 1
         worst = max(worst, (qs[owner] + n[owner] * cb) / bws[owner])  # the same expression as _hit_load_s
-        if fixed + worst <= ((shape.tokens(k) + engine_tokens) / r + shape.jump_s(k, est, engine_tokens)
-                             + line.credit_s(shape.tokens(k) / r) + slack_s):
+        if fixed + worst <= _rec_s(shape, k, est, r, engine_tokens, line) + slack_s:
             best, best_load = k, fixed + worst
     return best, best_load
 
@@ -233,8 +238,7 @@ def decide(shape: HitShape, est: Estimates, queue: TierQueue, engine_tokens: flo
         return Decision(0, 0, RECOMPUTE, WINS)
 
     def recompute(k: int) -> float | None:
-        return None if r is None else ((shape.tokens(k) + engine_tokens) / r + shape.jump_s(k, est, engine_tokens)
-                                       + line.credit_s(shape.tokens(k) / r))
+        return None if r is None else _rec_s(shape, k, est, r, engine_tokens, line)
 
     reads = [b or q for b, q in zip(shape.rank_bytes(k_all), queue.rank_bytes)]
     if r is None or any(x and bw is None for x, bw in zip(reads, bws)):
@@ -288,8 +292,7 @@ def as_probe(d: Decision, shape: HitShape | None = None, est: Estimates | None =
     k = max(k, min(k_all, PROBE_MIN_CHUNKS_PER_RANK * shape.world))
     if k >= k_all:
         return Decision(d.found, d.found, LOAD, PROBE, d.load_s, d.recompute_s, d.recompute_s)
-    rec = ((shape.tokens(k) + engine_tokens) / r + shape.jump_s(k, rates, engine_tokens)
-           + line.credit_s(shape.tokens(k) / r))
+    rec = _rec_s(shape, k, rates, r, engine_tokens, line)
     return Decision(d.found, shape.tokens(k), PARTIAL, PROBE, _hit_load_s(shape, k, rates, queue, t0), rec,
                     rec + PROBE_EXCESS_S)
 

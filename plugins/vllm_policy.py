@@ -201,7 +201,8 @@ class SchedulerPolicy:
             per = [0] * self.world
             for c in range(first_chunk, end_chunk):
                 per[c % self.world] += self.cb
-            now, est = self.clock(), self.cal.estimates()
+            now = self.clock()
+            est = judged.est if judged is not None else self.cal.estimates()  # judged this step: the same estimates
             ends = plan_ends(self._tier_free, now, est.t0_s or 0.0, per, self._bps(est))
             self._planned[rid] = _Planned(tuple(per), now, until_received, ends=ends)
         if judged is None or not judged.decision.found:

@@ -60,6 +60,11 @@ def events(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def decision_events(path):
+    """The trace's ``decision`` events by request."""
+    return {e["req"]: e for e in events(path) if e["ev"] == "decision"}
+
+
 @pytest.fixture
 def tier(valkey_factory):
     return [valkey_factory(), valkey_factory()]
@@ -105,7 +110,7 @@ def test_a_load_queued_ahead_turns_the_next_hit_into_a_recompute_until_it_is_don
     finally:
         conn.shutdown()
         conn.trace.close()
-    decisions = {e["req"]: e for e in events(trace) if e["ev"] == "decision"}
+    decisions = decision_events(trace)
     assert decisions["a"]["predicted_load_s"] == pytest.approx(0.0096) and decisions["a"]["tokens"] == 16
     assert decisions["b"]["reason"] == "tier_queue" and decisions["b"]["predicted_load_s"] == pytest.approx(0.0192)
     assert decisions["b"]["loads_ahead"] == 1 and decisions["b"]["queued_bytes"] == 384
@@ -252,7 +257,7 @@ def test_an_async_hit_that_waited_in_vllms_line_loads_behind_a_busy_tier(tier, t
     finally:
         conn.shutdown()
         conn.trace.close()
-    decisions = {e["req"]: e for e in events(trace) if e["ev"] == "decision"}
+    decisions = decision_events(trace)
     assert decisions["waited"]["line_wait_s"] == pytest.approx(10.0, abs=1.0)
     assert decisions["waited"]["arrival_rate"] == pytest.approx(4 / 13, abs=0.01)
     assert decisions["waited"]["predicted_recompute_s"] == pytest.approx(0.032)

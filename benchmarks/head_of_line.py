@@ -9,7 +9,8 @@ queue; this model decides where vLLM does, with the connector's own :func:`kvctl
 
 The model (one engine, one rank, time in seconds, no randomness beyond the Poisson arrivals of ``--seed``):
 
-* steps back to back while there is work: a step's time is ``a + its prefill tokens / R``; each step's budget
+* steps back to back while there is work: a step's time is ``a + its prefill tokens / R``, plus ``--jump-s``
+  where its tokens pass vLLM's largest CUDA graph (``--graph-tokens``; 0: no jump); each step's budget
   ``--budget`` tokens goes to prefill in progress, then to hits whose load finished (their rest), then to the
   waiting line in order; a request finishes (its first token) at the end of the step that computes its last token;
 * the tier is one FIFO at ``--tier-gbps`` with ``T0`` per load (what four instances behind links give a lone load,
@@ -28,6 +29,11 @@ p90, p99, p50 by third of the run (a queue that grows shows here), the share of 
 the run.
 
     .venv/bin/python benchmarks/head_of_line.py [--rate 7.7] [--requests 110] [--tier-gbps 2.55] [--json OUT]
+    .venv/bin/python benchmarks/head_of_line.py --arrivals RUN.jsonl --tier-gbps 4.0 --t0 0.005 --graph-tokens 512 --jump-s 0.045
+
+With ``--arrivals`` the send times of a GPU run's replay (``paper_gpu.py``'s ``R5.jsonl``) replace the Poisson
+arrivals: with the figures that run's trace measured, the rule ``off`` lands within 7 % of the run that loaded every
+hit (results/paper_gpu-h100-2026-12-06d-sat-1200-off).
 
 Defaults: the H100 of 2026-12-06 (``results/paper_gpu-h100-2026-12-06c-*``): 16,384-token prompts of which 15,872
 tokens (62 chunks of 7.96 MB) are in the tier, R = 74k tokens/s, a = 24 ms, T0 = 7 ms, a budget of 16,384 tokens.
@@ -74,6 +80,8 @@ class Model:
     chunk_bytes: int
     budget: int
     rule: str
+    graph_tokens: int = 0
+    jump_s: float = 0.0
     arrivals: ArrivalRate = field(default_factory=ArrivalRate)  # the connector's estimate, from the requests asked
     tier_free: float = 0.0
     planned: dict = field(default_factory=dict)  # request -> (predicted ends, bytes) of loads not reported received
@@ -87,7 +95,8 @@ class Model:
         if self.rule == "off" or k_all == 0:
             return k_all, None
         shape = HitShape(0, k_all, 0, self.chunk_tokens, self.chunk_bytes, 1, prompt=q.tokens)
-        est = Estimates(self.r, self.t0, (self.bps,), hit_step_s=self.a)
+        est = Estimates(self.r, self.t0, (self.bps,), graph_tokens=self.graph_tokens, graph_jump_s=self.jump_s,
+                        hit_step_s=self.a)
         if self.rule == "whole":  # every load planned counted whole until vLLM reports it (the connector before)
             queue = TierQueue((sum(b for _, b in self.planned.values()),), len(self.planned))
         else:  # what the tier has not served of them by now, as the connector counts it
@@ -114,13 +123,16 @@ class Model:
 
 
 def run(rule: str, a) -> dict:
-    rng = np.random.default_rng(a.seed)
-    arrivals = np.cumsum(rng.exponential(1.0 / a.rate, a.requests))
+    if a.arrivals is not None:
+        arrivals = np.array(read_arrivals(a.arrivals))
+    else:
+        rng = np.random.default_rng(a.seed)
+        arrivals = np.cumsum(rng.exponential(1.0 / a.rate, a.requests))
     # the last prompt token is always computed: at most the whole chunks before it come from the tier
     hit = min(a.hit_tokens, (a.prompt_tokens - 1) // a.chunk_tokens * a.chunk_tokens) // a.chunk_tokens * a.chunk_tokens
     reqs = [Req(i, float(t), a.prompt_tokens, hit) for i, t in enumerate(arrivals)]
     m = Model(a.prefill_rate, a.step_s, a.t0, a.tier_gbps * 1e9, a.chunk_tokens, a.chunk_tokens * a.bytes_per_token,
-              a.budget, rule)
+              a.budget, rule, a.graph_tokens, a.jump_s)
     waiting: list[Req] = []
     loading: list[tuple[float, int]] = []  # (ready time, request index) heap
     running: list[Req] = []  # prefill in progress, in order
@@ -164,7 +176,7 @@ def run(rule: str, a) -> dict:
             events = ([reqs[nxt].arrival] if nxt < len(reqs) else []) + ([loading[0][0]] if loading else [])
             now = max(now, min(events))
             continue
-        now += a.step_s + step_tokens / a.prefill_rate
+        now += a.step_s + step_tokens / a.prefill_rate + (a.jump_s if a.graph_tokens and step_tokens > a.graph_tokens else 0.0)
         for q, t in sched:
             q.left -= t
             if q.left <= 0:
@@ -178,6 +190,16 @@ def run(rule: str, a) -> dict:
             "p99_s": float(np.percentile(lat, 99)), "thirds_p50_s": thirds,
             "loaded_share": sum(q.loaded for q in hits) / max(1, sum(q.hit for q in hits)),
             "tier_gbps_over_run": m.loaded_bytes / span / 1e9}
+
+
+def read_arrivals(path: Path) -> list[float]:
+    """The send times (s) of a replay's requests (``kvctl replay``'s JSONL: a metadata line, then one row a request
+    with ``sent_s``), sorted, from the first."""
+    sent = sorted(float(row["sent_s"]) for line in path.read_text().splitlines() if line.strip()
+                  for row in [json.loads(line)] if isinstance(row, dict) and "sent_s" in row)
+    if len(sent) < 3:
+        raise ValueError(f"{path}: fewer than 3 requests with sent_s")
+    return [t - sent[0] for t in sent]
 
 
 def main(argv=None) -> int:
@@ -194,16 +216,28 @@ def main(argv=None) -> int:
     ap.add_argument("--t0", type=float, default=0.007, help="a load's fixed time besides its transfer")
     ap.add_argument("--tier-gbps", type=float, default=2.55, help="what one load gets from the tier")
     ap.add_argument("--budget", type=int, default=16384, help="vLLM's max_num_batched_tokens")
+    ap.add_argument("--graph-tokens", type=int, default=0, help="vLLM's largest CUDA graph (tokens; 0: no jump)")
+    ap.add_argument("--jump-s", type=float, default=0.0, help="what a step above --graph-tokens costs more")
+    ap.add_argument("--arrivals", type=Path, help="a replay's JSONL (paper_gpu.py's RUN.jsonl): its send times "
+                    "instead of Poisson arrivals at --rate")
     ap.add_argument("--rules", default=",".join(RULES))
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     rules = [r for r in a.rules.split(",") if r]
-    if not rules or any(r not in RULES for r in rules) or min(a.rate, a.prefill_rate, a.tier_gbps) <= 0 or a.requests < 3:
-        ap.error(f"--rules of {','.join(RULES)}; --rate, --prefill-rate, --tier-gbps positive; --requests >= 3")
+    if not rules or any(r not in RULES for r in rules) or min(a.rate, a.prefill_rate, a.tier_gbps) <= 0 or a.requests < 3 \
+            or a.graph_tokens < 0 or a.jump_s < 0:
+        ap.error(f"--rules of {','.join(RULES)}; --rate, --prefill-rate, --tier-gbps positive; --requests >= 3; "
+                 "--graph-tokens, --jump-s not negative")
+    if a.arrivals is not None:
+        try:
+            a.requests = len(read_arrivals(a.arrivals))
+        except (OSError, ValueError, json.JSONDecodeError) as exc:
+            ap.error(f"--arrivals: {exc}")
     out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
            "runs": [run(r, a) for r in rules]}
-    print(f"rate {a.rate}/s, {a.requests} requests, tier {a.tier_gbps} GB/s a load, R {a.prefill_rate:g}, a {a.step_s} s, "
-          f"T0 {a.t0} s, budget {a.budget}")
+    src = f"arrivals of {a.arrivals}" if a.arrivals else f"rate {a.rate}/s"
+    print(f"{src}, {a.requests} requests, tier {a.tier_gbps} GB/s a load, R {a.prefill_rate:g}, a {a.step_s} s, "
+          f"T0 {a.t0} s, budget {a.budget}" + (f", graphs to {a.graph_tokens} tokens, jump {a.jump_s} s" if a.graph_tokens else ""))
     print("rule     p50 s   p90 s   p99 s   p50 by third (s)        loaded  tier GB/s")
     for r in out["runs"]:
         th = " / ".join(f"{x:.3f}" for x in r["thirds_p50_s"])

@@ -652,13 +652,20 @@ def analyse(a) -> dict:
 
 
 def explain_summary(doc: dict) -> dict:
-    """From ``kvctl explain --json``: causes counted, decisions counted by decision/reason, and the line waits the
-    async decisions saw (median and max, s)."""
+    """From ``kvctl explain --json``: causes counted, decisions counted by decision/reason, the line waits the
+    async decisions saw and the loads' waits in the worker's queue before their GETs (median and max, s: on the H100
+    of 2026-12-06 a loader that waited for each engine step kept loads 1.2 s in that queue on an idle tier)."""
     stories = [x for x in doc.get("requests") or [] if isinstance(x, dict)]
     decisions = Counter(f"{x.get('decision')}/{x.get('reason')}" for x in stories if x.get("decision"))
-    waits = sorted(w for x in stories if isinstance(w := x.get("line_wait_s"), (int, float)))
+
+    def spread(values) -> dict | None:
+        v = sorted(values)
+        return {"median": v[len(v) // 2], "max": v[-1]} if v else None
+
     return {"causes": dict(doc.get("causes") or {}), "decisions": dict(decisions),
-            "line_wait_s": {"median": waits[len(waits) // 2], "max": waits[-1]} if waits else None}
+            "line_wait_s": spread(w for x in stories if isinstance(w := x.get("line_wait_s"), (int, float))),
+            "load_queue_s": spread(q for x in stories
+                                   if isinstance(q := (x.get("phases") or {}).get("queued_s"), (int, float)))}
 
 
 def plan_agrees(plan: dict, meets: dict[str, bool], k: int) -> dict:
@@ -762,9 +769,10 @@ def render(out: dict) -> str:
         if "error" in e:
             lines.append(f"explain {r}: {e['error']}")
             continue
-        w = e.get("line_wait_s")
+        w, q = e.get("line_wait_s"), e.get("load_queue_s")
         lines.append(f"explain {r} (whole engine): decisions {e['decisions']}, causes {e['causes']}"
-                     + (f", line wait median {w['median']:.3f} s, max {w['max']:.3f} s" if w else ""))
+                     + (f", line wait median {w['median']:.3f} s, max {w['max']:.3f} s" if w else "")
+                     + (f", loads' queue median {q['median']:.3f} s, max {q['max']:.3f} s" if q else ""))
     al = out.get("alert") or {}
     lines.append(f"alert KvctlRhoUnstable: {'fired' if al.get('fired') else 'did not fire' if al.get('ran') else al.get('why')}")
     return "\n".join(lines)

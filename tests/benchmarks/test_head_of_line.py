@@ -47,3 +47,33 @@ def test_bad_arguments_are_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         head_of_line.main(["--rules", "sometimes"])
     assert e.value.code == 2 and "--rules of off,head,whole,credit" in capsys.readouterr().err
+
+
+def test_with_the_runs_own_arrivals_the_model_reproduces_the_h100_run_that_loaded_every_hit(tmp_path):
+    """The GPU run without the decision (2026-12-06 fourth, 1200 MB/s links, 4.0 GB/s a load as its trace measured,
+    T0 5 ms): fed that run's own send times, the model's p50 and p99 fall within 10 % of the run's (1.465 s, 3.385 s)
+    and its line grows through the run as the run's did (p50 by third 0.75 / 1.47 / 2.97 s)."""
+    root = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+    r = runs(tmp_path, "--arrivals", str(root / "paper_gpu-h100-2026-12-06d-sat-1200-off" / "R5.jsonl"),
+             "--tier-gbps", "4.0", "--t0", "0.005", "--graph-tokens", "512", "--jump-s", "0.045", "--rules", "off,credit")
+    assert r["off"]["p50_s"] == pytest.approx(1.465, rel=0.1) and r["off"]["p99_s"] == pytest.approx(3.385, rel=0.1)
+    first, _, last = r["off"]["thirds_p50_s"]
+    assert last > 3 * first
+    assert r["credit"]["p99_s"] < r["off"]["p99_s"] / 2  # the decision's prediction for the same arrivals
+
+
+def test_a_step_past_the_largest_cuda_graph_costs_the_jump(tmp_path):
+    """A recomputed 16k prompt's step passes a 512-token graph: with a jump of 45 ms each such step takes longer,
+    and the same Poisson run with the decision (which recomputes what the tier cannot take) is slower."""
+    args = ["--tier-gbps", "3.9", "--rate", "10.3", "--rules", "credit"]
+    base = runs(tmp_path, *args)["credit"]
+    jump = runs(tmp_path, *args, "--graph-tokens", "512", "--jump-s", "0.045")["credit"]
+    assert jump["p99_s"] > base["p99_s"] and jump["p50_s"] > base["p50_s"]
+
+
+def test_arrivals_from_a_file_that_has_none_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "empty.jsonl"
+    bad.write_text('{"metadata": {}}\n')
+    with pytest.raises(SystemExit) as e:
+        head_of_line.main(["--arrivals", str(bad)])
+    assert e.value.code == 2 and "fewer than 3 requests with sent_s" in capsys.readouterr().err

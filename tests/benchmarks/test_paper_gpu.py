@@ -333,6 +333,44 @@ def test_the_h100_saturated_tier_runs_of_2026_12_06_analyse_to_what_benchmarks_r
         {"load,no_data": 1, "load,wins": 78, "recompute,tier_queue": 1}
 
 
+def test_the_h100_runs_of_2026_12_06_fourth_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
+    """--analyse over the fourth H100 session of 2026-12-06: issue 46's saturated tier at 10.3/s behind 1200 MB/s
+    links (the decision on and off) and unshaped, and R5 on a fast tier with the decision on and off. With the
+    decision on behind the links the async loader kept loads in its queue for a median 0.83 s on an idle tier (each
+    load waited for the engine's step on the thread's default stream), 111 of its 129 loads brought nothing and 25
+    requests were loaded again and again (up to 10 times): the README's figures, read back from the runs' traces."""
+    import collections
+    import shutil
+
+    res = ROOT / "benchmarks" / "results"
+    want = {"sat-1200-on": ((5.015, 19.563), {"load/no_data": 1, "load/wins": 17, "recompute/tier_queue": 93}),
+            "sat-0-on": ((0.257, 0.687), {"load/no_data": 1, "load/wins": 109, "recompute/tier_queue": 1}),
+            "sat-1200-off": ((1.465, 3.385), {"load/off": 111}),
+            "fast-on": ((0.119, 0.614), {"load/no_data": 1, "load/wins": 79}),
+            "fast-off": ((0.114, 0.557), {"load/off": 80})}
+    out = {}
+    for name, (pcts, decisions) in want.items():
+        work = tmp_path / name
+        shutil.copytree(res / f"paper_gpu-h100-2026-12-06d-{name}", work)
+        out[name] = paper.analyse(paper.parse_args(["--workdir", str(work), "--analyse"]))
+        r5 = out[name]["report"]["R5"]
+        assert (round(r5["p50_s"], 3), round(r5["p99_s"], 3)) == pcts
+        assert out[name]["explain"]["R5"]["decisions"] == decisions
+        info = json.loads((work / "R5.info.json").read_text())
+        assert info["tier_after_run"]["evicted_keys"] == 0
+    queue = {n: round(o["explain"]["R5"]["load_queue_s"]["median"], 2) for n, o in out.items()}
+    assert queue == {"sat-1200-on": 0.83, "sat-0-on": 0.0, "sat-1200-off": 1.2, "fast-on": 0.0, "fast-off": 0.0}
+    assert "loads' queue median 0.833 s" in paper.render(out["sat-1200-on"])
+    assert [round(x, 2) for x in out["sat-1200-off"]["report"]["R5"]["thirds_p50_s"]] == [0.75, 1.47, 2.97]
+    events = [json.loads(x) for x in (res / "paper_gpu-h100-2026-12-06d-sat-1200-on" / "R5.connector-trace.jsonl")
+              .read_text().splitlines()]
+    start = min(e["t"] for e in events if e["ev"] == "decision")
+    loads = [e for e in events if e["ev"] == "load" and e["t"] >= start]
+    per_request = collections.Counter(e["req"] for e in events if e["ev"] == "scheduled_load" and e["t"] >= start)
+    assert (len(loads), sum(e["agreed"] == 0 for e in loads), sum(e["given_up"] for e in loads)) == (129, 111, 116)
+    assert (len(per_request), sum(n > 1 for n in per_request.values()), max(per_request.values())) == (40, 25, 10)
+
+
 def test_the_cpu_saturated_tier_runs_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
     """--analyse over the 2-core VM's saturated-tier runs of 2026-12-06 (4k-token prompts at 1.4/s, four 2.35 MB/s
     links): the README's percentiles and thirds, and kvctl explain's decisions and line waits read from each run's

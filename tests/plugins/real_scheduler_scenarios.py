@@ -249,12 +249,37 @@ def async_load_error(v, url, model) -> dict:
     back to 96 tokens and schedules the other 104 once it is received."""
     rig = Rig(v, url, model, async_loading=True)
     try:
-        t = tokens(7000)
-        rig.store(t, range(6))
-        rig.add("a", t)
-        parked = _until(rig, lambda o: bool(o.kv_connector_metadata.loads))
-        blocks = parked.kv_connector_metadata.loads[0].block_ids
+        blocks = parked_blocks(rig, 7000)
         return received(rig, finished_recving={"a"}, invalid_block_ids={blocks[3 * CT // BS]})
+    finally:
+        rig.close()
+
+
+def parked_blocks(rig: Rig, base: int) -> list[int]:
+    """Request "a" (200 tokens from ``base``, all six chunks in the tier) parked for its async load: its blocks."""
+    t = tokens(base)
+    rig.store(t, range(6))
+    rig.add("a", t)
+    parked = _until(rig, lambda o: bool(o.kv_connector_metadata.loads))
+    return parked.kv_connector_metadata.loads[0].block_ids
+
+
+def async_load_given_up(v, url, model) -> dict:
+    """An async hit whose load brought nothing (given up at its deadline: the workers report its first block
+    unreadable with its receive). vLLM frees the parked request's blocks and asks the connector again; the
+    connector answers no hit, so the prompt is scheduled whole and no second load of it is planned."""
+    rig = Rig(v, url, model, async_loading=True)
+    try:
+        blocks = parked_blocks(rig, 9000)
+        out, reloads = rig.step(finished_recving={"a"}, invalid_block_ids={blocks[0]}), []
+        for _ in range(STEPS):
+            reloads += _loads(out)
+            if "a" in out.num_scheduled_tokens:
+                break
+            time.sleep(WAIT_S)
+            out = rig.step()
+        return {"scheduled": dict(out.num_scheduled_tokens), "computed": _new(out), "reloads": reloads,
+                "finished": "a" not in rig.sched.requests, "blocks_back": rig.free() == rig.free0}
     finally:
         rig.close()
 
@@ -294,7 +319,8 @@ def decode_and_preempt(v, url, model) -> dict:
         rig.close()
 
 
-SCENARIOS = [sync_hit, hole, async_hit, sync_load_error, async_load_error, policy_veto, decode_and_preempt]
+SCENARIOS = [sync_hit, hole, async_hit, sync_load_error, async_load_error, async_load_given_up, policy_veto,
+             decode_and_preempt]
 
 
 def main(argv: list[str]) -> int:

@@ -133,6 +133,28 @@ def test_the_line_behind_a_request_lets_it_load_behind_a_busy_tier():
     assert decide(doc, est, idle(1)).decision == LOAD
 
 
+def test_the_arrival_rate_counts_only_the_arrivals_near_the_newest():
+    """The connector's arrival rate (kvctl.plugins.vllm_policy.ArrivalRate): (n - 1) / span over the latest 64
+    arrivals within 10 s of the newest. A priming paced 0.3 s apart (3.3/s) then a run at 10/s: once the run's
+    arrivals span 10 s the priming no longer counts (with the 64 latest alone, on the H100 of 2026-12-06, the rate
+    read 3.3-4.5/s through most of a 10.3/s run). Fewer than 4 in the horizon, or a repeated request: no new rate."""
+    from kvctl.plugins.vllm_policy import ArrivalRate
+
+    rate = ArrivalRate()
+    for i in range(40):
+        rate.arrived(f"p{i}", 1000.0 + 0.3 * i)  # the priming: 1000.0 .. 1011.7
+    assert rate.rate() == pytest.approx(1 / 0.3)
+    for i in range(8):
+        rate.arrived(f"r{i}", 1030.0 + 0.1 * i)  # 18 s later, a run at 10/s
+    assert rate.rate() == pytest.approx(10.0)  # the priming is out of the horizon: the run's 8 alone
+    rate.arrived("r0", 1031.0)  # asked again: counted once
+    assert rate.rate() == pytest.approx(10.0)
+    late = ArrivalRate()
+    for i, t in enumerate((1000.0, 1001.0, 1002.0, 1020.0)):
+        late.arrived(f"x{i}", t)
+    assert late.rate() == 0.0  # one arrival within 10 s of the newest: too few to tell
+
+
 def test_the_tier_backlog_is_what_the_ranks_have_not_served_yet():
     """Two ranks at 100 and 50 bytes/s, T0 1 s. Load A planned at 0 (100 B on each rank), B at 1 (100 B on rank 0
     only). Rank 0 serves A over 0-2 s (1 + 1), then B over 2-4 s, behind A; rank 1 serves A over 0-3 s (1 + 2).

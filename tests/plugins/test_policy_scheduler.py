@@ -220,10 +220,10 @@ def test_an_async_hit_below_break_even_loads_the_prefix_the_engine_queue_hides(t
 def test_an_async_hit_that_waited_in_vllms_line_loads_behind_a_busy_tier(tier, tmp_path, monkeypatch):
     """vLLM asks about a request at the head of its waiting line. R = 1000 tok/s, T0 0, each rank at 40 kB/s: a hit
     (2 chunks a rank, 384 B) loads in 9.6 ms idle against 16 ms of recompute. With one async load in flight it
-    waits behind it: 19.2 ms > 16 ms. Five requests arrived over 13 s (two of them too short to hit): one that just
-    arrived recomputes (asked before the one that waited: 3/13 per s, a credit of 0.23 × 16 ms × (0 + 8 ms), 0.03 ms:
+    waits behind it: 19.2 ms > 16 ms. Five requests arrived over 9 s (two of them too short to hit): one that just
+    arrived recomputes (asked before the one that waited: 3/9 per s, a credit of 0.33 × 16 ms × (0 + 8 ms), 0.04 ms:
     tier queue); one that waited
-    10 s to be asked has about three requests behind it, and its credit is capped at its recompute: 32 ms, it loads
+    7 s to be asked has about three requests behind it, and its credit is capped at its recompute: 32 ms, it loads
     with that as its deadline. The wait and the rate are traced; a sync engine never counts them."""
     trace = tmp_path / "trace.jsonl"
     monkeypatch.setenv("KVCTL_CONNECTOR_TRACE", str(trace))
@@ -238,15 +238,15 @@ def test_an_async_hit_that_waited_in_vllms_line_loads_behind_a_busy_tier(tier, t
     try:
         store_all(tier, conn.spec.fmt)
         conn.update_connector_output(output(rank_gets(40_000)))
-        assert wait_answer(conn, arrived(req("a"), 13.0)) == (16, True)
+        assert wait_answer(conn, arrived(req("a"), 9.0)) == (16, True)
         conn.update_state_after_alloc(req("a"), blocks(), 16)
-        for rid, ago in (("short1", 12.0), ("short2", 11.0)):
+        for rid, ago in (("short1", 8.5), ("short2", 8.0)):
             assert conn.get_num_new_matched_tokens(arrived(req(rid, TOKENS[:3]), ago), 0) == (0, False)
-        waited, fresh = arrived(req("waited"), 10.0), arrived(req("fresh"), 0.0)
+        waited, fresh = arrived(req("waited"), 7.0), arrived(req("fresh"), 0.0)
         assert conn.scheduler.policy.arrivals.rate() == 0.0  # three arrivals so far: too few to tell
         assert wait_answer(conn, fresh) == (0, False)
         conn.update_state_after_alloc(fresh, blocks(), 0)
-        assert conn.scheduler.policy.arrivals.rate() == pytest.approx(3 / 13, rel=0.01)  # waited: not asked yet
+        assert conn.scheduler.policy.arrivals.rate() == pytest.approx(3 / 9, rel=0.01)  # waited: not asked yet
         assert wait_answer(conn, waited) == (16, True)
         conn.update_state_after_alloc(waited, blocks(), 16)
         loads = {spec.req_id: spec for spec in conn.build_connector_meta(sched_out()).loads}
@@ -258,18 +258,18 @@ def test_an_async_hit_that_waited_in_vllms_line_loads_behind_a_busy_tier(tier, t
         conn.shutdown()
         conn.trace.close()
     decisions = decision_events(trace)
-    assert decisions["waited"]["line_wait_s"] == pytest.approx(10.0, abs=1.0)
-    assert decisions["waited"]["arrival_rate"] == pytest.approx(4 / 13, abs=0.01)
+    assert decisions["waited"]["line_wait_s"] == pytest.approx(7.0, abs=1.0)
+    assert decisions["waited"]["arrival_rate"] == pytest.approx(4 / 9, abs=0.01)
     assert decisions["waited"]["predicted_recompute_s"] == pytest.approx(0.032)
     assert decisions["fresh"]["line_wait_s"] < 1.0 and decisions["fresh"]["reason"] == "tier_queue"
     sync = scheduler([s.url for s in tier], load_policy={"prefill_tokens_per_s": 1000, "t0_s": 0.0})
     try:
         sync.update_connector_output(output(rank_gets(40_000)))
-        for rid, ago in (("a", 13.0), ("s1", 12.0), ("s2", 11.0)):
+        for rid, ago in (("a", 9.0), ("s1", 8.5), ("s2", 8.0)):
             sync.get_num_new_matched_tokens(arrived(req(rid), ago), 0)
             sync.update_state_after_alloc(req(rid), blocks(), 16 if rid == "a" else 0)
         # a sync load holds the step: no credit, however long it waited
-        assert sync.get_num_new_matched_tokens(arrived(req("old"), 10.0), 0) == (0, False)
+        assert sync.get_num_new_matched_tokens(arrived(req("old"), 7.0), 0) == (0, False)
     finally:
         sync.shutdown()
 

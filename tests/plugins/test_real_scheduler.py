@@ -91,6 +91,13 @@ def test_an_async_load_error_recomputes_from_the_failed_block(obs):
                                        "finished": True, "blocks_back": True}
 
 
+def test_an_async_load_that_brought_nothing_is_recomputed_not_loaded_again(obs):
+    # before 2026-12-06 vLLM's second ask found the hit again and parked the request for a second load (on an H100
+    # requests were loaded and given up up to four times): here the request would never be scheduled
+    assert obs["async_load_given_up"] == {"scheduled": {"a": rs.PROMPT}, "computed": {"a": 0}, "reloads": [],
+                                          "finished": True, "blocks_back": True}
+
+
 def test_a_vetoed_hit_is_recomputed_whole(obs):
     assert obs["policy_veto"] == {"scheduled": {"a": rs.PROMPT}, "computed": {"a": 0}, "loads": [],
                                   "finished": True}

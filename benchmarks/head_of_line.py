@@ -122,9 +122,10 @@ class Model:
         return end
 
 
-def run(rule: str, a) -> dict:
-    if a.arrivals is not None:
-        arrivals = np.array(read_arrivals(a.arrivals))
+def run(rule: str, a, sent: list[float] | None = None) -> dict:
+    """One rule over ``a``'s workload: the send times ``sent`` (s, from 0) where given, else Poisson at ``a.rate``."""
+    if sent is not None:
+        arrivals = np.array(sent)
     else:
         rng = np.random.default_rng(a.seed)
         arrivals = np.cumsum(rng.exponential(1.0 / a.rate, a.requests))
@@ -228,13 +229,15 @@ def main(argv=None) -> int:
             or a.graph_tokens < 0 or a.jump_s < 0:
         ap.error(f"--rules of {','.join(RULES)}; --rate, --prefill-rate, --tier-gbps positive; --requests >= 3; "
                  "--graph-tokens, --jump-s not negative")
+    sent = None
     if a.arrivals is not None:
         try:
-            a.requests = len(read_arrivals(a.arrivals))
-        except (OSError, ValueError, json.JSONDecodeError) as exc:
+            sent = read_arrivals(a.arrivals)
+        except (OSError, ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
             ap.error(f"--arrivals: {exc}")
+        a.requests = len(sent)
     out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
-           "runs": [run(r, a) for r in rules]}
+           "runs": [run(r, a, sent) for r in rules]}
     src = f"arrivals of {a.arrivals}" if a.arrivals else f"rate {a.rate}/s"
     print(f"{src}, {a.requests} requests, tier {a.tier_gbps} GB/s a load, R {a.prefill_rate:g}, a {a.step_s} s, "
           f"T0 {a.t0} s, budget {a.budget}" + (f", graphs to {a.graph_tokens} tokens, jump {a.jump_s} s" if a.graph_tokens else ""))

@@ -77,3 +77,11 @@ def test_arrivals_from_a_file_that_has_none_are_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         head_of_line.main(["--arrivals", str(bad)])
     assert e.value.code == 2 and "fewer than 3 requests with sent_s" in capsys.readouterr().err
+
+
+def test_arrivals_with_a_row_whose_send_time_is_not_a_number_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"metadata": {}}\n' + "".join(f'{{"sent_s": {t}}}\n' for t in (0.0, 0.1)) + '{"sent_s": null}\n')
+    with pytest.raises(SystemExit) as e:
+        head_of_line.main(["--arrivals", str(bad)])
+    assert e.value.code == 2 and "--arrivals:" in capsys.readouterr().err

@@ -588,6 +588,9 @@ def analyse(a) -> dict:
     if calib.exists() or calib.is_symlink():
         out["prefill_rate"] = R
         preds, classes = {}, {}
+        # the async loader's service as the calibration's loads had it (simulate --fit-loads): its trace, when written
+        ctrace = work / "calib.connector-trace.jsonl"
+        fit_loads = ["--fit-loads", str(ctrace)] if ctrace.is_file() else []
         for r in ("R2", "R3", "R4", "R5"):
             k, loading, _ = SPECS[r]
             k = meta["instances"] if k is None else k
@@ -599,7 +602,7 @@ def analyse(a) -> dict:
                         "--fit-from", str(calib), "--fit-instances", str(calib_k), "--fit-loading", SPECS["calib"][1], "--loading", loading,
                         "--t0-engine-share", "fit", "--max-batched-tokens", str(meta["max_batched_tokens"]),
                         # the runs' load-or-recompute decision (runs from before it was recorded had none)
-                        "--policy", meta.get("load_policy") or "off", *NO_ASYNC_TIMEOUT, "--json",
+                        "--policy", meta.get("load_policy") or "off", *NO_ASYNC_TIMEOUT, *fit_loads, "--json",
                         check=False, log=work / f"{r}.simulate.txt")
             if res.returncode not in (0, 3, 4):
                 preds[r] = {"error": res.stderr.strip()[-400:]}

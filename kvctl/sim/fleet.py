@@ -18,7 +18,9 @@ The model extends :func:`kvctl.sim.simulate.simulate` (whose module docstring gi
   :data:`MAX_ITERATIONS` passes, by an event-by-event loop;
 * async: the prefetch is issued on arrival at the async bandwidth; an abandoned load (past the
   timeout) still occupies the tier and the engine recomputes the request, queued on the same engine
-  from ``arrival + timeout``; every async request pays ``async_overhead_s`` of latency;
+  from ``arrival + timeout``; every async request pays ``async_overhead_s`` of latency; each load holds
+  the tier ``async_load_s`` besides its transfer (the connector's loader: copies, exchange, insert; with a
+  readers curve it is scaled with the transfer);
 * ``t0_engine_share`` θ: θ·T0 of every served hit holds its engine after the load (with the
   tail), the rest only adds latency (see :mod:`kvctl.sim.simulate`);
 * ``max_batch`` M > 1: an engine admits up to M waiting requests into one step; their loads go to
@@ -372,13 +374,14 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
         z = np.random.default_rng([cfg.seed, 5]).standard_normal(n)
         mult = np.exp(var.get_sigma * z - var.get_sigma**2 / 2)  # mean 1: bandwidth keeps its mean
     per_token = cfg.bytes_per_token / (bw * GB) * mult
+    load_s = var.async_load_s if async_ else 0.0  # the loader's own seconds a load besides its GETs (async: on the tier)
     t0 = (np.random.default_rng([cfg.seed, 6]).choice(np.asarray(var.t0_samples_s), n) if var.t0_samples_s
           else np.full(n, cfg.t0_s))
     gpu_t0, held_t0, late_t0 = split_t0(t0, cfg.t0_engine_share, cfg.hit_gpu_s)  # GPU part; on the engine after the load; latency only
     decisions = None
     if cfg.policy == "on":  # the connector's decision first (kvctl.sim.policy): what each hit loads
         hit_tokens, decisions = decided_hits(arrival, tokens, hit_tokens, hit_tokens * per_token, t0, cfg.prefill_rate,
-                                             cfg.loading, held_t0, eng, engines)
+                                             cfg.loading, held_t0, eng, engines, load_s)
         hit = hit_tokens > 0
     transfer = hit_tokens * per_token
     prefill = tokens / cfg.prefill_rate
@@ -398,7 +401,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
     else:
         require_positive("--async-timeout", cfg.async_timeout_s, allow_zero=True)
         hidx = np.flatnonzero(hit)
-        t_start, loaded, k = _tier(arrival[hidx], transfer[hidx], gtab)
+        t_start, loaded, k = _tier(arrival[hidx], transfer[hidx] + load_s, gtab)
         in_time = loaded - arrival[hidx] <= cfg.async_timeout_s
         timed_out[hidx[~in_time]] = True
         ready = arrival.copy()
@@ -436,7 +439,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
             gpu_utilization_pct=100.0 * float(compute[idx].sum() / span) if span > 0 else 0.0,
             max_queue=in_system_ahead(arrival[idx], finish[idx]),
         ))
-    tier_rho = float(rate * (transfer[hit].sum() / n)) if rate else None
+    tier_rho = float(rate * ((transfer[hit].sum() + load_s * hit.sum()) / n)) if rate else None
     rhos = [p.rho for p in per if p.rho is not None]
     rho = max(rhos) if rhos else None
     p50, p90, p99 = _pcts(latency)

@@ -64,6 +64,8 @@ class Inputs:
     fit_loading: str | None = None  # the --fit-from run's loading; None: as ``loading``
     async_instance_gbps: float | None = None
     async_overhead_s: float = 0.0
+    fit_loads: str | None = None  # a connector trace: the async loader's bandwidth and time a load (variability.fit_loads)
+    async_load_s: float | None = None  # seconds an async load holds the loader besides its GETs (None: 0, or --fit-loads')
     t0_engine_share: float | str = 0.0  # θ, or "fit"
     max_batch: int = 1
     max_batched_tokens: int | None = VLLM_MAX_NUM_BATCHED_TOKENS
@@ -104,8 +106,9 @@ class Inputs:
             raise InvalidInput("--hit-gpu-s fit needs --fit-gpu-util PCT: the GPU utilisation measured during the --fit-from run")
         if self.hit_gpu_s != "fit" and self.fit_gpu_util is not None:
             raise InvalidInput("--fit-gpu-util fits --hit-gpu-s: give --hit-gpu-s fit")
-        if self.fit_instances is not None and not self.fit_from:
-            raise InvalidInput("--fit-instances says what tier the --fit-from run had: give --fit-from RUN")
+        if self.fit_instances is not None and not (self.fit_from or self.fit_loads):
+            raise InvalidInput("--fit-instances says what tier the --fit-from run had (or the --fit-loads trace): give --fit-from RUN "
+                               "or --fit-loads TRACE")
         if self.fit_loading is not None and not self.fit_from:
             raise InvalidInput("--fit-loading says how the --fit-from run loaded: give --fit-from RUN")
         if self.t0_engine_share == "fit" and not self.fit_from:
@@ -209,7 +212,8 @@ def build(i: Inputs, default_requests: int = SIMULATE_REQUESTS) -> Model:
     var = variability.build(fit_from=i.fit_from, bench_from=i.bench_path,
                             async_instance_gbps=i.async_instance_gbps, async_overhead_s=i.async_overhead_s,
                             bytes_per_token=i.bytes_per_token, prefill_rate=i.prefill_rate, fit_gbps=fit_gbps, instances=i.instances,
-                            t0_given_s=i.t0_s if i.t0_given else None)
+                            t0_given_s=i.t0_s if i.t0_given else None, fit_loads_from=i.fit_loads,
+                            async_load_s=i.async_load_s, fit_instances=fit_instances)
     if i.bench_path and i.instance_gbps is not None:
         var = replace(var, notes=(*var.notes, f"--instance-gbps gives B ({i.instance_gbps:g} GB/s an instance): {i.bench_path}'s bandwidths are not used"))
     cfg = sim.SimConfig(i.bytes_per_token, i.prefill_rate, i.t0_s, fit_instances, i.instance_gbps, i.fit_loading or i.loading,

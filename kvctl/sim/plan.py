@@ -169,7 +169,8 @@ def plan(w: Workload, cfg: SimConfig, *, engines: int, slo_p99_s: float, rho_tar
         def screen(loading: str, inst: int) -> tuple[str, int, float, float, list[str]]:
             bw = effective_gbps(inst, instance_gbps, bench)
             tier_bw = (var.async_instance_gbps * inst) if loading == "async" and var.async_instance_gbps else bw
-            rho = (w.offered_rate or 0.0) * hit_bytes / (tier_bw * GB)
+            per_load = var.async_load_s * cfg.hit_fraction if loading == "async" else 0.0  # the loader's own time a hit
+            rho = (w.offered_rate or 0.0) * (hit_bytes / (tier_bw * GB) + per_load)
             ruled_out = ([f"B_eff {bw:.3f} ≤ B* {b_star:.3f} GB/s"] if bw <= b_star and not (decided and loading == "async") else []) + \
                 ([f"ρ {rho:.3g} > {rho_target:g}"] if rho > rho_target and not decided else [])
             return loading, inst, bw, rho, ruled_out

@@ -42,11 +42,12 @@ def _why(backlog: float, idle_wins: bool, per_token: float, prefill_rate: float)
 
 def decided_hits(arrival: np.ndarray, tokens: np.ndarray, hit_tokens: np.ndarray, transfer: np.ndarray,
                  t0: np.ndarray | float, prefill_rate: float, loading: str, held_t0: np.ndarray | float = 0.0,
-                 engine_of: np.ndarray | None = None, engines: int = 1) -> tuple[np.ndarray, dict[str, int]]:
+                 engine_of: np.ndarray | None = None, engines: int = 1, load_s: float = 0.0) -> tuple[np.ndarray, dict[str, int]]:
     """(the tokens each request loads, the decisions counted ``{"decision/reason": hits}``); see the module docstring.
 
     ``transfer``: each hit's seconds on the tier at its bandwidth (0 for a miss); ``held_t0``: the part of T0 that
-    holds the engine after a load (the simulation's, for the engine's backlog); ``engine_of``: each request's engine."""
+    holds the engine after a load (the simulation's, for the engine's backlog); ``engine_of``: each request's engine;
+    ``load_s``: what each async load holds the tier's loader besides its transfer (its FIFO's backlog counts it)."""
     n = len(arrival)
     t0s = np.broadcast_to(np.asarray(t0, dtype=float), (n,))
     held = np.broadcast_to(np.asarray(held_t0, dtype=float), (n,))
@@ -86,7 +87,7 @@ def decided_hits(arrival: np.ndarray, tokens: np.ndarray, hit_tokens: np.ndarray
                 what = f"{PARTIAL if take > 0 else RECOMPUTE}/{why}"
             counts[what] += 1
         if take > 0:
-            tier_free = max(tier_free, a) + x_l[i] * take / h
+            tier_free = max(tier_free, a) + x_l[i] * take / h + load_s
         # the engine's backlog is compute queued ahead, in arrival order (what the connector counts: the prompt
         # tokens of the requests it has looked up and not seen computed), never its waits for the tier
         hold = held_l[i] + (n_l[i] - take) / r if take > 0 else n_l[i] / r

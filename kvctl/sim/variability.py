@@ -17,6 +17,11 @@
   is held flat and the result says it was extrapolated.
 * async bandwidth: the rank-0 store loads with one client, so a bench file's 1 instance × 1 client
   run is the per-instance bandwidth of an async prefetch.
+* the async loader's service (:func:`fit_loads`): from a kvctl connector trace's ``load`` events, the GET bandwidth
+  the engine's loads had (each rank's bytes over its GET seconds) and the seconds each load held the loader besides
+  its GETs (the copy's tail, the agreed-prefix exchange, the insert). The loader serves one load at a time, so at a
+  tier ρ near 1 these few ms a load count: on an H100 (2026-12-06) a 0.49 GB load took 0.128 s, 0.005 s more than its
+  GETs, and its GETs ran 3 % below the bench's rate; the bench alone put the tier's ρ at 1.16 where it was 1.24.
 """
 
 from __future__ import annotations
@@ -48,12 +53,14 @@ class Variability:
     readers_gain: dict[int, float] = field(default_factory=dict)  # k concurrent readers → g(k); {} : 1
     async_instance_gbps: float | None = None  # per-instance bandwidth of async prefetches (None: the sync one)
     async_overhead_s: float = 0.0  # added to every async request's latency
+    async_load_s: float = 0.0  # seconds each async load holds the tier's loader besides its GETs (copies, exchange, insert)
     notes: tuple[str, ...] = ()  # where each input came from
     t0_fit_hit_tokens: tuple[float, float] | None = None  # shortest and longest prompt of the hits T0 was fitted on
 
     @property
     def active(self) -> bool:
-        return bool(self.t0_samples_s or self.get_sigma or self.readers_gain or self.async_instance_gbps or self.async_overhead_s)
+        return bool(self.t0_samples_s or self.get_sigma or self.readers_gain or self.async_instance_gbps or self.async_overhead_s
+                    or self.async_load_s)
 
 
 def read_bench_file(path: str, what: str) -> Any:
@@ -227,16 +234,63 @@ def bench_variability(path: str, instances: int | None = None) -> tuple[float, d
     return sigma, gain, notes
 
 
+@dataclass(frozen=True)
+class LoaderFit:
+    """The async loader's service as a connector trace shows it (:func:`fit_loads`)."""
+
+    instance_gbps: float  # GET bandwidth of one instance in the engine's loads
+    load_s: float  # seconds a load held the loader besides its GETs (median)
+    loads: int  # the loads fitted on
+    note: str
+
+
+def fit_loads(path: str, instances: int) -> LoaderFit:
+    """The loader's service from the ``load`` events of the connector trace at ``path``: each event is one rank's
+    load (its bytes, ``get_s`` on its GETs, ``total_s`` in the loader); those that read something and were not
+    given up at their deadline count. The engine's GET bandwidth is the median of each event's bytes / get_s, times
+    the ranks that loaded, over ``instances`` (the trace's tier: its ranks share them evenly); the loader's own time,
+    the median of ``total_s − get_s``. InvalidInput, one line, when no load qualifies."""
+    from kvctl.records.connector_trace import read_events  # noqa: PLC0415
+
+    events, _ = read_events(path, "--fit-loads trace")
+    rates: list[float] = []
+    extra: list[float] = []
+    ranks: set[int] = set()
+    for e in events:
+        if e["ev"] != "load" or e.get("given_up") is True:
+            continue
+        b, g, tot = (e.get(k) for k in ("bytes", "get_s", "total_s"))
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (b, g, tot)):
+            continue
+        if b <= 0 or g <= 0 or tot < g:
+            continue
+        rates.append(b / g)
+        extra.append(tot - g)
+        rank = e.get("rank")
+        ranks.add(rank if isinstance(rank, int) and not isinstance(rank, bool) else 0)
+    if not rates:
+        raise InvalidInput(f"--fit-loads {path}: no load that read something and was not given up (the trace's "
+                           "`load` events need bytes, get_s and total_s)")
+    gbps = float(np.median(rates)) * len(ranks) / instances / GB
+    load_s = float(np.median(extra))
+    note = (f"async loads from {path}: {len(rates)} loads, GETs at {gbps:.3g} GB/s an instance "
+            f"({len(ranks)} rank(s) over {instances} instance(s)), the loader {load_s * 1e3:.1f} ms a load besides its GETs")
+    return LoaderFit(gbps, load_s, len(rates), note)
+
+
 def build(*, fit_from: str | None = None, get_times_from: str | None = None, readers_from: str | None = None,
           async_instance_gbps: float | None = None, async_overhead_s: float = 0.0, bytes_per_token: float = 0.0,
           prefill_rate: float = 0.0, fit_gbps: float | None = None, instances: int | None = None, bench_from: str | None = None,
-          t0_given_s: float | None = None) -> Variability:
+          t0_given_s: float | None = None, fit_loads_from: str | None = None, async_load_s: float | None = None,
+          fit_instances: int | None = None) -> Variability:
     """A :class:`Variability` from the files given (None: that input stays constant).
 
     ``fit_gbps``: the tier bandwidth the ``fit_from`` run saw (its transfers are taken out of T0). ``t0_given_s``: a T0
     the operator gave (``--t0``), which wins over the run's: the fit is made and said in the note, its samples unused.
     ``bench_from``: a bench file whose spread and readers curve are taken where it has them (:func:`bench_variability`);
-    ``get_times_from``/``readers_from``: one part each, refused when the file lacks it.
+    ``get_times_from``/``readers_from``: one part each, refused when the file lacks it. ``fit_loads_from``: a connector
+    trace whose loads give the async bandwidth and the loader's time a load (:func:`fit_loads`, its tier of
+    ``fit_instances``, else ``instances``); ``async_instance_gbps`` and ``async_load_s`` given win over that fit.
     """
     notes: list[str] = []
     t0: tuple[float, ...] = ()
@@ -260,8 +314,16 @@ def build(*, fit_from: str | None = None, get_times_from: str | None = None, rea
     if readers_from:
         gain, note = readers_gain_from_bench(readers_from)
         notes.append(note)
-    if async_instance_gbps is not None:
-        notes.append(f"async per-instance bandwidth {async_instance_gbps:g} GB/s")
+    given_gbps, given_load_s = async_instance_gbps, async_load_s
+    if fit_loads_from:
+        fit = fit_loads(fit_loads_from, fit_instances or instances or 1)
+        notes.append(fit.note + ("" if given_gbps is None and given_load_s is None else " (values given win)"))
+        async_instance_gbps = fit.instance_gbps if given_gbps is None else given_gbps
+        async_load_s = fit.load_s if given_load_s is None else given_load_s
+    if given_gbps is not None:
+        notes.append(f"async per-instance bandwidth {given_gbps:g} GB/s")
     if async_overhead_s:
         notes.append(f"async overhead {async_overhead_s:g} s per request")
-    return Variability(t0, sigma, gain, async_instance_gbps, async_overhead_s, tuple(notes), fit_range)
+    if given_load_s:
+        notes.append(f"async loads hold the loader {given_load_s * 1e3:g} ms each besides their GETs")
+    return Variability(t0, sigma, gain, async_instance_gbps, async_overhead_s, async_load_s or 0.0, tuple(notes), fit_range)

@@ -1,0 +1,90 @@
+"""``kvctl simulate`` against issue 46's saturated GPU runs: the async loader's service, with and without ``--fit-loads``.
+
+On a tier near saturation the wait of each load is the backlog the tier has not served, and that grows with
+(ρ − 1): a few per cent on each load's service time move the waits by tens of per cent. The connector's loader
+serves one load at a time; besides its GETs each load holds it for the copy's tail, the agreed-prefix exchange and
+the insert. ``--fit-loads`` takes both from a connector trace (:func:`kvctl.sim.variability.fit_loads`).
+
+For each run directory given (``paper_gpu.py``'s files: ``main.planned.jsonl``, ``bench-k4.json``, ``meta.json``,
+``R5.jsonl``) this runs, as a user types them:
+
+* ``kvctl report RUN/R5.jsonl --json``: the run's p50 / p90 / p99;
+* ``kvctl simulate --trace RUN/main.planned.jsonl --hits-from-trace --bench RUN/bench-k4.json --loading async ...``
+  with the run's decision (``--policy``), R and T0 given, once as the bench alone gives the tier and once with
+  ``--fit-loads FIT/R5.connector-trace.jsonl``, FIT another run of the same links (``--fit-run``, default: the run
+  itself);
+
+and prints each prediction over the run's figure.
+
+    .venv/bin/python benchmarks/simulate_saturated.py results/paper_gpu-h100-2026-12-06d-sat-1200-off \\
+        --fit-run results/paper_gpu-h100-2026-12-06d-sat-1200-on [--prefill-rate 74000] [--t0 0.005] [--json OUT]
+
+R: the H100's 16k recompute (0.22 s for 16 384 tokens, the runs' own steps); T0: the connector's own time a hit
+besides its load, as the trace measured it (lookup and insert, 5 ms). Neither run's API server is modelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+KVCTL = [sys.executable, "-m", "kvctl.cli"]
+KEYS = ("p50_s", "p90_s", "p99_s")
+
+
+def kvctl(*args: str) -> dict:
+    r = subprocess.run([*KVCTL, *args, "--json"], capture_output=True, text=True, cwd=str(REPO), timeout=600)
+    if r.returncode not in (0, 3, 4):  # simulate exits 3/4 on an unstable model, with its JSON
+        last = (r.stderr.strip().splitlines() or ["(nothing printed)"])[-1]
+        raise SystemExit(f"kvctl {args[0]} exited {r.returncode}: {last}")
+    return json.loads(r.stdout)
+
+
+def measured(run: Path) -> dict:
+    rep = kvctl("report", str(run / "R5.jsonl"))["runs"][0]
+    return {k: rep[k] for k in (*KEYS, "thirds_p50_s")}
+
+
+def simulated(run: Path, meta: dict, a: argparse.Namespace, fit: Path | None) -> dict:
+    args = ["simulate", "--trace", str(run / "main.planned.jsonl"), "--hits-from-trace", "--block-tokens", str(meta["block_tokens"]),
+            "--bytes-per-token", str(meta["bytes_per_token"]), "--prefill-rate", str(a.prefill_rate), "--t0", str(a.t0),
+            "--instances", str(meta["instances"]), "--bench", str(run / "bench-k4.json"), "--loading", "async",
+            "--async-timeout", "86400", "--max-batched-tokens", str(meta["max_batched_tokens"]),
+            "--policy", meta.get("load_policy") or "off"]
+    if fit is not None:
+        args += ["--fit-loads", str(fit / "R5.connector-trace.jsonl")]
+    p = kvctl(*args)
+    return {**{k: p[k] for k in (*KEYS, "thirds_p50_s", "tier_rho")}, "notes": [n for n in p.get("notes", []) if "async" in n]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="paper_gpu.py run directories (one R5 run each)")
+    ap.add_argument("--fit-run", type=Path, help="the run whose connector trace --fit-loads reads (default: each run itself)")
+    ap.add_argument("--prefill-rate", type=float, default=74000.0)
+    ap.add_argument("--t0", type=float, default=0.005)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    out = {}
+    for run in a.runs:
+        meta = json.loads((run / "meta.json").read_text())
+        m = measured(run)
+        row = {"measured": m, "bench": simulated(run, meta, a, None), "fit_loads": simulated(run, meta, a, a.fit_run or run)}
+        out[run.name] = row
+        print(f"{run.name}: measured p50 / p90 / p99 {' / '.join(f'{m[k]:.3f}' for k in KEYS)} s")
+        for label in ("bench", "fit_loads"):
+            p = row[label]
+            ratios = " / ".join(f"{p[k] / m[k]:.2f}" for k in KEYS)
+            print(f"  simulate ({label}): {' / '.join(f'{p[k]:.3f}' for k in KEYS)} s, predicted ÷ measured {ratios}, "
+                  f"tier ρ {p['tier_rho']:.2f}")
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

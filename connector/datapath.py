@@ -165,7 +165,7 @@ class KVDataPath:
     # -- load -----------------------------------------------------------------
     def load(self, token_ids: Sequence[int], block_ids: Sequence[int], first_chunk: int, end_chunk: int,
              skip_tokens: int = 0, *, group=None, extra: KeyExtra | None = None, meta_group=None,
-             deadline: float | None = None) -> LoadOutcome:
+             deadline: float | None = None, before_insert=None) -> LoadOutcome:
         """Agreed-prefix load of chunks ``first_chunk..end_chunk-1`` into the request's blocks.
 
         Collective over ``group`` (None: this path's group): every rank calls
@@ -174,6 +174,9 @@ class KVDataPath:
         write) is logged and shortens ``written``; it never skips a collective.
         ``extra``: the request's extra key material (see :class:`~kvctl.connector.ownership.KeyExtra`).
         ``deadline``: see :meth:`ShardedStore.load <kvctl.connector.store.ShardedStore.load>`.
+        ``before_insert``: a CUDA event (the engine's work issued before this load) that the write into the cache
+        waits for on the GPU; the GETs, copies and exchange before it do not (a load on its own stream then overlaps
+        the engine's step instead of starting after it).
         """
         ct = self.chunk_tokens
         agreed = written = 0
@@ -194,6 +197,8 @@ class KVDataPath:
                 data = self.layout.join_chunks(result.chunks, start - first_chunk * ct, self.rank)
                 if self.on_cuda:
                     events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                    if before_insert is not None:
+                        torch.cuda.current_stream(self.device).wait_event(before_insert)
                     events[0].record()
                 self.layout.insert(slots, data)
                 if events is not None:

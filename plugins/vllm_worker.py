@@ -263,10 +263,8 @@ class WorkerSide:
             try:
                 # on the thread's default stream each load waited for the engine's step then running (an H100,
                 # 2026-12-06: 0.21 s a load, even an empty one; 116 of 129 given up at their deadline)
-                with torch.cuda.stream(stream):
-                    if stream is not None:
-                        stream.wait_event(issued)
-                    self.load(spec, self._async_group, self._async_meta_group, deadline, queued)
+                with torch.cuda.stream(stream):  # its GETs and copies start at once; its insert waits for `issued`
+                    self.load(spec, self._async_group, self._async_meta_group, deadline, queued, issued)
                 if stream is not None:  # the insert ran on this stream: done before vLLM schedules the forward
                     stream.synchronize()
                 if self.rank == 0:
@@ -301,17 +299,19 @@ class WorkerSide:
                 logger.exception("KvctlConnector before-load hook failed")
 
     def load(self, spec: LoadSpec, group, meta_group=None, deadline: float | None = None,
-              queued: float | None = None) -> LoadOutcome:
+             queued: float | None = None, issued=None) -> LoadOutcome:
         """Agreed-prefix load of one request's hit into the paged cache (collective over ``group``).
 
         ``deadline`` (monotonic): no GET starts after it, on this rank; the ranks then agree on the chunks every
         one of them staged (a rank past it stages fewer, the exchange still runs: no collective is skipped).
+        ``issued``: a CUDA event of the engine's work before the load; only the write into the cache waits for it.
         """
         self._before_load(spec)
         waited = time.perf_counter() - queued if queued is not None else 0.0
         # agreed: the same on every rank; prefix: chunks written into this rank's cache
         out = self.datapath.load(spec.token_ids, spec.block_ids, spec.first_chunk, spec.end_chunk, spec.skip_tokens,
-                                 group=group, extra=spec.key_extra, meta_group=meta_group, deadline=deadline)
+                                 group=group, extra=spec.key_extra, meta_group=meta_group, deadline=deadline,
+                                 before_insert=issued)
         given_up = deadline is not None and out.agreed < spec.end_chunk - spec.first_chunk and time.monotonic() >= deadline
         if given_up and self.rank == 0:
             self.stats.add(M.LOAD_DECISIONS, 1, GIVEN_UP, DEADLINE)

@@ -28,7 +28,9 @@ def simulate_cmd(inputs: sim_model.Inputs, sweep_specs: tuple[str, ...], plot: s
            ρ = λ·n·s/B); T0 adds to the hit's latency only (--t0-engine-share
            puts that share of it on the engine)
     async  loads run on the tier while the engine computes; a load not done within
-           --async-timeout of arrival is recomputed (its prefetch still uses the tier)
+           --async-timeout of arrival is recomputed (its prefetch still uses the tier);
+           each holds the tier --async-load-s besides its transfer (--fit-loads TRACE
+           fits both from a connector trace)
     B_eff = --instances × --instance-gbps, or the aggregate a --bench file measured.
     Output, the same columns for sync and async: requests, hits, timeouts (async),
     engine ρ (λ × a request's time on its engine), tier ρ (the hits' λ × n·s/B_eff:

@@ -21,7 +21,7 @@
   the engine's loads had (each rank's bytes over its GET seconds) and the seconds each load held the loader besides
   its GETs (the copy's tail, the agreed-prefix exchange, the insert). The loader serves one load at a time, so at a
   tier ρ near 1 these few ms a load count: on an H100 (2026-12-06) a 0.49 GB load took 0.128 s, 0.005 s more than its
-  GETs, and its GETs ran 3 % below the bench's rate; the bench alone put the tier's ρ at 1.16 where it was 1.24.
+  GETs, and its GETs ran 3 % below the bench's rate; the bench alone put the tier's ρ at 1.13 where it was 1.24.
 """
 
 from __future__ import annotations

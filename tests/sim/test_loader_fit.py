@@ -2,8 +2,8 @@
 on the tier's FIFO (kvctl.sim.variability.fit_loads, kvctl.sim.fleet).
 
 On an H100 (2026-12-06) each async load of 0.49 GB held the connector's loader 5 ms besides its GETs, and its GETs ran
-3 % below the bench's: the bench alone put the tier's ρ at 1.16 where it ran at 1.24, and simulate's saturated-tier
-waits came out at 0.61–0.65× the run's (benchmarks/README.md). Units here: 1000 tokens × 1e6 B/token = 1 GB a prompt.
+3 % below the bench's: the bench alone put the tier's ρ at 1.13 where it ran at 1.24, and simulate's saturated-tier
+waits came out at 0.62–0.65× the run's (benchmarks/README.md). Units here: 1000 tokens × 1e6 B/token = 1 GB a prompt.
 """
 
 from __future__ import annotations

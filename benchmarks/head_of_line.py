@@ -54,7 +54,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvctl.connector.policy import NO_LINE, Estimates, HitShape, Line, TierQueue, decide  # noqa: E402
 from kvctl.connector.tier_queue import plan_ends, tier_backlog  # noqa: E402
+from kvctl.core.errors import InvalidInput  # noqa: E402
 from kvctl.plugins.vllm_policy import ArrivalRate  # noqa: E402
+from kvctl.records.runfile import read_run  # noqa: E402
 
 RULES = ("off", "head", "whole", "credit")
 
@@ -194,10 +196,9 @@ def run(rule: str, a, sent: list[float] | None = None) -> dict:
 
 
 def read_arrivals(path: Path) -> list[float]:
-    """The send times (s) of a replay's requests (``kvctl replay``'s JSONL: a metadata line, then one row a request
-    with ``sent_s``), sorted, from the first."""
-    sent = sorted(float(row["sent_s"]) for line in path.read_text().splitlines() if line.strip()
-                  for row in [json.loads(line)] if isinstance(row, dict) and "sent_s" in row)
+    """The send times (s) of a replay's requests (``kvctl replay``'s run file, read by kvctl's own reader: bounded,
+    every row checked; InvalidInput names the line), sorted, from the first."""
+    sent = sorted(float(row["sent_s"]) for row in read_run(path).rows if row.get("sent_s") is not None)
     if len(sent) < 3:
         raise ValueError(f"{path}: fewer than 3 requests with sent_s")
     return [t - sent[0] for t in sent]
@@ -233,7 +234,7 @@ def main(argv=None) -> int:
     if a.arrivals is not None:
         try:
             sent = read_arrivals(a.arrivals)
-        except (OSError, ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
+        except (InvalidInput, ValueError) as exc:
             ap.error(f"--arrivals: {exc}")
         a.requests = len(sent)
     out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},

@@ -27,17 +27,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-KVCTL = [sys.executable, "-m", "kvctl.cli"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import paper_gpu  # noqa: E402
+from benchmarks.paper_gpu_inputs import read_meta  # noqa: E402
+
 KEYS = ("p50_s", "p90_s", "p99_s")
 
 
 def kvctl(*args: str) -> dict:
-    r = subprocess.run([*KVCTL, *args, "--json"], capture_output=True, text=True, cwd=str(REPO), timeout=600)
+    """``kvctl ARGS --json`` as paper_gpu.py runs kvctl, its JSON."""
+    r = paper_gpu.kvctl(*args, "--json", check=False, timeout=600)
     if r.returncode not in (0, 3, 4):  # simulate exits 3/4 on an unstable model, with its JSON
         last = (r.stderr.strip().splitlines() or ["(nothing printed)"])[-1]
         raise SystemExit(f"kvctl {args[0]} exited {r.returncode}: {last}")
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     out = {}
     for run in a.runs:
-        meta = json.loads((run / "meta.json").read_text())
+        meta = read_meta(run)
         m = measured(run)
         row = {"measured": m, "bench": simulated(run, meta, a, None), "fit_loads": simulated(run, meta, a, a.fit_run or run)}
         out[run.name] = row

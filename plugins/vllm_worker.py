@@ -227,8 +227,8 @@ class WorkerSide:
                 deadline = time.monotonic() + spec.budget_s if spec.budget_s is not None else None
                 with self._lock:
                     self._async_pending += 1
-                # the engine's work so far (a step may still write blocks freed to this request): the load waits
-                # for it on the GPU, not for the steps after it
+                # the engine's work so far (a step may still write blocks freed to this request): the load's write
+                # into the cache waits for it on the GPU, nothing of the load for the steps after it
                 issued = torch.cuda.current_stream(self.store.device).record_event() \
                     if self._async_stream is not None else None
                 self._async_q.put((spec, time.perf_counter(), deadline, issued))

@@ -259,10 +259,8 @@ def fit_loads(path: str, instances: int) -> LoaderFit:
     for e in events:
         if e["ev"] != "load" or e.get("given_up") is True:
             continue
-        b, g, tot = (e.get(k) for k in ("bytes", "get_s", "total_s"))
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (b, g, tot)):
-            continue
-        if b <= 0 or g <= 0 or tot < g:
+        b, g, tot = (_num(e.get(k)) for k in ("bytes", "get_s", "total_s"))  # each finite and above 0, else None
+        if b is None or g is None or tot is None or tot < g:
             continue
         rates.append(b / g)
         extra.append(tot - g)

@@ -175,12 +175,22 @@ class Line:
     arrival_rate: float = 0.0
 
     def credit_s(self, rec_s: float) -> float:
-        """What recomputing ``rec_s`` of prefill costs the other requests, counted at most ``rec_s``: the requests
-        that arrived while this one waited (``arrival_rate × wait_s``) wait all of it, those that arrive during it
-        (``arrival_rate × rec_s``) half of it on average (see :func:`decide`)."""
+        """What recomputing ``rec_s`` of prefill costs the other requests, counted at most :data:`CREDIT_CAP` ×
+        ``rec_s``: the requests that arrived while this one waited (``arrival_rate × wait_s``) wait all of it, and so
+        do as many again as arrive in a step's time (``arrival_rate × rec_s``): vLLM plans a step while the one before
+        it runs (async scheduling, its default on CUDA), so a request that arrives before the recompute's step starts
+        is scheduled only after it (see :func:`decide`)."""
         if self.arrival_rate <= 0 or rec_s <= 0:
             return 0.0
-        return min(rec_s, self.arrival_rate * rec_s * (max(0.0, self.wait_s) + rec_s / 2))
+        return min(CREDIT_CAP * rec_s, self.arrival_rate * rec_s * (max(0.0, self.wait_s) + rec_s))
+
+
+#: The line's credit is at most this × the recompute time: a load wins at no more than 1 + CREDIT_CAP times its own
+#: recompute. 2.5: the 2026-12-02 trace's lone 16k hit through a 600 MB/s link (0.85 s against 0.3 s of recompute)
+#: stays a veto. It was 1 (and the arrivals during the recompute counted half of it) until 2026-12-06, sixth: in
+#: benchmarks/head_of_line.py with that session's step costs the tier then served 4-11 points more of what it could at
+#: 7.7/s behind 800 MB/s links (0.83-0.88 against 0.74-0.84 over three seeds), p99 5-8 % lower (benchmarks/README).
+CREDIT_CAP = 1.5
 
 
 NO_LINE = Line()
@@ -227,7 +237,7 @@ def decide(shape: HitShape, est: Estimates, queue: TierQueue, engine_tokens: flo
     rest. On the H100 of 2026-12-06 a tier that served a lone 16k hit in 0.23 s against 0.21 s of recompute was
     turned away hit after hit at 7.7 prompts/s and the line grew through the run (p99 10.6 s); in
     ``benchmarks/head_of_line.py``, a model of that scheduler with the H100's figures, the credit keeps the line
-    short (p99 1.1 s). At most the recompute time: a load wins at no more than twice its own recompute.
+    short (p99 1.1 s). At most :data:`CREDIT_CAP` × the recompute time.
     The whole hit when it wins; else the longest prefix that wins; else nothing. Nothing measured (R, or the
     bandwidth of a rank the load reads or waits on): load.
     """

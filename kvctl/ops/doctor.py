@@ -25,7 +25,8 @@ from kvctl.core.errors import ExitStatus, InvalidInput, KvctlError
 from kvctl.core.thresholds import READ_TIMEOUT_S, RHO_HIGH, RHO_UNSTABLE, TIER_DIR
 from kvctl.loading import edit as loading
 from kvctl.loading import safety as loading_safety
-from kvctl.ops.doctor_config import load_failure_policy_check, saved_diagnosis, sync_load_path_check, unknown_key_checks
+from kvctl.ops.doctor_config import (lmcache_short_load_check, load_failure_policy_check, saved_diagnosis,
+                                     sync_load_path_check, unknown_key_checks)
 from kvctl.ops.doctor_engine import engine_checks
 from kvctl.ops.doctor_host import check_nvml, check_py_spy
 from kvctl.tier import checks as tier_checks
@@ -114,6 +115,7 @@ def run(inp: DoctorInput) -> DoctorReport:
     checks.extend(unknown_key_checks(lmcache, inp.lmcache_config, kvt, kvctl_kvt))  # typos, with the key meant
     checks.extend(sync_load_path_check(kvt, kvctl_kvt))  # a step path vLLM's CUDA runner cannot undo
     checks.extend(load_failure_policy_check(kvt, named))  # vLLM's default fails a short load's request
+    checks.extend(lmcache_short_load_check(kvt, named, lmcache))  # LMCache's short sync load on vLLM's CUDA runner
     last = inp.last_diagnosis or saved_diagnosis(inp.targets, inp.engine_urls, lmcache, kvt)  # this tier's, never another's
     _configs(lmcache, kvt, world, block, last, checks, inp.lmcache_config)
     connections = server_checks.connections_check(kvt, lmcache, threads)  # the engine's connections against the io-threads read

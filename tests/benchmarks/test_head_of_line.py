@@ -99,3 +99,35 @@ def test_with_the_sixth_sessions_step_costs_the_tier_serves_80_percent_of_what_i
     r = runs(tmp_path, *args)
     assert r["credit"]["tier_gbps_over_run"] >= 0.8 * 2.9, r["credit"]
     assert r["credit"]["p99_s"] < r["off"]["p99_s"] / 3
+
+
+SEVENTH = ["--arrivals", str(Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+                             / "paper_gpu-h100-2026-12-06g-sat-800-on" / "R5.jsonl"),
+           "--tier-gbps", "3.03", "--t0", "0.0049", "--graph-tokens", "512", "--jump-s", "0.0197", "--step-s", "0.0254",
+           "--rules", "credit"]
+
+
+def test_with_the_seventh_runs_figures_the_model_splits_the_hits_as_the_connector_did(tmp_path):
+    """The seventh H100 session's saturated run with the decision (7.7/s behind 800 MB/s links; its trace: R 92.8k
+    tokens/s, a 25 ms, the jump 20 ms, T0 5 ms, 3.03 GB/s a load): fed its send times and those figures, the model's
+    decision loads the run's share of the hits (0.573) and the tier moves what it did (1.97 GB/s) within 5 %."""
+    r = runs(tmp_path, *SEVENTH, "--prefill-rate", "92843")["credit"]
+    assert r["loaded_share"] == pytest.approx(0.573, abs=0.03) and r["tier_gbps_over_run"] == pytest.approx(1.97, rel=0.05)
+
+
+def test_async_scheduling_lag_and_a_slower_engine_than_believed_cost_latency_or_loads(tmp_path):
+    """``--sched-lag 1`` (a finished load or an arrival scheduled a step later, vLLM's async scheduling) makes the
+    line no shorter; an engine slower than the decision believes (``--est-prefill-rate`` above ``--prefill-rate``:
+    with work queued the seventh run's decision priced a 16k recompute at 0.171 s of GPU, where each ran a step of
+    its own at 0.235-0.245 s) loads fewer hits than one the decision knows exactly, which loads at least 70 %."""
+    plain = runs(tmp_path, *SEVENTH, "--prefill-rate", "82000")["credit"]
+    lag = runs(tmp_path, *SEVENTH, "--prefill-rate", "82000", "--sched-lag", "1")["credit"]
+    believed = runs(tmp_path, *SEVENTH, "--prefill-rate", "82000", "--sched-lag", "1", "--est-prefill-rate", "92843")["credit"]
+    assert lag["p50_s"] >= plain["p50_s"] and lag["p99_s"] >= plain["p99_s"]
+    assert lag["loaded_share"] >= 0.7 and believed["loaded_share"] < lag["loaded_share"] - 0.08
+
+
+def test_a_scheduling_lag_other_than_0_or_1_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        head_of_line.main(["--sched-lag", "2"])
+    assert e.value.code == 2 and "--sched-lag" in capsys.readouterr().err

@@ -356,7 +356,8 @@ LMCACHE_HOOK_ENV = {"KVCTL_LMCACHE_BEFORE_GET_HOOK": "tests.lmcache.plugin_hooks
 def run_lmcache_faults(model: Path, root: Path, kwargs: dict, *, device: str, chunk_tokens: int, length: int = 1290,
                        start_timeout_s: float = 420, loadings: tuple[str, ...] = ("sync", "async"),
                        python: str | None = None, vllm_default: bool = True,
-                       reader_env: dict[str, dict[str, str]] | None = None) -> tuple[dict, list[list[int]]]:
+                       reader_env: dict[str, dict[str, str]] | None = None,
+                       reader_kwargs: dict[str, dict] | None = None) -> tuple[dict, list[list[int]]]:
     """LMCache's connector over one instance from ``deploy-valkey up``, kvctl's RESP plugin (timeout 2 s) as its
     remote storage. A writer computes 4 prompts per loading mode; then a reader per mode (its L1 empty) loads: a clean
     hit; one whose third chunk is deleted between LMCache's lookup and the plugin's GET (the test hook,
@@ -364,7 +365,8 @@ def run_lmcache_faults(model: Path, root: Path, kwargs: dict, *, device: str, ch
     (the plugin's connections serve after the timeouts). The readers run with ``kv_load_failure_policy: recompute``;
     with ``vllm_default`` one more sync reader, on vLLM's default (``fail``), meets the deleted chunk once
     (``out["vllm_default"]``: its request ends with no tokens). ``python``: the engines' interpreter (one with LMCache;
-    default this one). ``reader_env``: more environment for the reader of a loading mode (``{"sync": {...}}``). A
+    default this one). ``reader_env``: more environment for the reader of a loading mode (``{"sync": {...}}``);
+    ``reader_kwargs``: more of vLLM's engine arguments for it (``{"sync": {"async_scheduling": False}}``). A
     reader whose engine fails is recorded (``out[loading]["error"]``) and the next mode still runs. Returns
     ({"cold": [...], "sync": {fault: result}, ...}, prompts)."""
     root = Path(root)
@@ -392,13 +394,15 @@ def run_lmcache_faults(model: Path, root: Path, kwargs: dict, *, device: str, ch
             cfg, env = tier.lmcache_engine(root / f"reader-{name}.lmcache.yaml", engine_env(device=device, extra=extra),
                                            loading=loading, chunk_tokens=chunk_tokens, device=device, policy=policy)
             env["KVCTL_TEST_LMCACHE_FAULT_PLAN"] = str(plan)
-            return LLMProcess.start(model, root, llm_kwargs=kwargs, kv_transfer_config=cfg, env=env,
+            kw = dict(kwargs, **(reader_kwargs or {}).get(loading, {}))
+            return LLMProcess.start(model, root, llm_kwargs=kw, kv_transfer_config=cfg, env=env,
                                     name=f"lmc-reader-{name}", timeout_s=start_timeout_s, python=python), plan
 
         for loading in loadings:
             base = 4 * (0 if loading == "sync" else 1)
             r, plan = reader(loading, loading, "recompute")
-            res = out[loading] = {"env": (reader_env or {}).get(loading, {})}
+            res = out[loading] = {"env": (reader_env or {}).get(loading, {}),
+                                  "engine_args": (reader_kwargs or {}).get(loading, {})}
             try:
                 res["clean"] = _timed(r, prompts[base])
                 plan.write_text(json.dumps({"delete_index": 2}))

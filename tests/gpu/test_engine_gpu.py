@@ -162,11 +162,13 @@ def lab(models, tmp_path_factory, out_dir):
         return out
 
     def lmcache_faults_job():
-        # the sync reader on vLLM's V1 runner: on Model Runner V2 (CUDA's default) LMCache's short sync load ended the
-        # engine core (an H100, 2026-12-06: vllm#49250); the async reader keeps vLLM's default runner
+        # the sync reader on vLLM's V1 runner and without async scheduling: LMCache's short sync load ended the engine
+        # core on Model Runner V2 (an H100, 2026-12-06, sixth: vllm#49250) and again on V1 with async scheduling (the
+        # same day, seventh); the async reader keeps vLLM's defaults (it recomputed there)
         out = keep_logs("lmcache-faults", run_lmcache_faults, models["mla"], root / "lmcache-faults",
                         llm_kwargs(ENGINE_BASE | BACKENDS["FLASHMLA"][1], "eager"), device="cuda", chunk_tokens=CT,
-                        reader_env={"sync": {"VLLM_USE_V2_MODEL_RUNNER": "0"}})
+                        reader_env={"sync": {"VLLM_USE_V2_MODEL_RUNNER": "0"}},
+                        reader_kwargs={"sync": {"async_scheduling": False}})
         (out_dir / "lmcache-faults.json").write_text(json.dumps(out[0], indent=1, default=str))
         return out
 
@@ -326,9 +328,11 @@ def test_lmcache_faults_end_in_the_cold_tokens_without_a_stall(lab):
     instance, sync and async loading. A chunk deleted between LMCache's lookup and the plugin's GET and a SIGSTOPped
     instance each end in the cold tokens within the plugin's 2 s deadline (LMCache's native client stalled 10 s or
     for good on the first); once the instance runs again the next hit loads whole. The sync reader runs vLLM's V1
-    runner (``VLLM_USE_V2_MODEL_RUNNER=0``, what ``kvctl doctor`` tells such an engine): on an H100 on 2026-12-06, on
-    Model Runner V2, the deleted chunk's short load ended its engine core with a device-side assert (vllm#49250;
-    results/gpu_engine_tests-h100-2026-12-06f-lmcache*). The async reader keeps vLLM's default runner."""
+    runner without async scheduling (``VLLM_USE_V2_MODEL_RUNNER=0``, ``--no-async-scheduling``: what ``kvctl doctor``
+    tells such an engine): on an H100 on 2026-12-06 the deleted chunk's short load ended its engine core with a
+    device-side assert on Model Runner V2 (vllm#49250; results/gpu_engine_tests-h100-2026-12-06f-lmcache*) and on V1
+    with async scheduling (results/gpu_engine_tests-h100-2026-12-06g-lmcache-faults*). The async reader keeps vLLM's
+    defaults: it recomputed every fault there."""
     from tests.engine.lab_chains import lmcache_fault_problems
 
     if "lmcache-faults" not in lab:

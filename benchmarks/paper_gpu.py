@@ -675,11 +675,12 @@ def gpu_busy_by_third(trace: Path) -> list[float] | None:
     if len(asked) < 2 or not steps or max(asked) <= min(asked):
         return None
     t0, third = min(asked), (max(asked) - min(asked)) / 3
+    steps.sort()
     out = []
     for i in range(3):
         a, b = t0 + i * third, t0 + (i + 1) * third
         busy, end = 0.0, a
-        for s0, s1 in sorted(steps):  # the union, clipped to [a, b]
+        for s0, s1 in steps:  # the union, clipped to [a, b]
             s0, s1 = max(s0, end), min(s1, b)
             if s1 > s0:
                 busy, end = busy + s1 - s0, s1

@@ -186,8 +186,8 @@ class Line:
 
 
 #: The line's credit is at most this × the recompute time: a load wins at no more than 1 + CREDIT_CAP times its own
-#: recompute. 2.5: the 2026-12-02 trace's lone 16k hit through a 600 MB/s link (0.85 s against 0.3 s of recompute)
-#: stays a veto. It was 1 (and the arrivals during the recompute counted half of it) until 2026-12-06, sixth: in
+#: recompute, here 2.5 times: the 2026-12-02 trace's lone 16k hit through a 600 MB/s link (0.85 s against 0.3 s of
+#: recompute) stays a veto. It was 1 (and the arrivals during the recompute counted half of it) until 2026-12-06, sixth: in
 #: benchmarks/head_of_line.py with that session's step costs the tier then served 4-11 points more of what it could at
 #: 7.7/s behind 800 MB/s links (0.83-0.88 against 0.74-0.84 over three seeds), p99 5-8 % lower (benchmarks/README).
 CREDIT_CAP = 1.5

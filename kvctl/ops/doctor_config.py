@@ -113,7 +113,7 @@ def lmcache_short_load_check(kvt: dict[str, Any] | None, connector: str | None, 
     no async scheduling) recomputed it.
     ``mode``: the loading mode the configs set, as doctor's ``loading_vs_rho`` reads it ("sync", "async", None: not
     set, LMCache's default sync; "": unclear, a failure of its own). No line for another connector, another policy,
-    async loading (not measured on a GPU yet) or an unclear mode."""
+    async loading (it recomputed every fault on that H100, with vLLM's defaults) or an unclear mode."""
     if kvt is None or connector != "lmcache" or kvt.get("kv_load_failure_policy") != "recompute" or mode in ("async", ""):
         return []
     return [Check("config", "lmcache_short_load", WARNING,

@@ -131,3 +131,11 @@ def test_a_scheduling_lag_other_than_0_or_1_is_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         head_of_line.main(["--sched-lag", "2"])
     assert e.value.code == 2 and "--sched-lag" in capsys.readouterr().err
+
+
+def test_a_believed_prefill_rate_not_above_zero_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        head_of_line.main(["--est-prefill-rate", "0"])
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # argparse's usage, then the one line that says what is wrong
+    assert e.value.code == 2 and ": error: " in last and "--est-prefill-rate" in last

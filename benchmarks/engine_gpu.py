@@ -42,6 +42,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -276,6 +277,35 @@ def _wait_tier_settled(tier: LabTier, timeout_s: float = 120.0, quiet_s: float =
     return last
 
 
+#: LMCache 0.5.6's log line for a retrieval (cache_engine.py): "Retrieved 1280 out of 1280 required tokens (from 1280
+#: total tokens). size: 0.0027 gb, cost 7.2190 ms, throughput: 0.3805 GB/s;"
+_LMC_RETRIEVED = re.compile(r"Retrieved (\d+) out of (\d+) required tokens.*?size: ([\d.]+) gb, cost ([\d.]+) ms")
+
+
+def lmcache_retrievals(text: str) -> dict | None:
+    """What LMCache's log says its retrievals in ``text`` moved: tokens, required tokens, GB and seconds summed, and
+    GB/s over them (None: no retrieval logged). An engine's log between a request's send and its answer holds that
+    request's: the figure that tells a hit from the tier (at most one instance's GET bandwidth) from one that was not."""
+    found = [m.groups() for m in _LMC_RETRIEVED.finditer(text)]
+    if not found:
+        return None
+    tokens, required = sum(int(g[0]) for g in found), sum(int(g[1]) for g in found)
+    gb, seconds = sum(float(g[2]) for g in found), sum(float(g[3]) for g in found) / 1000
+    return {"retrievals": len(found), "tokens": tokens, "required": required, "gb": gb, "seconds": seconds,
+            "gbps": gb / seconds if seconds > 0 else None}
+
+
+def _log_from(path: Path, offset: int) -> tuple[str, int]:
+    """The engine log's text from byte ``offset`` on, and its end."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return "", offset
+    return data.decode("utf-8", "replace"), offset + len(data)
+
+
 def _trace(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -429,19 +459,28 @@ def run(args) -> dict:
                 for n in lengths:
                     eng.generate(warm_hit[n], max_tokens=1, logprobs=None)  # warm-up hits of this length
                     rows = []
+                    _, log_at = _log_from(eng.log_path, 0)
                     for p in measured[n]:
                         (h,) = eng.generate([p], max_tokens=1, logprobs=None)
+                        text, log_at = _log_from(eng.log_path, log_at) if lmc else ("", log_at)
                         keys = _keys(p, ct, model_name, fmt)[: h["cached"] // ct] if h["cached"] and raw else []
                         raw_s, raw_hits = raw.get(keys) if keys else (None, 0)
                         row = {"hit_s": h["wall_s"], "cached": h["cached"], "raw_get_s": raw_s, "raw_hits": raw_hits,
                                "bytes": h["cached"] * s, "phases": _breakdown(_trace(trace), h["t0"], h["t1"])}
+                        if lmc:  # LMCache's own account of what it retrieved for this prompt
+                            row["lmcache_retrieved"] = lmcache_retrievals(text)
                         rows.append(row)
                     run_out["lengths"][n] = rows
                     med = _median([r["hit_s"] for r in rows])
                     sec = lambda x: "-" if x is None else f"{x:.4f} s"  # noqa: E731
+                    retrieved = [r.get("lmcache_retrieved") for r in rows if r.get("lmcache_retrieved")]
+                    lmc_note = "" if not lmc else (
+                        ", LMCache retrieved nothing (no log line)" if not retrieved else
+                        f", LMCache retrieved {retrieved[0]['tokens']} tokens in {retrieved[0]['seconds']:.4f} s"
+                        + (f" ({retrieved[0]['gbps']:.2f} GB/s)" if retrieved[0]["gbps"] else ""))
                     print(f"{name} {n}: hit {med:.4f} s (cached {rows[0]['cached']}), raw GET "
                           f"{sec(_median([r['raw_get_s'] for r in rows]))}, load "
-                          f"{sec(_median([r['phases'].get('total_s') for r in rows]))}", flush=True)
+                          f"{sec(_median([r['phases'].get('total_s') for r in rows]))}{lmc_note}", flush=True)
                 run_out["metrics"] = eng.metrics(("lmcache:", "vllm:external") if lmc else ("kvctl:",))
             except Exception as exc:  # noqa: BLE001
                 result["errors"].append(f"{name}: {exc}\n{traceback.format_exc()[-1500:]}")

@@ -14,7 +14,8 @@
 #                                                  LAYERED_RUNS picks of "layered switch serial" (default all three)
 #   bash benchmarks/gpu_host.sh lmcache [OUT_DIR]  issue 47: LMCache 0.5.6 (benchmarks/gpu_lmcache.sh install first) behind
 #                                                  vLLM, compiled, K = 1: kvctl's RESP plugin, LMCache's native client,
-#                                                  then KvctlConnector, the same prompts (LMC_MODES to pick), sync + async
+#                                                  then KvctlConnector, the same prompts (LMC_MODES to pick), sync + async;
+#                                                  the engines' logs too (LMCache logs each retrieval: tokens, GB/s)
 #   bash benchmarks/gpu_host.sh lmcache-ops [OUT_DIR]  issue 47: benchmarks/lmcache_ops.py, kvctl's ops commands against
 #                                                  a compiled LMCache engine (gpu_lmcache.sh install first)
 #   bash benchmarks/gpu_host.sh overhead [OUT_DIR] issue 46: benchmarks/connector_overhead.py, compiled: lone prompts on
@@ -64,7 +65,7 @@ case "$what" in
     for mode in ${LMC_MODES:-lmcache lmcache-native kvctl}; do
       timeout "${BENCH_TIMEOUT_S:-180}" python3 benchmarks/engine_gpu.py --compiled --instances 1 --connector "$mode" --async \
         --lengths "${LENGTHS:-2048,8192,16384,32000}" --prompts "${PROMPTS:-3}" --json "$out/lmcache-$mode.json" ${BENCH_ARGS:-} \
-        2>&1 | tee "$out/lmcache-$mode.txt"
+        --logs "$out/lmcache-$mode-logs.tar.gz" 2>&1 | tee "$out/lmcache-$mode.txt"
     done
     ;;
   overhead)

@@ -37,6 +37,10 @@ an arrival or a finished load is scheduled a step later; an idle engine sees it 
 the R the decision believes where the engine's own differs (with work queued the seventh run's decision priced a 16k
 recompute at 0.171 s of GPU, where each ran a step of its own at 0.235-0.245 s).
 
+``--reprice TRACE`` decides a GPU run's traced decisions again with this tree's decision and the figures each was
+made with (2026-12-06, eighth: the seventh run's 40 ``tier_queue`` recomputes, priced in steps, load 13; the
+eighth's own run comes out decision for decision).
+
 With ``--arrivals`` the send times of a GPU run's replay (``paper_gpu.py``'s ``R5.jsonl``) replace the Poisson
 arrivals: with the figures that run's trace measured, the rule ``off`` lands within 7 % of the run that loaded every
 hit (results/paper_gpu-h100-2026-12-06d-sat-1200-off).
@@ -105,7 +109,7 @@ class Model:
             return k_all, None
         shape = HitShape(0, k_all, 0, self.chunk_tokens, self.chunk_bytes, 1, prompt=q.tokens)
         est = Estimates(self.est_r or self.r, self.t0, (self.bps,), graph_tokens=self.graph_tokens, graph_jump_s=self.jump_s,
-                        hit_step_s=self.a)
+                        hit_step_s=self.a, step_s=self.a, step_budget=self.budget)
         if self.rule == "whole":  # every load planned counted whole until vLLM reports it (the connector before)
             queue = TierQueue((sum(b for _, b in self.planned.values()),), len(self.planned))
         else:  # what the tier has not served of them by now, as the connector counts it
@@ -208,6 +212,35 @@ def run(rule: str, a, sent: list[float] | None = None) -> dict:
             "tier_gbps_over_run": m.loaded_bytes / span / 1e9}
 
 
+def reprice(trace: Path, a) -> dict:
+    """Each decision a GPU run's connector traced (``KVCTL_CONNECTOR_TRACE``), decided again by this tree's
+    :func:`decide` from the figures it was decided with (R, T0, the received hit's step as the step's a, the graph
+    jump, the tier's bandwidth, the queue, the prefill work ahead, the line), the prompt ``--prompt-tokens`` long under
+    ``--budget`` tokens a step (``--graph-tokens``: vLLM's largest CUDA graph where the trace had a jump). Counts of
+    (the run's decision, its reason, the decision now); the decisions the run made before it had measured are left
+    out. Each is decided alone: a load it turns into would queue the tier for those after it, which this does not
+    follow (the model above does)."""
+    counts: dict[str, int] = {}
+    with trace.open() as f:
+        for line in f:
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if e.get("ev") != "decision" or None in (e.get("prefill_tokens_per_s"), e.get("t0_s"), e.get("tier_gbps")):
+                continue
+            shape = HitShape(0, e["found"] // a.chunk_tokens, 0, a.chunk_tokens, a.chunk_tokens * a.bytes_per_token, 1,
+                             prompt=a.prompt_tokens)
+            jump = e.get("graph_jump_s") or 0.0
+            est = Estimates(e["prefill_tokens_per_s"], e["t0_s"], (e["tier_gbps"] * 1e9,), a.graph_tokens if jump else 0,
+                            jump, e["hit_step_s"], e["hit_step_s"], a.budget)
+            line_ = Line(e["line_wait_s"], e["arrival_rate"]) if e.get("arrival_rate") else NO_LINE
+            d = decide(shape, est, TierQueue((e["queued_bytes"],), e["loads_ahead"]), float(e["engine_tokens"]), line_)
+            key = f"{e['decision']}/{e['reason']} -> {d.decision}"
+            counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def read_arrivals(path: Path) -> list[float]:
     """The send times (s) of a replay's requests (``kvctl replay``'s run file, read by kvctl's own reader: bounded,
     every row checked; InvalidInput names the line), sorted, from the first."""
@@ -241,6 +274,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sched-lag", type=int, choices=(0, 1), default=0,
                     help="1: vLLM's async scheduling (its default on CUDA): a step is planned while the one before it "
                          "runs, so an arrival or a finished load is scheduled one step later")
+    ap.add_argument("--reprice", type=Path, help="a GPU run's connector trace (paper_gpu.py's R5.connector-trace.jsonl): "
+                    "decide each of its decisions again with this tree's decision and the figures it was made with, "
+                    "and print how many change (one hit of --hit-tokens is assumed per prompt of --prompt-tokens)")
     ap.add_argument("--rules", default=",".join(RULES))
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
@@ -250,6 +286,16 @@ def main(argv=None) -> int:
         ap.error(f"--rules of {','.join(RULES)}; --rate, --prefill-rate, --est-prefill-rate, --tier-gbps positive; "
                  "--requests >= 3; "
                  "--graph-tokens, --jump-s not negative")
+    if a.reprice is not None:
+        try:
+            counts = reprice(a.reprice, a)
+        except (OSError, KeyError, TypeError) as exc:
+            ap.error(f"--reprice: {exc}")
+        for key, n in counts.items():
+            print(f"{key:<45} {n}")
+        if a.json:
+            a.json.write_text(json.dumps({"reprice": str(a.reprice), "counts": counts}, indent=1) + "\n")
+        return 0
     sent = None
     if a.arrivals is not None:
         try:

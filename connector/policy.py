@@ -4,22 +4,19 @@
   ``T0 + n*s/B <= n/R``.
 * :func:`decide` -- the vLLM scheduler's queue-aware decision for one hit
   (the whole hit, its longest prefix that wins, or nothing), pure, with its
-  reason; :class:`Calibration` -- its estimates (R, T0, each rank's
-  bandwidth), measured by the engine, re-probed after a veto so it cannot
-  lock itself out.
+  reason; its estimates (R, T0, each rank's bandwidth) are measured by the
+  engine in :mod:`kvctl.connector.calibration`.
 * :func:`ewma` -- the one smoothing rule for measured GET bandwidth (the store's
   per-rank figure and the scheduler's engine-wide one).
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import dataclass, replace
 
 from kvctl.core.cost import load_s as _load_s, recompute_s as _recompute_s  # pure: connector/ may import the cost model
 
-__all__ = ["BANDWIDTH_EWMA_NEW", "PROBE_EXCESS_S", "PROBE_MIN_CHUNKS_PER_RANK", "Calibration", "Decision", "Estimates", "HitShape", "Line", "LoadPolicy", "NO_LINE", "TierQueue", "as_probe", "decide", "ewma"]
+__all__ = ["BANDWIDTH_EWMA_NEW", "PROBE_EXCESS_S", "PROBE_MIN_CHUNKS_PER_RANK", "Decision", "Estimates", "HitShape", "Line", "LoadPolicy", "NO_LINE", "TierQueue", "as_probe", "decide", "ewma", "prefill_s"]
 
 #: weight of the newest GET-bandwidth measurement in the running estimate
 BANDWIDTH_EWMA_NEW = 0.3
@@ -86,6 +83,11 @@ class Estimates:
     # a hit vLLM receives (async loading, or sync under async scheduling) waits one more engine step than
     # recomputing it: that step's fixed cost, paid once by each hit (never once per load queued ahead of it)
     hit_step_s: float = 0.0
+    # what any step costs besides its prefill tokens (the step fit's a; 0: not fitted), and vLLM's token budget a
+    # step (max_num_batched_tokens; 0: not known, the prefill is priced as one step): a recompute is priced in the
+    # steps it takes (:func:`prefill_s`)
+    step_s: float = 0.0
+    step_budget: int = 0
 
     @property
     def tier_gbps(self) -> float | None:
@@ -142,17 +144,41 @@ class HitShape:
     def tokens(self, k: int) -> int:
         return max(0, (self.first + k) * self.chunk_tokens - self.skip)
 
-    def jump_s(self, k: int, est: Estimates, engine_tokens: float) -> float:
-        """What recomputing k chunks costs besides their tokens: the graph jump when the prompt's own step is above
-        vLLM's largest CUDA graph and the rest after loading k chunks fits one (an idle engine only: with prefill
-        work queued, the step's other tokens decide its regime either way)."""
-        if not (est.graph_tokens and est.graph_jump_s and self.prompt) or engine_tokens:
-            return 0.0
-        left = self.prompt - self.skip
-        return est.graph_jump_s if left > est.graph_tokens >= left - self.tokens(k) else 0.0
+    def recompute_s(self, k: int, est: Estimates, r: float, engine_tokens: float) -> tuple[float, float]:
+        """(recompute(k) as :func:`decide` compares it with the load, the recompute's own GPU time).
+
+        With the prompt's length known: the engine's time to compute the prefill work ahead (``engine_tokens``) and
+        the prompt's rest (``prompt - skip``), in steps of its token budget (:func:`prefill_s`), less its time to
+        compute what a hit of k chunks leaves (the step the hit's rest runs in: both pay it, and the load's
+        prediction ends before it); its own GPU time is the same with nothing ahead: its step(s) beyond a received
+        hit's. Each step's fixed cost and graph jump count where the recompute adds a step (a 16k prompt behind
+        16k of work under a 16k budget) or lifts one above vLLM's largest CUDA graph. Without it (``prompt`` 0):
+        tokens / R."""
+        t = self.tokens(k)
+        if not self.prompt:
+            return (t + engine_tokens) / r, t / r
+        left = max(self.prompt - self.skip, t)
+        after = prefill_s(left - t, r, est)
+        return prefill_s(engine_tokens + left, r, est) - after, prefill_s(left, r, est) - after
 
     def rank_bytes(self, k: int) -> list[int]:
         return [owned_in(self.first, self.first + k, r, self.world) * self.chunk_bytes for r in range(self.world)]
+
+
+def prefill_s(tokens: float, r: float, est: Estimates) -> float:
+    """vLLM's time to compute ``tokens`` prefill tokens and nothing else: tokens / R, in steps of at most
+    ``est.step_budget`` tokens (0: one step), each costing ``est.step_s`` more, and ``est.graph_jump_s`` more where it
+    is above vLLM's largest CUDA graph (``est.graph_tokens``)."""
+    if tokens <= 0:
+        return 0.0
+    budget = est.step_budget if est.step_budget > 0 else tokens
+    full = int(tokens // budget)
+    last = tokens - full * budget
+    g, jump = est.graph_tokens, est.graph_jump_s
+
+    def step(size: float) -> float:
+        return est.step_s + (jump if g and size > g else 0.0)
+    return tokens / r + full * step(budget) + (step(last) if last > 0 else 0.0)
 
 
 def _hit_load_s(shape: HitShape, k: int, est: Estimates, queue: TierQueue, t0: float) -> float:
@@ -197,9 +223,9 @@ NO_LINE = Line()
 
 
 def _rec_s(shape: HitShape, k: int, est: Estimates, r: float, engine_tokens: float, line: Line) -> float:
-    """recompute(k) of :func:`decide`: k chunks' tokens and the prefill work ahead, / R, the graph jump, the line's credit."""
-    return ((shape.tokens(k) + engine_tokens) / r + shape.jump_s(k, est, engine_tokens)
-            + line.credit_s(shape.tokens(k) / r))
+    """recompute(k) of :func:`decide`: :meth:`HitShape.recompute_s`, and the line's credit on its own GPU time."""
+    rec, own = shape.recompute_s(k, est, r, engine_tokens)
+    return rec + line.credit_s(own)
 
 
 def _longest_winning(shape: HitShape, est: Estimates, queue: TierQueue, t0: float, r: float, engine_tokens: float,
@@ -229,9 +255,10 @@ def decide(shape: HitShape, est: Estimates, queue: TierQueue, engine_tokens: flo
 
     load(k) = T0 × (loads queued + 1) + the received hit's step (``hit_step_s``, once) + max over ranks (bytes
     queued + its bytes of k chunks) / its bandwidth;
-    recompute(k) = (tokens of k chunks + ``engine_tokens``, the prefill work it would wait behind) / R, plus the
-    graph jump where loading k chunks brings the prompt's step under vLLM's largest CUDA graph (:meth:`HitShape.jump_s`),
-    plus the line's credit (:meth:`Line.credit_s` of k chunks' tokens / R). vLLM asks about a request only once it
+    recompute(k) = the engine's time for ``engine_tokens`` (the prefill work it would wait behind) and the prompt, in
+    steps, less its time for the rest a load of k chunks leaves (:meth:`HitShape.recompute_s`: each step's fixed cost
+    and graph jump count where recomputing adds a step or lifts one above vLLM's largest CUDA graph), plus the
+    line's credit (:meth:`Line.credit_s` of the recompute's own GPU time). vLLM asks about a request only once it
     is at the head of its waiting line, where recomputing looks as cheap as on an idle engine, yet holds every request
     behind it and every one that arrives meanwhile for its recompute time, while a load costs the engine only the
     rest. On the H100 of 2026-12-06 a tier that served a lone 16k hit in 0.23 s against 0.21 s of recompute was
@@ -305,183 +332,3 @@ def as_probe(d: Decision, shape: HitShape | None = None, est: Estimates | None =
     rec = _rec_s(shape, k, rates, r, engine_tokens, line)
     return Decision(d.found, shape.tokens(k), PARTIAL, PROBE, _hit_load_s(shape, k, rates, queue, t0), rec,
                     rec + PROBE_EXCESS_S)
-
-
-#: weight of the newest interval in the running T0 estimate, and how fast the step fit forgets (per interval)
-T0_EWMA_NEW = 0.3
-STEP_FIT_DECAY = 0.97
-#: the step fit y = a·steps + x/R needs prompts of different sizes: below this conditioning, x/R alone (a = 0)
-STEP_FIT_MIN_SPREAD = 0.05
-#: until the fit has a line, the cheapest step stands for a; only steps of at most this many prefill tokens a step
-#: (vLLM's largest CUDA graph where it has graphs) count: a full-budget step is mostly its tokens, not a. An H100
-#: engine of 2026-12-06 whose warm-up were 16k-token prefills (0.23 s a step) counted 0.23 s for every received
-#: hit's step, and recomputed 16k hits its tier loaded in 0.19 s.
-SMALL_STEP_TOKENS = 512
-
-
-def _solve3(m: tuple, v: tuple) -> tuple[float, float, float] | None:
-    """x with m·x = v (3×3, symmetric positive semi-definite normal equations, by Cramer's rule); None where m is
-    ill-conditioned (its determinant below STEP_FIT_MIN_SPREAD² of its diagonal's product: a column the data
-    cannot tell from the others, e.g. every step above the graphs)."""
-    def det(a):
-        return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1]) - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
-                + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
-
-    d = det(m)
-    diag = m[0][0] * m[1][1] * m[2][2]
-    if diag <= 0 or d <= STEP_FIT_MIN_SPREAD ** 2 * diag:
-        return None
-    out = []
-    for col in range(3):
-        mc = [list(row) for row in m]
-        for i in range(3):
-            mc[i][col] = v[i]
-        out.append(det(mc) / d)
-    return out[0], out[1], out[2]
-
-
-class Calibration:
-    """The decision's estimates, measured by the engine itself and overridden by the config's values.
-
-    * R: the workers time each step's forward with prefill tokens (rank 0); per interval the scheduler
-      gets (steps, of them above vLLM's largest CUDA graph, prefill tokens, seconds) and fits
-      seconds = a·steps + J·steps above + tokens/R by least squares with forgetting (a: what a step costs
-      besides its prefill tokens, decodes included; J: what a step vLLM cannot run as a graph costs more,
-      fitted once both kinds were timed, else 0); where every step had about the same tokens, R =
-      tokens/seconds. On an H200 in vLLM's default compiled mode (2026-12-05) a 512-token prefill took 31 ms
-      and a 1024-token one 77 ms (graphs up to 512 tokens): a line alone put the second at 44 ms.
-    * T0: per serial load, its time minus its GET time, averaged per interval and smoothed. With ``hit_step``,
-      apart (:attr:`Estimates.hit_step_s`, once a hit, never once per load queued ahead), the step fit's a: the
-      fixed cost of the extra step a received hit waits in (on an H200, 2026-12-05, in vLLM's default async
-      scheduling that step made 512-token prompts with 256 tokens from the tier 1.57× their recompute). Until the
-      fit has a line (every step timed had about the same prefill tokens) the cheapest step seen of at most
-      :data:`SMALL_STEP_TOKENS` (or the largest CUDA graph's) tokens stands for a, whole: an upper bound that leans
-      to recomputing short hits; none seen, none counted. On an H100 (2026-12-05)
-      an engine that saw only hits timed 27 steps of 256 tokens, never a line, counted no step, and loaded 256
-      tokens of a 512-token prompt in 1.20× its recompute.
-    * bandwidth per rank: its GET bytes / GET seconds per interval, smoothed (:func:`ewma`); where the
-      workers report no rank of their own, the summed bytes / summed seconds for every rank.
-
-    ``probe_due`` says when a veto should let one load through: after ``reprobe_after_s`` without a new
-    bandwidth measurement (never with a configured bandwidth), one load per period.
-    """
-
-    def __init__(self, world: int, *, prefill_tokens_per_s: float | None = None, t0_s: float | None = None,
-                 tier_gbps: float | None = None, reprobe_after_s: float = 30.0, hit_step: bool = False,
-                 graph_tokens: int = 0, clock=time.monotonic) -> None:
-        self.world = max(1, world)
-        self.graph_tokens = max(0, int(graph_tokens))  # vLLM's max_cudagraph_capture_size (0: no graphs)
-        # a hit vLLM waits for as a receive (async loading, or sync under async scheduling) takes one more engine
-        # step than recomputing it: T0 then counts that step's fixed cost (step_cost_s), unless T0 is configured
-        self.hit_step = hit_step
-        self.fixed_r, self.fixed_t0, self.fixed_gbps = prefill_tokens_per_s, t0_s, tier_gbps
-        self.reprobe_after_s, self.clock = reprobe_after_s, clock
-        self._lock = threading.Lock()
-        self._bps: list[float | None] = [None] * self.world
-        self._t0: float | None = None
-        self._fit = [0.0] * 9  # decayed sums: k·k, k·x, x·x, k·y, x·y, u·u, u·k, u·x, u·y (u: steps above graphs)
-        self._xy = [0.0, 0.0]  # decayed sums of x and y
-        self._min_step: float | None = None  # the cheapest interval's seconds a step: a is no more
-        self._last_measured = clock()
-        self.probes = 0
-        self.vetoes = 0
-
-    def observe_steps(self, steps: float, tokens: float, seconds: float, above: float = 0.0) -> None:
-        """One interval's timed steps: how many, their prefill tokens, their seconds, and how many of them were
-        above vLLM's largest CUDA graph."""
-        if steps <= 0 or tokens <= 0 or seconds <= 0:
-            return
-        u = min(max(0.0, above), steps)
-        with self._lock:
-            f, d = self._fit, STEP_FIT_DECAY
-            for i, v in enumerate((steps * steps, steps * tokens, tokens * tokens, steps * seconds, tokens * seconds,
-                                   u * u, u * steps, u * tokens, u * seconds)):
-                f[i] = f[i] * d + v
-            self._xy = [self._xy[0] * d + tokens, self._xy[1] * d + seconds]
-            if tokens / steps <= (self.graph_tokens or SMALL_STEP_TOKENS):
-                per = seconds / steps
-                self._min_step = per if self._min_step is None else min(self._min_step, per)
-
-    def observe_loads(self, loads: float, fixed_seconds: float) -> None:
-        """One interval's serial loads and their time besides GETs (summed over ranks)."""
-        if loads <= 0 or fixed_seconds < 0:
-            return
-        with self._lock:
-            new = fixed_seconds / loads
-            self._t0 = new if self._t0 is None else (1 - T0_EWMA_NEW) * self._t0 + T0_EWMA_NEW * new
-
-    def observe_gets(self, rank: int, get_bytes: float, get_seconds: float) -> None:
-        """One interval's GETs of rank ``rank``'s instances."""
-        if get_bytes <= 0 or get_seconds <= 0 or not 0 <= rank < self.world:
-            return
-        with self._lock:
-            self._bps[rank] = ewma(self._bps[rank], get_bytes / get_seconds)
-            self._last_measured = self.clock()
-
-    def observe_tier(self, get_bytes: float, get_seconds: float) -> None:
-        """GETs summed over the ranks, for workers that report no rank: every rank gets Σbytes / Σseconds."""
-        for rank in range(self.world):
-            self.observe_gets(rank, get_bytes, get_seconds)
-
-    def _step_line(self) -> tuple[float, float, float] | None:
-        """(a, 1/R, J) of the step fit seconds = a·steps + J·steps above graphs + tokens/R (J = 0 until steps of
-        both kinds were timed, or where the fit with J is not well posed or gives a negative term); None until
-        prompts of different sizes were timed."""
-        with self._lock:
-            kk, kx, xx, ky, xy, uu, uk, ux, uy = self._fit
-        jumped = _solve3(((kk, uk, kx), (uk, uu, ux), (kx, ux, xx)), (ky, uy, xy)) if uu > 0 else None
-        if jumped is not None:
-            a, j, b = jumped
-            if a >= 0 and b > 0 and j >= 0:
-                return a, b, j
-        det = kk * xx - kx * kx
-        if kk > 0 and xx > 0 and det > STEP_FIT_MIN_SPREAD * kk * xx:
-            a = (xx * ky - kx * xy) / det
-            b = (kk * xy - kx * ky) / det
-            if a >= 0 and b > 0:
-                return a, b, 0.0
-        return None
-
-    def _rate(self, line: tuple[float, float, float] | None) -> float | None:
-        if self.fixed_r is not None:
-            return self.fixed_r
-        with self._lock:
-            x, y = self._xy
-        if x <= 0 or y <= 0:
-            return None
-        return 1.0 / line[1] if line else x / y
-
-    def step_cost_s(self) -> float | None:
-        """What a step costs besides its prefill tokens (the step fit's a); None until the fit has it."""
-        line = self._step_line()
-        return line[0] if line else None
-
-    def estimates(self) -> Estimates:
-        line = self._step_line()  # once a decision: R and the received hit's step both come from it
-        step = None
-        if self.hit_step and self.fixed_t0 is None:
-            # no line yet (steps of one size): the cheapest step seen, whole, the least upper bound of a it has
-            step = line[0] if line else self._min_step
-        with self._lock:
-            t0 = self.fixed_t0 if self.fixed_t0 is not None else self._t0
-            bps = tuple([self.fixed_gbps * 1e9 / self.world] * self.world) if self.fixed_gbps is not None else tuple(self._bps)
-        if step is not None and t0 is None:
-            t0 = 0.0  # the step alone is a fixed cost measured: the decision may judge
-        jump = line[2] if line and self.graph_tokens else 0.0
-        return Estimates(self._rate(line), t0, bps, self.graph_tokens if jump else 0, jump, step or 0.0)
-
-    @property
-    def measured_gbps(self) -> float | None:
-        """The tier's bandwidth as measured (GB/s, every rank's together)."""
-        return self.estimates().tier_gbps
-
-    def probe_due(self) -> bool:
-        """Whether a veto now should let the load through (one re-probe per ``reprobe_after_s``)."""
-        if self.fixed_gbps is not None:
-            return False
-        with self._lock:
-            if self.clock() - self._last_measured >= self.reprobe_after_s:
-                self._last_measured = self.clock()
-                self.probes += 1
-                return True
-            return False

@@ -57,7 +57,8 @@ from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorContext
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
-from kvctl.connector.policy import LOAD, RECOMPUTE, TIER_QUEUE, Calibration, HitShape, TierQueue, as_probe, decide
+from kvctl.connector.calibration import Calibration
+from kvctl.connector.policy import LOAD, RECOMPUTE, TIER_QUEUE, HitShape, TierQueue, as_probe, decide
 from kvctl.connector.resp import RespClient, RespError
 from kvctl.connector.striped import RankTier
 from kvctl.connector.lmcache_settings import PLUGIN_TYPE, PluginConfigError, PluginSettings, plugin_settings

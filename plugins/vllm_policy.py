@@ -8,7 +8,8 @@ ranks agree by construction. For each hit it predicts (:func:`kvctl.connector.po
   load until vLLM reports it received, a load in a step until that step's output), less what the tier has
   served of it since: each load's end is predicted when it is planned, behind the ones before it, at the measured
   bandwidth (:func:`~kvctl.connector.tier_queue.plan_ends`, :func:`~kvctl.connector.tier_queue.tier_backlog`).
-* recompute: (the hit's tokens + the prefill work it would wait behind) / R. That work, for an async load,
+* recompute: the engine's time for the prefill work it would wait behind and the prompt, in steps of vLLM's
+  token budget, less its time for the rest a load leaves (:meth:`~kvctl.connector.policy.HitShape.recompute_s`). That work, for an async load,
   is what this side can see: the prompt tokens still to compute of requests it has scheduled, and of those
   it looked up earlier and has not seen scheduled. Plus, async and with other requests in the engine, the
   line's credit (:class:`~kvctl.connector.policy.Line`): vLLM asks about a request at the head of its waiting
@@ -24,7 +25,7 @@ What it cannot see: requests vLLM has not asked about yet (behind the token budg
 what the step fit folds into R, other engines reading the same instances (their load shows only as a
 lower measured bandwidth), and LMCache's or vLLM's own caches.
 
-The estimates come from the workers' stats (:class:`~kvctl.connector.policy.Calibration`); each decision
+The estimates come from the workers' stats (:class:`~kvctl.connector.calibration.Calibration`); each decision
 is counted (``kvctl:load_decisions{decision,reason}``) and, with ``KVCTL_CONNECTOR_TRACE``, traced with
 its predictions, for ``kvctl explain``.
 """
@@ -39,7 +40,8 @@ from typing import Any, Callable, Sequence
 
 from kvctl.connector import metric_names as M
 from kvctl.connector.ownership import ChunkParts, KeyExtra, chunk_keys
-from kvctl.connector.policy import (LOAD, NO_LINE, OFF, PROBE, RECOMPUTE, TIER_QUEUE, Calibration, Decision, Estimates,
+from kvctl.connector.calibration import Calibration
+from kvctl.connector.policy import (LOAD, NO_LINE, OFF, PROBE, RECOMPUTE, TIER_QUEUE, Decision, Estimates,
                                     HitShape, Line, TierQueue, as_probe, decide)
 from kvctl.connector.tier_queue import plan_ends, tier_backlog
 from kvctl.connector.settings import LoadPolicySettings
@@ -123,12 +125,12 @@ class SchedulerPolicy:
 
     def __init__(self, settings: LoadPolicySettings | None, *, world: int, chunk_tokens: int, chunk_bytes: int,
                  async_loading: bool, timeout_s: float, stats: Any, trace: Any, clock: Callable[[], float] = time.monotonic,
-                 hit_step: bool = False, graph_tokens: int = 0):
+                 hit_step: bool = False, graph_tokens: int = 0, step_budget: int = 0):
         s = settings or LoadPolicySettings()
         self.on = settings is not None
         self.cal = Calibration(world, prefill_tokens_per_s=s.prefill_tokens_per_s, t0_s=s.t0_s,
                                tier_gbps=s.bandwidth_gbps, reprobe_after_s=s.reprobe_after_s, hit_step=hit_step,
-                               graph_tokens=graph_tokens, clock=clock)
+                               graph_tokens=graph_tokens, step_budget=step_budget, clock=clock)
         self.world, self.ct, self.cb = world, chunk_tokens, chunk_bytes
         self.async_loading, self.timeout_s = async_loading, timeout_s
         self.stats, self.trace, self.clock = stats, trace, clock
@@ -220,6 +222,7 @@ class SchedulerPolicy:
                              predicted_load_s=d.load_s, predicted_recompute_s=d.recompute_s, budget_s=d.budget_s,
                              prefill_tokens_per_s=judged.est.prefill_tokens_per_s, t0_s=judged.est.t0_s,
                              hit_step_s=judged.est.hit_step_s, graph_jump_s=judged.est.graph_jump_s,
+                             step_s=judged.est.step_s, step_budget=judged.est.step_budget,
                              line_wait_s=round(judged.line.wait_s, 6), arrival_rate=round(judged.line.arrival_rate, 3),
                              tier_gbps=judged.est.tier_gbps, queued_bytes=max(judged.queue.rank_bytes, default=0),
                              loads_ahead=judged.queue.loads, engine_tokens=judged.engine_tokens,

@@ -84,7 +84,7 @@ class SchedulerSide:
                                       chunk_bytes=spec.chunk_bytes, async_loading=st.async_loading,
                                       timeout_s=st.timeout_s, stats=self.stats, trace=self.trace,
                                       hit_step=st.async_loading or self.sync_via_receive,
-                                      graph_tokens=spec.graph_tokens)
+                                      graph_tokens=spec.graph_tokens, step_budget=spec.step_budget)
         self._step = 0
 
     def log_start(self, shutdown_timeout: float | None) -> None:

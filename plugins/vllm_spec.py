@@ -52,6 +52,7 @@ class ConnectorSpec:
     # vLLM's workers run Model Runner V2 (its default on CUDA): a request rewound after a short load on the step
     # path keeps its old position on the GPU there (vllm#49250), so sync loads take the receive path (settings)
     v2_runner: bool = False
+    step_budget: int = 0  # vLLM's token budget a step (scheduler_config.max_num_batched_tokens; 0: not known)
 
     @property
     def chunk_tokens(self) -> int:
@@ -86,7 +87,12 @@ def spec_from_vllm(vllm_config: "VllmConfig", kv_cache_config: Any) -> Connector
                       model_name=key_model_name(vllm_config), cache_dtype=str(vllm_config.cache_config.cache_dtype),
                       async_scheduling=getattr(scheduler_config, "async_scheduling", False) is True,
                       graph_tokens=graph_tokens(vllm_config),
-                      v2_runner=getattr(vllm_config, "use_v2_model_runner", False) is True)
+                      v2_runner=getattr(vllm_config, "use_v2_model_runner", False) is True,
+                      step_budget=_int_or_0(getattr(scheduler_config, "max_num_batched_tokens", 0)))
+
+
+def _int_or_0(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def graph_tokens(vllm_config: "VllmConfig") -> int:
@@ -101,7 +107,8 @@ def graph_tokens(vllm_config: "VllmConfig") -> int:
 
 def build_spec(extra_config: Any, *, group_kind: str, world_size: int, kv_cache_config: Any, block_size: int,
                use_mla: bool, model_name: str, cache_dtype: str = "auto",
-               async_scheduling: bool = False, graph_tokens: int = 0, v2_runner: bool = False) -> ConnectorSpec:
+               async_scheduling: bool = False, graph_tokens: int = 0, v2_runner: bool = False,
+               step_budget: int = 0) -> ConnectorSpec:
     """The spec from its parts; refuses what the connector cannot store, each with one clear message."""
     settings = parse_settings(extra_config, world_size)
     ct = settings.chunk_tokens
@@ -139,7 +146,7 @@ def build_spec(extra_config: Any, *, group_kind: str, world_size: int, kv_cache_
     # both roles build the grouping from the same description, so the scheduler looks up the values the workers store
     return ConnectorSpec(settings, group_kind, world_size, block_size, model_name, use_mla, cache_dtype,
                          async_scheduling, kv_cache_config, spec, names, sparse, sparse_parts, fmt,
-                         grouped(planes, ct, settings.layer_groups), chunk_bytes, graph_tokens, v2_runner)
+                         grouped(planes, ct, settings.layer_groups), chunk_bytes, graph_tokens, v2_runner, step_budget)
 
 
 def stand_in_config(layer_names, spec) -> SimpleNamespace:

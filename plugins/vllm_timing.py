@@ -11,7 +11,7 @@
 * each rank's GET bandwidth: its own bytes and seconds, labelled with its rank;
 * where each load's time went (``kvctl:load_*`` and the trace's ``load`` events).
 
-The scheduler side folds them into :class:`~kvctl.connector.policy.Calibration` from the step outputs.
+The scheduler side folds them into :class:`~kvctl.connector.calibration.Calibration` from the step outputs.
 """
 
 from __future__ import annotations

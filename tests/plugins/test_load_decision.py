@@ -6,11 +6,14 @@ on its owner rank ``c mod W``; bandwidths are per rank (bytes/s), R in tokens/s.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from kvctl.connector.calibration import Calibration
 from kvctl.connector.policy import (BELOW_BREAKEVEN, BELOW_N_STAR, LOAD, NO_DATA, PARTIAL, PROBE, RECOMPUTE, TIER_QUEUE, WINS,
-                                    Calibration, Estimates, HitShape, Line, TierQueue, as_probe, decide, owned_in)
+                                    Estimates, HitShape, Line, TierQueue, as_probe, decide, owned_in)
 from kvctl.connector.tier_queue import plan_ends, tier_backlog
 
 CT, CB = 100, 100_000  # 1000 bytes a token
@@ -246,21 +249,31 @@ def test_owned_in_counts_a_ranks_chunks():
     assert sum(owned_in(5, 17, r, 4) for r in range(4)) == 12
 
 
+def steps_s(tokens: float, r: float, est: Estimates) -> float:
+    """The engine's time for ``tokens`` prefill tokens, its steps written out one by one: each takes at most the
+    budget (none: all of them), costs its tokens / R, the step's a, and the jump where it is above the graphs."""
+    t, left = 0.0, tokens
+    while left > 0:
+        size = min(left, est.step_budget or left)
+        t += size / r + est.step_s + (est.graph_jump_s if est.graph_tokens and size > est.graph_tokens else 0.0)
+        left -= size
+    return t
+
+
 def brute(sh: HitShape, est: Estimates, q: TierQueue, engine: float, wait: float = 0.0, rate: float = 0.0) -> int:
-    """The longest winning prefix, every length tried with the formula itself (the graph jump written out: the
-    prompt's own step above the largest graph, its rest after loading k chunks within it, an idle engine; the
-    received hit's step once; the line's credit, its wait and a step's arrivals, up to 1.5 × the k chunks'
-    recompute)."""
+    """The longest winning prefix, every length tried with the formula itself (the recompute: the engine's time for
+    the work ahead and the prompt, less its time for the rest after loading k chunks, :func:`steps_s`; the
+    received hit's step once; the line's credit, its wait and a step's arrivals, up to 1.5 × the recompute's own
+    time: the prompt alone less its rest)."""
     r, t0 = est.prefill_tokens_per_s, est.t0_s or 0.0
     best = 0
     for k in range(1, sh.end - sh.first + 1):
         load = t0 * (q.loads + 1) + est.hit_step_s + max((qq + b) / bw if qq + b else 0.0
                                         for qq, b, bw in zip(q.rank_bytes, sh.rank_bytes(k), est.rank_bps))
         left = sh.prompt - sh.skip
-        jumps = bool(sh.prompt and est.graph_tokens and engine == 0 and left > est.graph_tokens
-                     and left - sh.tokens(k) <= est.graph_tokens)
-        rec = sh.tokens(k) / r
-        if load <= (sh.tokens(k) + engine) / r + (est.graph_jump_s if jumps else 0.0) + min(1.5 * rec, rate * rec * (wait + rec)):
+        rest = steps_s(left - sh.tokens(k), r, est)
+        own = steps_s(left, r, est) - rest
+        if load <= steps_s(engine + left, r, est) - rest + min(1.5 * own, rate * own * (wait + own)):
             best = k
     return best
 
@@ -272,15 +285,16 @@ def brute(sh: HitShape, est: Estimates, q: TierQueue, engine: float, wait: float
        engine=st.one_of(st.just(0.0), st.floats(0.0, 1e5)), tail=st.integers(1, 3 * CT),
        graph_over_tail=st.one_of(st.none(), st.integers(0, 40 * CT)), jump=st.floats(0.0, 0.2),
        step=st.one_of(st.just(0.0), st.floats(0.0, 0.3)), wait=st.one_of(st.just(0.0), st.floats(0.0, 3.0)),
-       rate=st.one_of(st.just(0.0), st.floats(0.0, 50.0)))
+       rate=st.one_of(st.just(0.0), st.floats(0.0, 50.0)), a=st.one_of(st.just(0.0), st.floats(0.0, 0.1)),
+       budget=st.one_of(st.just(0), st.integers(4 * CT, 60 * CT)))
 def test_the_decision_is_the_longest_prefix_that_wins(world, first, chunks, skip_in, r, t0, bws, queued, loads, engine,
-                                                       tail, graph_over_tail, jump, step, wait, rate):
+                                                       tail, graph_over_tail, jump, step, wait, rate, a, budget):
     """Whatever the inputs: the loaded length is the longest whole-chunk prefix whose predicted load is no slower
     than its recompute (every length tried), a whole hit says LOAD, a shorter one PARTIAL, none RECOMPUTE."""
     skip = first * CT + (skip_in if first else 0)
     sh = HitShape(first, first + chunks, skip, CT, CB, world, prompt=(first + chunks) * CT + tail)
     graph = 0 if graph_over_tail is None else tail + graph_over_tail  # no graphs, or the largest above the rest
-    est = Estimates(r, t0, tuple(bws[:world]), graph, jump, step)
+    est = Estimates(r, t0, tuple(bws[:world]), graph, jump, step, a, budget)
     q = TierQueue(tuple(queued[:world]), loads)
     d = decide(sh, est, q, engine, Line(wait, rate))
     k = brute(sh, est, q, engine, wait, rate)
@@ -393,7 +407,8 @@ def test_the_step_above_the_largest_cuda_graph_is_fitted_apart_and_short_hits_st
     (T0 + a) loses up to 4k tokens. Fitted apart (a = 25 ms, J = 30 ms, R = 90k): the 512-token prompt (256 from the
     tier: 27 + 0.8 ms of load against 2.8 ms) is still recomputed, and the 1024-token one (768 from the tier, its
     256-token rest within a graph) loads: 29.8 ms against 8.5 + 30.5 ms (its hit took 0.77x its recompute there).
-    A prompt whose rest is above the graphs too gets no jump; nor does one behind queued prefill work."""
+    A prompt whose rest is above the graphs too gets no jump; one behind queued prefill work does (its rest after the
+    load alone would run as a graph), and behind a full step's work under vLLM's budget a step's a and jump more."""
     ct, cb = 256, 256 * 31_104
     line, split = h200_calibration(0), h200_calibration(512)
     a, b, j = split._step_line()
@@ -412,10 +427,16 @@ def test_the_step_above_the_largest_cuda_graph_is_fitted_apart_and_short_hits_st
     assert all(decide(hit(n), est, idle(1)).decision == LOAD for n in (2048, 4096, 16384))
     assert decide(hit(1024), line.estimates(), idle(1)).decision == RECOMPUTE  # the line alone: recomputed
     assert decide(hit(4096), line.estimates(), idle(1)).decision == RECOMPUTE
-    # the rest after the hit above the graphs too: no jump; queued prefill work: no jump
+    # the rest after the hit above the graphs too: no jump; queued prefill work: the jump still
+    r = est.prefill_tokens_per_s
     far = HitShape(0, 2, 0, ct, cb, 1, prompt=2 * ct + 600)
-    assert far.jump_s(2, est, 0) == 0.0 and hit(1024).jump_s(3, est, 0) == est.graph_jump_s
-    assert hit(1024).jump_s(3, est, 100) == 0.0
+    assert far.recompute_s(2, est, r, 0) == (pytest.approx(512 / r), pytest.approx(512 / r))
+    assert hit(1024).recompute_s(3, est, r, 0) == (pytest.approx(768 / r + j), pytest.approx(768 / r + j))
+    assert hit(1024).recompute_s(3, est, r, 100)[0] == pytest.approx(868 / r + j)
+    # 1024 tokens of work ahead under a budget of 1024 tokens a step: the recompute takes a step of its own
+    budgeted = replace(est, step_budget=1024)
+    assert est.step_s == pytest.approx(a)
+    assert hit(1024).recompute_s(3, budgeted, r, 1024) == (pytest.approx(1792 / r + a + 2 * j), pytest.approx(768 / r + j))
 
 
 def test_the_jump_needs_steps_of_both_kinds():

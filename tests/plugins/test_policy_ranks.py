@@ -5,7 +5,8 @@ rank's share. Workers that report no rank of their own (the summed bytes and sec
 Σbytes / Σseconds, and the tier W times it.
 """
 
-from kvctl.connector.policy import LOAD, RECOMPUTE, Calibration, HitShape, TierQueue, decide
+from kvctl.connector.calibration import Calibration
+from kvctl.connector.policy import LOAD, RECOMPUTE, HitShape, TierQueue, decide
 
 
 def test_llama_tp8_policy_uses_each_ranks_bandwidth_for_its_share():

@@ -262,6 +262,7 @@ def test_an_async_hit_that_waited_in_vllms_line_loads_behind_a_busy_tier(tier, t
     assert decisions["waited"]["predicted_recompute_s"] == pytest.approx(0.040)
     assert decisions["fresh"]["line_wait_s"] < 1.0 and decisions["fresh"]["reason"] == "tier_queue"
     sync = scheduler([s.url for s in tier], load_policy={"prefill_tokens_per_s": 1000, "t0_s": 0.0})
+    frozen(sync)  # the tier serves nothing of "a"'s load while the others are asked (5 ms of it would flip "old")
     try:
         sync.update_connector_output(output(rank_gets(40_000)))
         for rid, ago in (("a", 9.0), ("s1", 8.5), ("s2", 8.0)):

@@ -109,6 +109,12 @@ def test_a_preempted_hit_resumes_loads_again_and_nothing_is_left(obs):
     assert o["preempted"] and set(o["preempted"]) <= {"a", "b"} and o["resumed"] == o["preempted"]
     loads = [tuple(x) for x in o["loads"]]
     for rid in ("a", "b"):
-        want = 2 if rid in o["preempted"] else 1
-        assert loads.count((rid, 0, 6)) == want, loads
+        mine = [x for x in loads if x[0] == rid]
+        assert mine[0] == (rid, 0, 6), loads
+        if rid in o["preempted"]:
+            # loaded again after its resume, from where vLLM's own prefix cache (the freed blocks it still held,
+            # more or fewer as the other request's decode reused them) ends, through the hit's last chunk
+            assert len(mine) == 2 and mine[1][0] == rid and 0 <= mine[1][1] < 6 and mine[1][2] == 6, loads
+        else:
+            assert len(mine) == 1, loads
     assert o["finished"] and o["blocks_back"] and o["connector_requests_left"] == 0

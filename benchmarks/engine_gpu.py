@@ -278,31 +278,36 @@ def _wait_tier_settled(tier: LabTier, timeout_s: float = 120.0, quiet_s: float =
 
 
 #: LMCache 0.5.6's log line for a retrieval (cache_engine.py): "Retrieved 1280 out of 1280 required tokens (from 1280
-#: total tokens). size: 0.0027 gb, cost 7.2190 ms, throughput: 0.3805 GB/s;"
-_LMC_RETRIEVED = re.compile(r"Retrieved (\d+) out of (\d+) required tokens.*?size: ([\d.]+) gb, cost ([\d.]+) ms")
+#: total tokens). size: 0.0027 gb, cost 7.2190 ms, throughput: 0.3805 GB/s;" -- its "gb" and "GB/s" are bytes / 1024³
+_LMC_RETRIEVED = re.compile(r"Retrieved (\d+) out of (\d+) required tokens.*?cost ([\d.]+) ms, throughput: ([\d.]+) GB/s")
 
 
 def lmcache_retrievals(text: str) -> dict | None:
-    """What LMCache's log says its retrievals in ``text`` moved: tokens, required tokens, GB and seconds summed, and
-    GB/s over them (None: no retrieval logged). An engine's log between a request's send and its answer holds that
-    request's: the figure that tells a hit from the tier (at most one instance's GET bandwidth) from one that was not."""
+    """What LMCache's log says its retrievals in ``text`` moved: tokens and required tokens, bytes and seconds summed,
+    and GB/s (1e9 bytes, as kvctl bench counts) over them; None: no retrieval logged. The bytes are each line's
+    throughput × its cost (LMCache prints both to 4 decimals, the size in GiB too coarsely for a small hit). An
+    engine's log between a request's send and its answer holds that request's retrievals: the figure that tells a hit
+    from the tier (at most what one instance's GETs give) from one that was not."""
     found = [m.groups() for m in _LMC_RETRIEVED.finditer(text)]
     if not found:
         return None
     tokens, required = sum(int(g[0]) for g in found), sum(int(g[1]) for g in found)
-    gb, seconds = sum(float(g[2]) for g in found), sum(float(g[3]) for g in found) / 1000
-    return {"retrievals": len(found), "tokens": tokens, "required": required, "gb": gb, "seconds": seconds,
-            "gbps": gb / seconds if seconds > 0 else None}
+    seconds = sum(float(g[2]) for g in found) / 1000
+    nbytes = sum(float(g[3]) * 1024**3 * float(g[2]) / 1000 for g in found)
+    return {"retrievals": len(found), "tokens": tokens, "required": required, "bytes": nbytes, "seconds": seconds,
+            "gbps": nbytes / seconds / 1e9 if seconds > 0 else None}
 
 
 def _log_from(path: Path, offset: int) -> tuple[str, int]:
-    """The engine log's text from byte ``offset`` on, and its end."""
+    """The engine log's whole lines from byte ``offset`` on, and where they end (a line still being written is left
+    for the next read)."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
             data = f.read()
     except OSError:
         return "", offset
+    data = data[: data.rfind(b"\n") + 1]
     return data.decode("utf-8", "replace"), offset + len(data)
 
 
@@ -459,7 +464,7 @@ def run(args) -> dict:
                 for n in lengths:
                     eng.generate(warm_hit[n], max_tokens=1, logprobs=None)  # warm-up hits of this length
                     rows = []
-                    _, log_at = _log_from(eng.log_path, 0)
+                    _, log_at = _log_from(eng.log_path, 0) if lmc else ("", 0)
                     for p in measured[n]:
                         (h,) = eng.generate([p], max_tokens=1, logprobs=None)
                         text, log_at = _log_from(eng.log_path, log_at) if lmc else ("", log_at)
@@ -474,10 +479,12 @@ def run(args) -> dict:
                     med = _median([r["hit_s"] for r in rows])
                     sec = lambda x: "-" if x is None else f"{x:.4f} s"  # noqa: E731
                     retrieved = [r.get("lmcache_retrieved") for r in rows if r.get("lmcache_retrieved")]
+                    gbps = [x["gbps"] for x in retrieved if x["gbps"]]
                     lmc_note = "" if not lmc else (
                         ", LMCache retrieved nothing (no log line)" if not retrieved else
-                        f", LMCache retrieved {retrieved[0]['tokens']} tokens in {retrieved[0]['seconds']:.4f} s"
-                        + (f" ({retrieved[0]['gbps']:.2f} GB/s)" if retrieved[0]["gbps"] else ""))
+                        f", LMCache retrieved (median of {len(retrieved)}) {_median([x['tokens'] for x in retrieved]):.0f} "
+                        f"tokens in {_median([x['seconds'] for x in retrieved]):.4f} s"
+                        + (f" ({_median(gbps):.2f} GB/s)" if gbps else ""))
                     print(f"{name} {n}: hit {med:.4f} s (cached {rows[0]['cached']}), raw GET "
                           f"{sec(_median([r['raw_get_s'] for r in rows]))}, load "
                           f"{sec(_median([r['phases'].get('total_s') for r in rows]))}{lmc_note}", flush=True)

@@ -214,9 +214,10 @@ def run(rule: str, a, sent: list[float] | None = None) -> dict:
 
 def reprice(trace: Path, a) -> dict:
     """Each decision a GPU run's connector traced (``KVCTL_CONNECTOR_TRACE``), decided again by this tree's
-    :func:`decide` from the figures it was decided with (R, T0, the received hit's step as the step's a, the graph
-    jump, the tier's bandwidth, the queue, the prefill work ahead, the line), the prompt ``--prompt-tokens`` long under
-    ``--budget`` tokens a step (``--graph-tokens``: vLLM's largest CUDA graph where the trace had a jump). Counts of
+    :func:`decide` from the figures it was decided with (R, T0, the received hit's step, the step's a and vLLM's budget
+    where traced, else that step and ``--budget``, the graph jump, the tier's bandwidth, the queue, the prefill work
+    ahead, the line), the prompt ``--prompt-tokens`` long (``--graph-tokens``: vLLM's largest CUDA graph where the
+    trace had a jump). Counts of
     (the run's decision, its reason, the decision now); the decisions the run made before it had measured are left
     out. Each is decided alone: a load it turns into would queue the tier for those after it, which this does not
     follow (the model above does)."""
@@ -232,8 +233,9 @@ def reprice(trace: Path, a) -> dict:
             shape = HitShape(0, e["found"] // a.chunk_tokens, 0, a.chunk_tokens, a.chunk_tokens * a.bytes_per_token, 1,
                              prompt=a.prompt_tokens)
             jump = e.get("graph_jump_s") or 0.0
+            # a trace from before 2026-12-06 (eighth) has no step_s or step_budget: the received hit's step and --budget
             est = Estimates(e["prefill_tokens_per_s"], e["t0_s"], (e["tier_gbps"] * 1e9,), a.graph_tokens if jump else 0,
-                            jump, e["hit_step_s"], e["hit_step_s"], a.budget)
+                            jump, e["hit_step_s"], e.get("step_s", e["hit_step_s"]), e.get("step_budget") or a.budget)
             line_ = Line(e["line_wait_s"], e["arrival_rate"]) if e.get("arrival_rate") else NO_LINE
             d = decide(shape, est, TierQueue((e["queued_bytes"],), e["loads_ahead"]), float(e["engine_tokens"]), line_)
             key = f"{e['decision']}/{e['reason']} -> {d.decision}"
@@ -276,7 +278,7 @@ def main(argv=None) -> int:
                          "runs, so an arrival or a finished load is scheduled one step later")
     ap.add_argument("--reprice", type=Path, help="a GPU run's connector trace (paper_gpu.py's R5.connector-trace.jsonl): "
                     "decide each of its decisions again with this tree's decision and the figures it was made with, "
-                    "and print how many change (one hit of --hit-tokens is assumed per prompt of --prompt-tokens)")
+                    "and print how many change (each decision's hit as traced, in prompts of --prompt-tokens)")
     ap.add_argument("--rules", default=",".join(RULES))
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
@@ -289,8 +291,8 @@ def main(argv=None) -> int:
     if a.reprice is not None:
         try:
             counts = reprice(a.reprice, a)
-        except (OSError, KeyError, TypeError) as exc:
-            ap.error(f"--reprice: {exc}")
+        except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+            ap.error(f"--reprice: {exc!r}")
         for key, n in counts.items():
             print(f"{key:<45} {n}")
         if a.json:

@@ -65,6 +65,9 @@ class Calibration:
       tokens of a 512-token prompt in 1.20× its recompute.
     * bandwidth per rank: its GET bytes / GET seconds per interval, smoothed (:func:`ewma`); where the
       workers report no rank of their own, the summed bytes / summed seconds for every rank.
+    * the steps a recompute takes (:func:`kvctl.connector.policy.prefill_s`): ``step_budget``, vLLM's
+      ``max_num_batched_tokens`` (0: not known, one step), and :attr:`Estimates.step_s`, the step fit's a (until the
+      fit has a line, the cheapest step seen, as for the received hit's step).
 
     ``probe_due`` says when a veto should let one load through: after ``reprobe_after_s`` without a new
     bandwidth measurement (never with a configured bandwidth), one load per period.
@@ -173,8 +176,11 @@ class Calibration:
         if step is not None and t0 is None:
             t0 = 0.0  # the step alone is a fixed cost measured: the decision may judge
         jump = line[2] if line and self.graph_tokens else 0.0
-        return Estimates(self._rate(line), t0, bps, self.graph_tokens if jump else 0, jump, step or 0.0,
-                         line[0] if line else 0.0, self.step_budget)
+        # a recompute's extra steps are priced at the same a as the received hit's step (until the fit has a line,
+        # the cheapest step seen): neither side of the decision counts a step the other does not
+        a = line[0] if line else (self._min_step or 0.0)
+        return Estimates(self._rate(line), t0, bps, self.graph_tokens if jump else 0, jump, step or 0.0, a,
+                         self.step_budget)
 
     @property
     def measured_gbps(self) -> float | None:

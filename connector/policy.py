@@ -77,7 +77,7 @@ class Estimates:
     t0_s: float | None
     rank_bps: tuple[float | None, ...]
     # vLLM runs a step of at most ``graph_tokens`` tokens as a CUDA graph (0: none); a step above costs
-    # ``graph_jump_s`` more besides its tokens (fitted from the engine's steps: :class:`Calibration`)
+    # ``graph_jump_s`` more besides its tokens (fitted from the engine's steps: kvctl.connector.calibration.Calibration)
     graph_tokens: int = 0
     graph_jump_s: float = 0.0
     # a hit vLLM receives (async loading, or sync under async scheduling) waits one more engine step than
@@ -174,6 +174,8 @@ def prefill_s(tokens: float, r: float, est: Estimates) -> float:
     budget = est.step_budget if est.step_budget > 0 else tokens
     full = int(tokens // budget)
     last = tokens - full * budget
+    if last < 1e-6:  # a float a hair above a whole number of steps (0.1 * 3 * 10240): no step of 5e-13 tokens
+        last = 0.0
     g, jump = est.graph_tokens, est.graph_jump_s
 
     def step(size: float) -> float:
@@ -203,7 +205,8 @@ class Line:
     def credit_s(self, rec_s: float) -> float:
         """What recomputing ``rec_s`` of prefill costs the other requests, counted at most :data:`CREDIT_CAP` ×
         ``rec_s``: the requests that arrived while this one waited (``arrival_rate × wait_s``) wait all of it, and so
-        do as many again as arrive in a step's time (``arrival_rate × rec_s``): vLLM plans a step while the one before
+        do as many again as arrive while it runs (``arrival_rate × rec_s``, its own GPU time, one step or more):
+        vLLM plans a step while the one before
         it runs (async scheduling, its default on CUDA), so a request that arrives before the recompute's step starts
         is scheduled only after it (see :func:`decide`)."""
         if self.arrival_rate <= 0 or rec_s <= 0:

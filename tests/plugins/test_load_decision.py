@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from kvctl.connector.calibration import Calibration
 from kvctl.connector.policy import (BELOW_BREAKEVEN, BELOW_N_STAR, LOAD, NO_DATA, PARTIAL, PROBE, RECOMPUTE, TIER_QUEUE, WINS,
-                                    Estimates, HitShape, Line, TierQueue, as_probe, decide, owned_in)
+                                    CREDIT_CAP, Estimates, HitShape, Line, TierQueue, as_probe, decide, owned_in)
 from kvctl.connector.tier_queue import plan_ends, tier_backlog
 
 CT, CB = 100, 100_000  # 1000 bytes a token
@@ -253,7 +253,7 @@ def steps_s(tokens: float, r: float, est: Estimates) -> float:
     """The engine's time for ``tokens`` prefill tokens, its steps written out one by one: each takes at most the
     budget (none: all of them), costs its tokens / R, the step's a, and the jump where it is above the graphs."""
     t, left = 0.0, tokens
-    while left > 0:
+    while left > 1e-6:  # a float remnant of a hair is no step (as prefill_s)
         size = min(left, est.step_budget or left)
         t += size / r + est.step_s + (est.graph_jump_s if est.graph_tokens and size > est.graph_tokens else 0.0)
         left -= size
@@ -273,7 +273,7 @@ def brute(sh: HitShape, est: Estimates, q: TierQueue, engine: float, wait: float
         left = sh.prompt - sh.skip
         rest = steps_s(left - sh.tokens(k), r, est)
         own = steps_s(left, r, est) - rest
-        if load <= steps_s(engine + left, r, est) - rest + min(1.5 * own, rate * own * (wait + own)):
+        if load <= steps_s(engine + left, r, est) - rest + min(CREDIT_CAP * own, rate * own * (wait + own)):
             best = k
     return best
 

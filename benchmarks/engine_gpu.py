@@ -311,6 +311,14 @@ def _log_from(path: Path, offset: int) -> tuple[str, int]:
     return data.decode("utf-8", "replace"), offset + len(data)
 
 
+def _log_end(path: Path) -> int:
+    """Where the engine log ends now (0: no log yet): what was logged before a prompt is not that prompt's."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def _trace(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -464,7 +472,7 @@ def run(args) -> dict:
                 for n in lengths:
                     eng.generate(warm_hit[n], max_tokens=1, logprobs=None)  # warm-up hits of this length
                     rows = []
-                    _, log_at = _log_from(eng.log_path, 0) if lmc else ("", 0)
+                    log_at = _log_end(eng.log_path) if lmc else 0
                     for p in measured[n]:
                         (h,) = eng.generate([p], max_tokens=1, logprobs=None)
                         text, log_at = _log_from(eng.log_path, log_at) if lmc else ("", log_at)

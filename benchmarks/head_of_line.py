@@ -66,6 +66,7 @@ from kvctl.connector.policy import NO_LINE, Estimates, HitShape, Line, TierQueue
 from kvctl.connector.tier_queue import plan_ends, tier_backlog  # noqa: E402
 from kvctl.core.errors import InvalidInput  # noqa: E402
 from kvctl.plugins.vllm_policy import ArrivalRate  # noqa: E402
+from kvctl.records.connector_trace import read_events  # noqa: E402
 from kvctl.records.runfile import read_run  # noqa: E402
 
 RULES = ("off", "head", "whole", "credit")
@@ -222,24 +223,19 @@ def reprice(trace: Path, a) -> dict:
     out. Each is decided alone: a load it turns into would queue the tier for those after it, which this does not
     follow (the model above does)."""
     counts: dict[str, int] = {}
-    with trace.open() as f:
-        for line in f:
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if e.get("ev") != "decision" or None in (e.get("prefill_tokens_per_s"), e.get("t0_s"), e.get("tier_gbps")):
-                continue
-            shape = HitShape(0, e["found"] // a.chunk_tokens, 0, a.chunk_tokens, a.chunk_tokens * a.bytes_per_token, 1,
-                             prompt=a.prompt_tokens)
-            jump = e.get("graph_jump_s") or 0.0
-            # a trace from before 2026-12-06 (eighth) has no step_s or step_budget: the received hit's step and --budget
-            est = Estimates(e["prefill_tokens_per_s"], e["t0_s"], (e["tier_gbps"] * 1e9,), a.graph_tokens if jump else 0,
-                            jump, e["hit_step_s"], e.get("step_s", e["hit_step_s"]), e.get("step_budget") or a.budget)
-            line_ = Line(e["line_wait_s"], e["arrival_rate"]) if e.get("arrival_rate") else NO_LINE
-            d = decide(shape, est, TierQueue((e["queued_bytes"],), e["loads_ahead"]), float(e["engine_tokens"]), line_)
-            key = f"{e['decision']}/{e['reason']} -> {d.decision}"
-            counts[key] = counts.get(key, 0) + 1
+    for e in read_events(str(trace))[0]:  # kvctl's trace reader: a regular file, bounded; InvalidInput otherwise
+        if e["ev"] != "decision" or None in (e.get("prefill_tokens_per_s"), e.get("t0_s"), e.get("tier_gbps")):
+            continue
+        shape = HitShape(0, e["found"] // a.chunk_tokens, 0, a.chunk_tokens, a.chunk_tokens * a.bytes_per_token, 1,
+                         prompt=a.prompt_tokens)
+        jump = e.get("graph_jump_s") or 0.0
+        # a trace from before 2026-12-06 (eighth) has no step_s or step_budget: the received hit's step and --budget
+        est = Estimates(e["prefill_tokens_per_s"], e["t0_s"], (e["tier_gbps"] * 1e9,), a.graph_tokens if jump else 0,
+                        jump, e["hit_step_s"], e.get("step_s", e["hit_step_s"]), e.get("step_budget") or a.budget)
+        line_ = Line(e["line_wait_s"], e["arrival_rate"]) if e.get("arrival_rate") else NO_LINE
+        d = decide(shape, est, TierQueue((e["queued_bytes"],), e["loads_ahead"]), float(e["engine_tokens"]), line_)
+        key = f"{e['decision']}/{e['reason']} -> {d.decision}"
+        counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items()))
 
 
@@ -291,8 +287,10 @@ def main(argv=None) -> int:
     if a.reprice is not None:
         try:
             counts = reprice(a.reprice, a)
-        except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
-            ap.error(f"--reprice: {exc!r}")
+        except InvalidInput as exc:
+            ap.error(f"--reprice: {exc}")
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+            ap.error(f"--reprice: {a.reprice}: a decision the trace does not hold whole ({exc!r})")
         for key, n in counts.items():
             print(f"{key:<45} {n}")
         if a.json:

@@ -69,6 +69,7 @@ from kvctl.core import files  # noqa: E402
 from kvctl.core.errors import InvalidInput, KvctlError  # noqa: E402
 from kvctl.core.thresholds import TRACE_MAX_BYTES  # noqa: E402
 from kvctl.lab.engine import ApiServer, LabTier, default_kv_cache_gb, dummy_cuda_server_args, engine_env  # noqa: E402
+from kvctl.records.connector_trace import read_events  # noqa: E402
 
 KVCTL = [sys.executable, "-P", "-c", "from kvctl.cli import main; main()"]
 RUNS = ("R1", "R2", "R3", "R4", "R5")
@@ -661,17 +662,14 @@ def gpu_busy_by_third(trace: Path) -> list[float] | None:
     """The share of each third of a run's decision window (the first to the last request the connector judged) in
     which the engine ran a traced step: the union of the steps' [t_start, t] (under async scheduling they overlap).
     On the H100 of 2026-12-06 (seventh) the saturated run with the decision gave 0.50 / 0.80 / 0.99: a GPU queue
-    that grew. None without decisions or steps."""
-    steps, asked = [], []
-    for line in trace.read_text().splitlines():
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue
-        if e.get("ev") == "decision" and isinstance(e.get("t"), (int, float)):
-            asked.append(e["t"])
-        elif e.get("ev") == "step" and all(isinstance(e.get(k), (int, float)) for k in ("t_start", "t")):
-            steps.append((e["t_start"], e["t"]))
+    that grew. None without decisions or steps, or where kvctl's trace reader refuses the file (kvctl explain says
+    why in the analysis)."""
+    try:
+        events, _ = read_events(str(trace))
+    except InvalidInput:
+        return None
+    asked = [e["t"] for e in events if e["ev"] == "decision"]
+    steps = [(e["t_start"], e["t"]) for e in events if e["ev"] == "step" and isinstance(e.get("t_start"), (int, float))]
     if len(asked) < 2 or not steps or max(asked) <= min(asked):
         return None
     t0, third = min(asked), (max(asked) - min(asked)) / 3

@@ -166,20 +166,18 @@ class Calibration:
 
     def estimates(self) -> Estimates:
         line = self._step_line()  # once a decision: R and the received hit's step both come from it
-        step = None
-        if self.hit_step and self.fixed_t0 is None:
-            # no line yet (steps of one size): the cheapest step seen, whole, the least upper bound of a it has
-            step = line[0] if line else self._min_step
+        # a: the fit's; no line yet (steps of one size): the cheapest step seen, whole, the least upper bound of a it
+        # has. It prices the received hit's step and a recompute's extra steps alike (Estimates.hit_step_s, step_s):
+        # neither side of the decision counts a step the other does not
+        a = line[0] if line else self._min_step
+        step = a if self.hit_step and self.fixed_t0 is None else None
         with self._lock:
             t0 = self.fixed_t0 if self.fixed_t0 is not None else self._t0
             bps = tuple([self.fixed_gbps * 1e9 / self.world] * self.world) if self.fixed_gbps is not None else tuple(self._bps)
         if step is not None and t0 is None:
             t0 = 0.0  # the step alone is a fixed cost measured: the decision may judge
         jump = line[2] if line and self.graph_tokens else 0.0
-        # a recompute's extra steps are priced at the same a as the received hit's step (until the fit has a line,
-        # the cheapest step seen): neither side of the decision counts a step the other does not
-        a = line[0] if line else (self._min_step or 0.0)
-        return Estimates(self._rate(line), t0, bps, self.graph_tokens if jump else 0, jump, step or 0.0, a,
+        return Estimates(self._rate(line), t0, bps, self.graph_tokens if jump else 0, jump, step or 0.0, a or 0.0,
                          self.step_budget)
 
     @property

@@ -167,3 +167,19 @@ def test_reprice_of_a_missing_trace_is_one_line(tmp_path, capsys):
         head_of_line.main(["--reprice", str(tmp_path / "none.jsonl")])
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert e.value.code == 2 and "--reprice:" in last
+
+
+def test_reprice_of_a_fifo_or_a_file_without_events_is_one_line(tmp_path):
+    """--reprice reads a trace with kvctl's trace reader: a FIFO is refused at once (not read forever), and a file
+    that holds no event says so; each in one line, exit 2. Run as a child, killed at 60 s."""
+    import os
+    import subprocess
+
+    fifo, empty = tmp_path / "fifo.jsonl", tmp_path / "empty.jsonl"
+    os.mkfifo(fifo)
+    empty.write_text("not json\n")
+    for trace, says in ((fifo, "not a regular file"), (empty, "no connector trace events")):
+        r = subprocess.run([sys.executable, str(Path(head_of_line.__file__)), "--reprice", str(trace)],
+                           capture_output=True, text=True, timeout=60)
+        last = r.stderr.strip().splitlines()[-1]
+        assert r.returncode == 2 and "--reprice:" in last and says in last and "Traceback" not in r.stderr, r.stderr

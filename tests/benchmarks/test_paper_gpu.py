@@ -705,6 +705,17 @@ def test_analyse_refuses_a_file_that_is_not_a_regular_one(rehearsal, name, kind)
     assert len(lines) == 1 and name in lines[0] and "regular file" in lines[0], err[-3000:]
 
 
+def test_analyse_skips_a_connector_trace_that_is_a_fifo(rehearsal):
+    """A run's connector trace is read by kvctl explain and by gpu_busy_by_third, both through kvctl's trace reader:
+    a FIFO in its place is refused (explain's error is kept in the analysis), not read forever; the analysis ends."""
+    import os
+
+    os.mkfifo(rehearsal / "R5.connector-trace.jsonl")
+    rc, out, err = _analyse_child(rehearsal)
+    assert rc == 0, f"--analyse exited {rc} with R5's connector trace a FIFO: {err[-3000:]}"
+    assert "GPU R5" not in out
+
+
 @pytest.mark.parametrize("name, change, key", [
     ("meta.json", lambda m: "{", "meta.json"),
     ("meta.json", lambda m: [], "JSON object"),

@@ -12,12 +12,14 @@ For each run directory given (``paper_gpu.py``'s files: ``main.planned.jsonl``, 
 * ``kvctl simulate --trace RUN/main.planned.jsonl --hits-from-trace --bench RUN/bench-k4.json --loading async ...``
   with the run's decision (``--policy``), R and T0 given, once as the bench alone gives the tier and once with
   ``--fit-loads FIT/R5.connector-trace.jsonl``, FIT another run of the same links (``--fit-run``, default: the run
-  itself);
+  itself), and with ``--steps`` a third time with ``--fit-steps`` from the same trace too (what each engine step
+  costs besides its tokens: :mod:`kvctl.sim.steps`);
 
 and prints each prediction over the run's figure.
 
     .venv/bin/python benchmarks/simulate_saturated.py results/paper_gpu-h100-2026-12-06d-sat-1200-off \\
-        --fit-run results/paper_gpu-h100-2026-12-06d-sat-1200-on [--prefill-rate 74000] [--t0 0.005] [--json OUT]
+        --fit-run results/paper_gpu-h100-2026-12-06d-sat-1200-on [--prefill-rate 74000] [--t0 0.005] [--steps]
+        [--max-batch M] [--json OUT]
 
 R: the H100's 16k recompute (0.22 s for 16 384 tokens, the runs' own steps); T0: the connector's own time a hit
 besides its load, as the trace measured it (lookup and insert, 5 ms). Neither run's API server is modelled.
@@ -52,7 +54,7 @@ def measured(run: Path) -> dict:
     return {k: rep[k] for k in (*KEYS, "thirds_p50_s")}
 
 
-def simulated(run: Path, meta: dict, a: argparse.Namespace, fit: Path | None) -> dict:
+def simulated(run: Path, meta: dict, a: argparse.Namespace, fit: Path | None, steps: Path | None = None) -> dict:
     args = ["simulate", "--trace", str(run / "main.planned.jsonl"), "--hits-from-trace", "--block-tokens", str(meta["block_tokens"]),
             "--bytes-per-token", str(meta["bytes_per_token"]), "--prefill-rate", str(a.prefill_rate), "--t0", str(a.t0),
             "--instances", str(meta["instances"]), "--bench", str(run / "bench-k4.json"), "--loading", "async",
@@ -60,8 +62,12 @@ def simulated(run: Path, meta: dict, a: argparse.Namespace, fit: Path | None) ->
             "--policy", meta.get("load_policy") or "off"]
     if fit is not None:
         args += ["--fit-loads", str(fit / "R5.connector-trace.jsonl")]
+    if steps is not None:  # what a step costs besides its tokens, fitted on the engine's traced steps (kvctl.sim.steps)
+        args += ["--fit-steps", str(steps / "R5.connector-trace.jsonl")]
+    if a.max_batch > 1:
+        args += ["--max-batch", str(a.max_batch)]
     p = kvctl(*args)
-    return {**{k: p[k] for k in (*KEYS, "thirds_p50_s", "tier_rho")}, "notes": [n for n in p.get("notes", []) if "async" in n]}
+    return {**{k: p[k] for k in (*KEYS, "thirds_p50_s", "tier_rho")}, "notes": [n for n in p.get("notes", []) if "async" in n or "--fit-steps" in n]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit-run", type=Path, help="the run whose connector trace --fit-loads reads (default: each run itself)")
     ap.add_argument("--prefill-rate", type=float, default=74000.0)
     ap.add_argument("--t0", type=float, default=0.005)
+    ap.add_argument("--max-batch", type=int, default=1, help="simulate's --max-batch (vLLM batches: 16, say)")
+    ap.add_argument("--steps", action="store_true",
+                    help="a third row: --fit-loads and --fit-steps (each step's cost besides its tokens, from the same trace)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     out = {}
@@ -77,9 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         meta = read_meta(run)
         m = measured(run)
         row = {"measured": m, "bench": simulated(run, meta, a, None), "fit_loads": simulated(run, meta, a, a.fit_run or run)}
+        if a.steps:
+            row["fit_steps"] = simulated(run, meta, a, a.fit_run or run, a.fit_run or run)
         out[run.name] = row
         print(f"{run.name}: measured p50 / p90 / p99 {' / '.join(f'{m[k]:.3f}' for k in KEYS)} s")
-        for label in ("bench", "fit_loads"):
+        for label in ("bench", "fit_loads", "fit_steps")[:len(row) - 1]:
             p = row[label]
             ratios = " / ".join(f"{p[k] / m[k]:.2f}" for k in KEYS)
             print(f"  simulate ({label}): {' / '.join(f'{p[k]:.3f}' for k in KEYS)} s, predicted ÷ measured {ratios}, "

@@ -214,6 +214,18 @@ OPTIONS: tuple[Opt, ...] = (
     opt("--max-batched-tokens", type=count(1 << 24), default=thresholds.VLLM_MAX_NUM_BATCHED_TOKENS, show_default=True,
         help="Prefill tokens one engine step computes at most (vLLM's --max-num-batched-tokens; its 0.32 default for online "
         "serving on H100/H200, 16384 on B200/B300, 2048 on smaller GPUs): running requests continue first, a longer prompt is chunked over steps."),
+    opt("--step-s", type=non_negative(3600), default=None,
+        help="Seconds each engine step costs besides its prefill tokens (vLLM's scheduler, sampler and launch: about 0.025 on an "
+        "H100 in compiled mode); a recompute and a hit's rest are priced in steps of --max-batched-tokens. Default 0 (tokens / R "
+        "alone), or --fit-steps' fit."),
+    opt("--graph-tokens", type=count(1 << 24, min=0), default=None,
+        help="vLLM's largest CUDA graph in tokens (max_cudagraph_capture_size; 512 by default in compiled mode): a step above it "
+        "costs --graph-jump-s more. Default none, or --fit-steps' fit."),
+    opt("--graph-jump-s", type=non_negative(3600), default=None,
+        help="Seconds a step above --graph-tokens costs more (it runs op by op). Default 0, or --fit-steps' fit."),
+    opt("--fit-steps", type=click.Path(dir_okay=False),
+        help="A kvctl connector trace (KVCTL_CONNECTOR_TRACE) whose timed steps give --step-s, --graph-tokens and "
+        "--graph-jump-s, with the connector's own fit; values given win."),
     opt("--hit-gpu-s", type=SecondsOrFit(3600), default="0", show_default=True,
         help="GPU seconds of each served hit, part of T0 (its forward step, exchange and broadcast): it holds the engine and counts as GPU busy; "
         "`fit` fits it on --fit-from's run from --fit-gpu-util."),

@@ -50,6 +50,7 @@ from kvctl.sim.simulate import (
     SimConfig, SimResult, in_system_ahead, check_config, engine_steps, fifo, hit_tokens_of, np_percentile, plan_step, split_t0,
 )
 from kvctl.sim.policy import decided_hits
+from kvctl.sim.steps import StepCost
 from kvctl.sim.workload import Workload
 from kvctl.core.thresholds import RHO_UNSTABLE
 from kvctl.sim.variability import Variability, gain_for
@@ -135,14 +136,14 @@ def _tier(arrival: np.ndarray, transfer: np.ndarray, gtab: np.ndarray | None) ->
 
 
 def _engine_fifo(ready: np.ndarray, fixed: np.ndarray, tokens: np.ndarray, prefill_rate: float, groups: list[np.ndarray],
-                 max_batch: int = 1, max_tokens: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 max_batch: int = 1, max_tokens: int | None = None, cost: StepCost | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Each engine a queue over its requests ``groups[e]``, served in order of ``ready`` in steps of up to
     ``max_batch`` requests and ``max_tokens`` tokens (:func:`kvctl.sim.simulate.engine_steps`)."""
     start = np.empty(len(ready))
     finish = np.empty(len(ready))
     for idx in groups:
         order = idx[np.argsort(ready[idx], kind="stable")]
-        s, f = engine_steps(ready[order], fixed[order], tokens[order], prefill_rate, max_batch, max_tokens)
+        s, f = engine_steps(ready[order], fixed[order], tokens[order], prefill_rate, max_batch, max_tokens, cost)
         start[order] = s
         finish[order] = f
     return start, finish
@@ -155,14 +156,14 @@ def _sync_event_loop(arrival, hit, transfer, tail, prefill, gtab, groups, max_ba
     running requests, then admits its requests arrived by t while fewer than ``max_batch`` run: their
     loads go to the tier in order at t, then the step computes (tails of hits, prefills of misses) and
     the requests it finished end with it. ``budget`` (the engine hold of each request besides its tokens,
-    the tokens, R, the step's token budget) chunks long prefills over steps; without it every request
+    the tokens, R, the step's token budget, the step's own cost) chunks long prefills over steps; without it every request
     computes whole (``tail``/``prefill``). One request per step is the FIFO engine of the module docstring."""
     n = len(arrival)
     arr, tr, ht = arrival.tolist(), transfer.tolist(), hit.tolist()
     if budget is None:
-        fx, tk, rate, max_tokens = np.where(hit, tail, prefill).tolist(), [0.0] * n, 1.0, None
+        fx, tk, rate, max_tokens, cost = np.where(hit, tail, prefill).tolist(), [0.0] * n, 1.0, None, None
     else:
-        fixed, tokens, rate, max_tokens = budget
+        fixed, tokens, rate, max_tokens, cost = budget
         fx, tk = fixed.tolist(), tokens.tolist()
     gl = gtab.tolist() if gtab is not None else None
     start, finish, twait, ks = [0.0] * n, [0.0] * n, [0.0] * n, [1] * n
@@ -175,7 +176,7 @@ def _sync_event_loop(arrival, hit, transfer, tail, prefill, gtab, groups, max_ba
     inflight: deque[float] = deque()
     while heap:
         t, e = heapq.heappop(heap)
-        step = plan_step(running[e], queues[e], pos[e], arr, t, tk, fx, rate, max_batch, max_tokens)
+        step = plan_step(running[e], queues[e], pos[e], arr, t, tk, fx, rate, max_batch, max_tokens, cost)
         admitted, done, compute, q, p1, still = step.admitted, step.done, step.seconds, queues[e], step.pos, step.running
         loaded = t
         for i in admitted:
@@ -296,11 +297,11 @@ def _sync(arrival, eng, hit, transfer, tail, prefill, gtab, engines, max_batch=1
     groups = [np.flatnonzero(eng == g) for g in range(engines)]
     if engines == 1 and gtab is None:
         if budget is None or max_batch == 1:
-            fixed, tokens, rate, max_tokens = np.where(hit, transfer + tail, prefill), np.zeros(n), 1.0, None
+            fixed, tokens, rate, max_tokens, cost = np.where(hit, transfer + tail, prefill), np.zeros(n), 1.0, None, None
         else:
-            held, tokens, rate, max_tokens = budget
+            held, tokens, rate, max_tokens, cost = budget
             fixed = np.where(hit, transfer, 0.0) + held
-        start, finish = engine_steps(arrival, fixed, tokens, rate, max_batch, max_tokens)
+        start, finish = engine_steps(arrival, fixed, tokens, rate, max_batch, max_tokens, cost)
         return start, finish, np.zeros(n), None, "closed form" if max_batch == 1 else "steps of one engine"
     if max_batch > 1:  # steps of several requests: the event loop (the fixed point solves FIFO engines)
         start, finish, twait, k = _sync_event_loop(arrival, hit, transfer, tail, prefill, gtab, groups, max_batch, budget)
@@ -381,18 +382,24 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
     decisions = None
     if cfg.policy == "on":  # the connector's decision first (kvctl.sim.policy): what each hit loads
         hit_tokens, decisions = decided_hits(arrival, tokens, hit_tokens, hit_tokens * per_token, t0, cfg.prefill_rate,
-                                             cfg.loading, held_t0, eng, engines, load_s)
+                                             cfg.loading, held_t0, eng, engines, load_s, (cfg.step_cost, cfg.max_batched_tokens))
         hit = hit_tokens > 0
     transfer = hit_tokens * per_token
-    prefill = tokens / cfg.prefill_rate
-    tail = (tokens - hit_tokens) / cfg.prefill_rate
     todo = np.where(hit, tokens - hit_tokens, tokens)  # prefill tokens each request computes (a served hit: its tail)
+    # the steps' own cost (kvctl.sim.steps): one request at a time, each pays its own steps' (tail and prefill carry
+    # them); steps of several requests pay theirs in the step model (plan_step), where a batch shares its step
+    own_tail = own_prefill = 0.0
+    if cfg.step_cost.active and cfg.max_batch <= 1:
+        own_tail = np.array([cfg.step_cost.prefill(t, cfg.max_batched_tokens) for t in (tokens - hit_tokens).tolist()])
+        own_prefill = np.array([cfg.step_cost.prefill(t, cfg.max_batched_tokens) for t in tokens.tolist()])
+    prefill = tokens / cfg.prefill_rate + own_prefill
+    tail = (tokens - hit_tokens) / cfg.prefill_rate + own_tail
     extrapolated: list[str] = []
     # g(k) for every k up to the most loads the tier can hold at once (sync: one per engine)
     gtab = _gain_table(var.readers_gain, engines if not async_ else max(engines, max(var.readers_gain) + 1)) if var.readers_gain else None
     timed_out = np.zeros(n, dtype=bool)
     if not async_:
-        budget = (np.where(hit, held_t0, 0.0), todo, cfg.prefill_rate, cfg.max_batched_tokens)
+        budget = (np.where(hit, held_t0, 0.0), todo, cfg.prefill_rate, cfg.max_batched_tokens, cfg.step_cost)
         start, finish, wait_tier, k, solver = _sync(arrival, eng, hit, transfer, tail + held_t0, prefill, gtab, engines, cfg.max_batch, budget)
         compute = np.where(hit, tail + gpu_t0, prefill)
         offered_hold = np.where(hit, transfer + tail + held_t0, prefill)
@@ -410,7 +417,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
         compute = np.where(served, tail + gpu_t0, prefill)
         offered_hold = np.where(served, tail + held_t0, prefill)
         start, finish = _engine_fifo(ready, np.where(served, held_t0, 0.0), np.where(served, todo, tokens), cfg.prefill_rate, groups,
-                                     cfg.max_batch, cfg.max_batched_tokens)
+                                     cfg.max_batch, cfg.max_batched_tokens, cfg.step_cost)
         latency = finish - arrival + np.where(served, late_t0, 0.0) + var.async_overhead_s
         wait = start - ready
         wait[hidx[in_time]] += (t_start - arrival[hidx])[in_time]

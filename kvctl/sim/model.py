@@ -75,6 +75,11 @@ class Inputs:
     arrival_cv: float | None = None
     arrivals_from: str | None = None
     policy: str = "off"  # "on": the kvctl connector's load-or-recompute decision judges each hit (kvctl.sim.policy)
+    # what a step costs besides its tokens (kvctl.sim.steps): given, or --fit-steps' fit of a connector trace, else 0
+    step_s: float | None = None
+    graph_tokens: int | None = None
+    graph_jump_s: float | None = None
+    fit_steps: str | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -168,6 +173,7 @@ def engine_model(i: Inputs, cfg: SimConfig, fit_gbps: float, var: Variability) -
     given, or fitted on the --fit-from run from its --fit-gpu-util) and --t0-engine-share (the number given, or θ
     fitted on the --fit-from run as ``cfg`` and ``fit_gbps`` describe it). Each fit's note joins ``var``'s."""
     cfg = replace(cfg, max_batch=i.max_batch, max_batched_tokens=i.max_batched_tokens)
+    cfg, var = step_model(i, cfg, var)
     if i.hit_gpu_s == "fit":
         from kvctl.sim import calibrate  # noqa: PLC0415 - numpy only when used
 
@@ -181,6 +187,25 @@ def engine_model(i: Inputs, cfg: SimConfig, fit_gbps: float, var: Variability) -
 
     result = calibrate.fit_engine_share(i.fit_from, cfg, fit_gbps, var, i.block_tokens)
     return replace(cfg, t0_engine_share=result.theta), replace(var, notes=(*var.notes, result.note))
+
+
+def step_model(i: Inputs, cfg: SimConfig, var: Variability) -> tuple[SimConfig, Variability]:
+    """(cfg, var) with what a step costs besides its tokens: --step-s, --graph-tokens and --graph-jump-s as given,
+    else as --fit-steps fitted them on a connector trace (its note joins ``var``'s), else none."""
+    from kvctl.sim.steps import StepCost, fit_steps  # noqa: PLC0415
+
+    fitted = StepCost()
+    if i.fit_steps:
+        fit = fit_steps(i.fit_steps)
+        fitted, var = fit.cost, replace(var, notes=(*var.notes, fit.note(i.fit_steps)))
+    cost = StepCost(fitted.step_s if i.step_s is None else i.step_s,
+                    fitted.graph_tokens if i.graph_tokens is None else i.graph_tokens,
+                    fitted.graph_jump_s if i.graph_jump_s is None else i.graph_jump_s)
+    cost.check()
+    if cost.active and cost != fitted:  # what the model runs with, where a value given changed (or made) it
+        jump = f", {cost.graph_jump_s * 1e3:g} ms more above {cost.graph_tokens} tokens" if cost.graph_tokens and cost.graph_jump_s else ""
+        var = replace(var, notes=(*var.notes, f"each engine step costs {cost.step_s * 1e3:g} ms besides its tokens{jump} (given)"))
+    return replace(cfg, step_cost=cost), var
 
 
 def arrival_process(i: Inputs) -> tuple[str, float | None, str | None]:

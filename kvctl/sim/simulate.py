@@ -41,6 +41,7 @@ from kvctl.core.thresholds import (
     ASYNC_TIMEOUT_S, PAPER_T0_S, RHO_UNSTABLE, VLLM_MAX_NUM_BATCHED_TOKENS,
 )
 from kvctl.sim.policy import POLICIES, decided_hits
+from kvctl.sim.steps import StepCost
 from kvctl.sim.workload import Workload, effective_gbps
 
 LOADINGS = ("sync", "async")
@@ -64,6 +65,8 @@ class SimConfig:
     max_batched_tokens: int | None = VLLM_MAX_NUM_BATCHED_TOKENS
     hit_gpu_s: float = 0.0  # GPU time of a served hit, part of its T0: holds the engine and counts as GPU busy
     policy: str = "off"  # "on": the connector's load-or-recompute decision judges each hit first (kvctl.sim.policy)
+    #: what each engine step costs besides its tokens (kvctl.sim.steps; none: tokens / R alone, the paper's model)
+    step_cost: StepCost = StepCost()
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ def batch_fifo(arrival: np.ndarray, hold: np.ndarray, max_batch: int) -> tuple[n
 
 
 def engine_steps(arrival: np.ndarray, fixed: np.ndarray, tokens: np.ndarray, prefill_rate: float, max_batch: int,
-                 max_tokens: int | None) -> tuple[np.ndarray, np.ndarray]:
+                 max_tokens: int | None, cost: StepCost | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(start, finish) of one engine that runs steps as vLLM's scheduler does (``arrival`` non-decreasing).
 
     A step starts when the engine is free and a request is running or has arrived. It first continues the
@@ -146,12 +149,17 @@ def engine_steps(arrival: np.ndarray, fixed: np.ndarray, tokens: np.ndarray, pre
     computes what is left of the budget of its ``tokens``, a longer prompt the rest in later steps (chunked
     prefill). A step lasts ``fixed`` of the requests it admitted (a synchronous load, T0's share on the
     engine, a hit's GPU time) plus its tokens / ``prefill_rate``; a request finishes when the step that
-    computes its last token ends. ``max_batch`` 1 is the FIFO queue; no budget is :func:`batch_fifo`.
+    computes its last token ends. ``max_batch`` 1 is the FIFO queue; no budget is :func:`batch_fifo`. ``cost``: what
+    each step costs besides (:class:`kvctl.sim.steps.StepCost`); one request at a time pays its own steps', a batch
+    without a budget each of its requests one step's (an upper bound: a batch shares its step).
     """
-    if max_batch <= 1:  # one request at a time: chunking it over steps changes nothing
-        return fifo(arrival, fixed + tokens / prefill_rate)
+    own = 0.0
+    if cost is not None and cost.active:
+        own = np.array([cost.prefill(t, max_tokens if max_batch <= 1 else None) for t in tokens.tolist()])
+    if max_batch <= 1:  # one request at a time: chunking it over steps changes only the steps' cost
+        return fifo(arrival, fixed + tokens / prefill_rate + own)
     if max_tokens is None:
-        return batch_fifo(arrival, fixed + tokens / prefill_rate, max_batch)
+        return batch_fifo(arrival, fixed + tokens / prefill_rate + own, max_batch)
     n = len(arrival)
     start, finish = np.empty(n), np.empty(n)
     arr, fx, tk, order = arrival.tolist(), fixed.tolist(), tokens.tolist(), list(range(n))
@@ -159,7 +167,7 @@ def engine_steps(arrival: np.ndarray, fixed: np.ndarray, tokens: np.ndarray, pre
     free, pos = -math.inf, 0
     while pos < n or running:
         t = free if running else max(free, arr[pos])
-        step = plan_step(running, order, pos, arr, t, tk, fx, prefill_rate, max_batch, max_tokens)
+        step = plan_step(running, order, pos, arr, t, tk, fx, prefill_rate, max_batch, max_tokens, cost)
         for k in step.admitted:
             start[k] = t
         end = t + step.seconds
@@ -177,21 +185,24 @@ class Step:
     done: list[int]  # requests whose last token it computes
     admitted: list[int]  # waiting requests it starts (their loads go to the tier at its start)
     pos: int  # the next waiting request's position in the queue
-    seconds: float  # its compute: the admitted requests' fixed seconds and every token it computes / R
+    seconds: float  # its compute: the admitted requests' fixed seconds, every token it computes / R, the step's own cost
 
 
 def plan_step(running: list[list[float]], queue: list[int], pos: int, arrival: list[float], t: float, tokens: list[float],
-              fixed: list[float], prefill_rate: float, max_batch: int, max_tokens: float | None) -> Step:
+              fixed: list[float], prefill_rate: float, max_batch: int, max_tokens: float | None,
+              cost: StepCost | None = None) -> Step:
     """vLLM's scheduling of one step at ``t`` (see :func:`engine_steps`): the running requests continue first, in
     order, then waiting ones (``queue[pos:]``, arrived by ``t``) are admitted first come, first served while fewer
-    than ``max_batch`` run and ``max_tokens`` (None: no budget) is not spent; each computes what the budget leaves."""
+    than ``max_batch`` run and ``max_tokens`` (None: no budget) is not spent; each computes what the budget leaves.
+    A step that runs anything costs ``cost.of(its tokens)`` more (none without ``cost``)."""
     left = math.inf if max_tokens is None else float(max_tokens)
-    seconds = 0.0
+    seconds = computed = 0.0
     still: list[list[float]] = []
     done: list[int] = []
     for r in running:
         take = min(r[1], left)
         left -= take
+        computed += take
         seconds += take / prefill_rate
         r[1] -= take
         if r[1] > 0:
@@ -203,6 +214,7 @@ def plan_step(running: list[list[float]], queue: list[int], pos: int, arrival: l
         i = queue[pos]
         take = min(tokens[i], left)
         left -= take
+        computed += take
         seconds += fixed[i] + take / prefill_rate
         admitted.append(i)
         if tokens[i] - take > 0:
@@ -210,6 +222,8 @@ def plan_step(running: list[list[float]], queue: list[int], pos: int, arrival: l
         else:
             done.append(i)
         pos += 1
+    if cost is not None and (still or done):
+        seconds += cost.of(computed)
     return Step(still, done, admitted, pos, seconds)
 
 
@@ -255,6 +269,7 @@ def check_config(cfg: SimConfig, bandwidth_gbps: float) -> None:
     check_engine_share(cfg.t0_engine_share)
     check_max_batch(cfg.max_batch)
     check_step_model(cfg.max_batched_tokens, cfg.hit_gpu_s)
+    cfg.step_cost.check()
 
 
 def simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
@@ -293,13 +308,13 @@ def _simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:
     decisions = None
     if cfg.policy == "on":
         hit_tokens, decisions = decided_hits(arrival, tokens, hit_tokens, hit_tokens * per_token, cfg.t0_s, cfg.prefill_rate,
-                                             cfg.loading, held_t0)
+                                             cfg.loading, held_t0, steps=(cfg.step_cost, cfg.max_batched_tokens))
     hit = hit_tokens > 0
     transfer = hit_tokens * per_token
     prefill = tokens / cfg.prefill_rate
     tail = (tokens - hit_tokens) / cfg.prefill_rate  # the uncached rest of a hit
     timeouts = 0
-    steps = lambda a, fixed, tok: engine_steps(a, fixed, tok, cfg.prefill_rate, cfg.max_batch, cfg.max_batched_tokens)  # noqa: E731
+    steps = lambda a, fixed, tok: engine_steps(a, fixed, tok, cfg.prefill_rate, cfg.max_batch, cfg.max_batched_tokens, cfg.step_cost)  # noqa: E731
     if cfg.loading == "sync":
         hold = np.where(hit, transfer + tail + held_t0, prefill)
         extra = np.where(hit, late_t0, 0.0)

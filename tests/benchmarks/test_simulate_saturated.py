@@ -30,3 +30,26 @@ def test_the_loaders_service_brings_the_saturated_run_within_five_per_cent(tmp_p
         assert abs(fit[k] / m[k] - 1) < 0.05, (k, fit[k], m[k])
     assert round(bench["tier_rho"], 2) == 1.13 and round(fit["tier_rho"], 2) == 1.24
     assert any("13 loads" in n for n in fit["notes"])  # the on-run's loads that read something
+
+
+def test_the_steps_cost_brings_the_decision_run_closer_but_not_within_a_quarter(tmp_path):
+    """The eighth session's saturated tier with the decision on (results/paper_gpu-h100-2026-12-06h-sat-800-on): with
+    the loader fitted alone simulate put p50 / p90 / p99 at 0.38 / 0.37 / 0.41 of the run's; each engine step's own
+    cost fitted from the same trace (``--steps``: --fit-steps, a 22.9 ms a step and 30.1 ms above 512 tokens) brings
+    them to 0.61 / 0.59 / 0.54, the GPU's share and the hits loaded near the run's. Issue 46's 25 % is still missed
+    (benchmarks/README.md); the run that loaded every hit stays within 5 % either way."""
+    on, off = RESULTS / "paper_gpu-h100-2026-12-06h-sat-800-on", RESULTS / "paper_gpu-h100-2026-12-06h-sat-800-off"
+    out = tmp_path / "out.json"
+    assert simulate_saturated.main([str(on), str(off), "--prefill-rate", "91000", "--steps", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    kept = json.loads((RESULTS / "simulate_saturated-h100-2026-12-06h-steps.json").read_text())
+    for name, row in rows.items():
+        for label in ("fit_loads", "fit_steps"):
+            for k in simulate_saturated.KEYS:  # the figures benchmarks/README.md quotes
+                assert abs(row[label][k] - kept[name][label][k]) < 1e-9, (name, label, k)
+    m, loads, steps = (rows[on.name][x] for x in ("measured", "fit_loads", "fit_steps"))
+    for k, lo, hi in (("p50_s", 0.55, 0.7), ("p90_s", 0.55, 0.7), ("p99_s", 0.5, 0.6)):
+        assert loads[k] / m[k] < 0.45 and lo < steps[k] / m[k] < hi, (k, loads[k], steps[k], m[k])
+    assert any("--fit-steps" in n and "22.9 ms" in n and "30.1 ms more above 512 tokens" in n for n in steps["notes"]), steps["notes"]
+    m, steps = rows[off.name]["measured"], rows[off.name]["fit_steps"]
+    assert all(abs(steps[k] / m[k] - 1) < 0.05 for k in simulate_saturated.KEYS)

@@ -589,9 +589,12 @@ def analyse(a) -> dict:
     if calib.exists() or calib.is_symlink():
         out["prefill_rate"] = R
         preds, classes = {}, {}
-        # the async loader's service as the calibration's loads had it (simulate --fit-loads): its trace, when written
+        # the async loader's service as the calibration's loads had it (simulate --fit-loads) and what each engine step
+        # cost besides its tokens (--fit-steps): its trace, when written
         ctrace = work / "calib.connector-trace.jsonl"
         fit_loads = ["--fit-loads", str(ctrace)] if ctrace.is_file() else []
+        if fit_loads and _has_steps(ctrace):
+            fit_loads += ["--fit-steps", str(ctrace)]
         for r in ("R2", "R3", "R4", "R5"):
             k, loading, _ = SPECS[r]
             k = meta["instances"] if k is None else k
@@ -656,6 +659,14 @@ def analyse(a) -> dict:
                 out.setdefault("gpu_busy_by_third", {})[r] = busy
     out["alert"] = alert_check(work, rho_samples)
     return out
+
+
+def _has_steps(trace: Path) -> bool:
+    """Whether a connector trace timed any engine step with prefill tokens (what simulate --fit-steps fits)."""
+    try:
+        return any(e.get("ev") == "step" and e.get("prefill_tokens") for e in read_events(str(trace))[0])
+    except InvalidInput:
+        return False
 
 
 def gpu_busy_by_third(trace: Path) -> list[float] | None:

@@ -39,7 +39,9 @@ def simulate_cmd(inputs: sim_model.Inputs, sweep_specs: tuple[str, ...], plot: s
     max queue, stable (both ρ below 1).
     \b
     The engine steps as vLLM's: up to --max-batch requests and --max-batched-tokens
-    prefill tokens a step, long prompts chunked over steps. Arrivals: Poisson, or
+    prefill tokens a step, long prompts chunked over steps; each step costs --step-s
+    more, and --graph-jump-s more above --graph-tokens (--fit-steps TRACE fits them
+    from a connector trace's steps; none by default: n/R alone). Arrivals: Poisson, or
     --arrivals deterministic|gamma (--arrival-cv, or the CV of --arrivals-from TRACE).
     \b
     Fleets (--engines E) and variability (--fit-from, --bench's GET-time spread and

@@ -89,12 +89,14 @@ def exporter_cmd(
         log.info("round took %.3f s, %d sample(s) in the window: %s", rnd.duration_s, rnd.samples_in_window, what)
 
     server = Server(Exporter(cfg), where, on_round=logged)
-    show_listening(server, len(targets), interval_s, window_s, cfg.stale_s, as_json)
-    started = time.time()
 
     # a second SIGTERM/Ctrl-C raises ExitNow: out without the orderly stop; kvctl.cli.main ends the process (nothing
-    # here does: run in-process, by a test's CliRunner, this command returns or raises, whatever threads are alive)
+    # here does: run in-process, by a test's CliRunner, this command returns or raises, whatever threads are alive).
+    # The handlers are in place before the "listening" line: a supervisor that signals once it reads the line (a
+    # test did, 2026-12-07) never finds the default action, which killed the process without its summary
     with on_signals(lambda sig: server.request_stop(), again=exit_now, signals=(signal.SIGTERM, signal.SIGINT)):
+        show_listening(server, len(targets), interval_s, window_s, cfg.stale_s, as_json)
+        started = time.time()
         try:
             server.wait(duration_s)
         except ExitNow:

@@ -70,6 +70,7 @@ from kvctl.core.errors import InvalidInput, KvctlError  # noqa: E402
 from kvctl.core.thresholds import TRACE_MAX_BYTES  # noqa: E402
 from kvctl.lab.engine import ApiServer, LabTier, default_kv_cache_gb, dummy_cuda_server_args, engine_env  # noqa: E402
 from kvctl.records.connector_trace import read_events  # noqa: E402
+from kvctl.sim.steps import fit_steps  # noqa: E402
 
 KVCTL = [sys.executable, "-P", "-c", "from kvctl.cli import main; main()"]
 RUNS = ("R1", "R2", "R3", "R4", "R5")
@@ -662,11 +663,12 @@ def analyse(a) -> dict:
 
 
 def _has_steps(trace: Path) -> bool:
-    """Whether a connector trace timed any engine step with prefill tokens (what simulate --fit-steps fits)."""
+    """Whether simulate --fit-steps can fit a connector trace's steps (kvctl.sim.steps.fit_steps: it timed some)."""
     try:
-        return any(e.get("ev") == "step" and e.get("prefill_tokens") for e in read_events(str(trace))[0])
+        fit_steps(str(trace))
     except InvalidInput:
         return False
+    return True
 
 
 def gpu_busy_by_third(trace: Path) -> list[float] | None:

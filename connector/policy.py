@@ -171,16 +171,23 @@ def prefill_s(tokens: float, r: float, est: Estimates) -> float:
     is above vLLM's largest CUDA graph (``est.graph_tokens``)."""
     if tokens <= 0:
         return 0.0
-    budget = est.step_budget if est.step_budget > 0 else tokens
-    full = int(tokens // budget)
-    last = tokens - full * budget
+    full, last = step_costs(tokens, est.step_budget, est.step_s, est.graph_tokens, est.graph_jump_s)
+    return tokens / r + full + last
+
+
+def step_costs(tokens: float, budget: float, step_s: float, graph_tokens: float, graph_jump_s: float) -> tuple[float, float]:
+    """What computing ``tokens`` (> 0) prefill tokens alone costs besides tokens / R, as (its full steps of ``budget``
+    tokens, its last, shorter step; 0 where there is none): ``step_s`` a step and ``graph_jump_s`` more for a step above
+    ``graph_tokens`` (0: no graphs); ``budget`` 0: one step. :func:`prefill_s`'s steps, and kvctl.sim.steps'."""
+    size = budget if budget > 0 else tokens
+    full = int(tokens // size)
+    last = tokens - full * size
     if last < 1e-6:  # a float a hair above a whole number of steps (0.1 * 3 * 10240): no step of 5e-13 tokens
         last = 0.0
-    g, jump = est.graph_tokens, est.graph_jump_s
 
-    def step(size: float) -> float:
-        return est.step_s + (jump if g and size > g else 0.0)
-    return tokens / r + full * step(budget) + (step(last) if last > 0 else 0.0)
+    def step(n: float) -> float:
+        return step_s + (graph_jump_s if graph_tokens and n > graph_tokens else 0.0)
+    return full * step(size), (step(last) if last > 0 else 0.0)
 
 
 def _hit_load_s(shape: HitShape, k: int, est: Estimates, queue: TierQueue, t0: float) -> float:

@@ -390,8 +390,8 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
     # them); steps of several requests pay theirs in the step model (plan_step), where a batch shares its step
     own_tail = own_prefill = 0.0
     if cfg.step_cost.active and cfg.max_batch <= 1:
-        own_tail = np.array([cfg.step_cost.prefill(t, cfg.max_batched_tokens) for t in (tokens - hit_tokens).tolist()])
-        own_prefill = np.array([cfg.step_cost.prefill(t, cfg.max_batched_tokens) for t in tokens.tolist()])
+        own_tail = cfg.step_cost.prefill_many(tokens - hit_tokens, cfg.max_batched_tokens)
+        own_prefill = cfg.step_cost.prefill_many(tokens, cfg.max_batched_tokens)
     prefill = tokens / cfg.prefill_rate + own_prefill
     tail = (tokens - hit_tokens) / cfg.prefill_rate + own_tail
     extrapolated: list[str] = []

@@ -58,7 +58,7 @@ def decided_hits(arrival: np.ndarray, tokens: np.ndarray, hit_tokens: np.ndarray
     cost, budget = steps if steps is not None and steps[0].active else (StepCost(), None)
 
     def compute_s(tokens: float) -> float:  # the engine's time for ``tokens`` prefill tokens alone, in steps
-        return tokens / prefill_rate + cost.prefill(tokens, budget)
+        return tokens / prefill_rate + cost.prefill(tokens, budget) if cost.active else tokens / prefill_rate
 
     def saved_s(tokens: float, h: float) -> float:  # what loading h of them saves the engine (no step cost: h / R)
         return compute_s(tokens) - compute_s(tokens - h) if cost.active else h / prefill_rate
@@ -69,8 +69,9 @@ def decided_hits(arrival: np.ndarray, tokens: np.ndarray, hit_tokens: np.ndarray
     counts: Counter[str] = Counter()
     hit = hit_tokens > 0
     if loading == "sync":
-        saved = (np.array([saved_s(t, h) for t, h in zip(tokens.tolist(), hit_tokens.tolist())]) if cost.active
-                 else hit_tokens / prefill_rate)
+        rest = tokens - hit_tokens
+        saved = (tokens / prefill_rate + cost.prefill_many(tokens, budget) - (rest / prefill_rate + cost.prefill_many(rest, budget))
+                 if cost.active else hit_tokens / prefill_rate)
         wins = hit & (t0s + transfer <= saved)
         loaded[wins] = hit_tokens[wins]
         per_token = np.divide(transfer, hit_tokens, out=np.zeros(n), where=hit)
@@ -111,8 +112,7 @@ def decided_hits(arrival: np.ndarray, tokens: np.ndarray, hit_tokens: np.ndarray
             tier_free = max(tier_free, a) + x_l[i] * take / h + load_s
         # the engine's backlog is compute queued ahead, in arrival order (what the connector counts: the prompt
         # tokens of the requests it has looked up and not seen computed), never its waits for the tier
-        hold = held_l[i] + (compute_s(n_l[i] - take) if cost.active else (n_l[i] - take) / r) if take > 0 else (
-            compute_s(n_l[i]) if cost.active else n_l[i] / r)
+        hold = held_l[i] + compute_s(n_l[i] - take) if take > 0 else compute_s(n_l[i])
         eng_free[e] = max(eng_free[e], a) + hold
         loaded[i] = take
     return loaded, dict(counts)

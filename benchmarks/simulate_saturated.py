@@ -13,13 +13,14 @@ For each run directory given (``paper_gpu.py``'s files: ``main.planned.jsonl``, 
   with the run's decision (``--policy``), R and T0 given, once as the bench alone gives the tier and once with
   ``--fit-loads FIT/R5.connector-trace.jsonl``, FIT another run of the same links (``--fit-run``, default: the run
   itself), and with ``--steps`` a third time with ``--fit-steps`` from the same trace too (what each engine step
-  costs besides its tokens: :mod:`kvctl.sim.steps`);
+  costs besides its tokens: :mod:`kvctl.sim.steps`), and with ``--line`` once per seed of ``--seeds`` with vLLM's
+  scheduler as well (``--scheduler vllm --fit-load-spread --async-overhead API_S``: :mod:`kvctl.sim.vllm_line`);
 
 and prints each prediction over the run's figure.
 
     .venv/bin/python benchmarks/simulate_saturated.py results/paper_gpu-h100-2026-12-06d-sat-1200-off \\
         --fit-run results/paper_gpu-h100-2026-12-06d-sat-1200-on [--prefill-rate 74000] [--t0 0.005] [--steps]
-        [--max-batch M] [--json OUT]
+        [--max-batch M] [--line [--api-s 0.06] [--seeds 0,1,2]] [--json OUT]
 
 R: the H100's 16k recompute (0.22 s for 16 384 tokens, the runs' own steps); T0: the connector's own time a hit
 besides its load, as the trace measured it (lookup and insert, 5 ms). Neither run's API server is modelled.
@@ -54,7 +55,8 @@ def measured(run: Path) -> dict:
     return {k: rep[k] for k in (*KEYS, "thirds_p50_s")}
 
 
-def simulated(run: Path, meta: dict, a: argparse.Namespace, fit: Path | None, steps: Path | None = None) -> dict:
+def simulated(run: Path, meta: dict, a: argparse.Namespace, fit: Path | None, steps: Path | None = None,
+              extra: tuple[str, ...] = ()) -> dict:
     args = ["simulate", "--trace", str(run / "main.planned.jsonl"), "--hits-from-trace", "--block-tokens", str(meta["block_tokens"]),
             "--bytes-per-token", str(meta["bytes_per_token"]), "--prefill-rate", str(a.prefill_rate), "--t0", str(a.t0),
             "--instances", str(meta["instances"]), "--bench", str(run / "bench-k4.json"), "--loading", "async",
@@ -66,8 +68,19 @@ def simulated(run: Path, meta: dict, a: argparse.Namespace, fit: Path | None, st
         args += ["--fit-steps", str(steps / "R5.connector-trace.jsonl")]
     if a.max_batch > 1:
         args += ["--max-batch", str(a.max_batch)]
-    p = kvctl(*args)
-    return {**{k: p[k] for k in (*KEYS, "thirds_p50_s", "tier_rho")}, "notes": [n for n in p.get("notes", []) if "async" in n or "--fit-steps" in n]}
+    p = kvctl(*args, *extra)
+    keep = ("timeouts", "hits", "gpu_utilization_pct", "decisions") if extra else ()
+    return {**{k: p[k] for k in (*KEYS, "thirds_p50_s", "tier_rho", *keep)},
+            "notes": [n for n in p.get("notes", []) if "async" in n or "--fit-steps" in n]}
+
+
+def line_rows(run: Path, meta: dict, a: argparse.Namespace) -> dict:
+    """``--line``: the same fits with vLLM's scheduler (``--scheduler vllm``: the decision and the load at the head of
+    the line), each load's GET time drawn from the trace's own loads (``--fit-load-spread``) and ``--api-s`` of
+    latency a request (``--async-overhead``: the API server), once per seed of ``--seeds``."""
+    fit = a.fit_run or run
+    extra = ("--scheduler", "vllm", "--fit-load-spread", "--async-overhead", str(a.api_s))
+    return {str(s): simulated(run, meta, a, fit, fit, (*extra, "--seed", str(s))) for s in a.seeds}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=1, help="simulate's --max-batch (vLLM batches: 16, say)")
     ap.add_argument("--steps", action="store_true",
                     help="a third row: --fit-loads and --fit-steps (each step's cost besides its tokens, from the same trace)")
+    ap.add_argument("--line", action="store_true",
+                    help="a row per seed: --steps' fits with --scheduler vllm, --fit-load-spread and --async-overhead --api-s")
+    ap.add_argument("--api-s", type=float, default=0.06,
+                    help="--line: seconds of latency each request spends outside the engine's steps (the API server; "
+                         "the unshaped run's p50 over the model's, 2026-12-07)")
+    ap.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2], help="--line's seeds")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     out = {}
@@ -88,13 +107,17 @@ def main(argv: list[str] | None = None) -> int:
         row = {"measured": m, "bench": simulated(run, meta, a, None), "fit_loads": simulated(run, meta, a, a.fit_run or run)}
         if a.steps:
             row["fit_steps"] = simulated(run, meta, a, a.fit_run or run, a.fit_run or run)
+        if a.line:
+            row["vllm_line"] = line_rows(run, meta, a)
         out[run.name] = row
         print(f"{run.name}: measured p50 / p90 / p99 {' / '.join(f'{m[k]:.3f}' for k in KEYS)} s")
-        for label in ("bench", "fit_loads", "fit_steps")[:len(row) - 1]:
-            p = row[label]
+        shown = [(label, row[label]) for label in ("bench", "fit_loads", "fit_steps") if label in row]
+        shown += [(f"vllm_line, seed {s}", p) for s, p in row.get("vllm_line", {}).items()]
+        for label, p in shown:
             ratios = " / ".join(f"{p[k] / m[k]:.2f}" for k in KEYS)
+            more = f", {p['hits']} hits loaded, {p['timeouts']} given up, GPU {p['gpu_utilization_pct']:.0f} %" if "hits" in p else ""
             print(f"  simulate ({label}): {' / '.join(f'{p[k]:.3f}' for k in KEYS)} s, predicted ÷ measured {ratios}, "
-                  f"tier ρ {p['tier_rho']:.2f}")
+                  f"tier ρ {p['tier_rho']:.2f}{more}")
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     return 0

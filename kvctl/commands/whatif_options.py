@@ -202,6 +202,9 @@ OPTIONS: tuple[Opt, ...] = (
         help="async: a kvctl connector trace (KVCTL_CONNECTOR_TRACE) whose loads give the prefetch bandwidth an instance and the seconds "
         "each load holds the loader besides its GETs (copies, exchange, insert), at --fit-instances; --async-instance-gbps and "
         "--async-load-s given win."),
+    opt("--fit-load-spread", is_flag=True, default=False,
+        help="async: each load's GET time drawn from --fit-loads' own loads (each one's seconds a byte over their median: "
+        "the slow loads a real tier has), in place of --bench's lognormal spread."),
     opt("--async-load-s", type=non_negative(3600), default=None,
         help="async: seconds each load holds the tier's loader besides its GETs (the connector loads one at a time); default 0, "
         "or --fit-loads' fit."),
@@ -226,6 +229,13 @@ OPTIONS: tuple[Opt, ...] = (
     opt("--fit-steps", type=click.Path(dir_okay=False),
         help="A kvctl connector trace (KVCTL_CONNECTOR_TRACE) whose timed steps give --step-s, --graph-tokens and "
         "--graph-jump-s, with the connector's own fit; values given win."),
+    opt("--scheduler", commands=S, type=click.Choice(["fifo", "vllm"]), default="fifo", show_default=True,
+        help="The engine: fifo, a queue where an async prefetch starts on arrival; vllm, vLLM's scheduler (async loading, "
+        "one engine): a hit is decided and its load starts only when the scheduler reaches it in its waiting line, and "
+        "its rest runs in a step after the load (a load that outlasts its recompute time is given up there)."),
+    opt("--sched-lag", commands=S, type=click.IntRange(0, 1), default=1, show_default=True,
+        help="--scheduler vllm: 1 is vLLM's async scheduling (its CUDA default: a step is planned while the one before "
+        "it runs, so an arrival or a finished load is seen a step later); 0 without it."),
     opt("--hit-gpu-s", type=SecondsOrFit(3600), default="0", show_default=True,
         help="GPU seconds of each served hit, part of T0 (its forward step, exchange and broadcast): it holds the engine and counts as GPU busy; "
         "`fit` fits it on --fit-from's run from --fit-gpu-util."),

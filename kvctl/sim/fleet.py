@@ -51,6 +51,7 @@ from kvctl.sim.simulate import (
 )
 from kvctl.sim.policy import decided_hits
 from kvctl.sim.steps import StepCost
+from kvctl.sim.vllm_line import line_config, run_line
 from kvctl.sim.workload import Workload
 from kvctl.core.thresholds import RHO_UNSTABLE
 from kvctl.sim.variability import Variability, gain_for
@@ -371,7 +372,9 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
     if async_ and var.async_instance_gbps:
         bw = require_positive("--async-instance-gbps", var.async_instance_gbps) * cfg.instances
     mult = np.ones(n)
-    if var.get_sigma > 0:
+    if async_ and var.load_spread:  # the engine's own loads (--fit-load-spread) in place of the bench's lognormal
+        mult = np.random.default_rng([cfg.seed, 5]).choice(np.asarray(var.load_spread), n)
+    elif var.get_sigma > 0:
         z = np.random.default_rng([cfg.seed, 5]).standard_normal(n)
         mult = np.exp(var.get_sigma * z - var.get_sigma**2 / 2)  # mean 1: bandwidth keeps its mean
     per_token = cfg.bytes_per_token / (bw * GB) * mult
@@ -380,7 +383,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
           else np.full(n, cfg.t0_s))
     gpu_t0, held_t0, late_t0 = split_t0(t0, cfg.t0_engine_share, cfg.hit_gpu_s)  # GPU part; on the engine after the load; latency only
     decisions = None
-    if cfg.policy == "on":  # the connector's decision first (kvctl.sim.policy): what each hit loads
+    if cfg.policy == "on" and cfg.scheduler != "vllm":  # the connector's decision first (kvctl.sim.policy): what each hit loads
         hit_tokens, decisions = decided_hits(arrival, tokens, hit_tokens, hit_tokens * per_token, t0, cfg.prefill_rate,
                                              cfg.loading, held_t0, eng, engines, load_s, (cfg.step_cost, cfg.max_batched_tokens))
         hit = hit_tokens > 0
@@ -398,7 +401,15 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
     # g(k) for every k up to the most loads the tier can hold at once (sync: one per engine)
     gtab = _gain_table(var.readers_gain, engines if not async_ else max(engines, max(var.readers_gain) + 1)) if var.readers_gain else None
     timed_out = np.zeros(n, dtype=bool)
-    if not async_:
+    if cfg.scheduler == "vllm":  # vLLM's scheduler: each hit decided and loaded at the head of the line (kvctl.sim.vllm_line)
+        if engines != 1:
+            raise InvalidInput(f"--scheduler vllm models one engine, got --engines {engines}")
+        line = run_line(arrival, tokens, hit_tokens, line_config(cfg, bw, load_s if var.async_load_s else None), mult)
+        hit, timed_out, compute, finish = line.loaded > 0, line.given_up, line.compute_s, line.done
+        transfer, offered_hold, decisions = line.loaded * per_token, compute, line.decisions if cfg.policy == "on" else None
+        latency = finish - arrival + var.async_overhead_s
+        wait, k, solver = np.maximum(0.0, finish - arrival - compute), None, "vLLM's scheduler, step by step"
+    elif not async_:
         budget = (np.where(hit, held_t0, 0.0), todo, cfg.prefill_rate, cfg.max_batched_tokens, cfg.step_cost)
         start, finish, wait_tier, k, solver = _sync(arrival, eng, hit, transfer, tail + held_t0, prefill, gtab, engines, cfg.max_batch, budget)
         compute = np.where(hit, tail + gpu_t0, prefill)

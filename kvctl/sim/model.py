@@ -66,6 +66,7 @@ class Inputs:
     async_overhead_s: float = 0.0
     fit_loads: str | None = None  # a connector trace: the async loader's bandwidth and time a load (variability.fit_loads)
     async_load_s: float | None = None  # seconds an async load holds the loader besides its GETs (None: 0, or --fit-loads')
+    fit_load_spread: bool = False  # each async load's GET time drawn from --fit-loads' trace
     t0_engine_share: float | str = 0.0  # θ, or "fit"
     max_batch: int = 1
     max_batched_tokens: int | None = VLLM_MAX_NUM_BATCHED_TOKENS
@@ -80,6 +81,8 @@ class Inputs:
     graph_tokens: int | None = None
     graph_jump_s: float | None = None
     fit_steps: str | None = None
+    scheduler: str = "fifo"  # "vllm": the engine as vLLM's scheduler runs it (kvctl.sim.vllm_line)
+    sched_lag: int = 1
 
     def __post_init__(self) -> None:
         self.check()
@@ -151,8 +154,8 @@ class Model:
 
     @property
     def fleet(self) -> bool:
-        """Whether the fleet simulator runs (several engines, variability, or θ > 0), not the single-engine one."""
-        return self.inputs.engines > 1 or self.var.active or self.cfg.t0_engine_share > 0
+        """Whether the fleet simulator runs (several engines, variability, θ > 0 or vLLM's scheduler), not the single-engine one."""
+        return self.inputs.engines > 1 or self.var.active or self.cfg.t0_engine_share > 0 or self.cfg.scheduler == "vllm"
 
     def workload(self, rate: float | None = None, prompt_tokens: float | None = None) -> Workload:
         """The fleet's requests: the trace's, or drawn at ``rate`` (default the inputs' λ) × engines (kept per (rate, tokens))."""
@@ -238,13 +241,13 @@ def build(i: Inputs, default_requests: int = SIMULATE_REQUESTS) -> Model:
                             async_instance_gbps=i.async_instance_gbps, async_overhead_s=i.async_overhead_s,
                             bytes_per_token=i.bytes_per_token, prefill_rate=i.prefill_rate, fit_gbps=fit_gbps, instances=i.instances,
                             t0_given_s=i.t0_s if i.t0_given else None, fit_loads_from=i.fit_loads,
-                            async_load_s=i.async_load_s, fit_instances=fit_instances)
+                            async_load_s=i.async_load_s, fit_instances=fit_instances, fit_load_spread=i.fit_load_spread)
     if i.bench_path and i.instance_gbps is not None:
         var = replace(var, notes=(*var.notes, f"--instance-gbps gives B ({i.instance_gbps:g} GB/s an instance): {i.bench_path}'s bandwidths are not used"))
     cfg = sim.SimConfig(i.bytes_per_token, i.prefill_rate, i.t0_s, fit_instances, i.instance_gbps, i.fit_loading or i.loading,
                         i.async_timeout_s, i.hit_fraction, i.seed, i.hits_from_trace)
     cfg, var = engine_model(i, cfg, fit_gbps, var)
-    cfg = replace(cfg, loading=i.loading, policy=i.policy)  # fitted as the --fit-from run loaded, simulated at --loading
+    cfg = replace(cfg, loading=i.loading, policy=i.policy, scheduler=i.scheduler, sched_lag=i.sched_lag)  # fitted as the --fit-from run loaded, simulated at --loading
     process, cv, cv_note = arrival_process(i)
     if cv_note:
         var = replace(var, notes=(*var.notes, cv_note))

@@ -45,6 +45,9 @@ from kvctl.sim.steps import StepCost
 from kvctl.sim.workload import Workload, effective_gbps
 
 LOADINGS = ("sync", "async")
+#: the engine: "fifo" (a queue; an async prefetch starts on arrival) or "vllm" (vLLM's scheduler: the decision and the
+#: load at the head of its waiting line, :mod:`kvctl.sim.vllm_line`)
+SCHEDULERS = ("fifo", "vllm")
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -67,6 +70,8 @@ class SimConfig:
     policy: str = "off"  # "on": the connector's load-or-recompute decision judges each hit first (kvctl.sim.policy)
     #: what each engine step costs besides its tokens (kvctl.sim.steps; none: tokens / R alone, the paper's model)
     step_cost: StepCost = StepCost()
+    scheduler: str = "fifo"  # SCHEDULERS
+    sched_lag: int = 1  # --scheduler vllm: 1 is vLLM's async scheduling (a step planned while the one before runs)
 
 
 @dataclass(frozen=True)
@@ -270,6 +275,12 @@ def check_config(cfg: SimConfig, bandwidth_gbps: float) -> None:
     check_max_batch(cfg.max_batch)
     check_step_model(cfg.max_batched_tokens, cfg.hit_gpu_s)
     cfg.step_cost.check()
+    if cfg.scheduler not in SCHEDULERS:
+        raise InvalidInput(f"--scheduler must be fifo or vllm, got {cfg.scheduler!r}")
+    if cfg.sched_lag not in (0, 1):
+        raise InvalidInput(f"--sched-lag must be 0 or 1, got {cfg.sched_lag!r}")
+    if cfg.scheduler == "vllm" and (cfg.loading != "async" or not cfg.max_batched_tokens):
+        raise InvalidInput("--scheduler vllm models async loading in steps of --max-batched-tokens: give --loading async")
 
 
 def simulate(w: Workload, cfg: SimConfig, bandwidth_gbps: float) -> SimResult:

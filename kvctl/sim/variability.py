@@ -56,11 +56,14 @@ class Variability:
     async_load_s: float = 0.0  # seconds each async load holds the tier's loader besides its GETs (copies, exchange, insert)
     notes: tuple[str, ...] = ()  # where each input came from
     t0_fit_hit_tokens: tuple[float, float] | None = None  # shortest and longest prompt of the hits T0 was fitted on
+    #: async: each load's GET-time multiplier drawn from these (a trace's loads over their median, --fit-load-spread),
+    #: in place of the bench's lognormal; () : that lognormal
+    load_spread: tuple[float, ...] = ()
 
     @property
     def active(self) -> bool:
         return bool(self.t0_samples_s or self.get_sigma or self.readers_gain or self.async_instance_gbps or self.async_overhead_s
-                    or self.async_load_s)
+                    or self.async_load_s or self.load_spread)
 
 
 def read_bench_file(path: str, what: str) -> Any:
@@ -242,6 +245,7 @@ class LoaderFit:
     load_s: float  # seconds a load held the loader besides its GETs (median)
     loads: int  # the loads fitted on
     note: str
+    spread: tuple[float, ...] = ()  # each load's seconds a byte over the median's, sorted (1.0: the median load)
 
 
 def fit_loads(path: str, instances: int) -> LoaderFit:
@@ -269,18 +273,20 @@ def fit_loads(path: str, instances: int) -> LoaderFit:
     if not rates:
         raise InvalidInput(f"--fit-loads {path}: no load that read something and was not given up (the trace's "
                            "`load` events need bytes, get_s and total_s)")
-    gbps = float(np.median(rates)) * len(ranks) / instances / GB
+    median = float(np.median(rates))
+    gbps = median * len(ranks) / instances / GB
     load_s = float(np.median(extra))
+    spread = tuple(sorted(median / r for r in rates))
     note = (f"async loads from {path}: {len(rates)} loads, GETs at {gbps:.3g} GB/s an instance "
             f"({len(ranks)} rank(s) over {instances} instance(s)), the loader {load_s * 1e3:.1f} ms a load besides its GETs")
-    return LoaderFit(gbps, load_s, len(rates), note)
+    return LoaderFit(gbps, load_s, len(rates), note, spread)
 
 
 def build(*, fit_from: str | None = None, get_times_from: str | None = None, readers_from: str | None = None,
           async_instance_gbps: float | None = None, async_overhead_s: float = 0.0, bytes_per_token: float = 0.0,
           prefill_rate: float = 0.0, fit_gbps: float | None = None, instances: int | None = None, bench_from: str | None = None,
           t0_given_s: float | None = None, fit_loads_from: str | None = None, async_load_s: float | None = None,
-          fit_instances: int | None = None) -> Variability:
+          fit_instances: int | None = None, fit_load_spread: bool = False) -> Variability:
     """A :class:`Variability` from the files given (None: that input stays constant).
 
     ``fit_gbps``: the tier bandwidth the ``fit_from`` run saw (its transfers are taken out of T0). ``t0_given_s``: a T0
@@ -288,7 +294,8 @@ def build(*, fit_from: str | None = None, get_times_from: str | None = None, rea
     ``bench_from``: a bench file whose spread and readers curve are taken where it has them (:func:`bench_variability`);
     ``get_times_from``/``readers_from``: one part each, refused when the file lacks it. ``fit_loads_from``: a connector
     trace whose loads give the async bandwidth and the loader's time a load (:func:`fit_loads`, its tier of
-    ``fit_instances``, else ``instances``); ``async_instance_gbps`` and ``async_load_s`` given win over that fit.
+    ``fit_instances``, else ``instances``); ``async_instance_gbps`` and ``async_load_s`` given win over that fit;
+    ``fit_load_spread``: each async load's GET time drawn from that trace's loads (over their median) too.
     """
     notes: list[str] = []
     t0: tuple[float, ...] = ()
@@ -318,10 +325,18 @@ def build(*, fit_from: str | None = None, get_times_from: str | None = None, rea
         notes.append(fit.note + ("" if given_gbps is None and given_load_s is None else " (values given win)"))
         async_instance_gbps = fit.instance_gbps if given_gbps is None else given_gbps
         async_load_s = fit.load_s if given_load_s is None else given_load_s
+        if fit_load_spread:
+            spread = fit.spread
+            q = np.percentile(spread, [90, 99])
+            notes.append(f"async loads' GET times drawn from the {len(spread)} loads of {fit_loads_from} (p90 {q[0]:.2f}×, "
+                         f"p99 {q[1]:.2f}×, the slowest {spread[-1]:.2f}× the median's; --fit-load-spread)")
+    elif fit_load_spread:
+        raise InvalidInput("--fit-load-spread draws from --fit-loads' trace: give --fit-loads TRACE")
     if given_gbps is not None:
         notes.append(f"async per-instance bandwidth {given_gbps:g} GB/s")
     if async_overhead_s:
         notes.append(f"async overhead {async_overhead_s:g} s per request")
     if given_load_s:
         notes.append(f"async loads hold the loader {given_load_s * 1e3:g} ms each besides their GETs")
-    return Variability(t0, sigma, gain, async_instance_gbps, async_overhead_s, async_load_s or 0.0, tuple(notes), fit_range)
+    return Variability(t0, sigma, gain, async_instance_gbps, async_overhead_s, async_load_s or 0.0, tuple(notes), fit_range,
+                       spread if fit_loads_from and fit_load_spread else ())

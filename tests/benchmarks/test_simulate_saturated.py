@@ -53,3 +53,28 @@ def test_the_steps_cost_brings_the_decision_run_closer_but_not_within_a_quarter(
     assert any("--fit-steps" in n and "22.9 ms" in n and "30.1 ms more above 512 tokens" in n for n in steps["notes"]), steps["notes"]
     m, steps = rows[off.name]["measured"], rows[off.name]["fit_steps"]
     assert all(abs(steps[k] / m[k] - 1) < 0.05 for k in simulate_saturated.KEYS)
+
+
+def test_vllms_scheduler_with_the_loads_own_spread_brings_the_decision_run_within_a_quarter(tmp_path):
+    """``--line`` (2026-12-07): the same fits with ``--scheduler vllm`` (the decision and the load at the head of the
+    line), each load's GET time drawn from the trace's own loads (``--fit-load-spread``) and 0.06 s a request outside
+    the engine (``--async-overhead``, the unshaped run's p50 over the model's). The decision run's p50 / p90 / p99
+    come within issue 46's 25 % at seeds 0, 1 and 2 (0.76 at worst); the run that loaded every hit within 3 %. The
+    unshaped run's tail is still not the model's (its p90 and p99 at about half), and the model gives up 14-27 loads
+    at their deadline where the run gave up 7 (benchmarks/README.md)."""
+    on, off, fast = (RESULTS / f"paper_gpu-h100-2026-12-06h-{x}" for x in ("sat-800-on", "sat-800-off", "sat-0-on"))
+    out = tmp_path / "out.json"
+    assert simulate_saturated.main([str(on), str(off), str(fast), "--prefill-rate", "91000", "--line", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    kept = json.loads((RESULTS / "simulate_saturated-h100-2026-12-06h-line.json").read_text())
+    for name, row in rows.items():
+        for seed, p in row["vllm_line"].items():
+            for k in simulate_saturated.KEYS:  # the figures benchmarks/README.md quotes
+                assert abs(p[k] - kept[name]["vllm_line"][seed][k]) < 1e-9, (name, seed, k)
+    for name, lo, hi in ((on.name, 0.75, 1.25), (off.name, 0.97, 1.03)):
+        m = rows[name]["measured"]
+        for seed, p in rows[name]["vllm_line"].items():
+            assert all(lo < p[k] / m[k] < hi for k in simulate_saturated.KEYS), (name, seed, p, m)
+    m, p = rows[fast.name]["measured"], rows[fast.name]["vllm_line"]["0"]
+    assert abs(p["p50_s"] / m["p50_s"] - 1) < 0.1 and p["p99_s"] / m["p99_s"] < 0.5
+    assert all(14 <= p["timeouts"] <= 27 for p in rows[on.name]["vllm_line"].values())

@@ -74,17 +74,28 @@ def test_sigterm_stops_clients_deletes_keys_and_reports_partial_run(valkey_serve
     assert not alive, alive
 
 
+def serving(proc: psutil.Process) -> tuple[psutil.Process, int] | None:
+    """(the process, its port) where ``proc`` is a serving valkey-server (its title ``valkey-server *:PORT``), None for
+    kvctl's ``valkey-server --version`` probe of the binary, which is gone in milliseconds (its cmdline read after it
+    exited failed the test once: psutil.NoSuchProcess, 2026-12-07)."""
+    try:
+        title = proc.cmdline()
+    except psutil.Error:
+        return None
+    port = title[0].rsplit(":", 1)[-1] if title and ":" in title[0] else ""
+    return (proc, int(port)) if port.isdigit() else None
+
+
 def test_ctrl_c_stops_embedded_servers_and_removes_their_dir(tmp_path):
     saved = tmp_path / "bench.json"
     bench = start_bench(["--embedded", "1", "--embedded-maxmemory", "64mb", *SMALL, "--duration", "30", "--timeout", "1", "--save", str(saved)], tmp_path)
     deadline = time.monotonic() + 30
-    servers: list[psutil.Process] = []
+    servers: list[tuple[psutil.Process, int]] = []
     while not servers:
         assert bench.poll() is None and time.monotonic() < deadline, bench.communicate()
-        servers = [k for k in psutil.Process(bench.pid).children() if "valkey-server" in name_of(k)]
+        servers = [s for k in psutil.Process(bench.pid).children() if "valkey-server" in name_of(k) and (s := serving(k))]
         time.sleep(0.1)
-    server = servers[0]
-    port = int(server.cmdline()[0].rsplit(":", 1)[1])
+    server, port = servers[0]
     workdir = Path(server.cwd())  # valkey-server runs in its `dir`, inside the bench's temp dir
     wait_for_gets(bench, port)
     os.killpg(bench.pid, signal.SIGINT)  # Ctrl-C: the bench, its forkserver and its clients all get SIGINT

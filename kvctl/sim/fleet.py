@@ -401,6 +401,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
     # g(k) for every k up to the most loads the tier can hold at once (sync: one per engine)
     gtab = _gain_table(var.readers_gain, engines if not async_ else max(engines, max(var.readers_gain) + 1)) if var.readers_gain else None
     timed_out = np.zeros(n, dtype=bool)
+    notes = var.notes
     if cfg.scheduler == "vllm":  # vLLM's scheduler: each hit decided and loaded at the head of the line (kvctl.sim.vllm_line)
         if engines != 1:
             raise InvalidInput(f"--scheduler vllm models one engine, got --engines {engines}")
@@ -409,6 +410,9 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
         transfer, offered_hold, decisions = line.loaded * per_token, compute, line.decisions if cfg.policy == "on" else None
         latency = finish - arrival + var.async_overhead_s
         wait, k, solver = np.maximum(0.0, finish - arrival - compute), None, "vLLM's scheduler, step by step"
+        if var.t0_samples_s:  # the line's T0 is the connector's, a load's fixed seconds
+            notes = (*notes, f"--scheduler vllm: T0 is each load's fixed seconds on the tier, {cfg.t0_s:g} s (--t0); "
+                             "--fit-from's T0 distribution is not used (--async-overhead gives what a request spends outside the engine)")
     elif not async_:
         budget = (np.where(hit, held_t0, 0.0), todo, cfg.prefill_rate, cfg.max_batched_tokens, cfg.step_cost)
         start, finish, wait_tier, k, solver = _sync(arrival, eng, hit, transfer, tail + held_t0, prefill, gtab, engines, cfg.max_batch, budget)
@@ -470,7 +474,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
         requests=n, hits=int(hit.sum()), timeouts=int(timed_out.sum()), mean_wait_s=float(wait.mean()),
         arrival_rate_per_s=rate, bandwidth_gbps=bw, tier_rho=tier_rho, loading=cfg.loading, instances=cfg.instances,
         engines=engines, gpu_utilization_pct=float(np.mean([p.gpu_utilization_pct for p in per])), per_engine=tuple(per),
-        extrapolated=tuple(extrapolated), notes=var.notes, solver=solver,
+        extrapolated=tuple(extrapolated), notes=notes, solver=solver,
         by_class=latency_by_class(latency[hit], latency[~hit], pct=np_percentile), decisions=decisions,
     )
 

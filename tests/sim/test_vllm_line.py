@@ -101,3 +101,17 @@ def test_the_scheduler_is_a_simulate_option_only():
         from kvctl.sim.simulate import SimConfig, check_config
         check_config(SimConfig(31104, 91000, loading="async", scheduler="vllm", sched_lag=2), 3.0)
     assert "--scheduler" not in CliRunner().invoke(cli, ["plan", "--help"]).output
+
+
+def test_a_fitted_t0_distribution_is_said_unused_by_vllms_scheduler():
+    """--fit-from's T0 samples are hits' whole fixed latency; the line's T0 is a load's fixed seconds on the tier."""
+    from kvctl.sim.fleet import simulate_fleet
+    from kvctl.sim.simulate import SimConfig
+    from kvctl.sim.variability import Variability
+    from kvctl.sim.workload import Workload
+
+    w = Workload(np.array([0.0, 1.0, 2.0]), np.array([1024.0] * 3), 1.0, "three")
+    cfg = SimConfig(1000.0, 1000.0, 0.01, loading="async", scheduler="vllm", max_batched_tokens=1000)
+    res = simulate_fleet(w, cfg, 0.00256, var=Variability(t0_samples_s=(0.2, 0.3)))
+    assert any("--fit-from's T0 distribution is not used" in n for n in res.notes), res.notes
+    assert res.p50_s == pytest.approx(0.31 + 0.256)  # each alone: its load, then its 256-token rest

@@ -33,7 +33,7 @@ The model (one engine, one FIFO tier, time in seconds):
 from __future__ import annotations
 
 import heapq
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -150,7 +150,7 @@ def run_line(arrival: np.ndarray, tokens: np.ndarray, hit_tokens: np.ndarray, cf
     tier = _Tier(cfg)
     counts: Counter[str] = Counter()
     compute = np.zeros(n)
-    waiting: list[_Req] = []
+    waiting: deque[_Req] = deque()
     loading: list[tuple[float, int]] = []  # (ready time, request index) heap
     running: list[_Req] = []  # prefill in progress and received hits, in order
     nxt, now, seen, busy = 0, 0.0, 0.0, 0.0  # seen: what the scheduler knows of by now (lag 1: up to the last step's start)
@@ -174,7 +174,7 @@ def run_line(arrival: np.ndarray, tokens: np.ndarray, hit_tokens: np.ndarray, cf
             sched.append((q, take))
             budget -= take
         while waiting and budget > 0:
-            q = waiting.pop(0)
+            q = waiting.popleft()
             tier.arrivals.arrived(str(q.i), q.arrival)
             k = 0
             if q.hit:

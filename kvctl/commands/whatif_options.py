@@ -232,7 +232,8 @@ OPTIONS: tuple[Opt, ...] = (
     opt("--scheduler", commands=S, type=click.Choice(["fifo", "vllm"]), default="fifo", show_default=True,
         help="The engine: fifo, a queue where an async prefetch starts on arrival; vllm, vLLM's scheduler (async loading, "
         "one engine): a hit is decided and its load starts only when the scheduler reaches it in its waiting line, and "
-        "its rest runs in a step after the load (a load that outlasts its recompute time is given up there)."),
+        "its rest runs in a step after the load (a load that outlasts its recompute time is given up there; "
+        "--async-timeout does not apply)."),
     opt("--sched-lag", commands=S, type=click.IntRange(0, 1), default=1, show_default=True,
         help="--scheduler vllm: 1 is vLLM's async scheduling (its CUDA default: a step is planned while the one before "
         "it runs, so an arrival or a finished load is seen a step later); 0 without it."),

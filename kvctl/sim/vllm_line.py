@@ -18,7 +18,9 @@ The model (one engine, one FIFO tier, time in seconds):
   computes its last token ends.
 * at the head of the line a hit is decided by the connector's own :func:`kvctl.connector.policy.decide`, with the
   figures the connector has: R, T0, the tier's bandwidth, the received hit's step, the loads planned and not
-  received, and the prefill left of requests already scheduled. Rule ``credit`` (the connector since 2026-12-06)
+  received, and the prefill left of requests already scheduled. With ``measured`` (simulate's) the bandwidth is the
+  connector's running estimate, moved by each load received to what that load got
+  (:func:`kvctl.connector.policy.ewma`); without, the tier's own, exact (``head_of_line.py``). Rule ``credit`` (the connector since 2026-12-06)
   adds the line's credit (:class:`~kvctl.connector.policy.Line`) and counts the planned loads less what the tier
   served of them (:func:`~kvctl.connector.tier_queue.tier_backlog`). Rule ``whole`` counts each planned load whole
   until vLLM reports it, and ``head`` decides without the credit. Rule ``off`` loads every hit.
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvctl.connector.policy import LOAD, NO_LINE, OFF, Estimates, HitShape, Line, TierQueue, decide
+from kvctl.connector.policy import LOAD, NO_LINE, OFF, Estimates, HitShape, Line, TierQueue, decide, ewma
 from kvctl.connector.tier_queue import plan_ends, tier_backlog
 from kvctl.plugins.vllm_policy import ArrivalRate
 from kvctl.sim.steps import StepCost
@@ -61,6 +63,9 @@ class LineConfig:
     sched_lag: int = 0
     est_prefill_rate: float | None = None  # the R the decision believes (None: the engine's own)
     load_fixed_s: float | None = None  # what a load holds the tier besides its bytes (None: t0_s)
+    #: the decision's bandwidth as the connector measures it: starting at ``tier_bps``, each load received moves it
+    #: (:func:`kvctl.connector.policy.ewma`) to what that load got; False: ``tier_bps``, exact
+    measured: bool = False
 
 
 @dataclass
@@ -99,6 +104,15 @@ class _Tier:
         self.predicted_free: list[float] = [float("-inf")]  # the connector's plan_ends state
         self.loaded_bytes = 0.0
         self.arrivals = ArrivalRate()
+        self.bps = cfg.tier_bps  # the decision's bandwidth (measured: the connector's running estimate)
+        self.got: dict[int, float] = {}  # request -> the bandwidth its load got (bytes / its transfer seconds)
+
+    def received(self, q: _Req) -> None:
+        """vLLM reported ``q``'s load received: off the planned list, and (measured) into the estimate."""
+        self.planned.pop(q.i, None)
+        got = self.got.pop(q.i, None)
+        if self.cfg.measured and got:
+            self.bps = ewma(self.bps, got)
 
     def decide(self, q: _Req, now: float, left_ahead: int, others: bool) -> tuple[int, float | None, str]:
         """Chunks of ``q``'s hit to load, the load's budget and ``decision/reason``; ``others``: other requests
@@ -108,13 +122,13 @@ class _Tier:
         if c.rule == "off":
             return k_all, None, f"{LOAD}/{OFF}"
         shape = HitShape(0, k_all, 0, c.chunk_tokens, int(c.chunk_tokens * c.bytes_per_token), 1, prompt=q.tokens)
-        est = Estimates(c.est_prefill_rate or c.prefill_rate, c.t0_s, (c.tier_bps,), graph_tokens=c.cost.graph_tokens,
+        est = Estimates(c.est_prefill_rate or c.prefill_rate, c.t0_s, (self.bps,), graph_tokens=c.cost.graph_tokens,
                         graph_jump_s=c.cost.graph_jump_s, hit_step_s=c.cost.step_s, step_s=c.cost.step_s,
                         step_budget=c.budget)
         if c.rule == "whole":
             queue = TierQueue((sum(b for _, b in self.planned.values()),), len(self.planned))
         else:
-            queue = tier_backlog([(e, (b,)) for e, b in self.planned.values()], now, (c.tier_bps,))
+            queue = tier_backlog([(e, (b,)) for e, b in self.planned.values()], now, (self.bps,))
         line = Line(now - q.arrival, self.arrivals.rate()) if c.rule in ("credit", "whole") and others else NO_LINE
         d = decide(shape, est, queue, float(left_ahead), line)
         return d.tokens // c.chunk_tokens, d.budget_s, f"{d.decision}/{d.reason}"
@@ -132,7 +146,9 @@ class _Tier:
             q.given_up = True
         self.free = max(self.free, start + fixed + k * per)
         nbytes = int(k * c.chunk_tokens * c.bytes_per_token)
-        self.planned[q.i] = (plan_ends(self.predicted_free, now, c.t0_s, (nbytes,), (c.tier_bps,)), nbytes)
+        self.planned[q.i] = (plan_ends(self.predicted_free, now, c.t0_s, (nbytes,), (self.bps,)), nbytes)
+        if k:
+            self.got[q.i] = c.tier_bps / mult
         self.loaded_bytes += nbytes
         q.loaded = k * c.chunk_tokens
         return end
@@ -162,7 +178,7 @@ def run_line(arrival: np.ndarray, tokens: np.ndarray, hit_tokens: np.ndarray, cf
             nxt += 1
         while loading and loading[0][0] <= seen:
             q = reqs[heapq.heappop(loading)[1]]
-            tier.planned.pop(q.i, None)
+            tier.received(q)
             q.left = q.tokens - q.loaded
             running.append(q)
         budget = cfg.budget
@@ -214,9 +230,10 @@ def run_line(arrival: np.ndarray, tokens: np.ndarray, hit_tokens: np.ndarray, cf
 def line_config(cfg, bandwidth_gbps: float, load_fixed_s: float | None) -> LineConfig:  # noqa: ANN001 - a SimConfig
     """The engine of ``simulate --scheduler vllm`` from its :class:`~kvctl.sim.simulate.SimConfig`: the decision on
     (rule ``credit``, the connector's) or off, the tier at ``bandwidth_gbps`` (GB/s, what one load gets), a load's
-    fixed seconds on it ``load_fixed_s`` (``--async-load-s``/``--fit-loads``; None: T0)."""
+    fixed seconds on it ``load_fixed_s`` (``--async-load-s``/``--fit-loads``; None: T0), and the decision's bandwidth
+    measured as the connector measures it (``measured``: a slow load lowers it for the decisions after it)."""
     from kvctl.core.thresholds import CHUNK_TOKENS  # noqa: PLC0415
 
     return LineConfig(cfg.prefill_rate, bandwidth_gbps * 1e9, cfg.t0_s, int(cfg.max_batched_tokens), CHUNK_TOKENS,
                       cfg.bytes_per_token, "credit" if cfg.policy == "on" else "off", cfg.step_cost, cfg.sched_lag,
-                      load_fixed_s=load_fixed_s)
+                      load_fixed_s=load_fixed_s, measured=True)

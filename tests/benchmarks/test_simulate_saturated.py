@@ -55,26 +55,27 @@ def test_the_steps_cost_brings_the_decision_run_closer_but_not_within_a_quarter(
     assert all(abs(steps[k] / m[k] - 1) < 0.05 for k in simulate_saturated.KEYS)
 
 
-def test_vllms_scheduler_with_the_loads_own_spread_brings_the_decision_run_within_a_quarter(tmp_path):
+def test_vllms_scheduler_with_the_loads_own_spread_brings_the_decision_runs_median_seed_within_a_quarter(tmp_path):
     """``--line`` (2026-12-07): the same fits with ``--scheduler vllm`` (the decision and the load at the head of the
-    line), each load's GET time drawn from the trace's own loads (``--fit-load-spread``) and 0.06 s a request outside
-    the engine (``--async-overhead``, the unshaped run's p50 over the model's). The decision run's p50 / p90 / p99
-    come within issue 46's 25 % at seeds 0, 1 and 2 (0.76 at worst); the run that loaded every hit within 3 %. The
-    unshaped run's tail is still not the model's (its p90 and p99 at about half), and the model gives up 14-27 loads
-    at their deadline where the run gave up 7 (benchmarks/README.md)."""
+    line, the decision's bandwidth measured as the connector measures it), each load's GET time drawn from the trace's
+    own loads (``--fit-load-spread``) and 0.06 s a request outside the engine (``--async-overhead``, the unshaped run's
+    p50 over the model's). Over 20 seeds the decision run's median p50 / p90 / p99 come within issue 46's 25 %
+    (0.95 / 0.79 / 0.76), all three at 55 % of the seeds; the run that loaded every hit within 3 % at every seed. The
+    unshaped run's tail is still not the model's (p90 and p99 about half), and the model gives up a median 9 loads at
+    their deadline where the run gave up 7 (benchmarks/README.md). Two seeds are run again here against the kept file."""
     on, off, fast = (RESULTS / f"paper_gpu-h100-2026-12-06h-{x}" for x in ("sat-800-on", "sat-800-off", "sat-0-on"))
     out = tmp_path / "out.json"
-    assert simulate_saturated.main([str(on), str(off), str(fast), "--prefill-rate", "91000", "--line", "--json", str(out)]) == 0
+    assert simulate_saturated.main([str(on), str(off), str(fast), "--prefill-rate", "91000", "--line", "--seeds", "0,7",
+                                    "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     kept = json.loads((RESULTS / "simulate_saturated-h100-2026-12-06h-line.json").read_text())
     for name, row in rows.items():
         for seed, p in row["vllm_line"].items():
-            for k in simulate_saturated.KEYS:  # the figures benchmarks/README.md quotes
+            for k in simulate_saturated.KEYS:  # each seed as the kept file has it
                 assert abs(p[k] - kept[name]["vllm_line"][seed][k]) < 1e-9, (name, seed, k)
-    for name, lo, hi in ((on.name, 0.75, 1.25), (off.name, 0.97, 1.03)):
-        m = rows[name]["measured"]
-        for seed, p in rows[name]["vllm_line"].items():
-            assert all(lo < p[k] / m[k] < hi for k in simulate_saturated.KEYS), (name, seed, p, m)
-    m, p = rows[fast.name]["measured"], rows[fast.name]["vllm_line"]["0"]
-    assert abs(p["p50_s"] / m["p50_s"] - 1) < 0.1 and p["p99_s"] / m["p99_s"] < 0.5
-    assert all(14 <= p["timeouts"] <= 27 for p in rows[on.name]["vllm_line"].values())
+        sm = kept[name]["vllm_line_summary"]  # the summary benchmarks/README.md quotes, from the kept seeds
+        assert sm == simulate_saturated.line_summary(kept[name]["vllm_line"], kept[name]["measured"]) and sm["seeds"] == 20
+    on_sm, off_sm, fast_sm = (kept[x.name]["vllm_line_summary"] for x in (on, off, fast))
+    assert all(0.75 < v < 1.25 for v in on_sm["median"]) and on_sm["within_25"] > 0.5 and 5 <= on_sm["timeouts_median"] <= 12
+    assert all(0.97 < v < 1.03 for v in off_sm["p10"] + off_sm["p90"]) and off_sm["within_25"] == 1.0
+    assert abs(fast_sm["median"][0] - 1) < 0.1 and max(fast_sm["median"][1:]) < 0.6

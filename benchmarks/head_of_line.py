@@ -80,11 +80,11 @@ def run(rule: str, a, sent: list[float] | None = None) -> dict:
                      StepCost(a.step_s, a.graph_tokens, a.jump_s), a.sched_lag, a.est_prefill_rate)
     res = run_line(arrivals, np.full(n, a.prompt_tokens), np.full(n, a.hit_tokens), cfg)
     lat = res.done - arrivals
-    hit = min(a.hit_tokens, (a.prompt_tokens - 1) // a.chunk_tokens * a.chunk_tokens) // a.chunk_tokens * a.chunk_tokens
+    hit = float(res.hit.sum())  # the whole chunks before each prompt's last token
     span = float(res.done.max() - arrivals[0])
     return {"rule": rule, "p50_s": float(np.percentile(lat, 50)), "p90_s": float(np.percentile(lat, 90)),
             "p99_s": float(np.percentile(lat, 99)), "thirds_p50_s": [float(np.median(x)) for x in np.array_split(lat, 3)],
-            "loaded_share": float(res.loaded.sum()) / max(1, hit * n) if hit else 0.0,
+            "loaded_share": float(res.loaded.sum()) / hit if hit else 0.0,
             "tier_gbps_over_run": res.loaded_bytes / span / 1e9}
 
 

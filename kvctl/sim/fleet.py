@@ -405,7 +405,7 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
     if cfg.scheduler == "vllm":  # vLLM's scheduler: each hit decided and loaded at the head of the line (kvctl.sim.vllm_line)
         if engines != 1:
             raise InvalidInput(f"--scheduler vllm models one engine, got --engines {engines}")
-        line = run_line(arrival, tokens, hit_tokens, line_config(cfg, bw, load_s if var.async_load_s else None), mult)
+        line = run_line(arrival, tokens, hit_tokens, line_config(cfg, bw, var.async_load_s or None), mult)
         hit, timed_out, compute, finish = line.loaded > 0, line.given_up, line.compute_s, line.done
         transfer, offered_hold, decisions = line.loaded * per_token, compute, line.decisions if cfg.policy == "on" else None
         latency = finish - arrival + var.async_overhead_s

@@ -320,6 +320,7 @@ def build(*, fit_from: str | None = None, get_times_from: str | None = None, rea
         gain, note = readers_gain_from_bench(readers_from)
         notes.append(note)
     given_gbps, given_load_s = async_instance_gbps, async_load_s
+    spread: tuple[float, ...] = ()
     if fit_loads_from:
         fit = fit_loads(fit_loads_from, fit_instances or instances or 1)
         notes.append(fit.note + ("" if given_gbps is None and given_load_s is None else " (values given win)"))
@@ -339,4 +340,4 @@ def build(*, fit_from: str | None = None, get_times_from: str | None = None, rea
     if given_load_s:
         notes.append(f"async loads hold the loader {given_load_s * 1e3:g} ms each besides their GETs")
     return Variability(t0, sigma, gain, async_instance_gbps, async_overhead_s, async_load_s or 0.0, tuple(notes), fit_range,
-                       spread if fit_loads_from and fit_load_spread else ())
+                       spread)

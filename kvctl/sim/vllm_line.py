@@ -25,7 +25,7 @@ The model (one engine, one FIFO tier, time in seconds):
   served of them (:func:`~kvctl.connector.tier_queue.tier_backlog`). Rule ``whole`` counts each planned load whole
   until vLLM reports it, and ``head`` decides without the credit. Rule ``off`` loads every hit.
 * the tier is one FIFO. A load holds it for its fixed seconds plus its bytes / bandwidth, times the request's
-  spread (``mult``: the lognormal of ``--get-spread``/``--bench``; 1 without). The decision predicts the load
+  spread (``mult``: ``--fit-load-spread``'s draws, else the lognormal of ``--bench``; 1 without). The decision predicts the load
   without the spread. A load still going at its budget (the decision's ``budget_s``, the worker's deadline) keeps the
   chunks it got by then; the rest is recomputed, and the load counts as given up.
 * ``sched_lag`` 1 is vLLM's async scheduling, its default on CUDA. A step is planned while the one before it
@@ -42,6 +42,7 @@ import numpy as np
 
 from kvctl.connector.policy import LOAD, NO_LINE, OFF, Estimates, HitShape, Line, TierQueue, decide, ewma
 from kvctl.connector.tier_queue import plan_ends, tier_backlog
+from kvctl.core.thresholds import CHUNK_TOKENS
 from kvctl.plugins.vllm_policy import ArrivalRate
 from kvctl.sim.steps import StepCost
 
@@ -70,10 +71,12 @@ class LineConfig:
 
 @dataclass
 class LineResult:
-    """Per request: when its first token came (``done``, s), the tokens it loaded, whether its load was given up at
-    its budget; the GPU's busy seconds, the bytes the tier served, and the decisions (``{"decision/reason": n}``)."""
+    """Per request: when its first token came (``done``, s), the tokens the tier held of it (whole chunks before its
+    last token) and those it loaded, whether its load was given up at its budget; the GPU's busy seconds, the bytes the
+    tier served, and the decisions (``{"decision/reason": n}``)."""
 
     done: np.ndarray
+    hit: np.ndarray
     loaded: np.ndarray
     given_up: np.ndarray
     compute_s: np.ndarray  # each request's share of the steps it was computed in (by tokens)
@@ -223,7 +226,8 @@ def run_line(arrival: np.ndarray, tokens: np.ndarray, hit_tokens: np.ndarray, cf
         running = [q for q in running if q.done is None]
         if not cfg.sched_lag:
             seen = now
-    return LineResult(np.array([q.done for q in reqs], dtype=float), np.array([q.loaded for q in reqs], dtype=float),
+    return LineResult(np.array([q.done for q in reqs], dtype=float), np.array([q.hit for q in reqs], dtype=float),
+                      np.array([q.loaded for q in reqs], dtype=float),
                       np.array([q.given_up for q in reqs], dtype=bool), compute, busy, tier.loaded_bytes, dict(counts))
 
 
@@ -232,8 +236,6 @@ def line_config(cfg, bandwidth_gbps: float, load_fixed_s: float | None) -> LineC
     (rule ``credit``, the connector's) or off, the tier at ``bandwidth_gbps`` (GB/s, what one load gets), a load's
     fixed seconds on it ``load_fixed_s`` (``--async-load-s``/``--fit-loads``; None: T0), and the decision's bandwidth
     measured as the connector measures it (``measured``: a slow load lowers it for the decisions after it)."""
-    from kvctl.core.thresholds import CHUNK_TOKENS  # noqa: PLC0415
-
     return LineConfig(cfg.prefill_rate, bandwidth_gbps * 1e9, cfg.t0_s, int(cfg.max_batched_tokens), CHUNK_TOKENS,
                       cfg.bytes_per_token, "credit" if cfg.policy == "on" else "off", cfg.step_cost, cfg.sched_lag,
                       load_fixed_s=load_fixed_s, measured=True)

@@ -77,6 +77,8 @@ case "$what" in
     # against one compiled LMCache engine on a local tier; every step's output in OUT_DIR/lmcache-ops
     timeout "${BENCH_TIMEOUT_S:-560}" python3 benchmarks/lmcache_ops.py --out "$out/lmcache-ops" ${BENCH_ARGS:-} \
       2>&1 | tee "$out/lmcache-ops.txt"
+    # one archive: a device call brings back a bounded number of files (2026-12-07: 8 of 98 came back)
+    tar czf "$out/lmcache-ops.tar.gz" -C "$out" lmcache-ops && rm -rf "$out/lmcache-ops"
     ;;
   bench-glm5)
     timeout "${BENCH_TIMEOUT_S:-580}" python3 benchmarks/engine_gpu.py --json "$out/engine_gpu_glm5.json" \

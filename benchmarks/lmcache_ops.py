@@ -811,7 +811,9 @@ def key_report(d, so, rc) -> str:
     for r in d.get("runs") or []:
         src, top = str(r.get("l2_token_share_source") or ""), r.get("l2_token_share_max")
         how = (" (from LMCache's bytes)" if src.startswith("Δlmcache") else " (from kvctl's counter)" if src.startswith("Δkvctl")
-               else f" (≤ {fmt(top)}: the engine exports no L2 counter)" if top is not None else f" ({src[:50]})" if src else "")
+               # report's own reason: the H100 run of 2026-12-07 printed "the engine exports no L2 counter" for three
+               # runs whatever report had said (a failed scrape, no counters before the run, ...)
+               else f" (≤ {fmt(top)}: {src[:120] or 'no reason given'})" if top is not None else f" ({src[:120]})" if src else "")
         parts.append(f"{Path(str(r.get('name'))).stem}: hit rate {fmt(r.get('hit_rate'))}, L2 share {fmt(r.get('l2_token_share'))}"
                      f"{how}, cached share {fmt(r.get('cached_token_share'))}, p50 {fmt(r.get('p50_s'))} s")
     return "; ".join(parts)
@@ -945,11 +947,12 @@ def agreement(out: Path, rows: list[dict], s: float | None, all_l2: bool = True,
     rep_all = step_json(out, rows, "report-all") or step_json(out, rows, "report-1")
     for r in (rep_all or {}).get("runs") or []:
         l2, cached = r.get("l2_token_share"), r.get("cached_token_share")
-        if all_l2 and l2 is not None and cached:
+        if all_l2 and cached:  # a run with cached tokens and no L2 share disagrees (2026-12-07, an H100: three did)
             check(f"report {Path(str(r.get('name'))).stem}: L2 share against the cached share (every cached token "
                   f"is LMCache's L2 here; LMCache publishes every {LMCACHE_PUBLISH_S:g} s, and the replay reads its "
-                  f"counters once more after that)", "equal ± 5 %", f"{fmt(l2)} vs {fmt(cached)}",
-                  abs(l2 / cached - 1) <= 0.05)
+                  f"counters once more after that)", "equal ± 5 %",
+                  f"{fmt(l2)} vs {fmt(cached)}" if l2 is not None else f"no L2 share ({r.get('l2_token_share_source')})",
+                  l2 is not None and abs(l2 / cached - 1) <= 0.05)
     h = step_json(out, rows, "hits-from-tier")
     if h:
         dl = h.get("deltas") or {}

@@ -60,6 +60,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kvctl.connector import policy  # noqa: E402
 from kvctl.connector.policy import NO_LINE, Estimates, HitShape, Line, TierQueue, decide  # noqa: E402
 from kvctl.core.errors import InvalidInput  # noqa: E402
 from kvctl.records.connector_trace import read_events  # noqa: E402
@@ -114,6 +115,21 @@ def reprice(trace: Path, a) -> dict:
     return dict(sorted(counts.items()))
 
 
+def runs_of(rule: str, a, sent) -> list[dict]:
+    """:func:`run` of ``rule``; rule credit once per ``--credit-caps`` cap (the connector's cap set for that run and
+    put back), its row named ``credit@CAP``."""
+    if rule != "credit" or a.credit_caps is None:
+        return [run(rule, a, sent)]
+    rows, kept = [], policy.CREDIT_CAP
+    try:
+        for cap in a.credit_caps:
+            policy.CREDIT_CAP = cap
+            rows.append({**run(rule, a, sent), "rule": f"credit@{cap:g}", "credit_cap": cap})
+    finally:
+        policy.CREDIT_CAP = kept
+    return rows
+
+
 def read_arrivals(path: Path) -> list[float]:
     """The send times (s) of a replay's requests (``kvctl replay``'s run file, read by kvctl's own reader: bounded,
     every row checked; InvalidInput names the line), sorted, from the first."""
@@ -151,14 +167,18 @@ def main(argv=None) -> int:
                     "decide each of its decisions again with this tree's decision and the figures it was made with, "
                     "and print how many change (each decision's hit as traced, in prompts of --prompt-tokens)")
     ap.add_argument("--rules", default=",".join(RULES))
+    ap.add_argument("--credit-caps", type=lambda v: [float(x) for x in v.split(",") if x],
+                    help="rule credit once per cap (kvctl.connector.policy.CREDIT_CAP, the line's credit at most this x "
+                         "the recompute; the connector's is 1.5), e.g. 0.5,1,1.5: which cap suits a design")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     rules = [r for r in a.rules.split(",") if r]
     if not rules or any(r not in RULES for r in rules) or min(a.rate, a.prefill_rate, a.tier_gbps) <= 0 or a.requests < 3 \
-            or a.graph_tokens < 0 or a.jump_s < 0 or (a.est_prefill_rate is not None and a.est_prefill_rate <= 0):
+            or a.graph_tokens < 0 or a.jump_s < 0 or (a.est_prefill_rate is not None and a.est_prefill_rate <= 0) \
+            or (a.credit_caps is not None and (not a.credit_caps or min(a.credit_caps) < 0)):
         ap.error(f"--rules of {','.join(RULES)}; --rate, --prefill-rate, --est-prefill-rate, --tier-gbps positive; "
                  "--requests >= 3; "
-                 "--graph-tokens, --jump-s not negative")
+                 "--graph-tokens, --jump-s, --credit-caps not negative")
     if a.reprice is not None:
         try:
             counts = reprice(a.reprice, a)
@@ -179,14 +199,14 @@ def main(argv=None) -> int:
             ap.error(f"--arrivals: {exc}")
         a.requests = len(sent)
     out = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
-           "runs": [run(r, a, sent) for r in rules]}
+           "runs": [row for r in rules for row in runs_of(r, a, sent)]}
     src = f"arrivals of {a.arrivals}" if a.arrivals else f"rate {a.rate}/s"
     print(f"{src}, {a.requests} requests, tier {a.tier_gbps} GB/s a load, R {a.prefill_rate:g}, a {a.step_s} s, "
           f"T0 {a.t0} s, budget {a.budget}" + (f", graphs to {a.graph_tokens} tokens, jump {a.jump_s} s" if a.graph_tokens else ""))
-    print("rule     p50 s   p90 s   p99 s   p50 by third (s)        loaded  tier GB/s")
+    print("rule        p50 s   p90 s   p99 s   p50 by third (s)        loaded  tier GB/s")
     for r in out["runs"]:
         th = " / ".join(f"{x:.3f}" for x in r["thirds_p50_s"])
-        print(f"{r['rule']:<7} {r['p50_s']:7.3f} {r['p90_s']:7.3f} {r['p99_s']:7.3f}   {th:<24} {r['loaded_share']:6.2f}  "
+        print(f"{r['rule']:<10} {r['p50_s']:7.3f} {r['p90_s']:7.3f} {r['p99_s']:7.3f}   {th:<24} {r['loaded_share']:6.2f}  "
               f"{r['tier_gbps_over_run']:9.2f}")
     if a.json:
         a.json.write_text(json.dumps(out, indent=1) + "\n")

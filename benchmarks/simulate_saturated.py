@@ -24,12 +24,18 @@ and prints each prediction over the run's figure.
 
 R: the H100's 16k recompute (0.22 s for 16 384 tokens, the runs' own steps); T0: the connector's own time a hit
 besides its load, as the trace measured it (lookup and insert, 5 ms). Neither run's API server is modelled.
+
+``--calib DIR`` fits everything on a calibration run alone (issue 46's model target; ``paper_gpu.py``'s
+``PAPER_STEPS=calib`` with the runs' flags, DIR holding ``calib.jsonl`` and ``calib.connector-trace.jsonl``), in place
+of ``--prefill-rate``, ``--t0``, ``--api-s`` and ``--fit-run`` (:func:`calib_fits`).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -39,6 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import paper_gpu  # noqa: E402
 from benchmarks.paper_gpu_inputs import read_meta  # noqa: E402
+from kvctl.records.connector_trace import read_events  # noqa: E402
+from kvctl.records.runfile import read_run  # noqa: E402
+from kvctl.sim.steps import fit_steps  # noqa: E402
 
 KEYS = ("p50_s", "p90_s", "p99_s")
 
@@ -50,6 +59,47 @@ def kvctl(*args: str) -> dict:
         last = (r.stderr.strip().splitlines() or ["(nothing printed)"])[-1]
         raise SystemExit(f"kvctl {args[0]} exited {r.returncode}: {last}")
     return json.loads(r.stdout)
+
+
+def trace_of(run: Path) -> Path:
+    """The connector trace of a paper_gpu.py run directory: its R5 run's, else its calibration's."""
+    r5 = run / "R5.connector-trace.jsonl"
+    return r5 if r5.exists() else run / "calib.connector-trace.jsonl"
+
+
+def calib_fits(calib: Path) -> dict:
+    """What a calibration run alone gives the model (``--calib``):
+
+    * ``prefill_rate``: R of the connector's own fit of the run's traced steps (:func:`kvctl.sim.steps.fit_steps`);
+    * ``t0``: the connector's fixed time a hit, the median lookup plus the median of each load's time besides its GETs;
+    * ``api_s``: each loaded hit's client latency less the connector's window, its first lookup to the end of the
+      step that ran its rest (the API server, and any wait before vLLM looked it up), median over the hits. The run's
+      requests are matched to the connector's in order of sending (the calibration sends at rate / 5, one at a time).
+    """
+    trace = calib / "calib.connector-trace.jsonl"
+    events = read_events(str(trace), "calibration trace")[0]
+    loads = [e for e in events if e["ev"] == "load" and not e.get("given_up")]
+    lookups = [e["s"] for e in events if e["ev"] == "lookup"]
+    if not loads or not lookups:
+        raise SystemExit(f"--calib: {trace} has no load or no lookup: the calibration loaded no hit")
+    t0 = statistics.median(lookups) + statistics.median(e["total_s"] - e["get_s"] for e in loads)
+    first: dict = {}
+    for e in events:
+        if e["ev"] == "lookup":
+            first.setdefault(e["req"], e["t"])
+    done = {e["req"]: e["t"] for e in events if e["ev"] == "prefill_done"}
+    steps = sorted((e["t_start"], e["t_start"] + e["s"]) for e in events if e["ev"] == "step")
+    rows = sorted((r for r in read_run(calib / "calib.jsonl").rows if r["status"] == "ok" and r.get("sent_s") is not None),
+                  key=lambda r: r["sent_s"])
+    api = []
+    for row, req in zip(rows, sorted(first, key=first.get)[-len(rows):]):  # the run's, after warm-up and priming
+        i = bisect.bisect_left([s for s, _ in steps], done.get(req, float("inf")) - 0.002)
+        if (row.get("cached_tokens") or 0) > 0 and i < len(steps):
+            api.append(row["latency_s"] - (steps[i][1] - first[req]))
+    if not api:
+        raise SystemExit(f"--calib: {calib / 'calib.jsonl'} has no hit to time the API server with")
+    return {"trace": str(trace), "prefill_rate": fit_steps(str(trace)).prefill_rate, "t0": t0,
+            "api_s": statistics.median(api), "hits_timed": len(api)}
 
 
 def measured(run: Path) -> dict:
@@ -65,9 +115,9 @@ def simulated(run: Path, meta: dict, a: argparse.Namespace, fit: Path | None, st
             "--async-timeout", "86400", "--max-batched-tokens", str(meta["max_batched_tokens"]),
             "--policy", meta.get("load_policy") or "off"]
     if fit is not None:
-        args += ["--fit-loads", str(fit / "R5.connector-trace.jsonl")]
+        args += ["--fit-loads", str(trace_of(fit))]
     if steps is not None:  # what a step costs besides its tokens, fitted on the engine's traced steps (kvctl.sim.steps)
-        args += ["--fit-steps", str(steps / "R5.connector-trace.jsonl")]
+        args += ["--fit-steps", str(trace_of(steps))]
     if a.max_batch > 1:
         args += ["--max-batch", str(a.max_batch)]
     p = kvctl(*args, *extra)
@@ -111,9 +161,17 @@ def main(argv: list[str] | None = None) -> int:
                          "the unshaped run's p50 over the model's, 2026-12-07)")
     ap.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=list(range(20)),
                     help="--line's seeds (default 0-19: the model's draws of the spread move its tail)")
+    ap.add_argument("--calib", type=Path, help="a calibration run directory: R, T0, the API server's seconds and the loads' "
+                    "and steps' fits from it alone, in place of --prefill-rate, --t0, --api-s and --fit-run")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     out = {}
+    if a.calib:
+        fits = calib_fits(a.calib)
+        a.prefill_rate, a.t0, a.api_s, a.fit_run = fits["prefill_rate"], fits["t0"], fits["api_s"], a.calib
+        out["calib_fits"] = fits
+        print(f"calibration {a.calib.name}: R {a.prefill_rate:,.0f} tokens/s, T0 {a.t0 * 1e3:.1f} ms, "
+              f"API server {a.api_s * 1e3:.1f} ms ({fits['hits_timed']} hits), loads and steps from {Path(fits['trace']).name}")
     for run in a.runs:
         meta = read_meta(run)
         m = measured(run)

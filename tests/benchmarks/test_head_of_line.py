@@ -183,3 +183,34 @@ def test_reprice_of_a_fifo_or_a_file_without_events_is_one_line(tmp_path):
                            capture_output=True, text=True, timeout=60)
         last = r.stderr.strip().splitlines()[-1]
         assert r.returncode == 2 and "--reprice:" in last and says in last and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_32k_design_with_the_runs_own_arrivals_and_the_credit_caps(tmp_path):
+    """Issue 46's 32k design (2026-12-07, an H100: 60 prompts of 32k at 3.5/s behind four 800 MB/s links, a load
+    3.09 GB/s, R 70k and the steps of the decision run's own trace). Fed the run's send times, the model loading every
+    hit gives the run without the decision within 5 % (p50 1.288 s against 1.331, p99 2.786 s against 2.814); with the decision it is
+    below the run (p99 2.576 s measured: the model has no load spread and no API server). Over the caps of the line's
+    credit its best p99 stays above 1.6 s, twice issue 46's target for this design (2 x 0.378 s): the target is out of
+    the decision's reach here, whatever the cap; with no credit (cap 0) half the hits recompute and p99 is the worst.
+    On 300 Poisson arrivals the line without the decision grows through the run (the GPU run's 60 did not show it)."""
+    runs_dir = RESULTS / "paper_gpu-h100-2026-12-07-s32-on"
+    figures = ["--prompt-tokens", "32768", "--hit-tokens", "32256", "--prefill-rate", "70000", "--sched-lag", "1",
+               "--tier-gbps", "3.09", "--t0", "0.0075", "--graph-tokens", "512", "--jump-s", "0.026", "--step-s", "0.029",
+               "--rules", "off,credit", "--credit-caps", "0,0.5,0.75,1,1.5"]
+    r = runs(tmp_path, *figures, "--arrivals", str(runs_dir / "R5.jsonl"))
+    assert r["off"]["p50_s"] == pytest.approx(1.331, rel=0.05) and r["off"]["p99_s"] == pytest.approx(2.814, rel=0.03)
+    caps = {k: v for k, v in r.items() if k.startswith("credit@")}
+    assert sorted(v["credit_cap"] for v in caps.values()) == [0, 0.5, 0.75, 1, 1.5]
+    assert min(v["p99_s"] for v in caps.values()) > 1.6 > 2 * 0.378
+    assert max(caps, key=lambda k: caps[k]["p99_s"]) == "credit@0" and caps["credit@0"]["loaded_share"] < 0.55
+    assert caps["credit@1.5"]["p99_s"] < 2.576
+    poisson = runs(tmp_path, *figures, "--rate", "3.5", "--requests", "300", "--seed", "1")
+    first, _, last = poisson["off"]["thirds_p50_s"]
+    assert last > 5 * first and poisson["credit@1.5"]["p99_s"] < poisson["off"]["p99_s"] / 5
+    assert head_of_line.policy.CREDIT_CAP == 1.5  # put back
+
+
+def test_credit_caps_must_not_be_negative(capsys):
+    with pytest.raises(SystemExit) as e:
+        head_of_line.main(["--credit-caps", "1,-0.5"])
+    assert e.value.code == 2 and "--credit-caps not negative" in capsys.readouterr().err

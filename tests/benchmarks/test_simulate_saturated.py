@@ -79,3 +79,46 @@ def test_vllms_scheduler_with_the_loads_own_spread_brings_the_decision_runs_medi
     assert all(0.75 < v < 1.25 for v in on_sm["median"]) and on_sm["within_25"] > 0.5 and 5 <= on_sm["timeouts_median"] <= 12
     assert all(0.97 < v < 1.03 for v in off_sm["p10"] + off_sm["p90"]) and off_sm["within_25"] == 1.0
     assert abs(fast_sm["median"][0] - 1) < 0.1 and max(fast_sm["median"][1:]) < 0.6
+
+
+def test_a_calibration_run_alone_fits_the_32k_decision_runs_median_seed_but_overstates_the_run_without_it(tmp_path):
+    """``--calib`` (2026-12-07, an H100, 32k prompts at 3.5/s behind four 800 MB/s links): R, T0, the API server's
+    seconds and the loads' and steps' fits all from the calibration run (``PAPER_STEPS=calib`` with the runs' flags).
+    The decision run's median seed comes within issue 46's 25 % (1.06 / 0.80 / 0.81, all three at 75 % of seeds); the
+    run without the decision is overstated (1.32 / 1.25 / 1.22): two of the calibration's fourteen loads shared the
+    links with a miss's 1 GB save (1.48x and 1.75x the median GET time), and the model's tier serves no saves
+    (benchmarks/README.md). Two seeds are run again here against the kept file; the fits are recomputed from the
+    calibration's own files."""
+    import statistics
+
+    from kvctl.sim.variability import fit_loads
+
+    base = RESULTS / "paper_gpu-h100-2026-12-07-s32-"
+    on, off, calib = (Path(f"{base}{x}") for x in ("on", "off", "calib"))
+    fits = simulate_saturated.calib_fits(calib)
+    assert round(fits["prefill_rate"]) == 64979 and round(fits["t0"] * 1e3, 1) == 7.5
+    assert round(fits["api_s"] * 1e3, 1) == 37.7 and fits["hits_timed"] == 14
+    spread = fit_loads(fits["trace"], 4).spread
+    assert len(spread) == 14 and sum(x > 1.4 for x in spread) == 2 and abs(statistics.median(spread) - 1) < 1e-6
+    events = [json.loads(line) for line in Path(fits["trace"]).read_text().splitlines()]
+    saves = [(e["t"] - e["s"], e["t"]) for e in events if e["ev"] == "save" and e["chunks"] == 128]  # a miss's whole prompt
+    median_get = statistics.median(e["get_s"] for e in events if e["ev"] == "load")
+    for e in (e for e in events if e["ev"] == "load" and e["get_s"] > 1.4 * median_get):  # each slow load beside a save
+        assert any(a < e["t"] and b > e["t"] - e["total_s"] for a, b in saves)
+    out = tmp_path / "out.json"
+    assert simulate_saturated.main([str(on), str(off), "--calib", str(calib), "--line", "--seeds", "0,7",
+                                    "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    kept = json.loads((RESULTS / "simulate_saturated-h100-2026-12-07-s32-calib.json").read_text())
+    def numbers(f: dict) -> dict:  # the fits, not where the file was read from
+        return {k: v for k, v in f.items() if k != "trace"}
+    assert numbers(rows["calib_fits"]) == numbers(kept["calib_fits"]) == numbers(fits)
+    for name in (on.name, off.name):
+        for seed, p in rows[name]["vllm_line"].items():
+            for k in simulate_saturated.KEYS:
+                assert abs(p[k] - kept[name]["vllm_line"][seed][k]) < 1e-9, (name, seed, k)
+        sm = kept[name]["vllm_line_summary"]
+        assert sm == simulate_saturated.line_summary(kept[name]["vllm_line"], kept[name]["measured"]) and sm["seeds"] == 20
+    on_sm, off_sm = kept[on.name]["vllm_line_summary"], kept[off.name]["vllm_line_summary"]
+    assert all(0.75 <= round(v, 2) <= 1.25 for v in on_sm["median"]) and on_sm["within_25"] == 0.75
+    assert min(off_sm["median"]) > 1.2 and off_sm["within_25"] == 0.25

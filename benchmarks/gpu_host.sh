@@ -26,6 +26,8 @@
 #                                                  each: calib,R1,R2 then R3,R4,R5), work dir .gpu-work/paper (kept
 #                                                  while the host stays warm; PAPER_WORK=NAME for .gpu-work/NAME, a
 #                                                  run with other flags), its raw files copied to OUT_DIR/paper
+#   bash benchmarks/gpu_host.sh paper-set [OUT_DIR]  several paper runs in one call, an archive each
+#                                                  (benchmarks/gpu_paper_set.sh: PAPER_SET="NAME|STEPS|ARGS[|CAP_S];...")
 #
 # GLM-5 (bench-glm5, the sparse test jobs) needs CuTe DSL besides the bundle: benchmarks/gpu_extras.sh.
 # Everything it prints also goes to OUT_DIR (default $OUT, else /tmp/gpu-out): logs survive a killed call.
@@ -103,5 +105,8 @@ case "$what" in
     # the engines' logs (where a start's minutes went: compile, CUDA graphs, the KV cache's profile)
     (cd "$work" && tar czf "$out/paper/engine-logs.tar.gz" -- *-engine/*.log 2>/dev/null)
     ;;
-  *) echo "usage: $0 bench|bench-glm5|layered|lmcache|lmcache-ops|overhead|tests|paper [OUT_DIR]" >&2; exit 2 ;;
+  paper-set)
+    bash benchmarks/gpu_paper_set.sh "$out"
+    ;;
+  *) echo "usage: $0 bench|bench-glm5|layered|lmcache|lmcache-ops|overhead|tests|paper|paper-set [OUT_DIR]" >&2; exit 2 ;;
 esac

@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import paper_gpu  # noqa: E402
 from benchmarks.paper_gpu_inputs import read_meta  # noqa: E402
+from kvctl.core.errors import InvalidInput  # noqa: E402
 from kvctl.records.connector_trace import read_events  # noqa: E402
 from kvctl.records.runfile import read_run  # noqa: E402
 from kvctl.sim.steps import fit_steps  # noqa: E402
@@ -77,9 +78,14 @@ def calib_fits(calib: Path) -> dict:
       requests are matched to the connector's in order of sending (the calibration sends at rate / 5, one at a time).
     """
     trace = calib / "calib.connector-trace.jsonl"
-    events = read_events(str(trace), "calibration trace")[0]
-    loads = [e for e in events if e["ev"] == "load" and not e.get("given_up")]
-    lookups = [e["s"] for e in events if e["ev"] == "lookup"]
+    try:
+        events = read_events(str(trace), "calibration trace")[0]
+    except InvalidInput as exc:
+        raise SystemExit(f"--calib: {exc}") from None
+    def num(e: dict, k: str) -> bool:
+        return isinstance(e.get(k), (int, float)) and not isinstance(e.get(k), bool)
+    loads = [e for e in events if e["ev"] == "load" and not e.get("given_up") and num(e, "total_s") and num(e, "get_s")]
+    lookups = [e["s"] for e in events if e["ev"] == "lookup" and num(e, "s")]
     if not loads or not lookups:
         raise SystemExit(f"--calib: {trace} has no load or no lookup: the calibration loaded no hit")
     t0 = statistics.median(lookups) + statistics.median(e["total_s"] - e["get_s"] for e in loads)
@@ -88,17 +94,24 @@ def calib_fits(calib: Path) -> dict:
         if e["ev"] == "lookup":
             first.setdefault(e["req"], e["t"])
     done = {e["req"]: e["t"] for e in events if e["ev"] == "prefill_done"}
-    steps = sorted((e["t_start"], e["t_start"] + e["s"]) for e in events if e["ev"] == "step")
+    steps = sorted((e["t_start"], e["t_start"] + e["s"]) for e in events if e["ev"] == "step" and num(e, "t_start") and num(e, "s"))
+    starts = [s for s, _ in steps]
     rows = sorted((r for r in read_run(calib / "calib.jsonl").rows if r["status"] == "ok" and r.get("sent_s") is not None),
                   key=lambda r: r["sent_s"])
     api = []
     for row, req in zip(rows, sorted(first, key=first.get)[-len(rows):]):  # the run's, after warm-up and priming
-        i = bisect.bisect_left([s for s, _ in steps], done.get(req, float("inf")) - 0.002)
-        if (row.get("cached_tokens") or 0) > 0 and i < len(steps):
+        i = bisect.bisect_left(starts, done.get(req, float("inf")) - 0.002)
+        if (row.get("cached_tokens") or 0) > 0 and i < len(steps) and row.get("latency_s") is not None:
             api.append(row["latency_s"] - (steps[i][1] - first[req]))
     if not api:
         raise SystemExit(f"--calib: {calib / 'calib.jsonl'} has no hit to time the API server with")
-    return {"trace": str(trace), "prefill_rate": fit_steps(str(trace)).prefill_rate, "t0": t0,
+    try:
+        r = fit_steps(str(trace)).prefill_rate
+    except InvalidInput as exc:
+        raise SystemExit(f"--calib: {exc}") from None
+    if not r:
+        raise SystemExit(f"--calib: {trace}'s steps give no R (no prefill step timed)")
+    return {"trace": str(trace), "prefill_rate": r, "t0": t0,
             "api_s": statistics.median(api), "hits_timed": len(api)}
 
 
@@ -149,22 +162,28 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="paper_gpu.py run directories (one R5 run each)")
     ap.add_argument("--fit-run", type=Path, help="the run whose connector trace --fit-loads reads (default: each run itself)")
-    ap.add_argument("--prefill-rate", type=float, default=74000.0)
-    ap.add_argument("--t0", type=float, default=0.005)
+    ap.add_argument("--prefill-rate", type=float, help="R, tokens/s (default 74000)")
+    ap.add_argument("--t0", type=float, help="the connector's fixed seconds a hit (default 0.005)")
     ap.add_argument("--max-batch", type=int, default=1, help="simulate's --max-batch (vLLM batches: 16, say)")
     ap.add_argument("--steps", action="store_true",
                     help="a third row: --fit-loads and --fit-steps (each step's cost besides its tokens, from the same trace)")
     ap.add_argument("--line", action="store_true",
                     help="a row per seed: --steps' fits with --scheduler vllm, --fit-load-spread and --async-overhead --api-s")
-    ap.add_argument("--api-s", type=float, default=0.06,
+    ap.add_argument("--api-s", type=float,
                     help="--line: seconds of latency each request spends outside the engine's steps (the API server; "
-                         "the unshaped run's p50 over the model's, 2026-12-07)")
+                         "the unshaped run's p50 over the model's, 2026-12-07; default 0.06)")
     ap.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=list(range(20)),
                     help="--line's seeds (default 0-19: the model's draws of the spread move its tail)")
     ap.add_argument("--calib", type=Path, help="a calibration run directory: R, T0, the API server's seconds and the loads' "
                     "and steps' fits from it alone, in place of --prefill-rate, --t0, --api-s and --fit-run")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
+    given = [f"--{k.replace('_', '-')}" for k in ("prefill_rate", "t0", "api_s", "fit_run") if getattr(a, k) is not None]
+    if a.calib and given:
+        ap.error(f"--calib fits {', '.join(given)} on the calibration run: give one or the other")
+    for k, v in (("prefill_rate", 74000.0), ("t0", 0.005), ("api_s", 0.06)):
+        if getattr(a, k) is None:
+            setattr(a, k, v)
     out = {}
     if a.calib:
         fits = calib_fits(a.calib)

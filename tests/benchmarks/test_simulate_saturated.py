@@ -122,3 +122,11 @@ def test_a_calibration_run_alone_fits_the_32k_decision_runs_median_seed_but_over
     on_sm, off_sm = kept[on.name]["vllm_line_summary"], kept[off.name]["vllm_line_summary"]
     assert all(0.75 <= round(v, 2) <= 1.25 for v in on_sm["median"]) and on_sm["within_25"] == 0.75
     assert min(off_sm["median"]) > 1.2 and off_sm["within_25"] == 0.25
+
+
+def test_calib_and_the_figures_it_fits_are_one_or_the_other(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        simulate_saturated.main([str(ON), "--calib", str(RESULTS / "paper_gpu-h100-2026-12-07-s32-calib"), "--t0", "0.005"])
+    assert e.value.code == 2 and "--calib fits --t0 on the calibration run" in capsys.readouterr().err

@@ -18,7 +18,8 @@ times things):
   find ρ ≥ 1 and exit 4, R4 ρ < 0.7 and exit 0; the B it used is reported); during R2 ``kvctl exporter``
   beside the engine, its ``kvctl_rho`` scraped every few seconds; ``--analyse`` feeds those samples to
   ``promtool test rules`` with ``configs/prometheus/kvctl-alerts.yaml`` (KvctlRhoUnstable must fire).
-* **calibration**: a low-rate run of the same shape (sync, on ``--calib-instances``), the only input of the fit.
+* **calibration**: a low-rate run of the same shape (sync, or ``--calib-loading async``, on ``--calib-instances``), the
+  only input of the fit.
 * **analysis** (``--analyse``, also on a machine without the engine): ``kvctl report`` over R1-R5 (the
   host's Table 2: percentiles, p50 by third, L2 share); ``kvctl simulate --fit-from calibration`` predicts
   p50/p90/p99 and hit share of R2-R5 (target: each within 25 %); ``kvctl plan`` for E = 1 and E = 4
@@ -134,6 +135,10 @@ def parse_args(argv=None):
     ap.add_argument("--calib-instances", type=int, default=None,
                     help="instances of the calibration run (default: --instances; cpu 1). On one shaped instance a 16k hit "
                          "takes ~0.9 s, so even at rate / 5 the calibration's hits queue and its fitted T0 carries the wait")
+    ap.add_argument("--calib-loading", choices=("sync", "async"), default="sync",
+                    help="the calibration's loading mode (default sync). async: its hits load beside its misses' steps, as "
+                         "the async runs' do (2026-12-07, an H100: a third of the loads beside a 16k step took 1.15-1.9x "
+                         "the median GET time, none of the others)")
     ap.add_argument("--link-mbps", type=float, default=None,
                     help="put each instance behind benchmarks/linkshaper.py at this MB/s (0: none; default 600; cpu 2)")
     ap.add_argument("--slo-p99", type=float, default=None, help="plan's SLO (default: 2 x R1's measured p99)")
@@ -360,6 +365,11 @@ def step_k(a, name: str) -> int:
     return a.calib_instances if name == "calib" else a.instances if k is None else k
 
 
+def step_loading(a, name: str) -> str | None:
+    """The loading mode of a step (None: no tier); the calibration's is ``--calib-loading``."""
+    return a.calib_loading if name == "calib" else SPECS[name][1]
+
+
 def config_for(lab: Lab, name: str, k: int, loading: str | None, flip_from: str | None) -> Path:
     """The run's engine config; a flipped run's is ``flip_from``'s sync config, written for the tier this process
     holds (a copy of ``flip_from``'s file would name the ports of an earlier process's tier when the runs are split
@@ -375,7 +385,8 @@ def config_for(lab: Lab, name: str, k: int, loading: str | None, flip_from: str 
 
 def run_step(lab: Lab, name: str) -> dict:
     a, work = lab.a, lab.work
-    _, loading, flip_from = SPECS[name]
+    _, _, flip_from = SPECS[name]
+    loading = step_loading(a, name)
     k = step_k(a, name)
     trace_name = "calib" if name == "calib" else "main"
     if k:
@@ -587,6 +598,7 @@ def analyse(a) -> dict:
         if isinstance(share, (int, float)) and isinstance(dur, (int, float)) and dur > 0 and m.get("requests"):
             out["report"][r]["l2_gbps"] = share * m["requests"] * meta["prompt_tokens"] * s / dur / 1e9
     calib_k = meta.get("calib_instances") or 1  # runs before --calib-instances calibrated on one
+    calib_loading = meta.get("calib_loading") or "sync"  # runs before --calib-loading calibrated sync
     if calib.exists() or calib.is_symlink():
         out["prefill_rate"] = R
         preds, classes = {}, {}
@@ -604,7 +616,7 @@ def analyse(a) -> dict:
                 continue
             res = kvctl("simulate", "--trace", str(work / "main.planned.jsonl"), "--hits-from-trace", "--block-tokens", str(bt),
                         "--bytes-per-token", str(s), "--prefill-rate", f"{R:.1f}", "--instances", str(k), "--bench", str(bench),
-                        "--fit-from", str(calib), "--fit-instances", str(calib_k), "--fit-loading", SPECS["calib"][1], "--loading", loading,
+                        "--fit-from", str(calib), "--fit-instances", str(calib_k), "--fit-loading", calib_loading, "--loading", loading,
                         "--t0-engine-share", "fit", "--max-batched-tokens", str(meta["max_batched_tokens"]),
                         # the runs' load-or-recompute decision (runs from before it was recorded had none)
                         "--policy", meta.get("load_policy") or "off", *NO_ASYNC_TIMEOUT, *fit_loads, "--json",
@@ -632,7 +644,7 @@ def analyse(a) -> dict:
             for e in (1, 4):
                 res = kvctl("plan", "--arrival-rate", str(tr["rate"]), "--prompt-tokens", str(meta["prompt_tokens"]),
                             "--hit-fraction", f"{tr['primed'] / tr['requests']:.3f}", "--bytes-per-token", str(s),
-                            "--prefill-rate", f"{R:.1f}", "--fit-from", str(calib), "--fit-instances", str(calib_k), "--fit-loading", SPECS["calib"][1],
+                            "--prefill-rate", f"{R:.1f}", "--fit-from", str(calib), "--fit-instances", str(calib_k), "--fit-loading", calib_loading,
                             "--bench", str(work / "bench-k1.json"),
                             "--slo-p99", str(slo), "--engines", str(e), "--max-instances", "16", *NO_ASYNC_TIMEOUT, "--json",
                             check=False, log=work / f"plan-e{e}.txt")
@@ -844,7 +856,8 @@ def write_meta(a, lab: Lab) -> dict:
             "device": a.device, "model": "tiny-mla" if a.device == "cpu" else Path(a.shape).name,
             "backend": "CPU_MLA" if a.device == "cpu" else a.backend, "server_args": lab.server_args(),
             "bytes_per_token": lab_bytes_per_token(lab), "prompt_tokens": a.prompt_tokens, "block_tokens": a.block_tokens,
-            "chunk_tokens": a.chunk_tokens, "instances": a.instances, "calib_instances": a.calib_instances, "link_mbps": a.link_mbps,
+            "chunk_tokens": a.chunk_tokens, "instances": a.instances, "calib_instances": a.calib_instances,
+            "calib_loading": a.calib_loading, "link_mbps": a.link_mbps,
             "max_batched_tokens": a.max_batched_tokens, "traces": traces, "load_policy": a.load_policy}
     try:
         meta["vllm"] = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,

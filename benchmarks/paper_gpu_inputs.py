@@ -106,6 +106,7 @@ def read_meta(work: Path) -> dict:
         field(meta, path, key, tokens)
     field(meta, path, "instances", k)
     field(meta, path, "calib_instances", k, optional=True)  # runs before --calib-instances calibrated on one
+    field(meta, path, "calib_loading", (lambda v: v in ("sync", "async"), '"sync" or "async"'), optional=True)
     field(meta, path, "traces", (lambda v: isinstance(v, dict) and "main" in v, 'an object with a "main" trace'))
     for name in ("main", "calib"):
         if name == "main" or name in meta["traces"]:

@@ -805,3 +805,28 @@ def test_the_h100_32k_saturated_runs_of_2026_12_07_analyse_to_what_benchmarks_re
     r4 = paper.analyse(paper.parse_args(["--workdir", str(fast), "--analyse"]))["report"]["R4"]
     assert tuple(round(r4[k], 3) for k in ("p50_s", "p90_s", "p99_s")) == (0.094, 0.291, 0.539)
     assert round(r4["hit_rate"], 3) == 0.823
+
+
+def test_the_calibration_loads_async_when_asked_and_the_fit_is_told(paper, tmp_path):
+    """--calib-loading async (2026-12-07: the async runs' slow loads ran beside 16k steps, which a sync calibration
+    never shows): the calibration's engine config loads asynchronously, the runs' modes are unchanged, and the meta
+    says so for --analyse's --fit-loading. A real Valkey tier; no engine starts."""
+    a = paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu", "--link-mbps", "0", "--calib-loading", "async"])
+    assert paper.parse_args(["--workdir", str(tmp_path)]).calib_loading == "sync"
+    assert [paper.step_loading(a, n) for n in ("calib", "R1", "R2", "R3", "R4", "R5")] == \
+        ["async", None, "sync", "async", "sync", "async"]
+    lab = paper.Lab.__new__(paper.Lab)
+    lab.a, lab.work, lab.tiers = a, tmp_path, {}
+    try:
+        cfg = yaml.safe_load(paper.config_for(lab, "calib", 1, paper.step_loading(a, "calib"), None).read_text())
+    finally:
+        lab.close()
+    assert json.loads(cfg["kv-transfer-config"])["kv_connector_extra_config"]["async_loading"] is True
+    meta = json.loads((ROOT / "benchmarks" / "results" / "paper_gpu-h100-2026-12-07-s32-calib" / "meta.json").read_text())
+    (tmp_path / "meta.json").write_text(json.dumps({**meta, "calib_loading": "async"}))
+    from benchmarks.paper_gpu_inputs import read_meta
+
+    assert read_meta(tmp_path)["calib_loading"] == "async"
+    (tmp_path / "meta.json").write_text(json.dumps({**meta, "calib_loading": "both"}))
+    with pytest.raises(Exception, match="calib_loading"):
+        read_meta(tmp_path)

@@ -68,9 +68,9 @@ from kvctl.records.runfile import read_run  # noqa: E402
 from kvctl.sim.steps import StepCost  # noqa: E402
 from kvctl.sim.vllm_line import RULES, LineConfig, run_line  # noqa: E402
 
-def run(rule: str, a, sent: list[float] | None = None) -> dict:
+def run(rule: str, a, sent: list[float] | None = None, credit_cap: float = policy.CREDIT_CAP) -> dict:
     """One rule over ``a``'s workload: the send times ``sent`` (s, from 0) where given, else Poisson at ``a.rate``
-    (the engine: :func:`kvctl.sim.vllm_line.run_line`)."""
+    (the engine: :func:`kvctl.sim.vllm_line.run_line`), the line's credit capped at ``credit_cap``."""
     if sent is not None:
         arrivals = np.array(sent)
     else:
@@ -78,7 +78,7 @@ def run(rule: str, a, sent: list[float] | None = None) -> dict:
         arrivals = np.cumsum(rng.exponential(1.0 / a.rate, a.requests))
     n = len(arrivals)
     cfg = LineConfig(a.prefill_rate, a.tier_gbps * 1e9, a.t0, a.budget, a.chunk_tokens, a.bytes_per_token, rule,
-                     StepCost(a.step_s, a.graph_tokens, a.jump_s), a.sched_lag, a.est_prefill_rate)
+                     StepCost(a.step_s, a.graph_tokens, a.jump_s), a.sched_lag, a.est_prefill_rate, credit_cap=credit_cap)
     res = run_line(arrivals, np.full(n, a.prompt_tokens), np.full(n, a.hit_tokens), cfg)
     lat = res.done - arrivals
     hit = float(res.hit.sum())  # the whole chunks before each prompt's last token
@@ -116,18 +116,10 @@ def reprice(trace: Path, a) -> dict:
 
 
 def runs_of(rule: str, a, sent) -> list[dict]:
-    """:func:`run` of ``rule``; rule credit once per ``--credit-caps`` cap (the connector's cap set for that run and
-    put back), its row named ``credit@CAP``."""
+    """:func:`run` of ``rule``; rule credit once per ``--credit-caps`` cap, its row named ``credit@CAP``."""
     if rule != "credit" or a.credit_caps is None:
         return [run(rule, a, sent)]
-    rows, kept = [], policy.CREDIT_CAP
-    try:
-        for cap in a.credit_caps:
-            policy.CREDIT_CAP = cap
-            rows.append({**run(rule, a, sent), "rule": f"credit@{cap:g}", "credit_cap": cap})
-    finally:
-        policy.CREDIT_CAP = kept
-    return rows
+    return [{**run(rule, a, sent, cap), "rule": f"credit@{cap:g}", "credit_cap": cap} for cap in a.credit_caps]
 
 
 def read_arrivals(path: Path) -> list[float]:

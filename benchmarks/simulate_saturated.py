@@ -49,6 +49,7 @@ from kvctl.core.errors import InvalidInput  # noqa: E402
 from kvctl.records.connector_trace import read_events  # noqa: E402
 from kvctl.records.runfile import read_run  # noqa: E402
 from kvctl.sim.steps import fit_steps  # noqa: E402
+from kvctl.sim.variability import fit_loads  # noqa: E402
 
 KEYS = ("p50_s", "p90_s", "p99_s")
 
@@ -84,11 +85,14 @@ def calib_fits(calib: Path) -> dict:
         raise SystemExit(f"--calib: {exc}") from None
     def num(e: dict, k: str) -> bool:
         return isinstance(e.get(k), (int, float)) and not isinstance(e.get(k), bool)
-    loads = [e for e in events if e["ev"] == "load" and not e.get("given_up") and num(e, "total_s") and num(e, "get_s")]
     lookups = [e["s"] for e in events if e["ev"] == "lookup" and num(e, "s")]
-    if not loads or not lookups:
+    try:  # the loader's own time a load besides its GETs, as --fit-loads fits it
+        load_s = fit_loads(str(trace), 1).load_s
+    except InvalidInput:
+        load_s = None
+    if load_s is None or not lookups:
         raise SystemExit(f"--calib: {trace} has no load or no lookup: the calibration loaded no hit")
-    t0 = statistics.median(lookups) + statistics.median(e["total_s"] - e["get_s"] for e in loads)
+    t0 = statistics.median(lookups) + load_s
     first: dict = {}
     for e in events:
         if e["ev"] == "lookup":

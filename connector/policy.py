@@ -201,16 +201,26 @@ def _known_rates(est: Estimates, t0: float) -> Estimates:
     return replace(est, t0_s=t0, rank_bps=tuple(bw if bw is not None else float("inf") for bw in est.rank_bps))
 
 
+#: The line's credit is at most this × the recompute time: a load wins at no more than 1 + CREDIT_CAP times its own
+#: recompute, here 2.5 times: the 2026-12-02 trace's lone 16k hit through a 600 MB/s link (0.85 s against 0.3 s of
+#: recompute) stays a veto. It was 1 (and the arrivals during the recompute counted half of it) until 2026-12-06, sixth: in
+#: benchmarks/head_of_line.py with that session's step costs the tier then served 4-11 points more of what it could at
+#: 7.7/s behind 800 MB/s links (0.83-0.88 against 0.74-0.84 over three seeds), p99 5-8 % lower (benchmarks/README).
+CREDIT_CAP = 1.5
+
+
 @dataclass(frozen=True)
 class Line:
     """vLLM's waiting line as the connector sees it when it is asked about a request (at the line's head): how long
-    that request waited (``wait_s``: since its arrival) and the engine's arrival rate (requests/s; 0: not known)."""
+    that request waited (``wait_s``: since its arrival) and the engine's arrival rate (requests/s; 0: not known);
+    ``cap``: the credit's cap, :data:`CREDIT_CAP` (another only in a model: ``head_of_line.py --credit-caps``)."""
 
     wait_s: float = 0.0
     arrival_rate: float = 0.0
+    cap: float = CREDIT_CAP
 
     def credit_s(self, rec_s: float) -> float:
-        """What recomputing ``rec_s`` of prefill costs the other requests, counted at most :data:`CREDIT_CAP` ×
+        """What recomputing ``rec_s`` of prefill costs the other requests, counted at most ``cap`` ×
         ``rec_s``: the requests that arrived while this one waited (``arrival_rate × wait_s``) wait all of it, and so
         do as many again as arrive while it runs (``arrival_rate × rec_s``, its own GPU time, one step or more):
         vLLM plans a step while the one before
@@ -218,15 +228,7 @@ class Line:
         is scheduled only after it (see :func:`decide`)."""
         if self.arrival_rate <= 0 or rec_s <= 0:
             return 0.0
-        return min(CREDIT_CAP * rec_s, self.arrival_rate * rec_s * (max(0.0, self.wait_s) + rec_s))
-
-
-#: The line's credit is at most this × the recompute time: a load wins at no more than 1 + CREDIT_CAP times its own
-#: recompute, here 2.5 times: the 2026-12-02 trace's lone 16k hit through a 600 MB/s link (0.85 s against 0.3 s of
-#: recompute) stays a veto. It was 1 (and the arrivals during the recompute counted half of it) until 2026-12-06, sixth: in
-#: benchmarks/head_of_line.py with that session's step costs the tier then served 4-11 points more of what it could at
-#: 7.7/s behind 800 MB/s links (0.83-0.88 against 0.74-0.84 over three seeds), p99 5-8 % lower (benchmarks/README).
-CREDIT_CAP = 1.5
+        return min(self.cap * rec_s, self.arrival_rate * rec_s * (max(0.0, self.wait_s) + rec_s))
 
 
 NO_LINE = Line()

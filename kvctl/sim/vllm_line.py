@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvctl.connector.policy import LOAD, NO_LINE, OFF, Estimates, HitShape, Line, TierQueue, decide, ewma
+from kvctl.connector.policy import CREDIT_CAP, LOAD, NO_LINE, OFF, Estimates, HitShape, Line, TierQueue, decide, ewma
 from kvctl.connector.tier_queue import plan_ends, tier_backlog
 from kvctl.core.thresholds import CHUNK_TOKENS
 from kvctl.plugins.vllm_policy import ArrivalRate
@@ -67,6 +67,8 @@ class LineConfig:
     #: the decision's bandwidth as the connector measures it: starting at ``tier_bps``, each load received moves it
     #: (:func:`kvctl.connector.policy.ewma`) to what that load got; False: ``tier_bps``, exact
     measured: bool = False
+    #: the line's credit at most this × the recompute: the connector's (``head_of_line.py --credit-caps`` varies it)
+    credit_cap: float = CREDIT_CAP
 
 
 @dataclass
@@ -132,7 +134,8 @@ class _Tier:
             queue = TierQueue((sum(b for _, b in self.planned.values()),), len(self.planned))
         else:
             queue = tier_backlog([(e, (b,)) for e, b in self.planned.values()], now, (self.bps,))
-        line = Line(now - q.arrival, self.arrivals.rate()) if c.rule in ("credit", "whole") and others else NO_LINE
+        crediting = c.rule in ("credit", "whole") and others
+        line = Line(now - q.arrival, self.arrivals.rate(), c.credit_cap) if crediting else NO_LINE
         d = decide(shape, est, queue, float(left_ahead), line)
         return d.tokens // c.chunk_tokens, d.budget_s, f"{d.decision}/{d.reason}"
 

@@ -418,6 +418,19 @@ def _read_back(paper, src: Path, work: Path, pcts: tuple, thirds: list, l2_gbps:
     return out, events
 
 
+def _read_back_set(paper, session: str, want: dict, tmp_path: Path, digits: int = 2) -> tuple[dict, dict]:
+    """:func:`_read_back` of each run ``results/paper_gpu-h100-SESSION-NAME`` of ``want`` (NAME -> (percentiles,
+    p50 by third, L2 GB/s, its share of the run's bench-k4 at ``digits``, decisions)); the analyses and the
+    connector traces' events by name."""
+    out, events = {}, {}
+    for name, (pcts, thirds, l2_gbps, of_bench, decisions) in want.items():
+        src = ROOT / "benchmarks" / "results" / f"paper_gpu-h100-{session}-{name}"
+        out[name], events[name] = _read_back(paper, src, tmp_path / name, pcts, thirds, l2_gbps, decisions)
+        bench = json.loads((src / "bench-k4.json").read_text())
+        assert round(out[name]["report"]["R5"]["l2_gbps"] / bench["runs"][0]["aggregate_gbps"], digits) == of_bench
+    return out, events
+
+
 def test_the_h100_runs_of_2026_12_06_sixth_analyse_to_what_benchmarks_readme_says(paper, tmp_path):
     """--analyse over the sixth H100 session of 2026-12-06, on one card: the saturated tier behind 1200 MB/s links
     with the decision on (only a load's write into the cache waits for the engine now) and off, and R5 on a fast tier
@@ -460,22 +473,16 @@ def test_the_h100_runs_of_2026_12_06_seventh_analyse_to_what_benchmarks_readme_s
     The README's figures, read back from the runs' files."""
     import statistics
 
-    res = ROOT / "benchmarks" / "results"
     want = {"sat-800-on": ((0.812, 1.669, 2.467), [0.37, 0.72, 1.46], 1.97, 0.63, {"load/no_data": 1, "load/wins": 64,
                            "recompute/tier_queue": 40, "recompute/below_n_star": 6}),
             "sat-800-off": ((1.843, 4.003, 4.335), [0.90, 1.87, 3.81], 2.82, 0.89, {"load/off": 111}),
             "sat-0-on": ((0.195, 0.481, 0.630), [0.18, 0.25, 0.18], 3.54, 0.33, {"load/no_data": 1, "load/wins": 110})}
-    out = {}
-    for name, (pcts, thirds, l2_gbps, of_bench, decisions) in want.items():
-        src = res / f"paper_gpu-h100-2026-12-06g-{name}"
-        out[name], events = _read_back(paper, src, tmp_path / name, pcts, thirds, l2_gbps, decisions)
-        bench = json.loads((src / "bench-k4.json").read_text())
-        assert round(out[name]["report"]["R5"]["l2_gbps"] / bench["runs"][0]["aggregate_gbps"], 2) == of_bench
-        if name.startswith("sat-800"):  # a lone load's GETs through the links: 0.163 s, the tier read at 3.0 GB/s
-            loads = [e for e in events if e["ev"] == "load" and e["bytes"] > 0 and not e["given_up"]]
-            assert round(statistics.median(e["get_s"] for e in loads), 2) == 0.16
-            gbps = [e["tier_gbps"] for e in events if e["ev"] == "decision" and e["tier_gbps"]]
-            assert round(statistics.median(gbps), 1) == 3.0
+    out, events = _read_back_set(paper, "2026-12-06g", want, tmp_path)
+    for name in ("sat-800-on", "sat-800-off"):  # a lone load's GETs through the links: 0.163 s, the tier read at 3.0 GB/s
+        loads = [e for e in events[name] if e["ev"] == "load" and e["bytes"] > 0 and not e["given_up"]]
+        assert round(statistics.median(e["get_s"] for e in loads), 2) == 0.16
+        gbps = [e["tier_gbps"] for e in events[name] if e["ev"] == "decision" and e["tier_gbps"]]
+        assert round(statistics.median(gbps), 1) == 3.0
     assert out["sat-800-on"]["report"]["R5"]["p99_s"] > 2 * out["sat-0-on"]["report"]["R5"]["p99_s"]  # the gap
     # with the decision the GPU's steps filled the run's last third; loading every hit, the tier was the queue
     assert out["sat-800-on"]["gpu_busy_by_third"]["R5"] == [0.50, 0.80, 0.99]
@@ -492,17 +499,11 @@ def test_the_h100_runs_of_2026_12_06_eighth_analyse_to_what_benchmarks_readme_sa
     ahead loaded 28 times (the seventh: 9). The README's figures, read back from the runs' files."""
     import collections
 
-    res = ROOT / "benchmarks" / "results"
     want = {"sat-800-on": ((0.627, 1.369, 1.798), [0.6, 0.57, 0.74], 2.22, 0.71, {"load/no_data": 1, "load/wins": 70,
                            "recompute/tier_queue": 34, "recompute/below_breakeven": 5, "recompute/below_n_star": 1}),
             "sat-800-off": ((1.583, 3.573, 3.869), [0.87, 1.6, 3.36], 2.89, 0.92, {"load/off": 111}),
             "sat-0-on": ((0.134, 0.317, 0.464), [0.12, 0.16, 0.15], 3.55, 0.22, {"load/no_data": 1, "load/wins": 110})}
-    out, events = {}, {}
-    for name, (pcts, thirds, l2_gbps, of_bench, decisions) in want.items():
-        src = res / f"paper_gpu-h100-2026-12-06h-{name}"
-        out[name], events[name] = _read_back(paper, src, tmp_path / name, pcts, thirds, l2_gbps, decisions)
-        bench = json.loads((src / "bench-k4.json").read_text())
-        assert round(out[name]["report"]["R5"]["l2_gbps"] / bench["runs"][0]["aggregate_gbps"], 2) == of_bench
+    out, events = _read_back_set(paper, "2026-12-06h", want, tmp_path)
     on = [e for e in events["sat-800-on"] if e["ev"] == "decision"]
     assert {e["step_budget"] for e in on} == {16384}  # vLLM's budget reached the decision
     wins = collections.Counter(e["loads_ahead"] for e in on if e["reason"] == "wins")
@@ -787,13 +788,9 @@ def test_the_h100_32k_saturated_runs_of_2026_12_07_analyse_to_what_benchmarks_re
                        {"load/no_data": 1, "load/wins": 52, "recompute/tier_queue": 8}),
             "s32-off": ((1.331, 2.41, 2.814), [1.57, 0.92, 1.33], 2.78, 0.879, {"load/off": 61}),
             "s32-unshaped": ((0.158, 0.252, 0.378), [0.17, 0.15, 0.15], 3.15, 0.189, {"load/no_data": 1, "load/wins": 60})}
-    out, events = {}, {}
-    for name, (pcts, thirds, l2_gbps, of_bench, decisions) in want.items():
-        src = res / f"paper_gpu-h100-2026-12-07-{name}"
-        out[name], events[name] = _read_back(paper, src, tmp_path / name, pcts, thirds, l2_gbps, decisions)
-        bench = json.loads((src / "bench-k4.json").read_text())
-        assert round(out[name]["report"]["R5"]["l2_gbps"] / bench["runs"][0]["aggregate_gbps"], 3) == of_bench
-        assert json.loads((src / "meta.json").read_text())["prompt_tokens"] == 32768
+    out, events = _read_back_set(paper, "2026-12-07", want, tmp_path, digits=3)
+    for name in want:
+        assert json.loads((res / f"paper_gpu-h100-2026-12-07-{name}" / "meta.json").read_text())["prompt_tokens"] == 32768
     assert out["s32-on"]["report"]["R5"]["p99_s"] > 6 * out["s32-unshaped"]["report"]["R5"]["p99_s"]
     assert out["s32-on"]["gpu_busy_by_third"]["R5"] == [0.26, 0.39, 0.35]
     loads = [e for e in events["s32-on"] if e["ev"] == "load"]

@@ -130,3 +130,12 @@ def test_calib_and_the_figures_it_fits_are_one_or_the_other(capsys):
     with pytest.raises(SystemExit) as e:
         simulate_saturated.main([str(ON), "--calib", str(RESULTS / "paper_gpu-h100-2026-12-07-s32-calib"), "--t0", "0.005"])
     assert e.value.code == 2 and "--calib fits --t0 on the calibration run" in capsys.readouterr().err
+
+
+def test_a_calibration_directory_without_its_files_is_one_line(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        simulate_saturated.main([str(ON), "--calib", str(tmp_path)])
+    assert str(e.value).startswith("--calib: ") and "calib.connector-trace.jsonl" in str(e.value)
+    assert "\n" not in str(e.value)

@@ -80,6 +80,22 @@ case "$what" in
     timeout "${BENCH_TIMEOUT_S:-560}" python3 benchmarks/lmcache_ops.py --out "$out/lmcache-ops" ${BENCH_ARGS:-} \
       2>&1 | tee "$out/lmcache-ops.txt"
     # one archive: a device call brings back a bounded number of files (2026-12-07: 8 of 98 came back)
+    # what LMCache itself logged and exported, printed here too (the call's output tail survives a lost archive):
+    # its retrieves per engine (`Retrieved N out of M required tokens`) against its hit counter in each scrape
+    for d in "$out"/lmcache-ops/engine-*; do
+      [ -f "$d/server.log" ] || continue
+      echo "== ${d##*/}: LMCache retrieves $(grep -c 'Retrieved [0-9]* out of' "$d/server.log"), tokens" \
+        "$(grep -o 'Retrieved [0-9]* out of' "$d/server.log" | awk '{s += $2} END {print s + 0}')"
+      grep -E 'Retrieved [0-9]+ out of' "$d/server.log" | tail -3 | cut -c1-260
+      grep -E 'Traceback|Error|WARN' "$d/server.log" | sed -E 's/^.*(Traceback|Error|WARN)/\1/' | sort | uniq -c |
+        sort -rn | head -6 | cut -c1-220
+    done
+    for p in "$out"/lmcache-ops/*.prom; do
+      [ -f "$p" ] || continue
+      echo "== ${p##*/}"
+      grep -E '^lmcache:(num_hit_tokens|num_requested_tokens|num_retrieve_requests|num_lookup_[a-z]+|num_vllm_hit_tokens|num_remote_read_[a-z]+)' \
+        "$p" | cut -c1-200 | head -16
+    done
     tar czf "$out/lmcache-ops.tar.gz" -C "$out" lmcache-ops && rm -rf "$out/lmcache-ops"
     ;;
   bench-glm5)

@@ -73,6 +73,7 @@ KVCTL_READS = ("lmcache:num_hit_tokens", "lmcache:num_requested_tokens", "lmcach
 #: diagnose's exit codes that are an answer (0 ok, 3 a warning, 4 a critical finding, 6 not enough data to say): 5 (a
 #: component unreachable) is not; whether the answer agrees with LMCache's own counters is judged by agreement()
 DIAGNOSE_ANSWERS = (0, 3, 4, 6)
+ANSWER_TOKENS = 8  # the greedy answer compared between the cold engine and a hit from the tier
 #: the counters that say where a hit came from
 HIT_COUNTERS = ("lmcache:num_hit_tokens", "lmcache:num_remote_read_bytes", "lmcache:num_remote_read_requests",
                 "lmcache:remote_time_to_get_sum", "vllm:external_prefix_cache_hits", "vllm:prefix_cache_hits")
@@ -216,6 +217,19 @@ def fmt(x, spec: str = ".3g") -> str:
 def scrape(url: str, timeout_s: float = 10.0) -> str:
     with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout_s) as r:
         return r.read().decode()
+
+
+def complete(url: str, prompt: list[int], max_tokens: int = ANSWER_TOKENS, timeout_s: float = 120.0) -> dict:
+    """One greedy completion of ``prompt`` (token ids): its text, tokens and their logprobs, the cached prompt tokens."""
+    body = json.dumps({"model": "model", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "logprobs": 1}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        d = json.loads(r.read())
+    c = d["choices"][0]
+    lp = c.get("logprobs") or {}
+    return {"text": c.get("text"), "tokens": lp.get("tokens"), "token_logprobs": lp.get("token_logprobs"),
+            "cached_tokens": ((d.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")}
 
 
 def families(text: str) -> dict[str, float]:
@@ -506,11 +520,14 @@ class OpsRun:
         self.engine_metrics("engine-metrics")
         # 4. diagnose and the exporter while a second replay runs
         self.live(t1)
+        cold = self.answer("answer-cold")
         # 5. async loading with the restart, and hits from the tier
         if self.flip_and_restart() and self.srv is not None:
             self.kvctl("loading-show", "loading", "show", "--config", str(self.yaml), "--json", key=key_loading_show)
             self.bench()
             self.hits_from_tier(trace1, t1)
+            if cold is not None:
+                self.answer("answer-hit", cold)
             self.engine_metrics("engine-metrics-async", settle=False)  # hits_from_tier waited for LMCache's publish
             self.diagnose_async()
             runs = [str(p) for p in (run1, *(self.out / f"run-{i}.jsonl" for i in (2, 3, 4))) if p.exists()]
@@ -663,6 +680,25 @@ class OpsRun:
                f"{fmt(d['vllm:external_prefix_cache_hits'])}, Valkey GETs +{fmt(gets)}")
         self.steps.record("hits-from-tier", None, 0 if self.hits_ok else 1, json.dumps(data, indent=1), "",
                           seconds=time.monotonic() - t0, key=key, data=data)
+
+    def answer(self, label: str, cold: dict | None = None) -> dict | None:
+        """A greedy answer to a prompt no trace sends: on the first engine (it computes it, and LMCache saves its
+        chunks), then on the restarted one, whose KV for it can come only from the tier, against the first answer."""
+        vocab = int(json.loads((self.model_dir / "config.json").read_text())["vocab_size"])
+        prompt = [(i * 7919 + 13) % (vocab - 8) + 4 for i in range(self.a.prompt_chunks * self.a.chunk_tokens)]
+        t0 = time.monotonic()
+        try:
+            got = complete(self.srv.url, prompt)
+        except (OSError, ValueError, KeyError, IndexError) as exc:
+            self.steps.record(label, None, 1, "", str(exc), seconds=time.monotonic() - t0, key=f"no answer: {exc}")
+            return None
+        same = None if cold is None else got["tokens"] == cold["tokens"]
+        key = (f"{len(got['tokens'] or [])} tokens, {got['cached_tokens']} of {len(prompt)} prompt tokens cached"
+               + ("" if cold is None else ", the cold engine's answer" if same else ", NOT the cold engine's answer")
+               + f": {got['text']!r}")
+        self.steps.record(label, ["POST", self.srv.url + "/v1/completions"], 0, json.dumps(got), "",
+                          seconds=time.monotonic() - t0, key=key, data={**got, "prompt_tokens": len(prompt), "cold": cold})
+        return got
 
     def bench(self) -> None:
         """``kvctl bench`` on the idle tier with chunk-sized values: the B to give diagnose under async loading, where
@@ -964,6 +1000,15 @@ def agreement(out: Path, rows: list[dict], s: float | None, all_l2: bool = True,
             check("restarted engine: Δlmcache:num_hit_tokens against Δvllm:external_prefix_cache_hits (LMCache counts "
                   "whole chunks, vLLM keeps the last token)", "within one token a request",
                   f"{fmt(lm)} vs {fmt(vl)}", abs(lm - vl) <= h.get("requests", 0) + 1)
+    ans = step_json(out, rows, "answer-hit")
+    if isinstance(ans, dict) and isinstance(ans.get("cold"), dict):
+        cold = ans["cold"]
+        same = bool(ans.get("tokens")) and ans.get("tokens") == cold.get("tokens")
+        told = "the same tokens" if same else f"{ans.get('tokens')} vs {cold.get('tokens')}"
+        check(f"restarted engine, async loading: the greedy answer ({ANSWER_TOKENS} tokens) to a prompt whose KV only "
+              "the tier holds against the first engine's (the hit's KV reached vLLM's cache)",
+              "the same tokens, its full chunks cached",
+              f"{ans.get('cached_tokens')} of {ans.get('prompt_tokens')} cached, {told}", same and bool(ans.get("cached_tokens")))
     return res
 
 

@@ -135,6 +135,10 @@ def parse_args(argv=None):
     ap.add_argument("--calib-instances", type=int, default=None,
                     help="instances of the calibration run (default: --instances; cpu 1). On one shaped instance a 16k hit "
                          "takes ~0.9 s, so even at rate / 5 the calibration's hits queue and its fitted T0 carries the wait")
+    ap.add_argument("--calib-beside-s", type=float, default=0.0,
+                    help="the calibration's trace: each hit that follows a miss is sent this many seconds after it, so its "
+                         "load runs beside the miss's prefill steps, as the decision runs' loads beside their recomputes "
+                         "(default 0: as drawn; 0.05 with --calib-loading async gives simulate --fit-load-beside its loads)")
     ap.add_argument("--calib-loading", choices=("sync", "async"), default="sync",
                     help="the calibration's loading mode (default sync). async: its hits load beside its misses' steps, as "
                          "the async runs' do (2026-12-07, an H100: a third of the loads beside a 16k step took 1.15-1.9x "
@@ -182,19 +186,30 @@ def parse_args(argv=None):
         ap.error("--prompt-tokens must be ≥ 2 blocks, a multiple of --block-tokens, itself a multiple of --chunk-tokens")
     if not 0 <= a.prime_gap_s <= 60:  # NaN fails both
         ap.error(f"--prime-gap-s must be 0 to 60 seconds, not {a.prime_gap_s}")
+    if not 0 <= a.calib_beside_s <= 10:
+        ap.error(f"--calib-beside-s must be 0 to 10 seconds, not {a.calib_beside_s}")
     return a
 
 
 # -- the trace ---------------------------------------------------------------------------------------
 def make_traces(work: Path, name: str, *, tokens: int, block: int, requests: int, rate: float, hit_share: float,
-                seed: int, prime_gap_s: float = 0.0) -> dict:
+                seed: int, prime_gap_s: float = 0.0, beside_s: float = 0.0) -> dict:
     """``<name>.trace.jsonl`` (the run), ``<name>.prime.jsonl`` (the primed documents, ``prime_gap_s`` apart from
     t = 0: the priming's saves paced) and
-    ``<name>.planned.jsonl`` (a run-file-shaped copy carrying the planned cached tokens, for simulate)."""
+    ``<name>.planned.jsonl`` (a run-file-shaped copy carrying the planned cached tokens, for simulate).
+    ``beside_s`` > 0: each hit that follows a miss is sent that long after it, so that its load runs beside the miss's
+    prefill steps (the same draws otherwise; the later send times keep their order)."""
     rng = np.random.default_rng(seed)
     t = np.cumsum(rng.exponential(1.0 / rate, size=requests))
     t -= t[0]
     primed = rng.random(requests) < hit_share
+    paired = 0
+    if beside_s > 0:
+        for i in range(1, requests):
+            if primed[i] and not primed[i - 1]:
+                t[i] = t[i - 1] + beside_s
+                paired += 1
+        t = np.maximum.accumulate(t)
     doc_blocks = tokens // block - 1
     base = (seed + 1) * 10_000_000
     run, prime, planned = [], [], []
@@ -209,7 +224,7 @@ def make_traces(work: Path, name: str, *, tokens: int, block: int, requests: int
     for suffix, rows in (("trace", run), ("prime", prime), ("planned", planned)):
         (work / f"{name}.{suffix}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {"requests": requests, "primed": int(primed.sum()), "rate": rate, "span_s": float(t[-1]),
-            "hit_tokens": doc_blocks * block}
+            "hit_tokens": doc_blocks * block, **({"beside_s": beside_s, "hits_beside_a_miss": paired} if beside_s else {})}
 
 
 # -- the stack ---------------------------------------------------------------------------------------
@@ -850,7 +865,7 @@ def write_meta(a, lab: Lab) -> dict:
                                   rate=a.rate, hit_share=a.hit_share, seed=1, prime_gap_s=a.prime_gap_s),
               "calib": make_traces(a.workdir, "calib", tokens=a.prompt_tokens, block=a.block_tokens,
                                    requests=a.calib_requests, rate=a.calib_rate, hit_share=0.5, seed=2,
-                                   prime_gap_s=a.prime_gap_s)}
+                                   prime_gap_s=a.prime_gap_s, beside_s=a.calib_beside_s)}
     make_traces(a.workdir, "warmup", tokens=a.prompt_tokens, block=a.block_tokens, requests=4, rate=2.0, hit_share=0.0, seed=3)
     meta = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
             "device": a.device, "model": "tiny-mla" if a.device == "cpu" else Path(a.shape).name,

@@ -148,7 +148,8 @@ def line_rows(run: Path, meta: dict, a: argparse.Namespace) -> dict:
     the line), each load's GET time drawn from the trace's own loads (``--fit-load-spread``) and ``--api-s`` of
     latency a request (``--async-overhead``: the API server), once per seed of ``--seeds``."""
     fit = a.fit_run or run
-    extra = ("--scheduler", "vllm", "--fit-load-spread", "--async-overhead", str(a.api_s))
+    extra = ("--scheduler", "vllm", "--fit-load-spread", *(("--fit-load-beside",) if a.beside else ()),
+             "--async-overhead", str(a.api_s))
     return {str(s): simulated(run, meta, a, fit, fit, (*extra, "--seed", str(s))) for s in a.seeds}
 
 
@@ -173,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a third row: --fit-loads and --fit-steps (each step's cost besides its tokens, from the same trace)")
     ap.add_argument("--line", action="store_true",
                     help="a row per seed: --steps' fits with --scheduler vllm, --fit-load-spread and --async-overhead --api-s")
+    ap.add_argument("--beside", action="store_true",
+                    help="--line with --fit-load-beside: a load beside 8k-token steps draws from the trace's loads beside "
+                         "such steps, the others from its loads alone")
     ap.add_argument("--api-s", type=float,
                     help="--line: seconds of latency each request spends outside the engine's steps (the API server; "
                          "the unshaped run's p50 over the model's, 2026-12-07; default 0.06)")

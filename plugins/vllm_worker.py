@@ -1,11 +1,10 @@
 """KvctlConnector's worker side: the paged caches, loads and saves on one rank (see :mod:`kvctl.plugins.vllm`).
 
-The half :class:`kvctl.plugins.vllm.KvctlConnector` (the facade vLLM loads) builds for the worker role and
-forwards vLLM's worker calls to, from the connector's spec (:mod:`kvctl.plugins.vllm_spec`); it shares the
-spec, the counters and the trace with the facade, nothing else. It reads the engine's caches and groups, builds
-the rank's :class:`~kvctl.connector.store.ShardedStore` and :class:`~kvctl.connector.datapath.KVDataPath`, runs the
-agreed-prefix loads the scheduler planned (on the step's thread, or the async loader's) and hands saves to
-the background saver. The transfers themselves are kvctl.connector's; this adapts vLLM's calls to them.
+The half :class:`kvctl.plugins.vllm.KvctlConnector` (the facade vLLM loads) builds for the worker role and forwards
+vLLM's worker calls to, from the connector's spec (:mod:`kvctl.plugins.vllm_spec`); it shares the spec, the counters
+and the trace with the facade, nothing else. It reads the engine's caches and groups, builds the rank's
+:class:`~kvctl.connector.store.ShardedStore` and :class:`~kvctl.connector.datapath.KVDataPath`, runs the agreed-prefix
+loads the scheduler planned (on the step's thread or the async loader's) and hands saves to the background saver.
 """
 
 from __future__ import annotations
@@ -72,7 +71,7 @@ class WorkerSide:
         self.rank = 0
         self._get_seen = (0, 0.0)  # the store's GET bytes and seconds counted so far
         self._load_errors: set[int] = set()
-        self.loaded_end: dict[str, int] = {}  # req -> agreed end chunk of its load (identical on every rank)
+        self.loaded_end: dict[str, int] = {}  # req -> where its save starts (_settle; identical on every rank)
         self._finished_recving: set[str] = set()
         self._async_pending = 0  # async loads queued or running
         self._lock = threading.Lock()
@@ -324,9 +323,10 @@ class WorkerSide:
         agreed, prefix, interrupted = out.agreed, out.written, out.interrupted
         self._insert_events = count_load(self.stats, self.trace, self.rank, self.spec.chunk_tokens, spec, out,
                                          self._insert_events, given_up=given_up, waited_s=waited_s, layered=layered)
-        # the agreed chunks are in the tier whatever this rank could write: every rank keeps the same
-        # mark, so the request's next save runs its collectives on every rank or on none
-        self.loaded_end[spec.req_id] = spec.first_chunk + agreed
+        # every rank keeps the same mark (the agreed chunks are in the tier), so the request's save runs its collectives
+        # on every rank or on none; an async load cut short at its budget keeps its hit's end: the lookup found the rest
+        # in the tier (H100, 2026-12-07 third: 7 such loads re-saved 3.2 GB through the saturated tier's links)
+        self.loaded_end[spec.req_id] = spec.end_chunk if spec.budget_s is not None else spec.first_chunk + agreed
         loaded_end = spec.first_chunk + prefix
         if prefix < planned:
             logger.log(logging.INFO if given_up else logging.WARNING,
@@ -496,5 +496,3 @@ class WorkerSide:
             self.store.close()
             self.datapath.close()
         self.trace.close()
-
-

@@ -46,6 +46,10 @@ GPU_NOT_COMPUTE_BOUND_PCT = 30.0
 #: tokens per KV chunk: LMCache's default ``chunk_size`` and the paper's chunks
 #: (chunk c starts at token 256·c); kvctl's connector uses the same by default.
 CHUNK_TOKENS = 256
+#: prefill tokens of an engine step beside which an async load's GETs were slow: on an H100 (2026-12-07, 32k prompts
+#: at rho_tier 1.3) loads that ran at least half their GET time beside such steps took 1.13x the median GET time on
+#: average, up to 1.8x, and the others 1.03x (kvctl.sim.variability.fit_loads splits a trace's loads by it)
+BESIDE_STEP_TOKENS = 8192
 #: bytes of one CHUNK_TOKENS chunk of GLM-5.3 FP8 MLA, all layers (12.4 MB, s ≈ 48.4 KB/token).
 PAPER_CHUNK_BYTES = 12.4e6
 #: the fixed per-hit engine cost T0 (seconds) the paper fitted (§4: 0.40 − 0.79/10.76 ≈ 0.33): the

@@ -405,7 +405,9 @@ def simulate_fleet(w: Workload, cfg: SimConfig, bandwidth_gbps: float, engines: 
     if cfg.scheduler == "vllm":  # vLLM's scheduler: each hit decided and loaded at the head of the line (kvctl.sim.vllm_line)
         if engines != 1:
             raise InvalidInput(f"--scheduler vllm models one engine, got --engines {engines}")
-        line = run_line(arrival, tokens, hit_tokens, line_config(cfg, bw, var.async_load_s or None), mult)
+        beside = (np.random.default_rng([cfg.seed, 7]).choice(np.asarray(var.load_spread_beside), n)
+                  if async_ and var.load_spread_beside else None)
+        line = run_line(arrival, tokens, hit_tokens, line_config(cfg, bw, var.async_load_s or None), mult, beside)
         hit, timed_out, compute, finish = line.loaded > 0, line.given_up, line.compute_s, line.done
         transfer, offered_hold, decisions = line.loaded * per_token, compute, line.decisions if cfg.policy == "on" else None
         latency = finish - arrival + var.async_overhead_s

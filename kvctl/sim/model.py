@@ -67,6 +67,7 @@ class Inputs:
     fit_loads: str | None = None  # a connector trace: the async loader's bandwidth and time a load (variability.fit_loads)
     async_load_s: float | None = None  # seconds an async load holds the loader besides its GETs (None: 0, or --fit-loads')
     fit_load_spread: bool = False  # each async load's GET time drawn from --fit-loads' trace
+    fit_load_beside: bool = False  # ... from its loads beside big steps for a load beside one (the vLLM line)
     t0_engine_share: float | str = 0.0  # θ, or "fit"
     max_batch: int = 1
     max_batched_tokens: int | None = VLLM_MAX_NUM_BATCHED_TOKENS
@@ -241,7 +242,8 @@ def build(i: Inputs, default_requests: int = SIMULATE_REQUESTS) -> Model:
                             async_instance_gbps=i.async_instance_gbps, async_overhead_s=i.async_overhead_s,
                             bytes_per_token=i.bytes_per_token, prefill_rate=i.prefill_rate, fit_gbps=fit_gbps, instances=i.instances,
                             t0_given_s=i.t0_s if i.t0_given else None, fit_loads_from=i.fit_loads,
-                            async_load_s=i.async_load_s, fit_instances=fit_instances, fit_load_spread=i.fit_load_spread)
+                            async_load_s=i.async_load_s, fit_instances=fit_instances, fit_load_spread=i.fit_load_spread,
+                            fit_load_beside=i.fit_load_beside)
     if i.bench_path and i.instance_gbps is not None:
         var = replace(var, notes=(*var.notes, f"--instance-gbps gives B ({i.instance_gbps:g} GB/s an instance): {i.bench_path}'s bandwidths are not used"))
     cfg = sim.SimConfig(i.bytes_per_token, i.prefill_rate, i.t0_s, fit_instances, i.instance_gbps, i.fit_loading or i.loading,

@@ -36,7 +36,7 @@ from kvctl.connector.metric_names import VLLM_EXTERNAL_PREFIX_CACHE_HITS
 from kvctl.core import files
 from kvctl.core.cost import GB
 from kvctl.core.errors import InvalidInput
-from kvctl.core.thresholds import BENCH_FILE_MAX_BYTES
+from kvctl.core.thresholds import BENCH_FILE_MAX_BYTES, BESIDE_STEP_TOKENS
 
 #: the standard normal's 99th percentile: p99/p50 of a lognormal is exp(σ·Z99)
 Z99 = 2.3263478740408408
@@ -59,6 +59,10 @@ class Variability:
     #: async: each load's GET-time multiplier drawn from these (a trace's loads over their median, --fit-load-spread),
     #: in place of the bench's lognormal; () : that lognormal
     load_spread: tuple[float, ...] = ()
+    #: the vLLM line (--fit-load-beside): a load that starts while the engine has BESIDE_STEP_TOKENS or more to prefill
+    #: draws from these (the trace's loads beside such steps), the others from load_spread (its loads alone); ()
+    #: : every load from load_spread
+    load_spread_beside: tuple[float, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -246,6 +250,10 @@ class LoaderFit:
     loads: int  # the loads fitted on
     note: str
     spread: tuple[float, ...] = ()  # each load's seconds a byte over the median's, sorted (1.0: the median load)
+    # the spread's loads split by what ran beside their GETs: at least half their GET time beside engine steps of
+    # BESIDE_STEP_TOKENS or more prefill tokens, or not (each sorted; the same median as ``spread``)
+    spread_beside: tuple[float, ...] = ()
+    spread_alone: tuple[float, ...] = ()
 
 
 def fit_loads(path: str, instances: int) -> LoaderFit:
@@ -259,7 +267,10 @@ def fit_loads(path: str, instances: int) -> LoaderFit:
     events, _ = read_events(path, "--fit-loads trace")
     rates: list[float] = []
     extra: list[float] = []
+    beside: list[bool] = []
     ranks: set[int] = set()
+    big = [(e["t_start"], e["t_start"] + e["s"]) for e in events if e["ev"] == "step" and _num(e.get("t_start"))
+           and _num(e.get("s")) and (e.get("prefill_tokens") or 0) >= BESIDE_STEP_TOKENS]
     for e in events:
         if e["ev"] != "load" or e.get("given_up") is True:
             continue
@@ -268,6 +279,8 @@ def fit_loads(path: str, instances: int) -> LoaderFit:
             continue
         rates.append(b / g)
         extra.append(tot - g)
+        start = (_num(e.get("t")) or 0.0) - tot  # the GETs come first, then the copy, the exchange and the insert
+        beside.append(sum(max(0.0, min(start + g, b1) - max(start, a1)) for a1, b1 in big) >= g / 2)
         rank = e.get("rank")
         ranks.add(rank if isinstance(rank, int) and not isinstance(rank, bool) else 0)
     if not rates:
@@ -277,16 +290,18 @@ def fit_loads(path: str, instances: int) -> LoaderFit:
     gbps = median * len(ranks) / instances / GB
     load_s = float(np.median(extra))
     spread = tuple(sorted(median / r for r in rates))
+    split = (tuple(sorted(median / r for r, x in zip(rates, beside) if x)),
+             tuple(sorted(median / r for r, x in zip(rates, beside) if not x)))
     note = (f"async loads from {path}: {len(rates)} loads, GETs at {gbps:.3g} GB/s an instance "
             f"({len(ranks)} rank(s) over {instances} instance(s)), the loader {load_s * 1e3:.1f} ms a load besides its GETs")
-    return LoaderFit(gbps, load_s, len(rates), note, spread)
+    return LoaderFit(gbps, load_s, len(rates), note, spread, *split)
 
 
 def build(*, fit_from: str | None = None, get_times_from: str | None = None, readers_from: str | None = None,
           async_instance_gbps: float | None = None, async_overhead_s: float = 0.0, bytes_per_token: float = 0.0,
           prefill_rate: float = 0.0, fit_gbps: float | None = None, instances: int | None = None, bench_from: str | None = None,
           t0_given_s: float | None = None, fit_loads_from: str | None = None, async_load_s: float | None = None,
-          fit_instances: int | None = None, fit_load_spread: bool = False) -> Variability:
+          fit_instances: int | None = None, fit_load_spread: bool = False, fit_load_beside: bool = False) -> Variability:
     """A :class:`Variability` from the files given (None: that input stays constant).
 
     ``fit_gbps``: the tier bandwidth the ``fit_from`` run saw (its transfers are taken out of T0). ``t0_given_s``: a T0
@@ -295,7 +310,9 @@ def build(*, fit_from: str | None = None, get_times_from: str | None = None, rea
     ``get_times_from``/``readers_from``: one part each, refused when the file lacks it. ``fit_loads_from``: a connector
     trace whose loads give the async bandwidth and the loader's time a load (:func:`fit_loads`, its tier of
     ``fit_instances``, else ``instances``); ``async_instance_gbps`` and ``async_load_s`` given win over that fit;
-    ``fit_load_spread``: each async load's GET time drawn from that trace's loads (over their median) too.
+    ``fit_load_spread``: each async load's GET time drawn from that trace's loads (over their median) too;
+    ``fit_load_beside``: from its loads beside big steps for a load that starts beside one, else from the others
+    (:attr:`Variability.load_spread_beside`; the vLLM line only).
     """
     notes: list[str] = []
     t0: tuple[float, ...] = ()
@@ -321,6 +338,9 @@ def build(*, fit_from: str | None = None, get_times_from: str | None = None, rea
         notes.append(note)
     given_gbps, given_load_s = async_instance_gbps, async_load_s
     spread: tuple[float, ...] = ()
+    spread_beside: tuple[float, ...] = ()
+    if fit_load_beside and not fit_load_spread:
+        raise InvalidInput("--fit-load-beside splits --fit-load-spread's draws: give --fit-load-spread too")
     if fit_loads_from:
         fit = fit_loads(fit_loads_from, fit_instances or instances or 1)
         notes.append(fit.note + ("" if given_gbps is None and given_load_s is None else " (values given win)"))
@@ -331,6 +351,9 @@ def build(*, fit_from: str | None = None, get_times_from: str | None = None, rea
             q = np.percentile(spread, [90, 99])
             notes.append(f"async loads' GET times drawn from the {len(spread)} loads of {fit_loads_from} (p90 {q[0]:.2f}×, "
                          f"p99 {q[1]:.2f}×, the slowest {spread[-1]:.2f}× the median's; --fit-load-spread)")
+        if fit_load_beside:
+            spread, spread_beside, said = _beside_split(fit, fit_loads_from)
+            notes.append(said)
     elif fit_load_spread:
         raise InvalidInput("--fit-load-spread draws from --fit-loads' trace: give --fit-loads TRACE")
     if given_gbps is not None:
@@ -340,4 +363,16 @@ def build(*, fit_from: str | None = None, get_times_from: str | None = None, rea
     if given_load_s:
         notes.append(f"async loads hold the loader {given_load_s * 1e3:g} ms each besides their GETs")
     return Variability(t0, sigma, gain, async_instance_gbps, async_overhead_s, async_load_s or 0.0, tuple(notes), fit_range,
-                       spread)
+                       spread, spread_beside)
+
+
+def _beside_split(fit: LoaderFit, path: str) -> tuple[tuple[float, ...], tuple[float, ...], str]:
+    """(the draws of a load alone, of a load beside a big step, what was said) for --fit-load-beside."""
+    if not fit.spread_beside or not fit.spread_alone:
+        return fit.spread, (), (f"--fit-load-beside: {len(fit.spread_beside)} of the {len(fit.spread)} loads of {path} ran "
+                                f"beside steps of {BESIDE_STEP_TOKENS} tokens or more: every load draws from all of them")
+    mean = float(np.mean(fit.spread_beside))
+    return fit.spread_alone, fit.spread_beside, (
+        f"--fit-load-beside: a load that starts while the engine has {BESIDE_STEP_TOKENS} or more tokens to prefill draws "
+        f"from the {len(fit.spread_beside)} loads of {path} beside such steps (mean {mean:.2f}×, the slowest "
+        f"{fit.spread_beside[-1]:.2f}×), the others from its {len(fit.spread_alone)} loads alone")

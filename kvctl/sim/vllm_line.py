@@ -26,7 +26,9 @@ The model (one engine, one FIFO tier, time in seconds):
   until vLLM reports it, and ``head`` decides without the credit. Rule ``off`` loads every hit.
 * the tier is one FIFO. A load holds it for its fixed seconds plus its bytes / bandwidth, times the request's
   spread (``mult``: ``--fit-load-spread``'s draws, else the lognormal of ``--bench``; 1 without). The decision predicts the load
-  without the spread. A load still going at its budget (the decision's ``budget_s``, the worker's deadline) keeps the
+  without the spread. With ``mult_beside`` (``--fit-load-beside``), a load that starts while the engine has
+  BESIDE_STEP_TOKENS or more to prefill (its steps run beside the GETs) takes that draw instead: on an H100 such loads
+  were the slow ones (2026-12-07, third). A load still going at its budget (the decision's ``budget_s``, the worker's deadline) keeps the
   chunks it got by then; the rest is recomputed, and the load counts as given up.
 * ``sched_lag`` 1 is vLLM's async scheduling, its default on CUDA. A step is planned while the one before it
   runs, so an arrival or a finished load is seen a step later; an idle engine sees it at once.
@@ -42,7 +44,7 @@ import numpy as np
 
 from kvctl.connector.policy import CREDIT_CAP, LOAD, NO_LINE, OFF, Estimates, HitShape, Line, TierQueue, decide, ewma
 from kvctl.connector.tier_queue import plan_ends, tier_backlog
-from kvctl.core.thresholds import CHUNK_TOKENS
+from kvctl.core.thresholds import BESIDE_STEP_TOKENS, CHUNK_TOKENS
 from kvctl.plugins.vllm_policy import ArrivalRate
 from kvctl.sim.steps import StepCost
 
@@ -161,14 +163,16 @@ class _Tier:
 
 
 def run_line(arrival: np.ndarray, tokens: np.ndarray, hit_tokens: np.ndarray, cfg: LineConfig,
-             mult: np.ndarray | None = None) -> LineResult:
+             mult: np.ndarray | None = None, mult_beside: np.ndarray | None = None) -> LineResult:
     """The engine of the module docstring over requests arriving at ``arrival`` (s, non-decreasing), each ``tokens``
-    long with ``hit_tokens`` of them in the tier (whole chunks; the last token is always computed)."""
+    long with ``hit_tokens`` of them in the tier (whole chunks; the last token is always computed). ``mult`` and
+    ``mult_beside``: each request's load-time multiplier alone and beside big steps (None: 1, and ``mult``)."""
     n = len(arrival)
     ct = cfg.chunk_tokens
     reqs = [_Req(i, float(arrival[i]), int(tokens[i]), int(min(hit_tokens[i], tokens[i] - 1) // ct * ct))
             for i in range(n)]
     spread = np.ones(n) if mult is None else np.asarray(mult, dtype=float)
+    spread_beside = spread if mult_beside is None else np.asarray(mult_beside, dtype=float)
     tier = _Tier(cfg)
     counts: Counter[str] = Counter()
     compute = np.zeros(n)
@@ -204,7 +208,9 @@ def run_line(arrival: np.ndarray, tokens: np.ndarray, hit_tokens: np.ndarray, cf
                 k, budget_s, what = tier.decide(q, now, left_ahead, bool(running or loading or waiting))
                 counts[what] += 1
             if k:
-                heapq.heappush(loading, (tier.start(q, k, now, budget_s, float(spread[q.i])), q.i))
+                beside = sum(x.left for x in running) >= BESIDE_STEP_TOKENS  # prefill this step and the next ones
+                m = float((spread_beside if beside else spread)[q.i])
+                heapq.heappush(loading, (tier.start(q, k, now, budget_s, m), q.i))
                 continue
             q.left = q.tokens
             running.append(q)

@@ -64,3 +64,37 @@ def test_the_summary_names_reports_own_reason_for_a_missing_l2_share(ops):
                                      "l2_token_share_source": "no counters after the run (the scrape failed: 'timed out')"}]},
                           "", 0)
     assert "≤ 0.863: no counters after the run (the scrape failed" in line and "exports no L2 counter" not in line
+
+
+def test_the_second_gpu_run_shows_why_lmcache_counts_no_hit_tokens_under_async_loading():
+    """The H100 rerun (2026-12-07, third), whose archive kept the engines' logs: report's L2 share now agrees with the
+    cached share in all four runs, and LMCache's flat num_hit_tokens under async loading is LMCache's own count.
+    That counter adds the tokens LMCache's retrieve wrote into vLLM's cache. The sync engine's worker retrieved 231
+    times (its log's ``Retrieved N out of M`` lines); the async engine's ran no retrieve at all (no such line,
+    num_retrieve_requests and num_lookup_requests 0), while its lookup server read every hit's chunks from the tier
+    (12 remote reads, 0.76 GB, one ``retrieved length 2048`` answer a lookup) and vLLM counted 24 564 external hits."""
+    import re
+    import tarfile
+
+    d = ROOT / "benchmarks" / "results" / "lmcache_ops-h100-2026-12-07-third"
+    text = (d / "lmcache-ops.txt").read_text()
+    disagree = [line for line in text.splitlines() if line.startswith("  DISAGREES")]
+    assert len(disagree) == 1 and disagree[0].endswith("got 0 vs 2.46e+04")
+    for run, share in (("run-2", "0.863"), ("run-3", "1"), ("run-4", "1")):
+        assert f"  agrees    report {run}: L2 share" in text and f"got {share} vs {share}" in text
+    with tarfile.open(d / "lmcache-ops.tar.gz") as tar:
+        read = {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode() for m in tar.getmembers()
+                if m.isfile() and m.name.endswith((".log", ".prom"))}
+
+    def counter(prom: str, name: str) -> float:
+        return sum(float(ln.rsplit(" ", 1)[1]) for ln in read[prom].splitlines() if ln.startswith(f"lmcache:{name}_total{{"))
+
+    retrieved = {e: [int(n) for n in re.findall(r"Retrieved (\d+) out of", read[f"{e}/server.log"])]
+                 for e in ("engine-1", "engine-2")}
+    assert len(retrieved["engine-1"]) == 231 and sum(retrieved["engine-1"]) == 413952 and retrieved["engine-2"] == []
+    answers = re.findall(r"Responding to scheduler for lookup id \S+ with retrieved length (\d+)", read["engine-2/server.log"])
+    assert len(answers) == 133 and set(answers) == {"2048"}
+    sync, asyn = "engine-metrics.prom", "engine-metrics-async.prom"
+    assert (counter(sync, "num_retrieve_requests"), counter(sync, "num_hit_tokens")) == (8, 14336)
+    assert [counter(asyn, n) for n in ("num_retrieve_requests", "num_lookup_requests", "num_hit_tokens")] == [0, 0, 0]
+    assert counter(asyn, "num_remote_read_requests") == 12 and round(counter(asyn, "num_remote_read_bytes") / 1e9, 2) == 0.76

@@ -118,3 +118,17 @@ def test_cli_bad_loader_input_is_one_line(args, message):
                                  "--prefill-rate", "1e9", "--instance-gbps", "1", "--loading", "async", *args])
     assert r.exit_code == 2, r.output
     assert message in r.output and "Traceback" not in r.output
+
+
+def test_fit_splits_the_loads_beside_big_steps_from_the_others(tmp_path):
+    """A load whose GETs ran at least half their time beside a step of 8192 prefill tokens or more counts as beside
+    (on an H100 such loads were the slow ones, 2026-12-07); a small step beside a load does not count. Loads of 0.5 s
+    ending at t: GETs over [t - 0.55, t - 0.05]."""
+    steps = [{"t": 1.0, "ev": "step", "t_start": 0.6, "s": 0.4, "prefill_tokens": 16384},  # covers [0.45, 0.95] 0.35 s
+             {"t": 3.0, "ev": "step", "t_start": 2.5, "s": 0.5, "prefill_tokens": 512},  # small: not beside
+             {"t": 5.0, "ev": "step", "t_start": 4.5, "s": 0.1, "prefill_tokens": 8192}]  # 0.1 of 0.5 s: not half
+    loads = [load_event(1.0, get_s=0.5), load_event(3.0, get_s=0.5), load_event(5.0, get_s=0.5),
+             load_event(7.0, get_s=1.0, total_s=1.05)]
+    fit = fit_loads(write_trace(tmp_path / "t.jsonl", steps + loads), 1)
+    assert fit.spread == (1.0, 1.0, 1.0, 2.0)
+    assert fit.spread_beside == (1.0,) and fit.spread_alone == (1.0, 1.0, 2.0)

@@ -90,6 +90,7 @@ def test_simulate_runs_vllms_scheduler_and_counts_the_decisions():
     (["--loading", "sync", "--scheduler", "vllm"], "--scheduler vllm models async loading"),
     (["--loading", "async", "--scheduler", "vllm", "--engines", "2"], "--scheduler vllm models one engine"),
     (["--loading", "async", "--fit-load-spread"], "--fit-load-spread draws from --fit-loads' trace"),
+    (["--loading", "async", "--scheduler", "vllm", "--fit-load-beside"], "--fit-load-beside splits --fit-load-spread's draws"),
 ])
 def test_what_the_model_cannot_run_is_one_line(args, says):
     res = simulate(*args)
@@ -115,3 +116,18 @@ def test_a_fitted_t0_distribution_is_said_unused_by_vllms_scheduler():
     res = simulate_fleet(w, cfg, 0.00256, var=Variability(t0_samples_s=(0.2, 0.3)))
     assert any("--fit-from's T0 distribution is not used" in n for n in res.notes), res.notes
     assert res.p50_s == pytest.approx(0.31 + 0.256)  # each alone: its load, then its 256-token rest
+
+
+def test_a_load_that_starts_beside_a_big_prefill_takes_the_beside_draw():
+    """``mult_beside`` (``--fit-load-beside``): a hit that reaches the scheduler while 8192 or more tokens of prefill
+    are scheduled or waiting takes that draw, a lone hit its own. R 100 000 tokens/s: a 10 000-token miss and a hit
+    arrive together, the miss's step takes 0.1 s, the hit's 3 chunks 0.01 + 0.3 s alone or 0.01 + 0.6 s at 2x, then
+    its 256-token rest (2.56 ms). A lone hit at 20 s, and a hit beside a 512-token miss, keep 1x."""
+    cfg = LineConfig(**{**CFG.__dict__, "budget": 20000, "prefill_rate": 100_000.0})
+    arrival, tokens, hits = np.array([0.0, 0.0, 20.0]), np.array([10000, 1024, 1024]), np.array([0, 768, 768])
+    plain = run_line(arrival, tokens, hits, cfg, mult=np.ones(3))
+    beside = run_line(arrival, tokens, hits, cfg, mult=np.ones(3), mult_beside=np.full(3, 2.0))
+    assert plain.done.tolist() == pytest.approx([0.1, 0.31256, 20.31256])
+    assert beside.done.tolist() == pytest.approx([0.1, 0.61256, 20.31256])
+    small = (np.array([0.0, 0.0]), np.array([512, 1024]), np.array([0, 768]))
+    assert run_line(*small, cfg, mult=np.ones(2), mult_beside=np.full(2, 2.0)).done[1] == pytest.approx(0.31256)

@@ -72,6 +72,9 @@ class LoadTiming:
     insert_s: float
     total_s: float
     insert_events: tuple | None = None
+    lanes: int = 0  # the device path's GET lanes, and what they summed (FetchStats; the host path: 0 and ())
+    recv_s_by_instance: tuple[float, ...] = ()
+    slot_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,8 @@ def _timing(parts: dict, agreed: int, t0: float, t_ins: float | None, t_end: flo
     return LoadTiming(chunks=agreed, get_bytes=fetch.got_bytes if fetch is not None else 0, get_s=get_s,
                       copy_tail_s=tail_s, exchange_s=max(0.0, protocol_s - get_s - tail_s),
                       insert_s=t_end - t_ins if t_ins is not None else 0.0, total_s=t_end - t0,
-                      insert_events=events)
+                      insert_events=events, **({} if fetch is None else {"lanes": fetch.lanes, "slot_wait_s": fetch.slot_wait_s,
+                                                                          "recv_s_by_instance": fetch.recv_s_by_instance}))
 
 
 class KVDataPath:

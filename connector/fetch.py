@@ -47,6 +47,11 @@ class FetchStats:
     get_s: float  # from the start to the end of the last GET
     copy_tail_s: float  # from the end of the last GET until every copy was complete
     lanes: int
+    # summed over the lanes: seconds in GETs (each instance's apart, by tier position) and seconds waiting for a
+    # slot's copy to the device to end before refilling it. A load slower than its GETs' usual time shows which
+    # one grew (H100, 2026-12-07: loads beside 16k prefill steps took up to 1.8x, the cause unmeasured)
+    recv_s_by_instance: tuple[float, ...] = ()
+    slot_wait_s: float = 0.0
 
 
 def lanes_for(pool: PinnedPool, instances: int, connections: int) -> int:
@@ -63,6 +68,8 @@ class _Progress:
         self.ok = [False] * n
         self.got = 0
         self.last_get = 0.0
+        self.recv: dict[int, float] = {}  # instance -> seconds its lanes spent in GETs
+        self.slot_wait = 0.0
         self.lock = threading.Lock()
 
     def fail(self, j: int) -> None:
@@ -126,6 +133,7 @@ def fetch_to_device(tier: RankTier, pool: PinnedPool, chunks: Sequence[int], key
         ring = deque((s, None) for s in held[li * slots_per_lane : (li + 1) * slots_per_lane])
         if stream is not None:
             stream.wait_stream(caller)  # dst was allocated (and maybe written) on the caller's stream
+        recv = wait = 0.0
         try:
             while True:
                 with qlock:
@@ -144,15 +152,20 @@ def fetch_to_device(tier: RankTier, pool: PinnedPool, chunks: Sequence[int], key
                     prog.ok[j] = True
                     continue
                 slot, ev = ring.popleft()
+                t_get = time.perf_counter()
                 if ev is not None:
                     ev.synchronize()  # the copy out of this slot is done: refill it
+                    wait += time.perf_counter() - t_get
+                    t_get = time.perf_counter()
                 try:
                     hit = tier.get_one(client, keys[j], pool.view(slot))  # every part of the chunk, or a miss
                 except errors:
                     hit = False
                 finally:
+                    t_done = time.perf_counter()
+                    recv += t_done - t_get
                     with prog.lock:
-                        prog.last_get = time.perf_counter()
+                        prog.last_get = max(prog.last_get, t_done)
                 if not hit:
                     ring.append((slot, None))
                     prog.fail(j)
@@ -174,6 +187,9 @@ def fetch_to_device(tier: RankTier, pool: PinnedPool, chunks: Sequence[int], key
         finally:
             if stream is not None:
                 stream.synchronize()  # no slot goes back to the pool with a copy still reading it
+            with prog.lock:
+                prog.recv[inst] = prog.recv.get(inst, 0.0) + recv
+                prog.slot_wait += wait
 
     try:
         futures = [executor.submit(lane, li, inst, q) for li, (inst, q) in enumerate(lanes)]
@@ -185,4 +201,5 @@ def fetch_to_device(tier: RankTier, pool: PinnedPool, chunks: Sequence[int], key
     if failures:
         raise failures[0]
     last = prog.last_get or t_end
-    return FetchStats(prog.staged(), prog.got, last - t0, max(0.0, t_end - last), len(lanes))
+    return FetchStats(prog.staged(), prog.got, last - t0, max(0.0, t_end - last), len(lanes),
+                      tuple(prog.recv.get(i, 0.0) for i in range(len(queues))), prog.slot_wait)

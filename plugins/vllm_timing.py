@@ -128,7 +128,8 @@ def count_load(stats: Any, trace: Any, rank: int, chunk_tokens: int, spec: Any, 
                     agreed=out.agreed, written=out.written, bytes=t.get_bytes, total_s=t.total_s,
                     get_s=t.get_s, copy_tail_s=t.copy_tail_s, exchange_s=t.exchange_s, insert_s=t.insert_s,
                     asynchronous=spec.is_async, queued_s=waited_s, budget_s=spec.budget_s, given_up=given_up,
-                    chunk_tokens=chunk_tokens, layered=layered)
+                    chunk_tokens=chunk_tokens, layered=layered, lanes=t.lanes,
+                    recv_s_by_instance=[round(x, 6) for x in t.recv_s_by_instance], slot_wait_s=round(t.slot_wait_s, 6))
         if t.insert_events is not None:
             insert_events.append((*t.insert_events, spec.req_id))
     return insert_events

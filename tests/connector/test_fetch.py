@@ -45,6 +45,9 @@ def test_every_chunk_lands_in_its_slot(valkey_factory, k, conns):
         stats = fetch_to_device(tier, pool, chunks, keys, lambda j: staging[j], ex)
     assert stats.staged == len(keys) and stats.got_bytes == len(keys) * NB
     assert stats.lanes == k * min(conns, pool.n_slots // (2 * k))
+    # the lanes' GET seconds, an instance each (CPU copies: no slot waits for a device copy)
+    assert len(stats.recv_s_by_instance) == k and all(x > 0 for x in stats.recv_s_by_instance)
+    assert sum(stats.recv_s_by_instance) <= stats.lanes * stats.get_s and stats.slot_wait_s == 0.0
     for j, d in enumerate(data):
         assert torch.equal(staging[j], d), j
     assert pool.free_slots == pool.n_slots
@@ -94,6 +97,9 @@ def test_a_stopped_instance_ends_the_load_within_the_timeout(valkey_factory):
         os.kill(procs[1].pid, signal.SIGCONT)
     assert stats.staged == 1  # chunk 0 is on instance 0; chunk 1 on the stopped one
     assert took < 3.0, took
+    # the wait is the stopped instance's: its lanes sat out the timeout in their GETs, the other's did not
+    fast, stopped = stats.recv_s_by_instance
+    assert stopped >= 0.9 and fast < 0.5, stats.recv_s_by_instance
     tier.close()
 
 

@@ -206,7 +206,7 @@ OPTIONS: tuple[Opt, ...] = (
         help="async: each load's GET time drawn from --fit-loads' own loads (each one's seconds a byte over their median: "
         "the slow loads a real tier has), in place of --bench's lognormal spread."),
     opt("--fit-load-beside", commands=S, is_flag=True, default=False,
-        help="async, --scheduler vllm, with --fit-load-spread: a load that starts while the engine has 8192 or more tokens "
+        help=f"async, --scheduler vllm, with --fit-load-spread: a load that starts while the engine has {thresholds.BESIDE_STEP_TOKENS} or more tokens "
         "to prefill draws from --fit-loads' loads that ran beside such steps, the others from its loads alone (on an H100 "
         "the loads beside big steps were the slow ones)."),
     opt("--async-load-s", type=non_negative(3600), default=None,

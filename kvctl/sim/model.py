@@ -238,6 +238,8 @@ def build(i: Inputs, default_requests: int = SIMULATE_REQUESTS) -> Model:
     bench = sim_workload.bench_bandwidths(i.bench_path) if i.bench_path and i.instance_gbps is None else None  # B: --instance-gbps wins
     fit_instances = i.fit_instances or (i.instances if i.instances is not None else (max(bench) if bench else 1))
     fit_gbps = sim_workload.effective_gbps(fit_instances, i.instance_gbps, bench)
+    if i.fit_load_beside and i.scheduler != "vllm":  # the fifo engine has no steps to put a load beside
+        raise InvalidInput("--fit-load-beside draws by the engine's prefill when a load starts: give --scheduler vllm")
     var = variability.build(fit_from=i.fit_from, bench_from=i.bench_path,
                             async_instance_gbps=i.async_instance_gbps, async_overhead_s=i.async_overhead_s,
                             bytes_per_token=i.bytes_per_token, prefill_rate=i.prefill_rate, fit_gbps=fit_gbps, instances=i.instances,

@@ -172,7 +172,7 @@ def run_line(arrival: np.ndarray, tokens: np.ndarray, hit_tokens: np.ndarray, cf
     reqs = [_Req(i, float(arrival[i]), int(tokens[i]), int(min(hit_tokens[i], tokens[i] - 1) // ct * ct))
             for i in range(n)]
     spread = np.ones(n) if mult is None else np.asarray(mult, dtype=float)
-    spread_beside = spread if mult_beside is None else np.asarray(mult_beside, dtype=float)
+    spread_beside = None if mult_beside is None else np.asarray(mult_beside, dtype=float)
     tier = _Tier(cfg)
     counts: Counter[str] = Counter()
     compute = np.zeros(n)
@@ -208,8 +208,10 @@ def run_line(arrival: np.ndarray, tokens: np.ndarray, hit_tokens: np.ndarray, cf
                 k, budget_s, what = tier.decide(q, now, left_ahead, bool(running or loading or waiting))
                 counts[what] += 1
             if k:
-                beside = sum(x.left for x in running) >= BESIDE_STEP_TOKENS  # prefill this step and the next ones
-                m = float((spread_beside if beside else spread)[q.i])
+                m = float(spread[q.i])
+                # beside: the prefill of this step and the next ones
+                if spread_beside is not None and sum(x.left for x in running) >= BESIDE_STEP_TOKENS:
+                    m = float(spread_beside[q.i])
                 heapq.heappush(loading, (tier.start(q, k, now, budget_s, m), q.i))
                 continue
             q.left = q.tokens

@@ -91,6 +91,7 @@ def test_simulate_runs_vllms_scheduler_and_counts_the_decisions():
     (["--loading", "async", "--scheduler", "vllm", "--engines", "2"], "--scheduler vllm models one engine"),
     (["--loading", "async", "--fit-load-spread"], "--fit-load-spread draws from --fit-loads' trace"),
     (["--loading", "async", "--scheduler", "vllm", "--fit-load-beside"], "--fit-load-beside splits --fit-load-spread's draws"),
+    (["--loading", "async", "--fit-load-spread", "--fit-load-beside"], "--fit-load-beside draws by the engine's prefill"),
 ])
 def test_what_the_model_cannot_run_is_one_line(args, says):
     res = simulate(*args)

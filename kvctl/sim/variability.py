@@ -256,6 +256,41 @@ class LoaderFit:
     spread_alone: tuple[float, ...] = ()
 
 
+@dataclass(frozen=True)
+class TraceLoad:
+    """One rank's load from a connector trace's ``load`` event: its bytes, seconds in GETs and in the loader, whether
+    at least half its GET time ran beside an engine step of ``BESIDE_STEP_TOKENS`` or more (``beside``), whether it
+    was given up at its deadline, and the event itself (its lanes' sums, where the trace has them)."""
+
+    bytes: float
+    get_s: float
+    total_s: float
+    beside: bool
+    given_up: bool
+    rank: int
+    event: dict
+
+
+def trace_loads(events: list[dict]) -> list[TraceLoad]:
+    """The loads of a connector trace's events that read something (bytes, ``get_s`` and ``total_s`` each finite and
+    above 0, ``total_s`` ≥ ``get_s``), in the trace's order, each classed beside a big step or not."""
+    big = [(e["t_start"], e["t_start"] + e["s"]) for e in events if e.get("ev") == "step" and _num(e.get("t_start"))
+           and _num(e.get("s")) and (e.get("prefill_tokens") or 0) >= BESIDE_STEP_TOKENS]
+    out: list[TraceLoad] = []
+    for e in events:
+        if e.get("ev") != "load":
+            continue
+        b, g, tot = (_num(e.get(k)) for k in ("bytes", "get_s", "total_s"))
+        if b is None or g is None or tot is None or tot < g:
+            continue
+        start = (_num(e.get("t")) or 0.0) - tot  # the GETs come first, then the copy, the exchange and the insert
+        beside = sum(max(0.0, min(start + g, b1) - max(start, a1)) for a1, b1 in big) >= g / 2
+        rank = e.get("rank")
+        out.append(TraceLoad(b, g, tot, beside, e.get("given_up") is True,
+                             rank if isinstance(rank, int) and not isinstance(rank, bool) else 0, e))
+    return out
+
+
 def fit_loads(path: str, instances: int) -> LoaderFit:
     """The loader's service from the ``load`` events of the connector trace at ``path``: each event is one rank's
     load (its bytes, ``get_s`` on its GETs, ``total_s`` in the loader); those that read something and were not
@@ -265,24 +300,11 @@ def fit_loads(path: str, instances: int) -> LoaderFit:
     from kvctl.records.connector_trace import read_events  # noqa: PLC0415
 
     events, _ = read_events(path, "--fit-loads trace")
-    rates: list[float] = []
-    extra: list[float] = []
-    beside: list[bool] = []
-    ranks: set[int] = set()
-    big = [(e["t_start"], e["t_start"] + e["s"]) for e in events if e["ev"] == "step" and _num(e.get("t_start"))
-           and _num(e.get("s")) and (e.get("prefill_tokens") or 0) >= BESIDE_STEP_TOKENS]
-    for e in events:
-        if e["ev"] != "load" or e.get("given_up") is True:
-            continue
-        b, g, tot = (_num(e.get(k)) for k in ("bytes", "get_s", "total_s"))  # each finite and above 0, else None
-        if b is None or g is None or tot is None or tot < g:
-            continue
-        rates.append(b / g)
-        extra.append(tot - g)
-        start = (_num(e.get("t")) or 0.0) - tot  # the GETs come first, then the copy, the exchange and the insert
-        beside.append(sum(max(0.0, min(start + g, b1) - max(start, a1)) for a1, b1 in big) >= g / 2)
-        rank = e.get("rank")
-        ranks.add(rank if isinstance(rank, int) and not isinstance(rank, bool) else 0)
+    loads = [x for x in trace_loads(events) if not x.given_up]
+    rates = [x.bytes / x.get_s for x in loads]
+    extra = [x.total_s - x.get_s for x in loads]
+    beside = [x.beside for x in loads]
+    ranks = {x.rank for x in loads}
     if not rates:
         raise InvalidInput(f"--fit-loads {path}: no load that read something and was not given up (the trace's "
                            "`load` events need bytes, get_s and total_s)")

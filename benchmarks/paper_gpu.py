@@ -42,6 +42,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import shlex
 import signal
 import statistics
@@ -159,6 +160,10 @@ def parse_args(argv=None):
     ap.add_argument("--prime-gap-s", type=float, default=None,
                     help="seconds between the primed documents' arrivals (default 0.3: ~1.6 GB/s of saves, paced near what one "
                          "instance behind the link takes; cpu 0)")
+    ap.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="set this in the engines' environment (repeatable; kept in meta.json), e.g. "
+                         "CUDA_DEVICE_MAX_CONNECTIONS=32: the CUDA driver's hardware work queues, 8 by default, which the "
+                         "connector's copy streams share with the engine's step")
     ap.add_argument("--load-policy", choices=("on", "off"), default="on",
                     help="the connector's load-or-recompute decision (issue 46; off: every hit loads, as the earlier runs)")
     a = ap.parse_args(argv)
@@ -188,7 +193,19 @@ def parse_args(argv=None):
         ap.error(f"--prime-gap-s must be 0 to 60 seconds, not {a.prime_gap_s}")
     if not 0 <= a.calib_beside_s <= 10:
         ap.error(f"--calib-beside-s must be 0 to 10 seconds, not {a.calib_beside_s}")
+    a.engine_env = _engine_env(ap, a.engine_env)
     return a
+
+
+def _engine_env(ap, items: list[str]) -> dict[str, str]:
+    """``--engine-env NAME=VALUE`` items as a dict; a name that is no environment variable's is refused."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            ap.error(f"--engine-env: NAME=VALUE with NAME a variable's name, not {item!r}")
+        out[name] = value
+    return out
 
 
 # -- the trace ---------------------------------------------------------------------------------------
@@ -262,7 +279,7 @@ class Lab:
         self.a, self.work = a, a.workdir
         self.tiers: dict[int, tuple[LabTier, Shapers | None]] = {}
         self.model = self._model()
-        self.env = engine_env(device=a.device, extra={"VLLM_SERVER_DEV_MODE": "1"})
+        self.env = engine_env(device=a.device, extra={"VLLM_SERVER_DEV_MODE": "1", **a.engine_env})
 
     def _model(self) -> Path:
         from kvctl.lab.models import make_shaped_model, make_tiny_model
@@ -873,7 +890,8 @@ def write_meta(a, lab: Lab) -> dict:
             "bytes_per_token": lab_bytes_per_token(lab), "prompt_tokens": a.prompt_tokens, "block_tokens": a.block_tokens,
             "chunk_tokens": a.chunk_tokens, "instances": a.instances, "calib_instances": a.calib_instances,
             "calib_loading": a.calib_loading, "link_mbps": a.link_mbps,
-            "max_batched_tokens": a.max_batched_tokens, "traces": traces, "load_policy": a.load_policy}
+            "max_batched_tokens": a.max_batched_tokens, "traces": traces, "load_policy": a.load_policy,
+            "engine_env": a.engine_env}
     try:
         meta["vllm"] = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
                                       text=True, timeout=120).stdout.strip()

@@ -10,6 +10,9 @@ median's for its bytes) is then slow
 * on one or some instances: those instances (their links, their CPU);
 * in its slot waits: the copies to the device.
 
+Each load's ``copy_tail_s`` (from its last GET to its last copy's end: a few tenths of a millisecond when the copies
+keep up) is counted too: a tail of ``TAIL_S`` or more is a copy that waited on the device.
+
 Loads are split as ``kvctl simulate --fit-load-beside`` splits them (:func:`kvctl.sim.variability.trace_loads`):
 beside a step of ``BESIDE_STEP_TOKENS`` or more for at least half their GET time, or not.
 
@@ -35,6 +38,8 @@ from kvctl.sim.variability import TraceLoad, trace_loads  # noqa: E402
 
 # an instance counts as slow for a load when its GET seconds per byte are this many times the median load's
 INSTANCE_SLOW = 1.15
+# a copy tail this long is a copy that waited on the device (the copies keep up with the GETs in ~0.3 ms)
+TAIL_S = 0.05
 
 
 def _lane_sums(x: TraceLoad) -> tuple[list[float], float] | None:
@@ -63,7 +68,8 @@ def analyse(loads: list[TraceLoad], slow: float = 1.2) -> dict:
     for x, ls in sums:
         row = {"t": x.event.get("t"), "req": x.event.get("req"), "rank": x.rank, "beside": x.beside,
                "given_up": x.given_up, "bytes": x.bytes, "get_s": x.get_s,
-               "slowness": round(x.get_s / x.bytes / s_per_b, 3)}
+               "slowness": round(x.get_s / x.bytes / s_per_b, 3),
+               "copy_tail_s": x.event.get("copy_tail_s") if isinstance(x.event.get("copy_tail_s"), (int, float)) else None}
         if ls is not None:
             per, wait = ls
             row["instance_slowness"] = [round(per[i] / (x.bytes / len(per)) / inst_med[i], 3) if i < len(inst_med)
@@ -79,9 +85,10 @@ def analyse(loads: list[TraceLoad], slow: float = 1.2) -> dict:
         for r in slow_rows:
             where[_where(r, wait_med)] += 1
         groups[name] = {"loads": len(g), "slow_or_given_up": len(slow_rows),
+                        "long_copy_tail": sum((r["copy_tail_s"] or 0) >= TAIL_S for r in g),
                         "median_slowness": round(statistics.median(r["slowness"] for r in g), 3) if g else None,
                         "where": where}
-    return {"slow": slow, "instance_slow": INSTANCE_SLOW, "beside_step_tokens": BESIDE_STEP_TOKENS,
+    return {"slow": slow, "instance_slow": INSTANCE_SLOW, "tail_s": TAIL_S, "beside_step_tokens": BESIDE_STEP_TOKENS,
             "median_slot_wait_share": round(wait_med, 4), "lane_sums": len(with_sums), "groups": groups, "loads": rows}
 
 
@@ -104,20 +111,25 @@ def render(res: dict) -> str:
            f"{res['instance_slow']}x; beside = half its GETs beside a step of {res['beside_step_tokens']} tokens or more",
            f"lane sums in {res['lane_sums']} of {len(res['loads'])} loads; median slot-wait share "
            f"{res['median_slot_wait_share']:.3f}", ""]
-    out.append(f"{'group':<8} {'loads':>5} {'slow':>5} {'median':>7}  every-inst  some-inst  slot-waits  none  no-sums")
+    out.append(f"{'group':<8} {'loads':>5} {'slow':>5} {'median':>7}  every-inst  some-inst  slot-waits  none  no-sums"
+               f"  tail>={res['tail_s'] * 1e3:.0f}ms")
     for name, g in res["groups"].items():
         w = g["where"]
         med = f"{g['median_slowness']:.3f}" if g["median_slowness"] is not None else "-"
         out.append(f"{name:<8} {g['loads']:>5} {g['slow_or_given_up']:>5} {med:>7}  {w['every_instance']:>10} "
-                   f"{w['some_instances']:>10} {w['slot_waits']:>11} {w['none_of_these']:>5} {w['no_lane_sums']:>8}")
-    slow_rows = [r for r in res["loads"] if r["slowness"] >= res["slow"] or r["given_up"]]
+                   f"{w['some_instances']:>10} {w['slot_waits']:>11} {w['none_of_these']:>5} {w['no_lane_sums']:>8}"
+                   f"  {g['long_copy_tail']:>10}")
+    slow_rows = [r for r in res["loads"] if r["slowness"] >= res["slow"] or r["given_up"]
+                 or (r["copy_tail_s"] or 0) >= res["tail_s"]]
     if slow_rows:
-        out += ["", "the slow loads: t, rank, beside, slowness, per-instance slowness, slot-wait share"]
+        out += ["", "the slow loads (and long copy tails): t, rank, beside, slowness, per-instance slowness, "
+                    "slot-wait share, copy tail ms"]
         for r in slow_rows:
             inst = " ".join("-" if v is None else f"{v:.2f}" for v in r.get("instance_slowness", []))
             wait = f"{r['slot_wait_share']:.3f}" if "slot_wait_share" in r else "-"
+            tail = f"{r['copy_tail_s'] * 1e3:.1f}" if r["copy_tail_s"] is not None else "-"
             out.append(f"  {r['t']:.3f} r{r['rank']} {'beside' if r['beside'] else 'alone':<6} {r['slowness']:.2f}"
-                       f"{' given up' if r['given_up'] else ''}  [{inst}]  {wait}")
+                       f"{' given up' if r['given_up'] else ''}  [{inst}]  {wait}  {tail}")
     return "\n".join(out)
 
 

@@ -888,3 +888,18 @@ def test_a_calibration_can_send_its_hits_beside_its_misses(paper, tmp_path):
     assert len(paired) == 10 and all(abs(t_near[i] - t_near[i - 1] - 50.0) < 1e-6 for i in paired)
     with pytest.raises(SystemExit):
         paper.parse_args(["--workdir", str(tmp_path), "--calib-beside-s", "-1"])
+
+
+def test_the_engines_environment_takes_what_engine_env_names(paper, tmp_path):
+    """``--engine-env NAME=VALUE`` reaches the engines' environment (the Lab's, which every engine start is given); a
+    malformed item is refused before anything starts."""
+    a = paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu", "--engine-env", "CUDA_DEVICE_MAX_CONNECTIONS=32",
+                          "--engine-env", "KVCTL_X=a=b"])
+    assert a.engine_env == {"CUDA_DEVICE_MAX_CONNECTIONS": "32", "KVCTL_X": "a=b"}
+    lab = paper.Lab(a)
+    assert lab.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "32" and lab.env["KVCTL_X"] == "a=b"
+    assert lab.env["VLLM_SERVER_DEV_MODE"] == "1"
+    for bad in ("NOVALUE", "1X=2", "=3", "A B=1"):
+        with pytest.raises(SystemExit):
+            paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu", "--engine-env", bad])
+    assert paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu"]).engine_env == {}

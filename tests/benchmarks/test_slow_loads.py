@@ -20,9 +20,10 @@ from benchmarks import slow_loads  # noqa: E402
 MB = 1_000_000
 
 
-def _load(t: float, get_s: float, per: list[float], wait: float = 0.0, given_up: bool = False) -> dict:
+def _load(t: float, get_s: float, per: list[float], wait: float = 0.0, given_up: bool = False,
+          tail: float = 0.0003) -> dict:
     return {"t": t, "ev": "load", "req": f"r{t}", "rank": 0, "bytes": 400 * MB, "get_s": get_s, "total_s": get_s + 0.01,
-            "given_up": given_up, "lanes": 8, "recv_s_by_instance": per, "slot_wait_s": wait}
+            "copy_tail_s": tail, "given_up": given_up, "lanes": 8, "recv_s_by_instance": per, "slot_wait_s": wait}
 
 
 def _trace(tmp_path: Path, events: list[dict]) -> str:
@@ -38,7 +39,7 @@ def test_each_slow_load_is_put_where_its_time_went(tmp_path, capsys):
         _load(20.0, 0.3, [0.6, 0.6, 0.6, 0.6]),  # every instance 1.5x: the client side
         _load(21.0, 0.3, [0.4, 0.4, 0.4, 0.8]),  # one instance 2x
         _load(22.0, 0.3, even, wait=0.9),  # its lanes waited on the device copies
-        _load(23.0, 0.2, even, given_up=True),  # given up, at a median pace: none of these
+        _load(23.0, 0.2, even, given_up=True, tail=0.3),  # given up, at a median pace, its copies late: none of these
     ]
     # a 16k step under the last two loads' GETs: they are beside one, the others alone
     events.append({"t": 23.5, "ev": "step", "step": 9, "prefill_tokens": 16384, "t_start": 21.5, "s": 2.0})
@@ -53,6 +54,7 @@ def test_each_slow_load_is_put_where_its_time_went(tmp_path, capsys):
     by_t = {r["t"]: r for r in res["loads"]}
     assert by_t[20.0]["slowness"] == pytest.approx(1.5) and by_t[20.0]["instance_slowness"] == [1.5] * 4
     assert by_t[21.0]["instance_slowness"] == [1.0, 1.0, 1.0, 2.0]
+    assert (res["groups"]["beside"]["long_copy_tail"], res["groups"]["alone"]["long_copy_tail"]) == (1, 0)
     assert "the slow loads" in capsys.readouterr().out
 
 
@@ -65,9 +67,11 @@ def test_a_trace_without_loads_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_the_kept_32k_run_reads_back_as_its_note_said():
-    """benchmarks/README.md, 2026-12-07 third: of 23 loads beside a big step 8 were slow or cut short, of 33 others 4."""
+    """benchmarks/README.md, 2026-12-07 third: of 23 loads beside a big step 8 were slow or cut short, of 33 others 4;
+    5 of the 23 had a copy tail of 50 ms or more, 1 of the 33."""
     trace = ROOT / "benchmarks/results/paper_gpu-h100-2026-12-07-s39-on/R5.connector-trace.jsonl"
     res = slow_loads.analyse(slow_loads.trace_loads(slow_loads.read_events(str(trace), "trace")[0]))
     assert (res["groups"]["beside"]["loads"], res["groups"]["beside"]["slow_or_given_up"]) == (23, 8)
     assert (res["groups"]["alone"]["loads"], res["groups"]["alone"]["slow_or_given_up"]) == (33, 4)
+    assert (res["groups"]["beside"]["long_copy_tail"], res["groups"]["alone"]["long_copy_tail"]) == (5, 1)
     assert res["lane_sums"] == 0  # the run predates the lanes' sums

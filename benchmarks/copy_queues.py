@@ -143,9 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not 1 <= a.lanes <= 64 or not a.mb > 0 or not 1 <= a.step_ms <= 5000 or not 1 <= a.rounds <= 20:
         print(f"copy_queues: bad arguments {bad or ''} (lanes 1-64, mb > 0, step-ms 1-5000, rounds 1-20)", file=sys.stderr)
         return 2
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
-                           capture_output=True, text=True, timeout=300)
-    if probe.stdout.strip() != "True":
+    try:
+        probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                               capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        probe = None
+    if probe is None or probe.stdout.strip() != "True":
         print("copy_queues: needs torch with a CUDA device (none here)", file=sys.stderr)
         return 2
     results, summaries = [], []
@@ -155,14 +158,17 @@ def main(argv: list[str] | None = None) -> int:
             env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
             if conn != "default":
                 env["CUDA_DEVICE_MAX_CONNECTIONS"] = conn
-            r = subprocess.run([sys.executable, __file__, "--child", mode, "--lanes", str(a.lanes), "--mb", str(a.mb),
-                                "--step-ms", str(a.step_ms), "--rounds", str(a.rounds)],
-                               capture_output=True, text=True, env=env, timeout=300)
-            if r.returncode != 0:
-                print(f"copy_queues: the {mode} child with connections {conn} failed: {r.stderr.strip()[-300:]}",
-                      file=sys.stderr)
+            try:
+                r = subprocess.run([sys.executable, __file__, "--child", mode, "--lanes", str(a.lanes), "--mb",
+                                    str(a.mb), "--step-ms", str(a.step_ms), "--rounds", str(a.rounds)],
+                                   capture_output=True, text=True, env=env, timeout=300)
+                res = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None
+            except (subprocess.TimeoutExpired, ValueError, IndexError):
+                r, res = None, None
+            if res is None:
+                why = r.stderr.strip().replace("\n", " ")[-300:] if r is not None else "no result within 300 s"
+                print(f"copy_queues: the {mode} child with connections {conn} failed: {why}", file=sys.stderr)
                 return 1
-            res = json.loads(r.stdout.strip().splitlines()[-1])
             results.append(res)
             summaries.append(summarize(res, a.waited_ms))
             print(render(summaries[-1:], a.lanes).splitlines()[-1], flush=True)

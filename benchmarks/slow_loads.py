@@ -51,6 +51,11 @@ def _lane_sums(x: TraceLoad) -> tuple[list[float], float] | None:
     return [float(v) for v in per], float(wait) if isinstance(wait, (int, float)) and wait >= 0 else 0.0
 
 
+def _wait_share(per: list[float], wait: float) -> float:
+    """The share of a load's lanes' time that went to slot waits."""
+    return wait / max(1e-12, sum(per) + wait)
+
+
 def analyse(loads: list[TraceLoad], slow: float = 1.2) -> dict:
     """Each load's GET slowness (its seconds a byte over the median load's) and, for the slow ones with lane sums,
     which instances were slow and what share of its lanes' time went to slot waits; counts by group."""
@@ -63,7 +68,7 @@ def analyse(loads: list[TraceLoad], slow: float = 1.2) -> dict:
     # the median load's seconds a byte on each instance (each instance serves bytes / K of a load)
     inst_med = [statistics.median(ls[0][i] / (x.bytes / len(ls[0])) for x, ls in with_sums if len(ls[0]) > i)
                 for i in range(int(k))]
-    wait_med = statistics.median(ls[1] / max(1e-12, sum(ls[0]) + ls[1]) for _, ls in with_sums) if with_sums else 0.0
+    wait_med = statistics.median(_wait_share(*ls) for _, ls in with_sums) if with_sums else 0.0
     rows = []
     for x, ls in sums:
         row = {"t": x.event.get("t"), "req": x.event.get("req"), "rank": x.rank, "beside": x.beside,
@@ -74,7 +79,7 @@ def analyse(loads: list[TraceLoad], slow: float = 1.2) -> dict:
             per, wait = ls
             row["instance_slowness"] = [round(per[i] / (x.bytes / len(per)) / inst_med[i], 3) if i < len(inst_med)
                                         and inst_med[i] > 0 else None for i in range(len(per))]
-            row["slot_wait_share"] = round(wait / max(1e-12, sum(per) + wait), 4)
+            row["slot_wait_share"] = round(_wait_share(per, wait), 4)
             row["lanes"] = x.event.get("lanes")
         rows.append(row)
     groups = {}
@@ -149,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(render(res))
     if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+        try:
+            Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+        except OSError as e:
+            print(f"slow_loads: --json {a.json}: {e.strerror or e}", file=sys.stderr)
+            return 2
     return 0
 
 

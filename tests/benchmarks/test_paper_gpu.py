@@ -891,8 +891,8 @@ def test_a_calibration_can_send_its_hits_beside_its_misses(paper, tmp_path):
 
 
 def test_the_engines_environment_takes_what_engine_env_names(paper, tmp_path):
-    """``--engine-env NAME=VALUE`` reaches the engines' environment (the Lab's, which every engine start is given); a
-    malformed item is refused before anything starts."""
+    """``--engine-env NAME=VALUE`` reaches the engines' environment (the Lab's, which every engine start is given) and
+    meta.json, with a secret-looking name's value masked there; a malformed item is refused before anything starts."""
     a = paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu", "--engine-env", "CUDA_DEVICE_MAX_CONNECTIONS=32",
                           "--engine-env", "KVCTL_X=a=b"])
     assert a.engine_env == {"CUDA_DEVICE_MAX_CONNECTIONS": "32", "KVCTL_X": "a=b"}
@@ -903,3 +903,5 @@ def test_the_engines_environment_takes_what_engine_env_names(paper, tmp_path):
         with pytest.raises(SystemExit):
             paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu", "--engine-env", bad])
     assert paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu"]).engine_env == {}
+    kept = paper.recorded_env({"CUDA_DEVICE_MAX_CONNECTIONS": "32", "HF_TOKEN": "hf_abc", "MY_API_KEY": "k1"})
+    assert kept == {"CUDA_DEVICE_MAX_CONNECTIONS": "32", "HF_TOKEN": "***", "MY_API_KEY": "***"}

@@ -64,6 +64,11 @@ def test_a_trace_without_loads_is_a_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("slow_loads: ") and "\n" not in err
     assert slow_loads.main([trace, "--slow", "0.5"]) == 2
+    good = _trace(tmp_path, [_load(1.0, 0.2, [0.4, 0.4])])
+    capsys.readouterr()
+    assert slow_loads.main([good, "--json", str(tmp_path / "no-such-dir" / "out.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("slow_loads: --json ") and "\n" not in err
 
 
 def test_the_kept_32k_run_reads_back_as_its_note_said():

@@ -8,6 +8,11 @@ about one step, in their GETs or in their copies' tail. This measures the two ca
   the connector's lanes (``connector/fetch.py``), copy ``--mb`` MB from pinned host memory to the device, one copy at
   a time, and time each from its enqueue to its event. A copy whose stream shares the CUDA driver's hardware work
   queue with the step's stream waits for the step's kernels queued ahead of it.
+* ``gpu-step-io``: the same step with the engine's own copies queued in its middle, as vLLM's asynchronous
+  scheduling queues them: half the products, a small device-to-host copy (the sampled tokens) and a small
+  host-to-device copy (the next step's inputs), both from pinned memory, then the other half. The engine's copies wait
+  for the first half on the device; a lane copy that shares their copy queue waits with them (vLLM issue 22754 saw
+  KV copies on other streams wait for the engine's output copy).
 * ``python-step``: the main thread holds the GIL in a pure Python loop for ``--step-ms`` instead: the lanes' copies
   then wait for the GIL (up to ``sys.getswitchinterval()`` a take) and not for the device.
 
@@ -32,7 +37,7 @@ import sys
 import threading
 import time
 
-MODES = ("gpu-step", "python-step")
+MODES = ("gpu-step", "gpu-step-io", "python-step")
 
 
 def child(mode: str, lanes: int, mb: float, step_ms: float, rounds: int) -> dict:
@@ -46,6 +51,8 @@ def child(mode: str, lanes: int, mb: float, step_ms: float, rounds: int) -> dict
     streams = [torch.cuda.Stream(dev) for _ in range(lanes)]
     a = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
     b = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
+    io_host = (torch.empty(1 << 20, dtype=torch.uint8).pin_memory(), torch.empty(1 << 20, dtype=torch.uint8).pin_memory())
+    io_dev = torch.empty(1 << 20, dtype=torch.uint8, device=dev)
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(20):
@@ -80,9 +87,12 @@ def child(mode: str, lanes: int, mb: float, step_ms: float, rounds: int) -> dict
         for th in threads:
             th.start()
         t0 = time.perf_counter()
-        if mode == "gpu-step":
-            for _ in range(n_mm):
+        if mode in ("gpu-step", "gpu-step-io"):
+            for k in range(n_mm):
                 a @ b  # queued on this thread's current stream, as a forward's kernels
+                if mode == "gpu-step-io" and k == n_mm // 2:  # the engine's output and next inputs, behind half
+                    io_host[0].copy_(io_dev, non_blocking=True)
+                    io_dev.copy_(io_host[1], non_blocking=True)
             go.set()
             torch.cuda.synchronize()  # waits off the GIL
         else:

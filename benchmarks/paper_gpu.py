@@ -165,6 +165,10 @@ def parse_args(argv=None):
                     help="set this in the engines' environment (repeatable; kept in meta.json), e.g. "
                          "CUDA_DEVICE_MAX_CONNECTIONS=32: the CUDA driver's hardware work queues, 8 by default, which the "
                          "connector's copy streams share with the engine's step")
+    ap.add_argument("--async-switch-ms", type=float, default=None, metavar="MS",
+                    help="the connector's async_switch_ms in every engine: Python's switch interval while an async load "
+                         "runs (0.01-100; unset: the process's own, 5 ms), for loads beside big steps whose lanes wait "
+                         "for the GIL (benchmarks/README.md, 2026-12-07 fifth)")
     ap.add_argument("--load-policy", choices=("on", "off"), default="on",
                     help="the connector's load-or-recompute decision (issue 46; off: every hit loads, as the earlier runs)")
     a = ap.parse_args(argv)
@@ -194,6 +198,8 @@ def parse_args(argv=None):
         ap.error(f"--prime-gap-s must be 0 to 60 seconds, not {a.prime_gap_s}")
     if not 0 <= a.calib_beside_s <= 10:
         ap.error(f"--calib-beside-s must be 0 to 10 seconds, not {a.calib_beside_s}")
+    if a.async_switch_ms is not None and not 0.01 <= a.async_switch_ms <= 100:  # NaN fails too
+        ap.error(f"--async-switch-ms must be 0.01 to 100 ms, not {a.async_switch_ms}")
     a.engine_env = _engine_env(ap, a.engine_env)
     return a
 
@@ -321,6 +327,8 @@ class Lab:
             # or a tier below break-even would have every calibration hit recomputed and nothing to fit
             if self.a.load_policy == "off" or name == "calib":
                 cfg["kv_connector_extra_config"]["load_policy"] = False
+            if self.a.async_switch_ms is not None:
+                cfg["kv_connector_extra_config"]["async_switch_ms"] = self.a.async_switch_ms
             if self.a.device != "cpu":
                 cfg["kv_connector_extra_config"]["save_queue_bytes"] = PRIME_SAVE_QUEUE_GIB << 30
             doc["kv-transfer-config"] = json.dumps(sh.rewrite(cfg) if sh else cfg)
@@ -897,7 +905,7 @@ def write_meta(a, lab: Lab) -> dict:
             "chunk_tokens": a.chunk_tokens, "instances": a.instances, "calib_instances": a.calib_instances,
             "calib_loading": a.calib_loading, "link_mbps": a.link_mbps,
             "max_batched_tokens": a.max_batched_tokens, "traces": traces, "load_policy": a.load_policy,
-            "engine_env": recorded_env(a.engine_env)}
+            "engine_env": recorded_env(a.engine_env), "async_switch_ms": a.async_switch_ms}
     try:
         meta["vllm"] = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
                                       text=True, timeout=120).stdout.strip()

@@ -25,10 +25,11 @@ SAVE_QUEUE_BYTES = "save_queue_bytes"
 SYNC_LOAD_PATH = "sync_load_path"
 LAYER_GROUPS = "layer_groups"
 LAYERED_SWITCH_MS = "layered_switch_ms"
+ASYNC_SWITCH_MS = "async_switch_ms"
 #: every key of ``kv_connector_extra_config`` the connector knows (anything else is refused at start)
 VLLM_KEYS = frozenset({URLS, URL, CHUNK_TOKENS, PASSWORD_FILE, TIMEOUT_S, HOST_BUDGET_BYTES, ASYNC_LOADING, LOAD_POLICY,
                        PINNED_POOL_BYTES, INSTANCES_PER_RANK, CONNECTIONS_PER_INSTANCE, SAVE_DRAIN_S, SAVE_QUEUE_BYTES,
-                       SYNC_LOAD_PATH, LAYER_GROUPS, LAYERED_SWITCH_MS})
+                       SYNC_LOAD_PATH, LAYER_GROUPS, LAYERED_SWITCH_MS, ASYNC_SWITCH_MS})
 #: the keys of ``load_policy``
 POLICY_KEYS = frozenset({"enabled", "prefill_tokens_per_s", "t0_s", "bandwidth_gbps", "reprobe_after_s"})
 

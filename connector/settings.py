@@ -44,6 +44,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "save_queue_bytes": (1, 1 << 44),
     "layer_groups": (1, 64),
     "layered_switch_ms": (0.01, 100.0),
+    "async_switch_ms": (0.01, 100.0),
     "load_policy.prefill_tokens_per_s": (1e-3, 1e9),
     "load_policy.t0_s": (0.0, 3600.0),
     "load_policy.bandwidth_gbps": (1e-6, 1e5),
@@ -123,6 +124,8 @@ class ConnectorSettings:
     #: Python's thread switch interval (ms) while a layered load's lanes run beside the forward; None: unchanged
     #: (an experiment for the GPU host: benchmarks/lanes_gil.py, docs/engine.md)
     layered_switch_ms: float | None = None
+    #: the same while an async load runs (its lanes beside the engine's steps: kvctl.connector.switch); None: unchanged
+    async_switch_ms: float | None = None
 
     @property
     def instances_per_rank(self) -> int:
@@ -276,4 +279,5 @@ def parse_settings(cfg: Mapping[str, Any] | None, world_size: int) -> ConnectorS
         sync_load_path=sync_path,
         layer_groups=_number(cfg, "layer_groups", DEFAULT_LAYER_GROUPS, integer=True),
         layered_switch_ms=_number(cfg, "layered_switch_ms", None),
+        async_switch_ms=_number(cfg, "async_switch_ms", None),
     )

@@ -9,11 +9,11 @@ worker (:mod:`kvctl.plugins.vllm_worker`) owns one :class:`LayeredLoads` and set
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Sequence
 
 from vllm.logger import init_logger
 
+from kvctl.connector import switch
 from kvctl.connector.pipeline import PipelinedLoad, begin
 
 from .vllm_meta import LoadSpec
@@ -38,7 +38,7 @@ class LayeredLoads:
         # the setting layered_switch_ms: Python's switch interval while this step's loads run beside the forward
         # (the lanes need the GIL back after every recv; the forward's thread holds it: benchmarks/lanes_gil.py)
         self.switch_s = switch_ms / 1000 if switch_ms else None
-        self._saved_switch: float | None = None
+        self._switch: float | None = None  # the handle of kvctl.connector.switch.lower while this step's loads run
         # whether vLLM calls wait_for_layer_load before these layers (CacheReading.without_layer_hooks); cleared
         # for good by the first load whose groups no layer asked for (off())
         self.hooked = hooked
@@ -63,9 +63,8 @@ class LayeredLoads:
 
     def start(self, spec: LoadSpec, *, group, meta_group) -> None:
         """Start ``spec``'s load; raises if nothing could start (the caller recomputes the hit)."""
-        if self.switch_s is not None and self._saved_switch is None:
-            self._saved_switch = sys.getswitchinterval()
-            sys.setswitchinterval(self.switch_s)
+        if self.switch_s is not None and self._switch is None:
+            self._switch = switch.lower(self.switch_s)
         pipe = begin(self.datapath, spec.token_ids, spec.block_ids, spec.first_chunk, spec.end_chunk, spec.skip_tokens,
                      group=group, extra=spec.key_extra, meta_group=meta_group)
         self.pipes.append((spec, pipe))
@@ -91,6 +90,6 @@ class LayeredLoads:
         try:
             return [(spec, pipe, pipe.finish()) for spec, pipe in pipes]
         finally:
-            if self._saved_switch is not None:
-                sys.setswitchinterval(self._saved_switch)
-                self._saved_switch = None
+            if self._switch is not None:
+                switch.restore(self._switch)
+                self._switch = None

@@ -28,6 +28,7 @@ from kvctl.connector.protocol import member_group
 from kvctl.connector.saver import Saver
 from kvctl.connector.settings import ConnectorConfigError
 from kvctl.connector.store import ShardedStore
+from kvctl.connector.switch import lowered
 from kvctl.connector.trace import Trace
 
 from .hooks import hook_from_env
@@ -262,7 +263,8 @@ class WorkerSide:
             try:
                 # on the thread's default stream each load waited for the engine's step then running (an H100,
                 # 2026-12-06: 0.21 s a load, even an empty one; 116 of 129 given up at their deadline)
-                with torch.cuda.stream(stream):  # its GETs and copies start at once; its insert waits for `issued`
+                # GETs and copies start at once, the insert waits for `issued`; async_switch_ms: kvctl.connector.switch
+                with torch.cuda.stream(stream), lowered(self.spec.settings.async_switch_ms):
                     self.load(spec, self._async_group, self._async_meta_group, deadline, queued, issued)
                 if stream is not None:  # the insert ran on this stream: done before vLLM schedules the forward
                     stream.synchronize()

@@ -108,6 +108,28 @@ def test_the_calibration_measures_the_tier_with_the_decision_off(paper, tmp_path
     assert extra["R2"].get("load_policy", True) is (policy == "on")
 
 
+def test_async_switch_ms_reaches_every_engines_connector_config(paper, tmp_path):
+    """``--async-switch-ms`` is written into each engine's connector config (the calibration's too), the connector's
+    own parser takes it, and without the flag the key is absent; a value out of the connector's range is refused
+    before anything starts. A real Valkey tier (the configs name its ports); no engine starts."""
+    from kvctl.connector.settings import parse_settings
+
+    for flag, want in (([], None), (["--async-switch-ms", "0.5"], 0.5)):
+        a = paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu", "--link-mbps", "0", *flag])
+        lab = paper.Lab.__new__(paper.Lab)
+        lab.a, lab.work, lab.tiers = a, tmp_path, {}
+        try:
+            extra = {n: json.loads(yaml.safe_load(lab.engine_config(n, 1, "async").read_text())["kv-transfer-config"])
+                     ["kv_connector_extra_config"] for n in ("calib", "R5")}
+        finally:
+            lab.close()
+        assert [e.get("async_switch_ms") for e in extra.values()] == [want, want]
+        assert parse_settings(extra["R5"], 1).async_switch_ms == want
+    for bad in ("0", "200", "nan"):
+        with pytest.raises(SystemExit):
+            paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu", "--async-switch-ms", bad])
+
+
 def test_the_tier_memory_a_run_records_is_the_instances_info(paper, tmp_path):
     """What a run records of its tier after priming and after the replay (the H100's saturated-tier run of 2026-12-06
     primed 58 GB into a 60 GiB tier and its lookups then missed): keys, used and max memory, evicted keys, summed over

@@ -18,6 +18,8 @@ def test_urls_list_and_defaults():
     assert s.sync_load_path == "auto"
     assert s.layered_switch_ms is None  # the switch interval is left alone unless asked for
     assert parse_settings({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "layered_switch_ms": 0.5}, 2).layered_switch_ms == 0.5
+    assert s.async_switch_ms is None
+    assert parse_settings({"url": "resp://x-{rank}:1", "chunk_tokens": 64, "async_switch_ms": 0.25}, 2).async_switch_ms == 0.25
 
 
 def test_sync_load_path_is_one_of_three():
@@ -129,6 +131,8 @@ def test_password_file_open_to_every_user_refused(tmp_path):
     ("layered_switch_ms", 0, r"\[0.01, 100\]"),
     ("layered_switch_ms", 1e9, r"\[0.01, 100\]"),
     ("layered_switch_ms", "fast", "expected a number"),
+    ("async_switch_ms", 0.001, r"\[0.01, 100\]"),
+    ("async_switch_ms", "fast", "expected a number"),
 ])
 def test_every_key_has_a_range_checked_with_its_name(key, value, needle):
     cfg = {"url": "resp://x-{rank}:1", "chunk_tokens": 64, key: value}

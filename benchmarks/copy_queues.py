@@ -6,8 +6,9 @@ about one step, in their GETs or in their copies' tail. This measures the two ca
 * ``gpu-step``: the main thread queues a "step" (``--step-ms`` of matrix products on its current stream, as vLLM's
   forward does) and then waits for it off the GIL; meanwhile ``--lanes`` threads, each with its own copy stream as
   the connector's lanes (``connector/fetch.py``), copy ``--mb`` MB from pinned host memory to the device, one copy at
-  a time, and time each from its enqueue to its event. A copy whose stream shares the CUDA driver's hardware work
-  queue with the step's stream waits for the step's kernels queued ahead of it.
+  a time, and time each from its enqueue to its event. The question: does a copy whose stream shares the CUDA driver's
+  hardware work queue with the step's stream wait for the step's kernels queued ahead of it? (On an H100, 2026-12-07
+  fifth: no copy waited more than 22 ms beside a 0.26-0.29 s step, with 8 queues or 32; benchmarks/README.md.)
 * ``gpu-step-io``: the same step with the engine's own copies queued in its middle, as vLLM's asynchronous
   scheduling queues them: half the products, a small device-to-host copy (the sampled tokens) and a small
   host-to-device copy (the next step's inputs), both from pinned memory, then the other half. The engine's copies wait

@@ -164,7 +164,8 @@ def parse_args(argv=None):
     ap.add_argument("--engine-env", action="append", default=[], metavar="NAME=VALUE",
                     help="set this in the engines' environment (repeatable; kept in meta.json), e.g. "
                          "CUDA_DEVICE_MAX_CONNECTIONS=32: the CUDA driver's hardware work queues, 8 by default, which the "
-                         "connector's copy streams share with the engine's step")
+                         "connector's copy streams share with the engine's step (copy_queues.py found no copy held "
+                         "behind a step by them on an H100: benchmarks/README.md, 2026-12-07 fifth)")
     ap.add_argument("--async-switch-ms", type=float, default=None, metavar="MS",
                     help="the connector's async_switch_ms in every engine: Python's switch interval while an async load "
                          "runs (0.01-100; unset: the process's own, 5 ms), for loads beside big steps whose lanes wait "

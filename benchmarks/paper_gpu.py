@@ -68,7 +68,7 @@ from benchmarks.simulate_vs_replay import fit_prefill_rate  # noqa: E402
 from kvctl.connector.trace import TRACE_ENV  # noqa: E402
 from kvctl.core.procs import die_with_parent  # noqa: E402
 from kvctl.core import files  # noqa: E402
-from kvctl.core.engine_http import MASK, SECRET_NAME_PARTS  # noqa: E402
+from kvctl.core.engine_http import MASK, secret_name  # noqa: E402
 from kvctl.core.errors import InvalidInput, KvctlError  # noqa: E402
 from kvctl.core.thresholds import TRACE_MAX_BYTES  # noqa: E402
 from kvctl.lab.engine import ApiServer, LabTier, default_kv_cache_gb, dummy_cuda_server_args, engine_env  # noqa: E402
@@ -885,8 +885,8 @@ def render(out: dict) -> str:
 
 # -- main ---------------------------------------------------------------------------------------------
 def recorded_env(env: dict[str, str]) -> dict[str, str]:
-    """``--engine-env`` as meta.json keeps it: a value whose name looks like a secret's (SECRET_NAME_PARTS) masked."""
-    return {k: MASK if any(part in k.lower() for part in SECRET_NAME_PARTS) else v for k, v in env.items()}
+    """``--engine-env`` as meta.json keeps it: a value whose name looks like a secret's (kvctl's ``secret_name``) masked."""
+    return {k: MASK if secret_name(k) else v for k, v in env.items()}
 
 
 def write_meta(a, lab: Lab) -> dict:

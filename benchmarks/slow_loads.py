@@ -56,6 +56,11 @@ def _wait_share(per: list[float], wait: float) -> float:
     return wait / max(1e-12, sum(per) + wait)
 
 
+def _long_tail(row: dict, tail_s: float) -> bool:
+    """Whether a load's copies ended ``tail_s`` or more after its last GET (a copy that waited on the device)."""
+    return (row["copy_tail_s"] or 0) >= tail_s
+
+
 def analyse(loads: list[TraceLoad], slow: float = 1.2) -> dict:
     """Each load's GET slowness (its seconds a byte over the median load's) and, for the slow ones with lane sums,
     which instances were slow and what share of its lanes' time went to slot waits; counts by group."""
@@ -90,7 +95,7 @@ def analyse(loads: list[TraceLoad], slow: float = 1.2) -> dict:
         for r in slow_rows:
             where[_where(r, wait_med)] += 1
         groups[name] = {"loads": len(g), "slow_or_given_up": len(slow_rows),
-                        "long_copy_tail": sum((r["copy_tail_s"] or 0) >= TAIL_S for r in g),
+                        "long_copy_tail": sum(_long_tail(r, TAIL_S) for r in g),
                         "median_slowness": round(statistics.median(r["slowness"] for r in g), 3) if g else None,
                         "where": where}
     return {"slow": slow, "instance_slow": INSTANCE_SLOW, "tail_s": TAIL_S, "beside_step_tokens": BESIDE_STEP_TOKENS,
@@ -125,7 +130,7 @@ def render(res: dict) -> str:
                    f"{w['some_instances']:>10} {w['slot_waits']:>11} {w['none_of_these']:>5} {w['no_lane_sums']:>8}"
                    f"  {g['long_copy_tail']:>10}")
     slow_rows = [r for r in res["loads"] if r["slowness"] >= res["slow"] or r["given_up"]
-                 or (r["copy_tail_s"] or 0) >= res["tail_s"]]
+                 or _long_tail(r, res["tail_s"])]
     if slow_rows:
         out += ["", "the slow loads (and long copy tails): t, rank, beside, slowness, per-instance slowness, "
                     "slot-wait share, copy tail ms"]

@@ -50,6 +50,11 @@ class TooLarge(Unreachable):
     """The engine's answer is larger than the cap: refused, the read stopped at the cap."""
 
 
+def secret_name(name: str) -> bool:
+    """Whether a parameter or variable named ``name`` holds a secret by its name (:data:`SECRET_NAME_PARTS`)."""
+    return _SECRET_PARAM.search(name) is not None
+
+
 def masked(url: str) -> str:
     """``url`` with its password and secret-looking query values replaced by ``***`` (for messages, labels, files)."""
     try:
@@ -64,7 +69,7 @@ def masked(url: str) -> str:
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, MASK if _SECRET_PARAM.search(k) else v) for k, v in pairs], safe="*")
+        query = urlencode([(k, MASK if secret_name(k) else v) for k, v in pairs], safe="*")
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 

@@ -91,19 +91,25 @@ def test_the_flip_goes_through_kvctl_loading_and_keeps_the_diff(paper, tmp_path)
     assert yaml.safe_load((tmp_path / "R2.engine.yaml").read_text()) == stale  # R2's file untouched
 
 
+def _connector_configs(paper, tmp_path, flags: list[str], names: tuple[str, ...], loading: str) -> dict:
+    """The ``kv_connector_extra_config`` each named engine would start with, from a Lab on a real one-instance Valkey
+    tier with ``flags`` (no link shaping, no model: the configs need only the tier), the tier taken down after."""
+    a = paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu", "--link-mbps", "0", *flags])
+    lab = paper.Lab.__new__(paper.Lab)  # without _model
+    lab.a, lab.work, lab.tiers = a, tmp_path, {}
+    try:
+        return {n: json.loads(yaml.safe_load(lab.engine_config(n, 1, loading).read_text())["kv-transfer-config"])
+                ["kv_connector_extra_config"] for n in names}
+    finally:
+        lab.close()
+
+
 @pytest.mark.parametrize("policy", ["on", "off"])
 def test_the_calibration_measures_the_tier_with_the_decision_off(paper, tmp_path, policy):
     """The calibration fits T0 and B from its hits, so its engine loads every hit whatever --load-policy the runs use
     (on a tier below break-even the decision would recompute them all and leave nothing to fit); R2 follows the flag.
     A real Valkey tier (the engine configs name its ports); no engine starts."""
-    a = paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu", "--link-mbps", "0", "--load-policy", policy])
-    lab = paper.Lab.__new__(paper.Lab)  # without _model: the configs need only the tier
-    lab.a, lab.work, lab.tiers = a, tmp_path, {}
-    try:
-        extra = {n: json.loads(yaml.safe_load(lab.engine_config(n, 1, "sync").read_text())["kv-transfer-config"])
-                 ["kv_connector_extra_config"] for n in ("calib", "R2")}
-    finally:
-        lab.close()
+    extra = _connector_configs(paper, tmp_path, ["--load-policy", policy], ("calib", "R2"), "sync")
     assert extra["calib"]["load_policy"] is False
     assert extra["R2"].get("load_policy", True) is (policy == "on")
 
@@ -115,14 +121,7 @@ def test_async_switch_ms_reaches_every_engines_connector_config(paper, tmp_path)
     from kvctl.connector.settings import parse_settings
 
     for flag, want in (([], None), (["--async-switch-ms", "0.5"], 0.5)):
-        a = paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu", "--link-mbps", "0", *flag])
-        lab = paper.Lab.__new__(paper.Lab)
-        lab.a, lab.work, lab.tiers = a, tmp_path, {}
-        try:
-            extra = {n: json.loads(yaml.safe_load(lab.engine_config(n, 1, "async").read_text())["kv-transfer-config"])
-                     ["kv_connector_extra_config"] for n in ("calib", "R5")}
-        finally:
-            lab.close()
+        extra = _connector_configs(paper, tmp_path, flag, ("calib", "R5"), "async")
         assert [e.get("async_switch_ms") for e in extra.values()] == [want, want]
         assert parse_settings(extra["R5"], 1).async_switch_ms == want
     for bad in ("0", "200", "nan"):

@@ -425,6 +425,15 @@ def config_for(lab: Lab, name: str, k: int, loading: str | None, flip_from: str 
     return path
 
 
+def fresh_trace(work: Path, name: str) -> Path:
+    """Run ``name``'s connector trace in ``work``, emptied: the connector appends to it, and a run redone in the same
+    work directory (a call cut before its replay, then the same run again) would keep the cut engine's events, whose
+    saves went to a tier that is gone (2026-12-07, sixth: ``kvctl explain`` counted 21 of them as evicted)."""
+    trace = work / f"{name}.connector-trace.jsonl"
+    trace.unlink(missing_ok=True)
+    return trace
+
+
 def run_step(lab: Lab, name: str) -> dict:
     a, work = lab.a, lab.work
     _, _, flip_from = SPECS[name]
@@ -439,7 +448,7 @@ def run_step(lab: Lab, name: str) -> dict:
     say(f"{name}: engine (K={k}, {loading or 'no tier'}) ...")
     server_args, t_start = lab.server_args(), time.monotonic()
     # the connector's trace (a tier's runs): every lookup and decision with what it saw, for kvctl explain (--analyse)
-    env = {**lab.env, TRACE_ENV: str(work / f"{name}.connector-trace.jsonl")} if k else lab.env
+    env = {**lab.env, TRACE_ENV: str(fresh_trace(work, name))} if k else lab.env
     srv = ApiServer.start(lab.model, work / f"{name}-engine", args=[*server_args, "--config", str(cfg)], env=env,
                           name=name, timeout_s=a.start_timeout)
     info: dict = {"run": name, "instances_per_rank": k, "loading": loading,

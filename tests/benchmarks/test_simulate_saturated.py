@@ -198,3 +198,26 @@ def test_the_decision_runs_own_loads_reproduce_it_and_the_beside_draw_fits_both_
         for seed, p in rows[name]["vllm_line"].items():
             for k in simulate_saturated.KEYS:
                 assert abs(p[k] - kept["beside"][name]["vllm_line"][seed][k]) < 1e-9, (name, seed, k)
+
+
+def test_a_calibration_with_loads_beside_big_steps_fits_the_fixed_decision_runs(tmp_path):
+    """2026-12-07, sixth (benchmarks/README.md): ``s39-calib2`` sent 10 of its 26 hits 50 ms after a miss
+    (``--calib-beside-s 0.05``), so its loads include some beside 16k steps. Fitted on it alone, ``--line --beside``
+    puts the two decision runs with the given-up load's save fixed (``s39fix-on``, ``s39fix-sw05``) within 25 % at
+    every one of 20 seeds; their twin ``s39fix-on2``, whose p50 was 1.5x ``s39fix-on``'s, at one seed in 20. Here
+    two seeds of ``s39fix-sw05`` again, against the kept file."""
+    base = RESULTS / "paper_gpu-h100-2026-12-07f-"
+    run, calib = Path(f"{base}s39fix-sw05"), Path(f"{base}s39-calib2")
+    fits = simulate_saturated.calib_fits(calib)
+    assert round(fits["prefill_rate"]) == 66272 and round(fits["t0"] * 1e3, 1) == 19.4 and fits["hits_timed"] == 26
+    out = tmp_path / "out.json"
+    assert simulate_saturated.main([str(run), "--calib", str(calib), "--line", "--beside", "--seeds", "0,7",
+                                    "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    kept = json.loads((RESULTS / "simulate_saturated-h100-2026-12-07f-s39-calib2.json").read_text())
+    for seed, p in rows[run.name]["vllm_line"].items():
+        for k in simulate_saturated.KEYS:
+            assert abs(p[k] - kept[run.name]["vllm_line"][seed][k]) < 1e-9, (seed, k)
+    within = {name: kept[f"paper_gpu-h100-2026-12-07f-{name}"]["vllm_line_summary"]["within_25"]
+              for name in ("s39fix-on", "s39fix-on2", "s39fix-sw05")}
+    assert within == {"s39fix-on": 1.0, "s39fix-on2": 0.05, "s39fix-sw05": 1.0}

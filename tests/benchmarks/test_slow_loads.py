@@ -80,3 +80,16 @@ def test_the_kept_32k_run_reads_back_as_its_note_said():
     assert (res["groups"]["alone"]["loads"], res["groups"]["alone"]["slow_or_given_up"]) == (33, 4)
     assert (res["groups"]["beside"]["long_copy_tail"], res["groups"]["alone"]["long_copy_tail"]) == (5, 1)
     assert res["lane_sums"] == 0  # the run predates the lanes' sums
+
+
+@pytest.mark.parametrize("run, loads, slow", [("s39fix-on", 56, 4), ("s39fix-on2", 54, 2), ("s39fix-sw05", 55, 2)])
+def test_the_sixth_runs_lane_sums_show_no_load_slow_on_every_instance(run, loads, slow):
+    """benchmarks/README.md, 2026-12-07 sixth: the same 32k design with the lanes' sums, twice without
+    ``async_switch_ms`` and once with 0.5 ms. Every load carries its sums, and no slow load was slow on every
+    instance, which a GIL held through a step would make: the switch interval had nothing to give back."""
+    trace = ROOT / f"benchmarks/results/paper_gpu-h100-2026-12-07f-{run}/R5.connector-trace.jsonl"
+    res = slow_loads.analyse(slow_loads.trace_loads(slow_loads.read_events(str(trace), "trace")[0]))
+    g = res["groups"]
+    assert res["lane_sums"] == loads == g["beside"]["loads"] + g["alone"]["loads"]
+    assert g["beside"]["slow_or_given_up"] + g["alone"]["slow_or_given_up"] == slow
+    assert g["beside"]["where"]["every_instance"] == g["alone"]["where"]["every_instance"] == 0

@@ -172,6 +172,10 @@ def parse_args(argv=None):
                          "for the GIL (benchmarks/README.md, 2026-12-07 fifth)")
     ap.add_argument("--load-policy", choices=("on", "off"), default="on",
                     help="the connector's load-or-recompute decision (issue 46; off: every hit loads, as the earlier runs)")
+    ap.add_argument("--line-credit-cap", type=float, default=None, metavar="X",
+                    help="the decision's load_policy.line_credit_cap in every run's engine with the decision on (0-10; "
+                         "unset: the connector's 1.5). head_of_line.py gave 0.75 a 12 %% lower p99 at 32k "
+                         "(benchmarks/README.md, 2026-12-07 sixth)")
     a = ap.parse_args(argv)
     cpu = a.device == "cpu"
     # the GPU's defaults: 16k prompts, 96 at 2.8/s (0.8 primed: 77 documents of 0.49 GB, 38 GB in the tier, a run's
@@ -201,6 +205,10 @@ def parse_args(argv=None):
         ap.error(f"--calib-beside-s must be 0 to 10 seconds, not {a.calib_beside_s}")
     if a.async_switch_ms is not None and not 0.01 <= a.async_switch_ms <= 100:  # NaN fails too
         ap.error(f"--async-switch-ms must be 0.01 to 100 ms, not {a.async_switch_ms}")
+    if a.line_credit_cap is not None and not 0 <= a.line_credit_cap <= 10:
+        ap.error(f"--line-credit-cap must be 0 to 10, not {a.line_credit_cap}")
+    if a.line_credit_cap is not None and a.load_policy == "off":
+        ap.error("--line-credit-cap is the decision's: it needs --load-policy on")
     a.engine_env = _engine_env(ap, a.engine_env)
     return a
 
@@ -328,6 +336,8 @@ class Lab:
             # or a tier below break-even would have every calibration hit recomputed and nothing to fit
             if self.a.load_policy == "off" or name == "calib":
                 cfg["kv_connector_extra_config"]["load_policy"] = False
+            elif self.a.line_credit_cap is not None:
+                cfg["kv_connector_extra_config"]["load_policy"] = {"line_credit_cap": self.a.line_credit_cap}
             if self.a.async_switch_ms is not None:
                 cfg["kv_connector_extra_config"]["async_switch_ms"] = self.a.async_switch_ms
             if self.a.device != "cpu":
@@ -915,7 +925,8 @@ def write_meta(a, lab: Lab) -> dict:
             "chunk_tokens": a.chunk_tokens, "instances": a.instances, "calib_instances": a.calib_instances,
             "calib_loading": a.calib_loading, "link_mbps": a.link_mbps,
             "max_batched_tokens": a.max_batched_tokens, "traces": traces, "load_policy": a.load_policy,
-            "engine_env": recorded_env(a.engine_env), "async_switch_ms": a.async_switch_ms}
+            "engine_env": recorded_env(a.engine_env), "async_switch_ms": a.async_switch_ms,
+            "line_credit_cap": a.line_credit_cap}
     try:
         meta["vllm"] = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
                                       text=True, timeout=120).stdout.strip()

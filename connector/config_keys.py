@@ -31,7 +31,7 @@ VLLM_KEYS = frozenset({URLS, URL, CHUNK_TOKENS, PASSWORD_FILE, TIMEOUT_S, HOST_B
                        PINNED_POOL_BYTES, INSTANCES_PER_RANK, CONNECTIONS_PER_INSTANCE, SAVE_DRAIN_S, SAVE_QUEUE_BYTES,
                        SYNC_LOAD_PATH, LAYER_GROUPS, LAYERED_SWITCH_MS, ASYNC_SWITCH_MS})
 #: the keys of ``load_policy``
-POLICY_KEYS = frozenset({"enabled", "prefill_tokens_per_s", "t0_s", "bandwidth_gbps", "reprobe_after_s"})
+POLICY_KEYS = frozenset({"enabled", "prefill_tokens_per_s", "t0_s", "bandwidth_gbps", "reprobe_after_s", "line_credit_cap"})
 
 # -- LMCache's extra_config for kvctl's remote-storage plugin (kvctl.plugins.lmcache) ---------------------------
 URL_LIST_KEY = "kvctl_remote_urls"

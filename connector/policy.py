@@ -213,7 +213,8 @@ CREDIT_CAP = 1.5
 class Line:
     """vLLM's waiting line as the connector sees it when it is asked about a request (at the line's head): how long
     that request waited (``wait_s``: since its arrival) and the engine's arrival rate (requests/s; 0: not known);
-    ``cap``: the credit's cap, :data:`CREDIT_CAP` (another only in a model: ``head_of_line.py --credit-caps``)."""
+    ``cap``: the credit's cap, :data:`CREDIT_CAP` unless ``load_policy.line_credit_cap`` sets another (and
+    ``head_of_line.py --credit-caps`` in the model)."""
 
     wait_s: float = 0.0
     arrival_rate: float = 0.0

@@ -28,6 +28,7 @@ from kvctl.core.errors import InvalidInput
 from kvctl.core.known_keys import nearest
 
 from .config_keys import POLICY_KEYS, VLLM_KEYS
+from .policy import CREDIT_CAP
 from kvctl.core.thresholds import CONNECTOR_TIMEOUT_S
 
 __all__ = ["SYNC_LOAD_PATHS", "ConnectorConfigError", "ConnectorSettings", "LoadPolicySettings", "parse_settings"]
@@ -49,6 +50,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "load_policy.t0_s": (0.0, 3600.0),
     "load_policy.bandwidth_gbps": (1e-6, 1e5),
     "load_policy.reprobe_after_s": (1e-3, 86400.0 * 30),
+    "load_policy.line_credit_cap": (0.0, 10.0),
 }
 KNOWN_KEYS = VLLM_KEYS  # the one list (connector/config_keys.py), which the writer in kvctl.tier uses too
 #: page-locked host memory for chunk copies on CUDA engines (one pool a worker, reused across requests):
@@ -87,13 +89,16 @@ class LoadPolicySettings:
 
     Each value given overrides what the engine measures: ``prefill_tokens_per_s`` R, ``t0_s`` T0,
     ``bandwidth_gbps`` the whole tier's bandwidth (split evenly over the ranks). A veto is re-probed (one
-    load let through) after ``reprobe_after_s`` without a new bandwidth measurement.
+    load let through) after ``reprobe_after_s`` without a new bandwidth measurement. ``line_credit_cap``: with
+    requests waiting in vLLM's line, an async load wins at up to 1 + this × its recompute time
+    (:class:`~kvctl.connector.policy.Line`).
     """
 
     prefill_tokens_per_s: float | None = None
     t0_s: float | None = None
     bandwidth_gbps: float | None = None
     reprobe_after_s: float = 30.0
+    line_credit_cap: float = CREDIT_CAP
 
 
 @dataclass(frozen=True)
@@ -179,7 +184,7 @@ def _policy(raw: Any) -> LoadPolicySettings | None:
     if not isinstance(enabled, bool):
         raise _err("load_policy.enabled", f"expected true or false, got {enabled!r}")
     values = {k: _number(raw, k, None, name=f"load_policy.{k}")
-              for k in ("prefill_tokens_per_s", "t0_s", "bandwidth_gbps", "reprobe_after_s")}
+              for k in ("prefill_tokens_per_s", "t0_s", "bandwidth_gbps", "reprobe_after_s", "line_credit_cap")}
     if not enabled:
         return None
     return LoadPolicySettings(**{k: float(v) for k, v in values.items() if v is not None})

@@ -133,6 +133,7 @@ class SchedulerPolicy:
                                graph_tokens=graph_tokens, step_budget=step_budget, clock=clock)
         self.world, self.ct, self.cb = world, chunk_tokens, chunk_bytes
         self.async_loading, self.timeout_s = async_loading, timeout_s
+        self.credit_cap = s.line_credit_cap
         self.stats, self.trace, self.clock = stats, trace, clock
         self._planned: dict[str, _Planned] = {}
         self._waiting: dict[str, int] = {}  # request -> its prompt tokens to compute, in the order first asked
@@ -181,7 +182,8 @@ class SchedulerPolicy:
         queue = self.queue(est)
         engine = self.engine_tokens(rid, running_left) if self.async_loading else 0
         others = others_running or any(r != rid for r in self._waiting) or any(r != rid for r in self._planned)
-        line = Line(max(0.0, line_wait_s), self.arrivals.rate()) if self.async_loading and others else NO_LINE
+        line = (Line(max(0.0, line_wait_s), self.arrivals.rate(), self.credit_cap) if self.async_loading and others
+                else NO_LINE)
         d = decide(shape, est, queue, engine, line)
         before = self._judged.get(rid)
         if not self.on:

@@ -129,6 +129,25 @@ def test_async_switch_ms_reaches_every_engines_connector_config(paper, tmp_path)
             paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu", "--async-switch-ms", bad])
 
 
+def test_line_credit_cap_reaches_the_decision_runs_connector_config_and_not_the_calibrations(paper, tmp_path):
+    """``--line-credit-cap`` becomes ``load_policy.line_credit_cap`` in each decision run's connector config, which the
+    connector's own parser reads back; the calibration keeps its decision off. Without the flag the runs keep the
+    connector's default (no load_policy key). Out of range, or with the decision off, it is refused before anything
+    starts. A real Valkey tier; no engine starts."""
+    from kvctl.connector.policy import CREDIT_CAP
+    from kvctl.connector.settings import parse_settings
+
+    extra = _connector_configs(paper, tmp_path, ["--line-credit-cap", "0.75"], ("calib", "R5"), "async")
+    assert extra["calib"]["load_policy"] is False and extra["R5"]["load_policy"] == {"line_credit_cap": 0.75}
+    assert parse_settings(extra["R5"], 1).load_policy.line_credit_cap == 0.75
+    extra = _connector_configs(paper, tmp_path, [], ("R5",), "async")
+    assert "load_policy" not in extra["R5"] and parse_settings(extra["R5"], 1).load_policy.line_credit_cap == CREDIT_CAP
+    for bad in (["--line-credit-cap", "-1"], ["--line-credit-cap", "11"], ["--line-credit-cap", "nan"],
+                ["--line-credit-cap", "1", "--load-policy", "off"]):
+        with pytest.raises(SystemExit):
+            paper.parse_args(["--workdir", str(tmp_path), "--device", "cpu", *bad])
+
+
 def test_the_tier_memory_a_run_records_is_the_instances_info(paper, tmp_path):
     """What a run records of its tier after priming and after the replay (the H100's saturated-tier run of 2026-12-06
     primed 58 GB into a 60 GiB tier and its lookups then missed): keys, used and max memory, evicted keys, summed over

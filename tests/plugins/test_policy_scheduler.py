@@ -217,6 +217,23 @@ def test_an_async_hit_below_break_even_loads_the_prefix_the_engine_queue_hides(t
         conn.shutdown()
 
 
+def arrived_ago(r, now: float, ago: float):
+    """The request ``r``, arrived ``ago`` seconds before ``now`` (vLLM's ``arrival_time``, wall clock)."""
+    r.arrival_time = now - ago
+    return r
+
+
+def behind_one_load(tier, conn, now: float, shorts) -> None:
+    """The line's set-up: the hits stored, each rank measured at 40 kB/s, request "a" (arrived 9 s ago) asked and its
+    async load of 16 tokens planned, then each of ``shorts`` ((name, seconds ago)), too short to hit, asked."""
+    store_all(tier, conn.spec.fmt)
+    conn.update_connector_output(output(rank_gets(40_000)))
+    assert wait_answer(conn, arrived_ago(req("a"), now, 9.0)) == (16, True)
+    conn.update_state_after_alloc(req("a"), blocks(), 16)
+    for rid, ago in shorts:
+        assert conn.get_num_new_matched_tokens(arrived_ago(req(rid, TOKENS[:3]), now, ago), 0) == (0, False)
+
+
 def test_an_async_hit_that_waited_in_vllms_line_loads_behind_a_busy_tier(tier, tmp_path, monkeypatch):
     """vLLM asks about a request at the head of its waiting line. R = 1000 tok/s, T0 0, each rank at 40 kB/s: a hit
     (2 chunks a rank, 384 B) loads in 9.6 ms idle against 16 ms of recompute. With one async load in flight it
@@ -231,16 +248,10 @@ def test_an_async_hit_that_waited_in_vllms_line_loads_behind_a_busy_tier(tier, t
     now = time.time()
 
     def arrived(r, ago):
-        r.arrival_time = now - ago
-        return r
+        return arrived_ago(r, now, ago)
 
     try:
-        store_all(tier, conn.spec.fmt)
-        conn.update_connector_output(output(rank_gets(40_000)))
-        assert wait_answer(conn, arrived(req("a"), 9.0)) == (16, True)
-        conn.update_state_after_alloc(req("a"), blocks(), 16)
-        for rid, ago in (("short1", 8.5), ("short2", 8.0)):
-            assert conn.get_num_new_matched_tokens(arrived(req(rid, TOKENS[:3]), ago), 0) == (0, False)
+        behind_one_load(tier, conn, now, (("short1", 8.5), ("short2", 8.0)))
         waited, fresh = arrived(req("waited"), 7.0), arrived(req("fresh"), 0.0)
         assert conn.scheduler.policy.arrivals.rate() == 0.0  # three arrivals so far: too few to tell
         assert wait_answer(conn, fresh) == (0, False)
@@ -272,6 +283,33 @@ def test_an_async_hit_that_waited_in_vllms_line_loads_behind_a_busy_tier(tier, t
         assert sync.get_num_new_matched_tokens(arrived(req("old"), 7.0), 0) == (0, False)
     finally:
         sync.shutdown()
+
+
+@pytest.mark.parametrize("cap, answer, recompute_s", [(None, (16, True), 0.040), (0.5, (16, True), 0.024),
+                                                      (0.1, (0, False), 0.0176), (0.0, (0, False), 0.016)])
+def test_load_policy_line_credit_cap_caps_what_the_line_lends_a_load(tier, tmp_path, monkeypatch, cap, answer,
+                                                                      recompute_s):
+    """The set-up above, the request that waited 7 s asked behind one async load (19.2 ms against 16 ms of
+    recompute): the connector's cap of 1.5 prices its recompute at 16 + 24 ms, ``load_policy.line_credit_cap`` 0.5
+    at 16 + 8 ms, and both load it; 0.1 gives 16 + 1.6 ms and 0 no credit at all: both recompute it (tier queue)."""
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("KVCTL_CONNECTOR_TRACE", str(trace))
+    policy = {"prefill_tokens_per_s": 1000, "t0_s": 0.0} | ({} if cap is None else {"line_credit_cap": cap})
+    conn = scheduler([s.url for s in tier], async_loading=True, load_policy=policy)
+    frozen(conn)
+    now = time.time()
+    try:
+        behind_one_load(tier, conn, now, (("short1", 8.5), ("short2", 8.0), ("short3", 0.0)))
+        waited = arrived_ago(req("waited"), now, 7.0)
+        assert wait_answer(conn, waited) == answer
+        conn.update_state_after_alloc(waited, blocks(), answer[0])
+        conn.build_connector_meta(sched_out())
+    finally:
+        conn.shutdown()
+        conn.trace.close()
+    d = decision_events(trace)["waited"]
+    assert d["predicted_recompute_s"] == pytest.approx(recompute_s)
+    assert d["reason"] == ("wins" if answer[1] else "tier_queue")
 
 
 def test_the_prefill_rate_comes_from_the_steps_the_workers_time(tier):

@@ -48,6 +48,9 @@ def test_load_policy_parsed():
                         "load_policy": {"prefill_tokens_per_s": 5000, "t0_s": 0.3}}, 1)
     assert s.load_policy.prefill_tokens_per_s == 5000 and s.load_policy.t0_s == 0.3
     assert s.load_policy.bandwidth_gbps is None and s.load_policy.reprobe_after_s == 30.0
+    assert s.load_policy.line_credit_cap == 1.5  # the connector's CREDIT_CAP
+    s = parse_settings({"url": "resp://h:1", "chunk_tokens": 64, "load_policy": {"line_credit_cap": 0}}, 1)
+    assert s.load_policy.line_credit_cap == 0.0 and s.load_policy.prefill_tokens_per_s is None
 
 
 @pytest.mark.parametrize("value,on", [(False, False), ({"enabled": False}, False), ({"enabled": False, "t0_s": 1}, False),
@@ -142,7 +145,9 @@ def test_every_key_has_a_range_checked_with_its_name(key, value, needle):
 
 
 @pytest.mark.parametrize("policy_key,value", [("prefill_tokens_per_s", 10**400), ("t0_s", 1e18),
-                                               ("bandwidth_gbps", 10**400), ("reprobe_after_s", 0)])
+                                               ("bandwidth_gbps", 10**400), ("reprobe_after_s", 0),
+                                               ("line_credit_cap", -0.5), ("line_credit_cap", 10.5),
+                                               ("line_credit_cap", float("nan"))])
 def test_load_policy_values_have_ranges(policy_key, value):
     policy = {"prefill_tokens_per_s": 5000, policy_key: value}
     with pytest.raises(ConnectorConfigError) as e:

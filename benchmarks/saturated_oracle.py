@@ -4,8 +4,8 @@ The target asks a tier whose offered hits are above its capacity (ρ_tier ≥ 1.
 2× the same trace's p99 on an unshaped tier, and the tier serving at least 80 % of what it can. The connector's
 decision missed the first on every GPU run (benchmarks/README.md, "Issue 46's targets"). This asks whether the miss is
 the decision's or the design's: it replays the same arrivals through an oracle far better placed than any decision
-at vLLM's waiting line, and prints its p99 over the unshaped run's. If the oracle misses the target too, no change to
-the decision will meet it on these figures.
+at vLLM's waiting line, and prints its p99 over the unshaped run's. If even the oracle misses the target by a wide
+margin, the decision is not what stands between the runs and the target: the design is.
 
 The oracle (one engine, one tier, seconds; every choice in its favour):
 

@@ -183,8 +183,7 @@ def _policy(raw: Any) -> LoadPolicySettings | None:
     enabled = raw.get("enabled", True)
     if not isinstance(enabled, bool):
         raise _err("load_policy.enabled", f"expected true or false, got {enabled!r}")
-    values = {k: _number(raw, k, None, name=f"load_policy.{k}")
-              for k in ("prefill_tokens_per_s", "t0_s", "bandwidth_gbps", "reprobe_after_s", "line_credit_cap")}
+    values = {k: _number(raw, k, None, name=f"load_policy.{k}") for k in sorted(POLICY_KEYS - {"enabled"})}
     if not enabled:
         return None
     return LoadPolicySettings(**{k: float(v) for k, v in values.items() if v is not None})
